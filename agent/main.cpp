@@ -1,0 +1,96 @@
+// leasehold-agent: registers with the coordinator, maps its pool once and
+// stays as a standby worker. With --exercise it leases memory and keeps
+// verifying a pattern in it (the demo and the integration tests use this).
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "agent/exercise.h"
+#include "agent/session.h"
+#include "shared/endpoint.h"
+#include "shared/log.h"
+#include "shared/units.h"
+
+namespace {
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+std::string default_name() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return std::string(host) + "-" + std::to_string(getpid());
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"leasehold-agent: a worker that leases memory from the leasehold coordinator"};
+  leasehold::AgentOptions opts;
+  opts.endpoint = leasehold::default_endpoint();
+  opts.name = default_name();
+  std::string log_level = "info", lease_size = "4MiB", interval = "200ms", register_timeout = "10s";
+  bool exercise = false;
+  leasehold::ExerciseOptions ex;
+  app.add_option("--endpoint", opts.endpoint, "coordinator endpoint")->capture_default_str();
+  app.add_option("--name", opts.name, "agent name, unique per coordinator (default HOST-PID)");
+  app.add_option("--device", opts.device, "CUDA device to serve (-1: the pool's)");
+  app.add_option("--register-timeout", register_timeout, "how long to try registering at start")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
+  app.add_flag("--exercise", exercise, "lease memory and keep verifying a pattern in it");
+  app.add_option("--leases", ex.leases, "exercise: leases to hold")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--lease-size", lease_size, "exercise: size of each lease")
+      ->capture_default_str();
+  app.add_option("--rounds", ex.rounds, "exercise: verify rounds (0: until stopped)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--interval", interval, "exercise: time between rounds")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    leasehold::init_logging(log_level, "agent");
+    ex.lease_size = leasehold::parse_bytes(lease_size);
+    ex.interval = leasehold::parse_duration(interval);
+    opts.register_timeout = leasehold::parse_duration(register_timeout);
+    if (ex.lease_size == 0) throw std::invalid_argument("--lease-size must be positive");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "leasehold-agent: %s\n", e.what());
+    return 2;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  try {
+    leasehold::AgentSession session(opts);
+    auto pool = session.pool();
+    std::printf("registered name=%s backend=%s pool_bytes=%llu\n", opts.name.c_str(),
+                leasehold::backend_name(pool.backend),
+                static_cast<unsigned long long>(pool.size));
+    std::fflush(stdout);
+    session.set_session_listener([](const std::string& why) {
+      if (why.empty()) {
+        std::printf("re-registered\n");
+      } else {
+        std::printf("session lost: %s\n", why.c_str());
+      }
+      std::fflush(stdout);
+    });
+    if (exercise) return leasehold::run_exercise(session, ex, g_stop);
+    spdlog::info("standing by as '{}'", opts.name);
+    while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    spdlog::info("stopping");
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

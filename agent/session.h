@@ -1,0 +1,128 @@
+// The agent's connection to the coordinator: registration, the pool mapping,
+// heart-beats, and leases. Code that runs inside an agent asks an
+// AgentSession for leases and gets usable memory (a device pointer on cuda, a
+// host pointer on host) for each.
+//
+// Threads: a background thread heart-beats on its own socket, notices a
+// coordinator that restarted or shut down, and registers again when one is
+// back. Requests (acquire/resize/release) may come from any thread; they are
+// serialized on one control socket, so a request that waits for memory holds
+// up the others from this session (heart-beats are not held up).
+//
+// When the session is lost (the coordinator restarted or declared this agent
+// dead), every lease obtained before is void: Lease::lost() turns true, and
+// its memory must not be used; the pool mapping stays valid until the last
+// Lease of it is gone, so stray accesses cannot fault.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "shared/device.h"
+#include "shared/error.h"
+
+namespace leasehold {
+
+namespace detail {
+struct SessionCore;
+}
+
+enum class LeaseEnd { Low, High };
+
+struct AgentOptions {
+  std::string endpoint;          // coordinator endpoint
+  std::string name;              // unique among the coordinator's agents
+  int device = -1;               // -1: whatever device the pool is on
+  // How long a request that does not wait for memory may take.
+  std::chrono::milliseconds request_timeout{5000};
+  // How long the constructor keeps trying to register.
+  std::chrono::milliseconds register_timeout{10000};
+};
+
+// A lease and its memory. Move-only; releasing happens in release() or, best
+// effort, in the destructor.
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&&) noexcept;
+  Lease& operator=(Lease&&) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease();
+
+  uint64_t id() const { return id_; }
+  uint64_t offset() const { return offset_; }
+  uint64_t size() const { return size_; }
+  uint64_t generation() const { return generation_; }
+  LeaseEnd end() const { return end_; }
+  Backend backend() const;
+  int device() const;
+  // False for a default-constructed or released lease.
+  bool held() const { return core_ != nullptr; }
+  // True when the session that granted it is gone (coordinator restart).
+  bool lost() const;
+  // The lease's memory. Throws Error{NoSuchLease} when the lease is not held
+  // or was lost.
+  std::byte* data() const;
+
+ private:
+  friend class AgentSession;
+  // Releases the lease if it is held and not lost (best effort, logged).
+  void reset() noexcept;
+
+  std::shared_ptr<detail::SessionCore> core_;
+  std::shared_ptr<PoolMapping> mapping_;
+  uint64_t epoch_ = 0;
+  uint64_t id_ = 0, offset_ = 0, size_ = 0, generation_ = 0;
+  LeaseEnd end_ = LeaseEnd::Low;
+};
+
+class AgentSession {
+ public:
+  // Connects, registers and maps the pool. Keeps retrying while the
+  // coordinator is unreachable or the name is still held by a dead agent,
+  // up to register_timeout; then throws Error naming the cause.
+  explicit AgentSession(AgentOptions opts);
+  // Stops heart-beating and unregisters (best effort); leases still held are
+  // released by the coordinator with the registration.
+  ~AgentSession();
+  AgentSession(const AgentSession&) = delete;
+  AgentSession& operator=(const AgentSession&) = delete;
+
+  // Requests a lease of at least `size` bytes (rounded up to the pool's
+  // alignment). `wait`: how long the coordinator may queue the request when
+  // memory is short (nullopt: its default; 0: fail at once). Throws Error:
+  // TooLarge (can never fit), NoSpace, Timeout, UnknownSender (session lost).
+  Lease acquire(uint64_t size, LeaseEnd end = LeaseEnd::Low,
+                std::optional<std::chrono::milliseconds> wait = std::nullopt);
+  // Resizes in place (shrinking always works; growing only into free space
+  // right after the lease). Throws Error; the lease is unchanged then.
+  void resize(Lease& lease, uint64_t size);
+  // Releases the lease; afterwards held() is false. Throws Error.
+  void release(Lease& lease);
+
+  // The pool of the current session.
+  PoolDescriptor pool() const;
+  const std::string& name() const;
+  // Number of successful registrations so far (1 after construction).
+  uint64_t registrations() const;
+  // True while registered with a live coordinator.
+  bool connected() const;
+  // Blocks until registered again after a loss, or `timeout`; returns connected().
+  bool wait_connected(std::chrono::milliseconds timeout) const;
+  // Called from the heartbeat thread when the session is lost (argument: why)
+  // and when it is re-established (argument: empty). Set before leases are
+  // used; it must not call back into the session.
+  void set_session_listener(std::function<void(const std::string&)> listener);
+
+ private:
+  std::shared_ptr<detail::SessionCore> core_;
+};
+
+}  // namespace leasehold

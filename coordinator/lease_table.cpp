@@ -1,0 +1,155 @@
+#include "coordinator/lease_table.h"
+
+#include <algorithm>
+
+#include "shared/units.h"
+
+namespace leasehold {
+
+LeaseRecord LeaseTable::record(const std::string& owner, PoolAllocator::Block block,
+                               PoolAllocator::End end) {
+  LeaseRecord rec{next_id_++, owner, block.offset, block.size, end, 1};
+  leases_.emplace(rec.id, rec);
+  return rec;
+}
+
+std::string LeaseTable::space_summary() const {
+  return "free " + format_bytes(allocator_.free_bytes()) + ", largest free block " +
+         format_bytes(allocator_.largest_free()) + ", pool " +
+         format_bytes(allocator_.pool_size());
+}
+
+LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool may_wait) {
+  if (req.size == 0) return Refusal{ErrorCode::InvalidArgument, "lease size must be positive"};
+  if (!allocator_.could_ever_fit(req.size)) {
+    return Refusal{ErrorCode::TooLarge, "a lease of " + format_bytes(req.size) + " (" +
+                                            std::to_string(req.size) +
+                                            " bytes) can never fit: the pool holds " +
+                                            format_bytes(allocator_.pool_size())};
+  }
+  if (auto block = allocator_.allocate(req.size, req.end)) {
+    return record(req.owner, *block, req.end);
+  }
+  if (!may_wait) {
+    return Refusal{ErrorCode::NoSpace, "no room for a lease of " + format_bytes(req.size) +
+                                           " now (" + space_summary() + ")"};
+  }
+  waiting_.push_back(req);
+  return Queued{};
+}
+
+std::variant<LeaseRecord, Refusal> LeaseTable::resize(const std::string& owner,
+                                                      uint64_t lease_id, uint64_t size) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return Refusal{ErrorCode::NoSuchLease, "no lease with id " + std::to_string(lease_id)};
+  }
+  LeaseRecord& rec = it->second;
+  if (rec.owner != owner) {
+    return Refusal{ErrorCode::NotOwner, "lease " + std::to_string(lease_id) +
+                                            " belongs to agent '" + rec.owner + "'"};
+  }
+  if (size == 0) return Refusal{ErrorCode::InvalidArgument, "lease size must be positive"};
+  if (!allocator_.could_ever_fit(size)) {
+    return Refusal{ErrorCode::TooLarge, "a lease of " + format_bytes(size) +
+                                            " can never fit: the pool holds " +
+                                            format_bytes(allocator_.pool_size())};
+  }
+  auto new_size = allocator_.resize(rec.offset, size);
+  if (!new_size) {
+    return Refusal{ErrorCode::NoSpace, "cannot grow lease " + std::to_string(lease_id) +
+                                           " in place from " + format_bytes(rec.size) + " to " +
+                                           format_bytes(size) +
+                                           ": the range after it is in use (" + space_summary() +
+                                           "); request a new lease instead"};
+  }
+  if (*new_size != rec.size) {
+    rec.size = *new_size;
+    ++rec.generation;
+  }
+  return rec;
+}
+
+std::optional<Refusal> LeaseTable::release(const std::string& owner, uint64_t lease_id) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return Refusal{ErrorCode::NoSuchLease, "no lease with id " + std::to_string(lease_id)};
+  }
+  if (it->second.owner != owner) {
+    return Refusal{ErrorCode::NotOwner, "lease " + std::to_string(lease_id) +
+                                            " belongs to agent '" + it->second.owner + "'"};
+  }
+  allocator_.free(it->second.offset);
+  leases_.erase(it);
+  return std::nullopt;
+}
+
+std::pair<size_t, uint64_t> LeaseTable::release_all(const std::string& owner) {
+  size_t count = 0;
+  uint64_t bytes = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.owner == owner) {
+      allocator_.free(it->second.offset);
+      bytes += it->second.size;
+      ++count;
+      it = leases_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::erase_if(waiting_, [&](const PendingRequest& r) { return r.owner == owner; });
+  return {count, bytes};
+}
+
+std::vector<GrantedLater> LeaseTable::grant_waiting() {
+  std::vector<GrantedLater> out;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (auto block = allocator_.allocate(it->size, it->end)) {
+      out.push_back({it->reply_to, record(it->owner, *block, it->end)});
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<Expired> LeaseTable::expire(Clock::time_point now) {
+  std::vector<Expired> out;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->deadline <= now) {
+      out.push_back({it->reply_to,
+                     Refusal{ErrorCode::Timeout, "lease of " + format_bytes(it->size) +
+                                                     " was not granted before its deadline (" +
+                                                     space_summary() + ")"}});
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::optional<Clock::time_point> LeaseTable::next_deadline() const {
+  std::optional<Clock::time_point> best;
+  for (const auto& r : waiting_) {
+    if (!best || r.deadline < *best) best = r.deadline;
+  }
+  return best;
+}
+
+uint64_t LeaseTable::leased_bytes(const std::string& owner) const {
+  uint64_t total = 0;
+  for (const auto& [id, rec] : leases_) {
+    if (rec.owner == owner) total += rec.size;
+  }
+  return total;
+}
+
+size_t LeaseTable::lease_count(const std::string& owner) const {
+  size_t n = 0;
+  for (const auto& [id, rec] : leases_) n += rec.owner == owner;
+  return n;
+}
+
+}  // namespace leasehold

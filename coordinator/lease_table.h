@@ -1,0 +1,111 @@
+// The coordinator's lease table: who holds which range of the pool, and the
+// requests waiting for memory. Pure bookkeeping over a PoolAllocator: no
+// sockets, no clocks of its own (callers pass `now`), so it is tested alone.
+//
+// Waiting requests are served first-come first-served, but a request that
+// does not fit yet does not block smaller ones behind it from being granted
+// (no head-of-line blocking); each has a deadline after which it fails.
+//
+// Thread safety: none; the coordinator's loop owns it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "coordinator/pool_allocator.h"
+#include "shared/error.h"
+
+namespace leasehold {
+
+using Clock = std::chrono::steady_clock;
+
+struct LeaseRecord {
+  uint64_t id = 0;
+  std::string owner;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  PoolAllocator::End end = PoolAllocator::End::Low;
+  uint64_t generation = 0;
+};
+
+// Where to send the answer to a request that waited.
+struct ReplyTo {
+  std::string routing_id;
+  uint64_t request_id = 0;
+};
+
+struct PendingRequest {
+  std::string owner;
+  uint64_t size = 0;
+  PoolAllocator::End end = PoolAllocator::End::Low;
+  Clock::time_point deadline;
+  ReplyTo reply_to;
+};
+
+struct Refusal {
+  ErrorCode code;
+  std::string message;
+};
+
+// A waiting request that was granted, or one whose deadline passed.
+struct GrantedLater {
+  ReplyTo reply_to;
+  LeaseRecord lease;
+};
+struct Expired {
+  ReplyTo reply_to;
+  Refusal refusal;
+};
+
+class LeaseTable {
+ public:
+  LeaseTable(uint64_t pool_size, uint64_t alignment) : allocator_(pool_size, alignment) {}
+
+  struct Queued {};
+  using RequestOutcome = std::variant<LeaseRecord, Queued, Refusal>;
+
+  // Grants at once when the request fits; otherwise queues it until
+  // `deadline`, or refuses with NoSpace when `may_wait` is false. A size of 0
+  // is InvalidArgument; one larger than the pool is TooLarge at once.
+  RequestOutcome request(const PendingRequest& req, bool may_wait);
+
+  // Only the owner may resize or release. Errors: NoSuchLease, NotOwner,
+  // InvalidArgument (size 0), TooLarge, NoSpace (cannot grow in place).
+  std::variant<LeaseRecord, Refusal> resize(const std::string& owner, uint64_t lease_id,
+                                            uint64_t size);
+  std::optional<Refusal> release(const std::string& owner, uint64_t lease_id);
+
+  // Releases every lease of `owner` and drops its waiting requests. Returns
+  // the number of leases and bytes reclaimed.
+  std::pair<size_t, uint64_t> release_all(const std::string& owner);
+
+  // Grants waiting requests that fit now, in queue order. Call after
+  // anything that frees memory.
+  std::vector<GrantedLater> grant_waiting();
+  // Removes and returns waiting requests whose deadline is at or before `now`.
+  std::vector<Expired> expire(Clock::time_point now);
+  std::optional<Clock::time_point> next_deadline() const;
+
+  const std::map<uint64_t, LeaseRecord>& leases() const { return leases_; }
+  size_t waiting() const { return waiting_.size(); }
+  uint64_t leased_bytes(const std::string& owner) const;
+  size_t lease_count(const std::string& owner) const;
+  const PoolAllocator& allocator() const { return allocator_; }
+
+ private:
+  LeaseRecord record(const std::string& owner, PoolAllocator::Block block, PoolAllocator::End end);
+  std::string space_summary() const;
+
+  PoolAllocator allocator_;
+  std::map<uint64_t, LeaseRecord> leases_;
+  std::deque<PendingRequest> waiting_;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace leasehold

@@ -1,0 +1,146 @@
+#include "coordinator/options.h"
+
+#include <CLI/CLI.hpp>
+#include <toml++/toml.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+
+#include "shared/endpoint.h"
+
+namespace leasehold {
+namespace {
+
+std::string as_string(const toml::node& node, const std::string& key, const std::string& source) {
+  if (auto s = node.value<std::string>()) return *s;
+  if (auto i = node.value<int64_t>()) return std::to_string(*i);
+  throw std::invalid_argument(source + ": key '" + key + "' must be a string or a number");
+}
+
+template <class F>
+void with_key(const std::string& key, const std::string& source, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(source + ": key '" + key + "': " + e.what());
+  }
+}
+
+}  // namespace
+
+void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::string& source) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw std::invalid_argument(source + ": " + std::string(e.description()) + " at line " +
+                                std::to_string(e.source().begin.line));
+  }
+  for (const auto& [k, node] : doc) {
+    std::string key(k.str());
+    std::string value = as_string(node, key, source);
+    with_key(key, source, [&] {
+      if (key == "endpoint") {
+        opts.endpoint = value;
+      } else if (key == "backend") {
+        opts.backend = value;
+      } else if (key == "device") {
+        opts.device = std::stoi(value);
+      } else if (key == "pool_size") {
+        opts.pool_size = parse_size_spec(value);
+      } else if (key == "alignment") {
+        opts.alignment = parse_bytes(value);
+      } else if (key == "heartbeat_interval") {
+        opts.heartbeat_interval = parse_duration(value);
+      } else if (key == "lease_wait_timeout") {
+        opts.lease_wait_timeout = parse_duration(value);
+      } else if (key == "log_level") {
+        opts.log_level = value;
+      } else {
+        throw std::invalid_argument(
+            "unknown key (known: endpoint, backend, device, pool_size, alignment, "
+            "heartbeat_interval, lease_wait_timeout, log_level)");
+      }
+    });
+  }
+}
+
+void validate(const CoordinatorOptions& opts) {
+  if (opts.endpoint.empty()) throw std::invalid_argument("endpoint is empty");
+  if (opts.backend != "auto" && opts.backend != "cuda" && opts.backend != "host") {
+    throw std::invalid_argument("backend '" + opts.backend + "' is not one of auto, cuda, host");
+  }
+  if (opts.device < 0) throw std::invalid_argument("device must be >= 0");
+  if (!is_power_of_two(opts.alignment) || opts.alignment < 256) {
+    throw std::invalid_argument("alignment " + std::to_string(opts.alignment) +
+                                " must be a power of two of at least 256 bytes");
+  }
+  if (opts.pool_size.percent == 0 && opts.pool_size.bytes < opts.alignment) {
+    throw std::invalid_argument("pool_size " + opts.pool_size.to_string() +
+                                " is smaller than the alignment");
+  }
+  if (opts.heartbeat_interval.count() < 10) {
+    throw std::invalid_argument("heartbeat_interval must be at least 10ms");
+  }
+  if (opts.lease_wait_timeout.count() < 0) {
+    throw std::invalid_argument("lease_wait_timeout must not be negative");
+  }
+}
+
+CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
+  CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
+  std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
+      log_level;
+  std::optional<int> device;
+  app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
+  app.add_option("--endpoint", endpoint,
+                 "ZeroMQ endpoint to bind (default: $LEASEHOLD_ENDPOINT or an ipc:// socket in "
+                 "the runtime directory)");
+  app.add_option("--backend", backend, "auto|cuda|host (default auto)");
+  app.add_option("--device", device, "CUDA device ordinal (default 0)");
+  app.add_option("--pool-size", pool_size,
+                 "pool size: bytes with a unit (4GiB) or a share of free memory (90%)");
+  app.add_option("--alignment", alignment, "lease alignment (default 2MiB)");
+  app.add_option("--heartbeat-interval", heartbeat, "agent heartbeat interval (default 1s)");
+  app.add_option("--lease-wait-timeout", wait,
+                 "default time a lease request may wait for memory (default 30s)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+
+  CoordinatorOptions opts;
+  try {
+    opts.endpoint = default_endpoint();  // includes $LEASEHOLD_ENDPOINT
+    if (config) {
+      std::ifstream in(*config);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in) throw std::invalid_argument("cannot read configuration file " + *config);
+      apply_toml(opts, text.str(), *config);
+      // The environment overrides the file's endpoint.
+      if (const char* env = std::getenv(kEndpointEnv); env && *env) opts.endpoint = env;
+    }
+    if (endpoint) opts.endpoint = *endpoint;
+    if (backend) opts.backend = *backend;
+    if (device) opts.device = *device;
+    if (pool_size) opts.pool_size = parse_size_spec(*pool_size);
+    if (alignment) opts.alignment = parse_bytes(*alignment);
+    if (heartbeat) opts.heartbeat_interval = parse_duration(*heartbeat);
+    if (wait) opts.lease_wait_timeout = parse_duration(*wait);
+    if (log_level) opts.log_level = *log_level;
+    validate(opts);
+  } catch (const std::exception& e) {
+    std::cerr << "leasehold-coordinator: " << e.what() << "\n";
+    std::exit(2);
+  }
+  return opts;
+}
+
+}  // namespace leasehold

@@ -1,0 +1,109 @@
+#include "coordinator/status_format.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "shared/protocol.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+const char* backend_text(proto::Backend b) { return b == proto::Backend::Cuda ? "cuda" : "host"; }
+const char* end_text(proto::LeaseEnd e) { return e == proto::LeaseEnd::High ? "high" : "low"; }
+
+}  // namespace
+
+nlohmann::json status_to_json(const proto::StatusReply& s) {
+  nlohmann::json j;
+  const auto* usage = s.pool();
+  const auto* info = usage ? usage->info() : nullptr;
+  uint64_t size = info ? info->size() : 0;
+  j["pool"] = {
+      {"backend", info ? backend_text(info->backend()) : "unknown"},
+      {"device", info ? info->device() : 0},
+      {"device_name", info ? std::string(str(info->device_name())) : ""},
+      {"size_bytes", size},
+      {"alignment_bytes", info ? info->alignment() : 0},
+      {"used_bytes", usage ? usage->used_bytes() : 0},
+      {"free_bytes", usage ? usage->free_bytes() : 0},
+      {"largest_free_bytes", usage ? usage->largest_free_bytes() : 0},
+      {"free_blocks", usage ? usage->free_blocks() : 0},
+      {"occupancy", size ? static_cast<double>(usage->used_bytes()) / size : 0.0},
+  };
+  j["agents"] = nlohmann::json::array();
+  if (s.agents()) {
+    for (const auto* a : *s.agents()) {
+      j["agents"].push_back({{"name", std::string(str(a->name()))},
+                             {"pid", a->pid()},
+                             {"device", a->device()},
+                             {"state", std::string(str(a->state()))},
+                             {"leased_bytes", a->leased_bytes()},
+                             {"lease_count", a->lease_count()},
+                             {"last_heartbeat_ms_ago", a->last_heartbeat_ms_ago()}});
+    }
+  }
+  j["leases"] = nlohmann::json::array();
+  if (s.leases()) {
+    for (const auto* l : *s.leases()) {
+      j["leases"].push_back({{"id", l->id()},
+                             {"agent", std::string(str(l->agent()))},
+                             {"offset", l->offset()},
+                             {"size", l->size()},
+                             {"end", end_text(l->end())},
+                             {"generation", l->generation()}});
+    }
+  }
+  j["pending_requests"] = s.pending_requests();
+  j["uptime_seconds"] = static_cast<double>(s.uptime_ms()) / 1000.0;
+  return j;
+}
+
+std::string status_to_table(const proto::StatusReply& s) {
+  auto j = status_to_json(s);
+  std::ostringstream os;
+  char line[256];
+  const auto& p = j["pool"];
+  std::snprintf(line, sizeof line, "Pool    %s device %d (%s), up %.0f s\n",
+                p["backend"].get<std::string>().c_str(), p["device"].get<int>(),
+                p["device_name"].get<std::string>().c_str(), j["uptime_seconds"].get<double>());
+  os << line;
+  std::snprintf(line, sizeof line,
+                "        size %s, used %s, free %s (largest block %s), occupancy %.1f%%\n",
+                format_bytes(p["size_bytes"]).c_str(), format_bytes(p["used_bytes"]).c_str(),
+                format_bytes(p["free_bytes"]).c_str(),
+                format_bytes(p["largest_free_bytes"]).c_str(),
+                100.0 * p["occupancy"].get<double>());
+  os << line;
+  if (j["pending_requests"].get<uint32_t>() > 0) {
+    os << "        " << j["pending_requests"].get<uint32_t>()
+       << " lease request(s) waiting for memory\n";
+  }
+  os << "\nAgents  (" << j["agents"].size() << ")\n";
+  std::snprintf(line, sizeof line, "  %-24s %8s %-8s %12s %7s %14s\n", "NAME", "PID", "STATE",
+                "LEASED", "LEASES", "HEARTBEAT");
+  os << line;
+  for (const auto& a : j["agents"]) {
+    std::snprintf(line, sizeof line, "  %-24s %8d %-8s %12s %7u %11llu ms ago\n",
+                  a["name"].get<std::string>().c_str(), a["pid"].get<int>(),
+                  a["state"].get<std::string>().c_str(),
+                  format_bytes(a["leased_bytes"]).c_str(), a["lease_count"].get<uint32_t>(),
+                  static_cast<unsigned long long>(a["last_heartbeat_ms_ago"].get<uint64_t>()));
+    os << line;
+  }
+  os << "\nLeases  (" << j["leases"].size() << ")\n";
+  std::snprintf(line, sizeof line, "  %8s %-24s %16s %12s %-4s\n", "ID", "AGENT", "OFFSET", "SIZE",
+                "END");
+  os << line;
+  for (const auto& l : j["leases"]) {
+    std::snprintf(line, sizeof line, "  %8llu %-24s %16llu %12s %-4s\n",
+                  static_cast<unsigned long long>(l["id"].get<uint64_t>()),
+                  l["agent"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(l["offset"].get<uint64_t>()),
+                  format_bytes(l["size"]).c_str(), l["end"].get<std::string>().c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace leasehold

@@ -1,0 +1,72 @@
+// A DEALER connection to the coordinator that sends one request at a time and
+// waits for the matching reply. Used by the client, the agent and tests.
+//
+// Thread safety: none; use one Connection per thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "shared/protocol.h"
+
+namespace leasehold {
+
+// A decoded message together with the bytes it points into.
+class Reply {
+ public:
+  Reply() = default;
+  Reply(zmq::message_t msg, const proto::Envelope* env) : msg_(std::move(msg)), env_(env) {}
+  const proto::Envelope* operator->() const { return env_; }
+  const proto::Envelope& envelope() const { return *env_; }
+  // Throws leasehold::Error when the reply is an Error.
+  const Reply& throw_if_error() const;
+
+ private:
+  zmq::message_t msg_;
+  const proto::Envelope* env_ = nullptr;
+};
+
+class Connection {
+ public:
+  // Connects at once (ZeroMQ connects lazily; nothing blocks here).
+  Connection(zmq::context_t& ctx, std::string endpoint, std::string sender);
+
+  const std::string& endpoint() const { return endpoint_; }
+  uint64_t next_request_id() { return ++last_request_id_; }
+  void set_session(uint64_t session) { session_ = session; }
+  uint64_t session() const { return session_; }
+  HeaderFields header(uint64_t request_id) const { return {request_id, sender_, session_}; }
+
+  // Builds a request with `build` (which returns the body), sends it and waits
+  // up to `timeout` for the reply carrying the same request id. Replies to
+  // earlier, abandoned requests are skipped. Messages that are not replies
+  // (a Shutdown notice) are passed to `on_notice` if set.
+  // Throws Error{Timeout} naming the endpoint when no reply arrives in time.
+  using BodyBuilder =
+      std::function<std::pair<proto::Body, flatbuffers::Offset<void>>(flatbuffers::FlatBufferBuilder&)>;
+  Reply request(const BodyBuilder& build, std::chrono::milliseconds timeout);
+
+  // Receives one message within `timeout`; nullopt on timeout. Malformed
+  // messages are logged and dropped.
+  std::optional<Reply> receive(std::chrono::milliseconds timeout);
+
+  std::function<void(const Reply&)> on_notice;
+
+ private:
+  zmq::socket_t socket_;
+  std::string endpoint_;
+  std::string sender_;
+  uint64_t session_ = 0;
+  uint64_t last_request_id_ = 0;
+};
+
+// Text for an error when the coordinator does not answer: says whether the
+// ipc socket file exists at all.
+std::string unreachable_message(const std::string& endpoint, std::chrono::milliseconds waited);
+
+}  // namespace leasehold

@@ -1,0 +1,123 @@
+// CUDA backend: the pool is one cudaMalloc; agents open it through its CUDA
+// IPC handle. Only built when the CUDA toolkit is found.
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "shared/cuda_check.h"
+#include "shared/detail/backends.h"
+#include "shared/units.h"
+
+namespace leasehold::detail {
+namespace {
+
+class CudaPool final : public DevicePool {
+ public:
+  CudaPool(int device, uint64_t size, uint64_t alignment) : device_(device) {
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+    cudaError_t err = cudaMalloc(&ptr_, size);
+    if (err != cudaSuccess) {
+      size_t free_b = 0, total_b = 0;
+      cudaGetLastError();
+      cudaMemGetInfo(&free_b, &total_b);
+      throw std::runtime_error("cudaMalloc of a " + format_bytes(size) + " pool on device " +
+                               std::to_string(device) + " failed: " + cudaGetErrorString(err) +
+                               " (free " + format_bytes(free_b) + " of " + format_bytes(total_b) +
+                               ")");
+    }
+    try {
+      // cudaMalloc's base alignment is far below the 2 MiB lease alignment, but
+      // lease offsets are relative to this base, so only relative alignment
+      // matters; warn if the base is not even 256-byte aligned.
+      if (reinterpret_cast<uintptr_t>(ptr_) % 256 != 0) {
+        spdlog::warn("cudaMalloc returned a pool base that is not 256-byte aligned");
+      }
+      cudaIpcMemHandle_t handle;
+      LEASEHOLD_CUDA_CHECK(cudaIpcGetMemHandle(&handle, ptr_));
+      cudaDeviceProp prop{};
+      LEASEHOLD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+      desc_.backend = Backend::Cuda;
+      desc_.device = device;
+      desc_.device_name = prop.name;
+      desc_.size = size;
+      desc_.alignment = alignment;
+      desc_.handle.resize(sizeof handle);
+      std::memcpy(desc_.handle.data(), &handle, sizeof handle);
+      desc_.epoch = random_epoch();
+    } catch (...) {
+      cudaFree(ptr_);
+      throw;
+    }
+  }
+  ~CudaPool() override {
+    // Never throws; tolerates the runtime being unloaded at process exit.
+    cudaError_t err = cudaFree(ptr_);
+    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+      spdlog::error("cudaFree of the pool on device {} failed: {}", device_,
+                    cudaGetErrorString(err));
+    }
+  }
+
+ private:
+  int device_;
+  void* ptr_ = nullptr;
+};
+
+class CudaMapping final : public PoolMapping {
+ public:
+  explicit CudaMapping(const PoolDescriptor& desc) {
+    cudaIpcMemHandle_t handle;
+    if (desc.handle.size() != sizeof handle) {
+      throw std::runtime_error("CUDA IPC handle has " + std::to_string(desc.handle.size()) +
+                               " bytes, expected " + std::to_string(sizeof handle));
+    }
+    std::memcpy(&handle, desc.handle.data(), sizeof handle);
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(desc.device));
+    void* ptr = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error("cannot map CUDA pool on device " + std::to_string(desc.device) +
+                               ": cudaIpcOpenMemHandle failed: " + cudaGetErrorString(err));
+    }
+    desc_ = desc;
+    base_ = static_cast<std::byte*>(ptr);
+  }
+  ~CudaMapping() override {
+    cudaError_t err = cudaIpcCloseMemHandle(base_);
+    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+      spdlog::warn("cudaIpcCloseMemHandle failed: {}", cudaGetErrorString(err));
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<DevicePool> create_cuda_pool(int device, uint64_t size, uint64_t alignment) {
+  return std::make_unique<CudaPool>(device, size, alignment);
+}
+
+std::unique_ptr<PoolMapping> map_cuda_pool(const PoolDescriptor& desc) {
+  return std::make_unique<CudaMapping>(desc);
+}
+
+DeviceMemory query_cuda_memory(int device) {
+  LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  LEASEHOLD_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  cudaDeviceProp prop{};
+  LEASEHOLD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return DeviceMemory{free_b, total_b, prop.name};
+}
+
+int cuda_visible_devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for "auto"
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace leasehold::detail

@@ -1,0 +1,40 @@
+#include "shared/endpoint.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+namespace leasehold {
+
+std::string default_endpoint() {
+  if (const char* env = std::getenv(kEndpointEnv); env && *env) return env;
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg && *xdg) {
+    return std::string("ipc://") + xdg + "/leasehold/coordinator.sock";
+  }
+  return "ipc:///run/leasehold/coordinator.sock";
+}
+
+std::optional<std::string> ipc_path(std::string_view endpoint) {
+  constexpr std::string_view kPrefix = "ipc://";
+  if (endpoint.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  return std::string(endpoint.substr(kPrefix.size()));
+}
+
+void prepare_ipc_directory(std::string_view endpoint) {
+  auto path = ipc_path(endpoint);
+  if (!path) return;
+  std::filesystem::path dir = std::filesystem::path(*path).parent_path();
+  if (dir.empty()) return;
+  std::error_code ec;
+  if (std::filesystem::create_directories(dir, ec)) {
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::replace, ec);
+  }
+  if (!std::filesystem::is_directory(dir)) {
+    throw std::runtime_error("cannot create the socket directory " + dir.string() + ": " +
+                             (ec ? ec.message() : "not a directory"));
+  }
+}
+
+}  // namespace leasehold

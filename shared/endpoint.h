@@ -1,0 +1,26 @@
+// Where the coordinator listens, as every program finds it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace leasehold {
+
+// Environment variable that overrides the built-in default endpoint for the
+// coordinator, the agents and the client.
+inline constexpr const char* kEndpointEnv = "LEASEHOLD_ENDPOINT";
+
+// The endpoint to use when no flag or config names one: $LEASEHOLD_ENDPOINT,
+// else ipc://$XDG_RUNTIME_DIR/leasehold/coordinator.sock, else
+// ipc:///run/leasehold/coordinator.sock (the systemd unit's RuntimeDirectory).
+std::string default_endpoint();
+
+// For "ipc://PATH" returns PATH; nullopt for other transports.
+std::optional<std::string> ipc_path(std::string_view endpoint);
+
+// Creates the directory an ipc:// endpoint lives in (mode 0700 when created).
+// Throws std::runtime_error naming the directory on failure.
+void prepare_ipc_directory(std::string_view endpoint);
+
+}  // namespace leasehold
