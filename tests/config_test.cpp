@@ -1,0 +1,103 @@
+#include <gtest/gtest.h>
+
+#include "coordinator/options.h"
+#include "shared/endpoint.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+TEST(Units, ParsesBytes) {
+  EXPECT_EQ(parse_bytes("123"), 123u);
+  EXPECT_EQ(parse_bytes("4GiB"), 4ull << 30);
+  EXPECT_EQ(parse_bytes("64 kib"), 64u << 10);
+  EXPECT_EQ(parse_bytes("1.5GB"), 1500000000u);
+  EXPECT_EQ(parse_bytes("2MiB"), 2u << 20);
+  EXPECT_THROW(parse_bytes("12 parsecs"), std::invalid_argument);
+  EXPECT_THROW(parse_bytes("-1"), std::invalid_argument);
+  EXPECT_THROW(parse_bytes(""), std::invalid_argument);
+  EXPECT_THROW(parse_bytes("99999999TiB"), std::out_of_range);
+}
+
+TEST(Units, ParsesSizeSpecs) {
+  auto p = parse_size_spec("90%");
+  EXPECT_DOUBLE_EQ(p.percent, 90.0);
+  EXPECT_EQ(p.resolve(1000), 900u);
+  EXPECT_EQ(parse_size_spec("1GiB").resolve(5), 1ull << 30);
+  EXPECT_THROW(parse_size_spec("0%"), std::invalid_argument);
+  EXPECT_THROW(parse_size_spec("150%"), std::invalid_argument);
+}
+
+TEST(Units, ParsesDurations) {
+  EXPECT_EQ(parse_duration("250ms").count(), 250);
+  EXPECT_EQ(parse_duration("2s").count(), 2000);
+  EXPECT_EQ(parse_duration("1.5").count(), 1500);
+  EXPECT_EQ(parse_duration("3m").count(), 180000);
+  EXPECT_THROW(parse_duration("3 fortnights"), std::invalid_argument);
+}
+
+TEST(Units, FormatsBytes) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");
+}
+
+TEST(Config, TomlOverridesDefaults) {
+  CoordinatorOptions o;
+  apply_toml(o,
+             "endpoint = \"ipc:///tmp/x.sock\"\nbackend = \"host\"\npool_size = \"50%\"\n"
+             "alignment = \"64KiB\"\nheartbeat_interval = \"250ms\"\ndevice = 1\n",
+             "test.toml");
+  EXPECT_EQ(o.endpoint, "ipc:///tmp/x.sock");
+  EXPECT_EQ(o.backend, "host");
+  EXPECT_DOUBLE_EQ(o.pool_size.percent, 50.0);
+  EXPECT_EQ(o.alignment, 64u << 10);
+  EXPECT_EQ(o.heartbeat_interval.count(), 250);
+  EXPECT_EQ(o.device, 1);
+}
+
+TEST(Config, ErrorsNameTheKeyAndFile) {
+  CoordinatorOptions o;
+  try {
+    apply_toml(o, "pool_sise = \"1GiB\"\n", "lh.toml");
+    FAIL() << "unknown key accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lh.toml"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("pool_sise"), std::string::npos);
+  }
+  try {
+    apply_toml(o, "heartbeat_interval = \"soon\"\n", "lh.toml");
+    FAIL() << "bad duration accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("heartbeat_interval"), std::string::npos);
+  }
+  EXPECT_THROW(apply_toml(o, "this is not toml", "lh.toml"), std::invalid_argument);
+  EXPECT_THROW(apply_toml(o, "backend = [1, 2]", "lh.toml"), std::invalid_argument);
+}
+
+TEST(Config, ValidateRejectsImpossibleValues) {
+  CoordinatorOptions o;
+  o.endpoint = "ipc:///tmp/x.sock";
+  EXPECT_NO_THROW(validate(o));
+  auto bad = o;
+  bad.alignment = 3000;
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.backend = "tpu";
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.heartbeat_interval = std::chrono::milliseconds(0);
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+}
+
+TEST(Endpoint, EnvironmentSetsDefault) {
+  setenv(kEndpointEnv, "ipc:///tmp/from-env.sock", 1);
+  EXPECT_EQ(default_endpoint(), "ipc:///tmp/from-env.sock");
+  unsetenv(kEndpointEnv);
+  setenv("XDG_RUNTIME_DIR", "/run/user/7", 1);
+  EXPECT_EQ(default_endpoint(), "ipc:///run/user/7/leasehold/coordinator.sock");
+  EXPECT_EQ(ipc_path("ipc:///a/b.sock"), "/a/b.sock");
+  EXPECT_FALSE(ipc_path("tcp://127.0.0.1:5555"));
+}
+
+}  // namespace
+}  // namespace leasehold

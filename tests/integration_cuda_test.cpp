@@ -1,0 +1,49 @@
+// The integration scenario on the CUDA backend: one cudaMalloc pool, agent
+// processes mapping it through CUDA IPC and running kernels in their leases.
+// Skipped (with a message) where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include "shared/device.h"
+#include "tests/support/cluster.h"
+#include "tests/support/isolation.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class CudaCluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_built()) GTEST_SKIP() << "built without CUDA: CUDA integration test skipped";
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: test skipped";
+  }
+  Cluster cluster;
+};
+
+TEST_F(CudaCluster, TwoAgentsShareOneCudaMallocPool) {
+  auto& coordinator =
+      cluster.start_coordinator({"--backend", "cuda", "--pool-size", "1GiB", "--heartbeat-interval",
+                                 "200ms"});
+  auto s = *cluster.status();
+  EXPECT_EQ(s["pool"]["backend"], "cuda");
+  EXPECT_EQ(s["pool"]["size_bytes"], 1ull << 30);
+  run_isolation_scenario(cluster, 2, "64MiB");
+  EXPECT_TRUE(coordinator.running());
+}
+
+TEST_F(CudaCluster, KilledCudaAgentIsReclaimed) {
+  cluster.start_coordinator({"--backend", "cuda", "--pool-size", "256MiB",
+                             "--heartbeat-interval", "200ms"});
+  auto& doomed = cluster.start_agent("doomed", {"--exercise", "--leases", "2", "--lease-size",
+                                                "16MiB", "--rounds", "0", "--interval", "20ms"});
+  ASSERT_TRUE(cluster.wait_for([](const auto& st) { return leased_by(st, "doomed") > 0; }, 20s))
+      << doomed.log();
+  doomed.signal(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(cluster.wait_for([](const auto& st) { return st["leases"].empty(); }, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 600ms);
+}
+
+}  // namespace
+}  // namespace leasehold::testing

@@ -1,0 +1,372 @@
+// Multi-process integration tests on the host backend: a real coordinator,
+// real agent processes, and raw ZeroMQ peers.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "agent/session.h"
+#include "shared/connection.h"
+#include "shared/device.h"
+#include "shared/protocol.h"
+#include "tests/support/cluster.h"
+#include "tests/support/isolation.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kHeartbeat = 200ms;
+
+class HostCluster : public ::testing::Test {
+ protected:
+  std::vector<std::string> coordinator_args() const {
+    return {"--backend", "host", "--pool-size", "64MiB", "--alignment", "64KiB",
+            "--heartbeat-interval", "200ms", "--log-level", "debug"};
+  }
+  AgentOptions session_options(const std::string& name) const {
+    AgentOptions o;
+    o.endpoint = cluster.endpoint();
+    o.name = name;
+    return o;
+  }
+  Cluster cluster;
+};
+
+TEST_F(HostCluster, ThreeAgentsKeepTheirPatternsIntact) {
+  cluster.start_coordinator(coordinator_args());
+  run_isolation_scenario(cluster, 3, "1MiB");
+}
+
+TEST_F(HostCluster, VerificationDetectsAForeignWrite) {
+  // The isolation check must be able to fail: write into an agent's lease
+  // from outside and see the agent report it.
+  cluster.start_coordinator(coordinator_args());
+  auto& victim = cluster.start_agent(
+      "victim", {"--exercise", "--leases", "1", "--lease-size", "256KiB", "--rounds", "0",
+                 "--interval", "50ms"});
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return leased_by(s, "victim") > 0; }, 5s));
+  auto s = *cluster.status();
+  uint64_t offset = s["leases"][0]["offset"];
+  AgentSession intruder(session_options("intruder"));
+  auto mapping = map_pool(intruder.pool());
+  auto* word = reinterpret_cast<volatile uint64_t*>(mapping->base() + offset) + 3;
+  *word = *word ^ 1;
+  auto rc = victim.wait(5s);
+  ASSERT_TRUE(rc) << victim.log();
+  EXPECT_EQ(*rc, 3);
+  EXPECT_NE(victim.log().find("CORRUPTION"), std::string::npos) << victim.log();
+}
+
+TEST_F(HostCluster, KilledAgentIsReclaimedWithinThreeHeartbeats) {
+  auto& coordinator = cluster.start_coordinator(coordinator_args());
+  auto& doomed = cluster.start_agent("doomed", {"--exercise", "--leases", "2", "--lease-size",
+                                                "1MiB", "--rounds", "0", "--interval", "20ms"});
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return leased_by(s, "doomed") == 2u << 20; },
+                               5s));
+  doomed.signal(SIGKILL);
+  auto killed = std::chrono::steady_clock::now();
+  ASSERT_TRUE(doomed.wait(2s));
+  bool reclaimed = cluster.wait_for(
+      [](const auto& s) { return !has_agent(s, "doomed") && s["leases"].empty(); }, 5s);
+  auto took = std::chrono::steady_clock::now() - killed;
+  ASSERT_TRUE(reclaimed);
+  EXPECT_LT(took, 3 * kHeartbeat) << "reclaim took "
+                                  << std::chrono::duration_cast<std::chrono::milliseconds>(took)
+                                         .count()
+                                  << " ms";
+  auto s = *cluster.status();
+  EXPECT_EQ(s["pool"]["used_bytes"], 0);
+  EXPECT_NE(coordinator.log().find("'doomed'"), std::string::npos);
+  EXPECT_NE(coordinator.log().find("reclaimed 2 leases"), std::string::npos) << coordinator.log();
+}
+
+TEST_F(HostCluster, AgentsRegisterAgainAfterCoordinatorRestart) {
+  auto& first = cluster.start_coordinator(coordinator_args());
+  auto& standby = cluster.start_agent("standby", {});
+  auto& worker = cluster.start_agent("worker", {"--exercise", "--leases", "1", "--lease-size",
+                                                "1MiB", "--rounds", "0", "--interval", "20ms"});
+  ASSERT_TRUE(cluster.wait_for(
+      [](const auto& s) { return has_agent(s, "standby") && leased_by(s, "worker") > 0; }, 5s));
+  auto idle = *cluster.status();
+  for (const auto& a : idle["agents"]) {
+    if (a["name"] == "standby") {
+      EXPECT_EQ(a["state"], "idle");
+    }
+  }
+  first.signal(SIGTERM);
+  auto rc = first.wait(5s);
+  ASSERT_TRUE(rc);
+  EXPECT_EQ(*rc, 0) << first.log();
+  cluster.start_coordinator(coordinator_args());
+  ASSERT_TRUE(cluster.wait_for(
+      [](const auto& s) {
+        return has_agent(s, "standby") && has_agent(s, "worker") && leased_by(s, "worker") > 0;
+      },
+      10s))
+      << standby.log() << worker.log();
+  EXPECT_NE(standby.log().find("re-registered"), std::string::npos) << standby.log();
+  EXPECT_NE(worker.log().find("leases lost; acquiring again"), std::string::npos)
+      << worker.log();
+  EXPECT_TRUE(standby.running());
+  EXPECT_TRUE(worker.running());
+  worker.signal(SIGTERM);
+  ASSERT_TRUE(worker.wait(5s));
+  EXPECT_NE(worker.log().find("exercise passed"), std::string::npos) << worker.log();
+}
+
+TEST_F(HostCluster, RequestLargerThanPoolFailsAtOnce) {
+  cluster.start_coordinator(coordinator_args());
+  AgentSession session(session_options("big"));
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    session.acquire(65ull << 20);
+    FAIL() << "a lease larger than the pool was granted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::TooLarge);
+    EXPECT_NE(std::string(e.what()).find("can never fit"), std::string::npos) << e.what();
+  }
+  // The coordinator's default wait is 30 s: failing well before shows it was
+  // not queued.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST_F(HostCluster, QueuedRequestIsGrantedWhenMemoryFrees) {
+  cluster.start_coordinator(coordinator_args());
+  AgentSession a(session_options("holder"));
+  AgentSession b(session_options("waiter"));
+  Lease big = a.acquire(60ull << 20);
+  std::optional<Lease> got;
+  std::chrono::steady_clock::duration waited{};
+  std::thread t([&] {
+    auto t0 = std::chrono::steady_clock::now();
+    got = b.acquire(8ull << 20, LeaseEnd::High, 10s);
+    waited = std::chrono::steady_clock::now() - t0;
+  });
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["pending_requests"] == 1; }, 5s));
+  std::this_thread::sleep_for(100ms);
+  a.release(big);
+  t.join();
+  ASSERT_TRUE(got && got->held());
+  EXPECT_EQ(got->size(), 8ull << 20);
+  EXPECT_GE(waited, 100ms);
+  // The memory is real and usable.
+  std::memset(got->data(), 0xAB, got->size());
+}
+
+TEST_F(HostCluster, QueuedRequestFailsAtItsDeadline) {
+  cluster.start_coordinator(coordinator_args());
+  AgentSession a(session_options("holder"));
+  AgentSession b(session_options("waiter"));
+  Lease big = a.acquire(60ull << 20);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    b.acquire(8ull << 20, LeaseEnd::Low, 300ms);
+    FAIL() << "granted although the pool is full";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Timeout);
+    EXPECT_NE(std::string(e.what()).find("deadline"), std::string::npos) << e.what();
+  }
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+  auto s = *cluster.status();
+  EXPECT_EQ(s["pending_requests"], 0);
+  EXPECT_EQ(leased_by(s, "holder"), 60ull << 20) << "the holder's lease is untouched";
+  // Fail-now requests are refused with NoSpace rather than queued.
+  try {
+    b.acquire(8ull << 20, LeaseEnd::Low, 0ms);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NoSpace);
+  }
+}
+
+TEST_F(HostCluster, ResizeAndOwnership) {
+  cluster.start_coordinator(coordinator_args());
+  AgentSession a(session_options("owner"));
+  Lease l = a.acquire(1ull << 20);
+  a.resize(l, 3ull << 20);
+  EXPECT_EQ(l.size(), 3ull << 20);
+  EXPECT_EQ(l.generation(), 2u);
+  std::memset(l.data(), 1, l.size());
+
+  // Another registered agent may not release it.
+  zmq::context_t ctx(1);
+  Connection raw(ctx, cluster.endpoint(), "thief");
+  auto reg = raw.request(
+      [](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::Register,
+                         proto::CreateRegister(fbb, fbb.CreateString("thief"), getpid()).Union()};
+      },
+      2s);
+  raw.set_session(reg->body_as_RegisterAck()->session());
+  uint64_t id = l.id();
+  auto r = raw.request(
+      [id](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::LeaseRelease, proto::CreateLeaseRelease(fbb, id).Union()};
+      },
+      2s);
+  ASSERT_EQ(r->body_type(), proto::Body::Error);
+  EXPECT_EQ(r->body_as_Error()->code(), ErrorCode::NotOwner);
+  EXPECT_EQ(leased_by(*cluster.status(), "owner"), 3ull << 20);
+}
+
+// Sends raw frames from a plain DEALER and returns the reply, if any.
+std::optional<Reply> send_raw(zmq::socket_t& s, std::vector<zmq::const_buffer> frames) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    s.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::poll(&item, 1, std::chrono::milliseconds(2000));
+  if (!(item.revents & ZMQ_POLLIN)) return std::nullopt;
+  zmq::message_t msg;
+  (void)s.recv(msg);
+  auto d = decode({static_cast<const uint8_t*>(msg.data()), msg.size()});
+  if (!std::holds_alternative<const proto::Envelope*>(d)) return std::nullopt;
+  auto* env = std::get<const proto::Envelope*>(d);
+  return Reply(std::move(msg), env);
+}
+
+ErrorCode error_of(const std::optional<Reply>& r) {
+  if (!r || r->envelope().body_type() != proto::Body::Error) return ErrorCode::None;
+  return r->envelope().body_as_Error()->code();
+}
+
+TEST_F(HostCluster, MalformedMessagesGetErrorsAndChangeNothing) {
+  auto& coordinator = cluster.start_coordinator(coordinator_args());
+  AgentSession a(session_options("bystander"));
+  Lease l = a.acquire(1ull << 20);
+
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(cluster.endpoint());
+
+  std::string garbage = "this is not a flatbuffer";
+  EXPECT_EQ(error_of(send_raw(s, {zmq::buffer(garbage)})), ErrorCode::Malformed);
+  EXPECT_EQ(error_of(send_raw(s, {zmq::const_buffer(nullptr, 0)})), ErrorCode::Malformed);
+  EXPECT_EQ(error_of(send_raw(s, {zmq::buffer(garbage), zmq::buffer(garbage)})),
+            ErrorCode::Malformed);
+
+  flatbuffers::FlatBufferBuilder fbb;
+  finish_envelope(fbb, {5, "nobody", 0}, proto::Body::Heartbeat,
+                  proto::CreateHeartbeat(fbb).Union());
+  std::vector<uint8_t> hb(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  auto unknown = send_raw(s, {zmq::buffer(hb)});
+  EXPECT_EQ(error_of(unknown), ErrorCode::UnknownSender);
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->envelope().header()->request_id(), 5u) << "errors echo the request id";
+
+  auto wrong_id = hb;
+  wrong_id[4] = 'Z';
+  EXPECT_EQ(error_of(send_raw(s, {zmq::buffer(wrong_id)})), ErrorCode::Malformed);
+  std::vector<uint8_t> truncated(hb.begin(), hb.begin() + hb.size() / 2);
+  EXPECT_EQ(error_of(send_raw(s, {zmq::buffer(truncated)})), ErrorCode::Malformed);
+
+  flatbuffers::FlatBufferBuilder bad_name;
+  finish_envelope(bad_name, {6, "x", 0}, proto::Body::Register,
+                  proto::CreateRegister(bad_name, bad_name.CreateString("bad name!"), 1).Union());
+  std::vector<uint8_t> reg(bad_name.GetBufferPointer(),
+                           bad_name.GetBufferPointer() + bad_name.GetSize());
+  EXPECT_EQ(error_of(send_raw(s, {zmq::buffer(reg)})), ErrorCode::InvalidArgument);
+
+  // Random junk of many sizes, then one oversized message (ZeroMQ drops the
+  // peer for it): the coordinator keeps serving everyone else.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    std::vector<uint8_t> junk(rng() % 300);
+    for (auto& b : junk) b = static_cast<uint8_t>(rng());
+    s.send(zmq::buffer(junk), zmq::send_flags::none);
+  }
+  std::vector<uint8_t> huge(kMaxMessageBytes + 1024, 0x41);
+  s.send(zmq::buffer(huge), zmq::send_flags::none);
+
+  auto st = cluster.status(3s);
+  ASSERT_TRUE(st) << "coordinator stopped answering:\n" << coordinator.log();
+  EXPECT_TRUE(coordinator.running());
+  EXPECT_EQ(leased_by(*st, "bystander"), 1ull << 20) << "existing leases are untouched";
+  EXPECT_TRUE(a.connected());
+  Lease more = a.acquire(1ull << 20);
+  EXPECT_TRUE(more.held());
+}
+
+TEST_F(HostCluster, ClientPrintsStatusAsJsonAndTable) {
+  cluster.start_coordinator(coordinator_args());
+  AgentSession a(session_options("cli-agent"));
+  Lease l = a.acquire(2ull << 20, LeaseEnd::High);
+  auto [rc, out] = cluster.run("leasehold", {"--endpoint", cluster.endpoint(), "status",
+                                             "--output", "json"});
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["pool"]["backend"], "host");
+  EXPECT_EQ(j["pool"]["size_bytes"], 64ull << 20);
+  EXPECT_EQ(j["pool"]["used_bytes"], 2ull << 20);
+  ASSERT_EQ(j["agents"].size(), 1u);
+  EXPECT_EQ(j["agents"][0]["name"], "cli-agent");
+  EXPECT_EQ(j["agents"][0]["pid"], getpid());
+  EXPECT_EQ(j["agents"][0]["leased_bytes"], 2ull << 20);
+  ASSERT_EQ(j["leases"].size(), 1u);
+  EXPECT_EQ(j["leases"][0]["id"], l.id());
+  EXPECT_EQ(j["leases"][0]["agent"], "cli-agent");
+  EXPECT_EQ(j["leases"][0]["offset"], (64ull << 20) - (2ull << 20));
+  EXPECT_EQ(j["leases"][0]["size"], 2ull << 20);
+
+  auto [rc2, table] = cluster.run("leasehold", {"--endpoint", cluster.endpoint(), "status"});
+  EXPECT_EQ(rc2, 0);
+  EXPECT_NE(table.find("cli-agent"), std::string::npos) << table;
+  EXPECT_NE(table.find("occupancy"), std::string::npos) << table;
+}
+
+TEST_F(HostCluster, ClientFailsClearlyWithoutCoordinator) {
+  auto [rc, out] = cluster.run("leasehold", {"--endpoint", cluster.endpoint(), "status"});
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("no coordinator"), std::string::npos) << out;
+  // A TCP endpoint nobody answers: a timeout, not a hang.
+  auto t0 = std::chrono::steady_clock::now();
+  auto [rc2, out2] = cluster.run(
+      "leasehold", {"--endpoint", "tcp://127.0.0.1:9", "--timeout", "300ms", "status"});
+  EXPECT_NE(rc2, 0);
+  EXPECT_NE(out2.find("no reply"), std::string::npos) << out2;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST_F(HostCluster, SecondCoordinatorOnSameEndpointIsRefused) {
+  cluster.start_coordinator(coordinator_args());
+  auto args = coordinator_args();
+  args.insert(args.begin(), {"--endpoint", cluster.endpoint()});
+  auto [rc, out] = cluster.run("leasehold-coordinator", args);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("already serving"), std::string::npos) << out;
+  EXPECT_TRUE(cluster.status()) << "the first coordinator keeps serving";
+}
+
+TEST_F(HostCluster, RestartAfterCrashReplacesStaleSegmentAndSocket) {
+  auto& crashed = cluster.start_coordinator(coordinator_args());
+  crashed.signal(SIGKILL);
+  ASSERT_TRUE(crashed.wait(2s));
+  auto& next = cluster.start_coordinator(coordinator_args());
+  EXPECT_NE(next.log().find("stale"), std::string::npos) << next.log();
+  AgentSession a(session_options("after-crash"));
+  EXPECT_TRUE(a.acquire(1ull << 20).held());
+}
+
+TEST_F(HostCluster, BadOptionsAreRefusedWithTheirName) {
+  auto [rc, out] = cluster.run("leasehold-coordinator",
+                               {"--endpoint", cluster.endpoint(), "--pool-size", "12 parsecs"});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("parsecs"), std::string::npos) << out;
+  auto [rc2, out2] = cluster.run("leasehold-coordinator", {"--endpoint", cluster.endpoint(),
+                                                           "--backend", "host", "--pool-size",
+                                                           "100000TiB"});
+  EXPECT_EQ(rc2, 1);
+  EXPECT_NE(out2.find("exceeds"), std::string::npos) << out2;
+}
+
+}  // namespace
+}  // namespace leasehold::testing

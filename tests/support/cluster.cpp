@@ -1,0 +1,187 @@
+#include "tests/support/cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "coordinator/status_format.h"
+#include "shared/connection.h"
+
+extern char** environ;
+
+namespace leasehold::testing {
+
+std::string bin_dir() {
+  if (const char* env = std::getenv("LEASEHOLD_BIN_DIR"); env && *env) return env;
+  return LEASEHOLD_BUILD_BIN_DIR;
+}
+
+Process::Process(std::vector<std::string> argv, std::string log_path)
+    : log_path_(std::move(log_path)) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+}
+
+Process::~Process() {
+  if (running()) {
+    ::kill(pid_, SIGKILL);
+    wait(std::chrono::seconds(5));
+  }
+}
+
+void Process::signal(int sig) const { ::kill(pid_, sig); }
+
+std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!status_) {
+    int st = 0;
+    pid_t r = waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return status_;
+}
+
+bool Process::running() { return !wait(std::chrono::milliseconds(0)).has_value(); }
+
+std::string Process::log() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Cluster::Cluster() {
+  char tmpl[] = "/tmp/leasehold-test-XXXXXX";
+  if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  endpoint_ = "ipc://" + dir_ + "/coordinator.sock";
+}
+
+Cluster::~Cluster() {
+  // Agents first, so they do not log a lost coordinator; then the rest.
+  for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) {
+    if ((*it)->running()) (*it)->signal(SIGTERM);
+  }
+  for (auto& p : procs_) {
+    if (!p->wait(std::chrono::seconds(5))) p->signal(SIGKILL);
+  }
+  procs_.clear();
+  if (!std::getenv("LEASEHOLD_KEEP_TEST_DIRS")) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+Process& Cluster::start_coordinator(std::vector<std::string> args) {
+  std::vector<std::string> argv{bin_dir() + "/leasehold-coordinator", "--endpoint", endpoint_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  procs_.push_back(std::make_unique<Process>(
+      argv, dir_ + "/coordinator-" + std::to_string(counter_++) + ".log"));
+  Process& p = *procs_.back();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!p.running()) throw std::runtime_error("coordinator exited at start:\n" + p.log());
+    if (status(std::chrono::milliseconds(200))) return p;
+  }
+  throw std::runtime_error("coordinator did not answer within 10 s:\n" + p.log());
+}
+
+Process& Cluster::start_agent(const std::string& name, std::vector<std::string> args) {
+  std::vector<std::string> argv{bin_dir() + "/leasehold-agent", "--endpoint", endpoint_, "--name",
+                                name};
+  argv.insert(argv.end(), args.begin(), args.end());
+  procs_.push_back(std::make_unique<Process>(argv, dir_ + "/agent-" + name + "-" +
+                                                       std::to_string(counter_++) + ".log"));
+  return *procs_.back();
+}
+
+std::pair<int, std::string> Cluster::run(const std::string& program,
+                                         std::vector<std::string> args) {
+  std::vector<std::string> argv{bin_dir() + "/" + program};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string log = dir_ + "/run-" + std::to_string(counter_++) + ".log";
+  Process p(argv, log);
+  auto rc = p.wait(std::chrono::seconds(30));
+  if (!rc) throw std::runtime_error(program + " did not finish within 30 s");
+  return {*rc, p.log()};
+}
+
+std::optional<nlohmann::json> Cluster::status(std::chrono::milliseconds timeout) {
+  static zmq::context_t ctx(1);
+  Connection conn(ctx, endpoint_, "test-status");
+  try {
+    auto reply = conn.request(
+        [](flatbuffers::FlatBufferBuilder& fbb) {
+          return std::pair{proto::Body::StatusRequest, proto::CreateStatusRequest(fbb).Union()};
+        },
+        timeout);
+    const auto* s = reply->body_as_StatusReply();
+    if (!s) return std::nullopt;
+    return status_to_json(*s);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+bool Cluster::wait_for(const std::function<bool(const nlohmann::json&)>& pred,
+                       std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  do {
+    if (auto s = status(std::chrono::milliseconds(500)); s && pred(*s)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
+bool has_agent(const nlohmann::json& status, const std::string& name) {
+  for (const auto& a : status["agents"]) {
+    if (a["name"] == name) return true;
+  }
+  return false;
+}
+
+uint64_t leased_by(const nlohmann::json& status, const std::string& agent) {
+  uint64_t total = 0;
+  for (const auto& l : status["leases"]) {
+    if (l["agent"] == agent) total += l["size"].get<uint64_t>();
+  }
+  return total;
+}
+
+bool leases_disjoint(const nlohmann::json& status) {
+  std::vector<std::pair<uint64_t, uint64_t>> r;
+  for (const auto& l : status["leases"]) r.emplace_back(l["offset"], l["size"]);
+  std::sort(r.begin(), r.end());
+  for (size_t i = 1; i < r.size(); ++i) {
+    if (r[i - 1].first + r[i - 1].second > r[i].first) return false;
+  }
+  return true;
+}
+
+}  // namespace leasehold::testing

@@ -1,0 +1,80 @@
+// Test support: real coordinator and agent processes on a private endpoint.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace leasehold::testing {
+
+// Directory of the built programs: $LEASEHOLD_BIN_DIR, else the build tree's.
+std::string bin_dir();
+
+// A child process whose stdout and stderr go to one log file.
+class Process {
+ public:
+  Process(std::vector<std::string> argv, std::string log_path);
+  ~Process();  // SIGKILLs a child that is still running
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void signal(int sig) const;
+  // Waits for exit; returns the exit code (128+signal when killed), or
+  // nullopt if still running after `timeout`.
+  std::optional<int> wait(std::chrono::milliseconds timeout);
+  bool running();
+  std::string log() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+  std::string log_path_;
+};
+
+class Cluster {
+ public:
+  // Makes a private directory and endpoint. Nothing runs yet.
+  Cluster();
+  ~Cluster();
+
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& dir() const { return dir_; }
+
+  // Starts leasehold-coordinator with `args` (endpoint added) and waits until
+  // it answers a status request.
+  Process& start_coordinator(std::vector<std::string> args);
+  Process& start_agent(const std::string& name, std::vector<std::string> args);
+  // Runs a program to completion; returns {exit code, output}.
+  std::pair<int, std::string> run(const std::string& program, std::vector<std::string> args);
+
+  // The coordinator's status as `leasehold status -o json` prints it;
+  // nullopt when it does not answer within `timeout`.
+  std::optional<nlohmann::json> status(std::chrono::milliseconds timeout = std::chrono::seconds(2));
+  // Polls status until `pred` holds or `timeout` passes; returns whether it held.
+  bool wait_for(const std::function<bool(const nlohmann::json&)>& pred,
+                std::chrono::milliseconds timeout);
+
+  std::vector<std::unique_ptr<Process>>& processes() { return procs_; }
+
+ private:
+  std::string dir_;
+  std::string endpoint_;
+  std::vector<std::unique_ptr<Process>> procs_;
+  int counter_ = 0;
+};
+
+// Number of agents in a status document whose name is `name`.
+bool has_agent(const nlohmann::json& status, const std::string& name);
+// Sum of lease sizes held by `agent`.
+uint64_t leased_by(const nlohmann::json& status, const std::string& agent);
+// True when no two leases in `status` overlap.
+bool leases_disjoint(const nlohmann::json& status);
+
+}  // namespace leasehold::testing

@@ -1,0 +1,41 @@
+#include "tests/support/isolation.h"
+
+#include <gtest/gtest.h>
+
+namespace leasehold::testing {
+
+void run_isolation_scenario(Cluster& cluster, int agents, const std::string& lease_size) {
+  const int leases_each = 3, rounds = 10;
+  std::vector<Process*> procs;
+  for (int i = 0; i < agents; ++i) {
+    procs.push_back(&cluster.start_agent(
+        "iso-" + std::to_string(i),
+        {"--exercise", "--leases", std::to_string(leases_each), "--lease-size", lease_size,
+         "--rounds", std::to_string(rounds), "--interval", "40ms"}));
+  }
+  bool all_leased = cluster.wait_for(
+      [&](const nlohmann::json& s) {
+        return s["leases"].size() == static_cast<size_t>(agents * leases_each);
+      },
+      std::chrono::seconds(10));
+  ASSERT_TRUE(all_leased) << "agents did not all get their leases";
+  auto s = cluster.status();
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(leases_disjoint(*s)) << s->dump(2);
+  for (int i = 0; i < agents; ++i) {
+    EXPECT_EQ((*s)["agents"][i]["lease_count"], leases_each);
+  }
+  for (auto* p : procs) {
+    auto rc = p->wait(std::chrono::seconds(30));
+    ASSERT_TRUE(rc) << "agent still running:\n" << p->log();
+    EXPECT_EQ(*rc, 0) << p->log();
+    EXPECT_NE(p->log().find("verified round=" + std::to_string(rounds)), std::string::npos)
+        << p->log();
+    EXPECT_NE(p->log().find("exercise passed"), std::string::npos);
+  }
+  EXPECT_TRUE(cluster.wait_for([](const nlohmann::json& st) { return st["leases"].empty(); },
+                               std::chrono::seconds(5)))
+      << "leases left behind after the agents finished";
+}
+
+}  // namespace leasehold::testing
