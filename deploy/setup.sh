@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Leasehold needs to build and test, if any
+# are missing. Idempotent; works as root or through sudo. The CUDA toolkit is
+# optional and not installed here: the build uses it when it finds nvcc.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libzmq3-dev cppzmq-dev
+  libflatbuffers-dev flatbuffers-compiler
+  libboost-dev libspdlog-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
+  libsystemd-dev libgtest-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "setup: missing packages (${missing[*]}) and neither root nor sudo is available" >&2
+  exit 1
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -qq
+"${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
