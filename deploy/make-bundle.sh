@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Makes a relocatable bundle for GPU hosts without package access: the
+# programs, the shared libraries they need that such a host lacks (ZeroMQ,
+# spdlog, fmt, ...), and launchers in bin/ that set the library path.
+#
+#   deploy/make-bundle.sh [--with-tests] OUT_DIR      (after deploy/build.sh)
+#
+# Not bundled: the C runtime (glibc, libstdc++, libgcc), which the host has
+# in a compatible or newer version, and the CUDA libraries, which come with
+# the host's CUDA toolkit and driver (too large, and must match the driver).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${LEASEHOLD_BUILD_DIR:-$root/build}
+with_tests=0
+if [ "${1:-}" = "--with-tests" ]; then with_tests=1; shift; fi
+out=${1:?usage: make-bundle.sh [--with-tests] OUT_DIR}
+
+programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease)
+if [ $with_tests -eq 1 ]; then
+  for t in "$build"/bin/*_test "$build"/bin/unit_tests; do [ -x "$t" ] && programs+=("$(basename "$t")"); done
+fi
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/libexec" "$out/lib"
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia|libcufile|libnccl)'
+for p in "${programs[@]}"; do
+  [ -x "$build/bin/$p" ] || { echo "make-bundle: $build/bin/$p not built" >&2; exit 1; }
+  # Debug info stays in the build tree; the bundle is for running.
+  strip --strip-debug -o "$out/libexec/$p" "$build/bin/$p"
+  ldd "$build/bin/$p" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    [[ "$name" =~ $skip ]] && continue
+    cp -nL "$path" "$out/lib/"
+  done
+  cat > "$out/bin/$p" <<LAUNCH
+#!/usr/bin/env bash
+# Launcher: bundled libraries first, then the host's CUDA libraries.
+here=\$(cd "\$(dirname "\${BASH_SOURCE[0]}")/.." && pwd)
+export LD_LIBRARY_PATH="\$here/lib:/usr/local/cuda/lib64\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export LEASEHOLD_BIN_DIR="\${LEASEHOLD_BIN_DIR:-\$here/bin}"
+exec "\$here/libexec/$p" "\$@"
+LAUNCH
+  chmod +x "$out/bin/$p"
+done
+cp "$root/deploy/leasehold.toml" "$out/"
+du -sh "$out" | awk '{print "make-bundle: " $1 " in '"$out"'"}'

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs Leasehold's GPU checks on a GPU host from a bundle made by
+# deploy/make-bundle.sh --with-tests: unit tests (CUDA kernels against CPU),
+# the CUDA integration tests (agent processes sharing one cudaMalloc pool
+# through CUDA IPC), the host integration tests, a CUDA demo run and the
+# lease benchmark. Logs go to $OUT (or ./gpu-logs).
+#
+#   bash tests/gpu/run-gpu-checks.sh BUNDLE_DIR
+set -uo pipefail
+bundle=$(cd "${1:?usage: run-gpu-checks.sh BUNDLE_DIR}" && pwd)
+out=${OUT:-$PWD/gpu-logs}
+mkdir -p "$out"
+bin=$bundle/bin
+failed=0
+step() {  # step NAME COMMAND...: runs, logs, records pass/fail
+  local name=$1; shift
+  local t0; t0=$(date +%s%N)
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  printf '%-28s rc=%d  %d ms\n' "$name" "$rc" $(( ($(date +%s%N) - t0) / 1000000 )) | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || failed=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran' "$out/$name.log" | tail -4
+}
+
+nvidia-smi -L | tee "$out/summary.txt"
+step unit_tests "$bin/unit_tests"
+step integration_cuda_test "$bin/integration_cuda_test"
+step integration_host_test "$bin/integration_host_test"
+
+demo() {
+  local run; run=$(mktemp -d)
+  export LEASEHOLD_ENDPOINT="ipc://$run/c.sock"
+  "$bin/leasehold-coordinator" --backend cuda --pool-size 4GiB --heartbeat-interval 500ms &
+  local coord=$!
+  for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done
+  "$bin/leasehold-agent" --name gpu-a --exercise --leases 3 --lease-size 256MiB --rounds 10 --interval 100ms &
+  local a=$!
+  "$bin/leasehold-agent" --name gpu-b --exercise --leases 3 --lease-size 256MiB --rounds 10 --interval 100ms &
+  local b=$!
+  sleep 1.5
+  "$bin/leasehold" status
+  "$bin/leasehold" status -o json
+  wait $a && wait $b; local rc=$?
+  kill -TERM $coord; wait $coord
+  rm -rf "$run"
+  return $rc
+}
+step cuda_demo demo
+step bench_cuda "$bin/leasehold-bench-lease" --backend cuda --iterations 2000
+step bench_host "$bin/leasehold-bench-lease" --backend host --iterations 2000
+cp "$out/bench_cuda.log" "$out/bench_cuda.json" 2>/dev/null
+echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$out/summary.txt"
+exit $failed
