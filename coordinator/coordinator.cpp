@@ -18,6 +18,11 @@ namespace {
 constexpr size_t kMaxNameLength = 128;
 // A client may ask to wait at most this long for a lease.
 constexpr std::chrono::hours kMaxLeaseWait{24};
+// Time a newly registered agent has before its first heartbeat: it maps the
+// pool first, and creating a CUDA context plus cudaIpcOpenMemHandle can take
+// seconds when many agents start at once (seen: 32 agents on one H200). After
+// the first heartbeat the two-interval rule applies.
+constexpr std::chrono::seconds kFirstHeartbeatGrace{30};
 
 bool valid_name(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLength) return false;
@@ -335,7 +340,8 @@ void Coordinator::on_register(const std::string& rid, const proto::Envelope& env
   rec.device = pool().device;
   rec.session = ++next_session_;
   rec.routing_ids.insert(rid);
-  rec.registered = rec.last_seen = Clock::now();
+  rec.registered = Clock::now();
+  rec.last_seen = rec.registered + kFirstHeartbeatGrace;
   agents_[name] = rec;
   spdlog::info("agent '{}' (pid {}) registered; {}", name, rec.pid, summary());
 

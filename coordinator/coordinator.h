@@ -33,7 +33,8 @@ struct AgentRecord {
   uint64_t session = 0;                // token the agent must present
   std::set<std::string> routing_ids;   // its sockets (control, heartbeat)
   Clock::time_point registered;
-  Clock::time_point last_seen;         // any valid message counts as a heartbeat
+  Clock::time_point last_seen;         // any valid message counts as a heartbeat;
+                                       // in the future until the first one
 };
 
 class Coordinator {

@@ -24,7 +24,9 @@ void Coordinator::on_status(const std::string& rid, const proto::Envelope& env) 
   std::vector<flatbuffers::Offset<proto::AgentInfo>> agents;
   for (const auto& [name, agent] : agents_) {
     auto [bytes, count] = held[name];
-    auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - agent.last_seen);
+    // last_seen is in the future while an agent is within its first-heartbeat grace.
+    auto ago = std::max(std::chrono::milliseconds(0),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(now - agent.last_seen));
     agents.push_back(proto::CreateAgentInfo(fbb, fbb.CreateString(name), agent.pid, agent.device,
                                             fbb.CreateString(count ? "leasing" : "idle"), bytes,
                                             count, static_cast<uint64_t>(ago.count())));

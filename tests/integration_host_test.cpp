@@ -110,9 +110,9 @@ TEST_F(HostCluster, AgentsRegisterAgainAfterCoordinatorRestart) {
       },
       10s))
       << standby.log() << worker.log();
-  EXPECT_NE(standby.log().find("re-registered"), std::string::npos) << standby.log();
-  EXPECT_NE(worker.log().find("leases lost; acquiring again"), std::string::npos)
-      << worker.log();
+  // The agent prints after the coordinator has recorded it: wait for the line.
+  EXPECT_TRUE(standby.wait_for_log("re-registered", 5s)) << standby.log();
+  EXPECT_TRUE(worker.wait_for_log("leases lost; acquiring again", 5s)) << worker.log();
   EXPECT_TRUE(standby.running());
   EXPECT_TRUE(worker.running());
   worker.signal(SIGTERM);

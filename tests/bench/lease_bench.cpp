@@ -202,7 +202,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   lh::init_logging("warn", is_worker ? "bench-worker" : "bench");
   auto sizes = parse_sizes(sizes_text);
-  if (is_worker) return worker(endpoint, name, iterations, sizes, dir);
+  if (is_worker) {
+    try {
+      return worker(endpoint, name, iterations, sizes, dir);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench worker %s: %s\n", name.c_str(), e.what());
+      return 1;
+    }
+  }
 
   try {
     lh::Backend backend = lh::resolve_backend(backend_text);

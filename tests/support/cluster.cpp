@@ -76,6 +76,15 @@ std::string Process::log() const {
   return ss.str();
 }
 
+bool Process::wait_for_log(const std::string& text, std::chrono::milliseconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (log().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 Cluster::Cluster() {
   char tmpl[] = "/tmp/leasehold-test-XXXXXX";
   if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");

@@ -31,6 +31,8 @@ class Process {
   std::optional<int> wait(std::chrono::milliseconds timeout);
   bool running();
   std::string log() const;
+  // Polls the log until it contains `text`, or `timeout` passes.
+  bool wait_for_log(const std::string& text, std::chrono::milliseconds timeout) const;
 
  private:
   pid_t pid_ = -1;
