@@ -71,7 +71,7 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
         std::printf("leases lost; acquiring again\n");
         std::fflush(stdout);
         held.clear();
-        session.wait_connected(std::chrono::seconds(30));
+        session.wait_connected(std::chrono::seconds(1));  // the loop re-checks `stop`
         continue;
       }
       std::printf("verified round=%d leases=%zu bytes=%llu\n", round, held.size(),
@@ -83,7 +83,7 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
       if (e.code() != ErrorCode::UnknownSender && e.code() != ErrorCode::Timeout) throw;
       spdlog::warn("{}; retrying", e.what());
       held.clear();
-      session.wait_connected(std::chrono::seconds(30));
+      session.wait_connected(std::chrono::seconds(1));
     }
   }
   for (auto& h : held) session.release(h.lease);

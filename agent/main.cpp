@@ -1,7 +1,6 @@
 // leasehold-agent: registers with the coordinator, maps its pool once and
 // stays as a standby worker. With --exercise it leases memory and keeps
 // verifying a pattern in it (the demo and the integration tests use this).
-#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,11 +13,10 @@
 #include "agent/session.h"
 #include "shared/endpoint.h"
 #include "shared/log.h"
+#include "shared/signals.h"
 #include "shared/units.h"
 
 namespace {
-std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) { g_stop.store(true); }
 
 std::string default_name() {
   char host[256] = {0};
@@ -62,12 +60,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const std::atomic<bool>& stop = leasehold::install_stop_signals();
 
   try {
     leasehold::AgentSession session(opts);
@@ -84,9 +77,9 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     });
-    if (exercise) return leasehold::run_exercise(session, ex, g_stop);
+    if (exercise) return leasehold::run_exercise(session, ex, stop);
     spdlog::info("standing by as '{}'", opts.name);
-    while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     spdlog::info("stopping");
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <cerrno>
 #include <filesystem>
 #include <random>

@@ -1,6 +1,5 @@
 // leasehold-coordinator: allocates the pool once, leases it to agents, and
 // reports to systemd (Type=notify: READY, STATUS, WATCHDOG, STOPPING).
-#include <signal.h>
 #include <systemd/sd-daemon.h>
 
 #include <atomic>
@@ -12,11 +11,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/options.h"
 #include "shared/log.h"
-
-namespace {
-std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) { g_stop.store(true); }
-}  // namespace
+#include "shared/signals.h"
 
 int main(int argc, char** argv) {
   auto opts = leasehold::parse_coordinator_options(argc, argv);
@@ -27,12 +22,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const std::atomic<bool>& stop = leasehold::install_stop_signals();
 
   try {
     leasehold::Coordinator coordinator(opts);
@@ -42,7 +32,7 @@ int main(int argc, char** argv) {
     bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
     auto last_ping = std::chrono::steady_clock::now();
     std::string last_status;
-    coordinator.run(g_stop, [&] {
+    coordinator.run(stop, [&] {
       auto now = std::chrono::steady_clock::now();
       if (watchdog && now - last_ping > std::chrono::microseconds(watchdog_usec / 3)) {
         sd_notify(0, "WATCHDOG=1");
@@ -55,11 +45,11 @@ int main(int argc, char** argv) {
       }
     });
     sd_notify(0, "STOPPING=1\nSTATUS=stopping");
-    spdlog::info("stopped; pool freed");
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     sd_notifyf(0, "STATUS=failed: %s", e.what());
     return 1;
   }
+  spdlog::info("stopped; pool freed");  // the Coordinator's destructor freed it
   return 0;
 }
