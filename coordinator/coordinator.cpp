@@ -212,13 +212,14 @@ void Coordinator::reply_ack(const std::string& rid, uint64_t request_id, proto::
 }
 
 void Coordinator::handle(const std::string& routing_id, zmq::message_t& payload) {
-  auto decoded = decode({static_cast<const uint8_t*>(payload.data()), payload.size()});
+  AlignedBytes bytes(payload);
+  auto decoded = decode(bytes.bytes());
   if (auto* err = std::get_if<DecodeError>(&decoded)) {
     spdlog::warn("rejected a message of {} bytes: {}", payload.size(), err->message);
     // Echo the request id when the header can be trusted enough to read it.
     uint64_t request_id = 0;
     if (err->code == ErrorCode::BadVersion) {
-      request_id = proto::GetEnvelope(payload.data())->header()->request_id();
+      request_id = proto::GetEnvelope(bytes.bytes().data())->header()->request_id();
     }
     reply_error(routing_id, request_id, err->code, err->message);
     return;

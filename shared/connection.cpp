@@ -39,13 +39,14 @@ std::optional<Reply> Connection::receive(std::chrono::milliseconds timeout) {
     if (!(item.revents & ZMQ_POLLIN)) continue;
     zmq::message_t msg;
     if (!socket_.recv(msg, zmq::recv_flags::dontwait)) continue;
-    auto decoded = decode({static_cast<const uint8_t*>(msg.data()), msg.size()});
+    AlignedBytes bytes(msg);
+    auto decoded = decode(bytes.bytes());
     if (auto* err = std::get_if<DecodeError>(&decoded)) {
       spdlog::warn("dropping a malformed message from {}: {}", endpoint_, err->message);
       continue;
     }
     const proto::Envelope* env = std::get<const proto::Envelope*>(decoded);
-    return Reply(std::move(msg), env);
+    return Reply(std::move(bytes), env);
   }
 }
 

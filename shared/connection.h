@@ -20,14 +20,14 @@ namespace leasehold {
 class Reply {
  public:
   Reply() = default;
-  Reply(zmq::message_t msg, const proto::Envelope* env) : msg_(std::move(msg)), env_(env) {}
+  Reply(AlignedBytes bytes, const proto::Envelope* env) : bytes_(std::move(bytes)), env_(env) {}
   const proto::Envelope* operator->() const { return env_; }
   const proto::Envelope& envelope() const { return *env_; }
   // Throws leasehold::Error when the reply is an Error.
   const Reply& throw_if_error() const;
 
  private:
-  zmq::message_t msg_;
+  AlignedBytes bytes_;  // the envelope points into these
   const proto::Envelope* env_ = nullptr;
 };
 

@@ -5,10 +5,12 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include <zmq.hpp>
 
@@ -39,6 +41,25 @@ zmq::message_t to_message(const flatbuffers::FlatBufferBuilder& fbb);
 // A complete Error envelope.
 zmq::message_t make_error(const HeaderFields& header, ErrorCode code, std::string_view message);
 
+// A received message's bytes, 8-byte aligned as FlatBuffers' accessors
+// require. ZeroMQ keeps small messages inline at arbitrary alignment, so
+// every received buffer is copied here before decode().
+class AlignedBytes {
+ public:
+  AlignedBytes() = default;
+  explicit AlignedBytes(const zmq::message_t& msg)
+      : words_((msg.size() + 7) / 8), size_(msg.size()) {
+    if (size_) std::memcpy(words_.data(), msg.data(), size_);
+  }
+  std::span<const uint8_t> bytes() const {
+    return {reinterpret_cast<const uint8_t*>(words_.data()), size_};
+  }
+
+ private:
+  std::vector<uint64_t> words_;
+  size_t size_ = 0;
+};
+
 // Why a buffer was rejected; `message` names what was wrong.
 struct DecodeError {
   ErrorCode code;
@@ -47,7 +68,8 @@ struct DecodeError {
 
 // Checks size, file identifier, FlatBuffers verification, presence of header
 // and body, and the protocol version. On success returns the envelope, which
-// points into `data` (keep `data` alive).
+// points into `data` (keep `data` alive). REQUIRES: `data` is 8-byte aligned
+// (use AlignedBytes for received messages).
 std::variant<const proto::Envelope*, DecodeError> decode(std::span<const uint8_t> data);
 
 // Convenience: flatbuffers string or "" when absent.

@@ -227,10 +227,11 @@ std::optional<Reply> send_raw(zmq::socket_t& s, std::vector<zmq::const_buffer> f
   if (!(item.revents & ZMQ_POLLIN)) return std::nullopt;
   zmq::message_t msg;
   (void)s.recv(msg);
-  auto d = decode({static_cast<const uint8_t*>(msg.data()), msg.size()});
+  AlignedBytes bytes(msg);
+  auto d = decode(bytes.bytes());
   if (!std::holds_alternative<const proto::Envelope*>(d)) return std::nullopt;
   auto* env = std::get<const proto::Envelope*>(d);
-  return Reply(std::move(msg), env);
+  return Reply(std::move(bytes), env);
 }
 
 ErrorCode error_of(const std::optional<Reply>& r) {

@@ -103,7 +103,8 @@ TEST(Protocol, SurvivesRandomGarbageAndBitFlips) {
 
 TEST(Protocol, ErrorReplyCarriesCodeAndMessage) {
   auto msg = make_error({9, "coordinator", 0}, ErrorCode::NotOwner, "lease 3 belongs to 'b'");
-  auto r = decode({static_cast<const uint8_t*>(msg.data()), msg.size()});
+  AlignedBytes bytes(msg);
+  auto r = decode(bytes.bytes());
   auto* env = std::get<const proto::Envelope*>(r);
   ASSERT_EQ(env->body_type(), proto::Body::Error);
   EXPECT_EQ(env->body_as_Error()->code(), ErrorCode::NotOwner);
