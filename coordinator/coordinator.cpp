@@ -101,13 +101,8 @@ Coordinator::Coordinator(const CoordinatorOptions& opts)
                opts_.endpoint);
 }
 
-Coordinator::~Coordinator() {
-  if (auto path = ipc_path(opts_.endpoint)) {
-    std::error_code ec;
-    router_.close();
-    std::filesystem::remove(*path, ec);
-  }
-}
+// ZeroMQ's ipc listener unlinks its socket file when the socket closes.
+Coordinator::~Coordinator() = default;
 
 std::string Coordinator::summary() const {
   const auto& a = leases_->allocator();
@@ -152,8 +147,7 @@ void Coordinator::run(const std::atomic<bool>& stop, const std::function<void()>
       if (frames.empty()) break;
       std::string rid = frames[0].to_string();
       if (frames.size() != 2) {
-        spdlog::warn("dropping a message of {} frames (expected one) from peer {}",
-                     frames.size() - 1, rid.size());
+        spdlog::warn("rejected a message of {} frames (expected one)", frames.size() - 1);
         reply_error(rid, 0, ErrorCode::Malformed,
                     "expected a single-frame message, got " + std::to_string(frames.size() - 1) +
                         " frames");
