@@ -1,0 +1,160 @@
+#include "agent/engine/allocator.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "agent/engine/cuda_context.h"
+#include "shared/units.h"
+#ifdef LEASEHOLD_HAVE_CUDA
+#include "shared/cuda_check.h"
+#endif
+
+namespace leasehold::engine {
+namespace {
+
+// Counts bytes for the stats of the simple allocators.
+class Counter {
+ public:
+  void add(uint64_t n) {
+    uint64_t now = in_use_.fetch_add(n) + n;
+    uint64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    ++allocations_;
+  }
+  void sub(uint64_t n) { in_use_.fetch_sub(n); }
+  AllocatorStats stats() const {
+    AllocatorStats s;
+    s.in_use_bytes = in_use_.load();
+    s.peak_in_use_bytes = peak_.load();
+    s.allocations = allocations_.load();
+    return s;
+  }
+
+ private:
+  std::atomic<uint64_t> in_use_{0}, peak_{0}, allocations_{0};
+};
+
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(256, align_up(bytes, 256));
+    if (!p) {
+      throw OutOfMemoryError("CPU allocation of " + format_bytes(bytes) + " failed", bytes);
+    }
+    counter_.add(bytes);
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    std::free(p);
+    counter_.sub(bytes);
+  }
+  Device device() const override { return Device::cpu(); }
+  AllocatorStats stats() const override { return counter_.stats(); }
+
+ private:
+  Counter counter_;
+};
+
+#ifdef LEASEHOLD_HAVE_CUDA
+// Stream-ordered allocation on the allocating thread's compute stream: the
+// driver's pool caches and reuses memory, so this is cheap after warm-up.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int device) : device_(device) {}
+  void* allocate(size_t bytes) override {
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device_));
+    void* p = nullptr;
+    cudaError_t err = cudaMallocAsync(&p, bytes, compute_stream(device_));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw OutOfMemoryError("CUDA allocation of " + format_bytes(bytes) + " on device " +
+                                 std::to_string(device_) + " failed: " + cudaGetErrorString(err),
+                             bytes);
+    }
+    counter_.add(bytes);
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    cudaSetDevice(device_);
+    cudaFreeAsync(p, compute_stream(device_));
+    counter_.sub(bytes);
+  }
+  Device device() const override { return Device::cuda(device_); }
+  AllocatorStats stats() const override { return counter_.stats(); }
+
+ private:
+  int device_;
+  Counter counter_;
+};
+#endif
+
+thread_local std::shared_ptr<Allocator> t_cpu_override;
+thread_local std::shared_ptr<Allocator> t_cuda_override;
+
+}  // namespace
+
+std::shared_ptr<Allocator> cpu_allocator() {
+  static auto a = std::make_shared<CpuAllocator>();
+  return a;
+}
+
+#ifdef LEASEHOLD_HAVE_CUDA
+std::shared_ptr<Allocator> cuda_allocator(int device) {
+  static std::mutex mu;
+  static std::shared_ptr<Allocator> per_device[64];
+  if (device < 0 || device >= 64) throw std::invalid_argument("bad CUDA device index");
+  std::lock_guard lock(mu);
+  if (!per_device[device]) per_device[device] = std::make_shared<CudaAllocator>(device);
+  return per_device[device];
+}
+#endif
+
+std::shared_ptr<Allocator> current_allocator(Device device) {
+  if (device.is_cuda()) {
+    if (t_cuda_override && t_cuda_override->device() == device) return t_cuda_override;
+#ifdef LEASEHOLD_HAVE_CUDA
+    return cuda_allocator(device.index);
+#else
+    throw std::runtime_error("CUDA tensors need a build with CUDA support");
+#endif
+  }
+  return t_cpu_override ? t_cpu_override : cpu_allocator();
+}
+
+AllocatorGuard::AllocatorGuard(std::shared_ptr<Allocator> alloc)
+    : type_(alloc->device().type) {
+  auto& slot = type_ == DeviceType::CUDA ? t_cuda_override : t_cpu_override;
+  previous_ = slot;
+  slot = std::move(alloc);
+}
+
+AllocatorGuard::~AllocatorGuard() {
+  auto& slot = type_ == DeviceType::CUDA ? t_cuda_override : t_cpu_override;
+  slot = std::move(previous_);
+}
+
+Storage::Storage(size_t bytes, std::shared_ptr<Allocator> allocator)
+    : bytes_(bytes), allocator_(std::move(allocator)) {
+  data_ = bytes_ ? allocator_->allocate(bytes_) : nullptr;
+}
+
+Storage::~Storage() {
+  if (data_) allocator_->deallocate(data_, bytes_);
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+    case DType::Int64: return "int64";
+  }
+  return "?";
+}
+
+std::string Device::str() const {
+  return is_cuda() ? "cuda:" + std::to_string(index) : "cpu";
+}
+
+}  // namespace leasehold::engine

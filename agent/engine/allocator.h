@@ -1,0 +1,90 @@
+// Where tensor memory comes from. Every Storage holds the allocator that made
+// it, so an allocator lives as long as any of its memory does.
+//
+// Allocators are chosen per device: a thread may install its own (the agent
+// installs its lease-local allocator while it runs a job) with
+// AllocatorGuard; otherwise CPU memory comes from malloc and CUDA memory from
+// cudaMallocAsync on the thread's compute stream.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "agent/engine/dtype.h"
+
+namespace leasehold::engine {
+
+struct AllocatorStats {
+  uint64_t in_use_bytes = 0;       // handed out and not yet returned
+  uint64_t peak_in_use_bytes = 0;
+  uint64_t cached_bytes = 0;       // held for reuse but not in use
+  uint64_t allocations = 0;        // calls to allocate() so far
+  uint64_t leases = 0;             // coordinator leases held (lease allocators)
+};
+
+// Thrown when an allocation cannot be served; the message names the sizes.
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  OutOfMemoryError(const std::string& what, uint64_t requested)
+      : std::runtime_error(what), requested_(requested) {}
+  uint64_t requested() const { return requested_; }
+
+ private:
+  uint64_t requested_;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory for `bytes` (> 0), aligned to at least 256 bytes. Throws
+  // OutOfMemoryError. Thread-safe.
+  virtual void* allocate(size_t bytes) = 0;
+  // Returns memory from allocate() with the same size. Never throws.
+  virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
+  virtual Device device() const = 0;
+  virtual AllocatorStats stats() const = 0;
+};
+
+std::shared_ptr<Allocator> cpu_allocator();
+#ifdef LEASEHOLD_HAVE_CUDA
+std::shared_ptr<Allocator> cuda_allocator(int device);
+#endif
+
+// The allocator new tensors on `device` get on this thread.
+std::shared_ptr<Allocator> current_allocator(Device device);
+
+// Installs `alloc` for its device on this thread until destroyed.
+class AllocatorGuard {
+ public:
+  explicit AllocatorGuard(std::shared_ptr<Allocator> alloc);
+  ~AllocatorGuard();
+  AllocatorGuard(const AllocatorGuard&) = delete;
+  AllocatorGuard& operator=(const AllocatorGuard&) = delete;
+
+ private:
+  DeviceType type_;
+  std::shared_ptr<Allocator> previous_;
+};
+
+// Reference-counted memory of one tensor or of several views of it.
+class Storage {
+ public:
+  Storage(size_t bytes, std::shared_ptr<Allocator> allocator);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return allocator_->device(); }
+  const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::shared_ptr<Allocator> allocator_;
+};
+
+}  // namespace leasehold::engine

@@ -1,0 +1,171 @@
+#include "agent/engine/autograd.h"
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include "agent/engine/ops.h"
+
+namespace leasehold::engine {
+namespace {
+
+thread_local bool t_grad_enabled = true;
+thread_local std::shared_ptr<SavedTensorHooks> t_hooks;
+
+// Adds a gradient into a leaf's .grad.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  const char* name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor leaf(leaf_);
+    Tensor incoming = g;
+    if (incoming.sizes() != leaf.sizes()) incoming = sum_to(incoming, leaf.sizes());
+    if (!leaf.grad().defined()) {
+      // Adopt the buffer when nothing else references it; else copy, so that
+      // two leaves never share one gradient buffer.
+      bool sole = incoming.impl().use_count() <= 2 && incoming.is_contiguous() &&
+                  incoming.impl()->storage.use_count() == 1;
+      leaf.set_grad(sole ? incoming.detach() : incoming.clone().detach());
+    } else {
+      leaf.set_grad(add(leaf.grad(), incoming).detach());
+    }
+    return {};
+  }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+Edge gradient_edge(const Tensor& t) {
+  if (t.grad_fn()) return {t.grad_fn()};
+  if (t.impl()->requires_grad) return {std::make_shared<AccumulateGrad>(t.impl())};
+  return {};
+}
+
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = previous_; }
+
+SavedTensorHooksGuard::SavedTensorHooksGuard(std::shared_ptr<SavedTensorHooks> hooks)
+    : previous_(std::move(t_hooks)) {
+  t_hooks = std::move(hooks);
+}
+SavedTensorHooksGuard::~SavedTensorHooksGuard() { t_hooks = std::move(previous_); }
+
+SavedTensor::SavedTensor(const Tensor& t) : saved_(true) {
+  if (!t.defined()) return;
+  Tensor detached = t.detach();
+  if (t_hooks) {
+    hooks_ = t_hooks;
+    packed_ = hooks_->pack(detached);
+  } else {
+    tensor_ = detached;
+  }
+}
+
+Tensor SavedTensor::get() const {
+  if (!saved_) {
+    throw std::runtime_error(
+        "trying to backward through the graph a second time (or to use saved tensors after "
+        "they were freed); call backward(gradient, /*retain_graph=*/true) the first time");
+  }
+  if (hooks_) return hooks_->unpack(packed_);
+  return tensor_;
+}
+
+void SavedTensor::reset() {
+  tensor_ = Tensor();
+  packed_.reset();
+  hooks_.reset();
+  saved_ = false;
+}
+
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor* t : inputs) {
+    if (t && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs) {
+  for (const Tensor* t : inputs) {
+    node->next.push_back(t && t->defined() ? gradient_edge(*t) : Edge{});
+  }
+  out.impl()->grad_fn = std::move(node);
+}
+
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+  if (!root.defined()) throw std::invalid_argument("backward of an undefined tensor");
+  if (!root.requires_grad()) {
+    throw std::invalid_argument(
+        "backward: the tensor does not require grad and has no grad_fn (nothing it depends on "
+        "requires grad)");
+  }
+  Tensor grad = gradient;
+  if (!grad.defined()) {
+    if (root.numel() != 1) {
+      throw std::invalid_argument("backward: grad can be implicitly created only for scalar "
+                                  "outputs; pass a gradient of shape " + root.shape_str());
+    }
+    grad = ones(root.sizes(), root.options());
+  } else if (grad.sizes() != root.sizes()) {
+    throw std::invalid_argument("backward: gradient of shape " + grad.shape_str() +
+                                " for a tensor of shape " + root.shape_str());
+  }
+
+  Edge start = gradient_edge(root);
+  // Dependencies: how many edges point at each node from nodes we will run.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack{start.fn.get()};
+  std::unordered_map<Node*, bool> seen{{start.fn.get(), true}};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (!seen[e.fn.get()]) {
+        seen[e.fn.get()] = true;
+        stack.push_back(e.fn.get());
+      }
+    }
+  }
+
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, Tensor> buffers{{start.fn.get(), grad}};
+  std::vector<std::shared_ptr<Node>> ready{start.fn};
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = std::move(ready.back());
+    ready.pop_back();
+    auto it = buffers.find(node.get());
+    Tensor g = it != buffers.end() ? it->second : Tensor();
+    if (it != buffers.end()) buffers.erase(it);
+    std::vector<Tensor> grads;
+    if (g.defined()) {
+      if (node->released) {
+        throw std::runtime_error(
+            std::string("trying to backward through the graph a second time (") + node->name() +
+            "'s saved tensors were freed); pass retain_graph=true to the first backward");
+      }
+      grads = node->apply(g);
+      if (!retain_graph) {
+        node->release_saved();
+        node->released = true;
+      }
+    }
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const Edge& e = node->next[i];
+      if (!e.fn) continue;
+      if (i < grads.size() && grads[i].defined()) {
+        Tensor& slot = buffers[e.fn.get()];
+        slot = slot.defined() ? add(slot, grads[i]) : grads[i];
+      }
+      if (--deps[e.fn.get()] == 0) ready.push_back(e.fn);
+    }
+  }
+}
+
+}  // namespace leasehold::engine

@@ -1,0 +1,93 @@
+// Reverse-mode automatic differentiation. Each differentiable operator
+// records a Node whose edges point at the nodes of its inputs and which keeps
+// the tensors its backward needs. backward() counts each node's dependencies,
+// runs nodes once all gradients for them have arrived, and accumulates into
+// leaves through AccumulateGrad nodes.
+//
+// Saved tensors go through one hook point (SavedTensor): installing
+// SavedTensorHooks changes how they are kept between forward and backward
+// (the spill store packs them to SSD and unpacks them for backward).
+#pragma once
+
+#include <any>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/engine/tensor.h"
+
+namespace leasehold::engine {
+
+class Node;
+struct Edge {
+  std::shared_ptr<Node> fn;  // null: the input needs no gradient
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  // Gradients for each edge in `next`, given the gradient of this node's
+  // output; an undefined Tensor means none for that input.
+  virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // Frees saved tensors once backward has used them.
+  virtual void release_saved() {}
+  std::vector<Edge> next;
+  bool released = false;
+};
+
+// Grad mode: when off (NoGradGuard), operators record nothing.
+bool grad_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+
+ private:
+  bool previous_;
+};
+
+// How saved tensors are kept. pack() is called when a tensor is saved during
+// forward; unpack() when backward needs it, and must return a tensor equal to
+// the one packed.
+class SavedTensorHooks {
+ public:
+  virtual ~SavedTensorHooks() = default;
+  virtual std::any pack(const Tensor& t) = 0;
+  virtual Tensor unpack(const std::any& packed) = 0;
+};
+// Installs hooks for tensors saved on this thread while it lives.
+class SavedTensorHooksGuard {
+ public:
+  explicit SavedTensorHooksGuard(std::shared_ptr<SavedTensorHooks> hooks);
+  ~SavedTensorHooksGuard();
+
+ private:
+  std::shared_ptr<SavedTensorHooks> previous_;
+};
+
+// A tensor kept for backward (detached, so the graph has no cycles).
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  // Throws std::runtime_error when released (backward already ran without
+  // retain_graph).
+  Tensor get() const;
+  void reset();
+
+ private:
+  Tensor tensor_;
+  std::any packed_;
+  std::shared_ptr<SavedTensorHooks> hooks_;
+  bool saved_ = false;
+};
+
+// True when grad mode is on and any of `inputs` requires grad.
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
+// Connects `node` to the inputs' gradient edges and makes it `out`'s grad_fn.
+void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs);
+
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+
+}  // namespace leasehold::engine

@@ -1,0 +1,72 @@
+#include "agent/engine/cuda_context.h"
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+
+#ifdef LEASEHOLD_HAVE_CUDA
+#include "shared/cuda_check.h"
+#endif
+
+namespace leasehold::engine {
+namespace {
+std::atomic<bool> g_tf32{false};
+}
+
+void set_allow_tf32(bool allow) { g_tf32.store(allow); }
+bool allow_tf32() { return g_tf32.load(); }
+
+#ifdef LEASEHOLD_HAVE_CUDA
+namespace {
+constexpr int kMaxDevices = 64;
+
+struct ThreadState {
+  cudaStream_t streams[kMaxDevices] = {};
+  cublasHandle_t handles[kMaxDevices] = {};
+  ~ThreadState() {
+    // Tolerates the runtime unloading at exit: errors are ignored.
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (handles[d]) cublasDestroy(handles[d]);
+      if (streams[d]) cudaStreamDestroy(streams[d]);
+    }
+  }
+};
+thread_local ThreadState t_state;
+
+void check_device(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    throw std::invalid_argument("CUDA device index " + std::to_string(device) + " out of range");
+  }
+}
+}  // namespace
+
+cudaStream_t compute_stream(int device) {
+  check_device(device);
+  cudaStream_t& s = t_state.streams[device];
+  if (!s) {
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+    LEASEHOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  return s;
+}
+
+cublasHandle_t cublas_handle(int device) {
+  check_device(device);
+  cublasHandle_t& h = t_state.handles[device];
+  if (!h) {
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+      h = nullptr;
+      throw std::runtime_error("cublasCreate failed on device " + std::to_string(device));
+    }
+    cublasSetStream(h, compute_stream(device));
+  }
+  return h;
+}
+
+void synchronize(int device) {
+  LEASEHOLD_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device)));
+}
+#endif
+
+}  // namespace leasehold::engine

@@ -1,0 +1,27 @@
+// Per-thread CUDA state of the engine: the compute stream every operator
+// runs on (never the legacy default stream, so copy streams can overlap
+// later), the cuBLAS handle bound to it, and the TF32 switch.
+#pragma once
+
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace leasehold::engine {
+
+// TF32 tensor-core math for float32 matmul and conv. Off by default (full
+// FP32, as PyTorch's default for matmul). Process-wide.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+#ifdef LEASEHOLD_HAVE_CUDA
+// This thread's compute stream on `device` (created on first use, non-blocking).
+cudaStream_t compute_stream(int device);
+// This thread's cuBLAS handle on `device`, bound to compute_stream(device).
+cublasHandle_t cublas_handle(int device);
+// Waits for this thread's work on `device`.
+void synchronize(int device);
+#endif
+
+}  // namespace leasehold::engine

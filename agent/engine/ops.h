@@ -1,0 +1,75 @@
+// Tensor operators, differentiable unless noted. Inputs must share device
+// and dtype (no implicit promotion); elementwise operators broadcast like
+// NumPy. Each throws std::invalid_argument naming the operator and the
+// offending shapes, dtypes or devices.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "agent/engine/tensor.h"
+
+namespace leasehold::engine {
+
+// Elementwise.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor sqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+// Not differentiable: 1 where equal, else 0 (same dtype as the inputs).
+Tensor eq(const Tensor& a, const Tensor& b);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+
+// Matrix products: [m,k]x[k,n], [b,m,k]x[b,k,n] and [b,m,k]x[k,n]. float32
+// is full precision unless set_allow_tf32(true).
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// Reductions over `dims` (empty: all dimensions).
+Tensor sum(const Tensor& x, Shape dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, Shape dims = {}, bool keepdim = false);
+// Maximum along `dim` and its first index (int64, not differentiable).
+std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+// Losses (mean over the batch).
+// logits [N, C], labels int64 [N] in [0, C); fused and numerically stable.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+Tensor mse_loss(const Tensor& input, const Tensor& target);
+Tensor l1_loss(const Tensor& input, const Tensor& target);
+
+// x [N, C, H, W], weight [O, C, KH, KW], bias [O] or undefined.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride = 1,
+              int64_t padding = 0);
+// Window `kernel`, stride `stride` (0: same as kernel), no padding.
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
+// Zeroes elements with probability p and scales the rest by 1/(1-p) when
+// `training`; identity otherwise. The mask comes from the engine generator.
+Tensor dropout(const Tensor& x, double p, bool training);
+
+// Sums `g` down to `shape` (the reverse of broadcasting).
+Tensor sum_to(const Tensor& g, const Shape& shape);
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+}  // namespace leasehold::engine

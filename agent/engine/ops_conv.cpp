@@ -1,0 +1,225 @@
+// conv2d (im2col + GEMM), max_pool2d and dropout.
+#include <stdexcept>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/dispatch.h"
+#include "agent/engine/ops.h"
+#include "kernels/conv.h"
+#include "kernels/elementwise.h"
+#include "kernels/matmul.h"
+
+namespace leasehold::engine {
+namespace {
+
+kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, int64_t stride, int64_t pad) {
+  kernels::ConvGeometry g;
+  g.n = x.size(0);
+  g.c = x.size(1);
+  g.h = x.size(2);
+  g.w = x.size(3);
+  g.kh = w.size(2);
+  g.kw = w.size(3);
+  g.stride = stride;
+  g.pad = pad;
+  return g;
+}
+
+template <class T>
+void run_im2col(Tensor& col, const Tensor& x, const kernels::ConvGeometry& g) {
+  if (x.device().is_cuda()) {
+    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::im2col<T>(col.data<T>(), x.data<T>(), g,
+                                                         detail::stream_of(x)));
+  } else {
+    kernels::cpu::im2col<T>(col.data<T>(), x.data<T>(), g);
+  }
+}
+
+template <class T>
+void run_gemm(const Tensor& like, const kernels::GemmShape& s, const T* a, const T* b, T* c) {
+  if (like.device().is_cuda()) {
+    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::gemm<T>(cublas_handle(like.device().index), s,
+                                                       T(1), a, b, T(0), c, allow_tf32()));
+  } else {
+    kernels::cpu::gemm<T>(s, T(1), a, b, T(0), c);
+  }
+}
+
+struct Conv2dBackward final : Node {
+  SavedTensor x, w;  // contiguous
+  int64_t stride = 1, pad = 0;
+  const char* name() const override { return "Conv2dBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    Tensor X = x.get(), W = w.get(), g = grad.contiguous();
+    auto geo = geometry(X, W, stride, pad);
+    int64_t O = W.size(0), CKK = geo.c * geo.kh * geo.kw, L = geo.oh() * geo.ow();
+    Tensor gx, gw;
+    detail::dispatch_floating(X.dtype(), "conv2d backward", [&](auto tag) {
+      using T = decltype(tag);
+      if (next[1].fn) {
+        // dW = sum_n g[n] [O, L] · col[n]ᵀ [L, CKK]
+        Tensor col = empty({geo.n, CKK, L}, X.options());
+        run_im2col<T>(col, X, geo);
+        Tensor per_image = empty({geo.n, O, CKK}, X.options());
+        kernels::GemmShape s;
+        s.trans_b = true;
+        s.m = O; s.n = CKK; s.k = L;
+        s.lda = L; s.ldb = L; s.ldc = CKK;
+        s.batch = geo.n; s.stride_a = O * L; s.stride_b = CKK * L; s.stride_c = O * CKK;
+        run_gemm<T>(X, s, g.data<T>(), col.data<T>(), per_image.data<T>());
+        gw = sum(per_image, {0}).reshape(W.sizes());
+      }
+      if (next[0].fn) {
+        // dcol[n] = Wᵀ [CKK, O] · g[n] [O, L]; dx = col2im(dcol)
+        Tensor dcol = empty({geo.n, CKK, L}, X.options());
+        kernels::GemmShape s;
+        s.trans_a = true;
+        s.m = CKK; s.n = L; s.k = O;
+        s.lda = CKK; s.ldb = L; s.ldc = L;
+        s.batch = geo.n; s.stride_a = 0; s.stride_b = O * L; s.stride_c = CKK * L;
+        run_gemm<T>(X, s, W.data<T>(), g.data<T>(), dcol.data<T>());
+        gx = empty(X.sizes(), X.options());
+        if (X.device().is_cuda()) {
+          LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::col2im<T>(gx.data<T>(), dcol.data<T>(), geo,
+                                                               detail::stream_of(X)));
+        } else {
+          kernels::cpu::col2im<T>(gx.data<T>(), dcol.data<T>(), geo);
+        }
+      }
+    });
+    return {gx, gw};
+  }
+  void release_saved() override { x.reset(); w.reset(); }
+};
+
+struct MaxPoolBackward final : Node {
+  SavedTensor argmax;
+  kernels::PoolGeometry geo;
+  const char* name() const override { return "MaxPool2dBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    Tensor g = grad.contiguous(), idx = argmax.get();
+    Tensor gx = zeros({geo.n, geo.c, geo.h, geo.w}, g.options());
+    detail::dispatch_floating(g.dtype(), "max_pool2d backward", [&](auto tag) {
+      using T = decltype(tag);
+      if (g.device().is_cuda()) {
+        LEASEHOLD_CUDA_OR("max_pool2d", kernels::cuda::max_pool_backward<T>(
+                                            gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo,
+                                            detail::stream_of(g)));
+      } else {
+        kernels::cpu::max_pool_backward<T>(gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo);
+      }
+    });
+    return {gx};
+  }
+  void release_saved() override { argmax.reset(); }
+};
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_t stride,
+              int64_t padding) {
+  detail::check_same(x_in, w_in, "conv2d");
+  if (x_in.dim() != 4 || w_in.dim() != 4 || x_in.size(1) != w_in.size(1)) {
+    throw std::invalid_argument("conv2d: input " + x_in.shape_str() + " and weight " +
+                                w_in.shape_str() + " do not fit ([N,C,H,W] and [O,C,KH,KW])");
+  }
+  if (stride < 1 || padding < 0) {
+    throw std::invalid_argument("conv2d: stride must be >= 1 and padding >= 0");
+  }
+  Tensor x, w;
+  {
+    NoGradGuard no_grad;
+    x = x_in.contiguous();
+    w = w_in.contiguous();
+  }
+  auto geo = geometry(x, w, stride, padding);
+  if (geo.h + 2 * padding < geo.kh || geo.w + 2 * padding < geo.kw) {
+    throw std::invalid_argument("conv2d: kernel " + w.shape_str() + " larger than the padded "
+                                "input " + x.shape_str());
+  }
+  int64_t O = w.size(0), CKK = geo.c * geo.kh * geo.kw, L = geo.oh() * geo.ow();
+  Tensor out = empty({geo.n, O, geo.oh(), geo.ow()}, x.options());
+  detail::dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    Tensor col = empty({geo.n, CKK, L}, x.options());
+    run_im2col<T>(col, x, geo);
+    // out[n] = W [O, CKK] · col[n] [CKK, L]; W is shared by the batch.
+    kernels::GemmShape s;
+    s.m = O; s.n = L; s.k = CKK;
+    s.lda = CKK; s.ldb = L; s.ldc = L;
+    s.batch = geo.n; s.stride_a = 0; s.stride_b = CKK * L; s.stride_c = O * L;
+    run_gemm<T>(x, s, w.data<T>(), col.data<T>(), out.data<T>());
+  });
+  if (any_requires_grad({&x_in, &w_in})) {
+    auto node = std::make_shared<Conv2dBackward>();
+    node->x = SavedTensor(x);
+    node->w = SavedTensor(w);
+    node->stride = stride;
+    node->pad = padding;
+    record(out, node, {&x_in, &w_in});
+  }
+  if (bias.defined()) {
+    if (bias.dim() != 1 || bias.size(0) != O) {
+      throw std::invalid_argument("conv2d: bias " + bias.shape_str() + " for " +
+                                  std::to_string(O) + " output channels");
+    }
+    out = add(out, bias.reshape({1, O, 1, 1}));
+  }
+  return out;
+}
+
+Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride) {
+  detail::check_defined(x_in, "max_pool2d", "input");
+  if (stride == 0) stride = kernel;
+  if (x_in.dim() != 4 || kernel < 1 || stride < 1 || x_in.size(2) < kernel ||
+      x_in.size(3) < kernel) {
+    throw std::invalid_argument("max_pool2d: window " + std::to_string(kernel) + " stride " +
+                                std::to_string(stride) + " on input " + x_in.shape_str());
+  }
+  Tensor x;
+  {
+    NoGradGuard no_grad;
+    x = x_in.contiguous();
+  }
+  kernels::PoolGeometry geo{x.size(0), x.size(1), x.size(2), x.size(3), kernel, stride};
+  Tensor out = empty({geo.n, geo.c, geo.oh(), geo.ow()}, x.options());
+  Tensor idx = empty(out.sizes(), {DType::Int64, x.device()});
+  detail::dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    if (x.device().is_cuda()) {
+      LEASEHOLD_CUDA_OR("max_pool2d", kernels::cuda::max_pool<T>(out.data<T>(),
+                                                                 idx.data<int64_t>(),
+                                                                 x.data<T>(), geo,
+                                                                 detail::stream_of(x)));
+    } else {
+      kernels::cpu::max_pool<T>(out.data<T>(), idx.data<int64_t>(), x.data<T>(), geo);
+    }
+  });
+  if (any_requires_grad({&x_in})) {
+    auto node = std::make_shared<MaxPoolBackward>();
+    node->argmax = SavedTensor(idx);
+    node->geo = geo;
+    record(out, node, {&x_in});
+  }
+  return out;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  if (p < 0 || p >= 1) {
+    throw std::invalid_argument("dropout: p = " + std::to_string(p) + " must be in [0, 1)");
+  }
+  if (!training || p == 0) return x;
+  Tensor mask = empty(x.sizes(), x.options());
+  uint64_t seed = next_random_u64();
+  detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    if (x.device().is_cuda()) {
+      LEASEHOLD_CUDA_OR("dropout", kernels::cuda::dropout_mask<T>(mask.data<T>(), mask.numel(), p,
+                                                                  seed, detail::stream_of(x)));
+    } else {
+      kernels::cpu::dropout_mask<T>(mask.data<T>(), mask.numel(), p, seed);
+    }
+  });
+  return mul(x, mask);
+}
+
+}  // namespace leasehold::engine

@@ -1,0 +1,361 @@
+#include "agent/engine/tensor.h"
+
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/dispatch.h"
+#include "kernels/elementwise.h"
+#ifdef LEASEHOLD_HAVE_CUDA
+#include "shared/cuda_check.h"
+#endif
+
+namespace leasehold::engine {
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& sizes) {
+  Shape st(sizes.size());
+  int64_t acc = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    st[d] = acc;
+    acc *= std::max<int64_t>(sizes[d], 1);
+  }
+  return st;
+}
+
+std::string shape_to_string(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t Tensor::size(int64_t d) const {
+  int64_t n = dim();
+  int64_t i = d < 0 ? d + n : d;
+  if (i < 0 || i >= n) {
+    throw std::invalid_argument("dimension " + std::to_string(d) + " out of range for a " +
+                                std::to_string(n) + "-d tensor");
+  }
+  return impl_->sizes[i];
+}
+
+int64_t Tensor::numel() const { return numel_of(impl_->sizes); }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (impl_->sizes[d] != 1 && impl_->strides[d] != expected) return false;
+    expected *= impl_->sizes[d];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
+}
+
+template <class T>
+T* Tensor::data() const {
+  if (dtype_of<T>() != impl_->dtype) {
+    throw std::invalid_argument(std::string("tensor of dtype ") + dtype_name(impl_->dtype) +
+                                " read as " + dtype_name(dtype_of<T>()));
+  }
+  return static_cast<T*>(raw_data());
+}
+template float* Tensor::data<float>() const;
+template double* Tensor::data<double>() const;
+template int64_t* Tensor::data<int64_t>() const;
+
+bool Tensor::requires_grad() const { return impl_->requires_grad || impl_->grad_fn != nullptr; }
+
+Tensor& Tensor::set_requires_grad(bool value) {
+  if (!is_leaf()) {
+    throw std::invalid_argument(
+        "set_requires_grad: only leaf tensors can change requires_grad (use detach())");
+  }
+  if (value && !is_floating(dtype())) {
+    throw std::invalid_argument(std::string("set_requires_grad: ") + dtype_name(dtype()) +
+                                " tensors cannot require gradients");
+  }
+  impl_->requires_grad = value;
+  return *this;
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  run_backward(*this, gradient, retain_graph);
+}
+
+std::string Tensor::shape_str() const { return shape_to_string(sizes()); }
+
+Tensor empty(const Shape& sizes, TensorOptions options) {
+  for (int64_t d : sizes) {
+    if (d < 0) throw std::invalid_argument("negative size in shape " + shape_to_string(sizes));
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->sizes = sizes;
+  impl->strides = contiguous_strides(sizes);
+  impl->dtype = options.dtype;
+  impl->storage = std::make_shared<Storage>(numel_of(sizes) * dtype_size(options.dtype),
+                                            current_allocator(options.device));
+  return Tensor(impl);
+}
+
+void Tensor::fill_(double value) {
+  Tensor& self = *this;
+  detail::dispatch_all(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor dense = self.is_contiguous() ? self : empty(self.sizes(), self.options());
+    if (device().is_cuda()) {
+      LEASEHOLD_CUDA_OR("fill_", kernels::cuda::fill<T>(dense.data<T>(), T(value), dense.numel(),
+                                                        detail::stream_of(dense)));
+    } else {
+      kernels::cpu::fill<T>(dense.data<T>(), T(value), dense.numel());
+    }
+    if (dense.impl() != self.impl()) self.copy_(dense);
+  });
+}
+
+Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0.0, options); }
+Tensor ones(const Shape& sizes, TensorOptions options) { return full(sizes, 1.0, options); }
+Tensor full(const Shape& sizes, double value, TensorOptions options) {
+  Tensor t = empty(sizes, options);
+  t.fill_(value);
+  return t;
+}
+Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
+
+// Copies between host memory and a (contiguous) tensor on any device.
+static void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n,
+                       Device stream_dev) {
+  if (n == 0) return;
+  if (!dst_dev.is_cuda() && !src_dev.is_cuda()) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#ifdef LEASEHOLD_HAVE_CUDA
+  cudaStream_t s = compute_stream(stream_dev.index);
+  LEASEHOLD_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s));
+  // Host memory may be reused as soon as we return.
+  if (!dst_dev.is_cuda() || !src_dev.is_cuda()) LEASEHOLD_CUDA_CHECK(cudaStreamSynchronize(s));
+#else
+  (void)stream_dev;
+  detail::no_cuda("copy");
+#endif
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& sizes, Device device) {
+  if (static_cast<int64_t>(values.size()) != numel_of(sizes)) {
+    throw std::invalid_argument("from_vector: " + std::to_string(values.size()) +
+                                " values do not fill shape " + shape_to_string(sizes));
+  }
+  Tensor t = empty(sizes, TensorOptions{dtype_of<T>(), device});
+  copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), values.size() * sizeof(T),
+             device);
+  return t;
+}
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, Device);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, Device);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, Device);
+
+void Tensor::copy_(const Tensor& src) {
+  if (src.dtype() != dtype()) {
+    throw std::invalid_argument(std::string("copy_: dtype ") + dtype_name(src.dtype()) +
+                                " into " + dtype_name(dtype()) + " (convert with to() first)");
+  }
+  if (src.sizes() != sizes()) {
+    throw std::invalid_argument("copy_: shape " + src.shape_str() + " into " + shape_str());
+  }
+  NoGradGuard no_grad;
+  Tensor source = src;
+  if (src.device() != device()) {
+    // Move a dense copy across, then finish on this tensor's device.
+    Tensor dense = src.contiguous();
+    Tensor moved = empty(sizes(), options());
+    Device cuda_side = device().is_cuda() ? device() : src.device();
+    copy_bytes(moved.raw_data(), device(), dense.raw_data(), src.device(),
+               numel() * dtype_size(dtype()), cuda_side);
+    source = moved;
+  }
+  if (source.impl() == impl_) return;
+  Tensor& self = *this;
+  detail::dispatch_all(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    auto dv = detail::strided_of(self), sv = detail::strided_of(source);
+    if (device().is_cuda()) {
+      LEASEHOLD_CUDA_OR("copy_", kernels::cuda::strided_copy<T>(self.data<T>(), dv,
+                                                                source.data<T>(), sv, numel(),
+                                                                detail::stream_of(self)));
+    } else {
+      kernels::cpu::strided_copy<T>(self.data<T>(), dv, source.data<T>(), sv, numel());
+    }
+  });
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  if (requires_grad()) {
+    // Moving between devices is not differentiable here; say so rather than
+    // silently cutting the graph.
+    throw std::invalid_argument("to(" + device.str() +
+                                ") of a tensor that requires grad: move detach()ed leaves "
+                                "(parameters) before building the graph");
+  }
+  Tensor out = empty(sizes(), {dtype(), device});
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor src = contiguous();
+  Tensor out = empty(sizes(), {target, device()});
+  int64_t n = numel();
+  detail::dispatch_all(dtype(), [&](auto from_tag) {
+    using From = decltype(from_tag);
+    detail::dispatch_all(target, [&](auto to_tag) {
+      using To = decltype(to_tag);
+      if constexpr (!std::is_same_v<To, From>) {
+        if (device().is_cuda()) {
+          LEASEHOLD_CUDA_OR("to(dtype)", kernels::cuda::convert<To, From>(
+                                             out.data<To>(), src.data<From>(), n,
+                                             detail::stream_of(out)));
+        } else {
+          kernels::cpu::convert<To, From>(out.data<To>(), src.data<From>(), n);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor host = to(Device::cpu()).contiguous();
+  const T* p = host.data<T>();
+  return std::vector<T>(p, p + numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+
+double Tensor::item() const {
+  if (numel() != 1) {
+    throw std::invalid_argument("item() of a tensor with " + std::to_string(numel()) +
+                                " elements");
+  }
+  return detail::dispatch_all(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return static_cast<double>(detach().to_vector<T>()[0]);
+  });
+}
+
+// ---- random numbers ----
+
+namespace {
+std::mutex g_rng_mu;
+std::mt19937_64 g_rng(0x1ea5e401dULL);
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+  std::lock_guard lock(g_rng_mu);
+  g_rng.seed(seed);
+}
+
+uint64_t next_random_u64() {
+  std::lock_guard lock(g_rng_mu);
+  return g_rng();
+}
+
+template <class Dist>
+static Tensor random_tensor(const Shape& sizes, TensorOptions options, Dist dist) {
+  std::vector<double> v(numel_of(sizes));
+  {
+    std::lock_guard lock(g_rng_mu);
+    for (auto& x : v) x = dist(g_rng);
+  }
+  Tensor t = from_vector(v, sizes, options.device);
+  return options.dtype == DType::Float64 ? t : t.to(options.dtype);
+}
+
+Tensor rand(const Shape& sizes, TensorOptions options, double low, double high) {
+  return random_tensor(sizes, options, std::uniform_real_distribution<double>(low, high));
+}
+
+Tensor randn(const Shape& sizes, TensorOptions options, double mean, double std) {
+  return random_tensor(sizes, options, std::normal_distribution<double>(mean, std));
+}
+
+Tensor arange(int64_t n, TensorOptions options) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  Tensor t = from_vector(v, {n}, options.device);
+  return options.dtype == DType::Int64 ? t : t.to(options.dtype);
+}
+
+// ---- dispatch helpers ----
+
+namespace detail {
+
+kernels::Strided strided_of(const Tensor& t) {
+  if (t.dim() > kernels::kMaxDims) {
+    throw std::invalid_argument("tensors of more than " + std::to_string(kernels::kMaxDims) +
+                                " dimensions are not supported");
+  }
+  kernels::Strided s;
+  s.ndim = static_cast<int>(t.dim());
+  for (int d = 0; d < s.ndim; ++d) {
+    s.sizes[d] = t.sizes()[d];
+    s.strides[d] = t.strides()[d];
+  }
+  return s;
+}
+
+kernels::Strided broadcast_strided(const Tensor& t, const Shape& out) {
+  if (static_cast<int64_t>(out.size()) > kernels::kMaxDims) {
+    throw std::invalid_argument("tensors of more than 8 dimensions are not supported");
+  }
+  kernels::Strided s;
+  s.ndim = static_cast<int>(out.size());
+  int64_t lead = static_cast<int64_t>(out.size()) - t.dim();
+  for (int d = 0; d < s.ndim; ++d) {
+    s.sizes[d] = out[d];
+    int64_t td = d - lead;
+    s.strides[d] = (td < 0 || t.sizes()[td] == 1) ? 0 : t.strides()[td];
+  }
+  return s;
+}
+
+void check_defined(const Tensor& t, const char* op, const char* what) {
+  if (!t.defined()) throw std::invalid_argument(std::string(op) + ": " + what + " is undefined");
+}
+
+void check_same(const Tensor& a, const Tensor& b, const char* op) {
+  check_defined(a, op, "first input");
+  check_defined(b, op, "second input");
+  if (a.dtype() != b.dtype()) {
+    throw std::invalid_argument(std::string(op) + ": dtypes differ (" + dtype_name(a.dtype()) +
+                                " and " + dtype_name(b.dtype()) + ")");
+  }
+  if (a.device() != b.device()) {
+    throw std::invalid_argument(std::string(op) + ": devices differ (" + a.device().str() +
+                                " and " + b.device().str() + ")");
+  }
+}
+
+void no_cuda(const char* op) {
+  throw std::runtime_error(std::string(op) + ": CUDA tensors need a build with CUDA support");
+}
+
+}  // namespace detail
+}  // namespace leasehold::engine

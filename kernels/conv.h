@@ -1,0 +1,121 @@
+// Convolution helpers: conv2d is im2col followed by a GEMM, and its input
+// gradient is a GEMM followed by col2im. Tensors are contiguous NCHW; col is
+// [N, C*KH*KW, OH*OW] with rows ordered (c, ki, kj).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
+
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace leasehold::kernels {
+
+struct ConvGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input
+  int64_t kh = 0, kw = 0;              // kernel
+  int64_t stride = 1, pad = 0;
+  LEASEHOLD_HOST_DEVICE int64_t oh() const { return (h + 2 * pad - kh) / stride + 1; }
+  LEASEHOLD_HOST_DEVICE int64_t ow() const { return (w + 2 * pad - kw) / stride + 1; }
+};
+
+// Max pooling, window k, stride s, no padding; NCHW contiguous. `argmax`
+// holds, per output element, the flat index (h * W + w) of the chosen input.
+struct PoolGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t k = 2, stride = 2;
+  LEASEHOLD_HOST_DEVICE int64_t oh() const { return (h - k) / stride + 1; }
+  LEASEHOLD_HOST_DEVICE int64_t ow() const { return (w - k) / stride + 1; }
+};
+
+namespace cpu {
+template <class T>
+void im2col(T* col, const T* x, const ConvGeometry& g);
+// dx = col2im(dcol): sums every column entry back into its input position.
+template <class T>
+void col2im(T* dx, const T* dcol, const ConvGeometry& g);
+template <class T>
+void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g);
+// dx (zeroed by the caller) += gradient routed to each window's argmax.
+template <class T>
+void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g);
+}  // namespace cpu
+
+#ifdef LEASEHOLD_HAVE_CUDA
+namespace cuda {
+template <class T>
+void im2col(T* col, const T* x, const ConvGeometry& g, cudaStream_t stream);
+template <class T>
+void col2im(T* dx, const T* dcol, const ConvGeometry& g, cudaStream_t stream);
+template <class T>
+void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g, cudaStream_t stream);
+template <class T>
+void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
+                       cudaStream_t stream);
+}  // namespace cuda
+#endif
+
+// One element of each, shared by the CPU loops and the CUDA kernels.
+namespace detail {
+
+// col element `idx` of [N, C*KH*KW, OH*OW].
+template <class T>
+LEASEHOLD_HOST_DEVICE inline T im2col_at(const T* x, const ConvGeometry& g, int64_t idx) {
+  const int64_t oh = g.oh(), ow = g.ow(), ckk = g.c * g.kh * g.kw;
+  int64_t p = idx % (oh * ow);
+  int64_t row = (idx / (oh * ow)) % ckk;
+  int64_t n = idx / (oh * ow * ckk);
+  int64_t kj = row % g.kw, ki = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+  int64_t y = (p / ow) * g.stride - g.pad + ki;
+  int64_t xx = (p % ow) * g.stride - g.pad + kj;
+  if (y < 0 || y >= g.h || xx < 0 || xx >= g.w) return T(0);
+  return x[((n * g.c + c) * g.h + y) * g.w + xx];
+}
+
+// dx element `idx` of [N, C, H, W]: gathers (no atomics) every col entry
+// that read this input position.
+template <class T>
+LEASEHOLD_HOST_DEVICE inline T col2im_at(const T* dcol, const ConvGeometry& g, int64_t idx) {
+  const int64_t oh = g.oh(), ow = g.ow(), ckk = g.c * g.kh * g.kw;
+  int64_t xx = idx % g.w, y = (idx / g.w) % g.h, c = (idx / (g.w * g.h)) % g.c;
+  int64_t n = idx / (g.w * g.h * g.c);
+  T acc = 0;
+  for (int64_t ki = 0; ki < g.kh; ++ki) {
+    int64_t ty = y + g.pad - ki;
+    if (ty < 0 || ty % g.stride != 0) continue;
+    int64_t oy = ty / g.stride;
+    if (oy >= oh) continue;
+    for (int64_t kj = 0; kj < g.kw; ++kj) {
+      int64_t tx = xx + g.pad - kj;
+      if (tx < 0 || tx % g.stride != 0) continue;
+      int64_t ox = tx / g.stride;
+      if (ox >= ow) continue;
+      int64_t row = (c * g.kh + ki) * g.kw + kj;
+      acc += dcol[(n * ckk + row) * (oh * ow) + oy * ow + ox];
+    }
+  }
+  return acc;
+}
+
+template <class T>
+LEASEHOLD_HOST_DEVICE inline void max_pool_at(T* out, int64_t* argmax, const T* x,
+                                              const PoolGeometry& g, int64_t idx) {
+  const int64_t oh = g.oh(), ow = g.ow();
+  int64_t ox = idx % ow, oy = (idx / ow) % oh, plane = idx / (ow * oh);
+  const T* src = x + plane * g.h * g.w;
+  int64_t best = (oy * g.stride) * g.w + ox * g.stride;
+  for (int64_t i = 0; i < g.k; ++i) {
+    for (int64_t j = 0; j < g.k; ++j) {
+      int64_t at = (oy * g.stride + i) * g.w + ox * g.stride + j;
+      T v = src[at], b = src[best];
+      if (v > b || (v != v && b == b)) best = at;  // NaN propagates, as in PyTorch
+    }
+  }
+  out[idx] = src[best];
+  argmax[idx] = best;
+}
+
+}  // namespace detail
+}  // namespace leasehold::kernels

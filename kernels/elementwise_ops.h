@@ -1,0 +1,105 @@
+// The elementwise operator set, written once as functors that CPU loops
+// (elementwise_cpu.cpp) and CUDA kernels (elementwise.cu) both apply.
+#pragma once
+
+#include <math.h>  // global float overloads of exp, log, ... in host code too
+#include <cstdint>
+
+#include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
+
+namespace leasehold::kernels {
+
+enum class UnaryOp : int {
+  Identity,   // copy (gathers a strided view into contiguous memory)
+  Neg,
+  Exp,
+  Log,
+  Relu,
+  Sigmoid,
+  Tanh,
+  Sign,
+  Sqrt,
+  PowScalar,  // x ^ s
+  MulScalar,  // x * s
+  AddScalar,  // x + s
+  GtScalar,   // x > s ? 1 : 0
+};
+
+enum class BinaryOp : int {
+  Add,
+  Sub,
+  Mul,
+  Div,
+  ReluGrad,      // a = grad, b = input:   b > 0 ? a : 0
+  SigmoidGrad,   // a = grad, b = output:  a * b * (1 - b)
+  TanhGrad,      // a = grad, b = output:  a * (1 - b^2)
+  PowScalarGrad, // a = grad, b = input:   a * s * b^(s-1)
+  Eq,            // a == b ? 1 : 0
+};
+
+template <class T>
+LEASEHOLD_HOST_DEVICE inline T apply_unary(UnaryOp op, T x, T s) {
+  switch (op) {
+    case UnaryOp::Identity: return x;
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return exp(x);
+    case UnaryOp::Log: return log(x);
+    case UnaryOp::Relu: return x > T(0) ? x : T(0);
+    case UnaryOp::Sigmoid: return T(1) / (T(1) + exp(-x));
+    case UnaryOp::Tanh: return tanh(x);
+    case UnaryOp::Sign: return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
+    case UnaryOp::Sqrt: return sqrt(x);
+    case UnaryOp::PowScalar: return pow(x, s);
+    case UnaryOp::MulScalar: return x * s;
+    case UnaryOp::AddScalar: return x + s;
+    case UnaryOp::GtScalar: return x > s ? T(1) : T(0);
+  }
+  return x;
+}
+
+template <class T>
+LEASEHOLD_HOST_DEVICE inline T apply_binary(BinaryOp op, T a, T b, T s) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+    case BinaryOp::ReluGrad: return b > T(0) ? a : T(0);
+    case BinaryOp::SigmoidGrad: return a * b * (T(1) - b);
+    case BinaryOp::TanhGrad: return a * (T(1) - b * b);
+    case BinaryOp::PowScalarGrad: return a * s * pow(b, s - T(1));
+    case BinaryOp::Eq: return a == b ? T(1) : T(0);
+  }
+  return a;
+}
+
+// Integer types support only data movement and comparisons.
+template <>
+LEASEHOLD_HOST_DEVICE inline int64_t apply_unary<int64_t>(UnaryOp op, int64_t x, int64_t s) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::MulScalar: return x * s;
+    case UnaryOp::AddScalar: return x + s;
+    case UnaryOp::GtScalar: return x > s ? 1 : 0;
+    default: return x;
+  }
+}
+template <>
+LEASEHOLD_HOST_DEVICE inline int64_t apply_binary<int64_t>(BinaryOp op, int64_t a, int64_t b,
+                                                           int64_t) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Eq: return a == b ? 1 : 0;
+    default: return a;
+  }
+}
+
+// Counter-based random numbers (splitmix64 of seed and index): the same
+// stream on CPU and GPU, so dropout masks agree across devices.
+LEASEHOLD_HOST_DEVICE inline double uniform01(uint64_t seed, uint64_t index) {
+  return static_cast<double>(pattern_word(seed, index) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+}  // namespace leasehold::kernels

@@ -1,0 +1,66 @@
+// Fused optimiser updates, one pass over a parameter and its state. They
+// follow PyTorch's torch.optim.SGD and torch.optim.Adam (L2 weight decay added
+// to the gradient, no dampening, no Nesterov, no amsgrad).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
+
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace leasehold::kernels {
+
+struct SgdParams {
+  double lr = 0.01, momentum = 0, weight_decay = 0;
+  bool first_step = true;  // the momentum buffer starts as the gradient
+};
+
+struct AdamParams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  int64_t step = 1;  // 1 on the first update (bias correction)
+};
+
+namespace detail {
+template <class T>
+LEASEHOLD_HOST_DEVICE inline void sgd_at(T* p, const T* g, T* buf, const SgdParams& s, int64_t i) {
+  T d = g[i] + T(s.weight_decay) * p[i];
+  if (s.momentum != 0) {
+    buf[i] = s.first_step ? d : T(s.momentum) * buf[i] + d;
+    d = buf[i];
+  }
+  p[i] -= T(s.lr) * d;
+}
+
+template <class T>
+LEASEHOLD_HOST_DEVICE inline void adam_at(T* p, const T* g, T* m, T* v, const AdamParams& a,
+                                          double bc1, double bc2, int64_t i) {
+  T d = g[i] + T(a.weight_decay) * p[i];
+  m[i] = T(a.beta1) * m[i] + T(1 - a.beta1) * d;
+  v[i] = T(a.beta2) * v[i] + T(1 - a.beta2) * d * d;
+  T denom = sqrt(v[i] / T(bc2)) + T(a.eps);
+  p[i] -= T(a.lr / bc1) * m[i] / denom;
+}
+}  // namespace detail
+
+namespace cpu {
+template <class T>
+void sgd_step(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdParams& s);
+template <class T>
+void adam_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams& a);
+}  // namespace cpu
+
+#ifdef LEASEHOLD_HAVE_CUDA
+namespace cuda {
+template <class T>
+void sgd_step(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdParams& s,
+              cudaStream_t stream);
+template <class T>
+void adam_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams& a,
+               cudaStream_t stream);
+}  // namespace cuda
+#endif
+
+}  // namespace leasehold::kernels

@@ -1,0 +1,32 @@
+// Strided indexing shared by CPU loops and CUDA kernels: maps the linear index
+// of a contiguous output element to the element offset in an input that may be
+// a view (any strides, stride 0 for broadcast dimensions).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
+
+namespace leasehold::kernels {
+
+inline constexpr int kMaxDims = 8;
+
+struct Strided {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};  // in elements
+  int64_t offset = 0;              // in elements
+
+  // Offset of element `linear` (row-major over `sizes`).
+  LEASEHOLD_HOST_DEVICE int64_t at(int64_t linear) const {
+    int64_t off = offset;
+    for (int d = ndim - 1; d >= 0; --d) {
+      int64_t i = linear % sizes[d];
+      linear /= sizes[d];
+      off += i * strides[d];
+    }
+    return off;
+  }
+};
+
+}  // namespace leasehold::kernels

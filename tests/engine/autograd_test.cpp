@@ -1,0 +1,148 @@
+// Autograd semantics a user relies on.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/ops.h"
+
+namespace leasehold::engine {
+namespace {
+
+TEST(Autograd, ChainRuleAndAccumulation) {
+  Tensor x = from_vector<float>({1, 2, 3}, {3});
+  x.set_requires_grad(true);
+  Tensor y = sum(mul(x, x));  // dy/dx = 2x
+  y.backward(Tensor(), /*retain_graph=*/true);
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  y.backward();  // accumulates
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{4, 8, 12}));
+}
+
+TEST(Autograd, SharedSubexpressionGetsBothGradients) {
+  Tensor x = from_vector<double>({0.5, -1.0}, {2}, Device::cpu());
+  x.set_requires_grad(true);
+  Tensor h = exp(x);
+  Tensor y = sum(add(mul(h, h), h));  // d/dx = 2e^{2x} + e^x
+  y.backward();
+  auto g = x.grad().to_vector<double>();
+  EXPECT_NEAR(g[0], 2 * std::exp(1.0) + std::exp(0.5), 1e-12);
+  EXPECT_NEAR(g[1], 2 * std::exp(-2.0) + std::exp(-1.0), 1e-12);
+}
+
+TEST(Autograd, SecondBackwardThroughFreedGraphIsAnError) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  Tensor y = sum(exp(x));
+  y.backward();
+  try {
+    y.backward();
+    FAIL() << "second backward through freed buffers succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, NonScalarNeedsExplicitGradient) {
+  Tensor x = ones({3}).set_requires_grad(true);
+  Tensor y = mul(x, 2.0);
+  EXPECT_THROW(y.backward(), std::invalid_argument);
+  y.backward(from_vector<float>({1, 10, 100}, {3}));
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 20, 200}));
+  EXPECT_THROW(y.backward(ones({4})), std::invalid_argument) << "gradient of the wrong shape";
+}
+
+TEST(Autograd, NoGradAndDetach) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  {
+    NoGradGuard guard;
+    Tensor y = mul(x, 3.0);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+  }
+  Tensor d = mul(x, 3.0).detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_THROW(sum(d).backward(), std::invalid_argument) << "nothing requires grad";
+  Tensor z = sum(mul(x, d));  // d is a constant
+  z.backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 3}));
+}
+
+TEST(Autograd, IntegerTensorsCannotRequireGrad) {
+  Tensor i = from_vector<int64_t>({1, 2}, {2});
+  EXPECT_THROW(i.set_requires_grad(true), std::invalid_argument);
+}
+
+// Saved tensors go through the hooks: pack copies them out (as a spill store
+// would) and drops the original; unpack restores them.
+class CopyOutHooks : public SavedTensorHooks {
+ public:
+  std::any pack(const Tensor& t) override {
+    ++packed;
+    return std::make_pair(t.sizes(), t.to(DType::Float64).to_vector<double>());
+  }
+  Tensor unpack(const std::any& packed_value) override {
+    ++unpacked;
+    auto& [shape, values] = std::any_cast<const std::pair<Shape, std::vector<double>>&>(
+        packed_value);
+    return from_vector(values, shape).to(DType::Float32);
+  }
+  int packed = 0, unpacked = 0;
+};
+
+TEST(Autograd, SavedTensorsRoundTripThroughHooks) {
+  manual_seed(11);
+  Tensor w = randn({4, 3}).set_requires_grad(true);
+  Tensor x = randn({5, 4});
+  auto run = [&] {
+    w.set_grad(Tensor());
+    Tensor loss = sum(tanh(matmul(x, w)));
+    loss.backward();
+    return w.grad().to_vector<float>();
+  };
+  auto plain = run();
+  auto hooks = std::make_shared<CopyOutHooks>();
+  std::vector<float> hooked;
+  {
+    SavedTensorHooksGuard guard(hooks);
+    hooked = run();
+  }
+  EXPECT_GT(hooks->packed, 0);
+  EXPECT_EQ(hooks->packed, hooks->unpacked);
+  EXPECT_EQ(plain, hooked) << "gradients must not change when saved tensors leave and return";
+}
+
+TEST(Autograd, ErrorsNameTheOperator) {
+  try {
+    add(ones({2, 3}), ones({4}));
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("add"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[2, 3]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(matmul(ones({2, 3}), ones({4, 2})), std::invalid_argument);
+  EXPECT_THROW(add(ones({2}), ones({2}, {DType::Float64})), std::invalid_argument);
+  EXPECT_THROW(cross_entropy(ones({2, 3}), from_vector<int64_t>({0, 3}, {2})),
+               std::invalid_argument)
+      << "label 3 outside [0, 3)";
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor x = arange(12, {DType::Float32}).reshape({3, 4});
+  Tensor t = x.transpose(0, 1);
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.contiguous().to_vector<float>(),
+            (std::vector<float>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+  Tensor row = x.narrow(0, 1, 1);
+  row.fill_(-1);
+  EXPECT_EQ(x.to_vector<float>()[4], -1);
+  EXPECT_EQ(x.to_vector<float>()[8], 8);
+  Tensor col = x.narrow(1, 2, 1);  // non-contiguous view written through copy_
+  col.copy_(full({3, 1}, 7));
+  EXPECT_EQ(x.to_vector<float>()[2], 7);
+  EXPECT_EQ(x.to_vector<float>()[10], 7);
+  EXPECT_THROW(t.view({12}), std::invalid_argument);
+  EXPECT_EQ(t.reshape({12}).numel(), 12);
+}
+
+}  // namespace
+}  // namespace leasehold::engine
