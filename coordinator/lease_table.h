@@ -18,7 +18,7 @@
 #include <variant>
 #include <vector>
 
-#include "coordinator/pool_allocator.h"
+#include "shared/pool_allocator.h"
 #include "shared/error.h"
 
 namespace leasehold {

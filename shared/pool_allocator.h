@@ -1,4 +1,5 @@
-// Offset-based allocator for the device pool. It never touches memory: it
+// Offset-based allocator: the coordinator places leases in the device pool
+// with it, and agents place tensors inside each lease. It never touches memory: it
 // hands out [offset, offset + size) ranges of a pool of fixed size.
 //
 // Placement policy: best fit (the smallest free block that is large enough),

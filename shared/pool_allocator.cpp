@@ -1,4 +1,4 @@
-#include "coordinator/pool_allocator.h"
+#include "shared/pool_allocator.h"
 
 #include <limits>
 #include <stdexcept>

@@ -1,0 +1,54 @@
+// IDX datasets (MNIST, Fashion-MNIST), gzipped or not, and shuffled
+// mini-batches. Debian's dataset-fashion-mnist package installs the files
+// under /usr/share/datasets/fashion-mnist/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/engine/tensor.h"
+
+namespace leasehold::engine::data {
+
+// Reads an IDX file of unsigned bytes (type 0x08). Returns its dimensions
+// and bytes. Throws std::runtime_error naming the file for a missing file, a
+// wrong magic number or element type, or a truncated body.
+struct IdxArray {
+  std::vector<int64_t> dims;
+  std::vector<uint8_t> bytes;
+};
+IdxArray read_idx(const std::string& path);
+
+// Images [N, 1, H, W] float32, scaled to [0, 1] then (x - mean) / std, and
+// labels [N] int64. Throws when the counts of the two files differ.
+struct Dataset {
+  Tensor images;
+  Tensor labels;
+  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+Dataset load_idx_dataset(const std::string& images_path, const std::string& labels_path,
+                         double mean, double std, int64_t limit = 0);
+
+// Shuffled mini-batches, reshuffled each epoch from `seed` and the epoch
+// number (reproducible). The last batch may be smaller.
+class BatchIterator {
+ public:
+  BatchIterator(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);
+  // Starts epoch `epoch` (0-based).
+  void start_epoch(int64_t epoch);
+  // Next batch on `device`; false at the end of the epoch.
+  bool next(Tensor& images, Tensor& labels, Device device);
+  int64_t batches_per_epoch() const;
+
+ private:
+  const Dataset& data_;
+  int64_t batch_;
+  bool shuffle_;
+  uint64_t seed_;
+  std::vector<int64_t> order_;
+  int64_t pos_ = 0;
+};
+
+}  // namespace leasehold::engine::data

@@ -1,0 +1,82 @@
+// The lease-local caching allocator: tensors of a job are carved out of the
+// agent's leases without any message to the coordinator. Like PyTorch's CUDA
+// caching allocator it keeps two pools (small allocations ≤ 1 MiB in small
+// segments, larger ones in large segments) so small tensors do not fragment
+// the space big ones need; inside each segment (one lease) blocks are placed
+// best fit, split, and merged with free neighbours on release. Freed blocks
+// stay cached for reuse; a new lease is requested only when no segment has
+// room, and fully free segments are handed back by empty_cache() or when a
+// request would otherwise fail.
+//
+// A lease lost to a coordinator restart is never allocated from again; the
+// tensors in it are void (the job running on them must be abandoned).
+//
+// Thread safety: all methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "agent/engine/allocator.h"
+#include "agent/session.h"
+#include "shared/pool_allocator.h"
+
+namespace leasehold {
+
+struct LeaseAllocatorOptions {
+  // Most bytes this allocator may lease at once (0: as much as the pool gives).
+  uint64_t budget_bytes = 0;
+  uint64_t small_limit = 1ull << 20;      // allocations up to this go to the small pool
+  uint64_t small_segment = 2ull << 20;    // lease size of a small segment
+  uint64_t large_segment = 32ull << 20;   // minimum lease size of a large segment
+  uint64_t granularity = 512;             // tensor offsets and sizes are multiples of this
+  // How long a new lease may wait for the coordinator to find memory.
+  std::chrono::milliseconds lease_wait{0};
+};
+
+class LeaseAllocator final : public engine::Allocator {
+ public:
+  // `session` must outlive the allocator and all memory it hands out.
+  LeaseAllocator(AgentSession& session, LeaseAllocatorOptions options = {});
+  ~LeaseAllocator() override;
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) noexcept override;
+  engine::Device device() const override { return device_; }
+  engine::AllocatorStats stats() const override;
+  // Returns the leases of segments with nothing allocated in them.
+  void empty_cache();
+
+ private:
+  struct Segment {
+    Lease lease;
+    PoolAllocator blocks;
+    bool small;
+    Segment(Lease l, uint64_t granularity, bool is_small)
+        : lease(std::move(l)), blocks(lease.size(), granularity), small(is_small) {}
+  };
+  struct Placement {
+    Segment* segment;
+    uint64_t offset;
+    uint64_t size;
+  };
+
+  void* try_segments(uint64_t need, bool small);
+  Segment& grow(uint64_t need, bool small);
+  size_t release_free_segments();  // REQUIRES: mu_ held
+  [[noreturn]] void out_of_memory(uint64_t bytes, const std::string& why);
+
+  AgentSession& session_;
+  LeaseAllocatorOptions opt_;
+  engine::Device device_;
+  mutable std::mutex mu_;
+  std::list<Segment> segments_;                          // GUARDED_BY(mu_)
+  std::unordered_map<void*, Placement> placements_;      // GUARDED_BY(mu_)
+  uint64_t leased_ = 0, in_use_ = 0, peak_ = 0, allocations_ = 0;  // GUARDED_BY(mu_)
+};
+
+}  // namespace leasehold

@@ -1,0 +1,173 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "agent/engine/checkpoint.h"
+#include "agent/engine/data.h"
+#include "agent/engine/ops.h"
+
+namespace leasehold::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/leasehold-engine-XXXXXX";
+    ASSERT_TRUE(mkdtemp(tmpl));
+    dir = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return dir + "/" + name; }
+  std::string dir;
+};
+
+std::string idx_bytes(std::vector<uint32_t> dims, const std::vector<uint8_t>& body) {
+  std::string s = {0, 0, 8, static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift : {24, 16, 8, 0}) s += static_cast<char>((d >> shift) & 0xff);
+  }
+  s.append(body.begin(), body.end());
+  return s;
+}
+
+void write_file(const std::string& path, const std::string& bytes, bool gzip) {
+  if (gzip) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  } else {
+    std::ofstream(path, std::ios::binary) << bytes;
+  }
+}
+
+// 5 images of 2x3 and their labels.
+void write_dataset(const std::string& img, const std::string& lab, bool gzip) {
+  std::vector<uint8_t> pixels(5 * 6);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 8);
+  write_file(img, idx_bytes({5, 2, 3}, pixels), gzip);
+  write_file(lab, idx_bytes({5}, {3, 1, 4, 1, 5}), gzip);
+}
+
+TEST_F(TempDir, IdxPlainAndGzipLoadAndNormalise) {
+  for (bool gz : {false, true}) {
+    std::string img = path(gz ? "i.gz" : "i"), lab = path(gz ? "l.gz" : "l");
+    write_dataset(img, lab, gz);
+    auto d = data::load_idx_dataset(img, lab, 0.5, 0.25);
+    EXPECT_EQ(d.images.sizes(), (Shape{5, 1, 2, 3}));
+    EXPECT_EQ(d.labels.to_vector<int64_t>(), (std::vector<int64_t>{3, 1, 4, 1, 5}));
+    auto px = d.images.to_vector<float>();
+    EXPECT_FLOAT_EQ(px[0], (0 / 255.0 - 0.5) / 0.25);
+    EXPECT_FLOAT_EQ(px[29], (232 / 255.0 - 0.5) / 0.25);
+  }
+}
+
+TEST_F(TempDir, IdxErrorsNameTheFileAndTheProblem) {
+  auto expect_error = [](const std::string& p, const std::string& fragment) {
+    try {
+      data::read_idx(p);
+      ADD_FAILURE() << "read_idx(" << p << ") succeeded";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  expect_error(path("missing"), "cannot open");
+  write_file(path("magic"), "PK\x03\x04garbage", false);
+  expect_error(path("magic"), "not an IDX file");
+  write_file(path("short"), idx_bytes({10, 28, 28}, std::vector<uint8_t>(100)), true);
+  expect_error(path("short"), "truncated");
+  std::string floats = idx_bytes({1}, {0, 0, 0, 0});
+  floats[2] = 0x0D;
+  write_file(path("float"), floats, false);
+  expect_error(path("float"), "element type");
+  write_dataset(path("i"), path("l"), false);
+  write_file(path("l4"), idx_bytes({4}, {1, 2, 3, 4}), false);
+  EXPECT_THROW(data::load_idx_dataset(path("i"), path("l4"), 0, 1), std::runtime_error);
+}
+
+TEST_F(TempDir, BatchesCoverEveryExampleOnceAndReshuffleReproducibly) {
+  write_dataset(path("i"), path("l"), false);
+  auto d = data::load_idx_dataset(path("i"), path("l"), 0, 1);
+  data::BatchIterator it(d, 2, true, 7);
+  EXPECT_EQ(it.batches_per_epoch(), 3);
+  auto epoch_labels = [&](int64_t e) {
+    it.start_epoch(e);
+    std::vector<int64_t> seen;
+    Tensor x, y;
+    while (it.next(x, y, Device::cpu())) {
+      auto v = y.to_vector<int64_t>();
+      seen.insert(seen.end(), v.begin(), v.end());
+      EXPECT_EQ(x.size(0), y.size(0));
+    }
+    return seen;
+  };
+  auto e0 = epoch_labels(0), e0_again = epoch_labels(0), e1 = epoch_labels(1);
+  EXPECT_EQ(e0, e0_again);
+  auto sorted = e0;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int64_t>{1, 1, 3, 4, 5}));
+  auto s1 = e1;
+  std::sort(s1.begin(), s1.end());
+  EXPECT_EQ(s1, sorted);
+}
+
+TEST_F(TempDir, CheckpointRoundTripAndRestore) {
+  manual_seed(5);
+  nn::NamedTensors saved = {{"w", randn({3, 4})},
+                            {"step", from_vector<int64_t>({12}, {1})},
+                            {"d", randn({2}, {DType::Float64})}};
+  checkpoint::save(path("ck"), saved);
+  EXPECT_FALSE(fs::exists(path("ck.tmp")));
+  auto loaded = checkpoint::load(path("ck"));
+  ASSERT_EQ(loaded.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(loaded[i].first, saved[i].first);
+    EXPECT_EQ(loaded[i].second.sizes(), saved[i].second.sizes());
+    EXPECT_EQ(loaded[i].second.dtype(), saved[i].second.dtype());
+  }
+  EXPECT_EQ(loaded[0].second.to_vector<float>(), saved[0].second.to_vector<float>());
+  Tensor target = zeros({3, 4});
+  checkpoint::restore(loaded, {{"w", target}});
+  EXPECT_EQ(target.to_vector<float>(), saved[0].second.to_vector<float>());
+  EXPECT_THROW(checkpoint::restore(loaded, {{"w", zeros({4, 3})}}), std::invalid_argument);
+  EXPECT_THROW(checkpoint::restore(loaded, {{"nope", zeros({1})}}), std::invalid_argument);
+}
+
+TEST_F(TempDir, CheckpointSurvivesACrashMidWriteAndDetectsCorruption) {
+  checkpoint::save(path("ck"), {{"w", ones({4})}});
+  // A crash mid-write leaves a partial .tmp file; the checkpoint is intact.
+  write_file(path("ck.tmp"), "LHCKPT\r\n\x01\x00", false);
+  EXPECT_EQ(checkpoint::load(path("ck"))[0].second.to_vector<float>(),
+            (std::vector<float>{1, 1, 1, 1}));
+  // A later save replaces the stale .tmp and the file.
+  checkpoint::save(path("ck"), {{"w", full({4}, 2)}});
+  EXPECT_EQ(checkpoint::load(path("ck"))[0].second.to_vector<float>()[0], 2);
+
+  std::string bytes;
+  {
+    std::ifstream in(path("ck"), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] ^= 0x10;
+  write_file(path("bad"), flipped, false);
+  EXPECT_THROW(checkpoint::load(path("bad")), std::runtime_error);
+  write_file(path("cut"), bytes.substr(0, bytes.size() - 9), false);
+  EXPECT_THROW(checkpoint::load(path("cut")), std::runtime_error);
+  write_file(path("other"), "not a checkpoint at all", false);
+  try {
+    checkpoint::load(path("other"));
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a Leasehold checkpoint"), std::string::npos);
+  }
+  EXPECT_THROW(checkpoint::load(path("missing")), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace leasehold::engine
