@@ -1,0 +1,135 @@
+// The lease-local caching allocator against a real coordinator (host
+// backend): tensors carved out of leases behave like CPU tensors, memory is
+// reused without new leases, and running out names the sizes.
+#include <gtest/gtest.h>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/nn.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/optim.h"
+#include "agent/lease_allocator.h"
+#include "tests/support/cluster.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace E = engine;
+
+class LeaseAllocatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster.start_coordinator({"--backend", "host", "--pool-size", "256MiB", "--alignment",
+                               "1MiB", "--heartbeat-interval", "200ms"});
+    AgentOptions o;
+    o.endpoint = cluster.endpoint();
+    o.name = "engine";
+    session = std::make_unique<AgentSession>(o);
+  }
+  void TearDown() override { session.reset(); }
+  Cluster cluster;
+  std::unique_ptr<AgentSession> session;
+};
+
+// Runs a few training steps of a small model and returns the final weights.
+std::vector<float> train_steps() {
+  E::manual_seed(17);
+  E::nn::Sequential model({std::make_shared<E::nn::Conv2d>(1, 4, 3, 1, 1),
+                           std::make_shared<E::nn::ReLU>(), std::make_shared<E::nn::MaxPool2d>(2),
+                           std::make_shared<E::nn::Flatten>(),
+                           std::make_shared<E::nn::Linear>(4 * 4 * 4, 5)});
+  E::optim::Adam opt(model.named_parameters(), {.lr = 0.01});
+  E::Tensor x = E::randn({8, 1, 8, 8});
+  E::Tensor y = E::from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2}, {8});
+  for (int i = 0; i < 5; ++i) {
+    opt.zero_grad();
+    E::cross_entropy(model(x), y).backward();
+    opt.step();
+  }
+  std::vector<float> out;
+  for (auto& p : model.parameters()) {
+    auto v = p.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST_F(LeaseAllocatorTest, TensorsInAHostLeaseBehaveLikeCpuTensors) {
+  auto plain = train_steps();
+  auto alloc = std::make_shared<LeaseAllocator>(*session);
+  std::vector<float> leased;
+  {
+    E::AllocatorGuard guard(alloc);
+    leased = train_steps();
+    EXPECT_GT(alloc->stats().peak_in_use_bytes, 0u) << "the model's tensors lived in leases";
+    EXPECT_GT(alloc->stats().allocations, 50u);
+  }
+  EXPECT_EQ(plain, leased) << "same computation, bit for bit";
+  auto s = cluster.status();
+  ASSERT_TRUE(s);
+  EXPECT_GT(leased_by(*s, "engine"), 0u) << "the coordinator sees the leases";
+  EXPECT_EQ(alloc->stats().in_use_bytes, 0u) << "every tensor was freed";
+  alloc->empty_cache();
+  EXPECT_EQ(alloc->stats().leases, 0u);
+  EXPECT_TRUE(cluster.wait_for([](const auto& st) { return st["leases"].empty(); }, 2s))
+      << "empty_cache hands the leases back";
+}
+
+TEST_F(LeaseAllocatorTest, ReusesCachedBlocksWithoutNewLeases) {
+  LeaseAllocator alloc(*session);
+  std::vector<void*> ptrs;
+  for (size_t size : {size_t(1000), size_t(4096), size_t(300000), size_t(5) << 20, size_t(777)}) ptrs.push_back(alloc.allocate(size));
+  auto after_first = alloc.stats();
+  EXPECT_EQ(after_first.leases, 2u) << "one small and one large segment";
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    alloc.deallocate(ptrs[i], 0);
+  }
+  for (int round = 0; round < 1000; ++round) {
+    void* a = alloc.allocate(1000 + round);
+    void* b = alloc.allocate(6u << 20);
+    std::memset(a, 1, 1000);
+    alloc.deallocate(a, 0);
+    alloc.deallocate(b, 0);
+  }
+  auto s = alloc.stats();
+  EXPECT_EQ(s.leases, after_first.leases) << "no new lease for memory that was cached";
+  EXPECT_EQ(s.in_use_bytes, 0u);
+  EXPECT_GT(s.cached_bytes, 0u);
+  // Distinct live allocations never overlap.
+  void* x = alloc.allocate(100000);
+  void* y = alloc.allocate(100000);
+  EXPECT_GE(std::abs(static_cast<char*>(x) - static_cast<char*>(y)), 100000);
+  alloc.deallocate(x, 0);
+  alloc.deallocate(y, 0);
+}
+
+TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 40ull << 20;
+  LeaseAllocator alloc(*session, o);
+  void* keep = alloc.allocate(20ull << 20);
+  try {
+    alloc.allocate(30ull << 20);
+    FAIL() << "allocation beyond the budget succeeded";
+  } catch (const E::OutOfMemoryError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("30.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("budget 40.00 MiB"), std::string::npos) << msg;
+    EXPECT_EQ(e.requested(), 30ull << 20);
+  }
+  // Larger than the whole pool: the coordinator's refusal is in the message.
+  LeaseAllocator unlimited(*session);
+  try {
+    unlimited.allocate(300ull << 20);
+    FAIL();
+  } catch (const E::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("can never fit"), std::string::npos) << e.what();
+  }
+  void* more = alloc.allocate(1ull << 20);
+  EXPECT_NE(more, nullptr) << "the allocator still serves after refusing";
+  alloc.deallocate(more, 0);
+  alloc.deallocate(keep, 0);
+}
+
+}  // namespace
+}  // namespace leasehold::testing
