@@ -8,6 +8,7 @@
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "agent/lease_allocator.h"
+#include "shared/device.h"
 #include "tests/support/cluster.h"
 
 namespace leasehold::testing {
@@ -32,15 +33,16 @@ class LeaseAllocatorTest : public ::testing::Test {
 };
 
 // Runs a few training steps of a small model and returns the final weights.
-std::vector<float> train_steps() {
+std::vector<float> train_steps(E::Device device = E::Device::cpu()) {
   E::manual_seed(17);
   E::nn::Sequential model({std::make_shared<E::nn::Conv2d>(1, 4, 3, 1, 1),
                            std::make_shared<E::nn::ReLU>(), std::make_shared<E::nn::MaxPool2d>(2),
                            std::make_shared<E::nn::Flatten>(),
                            std::make_shared<E::nn::Linear>(4 * 4 * 4, 5)});
+  model.to(device);
   E::optim::Adam opt(model.named_parameters(), {.lr = 0.01});
-  E::Tensor x = E::randn({8, 1, 8, 8});
-  E::Tensor y = E::from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2}, {8});
+  E::Tensor x = E::randn({8, 1, 8, 8}).to(device);
+  E::Tensor y = E::from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2}, {8}, device);
   for (int i = 0; i < 5; ++i) {
     opt.zero_grad();
     E::cross_entropy(model(x), y).backward();
@@ -129,6 +131,29 @@ TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
   EXPECT_NE(more, nullptr) << "the allocator still serves after refusing";
   alloc.deallocate(more, 0);
   alloc.deallocate(keep, 0);
+}
+
+// The same on a GPU: the model trains inside leases of the coordinator's
+// cudaMalloc pool, mapped through CUDA IPC, and matches the run that uses
+// the engine's own CUDA allocator.
+TEST(CudaLeaseAllocator, TensorsInACudaLeaseTrainLikeOrdinaryCudaTensors) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: test skipped";
+  Cluster cluster;
+  cluster.start_coordinator({"--backend", "cuda", "--pool-size", "1GiB"});
+  AgentOptions o;
+  o.endpoint = cluster.endpoint();
+  o.name = "gpu-engine";
+  AgentSession session(o);
+  auto plain = train_steps(E::Device::cuda(0));
+  auto alloc = std::make_shared<LeaseAllocator>(session);
+  ASSERT_EQ(alloc->device(), E::Device::cuda(0));
+  std::vector<float> leased;
+  {
+    E::AllocatorGuard guard(alloc);
+    leased = train_steps(E::Device::cuda(0));
+  }
+  EXPECT_GT(alloc->stats().peak_in_use_bytes, 0u);
+  EXPECT_EQ(plain, leased);
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+// Every operator on CUDA against the CPU reference, forward and backward, on
+// awkward shapes (1, 3, 7, 33, 1000, 1025, 2^20 + 3) and non-contiguous
+// views. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/optim.h"
+#include "shared/device.h"
+#include "tests/engine/gradcheck.h"
+
+namespace leasehold::engine::testing {
+namespace {
+
+enum class Input { Any, Positive, AwayFromZero };
+
+struct Case {
+  std::string name;
+  std::vector<Shape> shapes;
+  Fn f;
+  double tol = 1e-4;
+  Input input = Input::Any;
+};
+
+Tensor make_input(const Shape& s, Input kind) {
+  switch (kind) {
+    case Input::Positive: return rand(s, {}, 0.5, 2.0);
+    case Input::AwayFromZero: {
+      auto v = rand(s, {}, 0.2, 1.5).to_vector<float>();
+      auto sign = rand(s, {}, -1, 1).to_vector<float>();
+      for (size_t i = 0; i < v.size(); ++i) v[i] = sign[i] < 0 ? -v[i] : v[i];
+      return from_vector(v, s);
+    }
+    default: return randn(s);
+  }
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: test skipped";
+  }
+  void check(const Case& c) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> cpu, gpu;
+    for (const auto& s : c.shapes) {
+      Tensor x = make_input(s, c.input);
+      cpu.push_back(x.clone().set_requires_grad(true));
+      gpu.push_back(x.to(Device::cuda()).set_requires_grad(true));
+    }
+    Tensor out_c = c.f(cpu), out_g = c.f(gpu);
+    ASSERT_EQ(out_g.device(), Device::cuda());
+    ASSERT_EQ(out_c.sizes(), out_g.sizes());
+    EXPECT_LE(max_rel_diff(out_g, out_c), c.tol) << "forward";
+    if (!out_c.requires_grad()) return;
+    Tensor r = randn(out_c.sizes());
+    sum(mul(out_c, r)).backward();
+    sum(mul(out_g, r.to(Device::cuda()))).backward();
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (!cpu[i].grad().defined()) continue;
+      ASSERT_TRUE(gpu[i].grad().defined()) << "input " << i;
+      EXPECT_LE(max_rel_diff(gpu[i].grad(), cpu[i].grad()), c.tol) << "gradient of input " << i;
+    }
+  }
+};
+
+TEST_F(CudaOps, Elementwise) {
+  manual_seed(1);
+  for (const Shape& s : {Shape{1}, Shape{7}, Shape{1025}, Shape{33, 33}}) {
+    check({"neg", {s}, [](auto& v) { return neg(v[0]); }});
+    check({"exp", {s}, [](auto& v) { return exp(v[0]); }});
+    check({"log", {s}, [](auto& v) { return log(v[0]); }, 1e-4, Input::Positive});
+    check({"pow", {s}, [](auto& v) { return pow(v[0], 3.0); }});
+    check({"sqrt", {s}, [](auto& v) { return sqrt(v[0]); }, 1e-4, Input::Positive});
+    check({"abs", {s}, [](auto& v) { return abs(v[0]); }, 1e-4, Input::AwayFromZero});
+    check({"relu", {s}, [](auto& v) { return relu(v[0]); }, 1e-4, Input::AwayFromZero});
+    check({"sigmoid", {s}, [](auto& v) { return sigmoid(v[0]); }});
+    check({"tanh", {s}, [](auto& v) { return tanh(v[0]); }});
+    check({"scalar", {s}, [](auto& v) { return add(mul(v[0], 1.5), 2.0); }});
+  }
+  check({"add broadcast", {{33, 1}, {1, 7}}, [](auto& v) { return add(v[0], v[1]); }});
+  check({"sub broadcast", {{3, 1000}, {1000}}, [](auto& v) { return sub(v[0], v[1]); }});
+  check({"mul", {{1025}, {1025}}, [](auto& v) { return mul(v[0], v[1]); }});
+  check({"div", {{7, 33}, {33}}, [](auto& v) { return div(v[0], v[1]); }, 1e-4,
+         Input::AwayFromZero});
+  check({"transposed", {{33, 7}, {7, 33}},
+         [](auto& v) { return mul(relu(v[0].transpose(0, 1)), v[1]); }});
+  check({"narrowed", {{7, 1025}}, [](auto& v) { return tanh(v[0].narrow(1, 3, 1000)); }});
+}
+
+TEST_F(CudaOps, Matmul) {
+  manual_seed(2);
+  check({"1x1", {{1, 1}, {1, 1}}, [](auto& v) { return matmul(v[0], v[1]); }});
+  check({"7x33x3", {{7, 33}, {33, 3}}, [](auto& v) { return matmul(v[0], v[1]); }});
+  check({"33x1025x7", {{33, 1025}, {1025, 7}}, [](auto& v) { return matmul(v[0], v[1]); }, 1e-3});
+  check({"batched", {{3, 7, 33}, {3, 33, 5}}, [](auto& v) { return matmul(v[0], v[1]); }});
+  check({"batched x shared", {{3, 7, 33}, {33, 5}}, [](auto& v) { return matmul(v[0], v[1]); }});
+  check({"transposed", {{33, 7}, {33, 5}},
+         [](auto& v) { return matmul(v[0].transpose(0, 1), v[1]); }});
+}
+
+TEST_F(CudaOps, Reductions) {
+  manual_seed(3);
+  check({"sum all", {{1000, 1025}}, [](auto& v) { return sum(v[0]); }, 1e-3});
+  check({"sum 2^20+3", {{(1 << 20) + 3}}, [](auto& v) { return sum(v[0]); }, 1e-3});
+  check({"sum dim", {{7, 33, 3}}, [](auto& v) { return sum(v[0], {1}); }});
+  check({"sum dims keepdim", {{7, 33, 3}}, [](auto& v) { return sum(v[0], {0, 2}, true); }});
+  check({"mean", {{1025, 3}}, [](auto& v) { return mean(v[0], {0}); }});
+  check({"max last", {{7, 1025}}, [](auto& v) { return max(v[0], 1).first; }});
+  check({"max first", {{1025, 3}}, [](auto& v) { return max(v[0], 0).first; }});
+  Tensor x = randn({33, 1025});
+  EXPECT_EQ(argmax(x, 1).to_vector<int64_t>(), argmax(x.to(Device::cuda()), 1).to_vector<int64_t>());
+}
+
+TEST_F(CudaOps, SoftmaxAndLosses) {
+  manual_seed(4);
+  check({"softmax", {{7, 1025}}, [](auto& v) { return softmax(v[0], -1); }});
+  check({"softmax dim0", {{33, 3}}, [](auto& v) { return softmax(v[0], 0); }});
+  check({"log_softmax", {{1000, 10}}, [](auto& v) { return log_softmax(v[0], 1); }});
+  std::vector<int64_t> labels(1000);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t(i * 7 % 10);
+  Tensor y = from_vector(labels, {1000});
+  Tensor yg = y.to(Device::cuda());
+  check({"cross_entropy", {{1000, 10}},
+         [&](auto& v) { return cross_entropy(v[0], v[0].device().is_cuda() ? yg : y); }});
+  check({"mse", {{33, 7}, {33, 7}}, [](auto& v) { return mse_loss(v[0], v[1]); }});
+  check({"l1", {{1025}}, [](auto& v) { return l1_loss(v[0], zeros({1025}, v[0].options())); },
+         1e-4, Input::AwayFromZero});
+  EXPECT_THROW(cross_entropy(randn({2, 3}).to(Device::cuda()),
+                             from_vector<int64_t>({0, 7}, {2}, Device::cuda())),
+               std::invalid_argument)
+      << "a label out of range is reported from the GPU too";
+}
+
+TEST_F(CudaOps, ConvPoolDropout) {
+  manual_seed(5);
+  check({"conv", {{2, 3, 7, 9}, {5, 3, 3, 3}, {5}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0); }, 1e-3});
+  check({"conv pad stride", {{2, 3, 7, 9}, {4, 3, 3, 3}},
+         [](auto& v) { return conv2d(v[0], v[1], Tensor(), 2, 1); }, 1e-3});
+  check({"conv lenet", {{4, 1, 28, 28}, {6, 1, 5, 5}, {6}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 2); }, 1e-3});
+  check({"pool 2", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 2); }});
+  check({"pool 3 s1", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 3, 1); }});
+  check({"dropout", {{1025}}, [](auto& v) {
+           manual_seed(9);
+           return dropout(v[0], 0.3, true);
+         }});
+}
+
+TEST_F(CudaOps, OptimiserStepsMatch) {
+  manual_seed(6);
+  for (int which = 0; which < 2; ++which) {
+    Tensor p0 = randn({1025}), g = randn({1025});
+    Tensor pc = p0.clone().set_requires_grad(true);
+    Tensor pg = p0.to(Device::cuda()).set_requires_grad(true);
+    std::unique_ptr<optim::Optimizer> oc, og;
+    if (which == 0) {
+      oc = std::make_unique<optim::SGD>(nn::NamedTensors{{"p", pc}},
+                                        optim::SgdOptions{.lr = 0.1, .momentum = 0.9,
+                                                          .weight_decay = 0.01});
+      og = std::make_unique<optim::SGD>(nn::NamedTensors{{"p", pg}},
+                                        optim::SgdOptions{.lr = 0.1, .momentum = 0.9,
+                                                          .weight_decay = 0.01});
+    } else {
+      oc = std::make_unique<optim::Adam>(nn::NamedTensors{{"p", pc}}, optim::AdamOptions{});
+      og = std::make_unique<optim::Adam>(nn::NamedTensors{{"p", pg}}, optim::AdamOptions{});
+    }
+    for (int step = 0; step < 3; ++step) {
+      pc.set_grad(g);
+      pg.set_grad(g.to(Device::cuda()));
+      oc->step();
+      og->step();
+    }
+    EXPECT_LE(max_rel_diff(pg, pc), 1e-5) << (which ? "Adam" : "SGD");
+  }
+}
+
+}  // namespace
+}  // namespace leasehold::engine::testing
