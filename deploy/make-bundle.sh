@@ -15,9 +15,9 @@ with_tests=0
 if [ "${1:-}" = "--with-tests" ]; then with_tests=1; shift; fi
 out=${1:?usage: make-bundle.sh [--with-tests] OUT_DIR}
 
-programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease)
+programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease leasehold-bench-engine)
 if [ $with_tests -eq 1 ]; then
-  for t in "$build"/bin/*_test "$build"/bin/unit_tests; do [ -x "$t" ] && programs+=("$(basename "$t")"); done
+  for t in "$build"/bin/*_test "$build"/bin/*_tests; do [ -x "$t" ] && programs+=("$(basename "$t")"); done
 fi
 
 rm -rf "$out"

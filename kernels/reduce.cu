@@ -24,9 +24,18 @@ __global__ void sum_chunks_kernel(T* partial, const T* in, int64_t outer, int64_
     int64_t r = job / parts, p = job % parts;
     int64_t begin = p * kChunk, end = min(inner, begin + kChunk);
     const T* row = in + r * inner;
-    T acc = 0;
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) acc += row[i];
-    acc = block_sum(acc);
+    // Four independent accumulators keep four loads in flight per thread.
+    T a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    const int64_t step = blockDim.x;
+    int64_t i = begin + threadIdx.x;
+    for (; i + 3 * step < end; i += 4 * step) {
+      a0 += row[i];
+      a1 += row[i + step];
+      a2 += row[i + 2 * step];
+      a3 += row[i + 3 * step];
+    }
+    for (; i < end; i += step) a0 += row[i];
+    T acc = block_sum((a0 + a1) + (a2 + a3));
     if (threadIdx.x == 0) partial[job] = acc;
   }
 }

@@ -318,6 +318,7 @@ kernels::Strided strided_of(const Tensor& t) {
     s.sizes[d] = t.sizes()[d];
     s.strides[d] = t.strides()[d];
   }
+  s.detect_contiguous();
   return s;
 }
 
@@ -333,6 +334,7 @@ kernels::Strided broadcast_strided(const Tensor& t, const Shape& out) {
     int64_t td = d - lead;
     s.strides[d] = (td < 0 || t.sizes()[td] == 1) ? 0 : t.strides()[td];
   }
+  s.detect_contiguous();
   return s;
 }
 

@@ -2,8 +2,9 @@
 # Runs Leasehold's GPU checks on a GPU host from a bundle made by
 # deploy/make-bundle.sh --with-tests: unit tests (CUDA kernels against CPU),
 # the CUDA integration tests (agent processes sharing one cudaMalloc pool
-# through CUDA IPC), the host integration tests, a CUDA demo run and the
-# lease benchmark. Logs go to $OUT (or ./gpu-logs).
+# through CUDA IPC), the host integration tests, the engine's tests (every
+# CUDA operator against the CPU, training inside CUDA leases), a CUDA demo
+# run, and the lease and engine benchmarks with the PyTorch reference. Logs go to $OUT (or ./gpu-logs).
 #
 #   bash tests/gpu/run-gpu-checks.sh BUNDLE_DIR
 set -uo pipefail
@@ -26,6 +27,9 @@ nvidia-smi -L | tee "$out/summary.txt"
 step unit_tests "$bin/unit_tests"
 step integration_cuda_test "$bin/integration_cuda_test"
 step integration_host_test "$bin/integration_host_test"
+step engine_tests "$bin/engine_tests"
+step engine_cuda_test "$bin/engine_cuda_test"
+step lease_allocator_test "$bin/lease_allocator_test"
 
 demo() {
   local run; run=$(mktemp -d)
@@ -48,6 +52,11 @@ demo() {
 step cuda_demo demo
 step bench_cuda "$bin/leasehold-bench-lease" --backend cuda --iterations 2000
 step bench_host "$bin/leasehold-bench-lease" --backend host --iterations 2000
+step bench_engine "$bin/leasehold-bench-engine"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+step bench_torch python3 "$here/../bench/torch_mlp_step.py"
 cp "$out/bench_cuda.log" "$out/bench_cuda.json" 2>/dev/null
 echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$out/summary.txt"
+# One file with every log, for transports that limit the number of files.
+for f in "$out"/*.log; do echo "===== $(basename "$f")"; cat "$f"; done > "$out/all-logs.txt"
 exit $failed

@@ -1,0 +1,191 @@
+// Engine benchmark, printed as JSON:
+//  - GEMM TFLOP/s of the engine's matmul beside raw cuBLAS (FP32 and TF32);
+//  - elementwise and reduction GB/s beside a device-to-device copy;
+//  - one Fashion-MNIST MLP training step (784-256-128-10, batch 128, Adam),
+//    to compare with tests/bench/torch_mlp_step.py on the same GPU.
+// Without a GPU only the CPU training step is measured.
+//
+//   leasehold-bench-engine [--gemm 4096,8192] [--elements 67108864]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/cuda_context.h"
+#include "agent/engine/nn.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/optim.h"
+#include "shared/device.h"
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cublas_v2.h>
+
+#include "shared/cuda_check.h"
+#endif
+
+namespace E = leasehold::engine;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds of `fn` on the CPU clock (fn must synchronize if needed).
+double time_host(const std::function<void()>& fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+nlohmann::json mlp_step(E::Device device) {
+  E::manual_seed(0);
+  E::nn::Sequential model({std::make_shared<E::nn::Flatten>(),
+                           std::make_shared<E::nn::Linear>(784, 256),
+                           std::make_shared<E::nn::ReLU>(),
+                           std::make_shared<E::nn::Linear>(256, 128),
+                           std::make_shared<E::nn::ReLU>(),
+                           std::make_shared<E::nn::Linear>(128, 10)});
+  model.to(device);
+  E::optim::Adam opt(model.named_parameters(), {.lr = 1e-3});
+  E::Tensor x = E::randn({128, 1, 28, 28}).to(device);
+  std::vector<int64_t> labels(128);
+  for (int i = 0; i < 128; ++i) labels[i] = i % 10;
+  E::Tensor y = E::from_vector(labels, {128}, device);
+  auto step = [&] {
+    opt.zero_grad();
+    E::cross_entropy(model(x), y).backward();
+    opt.step();
+#ifdef LEASEHOLD_HAVE_CUDA
+    if (device.is_cuda()) E::synchronize(device.index);
+#endif
+  };
+  double s = time_host(step, 20, device.is_cuda() ? 300 : 50);
+  return {{"device", device.str()}, {"batch", 128}, {"step_ms", s * 1e3},
+          {"samples_per_second", 128 / s}};
+}
+
+#ifdef LEASEHOLD_HAVE_CUDA
+// Median seconds per call of `fn` on the compute stream, timed with events.
+double time_device(const std::function<void()>& fn, int warmup, int reps) {
+  cudaStream_t s = E::compute_stream(0);
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  LEASEHOLD_CUDA_CHECK(cudaEventCreate(&a));
+  LEASEHOLD_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    LEASEHOLD_CUDA_CHECK(cudaEventRecord(a, s));
+    fn();
+    LEASEHOLD_CUDA_CHECK(cudaEventRecord(b, s));
+    LEASEHOLD_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    LEASEHOLD_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / 1e3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(t);
+}
+
+nlohmann::json gemm(int64_t n) {
+  E::Device gpu = E::Device::cuda(0);
+  E::Tensor a = E::randn({n, n}).to(gpu), b = E::randn({n, n}).to(gpu);
+  E::Tensor c = E::empty({n, n}, {E::DType::Float32, gpu});
+  double flops = 2.0 * n * n * n;
+  nlohmann::json out{{"n", n}};
+  for (bool tf32 : {false, true}) {
+    E::set_allow_tf32(tf32);
+    double t_engine = time_device([&] { E::matmul(a, b); }, 3, 10);
+    cublasHandle_t h = E::cublas_handle(0);
+    float one = 1, zero = 0;
+    auto compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    double t_cublas = time_device(
+        [&] {
+          if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b.data<float>(), CUDA_R_32F,
+                           n, a.data<float>(), CUDA_R_32F, n, &zero, c.data<float>(), CUDA_R_32F,
+                           n, compute, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+            throw std::runtime_error("cublasGemmEx failed");
+          }
+        },
+        3, 10);
+    std::string k = tf32 ? "tf32" : "fp32";
+    out["engine_" + k + "_tflops"] = flops / t_engine / 1e12;
+    out["cublas_" + k + "_tflops"] = flops / t_cublas / 1e12;
+  }
+  E::set_allow_tf32(false);
+  return out;
+}
+
+nlohmann::json bandwidth(int64_t n) {
+  E::Device gpu = E::Device::cuda(0);
+  E::Tensor a = E::randn({n}).to(gpu), b = E::randn({n}).to(gpu);
+  E::Tensor dst = E::empty({n}, {E::DType::Float32, gpu});
+  E::Tensor rows = E::randn({n / 1024, 1024}).to(gpu);
+  double bytes = 4.0 * n;
+  cudaStream_t s = E::compute_stream(0);
+  double t_copy = time_device(
+      [&] {
+        LEASEHOLD_CUDA_CHECK(cudaMemcpyAsync(dst.data<float>(), a.data<float>(), bytes,
+                                             cudaMemcpyDeviceToDevice, s));
+      },
+      3, 20);
+  double t_add = time_device([&] { E::add(a, b); }, 3, 20);
+  double t_relu = time_device([&] { E::relu(a); }, 3, 20);
+  double t_sum = time_device([&] { E::sum(a); }, 3, 20);
+  double t_rowsum = time_device([&] { E::sum(rows, {1}); }, 3, 20);
+  double t_softmax = time_device([&] { E::softmax(rows, 1); }, 3, 20);
+  // Bytes that must move: each input read once, each output written once.
+  return {{"elements", n},
+          {"d2d_copy_gbs", 2 * bytes / t_copy / 1e9},
+          {"add_gbs", 3 * bytes / t_add / 1e9},
+          {"relu_gbs", 2 * bytes / t_relu / 1e9},
+          {"sum_all_gbs", bytes / t_sum / 1e9},
+          {"sum_rows_1024_gbs", bytes / t_rowsum / 1e9},
+          {"softmax_rows_1024_gbs", 2 * bytes / t_softmax / 1e9}};
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"leasehold engine benchmark"};
+  std::string gemm_sizes = "4096,8192";
+  int64_t elements = 1 << 26;
+  app.add_option("--gemm", gemm_sizes, "square GEMM sizes")->capture_default_str();
+  app.add_option("--elements", elements, "elements for the bandwidth tests")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    nlohmann::json out;
+    out["mlp_step_cpu"] = mlp_step(E::Device::cpu());
+#ifdef LEASEHOLD_HAVE_CUDA
+    if (leasehold::cuda_device_count() > 0) {
+      auto mem = leasehold::query_device_memory(leasehold::Backend::Cuda, 0);
+      out["device"] = mem.name;
+      out["mlp_step_cuda"] = mlp_step(E::Device::cuda(0));
+      out["gemm"] = nlohmann::json::array();
+      std::stringstream ss(gemm_sizes);
+      for (std::string item; std::getline(ss, item, ',');) {
+        out["gemm"].push_back(gemm(std::stoll(item)));
+      }
+      out["bandwidth"] = bandwidth(elements);
+    }
+#endif
+    std::printf("%s\n", out.dump(2).c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "leasehold-bench-engine: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
