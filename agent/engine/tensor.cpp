@@ -241,7 +241,8 @@ Tensor Tensor::to(DType target) const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor host = to(Device::cpu()).contiguous();
+  // Reading values is not part of the graph.
+  Tensor host = detach().to(Device::cpu()).contiguous();
   const T* p = host.data<T>();
   return std::vector<T>(p, p + numel());
 }

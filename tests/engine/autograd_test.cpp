@@ -146,3 +146,15 @@ TEST(Tensor, ViewsShareStorage) {
 
 }  // namespace
 }  // namespace leasehold::engine
+
+namespace leasehold::engine {
+namespace {
+TEST(Tensor, ValuesOfTensorsInAGraphCanBeRead) {
+  Tensor p = ones({2}).set_requires_grad(true);
+  Tensor y = mul(p, 3.0);
+  EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{1, 1}));
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{3, 3}));
+  EXPECT_EQ(sum(y).item(), 6);
+}
+}  // namespace
+}  // namespace leasehold::engine
