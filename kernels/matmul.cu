@@ -40,6 +40,15 @@ void gemm(cublasHandle_t handle, const GemmShape& s, T alpha, const T* a, const 
   }
   cublasOperation_t opb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opa = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (s.batch == 1) {
+    // The plain entry point: its heuristics can pick faster kernels than the
+    // batched one does for a single product (seen with TF32 at n = 4096).
+    check(cublasGemmEx(handle, opb, opa, s.n, s.m, s.k, &alpha, b, Traits<T>::type, s.ldb, a,
+                       Traits<T>::type, s.lda, &beta, c, Traits<T>::type, s.ldc, compute,
+                       CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+    return;
+  }
   check(cublasGemmStridedBatchedEx(handle, opb, opa, s.n, s.m, s.k, &alpha, b, Traits<T>::type,
                                    s.ldb, s.stride_b, a, Traits<T>::type, s.lda, s.stride_a,
                                    &beta, c, Traits<T>::type, s.ldc, s.stride_c, s.batch, compute,
