@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "agent/exercise.h"
+#include "agent/run_job_cli.h"
 #include "agent/session.h"
 #include "shared/endpoint.h"
 #include "shared/log.h"
@@ -47,6 +48,16 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", ex.rounds, "exercise: verify rounds (0: until stopped)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--interval", interval, "exercise: time between rounds")->capture_default_str();
+  std::string job_file;
+  leasehold::RunJobOverrides overrides;
+  app.add_option("--run-job", job_file,
+                 "run the training job in this JSON file inside this agent's leases, then exit")
+      ->check(CLI::ExistingFile);
+  app.add_option("--epochs", overrides.epochs, "with --run-job: replace the job's epochs");
+  app.add_option("--train-limit", overrides.train_limit,
+                 "with --run-job: train on the first N examples");
+  app.add_option("--test-limit", overrides.test_limit,
+                 "with --run-job: evaluate on the first N examples");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -78,6 +89,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     });
     if (exercise) return leasehold::run_exercise(session, ex, stop);
+    if (!job_file.empty()) return leasehold::run_job_file(session, job_file, overrides, stop);
     spdlog::info("standing by as '{}'", opts.name);
     while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     spdlog::info("stopping");

@@ -48,8 +48,8 @@ uint32_t big_endian(const uint8_t* p) {
 
 }  // namespace
 
-IdxArray read_idx(const std::string& path) {
-  GzFile f(path);
+namespace {
+std::vector<int64_t> read_header(GzFile& f, const std::string& path) {
   uint8_t magic[4];
   f.read(magic, 4, "header");
   if (magic[0] != 0 || magic[1] != 0) {
@@ -65,7 +65,7 @@ IdxArray read_idx(const std::string& path) {
   if (ndims < 1 || ndims > 4) {
     throw std::runtime_error(path + ": IDX file with " + std::to_string(ndims) + " dimensions");
   }
-  IdxArray out;
+  std::vector<int64_t> dims;
   size_t total = 1;
   for (int i = 0; i < ndims; ++i) {
     uint8_t b[4];
@@ -74,10 +74,25 @@ IdxArray read_idx(const std::string& path) {
     if (d == 0 || d > (1u << 28)) {
       throw std::runtime_error(path + ": implausible dimension " + std::to_string(d));
     }
-    out.dims.push_back(d);
+    dims.push_back(d);
     total *= d;
     if (total > (size_t(1) << 34)) throw std::runtime_error(path + ": IDX body too large");
   }
+  return dims;
+}
+}  // namespace
+
+std::vector<int64_t> read_idx_dims(const std::string& path) {
+  GzFile f(path);
+  return read_header(f, path);
+}
+
+IdxArray read_idx(const std::string& path) {
+  GzFile f(path);
+  IdxArray out;
+  out.dims = read_header(f, path);
+  size_t total = 1;
+  for (int64_t d : out.dims) total *= static_cast<size_t>(d);
   out.bytes.resize(total);
   f.read(out.bytes.data(), total, "data");
   return out;

@@ -20,6 +20,8 @@ struct IdxArray {
   std::vector<uint8_t> bytes;
 };
 IdxArray read_idx(const std::string& path);
+// Only the dimensions (reads the header), with the same errors.
+std::vector<int64_t> read_idx_dims(const std::string& path);
 
 // Images [N, 1, H, W] float32, scaled to [0, 1] then (x - mean) / std, and
 // labels [N] int64. Throws when the counts of the two files differ.

@@ -1,0 +1,173 @@
+#include "agent/job_runner.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <map>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/checkpoint.h"
+#include "agent/engine/data.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/optim.h"
+#include "agent/job_spec.h"
+#include "agent/model_builder.h"
+
+namespace leasehold {
+namespace {
+
+namespace E = engine;
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<E::optim::Optimizer> make_optimizer(const proto::JobSpec& job,
+                                                    const E::nn::NamedTensors& params) {
+  const auto* o = job.optimizer();
+  if (o && o->type() == proto::OptimizerType::SGD) {
+    return std::make_unique<E::optim::SGD>(
+        params, E::optim::SgdOptions{o->lr(), o->momentum(), o->weight_decay()});
+  }
+  E::optim::AdamOptions a;
+  if (o) a = {o->lr(), o->beta1(), o->beta2(), o->eps(), o->weight_decay()};
+  return std::make_unique<E::optim::Adam>(params, a);
+}
+
+double evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Device device) {
+  E::NoGradGuard no_grad;
+  model.eval();
+  E::data::BatchIterator it(test, 1000, false, 0);
+  E::Tensor x, y;
+  double correct = 0;
+  while (it.next(x, y, device)) correct += E::sum(E::eq(E::argmax(model(x), 1), y)).item();
+  model.train();
+  return test.size() ? correct / double(test.size()) : 0.0;
+}
+
+std::string checkpoint_path(const proto::JobSpec& job) {
+  return job.checkpoint()->directory()->str() + "/" + job.name()->str() + ".ckpt";
+}
+
+}  // namespace
+
+JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
+  validate_job(job, ValidationOptions{});
+  auto t_start = Clock::now();
+  DatasetFiles files = dataset_files(job);
+  const auto* ds = job.dataset();
+  E::data::Dataset train, test;
+  {
+    // The dataset is host-side input, not job memory: keep it out of the
+    // leases even where leases are host memory; batches copied from it to
+    // the device do live in the leases.
+    E::AllocatorGuard host(E::cpu_allocator());
+    train = E::data::load_idx_dataset(files.train_images, files.train_labels, ds->mean(),
+                                      ds->std(), ds->train_limit());
+    test = E::data::load_idx_dataset(files.test_images, files.test_labels, ds->mean(), ds->std(),
+                                     ds->test_limit());
+  }
+  E::manual_seed(job.seed());
+  auto model = build_model(*job.model(), {E::DType::Float32, options.device});
+  auto optimizer = make_optimizer(job, model->named_parameters());
+
+  E::data::BatchIterator batches(train, job.batch_size(), true, job.seed());
+  const int64_t per_epoch = batches.batches_per_epoch();
+  const int64_t total_steps = job.steps() > 0 ? job.steps() : job.epochs() * per_epoch;
+  const int64_t epochs = (total_steps + per_epoch - 1) / per_epoch;
+
+  JobResult result;
+  int64_t first_epoch = 0;
+  if (job.checkpoint() && std::filesystem::exists(checkpoint_path(job))) {
+    auto loaded = E::checkpoint::load(checkpoint_path(job));
+    std::map<std::string, E::Tensor> by_name(loaded.begin(), loaded.end());
+    E::checkpoint::restore(loaded, model->named_parameters());
+    E::nn::NamedTensors opt_state;
+    for (auto& [name, t] : loaded) {
+      if (name.rfind("sgd.", 0) == 0 || name.rfind("adam.", 0) == 0) {
+        opt_state.emplace_back(name, t.to(options.device));
+      }
+    }
+    optimizer->load_state(opt_state);
+    first_epoch = static_cast<int64_t>(by_name.at("job.epoch").item());
+    result.resumed_from_epoch = first_epoch;
+    spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch,
+                 checkpoint_path(job));
+  }
+
+  int64_t global = first_epoch * per_epoch, samples = 0;
+  double train_seconds = 0;
+  for (int64_t epoch = first_epoch; epoch < epochs && global < total_steps; ++epoch) {
+    auto t_epoch = Clock::now();
+    auto last_report = t_epoch;
+    batches.start_epoch(epoch);
+    E::Tensor x, y;
+    int64_t step = 0, since_report = 0, samples_since = 0;
+    double loss_sum = 0, epoch_loss = 0;
+    // Losses are summed on the device and read back only when reported, so
+    // the loop does not wait for the GPU every step.
+    E::Tensor loss_acc = E::zeros({}, {E::DType::Float32, options.device});
+    while (global < total_steps && batches.next(x, y, options.device)) {
+      if (options.cancel && options.cancel->load()) throw JobCancelled();
+      optimizer->zero_grad();
+      E::Tensor loss = E::cross_entropy((*model)(x), y);
+      loss.backward();
+      optimizer->step();
+      {
+        E::NoGradGuard ng;
+        loss_acc = E::add(loss_acc, loss.detach());
+      }
+      ++step;
+      ++global;
+      ++since_report;
+      samples_since += x.size(0);
+      samples += x.size(0);
+      bool epoch_end = step == per_epoch || global == total_steps;
+      auto now = Clock::now();
+      if (options.on_progress && (now - last_report >= options.progress_interval || epoch_end)) {
+        double acc = loss_acc.item();
+        loss_sum += acc;
+        loss_acc = E::zeros({}, {E::DType::Float32, options.device});
+        double secs = std::chrono::duration<double>(now - last_report).count();
+        JobProgress p;
+        p.epoch = epoch + 1;
+        p.epochs = epochs;
+        p.step = step;
+        p.steps_in_epoch = per_epoch;
+        p.global_step = global;
+        p.total_steps = total_steps;
+        p.loss = acc / since_report;
+        p.samples_per_second = secs > 0 ? samples_since / secs : 0;
+        p.eta_seconds = p.samples_per_second > 0
+                            ? (total_steps - global) * double(job.batch_size()) /
+                                  p.samples_per_second
+                            : 0;
+        options.on_progress(p);
+        since_report = 0;
+        samples_since = 0;
+        last_report = now;
+      }
+    }
+    loss_sum += loss_acc.item();
+    epoch_loss = step ? loss_sum / step : 0;
+    double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+    train_seconds += epoch_seconds;
+    EpochReport report{epoch + 1, epoch_loss, evaluate(*model, test, options.device),
+                       epoch_seconds};
+    result.epochs.push_back(report);
+    if (options.on_epoch) options.on_epoch(report);
+    if (job.checkpoint() && ((epoch + 1) % job.checkpoint()->every_epochs() == 0 ||
+                             epoch + 1 == epochs)) {
+      std::filesystem::create_directories(job.checkpoint()->directory()->str());
+      E::nn::NamedTensors state = model->named_parameters();
+      for (auto& kv : optimizer->state()) state.push_back(kv);
+      state.emplace_back("job.epoch", E::from_vector<int64_t>({epoch + 1}, {1}));
+      E::checkpoint::save(checkpoint_path(job), state);
+    }
+  }
+  result.steps = global;
+  result.test_accuracy = result.epochs.empty() ? evaluate(*model, test, options.device)
+                                               : result.epochs.back().test_accuracy;
+  result.samples_per_second = train_seconds > 0 ? samples / train_seconds : 0;
+  result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return result;
+}
+
+}  // namespace leasehold

@@ -1,0 +1,66 @@
+// Runs one training job with the engine: loads the dataset, builds the
+// model, trains with the job's optimiser, evaluates test accuracy after each
+// epoch, writes checkpoints and resumes from the last one. Memory for
+// tensors comes from the thread's current allocator (the agent installs its
+// lease allocator first), so the job runs inside its leases.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "agent/engine/allocator.h"
+#include "schemas/job_generated.h"
+
+namespace leasehold {
+
+struct JobProgress {
+  int64_t epoch = 0, epochs = 0;          // 1-based epoch
+  int64_t step = 0, steps_in_epoch = 0;   // within the epoch
+  int64_t global_step = 0, total_steps = 0;
+  double loss = 0;                        // mean over the steps since the last report
+  double samples_per_second = 0;
+  double eta_seconds = 0;
+};
+
+struct EpochReport {
+  int64_t epoch = 0;
+  double train_loss = 0;
+  double test_accuracy = 0;  // fraction in [0, 1]
+  double seconds = 0;
+};
+
+struct JobResult {
+  std::vector<EpochReport> epochs;
+  double test_accuracy = 0;
+  double samples_per_second = 0;  // training throughput
+  int64_t steps = 0;
+  double seconds = 0;
+  int64_t resumed_from_epoch = 0;  // 0: started fresh
+};
+
+class JobCancelled : public std::runtime_error {
+ public:
+  JobCancelled() : std::runtime_error("job cancelled") {}
+};
+
+struct JobRunOptions {
+  engine::Device device;
+  // Called at most every `progress_interval` (and at the end of each epoch).
+  std::function<void(const JobProgress&)> on_progress;
+  std::function<void(const EpochReport&)> on_epoch;
+  std::chrono::milliseconds progress_interval{1000};
+  // Checked between steps; when set the job stops with JobCancelled.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+// Throws JobSpecError for a bad spec, std::runtime_error for data or I/O
+// failures, engine::OutOfMemoryError when the budget is too small, and
+// JobCancelled.
+JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options);
+
+}  // namespace leasehold

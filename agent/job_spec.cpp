@@ -1,0 +1,172 @@
+#include "agent/job_spec.h"
+
+#include <flatbuffers/idl.h>
+
+#include <filesystem>
+
+#include "agent/engine/data.h"
+#include "agent/model_builder.h"
+#include "schemas/job_schema_text.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : "; ") + x;
+  return s;
+}
+
+std::string str_or(const flatbuffers::String* s, const std::string& fallback = "") {
+  return s ? s->str() : fallback;
+}
+
+}  // namespace
+
+JobSpecError::JobSpecError(const std::vector<std::string>& problems)
+    : std::invalid_argument("invalid job: " + join(problems)), problems_(problems) {}
+
+std::vector<uint8_t> parse_job_json(const std::string& json, const std::string& source) {
+  flatbuffers::IDLOptions opts;
+  opts.skip_unexpected_fields_in_json = false;  // unknown fields are errors
+  flatbuffers::Parser parser(opts);
+  if (!parser.Parse(kJobSchemaText)) {
+    throw std::logic_error("built-in job schema does not parse: " + parser.error_);
+  }
+  if (!parser.Parse(json.c_str(), nullptr, source.c_str())) {
+    // The parser's message already names the file, line and field.
+    std::string msg = parser.error_;
+    while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+    throw JobSpecError({msg});
+  }
+  std::vector<uint8_t> out(parser.builder_.GetBufferPointer(),
+                           parser.builder_.GetBufferPointer() + parser.builder_.GetSize());
+  verify_job(out);
+  return out;
+}
+
+const proto::JobSpec* verify_job(const std::vector<uint8_t>& buffer) {
+  flatbuffers::Verifier v(buffer.data(), buffer.size());
+  if (!v.VerifyBuffer<proto::JobSpec>(nullptr)) {
+    throw JobSpecError({"job specification failed FlatBuffers verification"});
+  }
+  return flatbuffers::GetRoot<proto::JobSpec>(buffer.data());
+}
+
+DatasetFiles dataset_files(const proto::JobSpec& job) {
+  DatasetFiles f;
+  const auto* d = job.dataset();
+  if (!d) return f;
+  std::string name = str_or(d->name()), dir = str_or(d->directory());
+  if (name == "fashion-mnist" || name == "mnist") {
+    std::string base = dir.empty() ? "/usr/share/datasets/" + name : dir;
+    f.train_images = base + "/train-images-idx3-ubyte.gz";
+    f.train_labels = base + "/train-labels-idx1-ubyte.gz";
+    f.test_images = base + "/t10k-images-idx3-ubyte.gz";
+    f.test_labels = base + "/t10k-labels-idx1-ubyte.gz";
+  }
+  if (d->train_images()) f.train_images = d->train_images()->str();
+  if (d->train_labels()) f.train_labels = d->train_labels()->str();
+  if (d->test_images()) f.test_images = d->test_images()->str();
+  if (d->test_labels()) f.test_labels = d->test_labels()->str();
+  return f;
+}
+
+uint64_t job_memory_budget(const proto::JobSpec& job) {
+  return job.memory_budget() ? parse_bytes(job.memory_budget()->str()) : (1ull << 30);
+}
+
+void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
+  std::vector<std::string> p;
+  std::string name = str_or(job.name());
+  if (name.empty()) p.push_back("name: required");
+  if (name.size() > 128) p.push_back("name: longer than 128 characters");
+  if (job.batch_size() <= 0 || job.batch_size() > 65536) {
+    p.push_back("batch_size: " + std::to_string(job.batch_size()) + " is not in [1, 65536]");
+  }
+  if (job.epochs() < 0 || job.epochs() > 100000) p.push_back("epochs: must be in [0, 100000]");
+  if (job.steps() < 0) p.push_back("steps: must not be negative");
+  if (job.epochs() == 0 && job.steps() == 0) p.push_back("epochs or steps: one must be set");
+  if (job.epochs() > 0 && job.steps() > 0) p.push_back("epochs and steps: set only one");
+  std::string device = str_or(job.device(), "auto");
+  if (device != "auto" && device != "cuda" && device != "cpu") {
+    p.push_back("device: '" + device + "' is not auto, cuda or cpu");
+  }
+  try {
+    uint64_t budget = job_memory_budget(job);
+    if (budget < (1ull << 20)) p.push_back("memory_budget: less than 1 MiB");
+    if (options.pool_bytes && budget > options.pool_bytes) {
+      p.push_back("memory_budget: " + format_bytes(budget) + " does not fit the pool of " +
+                  format_bytes(options.pool_bytes));
+    }
+  } catch (const std::exception& e) {
+    p.push_back(std::string("memory_budget: ") + e.what());
+  }
+  if (const auto* o = job.optimizer()) {
+    if (!(o->lr() > 0 && o->lr() < 10)) p.push_back("optimizer.lr: must be in (0, 10)");
+    if (o->momentum() < 0 || o->momentum() >= 1) p.push_back("optimizer.momentum: not in [0, 1)");
+    if (o->weight_decay() < 0) p.push_back("optimizer.weight_decay: must not be negative");
+    if (o->beta1() < 0 || o->beta1() >= 1 || o->beta2() < 0 || o->beta2() >= 1) {
+      p.push_back("optimizer.beta1/beta2: must be in [0, 1)");
+    }
+    if (!(o->eps() > 0)) p.push_back("optimizer.eps: must be positive");
+  }
+  if (const auto* c = job.checkpoint()) {
+    if (!c->directory() || c->directory()->str().empty()) {
+      p.push_back("checkpoint.directory: required when checkpoint is given");
+    }
+    if (c->every_epochs() <= 0) p.push_back("checkpoint.every_epochs: must be positive");
+  }
+
+  std::vector<int64_t> input;
+  const auto* d = job.dataset();
+  if (!d) {
+    p.push_back("dataset: required");
+  } else {
+    if (!(d->std() > 0)) p.push_back("dataset.std: must be positive");
+    if (d->train_limit() < 0 || d->test_limit() < 0) p.push_back("dataset limits: negative");
+    std::string dname = str_or(d->name());
+    if (!dname.empty() && dname != "fashion-mnist" && dname != "mnist") {
+      p.push_back("dataset.name: '" + dname + "' is not fashion-mnist or mnist");
+    }
+    DatasetFiles f = dataset_files(job);
+    const std::pair<const char*, std::string> files[] = {{"train_images", f.train_images},
+                                                         {"train_labels", f.train_labels},
+                                                         {"test_images", f.test_images},
+                                                         {"test_labels", f.test_labels}};
+    for (const auto& [field, path] : files) {
+      if (path.empty()) {
+        p.push_back(std::string("dataset.") + field + ": not given (set it or dataset.name)");
+      } else if (options.check_files) {
+        try {
+          auto dims = engine::data::read_idx_dims(path);
+          if (std::string(field) == "train_images") {
+            if (dims.size() != 3) {
+              p.push_back("dataset.train_images: " + path + " is not [N, H, W] images");
+            } else {
+              input = {1, dims[1], dims[2]};
+            }
+          }
+        } catch (const std::exception& e) {
+          p.push_back(std::string("dataset.") + field + ": " + e.what());
+        }
+      }
+    }
+  }
+  if (!job.model() || job.model()->size() == 0) {
+    p.push_back("model: at least one layer is required");
+  } else if (!input.empty()) {
+    auto shapes = infer_layer_shapes(*job.model(), input, p);
+    if (shapes.size() == job.model()->size()) {
+      const auto& last = shapes.back();
+      if (last.size() != 1) {
+        p.push_back("model: the last layer must produce class scores [classes], not a shape of " +
+                    std::to_string(last.size()) + " dimensions (add Flatten and Linear)");
+      }
+    }
+  }
+  if (!p.empty()) throw JobSpecError(p);
+}
+
+}  // namespace leasehold

@@ -1,0 +1,52 @@
+// Job specifications: parsing JSON job files against schemas/job.fbs,
+// checking the values, and resolving defaults. The client checks a job
+// before submitting it and the coordinator and agent check it again.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "schemas/job_generated.h"
+
+namespace leasehold {
+
+// Thrown with every problem found, each naming the field ("epochs: must be
+// positive", "model[3].in: ...").
+class JobSpecError : public std::invalid_argument {
+ public:
+  explicit JobSpecError(const std::vector<std::string>& problems);
+  const std::vector<std::string>& problems() const { return problems_; }
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+// Parses JSON text into a verified JobSpec FlatBuffer. Unknown fields and
+// wrong types are errors naming the field and the line. `source` names the
+// text in messages (the file name).
+std::vector<uint8_t> parse_job_json(const std::string& json, const std::string& source);
+// Verifies a JobSpec buffer received over the wire.
+const proto::JobSpec* verify_job(const std::vector<uint8_t>& buffer);
+
+// Resolved dataset files and shapes.
+struct DatasetFiles {
+  std::string train_images, train_labels, test_images, test_labels;
+};
+DatasetFiles dataset_files(const proto::JobSpec& job);
+
+struct ValidationOptions {
+  bool check_files = true;        // the dataset files exist and have IDX headers
+  uint64_t pool_bytes = 0;        // when set, the memory budget must fit the pool
+};
+
+// Every problem with the values: sizes, hyper-parameters, layers that do not
+// chain (shapes inferred from the dataset's image size), files. Throws
+// JobSpecError listing them all.
+void validate_job(const proto::JobSpec& job, const ValidationOptions& options);
+
+// The memory budget in bytes (default 1 GiB).
+uint64_t job_memory_budget(const proto::JobSpec& job);
+
+}  // namespace leasehold

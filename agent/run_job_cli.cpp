@@ -1,0 +1,91 @@
+#include "agent/run_job_cli.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "agent/engine/allocator.h"
+#include "agent/job_runner.h"
+#include "agent/job_spec.h"
+#include "agent/lease_allocator.h"
+#include "shared/units.h"
+
+namespace leasehold {
+
+int run_job_file(AgentSession& session, const std::string& path, const RunJobOverrides& ov,
+                 const std::atomic<bool>& stop) {
+  std::vector<uint8_t> buffer;
+  try {
+    std::ifstream in(path);
+    if (!in) throw JobSpecError({"cannot read job file " + path});
+    std::stringstream text;
+    text << in.rdbuf();
+    buffer = parse_job_json(text.str(), path);
+    if (ov.epochs > 0 || ov.train_limit >= 0 || ov.test_limit >= 0) {
+      // Unpack, change, pack again: the object API sets fields the file omitted.
+      std::unique_ptr<proto::JobSpecT> obj(verify_job(buffer)->UnPack());
+      if (ov.epochs > 0) {
+        obj->epochs = static_cast<int32_t>(ov.epochs);
+        obj->steps = 0;
+      }
+      if (!obj->dataset) obj->dataset = std::make_unique<proto::DatasetSpecT>();
+      if (ov.train_limit >= 0) obj->dataset->train_limit = static_cast<int32_t>(ov.train_limit);
+      if (ov.test_limit >= 0) obj->dataset->test_limit = static_cast<int32_t>(ov.test_limit);
+      flatbuffers::FlatBufferBuilder fbb;
+      fbb.Finish(proto::JobSpec::Pack(fbb, obj.get()));
+      buffer.assign(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    }
+    validate_job(*verify_job(buffer), ValidationOptions{true, session.pool().size});
+  } catch (const JobSpecError& e) {
+    std::fprintf(stderr, "leasehold-agent: %s\n", e.what());
+    return 2;
+  }
+  const proto::JobSpec& job = *verify_job(buffer);
+  PoolDescriptor pool = session.pool();
+  std::string device = job.device() ? job.device()->str() : "auto";
+  bool pool_is_cuda = pool.backend == Backend::Cuda;
+  if ((device == "cuda" && !pool_is_cuda) || (device == "cpu" && pool_is_cuda)) {
+    std::fprintf(stderr, "leasehold-agent: job wants device %s but this agent's pool is on %s\n",
+                 device.c_str(), backend_name(pool.backend));
+    return 2;
+  }
+
+  LeaseAllocatorOptions lo;
+  lo.budget_bytes = job_memory_budget(job);
+  auto leases = std::make_shared<LeaseAllocator>(session, lo);
+  engine::AllocatorGuard guard(leases);
+
+  JobRunOptions opts;
+  opts.device = leases->device();
+  opts.cancel = &stop;
+  opts.on_progress = [](const JobProgress& p) {
+    std::printf("progress epoch=%lld/%lld step=%lld/%lld loss=%.4f samples_per_s=%.0f eta_s=%.0f\n",
+                (long long)p.epoch, (long long)p.epochs, (long long)p.step,
+                (long long)p.steps_in_epoch, p.loss, p.samples_per_second, p.eta_seconds);
+    std::fflush(stdout);
+  };
+  opts.on_epoch = [](const EpochReport& r) {
+    std::printf("epoch %lld: train_loss=%.4f test_accuracy=%.2f%% seconds=%.1f\n",
+                (long long)r.epoch, r.train_loss, 100 * r.test_accuracy, r.seconds);
+    std::fflush(stdout);
+  };
+  try {
+    JobResult r = run_job(job, opts);
+    auto mem = leases->stats();
+    std::printf("result job=%s test_accuracy=%.2f%% samples_per_s=%.0f steps=%lld seconds=%.1f "
+                "peak_memory=%s\n",
+                job.name()->c_str(), 100 * r.test_accuracy, r.samples_per_second,
+                (long long)r.steps, r.seconds, format_bytes(mem.peak_in_use_bytes).c_str());
+    std::fflush(stdout);
+    return 0;
+  } catch (const JobCancelled&) {
+    std::printf("result job=%s cancelled\n", job.name()->c_str());
+    return 130;
+  } catch (const std::exception& e) {
+    std::printf("result job=%s failed: %s\n", job.name()->c_str(), e.what());
+    std::fflush(stdout);
+    return 1;
+  }
+}
+
+}  // namespace leasehold
