@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "agent/exercise.h"
+#include "agent/job_worker.h"
 #include "agent/run_job_cli.h"
 #include "agent/session.h"
 #include "shared/endpoint.h"
@@ -80,7 +81,12 @@ int main(int argc, char** argv) {
                 leasehold::backend_name(pool.backend),
                 static_cast<unsigned long long>(pool.size));
     std::fflush(stdout);
-    session.set_session_listener([](const std::string& why) {
+    // Shared with the listener: the worker must outlive the heartbeat thread
+    // that calls it, which ends with the session.
+    std::shared_ptr<leasehold::JobWorker> worker;
+    if (!exercise && job_file.empty()) worker = std::make_shared<leasehold::JobWorker>(session);
+    session.set_session_listener([worker](const std::string& why) {
+      if (worker) worker->session_changed(why);
       if (why.empty()) {
         std::printf("re-registered\n");
       } else {
@@ -90,8 +96,8 @@ int main(int argc, char** argv) {
     });
     if (exercise) return leasehold::run_exercise(session, ex, stop);
     if (!job_file.empty()) return leasehold::run_job_file(session, job_file, overrides, stop);
-    spdlog::info("standing by as '{}'", opts.name);
-    while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    spdlog::info("standing by as '{}' for jobs", opts.name);
+    worker->run(stop);
     spdlog::info("stopping");
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());

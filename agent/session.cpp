@@ -30,12 +30,16 @@ struct SessionCore {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds default_wait{30000};
   std::function<void(const std::string&)> listener;
+  std::function<void(uint64_t, std::vector<uint8_t>)> on_assign;
+  std::function<void(uint64_t)> on_stop;
 
   std::atomic<bool> stop{false};
   std::thread heartbeat;
 
   void register_with(Connection& conn, std::chrono::milliseconds timeout);
   void lose(const std::string& why);
+  // Acts on a message the coordinator pushed (request id 0).
+  void handle_push(const Reply& r);
   void heartbeat_loop(std::unique_ptr<Connection> conn);
   void notify_listener(const std::string& what) {
     std::function<void(const std::string&)> l;
@@ -105,10 +109,42 @@ void SessionCore::lose(const std::string& why) {
   notify_listener(why);
 }
 
+void SessionCore::handle_push(const Reply& r) {
+  switch (r->body_type()) {
+    case proto::Body::Shutdown:
+      lose("the coordinator shut down");
+      break;
+    case proto::Body::AssignJob: {
+      const auto* a = r->body_as_AssignJob();
+      if (!a->spec()) break;
+      std::unique_ptr<proto::JobSpecT> spec(a->spec()->UnPack());
+      flatbuffers::FlatBufferBuilder fbb;
+      fbb.Finish(proto::JobSpec::Pack(fbb, spec.get()));
+      std::vector<uint8_t> buf(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+      std::function<void(uint64_t, std::vector<uint8_t>)> cb;
+      {
+        std::lock_guard lock(mu);
+        cb = on_assign;
+      }
+      if (cb) cb(a->job_id(), std::move(buf));
+      break;
+    }
+    case proto::Body::StopJob: {
+      std::function<void(uint64_t)> cb;
+      {
+        std::lock_guard lock(mu);
+        cb = on_stop;
+      }
+      if (cb) cb(r->body_as_StopJob()->job_id());
+      break;
+    }
+    default:
+      break;
+  }
+}
+
 void SessionCore::heartbeat_loop(std::unique_ptr<Connection> conn) {
-  conn->on_notice = [this](const Reply& r) {
-    if (r->body_type() == proto::Body::Shutdown) lose("the coordinator shut down");
-  };
+  conn->on_notice = [this](const Reply& r) { handle_push(r); };
   auto last_ok = std::chrono::steady_clock::now();
   while (!stop.load()) {
     std::chrono::milliseconds interval;
@@ -152,8 +188,16 @@ void SessionCore::heartbeat_loop(std::unique_ptr<Connection> conn) {
         spdlog::debug("registration attempt failed: {}", e.what());
       }
     }
-    std::unique_lock lock(mu);
-    cv.wait_for(lock, interval, [&] { return stop.load(); });
+    // Until the next heartbeat, take what the coordinator pushes (jobs).
+    auto next = std::chrono::steady_clock::now() + interval;
+    while (!stop.load()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          next - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      if (auto pushed = conn->receive(std::min(left, std::chrono::milliseconds(100)))) {
+        if ((*pushed)->header()->request_id() == 0) handle_push(*pushed);
+      }
+    }
   }
 }
 
@@ -378,6 +422,22 @@ bool AgentSession::connected() const {
 bool AgentSession::wait_connected(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(core_->mu);
   return core_->cv.wait_for(lock, timeout, [&] { return core_->connected; });
+}
+
+void AgentSession::set_job_handlers(std::function<void(uint64_t, std::vector<uint8_t>)> on_assign,
+                                    std::function<void(uint64_t)> on_stop) {
+  std::lock_guard lock(core_->mu);
+  core_->on_assign = std::move(on_assign);
+  core_->on_stop = std::move(on_stop);
+}
+
+void AgentSession::send_job_update(const proto::JobUpdateT& update) {
+  detail::control_request(
+      *core_,
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::JobUpdate, proto::JobUpdate::Pack(fbb, &update).Union()};
+      },
+      core_->opts.request_timeout, nullptr);
 }
 
 void AgentSession::set_session_listener(std::function<void(const std::string&)> listener) {

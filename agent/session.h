@@ -23,9 +23,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "shared/device.h"
 #include "shared/error.h"
+#include "schemas/leasehold_generated.h"
 
 namespace leasehold {
 
@@ -120,6 +122,14 @@ class AgentSession {
   // and when it is re-established (argument: empty). Set before leases are
   // used; it must not call back into the session.
   void set_session_listener(std::function<void(const std::string&)> listener);
+
+  // Jobs pushed by the coordinator: `on_assign(job_id, spec)` with a verified
+  // standalone JobSpec buffer, `on_stop(job_id)`. Called from the heartbeat
+  // thread; they must return quickly (queue the work).
+  void set_job_handlers(std::function<void(uint64_t, std::vector<uint8_t>)> on_assign,
+                        std::function<void(uint64_t)> on_stop);
+  // Reports a job's progress or end to the coordinator. Throws Error.
+  void send_job_update(const proto::JobUpdateT& update);
 
  private:
   std::shared_ptr<detail::SessionCore> core_;

@@ -65,7 +65,11 @@ PoolAllocator::End to_end(proto::LeaseEnd e) {
 }  // namespace
 
 Coordinator::Coordinator(const CoordinatorOptions& opts)
-    : opts_(opts), ctx_(1), router_(ctx_, zmq::socket_type::router), started_(Clock::now()) {
+    : opts_(opts),
+      ctx_(1),
+      router_(ctx_, zmq::socket_type::router),
+      pub_(ctx_, zmq::socket_type::pub),
+      started_(Clock::now()) {
   std::random_device rd;
   next_session_ = (static_cast<uint64_t>(rd()) << 32) | rd();
 
@@ -94,6 +98,14 @@ Coordinator::Coordinator(const CoordinatorOptions& opts)
     router_.bind(opts_.endpoint);
   } catch (const zmq::error_t& e) {
     throw std::runtime_error("cannot bind " + opts_.endpoint + ": " + e.what());
+  }
+  pub_.set(zmq::sockopt::linger, 0);
+  try {
+    prepare_ipc_directory(opts_.events_endpoint);
+    pub_.bind(opts_.events_endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("cannot bind the events endpoint " + opts_.events_endpoint + ": " +
+                             e.what());
   }
   spdlog::info("pool: {} of {} on {} ({}, device {}), alignment {}; listening on {}",
                format_bytes(size), format_bytes(mem.free_bytes), mem.name,
@@ -237,6 +249,15 @@ void Coordinator::dispatch(const std::string& rid, const proto::Envelope& env) {
       return on_register(rid, env);
     case proto::Body::StatusRequest:
       return on_status(rid, env);
+    case proto::Body::SubmitJob:
+      return on_submit(rid, env);
+    case proto::Body::ListJobs:
+      return on_list_jobs(rid, env);
+    case proto::Body::GetJob:
+      return on_get_job(rid, env);
+    case proto::Body::CancelJob:
+      return on_cancel(rid, env);
+    case proto::Body::JobUpdate:
     case proto::Body::Heartbeat:
     case proto::Body::Unregister:
     case proto::Body::LeaseRequest:
@@ -274,6 +295,8 @@ void Coordinator::dispatch(const std::string& rid, const proto::Envelope& env) {
       return serve_waiting();
     case proto::Body::LeaseRequest:
       return on_lease_request(rid, agent, env);
+    case proto::Body::JobUpdate:
+      return on_job_update(rid, agent, env);
     case proto::Body::LeaseResize: {
       const auto* r = env.body_as_LeaseResize();
       auto result = leases_->resize(name, r->lease_id(), r->size());
@@ -349,6 +372,8 @@ void Coordinator::on_register(const std::string& rid, const proto::Envelope& env
                                       static_cast<uint32_t>(opts_.lease_wait_timeout.count()));
   finish_envelope(fbb, {req, "coordinator", 0}, proto::Body::RegisterAck, ack.Union());
   reply(rid, to_message(fbb));
+  // A new standby agent may take a queued job (after it got its RegisterAck).
+  schedule();
 }
 
 void Coordinator::on_lease_request(const std::string& rid, AgentRecord& agent,
@@ -385,12 +410,14 @@ void Coordinator::serve_waiting() {
 }
 
 void Coordinator::drop_agent(const std::string& name, const char* why) {
+  fail_jobs_of(name, std::string("agent '") + name + "' " + why + " while running it");
   auto [count, bytes] = leases_->release_all(name);
   auto it = agents_.find(name);
   int pid = it != agents_.end() ? it->second.pid : 0;
   agents_.erase(name);
   spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
                format_bytes(bytes));
+  schedule();
 }
 
 void Coordinator::purge_dead_agents(Clock::time_point now) {

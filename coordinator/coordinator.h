@@ -18,6 +18,7 @@
 
 #include <zmq.hpp>
 
+#include "coordinator/job_table.h"
 #include "coordinator/lease_table.h"
 #include "coordinator/options.h"
 #include "shared/device.h"
@@ -35,6 +36,7 @@ struct AgentRecord {
   Clock::time_point registered;
   Clock::time_point last_seen;         // any valid message counts as a heartbeat;
                                        // in the future until the first one
+  uint64_t job_id = 0;                 // the job it runs; 0 when idle (standby)
 };
 
 class Coordinator {
@@ -69,12 +71,27 @@ class Coordinator {
   void purge_dead_agents(Clock::time_point now);
   void drop_agent(const std::string& name, const char* why);
 
+  // Jobs (coordinator/jobs.cpp).
+  void on_submit(const std::string& rid, const proto::Envelope& env);
+  void on_list_jobs(const std::string& rid, const proto::Envelope& env);
+  void on_get_job(const std::string& rid, const proto::Envelope& env);
+  void on_cancel(const std::string& rid, const proto::Envelope& env);
+  void on_job_update(const std::string& rid, AgentRecord& agent, const proto::Envelope& env);
+  // Starts queued jobs on idle agents of the right device.
+  void schedule();
+  // Publishes the job's state on the PUB socket (topic "job.<id>.").
+  void publish(const JobRecord& job);
+  void push_to_agent(const AgentRecord& agent, flatbuffers::FlatBufferBuilder& fbb);
+  void fail_jobs_of(const std::string& agent, const std::string& reason);
+
   CoordinatorOptions opts_;
   std::unique_ptr<DevicePool> pool_;
   std::unique_ptr<LeaseTable> leases_;
   std::map<std::string, AgentRecord> agents_;
   zmq::context_t ctx_;
   zmq::socket_t router_;
+  zmq::socket_t pub_;     // job events
+  JobTable jobs_;
   Clock::time_point started_;
   uint64_t next_session_;
 };

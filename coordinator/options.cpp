@@ -46,6 +46,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
     with_key(key, source, [&] {
       if (key == "endpoint") {
         opts.endpoint = value;
+      } else if (key == "events_endpoint") {
+        opts.events_endpoint = value;
       } else if (key == "backend") {
         opts.backend = value;
       } else if (key == "device") {
@@ -62,15 +64,29 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.log_level = value;
       } else {
         throw std::invalid_argument(
-            "unknown key (known: endpoint, backend, device, pool_size, alignment, "
+            "unknown key (known: endpoint, events_endpoint, backend, device, pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, log_level)");
       }
     });
   }
 }
 
+std::string default_events_endpoint(const std::string& endpoint) {
+  auto path = ipc_path(endpoint);
+  if (!path) return "";
+  std::string p = *path;
+  const std::string suffix = ".sock";
+  if (p.size() > suffix.size() && p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    p.resize(p.size() - suffix.size());
+  }
+  return "ipc://" + p + ".events";
+}
+
 void validate(const CoordinatorOptions& opts) {
   if (opts.endpoint.empty()) throw std::invalid_argument("endpoint is empty");
+  if (opts.events_endpoint.empty()) {
+    throw std::invalid_argument("events_endpoint must be set for endpoint " + opts.endpoint);
+  }
   if (opts.backend != "auto" && opts.backend != "cuda" && opts.backend != "host") {
     throw std::invalid_argument("backend '" + opts.backend + "' is not one of auto, cuda, host");
   }
@@ -100,6 +116,9 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   app.add_option("--endpoint", endpoint,
                  "ZeroMQ endpoint to bind (default: $LEASEHOLD_ENDPOINT or an ipc:// socket in "
                  "the runtime directory)");
+  std::optional<std::string> events;
+  app.add_option("--events-endpoint", events,
+                 "PUB endpoint for job events (default: next to the ipc endpoint)");
   app.add_option("--backend", backend, "auto|cuda|host (default auto)");
   app.add_option("--device", device, "CUDA device ordinal (default 0)");
   app.add_option("--pool-size", pool_size,
@@ -128,6 +147,8 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
       if (const char* env = std::getenv(kEndpointEnv); env && *env) opts.endpoint = env;
     }
     if (endpoint) opts.endpoint = *endpoint;
+    if (events) opts.events_endpoint = *events;
+    if (opts.events_endpoint.empty()) opts.events_endpoint = default_events_endpoint(opts.endpoint);
     if (backend) opts.backend = *backend;
     if (device) opts.device = *device;
     if (pool_size) opts.pool_size = parse_size_spec(*pool_size);

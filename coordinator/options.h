@@ -14,6 +14,9 @@ namespace leasehold {
 struct CoordinatorOptions {
   // Where the ROUTER socket binds. Default: see shared/endpoint.h.
   std::string endpoint;
+  // Where job events are published (PUB). Default: the endpoint's ipc path
+  // with ".events" in place of ".sock" (required for other transports).
+  std::string events_endpoint;
   // auto | cuda | host. auto picks cuda when a GPU is visible.
   std::string backend = "auto";
   // CUDA device ordinal the pool lives on (ignored on host).
@@ -43,5 +46,9 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv);
 // Checks ranges that individual parsers cannot (alignment power of two,
 // intervals positive). Throws std::invalid_argument naming the option.
 void validate(const CoordinatorOptions& opts);
+
+// The events endpoint that goes with `endpoint` when none is configured
+// (also used by the client); empty when it cannot be derived.
+std::string default_events_endpoint(const std::string& endpoint);
 
 }  // namespace leasehold

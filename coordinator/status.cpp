@@ -28,7 +28,7 @@ void Coordinator::on_status(const std::string& rid, const proto::Envelope& env) 
     auto ago = std::max(std::chrono::milliseconds(0),
                         std::chrono::duration_cast<std::chrono::milliseconds>(now - agent.last_seen));
     agents.push_back(proto::CreateAgentInfo(fbb, fbb.CreateString(name), agent.pid, agent.device,
-                                            fbb.CreateString(count ? "leasing" : "idle"), bytes,
+                                            fbb.CreateString(agent.job_id ? "running" : count ? "leasing" : "idle"), bytes,
                                             count, static_cast<uint64_t>(ago.count())));
   }
   std::vector<flatbuffers::Offset<proto::Lease>> leases;

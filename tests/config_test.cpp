@@ -77,6 +77,8 @@ TEST(Config, ErrorsNameTheKeyAndFile) {
 TEST(Config, ValidateRejectsImpossibleValues) {
   CoordinatorOptions o;
   o.endpoint = "ipc:///tmp/x.sock";
+  o.events_endpoint = default_events_endpoint(o.endpoint);
+  EXPECT_EQ(o.events_endpoint, "ipc:///tmp/x.events");
   EXPECT_NO_THROW(validate(o));
   auto bad = o;
   bad.alignment = 3000;
