@@ -73,8 +73,10 @@ DatasetFiles dataset_files(const proto::JobSpec& job) {
   return f;
 }
 
-uint64_t job_memory_budget(const proto::JobSpec& job) {
-  return job.memory_budget() ? parse_bytes(job.memory_budget()->str()) : (1ull << 30);
+uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes) {
+  if (job.memory_budget()) return parse_bytes(job.memory_budget()->str());
+  uint64_t fallback = 1ull << 30;
+  return pool_bytes ? std::min(fallback, pool_bytes) : fallback;
 }
 
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
@@ -94,7 +96,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     p.push_back("device: '" + device + "' is not auto, cuda or cpu");
   }
   try {
-    uint64_t budget = job_memory_budget(job);
+    uint64_t budget = job_memory_budget(job, options.pool_bytes);
     if (budget < (1ull << 20)) p.push_back("memory_budget: less than 1 MiB");
     if (options.pool_bytes && budget > options.pool_bytes) {
       p.push_back("memory_budget: " + format_bytes(budget) + " does not fit the pool of " +

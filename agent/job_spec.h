@@ -46,7 +46,8 @@ struct ValidationOptions {
 // JobSpecError listing them all.
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options);
 
-// The memory budget in bytes (default 1 GiB).
-uint64_t job_memory_budget(const proto::JobSpec& job);
+// The memory budget in bytes. Unset: 1 GiB, or the whole pool when
+// `pool_bytes` is known and smaller.
+uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes = 0);
 
 }  // namespace leasehold

@@ -92,7 +92,7 @@ void JobWorker::run_one(uint64_t id, const std::vector<uint8_t>& buffer,
     std::printf("job %llu '%s' started\n", (unsigned long long)id, name.c_str());
     std::fflush(stdout);
     LeaseAllocatorOptions lo;
-    lo.budget_bytes = job_memory_budget(*job);
+    lo.budget_bytes = job_memory_budget(*job, session_.pool().size);
     auto leases = std::make_shared<LeaseAllocator>(session_, lo);
     JobResult result;
     {

@@ -51,7 +51,7 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
   }
 
   LeaseAllocatorOptions lo;
-  lo.budget_bytes = job_memory_budget(job);
+  lo.budget_bytes = job_memory_budget(job, session.pool().size);
   auto leases = std::make_shared<LeaseAllocator>(session, lo);
   engine::AllocatorGuard guard(leases);
 

@@ -1,11 +1,14 @@
 // leasehold: the command-line client. Talks only to the coordinator.
-//   leasehold status [--output table|json]
+//   leasehold status | submit FILE [--follow] | jobs | job ID | cancel ID | logs ID [--follow]
+// Exit codes of the job commands: see coordinator/client_jobs.h.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 
+#include "coordinator/client_jobs.h"
+#include "coordinator/options.h"
 #include "coordinator/status_format.h"
 #include "shared/connection.h"
 #include "shared/endpoint.h"
@@ -15,11 +18,6 @@ namespace {
 
 int run_status(const std::string& endpoint, std::chrono::milliseconds timeout,
                const std::string& output) {
-  if (auto path = leasehold::ipc_path(endpoint); path && access(path->c_str(), F_OK) != 0) {
-    throw std::runtime_error("no coordinator at " + endpoint + ": socket " + *path +
-                             " does not exist (is leasehold-coordinator running? set "
-                             "--endpoint or LEASEHOLD_ENDPOINT)");
-  }
   zmq::context_t ctx(1);
   leasehold::Connection conn(ctx, endpoint, "leasehold-cli-" + std::to_string(getpid()));
   auto reply = conn.request(
@@ -50,19 +48,61 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeout", timeout_text, "how long to wait for the coordinator")
       ->capture_default_str();
+  std::string events_endpoint;
+  app.add_option("--events-endpoint", events_endpoint,
+                 "coordinator's job events endpoint (default: next to an ipc endpoint)");
   std::string output = "table";
+  auto add_output = [&](CLI::App* cmd) {
+    cmd->add_option("-o,--output", output, "table or json")
+        ->check(CLI::IsMember({"table", "json"}))
+        ->capture_default_str();
+  };
   auto* status = app.add_subcommand("status", "show the pool, the agents and the leases");
-  status->add_option("-o,--output", output, "table or json")
-      ->check(CLI::IsMember({"table", "json"}))
-      ->capture_default_str();
+  add_output(status);
+
+  std::string file;
+  bool follow = false;
+  int priority = 0;
+  uint64_t id = 0;
+  auto* submit = app.add_subcommand("submit", "submit a job file (JSON); prints the job id");
+  submit->add_option("file", file, "job file")->required()->check(CLI::ExistingFile);
+  submit->add_flag("-f,--follow", follow, "follow progress; exit with the job's outcome");
+  auto* prio = submit->add_option("--priority", priority, "overrides the file's priority");
+  add_output(submit);
+  auto* jobs = app.add_subcommand("jobs", "list jobs");
+  add_output(jobs);
+  auto* job = app.add_subcommand("job", "show one job: spec, state history, metrics, result");
+  job->add_option("id", id, "job id")->required();
+  add_output(job);
+  auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  cancel->add_option("id", id, "job id")->required();
+  auto* logs = app.add_subcommand("logs", "print a job's progress and epoch results");
+  logs->add_option("id", id, "job id")->required();
+  logs->add_flag("-f,--follow", follow, "keep following until the job ends");
+  add_output(logs);
   CLI11_PARSE(app, argc, argv);
 
+  leasehold::client::Context ctx;
   try {
-    auto timeout = leasehold::parse_duration(timeout_text);
-    if (*status) return run_status(endpoint, timeout, output);
+    ctx.endpoint = endpoint;
+    ctx.events_endpoint =
+        events_endpoint.empty() ? leasehold::default_events_endpoint(endpoint) : events_endpoint;
+    ctx.timeout = leasehold::parse_duration(timeout_text);
+    ctx.json = output == "json";
+    if (auto path = leasehold::ipc_path(endpoint); path && access(path->c_str(), F_OK) != 0) {
+      throw std::runtime_error("no coordinator at " + endpoint + ": socket " + *path +
+                               " does not exist (is leasehold-coordinator running? set "
+                               "--endpoint or LEASEHOLD_ENDPOINT)");
+    }
+    if (*status) return run_status(endpoint, ctx.timeout, output);
   } catch (const std::exception& e) {
     std::cerr << "leasehold: " << e.what() << "\n";
-    return 1;
+    return *status ? 1 : 4;
   }
+  if (*submit) return leasehold::client::submit(ctx, file, follow, priority, prio->count() > 0);
+  if (*jobs) return leasehold::client::list_jobs(ctx);
+  if (*job) return leasehold::client::show_job(ctx, id);
+  if (*cancel) return leasehold::client::cancel_job(ctx, id);
+  if (*logs) return leasehold::client::logs(ctx, id, follow);
   return 0;
 }

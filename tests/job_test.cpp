@@ -10,40 +10,12 @@
 
 #include "agent/job_runner.h"
 #include "agent/job_spec.h"
+#include "tests/support/synthetic_data.h"
 
 namespace leasehold {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string idx(std::vector<uint32_t> dims, const std::vector<uint8_t>& body) {
-  std::string s = {0, 0, 8, static_cast<char>(dims.size())};
-  for (uint32_t d : dims) {
-    for (int shift : {24, 16, 8, 0}) s += static_cast<char>((d >> shift) & 0xff);
-  }
-  s.append(body.begin(), body.end());
-  return s;
-}
-
-// Images of 8x8: class 0 bright on the left half, class 1 on the right half,
-// class 2 on the top half, with noise. Learnable in a few epochs.
-void write_synthetic(const std::string& dir, const std::string& prefix, int n, uint32_t seed) {
-  std::vector<uint8_t> px(n * 64), labels(n);
-  uint32_t state = seed;
-  auto rnd = [&] { return (state = state * 1664525u + 1013904223u) >> 24; };
-  for (int i = 0; i < n; ++i) {
-    int c = i % 3;
-    labels[i] = static_cast<uint8_t>(c);
-    for (int y = 0; y < 8; ++y) {
-      for (int x = 0; x < 8; ++x) {
-        bool on = c == 0 ? x < 4 : c == 1 ? x >= 4 : y < 4;
-        px[i * 64 + y * 8 + x] = static_cast<uint8_t>((on ? 150 : 20) + rnd() % 100);
-      }
-    }
-  }
-  std::ofstream(dir + "/" + prefix + "-images", std::ios::binary) << idx({uint32_t(n), 8, 8}, px);
-  std::ofstream(dir + "/" + prefix + "-labels", std::ios::binary) << idx({uint32_t(n)}, labels);
-}
 
 class JobTest : public ::testing::Test {
  protected:
@@ -51,22 +23,21 @@ class JobTest : public ::testing::Test {
     char tmpl[] = "/tmp/leasehold-job-XXXXXX";
     ASSERT_TRUE(mkdtemp(tmpl));
     dir = tmpl;
-    write_synthetic(dir, "train", 600, 1);
-    write_synthetic(dir, "test", 150, 2);
+    testing::write_synthetic_idx(dir, "train", 600, 1);
+    testing::write_synthetic_idx(dir, "test", 150, 2);
   }
   void TearDown() override { fs::remove_all(dir); }
 
   // `extra` adds fields; the training defaults are in kTrain.
-  static constexpr const char* kTrain = R"(, "batch_size": 32, "optimizer": {"type": "Adam", "lr": 0.01})";
+  static constexpr const char* kTrain = R"(, "batch_size": 32)";
   std::string job_json(const std::string& extra = "", const std::string& model = "") const {
-    std::string layers = model.empty() ? R"([{"type": "Flatten"}, {"type": "Linear", "in": 64, "out": 16},
-                  {"type": "ReLU"}, {"type": "Linear", "in": 16, "out": 3}])"
-                                       : model;
-    return R"({"name": "synthetic", "model": )" + layers + R"(,
-      "dataset": {"train_images": ")" + dir + R"(/train-images", "train_labels": ")" + dir +
-           R"(/train-labels", "test_images": ")" + dir + R"(/test-images", "test_labels": ")" +
-           dir + R"(/test-labels", "mean": 0.3, "std": 0.3},
-      "seed": 3)" + extra + "}";
+    std::string json = testing::synthetic_job_json(dir, "synthetic", extra);
+    if (!model.empty()) {
+      // Swap in another layer list.
+      size_t a = json.find("[{"), b = json.find("}],") + 2;
+      json.replace(a, b - a, model);
+    }
+    return json;
   }
   std::string dir;
 };
@@ -95,9 +66,11 @@ TEST_F(JobTest, UnknownFieldsAndWrongTypesAreNamed) {
 }
 
 TEST_F(JobTest, ValidationNamesEveryBadField) {
-  auto buf = parse_job_json(job_json(R"(, "epochs": 0, "batch_size": -4, "memory_budget": "lots",
-                                         "optimizer": {"lr": -1}, "device": "tpu")"),
-                            "j.json");
+  std::string bad = job_json(R"(, "epochs": 0, "batch_size": -4, "memory_budget": "lots",
+                                "device": "tpu")");
+  const std::string lr = "\"lr\": 0.01";
+  bad.replace(bad.find(lr), lr.size(), "\"lr\": -1.0");
+  auto buf = parse_job_json(bad, "j.json");
   std::string e = problems_of([&] { validate_job(*verify_job(buf), {}); });
   for (const char* field : {"batch_size", "epochs or steps", "memory_budget", "optimizer.lr",
                             "device"}) {

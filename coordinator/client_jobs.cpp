@@ -1,0 +1,234 @@
+#include "coordinator/client_jobs.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "agent/job_spec.h"
+#include "coordinator/job_format.h"
+#include "shared/connection.h"
+
+namespace leasehold::client {
+namespace {
+
+using Builder = Connection::BodyBuilder;
+
+Reply ask(const Context& ctx, zmq::context_t& zctx, const Builder& build) {
+  Connection conn(zctx, ctx.endpoint, "leasehold-cli-" + std::to_string(getpid()));
+  Reply r = conn.request(build, ctx.timeout);
+  r.throw_if_error();
+  return r;
+}
+
+Reply get_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
+  return ask(ctx, zctx, [id](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::pair{proto::Body::GetJob, proto::CreateGetJob(fbb, id).Union()};
+  });
+}
+
+int outcome(const std::string& state) {
+  if (state == "succeeded") return 0;
+  if (state == "failed") return 1;
+  if (state == "cancelled") return 3;
+  return -1;  // not finished
+}
+
+int run_guarded(const std::function<int()>& f) {
+  try {
+    return f();
+  } catch (const JobSpecError& e) {
+    std::cerr << "leasehold: " << e.what() << "\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "leasehold: " << e.what() << "\n";
+    return e.code() == ErrorCode::InvalidArgument ? 2 : 4;
+  } catch (const std::exception& e) {
+    std::cerr << "leasehold: " << e.what() << "\n";
+    return 4;
+  }
+}
+
+// Follows a job on the events socket until it ends; prints progress (a live
+// bar on a terminal, plain lines otherwise) and each finished epoch.
+int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
+  if (ctx.events_endpoint.empty()) {
+    throw std::runtime_error("no events endpoint for " + ctx.endpoint +
+                             " (set --events-endpoint)");
+  }
+  zmq::socket_t sub(zctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::linger, 0);
+  std::string topic = "job." + std::to_string(id) + ".";
+  sub.set(zmq::sockopt::subscribe, topic);
+  sub.connect(ctx.events_endpoint);
+  const bool tty = isatty(STDOUT_FILENO);
+  size_t epochs_printed = 0;
+  bool bar_shown = false;
+  std::string last_line;
+  auto show = [&](const proto::JobInfo& j) -> int {
+    size_t n = j.epochs() ? j.epochs()->size() : 0;
+    for (; epochs_printed < n; ++epochs_printed) {
+      const auto* e = j.epochs()->Get(static_cast<flatbuffers::uoffset_t>(epochs_printed));
+      if (bar_shown) std::printf("\r\033[K");
+      bar_shown = false;
+      std::printf("job %llu epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n",
+                  (unsigned long long)id, e->epoch(), e->train_loss(), 100 * e->test_accuracy(),
+                  e->seconds());
+    }
+    std::string state(str(j.state()));
+    int code = outcome(state);
+    if (code >= 0) {
+      if (bar_shown) std::printf("\r\033[K");
+      if (code == 0) {
+        std::printf("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s\n",
+                    (unsigned long long)id, std::string(str(j.name())).c_str(),
+                    100 * j.test_accuracy(), j.samples_per_second());
+      } else {
+        std::printf("job %llu '%s' %s: %s\n", (unsigned long long)id,
+                    std::string(str(j.name())).c_str(), state.c_str(),
+                    std::string(str(j.reason())).c_str());
+      }
+      std::fflush(stdout);
+      return code;
+    }
+    std::string line = state == "queued" ? "queued" : progress_line(j, tty);
+    if (line != last_line) {
+      if (tty) {
+        std::printf("\r\033[Kjob %llu %s", (unsigned long long)id, line.c_str());
+        bar_shown = true;
+      } else {
+        std::printf("job %llu %s\n", (unsigned long long)id, line.c_str());
+      }
+      std::fflush(stdout);
+      last_line = line;
+    }
+    return -1;
+  };
+  // Subscribe first, then read the current state, so nothing is missed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto last_check = std::chrono::steady_clock::now();
+  {
+    Reply r = get_job(ctx, zctx, id);
+    if (int c = show(*r->body_as_JobInfo()); c >= 0) return c;
+  }
+  while (true) {
+    zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(1000));
+    if (item.revents & ZMQ_POLLIN) {
+      zmq::message_t t, body;
+      if (sub.recv(t) && t.more() && sub.recv(body)) {
+        AlignedBytes bytes(body);
+        auto d = decode(bytes.bytes());
+        if (auto* env = std::get_if<const proto::Envelope*>(&d);
+            env && (*env)->body_type() == proto::Body::JobInfo) {
+          if (int c = show(*(*env)->body_as_JobInfo()); c >= 0) return c;
+        }
+      }
+    }
+    // Every few seconds ask directly too: covers a lost event and notices a
+    // coordinator that went away (the request then fails with exit code 4).
+    if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(5)) {
+      last_check = std::chrono::steady_clock::now();
+      Reply r = get_job(ctx, zctx, id);
+      if (int c = show(*r->body_as_JobInfo()); c >= 0) return c;
+    }
+  }
+}
+
+}  // namespace
+
+int submit(const Context& ctx, const std::string& file, bool follow, int priority,
+           bool priority_set) {
+  return run_guarded([&] {
+    std::ifstream in(file);
+    if (!in) throw JobSpecError({"cannot read job file " + file});
+    std::stringstream text;
+    text << in.rdbuf();
+    auto buffer = parse_job_json(text.str(), file);
+    // Files are checked by the coordinator, on the host where the job runs.
+    validate_job(*verify_job(buffer), ValidationOptions{false, 0});
+    std::unique_ptr<proto::JobSpecT> spec(verify_job(buffer)->UnPack());
+    if (priority_set) spec->priority = priority;
+    zmq::context_t zctx(1);
+    Reply r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
+      auto s = proto::JobSpec::Pack(fbb, spec.get());
+      return std::pair{proto::Body::SubmitJob, proto::CreateSubmitJob(fbb, s).Union()};
+    });
+    uint64_t id = r->body_as_JobAccepted()->job_id();
+    if (ctx.json) {
+      std::cout << nlohmann::json{{"id", id}}.dump() << "\n";
+    } else {
+      std::cout << id << "\n";
+    }
+    std::cout.flush();
+    return follow ? follow_job(ctx, zctx, id) : 0;
+  });
+}
+
+int list_jobs(const Context& ctx) {
+  return run_guarded([&] {
+    zmq::context_t zctx(1);
+    Reply r = ask(ctx, zctx, [](flatbuffers::FlatBufferBuilder& fbb) {
+      return std::pair{proto::Body::ListJobs, proto::CreateListJobs(fbb).Union()};
+    });
+    const auto* list = r->body_as_JobList();
+    if (ctx.json) {
+      nlohmann::json out = nlohmann::json::array();
+      if (list->jobs()) {
+        for (const auto* j : *list->jobs()) out.push_back(job_to_json(*j));
+      }
+      std::cout << out.dump(2) << "\n";
+    } else {
+      std::cout << jobs_to_table(*list);
+    }
+    return 0;
+  });
+}
+
+int show_job(const Context& ctx, uint64_t id) {
+  return run_guarded([&] {
+    zmq::context_t zctx(1);
+    Reply r = get_job(ctx, zctx, id);
+    const auto* j = r->body_as_JobInfo();
+    std::cout << (ctx.json ? job_to_json(*j).dump(2) + "\n" : job_to_text(*j));
+    return 0;
+  });
+}
+
+int cancel_job(const Context& ctx, uint64_t id) {
+  return run_guarded([&] {
+    zmq::context_t zctx(1);
+    ask(ctx, zctx, [id](flatbuffers::FlatBufferBuilder& fbb) {
+      return std::pair{proto::Body::CancelJob, proto::CreateCancelJob(fbb, id).Union()};
+    });
+    std::cout << "cancel requested for job " << id << "\n";
+    return 0;
+  });
+}
+
+int logs(const Context& ctx, uint64_t id, bool follow) {
+  return run_guarded([&] {
+    zmq::context_t zctx(1);
+    if (follow) return follow_job(ctx, zctx, id);
+    Reply r = get_job(ctx, zctx, id);
+    const auto* j = r->body_as_JobInfo();
+    if (ctx.json) {
+      std::cout << job_to_json(*j)["epochs"].dump(2) << "\n";
+      return 0;
+    }
+    if (j->epochs()) {
+      for (const auto* e : *j->epochs()) {
+        std::printf("job %llu epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n",
+                    (unsigned long long)id, e->epoch(), e->train_loss(), 100 * e->test_accuracy(),
+                    e->seconds());
+      }
+    }
+    std::printf("job %llu %s\n", (unsigned long long)id, progress_line(*j, false).c_str());
+    return 0;
+  });
+}
+
+}  // namespace leasehold::client

@@ -1,0 +1,27 @@
+// The client's job commands. Exit codes: 0 success (a followed job
+// succeeded), 1 the followed job failed, 2 invalid input (bad job file,
+// unknown job), 3 the followed job was cancelled, 4 the coordinator could
+// not be reached or answered with an error.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace leasehold::client {
+
+struct Context {
+  std::string endpoint;
+  std::string events_endpoint;
+  std::chrono::milliseconds timeout{3000};
+  bool json = false;
+};
+
+int submit(const Context& ctx, const std::string& file, bool follow, int priority,
+           bool priority_set);
+int list_jobs(const Context& ctx);
+int show_job(const Context& ctx, uint64_t id);
+int cancel_job(const Context& ctx, uint64_t id);
+int logs(const Context& ctx, uint64_t id, bool follow);
+
+}  // namespace leasehold::client

@@ -1,0 +1,179 @@
+#include "coordinator/job_format.h"
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "shared/protocol.h"
+
+namespace leasehold {
+namespace {
+
+uint64_t now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+std::string age(uint64_t since_ms) {
+  uint64_t s = (now_ms() - std::min(since_ms, now_ms())) / 1000;
+  char buf[32];
+  if (s < 120) {
+    std::snprintf(buf, sizeof buf, "%llus", (unsigned long long)s);
+  } else if (s < 7200) {
+    std::snprintf(buf, sizeof buf, "%llum", (unsigned long long)(s / 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%lluh", (unsigned long long)(s / 3600));
+  }
+  return buf;
+}
+
+std::string short_progress(const proto::JobInfo& j) {
+  const auto* p = j.progress();
+  std::string state(str(j.state()));
+  if (state == "succeeded") {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "test acc %.2f%%", 100 * j.test_accuracy());
+    return buf;
+  }
+  if (!p || p->total_steps() == 0) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "epoch %d/%d %3.0f%%", p->epoch(), p->epochs(),
+                100.0 * p->global_step() / p->total_steps());
+  return buf;
+}
+
+}  // namespace
+
+nlohmann::json job_to_json(const proto::JobInfo& j) {
+  nlohmann::json out{{"id", j.id()},
+                     {"name", std::string(str(j.name()))},
+                     {"state", std::string(str(j.state()))},
+                     {"agent", std::string(str(j.agent()))},
+                     {"priority", j.priority()},
+                     {"submitted_ms", j.submitted_ms()},
+                     {"reason", std::string(str(j.reason()))},
+                     {"test_accuracy", j.test_accuracy()},
+                     {"samples_per_second", j.samples_per_second()}};
+  out["history"] = nlohmann::json::array();
+  if (j.history()) {
+    for (const auto* h : *j.history()) {
+      out["history"].push_back({{"state", std::string(str(h->state()))},
+                                {"at_ms", h->at_ms()},
+                                {"reason", std::string(str(h->reason()))}});
+    }
+  }
+  if (const auto* p = j.progress()) {
+    out["progress"] = {{"epoch", p->epoch()},
+                       {"epochs", p->epochs()},
+                       {"step", p->step()},
+                       {"steps_in_epoch", p->steps_in_epoch()},
+                       {"global_step", p->global_step()},
+                       {"total_steps", p->total_steps()},
+                       {"loss", p->loss()},
+                       {"samples_per_second", p->samples_per_second()},
+                       {"eta_seconds", p->eta_seconds()}};
+  }
+  out["epochs"] = nlohmann::json::array();
+  if (j.epochs()) {
+    for (const auto* e : *j.epochs()) {
+      out["epochs"].push_back({{"epoch", e->epoch()},
+                               {"train_loss", e->train_loss()},
+                               {"test_accuracy", e->test_accuracy()},
+                               {"seconds", e->seconds()}});
+    }
+  }
+  if (const auto* s = j.spec()) {
+    out["spec"] = {{"batch_size", s->batch_size()},
+                   {"epochs", s->epochs()},
+                   {"steps", s->steps()},
+                   {"layers", s->model() ? s->model()->size() : 0},
+                   {"memory_budget", std::string(str(s->memory_budget()))},
+                   {"device", std::string(str(s->device()))}};
+  }
+  return out;
+}
+
+std::string jobs_to_table(const proto::JobList& list) {
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "%6s  %-24s %-10s %-16s %-22s %6s\n", "ID", "NAME", "STATE",
+                "AGENT", "PROGRESS", "AGE");
+  os << line;
+  if (list.jobs()) {
+    for (const auto* j : *list.jobs()) {
+      std::snprintf(line, sizeof line, "%6llu  %-24s %-10s %-16s %-22s %6s\n",
+                    (unsigned long long)j->id(), std::string(str(j->name())).c_str(),
+                    std::string(str(j->state())).c_str(),
+                    j->agent() && j->agent()->size() ? j->agent()->c_str() : "-",
+                    short_progress(*j).c_str(), age(j->submitted_ms()).c_str());
+      os << line;
+    }
+  }
+  return os.str();
+}
+
+std::string job_to_text(const proto::JobInfo& j) {
+  std::ostringstream os;
+  os << "Job " << j.id() << " '" << str(j.name()) << "': " << str(j.state());
+  if (j.agent() && j.agent()->size()) os << " on agent '" << str(j.agent()) << "'";
+  os << "\n";
+  if (j.reason() && j.reason()->size()) os << "  reason: " << str(j.reason()) << "\n";
+  if (const auto* s = j.spec()) {
+    os << "  spec: " << (s->model() ? s->model()->size() : 0) << " layers, batch "
+       << s->batch_size() << ", "
+       << (s->epochs() ? std::to_string(s->epochs()) + " epochs"
+                       : std::to_string(s->steps()) + " steps")
+       << ", optimizer "
+       << (s->optimizer() ? proto::EnumNameOptimizerType(s->optimizer()->type()) : "Adam")
+       << ", budget " << (s->memory_budget() ? s->memory_budget()->str() : "1GiB") << "\n";
+  }
+  os << "  history:\n";
+  if (j.history()) {
+    for (const auto* h : *j.history()) {
+      std::time_t t = static_cast<std::time_t>(h->at_ms() / 1000);
+      char when[32];
+      std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+      os << "    " << when << "  " << str(h->state());
+      if (h->reason() && h->reason()->size()) os << " (" << str(h->reason()) << ")";
+      os << "\n";
+    }
+  }
+  if (j.epochs() && j.epochs()->size()) {
+    os << "  epochs:\n";
+    for (const auto* e : *j.epochs()) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "    %3d  train loss %.4f  test accuracy %6.2f%%  %.1f s\n",
+                    e->epoch(), e->train_loss(), 100 * e->test_accuracy(), e->seconds());
+      os << buf;
+    }
+  }
+  if (std::string(str(j.state())) == "succeeded") {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "  result: test accuracy %.2f%%, %.0f samples/s\n",
+                  100 * j.test_accuracy(), j.samples_per_second());
+    os << buf;
+  } else if (j.progress() && j.progress()->total_steps()) {
+    os << "  progress: " << progress_line(j, false) << "\n";
+  }
+  return os.str();
+}
+
+std::string progress_line(const proto::JobInfo& j, bool bar) {
+  const auto* p = j.progress();
+  if (!p || p->total_steps() == 0) return std::string(str(j.state()));
+  char buf[256];
+  std::string b;
+  if (bar) {
+    int width = 24;
+    int filled = p->steps_in_epoch() ? int(width * p->step() / p->steps_in_epoch()) : 0;
+    b = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
+  }
+  std::snprintf(buf, sizeof buf, "epoch %d/%d %s%lld/%lld loss %.4f %.0f samples/s ETA %.0fs",
+                p->epoch(), p->epochs(), b.c_str(), (long long)p->step(),
+                (long long)p->steps_in_epoch(), p->loss(), p->samples_per_second(),
+                p->eta_seconds());
+  return buf;
+}
+
+}  // namespace leasehold

@@ -1,0 +1,178 @@
+// Jobs end to end with real processes on the host backend: the client
+// submits, the coordinator queues and assigns, standby agents train on a
+// small synthetic IDX dataset inside their leases.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <thread>
+
+#include "tests/support/cluster.h"
+#include "tests/support/synthetic_data.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class Jobs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_synthetic_idx(cluster.dir(), "train", 600, 1);
+    write_synthetic_idx(cluster.dir(), "test", 150, 2);
+    coordinator = &cluster.start_coordinator({"--backend", "host", "--pool-size", "512MiB",
+                                              "--alignment", "1MiB", "--heartbeat-interval",
+                                              "200ms"});
+  }
+  std::string job_file(const std::string& name, const std::string& extra) {
+    std::string path = cluster.dir() + "/" + name + ".json";
+    std::ofstream(path) << synthetic_job_json(cluster.dir(), name, extra);
+    return path;
+  }
+  std::pair<int, std::string> client(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--endpoint", cluster.endpoint()});
+    return cluster.run("leasehold", args);
+  }
+  nlohmann::json jobs() {
+    auto [rc, out] = client({"jobs", "-o", "json"});
+    EXPECT_EQ(rc, 0) << out;
+    return nlohmann::json::parse(out);
+  }
+  nlohmann::json job(int id) {
+    for (auto& j : jobs()) {
+      if (j["id"] == id) return j;
+    }
+    return {};
+  }
+  bool wait_job(int id, const std::function<bool(const nlohmann::json&)>& pred,
+                std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pred(job(id))) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
+  Cluster cluster;
+  Process* coordinator = nullptr;
+};
+
+TEST_F(Jobs, SubmittedJobRunsOnAStandbyAgentAndSucceeds) {
+  cluster.start_agent("worker", {});
+  auto [rc, out] = client({"submit", job_file("small", R"(, "epochs": 3)"), "--follow"});
+  EXPECT_EQ(rc, 0) << out << coordinator->log();
+  EXPECT_NE(out.find("succeeded: test accuracy"), std::string::npos) << out;
+  EXPECT_NE(out.find("epoch 3:"), std::string::npos) << out;
+  auto j = job(1);
+  EXPECT_EQ(j["state"], "succeeded");
+  EXPECT_EQ(j["agent"], "worker");
+  EXPECT_GE(j["test_accuracy"].get<double>(), 0.9);
+  EXPECT_EQ(j["epochs"].size(), 3u);
+  std::vector<std::string> states;
+  for (auto& h : j["history"]) states.push_back(h["state"]);
+  EXPECT_EQ(states, (std::vector<std::string>{"queued", "running", "succeeded"}));
+  // The job's leases are back and the agent is a standby again.
+  EXPECT_TRUE(cluster.wait_for(
+      [](const auto& s) { return s["leases"].empty() && s["agents"][0]["state"] == "idle"; }, 5s));
+}
+
+TEST_F(Jobs, TwoJobsRunAtOnceOnTwoAgents) {
+  cluster.start_agent("a1", {});
+  cluster.start_agent("a2", {});
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["agents"].size() == 2; }, 5s));
+  auto [rc1, id1] = client({"submit", job_file("one", R"(, "epochs": 100000)")});
+  auto [rc2, id2] = client({"submit", job_file("two", R"(, "epochs": 100000)")});
+  ASSERT_EQ(rc1, 0);
+  ASSERT_EQ(rc2, 0);
+  bool both = false;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!both && std::chrono::steady_clock::now() < deadline) {
+    auto list = jobs();
+    both = list.size() == 2 && list[0]["state"] == "running" && list[1]["state"] == "running" &&
+           list[0]["agent"] != list[1]["agent"];
+  }
+  EXPECT_TRUE(both) << jobs().dump(2) << coordinator->log();
+  auto [c1, o1] = client({"cancel", "1"});
+  auto [c2, o2] = client({"cancel", "2"});
+  EXPECT_EQ(c1, 0) << o1;
+  EXPECT_EQ(c2, 0) << o2;
+  EXPECT_TRUE(wait_job(2, [](const auto& j) { return j["state"] == "cancelled"; }, 10s))
+      << jobs().dump(2) << coordinator->log();
+}
+
+TEST_F(Jobs, CancelStopsARunningJobAndFreesItsLeases) {
+  cluster.start_agent("worker", {});
+  auto [rc, out] = client({"submit", job_file("long", R"(, "epochs": 100000)")});
+  ASSERT_EQ(rc, 0) << out;
+  ASSERT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "running"; }, 10s));
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return !s["leases"].empty(); }, 10s));
+  auto t0 = std::chrono::steady_clock::now();
+  auto [crc, cout_] = client({"cancel", "1"});
+  EXPECT_EQ(crc, 0) << cout_;
+  auto [frc, fout] = client({"logs", "1", "--follow"});
+  EXPECT_EQ(frc, 3) << "follow exits 3 for a cancelled job: " << fout;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "cancel is prompt";
+  EXPECT_EQ(job(1)["state"], "cancelled");
+  EXPECT_TRUE(cluster.wait_for([](const auto& s) { return s["leases"].empty(); }, 5s));
+  // The agent takes the next job.
+  auto [rc2, out2] = client({"submit", job_file("next", R"(, "epochs": 1)"), "--follow"});
+  EXPECT_EQ(rc2, 0) << out2;
+  auto [rc3, out3] = client({"cancel", "1"});
+  EXPECT_EQ(rc3, 2) << "a finished job cannot be cancelled: " << out3;
+}
+
+TEST_F(Jobs, BadJobFilesAreRefusedWithTheFieldAndDisturbNothing) {
+  cluster.start_agent("worker", {});
+  auto [rc, out] = client({"submit", job_file("typo", R"(, "epochs": 1, "batch_sise": 32)")});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("batch_sise"), std::string::npos) << out;
+  auto [rc2, out2] = client({"submit", job_file("neg", R"(, "epochs": -3)")});
+  EXPECT_EQ(rc2, 2);
+  EXPECT_NE(out2.find("epochs"), std::string::npos) << out2;
+  // A missing dataset file is caught by the coordinator (files are checked
+  // where the job runs).
+  std::string path = cluster.dir() + "/nofile.json";
+  std::string json = synthetic_job_json(cluster.dir() + "/missing", "nofile", R"(, "epochs": 1)");
+  std::ofstream(path) << json;
+  auto [rc3, out3] = client({"submit", path});
+  EXPECT_EQ(rc3, 2);
+  EXPECT_NE(out3.find("dataset.train_images"), std::string::npos) << out3;
+  auto [rc4, out4] = client({"submit", job_file("huge", R"(, "epochs": 1, "memory_budget": "4GiB")")});
+  EXPECT_EQ(rc4, 2);
+  EXPECT_NE(out4.find("does not fit the pool"), std::string::npos) << out4;
+  EXPECT_TRUE(jobs().empty()) << "nothing was queued";
+  EXPECT_TRUE(coordinator->running());
+}
+
+TEST_F(Jobs, AFailingJobIsMarkedFailedAndTheAgentServesTheNext) {
+  cluster.start_agent("worker", {});
+  // Bad data: a label (9) outside the model's three classes.
+  {
+    std::string labels = cluster.dir() + "/train-labels";
+    std::fstream f(labels, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8 + 100);
+    f.put(static_cast<char>(9));
+  }
+  auto [rc, out] = client({"submit", job_file("baddata", R"(, "epochs": 1)"), "--follow"});
+  EXPECT_EQ(rc, 1) << out;
+  auto j = job(1);
+  EXPECT_EQ(j["state"], "failed");
+  EXPECT_NE(j["reason"].get<std::string>().find("outside [0, 3)"), std::string::npos) << j.dump(2);
+  write_synthetic_idx(cluster.dir(), "train", 600, 1);
+  auto [rc2, out2] = client({"submit", job_file("after", R"(, "epochs": 1)"), "--follow"});
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_EQ(job(2)["agent"], "worker");
+}
+
+TEST_F(Jobs, AJobWhoseAgentDiesFailsWithTheReason) {
+  auto& doomed = cluster.start_agent("doomed", {});
+  auto [rc, out] = client({"submit", job_file("orphan", R"(, "epochs": 100000)")});
+  ASSERT_EQ(rc, 0);
+  ASSERT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "running"; }, 10s));
+  doomed.signal(SIGKILL);
+  EXPECT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "failed"; }, 5s));
+  EXPECT_NE(job(1)["reason"].get<std::string>().find("doomed"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace leasehold::testing
