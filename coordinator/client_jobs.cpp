@@ -140,18 +140,27 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
 
 }  // namespace
 
-int submit(const Context& ctx, const std::string& file, bool follow, int priority,
-           bool priority_set) {
+int submit(const Context& ctx, const std::string& file, bool follow,
+           const SubmitOverrides& overrides) {
   return run_guarded([&] {
     std::ifstream in(file);
     if (!in) throw JobSpecError({"cannot read job file " + file});
     std::stringstream text;
     text << in.rdbuf();
     auto buffer = parse_job_json(text.str(), file);
-    // Files are checked by the coordinator, on the host where the job runs.
-    validate_job(*verify_job(buffer), ValidationOptions{false, 0});
     std::unique_ptr<proto::JobSpecT> spec(verify_job(buffer)->UnPack());
-    if (priority_set) spec->priority = priority;
+    if (overrides.priority) spec->priority = *overrides.priority;
+    if (overrides.epochs) {
+      spec->epochs = *overrides.epochs;
+      spec->steps = 0;
+    }
+    {
+      // Files are checked by the coordinator, on the host where the job runs.
+      flatbuffers::FlatBufferBuilder check;
+      check.Finish(proto::JobSpec::Pack(check, spec.get()));
+      std::vector<uint8_t> b(check.GetBufferPointer(), check.GetBufferPointer() + check.GetSize());
+      validate_job(*verify_job(b), ValidationOptions{false, 0});
+    }
     zmq::context_t zctx(1);
     Reply r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
       auto s = proto::JobSpec::Pack(fbb, spec.get());

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace leasehold::client {
@@ -17,8 +18,12 @@ struct Context {
   bool json = false;
 };
 
-int submit(const Context& ctx, const std::string& file, bool follow, int priority,
-           bool priority_set);
+struct SubmitOverrides {
+  std::optional<int> priority;
+  std::optional<int> epochs;  // replaces epochs (and clears steps)
+};
+int submit(const Context& ctx, const std::string& file, bool follow,
+           const SubmitOverrides& overrides);
 int list_jobs(const Context& ctx);
 int show_job(const Context& ctx, uint64_t id);
 int cancel_job(const Context& ctx, uint64_t id);

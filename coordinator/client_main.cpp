@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
   submit->add_option("file", file, "job file")->required()->check(CLI::ExistingFile);
   submit->add_flag("-f,--follow", follow, "follow progress; exit with the job's outcome");
   auto* prio = submit->add_option("--priority", priority, "overrides the file's priority");
+  int epochs = 0;
+  auto* epochs_opt = submit->add_option("--epochs", epochs, "overrides the file's epochs")
+                         ->check(CLI::PositiveNumber);
   add_output(submit);
   auto* jobs = app.add_subcommand("jobs", "list jobs");
   add_output(jobs);
@@ -99,7 +102,12 @@ int main(int argc, char** argv) {
     std::cerr << "leasehold: " << e.what() << "\n";
     return *status ? 1 : 4;
   }
-  if (*submit) return leasehold::client::submit(ctx, file, follow, priority, prio->count() > 0);
+  if (*submit) {
+    leasehold::client::SubmitOverrides o;
+    if (prio->count()) o.priority = priority;
+    if (epochs_opt->count()) o.epochs = epochs;
+    return leasehold::client::submit(ctx, file, follow, o);
+  }
   if (*jobs) return leasehold::client::list_jobs(ctx);
   if (*job) return leasehold::client::show_job(ctx, id);
   if (*cancel) return leasehold::client::cancel_job(ctx, id);
