@@ -76,6 +76,26 @@ TEST_F(Jobs, SubmittedJobRunsOnAStandbyAgentAndSucceeds) {
       [](const auto& s) { return s["leases"].empty() && s["agents"][0]["state"] == "idle"; }, 5s));
 }
 
+// The example MLP on a real Fashion-MNIST subset (Debian's
+// dataset-fashion-mnist, installed by deploy/setup.sh).
+TEST_F(Jobs, FashionMnistSubsetTrainsAboveThreshold) {
+  const std::string data = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+  if (!std::ifstream(data)) GTEST_SKIP() << data << " missing: install dataset-fashion-mnist";
+  cluster.start_agent("worker", {});
+  std::string path = cluster.dir() + "/fmnist.json";
+  {
+    std::ifstream in(std::string(LEASEHOLD_SOURCE_DIR) + "/deploy/jobs/fashion-mnist-mlp.json");
+    std::string json((std::istreambuf_iterator<char>(in)), {});
+    const std::string std_field = "\"std\": 0.3530";
+    json.replace(json.find(std_field), std_field.size(),
+                 std_field + ", \"train_limit\": 6000, \"test_limit\": 1000");
+    std::ofstream(path) << json;
+  }
+  auto [rc, out] = client({"submit", path, "--epochs", "2", "--follow"});
+  ASSERT_EQ(rc, 0) << out << coordinator->log();
+  EXPECT_GE(job(1)["test_accuracy"].get<double>(), 0.75) << out;
+}
+
 TEST_F(Jobs, TwoJobsRunAtOnceOnTwoAgents) {
   cluster.start_agent("a1", {});
   cluster.start_agent("a2", {});
