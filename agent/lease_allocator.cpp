@@ -25,17 +25,21 @@ LeaseAllocator::~LeaseAllocator() {
   // Segment destructors release their leases.
 }
 
+void* LeaseAllocator::place(Segment& seg, uint64_t need) {
+  auto b = seg.blocks.allocate(need, PoolAllocator::End::Low);
+  if (!b) return nullptr;
+  void* p = seg.lease.data() + b->offset;
+  placements_[p] = Placement{&seg, b->offset, b->size};
+  in_use_ += b->size;
+  peak_ = std::max(peak_, in_use_);
+  ++allocations_;
+  return p;
+}
+
 void* LeaseAllocator::try_segments(uint64_t need, bool small) {
   for (auto& seg : segments_) {
     if (seg.small != small || seg.lease.lost() || seg.blocks.largest_free() < need) continue;
-    if (auto b = seg.blocks.allocate(need, PoolAllocator::End::Low)) {
-      void* p = seg.lease.data() + b->offset;
-      placements_[p] = Placement{&seg, b->offset, b->size};
-      in_use_ += b->size;
-      peak_ = std::max(peak_, in_use_);
-      ++allocations_;
-      return p;
-    }
+    if (void* p = place(seg, need)) return p;
   }
   return nullptr;
 }
@@ -100,14 +104,8 @@ void* LeaseAllocator::allocate(size_t bytes) {
   bool small = need <= opt_.small_limit;
   std::lock_guard lock(mu_);
   if (void* p = try_segments(need, small)) return p;
-  Segment& seg = grow(need, small);
-  auto b = seg.blocks.allocate(need, PoolAllocator::End::Low);
-  if (!b) out_of_memory(bytes, "a fresh lease could not hold it");
-  void* p = seg.lease.data() + b->offset;
-  placements_[p] = Placement{&seg, b->offset, b->size};
-  in_use_ += b->size;
-  peak_ = std::max(peak_, in_use_);
-  ++allocations_;
+  void* p = place(grow(need, small), need);
+  if (!p) out_of_memory(bytes, "a fresh lease could not hold it");
   return p;
 }
 

@@ -65,6 +65,8 @@ class LeaseAllocator final : public engine::Allocator {
     uint64_t size;
   };
 
+  // Places `need` bytes in `seg` and records it; nullptr when it has no room.
+  void* place(Segment& seg, uint64_t need);  // REQUIRES: mu_ held
   void* try_segments(uint64_t need, bool small);
   Segment& grow(uint64_t need, bool small);
   size_t release_free_segments();  // REQUIRES: mu_ held
