@@ -30,6 +30,8 @@ step integration_host_test "$bin/integration_host_test"
 step engine_tests "$bin/engine_tests"
 step engine_cuda_test "$bin/engine_cuda_test"
 step lease_allocator_test "$bin/lease_allocator_test"
+step job_test "$bin/job_test"
+step job_integration_test "$bin/job_integration_test"
 
 demo() {
   local run; run=$(mktemp -d)
