@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <spdlog/spdlog.h>
+
 #include "agent/engine/cuda_context.h"
 #include "shared/units.h"
 #ifdef LEASEHOLD_HAVE_CUDA
@@ -77,8 +79,19 @@ class CudaAllocator final : public Allocator {
     return p;
   }
   void deallocate(void* p, size_t bytes) noexcept override {
-    cudaSetDevice(device_);
-    cudaFreeAsync(p, compute_stream(device_));
+    // Never throws; tolerates the runtime unloading at process exit.
+    cudaError_t err = cudaSetDevice(device_);
+    if (err == cudaSuccess) {
+      try {
+        err = cudaFreeAsync(p, compute_stream(device_));
+      } catch (const std::exception& e) {
+        spdlog::error("CUDA free on device {}: {}", device_, e.what());
+      }
+    }
+    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+      spdlog::error("cudaFreeAsync of {} on device {} failed: {}", format_bytes(bytes), device_,
+                    cudaGetErrorString(err));
+    }
     counter_.sub(bytes);
   }
   Device device() const override { return Device::cuda(device_); }

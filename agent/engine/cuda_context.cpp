@@ -59,7 +59,11 @@ cublasHandle_t cublas_handle(int device) {
       h = nullptr;
       throw std::runtime_error("cublasCreate failed on device " + std::to_string(device));
     }
-    cublasSetStream(h, compute_stream(device));
+    if (cublasSetStream(h, compute_stream(device)) != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(h);
+      h = nullptr;
+      throw std::runtime_error("cublasSetStream failed on device " + std::to_string(device));
+    }
   }
   return h;
 }
