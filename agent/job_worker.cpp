@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
-#include <thread>
 
 #include "agent/engine/allocator.h"
 #include "agent/job_runner.h"
@@ -45,7 +44,14 @@ JobWorker::JobWorker(AgentSession& session) : session_(session) {
 }
 
 void JobWorker::session_changed(const std::string& why) {
-  if (!why.empty() && current_.load() != 0) cancel_.store(true);
+  if (!why.empty()) {
+    if (current_.load() != 0) cancel_.store(true);
+    return;
+  }
+  // Registered again, possibly with a restarted coordinator whose job ids
+  // start from 1 again: forget the ids seen from the old one.
+  std::lock_guard lock(mu_);
+  last_assigned_ = 0;
 }
 
 
@@ -78,14 +84,6 @@ void JobWorker::run_one(uint64_t id, const std::vector<uint8_t>& buffer,
   proto::JobUpdateT update;
   update.job_id = id;
   std::string name = "?";
-  // Process shutdown cancels too: watch both flags from the job's cancel flag.
-  std::atomic<bool> stop_or_cancel{false};
-  std::thread watcher([&] {
-    while (current_.load() == id && !stop_or_cancel.load()) {
-      if (stop.load() || cancel_.load()) stop_or_cancel.store(true);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  });
   try {
     const proto::JobSpec* job = verify_job(buffer);
     name = job->name() ? job->name()->str() : "?";
@@ -99,7 +97,8 @@ void JobWorker::run_one(uint64_t id, const std::vector<uint8_t>& buffer,
       engine::AllocatorGuard guard(leases);
       JobRunOptions opts;
       opts.device = leases->device();
-      opts.cancel = &stop_or_cancel;
+      // A cancel request, a lost session, or the agent stopping.
+      opts.should_stop = [&] { return cancel_.load() || stop.load(); };
       opts.on_progress = [&](const JobProgress& p) {
         proto::JobUpdateT u;
         u.job_id = id;
@@ -143,7 +142,6 @@ void JobWorker::run_one(uint64_t id, const std::vector<uint8_t>& buffer,
   }
   std::fflush(stdout);
   current_.store(0);
-  watcher.join();
   report(update);
 }
 

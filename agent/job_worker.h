@@ -23,7 +23,7 @@ class JobWorker {
   // Runs assigned jobs until `stop` is set (a running job is cancelled).
   void run(const std::atomic<bool>& stop);
   // Call from the session listener: a lost session voids the leases, so a
-  // running job is stopped.
+  // running job is stopped; a new session resets the duplicate filter.
   void session_changed(const std::string& why);
 
  private:
@@ -36,7 +36,9 @@ class JobWorker {
   std::deque<std::pair<uint64_t, std::vector<uint8_t>>> queue_;  // GUARDED_BY(mu_)
   std::atomic<uint64_t> current_{0};
   std::atomic<bool> cancel_{false};
-  uint64_t last_assigned_ = 0;  // GUARDED_BY(mu_); pushes can arrive twice
+  // GUARDED_BY(mu_). A push can arrive on two sockets; ids grow within one
+  // coordinator session, and this is reset when the agent registers again.
+  uint64_t last_assigned_ = 0;
 };
 
 }  // namespace leasehold

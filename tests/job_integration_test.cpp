@@ -184,6 +184,23 @@ TEST_F(Jobs, AFailingJobIsMarkedFailedAndTheAgentServesTheNext) {
   EXPECT_EQ(job(2)["agent"], "worker");
 }
 
+TEST_F(Jobs, AnAgentRunsJobsOfARestartedCoordinator) {
+  auto& agent = cluster.start_agent("survivor", {});
+  auto [rc, out] = client({"submit", job_file("before", R"(, "epochs": 1)"), "--follow"});
+  ASSERT_EQ(rc, 0) << out;
+  coordinator->signal(SIGTERM);
+  ASSERT_TRUE(coordinator->wait(5s));
+  coordinator = &cluster.start_coordinator({"--backend", "host", "--pool-size", "512MiB",
+                                            "--alignment", "1MiB", "--heartbeat-interval",
+                                            "200ms"});
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return has_agent(s, "survivor"); }, 10s));
+  // The new coordinator numbers its jobs from 1 again.
+  auto [rc2, out2] = client({"submit", job_file("after", R"(, "epochs": 1)"), "--follow"});
+  EXPECT_EQ(rc2, 0) << out2 << agent.log();
+  EXPECT_EQ(job(1)["name"], "after");
+  EXPECT_EQ(job(1)["state"], "succeeded");
+}
+
 TEST_F(Jobs, AJobWhoseAgentDiesFailsWithTheReason) {
   auto& doomed = cluster.start_agent("doomed", {});
   auto [rc, out] = client({"submit", job_file("orphan", R"(, "epochs": 100000)")});
