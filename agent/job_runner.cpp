@@ -105,7 +105,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     // the loop does not wait for the GPU every step.
     E::Tensor loss_acc = E::zeros({}, {E::DType::Float32, options.device});
     while (global < total_steps && batches.next(x, y, options.device)) {
-      if (options.cancel && options.cancel->load()) throw JobCancelled();
+      if (options.should_stop && options.should_stop()) throw JobCancelled();
       optimizer->zero_grad();
       E::Tensor loss = E::cross_entropy((*model)(x), y);
       loss.backward();

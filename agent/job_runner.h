@@ -54,8 +54,9 @@ struct JobRunOptions {
   std::function<void(const JobProgress&)> on_progress;
   std::function<void(const EpochReport&)> on_epoch;
   std::chrono::milliseconds progress_interval{1000};
-  // Checked between steps; when set the job stops with JobCancelled.
-  const std::atomic<bool>* cancel = nullptr;
+  // Asked between steps; when it returns true the job stops with
+  // JobCancelled. Must be cheap (called every step).
+  std::function<bool()> should_stop;
 };
 
 // Throws JobSpecError for a bad spec, std::runtime_error for data or I/O

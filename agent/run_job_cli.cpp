@@ -57,7 +57,7 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
 
   JobRunOptions opts;
   opts.device = leases->device();
-  opts.cancel = &stop;
+  opts.should_stop = [&stop] { return stop.load(); };
   opts.on_progress = [](const JobProgress& p) {
     std::printf("progress epoch=%lld/%lld step=%lld/%lld loss=%.4f samples_per_s=%.0f eta_s=%.0f\n",
                 (long long)p.epoch, (long long)p.epochs, (long long)p.step,

@@ -152,7 +152,7 @@ TEST_F(JobTest, CancelStopsBetweenSteps) {
   std::atomic<bool> cancel{false};
   JobRunOptions o;
   o.device = engine::Device::cpu();
-  o.cancel = &cancel;
+  o.should_stop = [&cancel] { return cancel.load(); };
   o.on_epoch = [&](const EpochReport&) { cancel = true; };
   EXPECT_THROW(run_job(*verify_job(buf), o), JobCancelled);
 }
