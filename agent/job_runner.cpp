@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
 #include <map>
 
 #include "agent/engine/autograd.h"
@@ -10,7 +9,7 @@
 #include "agent/engine/data.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
-#include "agent/job_spec.h"
+#include "shared/job_spec.h"
 #include "agent/model_builder.h"
 
 namespace leasehold {
@@ -42,8 +41,14 @@ double evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Device de
   return test.size() ? correct / double(test.size()) : 0.0;
 }
 
-std::string checkpoint_path(const proto::JobSpec& job) {
-  return job.checkpoint()->directory()->str() + "/" + job.name()->str() + ".ckpt";
+// The random numbers of epoch `epoch` (dropout masks) come from the job's
+// seed and the epoch alone, so a run resumed at an epoch boundary draws the
+// same ones as an uninterrupted run.
+uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(epoch + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 }  // namespace
@@ -73,10 +78,12 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   const int64_t total_steps = job.steps() > 0 ? job.steps() : job.epochs() * per_epoch;
   const int64_t epochs = (total_steps + per_epoch - 1) / per_epoch;
 
+  FileSystem& fs = options.file_system ? *options.file_system : default_file_system();
+  const std::string ckpt = checkpoint_file(job);
   JobResult result;
   int64_t first_epoch = 0;
-  if (job.checkpoint() && std::filesystem::exists(checkpoint_path(job))) {
-    auto loaded = E::checkpoint::load(checkpoint_path(job));
+  if (!ckpt.empty() && fs.exists(ckpt)) {
+    auto loaded = E::checkpoint::load(ckpt, fs);
     std::map<std::string, E::Tensor> by_name(loaded.begin(), loaded.end());
     E::checkpoint::restore(loaded, model->named_parameters());
     E::nn::NamedTensors opt_state;
@@ -86,10 +93,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       }
     }
     optimizer->load_state(opt_state);
-    first_epoch = static_cast<int64_t>(by_name.at("job.epoch").item());
+    auto epoch_it = by_name.find("job.epoch");
+    if (epoch_it == by_name.end()) {
+      throw std::runtime_error(ckpt + " is not a job checkpoint (it has no job.epoch)");
+    }
+    first_epoch = static_cast<int64_t>(epoch_it->second.item());
     result.resumed_from_epoch = first_epoch;
-    spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch,
-                 checkpoint_path(job));
+    spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch, ckpt);
+    if (options.on_resume) options.on_resume(first_epoch);
   }
 
   int64_t global = first_epoch * per_epoch, samples = 0;
@@ -98,6 +109,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     auto t_epoch = Clock::now();
     auto last_report = t_epoch;
     batches.start_epoch(epoch);
+    E::manual_seed(epoch_seed(job.seed(), epoch));
     E::Tensor x, y;
     int64_t step = 0, since_report = 0, samples_since = 0;
     double loss_sum = 0, epoch_loss = 0;
@@ -150,17 +162,20 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     train_seconds += epoch_seconds;
     EpochReport report{epoch + 1, epoch_loss, evaluate(*model, test, options.device),
-                       epoch_seconds};
-    result.epochs.push_back(report);
-    if (options.on_epoch) options.on_epoch(report);
-    if (job.checkpoint() && ((epoch + 1) % job.checkpoint()->every_epochs() == 0 ||
-                             epoch + 1 == epochs)) {
-      std::filesystem::create_directories(job.checkpoint()->directory()->str());
+                       epoch_seconds, false};
+    if (!ckpt.empty() && ((epoch + 1) % job.checkpoint()->every_epochs() == 0 ||
+                          epoch + 1 == epochs)) {
+      if (Status st = fs.create_dirs(job.checkpoint()->directory()->str()); !st.ok()) {
+        throw std::runtime_error("cannot write checkpoint " + ckpt + ": " + st.to_string());
+      }
       E::nn::NamedTensors state = model->named_parameters();
       for (auto& kv : optimizer->state()) state.push_back(kv);
       state.emplace_back("job.epoch", E::from_vector<int64_t>({epoch + 1}, {1}));
-      E::checkpoint::save(checkpoint_path(job), state);
+      E::checkpoint::save(ckpt, state, fs);
+      report.checkpointed = true;
     }
+    result.epochs.push_back(report);
+    if (options.on_epoch) options.on_epoch(report);
   }
   result.steps = global;
   result.test_accuracy = result.epochs.empty() ? evaluate(*model, test, options.device)

@@ -3,6 +3,12 @@
 // epoch, writes checkpoints and resumes from the last one. Memory for
 // tensors comes from the thread's current allocator (the agent installs its
 // lease allocator first), so the job runs inside its leases.
+//
+// A resumed run is the uninterrupted run: the checkpoint holds parameters
+// and optimiser state, the data order of an epoch depends only on the seed
+// and the epoch, and the random numbers (dropout) are seeded per epoch from
+// the same two. An epoch's checkpoint is written before the epoch is
+// reported, so a reported checkpoint always exists.
 #pragma once
 
 #include <atomic>
@@ -14,6 +20,7 @@
 #include <vector>
 
 #include "agent/engine/allocator.h"
+#include "shared/file_system.h"
 #include "schemas/job_generated.h"
 
 namespace leasehold {
@@ -32,6 +39,7 @@ struct EpochReport {
   double train_loss = 0;
   double test_accuracy = 0;  // fraction in [0, 1]
   double seconds = 0;
+  bool checkpointed = false;  // its checkpoint was written before this report
 };
 
 struct JobResult {
@@ -50,6 +58,11 @@ class JobCancelled : public std::runtime_error {
 
 struct JobRunOptions {
   engine::Device device;
+  // Where checkpoints are written and read (null: the real file system).
+  FileSystem* file_system = nullptr;
+  // Called once, before the first step, when the job resumes from the
+  // checkpoint written after epoch `epoch`.
+  std::function<void(int64_t epoch)> on_resume;
   // Called at most every `progress_interval` (and at the end of each epoch).
   std::function<void(const JobProgress&)> on_progress;
   std::function<void(const EpochReport&)> on_epoch;
@@ -60,8 +73,9 @@ struct JobRunOptions {
 };
 
 // Throws JobSpecError for a bad spec, std::runtime_error for data or I/O
-// failures, engine::OutOfMemoryError when the budget is too small, and
-// JobCancelled.
+// failures (a checkpoint that cannot be written names the file and the
+// error; the previous checkpoint stays intact), engine::OutOfMemoryError when
+// the budget is too small, and JobCancelled.
 JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options);
 
 }  // namespace leasehold

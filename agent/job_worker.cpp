@@ -2,16 +2,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "agent/engine/allocator.h"
 #include "agent/job_runner.h"
-#include "agent/job_spec.h"
 #include "agent/lease_allocator.h"
+#include "shared/job_spec.h"
 #include "shared/units.h"
 
 namespace leasehold {
 namespace {
+
+// Finished jobs remembered to ignore late pushes for them.
+constexpr size_t kRemembered = 256;
 
 proto::ProgressT to_progress(const JobProgress& p) {
   proto::ProgressT t;
@@ -27,122 +31,262 @@ proto::ProgressT to_progress(const JobProgress& p) {
   return t;
 }
 
+void say(const char* fmt, auto... args) {
+  std::printf(fmt, args...);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
-JobWorker::JobWorker(AgentSession& session) : session_(session) {
+JobWorker::JobWorker(AgentSession& session) : session_(session), reporter_(session) {
   session_.set_job_handlers(
-      [this](uint64_t id, std::vector<uint8_t> spec) {
-        std::lock_guard lock(mu_);
-        if (id <= last_assigned_) return;  // the same push via another socket
-        last_assigned_ = id;
-        queue_.emplace_back(id, std::move(spec));
-        cv_.notify_all();
+      [this](uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
+        on_assign(id, attempt, std::move(spec));
       },
-      [this](uint64_t id) {
-        if (current_.load() == id) cancel_.store(true);
-      });
+      [this](uint64_t id, uint32_t attempt) { on_stop(id, attempt); },
+      [this] { return job_states(); });
+}
+
+void JobWorker::remember(const Key& key) {
+  finished_.push_back(key);
+  if (finished_.size() > kRemembered) finished_.pop_front();
+}
+
+bool JobWorker::known(const Key& key) const {
+  if (current_ == key) return true;
+  if (std::any_of(queue_.begin(), queue_.end(), [&](const Assigned& a) { return a.key == key; })) {
+    return true;
+  }
+  return std::find(finished_.begin(), finished_.end(), key) != finished_.end();
+}
+
+proto::JobUpdateT JobWorker::final_update(const Key& key, const std::string& state,
+                                          const std::string& reason) const {
+  proto::JobUpdateT u;
+  u.job_id = key.first;
+  u.attempt = key.second;
+  u.state = state;
+  u.reason = reason;
+  return u;
+}
+
+void JobWorker::on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
+  std::lock_guard lock(mu_);
+  Key key{id, attempt};
+  if (known(key)) return;  // the same push again, or via another socket
+  queue_.push_back(Assigned{key, std::move(spec)});
+  cv_.notify_all();
+}
+
+void JobWorker::on_stop(uint64_t id, uint32_t attempt) {
+  std::lock_guard lock(mu_);
+  Key key{id, attempt};
+  if (current_ == key) {
+    if (stop_cause_ == StopCause::None) stop_cause_ = StopCause::Cancel;
+    stop_requested_.store(true);
+    return;
+  }
+  auto queued = std::find_if(queue_.begin(), queue_.end(),
+                             [&](const Assigned& a) { return a.key == key; });
+  if (queued != queue_.end()) {
+    queue_.erase(queued);
+  } else if (std::find(finished_.begin(), finished_.end(), key) != finished_.end()) {
+    return;  // it has ended; its report says how
+  }
+  // Not started, or its assignment never arrived: it ends here, and a late
+  // assignment for it is ignored.
+  remember(key);
+  reporter_.reliable(final_update(key, "cancelled", "cancelled before it started"));
+  say("job %llu cancelled before it started\n", (unsigned long long)id);
+}
+
+std::vector<proto::AgentJobT> JobWorker::job_states() {
+  std::vector<proto::AgentJobT> out;
+  std::lock_guard lock(mu_);
+  if (current_) {
+    proto::AgentJobT j;
+    j.job_id = current_->first;
+    j.attempt = current_->second;
+    j.phase = stop_requested_.load() ? proto::JobPhase::Stopping : proto::JobPhase::Running;
+    j.epoch = static_cast<int32_t>(epoch_.load());
+    j.global_step = global_step_.load();
+    out.push_back(j);
+  }
+  for (const auto& a : queue_) {
+    proto::AgentJobT j;
+    j.job_id = a.key.first;
+    j.attempt = a.key.second;
+    j.phase = proto::JobPhase::Queued;
+    out.push_back(j);
+  }
+  for (const auto& [id, attempt] : reporter_.pending_finals()) {
+    proto::AgentJobT j;
+    j.job_id = id;
+    j.attempt = attempt;
+    j.phase = proto::JobPhase::Reporting;
+    out.push_back(j);
+  }
+  return out;
 }
 
 void JobWorker::session_changed(const std::string& why) {
-  if (!why.empty()) {
-    if (current_.load() != 0) cancel_.store(true);
+  std::lock_guard lock(mu_);
+  if (why.empty()) {
+    // Registered again: the heartbeat that follows tells the coordinator
+    // what this agent still has.
+    session_.heartbeat_soon();
     return;
   }
-  // Registered again, possibly with a restarted coordinator whose job ids
-  // start from 1 again: forget the ids seen from the old one.
-  std::lock_guard lock(mu_);
-  last_assigned_ = 0;
-}
-
-
-void JobWorker::report(const proto::JobUpdateT& update) {
-  try {
-    session_.send_job_update(update);
-  } catch (const std::exception& e) {
-    spdlog::warn("could not report job {}: {}", update.job_id, e.what());
+  session_loss_ = why;
+  if (current_) {
+    if (stop_cause_ == StopCause::None) stop_cause_ = StopCause::SessionLost;
+    stop_requested_.store(true);
   }
+  // Jobs not started yet were assigned under the lost session's leases.
+  for (const auto& a : queue_) {
+    remember(a.key);
+    reporter_.reliable(final_update(a.key, "interrupted",
+                                    "the agent lost its coordinator session (" + why +
+                                        ") before the job started"));
+  }
+  queue_.clear();
 }
 
 void JobWorker::run(const std::atomic<bool>& stop) {
   while (!stop.load()) {
-    std::pair<uint64_t, std::vector<uint8_t>> job;
+    Assigned job;
     {
       std::unique_lock lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return !queue_.empty(); });
       if (queue_.empty()) continue;
       job = std::move(queue_.front());
       queue_.pop_front();
+      current_ = job.key;
+      stop_cause_ = StopCause::None;
+      resumed_from_epoch_ = 0;
+      stop_requested_.store(false);
+      epoch_.store(0);
+      global_step_.store(0);
     }
-    run_one(job.first, job.second, stop);
+    run_one(job, stop);
   }
 }
 
-void JobWorker::run_one(uint64_t id, const std::vector<uint8_t>& buffer,
-                        const std::atomic<bool>& stop) {
-  current_.store(id);
-  cancel_.store(false);
-  proto::JobUpdateT update;
-  update.job_id = id;
+void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop) {
+  const auto [id, attempt] = assigned.key;
+  const uint64_t registrations = session_.registrations();
   std::string name = "?";
+  std::string state, reason;
+  JobResult result;
   try {
-    const proto::JobSpec* job = verify_job(buffer);
+    const proto::JobSpec* job = verify_job(assigned.spec);
     name = job->name() ? job->name()->str() : "?";
-    std::printf("job %llu '%s' started\n", (unsigned long long)id, name.c_str());
-    std::fflush(stdout);
+    say("job %llu '%s' started (attempt %u)\n", (unsigned long long)id, name.c_str(), attempt);
     LeaseAllocatorOptions lo;
     lo.budget_bytes = job_memory_budget(*job, session_.pool().size);
+    // Every device byte of the job comes from these leases; the allocator is
+    // destroyed (fenced, then released) before the outcome is reported.
     auto leases = std::make_shared<LeaseAllocator>(session_, lo);
-    JobResult result;
-    {
-      engine::AllocatorGuard guard(leases);
-      JobRunOptions opts;
-      opts.device = leases->device();
-      // A cancel request, a lost session, or the agent stopping.
-      opts.should_stop = [&] { return cancel_.load() || stop.load(); };
-      opts.on_progress = [&](const JobProgress& p) {
-        proto::JobUpdateT u;
-        u.job_id = id;
-        u.state = "running";
-        u.progress = std::make_unique<proto::ProgressT>(to_progress(p));
-        report(u);
-      };
-      opts.on_epoch = [&](const EpochReport& e) {
-        proto::JobUpdateT u;
-        u.job_id = id;
-        u.state = "running";
-        u.epoch = std::make_unique<proto::EpochStatT>();
-        u.epoch->epoch = static_cast<int32_t>(e.epoch);
-        u.epoch->train_loss = e.train_loss;
-        u.epoch->test_accuracy = e.test_accuracy;
-        u.epoch->seconds = e.seconds;
-        report(u);
-        std::printf("job %llu epoch %lld: test accuracy %.2f%%\n", (unsigned long long)id,
-                    (long long)e.epoch, 100 * e.test_accuracy);
-        std::fflush(stdout);
-      };
-      result = run_job(*job, opts);
-    }
-    update.state = "succeeded";
-    update.test_accuracy = result.test_accuracy;
-    update.samples_per_second = result.samples_per_second;
-    std::printf("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s, peak %s\n",
-                (unsigned long long)id, name.c_str(), 100 * result.test_accuracy,
-                result.samples_per_second, format_bytes(leases->stats().peak_in_use_bytes).c_str());
+    engine::AllocatorGuard guard(leases);
+    JobRunOptions opts;
+    opts.device = leases->device();
+    // A stop request (cancel, lost session) or the agent stopping.
+    opts.should_stop = [&] {
+      if (stop.load() && !stop_requested_.load()) {
+        std::lock_guard lock(mu_);
+        if (stop_cause_ == StopCause::None) stop_cause_ = StopCause::AgentStopping;
+        stop_requested_.store(true);
+      }
+      return stop_requested_.load();
+    };
+    auto update = [&] {
+      proto::JobUpdateT u;
+      u.job_id = id;
+      u.attempt = attempt;
+      u.state = "running";
+      std::lock_guard lock(mu_);
+      u.resumed_from_epoch = resumed_from_epoch_;
+      return u;
+    };
+    opts.on_resume = [&](int64_t epoch) {
+      {
+        std::lock_guard lock(mu_);
+        resumed_from_epoch_ = static_cast<int32_t>(epoch);
+      }
+      reporter_.reliable(update());
+      say("job %llu resumes after epoch %lld\n", (unsigned long long)id, (long long)epoch);
+    };
+    opts.on_progress = [&](const JobProgress& p) {
+      epoch_.store(p.epoch);
+      global_step_.store(p.global_step);
+      proto::JobUpdateT u = update();
+      u.progress = std::make_unique<proto::ProgressT>(to_progress(p));
+      reporter_.progress(std::move(u));
+    };
+    opts.on_epoch = [&](const EpochReport& e) {
+      proto::JobUpdateT u = update();
+      u.epoch = std::make_unique<proto::EpochStatT>();
+      u.epoch->epoch = static_cast<int32_t>(e.epoch);
+      u.epoch->train_loss = e.train_loss;
+      u.epoch->test_accuracy = e.test_accuracy;
+      u.epoch->seconds = e.seconds;
+      u.epoch->checkpointed = e.checkpointed;
+      reporter_.reliable(std::move(u));
+      say("job %llu epoch %lld: test accuracy %.2f%%\n", (unsigned long long)id,
+          (long long)e.epoch, 100 * e.test_accuracy);
+    };
+    result = run_job(*job, opts);
+    state = "succeeded";
+    say("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s, peak %s\n",
+        (unsigned long long)id, name.c_str(), 100 * result.test_accuracy,
+        result.samples_per_second, format_bytes(leases->stats().peak_in_use_bytes).c_str());
   } catch (const JobCancelled&) {
-    update.state = "cancelled";
-    update.reason = stop.load() ? "the agent is stopping"
-                    : session_.connected() ? "cancelled by request"
-                                           : "the agent lost its coordinator session";
-    std::printf("job %llu '%s' cancelled: %s\n", (unsigned long long)id, name.c_str(),
-                update.reason.c_str());
+    std::lock_guard lock(mu_);
+    switch (stop_cause_) {
+      case StopCause::SessionLost:
+        state = "interrupted";
+        reason = "the agent lost its coordinator session (" + session_loss_ + ") at epoch " +
+                 std::to_string(epoch_.load());
+        break;
+      case StopCause::AgentStopping:
+        state = "interrupted";
+        reason = "agent '" + session_.name() + "' is stopping";
+        break;
+      default:
+        state = "cancelled";
+        reason = "cancelled by request";
+    }
   } catch (const std::exception& e) {
-    update.state = "failed";
-    update.reason = e.what();
-    std::printf("job %llu '%s' failed: %s\n", (unsigned long long)id, name.c_str(), e.what());
+    // A lease refused because the session went away shows up as an
+    // out-of-memory or a lost lease: say what really happened.
+    bool lost = !session_.connected() || session_.registrations() != registrations;
+    std::lock_guard lock(mu_);
+    if (lost || stop_cause_ == StopCause::SessionLost) {
+      state = "interrupted";
+      reason = "the agent lost its coordinator session (" +
+               (session_loss_.empty() ? std::string("it restarted") : session_loss_) +
+               ") at epoch " + std::to_string(epoch_.load());
+    } else {
+      state = "failed";
+      reason = e.what();
+    }
   }
-  std::fflush(stdout);
-  current_.store(0);
-  report(update);
+  if (state != "succeeded") {
+    say("job %llu '%s' %s: %s\n", (unsigned long long)id, name.c_str(), state.c_str(),
+        reason.c_str());
+  }
+  proto::JobUpdateT final = final_update(assigned.key, state, reason);
+  final.test_accuracy = result.test_accuracy;
+  final.samples_per_second = result.samples_per_second;
+  {
+    std::lock_guard lock(mu_);
+    final.resumed_from_epoch = resumed_from_epoch_;
+    reporter_.reliable(std::move(final));
+    remember(assigned.key);
+    current_.reset();
+    stop_requested_.store(false);
+  }
+  session_.heartbeat_soon();
 }
 
 }  // namespace leasehold

@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
+#include "agent/engine/cuda_context.h"
 #include "shared/units.h"
 
 namespace leasehold {
@@ -22,7 +25,21 @@ LeaseAllocator::~LeaseAllocator() {
     spdlog::error("lease allocator destroyed with {} allocations ({}) still in use",
                   placements_.size(), format_bytes(in_use_));
   }
+  if (!segments_.empty()) {
+    try {
+      fence();
+    } catch (const std::exception& e) {
+      // The device faulted; nothing queued will run any more.
+      spdlog::error("lease allocator: waiting for device work before releasing leases: {}",
+                    e.what());
+    }
+  }
   // Segment destructors release their leases.
+}
+
+void LeaseAllocator::fence() {
+  if (opt_.fence) return opt_.fence();
+  engine::fence_device(device_);
 }
 
 void* LeaseAllocator::place(Segment& seg, uint64_t need) {
@@ -45,6 +62,10 @@ void* LeaseAllocator::try_segments(uint64_t need, bool small) {
 }
 
 size_t LeaseAllocator::release_free_segments() {
+  bool any = std::any_of(segments_.begin(), segments_.end(),
+                         [](const Segment& s) { return s.blocks.used_block_count() == 0; });
+  if (!any) return 0;
+  fence();
   size_t n = 0;
   for (auto it = segments_.begin(); it != segments_.end();) {
     if (it->blocks.used_block_count() == 0) {

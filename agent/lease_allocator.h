@@ -11,11 +11,17 @@
 // A lease lost to a coordinator restart is never allocated from again; the
 // tensors in it are void (the job running on them must be abandoned).
 //
+// Before any lease goes back to the coordinator (empty_cache, a retry after
+// a refusal, destruction) the allocator waits for the device work queued on
+// its memory (engine::fence_device), so no kernel still writes into memory
+// the coordinator may already have leased to someone else.
+//
 // Thread safety: all methods are thread-safe.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -36,19 +42,25 @@ struct LeaseAllocatorOptions {
   uint64_t granularity = 512;             // tensor offsets and sizes are multiples of this
   // How long a new lease may wait for the coordinator to find memory.
   std::chrono::milliseconds lease_wait{0};
+  // The fence before leases are released; empty: engine::fence_device on
+  // the pool's device. Tests observe it here.
+  std::function<void()> fence;
 };
 
 class LeaseAllocator final : public engine::Allocator {
  public:
   // `session` must outlive the allocator and all memory it hands out.
   LeaseAllocator(AgentSession& session, LeaseAllocatorOptions options = {});
+  // Fences the device (see above), then releases every lease. Logs, never
+  // throws.
   ~LeaseAllocator() override;
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
   engine::Device device() const override { return device_; }
   engine::AllocatorStats stats() const override;
-  // Returns the leases of segments with nothing allocated in them.
+  // Returns the leases of segments with nothing allocated in them (after the
+  // fence). Throws CudaError when the fence reports a device fault.
   void empty_cache();
 
  private:
@@ -70,6 +82,7 @@ class LeaseAllocator final : public engine::Allocator {
   void* try_segments(uint64_t need, bool small);
   Segment& grow(uint64_t need, bool small);
   size_t release_free_segments();  // REQUIRES: mu_ held
+  void fence();
   [[noreturn]] void out_of_memory(uint64_t bytes, const std::string& why);
 
   AgentSession& session_;

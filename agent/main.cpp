@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
     spdlog::info("standing by as '{}' for jobs", opts.name);
     worker->run(stop);
     spdlog::info("stopping");
+    // The interrupted job's report goes out while the session still exists.
+    worker->finish(std::chrono::seconds(3));
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 1;

@@ -6,7 +6,7 @@
 
 #include "agent/engine/allocator.h"
 #include "agent/job_runner.h"
-#include "agent/job_spec.h"
+#include "shared/job_spec.h"
 #include "agent/lease_allocator.h"
 #include "shared/units.h"
 

@@ -5,7 +5,8 @@
 //
 // Threads: a background thread heart-beats on its own socket, notices a
 // coordinator that restarted or shut down, and registers again when one is
-// back. Requests (acquire/resize/release) may come from any thread; they are
+// back. A lease granted after its request gave up (timed out) is released
+// by the session, never leaked. Requests (acquire/resize/release) may come from any thread; they are
 // serialized on one control socket, so a request that waits for memory holds
 // up the others from this session (heart-beats are not held up).
 //
@@ -123,12 +124,21 @@ class AgentSession {
   // used; it must not call back into the session.
   void set_session_listener(std::function<void(const std::string&)> listener);
 
-  // Jobs pushed by the coordinator: `on_assign(job_id, spec)` with a verified
-  // standalone JobSpec buffer, `on_stop(job_id)`. Called from the heartbeat
-  // thread; they must return quickly (queue the work).
-  void set_job_handlers(std::function<void(uint64_t, std::vector<uint8_t>)> on_assign,
-                        std::function<void(uint64_t)> on_stop);
-  // Reports a job's progress or end to the coordinator. Throws Error.
+  // Jobs pushed by the coordinator: `on_assign(job_id, attempt, spec)` with
+  // a standalone JobSpec buffer, `on_stop(job_id, attempt)`. Called from the
+  // heartbeat thread; they must return quickly (queue the work); a heartbeat
+  // follows at once. `job_states` lists the agent's jobs for every Register
+  // and Heartbeat (how the coordinator learns that a push was acted on, and
+  // what an agent still runs after a restart). Set before the coordinator
+  // may push (right after construction).
+  void set_job_handlers(std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign,
+                        std::function<void(uint64_t, uint32_t)> on_stop,
+                        std::function<std::vector<proto::AgentJobT>()> job_states);
+  // Sends the next heartbeat now rather than at the interval (a job's phase
+  // changed).
+  void heartbeat_soon();
+  // Reports a job's progress or end to the coordinator. Throws Error (the
+  // coordinator's refusal, or Timeout/UnknownSender when it is unreachable).
   void send_job_update(const proto::JobUpdateT& update);
 
  private:

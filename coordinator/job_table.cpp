@@ -1,7 +1,6 @@
 #include "coordinator/job_table.h"
 
 #include <algorithm>
-#include <chrono>
 
 namespace leasehold {
 
@@ -24,27 +23,34 @@ std::optional<JobState> parse_job_state(std::string_view s) {
   return std::nullopt;
 }
 
-uint64_t unix_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
+int32_t JobRecord::last_checkpoint_epoch() const {
+  for (auto it = epochs.rbegin(); it != epochs.rend(); ++it) {
+    if (it->checkpointed) return it->epoch;
+  }
+  return 0;
 }
 
-uint64_t JobTable::submit(std::shared_ptr<proto::JobSpecT> spec) {
+JobRecord& JobTable::add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t now_ms) {
   JobRecord rec;
   rec.id = next_id_++;
   rec.name = spec->name;
   rec.priority = spec->priority;
   rec.device = spec->device.empty() ? "auto" : spec->device;
+  rec.max_attempts = spec->max_attempts;
   rec.spec = std::move(spec);
-  rec.submitted_ms = unix_ms();
+  rec.submitted_ms = now_ms;
   proto::StateChangeT change;
   change.state = "queued";
-  change.at_ms = rec.submitted_ms;
+  change.at_ms = now_ms;
   rec.history.push_back(change);
   uint64_t id = rec.id;
-  jobs_.emplace(id, std::move(rec));
-  return id;
+  return jobs_.emplace(id, std::move(rec)).first->second;
+}
+
+void JobTable::restore(JobRecord job) {
+  raise_next_id(job.id + 1);
+  uint64_t id = job.id;
+  jobs_[id] = std::move(job);
 }
 
 JobRecord* JobTable::find(uint64_t id) {
@@ -52,49 +58,34 @@ JobRecord* JobTable::find(uint64_t id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
+const JobRecord* JobTable::find(uint64_t id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+void JobTable::erase(uint64_t id) { jobs_.erase(id); }
+
 std::vector<JobRecord*> JobTable::queued() {
   std::vector<JobRecord*> out;
   for (auto& [id, j] : jobs_) {
     if (j.state == JobState::Queued) out.push_back(&j);
   }
+  // jobs_ is in id order, which is submission order; stable keeps it.
   std::stable_sort(out.begin(), out.end(),
                    [](const JobRecord* a, const JobRecord* b) { return a->priority > b->priority; });
   return out;
 }
 
-void JobTable::set_state(JobRecord& job, JobState state, const std::string& reason) {
+void JobTable::set_state(JobRecord& job, JobState state, uint64_t now_ms,
+                         const std::string& reason) {
   job.state = state;
   if (!reason.empty()) job.reason = reason;
+  if (is_terminal(state)) job.finished_ms = now_ms;
   proto::StateChangeT change;
   change.state = job_state_name(state);
-  change.at_ms = unix_ms();
+  change.at_ms = now_ms;
   change.reason = reason;
   job.history.push_back(change);
-}
-
-bool JobTable::apply(JobRecord& job, const proto::JobUpdate& u) {
-  auto state = parse_job_state(u.state() ? u.state()->str() : "running");
-  if (!state || *state == JobState::Queued || job.state != JobState::Running) return false;
-  if (u.progress()) u.progress()->UnPackTo(&job.progress);
-  if (u.epoch()) {
-    proto::EpochStatT e;
-    u.epoch()->UnPackTo(&e);
-    job.epochs.push_back(e);
-  }
-  if (*state != JobState::Running) {
-    job.test_accuracy = u.test_accuracy();
-    job.samples_per_second = u.samples_per_second();
-    set_state(job, *state, u.reason() ? u.reason()->str() : "");
-  }
-  return true;
-}
-
-std::vector<JobRecord*> JobTable::running_on(const std::string& agent) {
-  std::vector<JobRecord*> out;
-  for (auto& [id, j] : jobs_) {
-    if (j.state == JobState::Running && j.agent == agent) out.push_back(&j);
-  }
-  return out;
 }
 
 }  // namespace leasehold

@@ -1,62 +1,100 @@
-// The coordinator's jobs: the queue (priority, then submission order), the
-// state of each job with its history, the latest progress and per-epoch
-// results reported by the agent running it. Pure bookkeeping; the
-// coordinator loop sends the messages.
+// The coordinator's jobs: the queue (priority, then submission order), each
+// job's state with its history, attempts and results. Pure bookkeeping: the
+// core decides the transitions, this keeps them consistent.
 //
-// Thread safety: none; the coordinator's loop owns it.
+// Thread safety: none; the coordinator's core owns it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "schemas/leasehold_generated.h"
 
 namespace leasehold {
 
+using Clock = std::chrono::steady_clock;
+
 enum class JobState { Queued, Running, Succeeded, Failed, Cancelled };
 const char* job_state_name(JobState s);
 std::optional<JobState> parse_job_state(std::string_view s);
 inline bool is_terminal(JobState s) { return s != JobState::Queued && s != JobState::Running; }
 
+// One run of a job on an agent.
+struct AttemptRecord {
+  uint32_t number = 0;  // 1, 2, ...
+  std::string agent;
+  uint64_t started_ms = 0;
+  uint64_t ended_ms = 0;  // 0 while it runs
+  std::string outcome;    // see Attempt in schemas/leasehold.fbs
+  std::string reason;
+  int32_t resumed_from_epoch = 0;
+};
+
 struct JobRecord {
+  // ---- Stored (coordinator/job_codec.h turns these into a JobInfo) ----
   uint64_t id = 0;
   std::string name;
   int priority = 0;
   std::string device;  // auto, cuda or cpu
-  std::shared_ptr<proto::JobSpecT> spec;
+  std::shared_ptr<const proto::JobSpecT> spec;
   JobState state = JobState::Queued;
-  std::string agent;   // while running and after
-  std::string reason;  // why it failed or was cancelled
+  std::string agent;   // of the latest attempt
+  std::string reason;  // why it failed, was cancelled or last requeued
   uint64_t submitted_ms = 0;
+  uint64_t finished_ms = 0;  // when it reached its final state
   std::vector<proto::StateChangeT> history;
   proto::ProgressT progress;
-  std::vector<proto::EpochStatT> epochs;
+  std::vector<proto::EpochStatT> epochs;  // in epoch order, one per epoch
   double test_accuracy = 0, samples_per_second = 0;
-  bool stop_requested = false;
+  bool cancel_requested = false;
+  std::vector<AttemptRecord> attempts;
+  uint32_t agent_failures = 0;  // attempts that ended with the agent lost
+  int32_t max_attempts = 3;     // requeues allowed after agent losses
+  std::string checkpoint;       // the checkpoint file; empty: none
+
+  // ---- Not stored: the conversation with the agent running it ----
+  bool assign_acked = false;     // the agent's heartbeat showed the assignment
+  bool stop_wanted = false;      // StopJob is due for a reason other than a cancel
+  Clock::time_point assign_sent{};
+  Clock::time_point stop_sent{};
+  // Set for a job found running when the coordinator started: its agent
+  // has not yet said whether it still runs it.
+  std::optional<Clock::time_point> orphaned_since;
+
+  AttemptRecord* current_attempt() { return attempts.empty() ? nullptr : &attempts.back(); }
+  uint32_t attempt_number() const { return attempts.empty() ? 0 : attempts.back().number; }
+  // The latest epoch whose checkpoint was written; 0 when none.
+  int32_t last_checkpoint_epoch() const;
 };
 
 class JobTable {
  public:
-  uint64_t submit(std::shared_ptr<proto::JobSpecT> spec);
+  // Adds a queued job under the next id and returns it.
+  JobRecord& add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t now_ms);
+  // Puts back a job read from the store (the next id stays above it).
+  void restore(JobRecord job);
   JobRecord* find(uint64_t id);
-  // Queued jobs in the order they should start.
+  const JobRecord* find(uint64_t id) const;
+  void erase(uint64_t id);
+  // Queued jobs in the order they should start: priority, then id.
   std::vector<JobRecord*> queued();
-  void set_state(JobRecord& job, JobState state, const std::string& reason = "");
-  // Applies an agent's report. Returns false (and changes nothing) when it
-  // names a state the job cannot move to.
-  bool apply(JobRecord& job, const proto::JobUpdate& update);
-  std::vector<JobRecord*> running_on(const std::string& agent);
+  // Moves `job` to `state` and records it in the history (with `reason`).
+  void set_state(JobRecord& job, JobState state, uint64_t now_ms, const std::string& reason = "");
   const std::map<uint64_t, JobRecord>& all() const { return jobs_; }
+  std::map<uint64_t, JobRecord>& all() { return jobs_; }
+  uint64_t next_id() const { return next_id_; }
+  // Never lowers it: ids are not reused.
+  void raise_next_id(uint64_t id) { next_id_ = std::max(next_id_, id); }
 
  private:
   std::map<uint64_t, JobRecord> jobs_;
   uint64_t next_id_ = 1;
 };
-
-uint64_t unix_ms();
 
 }  // namespace leasehold

@@ -19,7 +19,8 @@ std::string LeaseTable::space_summary() const {
          format_bytes(allocator_.pool_size());
 }
 
-LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool may_wait) {
+LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool may_wait,
+                                               const Admit& admit) {
   if (req.size == 0) return Refusal{ErrorCode::InvalidArgument, "lease size must be positive"};
   if (!allocator_.could_ever_fit(req.size)) {
     return Refusal{ErrorCode::TooLarge, "a lease of " + format_bytes(req.size) + " (" +
@@ -27,10 +28,18 @@ LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool m
                                             " bytes) can never fit: the pool holds " +
                                             format_bytes(allocator_.pool_size())};
   }
-  if (auto block = allocator_.allocate(req.size, req.end)) {
-    return record(req.owner, *block, req.end);
+  bool admitted = !admit || admit(req);
+  if (admitted) {
+    if (auto block = allocator_.allocate(req.size, req.end)) {
+      return record(req.owner, *block, req.end);
+    }
   }
   if (!may_wait) {
+    if (!admitted) {
+      return Refusal{ErrorCode::NoSpace, "a lease of " + format_bytes(req.size) +
+                                             " is held back by the scheduling policy now (" +
+                                             space_summary() + ")"};
+    }
     return Refusal{ErrorCode::NoSpace, "no room for a lease of " + format_bytes(req.size) +
                                            " now (" + space_summary() + ")"};
   }
@@ -101,9 +110,13 @@ std::pair<size_t, uint64_t> LeaseTable::release_all(const std::string& owner) {
   return {count, bytes};
 }
 
-std::vector<GrantedLater> LeaseTable::grant_waiting() {
+std::vector<GrantedLater> LeaseTable::grant_waiting(const Admit& admit) {
   std::vector<GrantedLater> out;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (admit && !admit(*it)) {
+      ++it;
+      continue;
+    }
     if (auto block = allocator_.allocate(it->size, it->end)) {
       out.push_back({it->reply_to, record(it->owner, *block, it->end)});
       it = waiting_.erase(it);

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -69,11 +70,15 @@ class LeaseTable {
 
   struct Queued {};
   using RequestOutcome = std::variant<LeaseRecord, Queued, Refusal>;
+  // The scheduling policy's say: whether a request may be granted now
+  // (empty: always). A request it holds back is treated as not fitting.
+  using Admit = std::function<bool(const PendingRequest&)>;
 
-  // Grants at once when the request fits; otherwise queues it until
-  // `deadline`, or refuses with NoSpace when `may_wait` is false. A size of 0
-  // is InvalidArgument; one larger than the pool is TooLarge at once.
-  RequestOutcome request(const PendingRequest& req, bool may_wait);
+  // Grants at once when the request fits and `admit` allows it; otherwise
+  // queues it until `deadline`, or refuses with NoSpace when `may_wait` is
+  // false. A size of 0 is InvalidArgument; one larger than the pool is
+  // TooLarge at once.
+  RequestOutcome request(const PendingRequest& req, bool may_wait, const Admit& admit = {});
 
   // Only the owner may resize or release. Errors: NoSuchLease, NotOwner,
   // InvalidArgument (size 0), TooLarge, NoSpace (cannot grow in place).
@@ -85,9 +90,9 @@ class LeaseTable {
   // the number of leases and bytes reclaimed.
   std::pair<size_t, uint64_t> release_all(const std::string& owner);
 
-  // Grants waiting requests that fit now, in queue order. Call after
-  // anything that frees memory.
-  std::vector<GrantedLater> grant_waiting();
+  // Grants waiting requests that fit now and `admit` allows, in queue
+  // order. Call after anything that frees memory.
+  std::vector<GrantedLater> grant_waiting(const Admit& admit = {});
   // Removes and returns waiting requests whose deadline is at or before `now`.
   std::vector<Expired> expire(Clock::time_point now);
   std::optional<Clock::time_point> next_deadline() const;

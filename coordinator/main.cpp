@@ -1,5 +1,6 @@
-// leasehold-coordinator: allocates the pool once, leases it to agents, and
-// reports to systemd (Type=notify: READY, STATUS, WATCHDOG, STOPPING).
+// leasehold-coordinator: allocates the pool once, leases it to agents, keeps
+// the job queue in its store, and reports to systemd (Type=notify: READY,
+// STATUS, WATCHDOG, STOPPING).
 #include <systemd/sd-daemon.h>
 
 #include <atomic>
@@ -8,7 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <string>
 
-#include "coordinator/coordinator.h"
+#include "coordinator/broker.h"
 #include "coordinator/options.h"
 #include "shared/log.h"
 #include "shared/signals.h"
@@ -25,20 +26,20 @@ int main(int argc, char** argv) {
   const std::atomic<bool>& stop = leasehold::install_stop_signals();
 
   try {
-    leasehold::Coordinator coordinator(opts);
-    sd_notifyf(0, "READY=1\nSTATUS=serving; %s", coordinator.summary().c_str());
+    leasehold::Broker broker(opts);
+    sd_notifyf(0, "READY=1\nSTATUS=serving; %s", broker.summary().c_str());
 
     uint64_t watchdog_usec = 0;
     bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
     auto last_ping = std::chrono::steady_clock::now();
     std::string last_status;
-    coordinator.run(stop, [&] {
+    broker.run(stop, [&] {
       auto now = std::chrono::steady_clock::now();
       if (watchdog && now - last_ping > std::chrono::microseconds(watchdog_usec / 3)) {
         sd_notify(0, "WATCHDOG=1");
         last_ping = now;
       }
-      std::string status = coordinator.summary();
+      std::string status = broker.summary();
       if (status != last_status) {
         sd_notifyf(0, "STATUS=serving; %s", status.c_str());
         last_status = status;
@@ -50,6 +51,6 @@ int main(int argc, char** argv) {
     sd_notifyf(0, "STATUS=failed: %s", e.what());
     return 1;
   }
-  spdlog::info("stopped; pool freed");  // the Coordinator's destructor freed it
+  spdlog::info("stopped; pool freed");  // the Broker's destructor freed it
   return 0;
 }

@@ -30,7 +30,28 @@ void with_key(const std::string& key, const std::string& source, F&& f) {
   }
 }
 
+uint32_t parse_count(const std::string& text) {
+  size_t used = 0;
+  long long v = std::stoll(text, &used);
+  if (used != text.size() || v < 1 || v > 100000000) {
+    throw std::invalid_argument("'" + text + "' is not a count between 1 and 100000000");
+  }
+  return static_cast<uint32_t>(v);
+}
+
 }  // namespace
+
+std::string default_state_dir() {
+  if (const char* s = std::getenv("STATE_DIRECTORY"); s && *s) {
+    std::string dirs = s;  // systemd may list several, separated by ':'
+    return dirs.substr(0, dirs.find(':'));
+  }
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) {
+    return std::string(x) + "/leasehold";
+  }
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/leasehold";
+  return "/var/lib/leasehold";
+}
 
 void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::string& source) {
   toml::table doc;
@@ -60,27 +81,26 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.heartbeat_interval = parse_duration(value);
       } else if (key == "lease_wait_timeout") {
         opts.lease_wait_timeout = parse_duration(value);
+      } else if (key == "state_dir") {
+        opts.state_dir = value;
+      } else if (key == "recovery_grace") {
+        opts.recovery_grace = parse_duration(value);
+      } else if (key == "job_retention_count") {
+        opts.job_retention_count = parse_count(value);
+      } else if (key == "job_retention_age") {
+        opts.job_retention_age = parse_duration(value);
       } else if (key == "log_level") {
         opts.log_level = value;
       } else {
         throw std::invalid_argument(
             "unknown key (known: endpoint, events_endpoint, backend, device, pool_size, alignment, "
-            "heartbeat_interval, lease_wait_timeout, log_level)");
+            "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
+            "job_retention_count, job_retention_age, log_level)");
       }
     });
   }
 }
 
-std::string default_events_endpoint(const std::string& endpoint) {
-  auto path = ipc_path(endpoint);
-  if (!path) return "";
-  std::string p = *path;
-  const std::string suffix = ".sock";
-  if (p.size() > suffix.size() && p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    p.resize(p.size() - suffix.size());
-  }
-  return "ipc://" + p + ".events";
-}
 
 void validate(const CoordinatorOptions& opts) {
   if (opts.endpoint.empty()) throw std::invalid_argument("endpoint is empty");
@@ -105,12 +125,20 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.lease_wait_timeout.count() < 0) {
     throw std::invalid_argument("lease_wait_timeout must not be negative");
   }
+  if (opts.state_dir.empty()) throw std::invalid_argument("state_dir is empty");
+  if (opts.recovery_grace.count() < 0) {
+    throw std::invalid_argument("recovery_grace must not be negative");
+  }
+  if (opts.job_retention_count < 1) {
+    throw std::invalid_argument("job_retention_count must be at least 1");
+  }
 }
 
 CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
-      log_level;
+      log_level, state_dir, recovery_grace, retention_age;
+  std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
   app.add_option("--endpoint", endpoint,
@@ -127,6 +155,16 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   app.add_option("--heartbeat-interval", heartbeat, "agent heartbeat interval (default 1s)");
   app.add_option("--lease-wait-timeout", wait,
                  "default time a lease request may wait for memory (default 30s)");
+  app.add_option("--state-dir", state_dir,
+                 "where jobs and checkpoints are stored (default: $STATE_DIRECTORY, "
+                 "$XDG_STATE_HOME/leasehold, ~/.local/state/leasehold or /var/lib/leasehold)");
+  app.add_option("--recovery-grace", recovery_grace,
+                 "after a restart, how long a running job waits for its agent (default 10s)");
+  app.add_option("--job-retention-count", retention_count,
+                 "finished jobs kept in the store (default 1000)")
+      ->check(CLI::Range(1u, 100000000u));
+  app.add_option("--job-retention-age", retention_age,
+                 "finished jobs older than this are pruned (default 30d)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
   try {
     app.parse(argc, argv);
@@ -137,6 +175,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CoordinatorOptions opts;
   try {
     opts.endpoint = default_endpoint();  // includes $LEASEHOLD_ENDPOINT
+    opts.state_dir = default_state_dir();
     if (config) {
       std::ifstream in(*config);
       std::stringstream text;
@@ -156,6 +195,10 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (heartbeat) opts.heartbeat_interval = parse_duration(*heartbeat);
     if (wait) opts.lease_wait_timeout = parse_duration(*wait);
     if (log_level) opts.log_level = *log_level;
+    if (state_dir) opts.state_dir = *state_dir;
+    if (recovery_grace) opts.recovery_grace = parse_duration(*recovery_grace);
+    if (retention_count) opts.job_retention_count = *retention_count;
+    if (retention_age) opts.job_retention_age = parse_duration(*retention_age);
     validate(opts);
   } catch (const std::exception& e) {
     std::cerr << "leasehold-coordinator: " << e.what() << "\n";

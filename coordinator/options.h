@@ -31,8 +31,23 @@ struct CoordinatorOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   // How long a lease request that does not fit may wait by default.
   std::chrono::milliseconds lease_wait_timeout{30000};
+  // Where jobs are stored (jobs.db, SQLite) and checkpoints kept
+  // (checkpoints/JOB_ID/). Default: see default_state_dir().
+  std::string state_dir;
+  // After a restart, how long a job that was running waits for its agent to
+  // come back and say whether it still runs it; then it is requeued.
+  std::chrono::milliseconds recovery_grace{10000};
+  // Finished jobs kept in the store: at most this many, none older than
+  // the age. Their coordinator-made checkpoint folders go with them.
+  uint32_t job_retention_count = 1000;
+  std::chrono::milliseconds job_retention_age{std::chrono::hours(24 * 30)};
   std::string log_level = "info";
 };
+
+// $STATE_DIRECTORY (set by systemd's StateDirectory=, /var/lib/leasehold in
+// the unit), else $XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold,
+// else /var/lib/leasehold.
+std::string default_state_dir();
 
 // Parses `text` as TOML and applies its keys. Throws std::invalid_argument
 // naming `source` and the line or key for a syntax error, an unknown key, a
@@ -46,9 +61,5 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv);
 // Checks ranges that individual parsers cannot (alignment power of two,
 // intervals positive). Throws std::invalid_argument naming the option.
 void validate(const CoordinatorOptions& opts);
-
-// The events endpoint that goes with `endpoint` when none is configured
-// (also used by the client); empty when it cannot be derived.
-std::string default_events_endpoint(const std::string& endpoint);
 
 }  // namespace leasehold

@@ -2,36 +2,39 @@
 
 namespace leasehold {
 
-flatbuffers::Offset<proto::Lease> build_lease(flatbuffers::FlatBufferBuilder& fbb,
-                                              const LeaseRecord& rec) {
-  auto owner = fbb.CreateString(rec.owner);
-  auto end = rec.end == PoolAllocator::End::High ? proto::LeaseEnd::High : proto::LeaseEnd::Low;
-  return proto::CreateLease(fbb, rec.id, owner, rec.offset, rec.size, end, rec.generation);
+std::unique_ptr<proto::LeaseT> lease_object(const LeaseRecord& rec) {
+  auto l = std::make_unique<proto::LeaseT>();
+  l->id = rec.id;
+  l->agent = rec.owner;
+  l->offset = rec.offset;
+  l->size = rec.size;
+  l->end = rec.end == PoolAllocator::End::High ? proto::LeaseEnd::High : proto::LeaseEnd::Low;
+  l->generation = rec.generation;
+  return l;
 }
 
-flatbuffers::Offset<proto::PoolInfo> build_pool_info(flatbuffers::FlatBufferBuilder& fbb,
-                                                     const PoolDescriptor& desc) {
-  auto name = fbb.CreateString(desc.device_name);
-  auto handle = fbb.CreateVector(desc.handle);
-  auto backend = desc.backend == Backend::Cuda ? proto::Backend::Cuda : proto::Backend::Host;
-  return proto::CreatePoolInfo(fbb, backend, desc.device, name, desc.size, desc.alignment, handle,
-                               desc.epoch);
+std::unique_ptr<proto::PoolInfoT> pool_info_object(const PoolDescriptor& desc) {
+  auto p = std::make_unique<proto::PoolInfoT>();
+  p->backend = desc.backend == Backend::Cuda ? proto::Backend::Cuda : proto::Backend::Host;
+  p->device = desc.device;
+  p->device_name = desc.device_name;
+  p->size = desc.size;
+  p->alignment = desc.alignment;
+  p->handle = desc.handle;
+  p->epoch = desc.epoch;
+  return p;
 }
 
-flatbuffers::Offset<proto::JobInfo> build_job_info(flatbuffers::FlatBufferBuilder& fbb,
-                                                   const JobRecord& job, bool with_spec) {
-  std::vector<flatbuffers::Offset<proto::StateChange>> history;
-  for (const auto& h : job.history) history.push_back(proto::StateChange::Pack(fbb, &h));
-  std::vector<flatbuffers::Offset<proto::EpochStat>> epochs;
-  for (const auto& e : job.epochs) epochs.push_back(proto::EpochStat::Pack(fbb, &e));
-  auto progress = proto::Progress::Pack(fbb, &job.progress);
-  auto spec = with_spec ? proto::JobSpec::Pack(fbb, job.spec.get()) : 0;
-  return proto::CreateJobInfo(fbb, job.id, fbb.CreateString(job.name),
-                              fbb.CreateString(job_state_name(job.state)),
-                              fbb.CreateString(job.agent), job.priority, job.submitted_ms,
-                              fbb.CreateVector(history), progress, fbb.CreateVector(epochs),
-                              job.test_accuracy, job.samples_per_second,
-                              fbb.CreateString(job.reason), spec);
+void send_error(Effects& out, const std::string& to, uint64_t request_id, ErrorCode code,
+                const std::string& message) {
+  proto::ErrorT e;
+  e.code = code;
+  e.message = message;
+  send(out, to, request_id, std::move(e));
+}
+
+void send_ack(Effects& out, const std::string& to, uint64_t request_id) {
+  send(out, to, request_id, proto::AckT{});
 }
 
 }  // namespace leasehold

@@ -1,22 +1,30 @@
-// Builders for the coordinator's reply bodies (FlatBuffers offsets).
+// Reply bodies the core builds (object API; the broker encodes them).
 #pragma once
 
-#include <flatbuffers/flatbuffers.h>
+#include <memory>
+#include <string>
 
-#include "coordinator/job_table.h"
+#include "coordinator/effects.h"
 #include "coordinator/lease_table.h"
 #include "schemas/leasehold_generated.h"
 #include "shared/device.h"
 
 namespace leasehold {
 
-flatbuffers::Offset<proto::Lease> build_lease(flatbuffers::FlatBufferBuilder& fbb,
-                                              const LeaseRecord& rec);
-flatbuffers::Offset<proto::PoolInfo> build_pool_info(flatbuffers::FlatBufferBuilder& fbb,
-                                                     const PoolDescriptor& desc);
+std::unique_ptr<proto::LeaseT> lease_object(const LeaseRecord& rec);
+std::unique_ptr<proto::PoolInfoT> pool_info_object(const PoolDescriptor& desc);
 
-// `with_spec`: include the full job specification (for `leasehold job ID`).
-flatbuffers::Offset<proto::JobInfo> build_job_info(flatbuffers::FlatBufferBuilder& fbb,
-                                                   const JobRecord& job, bool with_spec);
+// Appends a message with `body` (any table of the Body union) to `out`.
+template <class T>
+void send(Effects& out, const std::string& to, uint64_t request_id, T&& body) {
+  OutMessage m;
+  m.to = to;
+  m.request_id = request_id;
+  m.body.Set(std::forward<T>(body));
+  out.messages.push_back(std::move(m));
+}
+void send_error(Effects& out, const std::string& to, uint64_t request_id, ErrorCode code,
+                const std::string& message);
+void send_ack(Effects& out, const std::string& to, uint64_t request_id);
 
 }  // namespace leasehold

@@ -9,7 +9,7 @@ packages=(
   libzmq3-dev cppzmq-dev
   libflatbuffers-dev flatbuffers-compiler
   libboost-dev libspdlog-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
-  libsystemd-dev libgtest-dev libopenblas-dev zlib1g-dev
+  libsystemd-dev libgtest-dev libopenblas-dev zlib1g-dev libsqlite3-dev
   dataset-fashion-mnist
 )
 

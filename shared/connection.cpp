@@ -71,8 +71,10 @@ Reply Connection::request(const BodyBuilder& build, std::chrono::milliseconds ti
     if (!reply) throw Error(ErrorCode::Timeout, unreachable_message(endpoint_, timeout));
     uint64_t rid = (*reply)->header()->request_id();
     if (rid == id) return std::move(*reply);
-    if (rid == 0 && on_notice) {
-      on_notice(*reply);
+    if (rid == 0) {
+      if (on_notice) on_notice(*reply);
+    } else if (on_late_reply) {
+      on_late_reply(*reply);
     } else {
       spdlog::debug("skipping a late reply to request {} (waiting for {})", rid, id);
     }

@@ -44,8 +44,10 @@ class Connection {
 
   // Builds a request with `build` (which returns the body), sends it and waits
   // up to `timeout` for the reply carrying the same request id. Replies to
-  // earlier, abandoned requests are skipped. Messages that are not replies
-  // (a Shutdown notice) are passed to `on_notice` if set.
+  // earlier, abandoned requests go to `on_late_reply` if set (a lease granted
+  // after its request timed out must still be released), else are skipped.
+  // Messages that are not replies (request id 0: a Shutdown notice, a pushed
+  // job) are passed to `on_notice` if set.
   // Throws Error{Timeout} naming the endpoint when no reply arrives in time.
   using BodyBuilder =
       std::function<std::pair<proto::Body, flatbuffers::Offset<void>>(flatbuffers::FlatBufferBuilder&)>;
@@ -56,6 +58,7 @@ class Connection {
   std::optional<Reply> receive(std::chrono::milliseconds timeout);
 
   std::function<void(const Reply&)> on_notice;
+  std::function<void(const Reply&)> on_late_reply;
 
  private:
   zmq::socket_t socket_;

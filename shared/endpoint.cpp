@@ -21,6 +21,17 @@ std::optional<std::string> ipc_path(std::string_view endpoint) {
   return std::string(endpoint.substr(kPrefix.size()));
 }
 
+std::string default_events_endpoint(const std::string& endpoint) {
+  auto path = ipc_path(endpoint);
+  if (!path) return "";
+  std::string p = *path;
+  const std::string suffix = ".sock";
+  if (p.size() > suffix.size() && p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    p.resize(p.size() - suffix.size());
+  }
+  return "ipc://" + p + ".events";
+}
+
 void prepare_ipc_directory(std::string_view endpoint) {
   auto path = ipc_path(endpoint);
   if (!path) return;

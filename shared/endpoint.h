@@ -19,6 +19,11 @@ std::string default_endpoint();
 // For "ipc://PATH" returns PATH; nullopt for other transports.
 std::optional<std::string> ipc_path(std::string_view endpoint);
 
+// The events (PUB) endpoint that goes with `endpoint` when none is
+// configured: "ipc://DIR/NAME.sock" -> "ipc://DIR/NAME.events"; empty for
+// other transports, which must name one.
+std::string default_events_endpoint(const std::string& endpoint);
+
 // Creates the directory an ipc:// endpoint lives in (mode 0700 when created).
 // Throws std::runtime_error naming the directory on failure.
 void prepare_ipc_directory(std::string_view endpoint);

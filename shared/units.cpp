@@ -103,9 +103,11 @@ std::chrono::milliseconds parse_duration(std::string_view text) {
     ms = value * 60e3;
   } else if (unit == "h") {
     ms = value * 3600e3;
+  } else if (unit == "d") {
+    ms = value * 86400e3;
   } else {
     throw std::invalid_argument("invalid duration '" + std::string(text) + "': unknown unit '" +
-                                unit + "' (use us, ms, s, m, h)");
+                                unit + "' (use us, ms, s, m, h, d)");
   }
   if (ms > 1e15) throw std::out_of_range("duration '" + std::string(text) + "' is too long");
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(ms)));

@@ -78,9 +78,13 @@ TEST(Config, ValidateRejectsImpossibleValues) {
   CoordinatorOptions o;
   o.endpoint = "ipc:///tmp/x.sock";
   o.events_endpoint = default_events_endpoint(o.endpoint);
+  o.state_dir = "/tmp/x-state";
   EXPECT_EQ(o.events_endpoint, "ipc:///tmp/x.events");
   EXPECT_NO_THROW(validate(o));
   auto bad = o;
+  bad.state_dir = "";
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
   bad.alignment = 3000;
   EXPECT_THROW(validate(bad), std::invalid_argument);
   bad = o;

@@ -63,7 +63,7 @@ TEST_F(HostCluster, VerificationDetectsAForeignWrite) {
   EXPECT_NE(victim.log().find("CORRUPTION"), std::string::npos) << victim.log();
 }
 
-TEST_F(HostCluster, KilledAgentIsReclaimedWithinThreeHeartbeats) {
+TEST_F(HostCluster, KilledAgentIsReclaimedPromptly) {
   auto& coordinator = cluster.start_coordinator(coordinator_args());
   auto& doomed = cluster.start_agent("doomed", {"--exercise", "--leases", "2", "--lease-size",
                                                 "1MiB", "--rounds", "0", "--interval", "20ms"});
@@ -76,7 +76,10 @@ TEST_F(HostCluster, KilledAgentIsReclaimedWithinThreeHeartbeats) {
       [](const auto& s) { return !has_agent(s, "doomed") && s["leases"].empty(); }, 5s);
   auto took = std::chrono::steady_clock::now() - killed;
   ASSERT_TRUE(reclaimed);
-  EXPECT_LT(took, 3 * kHeartbeat) << "reclaim took "
+  // The exact rule (purged within 2.25 intervals) is checked with a fake
+  // clock in CoreAgents.SilentAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed;
+  // here, with real processes on busy cores, only that it happens promptly.
+  EXPECT_LT(took, 10 * kHeartbeat) << "reclaim took "
                                   << std::chrono::duration_cast<std::chrono::milliseconds>(took)
                                          .count()
                                   << " ms";

@@ -194,21 +194,33 @@ TEST_F(Jobs, AnAgentRunsJobsOfARestartedCoordinator) {
                                             "--alignment", "1MiB", "--heartbeat-interval",
                                             "200ms"});
   ASSERT_TRUE(cluster.wait_for([](const auto& s) { return has_agent(s, "survivor"); }, 10s));
-  // The new coordinator numbers its jobs from 1 again.
+  // The job store kept the first job; the next one gets the next id.
   auto [rc2, out2] = client({"submit", job_file("after", R"(, "epochs": 1)"), "--follow"});
   EXPECT_EQ(rc2, 0) << out2 << agent.log();
-  EXPECT_EQ(job(1)["name"], "after");
+  EXPECT_EQ(job(1)["name"], "before");
   EXPECT_EQ(job(1)["state"], "succeeded");
+  EXPECT_EQ(job(2)["name"], "after");
+  EXPECT_EQ(job(2)["state"], "succeeded");
 }
 
-TEST_F(Jobs, AJobWhoseAgentDiesFailsWithTheReason) {
+TEST_F(Jobs, AJobWhoseAgentDiesIsRequeuedAndTakenByAnotherAgent) {
   auto& doomed = cluster.start_agent("doomed", {});
   auto [rc, out] = client({"submit", job_file("orphan", R"(, "epochs": 100000)")});
   ASSERT_EQ(rc, 0);
   ASSERT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "running"; }, 10s));
+  cluster.start_agent("heir", {});
   doomed.signal(SIGKILL);
-  EXPECT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "failed"; }, 5s));
-  EXPECT_NE(job(1)["reason"].get<std::string>().find("doomed"), std::string::npos);
+  EXPECT_TRUE(wait_job(
+      1, [](const auto& j) { return j["state"] == "running" && j["agent"] == "heir"; }, 10s))
+      << jobs().dump(1);
+  auto j = job(1);
+  EXPECT_EQ(j["attempts"], 2);
+  EXPECT_EQ(j["attempt_history"][0]["outcome"], "agent lost");
+  EXPECT_NE(j["attempt_history"][0]["reason"].get<std::string>().find("doomed"),
+            std::string::npos);
+  auto [crc, cout_] = client({"cancel", "1"});
+  EXPECT_EQ(crc, 0) << cout_;
+  EXPECT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "cancelled"; }, 10s));
 }
 
 }  // namespace

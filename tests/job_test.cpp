@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "agent/job_runner.h"
-#include "agent/job_spec.h"
+#include "shared/job_spec.h"
 #include "tests/support/synthetic_data.h"
 
 namespace leasehold {

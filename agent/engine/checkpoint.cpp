@@ -5,29 +5,86 @@
 //   crc32 u32 of everything after the magic, up to here
 #include "agent/engine/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <stdexcept>
+#include <string_view>
 
 #include "agent/engine/autograd.h"
 
 namespace leasehold::engine::checkpoint {
 namespace {
 
-template <class T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+// Appends are at most this large, so that saving holds one chunk and one
+// tensor's host copy in memory rather than a copy of the whole checkpoint.
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+[[noreturn]] void fail(const std::string& path, const Status& status) {
+  throw std::runtime_error("cannot save checkpoint " + path + ": " + status.message());
 }
+
+void check(const std::string& path, const Status& status) {
+  if (!status.ok()) fail(path, status);
+}
+
+// Streams the file through `file` in chunks, keeping the CRC of everything
+// after the magic. Throws (via fail) when an append fails.
+class Writer {
+ public:
+  Writer(WritableFile& file, const std::string& path) : file_(file), path_(path) {
+    buffer_.reserve(kChunkBytes);
+  }
+  // Bytes outside the checksum (the magic).
+  void raw(const void* data, size_t n) { add(static_cast<const char*>(data), n); }
+  void bytes(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    // Checksummed piecewise: crc32 takes a 32-bit length.
+    for (size_t done = 0; done < n; done += kChunkBytes) {
+      size_t len = std::min(kChunkBytes, n - done);
+      crc_ = crc32(crc_, reinterpret_cast<const Bytef*>(p + done), static_cast<uInt>(len));
+    }
+    add(p, n);
+  }
+  template <class T>
+  void put(T v) {
+    bytes(&v, sizeof v);
+  }
+  // Appends the CRC and whatever is still buffered.
+  void finish() {
+    uint32_t crc = static_cast<uint32_t>(crc_);
+    raw(&crc, sizeof crc);
+    if (!buffer_.empty()) check(path_, file_.append(buffer_));
+    buffer_.clear();
+  }
+
+ private:
+  void add(const char* p, size_t n) {
+    while (n > 0) {
+      size_t take = std::min(n, kChunkBytes - buffer_.size());
+      buffer_.append(p, take);
+      p += take;
+      n -= take;
+      if (buffer_.size() == kChunkBytes) {
+        check(path_, file_.append(buffer_));
+        buffer_.clear();
+      }
+    }
+  }
+
+  WritableFile& file_;
+  const std::string& path_;
+  std::string buffer_;
+  uLong crc_ = crc32(0L, Z_NULL, 0);
+};
 
 class Reader {
  public:
-  Reader(const std::string& data, const std::string& path) : d_(data), path_(path) {}
+  Reader(std::string_view data, const std::string& path) : d_(data), path_(path) {}
   template <class T>
   T get(const char* what) {
     T v;
@@ -35,7 +92,7 @@ class Reader {
     return v;
   }
   void bytes(void* dst, size_t n, const char* what) {
-    if (pos_ + n > d_.size()) {
+    if (n > d_.size() - pos_) {
       throw std::runtime_error(path_ + " is truncated (reading " + what + ")");
     }
     std::memcpy(dst, d_.data() + pos_, n);
@@ -44,81 +101,67 @@ class Reader {
   size_t pos() const { return pos_; }
 
  private:
-  const std::string& d_;
+  std::string_view d_;
   std::string path_;
   size_t pos_ = 0;
 };
 
-void write_all(int fd, const std::string& data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
-    }
-    done += static_cast<size_t>(w);
-  }
-}
-
 }  // namespace
 
-void save(const std::string& path, const nn::NamedTensors& tensors) {
-  std::string body;
-  put<uint32_t>(body, kVersion);
-  put<uint32_t>(body, static_cast<uint32_t>(tensors.size()));
-  for (const auto& [name, t] : tensors) {
-    Tensor host = t.detach().to(Device::cpu()).contiguous();
-    put<uint32_t>(body, static_cast<uint32_t>(name.size()));
-    body += name;
-    put<uint8_t>(body, static_cast<uint8_t>(host.dtype()));
-    put<uint32_t>(body, static_cast<uint32_t>(host.dim()));
-    for (int64_t d : host.sizes()) put<int64_t>(body, d);
-    uint64_t nbytes = host.numel() * dtype_size(host.dtype());
-    put<uint64_t>(body, nbytes);
-    body.append(static_cast<const char*>(host.raw_data()), nbytes);
-  }
-  uint32_t crc = crc32(0L, reinterpret_cast<const Bytef*>(body.data()), body.size());
-  put<uint32_t>(body, crc);
-
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+void save(const std::string& path, const nn::NamedTensors& tensors, FileSystem& fs) {
+  const std::string tmp = path + ".tmp";
+  std::unique_ptr<WritableFile> file;
+  check(path, fs.new_writable_file(tmp, &file));
   try {
-    write_all(fd, std::string(kMagic, sizeof kMagic) + body, tmp);
-    if (::fsync(fd) != 0) throw std::runtime_error("fsync " + tmp + ": " + std::strerror(errno));
+    Writer w(*file, path);
+    w.raw(kMagic, sizeof kMagic);
+    w.put<uint32_t>(kVersion);
+    w.put<uint32_t>(static_cast<uint32_t>(tensors.size()));
+    for (const auto& [name, t] : tensors) {
+      Tensor host = t.detach().to(Device::cpu()).contiguous();
+      w.put<uint32_t>(static_cast<uint32_t>(name.size()));
+      w.bytes(name.data(), name.size());
+      w.put<uint8_t>(static_cast<uint8_t>(host.dtype()));
+      w.put<uint32_t>(static_cast<uint32_t>(host.dim()));
+      for (int64_t d : host.sizes()) w.put<int64_t>(d);
+      uint64_t nbytes = host.numel() * dtype_size(host.dtype());
+      w.put<uint64_t>(nbytes);
+      w.bytes(host.raw_data(), nbytes);
+    }
+    w.finish();
+    check(path, file->sync());
+    check(path, file->close());
   } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
+    file.reset();  // closes it if still open
+    // Best effort: the failure may also prevent the removal (a dead disk).
+    (void)fs.remove(tmp);
     throw;
   }
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(err));
+  if (Status st = fs.rename(tmp, path); !st.ok()) {
+    (void)fs.remove(tmp);
+    fail(path, st);
   }
-  // Make the rename itself durable.
+  // Until the directory is synced a crash can still bring back the previous
+  // file, so a failure here means the save is not done.
   std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  check(path, fs.sync_dir(dir.empty() ? "." : dir));
 }
 
-nn::NamedTensors load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open checkpoint " + path);
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+nn::NamedTensors load(const std::string& path, FileSystem& fs) {
+  std::string data;
+  if (Status st = fs.read_file(path, &data); !st.ok()) {
+    throw std::runtime_error("cannot open checkpoint " + path + ": " +
+                             (st.is_not_found() ? std::strerror(ENOENT) : st.message()));
+  }
   if (data.size() < sizeof kMagic + 12 || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
     throw std::runtime_error(path + " is not a Leasehold checkpoint (bad magic)");
   }
-  std::string body = data.substr(sizeof kMagic);
+  std::string_view body(data);
+  body.remove_prefix(sizeof kMagic);
   uint32_t stored_crc;
   std::memcpy(&stored_crc, body.data() + body.size() - 4, 4);
-  body.resize(body.size() - 4);
-  if (crc32(0L, reinterpret_cast<const Bytef*>(body.data()), body.size()) != stored_crc) {
+  body.remove_suffix(4);
+  if (crc32_z(0L, reinterpret_cast<const Bytef*>(body.data()), body.size()) != stored_crc) {
     throw std::runtime_error(path + " is corrupt (checksum mismatch)");
   }
   Reader r(body, path);
@@ -157,9 +200,9 @@ void restore(const nn::NamedTensors& loaded, const nn::NamedTensors& targets) {
     auto it = by_name.find(name);
     if (it == by_name.end()) throw std::invalid_argument("checkpoint lacks '" + name + "'");
     if (it->second.sizes() != t.sizes() || it->second.dtype() != t.dtype()) {
-      throw std::invalid_argument("checkpoint '" + name + "' is " + it->second.shape_str() +
-                                  " " + dtype_name(it->second.dtype()) + ", expected " +
-                                  t.shape_str() + " " + dtype_name(t.dtype()));
+      throw std::invalid_argument("checkpoint '" + name + "' is " + it->second.shape_str() + " " +
+                                  dtype_name(it->second.dtype()) + ", expected " + t.shape_str() +
+                                  " " + dtype_name(t.dtype()));
     }
   }
   NoGradGuard no_grad;

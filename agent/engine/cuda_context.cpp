@@ -14,6 +14,16 @@ std::atomic<bool> g_tf32{false};
 }
 
 void set_allow_tf32(bool allow) { g_tf32.store(allow); }
+
+void fence_device(Device device) {
+  if (!device.is_cuda()) return;
+#ifdef LEASEHOLD_HAVE_CUDA
+  LEASEHOLD_CUDA_CHECK(cudaSetDevice(device.index));
+  LEASEHOLD_CUDA_CHECK(cudaDeviceSynchronize());
+#else
+  throw std::logic_error("fence_device: a CUDA device in a build without CUDA");
+#endif
+}
 bool allow_tf32() { return g_tf32.load(); }
 
 #ifdef LEASEHOLD_HAVE_CUDA

@@ -8,7 +8,16 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "agent/engine/dtype.h"
+
 namespace leasehold::engine {
+
+// Waits until all work this process queued on `device`, on any stream, has
+// finished: the fence before device memory is given back (a lease released,
+// an allocator destroyed), so no queued kernel writes into memory that
+// someone else owns by then. Nothing to wait for on the CPU. Throws
+// CudaError (a kernel fault is reported here, late).
+void fence_device(Device device);
 
 // TF32 tensor-core math for float32 matmul and conv. Off by default (full
 // FP32, as PyTorch's default for matmul). Process-wide.

@@ -1,7 +1,5 @@
 #include "agent/engine/data.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -9,92 +7,16 @@
 #include <random>
 #include <stdexcept>
 
+#include "shared/idx_file.h"
+
 namespace leasehold::engine::data {
-namespace {
-
-// gzread reads plain files as well as gzip ones.
-class GzFile {
- public:
-  explicit GzFile(const std::string& path) : path_(path), f_(gzopen(path.c_str(), "rb")) {
-    if (!f_) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
-  }
-  ~GzFile() { gzclose(f_); }
-  // Reads exactly n bytes; throws naming `what` when the file ends first.
-  void read(void* dst, size_t n, const char* what) {
-    size_t done = 0;
-    while (done < n) {
-      unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
-      int r = gzread(f_, static_cast<char*>(dst) + done, chunk);
-      if (r < 0) {
-        int err = 0;
-        throw std::runtime_error(path_ + ": read error: " + gzerror(f_, &err));
-      }
-      if (r == 0) {
-        throw std::runtime_error(path_ + " is truncated: expected " + std::to_string(n) +
-                                 " bytes of " + what + ", got " + std::to_string(done));
-      }
-      done += static_cast<size_t>(r);
-    }
-  }
-
- private:
-  std::string path_;
-  gzFile f_;
-};
-
-uint32_t big_endian(const uint8_t* p) {
-  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
-}
-
-}  // namespace
-
-namespace {
-std::vector<int64_t> read_header(GzFile& f, const std::string& path) {
-  uint8_t magic[4];
-  f.read(magic, 4, "header");
-  if (magic[0] != 0 || magic[1] != 0) {
-    throw std::runtime_error(path + " is not an IDX file (magic bytes " +
-                             std::to_string(magic[0]) + " " + std::to_string(magic[1]) +
-                             ", expected 0 0)");
-  }
-  if (magic[2] != 0x08) {
-    throw std::runtime_error(path + ": IDX element type " + std::to_string(magic[2]) +
-                             " is not supported (only unsigned bytes, 0x08)");
-  }
-  int ndims = magic[3];
-  if (ndims < 1 || ndims > 4) {
-    throw std::runtime_error(path + ": IDX file with " + std::to_string(ndims) + " dimensions");
-  }
-  std::vector<int64_t> dims;
-  size_t total = 1;
-  for (int i = 0; i < ndims; ++i) {
-    uint8_t b[4];
-    f.read(b, 4, "dimensions");
-    uint32_t d = big_endian(b);
-    if (d == 0 || d > (1u << 28)) {
-      throw std::runtime_error(path + ": implausible dimension " + std::to_string(d));
-    }
-    dims.push_back(d);
-    total *= d;
-    if (total > (size_t(1) << 34)) throw std::runtime_error(path + ": IDX body too large");
-  }
-  return dims;
-}
-}  // namespace
-
-std::vector<int64_t> read_idx_dims(const std::string& path) {
-  GzFile f(path);
-  return read_header(f, path);
-}
 
 IdxArray read_idx(const std::string& path) {
-  GzFile f(path);
+  IdxFile f(path);
   IdxArray out;
-  out.dims = read_header(f, path);
-  size_t total = 1;
-  for (int64_t d : out.dims) total *= static_cast<size_t>(d);
-  out.bytes.resize(total);
-  f.read(out.bytes.data(), total, "data");
+  out.dims = f.dims();
+  out.bytes.resize(f.body_bytes());
+  f.read_body(out.bytes.data());
   return out;
 }
 

@@ -14,14 +14,13 @@ namespace leasehold::engine::data {
 
 // Reads an IDX file of unsigned bytes (type 0x08). Returns its dimensions
 // and bytes. Throws std::runtime_error naming the file for a missing file, a
-// wrong magic number or element type, or a truncated body.
+// wrong magic number or element type, or a truncated body (see
+// shared/idx_file.h, which also reads only the dimensions).
 struct IdxArray {
   std::vector<int64_t> dims;
   std::vector<uint8_t> bytes;
 };
 IdxArray read_idx(const std::string& path);
-// Only the dimensions (reads the header), with the same errors.
-std::vector<int64_t> read_idx_dims(const std::string& path);
 
 // Images [N, 1, H, W] float32, scaled to [0, 1] then (x - mean) / std, and
 // labels [N] int64. Throws when the counts of the two files differ.

@@ -16,7 +16,7 @@
 
 #include <zmq.hpp>
 
-#include "coordinator/status_format.h"
+#include "client/status_format.h"
 #include "shared/connection.h"
 
 extern char** environ;
@@ -109,6 +109,10 @@ Cluster::~Cluster() {
 
 Process& Cluster::start_coordinator(std::vector<std::string> args) {
   std::vector<std::string> argv{bin_dir() + "/leasehold-coordinator", "--endpoint", endpoint_};
+  // A private job store, kept across restarts of this cluster's coordinator.
+  if (std::find(args.begin(), args.end(), "--state-dir") == args.end()) {
+    argv.insert(argv.end(), {"--state-dir", state_dir()});
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   procs_.push_back(std::make_unique<Process>(
       argv, dir_ + "/coordinator-" + std::to_string(counter_++) + ".log"));

@@ -48,9 +48,12 @@ class Cluster {
 
   const std::string& endpoint() const { return endpoint_; }
   const std::string& dir() const { return dir_; }
+  // The coordinator's state directory (job store, checkpoints): DIR/state
+  // unless start_coordinator is given --state-dir.
+  std::string state_dir() const { return dir_ + "/state"; }
 
-  // Starts leasehold-coordinator with `args` (endpoint added) and waits until
-  // it answers a status request.
+  // Starts leasehold-coordinator with `args` (endpoint and state directory
+  // added) and waits until it answers a status request.
   Process& start_coordinator(std::vector<std::string> args);
   Process& start_agent(const std::string& name, std::vector<std::string> args);
   // Runs a program to completion; returns {exit code, output}.

@@ -37,10 +37,11 @@ void write_synthetic_idx(const std::string& dir, const std::string& prefix, int 
 }
 
 std::string synthetic_job_json(const std::string& dir, const std::string& name,
-                               const std::string& extra) {
+                               const std::string& extra, int hidden) {
+  std::string h = std::to_string(hidden);
   return R"({"name": ")" + name + R"(", "model": [{"type": "Flatten"},
-      {"type": "Linear", "in": 64, "out": 16}, {"type": "ReLU"},
-      {"type": "Linear", "in": 16, "out": 3}],
+      {"type": "Linear", "in": 64, "out": )" + h + R"(}, {"type": "ReLU"},
+      {"type": "Linear", "in": )" + h + R"(, "out": 3}],
     "dataset": {"train_images": ")" + dir + R"(/train-images", "train_labels": ")" + dir +
          R"(/train-labels", "test_images": ")" + dir + R"(/test-images", "test_labels": ")" + dir +
          R"(/test-labels", "mean": 0.3, "std": 0.3},

@@ -4,15 +4,18 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "schemas/leasehold_generated.h"
 
 namespace leasehold {
 
+// Field names are a stable interface (see README): attempts is the number of
+// runs so far, attempt_history lists them.
 nlohmann::json job_to_json(const proto::JobInfo& job);
-// One row per job: id, name, state, agent, progress, age.
-std::string jobs_to_table(const proto::JobList& list);
-// Spec summary, state history, per-epoch metrics and result.
+// One row per job: id, name, state, attempts, agent, progress, age.
+std::string jobs_to_table(const std::vector<const proto::JobInfo*>& jobs);
+// Spec summary, state history, attempts, per-epoch metrics and result.
 std::string job_to_text(const proto::JobInfo& job);
 // "epoch 3/10 [#####.....] 234/469 loss 0.4123 20345 samples/s ETA 12s"
 // (bar only when `bar`).

@@ -1,11 +1,12 @@
-#include "agent/job_spec.h"
+#include "shared/job_spec.h"
 
 #include <flatbuffers/idl.h>
 
+#include <algorithm>
 #include <filesystem>
 
-#include "agent/engine/data.h"
-#include "agent/model_builder.h"
+#include "shared/idx_file.h"
+#include "shared/layer_shapes.h"
 #include "schemas/job_schema_text.h"
 #include "shared/units.h"
 
@@ -54,6 +55,24 @@ const proto::JobSpec* verify_job(const std::vector<uint8_t>& buffer) {
   return flatbuffers::GetRoot<proto::JobSpec>(buffer.data());
 }
 
+std::vector<uint8_t> pack_job_spec(const proto::JobSpecT& spec) {
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(proto::JobSpec::Pack(fbb, &spec));
+  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+}
+
+std::string checkpoint_file(const proto::JobSpec& job) {
+  const auto* c = job.checkpoint();
+  if (!c || !c->enabled() || !c->directory() || c->directory()->size() == 0) return "";
+  return c->directory()->str() + "/" + str_or(job.name()) + ".ckpt";
+}
+
+std::string checkpoint_file(const proto::JobSpecT& job) {
+  const auto* c = job.checkpoint.get();
+  if (!c || !c->enabled || c->directory.empty()) return "";
+  return c->directory + "/" + job.name + ".ckpt";
+}
+
 DatasetFiles dataset_files(const proto::JobSpec& job) {
   DatasetFiles f;
   const auto* d = job.dataset();
@@ -84,6 +103,12 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   std::string name = str_or(job.name());
   if (name.empty()) p.push_back("name: required");
   if (name.size() > 128) p.push_back("name: longer than 128 characters");
+  // The name becomes the checkpoint's file name.
+  if (name == "." || name == ".." ||
+      std::any_of(name.begin(), name.end(),
+                  [](char c) { return c == '/' || static_cast<unsigned char>(c) < 0x20; })) {
+    p.push_back("name: '" + name + "' cannot be a file name (no '/', control characters, . or ..)");
+  }
   if (job.batch_size() <= 0 || job.batch_size() > 65536) {
     p.push_back("batch_size: " + std::to_string(job.batch_size()) + " is not in [1, 65536]");
   }
@@ -115,10 +140,10 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     if (!(o->eps() > 0)) p.push_back("optimizer.eps: must be positive");
   }
   if (const auto* c = job.checkpoint()) {
-    if (!c->directory() || c->directory()->str().empty()) {
-      p.push_back("checkpoint.directory: required when checkpoint is given");
-    }
     if (c->every_epochs() <= 0) p.push_back("checkpoint.every_epochs: must be positive");
+  }
+  if (job.max_attempts() < 0 || job.max_attempts() > 100) {
+    p.push_back("max_attempts: " + std::to_string(job.max_attempts()) + " is not in [0, 100]");
   }
 
   std::vector<int64_t> input;
@@ -142,7 +167,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
         p.push_back(std::string("dataset.") + field + ": not given (set it or dataset.name)");
       } else if (options.check_files) {
         try {
-          auto dims = engine::data::read_idx_dims(path);
+          auto dims = read_idx_dims(path);
           if (std::string(field) == "train_images") {
             if (dims.size() != 3) {
               p.push_back("dataset.train_images: " + path + " is not [N, H, W] images");
@@ -169,6 +194,11 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     }
   }
   if (!p.empty()) throw JobSpecError(p);
+}
+
+void validate_job(const proto::JobSpecT& job, const ValidationOptions& options) {
+  auto buffer = pack_job_spec(job);
+  validate_job(*verify_job(buffer), options);
 }
 
 }  // namespace leasehold

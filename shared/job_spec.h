@@ -27,8 +27,10 @@ class JobSpecError : public std::invalid_argument {
 // wrong types are errors naming the field and the line. `source` names the
 // text in messages (the file name).
 std::vector<uint8_t> parse_job_json(const std::string& json, const std::string& source);
-// Verifies a JobSpec buffer received over the wire.
+// Verifies a JobSpec buffer received over the wire. Throws JobSpecError.
 const proto::JobSpec* verify_job(const std::vector<uint8_t>& buffer);
+// `spec` as a standalone, finished JobSpec buffer (for verify_job).
+std::vector<uint8_t> pack_job_spec(const proto::JobSpecT& spec);
 
 // Resolved dataset files and shapes.
 struct DatasetFiles {
@@ -45,6 +47,13 @@ struct ValidationOptions {
 // chain (shapes inferred from the dataset's image size), files. Throws
 // JobSpecError listing them all.
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options);
+void validate_job(const proto::JobSpecT& job, const ValidationOptions& options);
+
+// The checkpoint file of a job: DIRECTORY/NAME.ckpt; empty when checkpoints
+// are disabled or no directory is set (the coordinator sets one for every
+// job it queues; `leasehold-agent --run-job` uses the file's).
+std::string checkpoint_file(const proto::JobSpec& job);
+std::string checkpoint_file(const proto::JobSpecT& job);
 
 // The memory budget in bytes. Unset: 1 GiB, or the whole pool when
 // `pool_bytes` is known and smaller.

@@ -1,4 +1,4 @@
-#include "coordinator/status_format.h"
+#include "client/status_format.h"
 
 #include <cstdio>
 #include <sstream>

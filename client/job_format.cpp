@@ -1,4 +1,4 @@
-#include "coordinator/job_format.h"
+#include "client/job_format.h"
 
 #include <chrono>
 #include <cstdio>
@@ -28,6 +28,13 @@ std::string age(uint64_t since_ms) {
   return buf;
 }
 
+std::string when(uint64_t at_ms) {
+  std::time_t t = static_cast<std::time_t>(at_ms / 1000);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
 std::string short_progress(const proto::JobInfo& j) {
   const auto* p = j.progress();
   std::string state(str(j.state()));
@@ -54,7 +61,27 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                      {"submitted_ms", j.submitted_ms()},
                      {"reason", std::string(str(j.reason()))},
                      {"test_accuracy", j.test_accuracy()},
-                     {"samples_per_second", j.samples_per_second()}};
+                     {"samples_per_second", j.samples_per_second()},
+                     {"attempts", j.attempts() ? j.attempts()->size() : 0},
+                     {"max_attempts", j.max_attempts()},
+                     {"resumed_from_epoch", j.resumed_from_epoch()},
+                     {"checkpoint", std::string(str(j.checkpoint()))},
+                     {"cancel_requested", j.cancel_requested()},
+                     {"finished_ms", j.finished_ms()},
+                     {"epochs_total", j.epochs_total()},
+                     {"history_total", j.history_total()}};
+  out["attempt_history"] = nlohmann::json::array();
+  if (j.attempts()) {
+    for (const auto* a : *j.attempts()) {
+      out["attempt_history"].push_back({{"number", a->number()},
+                                        {"agent", std::string(str(a->agent()))},
+                                        {"started_ms", a->started_ms()},
+                                        {"ended_ms", a->ended_ms()},
+                                        {"outcome", std::string(str(a->outcome()))},
+                                        {"reason", std::string(str(a->reason()))},
+                                        {"resumed_from_epoch", a->resumed_from_epoch()}});
+    }
+  }
   out["history"] = nlohmann::json::array();
   if (j.history()) {
     for (const auto* h : *j.history()) {
@@ -89,26 +116,26 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                    {"steps", s->steps()},
                    {"layers", s->model() ? s->model()->size() : 0},
                    {"memory_budget", std::string(str(s->memory_budget()))},
-                   {"device", std::string(str(s->device()))}};
+                   {"device", std::string(str(s->device()))},
+                   {"max_attempts", s->max_attempts()}};
   }
   return out;
 }
 
-std::string jobs_to_table(const proto::JobList& list) {
+std::string jobs_to_table(const std::vector<const proto::JobInfo*>& jobs) {
   std::ostringstream os;
-  char line[256];
-  std::snprintf(line, sizeof line, "%6s  %-24s %-10s %-16s %-22s %6s\n", "ID", "NAME", "STATE",
-                "AGENT", "PROGRESS", "AGE");
+  char line[320];
+  std::snprintf(line, sizeof line, "%6s  %-24s %-10s %8s  %-16s %-22s %6s\n", "ID", "NAME",
+                "STATE", "ATTEMPTS", "AGENT", "PROGRESS", "AGE");
   os << line;
-  if (list.jobs()) {
-    for (const auto* j : *list.jobs()) {
-      std::snprintf(line, sizeof line, "%6llu  %-24s %-10s %-16s %-22s %6s\n",
-                    (unsigned long long)j->id(), std::string(str(j->name())).c_str(),
-                    std::string(str(j->state())).c_str(),
-                    j->agent() && j->agent()->size() ? j->agent()->c_str() : "-",
-                    short_progress(*j).c_str(), age(j->submitted_ms()).c_str());
-      os << line;
-    }
+  for (const auto* j : jobs) {
+    std::snprintf(line, sizeof line, "%6llu  %-24s %-10s %8u  %-16s %-22s %6s\n",
+                  (unsigned long long)j->id(), std::string(str(j->name())).c_str(),
+                  std::string(str(j->state())).c_str(),
+                  j->attempts() ? static_cast<unsigned>(j->attempts()->size()) : 0u,
+                  j->agent() && j->agent()->size() ? j->agent()->c_str() : "-",
+                  short_progress(*j).c_str(), age(j->submitted_ms()).c_str());
+    os << line;
   }
   return os.str();
 }
@@ -128,19 +155,36 @@ std::string job_to_text(const proto::JobInfo& j) {
        << (s->optimizer() ? proto::EnumNameOptimizerType(s->optimizer()->type()) : "Adam")
        << ", budget " << (s->memory_budget() ? s->memory_budget()->str() : "1GiB") << "\n";
   }
+  os << "  checkpoint: "
+     << (j.checkpoint() && j.checkpoint()->size() ? std::string(str(j.checkpoint())) : "off");
+  if (j.resumed_from_epoch()) os << " (the latest attempt resumed from epoch " << j.resumed_from_epoch() << ")";
+  os << "\n";
   os << "  history:\n";
   if (j.history()) {
     for (const auto* h : *j.history()) {
-      std::time_t t = static_cast<std::time_t>(h->at_ms() / 1000);
-      char when[32];
-      std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-      os << "    " << when << "  " << str(h->state());
+      os << "    " << when(h->at_ms()) << "  " << str(h->state());
       if (h->reason() && h->reason()->size()) os << " (" << str(h->reason()) << ")";
       os << "\n";
     }
   }
+  if (j.attempts() && j.attempts()->size()) {
+    os << "  attempts (" << j.attempts()->size() << ", " << j.agent_failures()
+       << " lost their agent; " << j.max_attempts() << " requeues allowed):\n";
+    for (const auto* a : *j.attempts()) {
+      os << "    " << a->number() << "  on '" << str(a->agent()) << "' from " << when(a->started_ms());
+      if (a->ended_ms()) os << " to " << when(a->ended_ms());
+      if (a->resumed_from_epoch()) os << ", resumed from epoch " << a->resumed_from_epoch();
+      os << ": " << (a->outcome() && a->outcome()->size() ? str(a->outcome()) : "running");
+      if (a->reason() && a->reason()->size()) os << " (" << str(a->reason()) << ")";
+      os << "\n";
+    }
+  }
   if (j.epochs() && j.epochs()->size()) {
-    os << "  epochs:\n";
+    os << "  epochs";
+    if (j.epochs_total() > j.epochs()->size()) {
+      os << " (the latest " << j.epochs()->size() << " of " << j.epochs_total() << ")";
+    }
+    os << ":\n";
     for (const auto* e : *j.epochs()) {
       char buf[128];
       std::snprintf(buf, sizeof buf, "    %3d  train loss %.4f  test accuracy %6.2f%%  %.1f s\n",

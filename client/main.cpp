@@ -1,15 +1,14 @@
 // leasehold: the command-line client. Talks only to the coordinator.
 //   leasehold status | submit FILE [--follow] | jobs | job ID | cancel ID | logs ID [--follow]
-// Exit codes of the job commands: see coordinator/client_jobs.h.
+// Exit codes of the job commands: see client/jobs.h.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 
-#include "coordinator/client_jobs.h"
-#include "coordinator/options.h"
-#include "coordinator/status_format.h"
+#include "client/jobs.h"
+#include "client/status_format.h"
 #include "shared/connection.h"
 #include "shared/endpoint.h"
 #include "shared/units.h"
@@ -46,8 +45,11 @@ int main(int argc, char** argv) {
   std::string timeout_text = "3s";
   app.add_option("--endpoint", endpoint, "coordinator endpoint (env LEASEHOLD_ENDPOINT)")
       ->capture_default_str();
-  app.add_option("--timeout", timeout_text, "how long to wait for the coordinator")
-      ->capture_default_str();
+  auto* timeout_opt =
+      app.add_option("--timeout", timeout_text,
+                     "how long to wait for the coordinator (submit: 15s, as the coordinator "
+                     "first checks the job's dataset files)")
+          ->capture_default_str();
   std::string events_endpoint;
   app.add_option("--events-endpoint", events_endpoint,
                  "coordinator's job events endpoint (default: next to an ipc endpoint)");
@@ -103,6 +105,9 @@ int main(int argc, char** argv) {
     return *status ? 1 : 4;
   }
   if (*submit) {
+    // The coordinator answers a submission after checking the dataset files
+    // (it gives that up to 10 s) and storing the job.
+    if (!timeout_opt->count()) ctx.timeout = std::chrono::seconds(15);
     leasehold::client::SubmitOverrides o;
     if (prio->count()) o.priority = priority;
     if (epochs_opt->count()) o.epochs = epochs;

@@ -1,16 +1,17 @@
-#include "coordinator/client_jobs.h"
+#include "client/jobs.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
-#include "agent/job_spec.h"
-#include "coordinator/job_format.h"
+#include "client/job_format.h"
 #include "shared/connection.h"
+#include "shared/job_spec.h"
 
 namespace leasehold::client {
 namespace {
@@ -24,10 +25,21 @@ Reply ask(const Context& ctx, zmq::context_t& zctx, const Builder& build) {
   return r;
 }
 
+// Throws when the coordinator answers with another body than `expected`.
+void expect(const Reply& r, proto::Body expected) {
+  if (r->body_type() != expected) {
+    throw std::runtime_error(std::string("coordinator answered with ") +
+                             proto::EnumNameBody(r->body_type()) + " where " +
+                             proto::EnumNameBody(expected) + " was expected");
+  }
+}
+
 Reply get_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
-  return ask(ctx, zctx, [id](flatbuffers::FlatBufferBuilder& fbb) {
+  Reply r = ask(ctx, zctx, [id](flatbuffers::FlatBufferBuilder& fbb) {
     return std::pair{proto::Body::GetJob, proto::CreateGetJob(fbb, id).Union()};
   });
+  expect(r, proto::Body::JobInfo);
+  return r;
 }
 
 int outcome(const std::string& state) {
@@ -52,8 +64,13 @@ int run_guarded(const std::function<int()>& f) {
   }
 }
 
+// How long a follower keeps waiting for a coordinator that went away (a
+// restart under systemd takes seconds; jobs survive it).
+constexpr std::chrono::seconds kFollowReconnect{60};
+
 // Follows a job on the events socket until it ends; prints progress (a live
-// bar on a terminal, plain lines otherwise) and each finished epoch.
+// bar on a terminal, plain lines otherwise) and each finished epoch. Keeps
+// following across a coordinator restart.
 int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
   if (ctx.events_endpoint.empty()) {
     throw std::runtime_error("no events endpoint for " + ctx.endpoint +
@@ -65,18 +82,20 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
   sub.set(zmq::sockopt::subscribe, topic);
   sub.connect(ctx.events_endpoint);
   const bool tty = isatty(STDOUT_FILENO);
-  size_t epochs_printed = 0;
+  int last_epoch = 0;  // by number: epochs run again after a resume are not repeated
   bool bar_shown = false;
   std::string last_line;
   auto show = [&](const proto::JobInfo& j) -> int {
-    size_t n = j.epochs() ? j.epochs()->size() : 0;
-    for (; epochs_printed < n; ++epochs_printed) {
-      const auto* e = j.epochs()->Get(static_cast<flatbuffers::uoffset_t>(epochs_printed));
-      if (bar_shown) std::printf("\r\033[K");
-      bar_shown = false;
-      std::printf("job %llu epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n",
-                  (unsigned long long)id, e->epoch(), e->train_loss(), 100 * e->test_accuracy(),
-                  e->seconds());
+    if (j.epochs()) {
+      for (const auto* e : *j.epochs()) {
+        if (e->epoch() <= last_epoch) continue;
+        last_epoch = e->epoch();
+        if (bar_shown) std::printf("\r\033[K");
+        bar_shown = false;
+        std::printf("job %llu epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n",
+                    (unsigned long long)id, e->epoch(), e->train_loss(), 100 * e->test_accuracy(),
+                    e->seconds());
+      }
     }
     std::string state(str(j.state()));
     int code = outcome(state);
@@ -94,7 +113,9 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
       std::fflush(stdout);
       return code;
     }
-    std::string line = state == "queued" ? "queued" : progress_line(j, tty);
+    std::string reason(str(j.reason()));
+    std::string line = state == "queued" ? (reason.empty() ? "queued" : "queued: " + reason)
+                                         : progress_line(j, tty);
     if (line != last_line) {
       if (tty) {
         std::printf("\r\033[Kjob %llu %s", (unsigned long long)id, line.c_str());
@@ -110,6 +131,7 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
   // Subscribe first, then read the current state, so nothing is missed.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto last_check = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> unreachable_since;
   {
     Reply r = get_job(ctx, zctx, id);
     if (int c = show(*r->body_as_JobInfo()); c >= 0) return c;
@@ -128,12 +150,33 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
         }
       }
     }
-    // Every few seconds ask directly too: covers a lost event and notices a
-    // coordinator that went away (the request then fails with exit code 4).
+    // Every few seconds ask directly too: covers a lost event, and notices a
+    // coordinator that went away; after kFollowReconnect without one the
+    // request's error ends the command (exit code 4).
     if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(5)) {
       last_check = std::chrono::steady_clock::now();
-      Reply r = get_job(ctx, zctx, id);
-      if (int c = show(*r->body_as_JobInfo()); c >= 0) return c;
+      try {
+        Reply r = get_job(ctx, zctx, id);
+        if (unreachable_since) {
+          std::printf("job %llu: the coordinator is back\n", (unsigned long long)id);
+          unreachable_since.reset();
+        }
+        if (int c = show(*r->body_as_JobInfo()); c >= 0) return c;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::Timeout) throw;
+        auto now = std::chrono::steady_clock::now();
+        if (!unreachable_since) {
+          unreachable_since = now;
+          if (bar_shown) std::printf("\r\033[K");
+          bar_shown = false;
+          last_line.clear();
+          std::printf("job %llu: the coordinator does not answer; waiting up to %llds for it\n",
+                      (unsigned long long)id, (long long)kFollowReconnect.count());
+          std::fflush(stdout);
+        } else if (now - *unreachable_since > kFollowReconnect) {
+          throw;
+        }
+      }
     }
   }
 }
@@ -154,18 +197,14 @@ int submit(const Context& ctx, const std::string& file, bool follow,
       spec->epochs = *overrides.epochs;
       spec->steps = 0;
     }
-    {
-      // Files are checked by the coordinator, on the host where the job runs.
-      flatbuffers::FlatBufferBuilder check;
-      check.Finish(proto::JobSpec::Pack(check, spec.get()));
-      std::vector<uint8_t> b(check.GetBufferPointer(), check.GetBufferPointer() + check.GetSize());
-      validate_job(*verify_job(b), ValidationOptions{false, 0});
-    }
+    // Files are checked by the coordinator, on the host where the job runs.
+    validate_job(*spec, ValidationOptions{false, 0});
     zmq::context_t zctx(1);
     Reply r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
       auto s = proto::JobSpec::Pack(fbb, spec.get());
       return std::pair{proto::Body::SubmitJob, proto::CreateSubmitJob(fbb, s).Union()};
     });
+    expect(r, proto::Body::JobAccepted);
     uint64_t id = r->body_as_JobAccepted()->job_id();
     if (ctx.json) {
       std::cout << nlohmann::json{{"id", id}}.dump() << "\n";
@@ -180,18 +219,31 @@ int submit(const Context& ctx, const std::string& file, bool follow,
 int list_jobs(const Context& ctx) {
   return run_guarded([&] {
     zmq::context_t zctx(1);
-    Reply r = ask(ctx, zctx, [](flatbuffers::FlatBufferBuilder& fbb) {
-      return std::pair{proto::Body::ListJobs, proto::CreateListJobs(fbb).Union()};
-    });
-    const auto* list = r->body_as_JobList();
+    // Page by page (each reply stays far below the message size limit).
+    std::vector<Reply> pages;
+    std::vector<const proto::JobInfo*> jobs;
+    uint64_t after = 0;
+    bool more = true;
+    while (more) {
+      pages.push_back(ask(ctx, zctx, [after](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::ListJobs, proto::CreateListJobs(fbb, after).Union()};
+      }));
+      expect(pages.back(), proto::Body::JobList);
+      const auto* list = pages.back()->body_as_JobList();
+      if (list->jobs()) {
+        for (const auto* j : *list->jobs()) {
+          jobs.push_back(j);
+          after = j->id();
+        }
+      }
+      more = list->more() && list->jobs() && list->jobs()->size() > 0;
+    }
     if (ctx.json) {
       nlohmann::json out = nlohmann::json::array();
-      if (list->jobs()) {
-        for (const auto* j : *list->jobs()) out.push_back(job_to_json(*j));
-      }
+      for (const auto* j : jobs) out.push_back(job_to_json(*j));
       std::cout << out.dump(2) << "\n";
     } else {
-      std::cout << jobs_to_table(*list);
+      std::cout << jobs_to_table(jobs);
     }
     return 0;
   });

@@ -1,0 +1,62 @@
+// Delivers a job's reports to the coordinator from a thread of its own, so
+// the training thread never waits for the coordinator. Progress is
+// best-effort (only the latest is kept); epoch reports and final states are
+// sent in order and again until the coordinator acknowledges them (it does
+// once they are stored), also across a coordinator restart. A report the
+// coordinator refuses (not that agent's job any more) is dropped.
+//
+// Thread safety: all methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "agent/session.h"
+
+namespace leasehold {
+
+class JobReporter {
+ public:
+  // `session` must outlive the reporter's thread (see stop()).
+  explicit JobReporter(AgentSession& session);
+  // stop(drain). Never throws.
+  ~JobReporter();
+  JobReporter(const JobReporter&) = delete;
+  JobReporter& operator=(const JobReporter&) = delete;
+
+  // The latest progress of a running job; replaces progress not yet sent.
+  void progress(proto::JobUpdateT update);
+  // An epoch report or a final state (any state but "running" is final).
+  void reliable(proto::JobUpdateT update);
+  // Jobs (id, attempt) whose final report is not acknowledged yet.
+  std::vector<std::pair<uint64_t, uint32_t>> pending_finals() const;
+  // Waits until nothing is pending; false after `timeout`.
+  bool flush(std::chrono::milliseconds timeout);
+  // Tries for up to `drain` to deliver what is pending (an agent that stops
+  // reports its interrupted job), logs what it could not, and ends the
+  // thread; later reports are dropped. Idempotent; call it before the
+  // session goes away.
+  void stop(std::chrono::milliseconds drain);
+
+ private:
+  void loop();
+
+  AgentSession& session_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<proto::JobUpdateT> reliable_;          // GUARDED_BY(mu_)
+  std::map<uint64_t, proto::JobUpdateT> progress_;  // by job id; GUARDED_BY(mu_)
+  bool sending_ = false;                            // GUARDED_BY(mu_)
+  bool stop_ = false;                               // GUARDED_BY(mu_)
+  std::mutex stop_mu_;                              // serializes stop()
+  std::thread thread_;
+};
+
+}  // namespace leasehold

@@ -1,0 +1,277 @@
+#include "agent/session_core.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "shared/protocol.h"
+
+namespace leasehold::detail {
+namespace {
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>> pack_jobs(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<proto::AgentJobT>& jobs) {
+  std::vector<flatbuffers::Offset<proto::AgentJob>> v;
+  for (const auto& j : jobs) v.push_back(proto::AgentJob::Pack(fbb, &j));
+  return fbb.CreateVector(v);
+}
+
+}  // namespace
+
+void SessionCore::notify_listener(const std::string& what) {
+  std::function<void(const std::string&)> l;
+  {
+    std::lock_guard lock(mu);
+    l = listener;
+  }
+  if (l) l(what);
+}
+
+std::vector<proto::AgentJobT> SessionCore::current_jobs() {
+  std::function<std::vector<proto::AgentJobT>()> f;
+  {
+    std::lock_guard lock(mu);
+    f = job_states;
+  }
+  return f ? f() : std::vector<proto::AgentJobT>{};
+}
+
+void SessionCore::register_with(Connection& conn, std::chrono::milliseconds timeout) {
+  conn.set_session(0);
+  // What this agent still runs or reports from an earlier session: the
+  // coordinator will not start those jobs elsewhere until they are stopped.
+  auto jobs = current_jobs();
+  Reply r = conn.request(
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        auto name = fbb.CreateString(opts.name);
+        auto list = pack_jobs(fbb, jobs);
+        return std::pair{proto::Body::Register,
+                         proto::CreateRegister(fbb, name, getpid(), opts.device, list).Union()};
+      },
+      timeout);
+  r.throw_if_error();
+  const auto* ack = r->body_as_RegisterAck();
+  if (!ack || !ack->pool() || !ack->pool()->handle()) {
+    throw Error(ErrorCode::Malformed, "coordinator answered Register without a pool");
+  }
+  const auto* p = ack->pool();
+  PoolDescriptor desc;
+  desc.backend = p->backend() == proto::Backend::Cuda ? Backend::Cuda : Backend::Host;
+  desc.device = p->device();
+  desc.device_name = std::string(str(p->device_name()));
+  desc.size = p->size();
+  desc.alignment = p->alignment();
+  desc.handle.assign(p->handle()->begin(), p->handle()->end());
+  desc.epoch = p->epoch();
+
+  std::shared_ptr<PoolMapping> m;
+  {
+    std::lock_guard lock(mu);
+    if (mapping && mapping->descriptor().epoch == desc.epoch) m = mapping;
+  }
+  // The same pool is mapped only once per process (CUDA refuses to open one
+  // IPC handle twice); a new pool means the coordinator restarted.
+  if (!m) m = map_pool(desc);
+  {
+    std::lock_guard lock(mu);
+    session = ack->session();
+    ++epoch;
+    connected = true;
+    mapping = std::move(m);
+    heartbeat_interval =
+        std::chrono::milliseconds(std::max<uint32_t>(ack->heartbeat_interval_ms(), 10));
+    default_wait = std::chrono::milliseconds(ack->default_wait_ms());
+  }
+  conn.set_session(ack->session());
+  cv.notify_all();
+  spdlog::info("registered as '{}' with {} ({} pool of {} bytes on {})", opts.name, opts.endpoint,
+               backend_name(desc.backend), desc.size, desc.device_name);
+}
+
+void SessionCore::lose(const std::string& why) {
+  {
+    std::lock_guard lock(mu);
+    if (!connected) return;
+    connected = false;
+  }
+  cv.notify_all();
+  spdlog::warn("session with {} lost: {}; leases are void, registering again", opts.endpoint, why);
+  notify_listener(why);
+}
+
+void SessionCore::handle_push(const Reply& r) {
+  switch (r->body_type()) {
+    case proto::Body::Shutdown:
+      lose("the coordinator shut down");
+      break;
+    case proto::Body::AssignJob: {
+      const auto* a = r->body_as_AssignJob();
+      if (!a->spec()) break;
+      std::unique_ptr<proto::JobSpecT> spec(a->spec()->UnPack());
+      flatbuffers::FlatBufferBuilder fbb;
+      fbb.Finish(proto::JobSpec::Pack(fbb, spec.get()));
+      std::vector<uint8_t> buf(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+      std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> cb;
+      {
+        std::lock_guard lock(mu);
+        cb = on_assign;
+      }
+      if (cb) cb(a->job_id(), a->attempt(), std::move(buf));
+      // The next heartbeat lists the job: that is the acknowledgement.
+      heartbeat_due.store(true);
+      break;
+    }
+    case proto::Body::StopJob: {
+      std::function<void(uint64_t, uint32_t)> cb;
+      {
+        std::lock_guard lock(mu);
+        cb = on_stop;
+      }
+      const auto* s = r->body_as_StopJob();
+      if (cb) cb(s->job_id(), s->attempt());
+      heartbeat_due.store(true);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void SessionCore::heartbeat_loop(std::unique_ptr<Connection> conn) {
+  conn->on_notice = [this](const Reply& r) { handle_push(r); };
+  auto last_ok = std::chrono::steady_clock::now();
+  while (!stop.load()) {
+    std::chrono::milliseconds interval;
+    bool is_connected;
+    {
+      std::unique_lock lock(mu);
+      interval = heartbeat_interval;
+      is_connected = connected;
+    }
+    heartbeat_due.store(false);
+    if (is_connected) {
+      try {
+        auto jobs = current_jobs();
+        Reply r = conn->request(
+            [&](flatbuffers::FlatBufferBuilder& fbb) {
+              auto list = pack_jobs(fbb, jobs);
+              return std::pair{proto::Body::Heartbeat, proto::CreateHeartbeat(fbb, list).Union()};
+            },
+            interval);
+        if (r->body_type() == proto::Body::Error) {
+          const auto* e = r->body_as_Error();
+          if (e->code() == ErrorCode::UnknownSender) lose(std::string(str(e->message())));
+        } else {
+          last_ok = std::chrono::steady_clock::now();
+        }
+      } catch (const Error& e) {
+        // The coordinator purges agents silent for two intervals; past that
+        // our leases are gone whether or not it is still running.
+        auto silent = std::chrono::steady_clock::now() - last_ok;
+        if (silent > 2 * interval) {
+          lose("no heartbeat reply for " +
+               std::to_string(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+               " ms");
+        }
+        continue;  // the request already waited one interval
+      }
+    } else {
+      try {
+        register_with(*conn, std::max(interval, std::chrono::milliseconds(500)));
+        last_ok = std::chrono::steady_clock::now();
+        notify_listener("");
+      } catch (const std::exception& e) {
+        spdlog::debug("registration attempt failed: {}", e.what());
+      }
+    }
+    // Late lease grants on the control socket, while nobody else uses it.
+    if (std::unique_lock lock(control_mu, std::try_to_lock); lock.owns_lock()) {
+      release_strays();
+    }
+    // Until the next heartbeat, take what the coordinator pushes (jobs); a
+    // push makes the next heartbeat go at once.
+    auto next = std::chrono::steady_clock::now() + interval;
+    while (!stop.load() && !heartbeat_due.load()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          next - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      if (auto pushed = conn->receive(std::min(left, std::chrono::milliseconds(100)))) {
+        if ((*pushed)->header()->request_id() == 0) handle_push(*pushed);
+      }
+    }
+  }
+}
+
+void SessionCore::note_late_reply(const Reply& r) {
+  if (const auto* g = r->body_as_LeaseGrant(); g && g->lease()) {
+    spdlog::warn("lease {} ({} bytes) was granted after its request gave up; releasing it",
+                 g->lease()->id(), g->lease()->size());
+    stray_leases.push_back(g->lease()->id());
+  }
+}
+
+void SessionCore::release_strays() {
+  while (auto late = control->receive(std::chrono::milliseconds(0))) {
+    if ((*late)->header()->request_id() != 0) {
+      note_late_reply(*late);
+    } else if (control->on_notice) {
+      control->on_notice(*late);
+    }
+  }
+  if (stray_leases.empty()) return;
+  uint64_t token;
+  {
+    std::lock_guard lock(mu);
+    if (!connected) return;  // a lost session's leases are void anyway
+    token = session;
+  }
+  control->set_session(token);
+  for (uint64_t id : std::exchange(stray_leases, {})) {
+    try {
+      control
+          ->request(
+              [id](flatbuffers::FlatBufferBuilder& fbb) {
+                return std::pair{proto::Body::LeaseRelease,
+                                 proto::CreateLeaseRelease(fbb, id).Union()};
+              },
+              opts.request_timeout)
+          .throw_if_error();
+    } catch (const std::exception& e) {
+      spdlog::warn("could not release late lease {}: {}", id, e.what());
+    }
+  }
+}
+
+Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
+                      std::chrono::milliseconds timeout, uint64_t* epoch_out) {
+  uint64_t session, epoch;
+  {
+    std::lock_guard lock(core.mu);
+    if (!core.connected) {
+      throw Error(ErrorCode::UnknownSender, "agent '" + core.opts.name +
+                                                "' is not registered with the coordinator at " +
+                                                core.opts.endpoint +
+                                                " right now (it restarted or is unreachable)");
+    }
+    session = core.session;
+    epoch = core.epoch;
+  }
+  if (epoch_out) *epoch_out = epoch;
+  std::lock_guard lock(core.control_mu);
+  core.control->set_session(session);
+  Reply r = core.control->request(build, timeout);
+  core.release_strays();
+  r.throw_if_error();
+  return r;
+}
+
+void release_lease(SessionCore& core, uint64_t id) {
+  control_request(
+      core,
+      [id](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::LeaseRelease, proto::CreateLeaseRelease(fbb, id).Union()};
+      },
+      core.opts.request_timeout, nullptr);
+}
+
+}  // namespace leasehold::detail

@@ -1,0 +1,70 @@
+// The inside of an AgentSession (agent/session.h): registration, the
+// heartbeat thread, pushed messages, and the control socket's requests.
+// Shared by the session and every Lease it hands out, so that a Lease can be
+// released after the session object is gone. Not a public interface.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/session.h"
+#include "shared/connection.h"
+
+namespace leasehold::detail {
+
+struct SessionCore {
+  explicit SessionCore(AgentOptions o) : opts(std::move(o)), ctx(1) {}
+
+  AgentOptions opts;
+  zmq::context_t ctx;
+
+  std::mutex control_mu;                // serializes requests on `control`
+  std::unique_ptr<Connection> control;  // GUARDED_BY(control_mu)
+  // Leases granted after their request timed out: released as soon as the
+  // control socket is free. GUARDED_BY(control_mu)
+  std::vector<uint64_t> stray_leases;
+
+  mutable std::mutex mu;  // guards everything below
+  mutable std::condition_variable cv;
+  uint64_t session = 0;
+  uint64_t epoch = 0;  // registrations so far; a Lease of another epoch is lost
+  bool connected = false;
+  std::shared_ptr<PoolMapping> mapping;
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds default_wait{30000};
+  std::function<void(const std::string&)> listener;
+  std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign;
+  std::function<void(uint64_t, uint32_t)> on_stop;
+  std::function<std::vector<proto::AgentJobT>()> job_states;
+
+  std::atomic<bool> stop{false};
+  std::atomic<bool> heartbeat_due{false};  // send one now (after a push)
+  std::thread heartbeat;
+
+  void register_with(Connection& conn, std::chrono::milliseconds timeout);
+  void lose(const std::string& why);
+  // Acts on a message the coordinator pushed (request id 0).
+  void handle_push(const Reply& r);
+  void heartbeat_loop(std::unique_ptr<Connection> conn);
+  void notify_listener(const std::string& what);
+  std::vector<proto::AgentJobT> current_jobs();
+  // Remembers a lease granted to a request that had given up.
+  void note_late_reply(const Reply& r);  // REQUIRES: control_mu held
+  // Releases the stray leases, and takes late replies waiting on the control
+  // socket first. REQUIRES: control_mu held.
+  void release_strays();
+};
+
+// Sends a control request with the current session token. Throws Error.
+Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
+                      std::chrono::milliseconds timeout, uint64_t* epoch_out);
+void release_lease(SessionCore& core, uint64_t id);
+
+}  // namespace leasehold::detail

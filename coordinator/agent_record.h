@@ -1,0 +1,39 @@
+// What the coordinator knows about one registered agent.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coordinator/job_table.h"
+#include "schemas/leasehold_generated.h"
+
+namespace leasehold {
+
+struct AgentRecord {
+  std::string name;
+  int pid = 0;
+  int device = -1;
+  uint64_t session = 0;               // token the agent must present
+  std::set<std::string> routing_ids;  // its sockets (control, heartbeat)
+  Clock::time_point registered;
+  Clock::time_point last_seen;        // any valid message counts as a heartbeat;
+                                      // in the future until the first one
+  uint64_t job_id = 0;                // the job this coordinator gave it; 0: none
+  // The jobs it reported in its latest Register or Heartbeat.
+  std::vector<proto::AgentJobT> reported;
+  Clock::time_point stray_stop_sent{};  // last StopJob for a job it should not run
+
+  // True while it reports a job it has not stopped yet (queued, running or
+  // stopping): such an agent takes no new job.
+  bool reports_busy() const {
+    for (const auto& r : reported) {
+      if (r.phase != proto::JobPhase::Reporting) return true;
+    }
+    return false;
+  }
+  bool idle() const { return job_id == 0 && !reports_busy(); }
+};
+
+}  // namespace leasehold

@@ -1,0 +1,333 @@
+#include "coordinator/broker.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "coordinator/file_checks.h"
+#include "coordinator/job_codec.h"
+#include "coordinator/job_store.h"
+#include "coordinator/store_writer.h"
+#include "coordinator/wire.h"
+#include "shared/connection.h"
+#include "shared/endpoint.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+// Workers for file checks: a few, so one hung path does not stop the others.
+constexpr size_t kFileWorkers = 4;
+
+// Refuses to start when another coordinator answers at `endpoint`: binding an
+// ipc:// endpoint would silently take its socket away.
+void ensure_no_live_coordinator(zmq::context_t& ctx, const std::string& endpoint) {
+  auto path = ipc_path(endpoint);
+  if (path && !std::filesystem::exists(*path)) return;
+  Connection probe(ctx, endpoint, "leasehold-coordinator-probe");
+  try {
+    probe.request(
+        [](flatbuffers::FlatBufferBuilder& fbb) {
+          return std::pair{proto::Body::StatusRequest, proto::CreateStatusRequest(fbb).Union()};
+        },
+        std::chrono::milliseconds(300));
+  } catch (const Error&) {
+    if (path) spdlog::info("replacing stale socket {} left by an earlier run", *path);
+    return;
+  }
+  throw std::runtime_error("another leasehold-coordinator is already serving at " + endpoint);
+}
+
+// One coordinator per state directory: two would hand out the same job ids.
+// The lock goes with the process, so a crashed coordinator leaves none.
+int lock_state_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!std::filesystem::is_directory(dir)) {
+    throw std::runtime_error("cannot create the state directory " + dir + ": " +
+                             (ec ? ec.message() : "not a directory"));
+  }
+  std::string path = dir + "/coordinator.lock";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw std::runtime_error(err == EWOULDBLOCK
+                                 ? "another leasehold-coordinator uses the state directory " + dir
+                                 : "cannot lock " + path + ": " + std::strerror(err));
+  }
+  return fd;
+}
+
+uint64_t unix_now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+CoreOptions core_options(const CoordinatorOptions& o) {
+  CoreOptions c;
+  c.heartbeat_interval = o.heartbeat_interval;
+  c.lease_wait_timeout = o.lease_wait_timeout;
+  c.recovery_grace = o.recovery_grace;
+  c.state_dir = o.state_dir;
+  c.retention_count = o.job_retention_count;
+  c.retention_age = o.job_retention_age;
+  return c;
+}
+
+}  // namespace
+
+Broker::Broker(const CoordinatorOptions& opts)
+    : opts_(opts),
+      ctx_(1),
+      router_(ctx_, zmq::socket_type::router),
+      pub_(ctx_, zmq::socket_type::pub) {
+  prepare_ipc_directory(opts_.endpoint);
+  ensure_no_live_coordinator(ctx_, opts_.endpoint);
+  lock_fd_ = lock_state_dir(opts_.state_dir);
+
+  // The store first: a corrupt one stops us before any GPU memory is taken.
+  auto store = JobStore::open(opts_.state_dir + "/jobs.db");
+  JobStore::Contents stored = store->load();
+  std::vector<JobRecord> jobs;
+  for (const auto& row : stored.jobs) {
+    try {
+      jobs.push_back(decode_job(row.id, row.record));
+    } catch (const std::exception& e) {
+      throw std::runtime_error("job store " + store->path() + ": " + e.what() +
+                               "; move the file away to start with an empty store");
+    }
+  }
+
+  Backend backend = resolve_backend(opts_.backend);
+  DeviceMemory mem = query_device_memory(backend, opts_.device);
+  uint64_t size = align_down(opts_.pool_size.resolve(mem.free_bytes), opts_.alignment);
+  if (size == 0) {
+    throw std::runtime_error("pool size " + opts_.pool_size.to_string() + " of " +
+                             format_bytes(mem.free_bytes) + " free on " + mem.name +
+                             " is less than one aligned block of " +
+                             format_bytes(opts_.alignment));
+  }
+  if (opts_.pool_size.percent == 0 && size > mem.free_bytes) {
+    throw std::runtime_error("pool size " + format_bytes(size) + " exceeds the " +
+                             format_bytes(mem.free_bytes) + " free on " + mem.name);
+  }
+  device_pool_ = create_pool(backend, opts_.device, size, opts_.alignment, opts_.endpoint);
+
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+  auto wake = [fd = wake_fd_] {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
+  };
+  store_ = std::make_unique<StoreWriter>(std::move(store), wake);
+  files_ = std::make_unique<FileWorkers>(kFileWorkers, wake);
+  core_ = std::make_unique<CoordinatorCore>(core_options(opts_), device_pool_->descriptor(),
+                                            std::make_unique<FifoPolicy>(), now());
+  Effects effects;
+  core_->recover(std::move(jobs), stored.next_id, now(), effects);
+  apply(effects);
+
+  router_.set(zmq::sockopt::linger, 0);
+  router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxMessageBytes));
+  try {
+    router_.bind(opts_.endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("cannot bind " + opts_.endpoint + ": " + e.what());
+  }
+  pub_.set(zmq::sockopt::linger, 0);
+  try {
+    prepare_ipc_directory(opts_.events_endpoint);
+    pub_.bind(opts_.events_endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("cannot bind the events endpoint " + opts_.events_endpoint + ": " +
+                             e.what());
+  }
+  spdlog::info("pool: {} of {} on {} ({}, device {}), alignment {}; jobs in {}; listening on {}",
+               format_bytes(size), format_bytes(mem.free_bytes), mem.name, backend_name(backend),
+               opts_.device, format_bytes(opts_.alignment), opts_.state_dir, opts_.endpoint);
+}
+
+Broker::~Broker() {
+  // The writer commits what is queued before it stops; then nothing more
+  // can be sent (the loop has ended), so held messages are dropped.
+  store_.reset();
+  files_.reset();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  // ZeroMQ's ipc listener unlinks its socket file when the socket closes.
+}
+
+const PoolDescriptor& Broker::pool() const { return device_pool_->descriptor(); }
+
+std::string Broker::summary() const {
+  std::string s = core_->summary();
+  if (!store_error_.empty()) s += "; JOB STORE FAILING: " + store_error_;
+  return s;
+}
+
+Now Broker::now() const { return Now{Clock::now(), unix_now_ms()}; }
+
+void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tick_fn) {
+  // Wake often enough to purge dead agents well within three intervals.
+  const auto tick = std::max(std::chrono::milliseconds(5), opts_.heartbeat_interval / 4);
+  while (!stop.load()) {
+    auto timeout = tick;
+    if (auto d = core_->next_deadline()) {
+      auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*d - Clock::now());
+      timeout = std::clamp(until + std::chrono::milliseconds(1), std::chrono::milliseconds(0),
+                           tick);
+    }
+    zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                               {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, 2, timeout);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+    if (items[1].revents & ZMQ_POLLIN) wake_fd_drain();
+    if (items[0].revents & ZMQ_POLLIN) receive_requests();
+
+    Effects effects;
+    for (auto& r : files_->take_results()) {
+      core_->file_check_done(r.token, r.problems, now(), effects);
+    }
+    std::string error = store_->error();
+    if (error != store_error_) {
+      if (error.empty()) {
+        spdlog::info("job store commits again");
+      } else {
+        spdlog::error("job store cannot commit: {}", error);
+      }
+      store_error_ = error;
+      core_->set_store_error(error);
+    }
+    core_->tick(now(), effects);
+    apply(effects);
+    release_committed();
+    if (tick_fn) tick_fn();
+  }
+  spdlog::info("stopping: telling {} agents", core_->agents().size());
+  Effects bye;
+  core_->shutdown(bye);
+  for (auto& m : bye.messages) {
+    Outgoing o{false, m.to, encode_message(m)};
+    send(o);
+  }
+}
+
+void Broker::wake_fd_drain() {
+  uint64_t n;
+  while (::read(wake_fd_, &n, sizeof n) > 0) {
+  }
+}
+
+void Broker::receive_requests() {
+  // Drain what arrived (bounded, so housekeeping still runs under load).
+  for (int i = 0; i < 1024; ++i) {
+    std::vector<zmq::message_t> frames;
+    zmq::message_t frame;
+    try {
+      bool got = router_.recv(frame, zmq::recv_flags::dontwait).has_value();
+      while (got) {
+        bool more = frame.more();
+        frames.push_back(std::move(frame));
+        if (!more) break;
+        got = router_.recv(frame, zmq::recv_flags::none).has_value();
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw;
+    }
+    if (frames.empty()) return;
+    std::string rid = frames[0].to_string();
+    if (frames.size() != 2) {
+      spdlog::warn("rejected a message of {} frames (expected one)", frames.size() - 1);
+      Outgoing o{false, rid,
+                 make_error({0, "coordinator", 0}, ErrorCode::Malformed,
+                            "expected a single-frame message, got " +
+                                std::to_string(frames.size() - 1) + " frames")};
+      send(o);
+      continue;
+    }
+    handle(rid, frames[1]);
+  }
+}
+
+void Broker::handle(const std::string& routing_id, zmq::message_t& payload) {
+  AlignedBytes bytes(payload);
+  auto decoded = decode(bytes.bytes());
+  if (auto* err = std::get_if<DecodeError>(&decoded)) {
+    spdlog::warn("rejected a message of {} bytes: {}", payload.size(), err->message);
+    // Echo the request id when the header can be trusted enough to read it.
+    uint64_t request_id = 0;
+    if (err->code == ErrorCode::BadVersion) {
+      request_id = proto::GetEnvelope(bytes.bytes().data())->header()->request_id();
+    }
+    Outgoing o{false, routing_id, make_error({request_id, "coordinator", 0}, err->code,
+                                             err->message)};
+    return send(o);
+  }
+  Effects effects;
+  core_->handle(routing_id, *std::get<const proto::Envelope*>(decoded), now(), effects);
+  apply(effects);
+}
+
+void Broker::apply(Effects& effects) {
+  std::vector<Outgoing> out;
+  out.reserve(effects.messages.size() + effects.events.size());
+  for (const auto& m : effects.messages) out.push_back({false, m.to, encode_message(m)});
+  std::sort(effects.events.begin(), effects.events.end());
+  effects.events.erase(std::unique(effects.events.begin(), effects.events.end()),
+                       effects.events.end());
+  for (uint64_t id : effects.events) {
+    if (const JobRecord* job = core_->jobs().find(id)) {
+      out.push_back({true, event_topic(id), encode_event(*job)});
+    }
+  }
+  for (const auto& dir : effects.remove_dirs) files_->remove_dir(dir);
+  for (auto& check : effects.file_checks) files_->check(std::move(check));
+
+  if (!effects.writes_store()) {
+    for (auto& o : out) send(o);
+    return;
+  }
+  std::vector<StoredJob> puts;
+  for (uint64_t id : effects.store_puts) {
+    const JobRecord* job = core_->jobs().find(id);
+    if (!job) continue;  // pruned in the same call
+    puts.push_back(StoredJob{id, job_state_name(job->state), job->finished_ms, encode_job(*job)});
+  }
+  uint64_t seq = store_->write(std::move(puts), effects.store_deletes, core_->jobs().next_id());
+  if (!out.empty()) held_.push_back(Held{seq, std::move(out)});
+}
+
+void Broker::release_committed() {
+  uint64_t committed = store_->committed();
+  while (!held_.empty() && held_.front().seq <= committed) {
+    for (auto& o : held_.front().messages) send(o);
+    held_.pop_front();
+  }
+}
+
+void Broker::send(Outgoing& o) {
+  zmq::socket_t& socket = o.event ? pub_ : router_;
+  try {
+    socket.send(zmq::buffer(o.address), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    socket.send(o.body, zmq::send_flags::dontwait);
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("could not send {}: {}", o.event ? "an event" : "a reply", e.what());
+  }
+}
+
+}  // namespace leasehold

@@ -1,0 +1,88 @@
+// The coordinator's transport: one poll loop over the ROUTER socket, shaped
+// like the ZeroMQ guide's Majordomo broker, around the transport-free core
+// (coordinator/core.h). It owns everything with a file descriptor: the
+// sockets, the device pool, the job store and its writer thread, the file
+// workers and the lock on the state directory.
+//
+// Each turn: receive and decode requests and hand them to the core; hand it
+// finished file checks; let it tick; then carry out what it asked for.
+// Messages and events of a core call that changed stored jobs wait until the
+// store writer has committed those changes (a submission is acknowledged
+// only once it is durable; an assignment leaves only once it is recorded);
+// everything else is sent at once.
+//
+// Thread safety: run() is called from one thread; the stop flag may be set
+// from any thread or a signal handler.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "coordinator/core.h"
+#include "coordinator/options.h"
+
+namespace leasehold {
+
+class StoreWriter;
+class FileWorkers;
+
+class Broker {
+ public:
+  // Locks the state directory, opens the job store, creates the pool and
+  // binds the sockets. Throws std::runtime_error naming the cause (another
+  // coordinator on the endpoint or the state directory, a corrupt store, a
+  // pool too large, ...).
+  explicit Broker(const CoordinatorOptions& opts);
+  // Commits what is queued for the store (bounded wait) and frees the pool.
+  ~Broker();
+
+  // Serves until `stop` becomes true, then tells the agents and returns.
+  // `tick`, if set, runs once per loop turn (at least every heartbeat/4): the
+  // place for systemd's watchdog, so a hung loop stops the pings.
+  void run(const std::atomic<bool>& stop, const std::function<void()>& tick = {});
+
+  const PoolDescriptor& pool() const;
+  // A one-line summary for logs and systemd's STATUS=.
+  std::string summary() const;
+
+ private:
+  // One frame set to send: a reply/push (to a routing id) or an event.
+  struct Outgoing {
+    bool event = false;
+    std::string address;  // routing id, or the event's topic
+    zmq::message_t body;
+  };
+  struct Held {
+    uint64_t seq = 0;  // store write that must be committed first
+    std::vector<Outgoing> messages;
+  };
+
+  Now now() const;
+  void receive_requests();
+  void handle(const std::string& routing_id, zmq::message_t& payload);
+  void apply(Effects& effects);
+  void send(Outgoing& o);
+  void release_committed();
+  void wake_fd_drain();
+
+  CoordinatorOptions opts_;
+  int lock_fd_ = -1;  // flock on STATE_DIR/coordinator.lock
+  int wake_fd_ = -1;  // eventfd: the store writer or a file worker finished something
+  std::unique_ptr<DevicePool> device_pool_;
+  std::unique_ptr<CoordinatorCore> core_;
+  std::unique_ptr<StoreWriter> store_;
+  std::unique_ptr<FileWorkers> files_;
+  zmq::context_t ctx_;
+  zmq::socket_t router_;
+  zmq::socket_t pub_;
+  std::deque<Held> held_;
+  std::string store_error_;
+};
+
+}  // namespace leasehold

@@ -1,0 +1,370 @@
+// The core's agents and leases: registration, heart-beats, lease requests,
+// purging silent agents, status. Jobs are in core_jobs.cpp.
+#include "coordinator/core.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cctype>
+#include <cerrno>
+#include <random>
+
+#include "coordinator/replies.h"
+#include "shared/protocol.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+// A client may ask to wait at most this long for a lease.
+constexpr std::chrono::hours kMaxLeaseWait{24};
+
+bool valid_name(std::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+          c == '@' || c == ':')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool default_process_gone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+PoolAllocator::End to_end(proto::LeaseEnd e) {
+  return e == proto::LeaseEnd::High ? PoolAllocator::End::High : PoolAllocator::End::Low;
+}
+
+uint64_t ms_between(Clock::time_point from, Clock::time_point to) {
+  return static_cast<uint64_t>(
+      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count()));
+}
+
+}  // namespace
+
+CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
+                                 std::unique_ptr<SchedulingPolicy> policy, Now now)
+    : opts_(std::move(options)),
+      pool_(std::move(pool)),
+      policy_(std::move(policy)),
+      leases_(pool_.size, pool_.alignment),
+      started_(now.steady) {
+  if (!opts_.process_gone) opts_.process_gone = default_process_gone;
+  next_session_ = opts_.session_seed;
+  if (next_session_ == 0) {
+    std::random_device rd;
+    next_session_ = (static_cast<uint64_t>(rd()) << 32) | rd();
+  }
+}
+
+std::string CoordinatorCore::summary() const {
+  const auto& a = leases_.allocator();
+  size_t queued = 0, running = 0;
+  for (const auto& [id, j] : jobs_.all()) {
+    queued += j.state == JobState::Queued;
+    running += j.state == JobState::Running;
+  }
+  return std::to_string(agents_.size()) + " agents, " + std::to_string(leases_.leases().size()) +
+         " leases, " + format_bytes(a.used_bytes()) + " of " + format_bytes(a.pool_size()) +
+         " leased, " + std::to_string(queued) + " jobs queued, " + std::to_string(running) +
+         " running";
+}
+
+void CoordinatorCore::handle(const std::string& routing_id, const proto::Envelope& request,
+                             Now now, Effects& out) {
+  try {
+    dispatch(routing_id, request, now, out);
+  } catch (const std::exception& e) {
+    // A bug or a resource failure while serving one request must not take
+    // the coordinator down; the peer learns what happened.
+    spdlog::error("internal error while serving a request: {}", e.what());
+    send_error(out, routing_id, request.header()->request_id(), ErrorCode::Internal,
+               std::string("internal error: ") + e.what());
+  }
+}
+
+void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& env, Now now,
+                               Effects& out) {
+  const auto* hdr = env.header();
+  uint64_t req = hdr->request_id();
+  switch (env.body_type()) {
+    case proto::Body::Register:
+      return on_register(rid, env, now, out);
+    case proto::Body::StatusRequest:
+      return on_status(rid, req, now, out);
+    case proto::Body::SubmitJob:
+      return on_submit(rid, env, now, out);
+    case proto::Body::ListJobs:
+      return on_list_jobs(rid, env, out);
+    case proto::Body::GetJob:
+      return on_get_job(rid, env, out);
+    case proto::Body::CancelJob:
+      return on_cancel(rid, env, now, out);
+    case proto::Body::JobUpdate:
+    case proto::Body::Heartbeat:
+    case proto::Body::Unregister:
+    case proto::Body::LeaseRequest:
+    case proto::Body::LeaseResize:
+    case proto::Body::LeaseRelease:
+      break;
+    default:
+      return send_error(out, rid, req, ErrorCode::Malformed,
+                        std::string("message type ") + proto::EnumNameBody(env.body_type()) +
+                            " is not a request the coordinator serves");
+  }
+
+  // Everything below needs a registered agent presenting its session token.
+  std::string name(str(hdr->sender()));
+  auto it = agents_.find(name);
+  if (it == agents_.end() || it->second.session != hdr->session()) {
+    return send_error(out, rid, req, ErrorCode::UnknownSender,
+                      "agent '" + name +
+                          "' is not registered with this coordinator (it may have restarted); "
+                          "register first");
+  }
+  AgentRecord& agent = it->second;
+  agent.last_seen = now.steady;  // also ends the first-heartbeat grace
+  if (agent.routing_ids.insert(rid).second && agent.routing_ids.size() > 4) {
+    agent.routing_ids.erase(agent.routing_ids.begin());
+  }
+
+  switch (env.body_type()) {
+    case proto::Body::Heartbeat:
+      reconcile(agent, nullptr, env.body_as_Heartbeat(), now, out);
+      send(out, rid, req, proto::HeartbeatAckT{});
+      return schedule(now, out);
+    case proto::Body::Unregister:
+      drop_agent(name, "unregistered", JobFate::Requeue, now, out);
+      send_ack(out, rid, req);
+      serve_waiting(out);
+      return schedule(now, out);
+    case proto::Body::LeaseRequest:
+      return on_lease_request(rid, agent, env, now, out);
+    case proto::Body::JobUpdate:
+      return on_job_update(rid, agent, env, now, out);
+    case proto::Body::LeaseResize: {
+      const auto* r = env.body_as_LeaseResize();
+      auto result = leases_.resize(name, r->lease_id(), r->size());
+      if (auto* refusal = std::get_if<Refusal>(&result)) {
+        return send_error(out, rid, req, refusal->code, refusal->message);
+      }
+      proto::LeaseGrantT grant;
+      grant.lease = lease_object(std::get<LeaseRecord>(result));
+      send(out, rid, req, std::move(grant));
+      return serve_waiting(out);
+    }
+    case proto::Body::LeaseRelease: {
+      const auto* r = env.body_as_LeaseRelease();
+      if (auto refusal = leases_.release(name, r->lease_id())) {
+        return send_error(out, rid, req, refusal->code, refusal->message);
+      }
+      send_ack(out, rid, req);
+      return serve_waiting(out);
+    }
+    default:
+      return;
+  }
+}
+
+void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope& env, Now now,
+                                  Effects& out) {
+  const auto* r = env.body_as_Register();
+  uint64_t req = env.header()->request_id();
+  std::string name(str(r->name()));
+  if (!valid_name(name)) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "agent name '" + name.substr(0, kMaxNameLength) +
+                          "' is invalid: use 1-128 letters, digits, '-', '_', '.', '@' or ':'");
+  }
+  if (r->pid() <= 0) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "pid " + std::to_string(r->pid()) + " is invalid");
+  }
+  if (r->device() >= 0 && r->device() != pool_.device) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "agent wants device " + std::to_string(r->device()) +
+                          " but this coordinator's pool is on device " +
+                          std::to_string(pool_.device));
+  }
+  if (auto it = agents_.find(name); it != agents_.end()) {
+    const AgentRecord& old = it->second;
+    if (old.pid == r->pid()) {
+      // The same process registering again lost its session (for example a
+      // reply that never reached it): its old leases are void, and its job
+      // waits for what it reports below.
+      drop_agent(name, "registered again", JobFate::Orphan, now, out);
+    } else if (opts_.process_gone(old.pid)) {
+      drop_agent(name, "replaced: its process is gone", JobFate::AgentLost, now, out);
+    } else {
+      return send_error(out, rid, req, ErrorCode::NameTaken,
+                        "agent name '" + name + "' is in use by live pid " +
+                            std::to_string(old.pid));
+    }
+    serve_waiting(out);
+  }
+  AgentRecord& rec = agents_[name];
+  rec.name = name;
+  rec.pid = r->pid();
+  rec.device = pool_.device;
+  rec.session = ++next_session_;
+  rec.routing_ids.insert(rid);
+  rec.registered = now.steady;
+  rec.last_seen = now.steady + opts_.first_heartbeat_grace;
+  spdlog::info("agent '{}' (pid {}) registered; {}", name, rec.pid, summary());
+
+  proto::RegisterAckT ack;
+  ack.session = rec.session;
+  ack.heartbeat_interval_ms = static_cast<uint32_t>(opts_.heartbeat_interval.count());
+  ack.pool = pool_info_object(pool_);
+  ack.default_wait_ms = static_cast<uint32_t>(opts_.lease_wait_timeout.count());
+  send(out, rid, req, std::move(ack));
+  // What it still runs from an earlier session; then it may take a job.
+  reconcile(rec, r, nullptr, now, out);
+  schedule(now, out);
+}
+
+void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agent,
+                                       const proto::Envelope& env, Now now, Effects& out) {
+  const auto* r = env.body_as_LeaseRequest();
+  uint64_t req = env.header()->request_id();
+  int64_t wait_ms = r->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : r->wait_ms();
+  wait_ms = std::min<int64_t>(wait_ms, std::chrono::milliseconds(kMaxLeaseWait).count());
+  PendingRequest pending{agent.name, r->size(), to_end(r->end()),
+                         now.steady + std::chrono::milliseconds(wait_ms), {rid, req}};
+  auto admit = [this](const PendingRequest& p) { return policy_->may_grant(p, leases_); };
+  auto outcome = leases_.request(pending, wait_ms > 0, admit);
+  if (auto* refusal = std::get_if<Refusal>(&outcome)) {
+    spdlog::info("lease of {} for '{}' refused: {}", format_bytes(r->size()), agent.name,
+                 refusal->message);
+    return send_error(out, rid, req, refusal->code, refusal->message);
+  }
+  if (std::holds_alternative<LeaseTable::Queued>(outcome)) {
+    spdlog::info("lease of {} for '{}' waits up to {} ms for memory", format_bytes(r->size()),
+                 agent.name, wait_ms);
+    return;
+  }
+  const auto& rec = std::get<LeaseRecord>(outcome);
+  spdlog::debug("lease {} granted to '{}': offset {} size {}", rec.id, agent.name, rec.offset,
+                rec.size);
+  proto::LeaseGrantT grant;
+  grant.lease = lease_object(rec);
+  send(out, rid, req, std::move(grant));
+}
+
+void CoordinatorCore::serve_waiting(Effects& out) {
+  auto admit = [this](const PendingRequest& p) { return policy_->may_grant(p, leases_); };
+  for (const auto& g : leases_.grant_waiting(admit)) {
+    spdlog::info("waiting lease of {} granted to '{}' (lease {})", format_bytes(g.lease.size),
+                 g.lease.owner, g.lease.id);
+    proto::LeaseGrantT grant;
+    grant.lease = lease_object(g.lease);
+    send(out, g.reply_to.routing_id, g.reply_to.request_id, std::move(grant));
+  }
+}
+
+void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, Effects& out) {
+  const auto& alloc = leases_.allocator();
+  proto::StatusReplyT status;
+  status.pool = std::make_unique<proto::PoolUsageT>();
+  status.pool->info = pool_info_object(pool_);
+  status.pool->used_bytes = alloc.used_bytes();
+  status.pool->free_bytes = alloc.free_bytes();
+  status.pool->largest_free_bytes = alloc.largest_free();
+  status.pool->free_blocks = static_cast<uint32_t>(alloc.free_block_count());
+
+  // Per-agent totals in one pass over the leases.
+  std::map<std::string, std::pair<uint64_t, uint32_t>> held;
+  for (const auto& [id, rec] : leases_.leases()) {
+    auto& h = held[rec.owner];
+    h.first += rec.size;
+    h.second += 1;
+    status.leases.push_back(lease_object(rec));
+  }
+  for (const auto& [name, agent] : agents_) {
+    auto [bytes, count] = held[name];
+    auto a = std::make_unique<proto::AgentInfoT>();
+    a->name = name;
+    a->pid = agent.pid;
+    a->device = agent.device;
+    a->state = !agent.idle() ? "running" : count ? "leasing" : "idle";
+    a->leased_bytes = bytes;
+    a->lease_count = count;
+    // last_seen is in the future while an agent is within its first-heartbeat grace.
+    a->last_heartbeat_ms_ago = ms_between(agent.last_seen, now.steady);
+    status.agents.push_back(std::move(a));
+  }
+  status.pending_requests = static_cast<uint32_t>(leases_.waiting());
+  status.uptime_ms = ms_between(started_, now.steady);
+  send(out, rid, req, std::move(status));
+}
+
+void CoordinatorCore::drop_agent(const std::string& name, const std::string& why, JobFate fate,
+                                 Now now, Effects& out) {
+  auto it = agents_.find(name);
+  if (it == agents_.end()) return;
+  uint64_t job_id = it->second.job_id;
+  int pid = it->second.pid;
+  auto [count, bytes] = leases_.release_all(name);
+  agents_.erase(it);
+  spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
+               format_bytes(bytes));
+  JobRecord* job = job_id ? jobs_.find(job_id) : nullptr;
+  if (!job || job->state != JobState::Running || job->agent != name) return;
+  if (fate == JobFate::Orphan) {
+    // Registering again right now: what it reports decides (reconcile).
+    job->orphaned_since = now.steady;
+    return;
+  }
+  requeue(*job, "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);
+}
+
+void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
+  const auto limit = opts_.heartbeat_interval * 2;
+  std::vector<std::pair<std::string, uint64_t>> dead;
+  for (const auto& [name, agent] : agents_) {
+    if (now.steady - agent.last_seen > limit) {
+      dead.emplace_back(name, ms_between(agent.last_seen, now.steady));
+    }
+  }
+  // Drop every dead agent before anything is scheduled again, so that no
+  // job goes to an agent that is about to be dropped in the same turn.
+  for (const auto& [name, silent_ms] : dead) {
+    spdlog::warn("agent '{}' sent no heartbeat for {} ms", name, silent_ms);
+    drop_agent(name, "declared dead (no heartbeat for " + std::to_string(silent_ms) + " ms)",
+               JobFate::AgentLost, now, out);
+  }
+  if (!dead.empty()) serve_waiting(out);
+}
+
+void CoordinatorCore::tick(Now now, Effects& out) {
+  purge_dead_agents(now, out);
+  for (auto& e : leases_.expire(now.steady)) {
+    send_error(out, e.reply_to.routing_id, e.reply_to.request_id, e.refusal.code,
+               e.refusal.message);
+  }
+  expire_file_checks(now, out);
+  release_orphans(now, out);
+  resend_pushes(now, out);
+  prune(now, out);
+  schedule(now, out);
+}
+
+std::optional<Clock::time_point> CoordinatorCore::next_deadline() const {
+  std::optional<Clock::time_point> best = leases_.next_deadline();
+  for (const auto& [token, p] : pending_submits_) {
+    if (!best || p.deadline < *best) best = p.deadline;
+  }
+  return best;
+}
+
+void CoordinatorCore::shutdown(Effects& out) {
+  for (const auto& [name, agent] : agents_) {
+    proto::ShutdownT s;
+    s.reason = "coordinator is shutting down";
+    for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::ShutdownT(s));
+  }
+}
+
+}  // namespace leasehold

@@ -1,0 +1,173 @@
+// The coordinator's core: the agent registry, the lease table, the job table
+// and scheduling, with every rule about them. It takes decoded requests and
+// the current time and returns what to send, publish and store (Effects); it
+// never touches a socket, a file or the clock, so unit tests drive it with a
+// fake clock (tests/coordinator_core_test.cpp). coordinator/broker.h is the
+// transport around it.
+//
+// Jobs and their agents, in short:
+// - A queued job starts on an idle agent: AssignJob is pushed (and pushed
+//   again every heartbeat interval) until the agent's heartbeat lists it.
+// - Agents list their jobs with a phase in every Register and Heartbeat. An
+//   agent listing a job it should not run is told to stop it, and takes no
+//   new job (nor does anyone take that job) until it has stopped.
+// - An agent that dies or goes silent loses its job back to the queue; the
+//   job resumes from its last checkpoint on another agent, up to its
+//   max_attempts requeues, then fails with every attempt's reason.
+// - Final results and epoch reports are acknowledged once stored.
+// - After a restart, jobs that were running wait for their agent: an agent
+//   that registers without them, or none within recovery_grace, sends them
+//   back to the queue ("coordinator restarted; resuming from epoch 3").
+//
+// Thread safety: none; one thread (the broker's loop) calls it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/agent_record.h"
+#include "coordinator/effects.h"
+#include "coordinator/job_table.h"
+#include "coordinator/lease_table.h"
+#include "coordinator/scheduler.h"
+#include "shared/device.h"
+
+namespace leasehold {
+
+// The time, as the caller's clocks read it: steady for timeouts, Unix
+// milliseconds for what is shown and stored.
+struct Now {
+  Clock::time_point steady;
+  uint64_t unix_ms = 0;
+};
+
+struct CoreOptions {
+  // Agents heart-beat at this interval; one silent for two is declared dead.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // How long a lease request that does not fit may wait by default.
+  std::chrono::milliseconds lease_wait_timeout{30000};
+  // Time a newly registered agent has before its first heartbeat: it maps
+  // the pool first, and creating a CUDA context plus cudaIpcOpenMemHandle can
+  // take seconds when many agents start at once (seen: 32 agents on one H200).
+  std::chrono::milliseconds first_heartbeat_grace{30000};
+  // After a restart, how long a job found running waits for its agent to
+  // come back before it is requeued anyway.
+  std::chrono::milliseconds recovery_grace{10000};
+  // How long the checks of a submitted job's files may take.
+  std::chrono::milliseconds file_check_timeout{10000};
+  // Jobs without a checkpoint directory get STATE_DIR/checkpoints/ID.
+  std::string state_dir;
+  // Finished jobs kept: at most this many, none older than retention_age.
+  uint32_t retention_count = 1000;
+  std::chrono::milliseconds retention_age{std::chrono::hours(24 * 30)};
+  // Jobs per ListJobs page (summaries stay far below the message size).
+  uint32_t list_page_size = 200;
+  // First session token; 0 picks a random one.
+  uint64_t session_seed = 0;
+  // Whether a process certainly no longer exists (default: kill(pid, 0)).
+  std::function<bool(int pid)> process_gone;
+};
+
+class CoordinatorCore {
+ public:
+  CoordinatorCore(CoreOptions options, PoolDescriptor pool,
+                  std::unique_ptr<SchedulingPolicy> policy, Now now);
+
+  // Takes the jobs read from the store at start. Jobs that were running
+  // wait for their agent (see above). Call before anything else.
+  void recover(std::vector<JobRecord> jobs, uint64_t next_id, Now now, Effects& out);
+  // Serves one verified request from the socket `routing_id`.
+  void handle(const std::string& routing_id, const proto::Envelope& request, Now now,
+              Effects& out);
+  // The result of a FileCheck: the problems found (none: the job is valid).
+  void file_check_done(uint64_t token, const std::vector<std::string>& problems, Now now,
+                       Effects& out);
+  // Housekeeping; call at least every heartbeat_interval / 4 and at
+  // next_deadline(): purges silent agents, expires waiting requests and file
+  // checks, resends unacknowledged pushes, requeues orphaned jobs, prunes.
+  void tick(Now now, Effects& out);
+  // The earliest time tick() has something to expire, if any.
+  std::optional<Clock::time_point> next_deadline() const;
+  // The coordinator is stopping: tells every agent.
+  void shutdown(Effects& out);
+  // Non-empty while the job store cannot commit: submissions are refused
+  // with this reason (nothing could be acknowledged).
+  void set_store_error(std::string error) { store_error_ = std::move(error); }
+
+  const std::map<std::string, AgentRecord>& agents() const { return agents_; }
+  const LeaseTable& leases() const { return leases_; }
+  const JobTable& jobs() const { return jobs_; }
+  const PoolDescriptor& pool() const { return pool_; }
+  // "3 agents, 5 leases, 1.00 GiB of 4.00 GiB leased, 2 jobs queued, 1 running"
+  std::string summary() const;
+
+ private:
+  // A submission whose files are being checked.
+  struct PendingSubmit {
+    std::string routing_id;
+    uint64_t request_id = 0;
+    std::shared_ptr<proto::JobSpecT> spec;
+    Clock::time_point deadline;
+  };
+  // How a dropped agent's job goes on.
+  enum class JobFate {
+    AgentLost,  // requeued and counted against max_attempts
+    Requeue,    // requeued, not counted (the agent left in order)
+    Orphan,     // kept until the agent says (it registered again)
+  };
+
+  void dispatch(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void on_register(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void on_lease_request(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
+                        Now now, Effects& out);
+  void on_status(const std::string& rid, uint64_t req, Now now, Effects& out);
+  void serve_waiting(Effects& out);
+  void purge_dead_agents(Now now, Effects& out);
+  void drop_agent(const std::string& name, const std::string& why, JobFate fate, Now now,
+                  Effects& out);
+
+  // Jobs (core_jobs.cpp).
+  void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void on_list_jobs(const std::string& rid, const proto::Envelope& env, Effects& out);
+  void on_get_job(const std::string& rid, const proto::Envelope& env, Effects& out);
+  void on_cancel(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void on_job_update(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
+                     Now now, Effects& out);
+  // Takes the jobs an agent lists in a Register or Heartbeat.
+  void reconcile(AgentRecord& agent, const proto::Register* reg, const proto::Heartbeat* hb,
+                 Now now, Effects& out);
+  void schedule(Now now, Effects& out);
+  void assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out);
+  void push_assign(const JobRecord& job, const AgentRecord& agent, Effects& out);
+  void push_stop(uint64_t job_id, uint32_t attempt, const AgentRecord& agent, Effects& out);
+  void resend_pushes(Now now, Effects& out);
+  // The running `job` stopped without finishing: back to the queue (or
+  // cancelled when that was asked, or failed after too many lost agents).
+  void requeue(JobRecord& job, const std::string& why, bool agent_lost, Now now, Effects& out);
+  void finish(JobRecord& job, JobState state, const std::string& reason, Now now, Effects& out);
+  void release_orphans(Now now, Effects& out);
+  void expire_file_checks(Now now, Effects& out);
+  void prune(Now now, Effects& out);
+  void changed(const JobRecord& job, Effects& out);  // store and publish
+
+  CoreOptions opts_;
+  PoolDescriptor pool_;
+  std::unique_ptr<SchedulingPolicy> policy_;
+  LeaseTable leases_;
+  JobTable jobs_;
+  std::map<std::string, AgentRecord> agents_;
+  std::map<uint64_t, PendingSubmit> pending_submits_;
+  uint64_t next_check_token_ = 1;
+  uint64_t next_session_;
+  Clock::time_point started_;
+  std::optional<Clock::time_point> last_prune_;
+  std::string store_error_;
+};
+
+}  // namespace leasehold

@@ -1,0 +1,53 @@
+// What one call into the coordinator's core asks the transport to do: send
+// messages, publish job events, write job rows, check job files, remove
+// folders. The core decides; the transport (coordinator/broker.h) encodes,
+// sends and performs the I/O, so the core never touches a socket, a file or
+// the clock.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "schemas/leasehold_generated.h"
+
+namespace leasehold {
+
+// A reply (request_id of the request) or a push (request_id 0) to one socket.
+struct OutMessage {
+  std::string to;  // ZeroMQ routing id
+  uint64_t request_id = 0;
+  proto::BodyUnion body;
+};
+
+// Dataset files of a submitted job to check off the loop's thread (they may
+// sit on a slow or hung file system).
+struct FileCheck {
+  uint64_t token = 0;
+  std::shared_ptr<const proto::JobSpecT> spec;
+  uint64_t pool_bytes = 0;
+};
+
+struct Effects {
+  std::vector<OutMessage> messages;
+  // Jobs whose state is published (their state at the end of the call).
+  std::vector<uint64_t> events;
+  // Jobs whose stored row must be rewritten, and jobs to delete from the
+  // store. Messages and events of a call that writes are released only once
+  // the write is committed, so nobody learns a state a crash could undo.
+  std::set<uint64_t> store_puts;
+  std::vector<uint64_t> store_deletes;
+  std::vector<FileCheck> file_checks;
+  // Folders to delete (checkpoints of pruned jobs).
+  std::vector<std::string> remove_dirs;
+
+  bool writes_store() const { return !store_puts.empty() || !store_deletes.empty(); }
+  bool empty() const {
+    return messages.empty() && events.empty() && !writes_store() && file_checks.empty() &&
+           remove_dirs.empty();
+  }
+};
+
+}  // namespace leasehold

@@ -1,0 +1,109 @@
+#include "coordinator/job_codec.h"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace leasehold {
+namespace {
+
+template <class T>
+std::vector<T> tail(const std::vector<T>& v, size_t n) {
+  return v.size() <= n ? v : std::vector<T>(v.end() - static_cast<std::ptrdiff_t>(n), v.end());
+}
+
+constexpr InfoDetail kEverything{true, SIZE_MAX, SIZE_MAX};
+
+}  // namespace
+
+std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail& detail) {
+  auto info = std::make_unique<proto::JobInfoT>();
+  info->id = job.id;
+  info->name = job.name;
+  info->state = job_state_name(job.state);
+  info->agent = job.agent;
+  info->priority = job.priority;
+  info->submitted_ms = job.submitted_ms;
+  for (const auto& h : tail(job.history, detail.max_history)) {
+    info->history.push_back(std::make_unique<proto::StateChangeT>(h));
+  }
+  info->history_total = static_cast<uint32_t>(job.history.size());
+  info->progress = std::make_unique<proto::ProgressT>(job.progress);
+  for (const auto& e : tail(job.epochs, detail.max_epochs)) {
+    info->epochs.push_back(std::make_unique<proto::EpochStatT>(e));
+  }
+  info->epochs_total = static_cast<uint32_t>(job.epochs.size());
+  info->test_accuracy = job.test_accuracy;
+  info->samples_per_second = job.samples_per_second;
+  info->reason = job.reason;
+  if (detail.spec && job.spec) info->spec = std::make_unique<proto::JobSpecT>(*job.spec);
+  for (const auto& a : job.attempts) {
+    auto t = std::make_unique<proto::AttemptT>();
+    t->number = a.number;
+    t->agent = a.agent;
+    t->started_ms = a.started_ms;
+    t->ended_ms = a.ended_ms;
+    t->outcome = a.outcome;
+    t->reason = a.reason;
+    t->resumed_from_epoch = a.resumed_from_epoch;
+    info->attempts.push_back(std::move(t));
+  }
+  info->max_attempts = job.max_attempts;
+  info->agent_failures = job.agent_failures;
+  info->resumed_from_epoch = job.attempts.empty() ? 0 : job.attempts.back().resumed_from_epoch;
+  info->checkpoint = job.checkpoint;
+  info->cancel_requested = job.cancel_requested;
+  info->finished_ms = job.finished_ms;
+  return info;
+}
+
+std::vector<uint8_t> encode_job(const JobRecord& job) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  auto info = job_info(job, kEverything);
+  fbb.Finish(proto::JobInfo::Pack(fbb, info.get()));
+  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+}
+
+JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
+  auto bad = [&](const std::string& why) {
+    return std::runtime_error("stored job " + std::to_string(id) + " is unreadable: " + why);
+  };
+  // FlatBuffers reads fields in place: copy to an aligned buffer first.
+  std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
+  if (!bytes.empty()) std::memcpy(aligned.data(), bytes.data(), bytes.size());
+  const auto* data = reinterpret_cast<const uint8_t*>(aligned.data());
+  flatbuffers::Verifier v(data, bytes.size());
+  if (!v.VerifyBuffer<proto::JobInfo>(nullptr)) throw bad("it fails FlatBuffers verification");
+  std::unique_ptr<proto::JobInfoT> info(flatbuffers::GetRoot<proto::JobInfo>(data)->UnPack());
+  if (info->id != id) throw bad("it holds job " + std::to_string(info->id));
+  auto state = parse_job_state(info->state);
+  if (!state) throw bad("unknown state '" + info->state + "'");
+  if (!info->spec) throw bad("it has no job specification");
+
+  JobRecord job;
+  job.id = info->id;
+  job.name = info->name;
+  job.priority = info->priority;
+  job.device = info->spec->device.empty() ? "auto" : info->spec->device;
+  job.spec = std::shared_ptr<const proto::JobSpecT>(std::move(info->spec));
+  job.state = *state;
+  job.agent = info->agent;
+  job.reason = info->reason;
+  job.submitted_ms = info->submitted_ms;
+  job.finished_ms = info->finished_ms;
+  for (auto& h : info->history) job.history.push_back(*h);
+  if (info->progress) job.progress = *info->progress;
+  for (auto& e : info->epochs) job.epochs.push_back(*e);
+  job.test_accuracy = info->test_accuracy;
+  job.samples_per_second = info->samples_per_second;
+  job.cancel_requested = info->cancel_requested;
+  for (auto& a : info->attempts) {
+    job.attempts.push_back(AttemptRecord{a->number, a->agent, a->started_ms, a->ended_ms,
+                                         a->outcome, a->reason, a->resumed_from_epoch});
+  }
+  job.agent_failures = info->agent_failures;
+  job.max_attempts = info->max_attempts;
+  job.checkpoint = info->checkpoint;
+  return job;
+}
+
+}  // namespace leasehold

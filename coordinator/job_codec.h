@@ -1,0 +1,36 @@
+// Job records as the protocol's JobInfo: for replies (summaries in lists and
+// events, the full record for `leasehold job`), and as the bytes of a job's
+// row in the store (everything, so a restart restores the job exactly).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "coordinator/job_table.h"
+#include "schemas/leasehold_generated.h"
+
+namespace leasehold {
+
+// How much of a job goes into a JobInfo. Lists and events carry only the
+// latest epochs and history so that a page of many jobs stays far below the
+// protocol's message size; epochs_total and history_total say how many
+// there are.
+struct InfoDetail {
+  bool spec = false;
+  size_t max_epochs = SIZE_MAX;
+  size_t max_history = SIZE_MAX;
+};
+inline constexpr InfoDetail kSummaryDetail{false, 20, 30};
+inline constexpr InfoDetail kFullDetail{true, 10000, 1000};
+
+std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail& detail);
+
+// A job's stored row: a JobInfo buffer holding everything.
+std::vector<uint8_t> encode_job(const JobRecord& job);
+// Throws std::runtime_error naming the job when `bytes` is not a valid row.
+JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes);
+
+}  // namespace leasehold

@@ -1,0 +1,129 @@
+// The coordinator's core with a fake clock: agents, heart-beats, purging and
+// leases. No sockets, no processes, no sleeping.
+#include <gtest/gtest.h>
+
+#include "tests/support/core_driver.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+CoreOptions options() {
+  CoreOptions o;
+  o.heartbeat_interval = 1000ms;
+  o.lease_wait_timeout = 5000ms;
+  o.first_heartbeat_grace = 10000ms;
+  return o;
+}
+
+TEST(CoreAgents, SilentAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed) {
+  CoreDriver d(options());
+  FakeAgent a = d.register_agent("a", 11);
+  d.heartbeat(a);  // ends the first-heartbeat grace
+  ASSERT_EQ(messages(d.lease(a, 3 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
+  EXPECT_EQ(d.core().leases().allocator().used_bytes(), 3u << 20);
+
+  // The broker ticks every interval/4: purged on the first tick past two
+  // intervals, so within 2.25 intervals of the last heartbeat.
+  for (int i = 1; i <= 8; ++i) {
+    d.advance(250ms);
+    d.tick();
+    EXPECT_TRUE(d.core().agents().count("a")) << "purged after only " << i * 250 << " ms";
+  }
+  d.advance(250ms);
+  d.tick();
+  EXPECT_FALSE(d.core().agents().count("a"));
+  EXPECT_EQ(d.core().leases().allocator().used_bytes(), 0u);
+  EXPECT_TRUE(d.core().leases().leases().empty());
+}
+
+TEST(CoreAgents, NewAgentHasAGraceUntilItsFirstHeartbeat) {
+  CoreDriver d(options());
+  d.register_agent("slow", 12);
+  d.advance(9500ms);
+  d.tick();
+  EXPECT_TRUE(d.core().agents().count("slow")) << "mapping the pool may take seconds";
+  d.advance(2600ms);  // past the grace plus two intervals
+  d.tick();
+  EXPECT_FALSE(d.core().agents().count("slow"));
+}
+
+TEST(CoreAgents, UnknownSessionIsRefusedAndChangesNothing) {
+  CoreDriver d(options());
+  FakeAgent a = d.register_agent("a", 11);
+  FakeAgent forged = a;
+  forged.session += 1;
+  Effects e = d.lease(forged, 1 << 20, 0);
+  ASSERT_EQ(messages(e, proto::Body::Error).size(), 1u);
+  EXPECT_EQ(messages(e, proto::Body::Error)[0]->body.AsError()->code, ErrorCode::UnknownSender);
+  EXPECT_TRUE(d.core().leases().leases().empty());
+}
+
+TEST(CoreAgents, NameOfALiveProcessIsTakenButADeadOneIsReplaced) {
+  CoreDriver d(options());
+  d.register_agent("w", 20);
+  Effects e = d.request("other", "w", 0, proto::Body::Register, [](auto& fbb) {
+    return proto::CreateRegister(fbb, fbb.CreateString("w"), 21).Union();
+  });
+  EXPECT_NE(errors(e).find("in use by live pid 20"), std::string::npos) << errors(e);
+  d.gone.insert(20);
+  FakeAgent b = d.register_agent("w", 21);
+  EXPECT_EQ(d.core().agents().at("w").pid, 21);
+  EXPECT_NE(b.session, 0u);
+}
+
+TEST(CoreAgents, WaitingLeaseIsGrantedWhenMemoryFreesOrFailsAtItsDeadline) {
+  CoreDriver d(options(), 8ull << 20);
+  FakeAgent a = d.register_agent("a", 11);
+  FakeAgent b = d.register_agent("b", 12);
+  Effects first = d.lease(a, 6 << 20, 0);
+  auto grant = messages(first, proto::Body::LeaseGrant);
+  ASSERT_EQ(grant.size(), 1u);
+  uint64_t held = grant[0]->body.AsLeaseGrant()->lease->id;
+
+  Effects waiting = d.lease(b, 4 << 20, 3000);
+  EXPECT_TRUE(waiting.messages.empty()) << "it waits for memory";
+  EXPECT_TRUE(d.core().next_deadline().has_value());
+  d.advance(1000ms);
+  d.heartbeat(a);
+  d.heartbeat(b);
+  Effects freed = d.request(a.rid, a.name, a.session, proto::Body::LeaseRelease, [&](auto& fbb) {
+    return proto::CreateLeaseRelease(fbb, held).Union();
+  });
+  auto granted = messages(freed, proto::Body::LeaseGrant, b.rid);
+  ASSERT_EQ(granted.size(), 1u);
+  EXPECT_EQ(granted[0]->body.AsLeaseGrant()->lease->agent, "b");
+
+  // A second waiter that never fits fails at its deadline, not before.
+  Effects w2 = d.lease(a, 6 << 20, 2000);
+  EXPECT_TRUE(w2.messages.empty());
+  d.advance(1999ms);
+  EXPECT_TRUE(messages(d.tick(), proto::Body::Error).empty());
+  d.advance(1ms);
+  Effects expired = d.tick();
+  auto err = messages(expired, proto::Body::Error, a.rid);
+  ASSERT_EQ(err.size(), 1u);
+  EXPECT_EQ(err[0]->body.AsError()->code, ErrorCode::Timeout);
+}
+
+TEST(CoreAgents, StatusListsAgentsLeasesAndUptime) {
+  CoreDriver d(options());
+  FakeAgent a = d.register_agent("a", 11);
+  d.lease(a, 2 << 20, 0);
+  d.advance(1500ms);
+  Effects e = d.request("cli", "cli", 0, proto::Body::StatusRequest,
+                        [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
+  auto replies = messages(e, proto::Body::StatusReply, "cli");
+  ASSERT_EQ(replies.size(), 1u);
+  const auto* s = replies[0]->body.AsStatusReply();
+  ASSERT_EQ(s->agents.size(), 1u);
+  EXPECT_EQ(s->agents[0]->state, "leasing");
+  EXPECT_EQ(s->agents[0]->leased_bytes, 2u << 20);
+  EXPECT_EQ(s->leases.size(), 1u);
+  EXPECT_EQ(s->uptime_ms, 1500u);
+  EXPECT_EQ(s->pool->used_bytes, 2u << 20);
+}
+
+}  // namespace
+}  // namespace leasehold::testing

@@ -1,0 +1,171 @@
+#include "tests/support/core_driver.h"
+
+#include <stdexcept>
+
+#include "shared/protocol.h"
+
+namespace leasehold::testing {
+
+CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes) : opts_(std::move(options)) {
+  // Far from the epoch, so "older than" arithmetic never underflows.
+  now_.steady = Clock::time_point{} + std::chrono::hours(1000);
+  now_.unix_ms = 1'700'000'000'000ull;
+  if (opts_.state_dir.empty()) opts_.state_dir = "/var/lib/leasehold-test";
+  if (opts_.session_seed == 0) opts_.session_seed = 1000;
+  opts_.process_gone = [this](int pid) { return gone.count(pid) > 0; };
+  PoolDescriptor pool;
+  pool.backend = Backend::Host;
+  pool.device = 0;
+  pool.device_name = "test pool";
+  pool.size = pool_bytes;
+  pool.alignment = 1ull << 20;
+  pool.handle = {'p'};
+  pool.epoch = 7;
+  core_ = std::make_unique<CoordinatorCore>(opts_, pool, std::make_unique<FifoPolicy>(), now_);
+}
+
+void CoreDriver::advance(std::chrono::milliseconds d) {
+  now_.steady += d;
+  now_.unix_ms += static_cast<uint64_t>(d.count());
+}
+
+Effects CoreDriver::request(const std::string& rid, const std::string& sender, uint64_t session,
+                            proto::Body type, const Build& build) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = build(fbb);
+  finish_envelope(fbb, {next_request_++, sender, session}, type, body);
+  // Decoded from an aligned copy, exactly as the broker does.
+  std::vector<uint64_t> words((fbb.GetSize() + 7) / 8);
+  std::memcpy(words.data(), fbb.GetBufferPointer(), fbb.GetSize());
+  auto decoded =
+      decode({reinterpret_cast<const uint8_t*>(words.data()), static_cast<size_t>(fbb.GetSize())});
+  if (auto* err = std::get_if<DecodeError>(&decoded)) throw std::logic_error(err->message);
+  Effects out;
+  core_->handle(rid, *std::get<const proto::Envelope*>(decoded), now_, out);
+  return out;
+}
+
+Effects CoreDriver::tick() {
+  Effects out;
+  core_->tick(now_, out);
+  return out;
+}
+
+namespace {
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>> listed(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<Listed>& jobs) {
+  std::vector<flatbuffers::Offset<proto::AgentJob>> v;
+  for (const auto& j : jobs) {
+    v.push_back(proto::CreateAgentJob(fbb, j.job_id, j.attempt, j.phase));
+  }
+  return fbb.CreateVector(v);
+}
+
+}  // namespace
+
+FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
+                                     const std::vector<Listed>& jobs, Effects* out) {
+  FakeAgent a{name, pid, "rid-" + name + "-" + std::to_string(pid), 0};
+  Effects e = request(a.rid, name, 0, proto::Body::Register, [&](auto& fbb) {
+    return proto::CreateRegister(fbb, fbb.CreateString(name), pid, -1, listed(fbb, jobs)).Union();
+  });
+  auto acks = messages(e, proto::Body::RegisterAck, a.rid);
+  if (acks.empty()) throw std::logic_error("no RegisterAck: " + errors(e));
+  a.session = acks[0]->body.AsRegisterAck()->session;
+  if (out) *out = std::move(e);
+  return a;
+}
+
+Effects CoreDriver::heartbeat(const FakeAgent& a, const std::vector<Listed>& jobs) {
+  return request(a.rid, a.name, a.session, proto::Body::Heartbeat, [&](auto& fbb) {
+    return proto::CreateHeartbeat(fbb, listed(fbb, jobs)).Union();
+  });
+}
+
+proto::JobSpecT CoreDriver::small_job(const std::string& name) {
+  proto::JobSpecT s;
+  s.name = name;
+  auto layer = [](proto::LayerType t, int in = 0, int out = 0) {
+    auto l = std::make_unique<proto::LayerT>();
+    l->type = t;
+    l->in = in;
+    l->out = out;
+    return l;
+  };
+  s.model.push_back(layer(proto::LayerType::Flatten));
+  s.model.push_back(layer(proto::LayerType::Linear, 64, 3));
+  s.dataset = std::make_unique<proto::DatasetSpecT>();
+  s.dataset->train_images = "/data/train-images";
+  s.dataset->train_labels = "/data/train-labels";
+  s.dataset->test_images = "/data/test-images";
+  s.dataset->test_labels = "/data/test-labels";
+  s.epochs = 5;
+  s.memory_budget = "16MiB";
+  return s;
+}
+
+Effects CoreDriver::submit(uint64_t& id, const std::function<void(proto::JobSpecT&)>& edit) {
+  proto::JobSpecT spec = small_job("job" + std::to_string(next_request_));
+  if (edit) edit(spec);
+  Effects e = request("client", "client", 0, proto::Body::SubmitJob, [&](auto& fbb) {
+    return proto::CreateSubmitJob(fbb, proto::JobSpec::Pack(fbb, &spec)).Union();
+  });
+  if (e.file_checks.size() != 1) throw std::logic_error("no file check: " + errors(e));
+  Effects done;
+  core_->file_check_done(e.file_checks[0].token, {}, now_, done);
+  auto accepted = messages(done, proto::Body::JobAccepted, "client");
+  if (accepted.empty()) throw std::logic_error("not accepted: " + errors(done));
+  id = accepted[0]->body.AsJobAccepted()->job_id;
+  return done;
+}
+
+Effects CoreDriver::update(const FakeAgent& a, uint64_t job, uint32_t attempt,
+                           const std::string& state, const std::string& reason, int epoch,
+                           bool checkpointed, int resumed_from) {
+  return request(a.rid, a.name, a.session, proto::Body::JobUpdate, [&](auto& fbb) {
+    proto::JobUpdateT u;
+    u.job_id = job;
+    u.attempt = attempt;
+    u.state = state;
+    u.reason = reason;
+    u.resumed_from_epoch = resumed_from;
+    if (epoch) {
+      u.epoch = std::make_unique<proto::EpochStatT>();
+      u.epoch->epoch = epoch;
+      u.epoch->test_accuracy = 0.5 + epoch / 100.0;
+      u.epoch->checkpointed = checkpointed;
+    }
+    return proto::JobUpdate::Pack(fbb, &u).Union();
+  });
+}
+
+Effects CoreDriver::cancel(uint64_t job) {
+  return request("client", "client", 0, proto::Body::CancelJob,
+                 [&](auto& fbb) { return proto::CreateCancelJob(fbb, job).Union(); });
+}
+
+Effects CoreDriver::lease(const FakeAgent& a, uint64_t bytes, int wait_ms) {
+  return request(a.rid, a.name, a.session, proto::Body::LeaseRequest, [&](auto& fbb) {
+    return proto::CreateLeaseRequest(fbb, bytes, proto::LeaseEnd::Low, wait_ms).Union();
+  });
+}
+
+std::vector<const OutMessage*> messages(const Effects& e, proto::Body type,
+                                        const std::string& rid) {
+  std::vector<const OutMessage*> out;
+  for (const auto& m : e.messages) {
+    if (m.body.type == type && (rid.empty() || m.to == rid)) out.push_back(&m);
+  }
+  return out;
+}
+
+std::string errors(const Effects& e) {
+  std::string s;
+  for (const auto* m : messages(e, proto::Body::Error)) {
+    s += (s.empty() ? "" : " | ") + m->body.AsError()->message;
+  }
+  return s;
+}
+
+}  // namespace leasehold::testing

@@ -1,0 +1,80 @@
+// Drives a CoordinatorCore without sockets or processes: builds requests as
+// agents and clients would send them, hands them to the core with a fake
+// clock, and looks into what came out.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coordinator/core.h"
+
+namespace leasehold::testing {
+
+// An agent as the core sees it: its name, pid, socket and session token.
+struct FakeAgent {
+  std::string name;
+  int pid = 0;
+  std::string rid;
+  uint64_t session = 0;
+};
+
+// A job an agent lists in its Register or Heartbeat.
+struct Listed {
+  uint64_t job_id;
+  uint32_t attempt;
+  proto::JobPhase phase;
+};
+
+class CoreDriver {
+ public:
+  explicit CoreDriver(CoreOptions options = {}, uint64_t pool_bytes = 64ull << 20);
+
+  CoordinatorCore& core() { return *core_; }
+  Now now() const { return now_; }
+  void advance(std::chrono::milliseconds d);
+  // Pids the core will consider gone (process_gone).
+  std::set<int> gone;
+
+  // Sends `body_type`/`build` from `sender` on socket `rid`.
+  using Build = std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder&)>;
+  Effects request(const std::string& rid, const std::string& sender, uint64_t session,
+                  proto::Body type, const Build& build);
+  Effects tick();
+
+  // Registers (expects a RegisterAck) and returns the agent.
+  FakeAgent register_agent(const std::string& name, int pid,
+                           const std::vector<Listed>& jobs = {}, Effects* out = nullptr);
+  Effects heartbeat(const FakeAgent& a, const std::vector<Listed>& jobs = {});
+  // Submits a small valid job; the file check passes at once. Returns the
+  // effects of the check (with the JobAccepted reply) and sets `id`.
+  Effects submit(uint64_t& id, const std::function<void(proto::JobSpecT&)>& edit = {});
+  Effects update(const FakeAgent& a, uint64_t job, uint32_t attempt, const std::string& state,
+                 const std::string& reason = "", int epoch = 0, bool checkpointed = false,
+                 int resumed_from = 0);
+  Effects cancel(uint64_t job);
+  Effects lease(const FakeAgent& a, uint64_t bytes, int wait_ms);
+
+  const JobRecord& job(uint64_t id) { return *core_->jobs().find(id); }
+
+  // A job spec that passes validation without touching files.
+  static proto::JobSpecT small_job(const std::string& name);
+
+ private:
+  CoreOptions opts_;
+  Now now_;
+  std::unique_ptr<CoordinatorCore> core_;
+  uint64_t next_request_ = 1;
+};
+
+// The messages in `e` whose body is `type`, optionally only those sent to
+// `rid`. The pointers point into `e`: keep it alive while using them.
+std::vector<const OutMessage*> messages(const Effects& e, proto::Body type,
+                                        const std::string& rid = "");
+// The error replies' messages, joined.
+std::string errors(const Effects& e);
+
+}  // namespace leasehold::testing
