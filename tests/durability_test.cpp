@@ -155,6 +155,11 @@ TEST_F(Durability, CoordinatorKilledTwentyTimesLosesNoJob) {
       ADD_FAILURE() << "job " << id << " ended " << j["state"] << ": " << j["reason"];
     }
     EXPECT_EQ(j["epochs_total"], 3) << "job " << id << " reported each epoch once";
+    // An interrupted run says what happened, not a misleading out-of-memory.
+    for (const auto& h : j["history"]) {
+      std::string reason = h["reason"];
+      EXPECT_EQ(reason.find("out of memory"), std::string::npos) << "job " << id << ": " << reason;
+    }
   }
   EXPECT_GE(printed.size(), 5u) << "the loop submitted too little to mean anything";
   double answer_max = *std::max_element(answer_ms.begin(), answer_ms.end());

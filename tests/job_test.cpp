@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -10,6 +11,7 @@
 
 #include "agent/job_runner.h"
 #include "shared/job_spec.h"
+#include "tests/support/memory_file_system.h"
 #include "tests/support/synthetic_data.h"
 
 namespace leasehold {
@@ -145,6 +147,47 @@ TEST_F(JobTest, TrainsReportsCheckpointsAndResumes) {
   EXPECT_EQ(r2.resumed_from_epoch, 3);
   EXPECT_EQ(r2.epochs.size(), 2u);
   EXPECT_EQ(r2.epochs.front().epoch, 4);
+}
+
+// A checkpoint that cannot be written fails the job naming the file and the
+// error; the checkpoint before it survives, and a rerun resumes from it with
+// the same result as a run that never failed.
+TEST_F(JobTest, AFailedCheckpointWriteFailsTheJobAndKeepsThePreviousOne) {
+  const std::string ck = "/ck";
+  auto buf = parse_job_json(
+      job_json(kTrain + std::string(R"(, "epochs": 3, "checkpoint": {"directory": ")") + ck +
+               R"("})"),
+      "j.json");
+  testing::MemoryFileSystem mem;
+  JobRunOptions o;
+  o.device = engine::Device::cpu();
+  o.file_system = &mem;
+  std::vector<bool> checkpointed;
+  o.on_epoch = [&](const EpochReport& e) { checkpointed.push_back(e.checkpointed); };
+  // The second checkpoint's first append hits a full disk.
+  mem.fail_next(testing::MemoryFileSystem::Op::Append, ENOSPC, 1);
+  try {
+    run_job(*verify_job(buf), o);
+    FAIL() << "the job went on without its checkpoint";
+  } catch (const std::runtime_error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("/ck/synthetic.ckpt"), std::string::npos) << what;
+    EXPECT_NE(what.find("No space left on device"), std::string::npos) << what;
+  }
+  EXPECT_EQ(checkpointed, std::vector<bool>{true}) << "epoch 2 was never reported";
+  EXPECT_EQ(mem.list(ck), std::vector<std::string>{"synthetic.ckpt"}) << "no .tmp left behind";
+
+  int resumed = -1;
+  o.on_epoch = {};
+  o.on_resume = [&](int64_t epoch) { resumed = static_cast<int>(epoch); };
+  JobResult r = run_job(*verify_job(buf), o);
+  EXPECT_EQ(resumed, 1);
+  JobRunOptions fresh;
+  fresh.device = engine::Device::cpu();
+  testing::MemoryFileSystem other;
+  fresh.file_system = &other;
+  JobResult uninterrupted = run_job(*verify_job(buf), fresh);
+  EXPECT_EQ(r.test_accuracy, uninterrupted.test_accuracy);
 }
 
 TEST_F(JobTest, CancelStopsBetweenSteps) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "agent/engine/autograd.h"
+#include "agent/engine/cuda_context.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
@@ -133,6 +134,34 @@ TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
   alloc.deallocate(keep, 0);
 }
 
+// Memory goes back to the coordinator only after the fence (on a GPU:
+// after every queued kernel finished), whether by empty_cache or by
+// destroying the allocator.
+TEST_F(LeaseAllocatorTest, LeasesGoBackOnlyAfterTheFence) {
+  std::vector<size_t> held_at_fence;
+  LeaseAllocatorOptions o;
+  o.fence = [&] { held_at_fence.push_back((*cluster.status())["leases"].size()); };
+  auto alloc = std::make_shared<LeaseAllocator>(*session, o);
+  {
+    E::AllocatorGuard guard(alloc);
+    E::Tensor big = E::zeros({4 << 20});
+    E::Tensor small = E::zeros({100});
+  }
+  ASSERT_EQ((*cluster.status())["leases"].size(), 2u);
+  alloc->empty_cache();
+  ASSERT_EQ(held_at_fence.size(), 1u);
+  EXPECT_EQ(held_at_fence[0], 2u) << "the fence ran before the leases were released";
+  EXPECT_TRUE((*cluster.status())["leases"].empty());
+  {
+    E::AllocatorGuard guard(alloc);
+    E::Tensor t = E::zeros({100});
+  }
+  alloc.reset();
+  ASSERT_EQ(held_at_fence.size(), 2u);
+  EXPECT_EQ(held_at_fence[1], 1u);
+  EXPECT_TRUE((*cluster.status())["leases"].empty());
+}
+
 // The same on a GPU: the model trains inside leases of the coordinator's
 // cudaMalloc pool, mapped through CUDA IPC, and matches the run that uses
 // the engine's own CUDA allocator.
@@ -154,6 +183,38 @@ TEST(CudaLeaseAllocator, TensorsInACudaLeaseTrainLikeOrdinaryCudaTensors) {
   }
   EXPECT_GT(alloc->stats().peak_in_use_bytes, 0u);
   EXPECT_EQ(plain, leased);
+}
+
+// Kernels queued on a job's tensors must finish before the leases go back:
+// by then the coordinator may lease that memory to another agent.
+TEST(CudaLeaseAllocator, QueuedKernelsFinishBeforeTheLeasesGoBack) {
+#ifndef LEASEHOLD_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA: test skipped";
+#else
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: test skipped";
+  Cluster cluster;
+  cluster.start_coordinator({"--backend", "cuda", "--pool-size", "1GiB"});
+  AgentOptions o;
+  o.endpoint = cluster.endpoint();
+  o.name = "gpu-fence";
+  AgentSession session(o);
+  auto alloc = std::make_shared<LeaseAllocator>(session);
+  const E::Device gpu = E::Device::cuda(0);
+  cudaStream_t stream = E::compute_stream(0);
+  {
+    E::AllocatorGuard guard(alloc);
+    E::Tensor a = E::randn({4096, 4096}).to(gpu), b = E::randn({4096, 4096}).to(gpu);
+    E::synchronize(0);
+    // About a hundred milliseconds of GEMMs, queued without waiting.
+    E::Tensor c = a;
+    for (int i = 0; i < 40; ++i) c = E::matmul(c, b);
+  }  // every tensor is back in the allocator's cache; the kernels are not done
+  ASSERT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "precondition: work still queued";
+  alloc.reset();  // releases the leases
+  EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess)
+      << "the leases went back with kernels still queued on them";
+  EXPECT_TRUE((*cluster.status())["leases"].empty());
+#endif
 }
 
 }  // namespace

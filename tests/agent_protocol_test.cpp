@@ -1,0 +1,302 @@
+// The agent's side of the protocol against a scripted coordinator (a raw
+// ROUTER socket in this process): the races a real coordinator can only
+// produce by bad luck, produced here on purpose.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "agent/job_worker.h"
+#include "agent/session.h"
+#include "shared/device.h"
+#include "shared/job_spec.h"
+#include "shared/protocol.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A coordinator that answers Register and Heartbeat, grants leases (late
+// when told to), records releases and job reports, and pushes on demand.
+class FakeCoordinator {
+ public:
+  explicit FakeCoordinator(const std::string& dir)
+      : endpoint_("ipc://" + dir + "/fake.sock"),
+        pool_(create_pool(Backend::Host, 0, 8ull << 20, 1ull << 20,
+                          "leasehold-fake-" + std::to_string(getpid()))),
+        router_(ctx_, zmq::socket_type::router) {
+    router_.set(zmq::sockopt::linger, 0);
+    router_.bind(endpoint_);
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~FakeCoordinator() {
+    stop_.store(true);
+    thread_.join();
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+  std::atomic<int> grant_delay_ms{0};  // lease grants wait this long
+
+  struct Report {
+    uint64_t job;
+    uint32_t attempt;
+    std::string state, reason;
+  };
+  std::vector<uint64_t> released() {
+    std::lock_guard lock(mu_);
+    return released_;
+  }
+  std::vector<Report> reports() {
+    std::lock_guard lock(mu_);
+    return reports_;
+  }
+  // Jobs listed in the latest heartbeat: job id -> phase.
+  std::map<uint64_t, proto::JobPhase> listed() {
+    std::lock_guard lock(mu_);
+    return listed_;
+  }
+  int heartbeats() { return heartbeats_.load(); }
+  // Pushes `body` to every socket the agent used.
+  void push(proto::Body type, const std::function<flatbuffers::Offset<void>(
+                                  flatbuffers::FlatBufferBuilder&)>& build) {
+    std::lock_guard lock(mu_);
+    pushes_.push_back({type, build});
+  }
+
+ private:
+  struct Pending {
+    std::string rid;
+    uint64_t request_id;
+    uint64_t size;
+    std::chrono::steady_clock::time_point due;
+  };
+  using Build = std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder&)>;
+
+  void send(const std::string& rid, uint64_t req, proto::Body type, const Build& build) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto body = build(fbb);
+    finish_envelope(fbb, {req, "coordinator", 0}, type, body);
+    router_.send(zmq::buffer(rid), zmq::send_flags::sndmore);
+    router_.send(to_message(fbb), zmq::send_flags::none);
+  }
+
+  void loop() {
+    while (!stop_.load()) {
+      zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, 10ms);
+      if (item.revents & ZMQ_POLLIN) {
+        zmq::message_t rid, payload;
+        (void)router_.recv(rid);
+        (void)router_.recv(payload);
+        AlignedBytes bytes(payload);
+        auto decoded = decode(bytes.bytes());
+        if (auto* env = std::get_if<const proto::Envelope*>(&decoded)) {
+          serve(rid.to_string(), **env);
+        }
+      }
+      auto now = std::chrono::steady_clock::now();
+      for (auto it = late_.begin(); it != late_.end();) {
+        if (it->due <= now) {
+          grant(it->rid, it->request_id, it->size);
+          it = late_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      std::vector<std::pair<proto::Body, Build>> pushes;
+      {
+        std::lock_guard lock(mu_);
+        pushes.swap(pushes_);
+      }
+      for (const auto& [type, build] : pushes) {
+        for (const auto& rid : agent_rids_) send(rid, 0, type, build);
+      }
+    }
+  }
+
+  void grant(const std::string& rid, uint64_t req, uint64_t size) {
+    uint64_t id = next_lease_++;
+    send(rid, req, proto::Body::LeaseGrant, [&](auto& fbb) {
+      auto lease = proto::CreateLease(fbb, id, fbb.CreateString("agent"), 0, size);
+      return proto::CreateLeaseGrant(fbb, lease).Union();
+    });
+  }
+
+  void serve(const std::string& rid, const proto::Envelope& env) {
+    uint64_t req = env.header()->request_id();
+    agent_rids_.insert(rid);
+    auto ack = [&] {
+      send(rid, req, proto::Body::Ack, [](auto& fbb) { return proto::CreateAck(fbb).Union(); });
+    };
+    switch (env.body_type()) {
+      case proto::Body::Register: {
+        const auto& d = pool_->descriptor();
+        send(rid, req, proto::Body::RegisterAck, [&](auto& fbb) {
+          auto info = proto::CreatePoolInfo(fbb, proto::Backend::Host, 0,
+                                            fbb.CreateString(d.device_name), d.size, d.alignment,
+                                            fbb.CreateVector(d.handle), d.epoch);
+          return proto::CreateRegisterAck(fbb, 42, 100, info, 1000).Union();
+        });
+        break;
+      }
+      case proto::Body::Heartbeat: {
+        std::map<uint64_t, proto::JobPhase> listed;
+        if (const auto* jobs = env.body_as_Heartbeat()->jobs()) {
+          for (const auto* j : *jobs) listed[j->job_id()] = j->phase();
+        }
+        {
+          std::lock_guard lock(mu_);
+          listed_ = listed;
+        }
+        ++heartbeats_;
+        send(rid, req, proto::Body::HeartbeatAck,
+             [](auto& fbb) { return proto::CreateHeartbeatAck(fbb).Union(); });
+        break;
+      }
+      case proto::Body::LeaseRequest: {
+        uint64_t size = env.body_as_LeaseRequest()->size();
+        if (grant_delay_ms.load() > 0) {
+          late_.push_back({rid, req, size,
+                           std::chrono::steady_clock::now() +
+                               std::chrono::milliseconds(grant_delay_ms.load())});
+        } else {
+          grant(rid, req, size);
+        }
+        break;
+      }
+      case proto::Body::LeaseRelease: {
+        std::lock_guard lock(mu_);
+        released_.push_back(env.body_as_LeaseRelease()->lease_id());
+        ack();
+        break;
+      }
+      case proto::Body::JobUpdate: {
+        const auto* u = env.body_as_JobUpdate();
+        {
+          std::lock_guard lock(mu_);
+          reports_.push_back({u->job_id(), u->attempt(), std::string(str(u->state())),
+                              std::string(str(u->reason()))});
+        }
+        ack();
+        break;
+      }
+      default:
+        ack();
+    }
+  }
+
+  std::string endpoint_;
+  std::unique_ptr<DevicePool> pool_;
+  zmq::context_t ctx_{1};
+  zmq::socket_t router_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> heartbeats_{0};
+  std::set<std::string> agent_rids_;  // loop thread only
+  std::vector<Pending> late_;         // loop thread only
+  uint64_t next_lease_ = 77;          // loop thread only
+  std::mutex mu_;
+  std::vector<uint64_t> released_;
+  std::vector<Report> reports_;
+  std::map<uint64_t, proto::JobPhase> listed_;
+  std::vector<std::pair<proto::Body, Build>> pushes_;
+};
+
+class AgentProtocol : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/leasehold-agentproto-XXXXXX";
+    ASSERT_TRUE(mkdtemp(tmpl));
+    dir = tmpl;
+    fake = std::make_unique<FakeCoordinator>(dir);
+  }
+  void TearDown() override {
+    fake.reset();
+    std::filesystem::remove_all(dir);
+  }
+  AgentOptions options() const {
+    AgentOptions o;
+    o.endpoint = fake->endpoint();
+    o.name = "agent";
+    o.request_timeout = 300ms;
+    return o;
+  }
+  template <class Pred>
+  bool eventually(Pred pred, std::chrono::milliseconds timeout = 10s) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return pred();
+  }
+  std::string dir;
+  std::unique_ptr<FakeCoordinator> fake;
+};
+
+TEST_F(AgentProtocol, ALeaseGrantedAfterItsRequestGaveUpIsReleased) {
+  AgentSession session(options());
+  fake->grant_delay_ms = 700;
+  try {
+    session.acquire(1 << 20, LeaseEnd::Low, 0ms);
+    FAIL() << "the request should have timed out";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Timeout) << e.what();
+  }
+  // Nothing else uses the control socket: the session notices the late
+  // grant by itself and gives the lease back.
+  EXPECT_TRUE(eventually([&] { return !fake->released().empty(); }))
+      << "lease 77 leaked until the agent exits";
+  EXPECT_EQ(fake->released(), std::vector<uint64_t>{77});
+}
+
+TEST_F(AgentProtocol, AStopBeforeItsAssignmentIsAnsweredAndTheAssignmentIgnored) {
+  AgentSession session(options());
+  auto worker = std::make_shared<JobWorker>(session);
+  std::atomic<bool> stop{false};
+  std::thread runner([&] { worker->run(stop); });
+
+  fake->push(proto::Body::StopJob,
+             [](auto& fbb) { return proto::CreateStopJob(fbb, 5, 1).Union(); });
+  ASSERT_TRUE(eventually([&] { return !fake->reports().empty(); }));
+  auto r = fake->reports()[0];
+  EXPECT_EQ(r.job, 5u);
+  EXPECT_EQ(r.attempt, 1u);
+  EXPECT_EQ(r.state, "cancelled");
+  EXPECT_EQ(r.reason, "cancelled before it started");
+
+  // The assignment arrives late: ignored, never started.
+  auto spec = std::make_shared<proto::JobSpecT>();
+  spec->name = "late";
+  spec->epochs = 1;
+  fake->push(proto::Body::AssignJob, [spec](auto& fbb) {
+    return proto::CreateAssignJob(fbb, 5, proto::JobSpec::Pack(fbb, spec.get()), 1).Union();
+  });
+  int beats = fake->heartbeats();
+  ASSERT_TRUE(eventually([&] { return fake->heartbeats() >= beats + 3; }));
+  EXPECT_TRUE(fake->listed().empty()) << "job 5 must not run";
+  EXPECT_EQ(fake->reports().size(), 1u);
+
+  // A new assignment is taken (and fails here at once: no dataset).
+  fake->push(proto::Body::AssignJob, [spec](auto& fbb) {
+    return proto::CreateAssignJob(fbb, 6, proto::JobSpec::Pack(fbb, spec.get()), 1).Union();
+  });
+  ASSERT_TRUE(eventually([&] { return fake->reports().size() >= 2; }));
+  EXPECT_EQ(fake->reports()[1].job, 6u);
+  EXPECT_EQ(fake->reports()[1].state, "failed");
+  EXPECT_NE(fake->reports()[1].reason.find("dataset"), std::string::npos)
+      << fake->reports()[1].reason;
+  stop.store(true);
+  runner.join();
+  worker->finish(2s);
+}
+
+}  // namespace
+}  // namespace leasehold::testing
