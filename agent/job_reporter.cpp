@@ -7,6 +7,13 @@ namespace {
 
 bool is_final(const proto::JobUpdateT& u) { return u.state != "running"; }
 
+// Refusals that sending again cannot change: the job or attempt is not this
+// agent's any more, or the report itself is wrong.
+bool permanent(ErrorCode code) {
+  return code == ErrorCode::NotOwner || code == ErrorCode::InvalidArgument ||
+         code == ErrorCode::Malformed || code == ErrorCode::BadVersion;
+}
+
 }  // namespace
 
 JobReporter::JobReporter(AgentSession& session)
@@ -76,31 +83,36 @@ void JobReporter::loop() {
     }
     sending_ = true;
     lock.unlock();
-    bool done = true, retry = false;
+    bool delivered = false;
     try {
       session_.send_job_update(update);
+      delivered = true;
       if (is_final(update)) session_.heartbeat_soon();  // the agent's jobs changed
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::Timeout || e.code() == ErrorCode::UnknownSender) {
-        // Not delivered: the coordinator is away or restarting.
-        done = !is_reliable;
-        retry = true;
-        spdlog::debug("report of job {} not delivered yet: {}", update.job_id, e.what());
-      } else {
+      if (permanent(e.code())) {
         spdlog::warn("coordinator refused the {} report of job {} attempt {}: {}", update.state,
                      update.job_id, update.attempt, e.what());
+        delivered = true;  // dropped: it can never be taken
+      } else {
+        // Away, restarting, or failing inside: the report goes again.
+        spdlog::debug("report of job {} not delivered yet: {}", update.job_id, e.what());
       }
     } catch (const std::exception& e) {
       spdlog::warn("could not report job {}: {}", update.job_id, e.what());
     }
-    if (retry) session_.wait_connected(std::chrono::milliseconds(500));
+    if (!delivered) session_.wait_connected(std::chrono::milliseconds(500));
     lock.lock();
-    if (done && is_reliable) reliable_.pop_front();
+    if (is_reliable && delivered) reliable_.pop_front();
     sending_ = false;
     cv_.notify_all();
-    if (retry && !done) {
-      // Back off a little before the same report goes again.
-      cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop_; });
+    if (delivered) {
+      backoff_ = std::chrono::milliseconds(0);
+    } else {
+      // Progress is best-effort: a newer one replaces it. A reliable report
+      // waits a little longer each time before it goes again.
+      backoff_ = std::min(std::chrono::milliseconds(1000),
+                          std::max(std::chrono::milliseconds(50), backoff_ * 2));
+      cv_.wait_for(lock, backoff_, [&] { return stop_; });
       if (stop_) return;
     }
   }

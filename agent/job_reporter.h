@@ -2,8 +2,10 @@
 // the training thread never waits for the coordinator. Progress is
 // best-effort (only the latest is kept); epoch reports and final states are
 // sent in order and again until the coordinator acknowledges them (it does
-// once they are stored), also across a coordinator restart. A report the
-// coordinator refuses (not that agent's job any more) is dropped.
+// once they are stored), also across a coordinator restart, with a growing
+// pause (up to 1 s) between tries. A report the coordinator refuses for good
+// (NotOwner, InvalidArgument: not this agent's job or attempt any more) is
+// dropped.
 //
 // Thread safety: all methods are thread-safe.
 #pragma once
@@ -55,6 +57,7 @@ class JobReporter {
   std::map<uint64_t, proto::JobUpdateT> progress_;  // by job id; GUARDED_BY(mu_)
   bool sending_ = false;                            // GUARDED_BY(mu_)
   bool stop_ = false;                               // GUARDED_BY(mu_)
+  std::chrono::milliseconds backoff_{0};            // GUARDED_BY(mu_)
   std::mutex stop_mu_;                              // serializes stop()
   std::thread thread_;
 };

@@ -101,6 +101,13 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     result.resumed_from_epoch = first_epoch;
     spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch, ckpt);
     if (options.on_resume) options.on_resume(first_epoch);
+    // The report of the checkpointed epoch again: the run that wrote the
+    // checkpoint may have died before its report was delivered.
+    if (auto r = by_name.find("job.last_epoch"); r != by_name.end() && r->second.numel() == 4) {
+      auto v = r->second.to_vector<double>();
+      EpochReport replay{static_cast<int64_t>(v[0]), v[1], v[2], v[3], true};
+      if (options.on_epoch) options.on_epoch(replay);
+    }
   }
 
   int64_t global = first_epoch * per_epoch, samples = 0;
@@ -171,6 +178,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       E::nn::NamedTensors state = model->named_parameters();
       for (auto& kv : optimizer->state()) state.push_back(kv);
       state.emplace_back("job.epoch", E::from_vector<int64_t>({epoch + 1}, {1}));
+      state.emplace_back("job.last_epoch",
+                         E::from_vector<double>({double(report.epoch), report.train_loss,
+                                                 report.test_accuracy, report.seconds},
+                                                {4}));
       E::checkpoint::save(ckpt, state, fs);
       report.checkpointed = true;
     }

@@ -61,7 +61,8 @@ struct JobRunOptions {
   // Where checkpoints are written and read (null: the real file system).
   FileSystem* file_system = nullptr;
   // Called once, before the first step, when the job resumes from the
-  // checkpoint written after epoch `epoch`.
+  // checkpoint written after epoch `epoch`; on_epoch then reports that
+  // epoch again (the run that wrote it may have died before reporting it).
   std::function<void(int64_t epoch)> on_resume;
   // Called at most every `progress_interval` (and at the end of each epoch).
   std::function<void(const JobProgress&)> on_progress;

@@ -38,13 +38,26 @@ void say(const char* fmt, auto... args) {
 
 }  // namespace
 
-JobWorker::JobWorker(AgentSession& session) : session_(session), reporter_(session) {
+JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string&)> announce)
+    : session_(session), reporter_(session) {
   session_.set_job_handlers(
       [this](uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
         on_assign(id, attempt, std::move(spec));
       },
-      [this](uint64_t id, uint32_t attempt) { on_stop(id, attempt); },
+      [this](uint64_t id, uint32_t attempt, bool cancel, const std::string& reason) {
+        on_stop(id, attempt, cancel, reason);
+      },
       [this] { return job_states(); });
+  session_.set_session_listener([this, announce = std::move(announce)](const std::string& why) {
+    session_changed(why);
+    if (announce) announce(why);
+  });
+}
+
+JobWorker::~JobWorker() {
+  session_.set_session_listener({});
+  session_.set_job_handlers({}, {}, {});
+  reporter_.stop(std::chrono::seconds(3));
 }
 
 void JobWorker::remember(const Key& key) {
@@ -70,6 +83,12 @@ proto::JobUpdateT JobWorker::final_update(const Key& key, const std::string& sta
   return u;
 }
 
+std::string JobWorker::session_lost_reason() const {
+  return "the agent lost its coordinator session (" +
+         (session_loss_.empty() ? std::string("it restarted") : session_loss_) + ") at epoch " +
+         std::to_string(epoch_.load());
+}
+
 void JobWorker::on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
   std::lock_guard lock(mu_);
   Key key{id, attempt};
@@ -78,11 +97,14 @@ void JobWorker::on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> sp
   cv_.notify_all();
 }
 
-void JobWorker::on_stop(uint64_t id, uint32_t attempt) {
+void JobWorker::on_stop(uint64_t id, uint32_t attempt, bool cancel, const std::string& reason) {
   std::lock_guard lock(mu_);
   Key key{id, attempt};
   if (current_ == key) {
-    if (stop_cause_ == StopCause::None) stop_cause_ = StopCause::Cancel;
+    if (stop_cause_ == StopCause::None) {
+      stop_cause_ = cancel ? StopCause::Cancel : StopCause::Coordinator;
+      stop_reason_ = reason;
+    }
     stop_requested_.store(true);
     return;
   }
@@ -96,8 +118,12 @@ void JobWorker::on_stop(uint64_t id, uint32_t attempt) {
   // Not started, or its assignment never arrived: it ends here, and a late
   // assignment for it is ignored.
   remember(key);
-  reporter_.reliable(final_update(key, "cancelled", "cancelled before it started"));
-  say("job %llu cancelled before it started\n", (unsigned long long)id);
+  if (cancel) {
+    reporter_.reliable(final_update(key, "cancelled", "cancelled before it started"));
+  } else {
+    reporter_.reliable(final_update(key, "interrupted", reason + " (before it started)"));
+  }
+  say("job %llu stopped before it started: %s\n", (unsigned long long)id, reason.c_str());
 }
 
 std::vector<proto::AgentJobT> JobWorker::job_states() {
@@ -245,12 +271,15 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     switch (stop_cause_) {
       case StopCause::SessionLost:
         state = "interrupted";
-        reason = "the agent lost its coordinator session (" + session_loss_ + ") at epoch " +
-                 std::to_string(epoch_.load());
+        reason = session_lost_reason();
         break;
       case StopCause::AgentStopping:
         state = "interrupted";
         reason = "agent '" + session_.name() + "' is stopping";
+        break;
+      case StopCause::Coordinator:
+        state = "interrupted";
+        reason = "stopped by the coordinator: " + stop_reason_;
         break;
       default:
         state = "cancelled";
@@ -263,9 +292,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     std::lock_guard lock(mu_);
     if (lost || stop_cause_ == StopCause::SessionLost) {
       state = "interrupted";
-      reason = "the agent lost its coordinator session (" +
-               (session_loss_.empty() ? std::string("it restarted") : session_loss_) +
-               ") at epoch " + std::to_string(epoch_.load());
+      reason = session_lost_reason();
     } else {
       state = "failed";
       reason = e.what();

@@ -12,14 +12,15 @@
 // and it is reported "interrupted" (the coordinator requeues it to resume
 // from its checkpoint), never as a misleading failure.
 //
-// Thread safety: the session's heartbeat thread calls the handlers; run()
-// is called from one thread; session_changed() from the session listener.
+// Thread safety: the session's heartbeat thread calls the handlers and the
+// session listener; run() is called from one thread.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -33,19 +34,21 @@ namespace leasehold {
 
 class JobWorker {
  public:
-  // Installs the session's job handlers. The session must outlive the
-  // worker, and the worker must outlive the session's heartbeat thread
-  // (hold it in a shared_ptr captured by the session listener).
-  explicit JobWorker(AgentSession& session);
+  // Installs the session's job handlers and its listener, which also calls
+  // `announce` (with the listener's argument). The session must outlive
+  // the worker.
+  explicit JobWorker(AgentSession& session,
+                     std::function<void(const std::string&)> announce = {});
+  // Removes the handlers and the listener (waiting for a call in progress),
+  // then delivers the last reports for up to 3 s (see finish()).
+  ~JobWorker();
+  JobWorker(const JobWorker&) = delete;
+  JobWorker& operator=(const JobWorker&) = delete;
   // Runs assigned jobs until `stop` is set (a running job is interrupted
   // and reported so).
   void run(const std::atomic<bool>& stop);
-  // Call from the session listener: a lost session (`why` non-empty) voids
-  // the leases, so the running job is stopped; a new session (empty) is
-  // announced with a heartbeat.
-  void session_changed(const std::string& why);
-  // After run() returned and before the session is destroyed: delivers the
-  // last reports (for up to `drain`) and stops reporting.
+  // After run() returned: delivers the last reports (for up to `drain`) and
+  // stops reporting.
   void finish(std::chrono::milliseconds drain) { reporter_.stop(drain); }
 
  private:
@@ -54,15 +57,21 @@ class JobWorker {
     Key key;
     std::vector<uint8_t> spec;
   };
-  enum class StopCause { None, Cancel, SessionLost, AgentStopping };
+  // Why the running job is stopping: a user's cancel, the coordinator
+  // wanting it elsewhere, a lost session, the agent stopping.
+  enum class StopCause { None, Cancel, Coordinator, SessionLost, AgentStopping };
 
   void on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> spec);
-  void on_stop(uint64_t id, uint32_t attempt);
+  void on_stop(uint64_t id, uint32_t attempt, bool cancel, const std::string& reason);
+  // A lost session (`why` non-empty) voids the leases, so the running job
+  // is stopped; a new session (empty) is announced with a heartbeat.
+  void session_changed(const std::string& why);
   std::vector<proto::AgentJobT> job_states();
   void run_one(const Assigned& job, const std::atomic<bool>& stop);
   // Remembers a finished job so late pushes for it are ignored.
   void remember(const Key& key);  // REQUIRES: mu_ held
   bool known(const Key& key) const;  // REQUIRES: mu_ held
+  std::string session_lost_reason() const;  // REQUIRES: mu_ held
   proto::JobUpdateT final_update(const Key& key, const std::string& state,
                                  const std::string& reason) const;
 
@@ -74,6 +83,7 @@ class JobWorker {
   std::optional<Key> current_;     // GUARDED_BY(mu_)
   StopCause stop_cause_ = StopCause::None;  // GUARDED_BY(mu_)
   std::string session_loss_;       // why the session was lost; GUARDED_BY(mu_)
+  std::string stop_reason_;        // the coordinator's, for StopCause::Coordinator; GUARDED_BY(mu_)
   std::deque<Key> finished_;       // the latest finished jobs; GUARDED_BY(mu_)
   int32_t resumed_from_epoch_ = 0;  // of the current job; GUARDED_BY(mu_)
   std::atomic<bool> stop_requested_{false};  // the running job should stop

@@ -75,32 +75,34 @@ int main(int argc, char** argv) {
   const std::atomic<bool>& stop = leasehold::install_stop_signals();
 
   try {
+    // Only a standby worker takes jobs (not --exercise, not --run-job).
+    opts.takes_jobs = !exercise && job_file.empty();
     leasehold::AgentSession session(opts);
     auto pool = session.pool();
     std::printf("registered name=%s backend=%s pool_bytes=%llu\n", opts.name.c_str(),
                 leasehold::backend_name(pool.backend),
                 static_cast<unsigned long long>(pool.size));
     std::fflush(stdout);
-    // Shared with the listener: the worker must outlive the heartbeat thread
-    // that calls it, which ends with the session.
-    std::shared_ptr<leasehold::JobWorker> worker;
-    if (!exercise && job_file.empty()) worker = std::make_shared<leasehold::JobWorker>(session);
-    session.set_session_listener([worker](const std::string& why) {
-      if (worker) worker->session_changed(why);
+    auto announce = [](const std::string& why) {
       if (why.empty()) {
         std::printf("re-registered\n");
       } else {
         std::printf("session lost: %s\n", why.c_str());
       }
       std::fflush(stdout);
-    });
-    if (exercise) return leasehold::run_exercise(session, ex, stop);
-    if (!job_file.empty()) return leasehold::run_job_file(session, job_file, overrides, stop);
+    };
+    if (exercise || !job_file.empty()) {
+      session.set_session_listener(announce);
+      if (exercise) return leasehold::run_exercise(session, ex, stop);
+      return leasehold::run_job_file(session, job_file, overrides, stop);
+    }
+    // Destroyed before the session: it removes its handlers from it first.
+    leasehold::JobWorker worker(session, announce);
     spdlog::info("standing by as '{}' for jobs", opts.name);
-    worker->run(stop);
+    worker.run(stop);
     spdlog::info("stopping");
     // The interrupted job's report goes out while the session still exists.
-    worker->finish(std::chrono::seconds(3));
+    worker.finish(std::chrono::seconds(3));
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 1;

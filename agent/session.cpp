@@ -132,7 +132,7 @@ Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chro
         return std::pair{proto::Body::LeaseRequest,
                          proto::CreateLeaseRequest(fbb, size, e, wait_ms).Union()};
       },
-      timeout, &epoch);
+      timeout, &epoch, /*grants_lease=*/true);
   const auto* grant = r->body_as_LeaseGrant();
   if (!grant || !grant->lease()) {
     throw Error(ErrorCode::Malformed, std::string("expected LeaseGrant, got ") +
@@ -202,9 +202,9 @@ bool AgentSession::wait_connected(std::chrono::milliseconds timeout) const {
 
 void AgentSession::set_job_handlers(
     std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign,
-    std::function<void(uint64_t, uint32_t)> on_stop,
+    std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop,
     std::function<std::vector<proto::AgentJobT>()> job_states) {
-  std::lock_guard lock(core_->mu);
+  std::lock_guard lock(core_->handlers_mu);
   core_->on_assign = std::move(on_assign);
   core_->on_stop = std::move(on_stop);
   core_->job_states = std::move(job_states);
@@ -222,7 +222,7 @@ void AgentSession::send_job_update(const proto::JobUpdateT& update) {
 }
 
 void AgentSession::set_session_listener(std::function<void(const std::string&)> listener) {
-  std::lock_guard lock(core_->mu);
+  std::lock_guard lock(core_->handlers_mu);
   core_->listener = std::move(listener);
 }
 

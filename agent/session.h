@@ -46,6 +46,9 @@ struct AgentOptions {
   std::chrono::milliseconds request_timeout{5000};
   // How long the constructor keeps trying to register.
   std::chrono::milliseconds register_timeout{10000};
+  // A standby worker that runs the jobs the coordinator assigns (it must
+  // install job handlers); false: it only leases memory and gets no job.
+  bool takes_jobs = false;
 };
 
 // A lease and its memory. Move-only; releasing happens in release() or, best
@@ -121,19 +124,24 @@ class AgentSession {
   bool wait_connected(std::chrono::milliseconds timeout) const;
   // Called from the heartbeat thread when the session is lost (argument: why)
   // and when it is re-established (argument: empty). Set before leases are
-  // used; it must not call back into the session.
+  // used; it must not call back into the session. Setting another (or an
+  // empty one) waits for a call in progress, so whatever the old one used
+  // may go away afterwards.
   void set_session_listener(std::function<void(const std::string&)> listener);
 
   // Jobs pushed by the coordinator: `on_assign(job_id, attempt, spec)` with
-  // a standalone JobSpec buffer, `on_stop(job_id, attempt)`. Called from the
+  // a standalone JobSpec buffer, `on_stop(job_id, attempt, cancel, reason)`
+  // (cancel: the user's cancel; else the coordinator wants it stopped). Called from the
   // heartbeat thread; they must return quickly (queue the work); a heartbeat
   // follows at once. `job_states` lists the agent's jobs for every Register
   // and Heartbeat (how the coordinator learns that a push was acted on, and
   // what an agent still runs after a restart). Set before the coordinator
-  // may push (right after construction).
-  void set_job_handlers(std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign,
-                        std::function<void(uint64_t, uint32_t)> on_stop,
-                        std::function<std::vector<proto::AgentJobT>()> job_states);
+  // may push (right after construction). Like the listener, replacing them
+  // waits for calls in progress.
+  void set_job_handlers(
+      std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign,
+      std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop,
+      std::function<std::vector<proto::AgentJobT>()> job_states);
   // Sends the next heartbeat now rather than at the interval (a job's phase
   // changed).
   void heartbeat_soon();

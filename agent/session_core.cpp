@@ -18,21 +18,13 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>> p
 }  // namespace
 
 void SessionCore::notify_listener(const std::string& what) {
-  std::function<void(const std::string&)> l;
-  {
-    std::lock_guard lock(mu);
-    l = listener;
-  }
-  if (l) l(what);
+  std::lock_guard calling(handlers_mu);
+  if (listener) listener(what);
 }
 
 std::vector<proto::AgentJobT> SessionCore::current_jobs() {
-  std::function<std::vector<proto::AgentJobT>()> f;
-  {
-    std::lock_guard lock(mu);
-    f = job_states;
-  }
-  return f ? f() : std::vector<proto::AgentJobT>{};
+  std::lock_guard calling(handlers_mu);
+  return job_states ? job_states() : std::vector<proto::AgentJobT>{};
 }
 
 void SessionCore::register_with(Connection& conn, std::chrono::milliseconds timeout) {
@@ -45,7 +37,9 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
         auto name = fbb.CreateString(opts.name);
         auto list = pack_jobs(fbb, jobs);
         return std::pair{proto::Body::Register,
-                         proto::CreateRegister(fbb, name, getpid(), opts.device, list).Union()};
+                         proto::CreateRegister(fbb, name, getpid(), opts.device, list,
+                                               opts.takes_jobs)
+                             .Union()};
       },
       timeout);
   r.throw_if_error();
@@ -110,24 +104,20 @@ void SessionCore::handle_push(const Reply& r) {
       flatbuffers::FlatBufferBuilder fbb;
       fbb.Finish(proto::JobSpec::Pack(fbb, spec.get()));
       std::vector<uint8_t> buf(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
-      std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> cb;
       {
-        std::lock_guard lock(mu);
-        cb = on_assign;
+        std::lock_guard calling(handlers_mu);
+        if (on_assign) on_assign(a->job_id(), a->attempt(), std::move(buf));
       }
-      if (cb) cb(a->job_id(), a->attempt(), std::move(buf));
       // The next heartbeat lists the job: that is the acknowledgement.
       heartbeat_due.store(true);
       break;
     }
     case proto::Body::StopJob: {
-      std::function<void(uint64_t, uint32_t)> cb;
-      {
-        std::lock_guard lock(mu);
-        cb = on_stop;
-      }
       const auto* s = r->body_as_StopJob();
-      if (cb) cb(s->job_id(), s->attempt());
+      {
+        std::lock_guard calling(handlers_mu);
+        if (on_stop) on_stop(s->job_id(), s->attempt(), s->cancel(), std::string(str(s->reason())));
+      }
       heartbeat_due.store(true);
       break;
     }
@@ -140,69 +130,84 @@ void SessionCore::heartbeat_loop(std::unique_ptr<Connection> conn) {
   conn->on_notice = [this](const Reply& r) { handle_push(r); };
   auto last_ok = std::chrono::steady_clock::now();
   while (!stop.load()) {
-    std::chrono::milliseconds interval;
-    bool is_connected;
-    {
-      std::unique_lock lock(mu);
-      interval = heartbeat_interval;
-      is_connected = connected;
+    try {
+      heartbeat_turn(*conn, last_ok);
+    } catch (const std::exception& e) {
+      // An interrupted call or a failed allocation must not end the thread
+      // (that would leave the agent registered but silent).
+      spdlog::warn("heartbeat thread: {}", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    heartbeat_due.store(false);
-    if (is_connected) {
-      try {
-        auto jobs = current_jobs();
-        Reply r = conn->request(
-            [&](flatbuffers::FlatBufferBuilder& fbb) {
-              auto list = pack_jobs(fbb, jobs);
-              return std::pair{proto::Body::Heartbeat, proto::CreateHeartbeat(fbb, list).Union()};
-            },
-            interval);
-        if (r->body_type() == proto::Body::Error) {
-          const auto* e = r->body_as_Error();
-          if (e->code() == ErrorCode::UnknownSender) lose(std::string(str(e->message())));
-        } else {
-          last_ok = std::chrono::steady_clock::now();
-        }
-      } catch (const Error& e) {
-        // The coordinator purges agents silent for two intervals; past that
-        // our leases are gone whether or not it is still running.
-        auto silent = std::chrono::steady_clock::now() - last_ok;
-        if (silent > 2 * interval) {
-          lose("no heartbeat reply for " +
-               std::to_string(
-                   std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
-               " ms");
-        }
-        continue;  // the request already waited one interval
-      }
-    } else {
-      try {
-        register_with(*conn, std::max(interval, std::chrono::milliseconds(500)));
+  }
+}
+
+void SessionCore::heartbeat_turn(Connection& conn,
+                                 std::chrono::steady_clock::time_point& last_ok) {
+  std::chrono::milliseconds interval;
+  bool is_connected;
+  {
+    std::unique_lock lock(mu);
+    interval = heartbeat_interval;
+    is_connected = connected;
+  }
+  heartbeat_due.store(false);
+  if (is_connected) {
+    try {
+      auto jobs = current_jobs();
+      Reply r = conn.request(
+          [&](flatbuffers::FlatBufferBuilder& fbb) {
+            auto list = pack_jobs(fbb, jobs);
+            return std::pair{proto::Body::Heartbeat, proto::CreateHeartbeat(fbb, list).Union()};
+          },
+          interval);
+      if (r->body_type() == proto::Body::Error) {
+        const auto* e = r->body_as_Error();
+        if (e->code() == ErrorCode::UnknownSender) lose(std::string(str(e->message())));
+      } else {
         last_ok = std::chrono::steady_clock::now();
-        notify_listener("");
-      } catch (const std::exception& e) {
-        spdlog::debug("registration attempt failed: {}", e.what());
       }
-    }
-    // Late lease grants on the control socket, while nobody else uses it.
-    if (std::unique_lock lock(control_mu, std::try_to_lock); lock.owns_lock()) {
-      release_strays();
-    }
-    // Until the next heartbeat, take what the coordinator pushes (jobs); a
-    // push makes the next heartbeat go at once.
-    auto next = std::chrono::steady_clock::now() + interval;
-    while (!stop.load() && !heartbeat_due.load()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          next - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      if (auto pushed = conn->receive(std::min(left, std::chrono::milliseconds(100)))) {
-        if ((*pushed)->header()->request_id() == 0) handle_push(*pushed);
+    } catch (const Error& e) {
+      // The coordinator purges agents silent for two intervals; past that
+      // our leases are gone whether or not it is still running.
+      auto silent = std::chrono::steady_clock::now() - last_ok;
+      if (silent > 2 * interval) {
+        lose("no heartbeat reply for " +
+             std::to_string(
+                 std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+             " ms");
       }
+      return;  // the request already waited one interval
+    }
+  } else {
+    try {
+      register_with(conn, std::max(interval, std::chrono::milliseconds(500)));
+      last_ok = std::chrono::steady_clock::now();
+      notify_listener("");
+    } catch (const std::exception& e) {
+      spdlog::debug("registration attempt failed: {}", e.what());
+    }
+  }
+  // Late lease grants on the control socket, while nobody else uses it.
+  if (std::unique_lock lock(control_mu, std::try_to_lock); lock.owns_lock()) {
+    release_strays();
+  }
+  // Until the next heartbeat, take what the coordinator pushes (jobs); a
+  // push makes the next heartbeat go at once.
+  auto next = std::chrono::steady_clock::now() + interval;
+  while (!stop.load() && !heartbeat_due.load()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        next - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    if (auto pushed = conn.receive(std::min(left, std::chrono::milliseconds(100)))) {
+      if ((*pushed)->header()->request_id() == 0) handle_push(*pushed);
     }
   }
 }
 
 void SessionCore::note_late_reply(const Reply& r) {
+  // Only grants for requests that gave up: a late reply to a resize is a
+  // LeaseGrant too, for a lease its caller still holds.
+  if (!abandoned_requests.erase(r->header()->request_id())) return;
   if (const auto* g = r->body_as_LeaseGrant(); g && g->lease()) {
     spdlog::warn("lease {} ({} bytes) was granted after its request gave up; releasing it",
                  g->lease()->id(), g->lease()->size());
@@ -228,14 +233,7 @@ void SessionCore::release_strays() {
   control->set_session(token);
   for (uint64_t id : std::exchange(stray_leases, {})) {
     try {
-      control
-          ->request(
-              [id](flatbuffers::FlatBufferBuilder& fbb) {
-                return std::pair{proto::Body::LeaseRelease,
-                                 proto::CreateLeaseRelease(fbb, id).Union()};
-              },
-              opts.request_timeout)
-          .throw_if_error();
+      control->request(release_body(id), opts.request_timeout).throw_if_error();
     } catch (const std::exception& e) {
       spdlog::warn("could not release late lease {}: {}", id, e.what());
     }
@@ -243,7 +241,7 @@ void SessionCore::release_strays() {
 }
 
 Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
-                      std::chrono::milliseconds timeout, uint64_t* epoch_out) {
+                      std::chrono::milliseconds timeout, uint64_t* epoch_out, bool grants_lease) {
   uint64_t session, epoch;
   {
     std::lock_guard lock(core.mu);
@@ -259,19 +257,28 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
   if (epoch_out) *epoch_out = epoch;
   std::lock_guard lock(core.control_mu);
   core.control->set_session(session);
-  Reply r = core.control->request(build, timeout);
+  Reply r;
+  try {
+    r = core.control->request(build, timeout);
+  } catch (const Error& e) {
+    if (grants_lease && e.code() == ErrorCode::Timeout) {
+      core.abandoned_requests.insert(core.control->last_request_id());
+    }
+    throw;
+  }
   core.release_strays();
   r.throw_if_error();
   return r;
 }
 
+Connection::BodyBuilder release_body(uint64_t lease_id) {
+  return [lease_id](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::pair{proto::Body::LeaseRelease, proto::CreateLeaseRelease(fbb, lease_id).Union()};
+  };
+}
+
 void release_lease(SessionCore& core, uint64_t id) {
-  control_request(
-      core,
-      [id](flatbuffers::FlatBufferBuilder& fbb) {
-        return std::pair{proto::Body::LeaseRelease, proto::CreateLeaseRelease(fbb, id).Union()};
-      },
-      core.opts.request_timeout, nullptr);
+  control_request(core, release_body(id), core.opts.request_timeout, nullptr);
 }
 
 }  // namespace leasehold::detail

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,10 +28,16 @@ struct SessionCore {
 
   std::mutex control_mu;                // serializes requests on `control`
   std::unique_ptr<Connection> control;  // GUARDED_BY(control_mu)
+  // Lease requests that gave up (timed out), by request id: a grant that
+  // still comes for one is released. GUARDED_BY(control_mu)
+  std::set<uint64_t> abandoned_requests;
   // Leases granted after their request timed out: released as soon as the
   // control socket is free. GUARDED_BY(control_mu)
   std::vector<uint64_t> stray_leases;
 
+  // Held while the listener or a job handler runs, and while they are
+  // replaced, so a replaced one is never running afterwards.
+  std::mutex handlers_mu;
   mutable std::mutex mu;  // guards everything below
   mutable std::condition_variable cv;
   uint64_t session = 0;
@@ -41,7 +48,7 @@ struct SessionCore {
   std::chrono::milliseconds default_wait{30000};
   std::function<void(const std::string&)> listener;
   std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign;
-  std::function<void(uint64_t, uint32_t)> on_stop;
+  std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop;
   std::function<std::vector<proto::AgentJobT>()> job_states;
 
   std::atomic<bool> stop{false};
@@ -53,6 +60,8 @@ struct SessionCore {
   // Acts on a message the coordinator pushed (request id 0).
   void handle_push(const Reply& r);
   void heartbeat_loop(std::unique_ptr<Connection> conn);
+  // One heartbeat (or registration attempt) and the pushes until the next.
+  void heartbeat_turn(Connection& conn, std::chrono::steady_clock::time_point& last_ok);
   void notify_listener(const std::string& what);
   std::vector<proto::AgentJobT> current_jobs();
   // Remembers a lease granted to a request that had given up.
@@ -63,8 +72,13 @@ struct SessionCore {
 };
 
 // Sends a control request with the current session token. Throws Error.
+// `grants_lease`: a LeaseRequest, whose grant, if it comes after the request
+// gave up, is released.
 Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
-                      std::chrono::milliseconds timeout, uint64_t* epoch_out);
+                      std::chrono::milliseconds timeout, uint64_t* epoch_out,
+                      bool grants_lease = false);
 void release_lease(SessionCore& core, uint64_t id);
+// The body of a LeaseRelease of `lease_id`.
+Connection::BodyBuilder release_body(uint64_t lease_id);
 
 }  // namespace leasehold::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,13 +18,14 @@ struct AgentRecord {
   int device = -1;
   uint64_t session = 0;               // token the agent must present
   std::set<std::string> routing_ids;  // its sockets (control, heartbeat)
-  Clock::time_point registered;
   Clock::time_point last_seen;        // any valid message counts as a heartbeat;
                                       // in the future until the first one
+  bool takes_jobs = false;            // a standby worker (else it only leases)
   uint64_t job_id = 0;                // the job this coordinator gave it; 0: none
   // The jobs it reported in its latest Register or Heartbeat.
   std::vector<proto::AgentJobT> reported;
-  Clock::time_point stray_stop_sent{};  // last StopJob for a job it should not run
+  // Last StopJob for each job it runs but should not (throttles resends).
+  std::map<uint64_t, Clock::time_point> stray_stops;
 
   // True while it reports a job it has not stopped yet (queued, running or
   // stopping): such an agent takes no new job.
@@ -33,7 +35,7 @@ struct AgentRecord {
     }
     return false;
   }
-  bool idle() const { return job_id == 0 && !reports_busy(); }
+  bool idle() const { return takes_jobs && job_id == 0 && !reports_busy(); }
 };
 
 }  // namespace leasehold

@@ -1,6 +1,7 @@
 #include "coordinator/broker.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -11,6 +12,9 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
 
 #include "coordinator/file_checks.h"
 #include "coordinator/job_codec.h"
@@ -68,14 +72,50 @@ int lock_state_dir(const std::string& dir) {
   return fd;
 }
 
+// The largest job id that has a checkpoint folder under STATE_DIR/checkpoints.
+// A store moved away (or lost) must not make a new job take the id, and so
+// resume the checkpoint, of an old one.
+uint64_t largest_checkpoint_id(const std::string& state_dir) {
+  uint64_t largest = 0;
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(state_dir + "/checkpoints", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.size() > 19 ||
+        name.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    largest = std::max<uint64_t>(largest, std::stoull(name));
+  }
+  return largest;
+}
+
 uint64_t unix_now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
 }
 
+// Whether `pid` is certainly gone: no such process, or a zombie (dead, not
+// yet reaped by its parent). Agents run on this host.
+bool process_gone(int pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() &&
+         (line[close + 2] == 'Z' || line[close + 2] == 'X');
+}
+
 CoreOptions core_options(const CoordinatorOptions& o) {
   CoreOptions c;
+  // Random, so a session token of an earlier coordinator is never valid.
+  std::random_device rd;
+  c.session_seed = (static_cast<uint64_t>(rd()) << 32) | rd();
+  c.process_gone = process_gone;
   c.heartbeat_interval = o.heartbeat_interval;
   c.lease_wait_timeout = o.lease_wait_timeout;
   c.recovery_grace = o.recovery_grace;
@@ -134,8 +174,14 @@ Broker::Broker(const CoordinatorOptions& opts)
   files_ = std::make_unique<FileWorkers>(kFileWorkers, wake);
   core_ = std::make_unique<CoordinatorCore>(core_options(opts_), device_pool_->descriptor(),
                                             std::make_unique<FifoPolicy>(), now());
+  uint64_t next_id = std::max(stored.next_id, largest_checkpoint_id(opts_.state_dir) + 1);
+  if (next_id != stored.next_id) {
+    spdlog::warn("job ids start at {}: checkpoint folders of jobs the store does not know are in "
+                 "{}/checkpoints",
+                 next_id, opts_.state_dir);
+  }
   Effects effects;
-  core_->recover(std::move(jobs), stored.next_id, now(), effects);
+  core_->recover(std::move(jobs), next_id, now(), effects);
   apply(effects);
 
   router_.set(zmq::sockopt::linger, 0);
@@ -217,6 +263,12 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     release_committed();
     if (tick_fn) tick_fn();
   }
+  // Acknowledgements waiting for their commit still go out if the store
+  // catches up within a moment.
+  for (int i = 0; i < 100 && !held_.empty() && store_error_.empty(); ++i) {
+    release_committed();
+    if (!held_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   spdlog::info("stopping: telling {} agents", core_->agents().size());
   Effects bye;
   core_->shutdown(bye);
@@ -284,24 +336,34 @@ void Broker::handle(const std::string& routing_id, zmq::message_t& payload) {
 }
 
 void Broker::apply(Effects& effects) {
-  std::vector<Outgoing> out;
-  out.reserve(effects.messages.size() + effects.events.size());
-  for (const auto& m : effects.messages) out.push_back({false, m.to, encode_message(m)});
+  const bool writes = effects.writes_store();
+  // What acknowledges stored state waits for the commit; the rest goes now.
+  std::vector<Outgoing> later;
+  for (const auto& m : effects.messages) {
+    Outgoing o{false, m.to, encode_message(m)};
+    if (writes && m.after_store) {
+      later.push_back(std::move(o));
+    } else {
+      send(o);
+    }
+  }
   std::sort(effects.events.begin(), effects.events.end());
   effects.events.erase(std::unique(effects.events.begin(), effects.events.end()),
                        effects.events.end());
   for (uint64_t id : effects.events) {
     if (const JobRecord* job = core_->jobs().find(id)) {
-      out.push_back({true, event_topic(id), encode_event(*job)});
+      Outgoing o{true, event_topic(id), encode_event(*job)};
+      if (writes) {
+        later.push_back(std::move(o));
+      } else {
+        send(o);
+      }
     }
   }
   for (const auto& dir : effects.remove_dirs) files_->remove_dir(dir);
   for (auto& check : effects.file_checks) files_->check(std::move(check));
+  if (!writes) return;
 
-  if (!effects.writes_store()) {
-    for (auto& o : out) send(o);
-    return;
-  }
   std::vector<StoredJob> puts;
   for (uint64_t id : effects.store_puts) {
     const JobRecord* job = core_->jobs().find(id);
@@ -309,7 +371,7 @@ void Broker::apply(Effects& effects) {
     puts.push_back(StoredJob{id, job_state_name(job->state), job->finished_ms, encode_job(*job)});
   }
   uint64_t seq = store_->write(std::move(puts), effects.store_deletes, core_->jobs().next_id());
-  if (!out.empty()) held_.push_back(Held{seq, std::move(out)});
+  if (!later.empty()) held_.push_back(Held{seq, std::move(later)});
 }
 
 void Broker::release_committed() {

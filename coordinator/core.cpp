@@ -2,12 +2,10 @@
 // purging silent agents, status. Jobs are in core_jobs.cpp.
 #include "coordinator/core.h"
 
-#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <cctype>
-#include <cerrno>
-#include <random>
+#include <stdexcept>
 
 #include "coordinator/replies.h"
 #include "shared/protocol.h"
@@ -31,8 +29,6 @@ bool valid_name(std::string_view name) {
   return true;
 }
 
-bool default_process_gone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
-
 PoolAllocator::End to_end(proto::LeaseEnd e) {
   return e == proto::LeaseEnd::High ? PoolAllocator::End::High : PoolAllocator::End::Low;
 }
@@ -50,13 +46,9 @@ CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
       pool_(std::move(pool)),
       policy_(std::move(policy)),
       leases_(pool_.size, pool_.alignment),
+      next_session_(opts_.session_seed),
       started_(now.steady) {
-  if (!opts_.process_gone) opts_.process_gone = default_process_gone;
-  next_session_ = opts_.session_seed;
-  if (next_session_ == 0) {
-    std::random_device rd;
-    next_session_ = (static_cast<uint64_t>(rd()) << 32) | rd();
-  }
+  if (!opts_.process_gone) throw std::invalid_argument("CoreOptions.process_gone is required");
 }
 
 std::string CoordinatorCore::summary() const {
@@ -210,7 +202,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.device = pool_.device;
   rec.session = ++next_session_;
   rec.routing_ids.insert(rid);
-  rec.registered = now.steady;
+  rec.takes_jobs = r->takes_jobs();
   rec.last_seen = now.steady + opts_.first_heartbeat_grace;
   spdlog::info("agent '{}' (pid {}) registered; {}", name, rec.pid, summary());
 
@@ -233,8 +225,8 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   wait_ms = std::min<int64_t>(wait_ms, std::chrono::milliseconds(kMaxLeaseWait).count());
   PendingRequest pending{agent.name, r->size(), to_end(r->end()),
                          now.steady + std::chrono::milliseconds(wait_ms), {rid, req}};
-  auto admit = [this](const PendingRequest& p) { return policy_->may_grant(p, leases_); };
-  auto outcome = leases_.request(pending, wait_ms > 0, admit);
+  auto outcome = leases_.request(pending, wait_ms > 0,
+                                 [this](const PendingRequest& p) { return admit(p); });
   if (auto* refusal = std::get_if<Refusal>(&outcome)) {
     spdlog::info("lease of {} for '{}' refused: {}", format_bytes(r->size()), agent.name,
                  refusal->message);
@@ -253,9 +245,13 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   send(out, rid, req, std::move(grant));
 }
 
+bool CoordinatorCore::admit(const PendingRequest& request) {
+  return policy_->may_grant(request, leases_);
+}
+
 void CoordinatorCore::serve_waiting(Effects& out) {
-  auto admit = [this](const PendingRequest& p) { return policy_->may_grant(p, leases_); };
-  for (const auto& g : leases_.grant_waiting(admit)) {
+  for (const auto& g :
+       leases_.grant_waiting([this](const PendingRequest& p) { return admit(p); })) {
     spdlog::info("waiting lease of {} granted to '{}' (lease {})", format_bytes(g.lease.size),
                  g.lease.owner, g.lease.id);
     proto::LeaseGrantT grant;
@@ -288,7 +284,7 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
     a->name = name;
     a->pid = agent.pid;
     a->device = agent.device;
-    a->state = !agent.idle() ? "running" : count ? "leasing" : "idle";
+    a->state = agent.job_id || agent.reports_busy() ? "running" : count ? "leasing" : "idle";
     a->leased_bytes = bytes;
     a->lease_count = count;
     // last_seen is in the future while an agent is within its first-heartbeat grace.
@@ -306,18 +302,59 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   if (it == agents_.end()) return;
   uint64_t job_id = it->second.job_id;
   int pid = it->second.pid;
-  auto [count, bytes] = leases_.release_all(name);
+  bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
   agents_.erase(it);
-  spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
-               format_bytes(bytes));
+  if (fence) {
+    // Its kernels or loops may still write into these: nobody gets them
+    // until it says it stopped, its process is gone, or recovery_grace ends.
+    release_fence(name, "", out);  // an older fence of the same agent
+    Fence f{name + " (fenced)", pid, now.steady};
+    auto [count, bytes] = leases_.transfer_all(name, f.holder);
+    if (count > 0) fences_[name] = f;
+    spdlog::info("agent '{}' (pid {}) {}; {} leases ({}) fenced until it stops", name, pid, why,
+                 count, format_bytes(bytes));
+  } else {
+    auto [count, bytes] = leases_.release_all(name);
+    spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
+                 format_bytes(bytes));
+    release_fence(name, "the agent is gone", out);
+  }
   JobRecord* job = job_id ? jobs_.find(job_id) : nullptr;
   if (!job || job->state != JobState::Running || job->agent != name) return;
-  if (fate == JobFate::Orphan) {
-    // Registering again right now: what it reports decides (reconcile).
+  if (fence) {
+    // Its report on registering again decides (reconcile), or the wait ends.
     job->orphaned_since = now.steady;
+    job->orphan_counts = fate == JobFate::Silent;
     return;
   }
   requeue(*job, "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);
+}
+
+void CoordinatorCore::release_fence(const std::string& agent, const std::string& why,
+                                    Effects& out) {
+  auto it = fences_.find(agent);
+  if (it == fences_.end()) return;
+  auto [count, bytes] = leases_.release_all(it->second.holder);
+  if (!why.empty()) {
+    spdlog::info("released {} fenced leases ({}) of agent '{}': {}", count, format_bytes(bytes),
+                 agent, why);
+  }
+  fences_.erase(it);
+  serve_waiting(out);
+}
+
+void CoordinatorCore::check_fences(Now now, Effects& out) {
+  std::vector<std::pair<std::string, std::string>> done;
+  for (const auto& [agent, f] : fences_) {
+    if (opts_.process_gone(f.pid)) {
+      done.emplace_back(agent, "its process is gone");
+    } else if (now.steady - f.since >= opts_.recovery_grace) {
+      done.emplace_back(agent, "still silent after " +
+                                   std::to_string(opts_.recovery_grace.count()) +
+                                   " ms (a hung process?)");
+    }
+  }
+  for (const auto& [agent, why] : done) release_fence(agent, why, out);
 }
 
 void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
@@ -332,14 +369,19 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
   // job goes to an agent that is about to be dropped in the same turn.
   for (const auto& [name, silent_ms] : dead) {
     spdlog::warn("agent '{}' sent no heartbeat for {} ms", name, silent_ms);
-    drop_agent(name, "declared dead (no heartbeat for " + std::to_string(silent_ms) + " ms)",
-               JobFate::AgentLost, now, out);
+    std::string why = "no heartbeat for " + std::to_string(silent_ms) + " ms";
+    if (opts_.process_gone(agents_.at(name).pid)) {
+      drop_agent(name, "declared dead (" + why + ")", JobFate::AgentLost, now, out);
+    } else {
+      drop_agent(name, "silent (" + why + ") but its process lives", JobFate::Silent, now, out);
+    }
   }
   if (!dead.empty()) serve_waiting(out);
 }
 
 void CoordinatorCore::tick(Now now, Effects& out) {
   purge_dead_agents(now, out);
+  check_fences(now, out);
   for (auto& e : leases_.expire(now.steady)) {
     send_error(out, e.reply_to.routing_id, e.reply_to.request_id, e.refusal.code,
                e.refusal.message);

@@ -1,9 +1,10 @@
 // The coordinator's core: the agent registry, the lease table, the job table
 // and scheduling, with every rule about them. It takes decoded requests and
 // the current time and returns what to send, publish and store (Effects); it
-// never touches a socket, a file or the clock, so unit tests drive it with a
-// fake clock (tests/coordinator_core_test.cpp). coordinator/broker.h is the
-// transport around it.
+// never touches a socket, a file or the clock (what it needs of the
+// operating system, whether a pid lives, comes in CoreOptions), so unit
+// tests drive it with a fake clock (tests/core_*_test.cpp).
+// coordinator/broker.h is the transport around it.
 //
 // Jobs and their agents, in short:
 // - A queued job starts on an idle agent: AssignJob is pushed (and pushed
@@ -11,9 +12,15 @@
 // - Agents list their jobs with a phase in every Register and Heartbeat. An
 //   agent listing a job it should not run is told to stop it, and takes no
 //   new job (nor does anyone take that job) until it has stopped.
-// - An agent that dies or goes silent loses its job back to the queue; the
-//   job resumes from its last checkpoint on another agent, up to its
-//   max_attempts requeues, then fails with every attempt's reason.
+// - An agent that dies loses its job back to the queue; the job resumes from
+//   its last checkpoint on another agent, up to its max_attempts requeues,
+//   then fails with every attempt's reason. An agent that falls silent while
+//   its process lives on (hung, partitioned) may still be writing: its
+//   leases are fenced (held back from everyone) and its job waits for it, up
+//   to recovery_grace, before anything of it is given to someone else. The
+//   same holds for an agent registering again after losing its session.
+// - An agent whose heartbeat stops listing a job it had acknowledged (its
+//   final report was lost) loses it back to the queue.
 // - Final results and epoch reports are acknowledged once stored.
 // - After a restart, jobs that were running wait for their agent: an agent
 //   that registers without them, or none within recovery_grace, sends them
@@ -68,9 +75,11 @@ struct CoreOptions {
   std::chrono::milliseconds retention_age{std::chrono::hours(24 * 30)};
   // Jobs per ListJobs page (summaries stay far below the message size).
   uint32_t list_page_size = 200;
-  // First session token; 0 picks a random one.
+  // Session tokens count up from here (the broker picks a random start, so
+  // a token of an earlier coordinator is never valid).
   uint64_t session_seed = 0;
-  // Whether a process certainly no longer exists (default: kill(pid, 0)).
+  // Whether a process certainly no longer exists (the broker asks the
+  // kernel: kill(pid, 0)). Required.
   std::function<bool(int pid)> process_gone;
 };
 
@@ -115,11 +124,18 @@ class CoordinatorCore {
     std::shared_ptr<proto::JobSpecT> spec;
     Clock::time_point deadline;
   };
-  // How a dropped agent's job goes on.
+  // How a dropped agent's job and leases go on.
   enum class JobFate {
-    AgentLost,  // requeued and counted against max_attempts
-    Requeue,    // requeued, not counted (the agent left in order)
-    Orphan,     // kept until the agent says (it registered again)
+    AgentLost,  // job requeued and counted against max_attempts; leases freed
+    Requeue,    // job requeued, not counted (the agent left in order); leases freed
+    Orphan,     // it registers again right now: its report decides; leases fenced
+    Silent,     // silent but alive: job waits (counted if it never says), leases fenced
+  };
+  // Leases of an agent that may still be writing into them.
+  struct Fence {
+    std::string holder;  // owner in the lease table while fenced
+    int pid = 0;
+    Clock::time_point since;
   };
 
   void dispatch(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
@@ -128,9 +144,12 @@ class CoordinatorCore {
                         Now now, Effects& out);
   void on_status(const std::string& rid, uint64_t req, Now now, Effects& out);
   void serve_waiting(Effects& out);
+  bool admit(const PendingRequest& request);
   void purge_dead_agents(Now now, Effects& out);
   void drop_agent(const std::string& name, const std::string& why, JobFate fate, Now now,
                   Effects& out);
+  void release_fence(const std::string& agent, const std::string& why, Effects& out);
+  void check_fences(Now now, Effects& out);
 
   // Jobs (core_jobs.cpp).
   void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
@@ -145,16 +164,26 @@ class CoordinatorCore {
   void schedule(Now now, Effects& out);
   void assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out);
   void push_assign(const JobRecord& job, const AgentRecord& agent, Effects& out);
-  void push_stop(uint64_t job_id, uint32_t attempt, const AgentRecord& agent, Effects& out);
+  // `cancel`: the user's cancel (else the coordinator wants it stopped, for
+  // `reason`). After the store when it acts on a stored state.
+  void push_stop(uint64_t job_id, uint32_t attempt, bool cancel, const std::string& reason,
+                 const AgentRecord& agent, Effects& out, bool after_store);
   void resend_pushes(Now now, Effects& out);
   // The running `job` stopped without finishing: back to the queue (or
   // cancelled when that was asked, or failed after too many lost agents).
   void requeue(JobRecord& job, const std::string& why, bool agent_lost, Now now, Effects& out);
   void finish(JobRecord& job, JobState state, const std::string& reason, Now now, Effects& out);
+  // Closes the running attempt and unbinds the job from its agent.
+  void end_attempt(JobRecord& job, const std::string& outcome, const std::string& reason,
+                   Now now);
+  std::string store_refusal() const;
   void release_orphans(Now now, Effects& out);
   void expire_file_checks(Now now, Effects& out);
   void prune(Now now, Effects& out);
   void changed(const JobRecord& job, Effects& out);  // store and publish
+  // Whether a job asking for `device` (auto, cuda, cpu) can run on `pool`.
+  static bool device_fits(const std::string& device, Backend pool);
+  static std::string job_label(const JobRecord& job);  // "job 3 'mlp'"
 
   CoreOptions opts_;
   PoolDescriptor pool_;
@@ -163,6 +192,7 @@ class CoordinatorCore {
   JobTable jobs_;
   std::map<std::string, AgentRecord> agents_;
   std::map<uint64_t, PendingSubmit> pending_submits_;
+  std::map<std::string, Fence> fences_;  // by agent name
   uint64_t next_check_token_ = 1;
   uint64_t next_session_;
   Clock::time_point started_;

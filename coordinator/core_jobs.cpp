@@ -1,6 +1,7 @@
-// The core's jobs: submission (after the file checks), listing,
-// cancellation, assignment with acknowledgement, what agents report,
-// requeueing after a lost agent or a restart, retention.
+// The core's jobs, as clients and agents speak of them: submission (after
+// the file checks), listing, cancellation, and what agents report. How jobs
+// meet agents (assignment, reconciliation, requeues, restarts, retention)
+// is in core_attempts.cpp.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -8,31 +9,28 @@
 #include "coordinator/core.h"
 #include "coordinator/job_codec.h"
 #include "coordinator/replies.h"
-#include "shared/protocol.h"
 #include "shared/job_spec.h"
+#include "shared/protocol.h"
 
 namespace leasehold {
-namespace {
 
-bool device_fits(const std::string& job_device, Backend pool) {
-  if (job_device == "cuda") return pool == Backend::Cuda;
-  if (job_device == "cpu") return pool == Backend::Host;
+bool CoordinatorCore::device_fits(const std::string& device, Backend pool) {
+  if (device == "cuda") return pool == Backend::Cuda;
+  if (device == "cpu") return pool == Backend::Host;
   return true;
 }
 
-bool active(proto::JobPhase p) {
-  return p == proto::JobPhase::Queued || p == proto::JobPhase::Running;
-}
-
-std::string job_label(const JobRecord& job) {
+std::string CoordinatorCore::job_label(const JobRecord& job) {
   return "job " + std::to_string(job.id) + " '" + job.name + "'";
 }
-
-}  // namespace
 
 void CoordinatorCore::changed(const JobRecord& job, Effects& out) {
   out.store_puts.insert(job.id);
   out.events.push_back(job.id);
+}
+
+std::string CoordinatorCore::store_refusal() const {
+  return "not accepting jobs: the job store cannot commit (" + store_error_ + ")";
 }
 
 // ---- Submission ----
@@ -44,10 +42,7 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   if (!submit->spec()) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, "SubmitJob without a spec");
   }
-  if (!store_error_.empty()) {
-    return send_error(out, rid, req, ErrorCode::Internal,
-                      "not accepting jobs: the job store cannot commit (" + store_error_ + ")");
-  }
+  if (!store_error_.empty()) return send_error(out, rid, req, ErrorCode::Internal, store_refusal());
   auto spec = std::shared_ptr<proto::JobSpecT>(submit->spec()->UnPack());
   try {
     // Everything but the files here; the files are checked off this thread.
@@ -77,8 +72,7 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
                       JobSpecError(problems).what());
   }
   if (!store_error_.empty()) {
-    return send_error(out, p.routing_id, p.request_id, ErrorCode::Internal,
-                      "not accepting jobs: the job store cannot commit (" + store_error_ + ")");
+    return send_error(out, p.routing_id, p.request_id, ErrorCode::Internal, store_refusal());
   }
   // Checkpoints are on unless the job file turns them off, in a folder of
   // the job's own under the state directory unless it names one.
@@ -93,8 +87,8 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
                job.checkpoint.empty() ? "off" : job.checkpoint);
   proto::JobAcceptedT accepted;
   accepted.job_id = job.id;
-  // Released once the job's row is committed (see Effects).
-  send(out, p.routing_id, p.request_id, std::move(accepted));
+  // Released once the job's row is committed.
+  send(out, p.routing_id, p.request_id, std::move(accepted), true);
   changed(job, out);
   schedule(now, out);
 }
@@ -150,9 +144,13 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
                       "no job with id " + std::to_string(id));
   }
+  // Every answer waits for the job's row: a cancel sent again while the
+  // first one's write is pending is not acknowledged before it is stored.
+  out.store_puts.insert(id);
   if (is_terminal(job->state)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "job " + std::to_string(id) + " already " + job_state_name(job->state));
+                      "job " + std::to_string(id) + " already " + job_state_name(job->state),
+                      true);
   }
   if (job->state == JobState::Queued) {
     finish(*job, JobState::Cancelled, "cancelled while queued", now, out);
@@ -162,13 +160,14 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
     job->cancel_requested = true;
     auto agent = agents_.find(job->agent);
     if (!job->orphaned_since && agent != agents_.end() && agent->second.job_id == id) {
-      push_stop(id, job->attempt_number(), agent->second, out);
+      push_stop(id, job->attempt_number(), true, "cancelled by request", agent->second, out,
+                true);
       job->stop_sent = now.steady;
     }
     changed(*job, out);
   }
   spdlog::info("{}: cancel requested ({})", job_label(*job), job_state_name(job->state));
-  send_ack(out, rid, req);  // after the cancel is stored
+  send_ack(out, rid, req, true);
 }
 
 // ---- What agents report ----
@@ -201,14 +200,19 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
     }
   }
   if (is_terminal(job->state) || job->state == JobState::Queued) {
-    if (final_report && job->attempts.back().ended_ms != 0) {
+    const AttemptRecord& ended = job->attempts.back();
+    bool same = ended.outcome == state_text ||
+                (ended.outcome == "interrupted" &&
+                 (state_text == "interrupted" || state_text == "cancelled"));
+    if (final_report && same) {
       // The same final report again (our acknowledgement was lost or is
       // still waiting for its commit): acknowledge it once that is stored.
       out.store_puts.insert(job->id);
-      return send_ack(out, rid, req);
+      return send_ack(out, rid, req, true);
     }
     return send_error(out, rid, req, ErrorCode::NotOwner,
-                      what + " has ended (" + job_state_name(job->state) + ")");
+                      what + " has ended (" + ended.outcome + "); its " + state_text +
+                          " report is not used");
   }
 
   // Running, on this agent, this attempt.
@@ -242,6 +246,7 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   if (interrupted) {
     requeue(*job, reason.empty() ? "interrupted on agent '" + agent.name + "'" : reason, false,
             now, out);
+    stored = true;
   } else if (*state == JobState::Running) {
     if (stored) {
       changed(*job, out);
@@ -260,274 +265,9 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
       finish(*job, *state, reason, now, out);
     }
   }
-  send_ack(out, rid, req);
+  // Epoch reports and results are acknowledged once stored; progress at once.
+  send_ack(out, rid, req, stored || final_report);
   if (final_report) schedule(now, out);
-}
-
-void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
-                                const proto::Heartbeat* hb, Now now, Effects& out) {
-  const auto* list = reg ? reg->jobs() : hb ? hb->jobs() : nullptr;
-  agent.reported.clear();
-  if (list) {
-    for (const auto* r : *list) {
-      proto::AgentJobT t;
-      r->UnPackTo(&t);
-      agent.reported.push_back(t);
-    }
-  }
-  for (const auto& r : agent.reported) {
-    JobRecord* job = jobs_.find(r.job_id);
-    bool ours = job && job->state == JobState::Running && job->agent == agent.name &&
-                job->attempt_number() == r.attempt;
-    if (ours) {
-      if (job->orphaned_since) {
-        // Back after a restart and still holding it: the old session's
-        // leases are void, so it must stop; it then reports the job
-        // interrupted (or its result, if it had finished).
-        job->orphaned_since.reset();
-        agent.job_id = job->id;
-        spdlog::info("{}: agent '{}' is back and still has it; waiting for it to stop",
-                     job_label(*job), agent.name);
-        if (active(r.phase)) {
-          job->stop_wanted = true;
-          push_stop(job->id, r.attempt, agent, out);
-          job->stop_sent = now.steady;
-        }
-      }
-      job->assign_acked = true;
-      continue;
-    }
-    if (active(r.phase) && now.steady - agent.stray_stop_sent >= opts_.heartbeat_interval) {
-      spdlog::warn("agent '{}' runs job {} attempt {}, which is not its job here; telling it to stop",
-                   agent.name, r.job_id, r.attempt);
-      push_stop(r.job_id, r.attempt, agent, out);
-      agent.stray_stop_sent = now.steady;
-    }
-  }
-  if (!reg) return;
-  // Jobs that waited since a restart for this agent, which no longer has them.
-  for (auto& [id, job] : jobs_.all()) {
-    if (job.orphaned_since && job.agent == agent.name) {
-      requeue(job, "coordinator restarted; agent '" + agent.name + "' no longer runs it", false,
-              now, out);
-    }
-  }
-}
-
-// ---- Scheduling and the agents' acknowledgements ----
-
-void CoordinatorCore::schedule(Now now, Effects& out) {
-  // A job some agent still runs or stops is not started anywhere else.
-  std::set<uint64_t> held;
-  for (const auto& [name, agent] : agents_) {
-    for (const auto& r : agent.reported) {
-      if (r.phase != proto::JobPhase::Reporting) held.insert(r.job_id);
-    }
-  }
-  std::vector<JobRecord*> candidates;
-  for (JobRecord* job : jobs_.queued()) {
-    if (!held.count(job->id) && device_fits(job->device, pool_.backend)) {
-      candidates.push_back(job);
-    }
-  }
-  for (auto& [name, agent] : agents_) {
-    if (candidates.empty()) return;
-    if (!agent.idle()) continue;
-    JobRecord* job = policy_->pick_job(agent, candidates);
-    if (!job) continue;
-    assign(*job, agent, now, out);
-    std::erase(candidates, job);
-  }
-}
-
-void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out) {
-  AttemptRecord attempt;
-  attempt.number = job.attempt_number() + 1;
-  attempt.agent = agent.name;
-  attempt.started_ms = now.unix_ms;
-  job.attempts.push_back(attempt);
-  job.agent = agent.name;
-  job.assign_acked = false;
-  job.stop_wanted = false;
-  job.assign_sent = now.steady;
-  agent.job_id = job.id;
-  jobs_.set_state(job, JobState::Running, now.unix_ms,
-                  "attempt " + std::to_string(attempt.number) + " on agent '" + agent.name + "'");
-  // The push leaves once the assignment is stored: after a crash the job is
-  // known to be on this agent, never on one that does not know it.
-  push_assign(job, agent, out);
-  spdlog::info("{} assigned to agent '{}' (attempt {})", job_label(job), agent.name,
-               attempt.number);
-  changed(job, out);
-}
-
-void CoordinatorCore::push_assign(const JobRecord& job, const AgentRecord& agent, Effects& out) {
-  proto::AssignJobT a;
-  a.job_id = job.id;
-  a.attempt = job.attempt_number();
-  a.spec = std::make_unique<proto::JobSpecT>(*job.spec);
-  // Every socket of the agent gets it; the agent's heartbeat thread acts on
-  // it and ignores duplicates.
-  for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::AssignJobT(a));
-}
-
-void CoordinatorCore::push_stop(uint64_t job_id, uint32_t attempt, const AgentRecord& agent,
-                                Effects& out) {
-  proto::StopJobT s;
-  s.job_id = job_id;
-  s.attempt = attempt;
-  for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::StopJobT(s));
-}
-
-void CoordinatorCore::resend_pushes(Now now, Effects& out) {
-  for (auto& [name, agent] : agents_) {
-    if (!agent.job_id) continue;
-    JobRecord* job = jobs_.find(agent.job_id);
-    if (!job || job->state != JobState::Running || job->agent != name) {
-      agent.job_id = 0;  // defensive: nothing of ours runs there
-      continue;
-    }
-    bool stop = job->cancel_requested || job->stop_wanted;
-    if (!stop && !job->assign_acked && now.steady - job->assign_sent >= opts_.heartbeat_interval) {
-      spdlog::debug("{}: assignment to '{}' not acknowledged yet; sending it again",
-                    job_label(*job), name);
-      push_assign(*job, agent, out);
-      job->assign_sent = now.steady;
-    }
-    if (stop && now.steady - job->stop_sent >= opts_.heartbeat_interval) {
-      // Until the agent shows it stopping (or has never shown it at all).
-      auto r = std::find_if(agent.reported.begin(), agent.reported.end(),
-                            [&](const proto::AgentJobT& x) { return x.job_id == job->id; });
-      if (r == agent.reported.end() || active(r->phase)) {
-        push_stop(job->id, job->attempt_number(), agent, out);
-        job->stop_sent = now.steady;
-      }
-    }
-  }
-}
-
-// ---- Ends and requeues ----
-
-void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& reason, Now now,
-                             Effects& out) {
-  if (auto* a = job.current_attempt(); a && a->ended_ms == 0) {
-    a->ended_ms = now.unix_ms;
-    a->outcome = job_state_name(state);
-    a->reason = reason;
-  }
-  if (auto it = agents_.find(job.agent); it != agents_.end() && it->second.job_id == job.id) {
-    it->second.job_id = 0;
-  }
-  job.orphaned_since.reset();
-  jobs_.set_state(job, state, now.unix_ms, reason);
-  if (state == JobState::Succeeded) job.reason.clear();
-  spdlog::info("{} {}{}{}", job_label(job), job_state_name(state), reason.empty() ? "" : ": ",
-               reason);
-  changed(job, out);
-}
-
-void CoordinatorCore::requeue(JobRecord& job, const std::string& why, bool agent_lost, Now now,
-                              Effects& out) {
-  if (auto* a = job.current_attempt(); a && a->ended_ms == 0) {
-    a->ended_ms = now.unix_ms;
-    a->outcome = agent_lost ? "agent lost" : "interrupted";
-    a->reason = why;
-  }
-  if (auto it = agents_.find(job.agent); it != agents_.end() && it->second.job_id == job.id) {
-    it->second.job_id = 0;
-  }
-  job.orphaned_since.reset();
-  job.assign_acked = false;
-  job.stop_wanted = false;
-  if (job.cancel_requested) return finish(job, JobState::Cancelled, "cancelled: " + why, now, out);
-  if (agent_lost && ++job.agent_failures > static_cast<uint32_t>(job.max_attempts)) {
-    std::string reasons;
-    for (const auto& a : job.attempts) {
-      reasons += (reasons.empty() ? "" : "; ") + std::string("attempt ") +
-                 std::to_string(a.number) + ": " + a.reason;
-    }
-    return finish(job, JobState::Failed,
-                  "gave up after " + std::to_string(job.attempts.size()) + " attempts (" +
-                      std::to_string(job.agent_failures) + " lost their agent; max_attempts " +
-                      std::to_string(job.max_attempts) + "): " + reasons,
-                  now, out);
-  }
-  int32_t from = job.last_checkpoint_epoch();
-  std::string next = job.checkpoint.empty()
-                         ? "restarting from the beginning (checkpoints are off)"
-                     : from > 0 ? "resuming from epoch " + std::to_string(from)
-                                : "restarting from the beginning (no checkpoint yet)";
-  jobs_.set_state(job, JobState::Queued, now.unix_ms, why + "; " + next);
-  spdlog::warn("{} requeued: {}; {}", job_label(job), why, next);
-  changed(job, out);
-}
-
-void CoordinatorCore::release_orphans(Now now, Effects& out) {
-  for (auto& [id, job] : jobs_.all()) {
-    if (job.orphaned_since && now.steady - *job.orphaned_since >= opts_.recovery_grace) {
-      requeue(job,
-              "coordinator restarted; agent '" + job.agent + "' did not come back within " +
-                  std::to_string(opts_.recovery_grace.count()) + " ms",
-              false, now, out);
-    }
-  }
-}
-
-void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now now,
-                              Effects& out) {
-  size_t queued = 0, orphaned = 0;
-  for (auto& job : jobs) {
-    if (job.state == JobState::Running) {
-      job.orphaned_since = now.steady;
-      ++orphaned;
-    }
-    queued += job.state == JobState::Queued;
-    if (!is_terminal(job.state) && !device_fits(job.device, pool_.backend)) {
-      spdlog::warn("{} wants device '{}' but this coordinator's pool is {}; it stays queued",
-                   job_label(job), job.device, backend_name(pool_.backend));
-    }
-    jobs_.restore(std::move(job));
-  }
-  jobs_.raise_next_id(next_id);
-  spdlog::info("job store: {} jobs ({} queued, {} were running and wait for their agent); next "
-               "id {}",
-               jobs_.all().size(), queued, orphaned, jobs_.next_id());
-  prune(now, out);
-}
-
-void CoordinatorCore::prune(Now now, Effects& out) {
-  if (last_prune_ && now.steady - *last_prune_ < std::chrono::minutes(1)) return;
-  last_prune_ = now.steady;
-  std::vector<const JobRecord*> finished;
-  for (const auto& [id, job] : jobs_.all()) {
-    if (is_terminal(job.state)) finished.push_back(&job);
-  }
-  std::sort(finished.begin(), finished.end(), [](const JobRecord* a, const JobRecord* b) {
-    return a->finished_ms != b->finished_ms ? a->finished_ms > b->finished_ms : a->id > b->id;
-  });
-  const uint64_t age_ms = static_cast<uint64_t>(opts_.retention_age.count());
-  std::vector<uint64_t> doomed;
-  for (size_t i = 0; i < finished.size(); ++i) {
-    const JobRecord& job = *finished[i];
-    bool too_old = now.unix_ms > job.finished_ms && now.unix_ms - job.finished_ms > age_ms;
-    if (i >= opts_.retention_count || too_old) doomed.push_back(job.id);
-  }
-  for (uint64_t id : doomed) {
-    const JobRecord& job = *jobs_.find(id);
-    // Only the folders the coordinator made; a directory the job file named
-    // belongs to the user.
-    std::string own = opts_.state_dir + "/checkpoints/" + std::to_string(id);
-    if (!opts_.state_dir.empty() && job.spec && job.spec->checkpoint &&
-        job.spec->checkpoint->directory == own) {
-      out.remove_dirs.push_back(own);
-    }
-    out.store_deletes.push_back(id);
-    jobs_.erase(id);
-  }
-  if (!doomed.empty()) {
-    spdlog::info("retention: pruned {} finished jobs (keeping at most {}, none older than {} h)",
-                 doomed.size(), opts_.retention_count, age_ms / 3600000);
-  }
 }
 
 }  // namespace leasehold

@@ -20,6 +20,10 @@ struct OutMessage {
   std::string to;  // ZeroMQ routing id
   uint64_t request_id = 0;
   proto::BodyUnion body;
+  // It acknowledges or acts on stored state (a submission, a cancel, a
+  // result; an assignment): it leaves only once the call's store writes are
+  // committed. Other messages (heartbeat acks, leases, status) leave at once.
+  bool after_store = false;
 };
 
 // Dataset files of a submitted job to check off the loop's thread (they may
@@ -35,8 +39,9 @@ struct Effects {
   // Jobs whose state is published (their state at the end of the call).
   std::vector<uint64_t> events;
   // Jobs whose stored row must be rewritten, and jobs to delete from the
-  // store. Messages and events of a call that writes are released only once
-  // the write is committed, so nobody learns a state a crash could undo.
+  // store. Events and after_store messages of a call that writes are
+  // released only once the write is committed, so nobody learns a state a
+  // crash could undo.
   std::set<uint64_t> store_puts;
   std::vector<uint64_t> store_deletes;
   std::vector<FileCheck> file_checks;

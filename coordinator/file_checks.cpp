@@ -28,7 +28,12 @@ struct FileWorkers::State {
       {
         std::unique_lock lock(mu);
         cv.wait(lock, [&] { return stop || !work.empty(); });
-        if (stop) break;
+        // Checks are dropped at shutdown (nobody waits for them); folder
+        // removals are still done.
+        while (stop && !work.empty() && std::holds_alternative<FileCheck>(work.front())) {
+          work.pop_front();
+        }
+        if (work.empty()) break;
         item = std::move(work.front());
         work.pop_front();
       }
@@ -41,11 +46,10 @@ struct FileWorkers::State {
         } catch (const std::exception& e) {
           r.problems = {e.what()};
         }
-        {
-          std::lock_guard lock(mu);
-          results.push_back(std::move(r));
-        }
-        notify();
+        std::lock_guard lock(mu);
+        results.push_back(std::move(r));
+        // Under the lock: the owner clears `notify` before what it wakes goes.
+        if (notify) notify();
       } else {
         std::error_code ec;
         std::filesystem::remove_all(std::get<std::string>(item), ec);
@@ -71,6 +75,7 @@ FileWorkers::FileWorkers(size_t threads, std::function<void()> notify)
 FileWorkers::~FileWorkers() {
   std::unique_lock lock(state_->mu);
   state_->stop = true;
+  state_->notify = nullptr;  // a worker stuck in I/O must not wake a closed fd later
   state_->cv.notify_all();
   if (!state_->cv.wait_for(lock, std::chrono::seconds(2), [&] { return state_->running == 0; })) {
     spdlog::warn("{} file worker(s) still busy (a hung file system?); not waiting for them",

@@ -63,9 +63,11 @@ struct JobRecord {
   bool stop_wanted = false;      // StopJob is due for a reason other than a cancel
   Clock::time_point assign_sent{};
   Clock::time_point stop_sent{};
-  // Set for a job found running when the coordinator started: its agent
-  // has not yet said whether it still runs it.
+  // Set for a running job whose agent has not said whether it still runs it
+  // (the coordinator restarted, or the agent registered again or fell
+  // silent while its process lives on).
   std::optional<Clock::time_point> orphaned_since;
+  bool orphan_counts = false;  // if the wait runs out, it counts as a lost agent
 
   AttemptRecord* current_attempt() { return attempts.empty() ? nullptr : &attempts.back(); }
   uint32_t attempt_number() const { return attempts.empty() ? 0 : attempts.back().number; }

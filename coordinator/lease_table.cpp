@@ -110,6 +110,21 @@ std::pair<size_t, uint64_t> LeaseTable::release_all(const std::string& owner) {
   return {count, bytes};
 }
 
+std::pair<size_t, uint64_t> LeaseTable::transfer_all(const std::string& from,
+                                                     const std::string& to) {
+  size_t count = 0;
+  uint64_t bytes = 0;
+  for (auto& [id, rec] : leases_) {
+    if (rec.owner == from) {
+      rec.owner = to;
+      bytes += rec.size;
+      ++count;
+    }
+  }
+  std::erase_if(waiting_, [&](const PendingRequest& r) { return r.owner == from; });
+  return {count, bytes};
+}
+
 std::vector<GrantedLater> LeaseTable::grant_waiting(const Admit& admit) {
   std::vector<GrantedLater> out;
   for (auto it = waiting_.begin(); it != waiting_.end();) {

@@ -89,6 +89,10 @@ class LeaseTable {
   // Releases every lease of `owner` and drops its waiting requests. Returns
   // the number of leases and bytes reclaimed.
   std::pair<size_t, uint64_t> release_all(const std::string& owner);
+  // Gives every lease of `from` to `to` (nobody may use them; they are held
+  // back until released) and drops the waiting requests of `from`. Returns
+  // the number of leases and bytes moved.
+  std::pair<size_t, uint64_t> transfer_all(const std::string& from, const std::string& to);
 
   // Grants waiting requests that fit now and `admit` allows, in queue
   // order. Call after anything that frees memory.

@@ -26,15 +26,15 @@ std::unique_ptr<proto::PoolInfoT> pool_info_object(const PoolDescriptor& desc) {
 }
 
 void send_error(Effects& out, const std::string& to, uint64_t request_id, ErrorCode code,
-                const std::string& message) {
+                const std::string& message, bool after_store) {
   proto::ErrorT e;
   e.code = code;
   e.message = message;
-  send(out, to, request_id, std::move(e));
+  send(out, to, request_id, std::move(e), after_store);
 }
 
-void send_ack(Effects& out, const std::string& to, uint64_t request_id) {
-  send(out, to, request_id, proto::AckT{});
+void send_ack(Effects& out, const std::string& to, uint64_t request_id, bool after_store) {
+  send(out, to, request_id, proto::AckT{}, after_store);
 }
 
 }  // namespace leasehold

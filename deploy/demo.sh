@@ -31,7 +31,9 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== starting leasehold-coordinator (backend $backend, pool ${LEASEHOLD_DEMO_POOL:-2GiB})"
+# A fresh state directory per run: the demo's jobs are 1 and 2.
 "$bin/leasehold-coordinator" --backend "$backend" --pool-size "${LEASEHOLD_DEMO_POOL:-2GiB}" \
+  --state-dir "$run/state" \
   > >(sed -u 's/^/[coordinator] /') 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done

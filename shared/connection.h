@@ -38,6 +38,8 @@ class Connection {
 
   const std::string& endpoint() const { return endpoint_; }
   uint64_t next_request_id() { return ++last_request_id_; }
+  // The id of the latest request sent.
+  uint64_t last_request_id() const { return last_request_id_; }
   void set_session(uint64_t session) { session_ = session; }
   uint64_t session() const { return session_; }
   HeaderFields header(uint64_t request_id) const { return {request_id, sender_, session_}; }

@@ -1,5 +1,7 @@
 #include "shared/file_system.h"
 
+#include <spdlog/spdlog.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <system_error>
 
 namespace leasehold {
@@ -137,7 +140,19 @@ class PosixFileSystem final : public FileSystem {
     int rc = fsync_retrying(fd);
     int err = errno;
     ::close(fd);
-    if (rc != 0) return Status::io_error("cannot fsync directory " + std::string(name), err);
+    // Some file systems (several FUSE and network ones) cannot fsync a
+    // directory and say EINVAL: there is nothing more to make durable there.
+    if (rc != 0 && err != EINVAL) {
+      return Status::io_error("cannot fsync directory " + std::string(name), err);
+    }
+    if (rc != 0) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        spdlog::warn("the file system of {} cannot fsync directories: a rename there survives a "
+                     "power loss only as far as the file system guarantees it",
+                     name);
+      });
+    }
     return Status::OK();
   }
 

@@ -43,6 +43,18 @@ IdxFile::IdxFile(const std::string& path) : path_(path) {
     ::close(fd);
     throw std::runtime_error("cannot read " + path + ": out of memory");
   }
+  try {
+    read_header();
+  } catch (...) {
+    // The destructor does not run for a constructor that throws.
+    gzclose(file_);
+    file_ = nullptr;
+    throw;
+  }
+}
+
+void IdxFile::read_header() {
+  const std::string& path = path_;
   uint8_t magic[4];
   read(magic, 4, "header");
   if (magic[0] != 0 || magic[1] != 0) {

@@ -33,6 +33,7 @@ class IdxFile {
   void read_body(void* dst);
 
  private:
+  void read_header();
   void read(void* dst, size_t n, const char* what);
 
   std::string path_;

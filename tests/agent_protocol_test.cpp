@@ -43,6 +43,7 @@ class FakeCoordinator {
   const std::string& endpoint() const { return endpoint_; }
 
   std::atomic<int> grant_delay_ms{0};  // lease grants wait this long
+  std::atomic<int> unanswered_updates{0};  // this many JobUpdates get no reply
 
   struct Report {
     uint64_t job;
@@ -184,7 +185,11 @@ class FakeCoordinator {
           reports_.push_back({u->job_id(), u->attempt(), std::string(str(u->state())),
                               std::string(str(u->reason()))});
         }
-        ack();
+        if (unanswered_updates.load() > 0) {
+          --unanswered_updates;  // lost on the way: the agent must send it again
+        } else {
+          ack();
+        }
         break;
       }
       default:
@@ -259,12 +264,13 @@ TEST_F(AgentProtocol, ALeaseGrantedAfterItsRequestGaveUpIsReleased) {
 
 TEST_F(AgentProtocol, AStopBeforeItsAssignmentIsAnsweredAndTheAssignmentIgnored) {
   AgentSession session(options());
-  auto worker = std::make_shared<JobWorker>(session);
+  JobWorker worker(session);  // after the session: destroyed first
   std::atomic<bool> stop{false};
-  std::thread runner([&] { worker->run(stop); });
+  std::thread runner([&] { worker.run(stop); });
 
-  fake->push(proto::Body::StopJob,
-             [](auto& fbb) { return proto::CreateStopJob(fbb, 5, 1).Union(); });
+  fake->push(proto::Body::StopJob, [](auto& fbb) {
+    return proto::CreateStopJob(fbb, 5, 1, true, fbb.CreateString("cancelled by request")).Union();
+  });
   ASSERT_TRUE(eventually([&] { return !fake->reports().empty(); }));
   auto r = fake->reports()[0];
   EXPECT_EQ(r.job, 5u);
@@ -295,7 +301,33 @@ TEST_F(AgentProtocol, AStopBeforeItsAssignmentIsAnsweredAndTheAssignmentIgnored)
       << fake->reports()[1].reason;
   stop.store(true);
   runner.join();
-  worker->finish(2s);
+}
+
+TEST_F(AgentProtocol, AFinalReportIsSentAgainUntilAcknowledgedAndListedMeanwhile) {
+  AgentSession session(options());
+  JobWorker worker(session);
+  std::atomic<bool> stop{false};
+  std::thread runner([&] { worker.run(stop); });
+  fake->unanswered_updates = 2;
+  fake->push(proto::Body::StopJob, [](auto& fbb) {
+    return proto::CreateStopJob(fbb, 8, 3, true, fbb.CreateString("cancelled by request")).Union();
+  });
+  ASSERT_TRUE(eventually([&] { return !fake->reports().empty(); }));
+  EXPECT_TRUE(eventually([&] {
+    auto l = fake->listed();
+    return l.count(8) && l[8] == proto::JobPhase::Reporting;
+  })) << "an unacknowledged final report is listed in the heartbeats";
+  ASSERT_TRUE(eventually([&] { return fake->reports().size() >= 3; }));
+  for (const auto& r : fake->reports()) {
+    EXPECT_EQ(r.job, 8u);
+    EXPECT_EQ(r.state, "cancelled");
+  }
+  EXPECT_TRUE(eventually([&] { return fake->listed().empty(); })) << "acknowledged at last";
+  int sent = static_cast<int>(fake->reports().size());
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(static_cast<int>(fake->reports().size()), sent) << "not sent again once acknowledged";
+  stop.store(true);
+  runner.join();
 }
 
 }  // namespace

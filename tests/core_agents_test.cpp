@@ -17,12 +17,13 @@ CoreOptions options() {
   return o;
 }
 
-TEST(CoreAgents, SilentAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed) {
+TEST(CoreAgents, DeadAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed) {
   CoreDriver d(options());
   FakeAgent a = d.register_agent("a", 11);
   d.heartbeat(a);  // ends the first-heartbeat grace
   ASSERT_EQ(messages(d.lease(a, 3 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
   EXPECT_EQ(d.core().leases().allocator().used_bytes(), 3u << 20);
+  d.gone.insert(11);  // killed
 
   // The broker ticks every interval/4: purged on the first tick past two
   // intervals, so within 2.25 intervals of the last heartbeat.
@@ -36,6 +37,63 @@ TEST(CoreAgents, SilentAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed) {
   EXPECT_FALSE(d.core().agents().count("a"));
   EXPECT_EQ(d.core().leases().allocator().used_bytes(), 0u);
   EXPECT_TRUE(d.core().leases().leases().empty());
+}
+
+// An agent that falls silent while its process lives on (hung, partitioned)
+// may still write into its leases: they are fenced, held back from everyone,
+// until it comes back having stopped, its process is gone, or the grace ends.
+TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
+  CoreOptions o = options();
+  o.recovery_grace = 5000ms;
+  CoreDriver d(o, 8ull << 20);
+  FakeAgent a = d.register_agent("a", 11);
+  FakeAgent b = d.register_agent("b", 12);
+  d.heartbeat(a);
+  ASSERT_EQ(messages(d.lease(a, 6 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
+  Effects waiting = d.lease(b, 4 << 20, 60000);
+  EXPECT_TRUE(waiting.messages.empty());
+  d.advance(2300ms);
+  d.heartbeat(b);
+  Effects purge = d.tick();
+  EXPECT_FALSE(d.core().agents().count("a"));
+  EXPECT_TRUE(messages(purge, proto::Body::LeaseGrant).empty()) << "a may still write there";
+  EXPECT_EQ(d.core().leases().allocator().used_bytes(), 6u << 20);
+  // It comes back, says it runs nothing: the fence goes, b gets its lease.
+  Effects back;
+  d.register_agent("a", 11, {}, &back);
+  auto granted = messages(back, proto::Body::LeaseGrant, b.rid);
+  EXPECT_EQ(granted.size(), 1u);
+
+  // Silent again, and this time it never comes back: released after the grace.
+  FakeAgent c = d.register_agent("c", 13);
+  d.heartbeat(c);
+  ASSERT_EQ(messages(d.lease(c, 2 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
+  uint64_t used = d.core().leases().allocator().used_bytes();
+  d.advance(2300ms);
+  d.heartbeat(b);
+  d.tick();
+  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used);
+  d.advance(3000ms);
+  d.heartbeat(b);
+  d.tick();
+  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used) << "within the grace";
+  d.advance(2100ms);
+  d.heartbeat(b);
+  d.tick();
+  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used - (2u << 20));
+}
+
+TEST(CoreAgents, AnAgentThatTakesNoJobsIsNeverGivenOne) {
+  CoreDriver d(options());
+  FakeAgent lessee = d.register_agent("lessee", 11, {}, nullptr, false);
+  uint64_t id = 0;
+  d.submit(id);
+  d.heartbeat(lessee);
+  EXPECT_EQ(d.job(id).state, JobState::Queued);
+  Effects e = d.request("cli", "cli", 0, proto::Body::StatusRequest,
+                        [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
+  EXPECT_EQ(messages(e, proto::Body::StatusReply)[0]->body.AsStatusReply()->agents[0]->state,
+            "idle");
 }
 
 TEST(CoreAgents, NewAgentHasAGraceUntilItsFirstHeartbeat) {

@@ -3,6 +3,7 @@
 // agents killed mid-job, a corrupt store, files that would block.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -35,7 +36,7 @@ class Durability : public ::testing::Test {
     coordinator = &cluster.start_coordinator(coordinator_args());
   }
   std::vector<std::string> coordinator_args() const {
-    return {"--backend", "host", "--pool-size", "512MiB", "--alignment", "1MiB",
+    return {"--backend", test_backend(), "--pool-size", "512MiB", "--alignment", "1MiB",
             "--heartbeat-interval", "200ms", "--recovery-grace", "3s"};
   }
   std::string job_file(const std::string& name, const std::string& extra, int hidden = 16) {
@@ -154,7 +155,13 @@ TEST_F(Durability, CoordinatorKilledTwentyTimesLosesNoJob) {
       ++not_succeeded;
       ADD_FAILURE() << "job " << id << " ended " << j["state"] << ": " << j["reason"];
     }
-    EXPECT_EQ(j["epochs_total"], 3) << "job " << id << " reported each epoch once";
+    EXPECT_EQ(j["epochs_total"], 3) << "job " << id << ": every epoch's result is there";
+    // Its runs follow one another; none overlaps the next.
+    const auto& runs_of = j["attempt_history"];
+    for (size_t a = 1; a < runs_of.size(); ++a) {
+      EXPECT_LE(runs_of[a - 1]["ended_ms"].get<uint64_t>(), runs_of[a]["started_ms"].get<uint64_t>())
+          << "job " << id << " ran twice at once: " << runs_of.dump();
+    }
     // An interrupted run says what happened, not a misleading out-of-memory.
     for (const auto& h : j["history"]) {
       std::string reason = h["reason"];
@@ -201,6 +208,7 @@ TEST_F(Durability, AJobSurvivesItsAgentKilledThreeTimesWithTheSameAccuracy) {
   auto j = job(id);
   EXPECT_EQ(j["attempts"], 4);
   EXPECT_EQ(j["resumed_from_epoch"], 3);
+  EXPECT_EQ(j["epochs_total"], 6) << "no epoch's result lost to a kill";
   EXPECT_EQ(j["test_accuracy"].get<double>(), reference)
       << "a resumed run is the uninterrupted run";
   EXPECT_NE(j["checkpoint"].get<std::string>().find("/checkpoints/" + std::to_string(id) + "/"),
@@ -270,6 +278,36 @@ TEST_F(Durability, QueuedJobsAndTheirOrderSurviveARestart) {
   EXPECT_LT(started(ids[2]), started(ids[0]));
   EXPECT_LT(started(ids[0]), started(ids[1]));
   EXPECT_LT(started(ids[1]), started(ids[3]));
+}
+
+// While the store cannot commit, nothing that depends on the commit leaves
+// the coordinator: no acknowledgement, no assignment; it keeps answering
+// everything else, and refuses new jobs with the reason.
+TEST_F(Durability, AcknowledgementsAndAssignmentsWaitForTheirCommit) {
+  auto& agent = cluster.start_agent("w", {});
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return has_agent(s, "w"); }, 10s));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((cluster.state_dir() + "/jobs.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK)
+      << "the test holds the store's write lock";
+  const std::string file = job_file("held", R"(, "epochs": 1)");
+  auto [rc, out] = client({"--timeout", "2s", "submit", file});
+  EXPECT_EQ(rc, 4) << "not acknowledged before it is stored: " << out;
+  auto [rc2, out2] = client({"submit", file});
+  EXPECT_EQ(rc2, 4) << out2;
+  EXPECT_NE(out2.find("job store cannot commit"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("database is locked"), std::string::npos) << out2;
+  EXPECT_TRUE(cluster.status().has_value()) << "the loop still answers";
+  EXPECT_EQ(agent.log().find("started"), std::string::npos)
+      << "an assignment left before it was stored:\n" << agent.log();
+  ASSERT_EQ(sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  // The first submission was taken (its client gave up waiting): it runs now.
+  EXPECT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "succeeded"; }, 30s))
+      << jobs().dump(1) << coordinator->log();
+  EXPECT_NE(agent.log().find("job 1 'held' started"), std::string::npos) << agent.log();
+  auto [rc3, out3] = client({"submit", file});
+  EXPECT_EQ(rc3, 0) << "accepting again: " << out3;
 }
 
 TEST_F(Durability, ACorruptStoreStopsTheCoordinatorNamingTheFile) {

@@ -20,7 +20,7 @@ class Jobs : public ::testing::Test {
   void SetUp() override {
     write_synthetic_idx(cluster.dir(), "train", 600, 1);
     write_synthetic_idx(cluster.dir(), "test", 150, 2);
-    coordinator = &cluster.start_coordinator({"--backend", "host", "--pool-size", "512MiB",
+    coordinator = &cluster.start_coordinator({"--backend", test_backend(), "--pool-size", "512MiB",
                                               "--alignment", "1MiB", "--heartbeat-interval",
                                               "200ms"});
   }
@@ -190,7 +190,7 @@ TEST_F(Jobs, AnAgentRunsJobsOfARestartedCoordinator) {
   ASSERT_EQ(rc, 0) << out;
   coordinator->signal(SIGTERM);
   ASSERT_TRUE(coordinator->wait(5s));
-  coordinator = &cluster.start_coordinator({"--backend", "host", "--pool-size", "512MiB",
+  coordinator = &cluster.start_coordinator({"--backend", test_backend(), "--pool-size", "512MiB",
                                             "--alignment", "1MiB", "--heartbeat-interval",
                                             "200ms"});
   ASSERT_TRUE(cluster.wait_for([](const auto& s) { return has_agent(s, "survivor"); }, 10s));

@@ -143,10 +143,14 @@ TEST_F(JobTest, TrainsReportsCheckpointsAndResumes) {
       "j.json");
   JobRunOptions plain;
   plain.device = engine::Device::cpu();
+  std::vector<int64_t> reported;
+  plain.on_epoch = [&](const EpochReport& e) { reported.push_back(e.epoch); };
   JobResult r2 = run_job(*verify_job(more), plain);
   EXPECT_EQ(r2.resumed_from_epoch, 3);
   EXPECT_EQ(r2.epochs.size(), 2u);
   EXPECT_EQ(r2.epochs.front().epoch, 4);
+  EXPECT_EQ(reported, (std::vector<int64_t>{3, 4, 5}))
+      << "the checkpointed epoch is reported again on resume";
 }
 
 // A checkpoint that cannot be written fails the job naming the file and the

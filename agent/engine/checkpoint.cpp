@@ -5,6 +5,7 @@
 //   crc32 u32 of everything after the magic, up to here
 #include "agent/engine/checkpoint.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -109,7 +110,10 @@ class Reader {
 }  // namespace
 
 void save(const std::string& path, const nn::NamedTensors& tensors, FileSystem& fs) {
-  const std::string tmp = path + ".tmp";
+  // One temporary file per writing process: two runs of one job (an agent
+  // that has not noticed yet that its job went elsewhere) never write into
+  // the same file; the renames are atomic, so the checkpoint is whole.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::unique_ptr<WritableFile> file;
   check(path, fs.new_writable_file(tmp, &file));
   try {

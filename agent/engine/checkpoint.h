@@ -1,5 +1,5 @@
 // Checkpoints: named tensors (parameters, optimiser state) in one file that
-// survives a crash mid-write: written to FILE.tmp, flushed, renamed over
+// survives a crash mid-write: written to FILE.tmp.PID, flushed, renamed over
 // FILE, directory flushed. The format is documented in checkpoint.cpp. All
 // file access goes through a FileSystem so that tests can inject failures.
 #pragma once
@@ -14,11 +14,11 @@ namespace leasehold::engine::checkpoint {
 inline constexpr char kMagic[8] = {'L', 'H', 'C', 'K', 'P', 'T', '\r', '\n'};
 inline constexpr uint32_t kVersion = 1;
 
-// Writes `tensors` (copied to the host, one at a time) to PATH.tmp, syncs and
-// closes it, renames it over `path` and syncs the directory; the directory
+// Writes `tensors` (copied to the host, one at a time) to PATH.tmp.PID (one
+// per writing process), syncs and closes it, renames it over `path` and syncs the directory; the directory
 // must exist. On return the new checkpoint is durable. On failure throws
 // std::runtime_error naming `path` and the failed step's file and error, and
-// removes PATH.tmp (best effort). A crash or failure at any step leaves a
+// removes PATH.tmp.PID (best effort). A crash or failure at any step leaves a
 // complete checkpoint at `path`: the previous one, or, when only the final
 // directory sync failed, possibly already the new one.
 void save(const std::string& path, const nn::NamedTensors& tensors,

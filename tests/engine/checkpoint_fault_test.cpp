@@ -20,7 +20,8 @@ using Op = MemoryFileSystem::Op;
 
 const std::string kDir = "/ckpt";
 const std::string kPath = "/ckpt/model.ckpt";
-const std::string kTmp = "/ckpt/model.ckpt.tmp";
+// One temporary file per writing process.
+const std::string kTmp = "/ckpt/model.ckpt.tmp." + std::to_string(::getpid());
 
 nn::NamedTensors version_a() {
   return {{"w", from_vector<float>({1.5f, -2.25f, 3.0f, 0.125f}, {2, 2})},
@@ -286,7 +287,11 @@ TEST_F(PosixCheckpoint, SaveAndLoadRoundTrip) {
   EXPECT_TRUE(identical(checkpoint::load(path), version_a()));
   checkpoint::save(path, large_version_b());
   EXPECT_TRUE(identical(checkpoint::load(path), large_version_b()));
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"model.ckpt"}) << "no temporary file is left";
   EXPECT_TRUE(default_file_system().exists(path));
   try {
     checkpoint::load(dir + "/missing.ckpt");

@@ -3,8 +3,10 @@
 # deploy/make-bundle.sh --with-tests: unit tests (CUDA kernels against CPU),
 # the CUDA integration tests (agent processes sharing one cudaMalloc pool
 # through CUDA IPC), the host integration tests, the engine's tests (every
-# CUDA operator against the CPU, training inside CUDA leases), a CUDA demo
-# run, and the lease and engine benchmarks with the PyTorch reference. Logs go to $OUT (or ./gpu-logs).
+# CUDA operator against the CPU, training inside CUDA leases, the fence
+# before leases go back), the coordinator core and job store tests, the job
+# and durability tests on the host and on the CUDA backend, a CUDA demo run,
+# and the lease and engine benchmarks with the PyTorch reference. Logs go to $OUT (or ./gpu-logs).
 #
 #   bash tests/gpu/run-gpu-checks.sh BUNDLE_DIR
 set -uo pipefail
@@ -32,6 +34,13 @@ step engine_cuda_test "$bin/engine_cuda_test"
 step lease_allocator_test "$bin/lease_allocator_test"
 step job_test "$bin/job_test"
 step job_integration_test "$bin/job_integration_test"
+step core_test "$bin/core_test"
+step job_store_test "$bin/job_store_test"
+step agent_protocol_test "$bin/agent_protocol_test"
+step durability_test "$bin/durability_test"
+# The job tests again with their coordinator and agents on the CUDA backend.
+step job_integration_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/job_integration_test"
+step durability_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/durability_test"
 
 demo() {
   local run; run=$(mktemp -d)

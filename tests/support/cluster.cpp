@@ -28,6 +28,11 @@ std::string bin_dir() {
   return LEASEHOLD_BUILD_BIN_DIR;
 }
 
+std::string test_backend() {
+  if (const char* env = std::getenv("LEASEHOLD_TEST_BACKEND"); env && *env) return env;
+  return "host";
+}
+
 Process::Process(std::vector<std::string> argv, std::string log_path)
     : log_path_(std::move(log_path)) {
   posix_spawn_file_actions_t actions;

@@ -15,6 +15,9 @@ namespace leasehold::testing {
 
 // Directory of the built programs: $LEASEHOLD_BIN_DIR, else the build tree's.
 std::string bin_dir();
+// The backend the job tests run their coordinator on: $LEASEHOLD_TEST_BACKEND
+// (cuda on a GPU host), else host.
+std::string test_backend();
 
 // A child process whose stdout and stderr go to one log file.
 class Process {

@@ -65,10 +65,13 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>> l
 }  // namespace
 
 FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
-                                     const std::vector<Listed>& jobs, Effects* out) {
+                                     const std::vector<Listed>& jobs, Effects* out,
+                                     bool takes_jobs) {
   FakeAgent a{name, pid, "rid-" + name + "-" + std::to_string(pid), 0};
   Effects e = request(a.rid, name, 0, proto::Body::Register, [&](auto& fbb) {
-    return proto::CreateRegister(fbb, fbb.CreateString(name), pid, -1, listed(fbb, jobs)).Union();
+    return proto::CreateRegister(fbb, fbb.CreateString(name), pid, -1, listed(fbb, jobs),
+                                 takes_jobs)
+        .Union();
   });
   auto acks = messages(e, proto::Body::RegisterAck, a.rid);
   if (acks.empty()) throw std::logic_error("no RegisterAck: " + errors(e));
@@ -149,6 +152,35 @@ Effects CoreDriver::lease(const FakeAgent& a, uint64_t bytes, int wait_ms) {
   return request(a.rid, a.name, a.session, proto::Body::LeaseRequest, [&](auto& fbb) {
     return proto::CreateLeaseRequest(fbb, bytes, proto::LeaseEnd::Low, wait_ms).Union();
   });
+}
+
+CoreOptions job_options() {
+  CoreOptions o;
+  o.heartbeat_interval = std::chrono::milliseconds(1000);
+  o.first_heartbeat_grace = std::chrono::milliseconds(10000);
+  o.recovery_grace = std::chrono::milliseconds(5000);
+  return o;
+}
+
+std::vector<std::pair<uint64_t, uint32_t>> assigned(const Effects& e, const FakeAgent& a) {
+  std::vector<std::pair<uint64_t, uint32_t>> out;
+  for (const auto* m : messages(e, proto::Body::AssignJob, a.rid)) {
+    out.emplace_back(m->body.AsAssignJob()->job_id, m->body.AsAssignJob()->attempt);
+  }
+  return out;
+}
+
+const proto::StopJobT* stop_of(const Effects& e, const FakeAgent& a, uint64_t job) {
+  for (const auto* m : messages(e, proto::Body::StopJob, a.rid)) {
+    if (m->body.AsStopJob()->job_id == job) return m->body.AsStopJob();
+  }
+  return nullptr;
+}
+
+std::vector<std::string> states(const JobRecord& j) {
+  std::vector<std::string> s;
+  for (const auto& h : j.history) s.push_back(h.state);
+  return s;
 }
 
 std::vector<const OutMessage*> messages(const Effects& e, proto::Body type,

@@ -45,9 +45,11 @@ class CoreDriver {
                   proto::Body type, const Build& build);
   Effects tick();
 
-  // Registers (expects a RegisterAck) and returns the agent.
+  // Registers (expects a RegisterAck) and returns the agent; a standby
+  // worker unless `takes_jobs` is false.
   FakeAgent register_agent(const std::string& name, int pid,
-                           const std::vector<Listed>& jobs = {}, Effects* out = nullptr);
+                           const std::vector<Listed>& jobs = {}, Effects* out = nullptr,
+                           bool takes_jobs = true);
   Effects heartbeat(const FakeAgent& a, const std::vector<Listed>& jobs = {});
   // Submits a small valid job; the file check passes at once. Returns the
   // effects of the check (with the JobAccepted reply) and sets `id`.
@@ -69,6 +71,19 @@ class CoreDriver {
   std::unique_ptr<CoordinatorCore> core_;
   uint64_t next_request_ = 1;
 };
+
+// Options of the job tests: 1 s heartbeats, 10 s first-heartbeat grace, 5 s
+// recovery grace.
+CoreOptions job_options();
+// The AssignJob pushes in `e` for agent `a`: (job id, attempt).
+std::vector<std::pair<uint64_t, uint32_t>> assigned(const Effects& e, const FakeAgent& a);
+// The StopJob pushed in `e` to `a` for `job`, if any.
+const proto::StopJobT* stop_of(const Effects& e, const FakeAgent& a, uint64_t job);
+inline bool stops(const Effects& e, const FakeAgent& a, uint64_t job) {
+  return stop_of(e, a, job) != nullptr;
+}
+// The states in a job's history, in order.
+std::vector<std::string> states(const JobRecord& j);
 
 // The messages in `e` whose body is `type`, optionally only those sent to
 // `rid`. The pointers point into `e`: keep it alive while using them.

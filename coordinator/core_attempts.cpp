@@ -1,0 +1,325 @@
+// How the core's jobs meet agents: what agents list in Register and
+// Heartbeat, scheduling onto idle agents, assignment and stop pushed again
+// until acknowledged, the end of an attempt (finished, or requeued after a
+// lost agent or a restart), recovery at start, and retention.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "coordinator/core.h"
+#include "coordinator/replies.h"
+#include "shared/protocol.h"
+
+namespace leasehold {
+namespace {
+
+bool active(proto::JobPhase p) {
+  return p == proto::JobPhase::Queued || p == proto::JobPhase::Running;
+}
+
+}  // namespace
+
+void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
+                                const proto::Heartbeat* hb, Now now, Effects& out) {
+  const auto* list = reg ? reg->jobs() : hb ? hb->jobs() : nullptr;
+  agent.reported.clear();
+  if (list) {
+    for (const auto* r : *list) {
+      proto::AgentJobT t;
+      r->UnPackTo(&t);
+      agent.reported.push_back(t);
+    }
+  }
+  bool lists_its_job = false;
+  for (const auto& r : agent.reported) {
+    JobRecord* job = jobs_.find(r.job_id);
+    bool ours = job && job->state == JobState::Running && job->agent == agent.name &&
+                job->attempt_number() == r.attempt;
+    if (ours) {
+      if (job->orphaned_since) {
+        // Back and still holding it: the old session's leases are void, so
+        // it must stop; it then reports the job interrupted (or its result,
+        // if it had finished).
+        job->orphaned_since.reset();
+        agent.job_id = job->id;
+        spdlog::info("{}: agent '{}' is back and still has it; waiting for it to stop",
+                     job_label(*job), agent.name);
+        if (active(r.phase)) {
+          job->stop_wanted = true;
+          push_stop(job->id, r.attempt, false, "its coordinator session was lost", agent, out,
+                    false);
+          job->stop_sent = now.steady;
+        }
+      }
+      job->assign_acked = true;
+      lists_its_job |= job->id == agent.job_id;
+      continue;
+    }
+    auto& last = agent.stray_stops[r.job_id];
+    if (active(r.phase) && now.steady - last >= opts_.heartbeat_interval) {
+      spdlog::warn("agent '{}' runs job {} attempt {}, which is not its job here; telling it to stop",
+                   agent.name, r.job_id, r.attempt);
+      push_stop(r.job_id, r.attempt, false,
+                "job " + std::to_string(r.job_id) + " attempt " + std::to_string(r.attempt) +
+                    " is not this agent's to run any more",
+                agent, out, false);
+      last = now.steady;
+    }
+  }
+  std::erase_if(agent.stray_stops, [&](const auto& kv) {
+    return std::none_of(agent.reported.begin(), agent.reported.end(),
+                        [&](const proto::AgentJobT& r) { return r.job_id == kv.first; });
+  });
+  // An agent that stopped listing the job it had acknowledged no longer has
+  // it (its final report was lost): back to the queue.
+  if (hb && agent.job_id && !lists_its_job) {
+    JobRecord* job = jobs_.find(agent.job_id);
+    if (job && job->assign_acked) {
+      requeue(*job, "agent '" + agent.name + "' no longer has it (its report was lost)", false,
+              now, out);
+    }
+  }
+  // Fenced leases of this agent go back once it runs nothing any more.
+  if (!agent.reports_busy()) release_fence(agent.name, "the agent stopped its work", out);
+  if (!reg) return;
+  // Jobs that waited for this agent (a restart, a lost session), which it
+  // no longer has.
+  for (auto& [id, job] : jobs_.all()) {
+    if (job.orphaned_since && job.agent == agent.name) {
+      requeue(job, "agent '" + agent.name + "' came back without it (coordinator restarted or "
+                   "session lost)", false, now, out);
+    }
+  }
+}
+
+// ---- Scheduling and the agents' acknowledgements ----
+
+void CoordinatorCore::schedule(Now now, Effects& out) {
+  // A job some agent still runs or stops is not started anywhere else.
+  std::set<uint64_t> held;
+  for (const auto& [name, agent] : agents_) {
+    for (const auto& r : agent.reported) {
+      if (r.phase != proto::JobPhase::Reporting) held.insert(r.job_id);
+    }
+  }
+  std::vector<JobRecord*> candidates;
+  for (JobRecord* job : jobs_.queued()) {
+    if (!held.count(job->id) && device_fits(job->device, pool_.backend)) {
+      candidates.push_back(job);
+    }
+  }
+  for (auto& [name, agent] : agents_) {
+    if (candidates.empty()) return;
+    if (!agent.idle()) continue;
+    JobRecord* job = policy_->pick_job(agent, candidates);
+    if (!job) continue;
+    assign(*job, agent, now, out);
+    std::erase(candidates, job);
+  }
+}
+
+void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out) {
+  AttemptRecord attempt;
+  attempt.number = job.attempt_number() + 1;
+  attempt.agent = agent.name;
+  attempt.started_ms = now.unix_ms;
+  job.attempts.push_back(attempt);
+  job.agent = agent.name;
+  job.assign_acked = false;
+  job.stop_wanted = false;
+  job.assign_sent = now.steady;
+  agent.job_id = job.id;
+  jobs_.set_state(job, JobState::Running, now.unix_ms,
+                  "attempt " + std::to_string(attempt.number) + " on agent '" + agent.name + "'");
+  // The push leaves once the assignment is stored: after a crash the job is
+  // known to be on this agent, never on one that does not know it.
+  push_assign(job, agent, out);
+  spdlog::info("{} assigned to agent '{}' (attempt {})", job_label(job), agent.name,
+               attempt.number);
+  changed(job, out);
+}
+
+void CoordinatorCore::push_assign(const JobRecord& job, const AgentRecord& agent, Effects& out) {
+  proto::AssignJobT a;
+  a.job_id = job.id;
+  a.attempt = job.attempt_number();
+  a.spec = std::make_unique<proto::JobSpecT>(*job.spec);
+  // Every socket of the agent gets it; the agent's heartbeat thread acts on
+  // it and ignores duplicates. It leaves once the assignment is stored, so
+  // after a crash the job is never on an agent the store does not name.
+  out.store_puts.insert(job.id);
+  for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::AssignJobT(a), true);
+}
+
+void CoordinatorCore::push_stop(uint64_t job_id, uint32_t attempt, bool cancel,
+                                const std::string& reason, const AgentRecord& agent, Effects& out,
+                                bool after_store) {
+  proto::StopJobT s;
+  s.job_id = job_id;
+  s.attempt = attempt;
+  s.cancel = cancel;
+  s.reason = reason;
+  if (after_store) out.store_puts.insert(job_id);
+  for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::StopJobT(s), after_store);
+}
+
+void CoordinatorCore::resend_pushes(Now now, Effects& out) {
+  for (auto& [name, agent] : agents_) {
+    if (!agent.job_id) continue;
+    JobRecord* job = jobs_.find(agent.job_id);
+    if (!job || job->state != JobState::Running || job->agent != name) {
+      agent.job_id = 0;  // defensive: nothing of ours runs there
+      continue;
+    }
+    bool stop = job->cancel_requested || job->stop_wanted;
+    if (!stop && !job->assign_acked && now.steady - job->assign_sent >= opts_.heartbeat_interval) {
+      spdlog::debug("{}: assignment to '{}' not acknowledged yet; sending it again",
+                    job_label(*job), name);
+      push_assign(*job, agent, out);
+      job->assign_sent = now.steady;
+    }
+    if (stop && now.steady - job->stop_sent >= opts_.heartbeat_interval) {
+      // Until the agent shows it stopping (or has never shown it at all).
+      auto r = std::find_if(agent.reported.begin(), agent.reported.end(),
+                            [&](const proto::AgentJobT& x) { return x.job_id == job->id; });
+      if (r == agent.reported.end() || active(r->phase)) {
+        if (job->cancel_requested) {
+          push_stop(job->id, job->attempt_number(), true, "cancelled by request", agent, out, true);
+        } else {
+          push_stop(job->id, job->attempt_number(), false, "its coordinator session was lost",
+                    agent, out, false);
+        }
+        job->stop_sent = now.steady;
+      }
+    }
+  }
+}
+
+// ---- Ends and requeues ----
+
+void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
+                                  const std::string& reason, Now now) {
+  if (auto* a = job.current_attempt(); a && a->ended_ms == 0) {
+    a->ended_ms = now.unix_ms;
+    a->outcome = outcome;
+    a->reason = reason;
+  }
+  if (auto it = agents_.find(job.agent); it != agents_.end() && it->second.job_id == job.id) {
+    it->second.job_id = 0;
+  }
+  job.orphaned_since.reset();
+  job.orphan_counts = false;
+  job.assign_acked = false;
+  job.stop_wanted = false;
+}
+
+void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& reason, Now now,
+                             Effects& out) {
+  end_attempt(job, job_state_name(state), reason, now);
+  jobs_.set_state(job, state, now.unix_ms, reason);
+  if (state == JobState::Succeeded) job.reason.clear();
+  spdlog::info("{} {}{}{}", job_label(job), job_state_name(state), reason.empty() ? "" : ": ",
+               reason);
+  changed(job, out);
+}
+
+void CoordinatorCore::requeue(JobRecord& job, const std::string& why, bool agent_lost, Now now,
+                              Effects& out) {
+  end_attempt(job, agent_lost ? "agent lost" : "interrupted", why, now);
+  if (job.cancel_requested) return finish(job, JobState::Cancelled, "cancelled: " + why, now, out);
+  if (agent_lost && ++job.agent_failures > static_cast<uint32_t>(job.max_attempts)) {
+    std::string reasons;
+    for (const auto& a : job.attempts) {
+      reasons += (reasons.empty() ? "" : "; ") + std::string("attempt ") +
+                 std::to_string(a.number) + ": " + a.reason;
+    }
+    return finish(job, JobState::Failed,
+                  "gave up after " + std::to_string(job.attempts.size()) + " attempts (" +
+                      std::to_string(job.agent_failures) + " lost their agent; max_attempts " +
+                      std::to_string(job.max_attempts) + "): " + reasons,
+                  now, out);
+  }
+  int32_t from = job.last_checkpoint_epoch();
+  std::string next = job.checkpoint.empty()
+                         ? "restarting from the beginning (checkpoints are off)"
+                     : from > 0 ? "resuming from epoch " + std::to_string(from)
+                                : "restarting from the beginning (no checkpoint yet)";
+  jobs_.set_state(job, JobState::Queued, now.unix_ms, why + "; " + next);
+  spdlog::warn("{} requeued: {}; {}", job_label(job), why, next);
+  changed(job, out);
+}
+
+void CoordinatorCore::release_orphans(Now now, Effects& out) {
+  for (auto& [id, job] : jobs_.all()) {
+    if (job.orphaned_since && now.steady - *job.orphaned_since >= opts_.recovery_grace) {
+      // Counted when its agent fell silent while alive; a restart of the
+      // coordinator is not the job's agent failing.
+      bool counts = job.orphan_counts;
+      requeue(job,
+              (counts ? "agent '" + job.agent + "' fell silent and"
+                      : "coordinator restarted; agent '" + job.agent + "'") +
+                  " did not come back within " + std::to_string(opts_.recovery_grace.count()) +
+                  " ms",
+              counts, now, out);
+    }
+  }
+}
+
+void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now now,
+                              Effects& out) {
+  size_t queued = 0, orphaned = 0;
+  for (auto& job : jobs) {
+    if (job.state == JobState::Running) {
+      job.orphaned_since = now.steady;
+      ++orphaned;
+    }
+    queued += job.state == JobState::Queued;
+    if (!is_terminal(job.state) && !device_fits(job.device, pool_.backend)) {
+      spdlog::warn("{} wants device '{}' but this coordinator's pool is {}; it stays queued",
+                   job_label(job), job.device, backend_name(pool_.backend));
+    }
+    jobs_.restore(std::move(job));
+  }
+  jobs_.raise_next_id(next_id);
+  spdlog::info("job store: {} jobs ({} queued, {} were running and wait for their agent); next "
+               "id {}",
+               jobs_.all().size(), queued, orphaned, jobs_.next_id());
+  prune(now, out);
+}
+
+void CoordinatorCore::prune(Now now, Effects& out) {
+  if (last_prune_ && now.steady - *last_prune_ < std::chrono::minutes(1)) return;
+  last_prune_ = now.steady;
+  std::vector<const JobRecord*> finished;
+  for (const auto& [id, job] : jobs_.all()) {
+    if (is_terminal(job.state)) finished.push_back(&job);
+  }
+  std::sort(finished.begin(), finished.end(), [](const JobRecord* a, const JobRecord* b) {
+    return a->finished_ms != b->finished_ms ? a->finished_ms > b->finished_ms : a->id > b->id;
+  });
+  const uint64_t age_ms = static_cast<uint64_t>(opts_.retention_age.count());
+  std::vector<uint64_t> doomed;
+  for (size_t i = 0; i < finished.size(); ++i) {
+    const JobRecord& job = *finished[i];
+    bool too_old = now.unix_ms > job.finished_ms && now.unix_ms - job.finished_ms > age_ms;
+    if (i >= opts_.retention_count || too_old) doomed.push_back(job.id);
+  }
+  for (uint64_t id : doomed) {
+    const JobRecord& job = *jobs_.find(id);
+    // Only the folders the coordinator made; a directory the job file named
+    // belongs to the user.
+    std::string own = opts_.state_dir + "/checkpoints/" + std::to_string(id);
+    if (!opts_.state_dir.empty() && job.spec && job.spec->checkpoint &&
+        job.spec->checkpoint->directory == own) {
+      out.remove_dirs.push_back(own);
+    }
+    out.store_deletes.push_back(id);
+    jobs_.erase(id);
+  }
+  if (!doomed.empty()) {
+    spdlog::info("retention: pruned {} finished jobs (keeping at most {}, none older than {} h)",
+                 doomed.size(), opts_.retention_count, age_ms / 3600000);
+  }
+}
+
+}  // namespace leasehold
