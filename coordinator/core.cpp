@@ -325,6 +325,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     // Its report on registering again decides (reconcile), or the wait ends.
     job->orphaned_since = now.steady;
     job->orphan_counts = fate == JobFate::Silent;
+    job->orphan_pid = fate == JobFate::Silent ? pid : 0;
     return;
   }
   requeue(*job, "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);

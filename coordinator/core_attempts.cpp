@@ -209,6 +209,7 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
   }
   job.orphaned_since.reset();
   job.orphan_counts = false;
+  job.orphan_pid = 0;
   job.assign_acked = false;
   job.stop_wanted = false;
 }
@@ -251,6 +252,13 @@ void CoordinatorCore::requeue(JobRecord& job, const std::string& why, bool agent
 
 void CoordinatorCore::release_orphans(Now now, Effects& out) {
   for (auto& [id, job] : jobs_.all()) {
+    // A silent agent whose process has ended since (a killed process can
+    // take a while to exit, a GPU context with it) is simply dead.
+    if (job.orphaned_since && job.orphan_pid && opts_.process_gone(job.orphan_pid)) {
+      requeue(job, "agent '" + job.agent + "' died (silent, then its process ended)", true, now,
+              out);
+      continue;
+    }
     if (job.orphaned_since && now.steady - *job.orphaned_since >= opts_.recovery_grace) {
       // Counted when its agent fell silent while alive; a restart of the
       // coordinator is not the job's agent failing.

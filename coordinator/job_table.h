@@ -68,6 +68,7 @@ struct JobRecord {
   // silent while its process lives on).
   std::optional<Clock::time_point> orphaned_since;
   bool orphan_counts = false;  // if the wait runs out, it counts as a lost agent
+  int orphan_pid = 0;          // the silent agent's process (0: unknown)
 
   AttemptRecord* current_attempt() { return attempts.empty() ? nullptr : &attempts.back(); }
   uint32_t attempt_number() const { return attempts.empty() ? 0 : attempts.back().number; }

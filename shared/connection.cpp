@@ -29,16 +29,22 @@ Connection::Connection(zmq::context_t& ctx, std::string endpoint, std::string se
 }
 
 std::optional<Reply> Connection::receive(std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() < 0) return std::nullopt;
+    // Round the wait up, and once the deadline has passed poll one last time
+    // without waiting: truncating to whole milliseconds would spin for up
+    // to a millisecond at the end (and a zero timeout would always spin).
+    auto now = std::chrono::steady_clock::now();
+    bool last = now >= deadline;
+    auto wait = last ? std::chrono::milliseconds(0)
+                     : std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&item, 1, left);
-    if (!(item.revents & ZMQ_POLLIN)) continue;
+    zmq::poll(&item, 1, wait);
     zmq::message_t msg;
-    if (!socket_.recv(msg, zmq::recv_flags::dontwait)) continue;
+    if (!(item.revents & ZMQ_POLLIN) || !socket_.recv(msg, zmq::recv_flags::dontwait)) {
+      if (last) return std::nullopt;
+      continue;
+    }
     AlignedBytes bytes(msg);
     auto decoded = decode(bytes.bytes());
     if (auto* err = std::get_if<DecodeError>(&decoded)) {

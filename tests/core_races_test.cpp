@@ -158,6 +158,26 @@ TEST(CoreRaces, ASilentLiveAgentsJobWaitsAndCountsOnlyIfItNeverComesBack) {
   EXPECT_NE(d.job(id).attempts[0].reason.find("fell silent"), std::string::npos);
 }
 
+TEST(CoreRaces, ASilentAgentWhoseProcessEndsLosesItsJobAtOnce) {
+  CoreDriver d(job_options());
+  FakeAgent a = d.register_agent("a", 11);
+  uint64_t id = 0;
+  d.submit(id);
+  d.heartbeat(a, {{id, 1, P::Running}});
+  FakeAgent b = d.register_agent("b", 12);
+  d.advance(2300ms);
+  d.heartbeat(b);
+  d.tick();  // still exiting (a GPU context takes a while): silent, not gone
+  EXPECT_EQ(d.job(id).attempts.size(), 1u);
+  d.gone.insert(11);
+  d.advance(300ms);
+  d.heartbeat(b);
+  d.tick();
+  EXPECT_EQ(d.job(id).agent, "b") << "requeued as soon as the process ended, not after the grace";
+  EXPECT_EQ(d.job(id).agent_failures, 1u);
+  EXPECT_NE(d.job(id).attempts[0].reason.find("died"), std::string::npos);
+}
+
 TEST(CoreRaces, AStrayJobIsStoppedAgainEachIntervalWhateverElseTheAgentRuns) {
   CoreDriver d(job_options());
   FakeAgent a = d.register_agent("a", 11, {{40, 2, P::Running}, {41, 1, P::Running}});

@@ -9,6 +9,9 @@
 # and the lease and engine benchmarks with the PyTorch reference. Logs go to $OUT (or ./gpu-logs).
 #
 #   bash tests/gpu/run-gpu-checks.sh BUNDLE_DIR
+#
+# LEASEHOLD_BENCH=all (default), lease (only the lease benchmarks) or none:
+# which benchmarks run after the tests.
 set -uo pipefail
 bundle=$(cd "${1:?usage: run-gpu-checks.sh BUNDLE_DIR}" && pwd)
 out=${OUT:-$PWD/gpu-logs}
@@ -61,11 +64,16 @@ demo() {
   return $rc
 }
 step cuda_demo demo
-step bench_cuda "$bin/leasehold-bench-lease" --backend cuda --iterations 2000
-step bench_host "$bin/leasehold-bench-lease" --backend host --iterations 2000
-step bench_engine "$bin/leasehold-bench-engine"
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-step bench_torch python3 "$here/../bench/torch_mlp_step.py"
+bench=${LEASEHOLD_BENCH:-all}
+if [ "$bench" != none ]; then
+  step bench_cuda "$bin/leasehold-bench-lease" --backend cuda --iterations 2000
+  step bench_host "$bin/leasehold-bench-lease" --backend host --iterations 2000
+fi
+if [ "$bench" = all ]; then
+  step bench_engine "$bin/leasehold-bench-engine"
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  step bench_torch python3 "$here/../bench/torch_mlp_step.py"
+fi
 cp "$out/bench_cuda.log" "$out/bench_cuda.json" 2>/dev/null
 echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$out/summary.txt"
 # One file with every log, for transports that limit the number of files.
