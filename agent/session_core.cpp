@@ -182,9 +182,23 @@ void SessionCore::heartbeat_turn(Connection& conn,
     try {
       register_with(conn, std::max(interval, std::chrono::milliseconds(500)));
       last_ok = std::chrono::steady_clock::now();
+      last_register_error.clear();
       notify_listener("");
+    } catch (const Error& e) {
+      // While the coordinator is away this fails every turn: only other
+      // failures are worth a warning, once each.
+      if (e.code() == ErrorCode::Timeout) {
+        spdlog::debug("registration attempt failed: {}", e.what());
+      } else if (e.what() != last_register_error) {
+        spdlog::warn("registration attempt failed: {}", e.what());
+        last_register_error = e.what();
+      }
     } catch (const std::exception& e) {
-      spdlog::debug("registration attempt failed: {}", e.what());
+      // Mapping the new pool failed (a CUDA error, a missing segment).
+      if (e.what() != last_register_error) {
+        spdlog::error("registration attempt failed: {}", e.what());
+        last_register_error = e.what();
+      }
     }
   }
   // Late lease grants on the control socket, while nobody else uses it.

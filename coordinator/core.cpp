@@ -362,7 +362,10 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
   const auto limit = opts_.heartbeat_interval * 2;
   std::vector<std::pair<std::string, uint64_t>> dead;
   for (const auto& [name, agent] : agents_) {
-    if (now.steady - agent.last_seen > limit) {
+    // Within its first-heartbeat grace an agent is silent by right, unless
+    // its process is already gone (killed while it started).
+    bool in_grace = agent.last_seen > now.steady;
+    if (now.steady - agent.last_seen > limit || (in_grace && opts_.process_gone(agent.pid))) {
       dead.emplace_back(name, ms_between(agent.last_seen, now.steady));
     }
   }

@@ -79,7 +79,9 @@ std::vector<JobRecord*> JobTable::queued() {
 void JobTable::set_state(JobRecord& job, JobState state, uint64_t now_ms,
                          const std::string& reason) {
   job.state = state;
-  if (!reason.empty()) job.reason = reason;
+  // The job's reason says why it is queued again or why it ended; a running
+  // job keeps the one it had ("coordinator restarted; resuming ...").
+  if (!reason.empty() && state != JobState::Running) job.reason = reason;
   if (is_terminal(state)) job.finished_ms = now_ms;
   proto::StateChangeT change;
   change.state = job_state_name(state);

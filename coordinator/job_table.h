@@ -87,7 +87,8 @@ class JobTable {
   void erase(uint64_t id);
   // Queued jobs in the order they should start: priority, then id.
   std::vector<JobRecord*> queued();
-  // Moves `job` to `state` and records it in the history (with `reason`).
+  // Moves `job` to `state` and records it in the history (with `reason`,
+  // which becomes the job's reason unless it starts running).
   void set_state(JobRecord& job, JobState state, uint64_t now_ms, const std::string& reason = "");
   const std::map<uint64_t, JobRecord>& all() const { return jobs_; }
   std::map<uint64_t, JobRecord>& all() { return jobs_; }

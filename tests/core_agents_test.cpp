@@ -107,6 +107,20 @@ TEST(CoreAgents, NewAgentHasAGraceUntilItsFirstHeartbeat) {
   EXPECT_FALSE(d.core().agents().count("slow"));
 }
 
+TEST(CoreAgents, AnAgentKilledBeforeItsFirstHeartbeatIsDroppedAtOnce) {
+  CoreDriver d(options());
+  FakeAgent a = d.register_agent("a", 11);
+  uint64_t id = 0;
+  d.submit(id);
+  EXPECT_EQ(d.job(id).agent, "a");
+  d.gone.insert(11);
+  d.advance(250ms);
+  d.tick();
+  EXPECT_FALSE(d.core().agents().count("a")) << "no 10 s grace for a process that is gone";
+  EXPECT_EQ(d.job(id).state, JobState::Queued);
+  EXPECT_EQ(d.job(id).agent_failures, 1u);
+}
+
 TEST(CoreAgents, UnknownSessionIsRefusedAndChangesNothing) {
   CoreDriver d(options());
   FakeAgent a = d.register_agent("a", 11);

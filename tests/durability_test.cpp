@@ -79,8 +79,8 @@ class Durability : public ::testing::Test {
 };
 
 TEST_F(Durability, CoordinatorKilledTwentyTimesLosesNoJob) {
-  cluster.start_agent("a1", {});
-  cluster.start_agent("a2", {});
+  auto& agent1 = cluster.start_agent("a1", {});
+  auto& agent2 = cluster.start_agent("a2", {});
   const std::string file = job_file("loop", R"(, "epochs": 3)");
   const std::string client_bin = bin_dir() + "/leasehold";
 
@@ -107,20 +107,35 @@ TEST_F(Durability, CoordinatorKilledTwentyTimesLosesNoJob) {
   std::mt19937 rng(7);
   std::vector<double> answer_ms, agents_ms;
   const int kKills = 20;
+  // Stop the submitter before any early return (a joinable thread must not
+  // be destroyed).
+  auto stop_submitting = [&] {
+    submitting.store(false);
+    if (submitter.joinable()) submitter.join();
+  };
+  struct Joiner {
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{stop_submitting};  // also when start_coordinator throws
   for (int k = 0; k < kKills; ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 600));
     coordinator->signal(SIGKILL);
-    ASSERT_TRUE(coordinator->wait(5s));
+    if (!coordinator->wait(5s)) {
+      stop_submitting();
+      FAIL() << "the coordinator did not die";
+    }
     auto t0 = Steady::now();
     coordinator = &cluster.start_coordinator(coordinator_args());
     answer_ms.push_back(ms_since(t0));
-    ASSERT_TRUE(cluster.wait_for(
-        [](const auto& s) { return has_agent(s, "a1") && has_agent(s, "a2"); }, 20s))
-        << coordinator->log();
+    if (!cluster.wait_for(
+            [](const auto& s) { return has_agent(s, "a1") && has_agent(s, "a2"); }, 20s)) {
+      stop_submitting();
+      FAIL() << "the agents did not register again after restart " << k + 1 << ":\n"
+             << coordinator->log() << agent1.log() << agent2.log();
+    }
     agents_ms.push_back(ms_since(t0));
   }
-  submitting.store(false);
-  submitter.join();
+  stop_submitting();
 
   // Every job finishes, none lost, none twice.
   nlohmann::json list;

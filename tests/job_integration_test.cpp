@@ -211,8 +211,9 @@ TEST_F(Jobs, AJobWhoseAgentDiesIsRequeuedAndTakenByAnotherAgent) {
   cluster.start_agent("heir", {});
   doomed.signal(SIGKILL);
   EXPECT_TRUE(wait_job(
-      1, [](const auto& j) { return j["state"] == "running" && j["agent"] == "heir"; }, 10s))
-      << jobs().dump(1);
+      1, [](const auto& j) { return j["state"] == "running" && j["agent"] == "heir"; }, 20s))
+      << "killed agent: " << doomed.describe() << "\n"
+      << jobs().dump(1) << coordinator->log() << doomed.log();
   auto j = job(1);
   EXPECT_EQ(j["attempts"], 2);
   EXPECT_EQ(j["attempt_history"][0]["outcome"], "agent lost");

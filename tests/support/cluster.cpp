@@ -74,6 +74,17 @@ std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
 
 bool Process::running() { return !wait(std::chrono::milliseconds(0)).has_value(); }
 
+std::string Process::describe() const {
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return "pid " + std::to_string(pid_) + " gone";
+  auto close = line.rfind(')');
+  std::string state = close != std::string::npos && close + 2 < line.size()
+                          ? std::string(1, line[close + 2])
+                          : "?";
+  return "pid " + std::to_string(pid_) + " state " + state;
+}
+
 std::string Process::log() const {
   std::ifstream in(log_path_);
   std::stringstream ss;

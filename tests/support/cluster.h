@@ -34,6 +34,8 @@ class Process {
   std::optional<int> wait(std::chrono::milliseconds timeout);
   bool running();
   std::string log() const;
+  // "pid 123 state S" from /proc, for failure messages ("gone" once reaped).
+  std::string describe() const;
   // Polls the log until it contains `text`, or `timeout` passes.
   bool wait_for_log(const std::string& text, std::chrono::milliseconds timeout) const;
 
