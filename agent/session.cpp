@@ -90,6 +90,16 @@ AgentSession::AgentSession(AgentOptions opts)
         throw Error(e.code(), "agent '" + c.opts.name + "' could not register: " + e.what());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } catch (const std::exception& e) {
+      // The pool could not be mapped. A coordinator that died between its
+      // answer and our mapping (opening a CUDA IPC handle takes a while the
+      // first time) takes its handle with it: ask the next one.
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Error(ErrorCode::Internal,
+                    "agent '" + c.opts.name + "' could not register: " + e.what());
+      }
+      spdlog::warn("{}; registering again", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
   c.heartbeat = std::thread([core = core_.get(), conn = std::move(hb)]() mutable {

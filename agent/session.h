@@ -92,8 +92,9 @@ class Lease {
 class AgentSession {
  public:
   // Connects, registers and maps the pool. Keeps retrying while the
-  // coordinator is unreachable or the name is still held by a dead agent,
-  // up to register_timeout; then throws Error naming the cause.
+  // coordinator is unreachable, the name is still held by a dead agent, or
+  // the pool cannot be mapped (its coordinator died meanwhile), up to
+  // register_timeout; then throws Error naming the cause.
   explicit AgentSession(AgentOptions opts);
   // Stops heart-beating and unregisters (best effort); leases still held are
   // released by the coordinator with the registration.

@@ -44,6 +44,8 @@ class FakeCoordinator {
 
   std::atomic<int> grant_delay_ms{0};  // lease grants wait this long
   std::atomic<int> unanswered_updates{0};  // this many JobUpdates get no reply
+  std::atomic<int> unmappable_pools{0};  // this many RegisterAcks name a pool that is gone
+  std::atomic<int> registrations{0};
 
   struct Report {
     uint64_t job;
@@ -139,10 +141,17 @@ class FakeCoordinator {
     switch (env.body_type()) {
       case proto::Body::Register: {
         const auto& d = pool_->descriptor();
+        ++registrations;
+        // A coordinator that died right after answering took its pool along.
+        bool gone = unmappable_pools.load() > 0;
+        if (gone) --unmappable_pools;
+        std::string missing = "leasehold-gone-" + std::to_string(getpid());
+        std::vector<uint8_t> handle = gone ? std::vector<uint8_t>(missing.begin(), missing.end())
+                                           : d.handle;
         send(rid, req, proto::Body::RegisterAck, [&](auto& fbb) {
           auto info = proto::CreatePoolInfo(fbb, proto::Backend::Host, 0,
                                             fbb.CreateString(d.device_name), d.size, d.alignment,
-                                            fbb.CreateVector(d.handle), d.epoch);
+                                            fbb.CreateVector(handle), d.epoch + (gone ? 1 : 0));
           return proto::CreateRegisterAck(fbb, 42, 100, info, 1000).Union();
         });
         break;
@@ -245,6 +254,14 @@ class AgentProtocol : public ::testing::Test {
   std::string dir;
   std::unique_ptr<FakeCoordinator> fake;
 };
+
+TEST_F(AgentProtocol, AnAgentStartingWhileItsCoordinatorDiesRegistersWithTheNext) {
+  fake->unmappable_pools = 2;
+  AgentSession session(options());  // would throw if a failed mapping were final
+  EXPECT_EQ(fake->registrations.load(), 3);
+  EXPECT_TRUE(session.connected());
+  EXPECT_EQ(session.pool().size, 8u << 20);
+}
 
 TEST_F(AgentProtocol, ALeaseGrantedAfterItsRequestGaveUpIsReleased) {
   AgentSession session(options());
