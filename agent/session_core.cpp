@@ -201,9 +201,10 @@ void SessionCore::heartbeat_turn(Connection& conn,
       }
     }
   }
-  // Late lease grants on the control socket, while nobody else uses it.
+  // Late lease grants on the control socket, while nobody else uses it;
+  // never waiting long, the next heartbeat is due.
   if (std::unique_lock lock(control_mu, std::try_to_lock); lock.owns_lock()) {
-    release_strays();
+    release_strays(interval / 2);
   }
   // Until the next heartbeat, take what the coordinator pushes (jobs); a
   // push makes the next heartbeat go at once.
@@ -229,7 +230,7 @@ void SessionCore::note_late_reply(const Reply& r) {
   }
 }
 
-void SessionCore::release_strays() {
+void SessionCore::release_strays(std::chrono::milliseconds timeout) {
   while (auto late = control->receive(std::chrono::milliseconds(0))) {
     if ((*late)->header()->request_id() != 0) {
       note_late_reply(*late);
@@ -247,7 +248,7 @@ void SessionCore::release_strays() {
   control->set_session(token);
   for (uint64_t id : std::exchange(stray_leases, {})) {
     try {
-      control->request(release_body(id), opts.request_timeout).throw_if_error();
+      control->request(release_body(id), timeout).throw_if_error();
     } catch (const std::exception& e) {
       spdlog::warn("could not release late lease {}: {}", id, e.what());
     }
@@ -269,7 +270,7 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
     epoch = core.epoch;
   }
   if (epoch_out) *epoch_out = epoch;
-  std::lock_guard lock(core.control_mu);
+  std::unique_lock lock(core.control_mu);
   core.control->set_session(session);
   Reply r;
   try {
@@ -280,7 +281,15 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
     }
     throw;
   }
-  core.release_strays();
+  core.release_strays(core.opts.request_timeout);
+  lock.unlock();
+  if (r->body_type() == proto::Body::Error &&
+      r->body_as_Error()->code() == ErrorCode::UnknownSender) {
+    // A coordinator that does not know our token restarted (or dropped us):
+    // the session is over now, before the caller sees the error, so nobody
+    // mistakes it for a refusal (a lease refused is "out of memory").
+    core.lose(std::string(str(r->body_as_Error()->message())));
+  }
   r.throw_if_error();
   return r;
 }

@@ -67,9 +67,10 @@ struct SessionCore {
   std::vector<proto::AgentJobT> current_jobs();
   // Remembers a lease granted to a request that had given up.
   void note_late_reply(const Reply& r);  // REQUIRES: control_mu held
-  // Releases the stray leases, and takes late replies waiting on the control
-  // socket first. REQUIRES: control_mu held.
-  void release_strays();
+  // Releases the stray leases (waiting up to `timeout` for each answer),
+  // and takes late replies waiting on the control socket first. REQUIRES:
+  // control_mu held.
+  void release_strays(std::chrono::milliseconds timeout);
 };
 
 // Sends a control request with the current session token. Throws Error.

@@ -46,6 +46,7 @@ class FakeCoordinator {
   std::atomic<int> unanswered_updates{0};  // this many JobUpdates get no reply
   std::atomic<int> unmappable_pools{0};  // this many RegisterAcks name a pool that is gone
   std::atomic<int> registrations{0};
+  std::atomic<bool> forget_lessees{false};  // answer lease requests as a restarted coordinator
 
   struct Report {
     uint64_t job;
@@ -171,6 +172,14 @@ class FakeCoordinator {
         break;
       }
       case proto::Body::LeaseRequest: {
+        if (forget_lessees.load()) {
+          send(rid, req, proto::Body::Error, [](auto& fbb) {
+            return proto::CreateError(fbb, ErrorCode::UnknownSender,
+                                      fbb.CreateString("agent 'agent' is not registered"))
+                .Union();
+          });
+          break;
+        }
         uint64_t size = env.body_as_LeaseRequest()->size();
         if (grant_delay_ms.load() > 0) {
           late_.push_back({rid, req, size,
@@ -261,6 +270,30 @@ TEST_F(AgentProtocol, AnAgentStartingWhileItsCoordinatorDiesRegistersWithTheNext
   EXPECT_EQ(fake->registrations.load(), 3);
   EXPECT_TRUE(session.connected());
   EXPECT_EQ(session.pool().size, 8u << 20);
+}
+
+// A coordinator that restarted answers the old token with UnknownSender: the
+// session is lost at once, before the caller sees the error, so a job thread
+// never takes it for a refused lease ("out of memory") while the heartbeat
+// thread has not noticed yet.
+TEST_F(AgentProtocol, AnUnknownSenderAnswerEndsTheSessionBeforeTheCallerSeesIt) {
+  AgentSession session(options());
+  std::atomic<int> lost{0};
+  session.set_session_listener([&](const std::string& why) {
+    if (!why.empty()) ++lost;
+  });
+  fake->forget_lessees = true;
+  try {
+    session.acquire(1 << 20, LeaseEnd::Low, 0ms);
+    FAIL() << "granted by a coordinator that does not know us";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::UnknownSender) << e.what();
+    EXPECT_EQ(lost.load(), 1) << "the listener heard of the loss before the error arrived";
+  }
+  fake->forget_lessees = false;
+  EXPECT_TRUE(eventually([&] { return session.registrations() >= 2 && session.connected(); }))
+      << "and it registers again";
+  session.set_session_listener({});
 }
 
 TEST_F(AgentProtocol, ALeaseGrantedAfterItsRequestGaveUpIsReleased) {
