@@ -1,28 +1,26 @@
 #include "coordinator/broker.h"
 
 #include <fcntl.h>
-#include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <unistd.h>
-
-#include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <thread>
 
-#include "coordinator/file_checks.h"
+#include "coordinator/file_workers.h"
 #include "coordinator/job_codec.h"
 #include "coordinator/job_store.h"
 #include "coordinator/store_writer.h"
 #include "coordinator/wire.h"
 #include "shared/connection.h"
 #include "shared/endpoint.h"
+#include "shared/process.h"
 #include "shared/units.h"
 
 namespace leasehold {
@@ -78,8 +76,7 @@ int lock_state_dir(const std::string& dir) {
 uint64_t largest_checkpoint_id(const std::string& state_dir) {
   uint64_t largest = 0;
   std::error_code ec;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(state_dir + "/checkpoints", ec)) {
+  for (const auto& entry : std::filesystem::directory_iterator(state_dir + "/checkpoints", ec)) {
     const std::string name = entry.path().filename().string();
     if (name.empty() || name.size() > 19 ||
         name.find_first_not_of("0123456789") != std::string::npos) {
@@ -96,26 +93,12 @@ uint64_t unix_now_ms() {
                                    .count());
 }
 
-// Whether `pid` is certainly gone: no such process, or a zombie (dead, not
-// yet reaped by its parent). Agents run on this host.
-bool process_gone(int pid) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
-  auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() &&
-         (line[close + 2] == 'Z' || line[close + 2] == 'X');
-}
-
 CoreOptions core_options(const CoordinatorOptions& o) {
   CoreOptions c;
   // Random, so a session token of an earlier coordinator is never valid.
   std::random_device rd;
   c.session_seed = (static_cast<uint64_t>(rd()) << 32) | rd();
-  c.process_gone = process_gone;
+  c.process_gone = process_gone;  // agents run on this host
   c.heartbeat_interval = o.heartbeat_interval;
   c.lease_wait_timeout = o.lease_wait_timeout;
   c.recovery_grace = o.recovery_grace;
@@ -134,7 +117,7 @@ Broker::Broker(const CoordinatorOptions& opts)
       pub_(ctx_, zmq::socket_type::pub) {
   prepare_ipc_directory(opts_.endpoint);
   ensure_no_live_coordinator(ctx_, opts_.endpoint);
-  lock_fd_ = lock_state_dir(opts_.state_dir);
+  lock_fd_.reset(lock_state_dir(opts_.state_dir));
 
   // The store first: a corrupt one stops us before any GPU memory is taken.
   auto store = JobStore::open(opts_.state_dir + "/jobs.db");
@@ -155,8 +138,7 @@ Broker::Broker(const CoordinatorOptions& opts)
   if (size == 0) {
     throw std::runtime_error("pool size " + opts_.pool_size.to_string() + " of " +
                              format_bytes(mem.free_bytes) + " free on " + mem.name +
-                             " is less than one aligned block of " +
-                             format_bytes(opts_.alignment));
+                             " is less than one aligned block of " + format_bytes(opts_.alignment));
   }
   if (opts_.pool_size.percent == 0 && size > mem.free_bytes) {
     throw std::runtime_error("pool size " + format_bytes(size) + " exceeds the " +
@@ -164,9 +146,9 @@ Broker::Broker(const CoordinatorOptions& opts)
   }
   device_pool_ = create_pool(backend, opts_.device, size, opts_.alignment, opts_.endpoint);
 
-  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
-  auto wake = [fd = wake_fd_] {
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (wake_fd_.get() < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+  auto wake = [fd = wake_fd_.get()] {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
   };
@@ -176,9 +158,10 @@ Broker::Broker(const CoordinatorOptions& opts)
                                             std::make_unique<FifoPolicy>(), now());
   uint64_t next_id = std::max(stored.next_id, largest_checkpoint_id(opts_.state_dir) + 1);
   if (next_id != stored.next_id) {
-    spdlog::warn("job ids start at {}: checkpoint folders of jobs the store does not know are in "
-                 "{}/checkpoints",
-                 next_id, opts_.state_dir);
+    spdlog::warn(
+        "job ids start at {}: checkpoint folders of jobs the store does not know are in "
+        "{}/checkpoints",
+        next_id, opts_.state_dir);
   }
   Effects effects;
   core_->recover(std::move(jobs), next_id, now(), effects);
@@ -207,10 +190,9 @@ Broker::Broker(const CoordinatorOptions& opts)
 Broker::~Broker() {
   // The writer commits what is queued before it stops; then nothing more
   // can be sent (the loop has ended), so held messages are dropped.
+  // The workers go before the eventfd they wake (a member declared earlier).
   store_.reset();
   files_.reset();
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-  if (lock_fd_ >= 0) ::close(lock_fd_);
   // ZeroMQ's ipc listener unlinks its socket file when the socket closes.
 }
 
@@ -231,11 +213,11 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     auto timeout = tick;
     if (auto d = core_->next_deadline()) {
       auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*d - Clock::now());
-      timeout = std::clamp(until + std::chrono::milliseconds(1), std::chrono::milliseconds(0),
-                           tick);
+      timeout =
+          std::clamp(until + std::chrono::milliseconds(1), std::chrono::milliseconds(0), tick);
     }
     zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                               {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+                               {nullptr, wake_fd_.get(), ZMQ_POLLIN, 0}};
     try {
       zmq::poll(items, 2, timeout);
     } catch (const zmq::error_t& e) {
@@ -280,7 +262,7 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
 
 void Broker::wake_fd_drain() {
   uint64_t n;
-  while (::read(wake_fd_, &n, sizeof n) > 0) {
+  while (::read(wake_fd_.get(), &n, sizeof n) > 0) {
   }
 }
 
@@ -326,8 +308,8 @@ void Broker::handle(const std::string& routing_id, zmq::message_t& payload) {
     if (err->code == ErrorCode::BadVersion) {
       request_id = proto::GetEnvelope(bytes.bytes().data())->header()->request_id();
     }
-    Outgoing o{false, routing_id, make_error({request_id, "coordinator", 0}, err->code,
-                                             err->message)};
+    Outgoing o{false, routing_id,
+               make_error({request_id, "coordinator", 0}, err->code, err->message)};
     return send(o);
   }
   Effects effects;

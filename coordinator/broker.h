@@ -15,13 +15,14 @@
 // from any thread or a signal handler.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "coordinator/core.h"
@@ -71,9 +72,24 @@ class Broker {
   void release_committed();
   void wake_fd_drain();
 
+  // A file descriptor closed with its owner, also when the constructor
+  // throws half-way.
+  class Fd {
+   public:
+    ~Fd() { reset(-1); }
+    void reset(int fd) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = fd;
+    }
+    int get() const { return fd_; }
+
+   private:
+    int fd_ = -1;
+  };
+
   CoordinatorOptions opts_;
-  int lock_fd_ = -1;  // flock on STATE_DIR/coordinator.lock
-  int wake_fd_ = -1;  // eventfd: the store writer or a file worker finished something
+  Fd lock_fd_;  // flock on STATE_DIR/coordinator.lock
+  Fd wake_fd_;  // eventfd: the store writer or a file worker finished something
   std::unique_ptr<DevicePool> device_pool_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<StoreWriter> store_;

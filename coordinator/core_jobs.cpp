@@ -246,7 +246,6 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   if (interrupted) {
     requeue(*job, reason.empty() ? "interrupted on agent '" + agent.name + "'" : reason, false,
             now, out);
-    stored = true;
   } else if (*state == JobState::Running) {
     if (stored) {
       changed(*job, out);

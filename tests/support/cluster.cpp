@@ -18,6 +18,7 @@
 
 #include "client/status_format.h"
 #include "shared/connection.h"
+#include "shared/process.h"
 
 extern char** environ;
 
@@ -75,14 +76,8 @@ std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
 bool Process::running() { return !wait(std::chrono::milliseconds(0)).has_value(); }
 
 std::string Process::describe() const {
-  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return "pid " + std::to_string(pid_) + " gone";
-  auto close = line.rfind(')');
-  std::string state = close != std::string::npos && close + 2 < line.size()
-                          ? std::string(1, line[close + 2])
-                          : "?";
-  return "pid " + std::to_string(pid_) + " state " + state;
+  auto state = process_state(pid_);
+  return "pid " + std::to_string(pid_) + (state ? std::string(" state ") + *state : " gone");
 }
 
 std::string Process::log() const {

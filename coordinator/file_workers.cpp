@@ -1,4 +1,4 @@
-#include "coordinator/file_checks.h"
+#include "coordinator/file_workers.h"
 
 #include <spdlog/spdlog.h>
 
