@@ -1,0 +1,759 @@
+// The spill stores on the host backend against real files in a temporary
+// directory: round trips through every tier, reads served from staging while
+// a write is held back (a transfer whose fences the test opens), prefetch,
+// extent reuse, a corrupted chunk, a full file, an unusable directory, a
+// device fault during a spill, stale files of dead processes, and the fault
+// injecting store. One test runs the tiered store over CUDA memory and is
+// skipped where no GPU is visible.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "agent/spill/fault_store.h"
+#include "agent/spill/memory_store.h"
+#include "agent/spill/tiered_store.h"
+#include "agent/spill/transfer.h"
+#include "shared/process.h"
+
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "agent/engine/cuda_context.h"
+#endif
+
+namespace leasehold::spill {
+namespace {
+
+namespace fs = std::filesystem;
+using engine::Device;
+
+constexpr size_t kChunk = 64 << 10;
+// Odd sizes: one byte, either side of a page, and three and a half chunks.
+const std::vector<size_t> kOddSizes = {1, 4095, 4097, kChunk * 7 / 2};
+
+std::vector<char> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<char> v(n);
+  for (auto& c : v) c = static_cast<char>(gen());
+  return v;
+}
+
+// Reads `id` back into a fresh buffer (filled with a pattern the data is
+// unlikely to have, so a missed byte shows).
+std::vector<char> read_back(SpillStore& store, SpillId id, size_t n, Status* st) {
+  std::vector<char> out(n, '\x5a');
+  *st = store.get(id, out.data());
+  return out;
+}
+
+void expect_round_trip(SpillStore& store, SpillId id, const std::vector<char>& want) {
+  Status st;
+  auto got = read_back(store, id, want.size(), &st);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(got == want) << "bytes of id " << id << " (" << want.size() << " bytes) differ";
+}
+
+uint64_t sum(const std::vector<size_t>& v) {
+  uint64_t s = 0;
+  for (size_t x : v) s += x;
+  return s;
+}
+
+off_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+// A transfer that copies at once (host memory) but whose fences stay not
+// done until the test opens the gate: the store then sees copies in flight,
+// and its writes wait for them, as on a busy GPU.
+class Gate {
+ public:
+  void open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool is_open() {
+    std::lock_guard lock(mu_);
+    return open_;
+  }
+  void wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+class GatedFence final : public Fence {
+ public:
+  explicit GatedFence(Gate& gate) : gate_(gate) {}
+  bool done() override { return gate_.is_open(); }
+  void wait() override { gate_.wait(); }
+
+ private:
+  Gate& gate_;
+};
+
+class GatedTransfer final : public Transfer {
+ public:
+  Device device() const override { return Device::cpu(); }
+  void to_host(void* host, const void* src, size_t n) override { std::memcpy(host, src, n); }
+  void to_device(void* dst, const void* host, size_t n) override { std::memcpy(dst, host, n); }
+  std::shared_ptr<Fence> mark() override { return std::make_shared<GatedFence>(gate); }
+  void compute_waits(const std::shared_ptr<Fence>&) override {}
+  double busy_seconds() override { return 0; }
+  Gate gate;
+};
+
+// A transfer whose device faults: every fence throws, as a CUDA fence does
+// after a kernel fault.
+class FaultyFence final : public Fence {
+ public:
+  bool done() override { throw std::runtime_error("device fault (test)"); }
+  void wait() override { throw std::runtime_error("device fault (test)"); }
+};
+
+class FaultyTransfer final : public Transfer {
+ public:
+  Device device() const override { return Device::cpu(); }
+  void to_host(void* host, const void* src, size_t n) override { std::memcpy(host, src, n); }
+  void to_device(void* dst, const void* host, size_t n) override { std::memcpy(dst, host, n); }
+  std::shared_ptr<Fence> mark() override { return std::make_shared<FaultyFence>(); }
+  void compute_waits(const std::shared_ptr<Fence>&) override {}
+  double busy_seconds() override { return 0; }
+};
+
+class SpillTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/leasehold-spill-XXXXXX";
+    ASSERT_TRUE(mkdtemp(tmpl)) << std::strerror(errno);
+    dir_ = tmpl;
+    transfer_ = make_transfer(Device::cpu());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // File tier only unless a host tier is given.
+  TieredStoreOptions file_options(int slots = 4) {
+    staging_ = PinnedBuffer(slots * kChunk, Device::cpu());
+    TieredStoreOptions o;
+    o.staging = &staging_;
+    o.chunk_bytes = kChunk;
+    o.directory = dir_;
+    o.tag = "t";
+    o.io_threads = 2;
+    return o;
+  }
+
+  std::string spill_name(int pid, const std::string& tag) const {
+    return dir_ + "/spill-" + std::to_string(pid) + "-" + tag + ".bin";
+  }
+
+  std::string dir_;
+  std::unique_ptr<Transfer> transfer_;
+  PinnedBuffer staging_;
+  PinnedBuffer host_;
+};
+
+TEST_F(SpillTest, MemoryStoreRoundTripsOddSizes) {
+  MemorySpillStore store(*transfer_);
+  std::vector<std::vector<char>> data;
+  for (size_t i = 0; i < kOddSizes.size(); ++i) {
+    data.push_back(random_bytes(kOddSizes[i], static_cast<uint32_t>(i)));
+    std::vector<char> src = data[i];
+    ASSERT_TRUE(store.put(i, src.data(), src.size(), "t" + std::to_string(i)).ok());
+    EXPECT_TRUE(store.copied(i));
+    EXPECT_TRUE(store.wait_copied(i).ok());
+    // The store holds its own copy: the source may change once copied.
+    std::fill(src.begin(), src.end(), 0);
+  }
+  for (size_t i = 0; i < kOddSizes.size(); ++i) expect_round_trip(store, i, data[i]);
+  SpillStats s = store.stats();
+  EXPECT_EQ(s.host_bytes, sum(kOddSizes));
+  EXPECT_EQ(s.peak_host_bytes, sum(kOddSizes));
+  EXPECT_EQ(s.file_bytes, 0u);
+  EXPECT_EQ(s.bytes_out, sum(kOddSizes));
+  EXPECT_EQ(s.bytes_in, sum(kOddSizes));
+  for (size_t i = 0; i < kOddSizes.size(); ++i) store.erase(i);
+  EXPECT_EQ(store.stats().host_bytes, 0u);
+  Status st = store.get(0, data[0].data());
+  EXPECT_TRUE(st.is_not_found()) << st.to_string();
+}
+
+TEST_F(SpillTest, MemoryStoreLimitGivesEnospc) {
+  MemorySpillStore store(*transfer_, 10000);
+  auto a = random_bytes(6000, 1), b = random_bytes(6000, 2);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+  Status st = store.put(2, b.data(), b.size(), "layer2.weight");
+  ASSERT_TRUE(st.is_io_error()) << st.to_string();
+  EXPECT_EQ(st.error_number(), ENOSPC);
+  EXPECT_NE(st.message().find("layer2.weight"), std::string::npos) << st.message();
+  EXPECT_TRUE(store.get(2, b.data()).is_not_found());
+  store.erase(1);
+  EXPECT_TRUE(store.put(2, b.data(), b.size(), "layer2.weight").ok());
+  expect_round_trip(store, 2, b);
+}
+
+TEST_F(SpillTest, HostTierOnlyRoundTripsOddSizes) {
+  host_ = PinnedBuffer(1 << 20, Device::cpu());
+  TieredStoreOptions o;
+  o.host_tier = &host_;
+  TieredSpillStore store(*transfer_, o);
+  std::vector<std::vector<char>> data;
+  for (size_t i = 0; i < kOddSizes.size(); ++i) {
+    data.push_back(random_bytes(kOddSizes[i], static_cast<uint32_t>(10 + i)));
+    Status st = store.put(i, data[i].data(), data[i].size(), "h" + std::to_string(i));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_TRUE(store.copied(i));
+  }
+  for (size_t i = 0; i < kOddSizes.size(); ++i) expect_round_trip(store, i, data[i]);
+  SpillStats s = store.stats();
+  EXPECT_EQ(s.host_bytes, sum(kOddSizes));
+  EXPECT_EQ(s.file_bytes, 0u);
+  EXPECT_EQ(s.file_bytes_written, 0u);
+  EXPECT_EQ(s.bytes_in, sum(kOddSizes));
+  EXPECT_TRUE(store.file_path().empty());
+  EXPECT_TRUE(fs::is_empty(dir_));
+  for (size_t i = 0; i < kOddSizes.size(); ++i) store.erase(i);
+  EXPECT_EQ(store.stats().host_bytes, 0u);
+  EXPECT_EQ(store.stats().peak_host_bytes, sum(kOddSizes));
+}
+
+TEST_F(SpillTest, HostTierFullWithoutFileTierGivesEnospc) {
+  host_ = PinnedBuffer(64 << 10, Device::cpu());
+  TieredStoreOptions o;
+  o.host_tier = &host_;
+  o.host_limit = 8192;  // of the 64 KiB buffer
+  TieredSpillStore store(*transfer_, o);
+  auto a = random_bytes(8000, 3), b = random_bytes(100, 4);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+  Status st = store.put(2, b.data(), b.size(), "fc1.bias");
+  ASSERT_TRUE(st.is_io_error()) << st.to_string();
+  EXPECT_EQ(st.error_number(), ENOSPC);
+  EXPECT_NE(st.message().find("no room to spill tensor fc1.bias (100 bytes)"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("host tier"), std::string::npos) << st.message();
+  expect_round_trip(store, 1, a);
+  store.erase(1);
+  ASSERT_TRUE(store.put(2, b.data(), b.size(), "fc1.bias").ok());
+  expect_round_trip(store, 2, b);
+}
+
+TEST_F(SpillTest, FileTierOnlyRoundTripsOddSizes) {
+  TieredSpillStore store(*transfer_, file_options());
+  std::vector<std::vector<char>> data;
+  for (size_t i = 0; i < kOddSizes.size(); ++i) {
+    data.push_back(random_bytes(kOddSizes[i], static_cast<uint32_t>(20 + i)));
+    Status st = store.put(i, data[i].data(), data[i].size(), "f" + std::to_string(i));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(store.wait_copied(i).ok());
+    EXPECT_TRUE(store.copied(i));
+  }
+  EXPECT_EQ(store.file_path(), spill_name(::getpid(), "t"));
+  EXPECT_TRUE(fs::exists(store.file_path()));
+  // Gets while writes may still be in flight (from staging or the file)...
+  for (size_t i = 0; i < kOddSizes.size(); ++i) expect_round_trip(store, i, data[i]);
+  // ...and after every write finished: each chunk comes from the file.
+  ASSERT_TRUE(store.flush().ok());
+  SpillStats before = store.stats();
+  for (size_t i = 0; i < kOddSizes.size(); ++i) expect_round_trip(store, i, data[i]);
+  SpillStats s = store.stats();
+  EXPECT_EQ(s.staging_hits, before.staging_hits);
+  // 1, 4095, 4097 and 3.5 chunks, each chunk padded to whole pages.
+  const uint64_t padded = 4096 + 4096 + 8192 + 7 * kChunk / 2;
+  EXPECT_EQ(s.file_bytes_written, padded);
+  EXPECT_EQ(s.file_bytes_read - before.file_bytes_read, padded);
+  EXPECT_EQ(s.file_bytes, sum(kOddSizes));
+  EXPECT_EQ(s.host_bytes, 0u);
+  EXPECT_EQ(s.bytes_out, sum(kOddSizes));
+  EXPECT_EQ(s.bytes_in, 2 * sum(kOddSizes));
+  EXPECT_GT(s.file_busy_seconds, 0.0);
+  for (size_t i = 0; i < kOddSizes.size(); ++i) store.erase(i);
+  EXPECT_EQ(store.stats().file_bytes, 0u);
+  EXPECT_EQ(store.stats().peak_file_bytes, sum(kOddSizes));
+}
+
+// Without O_DIRECT (what the store falls back to where the file system
+// refuses it): the same chunks, padding and checksums through the page cache.
+TEST_F(SpillTest, BufferedFileTierRoundTrips) {
+  TieredStoreOptions o = file_options(2);
+  o.direct_io = false;
+  TieredSpillStore store(*transfer_, o);
+  std::vector<std::vector<char>> data;
+  for (size_t i = 0; i < kOddSizes.size(); ++i) {
+    data.push_back(random_bytes(kOddSizes[i], static_cast<uint32_t>(50 + i)));
+    ASSERT_TRUE(store.put(i, data[i].data(), data[i].size(), "b").ok());
+  }
+  ASSERT_TRUE(store.flush().ok());
+  for (size_t i = 0; i < kOddSizes.size(); ++i) expect_round_trip(store, i, data[i]);
+  EXPECT_EQ(store.stats().file_bytes_read, 4096 + 4096 + 8192 + 7 * kChunk / 2);
+}
+
+TEST_F(SpillTest, TensorThatDoesNotFitTheHostTierGoesToTheFile) {
+  host_ = PinnedBuffer(8192, Device::cpu());
+  TieredStoreOptions o = file_options();
+  o.host_tier = &host_;
+  TieredSpillStore store(*transfer_, o);
+  auto a = random_bytes(4097, 5);        // takes the whole host tier (two pages)
+  auto b = random_bytes(4095, 6);        // one page: no room left there
+  auto c = random_bytes(3 * kChunk, 7);  // larger than the host tier: never split
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+  EXPECT_TRUE(store.file_path().empty());
+  ASSERT_TRUE(store.put(2, b.data(), b.size(), "b").ok());
+  ASSERT_TRUE(store.put(3, c.data(), c.size(), "c").ok());
+  EXPECT_FALSE(store.file_path().empty());
+  SpillStats s = store.stats();
+  EXPECT_EQ(s.host_bytes, a.size());
+  EXPECT_EQ(s.file_bytes, b.size() + c.size());
+  expect_round_trip(store, 1, a);
+  expect_round_trip(store, 2, b);
+  expect_round_trip(store, 3, c);
+  // Freed host room is used again.
+  store.erase(1);
+  auto d = random_bytes(5000, 8);
+  ASSERT_TRUE(store.put(4, d.data(), d.size(), "d").ok());
+  EXPECT_EQ(store.stats().host_bytes, d.size());
+  expect_round_trip(store, 4, d);
+}
+
+TEST_F(SpillTest, EmptyTensorsDuplicateAndUnknownIds) {
+  TieredSpillStore store(*transfer_, file_options());
+  char byte = 'x';
+  ASSERT_TRUE(store.put(1, &byte, 0, "empty").ok());
+  EXPECT_TRUE(store.get(1, &byte).ok());
+  EXPECT_EQ(byte, 'x');
+  ASSERT_TRUE(store.put(2, &byte, 1, "one").ok());
+  Status st = store.put(2, &byte, 1, "again");
+  EXPECT_TRUE(st.is_invalid_argument()) << st.to_string();
+  EXPECT_TRUE(store.get(99, &byte).is_not_found());
+  EXPECT_TRUE(store.wait_copied(99).is_not_found());
+  store.erase(99);  // ignored
+  store.prefetch(99);
+}
+
+TEST_F(SpillTest, GetWhileTheWriteIsInFlightIsServedFromStaging) {
+  GatedTransfer gated;
+  auto store = std::make_unique<TieredSpillStore>(gated, file_options(8));
+  // Whatever happens below, the writes held back must be let go before the
+  // store's destructor waits for them.
+  struct Opener {
+    Gate& g;
+    ~Opener() { g.open(); }
+  } opener{gated.gate};
+
+  auto data = random_bytes(3 * kChunk + 100, 9);  // 4 chunks, 4 of the 8 slots
+  ASSERT_TRUE(store->put(1, data.data(), data.size(), "held").ok());
+  EXPECT_FALSE(store->copied(1));
+  expect_round_trip(*store, 1, data);
+  SpillStats s = store->stats();
+  EXPECT_EQ(s.staging_hits, 4u);
+  EXPECT_EQ(s.file_bytes_written, 0u);
+  EXPECT_EQ(s.file_bytes_read, 0u);
+
+  gated.gate.open();
+  ASSERT_TRUE(store->wait_copied(1).ok());
+  EXPECT_TRUE(store->copied(1));
+  ASSERT_TRUE(store->flush().ok());
+  EXPECT_EQ(store->stats().file_bytes_written, 3 * kChunk + 4096);
+  // Now from the file.
+  expect_round_trip(*store, 1, data);
+  s = store->stats();
+  EXPECT_EQ(s.staging_hits, 4u);
+  EXPECT_EQ(s.file_bytes_read, 3 * kChunk + 4096);
+}
+
+TEST_F(SpillTest, PrefetchedChunksAreUsedByTheNextGet) {
+  TieredSpillStore store(*transfer_, file_options(8));
+  auto a = random_bytes(6 * kChunk, 10);
+  auto b = random_bytes(3 * kChunk, 11);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+  ASSERT_TRUE(store.put(2, b.data(), b.size(), "b").ok());
+  ASSERT_TRUE(store.flush().ok());
+
+  // Prefetch takes at most half the slots (4 of 8); a put needing all eight
+  // slots still goes through, and the get reads each chunk exactly once.
+  uint64_t read_before = store.stats().file_bytes_read;
+  store.prefetch(1);
+  auto c = random_bytes(8 * kChunk, 12);
+  ASSERT_TRUE(store.put(3, c.data(), c.size(), "c").ok());
+  ASSERT_TRUE(store.flush().ok());  // the prefetch reads have finished too
+  EXPECT_EQ(store.stats().file_bytes_read - read_before, 4 * kChunk);
+  expect_round_trip(store, 1, a);
+  EXPECT_EQ(store.stats().file_bytes_read - read_before, 6 * kChunk);
+
+  // Prefetched but never got: erase drops it and frees its slots.
+  store.prefetch(2);
+  store.erase(2);
+  expect_round_trip(store, 3, c);
+  auto d = random_bytes(8 * kChunk, 13);
+  ASSERT_TRUE(store.put(4, d.data(), d.size(), "d").ok());
+  expect_round_trip(store, 4, d);
+  // Prefetching an erased or unknown id does nothing.
+  store.prefetch(2);
+  store.prefetch(77);
+  expect_round_trip(store, 1, a);
+}
+
+TEST_F(SpillTest, EraseFreesExtentsForReuse) {
+  TieredStoreOptions o = file_options();
+  o.file_limit = 1 << 20;
+  TieredSpillStore store(*transfer_, o);
+  auto keep = random_bytes(100000, 14);
+  ASSERT_TRUE(store.put(1000, keep.data(), keep.size(), "keep").ok());
+  // 50 tensors of 600 KiB through a 1 MiB file: only with reuse.
+  for (int i = 0; i < 50; ++i) {
+    auto data = random_bytes(600 << 10, static_cast<uint32_t>(100 + i));
+    Status st = store.put(i, data.data(), data.size(), "loop");
+    ASSERT_TRUE(st.ok()) << "iteration " << i << ": " << st.to_string();
+    if (i % 7 == 0) expect_round_trip(store, i, data);
+    store.erase(i);
+    ASSERT_LE(file_size(store.file_path()), 1 << 20);
+  }
+  SpillStats s = store.stats();
+  EXPECT_EQ(s.file_bytes, keep.size());
+  expect_round_trip(store, 1000, keep);
+  store.erase(1000);
+  EXPECT_EQ(store.stats().file_bytes, 0u);
+  EXPECT_EQ(store.stats().host_bytes, 0u);
+}
+
+TEST_F(SpillTest, FileSizeStaysBoundedWithoutALimit) {
+  TieredSpillStore store(*transfer_, file_options());
+  off_t size = -1;
+  for (int i = 0; i < 30; ++i) {
+    auto data = random_bytes(5 * kChunk + 17, static_cast<uint32_t>(200 + i));
+    ASSERT_TRUE(store.put(i, data.data(), data.size(), "loop").ok());
+    ASSERT_TRUE(store.flush().ok());
+    if (i == 0) size = file_size(store.file_path());
+    EXPECT_EQ(file_size(store.file_path()), size) << "iteration " << i;
+    store.erase(i);
+  }
+  EXPECT_GT(size, 0);
+}
+
+TEST_F(SpillTest, CorruptedChunkIsReportedNamingTensorAndFile) {
+  TieredSpillStore store(*transfer_, file_options());
+  auto a = random_bytes(3 * kChunk, 15);
+  auto b = random_bytes(kChunk, 16);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "encoder.attn.weight").ok());
+  ASSERT_TRUE(store.put(2, b.data(), b.size(), "other").ok());
+  ASSERT_TRUE(store.flush().ok());
+
+  // The first tensor starts at offset 0: damage its second chunk.
+  int fd = ::open(store.file_path().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const char junk[16] = "not the data";
+  ASSERT_EQ(::pwrite(fd, junk, sizeof junk, kChunk + 1000), static_cast<ssize_t>(sizeof junk));
+  ASSERT_EQ(::fdatasync(fd), 0);
+  ::close(fd);
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Status st;
+    read_back(store, 1, a.size(), &st);
+    ASSERT_TRUE(st.is_corruption()) << st.to_string();
+    EXPECT_NE(st.message().find("encoder.attn.weight"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(store.file_path()), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("checksum mismatch in chunk 1"), std::string::npos) << st.message();
+  }
+  expect_round_trip(store, 2, b);
+  store.erase(1);
+  auto c = random_bytes(4 * kChunk, 17);
+  ASSERT_TRUE(store.put(3, c.data(), c.size(), "c").ok());
+  expect_round_trip(store, 3, c);
+}
+
+TEST_F(SpillTest, FileLimitGivesEnospcAndKeepsEarlierTensors) {
+  TieredStoreOptions o = file_options();
+  o.file_limit = 1 << 20;
+  TieredSpillStore store(*transfer_, o);
+  auto a = random_bytes(512 << 10, 18);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+  auto big = random_bytes(2 << 20, 19);
+  Status st = store.put(2, big.data(), big.size(), "huge.activation");
+  ASSERT_TRUE(st.is_io_error()) << st.to_string();
+  EXPECT_EQ(st.error_number(), ENOSPC);
+  EXPECT_NE(st.message().find("huge.activation"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(store.file_path()), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("limit of 1.00 MiB"), std::string::npos) << st.message();
+  EXPECT_TRUE(store.get(2, big.data()).is_not_found());
+  expect_round_trip(store, 1, a);
+  // Not sticky: what fits still goes in.
+  auto b = random_bytes(256 << 10, 20);
+  ASSERT_TRUE(store.put(3, b.data(), b.size(), "b").ok());
+  expect_round_trip(store, 3, b);
+  expect_round_trip(store, 1, a);
+  EXPECT_LE(file_size(store.file_path()), 1 << 20);
+}
+
+// The file cannot grow: RLIMIT_FSIZE makes fallocate fail with EFBIG as a
+// full disk makes it fail with ENOSPC.
+TEST_F(SpillTest, FailingGrowthNamesTheFileAndItsErrno) {
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  struct sigaction ignore {
+  }, old_action{};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  Status st;
+  std::string path;
+  {
+    TieredSpillStore store(*transfer_, file_options());
+    auto a = random_bytes(kChunk, 21);
+    st = store.put(1, a.data(), a.size(), "a");
+    path = spill_name(::getpid(), "t");
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::sigaction(SIGXFSZ, &old_action, nullptr);
+  ASSERT_TRUE(st.is_io_error()) << st.to_string();
+  EXPECT_EQ(st.error_number(), EFBIG) << st.to_string();
+  EXPECT_NE(st.message().find("cannot grow spill file " + path), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(std::strerror(EFBIG)), std::string::npos) << st.message();
+  EXPECT_FALSE(fs::exists(path));  // removed with the store
+}
+
+TEST_F(SpillTest, UnusableDirectoryIsReportedByPut) {
+  // A directory below a regular file: fails for root too, unlike chmod.
+  std::ofstream(dir_ + "/afile") << "x";
+  host_ = PinnedBuffer(8192, Device::cpu());
+  TieredStoreOptions o = file_options();
+  o.directory = dir_ + "/afile/sub";
+  o.host_tier = &host_;
+  TieredSpillStore store(*transfer_, o);
+  auto big = random_bytes(kChunk, 22);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Status st = store.put(1, big.data(), big.size(), "big");
+    ASSERT_TRUE(st.is_io_error()) << st.to_string();
+    EXPECT_EQ(st.error_number(), ENOTDIR);
+    EXPECT_NE(st.message().find("cannot create spill file " + dir_ + "/afile/sub/spill-" +
+                                std::to_string(::getpid()) + "-t.bin: Not a directory"),
+              std::string::npos)
+        << st.message();
+  }
+  EXPECT_TRUE(store.file_path().empty());
+  // The host tier still works.
+  auto small = random_bytes(100, 23);
+  ASSERT_TRUE(store.put(2, small.data(), small.size(), "small").ok());
+  expect_round_trip(store, 2, small);
+}
+
+TEST_F(SpillTest, DeviceFaultFailsTheTensorAndLaterPuts) {
+  FaultyTransfer faulty;
+  TieredSpillStore store(faulty, file_options());
+  auto a = random_bytes(2 * kChunk, 24);
+  // The copy is queued; its fault shows when the store waits for it.
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "victim").ok());
+  Status st = store.wait_copied(1);
+  ASSERT_TRUE(st.is_io_error()) << st.to_string();
+  EXPECT_NE(st.message().find("victim"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("device fault (test)"), std::string::npos) << st.message();
+  EXPECT_TRUE(store.copied(1));  // never blocks, never throws
+  EXPECT_FALSE(store.flush().ok());
+  read_back(store, 1, a.size(), &st);
+  EXPECT_TRUE(st.is_io_error()) << st.to_string();
+  Status later = store.put(2, a.data(), a.size(), "later");
+  EXPECT_TRUE(later.is_io_error()) << later.to_string();
+  store.erase(1);
+}
+
+TEST_F(SpillTest, SpillFileIsRemovedWithTheStore) {
+  std::string path;
+  {
+    TieredSpillStore store(*transfer_, file_options());
+    auto a = random_bytes(kChunk + 1, 25);
+    ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+    path = store.file_path();
+    EXPECT_TRUE(fs::exists(path));
+    // Destroyed with a write possibly in flight and the tensor not erased.
+  }
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST_F(SpillTest, StaleFilesOfDeadProcessesAreRemoved) {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(process_gone(child));
+
+  std::string dead = spill_name(child, "x");
+  std::string mine = spill_name(::getpid(), "x");
+  std::string init = spill_name(1, "x");  // pid 1 runs as long as the system does
+  std::string other = dir_ + "/spill-notapid-x.bin";
+  for (const auto& p : {dead, mine, init, other}) std::ofstream(p) << "x";
+  EXPECT_EQ(remove_stale_spill_files(dir_), 1);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(mine));
+  EXPECT_TRUE(fs::exists(init));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_EQ(remove_stale_spill_files(dir_), 0);
+  EXPECT_EQ(remove_stale_spill_files(dir_ + "/missing"), 0);
+}
+
+TEST_F(SpillTest, FaultStoreInjectsEnospcEioAndCorruption) {
+  MemorySpillStore inner(*transfer_);
+  FaultInjectingSpillStore store(inner);
+  store.fail_put_at(3);
+  std::vector<std::vector<char>> data;
+  for (int i = 0; i < 4; ++i) data.push_back(random_bytes(1000 + i, static_cast<uint32_t>(30 + i)));
+  ASSERT_TRUE(store.put(1, data[0].data(), data[0].size(), "one").ok());
+  ASSERT_TRUE(store.put(2, data[1].data(), data[1].size(), "two").ok());
+  Status st = store.put(3, data[2].data(), data[2].size(), "three");
+  ASSERT_TRUE(st.is_io_error()) << st.to_string();
+  EXPECT_EQ(st.error_number(), ENOSPC);
+  EXPECT_NE(st.message().find("three"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("(injected)"), std::string::npos) << st.message();
+  EXPECT_TRUE(inner.wait_copied(3).is_not_found());  // nothing stored
+  ASSERT_TRUE(store.put(4, data[3].data(), data[3].size(), "four").ok());
+  EXPECT_EQ(store.puts(), 4u);
+
+  store.fail_get_of(1);
+  store.corrupt_get_of(2);
+  read_back(store, 1, data[0].size(), &st);
+  EXPECT_TRUE(st.is_io_error()) << st.to_string();
+  EXPECT_EQ(st.error_number(), EIO);
+  read_back(store, 2, data[1].size(), &st);
+  EXPECT_TRUE(st.is_corruption()) << st.to_string();
+  EXPECT_NE(st.message().find("two"), std::string::npos) << st.message();
+  expect_round_trip(store, 4, data[3]);
+  EXPECT_EQ(store.gets(), 3u);
+
+  // The inner store's tensors are intact.
+  expect_round_trip(inner, 1, data[0]);
+  expect_round_trip(inner, 2, data[1]);
+  store.clear_faults();
+  expect_round_trip(store, 1, data[0]);
+  expect_round_trip(store, 2, data[1]);
+  store.erase(1);
+  EXPECT_TRUE(inner.wait_copied(1).is_not_found());
+}
+
+// Many puts, gets, prefetches and erases in random order through two slots
+// and three I/O threads, against a model of what each id holds.
+TEST_F(SpillTest, RandomWorkloadKeepsEveryByte) {
+  host_ = PinnedBuffer(256 << 10, Device::cpu());
+  TieredStoreOptions o = file_options(2);
+  o.host_tier = &host_;
+  o.io_threads = 3;
+  TieredSpillStore store(*transfer_, o);
+  std::mt19937 gen(42);
+  std::map<SpillId, std::vector<char>> model;
+  SpillId next = 1;
+  for (int step = 0; step < 400; ++step) {
+    int op = static_cast<int>(gen() % 10);
+    if (op < 4 || model.empty()) {
+      size_t n = 1 + gen() % (4 * kChunk);
+      auto data = random_bytes(n, gen());
+      Status st = store.put(next, data.data(), data.size(), "r" + std::to_string(next));
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      if (gen() % 2) {
+        ASSERT_TRUE(store.wait_copied(next).ok());
+      }
+      model[next++] = std::move(data);
+      continue;
+    }
+    auto it = model.begin();
+    std::advance(it, gen() % model.size());
+    if (op < 6) {
+      store.prefetch(it->first);
+    } else if (op < 9) {
+      expect_round_trip(store, it->first, it->second);
+    } else {
+      store.erase(it->first);
+      model.erase(it);
+    }
+  }
+  for (auto& [id, data] : model) expect_round_trip(store, id, data);
+  SpillStats s = store.stats();
+  uint64_t held = 0;
+  for (auto& [id, data] : model) held += data.size();
+  EXPECT_EQ(s.host_bytes + s.file_bytes, held);
+  EXPECT_GT(s.host_bytes, 0u);
+  EXPECT_GT(s.file_bytes, 0u);
+  ASSERT_TRUE(store.flush().ok());
+}
+
+#ifdef LEASEHOLD_HAVE_CUDA
+TEST_F(SpillTest, CudaTieredRoundTrip) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device visible";
+  }
+  auto cuda = make_transfer(Device::cuda(0));
+  host_ = PinnedBuffer(64 << 10, Device::cuda(0));
+  staging_ = PinnedBuffer(4 * kChunk, Device::cuda(0));
+  TieredStoreOptions o;
+  o.host_tier = &host_;
+  o.staging = &staging_;
+  o.chunk_bytes = kChunk;
+  o.directory = dir_;
+  o.tag = "cuda";
+  TieredSpillStore store(*cuda, o);
+
+  const std::vector<size_t> sizes = {1, 4097, kChunk * 7 / 2, 9 * kChunk + 5};
+  std::vector<std::vector<char>> data;
+  std::vector<void*> src(sizes.size()), dst(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    data.push_back(random_bytes(sizes[i], static_cast<uint32_t>(40 + i)));
+    ASSERT_EQ(cudaMalloc(&src[i], sizes[i]), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dst[i], sizes[i]), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(src[i], data[i].data(), sizes[i], cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Status st = store.put(i, src[i], sizes[i], "cuda" + std::to_string(i));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  // The last tensor straight back, its writes likely still in flight.
+  ASSERT_TRUE(store.get(3, dst[3]).ok());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(store.wait_copied(i).ok());
+    // The store has its copy: overwrite the source.
+    ASSERT_EQ(cudaMemset(src[i], 0, sizes[i]), cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(store.flush().ok());
+  store.prefetch(2);
+  for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(store.get(i, dst[i]).ok());
+  engine::synchronize(0);  // the compute stream waits for the copies
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<char> got(sizes[i]);
+    ASSERT_EQ(cudaMemcpy(got.data(), dst[i], sizes[i], cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(got == data[i]) << "tensor " << i;
+    cudaFree(src[i]);
+    cudaFree(dst[i]);
+  }
+  SpillStats s = store.stats();
+  EXPECT_EQ(s.host_bytes, sizes[0] + sizes[1]);
+  EXPECT_EQ(s.file_bytes, sizes[2] + sizes[3]);
+  EXPECT_GT(s.copy_busy_seconds, 0.0);
+}
+#endif
+
+}  // namespace
+}  // namespace leasehold::spill
