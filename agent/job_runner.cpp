@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <optional>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/checkpoint.h"
@@ -110,6 +111,22 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     }
   }
 
+  // Saved tensors go through the spill manager for the whole run.
+  std::optional<E::SavedTensorHooksGuard> spill_hooks;
+  if (options.spill) spill_hooks.emplace(options.spill);
+  auto allocator = E::current_allocator(options.device);
+  auto fill_memory = [&](JobProgress& p) {
+    E::AllocatorStats a = allocator->stats();
+    p.peak_device_bytes = a.peak_leased_bytes ? a.peak_leased_bytes : a.peak_in_use_bytes;
+    if (options.spill) {
+      spill::SpillStats s = options.spill->store_stats();
+      p.spill_host_bytes = s.host_bytes;
+      p.spill_file_bytes = s.file_bytes;
+      p.spilled_bytes = s.bytes_out;
+      p.restored_bytes = s.bytes_in;
+    }
+  };
+
   int64_t global = first_epoch * per_epoch, samples = 0;
   double train_seconds = 0;
   for (int64_t epoch = first_epoch; epoch < epochs && global < total_steps; ++epoch) {
@@ -158,6 +175,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                             ? (total_steps - global) * double(job.batch_size()) /
                                   p.samples_per_second
                             : 0;
+        fill_memory(p);
         options.on_progress(p);
         since_report = 0;
         samples_since = 0;
@@ -189,6 +207,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     if (options.on_epoch) options.on_epoch(report);
   }
   result.steps = global;
+  fill_memory(result.memory);
   result.test_accuracy = result.epochs.empty() ? evaluate(*model, test, options.device)
                                                : result.epochs.back().test_accuracy;
   result.samples_per_second = train_seconds > 0 ? samples / train_seconds : 0;

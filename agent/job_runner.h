@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "agent/engine/allocator.h"
+#include "agent/spill/spill_manager.h"
 #include "shared/file_system.h"
 #include "schemas/job_generated.h"
 
@@ -32,6 +33,11 @@ struct JobProgress {
   double loss = 0;                        // mean over the steps since the last report
   double samples_per_second = 0;
   double eta_seconds = 0;
+  // Memory: the most the job's allocator held at once, what its spill store
+  // holds now in each tier, and the bytes moved out and back so far.
+  uint64_t peak_device_bytes = 0;
+  uint64_t spill_host_bytes = 0, spill_file_bytes = 0;
+  uint64_t spilled_bytes = 0, restored_bytes = 0;
 };
 
 struct EpochReport {
@@ -49,6 +55,7 @@ struct JobResult {
   int64_t steps = 0;
   double seconds = 0;
   int64_t resumed_from_epoch = 0;  // 0: started fresh
+  JobProgress memory;              // the memory fields at the end
 };
 
 class JobCancelled : public std::runtime_error {
@@ -71,10 +78,13 @@ struct JobRunOptions {
   // Asked between steps; when it returns true the job stops with
   // JobCancelled. Must be cheap (called every step).
   std::function<bool()> should_stop;
+  // Where saved tensors go when the budget cannot hold them (null: they
+  // stay, and a job over its budget fails with out-of-memory).
+  std::shared_ptr<spill::SpillManager> spill;
 };
 
 // Throws JobSpecError for a bad spec, std::runtime_error for data or I/O
-// failures (a checkpoint that cannot be written names the file and the
+// failures (spill::SpillError when the spill store fails) (a checkpoint that cannot be written names the file and the
 // error; the previous checkpoint stays intact), engine::OutOfMemoryError when
 // the budget is too small, and JobCancelled.
 JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options);

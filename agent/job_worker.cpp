@@ -28,7 +28,18 @@ proto::ProgressT to_progress(const JobProgress& p) {
   t.loss = p.loss;
   t.samples_per_second = p.samples_per_second;
   t.eta_seconds = p.eta_seconds;
+  t.peak_device_bytes = p.peak_device_bytes;
+  t.spill_host_bytes = p.spill_host_bytes;
+  t.spill_file_bytes = p.spill_file_bytes;
+  t.spilled_bytes = p.spilled_bytes;
+  t.restored_bytes = p.restored_bytes;
   return t;
+}
+
+std::string spill_summary(const JobProgress& m) {
+  if (!m.spilled_bytes) return "";
+  return ", spilled " + format_bytes(m.spilled_bytes) + " and restored " +
+         format_bytes(m.restored_bytes);
 }
 
 void say(const char* fmt, auto... args) {
@@ -38,8 +49,9 @@ void say(const char* fmt, auto... args) {
 
 }  // namespace
 
-JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string&)> announce)
-    : session_(session), reporter_(session) {
+JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string&)> announce,
+                     spill::AgentSpill* spill)
+    : session_(session), spill_(spill), reporter_(session) {
   session_.set_job_handlers(
       [this](uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
         on_assign(id, attempt, std::move(spec));
@@ -208,14 +220,18 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     const proto::JobSpec* job = verify_job(assigned.spec);
     name = job->name() ? job->name()->str() : "?";
     say("job %llu '%s' started (attempt %u)\n", (unsigned long long)id, name.c_str(), attempt);
-    LeaseAllocatorOptions lo;
-    lo.budget_bytes = job_memory_budget(*job, session_.pool().size);
+    LeaseAllocatorOptions lo =
+        LeaseAllocatorOptions::for_budget(job_memory_budget(*job, session_.pool().size));
     // Every device byte of the job comes from these leases; the allocator is
     // destroyed (fenced, then released) before the outcome is reported.
     auto leases = std::make_shared<LeaseAllocator>(session_, lo);
     engine::AllocatorGuard guard(leases);
     JobRunOptions opts;
     opts.device = leases->device();
+    if (spill_) {
+      opts.spill = spill_->for_job(*job, "job" + std::to_string(id) + "-" + std::to_string(attempt),
+                                   leases);
+    }
     // A stop request (cancel, lost session) or the agent stopping.
     opts.should_stop = [&] {
       if (stop.load() && !stop_requested_.load()) {
@@ -263,9 +279,10 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     };
     result = run_job(*job, opts);
     state = "succeeded";
-    say("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s, peak %s\n",
+    say("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s, peak %s%s\n",
         (unsigned long long)id, name.c_str(), 100 * result.test_accuracy,
-        result.samples_per_second, format_bytes(leases->stats().peak_in_use_bytes).c_str());
+        result.samples_per_second, format_bytes(result.memory.peak_device_bytes).c_str(),
+        spill_summary(result.memory).c_str());
   } catch (const JobCancelled&) {
     std::lock_guard lock(mu_);
     switch (stop_cause_) {

@@ -29,16 +29,19 @@
 
 #include "agent/job_reporter.h"
 #include "agent/session.h"
+#include "agent/spill/agent_spill.h"
 
 namespace leasehold {
 
 class JobWorker {
  public:
   // Installs the session's job handlers and its listener, which also calls
-  // `announce` (with the listener's argument). The session must outlive
-  // the worker.
+  // `announce` (with the listener's argument). Jobs spill through `spill`
+  // (null: they do not spill). The session and `spill` must outlive the
+  // worker.
   explicit JobWorker(AgentSession& session,
-                     std::function<void(const std::string&)> announce = {});
+                     std::function<void(const std::string&)> announce = {},
+                     spill::AgentSpill* spill = nullptr);
   // Removes the handlers and the listener (waiting for a call in progress),
   // then delivers the last reports for up to 3 s (see finish()).
   ~JobWorker();
@@ -76,6 +79,7 @@ class JobWorker {
                                  const std::string& reason) const;
 
   AgentSession& session_;
+  spill::AgentSpill* spill_;
   JobReporter reporter_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -9,6 +9,13 @@
 
 namespace leasehold {
 
+LeaseAllocatorOptions LeaseAllocatorOptions::for_budget(uint64_t budget) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = budget;
+  if (budget) o.large_segment = std::clamp<uint64_t>(budget / 8, 2ull << 20, 32ull << 20);
+  return o;
+}
+
 LeaseAllocator::LeaseAllocator(AgentSession& session, LeaseAllocatorOptions options)
     : session_(session), opt_(options) {
   if (!is_power_of_two(opt_.granularity) || opt_.granularity < 256) {
@@ -87,47 +94,81 @@ size_t LeaseAllocator::release_free_segments() {
       bytes);
 }
 
-LeaseAllocator::Segment& LeaseAllocator::grow(uint64_t need, bool small) {
-  PoolDescriptor pool = session_.pool();
-  uint64_t size = small ? opt_.small_segment : std::max(opt_.large_segment, need);
-  size = align_up(size, pool.alignment);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (opt_.budget_bytes && leased_ + size > opt_.budget_bytes) {
-      // Shrink the request to what the budget allows, if that still fits.
-      uint64_t room = opt_.budget_bytes - std::min(opt_.budget_bytes, leased_);
-      uint64_t fitted = align_down(room, pool.alignment);
-      if (fitted >= need) {
-        size = fitted;
-      } else if (attempt == 0 && release_free_segments() > 0) {
-        continue;
-      } else {
-        out_of_memory(need, "the job's memory budget is exhausted");
-      }
-    }
-    try {
-      Lease lease = session_.acquire(size, LeaseEnd::High, opt_.lease_wait);
-      leased_ += lease.size();
-      segments_.emplace_back(std::move(lease), opt_.granularity, small);
-      return segments_.back();
-    } catch (const Error& e) {
-      if (attempt == 0 && release_free_segments() > 0) continue;
-      out_of_memory(need, std::string("the coordinator refused a lease of ") + format_bytes(size) +
-                              ": " + e.what());
-    }
+LeaseAllocator::Segment* LeaseAllocator::lease_segment(uint64_t size, bool small,
+                                                       std::string& why) {
+  try {
+    Lease lease = session_.acquire(size, LeaseEnd::High, opt_.lease_wait);
+    leased_ += lease.size();
+    peak_leased_ = std::max(peak_leased_, leased_);
+    segments_.emplace_back(std::move(lease), opt_.granularity, small);
+    return &segments_.back();
+  } catch (const Error& e) {
+    why = std::string("the coordinator refused a lease of ") + format_bytes(size) + ": " +
+          e.what();
+    return nullptr;
   }
-  out_of_memory(need, "no lease could be obtained");
+}
+
+void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why) {
+  if (void* p = try_segments(need, small)) return p;
+  const uint64_t alignment = session_.pool().alignment;
+  const uint64_t usual =
+      align_up(small ? opt_.small_segment : std::max(opt_.large_segment, need), alignment);
+  const uint64_t budget = opt_.budget_bytes;
+  bool refused = false;
+  if (!budget || leased_ + usual <= budget) {
+    if (Segment* seg = lease_segment(usual, small, why)) return place(*seg, need);
+    refused = true;
+  } else {
+    why = "the job's memory budget is exhausted";
+  }
+  // Budget pressure, or the pool is full: first any segment with room, then
+  // give whole free segments back and lease again at the size still allowed.
+  if (small) {
+    if (void* p = try_segments(need, false)) return p;
+  }
+  auto allowed = [&] {
+    uint64_t room = budget ? budget - std::min(budget, leased_) : usual;
+    return std::min(usual, align_down(room, alignment));
+  };
+  // Releasing waits for the device (the fence), so only when it helps.
+  if (refused || allowed() < need) {
+    if (release_free_segments() == 0) return nullptr;
+  }
+  if (allowed() < need) return nullptr;
+  Segment* seg = lease_segment(allowed(), small, why);
+  return seg ? place(*seg, need) : nullptr;
 }
 
 void* LeaseAllocator::allocate(size_t bytes) {
   if (bytes == 0) throw std::invalid_argument("allocation of 0 bytes");
   uint64_t need = align_up(bytes, opt_.granularity);
-  if (need == 0) out_of_memory(bytes, "size overflows");
+  if (need == 0) {
+    std::lock_guard lock(mu_);
+    out_of_memory(bytes, "size overflows");
+  }
   bool small = need <= opt_.small_limit;
+  for (;;) {
+    engine::Reclaimer reclaim;
+    std::string why;
+    {
+      std::lock_guard lock(mu_);
+      if (void* p = try_allocate(need, small, why)) return p;
+      if (!reclaimer_) out_of_memory(need, why);
+      reclaim = reclaimer_;
+    }
+    // Outside the lock: the reclaimer frees memory of this allocator.
+    if (reclaim(need) == 0) {
+      std::lock_guard lock(mu_);
+      if (void* p = try_allocate(need, small, why)) return p;
+      out_of_memory(need, why + "; nothing more could be spilled");
+    }
+  }
+}
+
+void LeaseAllocator::set_reclaimer(engine::Reclaimer reclaimer) {
   std::lock_guard lock(mu_);
-  if (void* p = try_segments(need, small)) return p;
-  void* p = place(grow(need, small), need);
-  if (!p) out_of_memory(bytes, "a fresh lease could not hold it");
-  return p;
+  reclaimer_ = std::move(reclaimer);
 }
 
 void LeaseAllocator::deallocate(void* ptr, size_t) noexcept {
@@ -150,6 +191,7 @@ engine::AllocatorStats LeaseAllocator::stats() const {
   s.cached_bytes = leased_ - in_use_;
   s.allocations = allocations_;
   s.leases = segments_.size();
+  s.peak_leased_bytes = peak_leased_;
   return s;
 }
 

@@ -25,6 +25,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "agent/engine/allocator.h"
@@ -45,6 +46,11 @@ struct LeaseAllocatorOptions {
   // The fence before leases are released; empty: engine::fence_device on
   // the pool's device. Tests observe it here.
   std::function<void()> fence;
+
+  // The options for a job with this budget: large segments of an eighth of
+  // it (between 2 and 32 MiB), so a small budget is not locked up in a few
+  // big, partly used segments.
+  static LeaseAllocatorOptions for_budget(uint64_t budget);
 };
 
 class LeaseAllocator final : public engine::Allocator {
@@ -59,6 +65,8 @@ class LeaseAllocator final : public engine::Allocator {
   void deallocate(void* ptr, size_t bytes) noexcept override;
   engine::Device device() const override { return device_; }
   engine::AllocatorStats stats() const override;
+  void set_reclaimer(engine::Reclaimer reclaimer) override;
+  uint64_t budget() const override { return opt_.budget_bytes; }
   // Returns the leases of segments with nothing allocated in them (after the
   // fence). Throws CudaError when the fence reports a device fault.
   void empty_cache();
@@ -79,8 +87,13 @@ class LeaseAllocator final : public engine::Allocator {
 
   // Places `need` bytes in `seg` and records it; nullptr when it has no room.
   void* place(Segment& seg, uint64_t need);  // REQUIRES: mu_ held
-  void* try_segments(uint64_t need, bool small);
-  Segment& grow(uint64_t need, bool small);
+  void* try_segments(uint64_t need, bool small);  // REQUIRES: mu_ held
+  // Places `need` bytes, leasing more within the budget; nullptr under
+  // budget pressure, with the reason in `why`. REQUIRES: mu_ held.
+  void* try_allocate(uint64_t need, bool small, std::string& why);
+  // A new segment of `size` bytes; nullptr when the coordinator refused it
+  // (reason in `why`). REQUIRES: mu_ held.
+  Segment* lease_segment(uint64_t size, bool small, std::string& why);
   size_t release_free_segments();  // REQUIRES: mu_ held
   void fence();
   [[noreturn]] void out_of_memory(uint64_t bytes, const std::string& why);
@@ -89,9 +102,11 @@ class LeaseAllocator final : public engine::Allocator {
   LeaseAllocatorOptions opt_;
   engine::Device device_;
   mutable std::mutex mu_;
+  engine::Reclaimer reclaimer_;                          // GUARDED_BY(mu_)
   std::list<Segment> segments_;                          // GUARDED_BY(mu_)
   std::unordered_map<void*, Placement> placements_;      // GUARDED_BY(mu_)
   uint64_t leased_ = 0, in_use_ = 0, peak_ = 0, allocations_ = 0;  // GUARDED_BY(mu_)
+  uint64_t peak_leased_ = 0;                                       // GUARDED_BY(mu_)
 };
 
 }  // namespace leasehold

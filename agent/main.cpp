@@ -13,6 +13,7 @@
 #include "agent/job_worker.h"
 #include "agent/run_job_cli.h"
 #include "agent/session.h"
+#include "agent/spill/agent_spill.h"
 #include "shared/endpoint.h"
 #include "shared/log.h"
 #include "shared/signals.h"
@@ -59,6 +60,20 @@ int main(int argc, char** argv) {
                  "with --run-job: train on the first N examples");
   app.add_option("--test-limit", overrides.test_limit,
                  "with --run-job: evaluate on the first N examples");
+  leasehold::spill::SpillConfig spill;
+  std::string spill_host = "256MiB", spill_staging = "64MiB", spill_file_limit = "0";
+  app.add_option("--spill-host-bytes", spill_host,
+                 "pinned host memory for spilled tensors, allocated at start (0: none)")
+      ->capture_default_str();
+  app.add_option("--spill-staging-bytes", spill_staging,
+                 "pinned staging buffers for the spill file (0: no spill file)")
+      ->capture_default_str();
+  app.add_option("--spill-dir", spill.directory,
+                 "directory of spill files (default: STATE_DIR/spill, STATE_DIR as the "
+                 "coordinator finds it)");
+  app.add_option("--spill-file-limit", spill_file_limit,
+                 "most bytes one job's spill file may hold (0: until the disk is full)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -67,6 +82,9 @@ int main(int argc, char** argv) {
     ex.interval = leasehold::parse_duration(interval);
     opts.register_timeout = leasehold::parse_duration(register_timeout);
     if (ex.lease_size == 0) throw std::invalid_argument("--lease-size must be positive");
+    spill.host_bytes = leasehold::parse_bytes(spill_host);
+    spill.staging_bytes = leasehold::parse_bytes(spill_staging);
+    spill.file_limit = leasehold::parse_bytes(spill_file_limit);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leasehold-agent: %s\n", e.what());
     return 2;
@@ -91,13 +109,20 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     };
-    if (exercise || !job_file.empty()) {
+    if (exercise) {
       session.set_session_listener(announce);
-      if (exercise) return leasehold::run_exercise(session, ex, stop);
-      return leasehold::run_job_file(session, job_file, overrides, stop);
+      return leasehold::run_exercise(session, ex, stop);
+    }
+    // Set aside once, before any job: pinning host memory synchronizes the device.
+    leasehold::spill::AgentSpill spiller(
+        spill, pool.backend == leasehold::Backend::Cuda ? leasehold::engine::Device::cuda(pool.device)
+                                                        : leasehold::engine::Device::cpu());
+    if (!job_file.empty()) {
+      session.set_session_listener(announce);
+      return leasehold::run_job_file(session, job_file, overrides, stop, &spiller);
     }
     // Destroyed before the session: it removes its handlers from it first.
-    leasehold::JobWorker worker(session, announce);
+    leasehold::JobWorker worker(session, announce, &spiller);
     spdlog::info("standing by as '{}' for jobs", opts.name);
     worker.run(stop);
     spdlog::info("stopping");

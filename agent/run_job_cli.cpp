@@ -13,7 +13,7 @@
 namespace leasehold {
 
 int run_job_file(AgentSession& session, const std::string& path, const RunJobOverrides& ov,
-                 const std::atomic<bool>& stop) {
+                 const std::atomic<bool>& stop, spill::AgentSpill* spill) {
   std::vector<uint8_t> buffer;
   try {
     std::ifstream in(path);
@@ -50,13 +50,14 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
     return 2;
   }
 
-  LeaseAllocatorOptions lo;
-  lo.budget_bytes = job_memory_budget(job, session.pool().size);
+  LeaseAllocatorOptions lo =
+      LeaseAllocatorOptions::for_budget(job_memory_budget(job, session.pool().size));
   auto leases = std::make_shared<LeaseAllocator>(session, lo);
   engine::AllocatorGuard guard(leases);
 
   JobRunOptions opts;
   opts.device = leases->device();
+  if (spill) opts.spill = spill->for_job(job, "run-job", leases);
   opts.should_stop = [&stop] { return stop.load(); };
   opts.on_progress = [](const JobProgress& p) {
     std::printf("progress epoch=%lld/%lld step=%lld/%lld loss=%.4f samples_per_s=%.0f eta_s=%.0f\n",
@@ -71,11 +72,12 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
   };
   try {
     JobResult r = run_job(job, opts);
-    auto mem = leases->stats();
     std::printf("result job=%s test_accuracy=%.2f%% samples_per_s=%.0f steps=%lld seconds=%.1f "
-                "peak_memory=%s\n",
+                "peak_memory=%s spilled=%s restored=%s\n",
                 job.name()->c_str(), 100 * r.test_accuracy, r.samples_per_second,
-                (long long)r.steps, r.seconds, format_bytes(mem.peak_in_use_bytes).c_str());
+                (long long)r.steps, r.seconds, format_bytes(r.memory.peak_device_bytes).c_str(),
+                format_bytes(r.memory.spilled_bytes).c_str(),
+                format_bytes(r.memory.restored_bytes).c_str());
     std::fflush(stdout);
     return 0;
   } catch (const JobCancelled&) {

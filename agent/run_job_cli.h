@@ -6,6 +6,7 @@
 #include <string>
 
 #include "agent/session.h"
+#include "agent/spill/agent_spill.h"
 
 namespace leasehold {
 
@@ -16,8 +17,9 @@ struct RunJobOverrides {
 };
 
 // Exit status: 0 on success, 1 when the job failed (reason printed), 2 for an
-// invalid job file, 130 when stopped.
+// invalid job file, 130 when stopped. The job spills through `spill` (null:
+// it does not spill).
 int run_job_file(AgentSession& session, const std::string& path, const RunJobOverrides& overrides,
-                 const std::atomic<bool>& stop);
+                 const std::atomic<bool>& stop, spill::AgentSpill* spill = nullptr);
 
 }  // namespace leasehold

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "shared/protocol.h"
+#include "shared/units.h"
 
 namespace leasehold {
 namespace {
@@ -99,7 +100,12 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                        {"total_steps", p->total_steps()},
                        {"loss", p->loss()},
                        {"samples_per_second", p->samples_per_second()},
-                       {"eta_seconds", p->eta_seconds()}};
+                       {"eta_seconds", p->eta_seconds()},
+                       {"peak_device_bytes", p->peak_device_bytes()},
+                       {"spill_host_bytes", p->spill_host_bytes()},
+                       {"spill_file_bytes", p->spill_file_bytes()},
+                       {"spilled_bytes", p->spilled_bytes()},
+                       {"restored_bytes", p->restored_bytes()}};
   }
   out["epochs"] = nlohmann::json::array();
   if (j.epochs()) {
@@ -191,6 +197,15 @@ std::string job_to_text(const proto::JobInfo& j) {
                     e->epoch(), e->train_loss(), 100 * e->test_accuracy(), e->seconds());
       os << buf;
     }
+  }
+  if (const auto* p = j.progress(); p && p->peak_device_bytes()) {
+    os << "  memory: peak " << format_bytes(p->peak_device_bytes()) << " on the device";
+    if (p->spilled_bytes()) {
+      os << "; spilled " << format_bytes(p->spilled_bytes()) << ", restored "
+         << format_bytes(p->restored_bytes()) << "; held now: host "
+         << format_bytes(p->spill_host_bytes()) << ", file " << format_bytes(p->spill_file_bytes());
+    }
+    os << "\n";
   }
   if (std::string(str(j.state())) == "succeeded") {
     char buf[128];

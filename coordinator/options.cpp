@@ -41,18 +41,6 @@ uint32_t parse_count(const std::string& text) {
 
 }  // namespace
 
-std::string default_state_dir() {
-  if (const char* s = std::getenv("STATE_DIRECTORY"); s && *s) {
-    std::string dirs = s;  // systemd may list several, separated by ':'
-    return dirs.substr(0, dirs.find(':'));
-  }
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) {
-    return std::string(x) + "/leasehold";
-  }
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/leasehold";
-  return "/var/lib/leasehold";
-}
-
 void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::string& source) {
   toml::table doc;
   try {

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "shared/endpoint.h"  // default_state_dir
 #include "shared/units.h"
 
 namespace leasehold {
@@ -43,11 +44,6 @@ struct CoordinatorOptions {
   std::chrono::milliseconds job_retention_age{std::chrono::hours(24 * 30)};
   std::string log_level = "info";
 };
-
-// $STATE_DIRECTORY (set by systemd's StateDirectory=, /var/lib/leasehold in
-// the unit), else $XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold,
-// else /var/lib/leasehold.
-std::string default_state_dir();
 
 // Parses `text` as TOML and applies its keys. Throws std::invalid_argument
 // naming `source` and the line or key for a syntax error, an unknown key, a

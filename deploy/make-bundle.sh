@@ -15,7 +15,8 @@ with_tests=0
 if [ "${1:-}" = "--with-tests" ]; then with_tests=1; shift; fi
 out=${1:?usage: make-bundle.sh [--with-tests] OUT_DIR}
 
-programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease leasehold-bench-engine)
+programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease leasehold-bench-engine
+  leasehold-bench-spill)
 if [ $with_tests -eq 1 ]; then
   for t in "$build"/bin/*_test "$build"/bin/*_tests; do [ -x "$t" ] && programs+=("$(basename "$t")"); done
 fi
@@ -42,4 +43,5 @@ LAUNCH
   chmod +x "$out/bin/$p"
 done
 cp "$root/deploy/leasehold.toml" "$out/"
+cp -r "$root/deploy/jobs" "$out/"
 du -sh "$out" | awk '{print "make-bundle: " $1 " in '"$out"'"}'

@@ -10,6 +10,7 @@ packages=(
   libflatbuffers-dev flatbuffers-compiler
   libboost-dev libspdlog-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libsystemd-dev libgtest-dev libopenblas-dev zlib1g-dev libsqlite3-dev
+  libxxhash-dev liburing-dev fio
   dataset-fashion-mnist
 )
 

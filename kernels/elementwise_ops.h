@@ -30,7 +30,7 @@ enum class BinaryOp : int {
   Sub,
   Mul,
   Div,
-  ReluGrad,      // a = grad, b = input:   b > 0 ? a : 0
+  ReluGrad,      // a = grad, b = relu's input or output: b > 0 ? a : 0
   SigmoidGrad,   // a = grad, b = output:  a * b * (1 - b)
   TanhGrad,      // a = grad, b = output:  a * (1 - b^2)
   PowScalarGrad, // a = grad, b = input:   a * s * b^(s-1)

@@ -1,4 +1,5 @@
-// Where the coordinator listens, as every program finds it.
+// Where the coordinator listens and where state lives, as every program
+// finds them.
 #pragma once
 
 #include <optional>
@@ -27,5 +28,10 @@ std::string default_events_endpoint(const std::string& endpoint);
 // Creates the directory an ipc:// endpoint lives in (mode 0700 when created).
 // Throws std::runtime_error naming the directory on failure.
 void prepare_ipc_directory(std::string_view endpoint);
+
+// Where Leasehold keeps state when not told: $STATE_DIRECTORY (the systemd
+// unit's StateDirectory), else $XDG_STATE_HOME/leasehold, else
+// ~/.local/state/leasehold, else /var/lib/leasehold.
+std::string default_state_dir();
 
 }  // namespace leasehold

@@ -98,6 +98,33 @@ uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes) {
   return pool_bytes ? std::min(fallback, pool_bytes) : fallback;
 }
 
+uint64_t job_resident_bytes(const proto::JobSpec& job) {
+  uint64_t params = 0;
+  if (job.model()) {
+    for (const auto* l : *job.model()) {
+      uint64_t in = static_cast<uint64_t>(std::max(0, l->in()));
+      uint64_t out = static_cast<uint64_t>(std::max(0, l->out()));
+      uint64_t k = static_cast<uint64_t>(std::max(0, l->kernel()));
+      if (l->type() == proto::LayerType::Linear) params += in * out + out;
+      if (l->type() == proto::LayerType::Conv2d) params += out * in * k * k + out;
+    }
+  }
+  // Parameters and gradients, plus Adam's two moments or SGD's momentum.
+  uint64_t copies = 2;
+  const auto* o = job.optimizer();
+  if (!o || o->type() == proto::OptimizerType::Adam) {
+    copies += 2;
+  } else if (o->momentum() > 0) {
+    copies += 1;
+  }
+  return params * copies * sizeof(float);
+}
+
+uint64_t job_spill_host_bytes(const proto::JobSpec& job) {
+  const auto* s = job.spill();
+  return s && s->host_bytes() ? parse_bytes(s->host_bytes()->str()) : 0;
+}
+
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   std::vector<std::string> p;
   std::string name = str_or(job.name());
@@ -127,6 +154,12 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
       p.push_back("memory_budget: " + format_bytes(budget) + " does not fit the pool of " +
                   format_bytes(options.pool_bytes));
     }
+    // Activations may spill; parameters, gradients and optimiser state may not.
+    if (uint64_t resident = job_resident_bytes(job); resident > budget) {
+      p.push_back("memory_budget: " + format_bytes(budget) +
+                  " cannot hold the model's parameters, gradients and optimizer state (" +
+                  format_bytes(resident) + "), which stay on the device");
+    }
   } catch (const std::exception& e) {
     p.push_back(std::string("memory_budget: ") + e.what());
   }
@@ -141,6 +174,16 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   }
   if (const auto* c = job.checkpoint()) {
     if (c->every_epochs() <= 0) p.push_back("checkpoint.every_epochs: must be positive");
+  }
+  if (const auto* s = job.spill()) {
+    try {
+      job_spill_host_bytes(job);
+    } catch (const std::exception& e) {
+      p.push_back(std::string("spill.host_bytes: ") + e.what());
+    }
+    if (s->directory() && s->directory()->str().empty()) {
+      p.push_back("spill.directory: empty (leave it out for the agent's spill_dir)");
+    }
   }
   if (job.max_attempts() < 0 || job.max_attempts() > 100) {
     p.push_back("max_attempts: " + std::to_string(job.max_attempts()) + " is not in [0, 100]");

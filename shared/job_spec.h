@@ -59,4 +59,11 @@ std::string checkpoint_file(const proto::JobSpecT& job);
 // `pool_bytes` is known and smaller.
 uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes = 0);
 
+// Bytes that stay on the device for the whole job, whatever spills: the
+// parameters, their gradients and the optimiser's state (float32).
+uint64_t job_resident_bytes(const proto::JobSpec& job);
+
+// The most of the agent's spill host tier the job may use (0: all of it).
+uint64_t job_spill_host_bytes(const proto::JobSpec& job);
+
 }  // namespace leasehold

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -182,6 +183,63 @@ TEST_F(Jobs, AFailingJobIsMarkedFailedAndTheAgentServesTheNext) {
   auto [rc2, out2] = client({"submit", job_file("after", R"(, "epochs": 1)"), "--follow"});
   EXPECT_EQ(rc2, 0) << out2;
   EXPECT_EQ(job(2)["agent"], "worker");
+}
+
+// A job whose saved activations need about twice its memory budget trains
+// to exactly the test accuracy of the unconstrained run, spilling to host
+// memory and to its spill file, which is gone when the job ends; a spill
+// directory that cannot be written fails only that job, with the reason.
+TEST_F(Jobs, AJobOverItsBudgetSpillsAndTrainsLikeTheUnconstrainedOne) {
+  std::string spill_dir = cluster.dir() + "/spill";
+  cluster.start_agent("worker", {"--spill-host-bytes", "4MiB", "--spill-dir", spill_dir});
+  // Activation-heavy, parameter-light: each Dropout saves a mask and each
+  // ReLU its output, all of the whole batch.
+  std::string model = R"("model": [{"type": "Flatten"}, {"type": "Linear", "in": 64, "out": 1024})";
+  for (int i = 0; i < 6; ++i) model += R"(, {"type": "ReLU"}, {"type": "Dropout", "p": 0.1})";
+  model += R"(, {"type": "Linear", "in": 1024, "out": 3}],)";
+  auto with_model = [&](const std::string& name, const std::string& extra) {
+    std::string json = synthetic_job_json(cluster.dir(), name, extra);
+    size_t a = json.find(R"("model")"), b = json.find(R"("dataset")");
+    json.replace(a, b - a, model + " ");
+    std::string path = cluster.dir() + "/" + name + ".json";
+    std::ofstream(path) << json;
+    return path;
+  };
+  const std::string common = R"(, "epochs": 2, "batch_size": 600)";
+  auto [rc, out] = client({"submit", with_model("free", common + R"(, "memory_budget": "256MiB")"),
+                           "--follow"});
+  ASSERT_EQ(rc, 0) << out;
+  auto free_run = job(1);
+  uint64_t peak = free_run["progress"]["peak_device_bytes"];
+  ASSERT_GT(peak, 8ull << 20) << free_run.dump(2);
+  EXPECT_EQ(free_run["progress"]["spilled_bytes"], 0);
+
+  uint64_t budget = ((peak * 45 / 100) >> 20) + 1;
+  std::string tight = common + R"(, "memory_budget": ")" + std::to_string(budget) + R"(MiB")";
+  auto [rc2, out2] = client({"submit", with_model("tight", tight), "--follow"});
+  ASSERT_EQ(rc2, 0) << out2;
+  auto tight_run = job(2);
+  EXPECT_EQ(tight_run["state"], "succeeded");
+  EXPECT_EQ(tight_run["test_accuracy"], free_run["test_accuracy"]) << "spilling changed the result";
+  EXPECT_GT(tight_run["progress"]["spilled_bytes"].get<uint64_t>(), 0u) << tight_run.dump(2);
+  EXPECT_LE(tight_run["progress"]["peak_device_bytes"].get<uint64_t>(), budget << 20);
+  EXPECT_TRUE(std::filesystem::is_empty(spill_dir)) << "the job's spill file outlived it";
+
+  // A spill directory under a regular file: only this job fails.
+  std::ofstream(cluster.dir() + "/afile") << "x";
+  auto [rc3, out3] = client({"submit",
+                             with_model("nodir", tight + R"(, "spill": {"directory": ")" +
+                                                     cluster.dir() + R"(/afile/sub"})"),
+                             "--follow"});
+  EXPECT_EQ(rc3, 1) << out3;
+  auto failed = job(3);
+  EXPECT_EQ(failed["state"], "failed");
+  std::string reason = failed["reason"];
+  EXPECT_NE(reason.find("spill file"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("afile/sub"), std::string::npos) << reason;
+  auto [rc4, out4] = client({"submit", with_model("after", tight), "--follow"});
+  EXPECT_EQ(rc4, 0) << out4;
+  EXPECT_EQ(job(4)["agent"], "worker");
 }
 
 TEST_F(Jobs, AnAgentRunsJobsOfARestartedCoordinator) {

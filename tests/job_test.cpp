@@ -98,6 +98,42 @@ TEST_F(JobTest, ValidationNamesEveryBadField) {
   EXPECT_NE(e.find("dataset.test_labels"), std::string::npos) << e;
 }
 
+TEST_F(JobTest, ABudgetThatCannotHoldTheParametersIsRefusedWithTheNumbers) {
+  // 64·20000 + 20000·3 parameters, with gradients and Adam's two moments:
+  // 21.8 MB that cannot spill, against a budget of 16 MiB.
+  auto buf = parse_job_json(
+      job_json(R"(, "epochs": 1, "memory_budget": "16MiB")",
+               R"([{"type": "Flatten"}, {"type": "Linear", "in": 64, "out": 20000},
+                   {"type": "Linear", "in": 20000, "out": 3}])"),
+      "j.json");
+  EXPECT_EQ(job_resident_bytes(*verify_job(buf)), (64ull * 20000 + 20000 + 20000 * 3 + 3) * 16);
+  std::string e = problems_of([&] { validate_job(*verify_job(buf), {}); });
+  EXPECT_NE(e.find("memory_budget: 16.00 MiB cannot hold the model's parameters, gradients and "
+                   "optimizer state (20.75 MiB)"),
+            std::string::npos)
+      << e;
+  auto spill = parse_job_json(
+      job_json(R"(, "epochs": 1, "spill": {"host_bytes": "lots", "directory": ""})"), "j.json");
+  e = problems_of([&] { validate_job(*verify_job(spill), {}); });
+  EXPECT_NE(e.find("spill.host_bytes"), std::string::npos) << e;
+  EXPECT_NE(e.find("spill.directory"), std::string::npos) << e;
+  std::string unknown =
+      problems_of([&] { parse_job_json(job_json(R"(, "epochs": 1, "spill": {"tier": 2})"), "j"); });
+  EXPECT_NE(unknown.find("tier"), std::string::npos) << unknown;
+}
+
+TEST_F(JobTest, TheSpillExampleJobIsValid) {
+  const char* name = "fashion-mnist-cnn-spill.json";
+  std::ifstream in(std::string(LEASEHOLD_SOURCE_DIR) + "/deploy/jobs/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto buf = parse_job_json(text.str(), name);
+  const auto* job = verify_job(buf);
+  bool have_data = fs::exists(dataset_files(*job).train_images);
+  EXPECT_NO_THROW(validate_job(*job, {have_data, 0})) << name;
+  EXPECT_TRUE(job->spill() && job->spill()->enabled());
+}
+
 TEST_F(JobTest, ExampleJobsAreValid) {
   for (const char* name : {"fashion-mnist-mlp.json", "fashion-mnist-lenet.json"}) {
     std::ifstream in(std::string(LEASEHOLD_SOURCE_DIR) + "/deploy/jobs/" + name);

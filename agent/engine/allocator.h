@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,7 @@ struct AllocatorStats {
   uint64_t cached_bytes = 0;       // held for reuse but not in use
   uint64_t allocations = 0;        // calls to allocate() so far
   uint64_t leases = 0;             // coordinator leases held (lease allocators)
+  uint64_t peak_leased_bytes = 0;  // most bytes leased at once (lease allocators)
 };
 
 // Thrown when an allocation cannot be served; the message names the sizes.
@@ -35,6 +37,13 @@ class OutOfMemoryError : public std::runtime_error {
   uint64_t requested_;
 };
 
+// Frees memory for an allocation that would not fit the allocator's
+// budget: called with the bytes needed, returns how many bytes it freed (0:
+// it can free nothing more). The spill manager moves cold saved tensors out
+// of the device this way. Called on the allocating thread, without the
+// allocator's lock held, so it may free memory of the same allocator.
+using Reclaimer = std::function<uint64_t(uint64_t bytes)>;
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -45,6 +54,11 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
   virtual Device device() const = 0;
   virtual AllocatorStats stats() const = 0;
+  // Installs the reclaimer asked before an allocation fails (empty: none).
+  // Allocators without a budget never need one and ignore it.
+  virtual void set_reclaimer(Reclaimer) {}
+  // Most bytes this allocator may hold at once; 0: no budget of its own.
+  virtual uint64_t budget() const { return 0; }
 };
 
 std::shared_ptr<Allocator> cpu_allocator();

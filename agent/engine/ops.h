@@ -60,6 +60,12 @@ Tensor mse_loss(const Tensor& input, const Tensor& target);
 Tensor l1_loss(const Tensor& input, const Tensor& target);
 
 // x [N, C, H, W], weight [O, C, KH, KW], bias [O] or undefined.
+// conv2d works through the batch a chunk of images at a time, so that its
+// im2col buffer stays near this many bytes (default 32 MiB) instead of nine
+// times the input. The chunks depend only on the shapes and this setting
+// (per thread), never on the memory available, so results do not either.
+void set_conv_workspace_bytes(int64_t bytes);
+int64_t conv_workspace_bytes();
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride = 1,
               int64_t padding = 0);
 // Window `kernel`, stride `stride` (0: same as kernel), no padding.

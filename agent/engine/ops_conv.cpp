@@ -1,4 +1,5 @@
 // conv2d (im2col + GEMM), max_pool2d and dropout.
+#include <algorithm>
 #include <stdexcept>
 
 #include "agent/engine/autograd.h"
@@ -24,23 +25,39 @@ kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, int64_t stride,
   return g;
 }
 
+// im2col needs C·KH·KW·OH·OW elements per image (nine times a 3×3
+// convolution's input): done for the whole batch at once it would dominate
+// a job's peak memory, so images go through in chunks (ops.h).
+thread_local int64_t t_column_bytes = 32ll << 20;
+
+int64_t images_per_chunk(int64_t bytes_per_image, int64_t n) {
+  return std::clamp<int64_t>(t_column_bytes / std::max<int64_t>(1, bytes_per_image), 1,
+                             std::max<int64_t>(1, n));
+}
+
+// Geometry of images [n0, n0 + count) of `g`.
+kernels::ConvGeometry chunk_of(kernels::ConvGeometry g, int64_t count) {
+  g.n = count;
+  return g;
+}
+
 template <class T>
-void run_im2col(Tensor& col, const Tensor& x, const kernels::ConvGeometry& g) {
-  if (x.device().is_cuda()) {
-    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::im2col<T>(col.data<T>(), x.data<T>(), g,
-                                                         detail::stream_of(x)));
+void run_im2col(T* col, const T* x, const Tensor& like, const kernels::ConvGeometry& g) {
+  if (like.device().is_cuda()) {
+    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::im2col<T>(col, x, g, detail::stream_of(like)));
   } else {
-    kernels::cpu::im2col<T>(col.data<T>(), x.data<T>(), g);
+    kernels::cpu::im2col<T>(col, x, g);
   }
 }
 
 template <class T>
-void run_gemm(const Tensor& like, const kernels::GemmShape& s, const T* a, const T* b, T* c) {
+void run_gemm(const Tensor& like, const kernels::GemmShape& s, const T* a, const T* b, T* c,
+              T beta = T(0)) {
   if (like.device().is_cuda()) {
-    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::gemm<T>(cublas_handle(like.device().index), s,
-                                                       T(1), a, b, T(0), c, allow_tf32()));
+    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::gemm<T>(cublas_handle(like.device().index), s, T(1),
+                                                       a, b, beta, c, allow_tf32()));
   } else {
-    kernels::cpu::gemm<T>(s, T(1), a, b, T(0), c);
+    kernels::cpu::gemm<T>(s, T(1), a, b, beta, c);
   }
 }
 
@@ -55,40 +72,71 @@ struct Conv2dBackward final : Node {
     Tensor gx, gw;
     detail::dispatch_floating(X.dtype(), "conv2d backward", [&](auto tag) {
       using T = decltype(tag);
+      const int64_t image = geo.c * geo.h * geo.w,
+                    nb = images_per_chunk(CKK * L * sizeof(T), geo.n);
       if (next[1].fn) {
-        // dW = sum_n g[n] [O, L] · col[n]ᵀ [L, CKK]
-        Tensor col = empty({geo.n, CKK, L}, X.options());
-        run_im2col<T>(col, X, geo);
-        Tensor per_image = empty({geo.n, O, CKK}, X.options());
-        kernels::GemmShape s;
-        s.trans_b = true;
-        s.m = O; s.n = CKK; s.k = L;
-        s.lda = L; s.ldb = L; s.ldc = CKK;
-        s.batch = geo.n; s.stride_a = O * L; s.stride_b = CKK * L; s.stride_c = O * CKK;
-        run_gemm<T>(X, s, g.data<T>(), col.data<T>(), per_image.data<T>());
-        gw = sum(per_image, {0}).reshape(W.sizes());
+        // dW = sum_n g[n] [O, L] · col[n]ᵀ [L, CKK], a chunk of images at a time.
+        Tensor col = empty({nb, CKK, L}, X.options());
+        Tensor per_image = empty({nb, O, CKK}, X.options());
+        for (int64_t n0 = 0; n0 < geo.n; n0 += nb) {
+          int64_t count = std::min(nb, geo.n - n0);
+          run_im2col<T>(col.data<T>(), X.data<T>() + n0 * image, X, chunk_of(geo, count));
+          kernels::GemmShape s;
+          s.trans_b = true;
+          s.m = O;
+          s.n = CKK;
+          s.k = L;
+          s.lda = L;
+          s.ldb = L;
+          s.ldc = CKK;
+          s.batch = count;
+          s.stride_a = O * L;
+          s.stride_b = CKK * L;
+          s.stride_c = O * CKK;
+          run_gemm<T>(X, s, g.data<T>() + n0 * O * L, col.data<T>(), per_image.data<T>());
+          Tensor part = sum(per_image.narrow(0, 0, count), {0});
+          gw = gw.defined() ? add(gw, part) : part;
+        }
+        gw = gw.reshape(W.sizes());
       }
       if (next[0].fn) {
-        // dcol[n] = Wᵀ [CKK, O] · g[n] [O, L]; dx = col2im(dcol)
-        Tensor dcol = empty({geo.n, CKK, L}, X.options());
-        kernels::GemmShape s;
-        s.trans_a = true;
-        s.m = CKK; s.n = L; s.k = O;
-        s.lda = CKK; s.ldb = L; s.ldc = L;
-        s.batch = geo.n; s.stride_a = 0; s.stride_b = O * L; s.stride_c = CKK * L;
-        run_gemm<T>(X, s, W.data<T>(), g.data<T>(), dcol.data<T>());
+        // dcol[n] = Wᵀ [CKK, O] · g[n] [O, L]; dx = col2im(dcol), a chunk at a time.
+        Tensor dcol = empty({nb, CKK, L}, X.options());
         gx = empty(X.sizes(), X.options());
-        if (X.device().is_cuda()) {
-          LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::col2im<T>(gx.data<T>(), dcol.data<T>(), geo,
-                                                               detail::stream_of(X)));
-        } else {
-          kernels::cpu::col2im<T>(gx.data<T>(), dcol.data<T>(), geo);
+        for (int64_t n0 = 0; n0 < geo.n; n0 += nb) {
+          int64_t count = std::min(nb, geo.n - n0);
+          kernels::GemmShape s;
+          s.trans_a = true;
+          s.m = CKK;
+          s.n = L;
+          s.k = O;
+          s.lda = CKK;
+          s.ldb = L;
+          s.ldc = L;
+          s.batch = count;
+          s.stride_a = 0;
+          s.stride_b = O * L;
+          s.stride_c = CKK * L;
+          run_gemm<T>(X, s, W.data<T>(), g.data<T>() + n0 * O * L, dcol.data<T>());
+          T* gx_chunk = gx.data<T>() + n0 * image;
+          if (X.device().is_cuda()) {
+            LEASEHOLD_CUDA_OR(
+                "conv2d", kernels::cuda::col2im<T>(gx_chunk, dcol.data<T>(), chunk_of(geo, count),
+                                                   detail::stream_of(X)));
+          } else {
+            kernels::cpu::col2im<T>(gx_chunk, dcol.data<T>(), chunk_of(geo, count));
+          }
         }
       }
     });
-    return {gx, gw};
+    Tensor gb;
+    if (next.size() > 2 && next[2].fn) gb = sum(g, {0, 2, 3});
+    return {gx, gw, gb};
   }
-  void release_saved() override { x.reset(); w.reset(); }
+  void release_saved() override {
+    x.reset();
+    w.reset();
+  }
 };
 
 struct MaxPoolBackward final : Node {
@@ -115,6 +163,12 @@ struct MaxPoolBackward final : Node {
 
 }  // namespace
 
+void set_conv_workspace_bytes(int64_t bytes) {
+  if (bytes <= 0) throw std::invalid_argument("conv workspace must be positive");
+  t_column_bytes = bytes;
+}
+int64_t conv_workspace_bytes() { return t_column_bytes; }
+
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_t stride,
               int64_t padding) {
   detail::check_same(x_in, w_in, "conv2d");
@@ -133,36 +187,54 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
   }
   auto geo = geometry(x, w, stride, padding);
   if (geo.h + 2 * padding < geo.kh || geo.w + 2 * padding < geo.kw) {
-    throw std::invalid_argument("conv2d: kernel " + w.shape_str() + " larger than the padded "
-                                "input " + x.shape_str());
+    throw std::invalid_argument("conv2d: kernel " + w.shape_str() +
+                                " larger than the padded "
+                                "input " +
+                                x.shape_str());
   }
   int64_t O = w.size(0), CKK = geo.c * geo.kh * geo.kw, L = geo.oh() * geo.ow();
   Tensor out = empty({geo.n, O, geo.oh(), geo.ow()}, x.options());
+  // The bias goes in first and the GEMM adds to it (beta = 1): no second
+  // output-sized tensor for a separate add.
+  if (bias.defined()) {
+    if (bias.dim() != 1 || bias.size(0) != O) {
+      throw std::invalid_argument("conv2d: bias " + bias.shape_str() + " for " + std::to_string(O) +
+                                  " output channels");
+    }
+    detail::check_same(x_in, bias, "conv2d");
+    NoGradGuard no_grad;
+    out.copy_(bias.detach().reshape({1, O, 1, 1}).expand(out.sizes()));
+  }
   detail::dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
     using T = decltype(tag);
-    Tensor col = empty({geo.n, CKK, L}, x.options());
-    run_im2col<T>(col, x, geo);
-    // out[n] = W [O, CKK] · col[n] [CKK, L]; W is shared by the batch.
-    kernels::GemmShape s;
-    s.m = O; s.n = L; s.k = CKK;
-    s.lda = CKK; s.ldb = L; s.ldc = L;
-    s.batch = geo.n; s.stride_a = 0; s.stride_b = CKK * L; s.stride_c = O * L;
-    run_gemm<T>(x, s, w.data<T>(), col.data<T>(), out.data<T>());
+    const int64_t image = geo.c * geo.h * geo.w, nb = images_per_chunk(CKK * L * sizeof(T), geo.n);
+    Tensor col = empty({nb, CKK, L}, x.options());
+    for (int64_t n0 = 0; n0 < geo.n; n0 += nb) {
+      int64_t count = std::min(nb, geo.n - n0);
+      run_im2col<T>(col.data<T>(), x.data<T>() + n0 * image, x, chunk_of(geo, count));
+      // out[n] = W [O, CKK] · col[n] [CKK, L]; W is shared by the batch.
+      kernels::GemmShape s;
+      s.m = O;
+      s.n = L;
+      s.k = CKK;
+      s.lda = CKK;
+      s.ldb = L;
+      s.ldc = L;
+      s.batch = count;
+      s.stride_a = 0;
+      s.stride_b = CKK * L;
+      s.stride_c = O * L;
+      run_gemm<T>(x, s, w.data<T>(), col.data<T>(), out.data<T>() + n0 * O * L,
+                  bias.defined() ? T(1) : T(0));
+    }
   });
-  if (any_requires_grad({&x_in, &w_in})) {
+  if (any_requires_grad({&x_in, &w_in, &bias})) {
     auto node = std::make_shared<Conv2dBackward>();
     node->x = SavedTensor(x);
     node->w = SavedTensor(w);
     node->stride = stride;
     node->pad = padding;
-    record(out, node, {&x_in, &w_in});
-  }
-  if (bias.defined()) {
-    if (bias.dim() != 1 || bias.size(0) != O) {
-      throw std::invalid_argument("conv2d: bias " + bias.shape_str() + " for " +
-                                  std::to_string(O) + " output channels");
-    }
-    out = add(out, bias.reshape({1, O, 1, 1}));
+    record(out, node, {&x_in, &w_in, &bias});
   }
   return out;
 }
@@ -186,10 +258,9 @@ Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride) {
   detail::dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
     if (x.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("max_pool2d", kernels::cuda::max_pool<T>(out.data<T>(),
-                                                                 idx.data<int64_t>(),
-                                                                 x.data<T>(), geo,
-                                                                 detail::stream_of(x)));
+      LEASEHOLD_CUDA_OR("max_pool2d",
+                        kernels::cuda::max_pool<T>(out.data<T>(), idx.data<int64_t>(), x.data<T>(),
+                                                   geo, detail::stream_of(x)));
     } else {
       kernels::cpu::max_pool<T>(out.data<T>(), idx.data<int64_t>(), x.data<T>(), geo);
     }

@@ -233,7 +233,9 @@ Tensor pow(const Tensor& x, double e) {
 }
 Tensor sqrt(const Tensor& x) { return pow(x, 0.5); }
 Tensor relu(const Tensor& x) {
-  return unary_with_grad(UnaryOp::Relu, x, 0, "relu", BinaryOp::ReluGrad, false);
+  // relu(x) > 0 exactly where x > 0, so the output serves backward: it is
+  // usually what the next layer saves anyway (one tensor kept, not two).
+  return unary_with_grad(UnaryOp::Relu, x, 0, "relu", BinaryOp::ReluGrad, /*save_output=*/true);
 }
 Tensor sigmoid(const Tensor& x) {
   return unary_with_grad(UnaryOp::Sigmoid, x, 0, "sigmoid", BinaryOp::SigmoidGrad, true);

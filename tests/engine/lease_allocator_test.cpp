@@ -134,6 +134,72 @@ TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
   alloc.deallocate(keep, 0);
 }
 
+// The defect found measuring spilling: cached free space in a large segment
+// counted against the budget and a small tensor failed although 30 MiB of
+// the 32 MiB budget were free.
+TEST_F(LeaseAllocatorTest, SmallTensorsUseLargeSegmentsUnderBudgetPressure) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 32ull << 20;
+  LeaseAllocator alloc(*session, o);
+  void* big = alloc.allocate(20ull << 20);
+  void* pinned = alloc.allocate(1536ull << 10);  // large pool: the same segment
+  alloc.deallocate(big, 0);
+  std::vector<void*> small;
+  for (int i = 0; i < 20; ++i) small.push_back(alloc.allocate(784ull << 10));
+  auto s = alloc.stats();
+  EXPECT_LE(s.in_use_bytes + s.cached_bytes, o.budget_bytes);
+  EXPECT_EQ(s.leases, 1u) << "the small tensors live in the large segment";
+  for (void* p : small) alloc.deallocate(p, 0);
+  alloc.deallocate(pinned, 0);
+}
+
+TEST_F(LeaseAllocatorTest, FreeSegmentsGoBackAndALeaseOfTheNeededSizeComes) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 32ull << 20;
+  o.large_segment = 8ull << 20;
+  LeaseAllocator alloc(*session, o);
+  std::vector<void*> parts;
+  for (int i = 0; i < 4; ++i) parts.push_back(alloc.allocate(8ull << 20));
+  EXPECT_EQ(alloc.stats().leases, 4u);
+  for (void* p : parts) alloc.deallocate(p, 0);
+  void* whole = alloc.allocate(20ull << 20);
+  auto s = alloc.stats();
+  EXPECT_EQ(s.leases, 1u);
+  EXPECT_EQ(s.in_use_bytes + s.cached_bytes, 20ull << 20);
+  EXPECT_LE(s.peak_leased_bytes, o.budget_bytes);
+  alloc.deallocate(whole, 0);
+}
+
+TEST_F(LeaseAllocatorTest, TheReclaimerIsAskedBeforeAnAllocationFails) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 16ull << 20;
+  o.large_segment = 8ull << 20;
+  LeaseAllocator alloc(*session, o);
+  void* a = alloc.allocate(12ull << 20);
+  std::vector<uint64_t> asked;
+  alloc.set_reclaimer([&](uint64_t bytes) -> uint64_t {
+    asked.push_back(bytes);
+    if (!a) return 0;
+    alloc.deallocate(a, 0);  // what the spill manager does: free a cold tensor
+    a = nullptr;
+    return 12ull << 20;
+  });
+  void* b = alloc.allocate(12ull << 20);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], 12ull << 20);
+  EXPECT_LE(alloc.stats().peak_leased_bytes, o.budget_bytes);
+  // Nothing more to free: the error says so, with the sizes.
+  try {
+    alloc.allocate(12ull << 20);
+    FAIL() << "allocation beyond the budget succeeded";
+  } catch (const E::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing more could be spilled"), std::string::npos)
+        << e.what();
+  }
+  alloc.set_reclaimer({});
+  alloc.deallocate(b, 0);
+}
+
 // Memory goes back to the coordinator only after the fence (on a GPU:
 // after every queued kernel finished), whether by empty_cache or by
 // destroying the allocator.

@@ -140,6 +140,11 @@ Process& Cluster::start_agent(const std::string& name, std::vector<std::string> 
   std::vector<std::string> argv{bin_dir() + "/leasehold-agent", "--endpoint", endpoint_, "--name",
                                 name};
   argv.insert(argv.end(), args.begin(), args.end());
+  // Spill files stay inside the cluster's folder, and test agents pin less.
+  auto has = [&](const char* flag) { return std::find(args.begin(), args.end(), flag) != args.end(); };
+  if (!has("--spill-dir")) argv.insert(argv.end(), {"--spill-dir", dir_ + "/spill"});
+  if (!has("--spill-host-bytes")) argv.insert(argv.end(), {"--spill-host-bytes", "32MiB"});
+  if (!has("--spill-staging-bytes")) argv.insert(argv.end(), {"--spill-staging-bytes", "8MiB"});
   procs_.push_back(std::make_unique<Process>(argv, dir_ + "/agent-" + name + "-" +
                                                        std::to_string(counter_++) + ".log"));
   return *procs_.back();

@@ -1,0 +1,134 @@
+// The engine side of spilling: saved-tensor hooks that keep a job's
+// activations on the device while they fit its budget and move the coldest
+// ones to a SpillStore when they do not (FlashNeuron's offload, with the
+// order known instead of guessed).
+//
+// - pack() registers each saved tensor of at least `min_bytes` in save
+//   order (one entry per storage, however many views of it are saved);
+//   smaller ones and those on another device stay as they are.
+// - reclaim(bytes) is the allocator's reclaimer: when an allocation would
+//   exceed the budget it frees entries oldest first (saved earliest in the
+//   forward pass, so needed last in backward) until `bytes` are free: first
+//   those whose copy is already out, then it starts copies of the next ones
+//   and waits for them. Only storages nothing else references are freed
+//   (parameters, and activations still in use by the forward pass, stay).
+// - Once the budget has been hit, pack() starts copying the oldest tensors
+//   out ahead of time whenever the memory in use passes `offload_mark` of
+//   the budget, so a later reclaim finds them already copied and frees them
+//   without waiting.
+// - unpack() brings an evicted tensor back (from the host tier or the
+//   file), and prefetches: the next `lookahead` evicted entries in backward
+//   order are copied back into device memory if it is free without
+//   spilling, and the `file_lookahead` after them are read from the file
+//   into host memory.
+// - shrink(bytes) frees memory on request (the occupancy policy's Shrink).
+//
+// A store error (full disk, I/O error, checksum mismatch) is thrown as
+// SpillError naming the tensor; the job fails, the agent does not.
+//
+// Thread safety: one job thread uses it (the thread whose saved tensors and
+// allocations it handles).
+#pragma once
+
+#include <any>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "agent/engine/autograd.h"
+#include "agent/spill/spill_store.h"
+#include "agent/spill/transfer.h"
+
+namespace leasehold::spill {
+
+class SpillError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SpillPolicy {
+  uint64_t min_bytes = 256 << 10;  // smaller saved tensors always stay
+  int lookahead = 2;               // evicted entries restored ahead in backward
+  int file_lookahead = 4;          // further entries read from the file ahead
+  double offload_mark = 0.8;       // copy ahead above this fraction of the budget
+};
+
+struct SpillCounters {
+  uint64_t evictions = 0, evicted_bytes = 0;  // device memory freed
+  uint64_t restores = 0, restored_bytes = 0;  // brought back to the device
+  uint64_t prefetched = 0;                    // of the restores, those done ahead
+  uint64_t reclaims = 0;                      // times the allocator asked
+};
+
+class SpillManager final : public engine::SavedTensorHooks,
+                           public std::enable_shared_from_this<SpillManager> {
+ public:
+  // Installs the manager as `allocator`'s reclaimer (removed again when the
+  // manager is destroyed). The transfer must be the store's.
+  static std::shared_ptr<SpillManager> create(std::unique_ptr<SpillStore> store,
+                                              std::shared_ptr<Transfer> transfer,
+                                              std::shared_ptr<engine::Allocator> allocator,
+                                              SpillPolicy policy = {});
+  ~SpillManager() override;
+
+  std::any pack(const engine::Tensor& t) override;
+  engine::Tensor unpack(const std::any& packed) override;
+
+  // Frees at least `bytes` of device memory if it can; returns what it
+  // freed. Throws SpillError when the store fails.
+  uint64_t reclaim(uint64_t bytes);
+  // The same, asked from outside (the occupancy policy): also moves out
+  // tensors before any allocation needs the room.
+  uint64_t shrink(uint64_t bytes) { return reclaim(bytes); }
+
+  SpillStats store_stats() const { return store_->stats(); }
+  SpillCounters counters() const { return counters_; }
+  // Saved tensors registered now, and how many of them are off the device.
+  size_t entries() const { return entries_.size(); }
+  size_t evicted_entries() const;
+
+ private:
+  // Resident: on the device only. Stored: on the device, and a copy is in the
+  // store or on its way. Evicted: in the store only. Restoring: a copy back
+  // to the device is in flight (restore_fence).
+  enum class State { Resident, Stored, Evicted, Restoring };
+  struct Entry {
+    std::shared_ptr<engine::Storage> storage;  // null while evicted
+    size_t bytes = 0;
+    std::string name;
+    State state = State::Resident;
+    bool stored = false;                   // the store holds a copy
+    bool file_prefetch_asked = false;
+    std::shared_ptr<Fence> restore_fence;  // State::Restoring
+    int handles = 0;
+  };
+  class Handle;
+
+  SpillManager(std::unique_ptr<SpillStore> store, std::shared_ptr<Transfer> transfer,
+               std::shared_ptr<engine::Allocator> allocator, SpillPolicy policy);
+  bool evictable(const Entry& e) const;
+  void start_copy(uint64_t seq, Entry& e);
+  void evict(Entry& e);
+  void ensure_resident(uint64_t seq, Entry& e);
+  void prefetch_before(uint64_t seq);
+  void offload_ahead();
+  void drop_handle(uint64_t seq) noexcept;
+  [[noreturn]] void fail(const Entry& e, const char* what, const Status& st) const;
+
+  std::unique_ptr<SpillStore> store_;
+  std::shared_ptr<Transfer> transfer_;
+  std::shared_ptr<engine::Allocator> allocator_;
+  SpillPolicy policy_;
+  std::map<uint64_t, Entry> entries_;  // by save order, oldest first
+  std::unordered_map<const engine::Storage*, uint64_t> resident_;  // storage → entry
+  uint64_t next_seq_ = 1;
+  bool pressured_ = false;   // the budget has been hit at least once
+  bool reclaiming_ = false;  // inside reclaim(): do not re-enter
+  bool no_reclaim_ = false;  // prefetching: allocate only what is free
+  SpillCounters counters_;
+};
+
+}  // namespace leasehold::spill

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The spill store's checks on a GPU host, from a bundle made by
+# deploy/make-bundle.sh --with-tests: the store's own tests (the CUDA copy
+# stream included), training past the budget bit for bit on the host and
+# CUDA backends, the lease allocator and the CUDA operators (conv2d works
+# through the batch in chunks), then the raw disk and the spill benchmark
+# side by side. Logs go to $OUT (or ./gpu-logs).
+#
+#   bash tests/gpu/run-spill-checks.sh BUNDLE_DIR [SPILL_DIR]
+set -uo pipefail
+bundle=$(cd "${1:?usage: run-spill-checks.sh BUNDLE_DIR [SPILL_DIR]}" && pwd)
+spill_dir=${2:-/var/tmp/leasehold-spill-bench}
+out=${OUT:-$PWD/gpu-logs}
+mkdir -p "$out" "$spill_dir"
+bin=$bundle/bin
+failed=0
+step() {  # step NAME COMMAND...: runs, logs, records pass/fail
+  local name=$1; shift
+  local t0; t0=$(date +%s%N)
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  printf '%-28s rc=%d  %d ms\n' "$name" "$rc" $(( ($(date +%s%N) - t0) / 1000000 )) | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || failed=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran' "$out/$name.log" | tail -4
+}
+
+nvidia-smi -L | tee "$out/summary.txt"
+df -hT "$spill_dir" | tee -a "$out/summary.txt"
+step spill_store_test "$bin/spill_store_test"
+step spill_training_host "$bin/spill_training_test"
+step spill_training_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/spill_training_test"
+step lease_allocator_test "$bin/lease_allocator_test"
+step engine_cuda_test "$bin/engine_cuda_test"
+step engine_tests "$bin/engine_tests"
+step job_test "$bin/job_test"
+
+# Raw disk bandwidth of the spill directory: 4 GiB written and read back
+# with O_DIRECT in 1 MiB blocks (dd: one request at a time).
+raw_disk() {
+  local f=$spill_dir/dd-raw.bin
+  dd if=/dev/zero of="$f" bs=1M count=4096 oflag=direct conv=fsync 2>&1 | tail -1
+  dd if="$f" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1
+  rm -f "$f"
+}
+step raw_disk raw_disk
+cat "$out/raw_disk.log" | tee -a "$out/summary.txt"
+if [ "${LEASEHOLD_BENCH:-all}" != none ]; then
+  step bench_spill "$bin/leasehold-bench-spill" --job "$bundle/jobs/fashion-mnist-cnn-spill.json" \
+    --spill-dir "$spill_dir" --pool-size 24GiB
+  grep -E '^\{"budget|^unconstrained' "$out/bench_spill.log" | tee -a "$out/summary.txt"
+fi
+echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$out/summary.txt"
+for f in "$out"/*.log; do echo "===== $(basename "$f")"; cat "$f"; done > "$out/all-logs.txt"
+exit $failed

@@ -1,0 +1,281 @@
+// Training past the memory budget: a conv net trained inside a lease
+// allocator whose budget is well below its peak, with saved tensors spilled
+// through each kind of store, ends with the same weights and gradients, bit
+// for bit, as the unconstrained run; a failing store fails the run with a
+// clear error, corrupts nothing, and gives every lease back.
+//
+// Host backend by default; LEASEHOLD_TEST_BACKEND=cuda runs the same tests
+// on the GPU (skipped where there is none).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/nn.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/optim.h"
+#include "agent/lease_allocator.h"
+#include "agent/spill/fault_store.h"
+#include "agent/spill/memory_store.h"
+#include "agent/spill/spill_manager.h"
+#include "agent/spill/tiered_store.h"
+#include "shared/device.h"
+#include "shared/units.h"
+#include "tests/support/cluster.h"
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace leasehold::testing {
+namespace {
+
+namespace E = engine;
+namespace S = spill;
+
+bool want_cuda() {
+  const char* b = std::getenv("LEASEHOLD_TEST_BACKEND");
+  return b && std::string(b) == "cuda";
+}
+
+bool have_gpu() {
+#ifdef LEASEHOLD_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
+struct Outcome {
+  std::vector<float> weights, grads;
+  uint64_t peak_leased = 0;
+  S::SpillCounters counters;
+  S::SpillStats stats;
+};
+
+class SpillTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (want_cuda() && !have_gpu()) GTEST_SKIP() << "LEASEHOLD_TEST_BACKEND=cuda but no GPU";
+    cluster.start_coordinator({"--backend", want_cuda() ? "cuda" : "host", "--pool-size",
+                               "256MiB", "--alignment", "1MiB", "--heartbeat-interval", "200ms"});
+    AgentOptions o;
+    o.endpoint = cluster.endpoint();
+    o.name = "spill";
+    session = std::make_unique<AgentSession>(o);
+    device = session->pool().backend == Backend::Cuda ? E::Device::cuda(session->pool().device)
+                                                      : E::Device::cpu();
+    transfer = S::make_transfer(device);
+    char tmpl[] = "/tmp/leasehold-spill-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+    E::set_conv_workspace_bytes(256 << 10);
+  }
+  void TearDown() override {
+    E::set_conv_workspace_bytes(32ll << 20);
+    session.reset();
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+
+  // A deep, narrow conv net: activations dominate its memory, and each
+  // layer's working set is small next to all of them together.
+  std::shared_ptr<E::nn::Sequential> model() {
+    E::manual_seed(5);
+    std::vector<std::shared_ptr<E::nn::Module>> layers{
+        std::make_shared<E::nn::Conv2d>(1, 8, 3, 1, 1), std::make_shared<E::nn::ReLU>()};
+    for (int i = 0; i < 8; ++i) {
+      layers.push_back(std::make_shared<E::nn::Conv2d>(8, 8, 3, 1, 1));
+      layers.push_back(std::make_shared<E::nn::ReLU>());
+    }
+    layers.push_back(std::make_shared<E::nn::MaxPool2d>(2));
+    layers.push_back(std::make_shared<E::nn::Flatten>());
+    layers.push_back(std::make_shared<E::nn::Linear>(8 * 14 * 14, 10));
+    auto m = std::make_shared<E::nn::Sequential>(layers);
+    m->to(device);
+    return m;
+  }
+
+  // Trains `steps` steps inside a lease allocator of `budget` (0: none),
+  // spilling through `store` when given.
+  Outcome train(uint64_t budget, std::unique_ptr<S::SpillStore> store, int steps = 3) {
+    auto alloc = std::make_shared<LeaseAllocator>(*session, LeaseAllocatorOptions::for_budget(budget));
+    Outcome out;
+    {
+      E::AllocatorGuard guard(alloc);
+      std::shared_ptr<S::SpillManager> manager;
+      if (store) {
+        S::SpillPolicy policy;
+        policy.min_bytes = 64 << 10;
+        manager = S::SpillManager::create(std::move(store), transfer, alloc, policy);
+      }
+      auto net = model();
+      E::optim::Adam opt(net->named_parameters(), {.lr = 0.01});
+      E::manual_seed(11);
+      E::Tensor x = E::randn({32, 1, 28, 28}).to(device);
+      std::vector<int64_t> labels(32);
+      for (int i = 0; i < 32; ++i) labels[i] = i % 10;
+      E::Tensor y = E::from_vector<int64_t>(labels, {32}, device);
+      {
+        std::optional<E::SavedTensorHooksGuard> hooks;
+        if (manager) hooks.emplace(manager);
+        for (int i = 0; i < steps; ++i) {
+          opt.zero_grad();
+          E::cross_entropy((*net)(x), y).backward();
+          opt.step();
+        }
+      }
+      for (auto& p : net->parameters()) {
+        auto w = p.to_vector<float>();
+        out.weights.insert(out.weights.end(), w.begin(), w.end());
+        auto g = p.grad().to_vector<float>();
+        out.grads.insert(out.grads.end(), g.begin(), g.end());
+      }
+      if (manager) {
+        out.counters = manager->counters();
+        out.stats = manager->store_stats();
+        EXPECT_EQ(manager->entries(), 0u) << "every saved tensor is forgotten after backward";
+      }
+    }
+    out.peak_leased = alloc->stats().peak_leased_bytes;
+    return out;
+  }
+
+  uint64_t tight_budget() {
+    if (!reference_) reference_ = train(0, nullptr);
+    // Well under the unconstrained peak, above what one layer needs at once.
+    return align_up(reference_->peak_leased * 45 / 100, 1ull << 20);
+  }
+
+  void expect_same_as_unconstrained(const Outcome& o, uint64_t budget) {
+    ASSERT_TRUE(reference_);
+    EXPECT_LE(o.peak_leased, budget) << "the budget held";
+    EXPECT_GT(o.counters.evictions, 0u) << "the budget forced spilling";
+    EXPECT_GT(o.counters.restores, 0u);
+    ASSERT_EQ(o.weights.size(), reference_->weights.size());
+    EXPECT_TRUE(o.weights == reference_->weights) << "weights differ from the unconstrained run";
+    EXPECT_TRUE(o.grads == reference_->grads) << "gradients differ from the unconstrained run";
+  }
+
+  S::TieredStoreOptions tiered(uint64_t host_bytes, bool file) {
+    S::TieredStoreOptions o;
+    if (host_bytes) {
+      host = std::make_unique<S::PinnedBuffer>(host_bytes, device);
+      o.host_tier = host.get();
+    }
+    if (file) {
+      staging = std::make_unique<S::PinnedBuffer>(8u << 20, device);
+      o.staging = staging.get();
+      o.chunk_bytes = 256 << 10;
+      o.directory = dir;
+      o.tag = "test";
+    }
+    return o;
+  }
+
+  Cluster cluster;
+  std::unique_ptr<AgentSession> session;
+  E::Device device;
+  std::shared_ptr<S::Transfer> transfer;
+  std::string dir;
+  std::unique_ptr<S::PinnedBuffer> host, staging;
+  std::optional<Outcome> reference_;
+};
+
+TEST_F(SpillTraining, WithoutABudgetNothingSpills) {
+  Outcome o = train(0, std::make_unique<S::MemorySpillStore>(*transfer));
+  Outcome plain = train(0, nullptr);
+  EXPECT_EQ(o.counters.evictions, 0u);
+  EXPECT_EQ(o.stats.bytes_out, 0u);
+  EXPECT_TRUE(o.weights == plain.weights);
+}
+
+TEST_F(SpillTraining, WithoutSpillingTheTightBudgetRunsOutOfMemory) {
+  uint64_t budget = tight_budget();
+  EXPECT_THROW(train(budget, nullptr), E::OutOfMemoryError);
+}
+
+TEST_F(SpillTraining, MemoryStoreTrainsBitIdentically) {
+  uint64_t budget = tight_budget();
+  expect_same_as_unconstrained(train(budget, std::make_unique<S::MemorySpillStore>(*transfer)),
+                               budget);
+}
+
+TEST_F(SpillTraining, HostTierTrainsBitIdentically) {
+  uint64_t budget = tight_budget();
+  Outcome o = train(budget, std::make_unique<S::TieredSpillStore>(*transfer, tiered(64u << 20, false)));
+  expect_same_as_unconstrained(o, budget);
+  EXPECT_GT(o.stats.peak_host_bytes, 0u);
+  EXPECT_EQ(o.stats.peak_file_bytes, 0u);
+}
+
+TEST_F(SpillTraining, FileTierTrainsBitIdentically) {
+  uint64_t budget = tight_budget();
+  Outcome o = train(budget, std::make_unique<S::TieredSpillStore>(*transfer, tiered(0, true)));
+  expect_same_as_unconstrained(o, budget);
+  EXPECT_EQ(o.stats.peak_host_bytes, 0u);
+  EXPECT_GT(o.stats.file_bytes_written, 0u);
+  EXPECT_GT(o.stats.file_bytes_read + o.stats.staging_hits, 0u);
+  // The store is gone with the run, and its file with it.
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+TEST_F(SpillTraining, BothTiersTrainBitIdentically) {
+  uint64_t budget = tight_budget();
+  Outcome o = train(budget, std::make_unique<S::TieredSpillStore>(*transfer, tiered(2u << 20, true)));
+  expect_same_as_unconstrained(o, budget);
+  EXPECT_GT(o.stats.peak_host_bytes, 0u);
+  EXPECT_GT(o.stats.peak_file_bytes, 0u);
+}
+
+// A store that fails: the run fails with the store's reason, and every lease
+// is back with the coordinator afterwards (the next run gets the memory).
+class FailingStore : public SpillTraining {
+ protected:
+  void expect_failure(std::unique_ptr<S::SpillStore> store, const std::string& expected) {
+    uint64_t budget = tight_budget();
+    try {
+      train(budget, std::move(store));
+      FAIL() << "the run succeeded although the store failed";
+    } catch (const S::SpillError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("saved tensor #"), std::string::npos) << e.what();
+    }
+    // All leases went back: an unconstrained run after it still trains the same.
+    Outcome again = train(0, nullptr);
+    EXPECT_TRUE(again.weights == reference_->weights);
+  }
+  S::MemorySpillStore* inner() {
+    if (!inner_) inner_ = std::make_unique<S::MemorySpillStore>(*transfer);
+    return inner_.get();
+  }
+  std::unique_ptr<S::MemorySpillStore> inner_;
+};
+
+TEST_F(FailingStore, NoSpaceAtTheThirdPutFailsTheRun) {
+  auto store = std::make_unique<S::FaultInjectingSpillStore>(*inner());
+  store->fail_put_at(3);
+  expect_failure(std::move(store), "No space left on device");
+}
+
+TEST_F(FailingStore, ReadErrorFailsTheRun) {
+  auto store = std::make_unique<S::FaultInjectingSpillStore>(*inner());
+  for (S::SpillId id = 1; id < 10000; ++id) store->fail_get_of(id);
+  expect_failure(std::move(store), "Input/output error");
+}
+
+TEST_F(FailingStore, ChecksumMismatchFailsTheRun) {
+  auto store = std::make_unique<S::FaultInjectingSpillStore>(*inner());
+  for (S::SpillId id = 1; id < 10000; ++id) store->corrupt_get_of(id);
+  expect_failure(std::move(store), "Corruption");
+}
+
+TEST_F(FailingStore, AFullSpillFileFailsTheRunNamingTheFile) {
+  S::TieredStoreOptions o = tiered(0, true);
+  o.file_limit = 1u << 20;
+  expect_failure(std::make_unique<S::TieredSpillStore>(*transfer, o), dir);
+}
+
+}  // namespace
+}  // namespace leasehold::testing
