@@ -131,9 +131,14 @@ void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why) 
     uint64_t room = budget ? budget - std::min(budget, leased_) : usual;
     return std::min(usual, align_down(room, alignment));
   };
-  // Releasing waits for the device (the fence), so only when it helps.
+  // Releasing waits for the device (the fence), so only when it makes room.
   if (refused || allowed() < need) {
-    if (release_free_segments() == 0) return nullptr;
+    uint64_t free_segments = 0;
+    for (const auto& seg : segments_) {
+      if (seg.blocks.used_block_count() == 0) free_segments += seg.lease.size();
+    }
+    if (free_segments == 0 || (!refused && allowed() + free_segments < need)) return nullptr;
+    release_free_segments();
   }
   if (allowed() < need) return nullptr;
   Segment* seg = lease_segment(allowed(), small, why);
@@ -148,6 +153,10 @@ void* LeaseAllocator::allocate(size_t bytes) {
     out_of_memory(bytes, "size overflows");
   }
   bool small = need <= opt_.small_limit;
+  if (opt_.budget_bytes && need > opt_.budget_bytes) {
+    std::lock_guard lock(mu_);
+    out_of_memory(need, "one tensor larger than the job's whole memory budget");
+  }
   for (;;) {
     engine::Reclaimer reclaim;
     std::string why;
@@ -164,6 +173,18 @@ void* LeaseAllocator::allocate(size_t bytes) {
       out_of_memory(need, why + "; nothing more could be spilled");
     }
   }
+}
+
+void* LeaseAllocator::allocate_if_free(size_t bytes) {
+  uint64_t need = align_up(bytes, opt_.granularity);
+  if (bytes == 0 || need == 0) return nullptr;
+  bool small = need <= opt_.small_limit;
+  std::lock_guard lock(mu_);
+  if (void* p = try_segments(need, small)) return p;
+  if (small) {
+    if (void* p = try_segments(need, false)) return p;
+  }
+  return nullptr;
 }
 
 void LeaseAllocator::set_reclaimer(engine::Reclaimer reclaimer) {

@@ -66,6 +66,7 @@ class LeaseAllocator final : public engine::Allocator {
   engine::Device device() const override { return device_; }
   engine::AllocatorStats stats() const override;
   void set_reclaimer(engine::Reclaimer reclaimer) override;
+  void* allocate_if_free(size_t bytes) override;
   uint64_t budget() const override { return opt_.budget_bytes; }
   // Returns the leases of segments with nothing allocated in them (after the
   // fence). Throws CudaError when the fence reports a device fault.

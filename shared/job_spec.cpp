@@ -99,25 +99,27 @@ uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes) {
 }
 
 uint64_t job_resident_bytes(const proto::JobSpec& job) {
-  uint64_t params = 0;
+  long double params = 0;
   if (job.model()) {
     for (const auto* l : *job.model()) {
-      uint64_t in = static_cast<uint64_t>(std::max(0, l->in()));
-      uint64_t out = static_cast<uint64_t>(std::max(0, l->out()));
-      uint64_t k = static_cast<uint64_t>(std::max(0, l->kernel()));
+      // In long double: absurd sizes saturate instead of wrapping around.
+      long double in = std::max(0, l->in()), out = std::max(0, l->out());
+      long double k = std::max(0, l->kernel());
       if (l->type() == proto::LayerType::Linear) params += in * out + out;
       if (l->type() == proto::LayerType::Conv2d) params += out * in * k * k + out;
     }
   }
   // Parameters and gradients, plus Adam's two moments or SGD's momentum.
-  uint64_t copies = 2;
+  int copies = 2;
   const auto* o = job.optimizer();
   if (!o || o->type() == proto::OptimizerType::Adam) {
     copies += 2;
   } else if (o->momentum() > 0) {
     copies += 1;
   }
-  return params * copies * sizeof(float);
+  long double bytes = params * copies * sizeof(float);
+  constexpr long double kMax = static_cast<long double>(UINT64_MAX);
+  return bytes >= kMax ? UINT64_MAX : static_cast<uint64_t>(bytes);
 }
 
 uint64_t job_spill_host_bytes(const proto::JobSpec& job) {
@@ -157,6 +159,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     // Activations may spill; parameters, gradients and optimiser state may not.
     if (uint64_t resident = job_resident_bytes(job); resident > budget) {
       p.push_back("memory_budget: " + format_bytes(budget) +
+                  (job.memory_budget() ? "" : " (the default; set memory_budget)") +
                   " cannot hold the model's parameters, gradients and optimizer state (" +
                   format_bytes(resident) + "), which stay on the device");
     }

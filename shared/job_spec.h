@@ -63,7 +63,8 @@ uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes = 0);
 // parameters, their gradients and the optimiser's state (float32).
 uint64_t job_resident_bytes(const proto::JobSpec& job);
 
-// The most of the agent's spill host tier the job may use (0: all of it).
+// spill.host_bytes: the most of the agent's spill host tier the job may use
+// (0 when absent, meaning all of it; an explicit "0" means none).
 uint64_t job_spill_host_bytes(const proto::JobSpec& job);
 
 }  // namespace leasehold

@@ -153,6 +153,13 @@ Storage::Storage(size_t bytes, std::shared_ptr<Allocator> allocator)
   data_ = bytes_ ? allocator_->allocate(bytes_) : nullptr;
 }
 
+std::shared_ptr<Storage> Storage::if_free(size_t bytes, std::shared_ptr<Allocator> allocator) {
+  if (bytes == 0) return nullptr;
+  void* p = allocator->allocate_if_free(bytes);
+  if (!p) return nullptr;
+  return std::shared_ptr<Storage>(new Storage(p, bytes, std::move(allocator)));
+}
+
 Storage::~Storage() {
   if (data_) allocator_->deallocate(data_, bytes_);
 }

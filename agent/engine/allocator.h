@@ -54,6 +54,10 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
   virtual Device device() const = 0;
   virtual AllocatorStats stats() const = 0;
+  // Memory for `bytes` only if it is free now, without new leases, without
+  // giving memory back and without the reclaimer (a prefetch must not make
+  // room); nullptr otherwise. The default never finds any.
+  virtual void* allocate_if_free(size_t /*bytes*/) { return nullptr; }
   // Installs the reclaimer asked before an allocation fails (empty: none).
   // Allocators without a budget never need one and ignore it.
   virtual void set_reclaimer(Reclaimer) {}
@@ -86,6 +90,9 @@ class AllocatorGuard {
 class Storage {
  public:
   Storage(size_t bytes, std::shared_ptr<Allocator> allocator);
+  // Storage of `bytes` from allocator->allocate_if_free(); null when there
+  // is no such memory free now.
+  static std::shared_ptr<Storage> if_free(size_t bytes, std::shared_ptr<Allocator> allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -96,6 +103,8 @@ class Storage {
   const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
 
  private:
+  Storage(void* adopted, size_t bytes, std::shared_ptr<Allocator> allocator)
+      : data_(adopted), bytes_(bytes), allocator_(std::move(allocator)) {}
   void* data_ = nullptr;
   size_t bytes_ = 0;
   std::shared_ptr<Allocator> allocator_;

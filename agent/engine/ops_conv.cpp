@@ -72,8 +72,9 @@ struct Conv2dBackward final : Node {
     Tensor gx, gw;
     detail::dispatch_floating(X.dtype(), "conv2d backward", [&](auto tag) {
       using T = decltype(tag);
+      // A chunk's column buffer and its per-image weight gradients.
       const int64_t image = geo.c * geo.h * geo.w,
-                    nb = images_per_chunk(CKK * L * sizeof(T), geo.n);
+                    nb = images_per_chunk((CKK * L + O * CKK) * sizeof(T), geo.n);
       if (next[1].fn) {
         // dW = sum_n g[n] [O, L] · col[n]ᵀ [L, CKK], a chunk of images at a time.
         Tensor col = empty({nb, CKK, L}, X.options());
@@ -97,7 +98,7 @@ struct Conv2dBackward final : Node {
           Tensor part = sum(per_image.narrow(0, 0, count), {0});
           gw = gw.defined() ? add(gw, part) : part;
         }
-        gw = gw.reshape(W.sizes());
+        gw = gw.defined() ? gw.reshape(W.sizes()) : zeros(W.sizes(), W.options());  // no images
       }
       if (next[0].fn) {
         // dcol[n] = Wᵀ [CKK, O] · g[n] [O, L]; dx = col2im(dcol), a chunk at a time.

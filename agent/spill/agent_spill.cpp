@@ -47,7 +47,11 @@ std::shared_ptr<SpillManager> AgentSpill::for_job(const proto::JobSpec& job,
   if (s && !s->enabled()) return nullptr;
   TieredStoreOptions o;
   o.host_tier = config_.host_bytes ? &host_tier_ : nullptr;
-  o.host_limit = job_spill_host_bytes(job);
+  // Absent: all of the agent's host tier; an explicit 0: none of it.
+  if (s && s->host_bytes()) {
+    o.host_limit = job_spill_host_bytes(job);
+    if (o.host_limit == 0) o.host_tier = nullptr;
+  }
   o.directory = s && s->directory() ? s->directory()->str() : config_.directory;
   o.staging = config_.staging_bytes && !o.directory.empty() ? &staging_ : nullptr;
   o.tag = tag;

@@ -60,15 +60,17 @@ std::shared_ptr<SpillManager> SpillManager::create(std::unique_ptr<SpillStore> s
 
 SpillManager::SpillManager(std::unique_ptr<SpillStore> store, std::shared_ptr<Transfer> transfer,
                            std::shared_ptr<E::Allocator> allocator, SpillPolicy policy)
-    : store_(std::move(store)),
-      transfer_(std::move(transfer)),
+    : transfer_(std::move(transfer)),
       allocator_(std::move(allocator)),
+      store_(std::move(store)),
       policy_(policy) {}
 
 SpillManager::~SpillManager() {
   // Every handle holds the manager, so no entry is left; the reclaimer's
-  // weak reference already fails, and is removed here.
+  // weak reference already fails, and is removed here. The store goes
+  // first: it waits for its copies on the transfer.
   allocator_->set_reclaimer({});
+  store_.reset();
 }
 
 size_t SpillManager::evicted_entries() const {
@@ -83,7 +85,8 @@ void SpillManager::fail(const Entry& e, const char* what, const Status& st) cons
 
 std::any SpillManager::pack(const E::Tensor& t) {
   const auto& storage = t.impl()->storage;
-  if (!storage || t.device() != transfer_->device() || storage->bytes() < policy_.min_bytes) {
+  // Only the job's own memory counts against its budget and can be freed.
+  if (!storage || storage->allocator() != allocator_ || storage->bytes() < policy_.min_bytes) {
     return t;
   }
   uint64_t seq;
@@ -137,12 +140,13 @@ void SpillManager::evict(Entry& e) {
   resident_.erase(e.storage.get());
   e.storage.reset();  // the allocator gets the memory back
   e.state = State::Evicted;
+  e.file_prefetch_asked = false;
   ++counters_.evictions;
   counters_.evicted_bytes += e.bytes;
 }
 
 uint64_t SpillManager::reclaim(uint64_t bytes) {
-  if (reclaiming_ || no_reclaim_) return 0;
+  if (reclaiming_) return 0;
   reclaiming_ = true;
   struct Reset {
     bool& flag;
@@ -181,7 +185,6 @@ uint64_t SpillManager::reclaim(uint64_t bytes) {
     if (e.state == State::Restoring && e.storage.use_count() == 1) {
       if (e.restore_fence) e.restore_fence->wait();
       e.restore_fence.reset();
-      e.file_prefetch_asked = false;
       freed += e.bytes;
       evict(e);
     }
@@ -202,7 +205,14 @@ void SpillManager::offload_ahead() {
   for (auto& [seq, e] : entries_) {
     if (covered >= excess) break;
     if (evictable(e) && e.state == State::Resident) {
-      start_copy(seq, e);
+      // Only ahead of need: a store that cannot take it now (full) fails
+      // the job only if a reclaim needs the room.
+      if (Status st = store_->put(seq, e.storage->data(), e.bytes, e.name); !st.ok()) {
+        spdlog::debug("spill: not copying {} ahead: {}", e.name, st.to_string());
+        return;
+      }
+      e.stored = true;
+      e.state = State::Stored;
       covered += e.bytes;
     }
   }
@@ -220,7 +230,10 @@ void SpillManager::ensure_resident(uint64_t seq, Entry& e) {
   // The allocation may spill older entries to make room; this one is
   // evicted, so it is never among them.
   auto storage = std::make_shared<E::Storage>(e.bytes, allocator_);
-  if (Status st = store_->get(seq, storage->data()); !st.ok()) fail(e, "restore", st);
+  if (Status st = store_->get(seq, storage->data()); !st.ok()) {
+    settle_copies();  // some chunks may be on their way into `storage`
+    fail(e, "restore", st);
+  }
   e.storage = std::move(storage);
   resident_.emplace(e.storage.get(), seq);
   e.state = State::Stored;
@@ -229,28 +242,23 @@ void SpillManager::ensure_resident(uint64_t seq, Entry& e) {
 }
 
 void SpillManager::prefetch_before(uint64_t seq) {
-  // Backward needs the entries saved before this one next, newest first:
-  // the nearest `lookahead` come back to the device (if that needs no
-  // spilling), the `file_lookahead` after them from the file to host memory.
+  // Backward needs the entries saved before this one next, newest first.
+  // Of those not on the device, the nearest `lookahead` come back to it (if
+  // the memory is free without spilling anything), the `file_lookahead`
+  // after them from the file into host memory.
   int position = 0;
   bool device_room = true;
   for (auto it = std::make_reverse_iterator(entries_.find(seq));
-       it != entries_.rend() && position < policy_.lookahead + policy_.file_lookahead;
-       ++it, ++position) {
+       it != entries_.rend() && position < policy_.lookahead + policy_.file_lookahead; ++it) {
     auto& [s, e] = *it;
-    if (e.state != State::Evicted) continue;
-    if (position < policy_.lookahead && device_room) {
-      std::shared_ptr<E::Storage> storage;
-      no_reclaim_ = true;
-      try {
-        storage = std::make_shared<E::Storage>(e.bytes, allocator_);
-      } catch (const E::OutOfMemoryError&) {
-        device_room = false;  // not without spilling: it comes back when needed
-      }
-      no_reclaim_ = false;
-      if (storage) {
+    if (e.state != State::Evicted && e.state != State::Restoring) continue;
+    ++position;
+    if (e.state == State::Restoring) continue;
+    if (position <= policy_.lookahead && device_room) {
+      if (auto storage = E::Storage::if_free(e.bytes, allocator_)) {
         std::shared_ptr<Fence> done;
         if (Status st = store_->get_async(s, storage->data(), &done); !st.ok()) {
+          settle_copies();
           fail(e, "restore", st);
         }
         e.storage = std::move(storage);
@@ -261,11 +269,20 @@ void SpillManager::prefetch_before(uint64_t seq) {
         counters_.restored_bytes += e.bytes;
         continue;
       }
+      device_room = false;  // not without spilling: it comes back when needed
     }
     if (!e.file_prefetch_asked) {
       e.file_prefetch_asked = true;
       store_->prefetch(s);
     }
+  }
+}
+
+void SpillManager::settle_copies() noexcept {
+  try {
+    transfer_->mark()->wait();
+  } catch (const std::exception& ex) {
+    spdlog::error("spill: waiting for the copy stream: {}", ex.what());
   }
 }
 

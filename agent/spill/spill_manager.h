@@ -3,9 +3,9 @@
 // ones to a SpillStore when they do not (FlashNeuron's offload, with the
 // order known instead of guessed).
 //
-// - pack() registers each saved tensor of at least `min_bytes` in save
-//   order (one entry per storage, however many views of it are saved);
-//   smaller ones and those on another device stay as they are.
+// - pack() registers each saved tensor of at least `min_bytes` whose memory
+//   comes from the job's allocator, in save order (one entry per storage,
+//   however many views of it are saved); the others stay as they are.
 // - reclaim(bytes) is the allocator's reclaimer: when an allocation would
 //   exceed the budget it frees entries oldest first (saved earliest in the
 //   forward pass, so needed last in backward) until `bytes` are free: first
@@ -80,8 +80,9 @@ class SpillManager final : public engine::SavedTensorHooks,
   // Frees at least `bytes` of device memory if it can; returns what it
   // freed. Throws SpillError when the store fails.
   uint64_t reclaim(uint64_t bytes);
-  // The same, asked from outside (the occupancy policy): also moves out
-  // tensors before any allocation needs the room.
+  // The same, asked from outside (the occupancy policy's Shrink): the
+  // memory goes to the allocator's cache; LeaseAllocator::empty_cache()
+  // then gives whole free leases back.
   uint64_t shrink(uint64_t bytes) { return reclaim(bytes); }
 
   SpillStats store_stats() const { return store_->stats(); }
@@ -116,18 +117,20 @@ class SpillManager final : public engine::SavedTensorHooks,
   void prefetch_before(uint64_t seq);
   void offload_ahead();
   void drop_handle(uint64_t seq) noexcept;
+  // Waits for every copy started so far (before freeing memory a failed
+  // restore may still be writing).
+  void settle_copies() noexcept;
   [[noreturn]] void fail(const Entry& e, const char* what, const Status& st) const;
 
-  std::unique_ptr<SpillStore> store_;
   std::shared_ptr<Transfer> transfer_;
   std::shared_ptr<engine::Allocator> allocator_;
+  std::unique_ptr<SpillStore> store_;  // uses transfer_: destroyed first
   SpillPolicy policy_;
   std::map<uint64_t, Entry> entries_;  // by save order, oldest first
   std::unordered_map<const engine::Storage*, uint64_t> resident_;  // storage → entry
   uint64_t next_seq_ = 1;
   bool pressured_ = false;   // the budget has been hit at least once
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter
-  bool no_reclaim_ = false;  // prefetching: allocate only what is free
   SpillCounters counters_;
 };
 

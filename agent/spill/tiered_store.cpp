@@ -95,7 +95,7 @@ class TieredSpillStore::Impl {
   bool copied(SpillId id);
   Status wait_copied(SpillId id);
   void prefetch(SpillId id);
-  Status get(SpillId id, void* dst);
+  Status get(SpillId id, void* dst, std::shared_ptr<Fence>* done);
   void erase(SpillId id);
   SpillStats stats() const;
   Status flush();
@@ -161,7 +161,8 @@ class TieredSpillStore::Impl {
                   const std::string& name, uint64_t offset);
   Status put_file(std::unique_lock<std::mutex>& lock, SpillId id, const char* src, size_t bytes,
                   const std::string& name);
-  Status get_file(std::unique_lock<std::mutex>& lock, SpillId id, Entry& e, char* dst);
+  Status get_file(std::unique_lock<std::mutex>& lock, SpillId id, Entry& e, char* dst,
+                  std::shared_ptr<Fence>* done);
   Status no_room(const std::string& name, size_t bytes, const std::string& why) const;
   Status open_file_locked();
   Status grow_file_locked(uint64_t end);
@@ -708,7 +709,9 @@ void TieredSpillStore::Impl::prefetch(SpillId id) {
   }
 }
 
-Status TieredSpillStore::Impl::get(SpillId id, void* dst) {
+// `done` null: the compute stream waits for the copies; else *done is
+// their fence and the caller orders the compute stream (get_async).
+Status TieredSpillStore::Impl::get(SpillId id, void* dst, std::shared_ptr<Fence>* done) {
   std::unique_lock lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) {
@@ -722,14 +725,19 @@ Status TieredSpillStore::Impl::get(SpillId id, void* dst) {
     lock.unlock();
     try {
       transfer_.to_device(dst, opt_.host_tier->data() + e.offset, e.bytes);
-      transfer_.compute_waits(transfer_.mark());
+      std::shared_ptr<Fence> f = transfer_.mark();
+      if (done) {
+        *done = std::move(f);
+      } else {
+        transfer_.compute_waits(f);
+      }
     } catch (const std::exception& ex) {
       st = from_exception("cannot copy tensor " + e.name + " to the device", ex);
     }
     lock.lock();
   } else {
     try {
-      st = get_file(lock, id, e, static_cast<char*>(dst));
+      st = get_file(lock, id, e, static_cast<char*>(dst), done);
     } catch (const std::exception& ex) {
       if (!lock.owns_lock()) lock.lock();
       st = from_exception("cannot bring tensor " + e.name + " back from spill file " + path_, ex);
@@ -740,7 +748,7 @@ Status TieredSpillStore::Impl::get(SpillId id, void* dst) {
 }
 
 Status TieredSpillStore::Impl::get_file(std::unique_lock<std::mutex>& lock, SpillId id, Entry& e,
-                                        char* dst) {
+                                        char* dst, std::shared_ptr<Fence>* done) {
   const size_t n = e.chunks.size();
   std::shared_ptr<Fence> last;
   for (size_t k = 0; k < n;) {
@@ -813,6 +821,10 @@ Status TieredSpillStore::Impl::get_file(std::unique_lock<std::mutex>& lock, Spil
     }
     last = std::move(f);
     ++k;
+  }
+  if (done) {
+    *done = std::move(last);
+    return Status::OK();
   }
   lock.unlock();
   try {
@@ -1007,7 +1019,16 @@ void TieredSpillStore::prefetch(SpillId id) {
 
 Status TieredSpillStore::get(SpillId id, void* dst) {
   try {
-    return impl_->get(id, dst);
+    return impl_->get(id, dst, nullptr);
+  } catch (const std::exception& ex) {
+    return from_exception("cannot bring spilled tensor " + std::to_string(id) + " back", ex);
+  }
+}
+
+Status TieredSpillStore::get_async(SpillId id, void* dst, std::shared_ptr<Fence>* done) {
+  try {
+    *done = nullptr;
+    return impl_->get(id, dst, done);
   } catch (const std::exception& ex) {
     return from_exception("cannot bring spilled tensor " + std::to_string(id) + " back", ex);
   }

@@ -53,6 +53,7 @@ class TieredSpillStore final : public SpillStore {
   Status wait_copied(SpillId id) override;
   void prefetch(SpillId id) override;
   Status get(SpillId id, void* dst) override;
+  Status get_async(SpillId id, void* dst, std::shared_ptr<Fence>* done) override;
   void erase(SpillId id) override;
   SpillStats stats() const override;
 

@@ -139,13 +139,19 @@ class CudaFence final : public Fence {
       : pool_(std::move(pool)), event_(event) {}
   ~CudaFence() override { pool_->give(event_); }
 
+  // The spill file's I/O threads wait on fences too: with the event's
+  // device current, so they never touch (and create a context on) device 0.
   bool done() override {
+    DeviceGuard guard(pool_->device());
     cudaError_t err = cudaEventQuery(event_);
     if (err == cudaSuccess) return true;
     if (err == cudaErrorNotReady) return false;
     throw CudaError(err, "cudaEventQuery(fence)", __FILE__, __LINE__);
   }
-  void wait() override { LEASEHOLD_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  void wait() override {
+    DeviceGuard guard(pool_->device());
+    LEASEHOLD_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
   cudaEvent_t event() const { return event_; }
 
  private:

@@ -200,6 +200,24 @@ TEST_F(LeaseAllocatorTest, TheReclaimerIsAskedBeforeAnAllocationFails) {
   alloc.deallocate(b, 0);
 }
 
+TEST_F(LeaseAllocatorTest, ATensorLargerThanTheBudgetFailsWithoutSpillingAnything) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 16ull << 20;
+  LeaseAllocator alloc(*session, o);
+  int asked = 0;
+  alloc.set_reclaimer([&](uint64_t) -> uint64_t { return ++asked, 1; });
+  try {
+    alloc.allocate(20ull << 20);
+    FAIL() << "a tensor larger than the budget was allocated";
+  } catch (const E::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("larger than the job's whole memory budget"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(asked, 0) << "nothing is spilled for a request that can never fit";
+  alloc.set_reclaimer({});
+}
+
 // Memory goes back to the coordinator only after the fence (on a GPU:
 // after every queued kernel finished), whether by empty_cache or by
 // destroying the allocator.
