@@ -94,8 +94,8 @@ class Bench {
     r.budget = budget;
     {
       E::AllocatorGuard guard(alloc);
+      std::unique_ptr<S::PinnedBuffer> host, staging;  // outlive the store in `manager`
       std::shared_ptr<S::SpillManager> manager;
-      std::unique_ptr<S::PinnedBuffer> host, staging;
       if (host_tier || file_tier) {
         S::TieredStoreOptions o;
         if (host_tier) {
