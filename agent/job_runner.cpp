@@ -113,7 +113,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
 
   // Saved tensors go through the spill manager for the whole run.
   std::optional<E::SavedTensorHooksGuard> spill_hooks;
-  if (options.spill) spill_hooks.emplace(options.spill);
+  if (options.spill) {
+    options.spill->keep_resident(model->parameters());
+    spill_hooks.emplace(options.spill);
+  }
   auto allocator = E::current_allocator(options.device);
   auto fill_memory = [&](JobProgress& p) {
     E::AllocatorStats a = allocator->stats();

@@ -73,6 +73,12 @@ SpillManager::~SpillManager() {
   store_.reset();
 }
 
+void SpillManager::keep_resident(const std::vector<E::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (t.defined() && t.impl()->storage) kept_.insert(t.impl()->storage.get());
+  }
+}
+
 size_t SpillManager::evicted_entries() const {
   size_t n = 0;
   for (const auto& [seq, e] : entries_) n += e.storage ? 0 : 1;
@@ -85,8 +91,10 @@ void SpillManager::fail(const Entry& e, const char* what, const Status& st) cons
 
 std::any SpillManager::pack(const E::Tensor& t) {
   const auto& storage = t.impl()->storage;
-  // Only the job's own memory counts against its budget and can be freed.
-  if (!storage || storage->allocator() != allocator_ || storage->bytes() < policy_.min_bytes) {
+  // Only the job's own memory counts against its budget and can be freed;
+  // parameters and optimiser state stay.
+  if (!storage || storage->allocator() != allocator_ || storage->bytes() < policy_.min_bytes ||
+      kept_.count(storage.get())) {
     return t;
   }
   uint64_t seq;
@@ -242,17 +250,19 @@ void SpillManager::ensure_resident(uint64_t seq, Entry& e) {
 }
 
 void SpillManager::prefetch_before(uint64_t seq) {
-  // Backward needs the entries saved before this one next, newest first.
-  // Of those not on the device, the nearest `lookahead` come back to it (if
+  // Backward needs the entries saved before this one next, newest first:
+  // the nearest `lookahead` come back to the device if they are off it (and
   // the memory is free without spilling anything), the `file_lookahead`
-  // after them from the file into host memory.
+  // after them from the file into host memory. Looking further ahead on
+  // the device measured worse: tensors brought back early take the room of
+  // others, which then go out and come back once more.
   int position = 0;
   bool device_room = true;
   for (auto it = std::make_reverse_iterator(entries_.find(seq));
        it != entries_.rend() && position < policy_.lookahead + policy_.file_lookahead; ++it) {
     auto& [s, e] = *it;
-    if (e.state != State::Evicted && e.state != State::Restoring) continue;
     ++position;
+    if (e.state != State::Evicted) continue;
     if (e.state == State::Restoring) continue;
     if (position <= policy_.lookahead && device_room) {
       if (auto storage = E::Storage::if_free(e.bytes, allocator_)) {

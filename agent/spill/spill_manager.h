@@ -37,6 +37,8 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "agent/engine/autograd.h"
 #include "agent/spill/spill_store.h"
@@ -73,6 +75,11 @@ class SpillManager final : public engine::SavedTensorHooks,
                                               std::shared_ptr<engine::Allocator> allocator,
                                               SpillPolicy policy = {});
   ~SpillManager() override;
+
+  // Tensors whose memory never spills, however often they are saved (the
+  // parameters and the optimiser's state: they are needed every step).
+  // Their storages must outlive the manager's use of them (the job).
+  void keep_resident(const std::vector<engine::Tensor>& tensors);
 
   std::any pack(const engine::Tensor& t) override;
   engine::Tensor unpack(const std::any& packed) override;
@@ -128,6 +135,7 @@ class SpillManager final : public engine::SavedTensorHooks,
   SpillPolicy policy_;
   std::map<uint64_t, Entry> entries_;  // by save order, oldest first
   std::unordered_map<const engine::Storage*, uint64_t> resident_;  // storage → entry
+  std::unordered_set<const engine::Storage*> kept_;                 // never spilled
   uint64_t next_seq_ = 1;
   bool pressured_ = false;   // the budget has been hit at least once
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter

@@ -117,7 +117,10 @@ class Bench {
       E::data::BatchIterator batches(train_, job_.batch_size(), true, job_.seed());
       batches.start_epoch(0);
       std::optional<E::SavedTensorHooksGuard> hooks;
-      if (manager) hooks.emplace(manager);
+      if (manager) {
+        manager->keep_resident(model->parameters());
+        hooks.emplace(manager);
+      }
       E::Tensor x, y;
       S::SpillStats before;
       auto start = Clock::now();

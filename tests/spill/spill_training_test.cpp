@@ -119,7 +119,10 @@ class SpillTraining : public ::testing::Test {
       E::Tensor y = E::from_vector<int64_t>(labels, {32}, device);
       {
         std::optional<E::SavedTensorHooksGuard> hooks;
-        if (manager) hooks.emplace(manager);
+        if (manager) {
+          manager->keep_resident(net->parameters());
+          hooks.emplace(manager);
+        }
         for (int i = 0; i < steps; ++i) {
           opt.zero_grad();
           E::cross_entropy((*net)(x), y).backward();
