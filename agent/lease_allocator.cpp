@@ -131,14 +131,12 @@ void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why) 
     uint64_t room = budget ? budget - std::min(budget, leased_) : usual;
     return std::min(usual, align_down(room, alignment));
   };
-  // Releasing waits for the device (the fence), so only when it makes room.
+  // Releasing waits for the device (the fence), but whole free segments
+  // given back and leased again at the size needed undo fragmentation: on
+  // the spill benchmark at a quarter of the peak, releasing only when that
+  // alone made room moved 1.6 times the bytes and stepped 15% slower.
   if (refused || allowed() < need) {
-    uint64_t free_segments = 0;
-    for (const auto& seg : segments_) {
-      if (seg.blocks.used_block_count() == 0) free_segments += seg.lease.size();
-    }
-    if (free_segments == 0 || (!refused && allowed() + free_segments < need)) return nullptr;
-    release_free_segments();
+    if (release_free_segments() == 0) return nullptr;
   }
   if (allowed() < need) return nullptr;
   Segment* seg = lease_segment(allowed(), small, why);

@@ -72,9 +72,10 @@ struct Conv2dBackward final : Node {
     Tensor gx, gw;
     detail::dispatch_floating(X.dtype(), "conv2d backward", [&](auto tag) {
       using T = decltype(tag);
-      // A chunk's column buffer and its per-image weight gradients.
+      // Chunks as in forward (the same GEMM shapes); the per-image weight
+      // gradients of a chunk take O·CKK per image beside its columns.
       const int64_t image = geo.c * geo.h * geo.w,
-                    nb = images_per_chunk((CKK * L + O * CKK) * sizeof(T), geo.n);
+                    nb = images_per_chunk(CKK * L * sizeof(T), geo.n);
       if (next[1].fn) {
         // dW = sum_n g[n] [O, L] · col[n]ᵀ [L, CKK], a chunk of images at a time.
         Tensor col = empty({nb, CKK, L}, X.options());
