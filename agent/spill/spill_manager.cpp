@@ -123,7 +123,7 @@ E::Tensor SpillManager::unpack(const std::any& packed) {
   Entry& e = entries_.at(seq);
   ensure_resident(seq, e);
   E::Tensor t = handle->view(e.storage);
-  prefetch_before(seq);
+  prefetch_before(seq, e.bytes);
   return t;
 }
 
@@ -249,13 +249,12 @@ void SpillManager::ensure_resident(uint64_t seq, Entry& e) {
   counters_.restored_bytes += e.bytes;
 }
 
-void SpillManager::prefetch_before(uint64_t seq) {
+void SpillManager::prefetch_before(uint64_t seq, uint64_t in_use_bytes) {
   // Backward needs the entries saved before this one next, newest first:
   // the nearest `lookahead` come back to the device if they are off it (and
-  // the memory is free without spilling anything), the `file_lookahead`
-  // after them from the file into host memory. Looking further ahead on
-  // the device measured worse: tensors brought back early take the room of
-  // others, which then go out and come back once more.
+  // the memory is free without spilling anything, with the headroom of the
+  // policy left), the `file_lookahead` after them from the file into host
+  // memory.
   int position = 0;
   bool device_room = true;
   for (auto it = std::make_reverse_iterator(entries_.find(seq));
@@ -263,9 +262,12 @@ void SpillManager::prefetch_before(uint64_t seq) {
     auto& [s, e] = *it;
     ++position;
     if (e.state != State::Evicted) continue;
-    if (e.state == State::Restoring) continue;
     if (position <= policy_.lookahead && device_room) {
-      if (auto storage = E::Storage::if_free(e.bytes, allocator_)) {
+      uint64_t budget = allocator_->budget();
+      uint64_t headroom = static_cast<uint64_t>(policy_.prefetch_headroom * in_use_bytes);
+      if (budget && allocator_->stats().in_use_bytes + e.bytes + headroom > budget) {
+        device_room = false;
+      } else if (auto storage = E::Storage::if_free(e.bytes, allocator_)) {
         std::shared_ptr<Fence> done;
         if (Status st = store_->get_async(s, storage->data(), &done); !st.ok()) {
           settle_copies();

@@ -19,8 +19,9 @@
 // - unpack() brings an evicted tensor back (from the host tier or the
 //   file), and prefetches: the next `lookahead` evicted entries in backward
 //   order are copied back into device memory if it is free without
-//   spilling, and the `file_lookahead` after them are read from the file
-//   into host memory.
+//   spilling and leaves `prefetch_headroom` for the gradients to come, and
+//   the `file_lookahead` after them are read from the file into host
+//   memory.
 // - shrink(bytes) frees memory on request (the occupancy policy's Shrink).
 //
 // A store error (full disk, I/O error, checksum mismatch) is thrown as
@@ -54,6 +55,13 @@ class SpillError : public std::runtime_error {
 struct SpillPolicy {
   uint64_t min_bytes = 256 << 10;  // smaller saved tensors always stay
   int lookahead = 2;               // evicted entries restored ahead in backward
+  // Restore ahead only while the budget keeps this many times the bytes of
+  // the tensor being used free beside it (its gradients come next): a
+  // restore that takes that room makes another tensor go out and come back.
+  // Measured on the spill benchmark at a quarter of the peak (H100): no
+  // headroom moved 7.2 GB a step at 440 ms, 1× 4.6 GB at 367 ms, 2× 3.1 GB
+  // at 367 ms (fewer bytes matter most for the spill file).
+  double prefetch_headroom = 2.0;
   int file_lookahead = 4;          // further entries read from the file ahead
   double offload_mark = 0.8;       // copy ahead above this fraction of the budget
 };
@@ -121,7 +129,8 @@ class SpillManager final : public engine::SavedTensorHooks,
   void start_copy(uint64_t seq, Entry& e);
   void evict(Entry& e);
   void ensure_resident(uint64_t seq, Entry& e);
-  void prefetch_before(uint64_t seq);
+  // `in_use_bytes`: the size of the tensor backward uses now.
+  void prefetch_before(uint64_t seq, uint64_t in_use_bytes);
   void offload_ahead();
   void drop_handle(uint64_t seq) noexcept;
   // Waits for every copy started so far (before freeing memory a failed

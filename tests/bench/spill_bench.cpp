@@ -77,9 +77,9 @@ double median(std::vector<double> v) {
 class Bench {
  public:
   Bench(lh::AgentSession& session, const lh::proto::JobSpec& job, E::Device device, int steps,
-        int warmup, std::string spill_dir)
+        int warmup, std::string spill_dir, S::SpillPolicy policy)
       : session_(session), job_(job), device_(device), steps_(steps), warmup_(warmup),
-        dir_(std::move(spill_dir)), transfer_(S::make_transfer(device)) {
+        dir_(std::move(spill_dir)), policy_(policy), transfer_(S::make_transfer(device)) {
     lh::DatasetFiles f = lh::dataset_files(job);
     E::AllocatorGuard host(E::cpu_allocator());
     int64_t limit = static_cast<int64_t>(job.batch_size()) * (steps + warmup);
@@ -109,7 +109,7 @@ class Bench {
           o.tag = "bench";
         }
         manager = S::SpillManager::create(std::make_unique<S::TieredSpillStore>(*transfer_, o),
-                                          transfer_, alloc);
+                                          transfer_, alloc, policy_);
       }
       E::manual_seed(job_.seed());
       auto model = lh::build_model(*job_.model(), {E::DType::Float32, device_});
@@ -167,6 +167,7 @@ class Bench {
   E::Device device_;
   int steps_, warmup_;
   std::string dir_;
+  S::SpillPolicy policy_;
   std::shared_ptr<S::Transfer> transfer_;
   E::data::Dataset train_;
 };
@@ -222,6 +223,8 @@ int main(int argc, char** argv) {
               spill_dir = std::filesystem::temp_directory_path().string(), backend = "auto",
               pool_size = "24GiB";
   int steps = 8, warmup = 2;
+  S::SpillPolicy policy;
+  std::string tiers = "host,file";
   app.add_option("--job", job_file, "job file whose model, data and batch size are used")
       ->capture_default_str();
   app.add_option("--steps", steps, "timed steps per configuration")->capture_default_str();
@@ -230,6 +233,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--spill-dir", spill_dir, "directory of the spill file")->capture_default_str();
   app.add_option("--backend", backend, "auto|host|cuda")->capture_default_str();
+  app.add_option("--tiers", tiers, "host, file or both")->capture_default_str();
+  app.add_option("--lookahead", policy.lookahead, "spill policy: entries restored ahead")
+      ->capture_default_str();
+  app.add_option("--headroom", policy.prefetch_headroom, "spill policy: prefetch headroom")
+      ->capture_default_str();
   app.add_option("--pool-size", pool_size, "coordinator pool size")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   lh::init_logging("warn", "bench");
@@ -251,7 +259,7 @@ int main(int argc, char** argv) {
     E::Device device = session.pool().backend == lh::Backend::Cuda
                            ? E::Device::cuda(session.pool().device)
                            : E::Device::cpu();
-    Bench bench(session, job, device, steps, warmup, spill_dir);
+    Bench bench(session, job, device, steps, warmup, spill_dir, policy);
 
     nlohmann::json out;
     out["job"] = job_file;
@@ -259,6 +267,8 @@ int main(int argc, char** argv) {
     out["batch_size"] = job.batch_size();
     out["steps"] = steps;
     out["spill_dir"] = spill_dir;
+    out["lookahead"] = policy.lookahead;
+    out["prefetch_headroom"] = policy.prefetch_headroom;
     out["pinned_copy"] = pinned_bandwidth(device);
 
     Run base = bench.run(0, false, false, 0);
@@ -273,6 +283,7 @@ int main(int argc, char** argv) {
       uint64_t budget = lh::align_up(static_cast<uint64_t>(base.peak_leased * fraction), 2ull << 20);
       for (int tier = 0; tier < 2; ++tier) {
         bool host = tier == 0;
+        if (tiers.find(host ? "host" : "file") == std::string::npos) continue;
         Run r = bench.run(budget, host, !host, host ? base.peak_leased : 0);
         double ms = median(r.step_ms);
         double moved = double(r.stats.bytes_out + r.stats.bytes_in) / steps;
