@@ -6,6 +6,7 @@ namespace leasehold::spill {
 
 void FaultInjectingSpillStore::clear_faults() {
   fail_put_at_ = 0;
+  fail_puts_from_ = 0;
   fail_gets_.clear();
   corrupt_gets_.clear();
 }
@@ -17,7 +18,8 @@ std::string FaultInjectingSpillStore::name_of(SpillId id) const {
 
 Status FaultInjectingSpillStore::put(SpillId id, const void* src, size_t bytes,
                                      const std::string& name) {
-  if (++puts_ == fail_put_at_) {
+  ++puts_;
+  if (puts_ == fail_put_at_ || (fail_puts_from_ && puts_ >= fail_puts_from_)) {
     return Status::io_error(
         "no room to spill tensor " + name + " (" + std::to_string(bytes) + " bytes) (injected)",
         ENOSPC);

@@ -17,10 +17,14 @@ class FaultInjectingSpillStore final : public SpillStore {
  public:
   // `inner` must outlive this store.
   explicit FaultInjectingSpillStore(SpillStore& inner) : inner_(inner) {}
+  FaultInjectingSpillStore(const FaultInjectingSpillStore&) = delete;
+  FaultInjectingSpillStore& operator=(const FaultInjectingSpillStore&) = delete;
 
   // The k-th put (1-based, counting every put since construction) fails
   // with ENOSPC and stores nothing. 0: no failing put.
   void fail_put_at(uint64_t k) { fail_put_at_ = k; }
+  // Every put from the k-th on fails with ENOSPC (a disk that stays full).
+  void fail_puts_from(uint64_t k) { fail_puts_from_ = k; }
   // Every get of `id` fails with EIO, until clear_faults().
   void fail_get_of(SpillId id) { fail_gets_.insert(id); }
   // Every get of `id` reports a checksum mismatch naming the tensor, until
@@ -45,6 +49,7 @@ class FaultInjectingSpillStore final : public SpillStore {
 
   SpillStore& inner_;
   uint64_t fail_put_at_ = 0;
+  uint64_t fail_puts_from_ = 0;
   std::unordered_set<SpillId> fail_gets_;
   std::unordered_set<SpillId> corrupt_gets_;
   std::unordered_map<SpillId, std::string> names_;  // of the tensors stored, for messages

@@ -63,7 +63,10 @@ struct SpillPolicy {
   // at 367 ms (fewer bytes matter most for the spill file).
   double prefetch_headroom = 2.0;
   int file_lookahead = 4;          // further entries read from the file ahead
-  double offload_mark = 0.8;       // copy ahead above this fraction of the budget
+  // Once the budget has been hit, copy ahead above this fraction of it.
+  // Measured at a quarter of the peak (H100): 0.8 stepped in 367 ms, 0.6 in
+  // 346 ms (copies out finish before a reclaim waits for them), 0.5 in 344.
+  double offload_mark = 0.6;
 };
 
 struct SpillCounters {

@@ -238,6 +238,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--headroom", policy.prefetch_headroom, "spill policy: prefetch headroom")
       ->capture_default_str();
+  app.add_option("--offload-mark", policy.offload_mark,
+                 "spill policy: copy ahead above this fraction of the budget")
+      ->capture_default_str();
   app.add_option("--pool-size", pool_size, "coordinator pool size")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   lh::init_logging("warn", "bench");
@@ -269,6 +272,7 @@ int main(int argc, char** argv) {
     out["spill_dir"] = spill_dir;
     out["lookahead"] = policy.lookahead;
     out["prefetch_headroom"] = policy.prefetch_headroom;
+    out["offload_mark"] = policy.offload_mark;
     out["pinned_copy"] = pinned_bandwidth(device);
 
     Run base = bench.run(0, false, false, 0);

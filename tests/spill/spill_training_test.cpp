@@ -256,10 +256,23 @@ class FailingStore : public SpillTraining {
   std::unique_ptr<S::MemorySpillStore> inner_;
 };
 
-TEST_F(FailingStore, NoSpaceAtTheThirdPutFailsTheRun) {
+TEST_F(FailingStore, NoSpaceFromTheThirdPutOnFailsTheRun) {
   auto store = std::make_unique<S::FaultInjectingSpillStore>(*inner());
-  store->fail_put_at(3);
+  store->fail_puts_from(3);
   expect_failure(std::move(store), "No space left on device");
+}
+
+// A copy made ahead of need that finds no room is only skipped: one full
+// moment of the disk fails nothing when later puts find room again.
+TEST_F(FailingStore, OneFailedPutAheadOfNeedIsSkipped) {
+  uint64_t budget = tight_budget();
+  S::FaultInjectingSpillStore faults(*inner());
+  faults.fail_put_at(3);  // with the default policy, a copy ahead
+  // The run owns a plain forwarder, so `faults` outlives it.
+  Outcome o = train(budget, std::make_unique<S::FaultInjectingSpillStore>(
+                                static_cast<S::SpillStore&>(faults)));
+  EXPECT_GT(faults.puts(), 3u);
+  expect_same_as_unconstrained(o, budget);
 }
 
 TEST_F(FailingStore, ReadErrorFailsTheRun) {
