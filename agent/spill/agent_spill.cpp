@@ -16,6 +16,11 @@ std::string default_spill_dir() { return default_state_dir() + "/spill"; }
 
 AgentSpill::AgentSpill(SpillConfig config, engine::Device device)
     : config_(std::move(config)), transfer_(make_transfer(device)) {
+  if (config_.staging_bytes && config_.staging_bytes < (2u << 20)) {
+    throw std::runtime_error("spill staging of " + format_bytes(config_.staging_bytes) +
+                             " is too small: 0 (no spill file) or at least 2 MiB (two 1 MiB "
+                             "chunks)");
+  }
   bool chosen = !config_.directory.empty();
   if (!chosen) config_.directory = default_spill_dir();
   std::error_code ec;
