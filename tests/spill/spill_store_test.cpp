@@ -121,9 +121,10 @@ class GatedTransfer final : public Transfer {
   void to_host(void* host, const void* src, size_t n) override { std::memcpy(host, src, n); }
   void to_device(void* dst, const void* host, size_t n) override { std::memcpy(dst, host, n); }
   std::shared_ptr<Fence> mark() override { return std::make_shared<GatedFence>(gate); }
-  void compute_waits(const std::shared_ptr<Fence>&) override {}
+  void compute_waits(const std::shared_ptr<Fence>&) override { ++compute_waits_calls; }
   double busy_seconds() override { return 0; }
   Gate gate;
+  int compute_waits_calls = 0;
 };
 
 // A transfer whose device faults: every fence throws, as a CUDA fence does
@@ -335,6 +336,30 @@ TEST_F(SpillTest, TensorThatDoesNotFitTheHostTierGoesToTheFile) {
   ASSERT_TRUE(store.put(4, d.data(), d.size(), "d").ok());
   EXPECT_EQ(store.stats().host_bytes, d.size());
   expect_round_trip(store, 4, d);
+}
+
+// get_async leaves the ordering to its caller (the manager's prefetch): it
+// hands back the fence of its copies instead of making compute wait.
+TEST_F(SpillTest, GetAsyncHandsBackTheFenceOfItsCopies) {
+  GatedTransfer gated;
+  host_ = PinnedBuffer(1 << 20, Device::cpu());
+  TieredStoreOptions o;
+  o.host_tier = &host_;
+  TieredSpillStore store(gated, o);
+  auto a = random_bytes(5000, 11);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+  std::vector<char> back(a.size());
+  std::shared_ptr<Fence> done;
+  ASSERT_TRUE(store.get_async(1, back.data(), &done).ok());
+  ASSERT_NE(done, nullptr);
+  EXPECT_FALSE(done->done()) << "the fence is the copy's, not one already passed";
+  EXPECT_EQ(gated.compute_waits_calls, 0);
+  gated.gate.open();
+  EXPECT_TRUE(done->done());
+  EXPECT_EQ(back, a);
+  // get() orders the compute stream itself.
+  ASSERT_TRUE(store.get(1, back.data()).ok());
+  EXPECT_EQ(gated.compute_waits_calls, 1);
 }
 
 TEST_F(SpillTest, EmptyTensorsDuplicateAndUnknownIds) {
