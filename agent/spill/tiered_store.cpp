@@ -151,6 +151,9 @@ class TieredSpillStore::Impl {
     std::string name;
   };
 
+  // A task for chunk `k` of `e` in slot `s`; the caller adds what differs.
+  static Task task_for(bool write, SpillId id, const Entry& e, size_t k, int s);
+  void enqueue_locked(Entry& e, Task t);  // REQUIRES: mu_ held
   char* slot_data(int s) const { return opt_.staging->data() + static_cast<size_t>(s) * chunk_; }
   std::string chunk_where(const Task& t) const {
     return "chunk " + std::to_string(t.chunk) + " of tensor " + t.name + " (offset " +
@@ -491,19 +494,10 @@ Status TieredSpillStore::Impl::put_file(std::unique_lock<std::mutex>& lock, Spil
       break;
     }
     c.d2h = fence;
-    Task t;
-    t.write = true;
-    t.id = id;
-    t.chunk = k;
-    t.slot = s;
-    t.offset = c.offset;
+    Task t = task_for(/*write=*/true, id, e, k, s);
     t.len = len;
     t.fence = std::move(fence);
-    t.name = name;
-    tasks_.push_back(std::move(t));
-    ++e.io_pending;
-    ++io_pending_;
-    work_ready_.notify_one();
+    enqueue_locked(e, std::move(t));
   }
   if (!st.ok()) {
     drop_locked(lock, id);
@@ -602,15 +596,25 @@ void TieredSpillStore::Impl::issue_read_locked(SpillId id, Entry& e, size_t k, i
   slot.last_use = ++use_clock_;
   if (prefetched) ++prefetch_slots_;
   c.slot = s;
+  Task t = task_for(/*write=*/false, id, e, k, s);
+  t.hash = c.hash;
+  enqueue_locked(e, std::move(t));
+}
+
+TieredSpillStore::Impl::Task TieredSpillStore::Impl::task_for(bool write, SpillId id,
+                                                              const Entry& e, size_t k, int s) {
   Task t;
-  t.write = false;
+  t.write = write;
   t.id = id;
   t.chunk = k;
   t.slot = s;
-  t.offset = c.offset;
-  t.len = c.len;
-  t.hash = c.hash;
+  t.offset = e.chunks[k].offset;
+  t.len = e.chunks[k].len;
   t.name = e.name;
+  return t;
+}
+
+void TieredSpillStore::Impl::enqueue_locked(Entry& e, Task t) {
   tasks_.push_back(std::move(t));
   ++e.io_pending;
   ++io_pending_;
