@@ -17,16 +17,7 @@ bundle=$(cd "${1:?usage: run-gpu-checks.sh BUNDLE_DIR}" && pwd)
 out=${OUT:-$PWD/gpu-logs}
 mkdir -p "$out"
 bin=$bundle/bin
-failed=0
-step() {  # step NAME COMMAND...: runs, logs, records pass/fail
-  local name=$1; shift
-  local t0; t0=$(date +%s%N)
-  "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  printf '%-28s rc=%d  %d ms\n' "$name" "$rc" $(( ($(date +%s%N) - t0) / 1000000 )) | tee -a "$out/summary.txt"
-  [ $rc -eq 0 ] || failed=1
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran' "$out/$name.log" | tail -4
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 
 nvidia-smi -L | tee "$out/summary.txt"
 step unit_tests "$bin/unit_tests"
@@ -75,7 +66,4 @@ if [ "$bench" = all ]; then
   step bench_torch python3 "$here/../bench/torch_mlp_step.py"
 fi
 cp "$out/bench_cuda.log" "$out/bench_cuda.json" 2>/dev/null
-echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$out/summary.txt"
-# One file with every log, for transports that limit the number of files.
-for f in "$out"/*.log; do echo "===== $(basename "$f")"; cat "$f"; done > "$out/all-logs.txt"
-exit $failed
+finish

@@ -13,16 +13,7 @@ spill_dir=${2:-/var/tmp/leasehold-spill-bench}
 out=${OUT:-$PWD/gpu-logs}
 mkdir -p "$out" "$spill_dir"
 bin=$bundle/bin
-failed=0
-step() {  # step NAME COMMAND...: runs, logs, records pass/fail
-  local name=$1; shift
-  local t0; t0=$(date +%s%N)
-  "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  printf '%-28s rc=%d  %d ms\n' "$name" "$rc" $(( ($(date +%s%N) - t0) / 1000000 )) | tee -a "$out/summary.txt"
-  [ $rc -eq 0 ] || failed=1
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests? ran' "$out/$name.log" | tail -4
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 
 nvidia-smi -L | tee "$out/summary.txt"
 df -hT "$spill_dir" | tee -a "$out/summary.txt"
@@ -59,6 +50,4 @@ if [ "${LEASEHOLD_BENCH:-all}" != none ]; then
     --spill-dir "$spill_dir" --pool-size 24GiB
   grep -E '^\{"budget|^unconstrained' "$out/bench_spill.log" | tee -a "$out/summary.txt"
 fi
-echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$out/summary.txt"
-for f in "$out"/*.log; do echo "===== $(basename "$f")"; cat "$f"; done > "$out/all-logs.txt"
-exit $failed
+finish
