@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--spill-dir", spill.directory,
                  "directory of spill files (default: STATE_DIR/spill, STATE_DIR as the "
                  "coordinator finds it)");
+  app.add_option("--spill-io-threads", spill.io_threads,
+                 "threads reading and writing the spill file (requests in flight)")
+      ->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--spill-file-limit", spill_file_limit,
                  "most bytes one job's spill file may hold (0: until the disk is full)")
       ->capture_default_str();
