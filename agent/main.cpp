@@ -88,10 +88,7 @@ int main(int argc, char** argv) {
     spill.host_bytes = leasehold::parse_bytes(spill_host);
     spill.staging_bytes = leasehold::parse_bytes(spill_staging);
     spill.file_limit = leasehold::parse_bytes(spill_file_limit);
-    if (spill.staging_bytes && spill.staging_bytes < (2u << 20)) {
-      throw std::invalid_argument("--spill-staging-bytes must be 0 (no spill file) or at least "
-                                  "2MiB (two 1 MiB chunks)");
-    }
+    spill.validate();  // before registering: a bad setting never costs a session
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leasehold-agent: %s\n", e.what());
     return 2;

@@ -14,13 +14,18 @@ namespace leasehold::spill {
 
 std::string default_spill_dir() { return default_state_dir() + "/spill"; }
 
+void SpillConfig::validate() const {
+  if (staging_bytes && staging_bytes < (2u << 20)) {
+    throw std::invalid_argument("spill staging of " + format_bytes(staging_bytes) +
+                                " is too small: 0 (no spill file) or at least 2 MiB (two 1 MiB "
+                                "chunks)");
+  }
+  if (io_threads < 1) throw std::invalid_argument("spill I/O threads must be at least 1");
+}
+
 AgentSpill::AgentSpill(SpillConfig config, engine::Device device)
     : config_(std::move(config)), transfer_(make_transfer(device)) {
-  if (config_.staging_bytes && config_.staging_bytes < (2u << 20)) {
-    throw std::runtime_error("spill staging of " + format_bytes(config_.staging_bytes) +
-                             " is too small: 0 (no spill file) or at least 2 MiB (two 1 MiB "
-                             "chunks)");
-  }
+  config_.validate();
   bool chosen = !config_.directory.empty();
   if (!chosen) config_.directory = default_spill_dir();
   std::error_code ec;

@@ -24,6 +24,8 @@ struct SpillConfig {
   std::string directory;                 // empty: default_spill_dir()
   uint64_t file_limit = 0;               // most bytes one spill file may hold (0: the disk)
   int io_threads = 4;
+  // Throws std::invalid_argument naming the setting that cannot work.
+  void validate() const;
 };
 
 // STATE_DIR/spill, with STATE_DIR as default_state_dir() finds it.
