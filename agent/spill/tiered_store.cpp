@@ -1,6 +1,7 @@
 #include "agent/spill/tiered_store.h"
 
-#include <fcntl.h>
+#include "agent/spill/spill_file.h"
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -10,18 +11,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <string_view>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "shared/pool_allocator.h"
-#include "shared/process.h"
 #include "shared/units.h"
 
 // Header-only use of xxHash: no runtime library to ship or find.
@@ -31,9 +28,7 @@
 namespace leasehold::spill {
 namespace {
 
-constexpr uint64_t kPage = 4096;                 // O_DIRECT alignment of offsets, sizes, buffers
-constexpr uint64_t kGrowStep = 256ull << 20;     // fallocate ahead by this much at least
-constexpr uint64_t kUnlimitedFile = 1ull << 50;  // the extent pool when file_limit is 0
+constexpr uint64_t kPage = SpillFile::kPage;
 
 using Clock = std::chrono::steady_clock;
 
@@ -42,46 +37,6 @@ std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 Status from_exception(const std::string& context, const std::exception& e) {
   // A device fault (CudaError) or an allocation failure: no errno of its own.
   return Status::io_error(context + ": " + e.what(), EIO);
-}
-
-// pwrite/pread of exactly `n` bytes, resuming after short transfers and
-// signals. Returns 0 or the errno; -1 from read_exact means end of file.
-int write_exact(int fd, const char* p, size_t n, uint64_t offset) {
-  while (n > 0) {
-    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return EIO;  // no progress and no error: do not spin
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-  return 0;
-}
-
-int read_exact(int fd, char* p, size_t n, uint64_t offset) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (r == 0) return -1;
-    p += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
-  return 0;
-}
-
-int fallocate_retrying(int fd, uint64_t offset, uint64_t length) {
-  int rc;
-  do {
-    rc = ::fallocate(fd, 0, static_cast<off_t>(offset), static_cast<off_t>(length));
-  } while (rc != 0 && errno == EINTR);
-  return rc == 0 ? 0 : errno;
 }
 
 }  // namespace
@@ -168,7 +123,6 @@ class TieredSpillStore::Impl {
                   std::shared_ptr<Fence>* done);
   Status no_room(const std::string& name, size_t bytes, const std::string& why) const;
   Status open_file_locked();
-  Status grow_file_locked(uint64_t end);
 
   // A slot that is free now, or -1. REQUIRES: mu_ held.
   int take_free_slot_locked();
@@ -213,10 +167,8 @@ class TieredSpillStore::Impl {
   int io_pending_ = 0;
   Status sticky_;  // the first failed write: later puts fail with it
 
-  int fd_ = -1;
-  std::string path_;
-  std::optional<PoolAllocator> extents_;
-  uint64_t file_size_ = 0;
+  std::unique_ptr<SpillFile> file_;  // created at the first file-tier put
+  std::string path_;                 // file_'s, for messages
 
   SpillStats stats_;  // all but the busy times
 
@@ -248,9 +200,6 @@ TieredSpillStore::Impl::Impl(Transfer& transfer, TieredStoreOptions options)
                                  " holds fewer than 2 chunks of " + bytes_text(chunk_));
   } else if (opt_.io_threads < 1) {
     file_tier_problem_ = Status::invalid_argument("spill store needs at least one I/O thread");
-  } else if (opt_.file_limit != 0 && opt_.file_limit < kPage) {
-    file_tier_problem_ = Status::invalid_argument(
-        "spill file limit of " + bytes_text(opt_.file_limit) + " is smaller than one 4 KiB extent");
   } else {
     nslots_ = static_cast<int>(opt_.staging->size() / chunk_);
     max_prefetch_slots_ = std::max(1, nslots_ / 2);
@@ -275,12 +224,7 @@ TieredSpillStore::Impl::~Impl() {
       spdlog::error("spill store: waiting for copies in flight: {}", ex.what());
     }
   }
-  if (fd_ >= 0) {
-    if (::close(fd_) != 0) spdlog::error("cannot close spill file {}: {}", path_, strerror(errno));
-    if (::unlink(path_.c_str()) != 0) {
-      spdlog::error("cannot remove spill file {}: {}", path_, strerror(errno));
-    }
-  }
+  file_.reset();  // closes and removes the file
 }
 
 Status TieredSpillStore::Impl::no_room(const std::string& name, size_t bytes,
@@ -354,73 +298,20 @@ Status TieredSpillStore::Impl::put_host(std::unique_lock<std::mutex>& lock, Spil
 }
 
 Status TieredSpillStore::Impl::open_file_locked() {
-  if (fd_ >= 0) return Status::OK();
-  std::string path =
-      opt_.directory + "/spill-" + std::to_string(::getpid()) + "-" + opt_.tag + ".bin";
-  int flags = O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC;
-  int fd;
-  do {
-    fd = ::open(path.c_str(), flags | (opt_.direct_io ? O_DIRECT : 0), 0600);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0 && errno == EINVAL && opt_.direct_io) {
-    // The file system refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE
-    // ones). Linux checks that after creating the file, and O_EXCL had ruled
-    // out an older file of that name, so the one there now is ours.
-    ::unlink(path.c_str());
-    do {
-      fd = ::open(path.c_str(), flags, 0600);
-    } while (fd < 0 && errno == EINTR);
-    if (fd >= 0) {
-      static std::once_flag warned;
-      std::call_once(warned, [&] {
-        spdlog::warn(
-            "the file system of {} refuses O_DIRECT: spilled tensors go through the "
-            "page cache there",
-            opt_.directory);
-      });
-    }
-  }
-  if (fd < 0) return Status::io_error("cannot create spill file " + path, errno);
+  if (file_) return Status::OK();
+  std::unique_ptr<SpillFile> file;
+  Status st = SpillFile::create(opt_.directory, opt_.tag, opt_.direct_io, opt_.file_limit, &file);
+  if (!st.ok()) return st;
   try {
     start_threads_locked();
   } catch (const std::exception& ex) {
-    ::close(fd);
-    ::unlink(path.c_str());
-    // The threads that did start are stopping: no file tier from now on.
+    // The threads that did start are stopping: no file tier from now on
+    // (`file` is removed on return).
     file_tier_problem_ = from_exception("cannot start the spill store's I/O threads", ex);
     return file_tier_problem_;
   }
-  fd_ = fd;
-  path_ = std::move(path);
-  extents_.emplace(opt_.file_limit ? opt_.file_limit : kUnlimitedFile, kPage);
-  return Status::OK();
-}
-
-Status TieredSpillStore::Impl::grow_file_locked(uint64_t end) {
-  if (end <= file_size_) return Status::OK();
-  uint64_t target = std::max(file_size_ + kGrowStep, end);
-  if (opt_.file_limit) target = std::min<uint64_t>(target, opt_.file_limit);
-  int err = fallocate_retrying(fd_, file_size_, target - file_size_);
-  if (err == ENOSPC && target > end) {
-    // The disk cannot take the step ahead but may still take what is needed.
-    target = end;
-    err = fallocate_retrying(fd_, file_size_, target - file_size_);
-  }
-  if (err == EOPNOTSUPP) {
-    // No fallocate on this file system: extend the size and let writes
-    // allocate (a full disk then shows up as a failed write).
-    static std::once_flag warned;
-    std::call_once(warned, [&] {
-      spdlog::warn("the file system of {} cannot preallocate spill files", opt_.directory);
-    });
-    err = ::ftruncate(fd_, static_cast<off_t>(target)) == 0 ? 0 : errno;
-  }
-  if (err != 0) {
-    return Status::io_error("cannot grow spill file " + path_ + " from " + bytes_text(file_size_) +
-                                " to " + bytes_text(target),
-                            err);
-  }
-  file_size_ = target;
+  path_ = file->path();
+  file_ = std::move(file);
   return Status::OK();
 }
 
@@ -428,17 +319,12 @@ Status TieredSpillStore::Impl::put_file(std::unique_lock<std::mutex>& lock, Spil
                                         const char* src, size_t bytes, const std::string& name) {
   Status st = open_file_locked();
   if (!st.ok()) return st;
-  auto ext = extents_->allocate(bytes, PoolAllocator::End::Low);
-  if (!ext) {
-    std::string why =
-        "spill file " + path_ + " has " + format_bytes(extents_->used_bytes()) + " in use";
-    why += opt_.file_limit ? " of its limit of " + format_bytes(opt_.file_limit)
-                           : std::string(" (no room left in its address space)");
-    return no_room(name, bytes, why);
-  }
-  st = grow_file_locked(ext->offset + ext->size);
+  std::optional<uint64_t> placed = file_->place(bytes);
+  if (!placed) return no_room(name, bytes, file_->fullness());
+  const uint64_t offset = *placed;
+  st = file_->grow_to(offset + align_up(bytes, kPage));
   if (!st.ok()) {
-    extents_->free(ext->offset);
+    file_->free(offset);
     return st;
   }
 
@@ -446,11 +332,11 @@ Status TieredSpillStore::Impl::put_file(std::unique_lock<std::mutex>& lock, Spil
   e.name = name;
   e.bytes = bytes;
   e.tier = Tier::File;
-  e.offset = ext->offset;
+  e.offset = offset;
   size_t n = (bytes + chunk_ - 1) / chunk_;
   e.chunks.resize(n);
   for (size_t k = 0; k < n; ++k) {
-    e.chunks[k].offset = ext->offset + k * chunk_;
+    e.chunks[k].offset = offset + k * chunk_;
     e.chunks[k].len = std::min(chunk_, bytes - k * chunk_);
   }
   stats_.file_bytes += bytes;
@@ -635,7 +521,7 @@ void TieredSpillStore::Impl::drop_locked(std::unique_lock<std::mutex>& lock, Spi
     for (Chunk& c : e.chunks) {
       if (c.slot >= 0) release_slot_locked(c.slot);
     }
-    extents_->free(e.offset);
+    file_->free(e.offset);
     stats_.file_bytes -= e.bytes;
   }
   entries_.erase(it);
@@ -935,7 +821,7 @@ void TieredSpillStore::Impl::run_write(Task& t) {
     std::memset(p + t.len, 0, padded - t.len);
     hash = XXH3_64bits(p, padded);
     io_begin();
-    int err = write_exact(fd_, p, padded, t.offset);
+    int err = file_->write(p, padded, t.offset);
     io_end();
     if (err != 0) {
       st = Status::io_error("cannot write " + chunk_where(t) + " to spill file " + path_, err);
@@ -967,7 +853,7 @@ void TieredSpillStore::Impl::run_read(Task& t) {
   char* p = slot_data(t.slot);
   const size_t padded = align_up(t.len, kPage);
   io_begin();
-  int err = read_exact(fd_, p, padded, t.offset);
+  int err = file_->read(p, padded, t.offset);
   io_end();
   Status st;
   if (err > 0) {
@@ -1057,46 +943,5 @@ Status TieredSpillStore::flush() {
 }
 
 std::string TieredSpillStore::file_path() const { return impl_->file_path(); }
-
-int remove_stale_spill_files(const std::string& directory) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::directory_iterator it(directory, ec);
-  if (ec) {
-    if (ec != std::errc::no_such_file_or_directory) {
-      spdlog::warn("cannot list spill directory {}: {}", directory, ec.message());
-    }
-    return 0;
-  }
-  int removed = 0;
-  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    // spill-PID-TAG.bin
-    constexpr std::string_view kPrefix = "spill-", kSuffix = ".bin";
-    if (name.size() <= kPrefix.size() + kSuffix.size() || !name.starts_with(kPrefix) ||
-        !name.ends_with(kSuffix)) {
-      continue;
-    }
-    size_t dash = name.find('-', kPrefix.size());
-    if (dash == std::string::npos || dash == kPrefix.size() || dash - kPrefix.size() > 9) continue;
-    std::string digits = name.substr(kPrefix.size(), dash - kPrefix.size());
-    if (!std::all_of(digits.begin(), digits.end(),
-                     [](char ch) { return ch >= '0' && ch <= '9'; })) {
-      continue;
-    }
-    int pid = std::stoi(digits);
-    if (pid <= 0 || pid == ::getpid() || !process_gone(pid)) continue;
-    std::string path = it->path().string();
-    if (::unlink(path.c_str()) != 0) {
-      if (errno != ENOENT)
-        spdlog::warn("cannot remove stale spill file {}: {}", path, strerror(errno));
-      continue;
-    }
-    spdlog::info("removed stale spill file {} of process {}, which is gone", path, pid);
-    ++removed;
-  }
-  if (ec) spdlog::warn("cannot list spill directory {}: {}", directory, ec.message());
-  return removed;
-}
 
 }  // namespace leasehold::spill

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/spill/spill_file.h"  // remove_stale_spill_files
 #include "agent/spill/spill_store.h"
 #include "agent/spill/transfer.h"
 
@@ -69,10 +70,5 @@ class TieredSpillStore final : public SpillStore {
   class Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Removes the spill files in `directory` left by processes that no longer
-// run (spill-PID-*.bin whose PID is gone). Returns how many were removed;
-// a missing directory is not an error.
-int remove_stale_spill_files(const std::string& directory);
 
 }  // namespace leasehold::spill
