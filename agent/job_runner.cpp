@@ -145,6 +145,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     E::Tensor loss_acc = E::zeros({}, {E::DType::Float32, options.device});
     while (global < total_steps && batches.next(x, y, options.device)) {
       if (options.should_stop && options.should_stop()) throw JobCancelled();
+      if (options.at_step_boundary) options.at_step_boundary();
       optimizer->zero_grad();
       E::Tensor loss = E::cross_entropy((*model)(x), y);
       loss.backward();

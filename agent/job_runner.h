@@ -78,6 +78,9 @@ struct JobRunOptions {
   // Asked between steps; when it returns true the job stops with
   // JobCancelled. Must be cheap (called every step).
   std::function<bool()> should_stop;
+  // Called between steps, after should_stop: where the agent gives memory
+  // back when the coordinator asks it to shrink. May be empty.
+  std::function<void()> at_step_boundary;
   // Where saved tensors go when the budget cannot hold them (null: they
   // stay, and a job over its budget fails with out-of-memory).
   std::shared_ptr<spill::SpillManager> spill;

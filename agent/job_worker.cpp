@@ -50,8 +50,9 @@ void say(const char* fmt, auto... args) {
 }  // namespace
 
 JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string&)> announce,
-                     spill::AgentSpill* spill)
-    : session_(session), spill_(spill), reporter_(session) {
+                     spill::AgentSpill* spill, bool ignore_shrinks)
+    : session_(session), spill_(spill), reporter_(session), ignore_shrinks_(ignore_shrinks) {
+  session_.set_shrink_handler([this](const proto::ShrinkT& s) { on_shrink(s); });
   session_.set_job_handlers(
       [this](uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
         on_assign(id, attempt, std::move(spec));
@@ -67,6 +68,7 @@ JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string
 }
 
 JobWorker::~JobWorker() {
+  session_.set_shrink_handler({});
   session_.set_session_listener({});
   session_.set_job_handlers({}, {}, {});
   reporter_.stop(std::chrono::seconds(3));
@@ -190,12 +192,78 @@ void JobWorker::session_changed(const std::string& why) {
   queue_.clear();
 }
 
+void JobWorker::on_shrink(const proto::ShrinkT& shrink) {
+  if (ignore_shrinks_) {
+    spdlog::warn("ignoring shrink {} of {} (test fault switch)", shrink.id,
+                 format_bytes(shrink.bytes));
+    return;
+  }
+  spdlog::info("asked to shrink job {} by {} within {} ms: {}", shrink.job_id,
+               format_bytes(shrink.bytes), shrink.deadline_ms, shrink.reason);
+  std::lock_guard lock(mu_);
+  shrink_ = shrink;
+  cv_.notify_all();
+}
+
+void JobWorker::answer_shrink(LeaseAllocator* leases, spill::SpillManager* spill) {
+  proto::ShrinkT s;
+  {
+    std::lock_guard lock(mu_);
+    if (!shrink_) return;
+    if (leases && !(current_ && current_->first == shrink_->job_id)) leases = nullptr;
+    s = std::move(*shrink_);
+    shrink_.reset();
+  }
+  uint64_t before = 0, after = 0;
+  std::string reason;
+  if (leases) {
+    auto held = [&] {
+      engine::AllocatorStats st = leases->stats();
+      return st.in_use_bytes + st.cached_bytes;
+    };
+    before = held();
+    try {
+      // Cached blocks first; then cold tensors to the spill store (their
+      // memory goes to the cache), and whole free leases back again.
+      leases->empty_cache();
+      uint64_t freed = before - std::min(before, held());
+      if (freed < s.bytes && spill) {
+        spill->shrink(s.bytes - freed);
+        leases->empty_cache();
+      }
+    } catch (const std::exception& e) {
+      reason = std::string("shrinking failed: ") + e.what();
+    }
+    after = held();
+    if (before - std::min(before, after) < s.bytes && reason.empty()) {
+      engine::AllocatorStats st = leases->stats();
+      reason = "the rest is in use (" + format_bytes(st.in_use_bytes) +
+               ": parameters, gradients, optimizer state and live tensors)";
+    }
+  } else {
+    reason = "job " + std::to_string(s.job_id) + " is not running on this agent";
+  }
+  uint64_t released = before - std::min(before, after);
+  try {
+    session_.send_shrink_done(s.id, released, after, reason);
+  } catch (const std::exception& e) {
+    spdlog::warn("could not answer shrink {}: {}", s.id, e.what());
+  }
+  if (leases) {
+    say("job %llu released %s of %s asked (holds %s)\n", (unsigned long long)s.job_id,
+        format_bytes(released).c_str(), format_bytes(s.bytes).c_str(),
+        format_bytes(after).c_str());
+  }
+}
+
 void JobWorker::run(const std::atomic<bool>& stop) {
   while (!stop.load()) {
     Assigned job;
+    answer_shrink(nullptr, nullptr);  // one for no job of ours
     {
       std::unique_lock lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return !queue_.empty(); });
+      cv_.wait_for(lock, std::chrono::milliseconds(100),
+                   [&] { return !queue_.empty() || shrink_.has_value(); });
       if (queue_.empty()) continue;
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -222,6 +290,8 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     say("job %llu '%s' started (attempt %u)\n", (unsigned long long)id, name.c_str(), attempt);
     LeaseAllocatorOptions lo =
         LeaseAllocatorOptions::for_budget(job_memory_budget(*job, session_.pool().size));
+    // Within its guaranteed share a lease may wait: the coordinator makes room.
+    lo.guaranteed_bytes = job_memory_min(*job, session_.pool().size);
     // Every device byte of the job comes from these leases; the allocator is
     // destroyed (fenced, then released) before the outcome is reported.
     auto leases = std::make_shared<LeaseAllocator>(session_, lo);
@@ -232,6 +302,9 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       opts.spill = spill_->for_job(*job, "job" + std::to_string(id) + "-" + std::to_string(attempt),
                                    leases);
     }
+    opts.at_step_boundary = [this, &leases, spill = opts.spill.get()] {
+      answer_shrink(leases.get(), spill);
+    };
     // A stop request (cancel, lost session) or the agent stopping.
     opts.should_stop = [&] {
       if (stop.load() && !stop_requested_.load()) {

@@ -12,6 +12,12 @@
 // and it is reported "interrupted" (the coordinator requeues it to resume
 // from its checkpoint), never as a misleading failure.
 //
+// A Shrink from the coordinator is acted on at the running job's next step
+// boundary: the lease allocator's cached blocks go back first, then cold
+// saved tensors move to the spill store, then whole free leases are
+// released; ShrinkDone says how much was released. A Shrink for a job that
+// is not running here is answered with nothing released.
+//
 // Thread safety: the session's heartbeat thread calls the handlers and the
 // session listener; run() is called from one thread.
 #pragma once
@@ -28,6 +34,7 @@
 #include <vector>
 
 #include "agent/job_reporter.h"
+#include "agent/lease_allocator.h"
 #include "agent/session.h"
 #include "agent/spill/agent_spill.h"
 
@@ -39,9 +46,11 @@ class JobWorker {
   // `announce` (with the listener's argument). Jobs spill through `spill`
   // (null: they do not spill). The session and `spill` must outlive the
   // worker.
+  // `ignore_shrinks`: a fault switch for tests (an agent that never
+  // answers Shrink).
   explicit JobWorker(AgentSession& session,
                      std::function<void(const std::string&)> announce = {},
-                     spill::AgentSpill* spill = nullptr);
+                     spill::AgentSpill* spill = nullptr, bool ignore_shrinks = false);
   // Removes the handlers and the listener (waiting for a call in progress),
   // then delivers the last reports for up to 3 s (see finish()).
   ~JobWorker();
@@ -66,6 +75,10 @@ class JobWorker {
 
   void on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> spec);
   void on_stop(uint64_t id, uint32_t attempt, bool cancel, const std::string& reason);
+  void on_shrink(const proto::ShrinkT& shrink);
+  // Acts on a pending Shrink: for the running job (`leases`, `spill` its
+  // memory), or answered with nothing released when it is not for it.
+  void answer_shrink(LeaseAllocator* leases, spill::SpillManager* spill);
   // A lost session (`why` non-empty) voids the leases, so the running job
   // is stopped; a new session (empty) is announced with a heartbeat.
   void session_changed(const std::string& why);
@@ -90,6 +103,8 @@ class JobWorker {
   std::string stop_reason_;        // the coordinator's, for StopCause::Coordinator; GUARDED_BY(mu_)
   std::deque<Key> finished_;       // the latest finished jobs; GUARDED_BY(mu_)
   int32_t resumed_from_epoch_ = 0;  // of the current job; GUARDED_BY(mu_)
+  std::optional<proto::ShrinkT> shrink_;  // the latest Shrink not answered; GUARDED_BY(mu_)
+  const bool ignore_shrinks_;
   std::atomic<bool> stop_requested_{false};  // the running job should stop
   std::atomic<int64_t> epoch_{0}, global_step_{0};  // of the current job
 };

@@ -94,10 +94,17 @@ size_t LeaseAllocator::release_free_segments() {
       bytes);
 }
 
+bool LeaseAllocator::growth_held() const {
+  return opt_.guaranteed_bytes && std::chrono::steady_clock::now() < no_growth_until_;
+}
+
 LeaseAllocator::Segment* LeaseAllocator::lease_segment(uint64_t size, bool small,
-                                                       std::string& why) {
+                                                       std::string& why, bool patient) {
+  const bool growth = opt_.guaranteed_bytes && leased_ + size > opt_.guaranteed_bytes;
+  std::optional<std::chrono::milliseconds> wait = opt_.lease_wait;
+  if (opt_.guaranteed_bytes && (!growth || patient)) wait = opt_.guaranteed_wait;
   try {
-    Lease lease = session_.acquire(size, LeaseEnd::High, opt_.lease_wait);
+    Lease lease = session_.acquire(size, LeaseEnd::High, wait);
     leased_ += lease.size();
     peak_leased_ = std::max(peak_leased_, leased_);
     segments_.emplace_back(std::move(lease), opt_.granularity, small);
@@ -105,22 +112,33 @@ LeaseAllocator::Segment* LeaseAllocator::lease_segment(uint64_t size, bool small
   } catch (const Error& e) {
     why = std::string("the coordinator refused a lease of ") + format_bytes(size) + ": " +
           e.what();
+    if (growth && !patient) {
+      no_growth_until_ = std::chrono::steady_clock::now() + opt_.growth_backoff;
+    }
     return nullptr;
   }
 }
 
-void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why) {
+void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why, bool patient) {
   if (void* p = try_segments(need, small)) return p;
   const uint64_t alignment = session_.pool().alignment;
   const uint64_t usual =
       align_up(small ? opt_.small_segment : std::max(opt_.large_segment, need), alignment);
-  const uint64_t budget = opt_.budget_bytes;
+  // While the coordinator holds growth back, the budget is what is held
+  // (at least the guaranteed share).
+  const bool held = !patient && growth_held();
+  uint64_t budget = opt_.budget_bytes;
+  if (held) {
+    uint64_t now_allowed = std::max(opt_.guaranteed_bytes, leased_);
+    budget = budget ? std::min(budget, now_allowed) : now_allowed;
+  }
   bool refused = false;
   if (!budget || leased_ + usual <= budget) {
-    if (Segment* seg = lease_segment(usual, small, why)) return place(*seg, need);
+    if (Segment* seg = lease_segment(usual, small, why, patient)) return place(*seg, need);
     refused = true;
   } else {
-    why = "the job's memory budget is exhausted";
+    why = held ? "growth past the job's guaranteed share is held back by the coordinator"
+               : "the job's memory budget is exhausted";
   }
   // Budget pressure, or the pool is full: first any segment with room, then
   // give whole free segments back and lease again at the size still allowed.
@@ -135,11 +153,14 @@ void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why) 
   // given back and leased again at the size needed undo fragmentation: on
   // the spill benchmark at a quarter of the peak, releasing only when that
   // alone made room moved 1.6 times the bytes and stepped 15% slower.
+  // Past the guaranteed share, memory given back might not be granted
+  // again: spill within what is held instead.
+  if (growth_held() && leased_ >= opt_.guaranteed_bytes) return nullptr;
   if (refused || allowed() < need) {
     if (release_free_segments() == 0) return nullptr;
   }
   if (allowed() < need) return nullptr;
-  Segment* seg = lease_segment(allowed(), small, why);
+  Segment* seg = lease_segment(allowed(), small, why, patient);
   return seg ? place(*seg, need) : nullptr;
 }
 
@@ -155,20 +176,28 @@ void* LeaseAllocator::allocate(size_t bytes) {
     std::lock_guard lock(mu_);
     out_of_memory(need, "one tensor larger than the job's whole memory budget");
   }
+  // Nothing (more) to spill: growth past the guaranteed share may wait for
+  // the coordinator rather than the job failing. REQUIRES: mu_ held.
+  auto last_resort = [&](std::string& why, const char* what) -> void* {
+    if (opt_.guaranteed_bytes) {
+      if (void* p = try_allocate(need, small, why, true)) return p;
+    }
+    out_of_memory(need, why + what);
+  };
   for (;;) {
     engine::Reclaimer reclaim;
     std::string why;
     {
       std::lock_guard lock(mu_);
       if (void* p = try_allocate(need, small, why)) return p;
-      if (!reclaimer_) out_of_memory(need, why);
+      if (!reclaimer_) return last_resort(why, "");
       reclaim = reclaimer_;
     }
     // Outside the lock: the reclaimer frees memory of this allocator.
     if (reclaim(need) == 0) {
       std::lock_guard lock(mu_);
       if (void* p = try_allocate(need, small, why)) return p;
-      out_of_memory(need, why + "; nothing more could be spilled");
+      return last_resort(why, "; nothing more could be spilled");
     }
   }
 }

@@ -25,6 +25,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -43,6 +44,16 @@ struct LeaseAllocatorOptions {
   uint64_t granularity = 512;             // tensor offsets and sizes are multiples of this
   // How long a new lease may wait for the coordinator to find memory.
   std::chrono::milliseconds lease_wait{0};
+  // The job's guaranteed share (0: none; every lease waits `lease_wait`).
+  // A lease that keeps the allocator within it waits up to `guaranteed_wait`
+  // (nullopt: the coordinator's default): the occupancy policy makes room
+  // for it. One past it (opportunistic growth) waits `lease_wait`: refused
+  // at once, the job spills instead, and does not ask to grow again for
+  // `growth_backoff`. Only when nothing is left to spill does growth wait
+  // `guaranteed_wait` before the allocation fails.
+  uint64_t guaranteed_bytes = 0;
+  std::optional<std::chrono::milliseconds> guaranteed_wait;
+  std::chrono::milliseconds growth_backoff{1000};
   // The fence before leases are released; empty: engine::fence_device on
   // the pool's device. Tests observe it here.
   std::function<void()> fence;
@@ -90,11 +101,14 @@ class LeaseAllocator final : public engine::Allocator {
   void* place(Segment& seg, uint64_t need);  // REQUIRES: mu_ held
   void* try_segments(uint64_t need, bool small);  // REQUIRES: mu_ held
   // Places `need` bytes, leasing more within the budget; nullptr under
-  // budget pressure, with the reason in `why`. REQUIRES: mu_ held.
-  void* try_allocate(uint64_t need, bool small, std::string& why);
+  // budget pressure, with the reason in `why`. `patient`: growth past the
+  // guaranteed share may wait (the last resort). REQUIRES: mu_ held.
+  void* try_allocate(uint64_t need, bool small, std::string& why, bool patient = false);
   // A new segment of `size` bytes; nullptr when the coordinator refused it
   // (reason in `why`). REQUIRES: mu_ held.
-  Segment* lease_segment(uint64_t size, bool small, std::string& why);
+  Segment* lease_segment(uint64_t size, bool small, std::string& why, bool patient);
+  // Whether growth past the guaranteed share was refused recently.
+  bool growth_held() const;  // REQUIRES: mu_ held
   size_t release_free_segments();  // REQUIRES: mu_ held
   void fence();
   [[noreturn]] void out_of_memory(uint64_t bytes, const std::string& why);
@@ -108,6 +122,7 @@ class LeaseAllocator final : public engine::Allocator {
   std::unordered_map<void*, Placement> placements_;      // GUARDED_BY(mu_)
   uint64_t leased_ = 0, in_use_ = 0, peak_ = 0, allocations_ = 0;  // GUARDED_BY(mu_)
   uint64_t peak_leased_ = 0;                                       // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point no_growth_until_{};        // GUARDED_BY(mu_)
 };
 
 }  // namespace leasehold

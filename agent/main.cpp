@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
                  "with --run-job: train on the first N examples");
   app.add_option("--test-limit", overrides.test_limit,
                  "with --run-job: evaluate on the first N examples");
+  bool ignore_shrinks = false;
+  app.add_flag("--test-ignore-shrinks", ignore_shrinks,
+               "fault injection for tests: never answer the coordinator's Shrink requests")
+      ->group("");  // hidden: not for operators
   leasehold::spill::SpillConfig spill;
   std::string spill_host = "256MiB", spill_staging = "64MiB", spill_file_limit = "0";
   app.add_option("--spill-host-bytes", spill_host,
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
       return leasehold::run_job_file(session, job_file, overrides, stop, &spiller);
     }
     // Destroyed before the session: it removes its handlers from it first.
-    leasehold::JobWorker worker(session, announce, &spiller);
+    leasehold::JobWorker worker(session, announce, &spiller, ignore_shrinks);
     spdlog::info("standing by as '{}' for jobs", opts.name);
     worker.run(stop);
     spdlog::info("stopping");

@@ -220,6 +220,26 @@ void AgentSession::set_job_handlers(
   core_->job_states = std::move(job_states);
 }
 
+void AgentSession::set_shrink_handler(std::function<void(const proto::ShrinkT&)> on_shrink) {
+  std::lock_guard lock(core_->handlers_mu);
+  core_->on_shrink = std::move(on_shrink);
+}
+
+void AgentSession::send_shrink_done(uint64_t id, uint64_t released, uint64_t leased,
+                                    const std::string& reason) {
+  proto::ShrinkDoneT done;
+  done.id = id;
+  done.released = released;
+  done.leased = leased;
+  done.reason = reason;
+  detail::control_request(
+      *core_,
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::ShrinkDone, proto::ShrinkDone::Pack(fbb, &done).Union()};
+      },
+      core_->opts.request_timeout, nullptr);
+}
+
 void AgentSession::heartbeat_soon() { core_->heartbeat_due.store(true); }
 
 void AgentSession::send_job_update(const proto::JobUpdateT& update) {

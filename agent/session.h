@@ -143,6 +143,16 @@ class AgentSession {
       std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign,
       std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop,
       std::function<std::vector<proto::AgentJobT>()> job_states);
+  // Shrink requests of the coordinator (the occupancy policy), called from
+  // the heartbeat thread; it must return quickly (the agent acts at its
+  // job's next step boundary and answers with send_shrink_done). A Shrink
+  // addressed to another agent or another session is refused (logged) and
+  // never reaches the handler.
+  void set_shrink_handler(std::function<void(const proto::ShrinkT&)> on_shrink);
+  // Answers Shrink `id`: `released` bytes given back (their leases are
+  // released already), `leased` still held. Throws Error.
+  void send_shrink_done(uint64_t id, uint64_t released, uint64_t leased,
+                        const std::string& reason);
   // Sends the next heartbeat now rather than at the interval (a job's phase
   // changed).
   void heartbeat_soon();

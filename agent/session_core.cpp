@@ -112,6 +112,25 @@ void SessionCore::handle_push(const Reply& r) {
       heartbeat_due.store(true);
       break;
     }
+    case proto::Body::Shrink: {
+      proto::ShrinkT s;
+      r->body_as_Shrink()->UnPackTo(&s);
+      uint64_t ours;
+      {
+        std::lock_guard lock(mu);
+        ours = connected ? session : 0;
+      }
+      // Only the coordinator can push on this socket, but a Shrink meant for
+      // another agent (or an earlier session) must not cost this one memory.
+      if (s.agent != opts.name || s.session != ours) {
+        spdlog::warn("refusing shrink {} addressed to agent '{}' session {} (this is '{}' session {})",
+                     s.id, s.agent, s.session, opts.name, ours);
+        break;
+      }
+      std::lock_guard calling(handlers_mu);
+      if (on_shrink) on_shrink(s);
+      break;
+    }
     case proto::Body::StopJob: {
       const auto* s = r->body_as_StopJob();
       {

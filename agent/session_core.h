@@ -50,6 +50,7 @@ struct SessionCore {
   std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign;
   std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop;
   std::function<std::vector<proto::AgentJobT>()> job_states;
+  std::function<void(const proto::ShrinkT&)> on_shrink;
 
   std::atomic<bool> stop{false};
   std::atomic<bool> heartbeat_due{false};  // send one now (after a push)

@@ -70,7 +70,11 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                      {"cancel_requested", j.cancel_requested()},
                      {"finished_ms", j.finished_ms()},
                      {"epochs_total", j.epochs_total()},
-                     {"history_total", j.history_total()}};
+                     {"history_total", j.history_total()},
+                     {"memory_wait_ms", j.memory_wait_ms()},
+                     {"shrinks", j.shrinks()},
+                     {"shrunk_bytes", j.shrunk_bytes()},
+                     {"waiting_for", std::string(str(j.waiting_for()))}};
   out["attempt_history"] = nlohmann::json::array();
   if (j.attempts()) {
     for (const auto* a : *j.attempts()) {
@@ -122,6 +126,7 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                    {"steps", s->steps()},
                    {"layers", s->model() ? s->model()->size() : 0},
                    {"memory_budget", std::string(str(s->memory_budget()))},
+                   {"memory_min", std::string(str(s->memory_min()))},
                    {"device", std::string(str(s->device()))},
                    {"max_attempts", s->max_attempts()}};
   }
@@ -159,7 +164,12 @@ std::string job_to_text(const proto::JobInfo& j) {
                        : std::to_string(s->steps()) + " steps")
        << ", optimizer "
        << (s->optimizer() ? proto::EnumNameOptimizerType(s->optimizer()->type()) : "Adam")
-       << ", budget " << (s->memory_budget() ? s->memory_budget()->str() : "1GiB") << "\n";
+       << ", budget " << (s->memory_budget() ? s->memory_budget()->str() : "1GiB");
+    if (s->memory_min()) os << " (guaranteed " << s->memory_min()->str() << ")";
+    os << "\n";
+  }
+  if (j.waiting_for() && j.waiting_for()->size()) {
+    os << "  waiting: " << str(j.waiting_for()) << "\n";
   }
   os << "  checkpoint: "
      << (j.checkpoint() && j.checkpoint()->size() ? std::string(str(j.checkpoint())) : "off");
@@ -204,8 +214,16 @@ std::string job_to_text(const proto::JobInfo& j) {
       os << "; spilled " << format_bytes(p->spilled_bytes()) << ", restored "
          << format_bytes(p->restored_bytes()) << "; held now: host "
          << format_bytes(p->spill_host_bytes()) << ", file " << format_bytes(p->spill_file_bytes());
+    } else {
+      os << "; nothing spilled";
     }
     os << "\n";
+  }
+  if (j.memory_wait_ms() || j.shrinks()) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "  occupancy: waited %.1f s for memory; %u shrink(s) released %s\n",
+                  j.memory_wait_ms() / 1000.0, j.shrinks(), format_bytes(j.shrunk_bytes()).c_str());
+    os << buf;
   }
   if (std::string(str(j.state())) == "succeeded") {
     char buf[128];

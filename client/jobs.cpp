@@ -113,7 +113,8 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
       std::fflush(stdout);
       return code;
     }
-    std::string reason(str(j.reason()));
+    std::string reason(j.waiting_for() && j.waiting_for()->size() ? str(j.waiting_for())
+                                                                  : str(j.reason()));
     std::string line = state == "queued" ? (reason.empty() ? "queued" : "queued: " + reason)
                                          : progress_line(j, tty);
     if (line != last_line) {

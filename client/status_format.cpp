@@ -40,7 +40,12 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
                              {"state", std::string(str(a->state()))},
                              {"leased_bytes", a->leased_bytes()},
                              {"lease_count", a->lease_count()},
-                             {"last_heartbeat_ms_ago", a->last_heartbeat_ms_ago()}});
+                             {"last_heartbeat_ms_ago", a->last_heartbeat_ms_ago()},
+                             {"job_id", a->job_id()},
+                             {"guaranteed_bytes", a->guaranteed_bytes()},
+                             {"shrink_pending_bytes", a->shrink_pending_bytes()},
+                             {"shrinks", a->shrinks()},
+                             {"missed_shrinks", a->missed_shrinks()}});
     }
   }
   j["leases"] = nlohmann::json::array();
@@ -53,6 +58,17 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
                              {"end", end_text(l->end())},
                              {"generation", l->generation()}});
     }
+  }
+  if (const auto* o = s.occupancy()) {
+    j["policy"] = {{"name", std::string(str(o->policy()))},
+                   {"occupancy", o->occupancy()},
+                   {"occupancy_future", o->occupancy_future()},
+                   {"low_watermark", o->low_watermark()},
+                   {"high_watermark", o->high_watermark()},
+                   {"reserved_bytes", o->reserved_bytes()},
+                   {"reclaimable_bytes", o->reclaimable_bytes()},
+                   {"guaranteed_bytes", o->guaranteed_bytes()},
+                   {"shrinks_pending", o->shrinks_pending()}};
   }
   j["pending_requests"] = s.pending_requests();
   j["uptime_seconds"] = static_cast<double>(s.uptime_ms()) / 1000.0;
@@ -75,19 +91,39 @@ std::string status_to_table(const proto::StatusReply& s) {
                 format_bytes(p["largest_free_bytes"]).c_str(),
                 100.0 * p["occupancy"].get<double>());
   os << line;
+  if (j.contains("policy")) {
+    const auto& o = j["policy"];
+    std::snprintf(line, sizeof line,
+                  "Policy  %s: occupancy %.1f%%, future %.1f%% (watermarks %.0f%% / %.0f%%)\n",
+                  o["name"].get<std::string>().c_str(), 100 * o["occupancy"].get<double>(),
+                  100 * o["occupancy_future"].get<double>(), 100 * o["low_watermark"].get<double>(),
+                  100 * o["high_watermark"].get<double>());
+    os << line;
+    std::snprintf(line, sizeof line,
+                  "        guaranteed %s, reserved %s, reclaimable %s, %u shrink(s) pending\n",
+                  format_bytes(o["guaranteed_bytes"]).c_str(),
+                  format_bytes(o["reserved_bytes"]).c_str(),
+                  format_bytes(o["reclaimable_bytes"]).c_str(),
+                  o["shrinks_pending"].get<uint32_t>());
+    os << line;
+  }
   if (j["pending_requests"].get<uint32_t>() > 0) {
     os << "        " << j["pending_requests"].get<uint32_t>()
        << " lease request(s) waiting for memory\n";
   }
   os << "\nAgents  (" << j["agents"].size() << ")\n";
-  std::snprintf(line, sizeof line, "  %-24s %8s %-8s %12s %7s %14s\n", "NAME", "PID", "STATE",
-                "LEASED", "LEASES", "HEARTBEAT");
+  std::snprintf(line, sizeof line, "  %-24s %8s %-8s %6s %12s %12s %7s %12s %14s\n", "NAME",
+                "PID", "STATE", "JOB", "GUARANTEED", "LEASED", "LEASES", "SHRINKING", "HEARTBEAT");
   os << line;
   for (const auto& a : j["agents"]) {
-    std::snprintf(line, sizeof line, "  %-24s %8d %-8s %12s %7u %11llu ms ago\n",
+    uint64_t job = a["job_id"].get<uint64_t>();
+    uint64_t shrinking = a["shrink_pending_bytes"].get<uint64_t>();
+    std::snprintf(line, sizeof line, "  %-24s %8d %-8s %6s %12s %12s %7u %12s %11llu ms ago\n",
                   a["name"].get<std::string>().c_str(), a["pid"].get<int>(),
-                  a["state"].get<std::string>().c_str(),
+                  a["state"].get<std::string>().c_str(), job ? std::to_string(job).c_str() : "-",
+                  job ? format_bytes(a["guaranteed_bytes"]).c_str() : "-",
                   format_bytes(a["leased_bytes"]).c_str(), a["lease_count"].get<uint32_t>(),
+                  shrinking ? format_bytes(shrinking).c_str() : "-",
                   static_cast<unsigned long long>(a["last_heartbeat_ms_ago"].get<uint64_t>()));
     os << line;
   }

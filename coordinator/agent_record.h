@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,6 +27,23 @@ struct AgentRecord {
   std::vector<proto::AgentJobT> reported;
   // Last StopJob for each job it runs but should not (throttles resends).
   std::map<uint64_t, Clock::time_point> stray_stops;
+
+  // The occupancy policy's conversation with it (coordinator/core_shrinks.cpp).
+  struct PendingShrink {
+    uint64_t id = 0;
+    uint64_t job_id = 0;
+    uint64_t bytes = 0;
+    Clock::time_point sent;
+    Clock::time_point deadline;
+    bool missed = false;  // its deadline passed; it is skipped until it answers
+  };
+  std::optional<PendingShrink> shrink;
+  // Not asked again before this (after an answer that released less than
+  // asked: what it holds is in use now).
+  Clock::time_point shrink_rest_until{};
+  uint32_t shrinks_answered = 0;
+  uint32_t shrinks_missed = 0;  // in a row
+  uint64_t last_shrink_id = 0;  // the latest Shrink sent to it
 
   // True while it reports a job it has not stopped yet (queued, running or
   // stopping): such an agent takes no new job.

@@ -16,6 +16,7 @@
 #include "coordinator/file_workers.h"
 #include "coordinator/job_codec.h"
 #include "coordinator/job_store.h"
+#include "coordinator/occupancy_policy.h"
 #include "coordinator/store_writer.h"
 #include "coordinator/wire.h"
 #include "shared/connection.h"
@@ -105,7 +106,13 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.state_dir = o.state_dir;
   c.retention_count = o.job_retention_count;
   c.retention_age = o.job_retention_age;
+  c.shrink_timeout = o.shrink_timeout;
   return c;
+}
+
+std::unique_ptr<SchedulingPolicy> make_policy(const CoordinatorOptions& o) {
+  if (o.policy == "fifo") return std::make_unique<FifoPolicy>();
+  return std::make_unique<OccupancyPolicy>(OccupancyOptions{o.low_watermark, o.high_watermark});
 }
 
 }  // namespace
@@ -155,7 +162,7 @@ Broker::Broker(const CoordinatorOptions& opts)
   store_ = std::make_unique<StoreWriter>(std::move(store), wake);
   files_ = std::make_unique<FileWorkers>(kFileWorkers, wake);
   core_ = std::make_unique<CoordinatorCore>(core_options(opts_), device_pool_->descriptor(),
-                                            std::make_unique<FifoPolicy>(), now());
+                                            make_policy(opts_), now());
   uint64_t next_id = std::max(stored.next_id, largest_checkpoint_id(opts_.state_dir) + 1);
   if (next_id != stored.next_id) {
     spdlog::warn(
@@ -341,6 +348,10 @@ void Broker::apply(Effects& effects) {
         send(o);
       }
     }
+  }
+  for (const auto& n : effects.notices) {
+    Outgoing o{true, n.topic, encode_notice(n)};
+    send(o);
   }
   for (const auto& dir : effects.remove_dirs) files_->remove_dir(dir);
   for (auto& check : effects.file_checks) files_->check(std::move(check));

@@ -46,6 +46,7 @@ CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
       pool_(std::move(pool)),
       policy_(std::move(policy)),
       leases_(pool_.size, pool_.alignment),
+      now_(now),
       next_session_(opts_.session_seed),
       started_(now.steady) {
   if (!opts_.process_gone) throw std::invalid_argument("CoreOptions.process_gone is required");
@@ -66,6 +67,7 @@ std::string CoordinatorCore::summary() const {
 
 void CoordinatorCore::handle(const std::string& routing_id, const proto::Envelope& request,
                              Now now, Effects& out) {
+  now_ = now;
   try {
     dispatch(routing_id, request, now, out);
   } catch (const std::exception& e) {
@@ -100,6 +102,7 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
     case proto::Body::LeaseRequest:
     case proto::Body::LeaseResize:
     case proto::Body::LeaseRelease:
+    case proto::Body::ShrinkDone:
       break;
     default:
       return send_error(out, rid, req, ErrorCode::Malformed,
@@ -136,6 +139,8 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       return on_lease_request(rid, agent, env, now, out);
     case proto::Body::JobUpdate:
       return on_job_update(rid, agent, env, now, out);
+    case proto::Body::ShrinkDone:
+      return on_shrink_done(rid, agent, env, now, out);
     case proto::Body::LeaseResize: {
       const auto* r = env.body_as_LeaseResize();
       auto result = leases_.resize(name, r->lease_id(), r->size());
@@ -224,7 +229,7 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   int64_t wait_ms = r->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : r->wait_ms();
   wait_ms = std::min<int64_t>(wait_ms, std::chrono::milliseconds(kMaxLeaseWait).count());
   PendingRequest pending{agent.name, r->size(), to_end(r->end()),
-                         now.steady + std::chrono::milliseconds(wait_ms), {rid, req}};
+                         now.steady + std::chrono::milliseconds(wait_ms), {rid, req}, now.steady};
   auto outcome = leases_.request(pending, wait_ms > 0,
                                  [this](const PendingRequest& p) { return admit(p); });
   if (auto* refusal = std::get_if<Refusal>(&outcome)) {
@@ -235,7 +240,8 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   if (std::holds_alternative<LeaseTable::Queued>(outcome)) {
     spdlog::info("lease of {} for '{}' waits up to {} ms for memory", format_bytes(r->size()),
                  agent.name, wait_ms);
-    return;
+    // Memory held past guaranteed shares may have to come back for it.
+    return request_shrinks(now, out);
   }
   const auto& rec = std::get<LeaseRecord>(outcome);
   spdlog::debug("lease {} granted to '{}': offset {} size {}", rec.id, agent.name, rec.offset,
@@ -246,7 +252,8 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
 }
 
 bool CoordinatorCore::admit(const PendingRequest& request) {
-  return policy_->may_grant(request, leases_);
+  // Built for each request: a grant changes what the next one sees.
+  return policy_->may_grant(request, pool_view());
 }
 
 void CoordinatorCore::serve_waiting(Effects& out) {
@@ -257,6 +264,7 @@ void CoordinatorCore::serve_waiting(Effects& out) {
     proto::LeaseGrantT grant;
     grant.lease = lease_object(g.lease);
     send(out, g.reply_to.routing_id, g.reply_to.request_id, std::move(grant));
+    note_lease_wait(g.lease.owner, g.since, now_, out);
   }
 }
 
@@ -278,8 +286,10 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
     h.second += 1;
     status.leases.push_back(lease_object(rec));
   }
+  const PoolView view = pool_view();
   for (const auto& [name, agent] : agents_) {
     auto [bytes, count] = held[name];
+    const AgentShare* share = view.find(name);
     auto a = std::make_unique<proto::AgentInfoT>();
     a->name = name;
     a->pid = agent.pid;
@@ -289,8 +299,23 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
     a->lease_count = count;
     // last_seen is in the future while an agent is within its first-heartbeat grace.
     a->last_heartbeat_ms_ago = ms_between(agent.last_seen, now.steady);
+    a->job_id = share ? share->job_id : 0;
+    a->guaranteed_bytes = share ? share->guaranteed : 0;
+    a->shrink_pending_bytes = agent.shrink ? agent.shrink->bytes : 0;
+    a->shrinks = agent.shrinks_answered;
+    a->missed_shrinks = agent.shrinks_missed;
     status.agents.push_back(std::move(a));
   }
+  auto& occ = status.occupancy = std::make_unique<proto::OccupancyT>();
+  occ->policy = policy_->name();
+  occ->occupancy = view.occupancy();
+  occ->occupancy_future = view.occupancy_future();
+  occ->low_watermark = policy_->low_watermark();
+  occ->high_watermark = policy_->high_watermark();
+  occ->reserved_bytes = view.reserved();
+  occ->reclaimable_bytes = view.reclaimable();
+  for (const auto& s : view.agents) occ->guaranteed_bytes += s.managed() ? s.guaranteed : 0;
+  for (const auto& [n, agent] : agents_) occ->shrinks_pending += agent.shrink.has_value();
   status.pending_requests = static_cast<uint32_t>(leases_.waiting());
   status.uptime_ms = ms_between(started_, now.steady);
   send(out, rid, req, std::move(status));
@@ -384,7 +409,9 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
 }
 
 void CoordinatorCore::tick(Now now, Effects& out) {
+  now_ = now;
   purge_dead_agents(now, out);
+  check_shrinks(now, out);
   check_fences(now, out);
   for (auto& e : leases_.expire(now.steady)) {
     send_error(out, e.reply_to.routing_id, e.reply_to.request_id, e.refusal.code,
@@ -395,12 +422,21 @@ void CoordinatorCore::tick(Now now, Effects& out) {
   resend_pushes(now, out);
   prune(now, out);
   schedule(now, out);
+  // A shrink that rested or was skipped may be asked again.
+  serve_waiting(out);
+  request_shrinks(now, out);
 }
 
 std::optional<Clock::time_point> CoordinatorCore::next_deadline() const {
   std::optional<Clock::time_point> best = leases_.next_deadline();
   for (const auto& [token, p] : pending_submits_) {
     if (!best || p.deadline < *best) best = p.deadline;
+  }
+  for (const auto& [name, agent] : agents_) {
+    if (!agent.shrink) continue;
+    auto due = agent.shrink->missed ? agent.shrink->deadline + opts_.shrink_timeout
+                                    : agent.shrink->deadline;
+    if (!best || due < *best) best = due;
   }
   return best;
 }

@@ -25,6 +25,11 @@
 // - After a restart, jobs that were running wait for their agent: an agent
 //   that registers without them, or none within recovery_grace, sends them
 //   back to the queue ("coordinator restarted; resuming from epoch 3").
+// - Memory: the scheduling policy (coordinator/scheduler.h) decides which
+//   queued job starts, which lease may be granted and whom to ask to shrink;
+//   the core sends Shrink, waits for ShrinkDone until shrink_timeout, skips
+//   an agent that does not answer and drops one that stays silent
+//   (core_shrinks.cpp).
 //
 // Thread safety: none; one thread (the broker's loop) calls it.
 #pragma once
@@ -66,6 +71,10 @@ struct CoreOptions {
   // After a restart, how long a job found running waits for its agent to
   // come back before it is requeued anyway.
   std::chrono::milliseconds recovery_grace{10000};
+  // How long an agent asked to shrink has to answer. One that has not
+  // answered by then is skipped (others are asked); one still silent after
+  // twice this is treated like a dead agent (its job requeued).
+  std::chrono::milliseconds shrink_timeout{10000};
   // How long the checks of a submitted job's files may take.
   std::chrono::milliseconds file_check_timeout{10000};
   // Jobs without a checkpoint directory get STATE_DIR/checkpoints/ID.
@@ -113,6 +122,9 @@ class CoordinatorCore {
   const LeaseTable& leases() const { return leases_; }
   const JobTable& jobs() const { return jobs_; }
   const PoolDescriptor& pool() const { return pool_; }
+  const SchedulingPolicy& policy() const { return *policy_; }
+  // The pool as the policy sees it now.
+  PoolView pool_view() const;
   // "3 agents, 5 leases, 1.00 GiB of 4.00 GiB leased, 2 jobs queued, 1 running"
   std::string summary() const;
 
@@ -143,6 +155,7 @@ class CoordinatorCore {
   void on_lease_request(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                         Now now, Effects& out);
   void on_status(const std::string& rid, uint64_t req, Now now, Effects& out);
+  // Grants waiting requests the pool and the policy allow (at now_).
   void serve_waiting(Effects& out);
   bool admit(const PendingRequest& request);
   void purge_dead_agents(Now now, Effects& out);
@@ -151,6 +164,22 @@ class CoordinatorCore {
   void release_fence(const std::string& agent, const std::string& why, Effects& out);
   void check_fences(Now now, Effects& out);
 
+  // Memory (core_shrinks.cpp).
+  // Sends the Shrinks the policy asks for now.
+  void request_shrinks(Now now, Effects& out);
+  void on_shrink_done(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
+                      Now now, Effects& out);
+  // Skips agents past their Shrink deadline; drops those silent for twice it.
+  void check_shrinks(Now now, Effects& out);
+  // Adds the time a granted request of `owner` waited to its job.
+  void note_lease_wait(const std::string& owner, Clock::time_point since, Now now, Effects& out);
+  // Sets why each queued job waits (`refused`: the policy's answer for the
+  // first of them, if it was asked);
+  // publishes the ones that changed and counts time waiting for memory.
+  void note_waiting(const std::vector<JobRecord*>& queued, const Pick& refused, Now now,
+                    Effects& out);
+  // The guaranteed share of a job's spec on this pool.
+  uint64_t guaranteed_share(const proto::JobSpecT& spec) const;
   // Jobs (core_jobs.cpp).
   void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
   void on_list_jobs(const std::string& rid, const proto::Envelope& env, Effects& out);
@@ -194,6 +223,9 @@ class CoordinatorCore {
   std::map<uint64_t, PendingSubmit> pending_submits_;
   std::map<std::string, Fence> fences_;  // by agent name
   uint64_t next_check_token_ = 1;
+  uint64_t next_shrink_id_ = 1;
+  // The time of the call being served (for what serve_waiting grants).
+  Now now_;
   uint64_t next_session_;
   Clock::time_point started_;
   std::optional<Clock::time_point> last_prune_;

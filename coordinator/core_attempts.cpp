@@ -108,17 +108,28 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       candidates.push_back(job);
     }
   }
+  Pick refused;  // the latest refusal, for the job still first in line
   for (auto& [name, agent] : agents_) {
     if (candidates.empty()) return;
     if (!agent.idle()) continue;
-    JobRecord* job = policy_->pick_job(agent, candidates);
-    if (!job) continue;
-    assign(*job, agent, now, out);
-    std::erase(candidates, job);
+    Pick pick = policy_->pick_job(agent, candidates, pool_view());
+    if (!pick.job) {
+      refused = std::move(pick);
+      continue;
+    }
+    refused = Pick{};
+    assign(*pick.job, agent, now, out);
+    std::erase(candidates, pick.job);
   }
+  note_waiting(candidates, refused, now, out);
 }
 
 void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out) {
+  if (job.waiting_since) {
+    job.memory_wait_ms += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    now.steady - *job.waiting_since)
+                                                    .count());
+  }
   AttemptRecord attempt;
   attempt.number = job.attempt_number() + 1;
   attempt.agent = agent.name;
@@ -206,6 +217,8 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
   }
   if (auto it = agents_.find(job.agent); it != agents_.end() && it->second.job_id == job.id) {
     it->second.job_id = 0;
+    // Its memory goes with the job; a late answer is acknowledged and ignored.
+    it->second.shrink.reset();
   }
   job.orphaned_since.reset();
   job.orphan_counts = false;
@@ -275,6 +288,7 @@ void CoordinatorCore::release_orphans(Now now, Effects& out) {
 
 void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now now,
                               Effects& out) {
+  now_ = now;
   size_t queued = 0, orphaned = 0;
   for (auto& job : jobs) {
     if (job.state == JobState::Running) {
@@ -286,6 +300,7 @@ void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now
       spdlog::warn("{} wants device '{}' but this coordinator's pool is {}; it stays queued",
                    job_label(job), job.device, backend_name(pool_.backend));
     }
+    job.guaranteed_bytes = job.spec ? guaranteed_share(*job.spec) : pool_.size;
     jobs_.restore(std::move(job));
   }
   jobs_.raise_next_id(next_id);

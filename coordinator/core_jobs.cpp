@@ -63,6 +63,7 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
 
 void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::string>& problems,
                                       Now now, Effects& out) {
+  now_ = now;
   auto it = pending_submits_.find(token);
   if (it == pending_submits_.end()) return;  // timed out: the client was answered
   PendingSubmit p = std::move(it->second);
@@ -83,6 +84,7 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
   }
   JobRecord& job = jobs_.add(p.spec, now.unix_ms);
   job.checkpoint = checkpoint_file(*p.spec);
+  job.guaranteed_bytes = guaranteed_share(*p.spec);
   spdlog::info("{} queued (priority {}, checkpoint {})", job_label(job), job.priority,
                job.checkpoint.empty() ? "off" : job.checkpoint);
   proto::JobAcceptedT accepted;

@@ -15,6 +15,13 @@
 
 namespace leasehold {
 
+// An event on the PUB socket that is not a job's state: `topic` (for
+// example "shrink.agent-1.") and a message body.
+struct Notice {
+  std::string topic;
+  proto::BodyUnion body;
+};
+
 // A reply (request_id of the request) or a push (request_id 0) to one socket.
 struct OutMessage {
   std::string to;  // ZeroMQ routing id
@@ -47,11 +54,13 @@ struct Effects {
   std::vector<FileCheck> file_checks;
   // Folders to delete (checkpoints of pruned jobs).
   std::vector<std::string> remove_dirs;
+  // Other events (shrink requests and answers); they leave at once.
+  std::vector<Notice> notices;
 
   bool writes_store() const { return !store_puts.empty() || !store_deletes.empty(); }
   bool empty() const {
     return messages.empty() && events.empty() && !writes_store() && file_checks.empty() &&
-           remove_dirs.empty();
+           remove_dirs.empty() && notices.empty();
   }
 };
 

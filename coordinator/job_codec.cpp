@@ -53,6 +53,10 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   info->checkpoint = job.checkpoint;
   info->cancel_requested = job.cancel_requested;
   info->finished_ms = job.finished_ms;
+  info->memory_wait_ms = job.memory_wait_ms;
+  info->shrinks = job.shrinks;
+  info->shrunk_bytes = job.shrunk_bytes;
+  info->waiting_for = job.waiting_for;
   return info;
 }
 
@@ -103,6 +107,9 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   job.agent_failures = info->agent_failures;
   job.max_attempts = info->max_attempts;
   job.checkpoint = info->checkpoint;
+  job.memory_wait_ms = info->memory_wait_ms;
+  job.shrinks = info->shrinks;
+  job.shrunk_bytes = info->shrunk_bytes;
   return job;
 }
 

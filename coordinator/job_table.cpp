@@ -79,6 +79,10 @@ std::vector<JobRecord*> JobTable::queued() {
 void JobTable::set_state(JobRecord& job, JobState state, uint64_t now_ms,
                          const std::string& reason) {
   job.state = state;
+  if (state != JobState::Queued) {
+    job.waiting_for.clear();
+    job.waiting_since.reset();
+  }
   // The job's reason says why it is queued again or why it ended; a running
   // job keeps the one it had ("coordinator restarted; resuming ...").
   if (!reason.empty() && state != JobState::Running) job.reason = reason;

@@ -57,8 +57,19 @@ struct JobRecord {
   uint32_t agent_failures = 0;  // attempts that ended with the agent lost
   int32_t max_attempts = 3;     // requeues allowed after agent losses
   std::string checkpoint;       // the checkpoint file; empty: none
+  uint64_t memory_wait_ms = 0;  // queued for its guaranteed share, or lease requests waiting
+  uint32_t shrinks = 0;         // Shrinks its agents answered
+  uint64_t shrunk_bytes = 0;    // and the bytes they released
 
-  // ---- Not stored: the conversation with the agent running it ----
+  // ---- Not stored ----
+  // Its guaranteed share (memory_min, else memory_budget), set when it is
+  // queued or restored.
+  uint64_t guaranteed_bytes = 0;
+  // Queued: why the policy does not start it yet, and since when it waits
+  // for memory.
+  std::string waiting_for;
+  std::optional<Clock::time_point> waiting_since;
+  // The conversation with the agent running it:
   bool assign_acked = false;     // the agent's heartbeat showed the assignment
   bool stop_wanted = false;      // StopJob is due for a reason other than a cancel
   Clock::time_point assign_sent{};

@@ -133,7 +133,7 @@ std::vector<GrantedLater> LeaseTable::grant_waiting(const Admit& admit) {
       continue;
     }
     if (auto block = allocator_.allocate(it->size, it->end)) {
-      out.push_back({it->reply_to, record(it->owner, *block, it->end)});
+      out.push_back({it->reply_to, record(it->owner, *block, it->end), it->since});
       it = waiting_.erase(it);
     } else {
       ++it;

@@ -47,6 +47,7 @@ struct PendingRequest {
   PoolAllocator::End end = PoolAllocator::End::Low;
   Clock::time_point deadline;
   ReplyTo reply_to;
+  Clock::time_point since{};  // when it was asked (time spent waiting for memory)
 };
 
 struct Refusal {
@@ -58,6 +59,7 @@ struct Refusal {
 struct GrantedLater {
   ReplyTo reply_to;
   LeaseRecord lease;
+  Clock::time_point since;  // when it was asked
 };
 struct Expired {
   ReplyTo reply_to;
@@ -103,6 +105,7 @@ class LeaseTable {
 
   const std::map<uint64_t, LeaseRecord>& leases() const { return leases_; }
   size_t waiting() const { return waiting_.size(); }
+  const std::deque<PendingRequest>& waiting_requests() const { return waiting_; }
   uint64_t leased_bytes(const std::string& owner) const;
   size_t lease_count(const std::string& owner) const;
   const PoolAllocator& allocator() const { return allocator_; }

@@ -17,7 +17,12 @@ namespace {
 
 std::string as_string(const toml::node& node, const std::string& key, const std::string& source) {
   if (auto s = node.value<std::string>()) return *s;
-  if (auto i = node.value<int64_t>()) return std::to_string(*i);
+  if (node.is_integer()) return std::to_string(*node.value<int64_t>());
+  if (auto d = node.value<double>()) {
+    std::ostringstream out;
+    out << *d;
+    return out.str();
+  }
   throw std::invalid_argument(source + ": key '" + key + "' must be a string or a number");
 }
 
@@ -40,6 +45,27 @@ uint32_t parse_count(const std::string& text) {
 }
 
 }  // namespace
+
+double parse_fraction(const std::string& text) {
+  std::string t = text;
+  bool percent = !t.empty() && t.back() == '%';
+  if (percent) t.pop_back();
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (t.empty() || used != t.size()) {
+    throw std::invalid_argument("'" + text + "' is not a share of the pool (80% or 0.8)");
+  }
+  if (percent) v /= 100;
+  if (!(v > 0 && v <= 1)) {
+    throw std::invalid_argument("'" + text + "' is not a share of the pool in (0, 100%]");
+  }
+  return v;
+}
 
 void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::string& source) {
   toml::table doc;
@@ -79,11 +105,20 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.job_retention_age = parse_duration(value);
       } else if (key == "log_level") {
         opts.log_level = value;
+      } else if (key == "policy") {
+        opts.policy = value;
+      } else if (key == "low_watermark") {
+        opts.low_watermark = parse_fraction(value);
+      } else if (key == "high_watermark") {
+        opts.high_watermark = parse_fraction(value);
+      } else if (key == "shrink_timeout") {
+        opts.shrink_timeout = parse_duration(value);
       } else {
         throw std::invalid_argument(
             "unknown key (known: endpoint, events_endpoint, backend, device, pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
-            "job_retention_count, job_retention_age, log_level)");
+            "job_retention_count, job_retention_age, policy, low_watermark, high_watermark, "
+            "shrink_timeout, log_level)");
       }
     });
   }
@@ -120,12 +155,25 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.job_retention_count < 1) {
     throw std::invalid_argument("job_retention_count must be at least 1");
   }
+  if (opts.policy != "occupancy" && opts.policy != "fifo") {
+    throw std::invalid_argument("policy '" + opts.policy + "' is not one of occupancy, fifo");
+  }
+  if (!(opts.low_watermark > 0 && opts.low_watermark <= opts.high_watermark &&
+        opts.high_watermark <= 1)) {
+    throw std::invalid_argument("low_watermark " + std::to_string(opts.low_watermark) +
+                                " and high_watermark " + std::to_string(opts.high_watermark) +
+                                " must satisfy 0 < low <= high <= 1");
+  }
+  if (opts.shrink_timeout.count() < 10) {
+    throw std::invalid_argument("shrink_timeout must be at least 10ms");
+  }
 }
 
 CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
-      log_level, state_dir, recovery_grace, retention_age;
+      log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
+      shrink_timeout;
   std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -153,6 +201,14 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
       ->check(CLI::Range(1u, 100000000u));
   app.add_option("--job-retention-age", retention_age,
                  "finished jobs older than this are pruned (default 30d)");
+  app.add_option("--policy", policy,
+                 "scheduling policy: occupancy (default) or fifo (first come, first served)");
+  app.add_option("--low-watermark", low_watermark,
+                 "jobs grow past their guaranteed share only below this occupancy (default 80%)");
+  app.add_option("--high-watermark", high_watermark,
+                 "above this occupancy agents are asked to shrink (default 95%)");
+  app.add_option("--shrink-timeout", shrink_timeout,
+                 "how long an agent asked to shrink has to answer (default 10s)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
   try {
     app.parse(argc, argv);
@@ -187,6 +243,10 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (recovery_grace) opts.recovery_grace = parse_duration(*recovery_grace);
     if (retention_count) opts.job_retention_count = *retention_count;
     if (retention_age) opts.job_retention_age = parse_duration(*retention_age);
+    if (policy) opts.policy = *policy;
+    if (low_watermark) opts.low_watermark = parse_fraction(*low_watermark);
+    if (high_watermark) opts.high_watermark = parse_fraction(*high_watermark);
+    if (shrink_timeout) opts.shrink_timeout = parse_duration(*shrink_timeout);
     validate(opts);
   } catch (const std::exception& e) {
     std::cerr << "leasehold-coordinator: " << e.what() << "\n";

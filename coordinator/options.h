@@ -42,8 +42,21 @@ struct CoordinatorOptions {
   // the age. Their coordinator-made checkpoint folders go with them.
   uint32_t job_retention_count = 1000;
   std::chrono::milliseconds job_retention_age{std::chrono::hours(24 * 30)};
+  // The scheduling policy: "occupancy" (guaranteed shares, watermarks,
+  // shrinking; coordinator/occupancy.md) or "fifo" (first come, first
+  // served: jobs over-committing the pool fail with out-of-memory).
+  std::string policy = "occupancy";
+  // Fractions of the pool: jobs grow past their guaranteed share only below
+  // the low watermark; above the high one, agents are asked to shrink.
+  double low_watermark = 0.80;
+  double high_watermark = 0.95;
+  // How long an agent asked to shrink has to answer (see CoreOptions).
+  std::chrono::milliseconds shrink_timeout{10000};
   std::string log_level = "info";
 };
+
+// A share of the pool: "80%" or 0.8. Throws std::invalid_argument.
+double parse_fraction(const std::string& text);
 
 // Parses `text` as TOML and applies its keys. Throws std::invalid_argument
 // naming `source` and the line or key for a syntax error, an unknown key, a

@@ -30,4 +30,11 @@ zmq::message_t encode_event(const JobRecord& job) {
   return to_message(fbb);
 }
 
+zmq::message_t encode_notice(const Notice& notice) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = notice.body.Pack(fbb);
+  finish_envelope(fbb, {0, "coordinator", 0}, notice.body.type, body);
+  return to_message(fbb);
+}
+
 }  // namespace leasehold

@@ -16,5 +16,7 @@ zmq::message_t encode_message(const OutMessage& m);
 // The topic ("job.<id>.") and body (a JobInfo summary) of a job event.
 std::string event_topic(uint64_t job_id);
 zmq::message_t encode_event(const JobRecord& job);
+// The body of another event (a Shrink or ShrinkDone).
+zmq::message_t encode_notice(const Notice& notice);
 
 }  // namespace leasehold

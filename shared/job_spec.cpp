@@ -98,6 +98,11 @@ uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes) {
   return pool_bytes ? std::min(fallback, pool_bytes) : fallback;
 }
 
+uint64_t job_memory_min(const proto::JobSpec& job, uint64_t pool_bytes) {
+  if (job.memory_min()) return parse_bytes(job.memory_min()->str());
+  return job_memory_budget(job, pool_bytes);
+}
+
 uint64_t job_resident_bytes(const proto::JobSpec& job) {
   long double params = 0;
   if (job.model()) {
@@ -165,6 +170,24 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     }
   } catch (const std::exception& e) {
     p.push_back(std::string("memory_budget: ") + e.what());
+  }
+  if (job.memory_min()) {
+    try {
+      uint64_t min = parse_bytes(job.memory_min()->str());
+      uint64_t budget = job_memory_budget(job, options.pool_bytes);
+      if (min < (1ull << 20)) p.push_back("memory_min: less than 1 MiB");
+      if (min > budget) {
+        p.push_back("memory_min: " + format_bytes(min) + " is more than memory_budget " +
+                    format_bytes(budget));
+      }
+      if (uint64_t resident = job_resident_bytes(job); resident > min) {
+        p.push_back("memory_min: " + format_bytes(min) +
+                    " cannot hold the model's parameters, gradients and optimizer state (" +
+                    format_bytes(resident) + "), which stay on the device");
+      }
+    } catch (const std::exception& e) {
+      p.push_back(std::string("memory_min: ") + e.what());
+    }
   }
   if (const auto* o = job.optimizer()) {
     if (!(o->lr() > 0 && o->lr() < 10)) p.push_back("optimizer.lr: must be in (0, 10)");

@@ -59,6 +59,10 @@ std::string checkpoint_file(const proto::JobSpecT& job);
 // `pool_bytes` is known and smaller.
 uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes = 0);
 
+// The guaranteed share: memory_min, or the budget when it is not set (the
+// job then never grows past its guarantee). Throws on a malformed size.
+uint64_t job_memory_min(const proto::JobSpec& job, uint64_t pool_bytes = 0);
+
 // Bytes that stay on the device for the whole job, whatever spills: the
 // parameters, their gradients and the optimiser's state (float32).
 uint64_t job_resident_bytes(const proto::JobSpec& job);

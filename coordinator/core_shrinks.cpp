@@ -1,0 +1,204 @@
+// The core's side of the occupancy policy: the PoolView the policy decides
+// on, Shrink requests and their answers, deadlines, and the time jobs spend
+// waiting for memory. The rules themselves are the policy's
+// (coordinator/occupancy_policy.h).
+#include <spdlog/spdlog.h>
+
+#include "coordinator/core.h"
+#include "coordinator/replies.h"
+#include "shared/job_spec.h"
+#include "shared/protocol.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+uint64_t ms_since(Clock::time_point since, Clock::time_point now) {
+  return now > since ? static_cast<uint64_t>(
+                           std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count())
+                     : 0;
+}
+
+std::string shrink_topic(const std::string& agent) { return "shrink." + agent + "."; }
+
+}  // namespace
+
+uint64_t CoordinatorCore::guaranteed_share(const proto::JobSpecT& spec) const {
+  try {
+    auto buffer = pack_job_spec(spec);
+    return job_memory_min(*verify_job(buffer), pool_.size);
+  } catch (const std::exception&) {
+    // Validated at submission; a stored spec this build cannot read asks
+    // for the whole pool rather than nothing.
+    return pool_.size;
+  }
+}
+
+PoolView CoordinatorCore::pool_view() const {
+  PoolView view;
+  view.pool_size = pool_.size;
+  view.used = leases_.allocator().used_bytes();
+  std::map<std::string, uint64_t> held;
+  for (const auto& [id, rec] : leases_.leases()) held[rec.owner] += rec.size;
+  for (const auto& [name, agent] : agents_) {  // in name order
+    AgentShare a;
+    a.name = name;
+    a.leased = held[name];
+    const JobRecord* job = agent.job_id ? jobs_.find(agent.job_id) : nullptr;
+    if (job && job->state == JobState::Running && job->agent == name) {
+      a.job_id = job->id;
+      a.priority = job->priority;
+      a.guaranteed = job->guaranteed_bytes;
+      a.shrinkable = !agent.shrink && now_.steady >= agent.shrink_rest_until &&
+                     !job->cancel_requested && !job->stop_wanted && !job->orphaned_since;
+    }
+    if (agent.shrink) a.shrink_pending = agent.shrink->missed ? 0 : agent.shrink->bytes;
+    view.agents.push_back(std::move(a));
+  }
+  view.waiting.assign(leases_.waiting_requests().begin(), leases_.waiting_requests().end());
+  return view;
+}
+
+void CoordinatorCore::request_shrinks(Now now, Effects& out) {
+  for (const ShrinkOrder& order : policy_->shrinks(pool_view())) {
+    auto it = agents_.find(order.agent);
+    if (it == agents_.end() || it->second.shrink || !it->second.job_id) continue;
+    AgentRecord& agent = it->second;
+    AgentRecord::PendingShrink s;
+    s.id = next_shrink_id_++;
+    s.job_id = agent.job_id;
+    s.bytes = order.bytes;
+    s.sent = now.steady;
+    s.deadline = now.steady + opts_.shrink_timeout;
+    agent.shrink = s;
+    agent.last_shrink_id = s.id;
+
+    proto::ShrinkT msg;
+    msg.id = s.id;
+    msg.agent = agent.name;
+    msg.session = agent.session;
+    msg.job_id = s.job_id;
+    msg.bytes = s.bytes;
+    msg.deadline_ms = static_cast<uint32_t>(opts_.shrink_timeout.count());
+    msg.reason = order.reason;
+    for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::ShrinkT(msg));
+    Notice n;
+    n.topic = shrink_topic(agent.name);
+    n.body.Set(std::move(msg));
+    out.notices.push_back(std::move(n));
+    spdlog::info("asked agent '{}' (job {}) to shrink by {} within {} ms: {}", agent.name,
+                 s.job_id, format_bytes(s.bytes), opts_.shrink_timeout.count(), order.reason);
+  }
+}
+
+void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
+                                     const proto::Envelope& env, Now now, Effects& out) {
+  uint64_t req = env.header()->request_id();
+  const auto* d = env.body_as_ShrinkDone();
+  if (!agent.shrink || agent.shrink->id != d->id()) {
+    if (d->id() != 0 && d->id() <= agent.last_shrink_id) {
+      // An answer to a Shrink whose job has ended since: nothing to do.
+      return send_ack(out, rid, req);
+    }
+    return send_error(out, rid, req, ErrorCode::NotOwner,
+                      "shrink " + std::to_string(d->id()) + " was not asked of agent '" +
+                          agent.name + "'");
+  }
+  AgentRecord::PendingShrink s = *agent.shrink;
+  agent.shrink.reset();
+  ++agent.shrinks_answered;
+  agent.shrinks_missed = 0;
+  const uint64_t released = d->released();
+  // Less than asked: what it holds is in use now; let it run a while.
+  if (released < s.bytes) agent.shrink_rest_until = now.steady + opts_.heartbeat_interval;
+  spdlog::info("agent '{}' released {} of {} asked in {} ms{}{}", agent.name,
+               format_bytes(released), format_bytes(s.bytes), ms_since(s.sent, now.steady),
+               d->reason() ? ": " : "", str(d->reason()));
+  bool stored = false;
+  if (JobRecord* job = jobs_.find(s.job_id)) {
+    ++job->shrinks;
+    job->shrunk_bytes += released;
+    changed(*job, out);
+    stored = true;
+  }
+  proto::ShrinkDoneT echo;
+  d->UnPackTo(&echo);
+  Notice n;
+  n.topic = shrink_topic(agent.name);
+  n.body.Set(std::move(echo));
+  out.notices.push_back(std::move(n));
+  send_ack(out, rid, req, stored);
+  serve_waiting(out);
+  request_shrinks(now, out);
+}
+
+void CoordinatorCore::check_shrinks(Now now, Effects& out) {
+  std::vector<std::pair<std::string, int>> silent;  // name, pid
+  for (auto& [name, agent] : agents_) {
+    if (!agent.shrink) continue;
+    AgentRecord::PendingShrink& s = *agent.shrink;
+    if (!s.missed && now.steady >= s.deadline) {
+      s.missed = true;
+      ++agent.shrinks_missed;
+      spdlog::warn("agent '{}' did not answer shrink {} ({}) within {} ms; skipping it", name, s.id,
+                   format_bytes(s.bytes), opts_.shrink_timeout.count());
+      proto::ShrinkDoneT missed;
+      missed.id = s.id;
+      missed.reason = "no answer within " + std::to_string(opts_.shrink_timeout.count()) +
+                      " ms; skipped";
+      Notice n;
+      n.topic = shrink_topic(name);
+      n.body.Set(std::move(missed));
+      out.notices.push_back(std::move(n));
+    } else if (s.missed && now.steady >= s.deadline + opts_.shrink_timeout) {
+      silent.emplace_back(name, agent.pid);
+    }
+  }
+  for (const auto& [name, pid] : silent) {
+    std::string why = "did not answer a Shrink for " +
+                      std::to_string(2 * opts_.shrink_timeout.count()) + " ms (unresponsive)";
+    // Like an agent that stopped heart-beating: if its process lives it may
+    // still write into its leases, so they are fenced.
+    drop_agent(name, why, opts_.process_gone(pid) ? JobFate::AgentLost : JobFate::Silent, now,
+               out);
+  }
+  if (!silent.empty()) {
+    serve_waiting(out);
+    schedule(now, out);
+  }
+}
+
+void CoordinatorCore::note_lease_wait(const std::string& owner, Clock::time_point since, Now now,
+                                      Effects& out) {
+  uint64_t waited = ms_since(since, now.steady);
+  if (waited == 0) return;
+  auto it = agents_.find(owner);
+  if (it == agents_.end() || !it->second.job_id) return;
+  JobRecord* job = jobs_.find(it->second.job_id);
+  if (!job || job->state != JobState::Running) return;
+  job->memory_wait_ms += waited;
+  changed(*job, out);
+}
+
+void CoordinatorCore::note_waiting(const std::vector<JobRecord*>& queued, const Pick& refused,
+                                   Now now, Effects& out) {
+  for (size_t i = 0; i < queued.size(); ++i) {
+    JobRecord& job = *queued[i];
+    bool for_memory = i == 0 && !refused.waiting_for.empty();
+    std::string why = i > 0         ? "queued behind job " + std::to_string(queued[0]->id)
+                      : for_memory ? refused.waiting_for
+                                   : "waiting for an idle agent";
+    if (for_memory && !job.waiting_since) job.waiting_since = now.steady;
+    if (!for_memory && job.waiting_since) {
+      job.memory_wait_ms += ms_since(*job.waiting_since, now.steady);
+      job.waiting_since.reset();
+      changed(job, out);
+    }
+    if (why != job.waiting_for) {
+      job.waiting_for = std::move(why);
+      out.events.push_back(job.id);  // published, not stored
+    }
+  }
+}
+
+}  // namespace leasehold

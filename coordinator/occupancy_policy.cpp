@@ -1,0 +1,104 @@
+#include "coordinator/occupancy_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "shared/units.h"
+
+namespace leasehold {
+
+OccupancyPolicy::OccupancyPolicy(OccupancyOptions options) : opt_(options) {
+  if (!(opt_.low_watermark > 0 && opt_.low_watermark <= opt_.high_watermark &&
+        opt_.high_watermark <= 1)) {
+    throw std::invalid_argument("watermarks must satisfy 0 < low_watermark <= high_watermark <= 1");
+  }
+}
+
+uint64_t OccupancyPolicy::low_bytes(const PoolView& pool) const {
+  return static_cast<uint64_t>(std::floor(opt_.low_watermark * static_cast<double>(pool.pool_size)));
+}
+
+uint64_t OccupancyPolicy::high_bytes(const PoolView& pool) const {
+  return static_cast<uint64_t>(std::floor(opt_.high_watermark * static_cast<double>(pool.pool_size)));
+}
+
+Pick OccupancyPolicy::pick_job(const AgentRecord&, std::span<JobRecord* const> queued,
+                               const PoolView& pool) {
+  // Strictly in queue order: letting smaller jobs past a large one would
+  // starve it whenever small jobs keep coming.
+  JobRecord* job = queued.front();
+  const uint64_t committed = pool.used + pool.reserved();
+  const uint64_t free = pool.pool_size > committed ? pool.pool_size - committed : 0;
+  // What running jobs of this priority or lower hold past their shares
+  // could be had back; a higher-priority job's could not.
+  const uint64_t reclaimable = pool.reclaimable(job->priority);
+  const uint64_t need = job->guaranteed_bytes;
+  if (need <= free + reclaimable) return Pick{job, ""};
+  return Pick{nullptr, "waiting for " + format_bytes(need - free - reclaimable) + "; " +
+                           format_bytes(free) + " free, " + format_bytes(reclaimable) +
+                           " reclaimable (guaranteed share " + format_bytes(need) + ")"};
+}
+
+bool OccupancyPolicy::may_grant(const PendingRequest& request, const PoolView& pool) {
+  if (pool.opportunistic(request)) {
+    // Growth past the guaranteed share: only below the low watermark
+    // (reservations included, so a job never grows into memory a running
+    // job is guaranteed), and never while others wait or are shrinking.
+    const AgentShare* a = pool.find(request.owner);
+    uint64_t within = a->guaranteed > a->leased ? a->guaranteed - a->leased : 0;
+    uint64_t future = pool.used + pool.reserved() - within + request.size;
+    bool others_wait = std::any_of(pool.waiting.begin(), pool.waiting.end(),
+                                   [&](const PendingRequest& w) {
+                                     return !pool.opportunistic(w) && w.owner != request.owner;
+                                   });
+    return future <= low_bytes(pool) && !others_wait && pool.shrink_pending() == 0;
+  }
+  // Within a guaranteed share, or an agent without a job: granted while the
+  // pool stays below the high watermark; above it, first the memory held
+  // past guaranteed shares comes back (shrinks() asks for it).
+  if (pool.used + request.size <= high_bytes(pool)) return true;
+  return pool.reclaimable() == 0 && pool.shrink_pending() == 0;
+}
+
+std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
+  // What waiting (non-opportunistic) requests need above the high
+  // watermark, less what is being released already.
+  uint64_t wanted = pool.used;
+  size_t waiting = 0;
+  for (const auto& w : pool.waiting) {
+    if (!pool.opportunistic(w)) {
+      wanted += w.size;
+      ++waiting;
+    }
+  }
+  const uint64_t high = high_bytes(pool);
+  const uint64_t pending = pool.shrink_pending();
+  if (wanted <= high + pending) return {};
+  uint64_t need = wanted - high - pending;
+
+  std::vector<const AgentShare*> candidates;
+  for (const auto& a : pool.agents) {
+    if (a.shrinkable && a.over() > 0) candidates.push_back(&a);
+  }
+  // Lowest priority first, then the most over its share.
+  std::sort(candidates.begin(), candidates.end(), [](const AgentShare* x, const AgentShare* y) {
+    if (x->priority != y->priority) return x->priority < y->priority;
+    if (x->over() != y->over()) return x->over() > y->over();
+    return x->name < y->name;
+  });
+  std::vector<ShrinkOrder> orders;
+  const std::string why = "occupancy " + std::to_string(static_cast<int>(pool.occupancy() * 100)) +
+                          "% with " + std::to_string(waiting) +
+                          " lease requests waiting; high watermark " +
+                          std::to_string(static_cast<int>(opt_.high_watermark * 100)) + "%";
+  for (const AgentShare* a : candidates) {
+    if (need == 0) break;
+    uint64_t bytes = std::min(need, a->over());
+    orders.push_back(ShrinkOrder{a->name, bytes, why});
+    need -= bytes;
+  }
+  return orders;
+}
+
+}  // namespace leasehold
