@@ -101,8 +101,10 @@ TEST_F(Jobs, TwoJobsRunAtOnceOnTwoAgents) {
   cluster.start_agent("a1", {});
   cluster.start_agent("a2", {});
   ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["agents"].size() == 2; }, 5s));
-  auto [rc1, id1] = client({"submit", job_file("one", R"(, "epochs": 100000)")});
-  auto [rc2, id2] = client({"submit", job_file("two", R"(, "epochs": 100000)")});
+  // Their guaranteed shares (the budgets) fit the pool side by side.
+  const char* both_fit = R"(, "epochs": 100000, "memory_budget": "128MiB")";
+  auto [rc1, id1] = client({"submit", job_file("one", both_fit)});
+  auto [rc2, id2] = client({"submit", job_file("two", both_fit)});
   ASSERT_EQ(rc1, 0);
   ASSERT_EQ(rc2, 0);
   bool both = false;

@@ -6,7 +6,9 @@
 
 namespace leasehold::testing {
 
-CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes) : opts_(std::move(options)) {
+CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
+                       std::unique_ptr<SchedulingPolicy> policy)
+    : opts_(std::move(options)) {
   // Far from the epoch, so "older than" arithmetic never underflows.
   now_.steady = Clock::time_point{} + std::chrono::hours(1000);
   now_.unix_ms = 1'700'000'000'000ull;
@@ -21,7 +23,8 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes) : opts_(std::mo
   pool.alignment = 1ull << 20;
   pool.handle = {'p'};
   pool.epoch = 7;
-  core_ = std::make_unique<CoordinatorCore>(opts_, pool, std::make_unique<FifoPolicy>(), now_);
+  if (!policy) policy = std::make_unique<FifoPolicy>();
+  core_ = std::make_unique<CoordinatorCore>(opts_, pool, std::move(policy), now_);
 }
 
 void CoreDriver::advance(std::chrono::milliseconds d) {
@@ -152,6 +155,33 @@ Effects CoreDriver::lease(const FakeAgent& a, uint64_t bytes, int wait_ms) {
   return request(a.rid, a.name, a.session, proto::Body::LeaseRequest, [&](auto& fbb) {
     return proto::CreateLeaseRequest(fbb, bytes, proto::LeaseEnd::Low, wait_ms).Union();
   });
+}
+
+Effects CoreDriver::release(const FakeAgent& a, uint64_t lease_id) {
+  return request(a.rid, a.name, a.session, proto::Body::LeaseRelease, [&](auto& fbb) {
+    return proto::CreateLeaseRelease(fbb, lease_id).Union();
+  });
+}
+
+Effects CoreDriver::shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t released) {
+  return request(a.rid, a.name, a.session, proto::Body::ShrinkDone, [&](auto& fbb) {
+    return proto::CreateShrinkDone(fbb, shrink_id, released).Union();
+  });
+}
+
+Effects CoreDriver::status() {
+  return request("client", "client", 0, proto::Body::StatusRequest,
+                 [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
+}
+
+uint64_t granted_lease(const Effects& e, const FakeAgent& a) {
+  auto m = messages(e, proto::Body::LeaseGrant, a.rid);
+  return m.empty() ? 0 : m[0]->body.AsLeaseGrant()->lease->id;
+}
+
+const proto::ShrinkT* shrink_of(const Effects& e, const FakeAgent& a) {
+  auto m = messages(e, proto::Body::Shrink, a.rid);
+  return m.empty() ? nullptr : m[0]->body.AsShrink();
 }
 
 CoreOptions job_options() {

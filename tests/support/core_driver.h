@@ -31,7 +31,9 @@ struct Listed {
 
 class CoreDriver {
  public:
-  explicit CoreDriver(CoreOptions options = {}, uint64_t pool_bytes = 64ull << 20);
+  // `policy`: null for FifoPolicy.
+  explicit CoreDriver(CoreOptions options = {}, uint64_t pool_bytes = 64ull << 20,
+                      std::unique_ptr<SchedulingPolicy> policy = nullptr);
 
   CoordinatorCore& core() { return *core_; }
   Now now() const { return now_; }
@@ -59,6 +61,9 @@ class CoreDriver {
                  int resumed_from = 0);
   Effects cancel(uint64_t job);
   Effects lease(const FakeAgent& a, uint64_t bytes, int wait_ms);
+  Effects release(const FakeAgent& a, uint64_t lease_id);
+  Effects shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t released);
+  Effects status();
 
   const JobRecord& job(uint64_t id) { return *core_->jobs().find(id); }
 
@@ -91,5 +96,9 @@ std::vector<const OutMessage*> messages(const Effects& e, proto::Body type,
                                         const std::string& rid = "");
 // The error replies' messages, joined.
 std::string errors(const Effects& e);
+// The lease granted to `a` in `e` (0: none).
+uint64_t granted_lease(const Effects& e, const FakeAgent& a);
+// The Shrink pushed to `a` in `e`, if any.
+const proto::ShrinkT* shrink_of(const Effects& e, const FakeAgent& a);
 
 }  // namespace leasehold::testing
