@@ -223,6 +223,7 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
   job.orphaned_since.reset();
   job.orphan_counts = false;
   job.orphan_pid = 0;
+  job.orphan_cause.clear();
   job.assign_acked = false;
   job.stop_wanted = false;
 }
@@ -237,8 +238,10 @@ void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& 
   changed(job, out);
 }
 
-void CoordinatorCore::requeue(JobRecord& job, const std::string& why, bool agent_lost, Now now,
-                              Effects& out) {
+void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool agent_lost,
+                              Now now, Effects& out) {
+  const std::string why =
+      job.orphan_cause.empty() ? reported : job.orphan_cause + "; then: " + reported;
   end_attempt(job, agent_lost ? "agent lost" : "interrupted", why, now);
   if (job.cancel_requested) return finish(job, JobState::Cancelled, "cancelled: " + why, now, out);
   if (agent_lost && ++job.agent_failures > static_cast<uint32_t>(job.max_attempts)) {

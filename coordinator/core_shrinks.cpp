@@ -38,6 +38,7 @@ PoolView CoordinatorCore::pool_view() const {
   PoolView view;
   view.pool_size = pool_.size;
   view.used = leases_.allocator().used_bytes();
+  view.largest_free = leases_.allocator().largest_free();
   std::map<std::string, uint64_t> held;
   for (const auto& [id, rec] : leases_.leases()) held[rec.owner] += rec.size;
   for (const auto& [name, agent] : agents_) {  // in name order
@@ -157,10 +158,15 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
   for (const auto& [name, pid] : silent) {
     std::string why = "did not answer a Shrink for " +
                       std::to_string(2 * opts_.shrink_timeout.count()) + " ms (unresponsive)";
+    uint64_t job_id = agents_.at(name).job_id;
     // Like an agent that stopped heart-beating: if its process lives it may
     // still write into its leases, so they are fenced.
     drop_agent(name, why, opts_.process_gone(pid) ? JobFate::AgentLost : JobFate::Silent, now,
                out);
+    // Its report of the interruption cannot say why: the job record does.
+    if (JobRecord* job = job_id ? jobs_.find(job_id) : nullptr; job && job->orphaned_since) {
+      job->orphan_cause = "agent '" + name + "' " + why;
+    }
   }
   if (!silent.empty()) {
     serve_waiting(out);

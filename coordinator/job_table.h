@@ -80,6 +80,9 @@ struct JobRecord {
   std::optional<Clock::time_point> orphaned_since;
   bool orphan_counts = false;  // if the wait runs out, it counts as a lost agent
   int orphan_pid = 0;          // the silent agent's process (0: unknown)
+  // Why the coordinator dropped its agent, when the agent's own report of
+  // the interruption cannot know it (it did not answer a Shrink).
+  std::string orphan_cause;
 
   AttemptRecord* current_attempt() { return attempts.empty() ? nullptr : &attempts.back(); }
   uint32_t attempt_number() const { return attempts.empty() ? 0 : attempts.back().number; }

@@ -63,19 +63,23 @@ bool OccupancyPolicy::may_grant(const PendingRequest& request, const PoolView& p
 
 std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
   // What waiting (non-opportunistic) requests need above the high
-  // watermark, less what is being released already.
-  uint64_t wanted = pool.used;
+  // watermark, or, when the free memory is in pieces too small for them,
+  // their size (given-back leases merge with free neighbours), less what is
+  // being released already.
+  uint64_t wanted = pool.used, unfit = 0;
   size_t waiting = 0;
   for (const auto& w : pool.waiting) {
     if (!pool.opportunistic(w)) {
       wanted += w.size;
+      if (w.size > pool.largest_free) unfit += w.size;
       ++waiting;
     }
   }
   const uint64_t high = high_bytes(pool);
   const uint64_t pending = pool.shrink_pending();
-  if (wanted <= high + pending) return {};
-  uint64_t need = wanted - high - pending;
+  uint64_t need = std::max(wanted > high ? wanted - high : 0, unfit);
+  if (need <= pending) return {};
+  need -= pending;
 
   std::vector<const AgentShare*> candidates;
   for (const auto& a : pool.agents) {
@@ -88,10 +92,11 @@ std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
     return x->name < y->name;
   });
   std::vector<ShrinkOrder> orders;
-  const std::string why = "occupancy " + std::to_string(static_cast<int>(pool.occupancy() * 100)) +
-                          "% with " + std::to_string(waiting) +
-                          " lease requests waiting; high watermark " +
-                          std::to_string(static_cast<int>(opt_.high_watermark * 100)) + "%";
+  const std::string why =
+      "occupancy " + std::to_string(static_cast<int>(pool.occupancy() * 100)) + "% with " +
+      std::to_string(waiting) + " lease requests waiting (high watermark " +
+      std::to_string(static_cast<int>(opt_.high_watermark * 100)) + "%" +
+      (unfit ? ", largest free block " + format_bytes(pool.largest_free) : std::string()) + ")";
   for (const AgentShare* a : candidates) {
     if (need == 0) break;
     uint64_t bytes = std::min(need, a->over());

@@ -9,9 +9,10 @@
 //   below the low watermark.
 // - A lease within a guaranteed share (or of an agent without a job) is
 //   granted when it fits and occupancy stays at or below the high
-//   watermark; above it, it waits while someone holds memory past their
-//   guaranteed share, and the policy asks those agents to shrink (lowest
-//   priority first, then the most over their share), never below it.
+//   watermark; above it (or when the free memory is in pieces too small
+//   for it) it waits while someone holds memory past their guaranteed
+//   share, and the policy asks those agents to shrink (lowest priority
+//   first, then the most over their share), never below it.
 // - A queued job starts when its guaranteed share fits: free memory (not
 //   reserved for running jobs) plus what jobs of its priority or lower hold
 //   past their shares. Jobs start in queue order (priority, then

@@ -44,6 +44,7 @@ struct AgentShare {
 struct PoolView {
   uint64_t pool_size = 0;
   uint64_t used = 0;                      // leased bytes, fenced ones included
+  uint64_t largest_free = 0;              // the largest free block
   std::vector<AgentShare> agents;         // registered agents, by name
   std::vector<PendingRequest> waiting;    // lease requests waiting, in queue order
 

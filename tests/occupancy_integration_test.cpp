@@ -1,0 +1,221 @@
+// The occupancy policy end to end, with real processes on the host
+// backend: three jobs whose unconstrained peaks add up to twice the pool,
+// submitted at once to three agents, all finish with the accuracy each
+// reaches alone; an agent that never answers Shrink does not wedge the
+// coordinator.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iomanip>
+#include <thread>
+
+#include "tests/support/cluster.h"
+#include "tests/support/synthetic_data.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr uint64_t MiB = 1ull << 20;
+
+// Activation-heavy and parameter-light (as in the spill test): its peak is
+// the saved ReLU outputs and Dropout masks of the whole batch.
+std::string job_json(const std::string& data_dir, const std::string& name, int epochs, int seed,
+                     const std::string& memory) {
+  std::string model = R"("model": [{"type": "Flatten"}, {"type": "Linear", "in": 64, "out": 1024})";
+  for (int i = 0; i < 4; ++i) model += R"(, {"type": "ReLU"}, {"type": "Dropout", "p": 0.1})";
+  model += R"(, {"type": "Linear", "in": 1024, "out": 3}],)";
+  std::string json = synthetic_job_json(
+      data_dir, name,
+      R"(, "batch_size": 600, "epochs": )" + std::to_string(epochs) + memory);
+  size_t a = json.find(R"("model")"), b = json.find(R"("dataset")");
+  json.replace(a, b - a, model + " ");
+  size_t s = json.find(R"("seed": 3)");
+  json.replace(s, 9, R"("seed": )" + std::to_string(seed));
+  return json;
+}
+
+struct Job {
+  std::string name;
+  int epochs;
+  int seed;
+};
+// A ends first; B runs longest, so it is still running (and past its
+// guaranteed share) when C starts.
+const Job kJobs[] = {{"a", 2, 3}, {"b", 25, 4}, {"c", 3, 5}};
+
+class Oversubscribed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_synthetic_idx(data.dir(), "train", 3000, 1);
+    write_synthetic_idx(data.dir(), "test", 300, 2);
+  }
+
+  std::string write_job(Cluster& c, const Job& j, const std::string& memory) {
+    std::string path = c.dir() + "/" + j.name + ".json";
+    std::ofstream(path) << job_json(data.dir(), j.name, j.epochs, j.seed, memory);
+    return path;
+  }
+  std::pair<int, std::string> client(Cluster& c, std::vector<std::string> args) {
+    args.insert(args.begin(), {"--endpoint", c.endpoint()});
+    return c.run("leasehold", args);
+  }
+  nlohmann::json jobs(Cluster& c) {
+    auto [rc, out] = client(c, {"jobs", "-o", "json"});
+    EXPECT_EQ(rc, 0) << out;
+    return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json::array();
+  }
+  static std::string memory(uint64_t min_mib, uint64_t budget_mib) {
+    return R"(, "memory_min": ")" + std::to_string(min_mib) + R"(MiB", "memory_budget": ")" +
+           std::to_string(budget_mib) + R"(MiB")";
+  }
+
+  // Each job alone with all the memory it wants: its accuracy and the
+  // largest peak (the jobs share a model and a batch size).
+  void run_alone() {
+    Cluster solo;
+    solo.start_coordinator({"--backend", "host", "--pool-size", "512MiB", "--alignment", "1MiB",
+                            "--heartbeat-interval", "200ms"});
+    solo.start_agent("solo", {});
+    for (const Job& j : kJobs) {
+      auto [rc, out] = client(solo, {"submit", write_job(solo, j, R"(, "memory_budget": "256MiB")"),
+                                     "--follow"});
+      ASSERT_EQ(rc, 0) << out;
+    }
+    for (const auto& j : jobs(solo)) {
+      alone_accuracy[j["name"]] = j["test_accuracy"].get<double>();
+      alone_losses[j["name"]] = losses(j);
+      peak = std::max(peak, j["progress"]["peak_device_bytes"].get<uint64_t>());
+      EXPECT_EQ(j["progress"]["spilled_bytes"], 0) << j.dump(2);
+    }
+    ASSERT_GT(peak, 16 * MiB);
+  }
+
+  // Starts a coordinator whose pool is two thirds of the three peaks, and
+  // the agents (in name order they take the jobs in queue order).
+  void start_oversubscribed(Cluster& c, const std::vector<std::pair<std::string, bool>>& agents) {
+    peak_mib = (peak + MiB - 1) / MiB;
+    pool_mib = (3 * peak_mib + 1) / 2;
+    c.start_coordinator({"--backend", "host", "--pool-size", std::to_string(pool_mib) + "MiB",
+                         "--alignment", "1MiB", "--heartbeat-interval", "200ms",
+                         "--shrink-timeout", "500ms"});
+    for (const auto& [name, ignores] : agents) {
+      std::vector<std::string> args;
+      if (ignores) args.push_back("--test-ignore-shrinks");
+      c.start_agent(name, args);
+    }
+    ASSERT_TRUE(c.wait_for([&](const auto& s) { return s["agents"].size() == agents.size(); }, 10s));
+  }
+
+  // Submits the three at once: A is guaranteed 30% of the pool (its budget,
+  // so it spills), B 10% and grows (to 50% beside A's share, below the low
+  // watermark), C its whole peak (which does not fit beside A and B's
+  // shares: it waits for A, then needs some of what B grew into).
+  void submit_all(Cluster& c) {
+    uint64_t a = pool_mib * 3 / 10, b = pool_mib / 10;
+    const std::string mem[] = {memory(a, a), memory(b, peak_mib), memory(peak_mib, peak_mib)};
+    for (int i = 0; i < 3; ++i) {
+      auto [rc, out] = client(c, {"submit", write_job(c, kJobs[i], mem[i])});
+      ASSERT_EQ(rc, 0) << out;
+    }
+  }
+
+  // Polls until every job has ended (or `timeout`): the largest number of
+  // bytes ever leased, and whether the coordinator always answered.
+  bool wait_all_ended(Cluster& c, std::chrono::seconds timeout, uint64_t& max_used,
+                      uint64_t& pool_size, int& unanswered) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto s = c.status(5s);
+      if (!s) {
+        ++unanswered;
+        continue;
+      }
+      max_used = std::max(max_used, (*s)["pool"]["used_bytes"].get<uint64_t>());
+      pool_size = (*s)["pool"]["size_bytes"];
+      auto list = jobs(c);
+      bool ended = list.size() == 3;
+      for (const auto& j : list) {
+        std::string st = j["state"];
+        ended &= st != "queued" && st != "running";
+      }
+      if (ended) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
+
+  // Every epoch's training loss: bit-identical training gives identical
+  // losses (the synthetic test set is easy; accuracy alone would not tell).
+  static std::vector<double> losses(const nlohmann::json& job) {
+    std::vector<double> out;
+    for (const auto& e : job["epochs"]) out.push_back(e["train_loss"].get<double>());
+    return out;
+  }
+
+  Cluster data;  // the dataset's folder
+  std::map<std::string, double> alone_accuracy;
+  std::map<std::string, std::vector<double>> alone_losses;
+  uint64_t peak = 0, peak_mib = 0, pool_mib = 0;
+};
+
+TEST_F(Oversubscribed, EveryJobFinishesWithItsAloneAccuracyAndSomeoneShrank) {
+  ASSERT_NO_FATAL_FAILURE(run_alone());
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_oversubscribed(c, {{"a1", false}, {"a2", false}, {"a3", false}}));
+  ASSERT_NO_FATAL_FAILURE(submit_all(c));
+  // C waits for memory, and says so.
+  ASSERT_TRUE(c.wait_for([&](const auto&) {
+    for (const auto& j : jobs(c)) {
+      if (j["name"] == "c" && j["waiting_for"].get<std::string>().rfind("waiting for ", 0) == 0) {
+        return true;
+      }
+    }
+    return false;
+  }, 10s)) << jobs(c).dump(2);
+
+  uint64_t max_used = 0, pool_size = 0;
+  int unanswered = 0;
+  ASSERT_TRUE(wait_all_ended(c, 180s, max_used, pool_size, unanswered)) << jobs(c).dump(2);
+  EXPECT_EQ(unanswered, 0);
+  EXPECT_LE(max_used, pool_size);
+  uint32_t shrinks = 0;
+  for (const auto& j : jobs(c)) {
+    std::string name = j["name"];
+    EXPECT_EQ(j["state"], "succeeded") << j.dump(2);
+    EXPECT_EQ(j["test_accuracy"].get<double>(), alone_accuracy[name])
+        << "job " << name << " trained differently beside the others";
+    EXPECT_EQ(losses(j), alone_losses[name]) << "job " << name;
+    shrinks += j["shrinks"].get<uint32_t>();
+    if (name == "c") EXPECT_GT(j["memory_wait_ms"].get<uint64_t>(), 0u) << j.dump(2);
+    if (name == "a") EXPECT_GT(j["progress"]["spilled_bytes"].get<uint64_t>(), 0u) << j.dump(2);
+  }
+  EXPECT_GE(shrinks, 1u) << "B held memory past its share when C needed it";
+  auto [rc, text] = client(c, {"job", "2"});
+  EXPECT_NE(text.find("shrink(s) released"), std::string::npos) << text;
+}
+
+TEST_F(Oversubscribed, AnAgentIgnoringShrinkDoesNotWedgeTheCoordinator) {
+  ASSERT_NO_FATAL_FAILURE(run_alone());
+  Cluster c;
+  // B goes to the agent that never answers.
+  ASSERT_NO_FATAL_FAILURE(
+      start_oversubscribed(c, {{"a1", false}, {"b-deaf", true}, {"c3", false}}));
+  ASSERT_NO_FATAL_FAILURE(submit_all(c));
+  uint64_t max_used = 0, pool_size = 0;
+  int unanswered = 0;
+  ASSERT_TRUE(wait_all_ended(c, 180s, max_used, pool_size, unanswered)) << jobs(c).dump(2);
+  EXPECT_EQ(unanswered, 0) << "the coordinator kept answering";
+  EXPECT_LE(max_used, pool_size);
+  for (const auto& j : jobs(c)) {
+    EXPECT_EQ(j["state"], "succeeded") << j.dump(2);
+    EXPECT_EQ(j["test_accuracy"].get<double>(), alone_accuracy[j["name"].get<std::string>()]);
+    EXPECT_EQ(losses(j), alone_losses[j["name"].get<std::string>()]) << j["name"];
+  }
+  // B's first attempt ended when its agent was dropped for not answering.
+  auto [rc, text] = client(c, {"job", "2"});
+  EXPECT_NE(text.find("did not answer a Shrink"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace leasehold::testing
