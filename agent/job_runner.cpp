@@ -139,9 +139,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     E::manual_seed(epoch_seed(job.seed(), epoch));
     E::Tensor x, y;
     int64_t step = 0, since_report = 0, samples_since = 0;
-    double loss_sum = 0, epoch_loss = 0;
+    double reported_sum = 0, epoch_loss = 0;
     // Losses are summed on the device and read back only when reported, so
-    // the loop does not wait for the GPU every step.
+    // the loop does not wait for the GPU every step. One sum for the whole
+    // epoch: its value does not depend on when progress happened to be
+    // reported (a run slowed down reports the same epoch loss).
     E::Tensor loss_acc = E::zeros({}, {E::DType::Float32, options.device});
     while (global < total_steps && batches.next(x, y, options.device)) {
       if (options.should_stop && options.should_stop()) throw JobCancelled();
@@ -162,9 +164,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       bool epoch_end = step == per_epoch || global == total_steps;
       auto now = Clock::now();
       if (options.on_progress && (now - last_report >= options.progress_interval || epoch_end)) {
-        double acc = loss_acc.item();
-        loss_sum += acc;
-        loss_acc = E::zeros({}, {E::DType::Float32, options.device});
+        double sum = loss_acc.item();
+        double acc = sum - reported_sum;
+        reported_sum = sum;
         double secs = std::chrono::duration<double>(now - last_report).count();
         JobProgress p;
         p.epoch = epoch + 1;
@@ -186,8 +188,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         last_report = now;
       }
     }
-    loss_sum += loss_acc.item();
-    epoch_loss = step ? loss_sum / step : 0;
+    epoch_loss = step ? loss_acc.item() / step : 0;
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     train_seconds += epoch_seconds;
     EpochReport report{epoch + 1, epoch_loss, evaluate(*model, test, options.device),
