@@ -155,7 +155,7 @@ void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why, 
   // alone made room moved 1.6 times the bytes and stepped 15% slower.
   // Past the guaranteed share, memory given back might not be granted
   // again: spill within what is held instead.
-  if (growth_held() && leased_ >= opt_.guaranteed_bytes) return nullptr;
+  if (!patient && growth_held() && leased_ >= opt_.guaranteed_bytes) return nullptr;
   if (refused || allowed() < need) {
     if (release_free_segments() == 0) return nullptr;
   }
