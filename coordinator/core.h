@@ -122,7 +122,6 @@ class CoordinatorCore {
   const LeaseTable& leases() const { return leases_; }
   const JobTable& jobs() const { return jobs_; }
   const PoolDescriptor& pool() const { return pool_; }
-  const SchedulingPolicy& policy() const { return *policy_; }
   // The pool as the policy sees it now.
   PoolView pool_view() const;
   // "3 agents, 5 leases, 1.00 GiB of 4.00 GiB leased, 2 jobs queued, 1 running"
@@ -173,6 +172,8 @@ class CoordinatorCore {
   void check_shrinks(Now now, Effects& out);
   // Adds the time a granted request of `owner` waited to its job.
   void note_lease_wait(const std::string& owner, Clock::time_point since, Now now, Effects& out);
+  // Ends a queued job's wait for memory, adding its time to the job.
+  static void end_memory_wait(JobRecord& job, Now now);
   // Sets why each queued job waits (`refused`: the policy's answer for the
   // first of them, if it was asked);
   // publishes the ones that changed and counts time waiting for memory.

@@ -125,11 +125,7 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
 }
 
 void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out) {
-  if (job.waiting_since) {
-    job.memory_wait_ms += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                    now.steady - *job.waiting_since)
-                                                    .count());
-  }
+  end_memory_wait(job, now);
   AttemptRecord attempt;
   attempt.number = job.attempt_number() + 1;
   attempt.agent = agent.name;

@@ -19,7 +19,14 @@ uint64_t ms_since(Clock::time_point since, Clock::time_point now) {
                      : 0;
 }
 
-std::string shrink_topic(const std::string& agent) { return "shrink." + agent + "."; }
+// Publishes a Shrink or ShrinkDone on the agent's topic.
+template <class T>
+void publish_shrink(Effects& out, const std::string& agent, T body) {
+  Notice n;
+  n.topic = "shrink." + agent + ".";
+  n.body.Set(std::move(body));
+  out.notices.push_back(std::move(n));
+}
 
 }  // namespace
 
@@ -83,10 +90,7 @@ void CoordinatorCore::request_shrinks(Now now, Effects& out) {
     msg.deadline_ms = static_cast<uint32_t>(opts_.shrink_timeout.count());
     msg.reason = order.reason;
     for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::ShrinkT(msg));
-    Notice n;
-    n.topic = shrink_topic(agent.name);
-    n.body.Set(std::move(msg));
-    out.notices.push_back(std::move(n));
+    publish_shrink(out, agent.name, std::move(msg));
     spdlog::info("asked agent '{}' (job {}) to shrink by {} within {} ms: {}", agent.name,
                  s.job_id, format_bytes(s.bytes), opts_.shrink_timeout.count(), order.reason);
   }
@@ -112,9 +116,10 @@ void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
   const uint64_t released = d->released();
   // Less than asked: what it holds is in use now; let it run a while.
   if (released < s.bytes) agent.shrink_rest_until = now.steady + opts_.heartbeat_interval;
+  std::string reason(str(d->reason()));
   spdlog::info("agent '{}' released {} of {} asked in {} ms{}{}", agent.name,
                format_bytes(released), format_bytes(s.bytes), ms_since(s.sent, now.steady),
-               d->reason() ? ": " : "", str(d->reason()));
+               reason.empty() ? "" : ": ", reason);
   bool stored = false;
   if (JobRecord* job = jobs_.find(s.job_id)) {
     ++job->shrinks;
@@ -124,10 +129,7 @@ void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
   }
   proto::ShrinkDoneT echo;
   d->UnPackTo(&echo);
-  Notice n;
-  n.topic = shrink_topic(agent.name);
-  n.body.Set(std::move(echo));
-  out.notices.push_back(std::move(n));
+  publish_shrink(out, agent.name, std::move(echo));
   send_ack(out, rid, req, stored);
   serve_waiting(out);
   request_shrinks(now, out);
@@ -147,10 +149,7 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
       missed.id = s.id;
       missed.reason = "no answer within " + std::to_string(opts_.shrink_timeout.count()) +
                       " ms; skipped";
-      Notice n;
-      n.topic = shrink_topic(name);
-      n.body.Set(std::move(missed));
-      out.notices.push_back(std::move(n));
+      publish_shrink(out, name, std::move(missed));
     } else if (s.missed && now.steady >= s.deadline + opts_.shrink_timeout) {
       silent.emplace_back(name, agent.pid);
     }
@@ -186,6 +185,12 @@ void CoordinatorCore::note_lease_wait(const std::string& owner, Clock::time_poin
   changed(*job, out);
 }
 
+void CoordinatorCore::end_memory_wait(JobRecord& job, Now now) {
+  if (!job.waiting_since) return;
+  job.memory_wait_ms += ms_since(*job.waiting_since, now.steady);
+  job.waiting_since.reset();
+}
+
 void CoordinatorCore::note_waiting(const std::vector<JobRecord*>& queued, const Pick& refused,
                                    Now now, Effects& out) {
   for (size_t i = 0; i < queued.size(); ++i) {
@@ -196,8 +201,7 @@ void CoordinatorCore::note_waiting(const std::vector<JobRecord*>& queued, const 
                                    : "waiting for an idle agent";
     if (for_memory && !job.waiting_since) job.waiting_since = now.steady;
     if (!for_memory && job.waiting_since) {
-      job.memory_wait_ms += ms_since(*job.waiting_since, now.steady);
-      job.waiting_since.reset();
+      end_memory_wait(job, now);
       changed(job, out);
     }
     if (why != job.waiting_for) {

@@ -46,27 +46,6 @@ uint32_t parse_count(const std::string& text) {
 
 }  // namespace
 
-double parse_fraction(const std::string& text) {
-  std::string t = text;
-  bool percent = !t.empty() && t.back() == '%';
-  if (percent) t.pop_back();
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(t, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (t.empty() || used != t.size()) {
-    throw std::invalid_argument("'" + text + "' is not a share of the pool (80% or 0.8)");
-  }
-  if (percent) v /= 100;
-  if (!(v > 0 && v <= 1)) {
-    throw std::invalid_argument("'" + text + "' is not a share of the pool in (0, 100%]");
-  }
-  return v;
-}
-
 void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::string& source) {
   toml::table doc;
   try {

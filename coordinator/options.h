@@ -55,9 +55,6 @@ struct CoordinatorOptions {
   std::string log_level = "info";
 };
 
-// A share of the pool: "80%" or 0.8. Throws std::invalid_argument.
-double parse_fraction(const std::string& text);
-
 // Parses `text` as TOML and applies its keys. Throws std::invalid_argument
 // naming `source` and the line or key for a syntax error, an unknown key, a
 // wrong type or a bad value.

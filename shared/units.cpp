@@ -63,6 +63,18 @@ uint64_t parse_bytes(std::string_view text) {
                               "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
 }
 
+double parse_fraction(std::string_view text) {
+  std::string_view t = trim(text);
+  bool percent = !t.empty() && t.back() == '%';
+  auto [value, rest] = split_number(percent ? t.substr(0, t.size() - 1) : t, "share");
+  if (percent) value /= 100;
+  if (!rest.empty() || value <= 0 || value > 1) {
+    throw std::invalid_argument("invalid share '" + std::string(text) +
+                                "': expected 0.8 or 80%, in (0, 1]");
+  }
+  return value;
+}
+
 SizeSpec parse_size_spec(std::string_view text) {
   std::string_view t = trim(text);
   if (!t.empty() && t.back() == '%') {

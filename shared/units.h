@@ -29,6 +29,9 @@ uint64_t parse_bytes(std::string_view text);
 // parse_bytes, or "N%" with 0 < N <= 100.
 SizeSpec parse_size_spec(std::string_view text);
 
+// A share in (0, 1]: "0.8" or "80%". Throws std::invalid_argument naming the text.
+double parse_fraction(std::string_view text);
+
 // Parses "250ms", "2s", "1.5s", "3m", "2h", "30d", "100us"; a bare number is seconds.
 // Throws std::invalid_argument naming the text on failure or when negative.
 std::chrono::milliseconds parse_duration(std::string_view text);

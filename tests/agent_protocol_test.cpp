@@ -61,6 +61,11 @@ class FakeCoordinator {
     std::lock_guard lock(mu_);
     return reports_;
   }
+  // ShrinkDone answers: (shrink id, reason).
+  std::vector<std::pair<uint64_t, std::string>> shrink_answers() {
+    std::lock_guard lock(mu_);
+    return shrink_answers_;
+  }
   // Jobs listed in the latest heartbeat: job id -> phase.
   std::map<uint64_t, proto::JobPhase> listed() {
     std::lock_guard lock(mu_);
@@ -210,6 +215,15 @@ class FakeCoordinator {
         }
         break;
       }
+      case proto::Body::ShrinkDone: {
+        const auto* d = env.body_as_ShrinkDone();
+        {
+          std::lock_guard lock(mu_);
+          shrink_answers_.emplace_back(d->id(), std::string(str(d->reason())));
+        }
+        ack();
+        break;
+      }
       default:
         ack();
     }
@@ -228,6 +242,7 @@ class FakeCoordinator {
   std::mutex mu_;
   std::vector<uint64_t> released_;
   std::vector<Report> reports_;
+  std::vector<std::pair<uint64_t, std::string>> shrink_answers_;
   std::map<uint64_t, proto::JobPhase> listed_;
   std::vector<std::pair<proto::Body, Build>> pushes_;
 };
@@ -349,6 +364,33 @@ TEST_F(AgentProtocol, AStopBeforeItsAssignmentIsAnsweredAndTheAssignmentIgnored)
   EXPECT_EQ(fake->reports()[1].state, "failed");
   EXPECT_NE(fake->reports()[1].reason.find("dataset"), std::string::npos)
       << fake->reports()[1].reason;
+  stop.store(true);
+  runner.join();
+}
+
+TEST_F(AgentProtocol, AShrinkForAnotherAgentOrSessionIsRefusedAndOneForNoJobIsAnswered) {
+  AgentOptions o = options();
+  AgentSession session(o);
+  JobWorker worker(session);
+  std::atomic<bool> stop{false};
+  std::thread runner([&] { worker.run(stop); });
+  auto shrink = [&](uint64_t id, const std::string& agent, uint64_t session_token) {
+    fake->push(proto::Body::Shrink, [=](auto& fbb) {
+      return proto::CreateShrink(fbb, id, fbb.CreateString(agent), session_token, 9, 1ull << 20,
+                                 1000)
+          .Union();
+    });
+  };
+  shrink(1, "someone-else", 42);  // the fake's session token is 42
+  shrink(2, o.name, 41);          // an earlier session
+  shrink(3, o.name, 42);
+  ASSERT_TRUE(eventually([&] { return !fake->shrink_answers().empty(); }));
+  int beats = fake->heartbeats();
+  ASSERT_TRUE(eventually([&] { return fake->heartbeats() >= beats + 3; }));
+  auto answers = fake->shrink_answers();
+  ASSERT_EQ(answers.size(), 1u) << "only the Shrink addressed to this agent and session";
+  EXPECT_EQ(answers[0].first, 3u);
+  EXPECT_EQ(answers[0].second, "job 9 is not running on this agent");
   stop.store(true);
   runner.join();
 }

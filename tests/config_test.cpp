@@ -28,6 +28,26 @@ TEST(Units, ParsesSizeSpecs) {
   EXPECT_THROW(parse_size_spec("150%"), std::invalid_argument);
 }
 
+TEST(Units, ParsesFractions) {
+  EXPECT_DOUBLE_EQ(parse_fraction("80%"), 0.8);
+  EXPECT_DOUBLE_EQ(parse_fraction("0.95"), 0.95);
+  EXPECT_DOUBLE_EQ(parse_fraction("1"), 1.0);
+  for (const char* bad : {"0", "0%", "120%", "1.5", "high", "80%%", ""}) {
+    EXPECT_THROW(parse_fraction(bad), std::invalid_argument) << bad;
+  }
+}
+
+TEST(Config, WatermarksAndPolicyFromToml) {
+  CoordinatorOptions o;
+  apply_toml(o, "policy = \"fifo\"\nlow_watermark = \"70%\"\nhigh_watermark = 0.9\n"
+                "shrink_timeout = \"2s\"\n", "lh.toml");
+  EXPECT_EQ(o.policy, "fifo");
+  EXPECT_DOUBLE_EQ(o.low_watermark, 0.7);
+  EXPECT_DOUBLE_EQ(o.high_watermark, 0.9);
+  EXPECT_EQ(o.shrink_timeout, std::chrono::seconds(2));
+  EXPECT_THROW(apply_toml(o, "low_watermark = \"lots\"\n", "lh.toml"), std::invalid_argument);
+}
+
 TEST(Units, ParsesDurations) {
   EXPECT_EQ(parse_duration("250ms").count(), 250);
   EXPECT_EQ(parse_duration("2s").count(), 2000);
@@ -92,6 +112,12 @@ TEST(Config, ValidateRejectsImpossibleValues) {
   EXPECT_THROW(validate(bad), std::invalid_argument);
   bad = o;
   bad.heartbeat_interval = std::chrono::milliseconds(0);
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.policy = "lottery";
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.low_watermark = 0.99;  // above the high one
   EXPECT_THROW(validate(bad), std::invalid_argument);
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <thread>
 
@@ -123,29 +124,32 @@ class Oversubscribed : public ::testing::Test {
     }
   }
 
-  // Polls until every job has ended (or `timeout`): the largest number of
-  // bytes ever leased, and whether the coordinator always answered.
-  bool wait_all_ended(Cluster& c, std::chrono::seconds timeout, uint64_t& max_used,
-                      uint64_t& pool_size, int& unanswered) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+  // What polling saw: the most bytes ever leased, the pool's size, status
+  // requests left unanswered, and the latest job list.
+  struct Watch {
+    uint64_t max_used = 0, pool_size = 0;
+    int unanswered = 0;
+    nlohmann::json jobs;
+  };
+  // Polls status and jobs until `done(jobs)` holds or three minutes pass.
+  bool watch(Cluster& c, const std::function<bool(const nlohmann::json&)>& done, Watch& w) {
+    auto deadline = std::chrono::steady_clock::now() + 180s;
     while (std::chrono::steady_clock::now() < deadline) {
       auto s = c.status(5s);
       if (!s) {
-        ++unanswered;
+        ++w.unanswered;
         continue;
       }
-      max_used = std::max(max_used, (*s)["pool"]["used_bytes"].get<uint64_t>());
-      pool_size = (*s)["pool"]["size_bytes"];
-      auto list = jobs(c);
-      bool ended = list.size() == 3;
-      for (const auto& j : list) {
-        std::string st = j["state"];
-        ended &= st != "queued" && st != "running";
-      }
-      if (ended) return true;
+      w.max_used = std::max(w.max_used, (*s)["pool"]["used_bytes"].get<uint64_t>());
+      w.pool_size = (*s)["pool"]["size_bytes"];
+      w.jobs = jobs(c);
+      if (w.jobs.size() == 3 && done(w.jobs)) return true;
       std::this_thread::sleep_for(50ms);
     }
     return false;
+  }
+  static bool ended(const nlohmann::json& job) {
+    return job["state"] != "queued" && job["state"] != "running";
   }
 
   // Every epoch's training loss: bit-identical training gives identical
@@ -177,13 +181,14 @@ TEST_F(Oversubscribed, EveryJobFinishesWithItsAloneAccuracyAndSomeoneShrank) {
     return false;
   }, 10s)) << jobs(c).dump(2);
 
-  uint64_t max_used = 0, pool_size = 0;
-  int unanswered = 0;
-  ASSERT_TRUE(wait_all_ended(c, 180s, max_used, pool_size, unanswered)) << jobs(c).dump(2);
-  EXPECT_EQ(unanswered, 0);
-  EXPECT_LE(max_used, pool_size);
+  Watch w;
+  ASSERT_TRUE(watch(c, [](const auto& list) {
+    return ended(list[0]) && ended(list[1]) && ended(list[2]);
+  }, w)) << w.jobs.dump(2);
+  EXPECT_EQ(w.unanswered, 0);
+  EXPECT_LE(w.max_used, w.pool_size);
   uint32_t shrinks = 0;
-  for (const auto& j : jobs(c)) {
+  for (const auto& j : w.jobs) {
     std::string name = j["name"];
     EXPECT_EQ(j["state"], "succeeded") << j.dump(2);
     EXPECT_EQ(j["test_accuracy"].get<double>(), alone_accuracy[name])
@@ -207,28 +212,13 @@ TEST_F(Oversubscribed, AnAgentIgnoringShrinkDoesNotWedgeTheCoordinator) {
   ASSERT_NO_FATAL_FAILURE(submit_all(c, /*b_epochs=*/100000));
   // C needs memory B grew into; B is asked, does not answer, is skipped,
   // then dropped as unresponsive and its job requeued; C gets the memory.
-  uint64_t max_used = 0, pool_size = 0;
-  int unanswered = 0;
-  bool done = false;
-  auto deadline = std::chrono::steady_clock::now() + 180s;
-  nlohmann::json list;
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    auto s = c.status(5s);
-    if (!s) {
-      ++unanswered;
-      continue;
-    }
-    max_used = std::max(max_used, (*s)["pool"]["used_bytes"].get<uint64_t>());
-    pool_size = (*s)["pool"]["size_bytes"];
-    list = jobs(c);
-    done = list.size() == 3 && list[0]["state"] != "queued" && list[0]["state"] != "running" &&
-           list[2]["state"] != "queued" && list[2]["state"] != "running" &&
-           list[1]["attempts"].get<int>() >= 2;
-    std::this_thread::sleep_for(50ms);
-  }
-  ASSERT_TRUE(done) << list.dump(2);
-  EXPECT_EQ(unanswered, 0) << "the coordinator kept answering";
-  EXPECT_LE(max_used, pool_size);
+  Watch w;
+  ASSERT_TRUE(watch(c, [](const auto& list) {
+    return ended(list[0]) && ended(list[2]) && list[1]["attempts"].template get<int>() >= 2;
+  }, w)) << w.jobs.dump(2);
+  EXPECT_EQ(w.unanswered, 0) << "the coordinator kept answering";
+  EXPECT_LE(w.max_used, w.pool_size);
+  const nlohmann::json& list = w.jobs;
   for (int i : {0, 2}) {
     EXPECT_EQ(list[i]["state"], "succeeded") << list[i].dump(2);
     std::string name = list[i]["name"];

@@ -83,7 +83,9 @@ struct Outcome {
 
 class Bench {
  public:
-  explicit Bench(Options o) : o_(std::move(o)) {}
+  explicit Bench(Options o) : o_(std::move(o)) {
+    for (const auto& path : o_.jobs) files_.push_back(read_json(path));
+  }
 
   // Starts a coordinator with `pool` bytes and `agents` agents.
   void start(lh::testing::Cluster& c, uint64_t pool, int agents, const std::string& policy) {
@@ -152,7 +154,7 @@ class Bench {
     start(c, 8ull << 30, 1, "occupancy");
     std::vector<json> batch;
     for (size_t i = 0; i < o_.jobs.size(); ++i) {
-      batch.push_back(prepare(read_json(o_.jobs[i]), o_, "calibrate-" + std::to_string(i),
+      batch.push_back(prepare(files_[i], o_, "calibrate-" + std::to_string(i),
                               6ull << 30, 0));
     }
     Outcome r = run(c, batch);
@@ -184,7 +186,7 @@ class Bench {
         for (size_t i = 0; i < o_.jobs.size(); ++i) {
           uint64_t budget = std::min(peaks[i], pool);
           uint64_t min = with_min ? guaranteed[i] : 0;
-          out.push_back(prepare(read_json(o_.jobs[i]), o_,
+          out.push_back(prepare(files_[i], o_,
                                 "j" + std::to_string(i) + "-" + std::to_string(copy), budget,
                                 std::min(min, budget)));
         }
@@ -222,6 +224,7 @@ class Bench {
 
  private:
   Options o_;
+  std::vector<json> files_;  // the job files, read once
 };
 
 }  // namespace
