@@ -55,7 +55,10 @@ struct JobResult {
   int64_t steps = 0;
   double seconds = 0;
   int64_t resumed_from_epoch = 0;  // 0: started fresh
-  JobProgress memory;              // the memory fields at the end
+  // The last progress reported, with its memory fields as they are at the
+  // end (the peak then covers the final evaluation too); epoch 0 when this
+  // run reported no progress (it resumed after its last epoch).
+  JobProgress memory;
 };
 
 class JobCancelled : public std::runtime_error {

@@ -395,6 +395,11 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
   proto::JobUpdateT final = final_update(assigned.key, state, reason);
   final.test_accuracy = result.test_accuracy;
   final.samples_per_second = result.samples_per_second;
+  // The memory figures at the end: the peak of the final evaluation is
+  // past the last progress report.
+  if (result.memory.epoch > 0) {
+    final.progress = std::make_unique<proto::ProgressT>(to_progress(result.memory));
+  }
   {
     std::lock_guard lock(mu_);
     final.resumed_from_epoch = resumed_from_epoch_;

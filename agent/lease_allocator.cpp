@@ -104,7 +104,8 @@ LeaseAllocator::Segment* LeaseAllocator::lease_segment(uint64_t size, bool small
   std::optional<std::chrono::milliseconds> wait = opt_.lease_wait;
   if (opt_.guaranteed_bytes && (!growth || patient)) wait = opt_.guaranteed_wait;
   try {
-    Lease lease = session_.acquire(size, LeaseEnd::High, wait);
+    // The last resort's growth is needed: the job cannot go on without it.
+    Lease lease = session_.acquire(size, LeaseEnd::High, wait, growth && patient);
     leased_ += lease.size();
     peak_leased_ = std::max(peak_leased_, leased_);
     segments_.emplace_back(std::move(lease), opt_.granularity, small);
@@ -179,10 +180,17 @@ void* LeaseAllocator::allocate(size_t bytes) {
   // Nothing (more) to spill: growth past the guaranteed share may wait for
   // the coordinator rather than the job failing. REQUIRES: mu_ held.
   auto last_resort = [&](std::string& why, const char* what) -> void* {
+    std::string advice;
     if (opt_.guaranteed_bytes) {
       if (void* p = try_allocate(need, small, why, true)) return p;
+      if (leased_ + need > opt_.guaranteed_bytes) {
+        // What it cannot spill does not fit its guaranteed share, and the
+        // pool had no room past it: only a larger share makes this sure.
+        advice = "; the job needs more than its guaranteed share (memory_min " +
+                 format_bytes(opt_.guaranteed_bytes) + ") here: raise memory_min";
+      }
     }
-    out_of_memory(need, why + what);
+    out_of_memory(need, why + what + advice);
   };
   for (;;) {
     engine::Reclaimer reclaim;

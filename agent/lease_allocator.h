@@ -50,7 +50,9 @@ struct LeaseAllocatorOptions {
   // for it. One past it (opportunistic growth) waits `lease_wait`: refused
   // at once, the job spills instead, and does not ask to grow again for
   // `growth_backoff`. Only when nothing is left to spill does growth wait
-  // `guaranteed_wait` before the allocation fails.
+  // `guaranteed_wait` before the allocation fails; that request says it is
+  // needed (LeaseRequest.needed), which the policy grants up to its high
+  // watermark.
   uint64_t guaranteed_bytes = 0;
   std::optional<std::chrono::milliseconds> guaranteed_wait;
   std::chrono::milliseconds growth_backoff{1000};

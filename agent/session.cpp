@@ -126,7 +126,8 @@ AgentSession::~AgentSession() {
   c.connected = false;  // leases still alive elsewhere now report lost()
 }
 
-Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chrono::milliseconds> wait) {
+Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chrono::milliseconds> wait,
+                            bool needed) {
   std::chrono::milliseconds default_wait;
   {
     std::lock_guard lock(core_->mu);
@@ -140,7 +141,7 @@ Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chro
       [&](flatbuffers::FlatBufferBuilder& fbb) {
         auto e = end == LeaseEnd::High ? proto::LeaseEnd::High : proto::LeaseEnd::Low;
         return std::pair{proto::Body::LeaseRequest,
-                         proto::CreateLeaseRequest(fbb, size, e, wait_ms).Union()};
+                         proto::CreateLeaseRequest(fbb, size, e, wait_ms, needed).Union()};
       },
       timeout, &epoch, /*grants_lease=*/true);
   const auto* grant = r->body_as_LeaseGrant();

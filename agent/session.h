@@ -104,10 +104,12 @@ class AgentSession {
 
   // Requests a lease of at least `size` bytes (rounded up to the pool's
   // alignment). `wait`: how long the coordinator may queue the request when
-  // memory is short (nullopt: its default; 0: fail at once). Throws Error:
+  // memory is short (nullopt: its default; 0: fail at once). `needed`: the
+  // job cannot go on without it (LeaseRequest.needed). Throws Error:
   // TooLarge (can never fit), NoSpace, Timeout, UnknownSender (session lost).
   Lease acquire(uint64_t size, LeaseEnd end = LeaseEnd::Low,
-                std::optional<std::chrono::milliseconds> wait = std::nullopt);
+                std::optional<std::chrono::milliseconds> wait = std::nullopt,
+                bool needed = false);
   // Resizes in place (shrinking always works; growing only into free space
   // right after the lease). Throws Error; the lease is unchanged then.
   void resize(Lease& lease, uint64_t size);

@@ -228,8 +228,9 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   uint64_t req = env.header()->request_id();
   int64_t wait_ms = r->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : r->wait_ms();
   wait_ms = std::min<int64_t>(wait_ms, std::chrono::milliseconds(kMaxLeaseWait).count());
-  PendingRequest pending{agent.name, r->size(), to_end(r->end()),
-                         now.steady + std::chrono::milliseconds(wait_ms), {rid, req}, now.steady};
+  PendingRequest pending{agent.name,   r->size(), to_end(r->end()),
+                         now.steady + std::chrono::milliseconds(wait_ms),
+                         {rid, req},   now.steady, r->needed()};
   auto outcome = leases_.request(pending, wait_ms > 0,
                                  [this](const PendingRequest& p) { return admit(p); });
   if (auto* refusal = std::get_if<Refusal>(&outcome)) {

@@ -34,6 +34,24 @@ LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool m
       return record(req.owner, *block, req.end);
     }
   }
+  if (admitted && may_wait) {
+    // Waiting helps only if someone else may give memory back. When the
+    // requester's own leases are all that stand in the way (it holds the
+    // rest of the pool, or nobody else holds anything and the free memory
+    // is in pieces), it would wait for itself until its deadline: refuse
+    // now, so it can give some back and ask again.
+    uint64_t own = 0;
+    for (const auto& [id, rec] : leases_) {
+      if (rec.owner == req.owner) own += rec.size;
+    }
+    const uint64_t others = allocator_.used_bytes() - own;
+    if (req.size > allocator_.pool_size() - own || others == 0) {
+      return Refusal{ErrorCode::NoSpace,
+                     "no room for a lease of " + format_bytes(req.size) + ": only agent '" +
+                         req.owner + "''s own leases (" + format_bytes(own) +
+                         ") stand in the way (" + space_summary() + ")"};
+    }
+  }
   if (!may_wait) {
     if (!admitted) {
       return Refusal{ErrorCode::NoSpace, "a lease of " + format_bytes(req.size) +

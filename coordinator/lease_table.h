@@ -48,6 +48,7 @@ struct PendingRequest {
   Clock::time_point deadline;
   ReplyTo reply_to;
   Clock::time_point since{};  // when it was asked (time spent waiting for memory)
+  bool needed = false;        // the job cannot go on without it (nothing left to spill)
 };
 
 struct Refusal {

@@ -42,17 +42,20 @@ Pick OccupancyPolicy::pick_job(const AgentRecord&, std::span<JobRecord* const> q
 
 bool OccupancyPolicy::may_grant(const PendingRequest& request, const PoolView& pool) {
   if (pool.opportunistic(request)) {
-    // Growth past the guaranteed share: only below the low watermark
-    // (reservations included, so a job never grows into memory a running
-    // job is guaranteed), and never while others wait or are shrinking.
-    const AgentShare* a = pool.find(request.owner);
-    uint64_t within = a->guaranteed > a->leased ? a->guaranteed - a->leased : 0;
-    uint64_t future = pool.used + pool.reserved() - within + request.size;
+    // Growth past the guaranteed share: reservations included, so a job
+    // never grows into memory a running job is guaranteed, and never while
+    // others' guaranteed requests wait. Growth the job could do without (it
+    // would spill instead) stays below the low watermark and waits while
+    // anyone is shrinking; growth it needs (nothing left to spill) may go up
+    // to the high one, the only one that makes anyone shrink: refusing it
+    // would fail the job with the memory free.
     bool others_wait = std::any_of(pool.waiting.begin(), pool.waiting.end(),
                                    [&](const PendingRequest& w) {
                                      return !pool.opportunistic(w) && w.owner != request.owner;
                                    });
-    return future <= low_bytes(pool) && !others_wait && pool.shrink_pending() == 0;
+    if (others_wait || (!request.needed && pool.shrink_pending() != 0)) return false;
+    return growth_future(request, pool) <=
+           (request.needed ? high_bytes(pool) : low_bytes(pool));
   }
   // Within a guaranteed share, or an agent without a job: granted while the
   // pool stays below the high watermark; above it, first the memory held
@@ -61,11 +64,17 @@ bool OccupancyPolicy::may_grant(const PendingRequest& request, const PoolView& p
   return pool.reclaimable() == 0 && pool.shrink_pending() == 0;
 }
 
+uint64_t OccupancyPolicy::growth_future(const PendingRequest& request, const PoolView& pool) {
+  const AgentShare* a = pool.find(request.owner);
+  const uint64_t within = a && a->guaranteed > a->leased ? a->guaranteed - a->leased : 0;
+  return pool.used + pool.reserved() - within + request.size;
+}
+
 std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
-  // What waiting (non-opportunistic) requests need above the high
-  // watermark, or, when the free memory is in pieces too small for them,
-  // their size (given-back leases merge with free neighbours), less what is
-  // being released already.
+  // What waiting guaranteed requests need above the high watermark, or,
+  // when the free memory is in pieces too small for them, their size
+  // (given-back leases merge with free neighbours), less what is being
+  // released already.
   uint64_t wanted = pool.used, unfit = 0;
   size_t waiting = 0;
   for (const auto& w : pool.waiting) {
@@ -76,14 +85,35 @@ std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
     }
   }
   const uint64_t high = high_bytes(pool);
-  const uint64_t pending = pool.shrink_pending();
   uint64_t need = std::max(wanted > high ? wanted - high : 0, unfit);
+  // With none of those waiting, the first growth that is needed (its job
+  // has nothing left to spill) may have others' growth back, from jobs of
+  // its priority or lower: they can spill, it cannot.
+  const PendingRequest* needy = nullptr;
+  if (waiting == 0) {
+    for (const auto& w : pool.waiting) {
+      if (w.needed && pool.opportunistic(w)) {
+        needy = &w;
+        break;
+      }
+    }
+    if (!needy) return {};
+    const uint64_t future = growth_future(*needy, pool);
+    unfit = needy->size > pool.largest_free ? needy->size : 0;
+    need = std::max(future > high ? future - high : 0, unfit);
+  }
+  const uint64_t pending = pool.shrink_pending();
   if (need <= pending) return {};
   need -= pending;
 
+  const AgentShare* requester = needy ? pool.find(needy->owner) : nullptr;
   std::vector<const AgentShare*> candidates;
   for (const auto& a : pool.agents) {
-    if (a.shrinkable && a.over() > 0) candidates.push_back(&a);
+    if (!a.shrinkable || a.over() == 0) continue;
+    if (needy && (a.name == needy->owner || (requester && a.priority > requester->priority))) {
+      continue;
+    }
+    candidates.push_back(&a);
   }
   // Lowest priority first, then the most over its share.
   std::sort(candidates.begin(), candidates.end(), [](const AgentShare* x, const AgentShare* y) {
@@ -94,7 +124,10 @@ std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
   std::vector<ShrinkOrder> orders;
   const std::string why =
       "occupancy " + std::to_string(static_cast<int>(pool.occupancy() * 100)) + "% with " +
-      std::to_string(waiting) + " lease requests waiting (high watermark " +
+      (needy ? "agent '" + needy->owner + "' needing " + format_bytes(needy->size) +
+                   " it cannot spill"
+             : std::to_string(waiting) + " lease requests waiting") +
+      " (high watermark " +
       std::to_string(static_cast<int>(opt_.high_watermark * 100)) + "%" +
       (unfit ? ", largest free block " + format_bytes(pool.largest_free) : std::string()) + ")";
   for (const AgentShare* a : candidates) {

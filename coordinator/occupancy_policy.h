@@ -6,7 +6,8 @@
 //
 // - A running job is guaranteed its memory_min (else its memory_budget) and
 //   may lease more, up to its budget, while occupancy_future stays at or
-//   below the low watermark.
+//   below the low watermark; growth it cannot do without (nothing left to
+//   spill) up to the high watermark, asking others' growth back beyond it.
 // - A lease within a guaranteed share (or of an agent without a job) is
 //   granted when it fits and occupancy stays at or below the high
 //   watermark; above it (or when the free memory is in pieces too small
@@ -43,6 +44,9 @@ class OccupancyPolicy final : public SchedulingPolicy {
  private:
   uint64_t low_bytes(const PoolView& pool) const;
   uint64_t high_bytes(const PoolView& pool) const;
+  // Used and reserved bytes if the growth `request` were granted (its own
+  // reservation not counted twice).
+  static uint64_t growth_future(const PendingRequest& request, const PoolView& pool);
 
   OccupancyOptions opt_;
 };

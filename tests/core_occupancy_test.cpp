@@ -56,8 +56,9 @@ class OccupancyTest : public ::testing::Test {
   }
 
   // Leases `mib` MiB for `a`: the lease id, or 0 (refused or waiting).
-  uint64_t lease(const FakeAgent& a, int mib, int wait_ms = 0, Effects* out = nullptr) {
-    Effects e = d.lease(a, mib * MiB, wait_ms);
+  uint64_t lease(const FakeAgent& a, int mib, int wait_ms = 0, Effects* out = nullptr,
+                 bool needed = false) {
+    Effects e = d.lease(a, mib * MiB, wait_ms, needed);
     if (out) *out = e;
     return granted_lease(e, a);
   }
@@ -122,6 +123,46 @@ TEST_F(OccupancyTest, GrowthPastTheGuaranteedShareStopsAtTheLowWatermark) {
   EXPECT_NE(lease(a2, 10), 0u);
   EXPECT_DOUBLE_EQ(status().occupancy->occupancy, 0.80);
   EXPECT_EQ(lease(a1, 1), 0u) << "no growth at the low watermark";
+}
+
+// Growth a job cannot do without (its agent has nothing left to spill, as a
+// convolution's workspace during evaluation) is not held at the low
+// watermark: refusing it would fail the job with the memory free.
+TEST_F(OccupancyTest, NeededGrowthGoesUpToTheHighWatermarkAndTakesBackOthersGrowth) {
+  FakeAgent a1 = add_agent("a1", 101);
+  FakeAgent a2 = add_agent("a2", 102);
+  uint64_t j1 = submit(30, 80);
+  uint64_t j2 = submit(30, 80);
+  ASSERT_EQ(running_on(a1), j1);
+  ASSERT_EQ(running_on(a2), j2);
+  ASSERT_NE(lease(a1, 20), 0u);
+  ASSERT_NE(lease(a2, 20), 0u);
+  // 40 used + a2's 10 reserved: a1 growing by 32 makes 82% > 80%.
+  Effects e;
+  EXPECT_EQ(lease(a1, 32, 0, &e), 0u) << "speculative growth stops at the low watermark";
+  EXPECT_NE(errors(e).find("held back by the scheduling policy"), std::string::npos) << errors(e);
+  uint64_t need1 = lease(a1, 32, 0, nullptr, /*needed=*/true);
+  EXPECT_NE(need1, 0u) << "needed growth: 82% <= 95%";
+  EXPECT_DOUBLE_EQ(status().occupancy->occupancy_future, 0.82);
+  // Above the high watermark needed growth waits; a1's own growth is not
+  // asked back for it, and a2 holds nothing past its share: no Shrink.
+  Effects own;
+  EXPECT_EQ(lease(a1, 25, 1000, &own, /*needed=*/true), 0u) << "97% > 95%";
+  EXPECT_EQ(shrink_of(own, a1), nullptr);
+  EXPECT_EQ(shrink_of(own, a2), nullptr);
+  d.advance(std::chrono::milliseconds(1000));
+  EXPECT_NE(errors(d.tick()).find("was not granted before its deadline"), std::string::npos);
+  // a2's need may have a1's growth back: a1 can spill, a2 cannot.
+  Effects w;
+  EXPECT_EQ(lease(a2, 25, 5000, &w, /*needed=*/true), 0u) << "72 + 25 = 97% > 95%";
+  const proto::ShrinkT* s = shrink_of(w, a1);
+  ASSERT_NE(s, nullptr) << "others' growth comes back for a need";
+  EXPECT_EQ(s->bytes, 2 * MiB) << "what brings the pool back to the high watermark";
+  EXPECT_NE(s->reason.find("agent 'a2' needing 25.00 MiB"), std::string::npos) << s->reason;
+  // a1 gives its growth back: a2's need is granted.
+  Effects r = d.release(a1, need1);
+  EXPECT_NE(granted_lease(r, a2), 0u) << errors(r);
+  EXPECT_TRUE(errors(d.shrink_done(a1, s->id, 32 * MiB)).empty());
 }
 
 TEST_F(OccupancyTest, AboveTheHighWatermarkTheLowestPriorityMostOverShrinksFirst) {

@@ -47,6 +47,34 @@ TEST(LeaseTable, ResizeBumpsGeneration) {
   EXPECT_EQ(t.leases().at(a.id).size, 4 * kAlign) << "failed grow leaves the lease as it was";
 }
 
+// An agent whose own leases are all that stand in the way would wait for
+// itself until its deadline (seen: a job with the whole pool as its budget
+// lost 10 s per fragmented request): it is refused at once instead.
+TEST(LeaseTable, ARequestOnlyTheRequestersOwnLeasesBlockIsRefusedAtOnce) {
+  LeaseTable t(8 * kAlign, kAlign);
+  auto a1 = std::get<LeaseRecord>(t.request(req("a", 2 * kAlign), true));  // [0,2)
+  auto a2 = std::get<LeaseRecord>(t.request(req("a", 2 * kAlign), true));  // [2,4)
+  auto a3 = std::get<LeaseRecord>(t.request(req("a", 2 * kAlign), true));  // [4,6)
+  ASSERT_FALSE(t.release("a", a2.id));  // free [2,4) and [6,8): 4 pages in pieces
+  auto self = std::get<Refusal>(t.request(req("a", 3 * kAlign), true));
+  EXPECT_EQ(self.code, ErrorCode::NoSpace);
+  EXPECT_NE(self.message.find("only agent 'a''s own leases (16.00 KiB) stand in the way"),
+            std::string::npos)
+      << self.message;
+  EXPECT_EQ(t.waiting(), 0u);
+  // Another agent's request waits: a's leases may come back.
+  EXPECT_TRUE(std::holds_alternative<LeaseTable::Queued>(t.request(req("b", 3 * kAlign), true)));
+  // Once someone else holds memory, a waits too (it may come back) unless
+  // even all of it could not make room.
+  ASSERT_FALSE(t.release("a", a3.id));
+  auto c = std::get<LeaseRecord>(t.request(req("c", kAlign), true));
+  (void)c;
+  (void)a1;
+  EXPECT_TRUE(std::holds_alternative<LeaseTable::Queued>(t.request(req("a", 6 * kAlign), true)));
+  EXPECT_EQ(std::get<Refusal>(t.request(req("a", 7 * kAlign), true)).code, ErrorCode::NoSpace)
+      << "the pool less a's own 2 pages is too small";
+}
+
 TEST(LeaseTable, WaitingRequestsGrantedInOrderWithoutHeadOfLineBlocking) {
   LeaseTable t(8 * kAlign, kAlign);
   auto a = std::get<LeaseRecord>(t.request(req("a", 4 * kAlign), true));  // [0,4)

@@ -1,25 +1,31 @@
-// Occupancy benchmark: N copies of some jobs (default: the example MLP and
-// the spill benchmark's CNN) whose unconstrained peaks oversubscribe the
-// pool 2x and 4x, run three ways side by side in one run, each on a fresh
-// coordinator and fresh agents:
+// Occupancy benchmark: N copies of some jobs (default: the two example jobs,
+// MLP and LeNet, and the spill benchmark's CNN, each with its own epochs on
+// the first --train-limit examples) whose unconstrained peaks oversubscribe
+// the pool 2x and 4x, run four ways side by side in one run, each on a fresh
+// coordinator and fresh agents that have finished starting:
 //
 // - sequential: one agent, the jobs one after another, each with the whole
 //   pool (its budget: its peak, at most the pool);
-// - policy: one agent per job, all submitted at once, occupancy policy; the
-//   guarantees add up to the pool: a small job (peak at most 1/16 of the
-//   pool) is guaranteed its peak, the others share the rest in proportion
-//   to their peaks; each may grow to its peak;
+// - policy: one agent per job, all submitted at once, occupancy policy, the
+//   job files as the sequential run has them (budget: the peak, at most the
+//   pool; no memory_min, so each job is guaranteed its budget and the policy
+//   starts a job when its budget fits);
+// - shares: the same with memory_min set so that the guarantees add up to
+//   the pool: a small job (peak at most 1/16 of the pool) is guaranteed its
+//   peak, the others share the rest in proportion to their peaks; each may
+//   grow to its peak (all start at once and the large ones spill);
 // - fifo: one agent per job, all at once, first come first served, each job
 //   with its peak as budget: what happens without the policy.
 //
 // Prints per run the wall time from the first submission to the last job
 // ending, the jobs that failed (and why), shrinks and time spent waiting for
-// memory; then the policy's time against the sequential one. JSON lines,
-// then a table.
+// memory, and per job the time it was queued and the time it ran; then the
+// policy runs' times against the sequential one. JSON lines, then a table.
 //
 //   leasehold-bench-occupancy [--jobs A.json,B.json] [--copies 2]
-//                             [--factors 2,4] [--train-limit 10240]
+//                             [--factors 2,4] [--train-limit 10240] [--epochs N]
 //                             [--test-limit 2000] [--backend auto|host|cuda]
+//                             [--modes sequential,policy,shares,fifo]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -43,13 +49,20 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 struct Options {
   std::vector<std::string> jobs{"deploy/jobs/fashion-mnist-mlp.json",
+                                "deploy/jobs/fashion-mnist-lenet.json",
                                 "deploy/jobs/fashion-mnist-cnn-spill.json"};
   int copies = 2;
+  int epochs = 0;  // 0: each job file's own
   std::vector<double> factors{2, 4};
   int train_limit = 10240, test_limit = 2000;
   std::string backend = "auto";
   std::string spill_host = "1GiB";
   std::string lease_wait = "10s";
+  std::vector<std::string> modes{"sequential", "policy", "shares", "fifo"};
+
+  bool runs(const std::string& mode) const {
+    return std::find(modes.begin(), modes.end(), mode) != modes.end();
+  }
 };
 
 std::string mib(uint64_t bytes) { return std::to_string((bytes + kMiB - 1) / kMiB) + "MiB"; }
@@ -63,7 +76,7 @@ json read_json(const std::string& path) {
 // One job to submit: its file's contents, shortened, with memory settings.
 json prepare(json job, const Options& o, const std::string& name, uint64_t budget, uint64_t min) {
   job["name"] = name;
-  job["epochs"] = 1;
+  if (o.epochs > 0) job["epochs"] = o.epochs;
   job.erase("steps");
   job["dataset"]["train_limit"] = o.train_limit;
   job["dataset"]["test_limit"] = o.test_limit;
@@ -79,7 +92,16 @@ struct Outcome {
   uint64_t shrinks = 0, shrunk_bytes = 0, memory_wait_ms = 0, spilled_bytes = 0;
   std::vector<std::string> failures;
   std::vector<json> records;
+  json per_job = json::array();  // name, seconds queued, seconds running
 };
+
+// A job's first start from its record's history (Unix ms; 0: never ran).
+uint64_t started_ms(const json& job) {
+  for (const auto& h : job["history"]) {
+    if (h["state"] == "running") return h["at_ms"].get<uint64_t>();
+  }
+  return 0;
+}
 
 class Bench {
  public:
@@ -92,13 +114,23 @@ class Bench {
     c.start_coordinator({"--backend", o_.backend, "--pool-size", mib(pool), "--alignment", "2MiB",
                          "--heartbeat-interval", "500ms", "--policy", policy,
                          "--lease-wait-timeout", o_.lease_wait});
+    std::vector<lh::testing::Process*> started;
     for (int i = 0; i < agents; ++i) {
-      c.start_agent("agent-" + std::to_string(i),
-                    {"--spill-host-bytes", o_.spill_host, "--spill-staging-bytes", "64MiB"});
+      started.push_back(&c.start_agent(
+          "agent-" + std::to_string(i),
+          {"--spill-host-bytes", o_.spill_host, "--spill-staging-bytes", "64MiB"}));
     }
     if (!c.wait_for([&](const json& s) { return static_cast<int>(s["agents"].size()) == agents; },
                     std::chrono::seconds(120))) {
       throw std::runtime_error("agents did not register");
+    }
+    // Registered is not ready: an agent pins its spill tier after
+    // registering, and a job assigned before it stands by waits for that
+    // and for the assignment to be sent again. Measured from standing by.
+    for (auto* p : started) {
+      if (!p->wait_for_log("standing by", std::chrono::seconds(120))) {
+        throw std::runtime_error("an agent did not stand by: " + p->log());
+      }
     }
   }
 
@@ -140,6 +172,17 @@ class Bench {
           r.shrunk_bytes += j["shrunk_bytes"].get<uint64_t>();
           r.memory_wait_ms += j["memory_wait_ms"].get<uint64_t>();
           r.spilled_bytes += j["progress"]["spilled_bytes"].get<uint64_t>();
+          const uint64_t submitted = j["submitted_ms"], started = started_ms(j),
+                         finished = j["finished_ms"];
+          auto secs = [](uint64_t from, uint64_t to) {
+            return from && to > from ? static_cast<double>(to - from) / 1000 : 0.0;
+          };
+          r.per_job.push_back({{"name", j["name"]},
+                               {"state", j["state"]},
+                               {"queued_s", secs(submitted, started)},
+                               {"ran_s", secs(started, finished)},
+                               {"spilled_bytes", j["progress"]["spilled_bytes"]},
+                               {"shrinks", j["shrinks"]}});
           r.records.push_back(j);
         }
         return r;
@@ -160,7 +203,11 @@ class Bench {
     Outcome r = run(c, batch);
     if (r.failed) throw std::runtime_error("calibration failed: " + r.failures[0]);
     std::vector<uint64_t> peaks;
-    for (const auto& j : r.records) peaks.push_back(j["progress"]["peak_device_bytes"]);
+    for (size_t i = 0; i < r.records.size(); ++i) {
+      peaks.push_back(r.records[i]["progress"]["peak_device_bytes"]);
+      std::fprintf(stderr, "alone: %s ran %.2f s, peak %s\n", o_.jobs[i].c_str(),
+                   r.per_job[i]["ran_s"].get<double>(), lh::format_bytes(peaks.back()).c_str());
+    }
     return peaks;
   }
 
@@ -198,27 +245,40 @@ class Bench {
       result[mode] = {{"seconds", r.seconds},     {"succeeded", r.succeeded},
                       {"failed", r.failed},       {"failures", r.failures},
                       {"shrinks", r.shrinks},     {"shrunk_bytes", r.shrunk_bytes},
-                      {"memory_wait_ms", r.memory_wait_ms}, {"spilled_bytes", r.spilled_bytes}};
+                      {"memory_wait_ms", r.memory_wait_ms}, {"spilled_bytes", r.spilled_bytes},
+                      {"per_job", r.per_job}};
       std::fprintf(stderr, "factor %.0f %s: %.1f s, %d succeeded, %d failed\n", factor, mode,
                    r.seconds, r.succeeded, r.failed);
+      for (const auto& j : r.per_job) {
+        std::fprintf(stderr, "  %-8s %-10s queued %6.2f s, ran %6.2f s, spilled %s\n",
+                     j["name"].get<std::string>().c_str(), j["state"].get<std::string>().c_str(),
+                     j["queued_s"].get<double>(), j["ran_s"].get<double>(),
+                     lh::format_bytes(j["spilled_bytes"].get<uint64_t>()).c_str());
+      }
     };
-    {
+    // mode: its agents, its policy, whether the jobs carry memory_min.
+    struct Mode {
+      const char* name;
+      int agents;
+      const char* policy;
+      bool with_min;
+    };
+    for (const Mode& m : {Mode{"sequential", 1, "occupancy", false},
+                          Mode{"policy", n, "occupancy", false},
+                          Mode{"shares", n, "occupancy", true}, Mode{"fifo", n, "fifo", false}}) {
+      if (!o_.runs(m.name)) continue;
       lh::testing::Cluster c;
-      start(c, pool, 1, "occupancy");
-      record("sequential", run(c, batch(false)));
+      start(c, pool, m.agents, m.policy);
+      record(m.name, run(c, batch(m.with_min)));
     }
-    {
-      lh::testing::Cluster c;
-      start(c, pool, n, "occupancy");
-      record("policy", run(c, batch(true)));
+    if (result.contains("sequential")) {
+      const double seq = result["sequential"]["seconds"].get<double>();
+      for (const char* mode : {"policy", "shares"}) {
+        if (result.contains(mode)) {
+          result[std::string(mode) + "_vs_sequential"] = result[mode]["seconds"].get<double>() / seq;
+        }
+      }
     }
-    {
-      lh::testing::Cluster c;
-      start(c, pool, n, "fifo");
-      record("fifo", run(c, batch(false)));
-    }
-    result["policy_vs_sequential"] =
-        result["policy"]["seconds"].get<double>() / result["sequential"]["seconds"].get<double>();
     return result;
   }
 
@@ -236,7 +296,9 @@ int main(int argc, char** argv) {
   app.add_option("--copies", o.copies, "copies of each job")->capture_default_str();
   app.add_option("--factors", o.factors, "oversubscription: sum of peaks / pool")
       ->delimiter(',');
-  app.add_option("--train-limit", o.train_limit, "training examples per job (one epoch)")
+  app.add_option("--train-limit", o.train_limit, "training examples per job and epoch")
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "epochs of every job (0: each job file's own)")
       ->capture_default_str();
   app.add_option("--test-limit", o.test_limit, "test examples per job")->capture_default_str();
   app.add_option("--backend", o.backend, "auto|host|cuda")->capture_default_str();
@@ -246,6 +308,9 @@ int main(int argc, char** argv) {
                  "the coordinators' default wait for memory (a job under fifo waits this long "
                  "before it fails)")
       ->capture_default_str();
+  app.add_option("--modes", o.modes, "which runs: sequential, policy, shares, fifo")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"sequential", "policy", "shares", "fifo"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (o.backend == "auto") o.backend = lh::cuda_device_count() > 0 ? "cuda" : "host";
@@ -262,15 +327,28 @@ int main(int argc, char** argv) {
       std::printf("%s\n", results.back().dump().c_str());
       std::fflush(stdout);
     }
-    std::printf("\n%-7s %5s %10s %12s %12s %10s %14s %9s\n", "factor", "jobs", "pool",
-                "sequential", "policy", "ratio", "fifo", "shrinks");
+    // The table: one row per factor, one column per mode that ran.
+    auto cell = [](const json& r, const char* mode) -> std::string {
+      if (!r.contains(mode)) return "-";
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.1f s (%d fail)", r[mode]["seconds"].get<double>(),
+                    r[mode]["failed"].get<int>());
+      return buf;
+    };
+    auto ratio = [](const json& r, const std::string& key) -> std::string {
+      if (!r.contains(key)) return "-";
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f", r[key].get<double>());
+      return buf;
+    };
+    std::printf("\n%-7s %5s %10s %16s %16s %7s %16s %7s %16s\n", "factor", "jobs", "pool",
+                "sequential", "policy", "ratio", "shares", "ratio", "fifo");
     for (const auto& r : results) {
-      std::printf("%-7.0f %5d %10s %10.1f s %10.1f s %10.2f %5.1f s (%d fail) %9llu\n",
-                  r["factor"].get<double>(), r["jobs"].get<int>(),
-                  lh::format_bytes(r["pool_bytes"]).c_str(), r["sequential"]["seconds"].get<double>(),
-                  r["policy"]["seconds"].get<double>(), r["policy_vs_sequential"].get<double>(),
-                  r["fifo"]["seconds"].get<double>(), r["fifo"]["failed"].get<int>(),
-                  static_cast<unsigned long long>(r["policy"]["shrinks"].get<uint64_t>()));
+      std::printf("%-7.0f %5d %10s %16s %16s %7s %16s %7s %16s\n", r["factor"].get<double>(),
+                  r["jobs"].get<int>(), lh::format_bytes(r["pool_bytes"]).c_str(),
+                  cell(r, "sequential").c_str(), cell(r, "policy").c_str(),
+                  ratio(r, "policy_vs_sequential").c_str(), cell(r, "shares").c_str(),
+                  ratio(r, "shares_vs_sequential").c_str(), cell(r, "fifo").c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leasehold-bench-occupancy: %s\n", e.what());

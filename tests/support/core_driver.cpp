@@ -151,9 +151,9 @@ Effects CoreDriver::cancel(uint64_t job) {
                  [&](auto& fbb) { return proto::CreateCancelJob(fbb, job).Union(); });
 }
 
-Effects CoreDriver::lease(const FakeAgent& a, uint64_t bytes, int wait_ms) {
+Effects CoreDriver::lease(const FakeAgent& a, uint64_t bytes, int wait_ms, bool needed) {
   return request(a.rid, a.name, a.session, proto::Body::LeaseRequest, [&](auto& fbb) {
-    return proto::CreateLeaseRequest(fbb, bytes, proto::LeaseEnd::Low, wait_ms).Union();
+    return proto::CreateLeaseRequest(fbb, bytes, proto::LeaseEnd::Low, wait_ms, needed).Union();
   });
 }
 

@@ -60,7 +60,8 @@ class CoreDriver {
                  const std::string& reason = "", int epoch = 0, bool checkpointed = false,
                  int resumed_from = 0);
   Effects cancel(uint64_t job);
-  Effects lease(const FakeAgent& a, uint64_t bytes, int wait_ms);
+  // `needed`: LeaseRequest.needed (growth its job cannot do without).
+  Effects lease(const FakeAgent& a, uint64_t bytes, int wait_ms, bool needed = false);
   Effects release(const FakeAgent& a, uint64_t lease_id);
   Effects shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t released);
   Effects status();
