@@ -11,7 +11,7 @@
 //   pool; no memory_min, so each job is guaranteed its budget and the policy
 //   starts a job when its budget fits);
 // - shares: the same with memory_min set so that the guarantees add up to
-//   the pool: a small job (peak at most 1/16 of the pool) is guaranteed its
+//   the pool: a small job (peak at most 1/8 of the pool) is guaranteed its
 //   peak, the others share the rest in proportion to their peaks; each may
 //   grow to its peak (all start at once and the large ones spill);
 // - fifo: one agent per job, all at once, first come first served, each job
@@ -182,6 +182,7 @@ class Bench {
                                {"queued_s", secs(submitted, started)},
                                {"ran_s", secs(started, finished)},
                                {"spilled_bytes", j["progress"]["spilled_bytes"]},
+                               {"memory_wait_ms", j["memory_wait_ms"]},
                                {"shrinks", j["shrinks"]}});
           r.records.push_back(j);
         }
@@ -216,13 +217,15 @@ class Bench {
     for (uint64_t p : peaks) total += p * o_.copies;
     const uint64_t pool = (static_cast<uint64_t>(total / factor) + 2 * kMiB - 1) / (2 * kMiB) * 2 * kMiB;
     const int n = static_cast<int>(peaks.size()) * o_.copies;
-    // Guaranteed shares for the policy run, adding up to the pool (MiB
-    // rounding down): small jobs get their peak, the rest share what is left.
+    // Guaranteed shares for the shares run, adding up to the pool (MiB
+    // rounding down): small jobs get their peak (at a fraction of it their
+    // non-spillable working set, such as a convolution's workspace, may not
+    // fit), the rest share what is left.
     uint64_t small_total = 0, large_total = 0;
-    for (uint64_t p : peaks) (p <= pool / 16 ? small_total : large_total) += p * o_.copies;
+    for (uint64_t p : peaks) (p <= pool / 8 ? small_total : large_total) += p * o_.copies;
     std::vector<uint64_t> guaranteed;
     for (uint64_t p : peaks) {
-      double share = p <= pool / 16 ? 1.0
+      double share = p <= pool / 8 ? 1.0
                                     : static_cast<double>(pool - small_total) /
                                           static_cast<double>(large_total);
       guaranteed.push_back(std::max<uint64_t>(kMiB, static_cast<uint64_t>(p * share) / kMiB * kMiB));
@@ -250,9 +253,12 @@ class Bench {
       std::fprintf(stderr, "factor %.0f %s: %.1f s, %d succeeded, %d failed\n", factor, mode,
                    r.seconds, r.succeeded, r.failed);
       for (const auto& j : r.per_job) {
-        std::fprintf(stderr, "  %-8s %-10s queued %6.2f s, ran %6.2f s, spilled %s\n",
+        std::fprintf(stderr,
+                     "  %-8s %-10s queued %6.2f s, ran %6.2f s, waited for memory %6.2f s, "
+                     "spilled %s\n",
                      j["name"].get<std::string>().c_str(), j["state"].get<std::string>().c_str(),
                      j["queued_s"].get<double>(), j["ran_s"].get<double>(),
+                     j["memory_wait_ms"].get<uint64_t>() / 1000.0,
                      lh::format_bytes(j["spilled_bytes"].get<uint64_t>()).c_str());
       }
     };
