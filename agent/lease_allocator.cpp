@@ -123,8 +123,11 @@ LeaseAllocator::Segment* LeaseAllocator::lease_segment(uint64_t size, bool small
 void* LeaseAllocator::try_allocate(uint64_t need, bool small, std::string& why, bool patient) {
   if (void* p = try_segments(need, small)) return p;
   const uint64_t alignment = session_.pool().alignment;
-  const uint64_t usual =
-      align_up(small ? opt_.small_segment : std::max(opt_.large_segment, need), alignment);
+  // The last resort asks for what it needs, not a whole segment: that
+  // request may make others give growth back.
+  const uint64_t usual = align_up(
+      small ? opt_.small_segment : (patient ? need : std::max(opt_.large_segment, need)),
+      alignment);
   // While the coordinator holds growth back, the budget is what is held
   // (at least the guaranteed share).
   const bool held = !patient && growth_held();
@@ -183,7 +186,9 @@ void* LeaseAllocator::allocate(size_t bytes) {
     std::string advice;
     if (opt_.guaranteed_bytes) {
       if (void* p = try_allocate(need, small, why, true)) return p;
-      if (leased_ + need > opt_.guaranteed_bytes) {
+      if (leased_ + need > opt_.guaranteed_bytes &&
+          why.rfind("the coordinator refused", 0) == 0 &&
+          why.find("can never fit") == std::string::npos) {
         // What it cannot spill does not fit its guaranteed share, and the
         // pool had no room past it: only a larger share makes this sure.
         advice = "; the job needs more than its guaranteed share (memory_min " +

@@ -70,11 +70,48 @@ uint64_t OccupancyPolicy::growth_future(const PendingRequest& request, const Poo
   return pool.used + pool.reserved() - within + request.size;
 }
 
+std::vector<ShrinkOrder> OccupancyPolicy::orders(const PoolView& pool, uint64_t need,
+                                                 const PendingRequest* needy,
+                                                 const std::string& why) {
+  const uint64_t pending = pool.shrink_pending();
+  if (need <= pending) return {};
+  need -= pending;
+  const AgentShare* requester = needy ? pool.find(needy->owner) : nullptr;
+  std::vector<const AgentShare*> candidates;
+  for (const auto& a : pool.agents) {
+    if (!a.shrinkable || a.over() == 0) continue;
+    // An agent waiting for a lease is inside an allocation: it cannot
+    // reach the step boundary where it would answer, and would be dropped
+    // as unresponsive for it.
+    bool blocked = std::any_of(pool.waiting.begin(), pool.waiting.end(),
+                               [&](const PendingRequest& w) { return w.owner == a.name; });
+    if (blocked) continue;
+    // A need takes growth back only from jobs of its priority or lower.
+    if (requester && a.priority > requester->priority) continue;
+    candidates.push_back(&a);
+  }
+  // Lowest priority first, then the most over its share.
+  std::sort(candidates.begin(), candidates.end(), [](const AgentShare* x, const AgentShare* y) {
+    if (x->priority != y->priority) return x->priority < y->priority;
+    if (x->over() != y->over()) return x->over() > y->over();
+    return x->name < y->name;
+  });
+  std::vector<ShrinkOrder> out;
+  for (const AgentShare* a : candidates) {
+    if (need == 0) break;
+    uint64_t bytes = std::min(need, a->over());
+    out.push_back(ShrinkOrder{a->name, bytes, why});
+    need -= bytes;
+  }
+  return out;
+}
+
 std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
   // What waiting guaranteed requests need above the high watermark, or,
   // when the free memory is in pieces too small for them, their size
   // (given-back leases merge with free neighbours), less what is being
-  // released already.
+  // released already. With none waiting, what brings the pool back to the
+  // high watermark (guaranteed grants may have gone past it).
   uint64_t wanted = pool.used, unfit = 0;
   size_t waiting = 0;
   for (const auto& w : pool.waiting) {
@@ -85,58 +122,32 @@ std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
     }
   }
   const uint64_t high = high_bytes(pool);
-  uint64_t need = std::max(wanted > high ? wanted - high : 0, unfit);
-  // With none of those waiting, the first growth that is needed (its job
-  // has nothing left to spill) may have others' growth back, from jobs of
-  // its priority or lower: they can spill, it cannot.
-  const PendingRequest* needy = nullptr;
+  const std::string occupancy =
+      "occupancy " + std::to_string(static_cast<int>(pool.occupancy() * 100)) + "% with ";
+  auto watermark = [&](uint64_t unfit_bytes) {
+    return " (high watermark " + std::to_string(static_cast<int>(opt_.high_watermark * 100)) +
+           "%" +
+           (unfit_bytes ? ", largest free block " + format_bytes(pool.largest_free)
+                        : std::string()) +
+           ")";
+  };
   if (waiting == 0) {
+    // Growth that is needed (its job has nothing left to spill) may have
+    // others' growth back: they can spill, it cannot. In queue order, the
+    // first that someone can be asked for.
     for (const auto& w : pool.waiting) {
-      if (w.needed && pool.opportunistic(w)) {
-        needy = &w;
-        break;
-      }
+      if (!w.needed || !pool.opportunistic(w)) continue;
+      const uint64_t future = growth_future(w, pool);
+      const uint64_t w_unfit = w.size > pool.largest_free ? w.size : 0;
+      auto out = orders(pool, std::max(future > high ? future - high : 0, w_unfit), &w,
+                        occupancy + "agent '" + w.owner + "' needing " + format_bytes(w.size) +
+                            " it cannot spill" + watermark(w_unfit));
+      if (!out.empty()) return out;
     }
-    if (!needy) return {};
-    const uint64_t future = growth_future(*needy, pool);
-    unfit = needy->size > pool.largest_free ? needy->size : 0;
-    need = std::max(future > high ? future - high : 0, unfit);
   }
-  const uint64_t pending = pool.shrink_pending();
-  if (need <= pending) return {};
-  need -= pending;
-
-  const AgentShare* requester = needy ? pool.find(needy->owner) : nullptr;
-  std::vector<const AgentShare*> candidates;
-  for (const auto& a : pool.agents) {
-    if (!a.shrinkable || a.over() == 0) continue;
-    if (needy && (a.name == needy->owner || (requester && a.priority > requester->priority))) {
-      continue;
-    }
-    candidates.push_back(&a);
-  }
-  // Lowest priority first, then the most over its share.
-  std::sort(candidates.begin(), candidates.end(), [](const AgentShare* x, const AgentShare* y) {
-    if (x->priority != y->priority) return x->priority < y->priority;
-    if (x->over() != y->over()) return x->over() > y->over();
-    return x->name < y->name;
-  });
-  std::vector<ShrinkOrder> orders;
-  const std::string why =
-      "occupancy " + std::to_string(static_cast<int>(pool.occupancy() * 100)) + "% with " +
-      (needy ? "agent '" + needy->owner + "' needing " + format_bytes(needy->size) +
-                   " it cannot spill"
-             : std::to_string(waiting) + " lease requests waiting") +
-      " (high watermark " +
-      std::to_string(static_cast<int>(opt_.high_watermark * 100)) + "%" +
-      (unfit ? ", largest free block " + format_bytes(pool.largest_free) : std::string()) + ")";
-  for (const AgentShare* a : candidates) {
-    if (need == 0) break;
-    uint64_t bytes = std::min(need, a->over());
-    orders.push_back(ShrinkOrder{a->name, bytes, why});
-    need -= bytes;
-  }
-  return orders;
+  const uint64_t need = std::max(wanted > high ? wanted - high : 0, unfit);
+  return orders(pool, need, nullptr,
+                occupancy + std::to_string(waiting) + " lease requests waiting" + watermark(unfit));
 }
 
 }  // namespace leasehold

@@ -147,7 +147,7 @@ TEST_F(OccupancyTest, NeededGrowthGoesUpToTheHighWatermarkAndTakesBackOthersGrow
   // Above the high watermark needed growth waits; a1's own growth is not
   // asked back for it, and a2 holds nothing past its share: no Shrink.
   Effects own;
-  EXPECT_EQ(lease(a1, 25, 1000, &own, /*needed=*/true), 0u) << "97% > 95%";
+  EXPECT_EQ(lease(a1, 25, 1000, &own, /*needed=*/true), 0u) << "72 + 10 reserved + 25 > 95";
   EXPECT_EQ(shrink_of(own, a1), nullptr);
   EXPECT_EQ(shrink_of(own, a2), nullptr);
   d.advance(std::chrono::milliseconds(1000));
@@ -163,6 +163,82 @@ TEST_F(OccupancyTest, NeededGrowthGoesUpToTheHighWatermarkAndTakesBackOthersGrow
   Effects r = d.release(a1, need1);
   EXPECT_NE(granted_lease(r, a2), 0u) << errors(r);
   EXPECT_TRUE(errors(d.shrink_done(a1, s->id, 32 * MiB)).empty());
+}
+
+// A need is not served by higher-priority jobs' growth, and does not hold
+// up guaranteed leases behind it.
+TEST_F(OccupancyTest, NeededGrowthDoesNotTakeHigherPriorityGrowth) {
+  FakeAgent a1 = add_agent("a1", 101);
+  FakeAgent a2 = add_agent("a2", 102);
+  FakeAgent a3 = add_agent("a3", 103);
+  uint64_t hi = submit(10, 60, /*priority=*/5);
+  uint64_t lo = submit(10, 60, /*priority=*/0);
+  uint64_t mid = submit(20, 60, /*priority=*/1);
+  ASSERT_EQ(running_on(a1), hi);
+  ASSERT_EQ(running_on(a2), lo);
+  ASSERT_EQ(running_on(a3), mid);
+  ASSERT_NE(lease(a1, 10), 0u);
+  ASSERT_NE(lease(a1, 30, 0, nullptr, /*needed=*/true), 0u);  // hi: 30 past its share
+  ASSERT_NE(lease(a2, 10), 0u);
+  ASSERT_NE(lease(a3, 10), 0u);  // 60 used, a3's 10 reserved
+  // lo's need (70 + 30 = 100% > 95%) may not take hi's growth: no Shrink.
+  Effects e;
+  EXPECT_EQ(lease(a2, 30, 5000, &e, /*needed=*/true), 0u);
+  EXPECT_EQ(shrink_of(e, a1), nullptr) << "a higher-priority job's growth is not taken";
+  // mid's guaranteed lease is granted although lo's need waits before it.
+  EXPECT_NE(lease(a3, 10), 0u);
+}
+
+// The policy alone, on a pool view built by hand.
+TEST(OccupancyPolicyRules, NeedsWaitForGuaranteesAndBlockedAgentsAreNotAsked) {
+  OccupancyPolicy policy(OccupancyOptions{});
+  PoolView pool;
+  pool.pool_size = 100 * MiB;
+  pool.used = 70 * MiB;
+  pool.largest_free = 30 * MiB;
+  auto agent = [](const char* name, uint64_t job, uint64_t guaranteed, uint64_t leased) {
+    AgentShare a;
+    a.name = name;
+    a.job_id = job;
+    a.guaranteed = guaranteed * MiB;
+    a.leased = leased * MiB;
+    a.shrinkable = true;
+    return a;
+  };
+  pool.agents = {agent("a1", 1, 10, 40), agent("a2", 2, 40, 20), agent("a3", 3, 10, 10)};
+  auto request = [](const char* owner, uint64_t mib, bool needed) {
+    PendingRequest r;
+    r.owner = owner;
+    r.size = mib * MiB;
+    r.needed = needed;
+    return r;
+  };
+  // a3's need (70 + 20 reserved - 0 + 5 = 95%) fits the high watermark...
+  EXPECT_TRUE(policy.may_grant(request("a3", 5, true), pool));
+  // ...but not while a2's guaranteed request waits.
+  pool.waiting = {request("a2", 20, false)};
+  EXPECT_FALSE(policy.may_grant(request("a3", 5, true), pool));
+  // a2's guaranteed 5 above the high watermark: a1, 37 past its share, is
+  // asked for what brings the pool back to it, unless a1 is waiting for a
+  // lease itself (it could not answer before it has it).
+  pool.used = 92 * MiB;
+  pool.agents[0].leased = 47 * MiB;
+  pool.agents[1].leased = 35 * MiB;
+  pool.waiting = {request("a2", 5, false), request("a3", 10, true)};
+  auto asked = policy.shrinks(pool);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].agent, "a1");
+  EXPECT_EQ(asked[0].bytes, 2 * MiB) << "92 + 5 = 97%: back to 95%";
+  pool.waiting.push_back(request("a1", 1, true));
+  EXPECT_TRUE(policy.shrinks(pool).empty()) << "a1 waits for a lease: it cannot answer";
+  // Nothing waiting, but guaranteed grants took the pool past the high
+  // watermark: growth is asked back down to it.
+  pool.waiting.clear();
+  pool.used = 98 * MiB;
+  asked = policy.shrinks(pool);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].agent, "a1");
+  EXPECT_EQ(asked[0].bytes, 3 * MiB);
 }
 
 TEST_F(OccupancyTest, AboveTheHighWatermarkTheLowestPriorityMostOverShrinksFirst) {
