@@ -80,14 +80,16 @@ std::vector<ShrinkOrder> OccupancyPolicy::orders(const PoolView& pool, uint64_t 
   std::vector<const AgentShare*> candidates;
   for (const auto& a : pool.agents) {
     if (!a.shrinkable || a.over() == 0) continue;
-    // An agent waiting for a lease is inside an allocation: it cannot
-    // reach the step boundary where it would answer, and would be dropped
-    // as unresponsive for it.
-    bool blocked = std::any_of(pool.waiting.begin(), pool.waiting.end(),
-                               [&](const PendingRequest& w) { return w.owner == a.name; });
-    if (blocked) continue;
-    // A need takes growth back only from jobs of its priority or lower.
-    if (requester && a.priority > requester->priority) continue;
+    // A need takes growth back only from others, of its priority or lower.
+    // An agent that is itself waiting for a lease is asked all the same: it
+    // cannot answer before it has its lease, but if the memory never comes
+    // it is skipped and then dropped like a silent agent, its job requeued
+    // from its checkpoint, which is what lets the others go on (seen: a
+    // job blocked in a needed lease that was never asked kept a waiting
+    // guaranteed request from ever being served).
+    if (needy && (a.name == needy->owner || (requester && a.priority > requester->priority))) {
+      continue;
+    }
     candidates.push_back(&a);
   }
   // Lowest priority first, then the most over its share.

@@ -49,8 +49,7 @@ class OccupancyPolicy final : public SchedulingPolicy {
   static uint64_t growth_future(const PendingRequest& request, const PoolView& pool);
   // Shrinks asking agents over their share for `need` bytes (less what is
   // being released already), lowest priority first; for a `needy` request,
-  // only from jobs of its priority or lower. Agents waiting for a lease
-  // are not asked: they cannot answer until they have it.
+  // only from other jobs of its priority or lower.
   std::vector<ShrinkOrder> orders(const PoolView& pool, uint64_t need,
                                   const PendingRequest* needy, const std::string& why);
 

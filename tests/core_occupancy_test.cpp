@@ -190,7 +190,7 @@ TEST_F(OccupancyTest, NeededGrowthDoesNotTakeHigherPriorityGrowth) {
 }
 
 // The policy alone, on a pool view built by hand.
-TEST(OccupancyPolicyRules, NeedsWaitForGuaranteesAndBlockedAgentsAreNotAsked) {
+TEST(OccupancyPolicyRules, NeedsWaitForGuaranteesAndNeverAskTheirOwnAgent) {
   OccupancyPolicy policy(OccupancyOptions{});
   PoolView pool;
   pool.pool_size = 100 * MiB;
@@ -219,8 +219,7 @@ TEST(OccupancyPolicyRules, NeedsWaitForGuaranteesAndBlockedAgentsAreNotAsked) {
   pool.waiting = {request("a2", 20, false)};
   EXPECT_FALSE(policy.may_grant(request("a3", 5, true), pool));
   // a2's guaranteed 5 above the high watermark: a1, 37 past its share, is
-  // asked for what brings the pool back to it, unless a1 is waiting for a
-  // lease itself (it could not answer before it has it).
+  // asked for what brings the pool back to it.
   pool.used = 92 * MiB;
   pool.agents[0].leased = 47 * MiB;
   pool.agents[1].leased = 35 * MiB;
@@ -229,8 +228,9 @@ TEST(OccupancyPolicyRules, NeedsWaitForGuaranteesAndBlockedAgentsAreNotAsked) {
   ASSERT_EQ(asked.size(), 1u);
   EXPECT_EQ(asked[0].agent, "a1");
   EXPECT_EQ(asked[0].bytes, 2 * MiB) << "92 + 5 = 97%: back to 95%";
-  pool.waiting.push_back(request("a1", 1, true));
-  EXPECT_TRUE(policy.shrinks(pool).empty()) << "a1 waits for a lease: it cannot answer";
+  // With only needs waiting, a need never asks its own agent.
+  pool.waiting = {request("a1", 10, true)};
+  EXPECT_TRUE(policy.shrinks(pool).empty()) << "a1's own growth is not asked for a1's need";
   // Nothing waiting, but guaranteed grants took the pool past the high
   // watermark: growth is asked back down to it.
   pool.waiting.clear();
