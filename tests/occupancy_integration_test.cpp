@@ -97,19 +97,13 @@ class Oversubscribed : public ::testing::Test {
   }
 
   // Starts a coordinator whose pool is two thirds of the three peaks, and
-  // the agents (in name order they take the jobs in queue order). The
-  // watermarks are lower than the defaults: a peak counts whole lease
-  // segments (34 MiB for a working set of about 27), and at 80%/95% C could
-  // sometimes fit beside what B held without anyone shrinking (once in four
-  // runs on an H100); at 60%/70% C's working set never fits beside B's
-  // growth, so B is asked every time.
+  // the agents (in name order they take the jobs in queue order).
   void start_oversubscribed(Cluster& c, const std::vector<std::pair<std::string, bool>>& agents) {
     peak_mib = (peak + MiB - 1) / MiB;
     pool_mib = (3 * peak_mib + 1) / 2;
     c.start_coordinator({"--backend", test_backend(), "--pool-size",
-                         std::to_string(pool_mib) + "MiB", "--alignment", "1MiB",
-                         "--heartbeat-interval", "200ms", "--shrink-timeout", "500ms",
-                         "--low-watermark", "60%", "--high-watermark", "70%"});
+                         std::to_string(pool_mib) + "MiB", "--alignment", "1MiB", "--heartbeat-interval", "200ms",
+                         "--shrink-timeout", "500ms"});
     for (const auto& [name, ignores] : agents) {
       std::vector<std::string> args;
       if (ignores) args.push_back("--test-ignore-shrinks");
@@ -119,7 +113,7 @@ class Oversubscribed : public ::testing::Test {
   }
 
   // Submits the three at once: A is guaranteed 30% of the pool (its budget,
-  // so it spills), B 10% and grows (to 30% beside A's share, the low
+  // so it spills), B 10% and grows (to 50% beside A's share, below the low
   // watermark), C its whole peak (which does not fit beside A and B's
   // shares: it waits for A, then needs some of what B grew into).
   // `b_epochs`: B's epochs when not its usual.
