@@ -113,6 +113,7 @@ LeaseAllocator::Segment* LeaseAllocator::lease_segment(uint64_t size, bool small
   } catch (const Error& e) {
     why = std::string("the coordinator refused a lease of ") + format_bytes(size) + ": " +
           e.what();
+    last_refusal_ = e.code();
     if (growth && !patient) {
       no_growth_until_ = std::chrono::steady_clock::now() + opt_.growth_backoff;
     }
@@ -185,10 +186,11 @@ void* LeaseAllocator::allocate(size_t bytes) {
   auto last_resort = [&](std::string& why, const char* what) -> void* {
     std::string advice;
     if (opt_.guaranteed_bytes) {
+      last_refusal_.reset();
       if (void* p = try_allocate(need, small, why, true)) return p;
-      if (leased_ + need > opt_.guaranteed_bytes &&
-          why.rfind("the coordinator refused", 0) == 0 &&
-          why.find("can never fit") == std::string::npos) {
+      const bool no_room = last_refusal_ == ErrorCode::NoSpace ||
+                           last_refusal_ == ErrorCode::Timeout;
+      if (leased_ + need > opt_.guaranteed_bytes && no_room) {
         // What it cannot spill does not fit its guaranteed share, and the
         // pool had no room past it: only a larger share makes this sure.
         advice = "; the job needs more than its guaranteed share (memory_min " +

@@ -31,6 +31,7 @@
 
 #include "agent/engine/allocator.h"
 #include "agent/session.h"
+#include "shared/error.h"
 #include "shared/pool_allocator.h"
 
 namespace leasehold {
@@ -125,6 +126,8 @@ class LeaseAllocator final : public engine::Allocator {
   uint64_t leased_ = 0, in_use_ = 0, peak_ = 0, allocations_ = 0;  // GUARDED_BY(mu_)
   uint64_t peak_leased_ = 0;                                       // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point no_growth_until_{};        // GUARDED_BY(mu_)
+  // Why the coordinator last refused a lease (for the out-of-memory advice).
+  std::optional<ErrorCode> last_refusal_;                          // GUARDED_BY(mu_)
 };
 
 }  // namespace leasehold

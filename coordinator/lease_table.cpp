@@ -40,10 +40,7 @@ LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool m
     // rest of the pool, or nobody else holds anything and the free memory
     // is in pieces), it would wait for itself until its deadline: refuse
     // now, so it can give some back and ask again.
-    uint64_t own = 0;
-    for (const auto& [id, rec] : leases_) {
-      if (rec.owner == req.owner) own += rec.size;
-    }
+    const uint64_t own = leased_bytes(req.owner);
     const uint64_t others = allocator_.used_bytes() - own;
     if (req.size > allocator_.pool_size() - own || others == 0) {
       return Refusal{ErrorCode::NoSpace,

@@ -50,8 +50,8 @@ class OccupancyPolicy final : public SchedulingPolicy {
   // Shrinks asking agents over their share for `need` bytes (less what is
   // being released already), lowest priority first; for a `needy` request,
   // only from other jobs of its priority or lower.
-  std::vector<ShrinkOrder> orders(const PoolView& pool, uint64_t need,
-                                  const PendingRequest* needy, const std::string& why);
+  static std::vector<ShrinkOrder> orders(const PoolView& pool, uint64_t need,
+                                         const PendingRequest* needy, const std::string& why);
 
   OccupancyOptions opt_;
 };

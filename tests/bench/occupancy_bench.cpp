@@ -221,11 +221,12 @@ class Bench {
     // rounding down): small jobs get their peak (at a fraction of it their
     // non-spillable working set, such as a convolution's workspace, may not
     // fit), the rest share what is left.
+    auto small = [&](uint64_t peak) { return peak <= pool / 8; };
     uint64_t small_total = 0, large_total = 0;
-    for (uint64_t p : peaks) (p <= pool / 8 ? small_total : large_total) += p * o_.copies;
+    for (uint64_t p : peaks) (small(p) ? small_total : large_total) += p * o_.copies;
     std::vector<uint64_t> guaranteed;
     for (uint64_t p : peaks) {
-      double share = p <= pool / 8 ? 1.0
+      double share = small(p) ? 1.0
                                     : static_cast<double>(pool - small_total) /
                                           static_cast<double>(large_total);
       guaranteed.push_back(std::max<uint64_t>(kMiB, static_cast<uint64_t>(p * share) / kMiB * kMiB));

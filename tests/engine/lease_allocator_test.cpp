@@ -134,6 +134,37 @@ TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
   alloc.deallocate(keep, 0);
 }
 
+// Growth past the guaranteed share that the pool has no room for: the
+// message says to raise memory_min; a budget that is simply too small does
+// not (a larger memory_min could not help there).
+TEST_F(LeaseAllocatorTest, NeededGrowthTheCoordinatorCannotGiveSaysRaiseMemoryMin) {
+  AgentOptions o;
+  o.endpoint = cluster.endpoint();
+  o.name = "other";
+  AgentSession other(o);
+  Lease hog = other.acquire(200ull << 20);
+  LeaseAllocatorOptions lo;
+  lo.budget_bytes = 100ull << 20;
+  lo.guaranteed_bytes = 8ull << 20;
+  lo.guaranteed_wait = 200ms;
+  LeaseAllocator alloc(*session, lo);
+  try {
+    alloc.allocate(80ull << 20);
+    FAIL() << "80 MiB fitted beside 200 MiB in a 256 MiB pool";
+  } catch (const E::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("(memory_min 8.00 MiB) here: raise memory_min"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    alloc.allocate(120ull << 20);
+    FAIL() << "120 MiB fitted a 100 MiB budget";
+  } catch (const E::OutOfMemoryError& e) {
+    EXPECT_EQ(std::string(e.what()).find("raise memory_min"), std::string::npos) << e.what();
+  }
+  other.release(hog);
+}
+
 // The defect found measuring spilling: cached free space in a large segment
 // counted against the budget and a small tensor failed although 30 MiB of
 // the 32 MiB budget were free.
