@@ -74,7 +74,9 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                      {"memory_wait_ms", j.memory_wait_ms()},
                      {"shrinks", j.shrinks()},
                      {"shrunk_bytes", j.shrunk_bytes()},
-                     {"waiting_for", std::string(str(j.waiting_for()))}};
+                     {"waiting_for", std::string(str(j.waiting_for()))},
+                     {"assigned_at_us", j.assigned_at_us()},
+                     {"first_step_at_us", j.first_step_at_us()}};
   out["attempt_history"] = nlohmann::json::array();
   if (j.attempts()) {
     for (const auto* a : *j.attempts()) {
@@ -170,6 +172,24 @@ std::string job_to_text(const proto::JobInfo& j) {
   }
   if (j.waiting_for() && j.waiting_for()->size()) {
     os << "  waiting: " << str(j.waiting_for()) << "\n";
+  }
+  if (j.assigned_at_us()) {
+    // The latest attempt's start, from the submission (ms precision).
+    auto after = [&](uint64_t us) {
+      double ms = static_cast<double>(us) / 1000.0 - static_cast<double>(j.submitted_ms());
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.1f ms", ms);
+      return std::string(buf);
+    };
+    os << "  started: assigned at " << when(j.assigned_at_us() / 1000);
+    if (j.attempts() && j.attempts()->size() == 1) os << " (" << after(j.assigned_at_us()) << " after submission)";
+    if (j.first_step_at_us()) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.1f ms",
+                    (static_cast<double>(j.first_step_at_us()) - static_cast<double>(j.assigned_at_us())) / 1000.0);
+      os << ", first step " << buf << " later";
+    }
+    os << "\n";
   }
   os << "  checkpoint: "
      << (j.checkpoint() && j.checkpoint()->size() ? std::string(str(j.checkpoint())) : "off");

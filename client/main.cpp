@@ -1,5 +1,6 @@
 // leasehold: the command-line client. Talks only to the coordinator.
 //   leasehold status | submit FILE [--follow] | jobs | job ID | cancel ID | logs ID [--follow]
+//             | regions [drop NAME]
 // Exit codes of the job commands: see client/jobs.h.
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <iostream>
 
 #include "client/jobs.h"
+#include "client/regions.h"
 #include "client/status_format.h"
 #include "shared/connection.h"
 #include "shared/endpoint.h"
@@ -85,6 +87,11 @@ int main(int argc, char** argv) {
   logs->add_option("id", id, "job id")->required();
   logs->add_flag("-f,--follow", follow, "keep following until the job ends");
   add_output(logs);
+  auto* regions = app.add_subcommand("regions", "list the shared cache regions");
+  add_output(regions);
+  std::string region_name;
+  auto* drop = regions->add_subcommand("drop", "drop an unattached region and free its memory");
+  drop->add_option("name", region_name, "region name")->required();
   CLI11_PARSE(app, argc, argv);
 
   leasehold::client::Context ctx;
@@ -117,5 +124,7 @@ int main(int argc, char** argv) {
   if (*job) return leasehold::client::show_job(ctx, id);
   if (*cancel) return leasehold::client::cancel_job(ctx, id);
   if (*logs) return leasehold::client::logs(ctx, id, follow);
+  if (*drop) return leasehold::client::drop_region(ctx, region_name);
+  if (*regions) return leasehold::client::list_regions(ctx);
   return 0;
 }

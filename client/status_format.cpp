@@ -45,7 +45,8 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
                              {"guaranteed_bytes", a->guaranteed_bytes()},
                              {"shrink_pending_bytes", a->shrink_pending_bytes()},
                              {"shrinks", a->shrinks()},
-                             {"missed_shrinks", a->missed_shrinks()}});
+                             {"missed_shrinks", a->missed_shrinks()},
+                             {"outside_pool_bytes", a->outside_pool_bytes()}});
     }
   }
   j["leases"] = nlohmann::json::array();
@@ -112,18 +113,21 @@ std::string status_to_table(const proto::StatusReply& s) {
        << " lease request(s) waiting for memory\n";
   }
   os << "\nAgents  (" << j["agents"].size() << ")\n";
-  std::snprintf(line, sizeof line, "  %-24s %8s %-8s %6s %12s %12s %7s %12s %14s\n", "NAME",
-                "PID", "STATE", "JOB", "GUARANTEED", "LEASED", "LEASES", "SHRINKING", "HEARTBEAT");
+  std::snprintf(line, sizeof line, "  %-24s %8s %-8s %6s %12s %12s %7s %12s %12s %14s\n", "NAME",
+                "PID", "STATE", "JOB", "GUARANTEED", "LEASED", "LEASES", "SHRINKING",
+                "OUTSIDE POOL", "HEARTBEAT");
   os << line;
   for (const auto& a : j["agents"]) {
     uint64_t job = a["job_id"].get<uint64_t>();
     uint64_t shrinking = a["shrink_pending_bytes"].get<uint64_t>();
-    std::snprintf(line, sizeof line, "  %-24s %8d %-8s %6s %12s %12s %7u %12s %11llu ms ago\n",
+    uint64_t outside = a["outside_pool_bytes"].get<uint64_t>();
+    std::snprintf(line, sizeof line, "  %-24s %8d %-8s %6s %12s %12s %7u %12s %12s %11llu ms ago\n",
                   a["name"].get<std::string>().c_str(), a["pid"].get<int>(),
                   a["state"].get<std::string>().c_str(), job ? std::to_string(job).c_str() : "-",
                   job ? format_bytes(a["guaranteed_bytes"]).c_str() : "-",
                   format_bytes(a["leased_bytes"]).c_str(), a["lease_count"].get<uint32_t>(),
                   shrinking ? format_bytes(shrinking).c_str() : "-",
+                  outside ? format_bytes(outside).c_str() : "-",
                   static_cast<unsigned long long>(a["last_heartbeat_ms_ago"].get<uint64_t>()));
     os << line;
   }

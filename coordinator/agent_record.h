@@ -22,6 +22,8 @@ struct AgentRecord {
   Clock::time_point last_seen;        // any valid message counts as a heartbeat;
                                       // in the future until the first one
   bool takes_jobs = false;            // a standby worker (else it only leases)
+  bool ready = true;                  // warmed up: a job it is given starts at once
+  uint64_t outside_pool_bytes = 0;    // its device memory outside the pool, as it reports
   uint64_t job_id = 0;                // the job this coordinator gave it; 0: none
   // The jobs it reported in its latest Register or Heartbeat.
   std::vector<proto::AgentJobT> reported;
@@ -53,7 +55,7 @@ struct AgentRecord {
     }
     return false;
   }
-  bool idle() const { return takes_jobs && job_id == 0 && !reports_busy(); }
+  bool idle() const { return takes_jobs && ready && job_id == 0 && !reports_busy(); }
 };
 
 }  // namespace leasehold

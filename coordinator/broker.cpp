@@ -88,8 +88,8 @@ uint64_t largest_checkpoint_id(const std::string& state_dir) {
   return largest;
 }
 
-uint64_t unix_now_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+uint64_t unix_now_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
 }
@@ -211,7 +211,10 @@ std::string Broker::summary() const {
   return s;
 }
 
-Now Broker::now() const { return Now{Clock::now(), unix_now_ms()}; }
+Now Broker::now() const {
+  const uint64_t us = unix_now_us();
+  return Now{Clock::now(), us / 1000, us};
+}
 
 void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tick_fn) {
   // Wake often enough to purge dead agents well within three intervals.

@@ -96,6 +96,13 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       return on_get_job(rid, env, out);
     case proto::Body::CancelJob:
       return on_cancel(rid, env, now, out);
+    case proto::Body::ListRegions:
+      return on_list_regions(rid, req, out);
+    case proto::Body::DropRegion:
+      return on_drop_region(rid, env, now, out);
+    case proto::Body::AttachRegion:
+    case proto::Body::RegionReady:
+    case proto::Body::DetachRegion:
     case proto::Body::JobUpdate:
     case proto::Body::Heartbeat:
     case proto::Body::Unregister:
@@ -126,10 +133,24 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
   }
 
   switch (env.body_type()) {
-    case proto::Body::Heartbeat:
-      reconcile(agent, nullptr, env.body_as_Heartbeat(), now, out);
+    case proto::Body::Heartbeat: {
+      const auto* hb = env.body_as_Heartbeat();
+      if (hb->ready() && !agent.ready) {
+        spdlog::info("agent '{}' is warmed up and stands by ({} of device memory outside the pool)",
+                     name, format_bytes(hb->outside_pool_bytes()));
+      }
+      agent.ready = hb->ready();
+      agent.outside_pool_bytes = hb->outside_pool_bytes();
+      reconcile(agent, nullptr, hb, now, out);
       send(out, rid, req, proto::HeartbeatAckT{});
       return schedule(now, out);
+    }
+    case proto::Body::AttachRegion:
+      return on_attach_region(rid, agent, env, now, out);
+    case proto::Body::RegionReady:
+      return on_region_ready(rid, agent, env, now, out);
+    case proto::Body::DetachRegion:
+      return on_detach_region(rid, agent, env, now, out);
     case proto::Body::Unregister:
       drop_agent(name, "unregistered", JobFate::Requeue, now, out);
       send_ack(out, rid, req);
@@ -208,8 +229,11 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.session = ++next_session_;
   rec.routing_ids.insert(rid);
   rec.takes_jobs = r->takes_jobs();
+  rec.ready = r->ready();
+  rec.outside_pool_bytes = r->outside_pool_bytes();
   rec.last_seen = now.steady + opts_.first_heartbeat_grace;
-  spdlog::info("agent '{}' (pid {}) registered; {}", name, rec.pid, summary());
+  spdlog::info("agent '{}' (pid {}) registered{}; {}", name, rec.pid,
+               rec.takes_jobs && !rec.ready ? " (warming up)" : "", summary());
 
   proto::RegisterAckT ack;
   ack.session = rec.session;
@@ -241,7 +265,9 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   if (std::holds_alternative<LeaseTable::Queued>(outcome)) {
     spdlog::info("lease of {} for '{}' waits up to {} ms for memory", format_bytes(r->size()),
                  agent.name, wait_ms);
-    // Memory held past guaranteed shares may have to come back for it.
+    // Idle cache regions go first (serve_waiting evicts them); then memory
+    // held past guaranteed shares may have to come back for it.
+    serve_waiting(out);
     return request_shrinks(now, out);
   }
   const auto& rec = std::get<LeaseRecord>(outcome);
@@ -258,14 +284,23 @@ bool CoordinatorCore::admit(const PendingRequest& request) {
 }
 
 void CoordinatorCore::serve_waiting(Effects& out) {
-  for (const auto& g :
-       leases_.grant_waiting([this](const PendingRequest& p) { return admit(p); })) {
-    spdlog::info("waiting lease of {} granted to '{}' (lease {})", format_bytes(g.lease.size),
-                 g.lease.owner, g.lease.id);
-    proto::LeaseGrantT grant;
-    grant.lease = lease_object(g.lease);
-    send(out, g.reply_to.routing_id, g.reply_to.request_id, std::move(grant));
-    note_lease_wait(g.lease.owner, g.since, now_, out);
+  while (true) {
+    for (const auto& g :
+         leases_.grant_waiting([this](const PendingRequest& p) { return admit(p); })) {
+      spdlog::info("waiting lease of {} granted to '{}' (lease {})", format_bytes(g.lease.size),
+                   g.lease.owner, g.lease.id);
+      proto::LeaseGrantT grant;
+      grant.lease = lease_object(g.lease);
+      send(out, g.reply_to.routing_id, g.reply_to.request_id, std::move(grant));
+      note_lease_wait(g.lease.owner, g.since, now_, out);
+    }
+    // Requests still waiting need memory: idle cache regions give it up
+    // first, least recently used first, before anyone is asked to shrink.
+    if (leases_.waiting() == 0) return;
+    RegionRecord* idle = regions_.least_recently_used();
+    if (!idle) return;
+    evict_region(*idle, std::to_string(leases_.waiting()) + " lease request(s) wait for memory",
+                 now_);
   }
 }
 
@@ -295,7 +330,11 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
     a->name = name;
     a->pid = agent.pid;
     a->device = agent.device;
-    a->state = agent.job_id || agent.reports_busy() ? "running" : count ? "leasing" : "idle";
+    a->state = agent.job_id || agent.reports_busy()   ? "running"
+               : agent.takes_jobs && !agent.ready     ? "warming"
+               : count                                ? "leasing"
+                                                      : "idle";
+    a->outside_pool_bytes = agent.outside_pool_bytes;
     a->leased_bytes = bytes;
     a->lease_count = count;
     // last_seen is in the future while an agent is within its first-heartbeat grace.
@@ -330,6 +369,8 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   int pid = it->second.pid;
   bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
   agents_.erase(it);
+  // Its attachments go; a region it was filling goes with its leases.
+  const std::vector<std::string> discarded = drop_region_users(name, now);
   if (fence) {
     // Its kernels or loops may still write into these: nobody gets them
     // until it says it stopped, its process is gone, or recovery_grace ends.
@@ -344,6 +385,9 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
                  format_bytes(bytes));
     release_fence(name, "the agent is gone", out);
+  }
+  for (const auto& region : discarded) {
+    discard_region(region, "its filler, agent '" + name + "', " + why, now, out);
   }
   JobRecord* job = job_id ? jobs_.find(job_id) : nullptr;
   if (!job || job->state != JobState::Running || job->agent != name) return;
@@ -419,6 +463,7 @@ void CoordinatorCore::tick(Now now, Effects& out) {
                e.refusal.message);
   }
   expire_file_checks(now, out);
+  expire_region_waiters(now, out);
   release_orphans(now, out);
   resend_pushes(now, out);
   prune(now, out);
@@ -430,6 +475,7 @@ void CoordinatorCore::tick(Now now, Effects& out) {
 
 std::optional<Clock::time_point> CoordinatorCore::next_deadline() const {
   std::optional<Clock::time_point> best = leases_.next_deadline();
+  if (auto r = regions_.next_deadline(); r && (!best || *r < *best)) best = r;
   for (const auto& [token, p] : pending_submits_) {
     if (!best || p.deadline < *best) best = p.deadline;
   }

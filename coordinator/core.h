@@ -30,6 +30,11 @@
 //   the core sends Shrink, waits for ShrinkDone until shrink_timeout, skips
 //   an agent that does not answer and drops one that stays silent
 //   (core_shrinks.cpp).
+// - Shared cache regions (core_regions.cpp, coordinator/regions.md): named
+//   ranges of the pool agents attach to; the first attacher fills one while
+//   the others wait; idle ones stay as a cache and are evicted, least
+//   recently used first, when a waiting request or an admission needs the
+//   memory. A filler that dies before the region is ready takes it along.
 //
 // Thread safety: none; one thread (the broker's loop) calls it.
 #pragma once
@@ -47,6 +52,7 @@
 #include "coordinator/effects.h"
 #include "coordinator/job_table.h"
 #include "coordinator/lease_table.h"
+#include "coordinator/region_table.h"
 #include "coordinator/scheduler.h"
 #include "shared/device.h"
 
@@ -57,6 +63,7 @@ namespace leasehold {
 struct Now {
   Clock::time_point steady;
   uint64_t unix_ms = 0;
+  uint64_t unix_us = 0;  // the same instant in microseconds (job start time stamps)
 };
 
 struct CoreOptions {
@@ -121,6 +128,7 @@ class CoordinatorCore {
   const std::map<std::string, AgentRecord>& agents() const { return agents_; }
   const LeaseTable& leases() const { return leases_; }
   const JobTable& jobs() const { return jobs_; }
+  const RegionTable& regions() const { return regions_; }
   const PoolDescriptor& pool() const { return pool_; }
   // The pool as the policy sees it now.
   PoolView pool_view() const;
@@ -162,6 +170,33 @@ class CoordinatorCore {
                   Effects& out);
   void release_fence(const std::string& agent, const std::string& why, Effects& out);
   void check_fences(Now now, Effects& out);
+
+  // Shared cache regions (core_regions.cpp).
+  void on_attach_region(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
+                        Now now, Effects& out);
+  void on_region_ready(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
+                       Now now, Effects& out);
+  void on_detach_region(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
+                        Now now, Effects& out);
+  void on_list_regions(const std::string& rid, uint64_t req, Effects& out);
+  void on_drop_region(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  // Places the new region `rec` (memory from the high end, after evicting
+  // idle regions if that makes room); an empty string on success, else why not.
+  std::string place_region(RegionRecord& rec, uint64_t size, Now now);
+  // Gives `agent` an attachment to `rec` and answers `to` with the grant.
+  void grant_region(RegionRecord& rec, const std::string& agent, const ReplyTo& to, bool fill,
+                    Now now, Effects& out);
+  // Frees (or, `to_agent` non-empty, hands to that agent) a region's memory.
+  void free_region_memory(RegionRecord& rec, const std::string& to_agent = "");
+  void evict_region(RegionRecord& rec, const std::string& why, Now now);
+  // A filling region whose filler is gone: its waiters fill it again or fail.
+  void discard_region(const std::string& name, const std::string& why, Now now, Effects& out);
+  // Drops the attachments and waiters of an agent that goes. A region it
+  // was filling loses its memory to the agent's own leases (so it is
+  // fenced with them when the agent may still be writing); returns those
+  // regions, to be discarded once the agent's leases are dealt with.
+  std::vector<std::string> drop_region_users(const std::string& agent, Now now);
+  void expire_region_waiters(Now now, Effects& out);
 
   // Memory (core_shrinks.cpp).
   // Sends the Shrinks the policy asks for now.
@@ -220,6 +255,7 @@ class CoordinatorCore {
   std::unique_ptr<SchedulingPolicy> policy_;
   LeaseTable leases_;
   JobTable jobs_;
+  RegionTable regions_;
   std::map<std::string, AgentRecord> agents_;
   std::map<uint64_t, PendingSubmit> pending_submits_;
   std::map<std::string, Fence> fences_;  // by agent name

@@ -135,6 +135,8 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   job.assign_acked = false;
   job.stop_wanted = false;
   job.assign_sent = now.steady;
+  job.assigned_at_us = now.unix_us ? now.unix_us : now.unix_ms * 1000;
+  job.first_step_at_us = 0;
   agent.job_id = job.id;
   jobs_.set_state(job, JobState::Running, now.unix_ms,
                   "attempt " + std::to_string(attempt.number) + " on agent '" + agent.name + "'");

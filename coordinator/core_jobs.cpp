@@ -233,6 +233,10 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
     stored = true;
   }
   if (u->progress()) u->progress()->UnPackTo(&job->progress);
+  if (u->first_step_at_us() && job->first_step_at_us != u->first_step_at_us()) {
+    job->first_step_at_us = u->first_step_at_us();
+    stored = true;
+  }
   if (u->epoch()) {
     proto::EpochStatT e;
     u->epoch()->UnPackTo(&e);

@@ -46,6 +46,7 @@ PoolView CoordinatorCore::pool_view() const {
   view.pool_size = pool_.size;
   view.used = leases_.allocator().used_bytes();
   view.largest_free = leases_.allocator().largest_free();
+  view.evictable = regions_.evictable_bytes();
   std::map<std::string, uint64_t> held;
   for (const auto& [id, rec] : leases_.leases()) held[rec.owner] += rec.size;
   for (const auto& [name, agent] : agents_) {  // in name order

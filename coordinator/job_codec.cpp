@@ -57,6 +57,8 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   info->shrinks = job.shrinks;
   info->shrunk_bytes = job.shrunk_bytes;
   info->waiting_for = job.waiting_for;
+  info->assigned_at_us = job.assigned_at_us;
+  info->first_step_at_us = job.first_step_at_us;
   return info;
 }
 
@@ -110,6 +112,8 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   job.memory_wait_ms = info->memory_wait_ms;
   job.shrinks = info->shrinks;
   job.shrunk_bytes = info->shrunk_bytes;
+  job.assigned_at_us = info->assigned_at_us;
+  job.first_step_at_us = info->first_step_at_us;
   return job;
 }
 

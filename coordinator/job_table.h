@@ -60,6 +60,10 @@ struct JobRecord {
   uint64_t memory_wait_ms = 0;  // queued for its guaranteed share, or lease requests waiting
   uint32_t shrinks = 0;         // Shrinks its agents answered
   uint64_t shrunk_bytes = 0;    // and the bytes they released
+  // The latest attempt's start (Unix µs): assigned by the coordinator, and
+  // its first training step begun on the agent (0: not yet).
+  uint64_t assigned_at_us = 0;
+  uint64_t first_step_at_us = 0;
 
   // ---- Not stored ----
   // Its guaranteed share (memory_min, else memory_budget), set when it is

@@ -140,6 +140,13 @@ std::pair<size_t, uint64_t> LeaseTable::transfer_all(const std::string& from,
   return {count, bytes};
 }
 
+bool LeaseTable::reassign(uint64_t lease_id, const std::string& owner) {
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return false;
+  it->second.owner = owner;
+  return true;
+}
+
 std::vector<GrantedLater> LeaseTable::grant_waiting(const Admit& admit) {
   std::vector<GrantedLater> out;
   for (auto it = waiting_.begin(); it != waiting_.end();) {

@@ -97,6 +97,11 @@ class LeaseTable {
   // the number of leases and bytes moved.
   std::pair<size_t, uint64_t> transfer_all(const std::string& from, const std::string& to);
 
+  // Gives lease `lease_id` to `owner` (a filling region's memory goes to
+  // the agent that was filling it, to be released or fenced with its own).
+  // False when there is no such lease.
+  bool reassign(uint64_t lease_id, const std::string& owner);
+
   // Grants waiting requests that fit now and `admit` allows, in queue
   // order. Call after anything that frees memory.
   std::vector<GrantedLater> grant_waiting(const Admit& admit = {});

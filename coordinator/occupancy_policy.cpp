@@ -32,12 +32,20 @@ Pick OccupancyPolicy::pick_job(const AgentRecord&, std::span<JobRecord* const> q
   const uint64_t free = pool.pool_size > committed ? pool.pool_size - committed : 0;
   // What running jobs of this priority or lower hold past their shares
   // could be had back; a higher-priority job's could not.
-  const uint64_t reclaimable = pool.reclaimable(job->priority);
+  // Idle cache regions go too (least recently used first) once its leases
+  // wait for their memory.
+  const uint64_t reclaimable = pool.reclaimable(job->priority) + pool.evictable;
   const uint64_t need = job->guaranteed_bytes;
   if (need <= free + reclaimable) return Pick{job, ""};
   return Pick{nullptr, "waiting for " + format_bytes(need - free - reclaimable) + "; " +
                            format_bytes(free) + " free, " + format_bytes(reclaimable) +
                            " reclaimable (guaranteed share " + format_bytes(need) + ")"};
+}
+
+bool OccupancyPolicy::may_cache(uint64_t bytes, const PoolView& pool) {
+  // Like speculative growth: a cache must not take memory a running job is
+  // guaranteed, nor push the pool to where someone would be asked to shrink.
+  return pool.used + pool.reserved() + bytes <= low_bytes(pool);
 }
 
 bool OccupancyPolicy::may_grant(const PendingRequest& request, const PoolView& pool) {

@@ -16,7 +16,9 @@
 //   first, then the most over their share), never below it.
 // - A queued job starts when its guaranteed share fits: free memory (not
 //   reserved for running jobs) plus what jobs of its priority or lower hold
-//   past their shares. Jobs start in queue order (priority, then
+//   past their shares, plus idle shared cache regions (evicted for it).
+// - A shared cache region is placed like speculative growth: only while
+//   occupancy_future stays at or below the low watermark. Jobs start in queue order (priority, then
 //   submission): a large job is never starved by small ones behind it.
 #pragma once
 
@@ -40,6 +42,7 @@ class OccupancyPolicy final : public SchedulingPolicy {
                 const PoolView& pool) override;
   bool may_grant(const PendingRequest& request, const PoolView& pool) override;
   std::vector<ShrinkOrder> shrinks(const PoolView& pool) override;
+  bool may_cache(uint64_t bytes, const PoolView& pool) override;
 
  private:
   uint64_t low_bytes(const PoolView& pool) const;

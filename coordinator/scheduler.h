@@ -45,6 +45,9 @@ struct PoolView {
   uint64_t pool_size = 0;
   uint64_t used = 0;                      // leased bytes, fenced ones included
   uint64_t largest_free = 0;              // the largest free block
+  // Bytes of shared cache regions nobody is attached to: evicted (least
+  // recently used first) when a waiting request or an admission needs them.
+  uint64_t evictable = 0;
   std::vector<AgentShare> agents;         // registered agents, by name
   std::vector<PendingRequest> waiting;    // lease requests waiting, in queue order
 
@@ -95,6 +98,9 @@ class SchedulingPolicy {
   virtual bool may_grant(const PendingRequest& request, const PoolView& pool) = 0;
   // Agents to ask for memory now (none of them with a Shrink pending).
   virtual std::vector<ShrinkOrder> shrinks(const PoolView&) { return {}; }
+  // Whether a new shared cache region of `bytes` may be placed now (it must
+  // also fit). A cache never makes anyone shrink.
+  virtual bool may_cache(uint64_t /*bytes*/, const PoolView&) { return true; }
 };
 
 class FifoPolicy final : public SchedulingPolicy {

@@ -12,6 +12,7 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
   // Far from the epoch, so "older than" arithmetic never underflows.
   now_.steady = Clock::time_point{} + std::chrono::hours(1000);
   now_.unix_ms = 1'700'000'000'000ull;
+  now_.unix_us = now_.unix_ms * 1000;
   if (opts_.state_dir.empty()) opts_.state_dir = "/var/lib/leasehold-test";
   if (opts_.session_seed == 0) opts_.session_seed = 1000;
   opts_.process_gone = [this](int pid) { return gone.count(pid) > 0; };
@@ -30,6 +31,7 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
 void CoreDriver::advance(std::chrono::milliseconds d) {
   now_.steady += d;
   now_.unix_ms += static_cast<uint64_t>(d.count());
+  now_.unix_us = now_.unix_ms * 1000;
 }
 
 Effects CoreDriver::request(const std::string& rid, const std::string& sender, uint64_t session,
@@ -172,6 +174,57 @@ Effects CoreDriver::shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t
 Effects CoreDriver::status() {
   return request("client", "client", 0, proto::Body::StatusRequest,
                  [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
+}
+
+Effects CoreDriver::attach(const FakeAgent& a, const std::string& name, uint64_t bytes,
+                          bool create, int wait_ms, bool replace) {
+  return request(a.rid, a.name, a.session, proto::Body::AttachRegion, [&](auto& fbb) {
+    return proto::CreateAttachRegion(fbb, fbb.CreateString(name), bytes, create, replace, wait_ms)
+        .Union();
+  });
+}
+
+Effects CoreDriver::region_ready(const FakeAgent& a, const std::string& name) {
+  return request(a.rid, a.name, a.session, proto::Body::RegionReady, [&](auto& fbb) {
+    return proto::CreateRegionReady(fbb, fbb.CreateString(name)).Union();
+  });
+}
+
+Effects CoreDriver::detach(const FakeAgent& a, const std::string& name) {
+  return request(a.rid, a.name, a.session, proto::Body::DetachRegion, [&](auto& fbb) {
+    return proto::CreateDetachRegion(fbb, fbb.CreateString(name)).Union();
+  });
+}
+
+Effects CoreDriver::drop_region(const std::string& name) {
+  return request("client", "client", 0, proto::Body::DropRegion, [&](auto& fbb) {
+    return proto::CreateDropRegion(fbb, fbb.CreateString(name)).Union();
+  });
+}
+
+proto::RegionListT CoreDriver::regions() {
+  Effects e = request("client", "client", 0, proto::Body::ListRegions,
+                      [](auto& fbb) { return proto::CreateListRegions(fbb).Union(); });
+  auto m = messages(e, proto::Body::RegionList, "client");
+  if (m.size() != 1) throw std::logic_error("no RegionList: " + errors(e));
+  proto::RegionListT copy;
+  const auto* list = m[0]->body.AsRegionList();
+  for (const auto& r : list->regions) copy.regions.push_back(std::make_unique<proto::RegionT>(*r));
+  copy.hits = list->hits;
+  copy.misses = list->misses;
+  copy.evictions = list->evictions;
+  return copy;
+}
+
+const proto::RegionGrantT* region_grant(const Effects& e, const FakeAgent& a) {
+  auto m = messages(e, proto::Body::RegionGrant, a.rid);
+  return m.empty() ? nullptr : m[0]->body.AsRegionGrant();
+}
+
+std::optional<ErrorCode> error_code(const Effects& e, const std::string& rid) {
+  auto m = messages(e, proto::Body::Error, rid);
+  if (m.empty()) return std::nullopt;
+  return m[0]->body.AsError()->code;
 }
 
 uint64_t granted_lease(const Effects& e, const FakeAgent& a) {

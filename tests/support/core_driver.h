@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -65,6 +66,14 @@ class CoreDriver {
   Effects release(const FakeAgent& a, uint64_t lease_id);
   Effects shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t released);
   Effects status();
+  // Shared cache regions.
+  Effects attach(const FakeAgent& a, const std::string& name, uint64_t bytes, bool create,
+                 int wait_ms = -1, bool replace = false);
+  Effects region_ready(const FakeAgent& a, const std::string& name);
+  Effects detach(const FakeAgent& a, const std::string& name);
+  Effects drop_region(const std::string& name);
+  // The regions as `leasehold regions` gets them.
+  proto::RegionListT regions();
 
   const JobRecord& job(uint64_t id) { return *core_->jobs().find(id); }
 
@@ -99,6 +108,10 @@ std::vector<const OutMessage*> messages(const Effects& e, proto::Body type,
 std::string errors(const Effects& e);
 // The lease granted to `a` in `e` (0: none).
 uint64_t granted_lease(const Effects& e, const FakeAgent& a);
+// The RegionGrant sent to `a` in `e`, if any.
+const proto::RegionGrantT* region_grant(const Effects& e, const FakeAgent& a);
+// The error code of the reply to `rid` in `e`, if it is an Error.
+std::optional<ErrorCode> error_code(const Effects& e, const std::string& rid);
 // The Shrink pushed to `a` in `e`, if any.
 const proto::ShrinkT* shrink_of(const Effects& e, const FakeAgent& a);
 

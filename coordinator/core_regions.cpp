@@ -1,0 +1,367 @@
+// The core's shared cache regions: attach (creating and filling, or waiting
+// for the filler), ready, detach, listing, drop, eviction, and what happens
+// when a filler goes away. The rules are in coordinator/regions.md.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "coordinator/core.h"
+#include "coordinator/replies.h"
+#include "shared/protocol.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+// Evicted regions kept in listings (their counters tell an operator why jobs
+// had to fill them again).
+constexpr size_t kEvictedKept = 64;
+// An attach may wait at most this long for a filler.
+constexpr std::chrono::hours kMaxRegionWait{24};
+
+std::unique_ptr<proto::RegionT> region_object(const RegionRecord& r) {
+  auto o = std::make_unique<proto::RegionT>();
+  o->name = r.name;
+  o->offset = r.offset;
+  o->size = r.size;
+  o->state = r.state == RegionState::Filling ? proto::RegionState::Filling
+             : r.state == RegionState::Ready ? proto::RegionState::Ready
+                                             : proto::RegionState::Evicted;
+  o->refcount = r.refcount();
+  o->last_used_ms = r.last_used_ms;
+  o->hits = r.hits;
+  o->misses = r.misses;
+  o->evictions = r.evictions;
+  o->filler = r.filler;
+  for (const auto& [agent, n] : r.attached) o->agents.push_back(agent);
+  return o;
+}
+
+void touch(RegionRecord& r, Now now) {
+  r.last_used = now.steady;
+  r.last_used_ms = now.unix_ms;
+}
+
+std::string agent_list(const RegionRecord& r) {
+  std::string s;
+  for (const auto& [agent, n] : r.attached) {
+    s += (s.empty() ? "'" : ", '") + agent + "'" + (n > 1 ? " (" + std::to_string(n) + ")" : "");
+  }
+  return s;
+}
+
+}  // namespace
+
+void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agent,
+                                       const proto::Envelope& env, Now now, Effects& out) {
+  const auto* a = env.body_as_AttachRegion();
+  const uint64_t req = env.header()->request_id();
+  const std::string name(str(a->name()));
+  const uint64_t size = a->size();
+  if (!valid_region_name(name)) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "region name '" + name.substr(0, 128) +
+                          "' is invalid: use 1-128 letters, digits, '.', '_', '-', ':' or '/' "
+                          "(not first)");
+  }
+  if (a->create() && size == 0) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "region '" + name + "': a region to create needs a positive size");
+  }
+  if (size > pool_.size) {
+    return send_error(out, rid, req, ErrorCode::TooLarge,
+                      "region '" + name + "' of " + format_bytes(size) +
+                          " can never fit: the pool holds " + format_bytes(pool_.size));
+  }
+  const int64_t wait_ms =
+      std::min<int64_t>(a->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : a->wait_ms(),
+                        std::chrono::milliseconds(kMaxRegionWait).count());
+  const ReplyTo to{rid, req};
+  RegionRecord* rec = regions_.find(name);
+  if (rec && rec->resident()) {
+    if (rec->filler == agent.name) {
+      return send_error(out, rid, req, ErrorCode::RegionBusy,
+                        "agent '" + agent.name + "' is filling region '" + name + "' itself");
+    }
+    if (!a->replace()) {
+      if (size != 0 && size != rec->size) {
+        return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                          "region '" + name + "' holds " + std::to_string(rec->size) +
+                              " bytes, not the " + std::to_string(size) + " asked for");
+      }
+      if (rec->state == RegionState::Ready) {
+        ++rec->hits;
+        ++regions_.hits;
+        return grant_region(*rec, agent.name, to, false, now, out);
+      }
+      if (wait_ms == 0) {
+        return send_error(out, rid, req, ErrorCode::RegionBusy,
+                          "region '" + name + "' is being filled by agent '" + rec->filler + "'");
+      }
+      regions_.waiters().push_back(RegionWaiter{agent.name, name, size, a->create(), to,
+                                                now.steady + std::chrono::milliseconds(wait_ms)});
+      spdlog::info("agent '{}' waits up to {} ms for region '{}' (agent '{}' fills it)",
+                   agent.name, wait_ms, name, rec->filler);
+      return;
+    }
+    if (rec->state == RegionState::Filling || !rec->attached.empty()) {
+      return send_error(out, rid, req, ErrorCode::RegionBusy,
+                        "region '" + name + "' cannot be replaced: " +
+                            (rec->state == RegionState::Filling
+                                 ? "agent '" + rec->filler + "' is filling it"
+                                 : "attached by " + agent_list(*rec)));
+    }
+    spdlog::info("region '{}' ({}) replaced by agent '{}'", name, format_bytes(rec->size),
+                 agent.name);
+    free_region_memory(*rec);
+    rec->state = RegionState::Evicted;
+  }
+  if (!a->create()) {
+    return send_error(out, rid, req, ErrorCode::NoSuchRegion,
+                      rec ? "region '" + name +
+                                "' was evicted (its memory was needed); fill it again"
+                          : "no region '" + name + "'");
+  }
+  const bool existed = rec != nullptr;
+  RegionRecord& r = regions_.upsert(name);
+  if (std::string why = place_region(r, size, now); !why.empty()) {
+    if (!existed) regions_.erase(name);
+    spdlog::info("region '{}' of {} for agent '{}' not placed: {}", name, format_bytes(size),
+                 agent.name, why);
+    return send_error(out, rid, req, ErrorCode::NoSpace,
+                      "no room for region '" + name + "' of " + format_bytes(size) + ": " + why);
+  }
+  ++r.misses;
+  ++regions_.misses;
+  r.filler = agent.name;
+  spdlog::info("region '{}' ({}) placed at offset {}; agent '{}' fills it", name,
+               format_bytes(size), r.offset, agent.name);
+  grant_region(r, agent.name, to, true, now, out);
+}
+
+std::string CoordinatorCore::place_region(RegionRecord& rec, uint64_t size, Now now) {
+  // A cache never jumps ahead of leases that wait for memory.
+  if (size_t waiting = leases_.waiting(); waiting > 0) {
+    return std::to_string(waiting) + " lease request(s) wait for memory";
+  }
+  const uint64_t bytes = align_up(size, pool_.alignment);
+  while (true) {
+    const PoolView view = pool_view();
+    const bool allowed = policy_->may_cache(bytes, view);
+    if (allowed) {
+      PendingRequest p{region_owner(rec.name), size, PoolAllocator::End::High, now.steady, {},
+                       now.steady, false};
+      auto outcome = leases_.request(p, /*may_wait=*/false);
+      if (const auto* lease = std::get_if<LeaseRecord>(&outcome)) {
+        rec.state = RegionState::Filling;
+        rec.size = size;
+        rec.lease_id = lease->id;
+        rec.offset = lease->offset;
+        rec.lease_bytes = lease->size;
+        touch(rec, now);
+        return "";
+      }
+    }
+    RegionRecord* victim = regions_.least_recently_used(rec.name);
+    if (!victim) {
+      const auto& alloc = leases_.allocator();
+      if (!allowed) {
+        return "occupancy with the running jobs' reservations would reach " +
+               std::to_string(static_cast<int>(view.occupancy_future(bytes) * 100)) +
+               "%, more than a cache may take (" + policy_->name() + " policy, low watermark " +
+               std::to_string(static_cast<int>(policy_->low_watermark() * 100)) + "%)";
+      }
+      return "free " + format_bytes(alloc.free_bytes()) + ", largest free block " +
+             format_bytes(alloc.largest_free());
+    }
+    evict_region(*victim, "to make room for region '" + rec.name + "'", now);
+  }
+}
+
+void CoordinatorCore::grant_region(RegionRecord& rec, const std::string& agent, const ReplyTo& to,
+                                   bool fill, Now now, Effects& out) {
+  ++rec.attached[agent];
+  touch(rec, now);
+  proto::RegionGrantT g;
+  g.region = region_object(rec);
+  g.fill = fill;
+  send(out, to.routing_id, to.request_id, std::move(g));
+}
+
+void CoordinatorCore::free_region_memory(RegionRecord& rec, const std::string& to_agent) {
+  if (rec.lease_id == 0) return;
+  if (to_agent.empty()) {
+    leases_.release(region_owner(rec.name), rec.lease_id);
+  } else {
+    leases_.reassign(rec.lease_id, to_agent);
+  }
+  rec.lease_id = 0;
+  rec.offset = 0;
+  rec.lease_bytes = 0;
+}
+
+void CoordinatorCore::evict_region(RegionRecord& rec, const std::string& why, Now now) {
+  spdlog::info("evicted region '{}' ({}, idle for {} ms): {}", rec.name, format_bytes(rec.size),
+               now.unix_ms > rec.last_used_ms ? now.unix_ms - rec.last_used_ms : 0, why);
+  free_region_memory(rec);
+  rec.state = RegionState::Evicted;
+  ++rec.evictions;
+  ++regions_.evictions;
+}
+
+void CoordinatorCore::discard_region(const std::string& name, const std::string& why, Now now,
+                                     Effects& out) {
+  RegionRecord* rec = regions_.find(name);
+  if (!rec) return;
+  spdlog::warn("region '{}' discarded before it was ready: {}", name, why);
+  free_region_memory(*rec);
+  rec->state = RegionState::Evicted;
+  rec->filler.clear();
+  rec->attached.clear();  // while filling, only the filler was attached
+  // Those waiting for it: the first that may create it fills it now, the
+  // others wait for that one; without such a one they all learn why.
+  std::vector<RegionWaiter> mine;
+  auto& waiters = regions_.waiters();
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (it->name == name) {
+      mine.push_back(std::move(*it));
+      it = waiters.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  bool refilling = false;
+  for (auto& w : mine) {
+    if (refilling) {
+      waiters.push_back(std::move(w));
+      continue;
+    }
+    if (!w.create) {
+      send_error(out, w.reply_to.routing_id, w.reply_to.request_id, ErrorCode::NoSuchRegion,
+                 "region '" + name + "' was discarded before it was ready (" + why + ")");
+      continue;
+    }
+    if (std::string no = place_region(*rec, rec->size, now); !no.empty()) {
+      send_error(out, w.reply_to.routing_id, w.reply_to.request_id, ErrorCode::NoSpace,
+                 "region '" + name + "' was discarded (" + why + ") and there is no room to fill "
+                 "it again: " + no);
+      continue;
+    }
+    ++rec->misses;
+    ++regions_.misses;
+    rec->filler = w.agent;
+    spdlog::info("agent '{}' fills region '{}' again", w.agent, name);
+    grant_region(*rec, w.agent, w.reply_to, true, now, out);
+    refilling = true;
+  }
+}
+
+std::vector<std::string> CoordinatorCore::drop_region_users(const std::string& agent, Now now) {
+  std::erase_if(regions_.waiters(), [&](const RegionWaiter& w) { return w.agent == agent; });
+  std::vector<std::string> discarded;
+  for (auto& [name, r] : regions_.all()) {
+    if (r.attached.erase(agent)) touch(r, now);
+    if (r.state == RegionState::Filling && r.filler == agent) {
+      free_region_memory(r, agent);
+      r.filler.clear();
+      discarded.push_back(name);
+    }
+  }
+  return discarded;
+}
+
+void CoordinatorCore::expire_region_waiters(Now now, Effects& out) {
+  for (auto& w : regions_.expire(now.steady)) {
+    const RegionRecord* rec = regions_.find(w.name);
+    send_error(out, w.reply_to.routing_id, w.reply_to.request_id, ErrorCode::Timeout,
+               "region '" + w.name + "' was not ready before the attach's deadline" +
+                   (rec && !rec->filler.empty() ? " (agent '" + rec->filler + "' fills it)" : ""));
+  }
+  regions_.forget_evicted(kEvictedKept);
+}
+
+void CoordinatorCore::on_region_ready(const std::string& rid, AgentRecord& agent,
+                                      const proto::Envelope& env, Now now, Effects& out) {
+  const uint64_t req = env.header()->request_id();
+  const std::string name(str(env.body_as_RegionReady()->name()));
+  RegionRecord* rec = regions_.find(name);
+  if (!rec || !rec->resident()) {
+    return send_error(out, rid, req, ErrorCode::NoSuchRegion, "no region '" + name + "'");
+  }
+  if (rec->state != RegionState::Filling || rec->filler != agent.name) {
+    return send_error(out, rid, req, ErrorCode::NotOwner,
+                      "region '" + name + "' is not being filled by agent '" + agent.name + "'" +
+                          (rec->state == RegionState::Ready ? " (it is ready)" : ""));
+  }
+  rec->state = RegionState::Ready;
+  rec->filler.clear();
+  touch(*rec, now);
+  spdlog::info("region '{}' ({}) ready, filled by agent '{}'", name, format_bytes(rec->size),
+               agent.name);
+  send_ack(out, rid, req);
+  auto& waiters = regions_.waiters();
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (it->name != name) {
+      ++it;
+      continue;
+    }
+    ++rec->hits;
+    ++regions_.hits;
+    grant_region(*rec, it->agent, it->reply_to, false, now, out);
+    it = waiters.erase(it);
+  }
+}
+
+void CoordinatorCore::on_detach_region(const std::string& rid, AgentRecord& agent,
+                                       const proto::Envelope& env, Now now, Effects& out) {
+  const uint64_t req = env.header()->request_id();
+  const std::string name(str(env.body_as_DetachRegion()->name()));
+  RegionRecord* rec = regions_.find(name);
+  if (!rec || !rec->attached.count(agent.name)) {
+    return send_error(out, rid, req, ErrorCode::NoSuchRegion,
+                      "agent '" + agent.name + "' is not attached to region '" + name + "'");
+  }
+  if (auto it = rec->attached.find(agent.name); --it->second == 0) rec->attached.erase(it);
+  touch(*rec, now);
+  send_ack(out, rid, req);
+  if (rec->state == RegionState::Filling && rec->filler == agent.name) {
+    discard_region(name, "agent '" + agent.name + "' detached before marking it ready", now, out);
+  }
+  // Idle now: it may be evicted for a waiting request or an admission.
+  serve_waiting(out);
+  schedule(now, out);
+}
+
+void CoordinatorCore::on_list_regions(const std::string& rid, uint64_t req, Effects& out) {
+  proto::RegionListT list;
+  for (const auto& [name, r] : regions_.all()) list.regions.push_back(region_object(r));
+  list.hits = regions_.hits;
+  list.misses = regions_.misses;
+  list.evictions = regions_.evictions;
+  send(out, rid, req, std::move(list));
+}
+
+void CoordinatorCore::on_drop_region(const std::string& rid, const proto::Envelope& env, Now now,
+                                     Effects& out) {
+  const uint64_t req = env.header()->request_id();
+  const std::string name(str(env.body_as_DropRegion()->name()));
+  RegionRecord* rec = regions_.find(name);
+  if (!rec) return send_error(out, rid, req, ErrorCode::NoSuchRegion, "no region '" + name + "'");
+  if (rec->state == RegionState::Filling) {
+    return send_error(out, rid, req, ErrorCode::RegionBusy,
+                      "region '" + name + "' is being filled by agent '" + rec->filler + "'");
+  }
+  if (!rec->attached.empty()) {
+    return send_error(out, rid, req, ErrorCode::RegionBusy,
+                      "region '" + name + "' is attached by " + agent_list(*rec) +
+                          "; drop it once they detach (their jobs end)");
+  }
+  spdlog::info("region '{}' ({}) dropped on request", name, format_bytes(rec->size));
+  free_region_memory(*rec);
+  regions_.erase(name);
+  send_ack(out, rid, req);
+  serve_waiting(out);
+  schedule(now, out);
+}
+
+}  // namespace leasehold
