@@ -10,8 +10,11 @@
 #include "agent/engine/data.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
-#include "shared/job_spec.h"
+#include "agent/job_data.h"
 #include "agent/model_builder.h"
+#include "agent/region_tensors.h"
+#include "shared/job_spec.h"
+#include "shared/region_names.h"
 
 namespace leasehold {
 namespace {
@@ -45,6 +48,64 @@ double evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Device de
 // The random numbers of epoch `epoch` (dropout masks) come from the job's
 // seed and the epoch alone, so a run resumed at an epoch boundary draws the
 // same ones as an uninterrupted run.
+uint64_t unix_now_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// Copies the parameters published in `region` into `params` (same names,
+// shapes and dtypes, or nothing is copied). Throws std::runtime_error
+// naming the region.
+void init_parameters(AgentSession& session, const std::string& region,
+                     const E::nn::NamedTensors& params, const std::string& job) {
+  std::shared_ptr<RegionAttachment> attachment;
+  try {
+    attachment = std::make_shared<RegionAttachment>(session.attach_region(region, 0, false));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::NoSuchRegion) throw;
+    throw std::runtime_error("init_from: " + std::string(e.what()) +
+                             " (a job publishes it with publish_parameters; regions do not "
+                             "survive a coordinator restart, and an unattached one may be "
+                             "evicted: the publisher's checkpoint is the durable copy)");
+  }
+  E::nn::NamedTensors stored = regions::read_tensors(attachment);
+  if (stored.size() != params.size()) {
+    throw std::runtime_error("init_from: region '" + region + "' holds " +
+                             std::to_string(stored.size()) + " tensors; the model has " +
+                             std::to_string(params.size()) + " parameters");
+  }
+  try {
+    E::checkpoint::restore(stored, params);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error("init_from: region '" + region + "' does not match the model: " +
+                             e.what());
+  }
+  spdlog::info("job '{}': parameters from region '{}' ({} tensors, digest {:016x})", job, region,
+               params.size(), regions::tensors_digest(params));
+}
+
+// Publishes `params` to `region`, replacing an unattached one of that name.
+void publish_parameters(AgentSession& session, const std::string& region,
+                        const E::nn::NamedTensors& params, const std::string& job) {
+  const uint64_t bytes = regions::packed_size(regions::specs_of(params));
+  try {
+    RegionAttachment attachment = session.attach_region(region, bytes, true, std::nullopt, true);
+    if (!attachment.must_fill()) {
+      throw Error(ErrorCode::RegionBusy, "another agent published it at the same time");
+    }
+    regions::write_tensors(attachment, params);
+    attachment.mark_ready();
+  } catch (const Error& e) {
+    throw std::runtime_error("publish_parameters: training finished, but region '" + region +
+                             "' could not be published: " + e.what() +
+                             " (the checkpoint holds the parameters)");
+  }
+  spdlog::info("job '{}': published parameters to region '{}' ({} tensors, {} bytes, digest "
+               "{:016x})",
+               job, region, params.size(), bytes, regions::tensors_digest(params));
+}
+
 uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
   uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(epoch + 1);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -55,21 +116,19 @@ uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
 }  // namespace
 
 JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
-  validate_job(job, ValidationOptions{});
   auto t_start = Clock::now();
-  DatasetFiles files = dataset_files(job);
-  const auto* ds = job.dataset();
-  E::data::Dataset train, test;
-  {
-    // The dataset is host-side input, not job memory: keep it out of the
-    // leases even where leases are host memory; batches copied from it to
-    // the device do live in the leases.
-    E::AllocatorGuard host(E::cpu_allocator());
-    train = E::data::load_idx_dataset(files.train_images, files.train_labels, ds->mean(),
-                                      ds->std(), ds->train_limit());
-    test = E::data::load_idx_dataset(files.test_images, files.test_labels, ds->mean(), ds->std(),
-                                     ds->test_limit());
+  // The files are checked as the data is read (or not at all when it is
+  // resident in a region); the model against the data's shape below.
+  validate_job(job, ValidationOptions{false});
+  const bool wants_regions = job.publish_parameters() || job.init_from();
+  if (wants_regions && !options.session) {
+    throw JobSpecError({"publish_parameters/init_from: shared cache regions need an agent with a "
+                        "coordinator session"});
   }
+  JobData data = load_job_data(job, options.session);
+  const E::data::Dataset& train = data.train;
+  const E::data::Dataset& test = data.test;
+  validate_model(job, {train.images.size(1), train.images.size(2), train.images.size(3)});
   const auto t_data = Clock::now();
   E::manual_seed(job.seed());
   auto model = build_model(*job.model(), {E::DType::Float32, options.device});
@@ -112,6 +171,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       EpochReport replay{static_cast<int64_t>(v[0]), v[1], v[2], v[3], true};
       if (options.on_epoch) options.on_epoch(replay);
     }
+  } else if (job.init_from()) {
+    // A fresh start from published parameters (a checkpoint, above, wins).
+    init_parameters(*options.session, parameters_region(job.init_from()->str()),
+                    model->named_parameters(), job.name()->str());
   }
 
   // Saved tensors go through the spill manager for the whole run.
@@ -152,11 +215,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     while (global < total_steps && batches.next(x, y, options.device)) {
       if (options.should_stop && options.should_stop()) throw JobCancelled();
       if (options.at_step_boundary) options.at_step_boundary();
+      if (!t_first_step) {
+        t_first_step = Clock::now();
+        if (options.on_first_step) options.on_first_step(unix_now_us());
+      }
       optimizer->zero_grad();
       E::Tensor loss = E::cross_entropy((*model)(x), y);
       loss.backward();
       optimizer->step();
-      if (!t_first_step) t_first_step = Clock::now();
       {
         E::NoGradGuard ng;
         loss_acc = E::add(loss_acc, loss.detach());
@@ -217,6 +283,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     result.epochs.push_back(report);
     if (options.on_epoch) options.on_epoch(report);
   }
+  if (job.publish_parameters()) {
+    publish_parameters(*options.session, parameters_region(job.publish_parameters()->str()),
+                       model->named_parameters(), job.name()->str());
+  }
   result.steps = global;
   result.memory = last_progress;
   fill_memory(result.memory);
@@ -224,14 +294,19 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                                                : result.epochs.back().test_accuracy;
   result.samples_per_second = train_seconds > 0 ? samples / train_seconds : 0;
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-  // Where a job's start goes (reading the dataset, building the model, the
-  // first step queued: kernel modules and library handles load on first use).
+  // Where a job's start goes: the dataset (decoded, or resident in its
+  // region), the model, and the first step's batch.
   auto ms = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
+    return std::chrono::duration<double, std::milli>(b - a).count();
   };
-  spdlog::info("job '{}': dataset {} ms, model {} ms, first step queued after {} ms, {} ms in all",
-               job.name()->str(), ms(t_start, t_data), ms(t_data, t_model),
-               t_first_step ? ms(t_model, *t_first_step) : 0, ms(t_start, Clock::now()));
+  spdlog::info("job '{}': dataset {:.2f} ms ({}), model {:.2f} ms, first step began {:.2f} ms after "
+               "the start, {:.0f} ms in all",
+               job.name()->str(), ms(t_start, t_data),
+               data.region.empty() ? "decoded privately: " + data.private_because
+               : data.decoded      ? "decoded into region " + data.region
+                                   : "resident in region " + data.region,
+               ms(t_data, t_model), t_first_step ? ms(t_start, *t_first_step) : 0.0,
+               ms(t_start, Clock::now()));
   return result;
 }
 

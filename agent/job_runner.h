@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "agent/engine/allocator.h"
+#include "agent/session.h"
 #include "agent/spill/spill_manager.h"
 #include "shared/file_system.h"
 #include "schemas/job_generated.h"
@@ -87,10 +88,18 @@ struct JobRunOptions {
   // Where saved tensors go when the budget cannot hold them (null: they
   // stay, and a job over its budget fails with out-of-memory).
   std::shared_ptr<spill::SpillManager> spill;
+  // The agent's coordinator session, for shared cache regions: the dataset
+  // is taken from (or put into) one, and the job's init_from and
+  // publish_parameters use them. Null: the job keeps its data to itself,
+  // and a spec naming a parameter region fails.
+  AgentSession* session = nullptr;
+  // Called once, when the first training step begins (Unix microseconds).
+  std::function<void(uint64_t unix_us)> on_first_step;
 };
 
-// Throws JobSpecError for a bad spec, std::runtime_error for data or I/O
-// failures (spill::SpillError when the spill store fails) (a checkpoint that cannot be written names the file and the
+// Throws JobSpecError for a bad spec (or a model that does not fit the
+// data), std::runtime_error for data or I/O failures (a parameter region
+// that is absent or does not match the model names the region) (spill::SpillError when the spill store fails) (a checkpoint that cannot be written names the file and the
 // error; the previous checkpoint stays intact), engine::OutOfMemoryError when
 // the budget is too small, and JobCancelled.
 JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options);

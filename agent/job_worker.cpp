@@ -298,6 +298,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     engine::AllocatorGuard guard(leases);
     JobRunOptions opts;
     opts.device = leases->device();
+    opts.session = &session_;
     if (spill_) {
       opts.spill = spill_->for_job(*job, "job" + std::to_string(id) + "-" + std::to_string(attempt),
                                    leases);
@@ -330,6 +331,11 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       }
       reporter_.reliable(update());
       say("job %llu resumes after epoch %lld\n", (unsigned long long)id, (long long)epoch);
+    };
+    opts.on_first_step = [&](uint64_t unix_us) {
+      proto::JobUpdateT u = update();
+      u.first_step_at_us = unix_us;
+      reporter_.reliable(std::move(u));
     };
     opts.on_progress = [&](const JobProgress& p) {
       epoch_.store(p.epoch);

@@ -66,6 +66,84 @@ std::byte* Lease::data() const {
   return mapping_->base() + offset_;
 }
 
+// ---- RegionAttachment ----
+
+RegionAttachment::RegionAttachment(RegionAttachment&& o) noexcept { *this = std::move(o); }
+
+RegionAttachment& RegionAttachment::operator=(RegionAttachment&& o) noexcept {
+  if (this != &o) {
+    reset();
+    core_ = std::move(o.core_);
+    mapping_ = std::move(o.mapping_);
+    epoch_ = o.epoch_;
+    name_ = std::move(o.name_);
+    offset_ = o.offset_;
+    size_ = o.size_;
+    must_fill_ = o.must_fill_;
+    o.core_.reset();
+  }
+  return *this;
+}
+
+RegionAttachment::~RegionAttachment() { reset(); }
+
+void RegionAttachment::reset() noexcept {
+  if (!core_) return;
+  if (!lost()) {
+    try {
+      detail::control_request(*core_, detail::detach_body(name_), core_->opts.request_timeout, nullptr);
+    } catch (const std::exception& e) {
+      spdlog::warn("could not detach from region '{}': {}", name_, e.what());
+    }
+  }
+  core_.reset();
+  mapping_.reset();
+}
+
+Backend RegionAttachment::backend() const {
+  return mapping_ ? mapping_->descriptor().backend : Backend::Host;
+}
+
+int RegionAttachment::device() const { return mapping_ ? mapping_->descriptor().device : 0; }
+
+bool RegionAttachment::lost() const {
+  if (!core_) return false;
+  std::lock_guard lock(core_->mu);
+  return !core_->connected || core_->epoch != epoch_;
+}
+
+std::byte* RegionAttachment::data() const {
+  if (!core_) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
+  if (lost()) {
+    throw Error(ErrorCode::NoSuchRegion,
+                "region '" + name_ + "' was lost with the coordinator session");
+  }
+  return mapping_->base() + offset_;
+}
+
+void RegionAttachment::mark_ready() {
+  if (!core_) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
+  if (!must_fill_) throw Error(ErrorCode::NotOwner, "region '" + name_ + "' is not ours to fill");
+  const std::string name = name_;
+  detail::control_request(
+      *core_,
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::RegionReady,
+                         proto::CreateRegionReady(fbb, fbb.CreateString(name)).Union()};
+      },
+      core_->opts.request_timeout, nullptr);
+  must_fill_ = false;
+}
+
+void RegionAttachment::detach() {
+  if (!core_) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
+  if (!lost()) {
+    detail::control_request(*core_, detail::detach_body(name_), core_->opts.request_timeout, nullptr);
+  }
+  core_.reset();
+  mapping_.reset();
+}
+
 // ---- AgentSession ----
 
 AgentSession::AgentSession(AgentOptions opts)
@@ -165,6 +243,58 @@ Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chro
     throw Error(ErrorCode::Malformed, "coordinator granted a lease outside the pool");
   }
   return lease;
+}
+
+RegionAttachment AgentSession::attach_region(const std::string& name, uint64_t size, bool create,
+                                             std::optional<std::chrono::milliseconds> wait,
+                                             bool replace) {
+  std::chrono::milliseconds default_wait;
+  {
+    std::lock_guard lock(core_->mu);
+    default_wait = core_->default_wait;
+  }
+  int32_t wait_ms = wait ? static_cast<int32_t>(std::min<int64_t>(wait->count(), INT32_MAX)) : -1;
+  auto timeout = (wait ? *wait : default_wait) + core_->opts.request_timeout;
+  uint64_t epoch = 0;
+  Reply r = detail::control_request(
+      *core_,
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::AttachRegion,
+                         proto::CreateAttachRegion(fbb, fbb.CreateString(name), size, create,
+                                                   replace, wait_ms)
+                             .Union()};
+      },
+      timeout, &epoch, /*grants_lease=*/true);
+  const auto* grant = r->body_as_RegionGrant();
+  if (!grant || !grant->region()) {
+    throw Error(ErrorCode::Malformed, std::string("expected RegionGrant, got ") +
+                                          proto::EnumNameBody(r->body_type()));
+  }
+  RegionAttachment a;
+  a.core_ = core_;
+  {
+    std::lock_guard lock(core_->mu);
+    a.mapping_ = core_->mapping;
+  }
+  a.epoch_ = epoch;
+  a.name_ = name;
+  a.offset_ = grant->region()->offset();
+  a.size_ = grant->region()->size();
+  a.must_fill_ = grant->fill();
+  if (a.offset_ + a.size_ > a.mapping_->descriptor().size || (size && a.size_ != size)) {
+    throw Error(ErrorCode::Malformed, "coordinator granted region '" + name +
+                                          "' outside the pool or of another size");
+  }
+  return a;
+}
+
+void AgentSession::set_ready(bool ready, uint64_t outside_pool_bytes) {
+  {
+    std::lock_guard lock(core_->mu);
+    core_->ready = ready;
+    core_->outside_pool_bytes = outside_pool_bytes;
+  }
+  heartbeat_soon();
 }
 
 void AgentSession::resize(Lease& lease, uint64_t size) {

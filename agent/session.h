@@ -49,6 +49,8 @@ struct AgentOptions {
   // A standby worker that runs the jobs the coordinator assigns (it must
   // install job handlers); false: it only leases memory and gets no job.
   bool takes_jobs = false;
+  // False: it registers warming up and gets no job until set_ready().
+  bool ready = true;
 };
 
 // A lease and its memory. Move-only; releasing happens in release() or, best
@@ -89,6 +91,52 @@ class Lease {
   LeaseEnd end_ = LeaseEnd::Low;
 };
 
+// An attachment to a shared cache region (coordinator/regions.md): while it
+// is held the coordinator never evicts the region, so its bytes stay. The
+// first attacher of a new region must fill it and call mark_ready(); the
+// others get it once it is ready. Move-only; detach() or, best effort, the
+// destructor gives the attachment back (a region left unfilled is then
+// discarded). Like a Lease it is void once the session is lost.
+class RegionAttachment {
+ public:
+  RegionAttachment() = default;
+  RegionAttachment(RegionAttachment&&) noexcept;
+  RegionAttachment& operator=(RegionAttachment&&) noexcept;
+  RegionAttachment(const RegionAttachment&) = delete;
+  RegionAttachment& operator=(const RegionAttachment&) = delete;
+  ~RegionAttachment();
+
+  const std::string& name() const { return name_; }
+  uint64_t size() const { return size_; }
+  uint64_t offset() const { return offset_; }
+  // This attacher fills the region (a new one) and then calls mark_ready().
+  bool must_fill() const { return must_fill_; }
+  Backend backend() const;
+  int device() const;
+  bool held() const { return core_ != nullptr; }
+  // True when the session that granted it is gone.
+  bool lost() const;
+  // The region's memory (device memory on cuda). Throws Error{NoSuchRegion}
+  // when not held or lost.
+  std::byte* data() const;
+  // The region is filled: other attachers may use it now. The writes must
+  // have finished (fence the device first). Throws Error.
+  void mark_ready();
+  // Gives the attachment back. Throws Error.
+  void detach();
+
+ private:
+  friend class AgentSession;
+  void reset() noexcept;
+
+  std::shared_ptr<detail::SessionCore> core_;
+  std::shared_ptr<PoolMapping> mapping_;
+  uint64_t epoch_ = 0;
+  std::string name_;
+  uint64_t offset_ = 0, size_ = 0;
+  bool must_fill_ = false;
+};
+
 class AgentSession {
  public:
   // Connects, registers and maps the pool. Keeps retrying while the
@@ -115,6 +163,24 @@ class AgentSession {
   void resize(Lease& lease, uint64_t size);
   // Releases the lease; afterwards held() is false. Throws Error.
   void release(Lease& lease);
+
+  // Attaches the shared cache region `name`. When it does not exist and
+  // `create` is set it is created with `size` bytes and the result says
+  // must_fill(); while another agent fills it this waits (up to `wait`,
+  // nullopt: the coordinator's lease wait). `size` 0 without `create`:
+  // whatever size it has. `replace`: an unattached region of that name is
+  // discarded and created anew (publishing new contents). Throws Error:
+  // NoSuchRegion (absent, evicted, or its filler died and this may not
+  // create it), NoSpace (no room for a new one), RegionBusy, Timeout,
+  // InvalidArgument (a bad name, a different size), UnknownSender.
+  RegionAttachment attach_region(const std::string& name, uint64_t size, bool create,
+                                 std::optional<std::chrono::milliseconds> wait = std::nullopt,
+                                 bool replace = false);
+
+  // A warming standby worker is ready for jobs now; its device memory
+  // outside the pool is `outside_pool_bytes`. Sent with the next heartbeat
+  // (at once) and every registration after.
+  void set_ready(bool ready, uint64_t outside_pool_bytes);
 
   // The pool of the current session.
   PoolDescriptor pool() const;

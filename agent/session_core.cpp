@@ -32,13 +32,20 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   // What this agent still runs or reports from an earlier session: the
   // coordinator will not start those jobs elsewhere until they are stopped.
   auto jobs = current_jobs();
+  bool is_ready;
+  uint64_t outside;
+  {
+    std::lock_guard lock(mu);
+    is_ready = ready;
+    outside = outside_pool_bytes;
+  }
   Reply r = conn.request(
       [&](flatbuffers::FlatBufferBuilder& fbb) {
         auto name = fbb.CreateString(opts.name);
         auto list = pack_jobs(fbb, jobs);
         return std::pair{proto::Body::Register,
                          proto::CreateRegister(fbb, name, getpid(), opts.device, list,
-                                               opts.takes_jobs)
+                                               opts.takes_jobs, is_ready, outside)
                              .Union()};
       },
       timeout);
@@ -173,10 +180,18 @@ void SessionCore::heartbeat_turn(Connection& conn,
   if (is_connected) {
     try {
       auto jobs = current_jobs();
+      bool is_ready;
+      uint64_t outside;
+      {
+        std::lock_guard lock(mu);
+        is_ready = ready;
+        outside = outside_pool_bytes;
+      }
       Reply r = conn.request(
           [&](flatbuffers::FlatBufferBuilder& fbb) {
             auto list = pack_jobs(fbb, jobs);
-            return std::pair{proto::Body::Heartbeat, proto::CreateHeartbeat(fbb, list).Union()};
+            return std::pair{proto::Body::Heartbeat,
+                             proto::CreateHeartbeat(fbb, list, is_ready, outside).Union()};
           },
           interval);
       if (r->body_type() == proto::Body::Error) {
@@ -246,6 +261,10 @@ void SessionCore::note_late_reply(const Reply& r) {
     spdlog::warn("lease {} ({} bytes) was granted after its request gave up; releasing it",
                  g->lease()->id(), g->lease()->size());
     stray_leases.push_back(g->lease()->id());
+  } else if (const auto* rg = r->body_as_RegionGrant(); rg && rg->region()) {
+    spdlog::warn("region '{}' was attached after the request gave up; detaching it",
+                 std::string(str(rg->region()->name())));
+    stray_regions.emplace_back(str(rg->region()->name()));
   }
 }
 
@@ -257,7 +276,7 @@ void SessionCore::release_strays(std::chrono::milliseconds timeout) {
       control->on_notice(*late);
     }
   }
-  if (stray_leases.empty()) return;
+  if (stray_leases.empty() && stray_regions.empty()) return;
   uint64_t token;
   {
     std::lock_guard lock(mu);
@@ -270,6 +289,13 @@ void SessionCore::release_strays(std::chrono::milliseconds timeout) {
       control->request(release_body(id), timeout).throw_if_error();
     } catch (const std::exception& e) {
       spdlog::warn("could not release late lease {}: {}", id, e.what());
+    }
+  }
+  for (const std::string& name : std::exchange(stray_regions, {})) {
+    try {
+      control->request(detach_body(name), timeout).throw_if_error();
+    } catch (const std::exception& e) {
+      spdlog::warn("could not detach late region '{}': {}", name, e.what());
     }
   }
 }
@@ -316,6 +342,13 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
 Connection::BodyBuilder release_body(uint64_t lease_id) {
   return [lease_id](flatbuffers::FlatBufferBuilder& fbb) {
     return std::pair{proto::Body::LeaseRelease, proto::CreateLeaseRelease(fbb, lease_id).Union()};
+  };
+}
+
+Connection::BodyBuilder detach_body(const std::string& name) {
+  return [name](flatbuffers::FlatBufferBuilder& fbb) {
+    return std::pair{proto::Body::DetachRegion,
+                     proto::CreateDetachRegion(fbb, fbb.CreateString(name)).Union()};
   };
 }
 

@@ -21,7 +21,7 @@
 namespace leasehold::detail {
 
 struct SessionCore {
-  explicit SessionCore(AgentOptions o) : opts(std::move(o)), ctx(1) {}
+  explicit SessionCore(AgentOptions o) : opts(std::move(o)), ctx(1), ready(opts.ready) {}
 
   AgentOptions opts;
   zmq::context_t ctx;
@@ -34,6 +34,8 @@ struct SessionCore {
   // Leases granted after their request timed out: released as soon as the
   // control socket is free. GUARDED_BY(control_mu)
   std::vector<uint64_t> stray_leases;
+  // Likewise regions attached after their request timed out: detached.
+  std::vector<std::string> stray_regions;
 
   // Held while the listener or a job handler runs, and while they are
   // replaced, so a replaced one is never running afterwards.
@@ -43,6 +45,8 @@ struct SessionCore {
   uint64_t session = 0;
   uint64_t epoch = 0;  // registrations so far; a Lease of another epoch is lost
   bool connected = false;
+  bool ready = true;                 // see AgentOptions::ready
+  uint64_t outside_pool_bytes = 0;   // reported with it
   std::shared_ptr<PoolMapping> mapping;
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds default_wait{30000};
@@ -66,22 +70,25 @@ struct SessionCore {
   void heartbeat_turn(Connection& conn, std::chrono::steady_clock::time_point& last_ok);
   void notify_listener(const std::string& what);
   std::vector<proto::AgentJobT> current_jobs();
-  // Remembers a lease granted to a request that had given up.
+  // Remembers a lease or region granted to a request that had given up.
   void note_late_reply(const Reply& r);  // REQUIRES: control_mu held
-  // Releases the stray leases (waiting up to `timeout` for each answer),
+  // Releases the stray leases and detaches the stray regions (waiting up to
+  // `timeout` for each answer),
   // and takes late replies waiting on the control socket first. REQUIRES:
   // control_mu held.
   void release_strays(std::chrono::milliseconds timeout);
 };
 
 // Sends a control request with the current session token. Throws Error.
-// `grants_lease`: a LeaseRequest, whose grant, if it comes after the request
-// gave up, is released.
+// `grants_lease`: a LeaseRequest or AttachRegion, whose grant, if it comes
+// after the request gave up, is released (detached).
 Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
                       std::chrono::milliseconds timeout, uint64_t* epoch_out,
                       bool grants_lease = false);
 void release_lease(SessionCore& core, uint64_t id);
 // The body of a LeaseRelease of `lease_id`.
 Connection::BodyBuilder release_body(uint64_t lease_id);
+// The body of a DetachRegion of `name`.
+Connection::BodyBuilder detach_body(const std::string& name);
 
 }  // namespace leasehold::detail

@@ -1,11 +1,8 @@
 #include "coordinator/region_table.h"
 
 #include <algorithm>
-#include <cctype>
 
 namespace leasehold {
-
-constexpr size_t kMaxRegionName = 128;
 
 const char* region_state_name(RegionState s) {
   switch (s) {
@@ -17,14 +14,6 @@ const char* region_state_name(RegionState s) {
 }
 
 std::string region_owner(std::string_view region) { return "region/" + std::string(region); }
-
-bool valid_region_name(std::string_view name) {
-  if (name.empty() || name.size() > kMaxRegionName || name.front() == '/') return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
-           c == ':' || c == '/';
-  });
-}
 
 uint32_t RegionRecord::refcount() const {
   uint32_t n = 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "coordinator/lease_table.h"
+#include "shared/region_names.h"
 
 namespace leasehold {
 
@@ -27,9 +28,6 @@ const char* region_state_name(RegionState s);
 // The lease-table owner of a region's memory. Agent names cannot contain
 // '/', so no agent can hold (or release) it.
 std::string region_owner(std::string_view region);
-// Names: 1-128 letters, digits, '.', '_', '-', ':' and '/', not starting
-// with '/'.
-bool valid_region_name(std::string_view name);
 
 struct RegionRecord {
   std::string name;

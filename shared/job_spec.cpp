@@ -7,6 +7,7 @@
 
 #include "shared/idx_file.h"
 #include "shared/layer_shapes.h"
+#include "shared/region_names.h"
 #include "schemas/job_schema_text.h"
 #include "shared/units.h"
 
@@ -21,6 +22,18 @@ std::string join(const std::vector<std::string>& v) {
 
 std::string str_or(const flatbuffers::String* s, const std::string& fallback = "") {
   return s ? s->str() : fallback;
+}
+
+void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input,
+                 std::vector<std::string>& p) {
+  auto shapes = infer_layer_shapes(*job.model(), input, p);
+  if (shapes.size() == job.model()->size()) {
+    const auto& last = shapes.back();
+    if (last.size() != 1) {
+      p.push_back("model: the last layer must produce class scores [classes], not a shape of " +
+                  std::to_string(last.size()) + " dimensions (add Flatten and Linear)");
+    }
+  }
 }
 
 }  // namespace
@@ -250,17 +263,27 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
       }
     }
   }
+  for (const auto& [field, value] : {std::pair{"publish_parameters", job.publish_parameters()},
+                                     std::pair{"init_from", job.init_from()}}) {
+    if (value && !valid_region_name(parameters_region(value->str()))) {
+      p.push_back(std::string(field) + ": '" + value->str() +
+                  "' is not a region name (1-121 letters, digits, '.', '_', '-', ':', '/')");
+    }
+  }
   if (!job.model() || job.model()->size() == 0) {
     p.push_back("model: at least one layer is required");
   } else if (!input.empty()) {
-    auto shapes = infer_layer_shapes(*job.model(), input, p);
-    if (shapes.size() == job.model()->size()) {
-      const auto& last = shapes.back();
-      if (last.size() != 1) {
-        p.push_back("model: the last layer must produce class scores [classes], not a shape of " +
-                    std::to_string(last.size()) + " dimensions (add Flatten and Linear)");
-      }
-    }
+    check_model(job, input, p);
+  }
+  if (!p.empty()) throw JobSpecError(p);
+}
+
+void validate_model(const proto::JobSpec& job, const std::vector<int64_t>& input) {
+  std::vector<std::string> p;
+  if (!job.model() || job.model()->size() == 0) {
+    p.push_back("model: at least one layer is required");
+  } else {
+    check_model(job, input, p);
   }
   if (!p.empty()) throw JobSpecError(p);
 }

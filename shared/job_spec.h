@@ -48,6 +48,9 @@ struct ValidationOptions {
 // JobSpecError listing them all.
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options);
 void validate_job(const proto::JobSpecT& job, const ValidationOptions& options);
+// That the model's layers chain from one example of shape `input` ([C, H,
+// W]) to class scores. Throws JobSpecError naming the layer.
+void validate_model(const proto::JobSpec& job, const std::vector<int64_t>& input);
 
 // The checkpoint file of a job: DIRECTORY/NAME.ckpt; empty when checkpoints
 // are disabled or no directory is set (the coordinator sets one for every

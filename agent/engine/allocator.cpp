@@ -103,6 +103,24 @@ class CudaAllocator final : public Allocator {
 };
 #endif
 
+// Memory owned elsewhere (Storage::borrowed): allocates nothing, frees
+// nothing, and keeps its owner alive.
+class BorrowedMemory final : public Allocator {
+ public:
+  BorrowedMemory(Device device, std::shared_ptr<void> owner)
+      : device_(device), owner_(std::move(owner)) {}
+  void* allocate(size_t) override {
+    throw std::logic_error("borrowed memory cannot allocate");
+  }
+  void deallocate(void*, size_t) noexcept override {}
+  Device device() const override { return device_; }
+  AllocatorStats stats() const override { return {}; }
+
+ private:
+  Device device_;
+  std::shared_ptr<void> owner_;
+};
+
 thread_local std::shared_ptr<Allocator> t_cpu_override;
 thread_local std::shared_ptr<Allocator> t_cuda_override;
 
@@ -158,6 +176,12 @@ std::shared_ptr<Storage> Storage::if_free(size_t bytes, std::shared_ptr<Allocato
   void* p = allocator->allocate_if_free(bytes);
   if (!p) return nullptr;
   return std::shared_ptr<Storage>(new Storage(p, bytes, std::move(allocator)));
+}
+
+std::shared_ptr<Storage> Storage::borrowed(void* data, size_t bytes, Device device,
+                                           std::shared_ptr<void> keepalive) {
+  return std::shared_ptr<Storage>(
+      new Storage(data, bytes, std::make_shared<BorrowedMemory>(device, std::move(keepalive))));
 }
 
 Storage::~Storage() {

@@ -93,6 +93,11 @@ class Storage {
   // Storage of `bytes` from allocator->allocate_if_free(); null when there
   // is no such memory free now.
   static std::shared_ptr<Storage> if_free(size_t bytes, std::shared_ptr<Allocator> allocator);
+  // Storage over `bytes` at `data` on `device` that it does not own (a
+  // shared cache region): nothing is freed when it goes; `keepalive` (what
+  // owns the memory) is held until then.
+  static std::shared_ptr<Storage> borrowed(void* data, size_t bytes, Device device,
+                                           std::shared_ptr<void> keepalive);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -7,6 +7,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "agent/engine/ops.h"
 #include "shared/idx_file.h"
 
 namespace leasehold::engine::data {
@@ -62,6 +63,7 @@ void BatchIterator::start_epoch(int64_t epoch) {
     std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
     std::shuffle(order_.begin(), order_.end(), rng);
   }
+  device_order_ = Tensor();
   pos_ = 0;
 }
 
@@ -72,6 +74,19 @@ int64_t BatchIterator::batches_per_epoch() const {
 bool BatchIterator::next(Tensor& images, Tensor& labels, Device device) {
   int64_t n = std::min<int64_t>(batch_, data_.size() - pos_);
   if (n <= 0) return false;
+  if (data_.images.device() == device && data_.labels.device() == device) {
+    if (!shuffle_) {
+      images = data_.images.narrow(0, pos_, n);
+      labels = data_.labels.narrow(0, pos_, n);
+    } else {
+      if (!device_order_.defined()) device_order_ = from_vector(order_, {data_.size()}, device);
+      Tensor index = device_order_.narrow(0, pos_, n);
+      images = take_rows(data_.images, index);
+      labels = take_rows(data_.labels, index);
+    }
+    pos_ += n;
+    return true;
+  }
   const Shape& s = data_.images.sizes();
   int64_t per = numel_of(s) / s[0];
   std::vector<float> x(n * per);

@@ -33,7 +33,12 @@ Dataset load_idx_dataset(const std::string& images_path, const std::string& labe
                          double mean, double std, int64_t limit = 0);
 
 // Shuffled mini-batches, reshuffled each epoch from `seed` and the epoch
-// number (reproducible). The last batch may be smaller.
+// number (reproducible). The last batch may be smaller. Where the dataset
+// already is on the batches' device (resident in a shared cache region) a
+// batch is gathered there (take_rows; the epoch's order goes to the device
+// once per epoch) or, unshuffled, is a view of it: no host work and no copy
+// per batch. Otherwise it is gathered on the host and copied over. Both
+// give the same batches.
 class BatchIterator {
  public:
   BatchIterator(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);
@@ -49,6 +54,7 @@ class BatchIterator {
   bool shuffle_;
   uint64_t seed_;
   std::vector<int64_t> order_;
+  Tensor device_order_;  // order_ on the dataset's device, for this epoch
   int64_t pos_ = 0;
 };
 

@@ -74,6 +74,12 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
 // `training`; identity otherwise. The mask comes from the engine generator.
 Tensor dropout(const Tensor& x, double p, bool training);
 
+// Rows of `x` along dimension 0 at `index` (int64 [k] on x's device):
+// shape [k, x.sizes()[1:]...]. Not differentiable (the data loader's
+// batches); throws when x requires grad. Indices out of range throw on the
+// CPU; on CUDA the caller guarantees them (they are not read back).
+Tensor take_rows(const Tensor& x, const Tensor& index);
+
 // Sums `g` down to `shape` (the reverse of broadcasting).
 Tensor sum_to(const Tensor& g, const Shape& shape);
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);

@@ -125,6 +125,20 @@ void Tensor::fill_(double value) {
   });
 }
 
+Tensor from_blob(void* data, const Shape& sizes, TensorOptions options,
+                 std::shared_ptr<void> keepalive) {
+  for (int64_t d : sizes) {
+    if (d < 0) throw std::invalid_argument("negative size in shape " + shape_to_string(sizes));
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->sizes = sizes;
+  impl->strides = contiguous_strides(sizes);
+  impl->dtype = options.dtype;
+  impl->storage = Storage::borrowed(data, numel_of(sizes) * dtype_size(options.dtype),
+                                    options.device, std::move(keepalive));
+  return Tensor(impl);
+}
+
 Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0.0, options); }
 Tensor ones(const Shape& sizes, TensorOptions options) { return full(sizes, 1.0, options); }
 Tensor full(const Shape& sizes, double value, TensorOptions options) {

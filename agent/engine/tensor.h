@@ -116,6 +116,11 @@ Tensor full(const Shape& sizes, double value, TensorOptions options = {});
 Tensor scalar_tensor(double value, TensorOptions options = {});
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& sizes, Device device = Device::cpu());
+// A contiguous tensor over memory it does not own (`data` on
+// options.device, e.g. a shared cache region); `keepalive` (the memory's
+// owner) is held as long as the tensor or any view of it lives.
+Tensor from_blob(void* data, const Shape& sizes, TensorOptions options,
+                 std::shared_ptr<void> keepalive);
 // Uniform [low, high) and normal(mean, std) draws from the engine's generator.
 Tensor rand(const Shape& sizes, TensorOptions options = {}, double low = 0, double high = 1);
 Tensor randn(const Shape& sizes, TensorOptions options = {}, double mean = 0, double std = 1);

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "agent/engine/autograd.h"
+#include "agent/engine/data.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "shared/device.h"
@@ -175,6 +176,59 @@ TEST_F(CudaOps, OptimiserStepsMatch) {
       og->step();
     }
     EXPECT_LE(max_rel_diff(pg, pc), 1e-5) << (which ? "Adam" : "SGD");
+  }
+}
+
+// Row gathers (the data loader's batches from a resident dataset): every
+// word path (bytes, 4-byte and 16-byte words) against the CPU, with
+// repeated and out-of-order indices.
+TEST_F(CudaOps, TakeRowsMatchesTheCpu) {
+  manual_seed(8);
+  for (const Shape& shape : {Shape{7}, Shape{33, 3}, Shape{100, 4}, Shape{257, 1, 28, 28}}) {
+    SCOPED_TRACE(shape_to_string(shape));
+    Tensor x = randn(shape);
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < 2 * shape[0]; ++i) idx.push_back((i * 7919) % shape[0]);
+    Tensor index = from_vector(idx, {static_cast<int64_t>(idx.size())});
+    Tensor cpu = take_rows(x, index);
+    Tensor gpu = take_rows(x.to(Device::cuda()), index.to(Device::cuda()));
+    ASSERT_EQ(gpu.sizes(), cpu.sizes());
+    EXPECT_EQ(gpu.to_vector<float>(), cpu.to_vector<float>());
+  }
+  // int64 rows of 8 bytes (labels), and float64.
+  Tensor labels = arange(1000, {DType::Int64});
+  Tensor index = from_vector<int64_t>({999, 0, 500, 500, 3}, {5});
+  EXPECT_EQ(take_rows(labels.to(Device::cuda()), index.to(Device::cuda())).to_vector<int64_t>(),
+            (std::vector<int64_t>{999, 0, 500, 500, 3}));
+  Tensor d = randn({9, 3}, {DType::Float64});
+  EXPECT_EQ(take_rows(d.to(Device::cuda()), index.narrow(0, 1, 1).to(Device::cuda()))
+                .to_vector<double>(),
+            d.narrow(0, 0, 1).to_vector<double>());
+}
+
+// Batches gathered on the device from a resident dataset are the batches the
+// host path builds and copies over.
+TEST_F(CudaOps, BatchesFromADatasetOnTheDeviceMatchTheHostPath) {
+  manual_seed(9);
+  data::Dataset host{randn({300, 1, 8, 8}), arange(300, {DType::Int64})};
+  data::Dataset resident{host.images.to(Device::cuda()), host.labels.to(Device::cuda())};
+  for (bool shuffle : {true, false}) {
+    data::BatchIterator a(host, 64, shuffle, 5), b(resident, 64, shuffle, 5);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      a.start_epoch(epoch);
+      b.start_epoch(epoch);
+      Tensor xa, ya, xb, yb;
+      int batches = 0;
+      while (a.next(xa, ya, Device::cuda())) {
+        ASSERT_TRUE(b.next(xb, yb, Device::cuda()));
+        EXPECT_EQ(xb.device(), Device::cuda());
+        EXPECT_EQ(xb.to_vector<float>(), xa.to_vector<float>());
+        EXPECT_EQ(yb.to_vector<int64_t>(), ya.to_vector<int64_t>());
+        ++batches;
+      }
+      EXPECT_FALSE(b.next(xb, yb, Device::cuda()));
+      EXPECT_EQ(batches, 5);
+    }
   }
 }
 

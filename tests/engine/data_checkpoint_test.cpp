@@ -116,6 +116,38 @@ TEST_F(TempDir, BatchesCoverEveryExampleOnceAndReshuffleReproducibly) {
   EXPECT_EQ(s1, sorted);
 }
 
+TEST(TakeRows, GathersWholeRowsAndRefusesBadIndices) {
+  Tensor x = from_vector<float>({0, 1, 2, 10, 11, 12, 20, 21, 22}, {3, 3});
+  Tensor rows = take_rows(x, from_vector<int64_t>({2, 0, 2}, {3}));
+  EXPECT_EQ(rows.sizes(), (Shape{3, 3}));
+  EXPECT_EQ(rows.to_vector<float>(), (std::vector<float>{20, 21, 22, 0, 1, 2, 20, 21, 22}));
+  EXPECT_EQ(take_rows(x, from_vector<int64_t>({}, {0})).sizes(), (Shape{0, 3}));
+  EXPECT_THROW(take_rows(x, from_vector<int64_t>({3}, {1})), std::invalid_argument);
+  EXPECT_THROW(take_rows(x, from_vector<int64_t>({-1}, {1})), std::invalid_argument);
+  EXPECT_THROW(take_rows(x, from_vector<float>({0}, {1})), std::invalid_argument);
+  Tensor w = x.clone().set_requires_grad(true);
+  EXPECT_THROW(take_rows(w, from_vector<int64_t>({0}, {1})), std::invalid_argument);
+}
+
+// A batch's images and labels stay paired through the gather.
+TEST(TakeRows, BatchesKeepImagesAndLabelsTogether) {
+  std::vector<float> pixels;
+  for (int i = 0; i < 50; ++i) pixels.insert(pixels.end(), 4, float(i));
+  std::vector<int64_t> labels(50);
+  for (int i = 0; i < 50; ++i) labels[i] = i;
+  data::Dataset d{from_vector(pixels, {50, 1, 2, 2}), from_vector(labels, {50})};
+  data::BatchIterator it(d, 8, true, 3);
+  Tensor x, y;
+  int seen = 0;
+  while (it.next(x, y, Device::cpu())) {
+    auto xs = x.to_vector<float>();
+    auto ys = y.to_vector<int64_t>();
+    for (size_t i = 0; i < ys.size(); ++i) EXPECT_EQ(xs[i * 4], float(ys[i]));
+    seen += static_cast<int>(ys.size());
+  }
+  EXPECT_EQ(seen, 50);
+}
+
 TEST_F(TempDir, CheckpointRoundTripAndRestore) {
   manual_seed(5);
   nn::NamedTensors saved = {{"w", randn({3, 4})},

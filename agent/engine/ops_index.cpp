@@ -1,0 +1,53 @@
+// Indexing operators: take_rows (row gathers for the data loader).
+#include <stdexcept>
+#include <string>
+
+#include "agent/engine/dispatch.h"
+#include "agent/engine/ops.h"
+#include "kernels/gather.h"
+
+namespace leasehold::engine {
+
+Tensor take_rows(const Tensor& x, const Tensor& index) {
+  detail::check_defined(x, "take_rows", "input");
+  detail::check_defined(index, "take_rows", "index");
+  if (x.requires_grad()) {
+    throw std::invalid_argument("take_rows: not differentiable; the input requires grad");
+  }
+  if (x.dim() < 1) throw std::invalid_argument("take_rows: input must have at least 1 dimension");
+  if (index.dtype() != DType::Int64 || index.dim() != 1) {
+    throw std::invalid_argument(std::string("take_rows: index must be int64 [k], got ") +
+                                dtype_name(index.dtype()) + " " + index.shape_str());
+  }
+  if (index.device() != x.device()) {
+    throw std::invalid_argument("take_rows: index on " + index.device().str() + ", input on " +
+                                x.device().str());
+  }
+  const Tensor src = x.contiguous();
+  const Tensor idx = index.contiguous();
+  const int64_t rows = src.size(0), count = idx.size(0);
+  const int64_t row_bytes =
+      (rows ? src.numel() / rows : 0) * static_cast<int64_t>(dtype_size(src.dtype()));
+  Shape out_shape = src.sizes();
+  out_shape[0] = count;
+  Tensor out = empty(out_shape, src.options());
+  if (count == 0 || row_bytes == 0) return out;
+  if (x.device().is_cuda()) {
+    LEASEHOLD_CUDA_OR("take_rows",
+                      kernels::cuda::take_rows(out.raw_data(), src.raw_data(),
+                                               idx.data<int64_t>(), count, row_bytes,
+                                               detail::stream_of(out)));
+  } else {
+    const int64_t* p = idx.data<int64_t>();
+    for (int64_t i = 0; i < count; ++i) {
+      if (p[i] < 0 || p[i] >= rows) {
+        throw std::invalid_argument("take_rows: index " + std::to_string(p[i]) +
+                                    " out of range for " + std::to_string(rows) + " rows");
+      }
+    }
+    kernels::cpu::take_rows(out.raw_data(), src.raw_data(), p, count, row_bytes);
+  }
+  return out;
+}
+
+}  // namespace leasehold::engine

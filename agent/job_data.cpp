@@ -1,0 +1,164 @@
+#include "agent/job_data.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "agent/region_tensors.h"
+#include "shared/idx_file.h"
+#include "shared/job_spec.h"
+
+namespace leasehold {
+namespace {
+
+namespace E = engine;
+
+// Bumped when the decoded layout changes, so old regions are not reused.
+constexpr const char* kLayout = "float32 [N,1,H,W] images (x/255-mean)/std, int64 labels, v1";
+
+const char* const kTensors[] = {"train.images", "train.labels", "test.images", "test.labels"};
+
+JobData decode_private(const proto::JobSpec& job, const DatasetFiles& f) {
+  const auto* ds = job.dataset();
+  // Host-side input, not job memory: out of the leases even where leases
+  // are host memory.
+  E::AllocatorGuard host(E::cpu_allocator());
+  JobData d;
+  d.train = E::data::load_idx_dataset(f.train_images, f.train_labels, ds->mean(), ds->std(),
+                                      ds->train_limit());
+  d.test = E::data::load_idx_dataset(f.test_images, f.test_labels, ds->mean(), ds->std(),
+                                     ds->test_limit());
+  d.decoded = true;
+  return d;
+}
+
+// The specs of the four tensors, from the files' headers and the limits.
+std::vector<regions::TensorSpec> dataset_specs(const proto::JobSpec& job, const DatasetFiles& f) {
+  const auto* ds = job.dataset();
+  auto count = [](const std::string& images, const std::string& labels, int64_t limit) {
+    auto img = read_idx_dims(images);
+    auto lab = read_idx_dims(labels);
+    if (img.size() != 3) throw std::runtime_error(images + ": expected [N, H, W] images");
+    if (lab.size() != 1) throw std::runtime_error(labels + ": expected [N] labels");
+    if (img[0] != lab[0]) {
+      throw std::runtime_error(images + " holds " + std::to_string(img[0]) + " images but " +
+                               labels + " holds " + std::to_string(lab[0]) + " labels");
+    }
+    int64_t n = limit > 0 ? std::min(img[0], limit) : img[0];
+    return std::pair{E::Shape{n, 1, img[1], img[2]}, E::Shape{n}};
+  };
+  auto [train_x, train_y] = count(f.train_images, f.train_labels, ds->train_limit());
+  auto [test_x, test_y] = count(f.test_images, f.test_labels, ds->test_limit());
+  return {{kTensors[0], E::DType::Float32, train_x},
+          {kTensors[1], E::DType::Int64, train_y},
+          {kTensors[2], E::DType::Float32, test_x},
+          {kTensors[3], E::DType::Int64, test_y}};
+}
+
+// The dataset viewed in `region` (no copies).
+JobData view_region(const std::shared_ptr<RegionAttachment>& region) {
+  std::map<std::string, E::Tensor> by_name;
+  for (auto& [name, t] : regions::read_tensors(region)) by_name[name] = t;
+  for (const char* name : kTensors) {
+    if (!by_name.count(name)) {
+      throw std::runtime_error("region '" + region->name() + "' holds no '" + name + "'");
+    }
+  }
+  JobData d;
+  d.train = {by_name["train.images"], by_name["train.labels"]};
+  d.test = {by_name["test.images"], by_name["test.labels"]};
+  for (const auto* part : {&d.train, &d.test}) {
+    if (part->images.dim() != 4 || part->labels.dim() != 1 ||
+        part->images.dtype() != E::DType::Float32 || part->labels.dtype() != E::DType::Int64 ||
+        part->images.size(0) != part->labels.size(0)) {
+      throw std::runtime_error("region '" + region->name() + "' does not hold a dataset");
+    }
+  }
+  d.region = region->name();
+  return d;
+}
+
+}  // namespace
+
+std::string dataset_region_name(const proto::JobSpec& job) {
+  const DatasetFiles f = dataset_files(job);
+  const auto* ds = job.dataset();
+  std::string key = kLayout;
+  for (const std::string* path : {&f.train_images, &f.train_labels, &f.test_images,
+                                  &f.test_labels}) {
+    struct stat st {};
+    if (::stat(path->c_str(), &st) != 0) {
+      throw std::runtime_error("cannot read dataset file " + *path + ": " + std::strerror(errno));
+    }
+    key += "|" + *path + ":" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+           std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+           std::to_string(st.st_mtim.tv_nsec);
+  }
+  float mean = ds ? ds->mean() : 0, std = ds ? ds->std() : 1;
+  uint32_t bits[2];
+  std::memcpy(&bits[0], &mean, 4);
+  std::memcpy(&bits[1], &std, 4);
+  key += "|" + std::to_string(bits[0]) + ":" + std::to_string(bits[1]) + "|" +
+         std::to_string(ds ? ds->train_limit() : 0) + ":" +
+         std::to_string(ds ? ds->test_limit() : 0);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  return std::string("dataset/") + hex;
+}
+
+JobData load_job_data(const proto::JobSpec& job, AgentSession* session) {
+  const DatasetFiles files = dataset_files(job);
+  if (!session) {
+    JobData d = decode_private(job, files);
+    d.private_because = "no coordinator session";
+    return d;
+  }
+  const std::string name = dataset_region_name(job);
+  // Resident already (or being filled by another agent: this waits for it).
+  try {
+    auto region = std::make_shared<RegionAttachment>(session->attach_region(name, 0, false));
+    return view_region(region);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::UnknownSender) throw;  // the session is gone: the job stops
+    if (e.code() != ErrorCode::NoSuchRegion) {
+      spdlog::warn("dataset region '{}': {}; decoding the files for this job alone", name,
+                   e.what());
+      JobData d = decode_private(job, files);
+      d.private_because = e.what();
+      return d;
+    }
+  }
+  // Not resident: create it; this job fills it unless another got there first.
+  const auto specs = dataset_specs(job, files);
+  std::shared_ptr<RegionAttachment> region;
+  try {
+    region = std::make_shared<RegionAttachment>(
+        session->attach_region(name, regions::packed_size(specs), true));
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::UnknownSender) throw;  // the session is gone: the job stops
+    spdlog::info("dataset region '{}' not available ({}); decoding the files for this job alone",
+                 name, e.what());
+    JobData d = decode_private(job, files);
+    d.private_because = e.what();
+    return d;
+  }
+  if (!region->must_fill()) return view_region(region);
+  JobData host = decode_private(job, files);
+  regions::write_tensors(*region, {{kTensors[0], host.train.images},
+                                   {kTensors[1], host.train.labels},
+                                   {kTensors[2], host.test.images},
+                                   {kTensors[3], host.test.labels}});
+  region->mark_ready();
+  JobData d = view_region(region);
+  d.decoded = true;
+  return d;
+}
+
+}  // namespace leasehold
