@@ -9,11 +9,13 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
+#include "agent/device_footprint.h"
 #include "agent/exercise.h"
 #include "agent/job_worker.h"
 #include "agent/run_job_cli.h"
 #include "agent/session.h"
 #include "agent/spill/agent_spill.h"
+#include "agent/warmup.h"
 #include "shared/endpoint.h"
 #include "shared/log.h"
 #include "shared/signals.h"
@@ -101,8 +103,10 @@ int main(int argc, char** argv) {
   const std::atomic<bool>& stop = leasehold::install_stop_signals();
 
   try {
-    // Only a standby worker takes jobs (not --exercise, not --run-job).
+    // Only a standby worker takes jobs (not --exercise, not --run-job); it
+    // gets none until it has warmed up.
     opts.takes_jobs = !exercise && job_file.empty();
+    opts.ready = !opts.takes_jobs;
     leasehold::AgentSession session(opts);
     auto pool = session.pool();
     std::printf("registered name=%s backend=%s pool_bytes=%llu\n", opts.name.c_str(),
@@ -121,16 +125,30 @@ int main(int argc, char** argv) {
       session.set_session_listener(announce);
       return leasehold::run_exercise(session, ex, stop);
     }
+    const leasehold::engine::Device device = pool.backend == leasehold::Backend::Cuda
+                                                 ? leasehold::engine::Device::cuda(pool.device)
+                                                 : leasehold::engine::Device::cpu();
     // Set aside once, before any job: pinning host memory synchronizes the device.
-    leasehold::spill::AgentSpill spiller(
-        spill, pool.backend == leasehold::Backend::Cuda ? leasehold::engine::Device::cuda(pool.device)
-                                                        : leasehold::engine::Device::cpu());
+    leasehold::spill::AgentSpill spiller(spill, device);
     if (!job_file.empty()) {
       session.set_session_listener(announce);
       return leasehold::run_job_file(session, job_file, overrides, stop, &spiller);
     }
     // Destroyed before the session: it removes its handlers from it first.
     leasehold::JobWorker worker(session, announce, &spiller, ignore_shrinks);
+    {
+      // On this thread, which runs the jobs: its stream and cuBLAS handle.
+      leasehold::FootprintProbe probe(device);
+      const auto t0 = std::chrono::steady_clock::now();
+      leasehold::warm_up(device);
+      const leasehold::Footprint footprint = probe.measure();
+      session.set_ready(true, footprint.bytes);
+      spdlog::info("warmed up in {} ms; {} of device memory outside the pool ({})",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::steady_clock::now() - t0)
+                       .count(),
+                   leasehold::format_bytes(footprint.bytes), footprint.method);
+    }
     spdlog::info("standing by as '{}' for jobs", opts.name);
     worker.run(stop);
     spdlog::info("stopping");

@@ -100,7 +100,7 @@ TEST_F(Jobs, FashionMnistSubsetTrainsAboveThreshold) {
 TEST_F(Jobs, TwoJobsRunAtOnceOnTwoAgents) {
   cluster.start_agent("a1", {});
   cluster.start_agent("a2", {});
-  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["agents"].size() == 2; }, 5s));
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return idle_agents(s) == 2; }, 30s));
   // Their guaranteed shares (the budgets) fit the pool side by side.
   const char* both_fit = R"(, "epochs": 100000, "memory_budget": "128MiB")";
   auto [rc1, id1] = client({"submit", job_file("one", both_fit)});

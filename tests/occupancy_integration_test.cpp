@@ -110,7 +110,8 @@ class Oversubscribed : public ::testing::Test {
       if (ignores) args.push_back("--test-ignore-shrinks");
       c.start_agent(name, args);
     }
-    ASSERT_TRUE(c.wait_for([&](const auto& s) { return s["agents"].size() == agents.size(); }, 10s));
+    // Standing by (warmed up), so that they take the jobs in name order.
+    ASSERT_TRUE(c.wait_for([&](const auto& s) { return idle_agents(s) == agents.size(); }, 30s));
   }
 
   // Submits the three at once: A is guaranteed 30% of the pool (its budget,

@@ -188,6 +188,12 @@ bool Cluster::wait_for(const std::function<bool(const nlohmann::json&)>& pred,
   return false;
 }
 
+size_t idle_agents(const nlohmann::json& status) {
+  size_t n = 0;
+  for (const auto& a : status["agents"]) n += a["state"] == "idle";
+  return n;
+}
+
 bool has_agent(const nlohmann::json& status, const std::string& name) {
   for (const auto& a : status["agents"]) {
     if (a["name"] == name) return true;

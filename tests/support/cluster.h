@@ -80,6 +80,8 @@ class Cluster {
   int counter_ = 0;
 };
 
+// Agents in a status document standing by for a job (warmed up, no job).
+size_t idle_agents(const nlohmann::json& status);
 // Number of agents in a status document whose name is `name`.
 bool has_agent(const nlohmann::json& status, const std::string& name);
 // Sum of lease sizes held by `agent`.
