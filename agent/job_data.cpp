@@ -117,7 +117,7 @@ JobData load_job_data(const proto::JobSpec& job, AgentSession* session) {
   const DatasetFiles files = dataset_files(job);
   if (!session) {
     JobData d = decode_private(job, files);
-    d.private_because = "no coordinator session";
+    d.private_because = "dataset regions are off";
     return d;
   }
   const std::string name = dataset_region_name(job);

@@ -29,7 +29,8 @@ struct JobData {
 // the files. Throws std::runtime_error naming a file that cannot be stat'ed.
 std::string dataset_region_name(const proto::JobSpec& job);
 
-// The job's data, from or into its region when `session` is set. Throws
+// The job's data, from or into its region when `session` is set (null:
+// the job's own host memory). Throws
 // std::runtime_error naming the file for missing or malformed files, or
 // the region when it does not hold a dataset.
 JobData load_job_data(const proto::JobSpec& job, AgentSession* session);

@@ -125,7 +125,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     throw JobSpecError({"publish_parameters/init_from: shared cache regions need an agent with a "
                         "coordinator session"});
   }
-  JobData data = load_job_data(job, options.session);
+  JobData data = load_job_data(job, options.dataset_regions ? options.session : nullptr);
   const E::data::Dataset& train = data.train;
   const E::data::Dataset& test = data.test;
   validate_model(job, {train.images.size(1), train.images.size(2), train.images.size(3)});

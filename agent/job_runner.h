@@ -93,6 +93,9 @@ struct JobRunOptions {
   // publish_parameters use them. Null: the job keeps its data to itself,
   // and a spec naming a parameter region fails.
   AgentSession* session = nullptr;
+  // Whether the dataset goes into a region (with a session); false: the
+  // job decodes it into its own host memory.
+  bool dataset_regions = true;
   // Called once, when the first training step begins (Unix microseconds).
   std::function<void(uint64_t unix_us)> on_first_step;
 };

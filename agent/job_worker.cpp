@@ -50,8 +50,8 @@ void say(const char* fmt, auto... args) {
 }  // namespace
 
 JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string&)> announce,
-                     spill::AgentSpill* spill, bool ignore_shrinks)
-    : session_(session), spill_(spill), reporter_(session), ignore_shrinks_(ignore_shrinks) {
+                     spill::AgentSpill* spill, JobWorkerOptions options)
+    : session_(session), spill_(spill), reporter_(session), options_(options) {
   session_.set_shrink_handler([this](const proto::ShrinkT& s) { on_shrink(s); });
   session_.set_job_handlers(
       [this](uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
@@ -107,7 +107,7 @@ void JobWorker::on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> sp
   std::lock_guard lock(mu_);
   Key key{id, attempt};
   if (known(key)) return;  // the same push again, or via another socket
-  queue_.push_back(Assigned{key, std::move(spec)});
+  queue_.push_back(Assigned{key, std::move(spec), std::chrono::steady_clock::now()});
   cv_.notify_all();
 }
 
@@ -193,7 +193,7 @@ void JobWorker::session_changed(const std::string& why) {
 }
 
 void JobWorker::on_shrink(const proto::ShrinkT& shrink) {
-  if (ignore_shrinks_) {
+  if (options_.ignore_shrinks) {
     spdlog::warn("ignoring shrink {} of {} (test fault switch)", shrink.id,
                  format_bytes(shrink.bytes));
     return;
@@ -280,6 +280,7 @@ void JobWorker::run(const std::atomic<bool>& stop) {
 
 void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop) {
   const auto [id, attempt] = assigned.key;
+  const auto picked_up = std::chrono::steady_clock::now();
   const uint64_t registrations = session_.registrations();
   std::string name = "?";
   std::string state, reason;
@@ -299,6 +300,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     JobRunOptions opts;
     opts.device = leases->device();
     opts.session = &session_;
+    opts.dataset_regions = options_.dataset_regions;
     if (spill_) {
       opts.spill = spill_->for_job(*job, "job" + std::to_string(id) + "-" + std::to_string(attempt),
                                    leases);
@@ -356,6 +358,12 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       say("job %llu epoch %lld: test accuracy %.2f%%\n", (unsigned long long)id,
           (long long)e.epoch, 100 * e.test_accuracy);
     };
+    // Where the time between the assignment's arrival and the job's start goes.
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    spdlog::info("job {} attempt {}: picked up {:.2f} ms after its assignment arrived, set up in "
+                 "{:.2f} ms",
+                 id, attempt, ms(assigned.received, picked_up),
+                 ms(picked_up, std::chrono::steady_clock::now()));
     result = run_job(*job, opts);
     state = "succeeded";
     say("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s, peak %s%s\n",

@@ -40,17 +40,23 @@
 
 namespace leasehold {
 
+struct JobWorkerOptions {
+  // Jobs keep their datasets in shared cache regions (false: each job
+  // decodes its own into host memory and copies every batch over).
+  bool dataset_regions = true;
+  // A fault switch for tests: an agent that never answers Shrink.
+  bool ignore_shrinks = false;
+};
+
 class JobWorker {
  public:
   // Installs the session's job handlers and its listener, which also calls
   // `announce` (with the listener's argument). Jobs spill through `spill`
   // (null: they do not spill). The session and `spill` must outlive the
   // worker.
-  // `ignore_shrinks`: a fault switch for tests (an agent that never
-  // answers Shrink).
   explicit JobWorker(AgentSession& session,
                      std::function<void(const std::string&)> announce = {},
-                     spill::AgentSpill* spill = nullptr, bool ignore_shrinks = false);
+                     spill::AgentSpill* spill = nullptr, JobWorkerOptions options = {});
   // Removes the handlers and the listener (waiting for a call in progress),
   // then delivers the last reports for up to 3 s (see finish()).
   ~JobWorker();
@@ -68,6 +74,7 @@ class JobWorker {
   struct Assigned {
     Key key;
     std::vector<uint8_t> spec;
+    std::chrono::steady_clock::time_point received;  // when the push arrived
   };
   // Why the running job is stopping: a user's cancel, the coordinator
   // wanting it elsewhere, a lost session, the agent stopping.
@@ -104,7 +111,7 @@ class JobWorker {
   std::deque<Key> finished_;       // the latest finished jobs; GUARDED_BY(mu_)
   int32_t resumed_from_epoch_ = 0;  // of the current job; GUARDED_BY(mu_)
   std::optional<proto::ShrinkT> shrink_;  // the latest Shrink not answered; GUARDED_BY(mu_)
-  const bool ignore_shrinks_;
+  const JobWorkerOptions options_;
   std::atomic<bool> stop_requested_{false};  // the running job should stop
   std::atomic<int64_t> epoch_{0}, global_step_{0};  // of the current job
 };

@@ -62,7 +62,14 @@ int main(int argc, char** argv) {
                  "with --run-job: train on the first N examples");
   app.add_option("--test-limit", overrides.test_limit,
                  "with --run-job: evaluate on the first N examples");
-  bool ignore_shrinks = false;
+  leasehold::JobWorkerOptions worker_options;
+  std::string dataset_regions = "on";
+  app.add_option("--dataset-regions", dataset_regions,
+                 "keep jobs' decoded datasets in shared cache regions of the pool, for the next "
+                 "job on the same data (off: each job decodes its own into host memory)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  bool& ignore_shrinks = worker_options.ignore_shrinks;
   app.add_flag("--test-ignore-shrinks", ignore_shrinks,
                "fault injection for tests: never answer the coordinator's Shrink requests")
       ->group("");  // hidden: not for operators
@@ -135,7 +142,8 @@ int main(int argc, char** argv) {
       return leasehold::run_job_file(session, job_file, overrides, stop, &spiller);
     }
     // Destroyed before the session: it removes its handlers from it first.
-    leasehold::JobWorker worker(session, announce, &spiller, ignore_shrinks);
+    worker_options.dataset_regions = dataset_regions == "on";
+    leasehold::JobWorker worker(session, announce, &spiller, worker_options);
     {
       // On this thread, which runs the jobs: its stream and cuBLAS handle.
       leasehold::FootprintProbe probe(device);

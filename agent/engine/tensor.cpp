@@ -299,6 +299,12 @@ static Tensor random_tensor(const Shape& sizes, TensorOptions options, Dist dist
     std::lock_guard lock(g_rng_mu);
     for (auto& x : v) x = dist(g_rng);
   }
+  if (options.dtype == DType::Float32) {
+    // Rounded on the host (as the device's conversion would round them):
+    // half the bytes to copy and no float64 buffer on the device.
+    std::vector<float> f(v.begin(), v.end());
+    return from_vector(f, sizes, options.device);
+  }
   Tensor t = from_vector(v, sizes, options.device);
   return options.dtype == DType::Float64 ? t : t.to(options.dtype);
 }
