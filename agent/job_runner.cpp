@@ -135,6 +135,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   auto optimizer = make_optimizer(job, model->named_parameters());
   const auto t_model = Clock::now();
   std::optional<Clock::time_point> t_first_step;
+  uint64_t first_step_leases = 0;  // leases its allocator held by then
 
   E::data::BatchIterator batches(train, job.batch_size(), true, job.seed());
   const int64_t per_epoch = batches.batches_per_epoch();
@@ -217,6 +218,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       if (options.at_step_boundary) options.at_step_boundary();
       if (!t_first_step) {
         t_first_step = Clock::now();
+        first_step_leases = allocator->stats().leases;
         if (options.on_first_step) options.on_first_step(unix_now_us());
       }
       optimizer->zero_grad();
@@ -300,13 +302,13 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
   spdlog::info("job '{}': dataset {:.2f} ms ({}), model {:.2f} ms, first step began {:.2f} ms after "
-               "the start, {:.0f} ms in all",
+               "the start ({} leases by then), {:.0f} ms in all",
                job.name()->str(), ms(t_start, t_data),
                data.region.empty() ? "decoded privately: " + data.private_because
                : data.decoded      ? "decoded into region " + data.region
                                    : "resident in region " + data.region,
                ms(t_data, t_model), t_first_step ? ms(t_start, *t_first_step) : 0.0,
-               ms(t_start, Clock::now()));
+               first_step_leases, ms(t_start, Clock::now()));
   return result;
 }
 

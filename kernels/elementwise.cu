@@ -46,6 +46,14 @@ __global__ void dropout_kernel(T* out, int64_t n, double p, uint64_t seed) {
   }
 }
 
+template <class T>
+__global__ void uniform_kernel(T* out, int64_t n, double low, double span, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<T>(uniform_between(seed, i, low, span));
+  }
+}
+
 template <class To, class From>
 __global__ void convert_kernel(To* out, const From* in, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -94,6 +102,13 @@ void dropout_mask(T* out, int64_t n, double p, uint64_t seed, cudaStream_t strea
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
+template <class T>
+void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed, cudaStream_t stream) {
+  if (n == 0) return;
+  uniform_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, n, low, high - low, seed);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
 template <class To, class From>
 void convert(To* out, const From* in, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
@@ -114,6 +129,8 @@ LEASEHOLD_INSTANTIATE(int64_t)
 #undef LEASEHOLD_INSTANTIATE
 template void dropout_mask<float>(float*, int64_t, double, uint64_t, cudaStream_t);
 template void dropout_mask<double>(double*, int64_t, double, uint64_t, cudaStream_t);
+template void uniform_fill<float>(float*, int64_t, double, double, uint64_t, cudaStream_t);
+template void uniform_fill<double>(double*, int64_t, double, double, uint64_t, cudaStream_t);
 #define LEASEHOLD_CONVERT(To, From) \
   template void convert<To, From>(To*, const From*, int64_t, cudaStream_t);
 LEASEHOLD_CONVERT(float, double)

@@ -28,6 +28,10 @@ void strided_copy(T* dst, const Strided& dv, const T* src, const Strided& sv, in
 // out[i] = (uniform(seed, i) >= p) / (1 - p): the dropout scale mask.
 template <class T>
 void dropout_mask(T* out, int64_t n, double p, uint64_t seed);
+// out[i] = low + (high - low) * uniform(seed, i), in double, then rounded to
+// T: parameter initialisation, the same values on CPU and GPU.
+template <class T>
+void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed);
 // Converts between element types (float <-> double <-> int64).
 template <class To, class From>
 void convert(To* out, const From* in, int64_t n);
@@ -48,6 +52,8 @@ void strided_copy(T* dst, const Strided& dv, const T* src, const Strided& sv, in
                   cudaStream_t stream);
 template <class T>
 void dropout_mask(T* out, int64_t n, double p, uint64_t seed, cudaStream_t stream);
+template <class T>
+void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed, cudaStream_t stream);
 template <class To, class From>
 void convert(To* out, const From* in, int64_t n, cudaStream_t stream);
 }  // namespace cuda

@@ -29,6 +29,12 @@ void dropout_mask(T* out, int64_t n, double p, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) out[i] = uniform01(seed, i) >= p ? keep : T(0);
 }
 
+template <class T>
+void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed) {
+  const double span = high - low;
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(uniform_between(seed, i, low, span));
+}
+
 template <class To, class From>
 void convert(To* out, const From* in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(in[i]);
@@ -46,6 +52,8 @@ LEASEHOLD_INSTANTIATE(int64_t)
 #undef LEASEHOLD_INSTANTIATE
 template void dropout_mask<float>(float*, int64_t, double, uint64_t);
 template void dropout_mask<double>(double*, int64_t, double, uint64_t);
+template void uniform_fill<float>(float*, int64_t, double, double, uint64_t);
+template void uniform_fill<double>(double*, int64_t, double, double, uint64_t);
 #define LEASEHOLD_CONVERT(To, From) template void convert<To, From>(To*, const From*, int64_t);
 LEASEHOLD_CONVERT(float, double)
 LEASEHOLD_CONVERT(double, float)

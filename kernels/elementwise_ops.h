@@ -102,4 +102,16 @@ LEASEHOLD_HOST_DEVICE inline double uniform01(uint64_t seed, uint64_t index) {
   return static_cast<double>(pattern_word(seed, index) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// low + span * uniform01(seed, index), rounded the same way on both sides
+// (the device would otherwise fuse it into one multiply-add).
+LEASEHOLD_HOST_DEVICE inline double uniform_between(uint64_t seed, uint64_t index, double low,
+                                                    double span) {
+  const double u = uniform01(seed, index);
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(low, __dmul_rn(span, u));
+#else
+  return low + span * u;
+#endif
+}
+
 }  // namespace leasehold::kernels

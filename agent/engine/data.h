@@ -53,7 +53,7 @@ class BatchIterator {
   int64_t batch_;
   bool shuffle_;
   uint64_t seed_;
-  std::vector<int64_t> order_;
+  std::vector<int64_t> order_;  // empty until an epoch starts
   Tensor device_order_;  // order_ on the dataset's device, for this epoch
   int64_t pos_ = 0;
 };

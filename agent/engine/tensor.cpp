@@ -299,18 +299,27 @@ static Tensor random_tensor(const Shape& sizes, TensorOptions options, Dist dist
     std::lock_guard lock(g_rng_mu);
     for (auto& x : v) x = dist(g_rng);
   }
-  if (options.dtype == DType::Float32) {
-    // Rounded on the host (as the device's conversion would round them):
-    // half the bytes to copy and no float64 buffer on the device.
-    std::vector<float> f(v.begin(), v.end());
-    return from_vector(f, sizes, options.device);
-  }
   Tensor t = from_vector(v, sizes, options.device);
   return options.dtype == DType::Float64 ? t : t.to(options.dtype);
 }
 
 Tensor rand(const Shape& sizes, TensorOptions options, double low, double high) {
-  return random_tensor(sizes, options, std::uniform_real_distribution<double>(low, high));
+  // Counter-based (one seed from the generator, then uniform(seed, i) per
+  // element): filled where the tensor lives, the same values on CPU and
+  // GPU, and no host work per element (a model's initialisation is on the
+  // path to a job's first step).
+  Tensor t = empty(sizes, options);
+  const uint64_t seed = next_random_u64();
+  detail::dispatch_floating(options.dtype, "rand", [&](auto tag) {
+    using T = decltype(tag);
+    if (options.device.is_cuda()) {
+      LEASEHOLD_CUDA_OR("rand", kernels::cuda::uniform_fill<T>(t.data<T>(), t.numel(), low, high,
+                                                               seed, detail::stream_of(t)));
+    } else {
+      kernels::cpu::uniform_fill<T>(t.data<T>(), t.numel(), low, high, seed);
+    }
+  });
+  return t;
 }
 
 Tensor randn(const Shape& sizes, TensorOptions options, double mean, double std) {

@@ -233,10 +233,11 @@ class Bench {
   }
 
   // Medians of the agent's own start phases, from its log lines
-  // "job 'start-N': dataset A ms (...), model B ms, first step began C ms after the start".
+  // "job 'start-N': dataset A ms (...), model B ms, first step began C ms after the start
+// (L leases by then)".
   static json agent_breakdown(const std::string& log) {
-    std::regex re(R"(job 'start-\d+': dataset ([0-9.]+) ms \(([a-z]+)[^)]*\), model ([0-9.]+) ms, first step began ([0-9.]+) ms)");
-    std::vector<double> dataset, model, first;
+    std::regex re(R"(job 'start-\d+': dataset ([0-9.]+) ms \(([a-z]+)[^)]*\), model ([0-9.]+) ms, first step began ([0-9.]+) ms after the start \((\d+) leases)");
+    std::vector<double> dataset, model, first, leases;
     std::string how;
     for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
          ++it) {
@@ -244,6 +245,7 @@ class Bench {
       how = (*it)[2];
       model.push_back(std::stod((*it)[3]));
       first.push_back(std::stod((*it)[4]));
+      leases.push_back(std::stod((*it)[5]));
     }
     std::regex re2(R"(picked up ([0-9.]+) ms after its assignment arrived, set up in ([0-9.]+) ms)");
     std::vector<double> picked, setup;
@@ -258,7 +260,8 @@ class Bench {
             {"setup_ms_p50", percentile(setup, 50)},
             {"dataset_ms_p50", percentile(dataset, 50)},
             {"model_ms_p50", percentile(model, 50)},
-            {"job_start_to_first_step_ms_p50", percentile(first, 50)}};
+            {"job_start_to_first_step_ms_p50", percentile(first, 50)},
+            {"leases_by_first_step_p50", percentile(leases, 50)}};
   }
 
   Options o_;

@@ -179,6 +179,18 @@ TEST_F(CudaOps, OptimiserStepsMatch) {
   }
 }
 
+// Parameter initialisation draws the same values on CPU and GPU.
+TEST_F(CudaOps, RandMatchesTheCpu) {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    manual_seed(11);
+    Tensor cpu = rand({1000, 1025}, {dt}, -0.2, 0.7);
+    manual_seed(11);
+    Tensor gpu = rand({1000, 1025}, {dt, Device::cuda()}, -0.2, 0.7);
+    ASSERT_EQ(gpu.device(), Device::cuda());
+    EXPECT_EQ(max_rel_diff(gpu, cpu), 0.0) << dtype_name(dt);
+  }
+}
+
 // Row gathers (the data loader's batches from a resident dataset): every
 // word path (bytes, 4-byte and 16-byte words) against the CPU, with
 // repeated and out-of-order indices.

@@ -13,6 +13,28 @@ namespace {
 
 using namespace nn;
 
+// rand() fills uniformly in [low, high), reproducibly from the seed.
+TEST(Random, RandIsUniformAndReproducible) {
+  for (auto [lo, hi] : {std::pair{0.0, 1.0}, std::pair{-0.0357, 0.0357}, std::pair{-3.0, 5.5}}) {
+    manual_seed(42);
+    auto a = rand({200001}, {DType::Float64}, lo, hi).to_vector<double>();
+    manual_seed(42);
+    auto b = rand({200001}, {DType::Float64}, lo, hi).to_vector<double>();
+    EXPECT_EQ(a, b);
+    double mean = 0;
+    for (double x : a) {
+      ASSERT_GE(x, lo);
+      ASSERT_LE(x, hi);
+      mean += x / static_cast<double>(a.size());
+    }
+    EXPECT_NEAR(mean, (lo + hi) / 2, (hi - lo) * 0.005);
+    // float32 holds the float64 draws rounded.
+    manual_seed(42);
+    auto f = rand({200001}, {}, lo, hi).to_vector<float>();
+    for (size_t i = 0; i < f.size(); i += 997) ASSERT_EQ(f[i], static_cast<float>(a[i])) << i;
+  }
+}
+
 // Two interleaved spirals: not linearly separable, so reaching 100% needs
 // the hidden layers to work, and the optimiser to drive them.
 void spirals(int64_t per_class, Tensor& x, Tensor& y) {
