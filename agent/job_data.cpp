@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "agent/region_tensors.h"
+#include "agent/spill/transfer.h"
 #include "shared/idx_file.h"
 #include "shared/job_spec.h"
 
@@ -59,6 +60,64 @@ std::vector<regions::TensorSpec> dataset_specs(const proto::JobSpec& job, const 
           {kTensors[1], E::DType::Int64, train_y},
           {kTensors[2], E::DType::Float32, test_x},
           {kTensors[3], E::DType::Int64, test_y}};
+}
+
+// Bytes of the files read, normalised and copied into the region per chunk.
+constexpr size_t kChunk = size_t{1} << 20;
+
+// Decodes the dataset straight into `region`: each file is read a chunk at
+// a time, normalised (images) or widened (labels) into one of two pinned
+// buffers, and copied to the device while the next chunk is read; on the
+// host backend it goes into the region directly. No copy of the whole
+// dataset is made in host memory. Throws naming a file that is unreadable,
+// truncated or no longer of the size the region was made for.
+void fill_region(RegionAttachment& region, const proto::JobSpec& job, const DatasetFiles& f,
+                 const std::vector<regions::TensorSpec>& specs) {
+  regions::write_header(region, specs);
+  const auto offsets = regions::tensor_offsets(specs);
+  const E::Device device = regions::region_device(region);
+  const E::data::PixelTable table(job.dataset()->mean(), job.dataset()->std());
+  auto transfer = spill::make_transfer(device);
+  spill::PinnedBuffer staging[2];
+  std::shared_ptr<spill::Fence> copied[2];
+  if (device.is_cuda()) {
+    for (auto& b : staging) b = spill::PinnedBuffer(kChunk * sizeof(int64_t), device);
+  }
+  std::vector<uint8_t> raw(kChunk);
+  const std::string* paths[] = {&f.train_images, &f.train_labels, &f.test_images, &f.test_labels};
+  int turn = 0;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    IdxFile file(*paths[t]);
+    const bool labels = specs[t].dtype == E::DType::Int64;
+    const size_t elems = static_cast<size_t>(E::numel_of(specs[t].shape));
+    const size_t width = labels ? sizeof(int64_t) : sizeof(float);
+    const int64_t rows = specs[t].shape[0];
+    if (file.dims()[0] < rows || file.body_bytes() / file.dims()[0] != elems / rows) {
+      throw std::runtime_error(*paths[t] + " changed while the dataset was loaded");
+    }
+    std::byte* dst = region.data() + offsets[t];
+    for (size_t done = 0; done < elems; done += kChunk, turn ^= 1) {
+      const size_t n = std::min(kChunk, elems - done);
+      file.read_next(raw.data(), n);
+      std::byte* out = dst + done * width;
+      if (device.is_cuda()) {
+        if (copied[turn]) copied[turn]->wait();  // this buffer's previous copy is done
+        out = reinterpret_cast<std::byte*>(staging[turn].data());
+      }
+      if (labels) {
+        auto* o = reinterpret_cast<int64_t*>(out);
+        for (size_t i = 0; i < n; ++i) o[i] = raw[i];
+      } else {
+        auto* o = reinterpret_cast<float*>(out);
+        for (size_t i = 0; i < n; ++i) o[i] = table.value[raw[i]];
+      }
+      if (device.is_cuda()) {
+        transfer->to_device(dst + done * width, out, n * width);
+        copied[turn] = transfer->mark();
+      }
+    }
+  }
+  transfer->mark()->wait();
 }
 
 // The dataset viewed in `region` (no copies).
@@ -150,11 +209,7 @@ JobData load_job_data(const proto::JobSpec& job, AgentSession* session) {
     return d;
   }
   if (!region->must_fill()) return view_region(region);
-  JobData host = decode_private(job, files);
-  regions::write_tensors(*region, {{kTensors[0], host.train.images},
-                                   {kTensors[1], host.train.labels},
-                                   {kTensors[2], host.test.images},
-                                   {kTensors[3], host.test.labels}});
+  fill_region(*region, job, files, specs);
   region->mark_ready();
   JobData d = view_region(region);
   d.decoded = true;

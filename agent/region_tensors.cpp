@@ -99,8 +99,12 @@ E::Device region_device(const RegionAttachment& region) {
   return region.backend() == Backend::Cuda ? E::Device::cuda(region.device()) : E::Device::cpu();
 }
 
-void write_tensors(RegionAttachment& region, const E::nn::NamedTensors& tensors) {
-  const auto specs = specs_of(tensors);
+std::vector<uint64_t> tensor_offsets(const std::vector<TensorSpec>& specs) {
+  uint64_t total = 0;
+  return layout(specs, total);
+}
+
+void write_header(RegionAttachment& region, const std::vector<TensorSpec>& specs) {
   uint64_t total = 0;
   const auto offsets = layout(specs, total);
   if (total != region.size()) {
@@ -132,14 +136,20 @@ void write_tensors(RegionAttachment& region, const E::nn::NamedTensors& tensors)
       crc32_z(0L, reinterpret_cast<const Bytef*>(bytes), crc_at));
   std::memcpy(bytes + crc_at, &crc, sizeof crc);
 
-  const E::Device dev = region_device(region);
-  // Borrowed views keep nothing alive: the caller holds the attachment.
-  std::shared_ptr<void> none;
-  E::NoGradGuard no_grad;
-  E::from_blob(region.data(), {static_cast<int64_t>(header.size())}, {E::DType::Int64, dev}, none)
+  // A borrowed view keeps nothing alive: the caller holds the attachment.
+  E::from_blob(region.data(), {static_cast<int64_t>(header.size())},
+               {E::DType::Int64, region_device(region)}, nullptr)
       .copy_(E::from_vector(header, {static_cast<int64_t>(header.size())}));
+}
+
+void write_tensors(RegionAttachment& region, const E::nn::NamedTensors& tensors) {
+  const auto specs = specs_of(tensors);
+  write_header(region, specs);
+  const auto offsets = tensor_offsets(specs);
+  const E::Device dev = region_device(region);
+  E::NoGradGuard no_grad;
   for (size_t i = 0; i < specs.size(); ++i) {
-    E::from_blob(region.data() + offsets[i], specs[i].shape, {specs[i].dtype, dev}, none)
+    E::from_blob(region.data() + offsets[i], specs[i].shape, {specs[i].dtype, dev}, nullptr)
         .copy_(tensors[i].second.detach());
   }
   E::fence_device(dev);

@@ -35,6 +35,12 @@ struct TensorSpec {
 uint64_t packed_size(const std::vector<TensorSpec>& specs);
 std::vector<TensorSpec> specs_of(const engine::nn::NamedTensors& tensors);
 
+// Where each tensor's data starts in the region, in spec order.
+std::vector<uint64_t> tensor_offsets(const std::vector<TensorSpec>& specs);
+// Writes the header describing `specs` into `region` (packed_size() bytes);
+// the caller writes the data at tensor_offsets(). Throws like write_tensors.
+void write_header(RegionAttachment& region, const std::vector<TensorSpec>& specs);
+
 // The device whose memory the region is: cuda:N on the cuda backend, cpu on host.
 engine::Device region_device(const RegionAttachment& region);
 

@@ -96,6 +96,8 @@ size_t IdxFile::body_bytes() const {
 
 void IdxFile::read_body(void* dst) { read(dst, body_bytes(), "data"); }
 
+void IdxFile::read_next(void* dst, size_t bytes) { read(dst, bytes, "data"); }
+
 void IdxFile::read(void* dst, size_t n, const char* what) {
   size_t done = 0;
   while (done < n) {

@@ -31,6 +31,9 @@ class IdxFile {
   // Reads the whole body into `dst` (body_bytes() bytes). Throws naming the
   // file when it is truncated or unreadable.
   void read_body(void* dst);
+  // Reads the next `bytes` of the body into `dst` (a body read in pieces).
+  // Throws like read_body.
+  void read_next(void* dst, size_t bytes);
 
  private:
   void read_header();

@@ -21,6 +21,10 @@ IdxArray read_idx(const std::string& path) {
   return out;
 }
 
+PixelTable::PixelTable(double mean, double std) {
+  for (int b = 0; b < 256; ++b) value[b] = static_cast<float>((b / 255.0 - mean) / std);
+}
+
 Dataset load_idx_dataset(const std::string& images_path, const std::string& labels_path,
                          double mean, double std, int64_t limit) {
   if (!(std > 0)) throw std::invalid_argument("dataset normalisation std must be positive");
@@ -38,15 +42,14 @@ Dataset load_idx_dataset(const std::string& images_path, const std::string& labe
   }
   int64_t n = img.dims[0], h = img.dims[1], w = img.dims[2];
   if (limit > 0) n = std::min(n, limit);
-  // Every pixel value's normalised float, computed once (as it would be per
-  // pixel) and looked up: two double divisions per pixel were most of the time.
-  float lut[256];
-  for (int b = 0; b < 256; ++b) lut[b] = static_cast<float>((b / 255.0 - mean) / std);
+  // Every pixel value's normalised float, computed once and looked up: two
+  // double divisions per pixel were most of the time.
+  const PixelTable table(mean, std);
   Dataset d;
   d.images = empty({n, 1, h, w});
   float* pixels = d.images.data<float>();
   const uint8_t* bytes = img.bytes.data();
-  for (int64_t i = 0, count = n * h * w; i < count; ++i) pixels[i] = lut[bytes[i]];
+  for (int64_t i = 0, count = n * h * w; i < count; ++i) pixels[i] = table.value[bytes[i]];
   d.labels = empty({n}, {DType::Int64});
   std::copy(lab.bytes.begin(), lab.bytes.begin() + n, d.labels.data<int64_t>());
   return d;

@@ -32,6 +32,13 @@ struct Dataset {
 Dataset load_idx_dataset(const std::string& images_path, const std::string& labels_path,
                          double mean, double std, int64_t limit = 0);
 
+// The normalised value of each pixel byte: (b / 255 - mean) / std, in
+// double, rounded to float (what load_idx_dataset stores).
+struct PixelTable {
+  PixelTable(double mean, double std);
+  float value[256];
+};
+
 // Shuffled mini-batches, reshuffled each epoch from `seed` and the epoch
 // number (reproducible). The last batch may be smaller. Where the dataset
 // already is on the batches' device (resident in a shared cache region) a
