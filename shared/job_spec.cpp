@@ -265,7 +265,8 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   }
   for (const auto& [field, value] : {std::pair{"publish_parameters", job.publish_parameters()},
                                      std::pair{"init_from", job.init_from()}}) {
-    if (value && !valid_region_name(parameters_region(value->str()))) {
+    if (value && !(valid_region_name(value->str()) &&
+                   valid_region_name(parameters_region(value->str())))) {
       p.push_back(std::string(field) + ": '" + value->str() +
                   "' is not a region name (1-121 letters, digits, '.', '_', '-', ':', '/')");
     }

@@ -230,6 +230,30 @@ TEST_F(JobTest, AFailedCheckpointWriteFailsTheJobAndKeepsThePreviousOne) {
   EXPECT_EQ(r.test_accuracy, uninterrupted.test_accuracy);
 }
 
+// Parameter regions: names are checked; without a coordinator session a job
+// naming one fails before it trains, saying why; a model that does not fit
+// the data's image size is refused by run_job as by validation.
+TEST_F(JobTest, ParameterRegionsAreCheckedAndNeedASession) {
+  auto bad = parse_job_json(job_json(R"(, "epochs": 1, "publish_parameters": "a b",
+                                        "init_from": "")"),
+                            "j.json");
+  std::string e = problems_of([&] { validate_job(*verify_job(bad), {}); });
+  EXPECT_NE(e.find("publish_parameters: 'a b' is not a region name"), std::string::npos) << e;
+  EXPECT_NE(e.find("init_from: '' is not a region name"), std::string::npos) << e;
+
+  auto buf = parse_job_json(job_json(R"(, "epochs": 1, "publish_parameters": "base")"), "j.json");
+  JobRunOptions o;
+  o.device = engine::Device::cpu();
+  e = problems_of([&] { run_job(*verify_job(buf), o); });
+  EXPECT_NE(e.find("need an agent with a coordinator session"), std::string::npos) << e;
+
+  auto wide = parse_job_json(
+      job_json(R"(, "epochs": 1)", R"([{"type": "Flatten"}, {"type": "Linear", "in": 65, "out": 3}])"),
+      "j.json");
+  e = problems_of([&] { run_job(*verify_job(wide), o); });
+  EXPECT_NE(e.find("model[1] (Linear): in is 65"), std::string::npos) << e;
+}
+
 TEST_F(JobTest, CancelStopsBetweenSteps) {
   auto buf = parse_job_json(job_json(kTrain + std::string(R"(, "epochs": 50)")), "j.json");
   std::atomic<bool> cancel{false};

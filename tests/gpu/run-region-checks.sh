@@ -28,6 +28,33 @@ if [ "${LEASEHOLD_TESTS:-1}" != 0 ]; then
   step job_integration_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/job_integration_test"
   step integration_cuda_test "$bin/integration_cuda_test"
 fi
+# Two standby agents on the CUDA backend: `leasehold status` shows them
+# warming, then idle, with their device memory outside the pool.
+standby_status() {
+  local run; run=$(mktemp -d)
+  export LEASEHOLD_ENDPOINT="ipc://$run/c.sock"
+  "$bin/leasehold-coordinator" --backend cuda --pool-size 4GiB --state-dir "$run/state" &
+  local coord=$!
+  for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done
+  "$bin/leasehold-agent" --name standby-a > "$run/a.log" 2>&1 &
+  local a=$!
+  "$bin/leasehold-agent" --name standby-b > "$run/b.log" 2>&1 &
+  local b=$!
+  local rc=1
+  for _ in $(seq 600); do
+    [ "$("$bin/leasehold" status -o json | grep -c '"state": "idle"')" -ge 2 ] && rc=0 && break
+    sleep 0.1
+  done
+  "$bin/leasehold" status
+  "$bin/leasehold" status -o json | grep -E '"(name|state|outside_pool_bytes)"'
+  grep -h "warmed up" "$run/a.log" "$run/b.log"
+  kill -TERM $a $b; wait $a $b
+  kill -TERM $coord; wait $coord
+  rm -rf "$run"
+  unset LEASEHOLD_ENDPOINT
+  return $rc
+}
+step standby_status standby_status
 if [ "${LEASEHOLD_BENCH:-all}" != none ]; then
   step bench_start "$bin/leasehold-bench-start" --backend cuda --job "$bundle/jobs/fashion-mnist-mlp.json" ${LEASEHOLD_START_ARGS:-}
   sed -n '/^mode/,$p' "$out/bench_start.log" | tee -a "$out/summary.txt"
