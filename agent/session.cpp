@@ -10,6 +10,28 @@
 
 namespace leasehold {
 
+// ---- PoolHold ----
+
+namespace detail {
+
+bool PoolHold::lost() const {
+  if (!core) return false;
+  std::lock_guard lock(core->mu);
+  return !core->connected || core->epoch != epoch;
+}
+
+Backend PoolHold::backend() const { return mapping ? mapping->descriptor().backend : Backend::Host; }
+
+int PoolHold::device() const { return mapping ? mapping->descriptor().device : 0; }
+
+std::byte* PoolHold::at(uint64_t offset, ErrorCode code, const std::string& what) const {
+  if (!core) throw Error(code, what + " is not held");
+  if (lost()) throw Error(code, what + " was lost with the coordinator session");
+  return mapping->base() + offset;
+}
+
+}  // namespace detail
+
 // ---- Lease ----
 
 Lease::Lease(Lease&& o) noexcept { *this = std::move(o); }
@@ -17,15 +39,12 @@ Lease::Lease(Lease&& o) noexcept { *this = std::move(o); }
 Lease& Lease::operator=(Lease&& o) noexcept {
   if (this != &o) {
     reset();
-    core_ = std::move(o.core_);
-    mapping_ = std::move(o.mapping_);
-    epoch_ = o.epoch_;
+    hold_ = std::move(o.hold_);
     id_ = o.id_;
     offset_ = o.offset_;
     size_ = o.size_;
     generation_ = o.generation_;
     end_ = o.end_;
-    o.core_.reset();
   }
   return *this;
 }
@@ -33,37 +52,19 @@ Lease& Lease::operator=(Lease&& o) noexcept {
 Lease::~Lease() { reset(); }
 
 void Lease::reset() noexcept {
-  if (!core_) return;
-  if (!lost()) {
+  if (!hold_.held()) return;
+  if (!hold_.lost()) {
     try {
-      detail::release_lease(*core_, id_);
+      detail::release_lease(*hold_.core, id_);
     } catch (const std::exception& e) {
       spdlog::warn("could not release lease {} on destruction: {}", id_, e.what());
     }
   }
-  core_.reset();
-  mapping_.reset();
-}
-
-Backend Lease::backend() const {
-  return mapping_ ? mapping_->descriptor().backend : Backend::Host;
-}
-
-int Lease::device() const { return mapping_ ? mapping_->descriptor().device : 0; }
-
-bool Lease::lost() const {
-  if (!core_) return false;
-  std::lock_guard lock(core_->mu);
-  return !core_->connected || core_->epoch != epoch_;
+  hold_.clear();
 }
 
 std::byte* Lease::data() const {
-  if (!core_) throw Error(ErrorCode::NoSuchLease, "lease is not held");
-  if (lost()) {
-    throw Error(ErrorCode::NoSuchLease,
-                "lease " + std::to_string(id_) + " was lost with the coordinator session");
-  }
-  return mapping_->base() + offset_;
+  return hold_.at(offset_, ErrorCode::NoSuchLease, "lease " + std::to_string(id_));
 }
 
 // ---- RegionAttachment ----
@@ -73,14 +74,11 @@ RegionAttachment::RegionAttachment(RegionAttachment&& o) noexcept { *this = std:
 RegionAttachment& RegionAttachment::operator=(RegionAttachment&& o) noexcept {
   if (this != &o) {
     reset();
-    core_ = std::move(o.core_);
-    mapping_ = std::move(o.mapping_);
-    epoch_ = o.epoch_;
+    hold_ = std::move(o.hold_);
     name_ = std::move(o.name_);
     offset_ = o.offset_;
     size_ = o.size_;
     must_fill_ = o.must_fill_;
-    o.core_.reset();
   }
   return *this;
 }
@@ -88,60 +86,43 @@ RegionAttachment& RegionAttachment::operator=(RegionAttachment&& o) noexcept {
 RegionAttachment::~RegionAttachment() { reset(); }
 
 void RegionAttachment::reset() noexcept {
-  if (!core_) return;
-  if (!lost()) {
+  if (!hold_.held()) return;
+  if (!hold_.lost()) {
     try {
-      detail::control_request(*core_, detail::detach_body(name_), core_->opts.request_timeout, nullptr);
+      detail::control_request(*hold_.core, detail::detach_body(name_),
+                              hold_.core->opts.request_timeout, nullptr);
     } catch (const std::exception& e) {
       spdlog::warn("could not detach from region '{}': {}", name_, e.what());
     }
   }
-  core_.reset();
-  mapping_.reset();
-}
-
-Backend RegionAttachment::backend() const {
-  return mapping_ ? mapping_->descriptor().backend : Backend::Host;
-}
-
-int RegionAttachment::device() const { return mapping_ ? mapping_->descriptor().device : 0; }
-
-bool RegionAttachment::lost() const {
-  if (!core_) return false;
-  std::lock_guard lock(core_->mu);
-  return !core_->connected || core_->epoch != epoch_;
+  hold_.clear();
 }
 
 std::byte* RegionAttachment::data() const {
-  if (!core_) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
-  if (lost()) {
-    throw Error(ErrorCode::NoSuchRegion,
-                "region '" + name_ + "' was lost with the coordinator session");
-  }
-  return mapping_->base() + offset_;
+  return hold_.at(offset_, ErrorCode::NoSuchRegion, "region '" + name_ + "'");
 }
 
 void RegionAttachment::mark_ready() {
-  if (!core_) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
+  if (!hold_.held()) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
   if (!must_fill_) throw Error(ErrorCode::NotOwner, "region '" + name_ + "' is not ours to fill");
   const std::string name = name_;
   detail::control_request(
-      *core_,
+      *hold_.core,
       [&](flatbuffers::FlatBufferBuilder& fbb) {
         return std::pair{proto::Body::RegionReady,
                          proto::CreateRegionReady(fbb, fbb.CreateString(name)).Union()};
       },
-      core_->opts.request_timeout, nullptr);
+      hold_.core->opts.request_timeout, nullptr);
   must_fill_ = false;
 }
 
 void RegionAttachment::detach() {
-  if (!core_) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
-  if (!lost()) {
-    detail::control_request(*core_, detail::detach_body(name_), core_->opts.request_timeout, nullptr);
+  if (!hold_.held()) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
+  if (!hold_.lost()) {
+    detail::control_request(*hold_.core, detail::detach_body(name_),
+                            hold_.core->opts.request_timeout, nullptr);
   }
-  core_.reset();
-  mapping_.reset();
+  hold_.clear();
 }
 
 // ---- AgentSession ----
@@ -228,18 +209,18 @@ Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chro
                                           proto::EnumNameBody(r->body_type()));
   }
   Lease lease;
-  lease.core_ = core_;
+  lease.hold_.core = core_;
   {
     std::lock_guard lock(core_->mu);
-    lease.mapping_ = core_->mapping;
+    lease.hold_.mapping = core_->mapping;
   }
-  lease.epoch_ = epoch;
+  lease.hold_.epoch = epoch;
   lease.id_ = grant->lease()->id();
   lease.offset_ = grant->lease()->offset();
   lease.size_ = grant->lease()->size();
   lease.generation_ = grant->lease()->generation();
   lease.end_ = end;
-  if (lease.offset_ + lease.size_ > lease.mapping_->descriptor().size || lease.size_ < size) {
+  if (lease.offset_ + lease.size_ > lease.hold_.mapping->descriptor().size || lease.size_ < size) {
     throw Error(ErrorCode::Malformed, "coordinator granted a lease outside the pool");
   }
   return lease;
@@ -271,17 +252,17 @@ RegionAttachment AgentSession::attach_region(const std::string& name, uint64_t s
                                           proto::EnumNameBody(r->body_type()));
   }
   RegionAttachment a;
-  a.core_ = core_;
+  a.hold_.core = core_;
   {
     std::lock_guard lock(core_->mu);
-    a.mapping_ = core_->mapping;
+    a.hold_.mapping = core_->mapping;
   }
-  a.epoch_ = epoch;
+  a.hold_.epoch = epoch;
   a.name_ = name;
   a.offset_ = grant->region()->offset();
   a.size_ = grant->region()->size();
   a.must_fill_ = grant->fill();
-  if (a.offset_ + a.size_ > a.mapping_->descriptor().size || (size && a.size_ != size)) {
+  if (a.offset_ + a.size_ > a.hold_.mapping->descriptor().size || (size && a.size_ != size)) {
     throw Error(ErrorCode::Malformed, "coordinator granted region '" + name +
                                           "' outside the pool or of another size");
   }
@@ -315,8 +296,7 @@ void AgentSession::resize(Lease& lease, uint64_t size) {
 void AgentSession::release(Lease& lease) {
   if (!lease.held()) throw Error(ErrorCode::NoSuchLease, "lease is not held");
   if (!lease.lost()) detail::release_lease(*core_, lease.id_);
-  lease.core_.reset();
-  lease.mapping_.reset();
+  lease.hold_.clear();
 }
 
 PoolDescriptor AgentSession::pool() const {

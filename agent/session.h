@@ -34,7 +34,29 @@ namespace leasehold {
 
 namespace detail {
 struct SessionCore;
-}
+
+// What a Lease and a RegionAttachment share: the session that granted them
+// and the mapping of the pool their memory is in. Moving leaves the source
+// empty.
+struct PoolHold {
+  std::shared_ptr<SessionCore> core;
+  std::shared_ptr<PoolMapping> mapping;
+  uint64_t epoch = 0;  // the session's registration that granted it
+
+  bool held() const { return core != nullptr; }
+  // True when the session that granted it is gone (coordinator restart).
+  bool lost() const;
+  Backend backend() const;
+  int device() const;
+  // The pool's memory at `offset`. Throws Error{code} with `what` when not
+  // held, and saying so when lost.
+  std::byte* at(uint64_t offset, ErrorCode code, const std::string& what) const;
+  void clear() {
+    core.reset();
+    mapping.reset();
+  }
+};
+}  // namespace detail
 
 enum class LeaseEnd { Low, High };
 
@@ -69,12 +91,12 @@ class Lease {
   uint64_t size() const { return size_; }
   uint64_t generation() const { return generation_; }
   LeaseEnd end() const { return end_; }
-  Backend backend() const;
-  int device() const;
+  Backend backend() const { return hold_.backend(); }
+  int device() const { return hold_.device(); }
   // False for a default-constructed or released lease.
-  bool held() const { return core_ != nullptr; }
+  bool held() const { return hold_.held(); }
   // True when the session that granted it is gone (coordinator restart).
-  bool lost() const;
+  bool lost() const { return hold_.lost(); }
   // The lease's memory. Throws Error{NoSuchLease} when the lease is not held
   // or was lost.
   std::byte* data() const;
@@ -84,9 +106,7 @@ class Lease {
   // Releases the lease if it is held and not lost (best effort, logged).
   void reset() noexcept;
 
-  std::shared_ptr<detail::SessionCore> core_;
-  std::shared_ptr<PoolMapping> mapping_;
-  uint64_t epoch_ = 0;
+  detail::PoolHold hold_;
   uint64_t id_ = 0, offset_ = 0, size_ = 0, generation_ = 0;
   LeaseEnd end_ = LeaseEnd::Low;
 };
@@ -111,11 +131,11 @@ class RegionAttachment {
   uint64_t offset() const { return offset_; }
   // This attacher fills the region (a new one) and then calls mark_ready().
   bool must_fill() const { return must_fill_; }
-  Backend backend() const;
-  int device() const;
-  bool held() const { return core_ != nullptr; }
+  Backend backend() const { return hold_.backend(); }
+  int device() const { return hold_.device(); }
+  bool held() const { return hold_.held(); }
   // True when the session that granted it is gone.
-  bool lost() const;
+  bool lost() const { return hold_.lost(); }
   // The region's memory (device memory on cuda). Throws Error{NoSuchRegion}
   // when not held or lost.
   std::byte* data() const;
@@ -129,9 +149,7 @@ class RegionAttachment {
   friend class AgentSession;
   void reset() noexcept;
 
-  std::shared_ptr<detail::SessionCore> core_;
-  std::shared_ptr<PoolMapping> mapping_;
-  uint64_t epoch_ = 0;
+  detail::PoolHold hold_;
   std::string name_;
   uint64_t offset_ = 0, size_ = 0;
   bool must_fill_ = false;

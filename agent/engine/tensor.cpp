@@ -97,17 +97,24 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 
 std::string Tensor::shape_str() const { return shape_to_string(sizes()); }
 
-Tensor empty(const Shape& sizes, TensorOptions options) {
+// A contiguous tensor of `sizes` over `storage` (made for its bytes).
+template <class MakeStorage>
+static Tensor contiguous_tensor(const Shape& sizes, DType dtype, MakeStorage make_storage) {
   for (int64_t d : sizes) {
     if (d < 0) throw std::invalid_argument("negative size in shape " + shape_to_string(sizes));
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->sizes = sizes;
   impl->strides = contiguous_strides(sizes);
-  impl->dtype = options.dtype;
-  impl->storage = std::make_shared<Storage>(numel_of(sizes) * dtype_size(options.dtype),
-                                            current_allocator(options.device));
+  impl->dtype = dtype;
+  impl->storage = make_storage(numel_of(sizes) * dtype_size(dtype));
   return Tensor(impl);
+}
+
+Tensor empty(const Shape& sizes, TensorOptions options) {
+  return contiguous_tensor(sizes, options.dtype, [&](size_t bytes) {
+    return std::make_shared<Storage>(bytes, current_allocator(options.device));
+  });
 }
 
 void Tensor::fill_(double value) {
@@ -127,16 +134,9 @@ void Tensor::fill_(double value) {
 
 Tensor from_blob(void* data, const Shape& sizes, TensorOptions options,
                  std::shared_ptr<void> keepalive) {
-  for (int64_t d : sizes) {
-    if (d < 0) throw std::invalid_argument("negative size in shape " + shape_to_string(sizes));
-  }
-  auto impl = std::make_shared<TensorImpl>();
-  impl->sizes = sizes;
-  impl->strides = contiguous_strides(sizes);
-  impl->dtype = options.dtype;
-  impl->storage = Storage::borrowed(data, numel_of(sizes) * dtype_size(options.dtype),
-                                    options.device, std::move(keepalive));
-  return Tensor(impl);
+  return contiguous_tensor(sizes, options.dtype, [&](size_t bytes) {
+    return Storage::borrowed(data, bytes, options.device, std::move(keepalive));
+  });
 }
 
 Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0.0, options); }
