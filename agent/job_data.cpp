@@ -77,12 +77,14 @@ void fill_region(RegionAttachment& region, const proto::JobSpec& job, const Data
   const auto offsets = regions::tensor_offsets(specs);
   const E::Device device = regions::region_device(region);
   const E::data::PixelTable table(job.dataset()->mean(), job.dataset()->std());
-  auto transfer = spill::make_transfer(device);
   spill::PinnedBuffer staging[2];
-  std::shared_ptr<spill::Fence> copied[2];
   if (device.is_cuda()) {
     for (auto& b : staging) b = spill::PinnedBuffer(kChunk * sizeof(int64_t), device);
   }
+  // Declared after the buffers: on an error it is destroyed first, which
+  // waits for the copies still reading them.
+  auto transfer = spill::make_transfer(device);
+  std::shared_ptr<spill::Fence> copied[2];
   std::vector<uint8_t> raw(kChunk);
   const std::string* paths[] = {&f.train_images, &f.train_labels, &f.test_images, &f.test_labels};
   int turn = 0;
@@ -92,7 +94,8 @@ void fill_region(RegionAttachment& region, const proto::JobSpec& job, const Data
     const size_t elems = static_cast<size_t>(E::numel_of(specs[t].shape));
     const size_t width = labels ? sizeof(int64_t) : sizeof(float);
     const int64_t rows = specs[t].shape[0];
-    if (file.dims()[0] < rows || file.body_bytes() / file.dims()[0] != elems / rows) {
+    if (rows <= 0 || file.dims()[0] < rows ||
+        file.body_bytes() / static_cast<size_t>(file.dims()[0]) != elems / rows) {
       throw std::runtime_error(*paths[t] + " changed while the dataset was loaded");
     }
     std::byte* dst = region.data() + offsets[t];
@@ -148,7 +151,7 @@ JobData view_region(const std::shared_ptr<RegionAttachment>& region) {
 std::string dataset_region_name(const proto::JobSpec& job) {
   const DatasetFiles f = dataset_files(job);
   const auto* ds = job.dataset();
-  std::string key = kLayout;
+  std::string key = std::string(kLayout) + " " + std::to_string(regions::kVersion);
   for (const std::string* path : {&f.train_images, &f.train_labels, &f.test_images,
                                   &f.test_labels}) {
     struct stat st {};
@@ -180,19 +183,23 @@ JobData load_job_data(const proto::JobSpec& job, AgentSession* session) {
     return d;
   }
   const std::string name = dataset_region_name(job);
+  auto alone = [&](const std::string& why) {
+    spdlog::warn("dataset region '{}': {}; decoding the files for this job alone", name, why);
+    JobData d = decode_private(job, files);
+    d.private_because = why;
+    return d;
+  };
   // Resident already (or being filled by another agent: this waits for it).
   try {
     auto region = std::make_shared<RegionAttachment>(session->attach_region(name, 0, false));
-    return view_region(region);
+    try {
+      return view_region(region);
+    } catch (const std::runtime_error& e) {
+      return alone(e.what());  // not a dataset this build can read
+    }
   } catch (const Error& e) {
     if (e.code() == ErrorCode::UnknownSender) throw;  // the session is gone: the job stops
-    if (e.code() != ErrorCode::NoSuchRegion) {
-      spdlog::warn("dataset region '{}': {}; decoding the files for this job alone", name,
-                   e.what());
-      JobData d = decode_private(job, files);
-      d.private_because = e.what();
-      return d;
-    }
+    if (e.code() != ErrorCode::NoSuchRegion) return alone(e.what());
   }
   // Not resident: create it; this job fills it unless another got there first.
   const auto specs = dataset_specs(job, files);
@@ -202,13 +209,15 @@ JobData load_job_data(const proto::JobSpec& job, AgentSession* session) {
         session->attach_region(name, regions::packed_size(specs), true));
   } catch (const Error& e) {
     if (e.code() == ErrorCode::UnknownSender) throw;  // the session is gone: the job stops
-    spdlog::info("dataset region '{}' not available ({}); decoding the files for this job alone",
-                 name, e.what());
-    JobData d = decode_private(job, files);
-    d.private_because = e.what();
-    return d;
+    return alone(e.what());
   }
-  if (!region->must_fill()) return view_region(region);
+  if (!region->must_fill()) {
+    try {
+      return view_region(region);
+    } catch (const std::runtime_error& e) {
+      return alone(e.what());
+    }
+  }
   fill_region(*region, job, files, specs);
   region->mark_ready();
   JobData d = view_region(region);

@@ -12,9 +12,10 @@
 #include "agent/engine/optim.h"
 #include "agent/job_data.h"
 #include "agent/model_builder.h"
-#include "agent/region_tensors.h"
+#include "agent/parameter_regions.h"
 #include "shared/job_spec.h"
 #include "shared/region_names.h"
+#include "shared/units.h"
 
 namespace leasehold {
 namespace {
@@ -48,64 +49,6 @@ double evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Device de
 // The random numbers of epoch `epoch` (dropout masks) come from the job's
 // seed and the epoch alone, so a run resumed at an epoch boundary draws the
 // same ones as an uninterrupted run.
-uint64_t unix_now_us() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
-
-// Copies the parameters published in `region` into `params` (same names,
-// shapes and dtypes, or nothing is copied). Throws std::runtime_error
-// naming the region.
-void init_parameters(AgentSession& session, const std::string& region,
-                     const E::nn::NamedTensors& params, const std::string& job) {
-  std::shared_ptr<RegionAttachment> attachment;
-  try {
-    attachment = std::make_shared<RegionAttachment>(session.attach_region(region, 0, false));
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::NoSuchRegion) throw;
-    throw std::runtime_error("init_from: " + std::string(e.what()) +
-                             " (a job publishes it with publish_parameters; regions do not "
-                             "survive a coordinator restart, and an unattached one may be "
-                             "evicted: the publisher's checkpoint is the durable copy)");
-  }
-  E::nn::NamedTensors stored = regions::read_tensors(attachment);
-  if (stored.size() != params.size()) {
-    throw std::runtime_error("init_from: region '" + region + "' holds " +
-                             std::to_string(stored.size()) + " tensors; the model has " +
-                             std::to_string(params.size()) + " parameters");
-  }
-  try {
-    E::checkpoint::restore(stored, params);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error("init_from: region '" + region + "' does not match the model: " +
-                             e.what());
-  }
-  spdlog::info("job '{}': parameters from region '{}' ({} tensors, digest {:016x})", job, region,
-               params.size(), regions::tensors_digest(params));
-}
-
-// Publishes `params` to `region`, replacing an unattached one of that name.
-void publish_parameters(AgentSession& session, const std::string& region,
-                        const E::nn::NamedTensors& params, const std::string& job) {
-  const uint64_t bytes = regions::packed_size(regions::specs_of(params));
-  try {
-    RegionAttachment attachment = session.attach_region(region, bytes, true, std::nullopt, true);
-    if (!attachment.must_fill()) {
-      throw Error(ErrorCode::RegionBusy, "another agent published it at the same time");
-    }
-    regions::write_tensors(attachment, params);
-    attachment.mark_ready();
-  } catch (const Error& e) {
-    throw std::runtime_error("publish_parameters: training finished, but region '" + region +
-                             "' could not be published: " + e.what() +
-                             " (the checkpoint holds the parameters)");
-  }
-  spdlog::info("job '{}': published parameters to region '{}' ({} tensors, {} bytes, digest "
-               "{:016x})",
-               job, region, params.size(), bytes, regions::tensors_digest(params));
-}
-
 uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
   uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(epoch + 1);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -219,7 +162,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       if (!t_first_step) {
         t_first_step = Clock::now();
         first_step_leases = allocator->stats().leases;
-        if (options.on_first_step) options.on_first_step(unix_now_us());
+        if (options.on_first_step) options.on_first_step(unix_time_us());
       }
       optimizer->zero_grad();
       E::Tensor loss = E::cross_entropy((*model)(x), y);

@@ -118,11 +118,13 @@ void RegionAttachment::mark_ready() {
 
 void RegionAttachment::detach() {
   if (!hold_.held()) throw Error(ErrorCode::NoSuchRegion, "region attachment is not held");
-  if (!hold_.lost()) {
-    detail::control_request(*hold_.core, detail::detach_body(name_),
-                            hold_.core->opts.request_timeout, nullptr);
+  // Given up whatever the answer: detaching twice could take another
+  // attachment of this agent to the same region.
+  detail::PoolHold hold = std::move(hold_);
+  if (!hold.lost()) {
+    detail::control_request(*hold.core, detail::detach_body(name_),
+                            hold.core->opts.request_timeout, nullptr);
   }
-  hold_.clear();
 }
 
 // ---- AgentSession ----

@@ -58,11 +58,12 @@ void warm_up(E::Device device) {
   {
     // Every layer type, both optimisers, and batches gathered on the device
     // (take_rows) and copied from the host (from_vector).
-    E::nn::Sequential cnn({make_shared<E::nn::Conv2d>(1, 4, 3, 1, 1), make_shared<E::nn::ReLU>(),
-                           make_shared<E::nn::MaxPool2d>(2), make_shared<E::nn::Flatten>(),
-                           make_shared<E::nn::Dropout>(0.5),
-                           make_shared<E::nn::Linear>(4 * 4 * 4, 3)});
-    cnn.to(device);
+    // Built on the device, as jobs build theirs (the initialisation kernel).
+    const E::TensorOptions on{E::DType::Float32, device};
+    E::nn::Sequential cnn({make_shared<E::nn::Conv2d>(1, 4, 3, 1, 1, true, on),
+                           make_shared<E::nn::ReLU>(), make_shared<E::nn::MaxPool2d>(2),
+                           make_shared<E::nn::Flatten>(), make_shared<E::nn::Dropout>(0.5),
+                           make_shared<E::nn::Linear>(4 * 4 * 4, 3, true, on)});
     E::optim::Adam adam(cnn.named_parameters(), {});
     E::optim::SGD sgd(cnn.named_parameters(), {.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-4});
     E::data::Dataset resident = dataset(16, {1, 8, 8}, device);
@@ -70,10 +71,10 @@ void warm_up(E::Device device) {
     train_and_evaluate(cnn, resident, adam, device);
     train_and_evaluate(cnn, host, sgd, device);
     // The example MLP's shapes (cuBLAS picks its kernels by shape).
-    E::nn::Sequential mlp({make_shared<E::nn::Flatten>(), make_shared<E::nn::Linear>(784, 256),
-                           make_shared<E::nn::ReLU>(), make_shared<E::nn::Linear>(256, 128),
-                           make_shared<E::nn::ReLU>(), make_shared<E::nn::Linear>(128, 10)});
-    mlp.to(device);
+    E::nn::Sequential mlp({make_shared<E::nn::Flatten>(),
+                           make_shared<E::nn::Linear>(784, 256, true, on),
+                           make_shared<E::nn::ReLU>(), make_shared<E::nn::Linear>(256, 128, true, on),
+                           make_shared<E::nn::ReLU>(), make_shared<E::nn::Linear>(128, 10, true, on)});
     E::optim::Adam mlp_adam(mlp.named_parameters(), {});
     train_and_evaluate(mlp, dataset(128, {1, 28, 28}, device), mlp_adam, device);
   }

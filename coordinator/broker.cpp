@@ -88,12 +88,6 @@ uint64_t largest_checkpoint_id(const std::string& state_dir) {
   return largest;
 }
 
-uint64_t unix_now_us() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
-
 CoreOptions core_options(const CoordinatorOptions& o) {
   CoreOptions c;
   // Random, so a session token of an earlier coordinator is never valid.
@@ -212,7 +206,7 @@ std::string Broker::summary() const {
 }
 
 Now Broker::now() const {
-  const uint64_t us = unix_now_us();
+  const uint64_t us = unix_time_us();
   return Now{Clock::now(), us / 1000, us};
 }
 

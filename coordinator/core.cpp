@@ -295,8 +295,9 @@ void CoordinatorCore::serve_waiting(Effects& out) {
       note_lease_wait(g.lease.owner, g.since, now_, out);
     }
     // Requests still waiting need memory: idle cache regions give it up
-    // first, least recently used first, before anyone is asked to shrink.
-    if (leases_.waiting() == 0) return;
+    // first, least recently used first, before anyone is asked to shrink
+    // (not for speculative growth, nor when even all of them would not do).
+    if (leases_.waiting() == 0 || !eviction_could_serve()) return;
     RegionRecord* idle = regions_.least_recently_used();
     if (!idle) return;
     evict_region(*idle, std::to_string(leases_.waiting()) + " lease request(s) wait for memory",

@@ -180,6 +180,9 @@ class CoordinatorCore {
                         Now now, Effects& out);
   void on_list_regions(const std::string& rid, uint64_t req, Effects& out);
   void on_drop_region(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  // Why a new region of `bytes` cannot be placed even after every idle
+  // region (and `also_free` more) went; empty when it might be.
+  std::string cache_refusal(uint64_t bytes, uint64_t also_free = 0) const;
   // Places the new region `rec` (memory from the high end, after evicting
   // idle regions if that makes room); an empty string on success, else why not.
   std::string place_region(RegionRecord& rec, uint64_t size, Now now);
@@ -197,6 +200,14 @@ class CoordinatorCore {
   // regions, to be discarded once the agent's leases are dealt with.
   std::vector<std::string> drop_region_users(const std::string& agent, Now now);
   void expire_region_waiters(Now now, Effects& out);
+  // Whether evicting idle regions could let a waiting lease request be
+  // granted: one that is not speculative growth, no larger than the free
+  // memory plus the idle regions.
+  bool eviction_could_serve() const;
+  // Evicts idle regions, least recently used first, for the part of `job`'s
+  // guaranteed share that admission counted on them (the job may pin one of
+  // them itself by attaching its dataset).
+  void evict_for_admission(const JobRecord& job, Now now);
 
   // Memory (core_shrinks.cpp).
   // Sends the Shrinks the policy asks for now.

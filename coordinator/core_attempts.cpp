@@ -118,6 +118,7 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       continue;
     }
     refused = Pick{};
+    evict_for_admission(*pick.job, now);
     assign(*pick.job, agent, now, out);
     std::erase(candidates, pick.job);
   }

@@ -68,6 +68,10 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
                       "region '" + name + "': a region to create needs a positive size");
   }
+  if (a->replace() && !a->create()) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "region '" + name + "': replace needs create (the new contents' size)");
+  }
   if (size > pool_.size) {
     return send_error(out, rid, req, ErrorCode::TooLarge,
                       "region '" + name + "' of " + format_bytes(size) +
@@ -111,6 +115,15 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
                                  ? "agent '" + rec->filler + "' is filling it"
                                  : "attached by " + agent_list(*rec)));
     }
+    // The old contents go only once the new ones surely have a place.
+    const uint64_t bytes = align_up(size, pool_.alignment);
+    if (std::string no = cache_refusal(bytes, rec->lease_bytes);
+        !no.empty() || bytes > leases_.allocator().free_bytes() + rec->lease_bytes +
+                                   regions_.evictable_bytes()) {
+      return send_error(out, rid, req, ErrorCode::NoSpace,
+                        "region '" + name + "' of " + format_bytes(size) +
+                            " cannot replace the one there: " + (no.empty() ? "no room" : no));
+    }
     spdlog::info("region '{}' ({}) replaced by agent '{}'", name, format_bytes(rec->size),
                  agent.name);
     free_region_memory(*rec);
@@ -139,12 +152,33 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
   grant_region(r, agent.name, to, true, now, out);
 }
 
-std::string CoordinatorCore::place_region(RegionRecord& rec, uint64_t size, Now now) {
+std::string CoordinatorCore::cache_refusal(uint64_t bytes, uint64_t also_free) const {
   // A cache never jumps ahead of leases that wait for memory.
   if (size_t waiting = leases_.waiting(); waiting > 0) {
     return std::to_string(waiting) + " lease request(s) wait for memory";
   }
+  if (bytes > pool_.size) return "it is larger than the pool (" + format_bytes(pool_.size) + ")";
+  // Even with every idle region gone (and `also_free` given back):
+  const uint64_t idle = regions_.evictable_bytes() + also_free;
+  PoolView best = pool_view();
+  best.used -= std::min(best.used, idle);
+  if (!policy_->may_cache(bytes, best)) {
+    return "occupancy with the running jobs' reservations would reach " +
+           std::to_string(static_cast<int>(best.occupancy_future(bytes) * 100)) +
+           "%, more than a cache may take (" + policy_->name() + " policy, low watermark " +
+           std::to_string(static_cast<int>(policy_->low_watermark() * 100)) + "%)";
+  }
+  const auto& alloc = leases_.allocator();
+  if (bytes > alloc.free_bytes() + idle) {
+    return "free " + format_bytes(alloc.free_bytes()) + ", idle regions " + format_bytes(idle);
+  }
+  return "";
+}
+
+std::string CoordinatorCore::place_region(RegionRecord& rec, uint64_t size, Now now) {
   const uint64_t bytes = align_up(size, pool_.alignment);
+  // Nothing is evicted for a region that could not be placed anyway.
+  if (std::string no = cache_refusal(bytes); !no.empty()) return no;
   while (true) {
     const PoolView view = pool_view();
     const bool allowed = policy_->may_cache(bytes, view);
@@ -278,6 +312,30 @@ void CoordinatorCore::expire_region_waiters(Now now, Effects& out) {
                    (rec && !rec->filler.empty() ? " (agent '" + rec->filler + "' fills it)" : ""));
   }
   regions_.forget_evicted(kEvictedKept);
+}
+
+bool CoordinatorCore::eviction_could_serve() const {
+  const PoolView view = pool_view();
+  const uint64_t room = leases_.allocator().free_bytes() + view.evictable;
+  for (const auto& w : view.waiting) {
+    if ((!view.opportunistic(w) || w.needed) && w.size <= room) return true;
+  }
+  return false;
+}
+
+void CoordinatorCore::evict_for_admission(const JobRecord& job, Now now) {
+  const PoolView view = pool_view();
+  const uint64_t committed = view.used + view.reserved();
+  const uint64_t free = view.pool_size > committed ? view.pool_size - committed : 0;
+  const uint64_t have = free + view.reclaimable(job.priority);
+  uint64_t shortfall = job.guaranteed_bytes > have ? job.guaranteed_bytes - have : 0;
+  while (shortfall > 0) {
+    RegionRecord* idle = regions_.least_recently_used();
+    if (!idle) return;
+    shortfall -= std::min(shortfall, idle->lease_bytes);
+    evict_region(*idle, "job " + std::to_string(job.id) + " was admitted counting on its memory",
+                 now);
+  }
 }
 
 void CoordinatorCore::on_region_ready(const std::string& rid, AgentRecord& agent,

@@ -16,10 +16,11 @@
 //   first, then the most over their share), never below it.
 // - A queued job starts when its guaranteed share fits: free memory (not
 //   reserved for running jobs) plus what jobs of its priority or lower hold
-//   past their shares, plus idle shared cache regions (evicted for it).
+//   past their shares, plus idle shared cache regions (evicted for it). Jobs
+//   start in queue order (priority, then submission): a large job is never
+//   starved by small ones behind it.
 // - A shared cache region is placed like speculative growth: only while
-//   occupancy_future stays at or below the low watermark. Jobs start in queue order (priority, then
-//   submission): a large job is never starved by small ones behind it.
+//   occupancy_future stays at or below the low watermark.
 #pragma once
 
 #include "coordinator/scheduler.h"

@@ -142,4 +142,10 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
+uint64_t unix_time_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
 }  // namespace leasehold

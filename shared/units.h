@@ -39,6 +39,10 @@ std::chrono::milliseconds parse_duration(std::string_view text);
 // "1.50 GiB", "512 B": for humans; JSON output carries plain byte counts.
 std::string format_bytes(uint64_t bytes);
 
+// The system clock now, in Unix microseconds (time stamps shared between
+// processes of one host).
+uint64_t unix_time_us();
+
 // Rounds `value` up to a multiple of `alignment` (a power of two). Returns 0
 // when the result would overflow.
 constexpr uint64_t align_up(uint64_t value, uint64_t alignment) {

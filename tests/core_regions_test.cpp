@@ -263,16 +263,50 @@ TEST_F(RegionsUnderOccupancy, AnIdleRegionCountsForAdmissionAndGivesWayToTheJobs
   FakeAgent a = d.register_agent("a", 101);
   fill(a, "cache", 40 * MiB);
   d.detach(a, "cache");
-  // 24 MiB free: a job guaranteed 32 MiB starts, counting the idle region.
+  // 24 MiB free: a job guaranteed 32 MiB starts, counting the idle region,
+  // which goes at once (the job could otherwise pin it by attaching it).
   uint64_t id = 0;
   Effects s = d.submit(id, [](proto::JobSpecT& j) { j.memory_budget = "32MiB"; });
   ASSERT_EQ(assigned(s, a).size(), 1u) << d.job(id).waiting_for;
+  EXPECT_EQ(find("cache")->state, proto::RegionState::Evicted);
   d.heartbeat(a, {{id, 1, proto::JobPhase::Running}});
-  // Its leases come: the first fit; the one past the free memory evicts it.
   EXPECT_NE(granted_lease(d.lease(a, 16 * MiB, 5000), a), 0u);
   Effects e = d.lease(a, 16 * MiB, 5000);
   EXPECT_NE(granted_lease(e, a), 0u) << errors(e);
-  EXPECT_EQ(find("cache")->state, proto::RegionState::Evicted);
+}
+
+TEST_F(RegionsUnderOccupancy, NothingIsEvictedForWhatCouldNotBePlacedAnyway) {
+  FakeAgent a = d.register_agent("a", 101);
+  FakeAgent w = d.register_agent("w", 102, {}, nullptr, false);
+  fill(a, "one", 16 * MiB);
+  d.detach(a, "one");
+  fill(a, "pinned", 16 * MiB);
+  // A region over the low watermark even with "one" gone: refused, "one" stays.
+  Effects big = d.attach(a, "big", 40 * MiB, true);
+  EXPECT_EQ(error_code(big, a.rid), ErrorCode::NoSpace) << errors(big);
+  EXPECT_EQ(find("one")->state, proto::RegionState::Ready);
+  // A lease that cannot fit even with every idle region gone waits without
+  // evicting anything.
+  Effects e = d.lease(w, 60 * MiB, 5000);
+  EXPECT_EQ(granted_lease(e, w), 0u);
+  EXPECT_EQ(find("one")->state, proto::RegionState::Ready);
+}
+
+TEST_F(Regions, ReplacingKeepsTheOldContentsUnlessTheNewHaveAPlace) {
+  FakeAgent a = d.register_agent("a", 101);
+  FakeAgent w = d.register_agent("w", 102, {}, nullptr, false);
+  fill(a, "params/p", 8 * MiB);
+  d.detach(a, "params/p");
+  EXPECT_EQ(error_code(d.attach(a, "params/p", 8 * MiB, false, -1, true), a.rid),
+            ErrorCode::InvalidArgument);
+  // While a lease waits for memory (more than evicting could give) no cache
+  // is placed: the old contents stay.
+  fill(a, "held", 40 * MiB);
+  EXPECT_EQ(granted_lease(d.lease(w, 30 * MiB, 5000), w), 0u);
+  Effects refused = d.attach(a, "params/p", 12 * MiB, true, -1, true);
+  EXPECT_EQ(error_code(refused, a.rid), ErrorCode::NoSpace) << errors(refused);
+  EXPECT_EQ(find("params/p")->state, proto::RegionState::Ready);
+  EXPECT_EQ(find("params/p")->size, 8 * MiB);
 }
 
 TEST_F(RegionsUnderOccupancy, ANewRegionStaysBelowTheLowWatermarkEvictingIdleOnesFirst) {

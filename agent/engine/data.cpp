@@ -81,15 +81,22 @@ bool BatchIterator::next(Tensor& images, Tensor& labels, Device device) {
   if (order_.size() != static_cast<size_t>(data_.size())) start_epoch(0);
   int64_t n = std::min<int64_t>(batch_, data_.size() - pos_);
   if (n <= 0) return false;
-  if (data_.images.device() == device && data_.labels.device() == device) {
+  const Device home = data_.images.device();
+  if (home != Device::cpu() || home == device) {
+    // Resident where the batches go (or on another device: gathered there,
+    // then moved).
     if (!shuffle_) {
       images = data_.images.narrow(0, pos_, n);
       labels = data_.labels.narrow(0, pos_, n);
     } else {
-      if (!device_order_.defined()) device_order_ = from_vector(order_, {data_.size()}, device);
+      if (!device_order_.defined()) device_order_ = from_vector(order_, {data_.size()}, home);
       Tensor index = device_order_.narrow(0, pos_, n);
       images = take_rows(data_.images, index);
       labels = take_rows(data_.labels, index);
+    }
+    if (home != device) {
+      images = images.to(device);
+      labels = labels.to(device);
     }
     pos_ += n;
     return true;

@@ -44,8 +44,9 @@ struct PixelTable {
 // already is on the batches' device (resident in a shared cache region) a
 // batch is gathered there (take_rows; the epoch's order goes to the device
 // once per epoch) or, unshuffled, is a view of it: no host work and no copy
-// per batch. Otherwise it is gathered on the host and copied over. Both
-// give the same batches.
+// per batch. A dataset in host memory is gathered on the host and copied
+// over (one on another device is gathered there and moved). All give the
+// same batches. REQUIRES: images and labels on one device.
 class BatchIterator {
  public:
   BatchIterator(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);

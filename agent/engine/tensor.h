@@ -121,9 +121,10 @@ Tensor from_vector(const std::vector<T>& values, const Shape& sizes, Device devi
 // owner) is held as long as the tensor or any view of it lives.
 Tensor from_blob(void* data, const Shape& sizes, TensorOptions options,
                  std::shared_ptr<void> keepalive);
-// Uniform [low, high) and normal(mean, std) draws from the engine's
-// generator. rand is counter-based (one seed from the generator per tensor)
-// and filled on the tensor's device: the same values on CPU and GPU.
+// Uniform [low, high) (high itself only by rounding) and normal(mean, std)
+// draws from the engine's generator. rand is counter-based (one seed from
+// the generator per tensor) and filled on the tensor's device: the same
+// values on CPU and GPU.
 Tensor rand(const Shape& sizes, TensorOptions options = {}, double low = 0, double high = 1);
 Tensor randn(const Shape& sizes, TensorOptions options = {}, double mean = 0, double std = 1);
 Tensor arange(int64_t n, TensorOptions options = {});

@@ -41,6 +41,7 @@
 #include "shared/endpoint.h"
 #include "shared/job_spec.h"
 #include "shared/protocol.h"
+#include "shared/units.h"
 #include "tests/support/cluster.h"
 
 namespace lh = leasehold;
@@ -56,12 +57,6 @@ struct Options {
   std::string pool_size = "8GiB";
   std::vector<std::string> modes{"resident", "absent", "private", "cold"};
 };
-
-uint64_t unix_us() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -196,7 +191,7 @@ class Bench {
   Timing submit_and_wait(lh::Connection& conn, zmq::socket_t& events, const std::string& name,
                          const std::function<void()>& after_submit = {}) {
     spec_->name = name;
-    const uint64_t t0 = unix_us();
+    const uint64_t t0 = lh::unix_time_us();
     lh::Reply r = conn.request(
         [&](flatbuffers::FlatBufferBuilder& fbb) {
           return std::pair{lh::proto::Body::SubmitJob,
@@ -214,7 +209,7 @@ class Bench {
       zmq::poll(&item, 1, std::chrono::milliseconds(100));
       if (!(item.revents & ZMQ_POLLIN)) continue;
       if (!events.recv(topic) || !topic.more() || !events.recv(body)) continue;
-      const uint64_t t_event = unix_us();
+      const uint64_t t_event = lh::unix_time_us();
       lh::AlignedBytes bytes(body);
       auto decoded = lh::decode(bytes.bytes());
       auto* env = std::get_if<const lh::proto::Envelope*>(&decoded);
