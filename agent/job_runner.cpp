@@ -140,6 +140,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     }
   };
 
+  // On a GPU a bad label is counted on the device and read when progress is
+  // reported and at the end of each epoch, not every step (each read waits
+  // for the device). On the CPU it is caught at once.
+  std::optional<E::DeferredLabelCheck> label_check;
+  if (options.device.is_cuda()) label_check.emplace(options.device);
   JobProgress last_progress;  // the last one reported
   int64_t global = first_epoch * per_epoch, samples = 0;
   double train_seconds = 0;
@@ -180,6 +185,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       bool epoch_end = step == per_epoch || global == total_steps;
       auto now = Clock::now();
       if (options.on_progress && (now - last_report >= options.progress_interval || epoch_end)) {
+        if (label_check) label_check->check();
         double sum = loss_acc.item();
         double acc = sum - reported_sum;
         reported_sum = sum;
@@ -205,6 +211,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         last_report = now;
       }
     }
+    if (label_check) label_check->check();
     epoch_loss = step ? loss_acc.item() / step : 0;
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     train_seconds += epoch_seconds;

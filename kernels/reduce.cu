@@ -1,4 +1,5 @@
 #include <cfloat>
+#include <stdexcept>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
@@ -10,7 +11,7 @@ namespace {
 constexpr int kRowBlock = 256;
 // Rows are split over several blocks when there are too few rows to fill the
 // GPU; each block handles at least this many elements of its row.
-constexpr int64_t kChunk = 16384;
+constexpr int64_t kChunk = kSumChunk;
 
 unsigned row_grid(int64_t outer) {
   return static_cast<unsigned>(std::clamp<int64_t>(outer, 1, 65535));
@@ -130,7 +131,7 @@ __global__ void softmax_backward_kernel(T* gin, const T* g, const T* y, int64_t 
 
 template <class T>
 __global__ void cross_entropy_kernel(T* loss, T* lse_out, const T* logits, const int64_t* labels,
-                                     int64_t outer, int64_t inner, int* bad) {
+                                     int64_t outer, int64_t inner, int64_t* bad) {
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* x = logits + r * inner;
     T m = -INFINITY;
@@ -144,7 +145,8 @@ __global__ void cross_entropy_kernel(T* loss, T* lse_out, const T* logits, const
       lse_out[r] = lse;
       int64_t y = labels[r];
       if (y < 0 || y >= inner) {
-        atomicAdd(bad, 1);
+        atomicAdd(reinterpret_cast<unsigned long long*>(bad), 1ull);
+        atomicExch(reinterpret_cast<unsigned long long*>(bad + 1), static_cast<unsigned long long>(y));
         loss[r] = T(NAN);
       } else {
         loss[r] = lse - x[y];
@@ -169,7 +171,8 @@ __global__ void cross_entropy_backward_kernel(T* gin, const T* logits, const T* 
 }  // namespace
 
 template <class T>
-void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, cudaStream_t stream) {
+void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
+              cudaStream_t stream) {
   if (outer == 0) return;
   int64_t parts = std::max<int64_t>(1, (inner + kChunk - 1) / kChunk);
   if (parts == 1) {
@@ -177,20 +180,15 @@ void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, cudaStream_t st
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  // Two passes: chunk sums, then the sum of each row's chunk sums. Same
-  // order every run, so results are deterministic (no atomics).
-  T* partial = nullptr;
-  LEASEHOLD_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial),
-                                       sizeof(T) * outer * parts, stream));
-  sum_chunks_kernel<T><<<row_grid(outer * parts), kRowBlock, 0, stream>>>(partial, in, outer,
+  // Two passes: chunk sums into the caller's scratch, then the sum of each
+  // row's chunk sums. Same order every run, so results are deterministic
+  // (no atomics).
+  if (!scratch) throw std::invalid_argument("sum_rows: rows this long need scratch memory");
+  sum_chunks_kernel<T><<<row_grid(outer * parts), kRowBlock, 0, stream>>>(scratch, in, outer,
                                                                           inner, parts);
-  cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) {
-    sum_chunks_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(out, partial, outer, parts, 1);
-    err = cudaGetLastError();
-  }
-  LEASEHOLD_CUDA_CHECK(cudaFreeAsync(partial, stream));
-  LEASEHOLD_CUDA_CHECK(err);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  sum_chunks_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(out, scratch, outer, parts, 1);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
@@ -229,7 +227,7 @@ void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_
 
 template <class T>
 void cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels, int64_t outer,
-                        int64_t inner, int* bad, cudaStream_t stream) {
+                        int64_t inner, int64_t* bad, cudaStream_t stream) {
   if (outer == 0) return;
   cross_entropy_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(loss, lse, logits, labels,
                                                                      outer, inner, bad);
@@ -246,19 +244,21 @@ void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const in
 }
 
 #define LEASEHOLD_INSTANTIATE(T)                                                              \
-  template void sum_rows<T>(T*, const T*, int64_t, int64_t, cudaStream_t);                    \
+  template void sum_rows<T>(T*, const T*, int64_t, int64_t, T*, cudaStream_t);                \
   template void max_rows<T>(T*, int64_t*, const T*, int64_t, int64_t, cudaStream_t);          \
   template void scatter_rows<T>(T*, const int64_t*, const T*, int64_t, int64_t, cudaStream_t); \
   template void softmax_rows<T>(T*, const T*, int64_t, int64_t, bool, cudaStream_t);          \
   template void softmax_backward_rows<T>(T*, const T*, const T*, int64_t, int64_t, bool,      \
                                          cudaStream_t);                                       \
-  template void cross_entropy_rows<T>(T*, T*, const T*, const int64_t*, int64_t, int64_t, int*, \
+  template void cross_entropy_rows<T>(T*, T*, const T*, const int64_t*, int64_t, int64_t,     \
+                                      int64_t*,                                               \
                                       cudaStream_t);                                          \
   template void cross_entropy_backward_rows<T>(T*, const T*, const T*, const int64_t*, T,      \
                                                int64_t, int64_t, cudaStream_t);
 LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 #undef LEASEHOLD_INSTANTIATE
-template void sum_rows<int64_t>(int64_t*, const int64_t*, int64_t, int64_t, cudaStream_t);
+template void sum_rows<int64_t>(int64_t*, const int64_t*, int64_t, int64_t, int64_t*,
+                                cudaStream_t);
 
 }  // namespace leasehold::kernels::cuda

@@ -30,10 +30,11 @@ template <class T>
 void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_t inner,
                            bool log);
 // loss[r] = logsumexp(row r) - logits[r, labels[r]], lse[r] = logsumexp(row r).
-// Returns how many labels lie outside [0, inner) (their loss is NaN).
+// Returns how many labels lie outside [0, inner) (their loss is NaN), and
+// one of them in *bad_label when there are any.
 template <class T>
 int64_t cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels,
-                           int64_t outer, int64_t inner);
+                           int64_t outer, int64_t inner, int64_t* bad_label);
 // gin[r, c] = (exp(logits[r, c] - lse[r]) - (c == labels[r])) * scale.
 template <class T>
 void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
@@ -41,11 +42,20 @@ void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const in
 }  // namespace cpu
 
 #ifdef LEASEHOLD_HAVE_CUDA
-// The same functions enqueued on `stream`; cross_entropy_rows adds the count
-// of bad labels to the device integer *bad.
+// The same functions enqueued on `stream`. cross_entropy_rows adds the
+// count of bad labels to bad[0] and stores one of them in bad[1] (two
+// device int64s). sum_rows needs sum_rows_scratch(outer, inner) elements of
+// device scratch (the caller's memory: a job's comes from its leases).
 namespace cuda {
+// Elements of one sum_rows pass over a row; longer rows are summed in two.
+inline constexpr int64_t kSumChunk = 16384;
+inline int64_t sum_rows_scratch(int64_t outer, int64_t inner) {
+  const int64_t parts = (inner + kSumChunk - 1) / kSumChunk;
+  return parts > 1 ? outer * parts : 0;
+}
 template <class T>
-void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, cudaStream_t stream);
+void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
+              cudaStream_t stream);
 template <class T>
 void max_rows(T* values, int64_t* indices, const T* in, int64_t outer, int64_t inner,
               cudaStream_t stream);
@@ -60,7 +70,7 @@ void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_
                            bool log, cudaStream_t stream);
 template <class T>
 void cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels, int64_t outer,
-                        int64_t inner, int* bad, cudaStream_t stream);
+                        int64_t inner, int64_t* bad, cudaStream_t stream);
 template <class T>
 void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
                                  T scale, int64_t outer, int64_t inner, cudaStream_t stream);

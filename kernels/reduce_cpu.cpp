@@ -72,7 +72,7 @@ void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_
 
 template <class T>
 int64_t cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels,
-                           int64_t outer, int64_t inner) {
+                           int64_t outer, int64_t inner, int64_t* bad_label) {
   int64_t bad = 0;
   for (int64_t r = 0; r < outer; ++r) {
     const T* x = logits + r * inner;
@@ -83,7 +83,7 @@ int64_t cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labe
     lse[r] = m + ::log(s);
     int64_t y = labels[r];
     if (y < 0 || y >= inner) {
-      ++bad;
+      if (bad++ == 0 && bad_label) *bad_label = y;
       loss[r] = std::numeric_limits<T>::quiet_NaN();
     } else {
       loss[r] = lse[r] - x[y];
@@ -109,7 +109,8 @@ void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const in
   template void scatter_rows<T>(T*, const int64_t*, const T*, int64_t, int64_t);            \
   template void softmax_rows<T>(T*, const T*, int64_t, int64_t, bool);                      \
   template void softmax_backward_rows<T>(T*, const T*, const T*, int64_t, int64_t, bool);   \
-  template int64_t cross_entropy_rows<T>(T*, T*, const T*, const int64_t*, int64_t, int64_t); \
+  template int64_t cross_entropy_rows<T>(T*, T*, const T*, const int64_t*, int64_t, int64_t,   \
+                                         int64_t*);                                           \
   template void cross_entropy_backward_rows<T>(T*, const T*, const T*, const int64_t*, T,    \
                                                int64_t, int64_t);
 LEASEHOLD_INSTANTIATE(float)

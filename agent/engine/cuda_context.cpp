@@ -11,7 +11,11 @@
 namespace leasehold::engine {
 namespace {
 std::atomic<bool> g_tf32{false};
-}
+std::atomic<uint64_t> g_host_waits{0};
+}  // namespace
+
+uint64_t host_waits() { return g_host_waits.load(std::memory_order_relaxed); }
+void note_host_wait() { g_host_waits.fetch_add(1, std::memory_order_relaxed); }
 
 void set_allow_tf32(bool allow) { g_tf32.store(allow); }
 
@@ -19,6 +23,7 @@ void fence_device(Device device) {
   if (!device.is_cuda()) return;
 #ifdef LEASEHOLD_HAVE_CUDA
   LEASEHOLD_CUDA_CHECK(cudaSetDevice(device.index));
+  note_host_wait();
   LEASEHOLD_CUDA_CHECK(cudaDeviceSynchronize());
 #else
   throw std::logic_error("fence_device: a CUDA device in a build without CUDA");
@@ -79,6 +84,7 @@ cublasHandle_t cublas_handle(int device) {
 }
 
 void synchronize(int device) {
+  note_host_wait();
   LEASEHOLD_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device)));
 }
 #endif

@@ -19,6 +19,14 @@ namespace leasehold::engine {
 // CudaError (a kernel fault is reported here, late).
 void fence_device(Device device);
 
+// How many times this process's engine made the host wait for a device: a
+// copy to or from host memory, a stream synchronize, a fence. A training
+// step in its steady state should make none (each wait costs a time slice
+// when several processes share the GPU); tests count them here.
+uint64_t host_waits();
+// Counts one (the engine's own wait points call it).
+void note_host_wait();
+
 // TF32 tensor-core math for float32 matmul and conv. Off by default (full
 // FP32, as PyTorch's default for matmul). Process-wide.
 void set_allow_tf32(bool allow);

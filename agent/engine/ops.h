@@ -55,6 +55,32 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 
 // Losses (mean over the batch).
 // logits [N, C], labels int64 [N] in [0, C); fused and numerically stable.
+// A label outside [0, C) throws std::invalid_argument naming the count and
+// one such label; on CUDA that means reading a count back from the device
+// every call (waiting for it) unless a DeferredLabelCheck is active.
+class DeferredLabelCheck {
+ public:
+  // Until destroyed, cross_entropy on `device` on this thread counts bad
+  // labels on the device instead of reading them back at once. The counter
+  // comes from the current allocator.
+  explicit DeferredLabelCheck(Device device);
+  ~DeferredLabelCheck();
+  DeferredLabelCheck(const DeferredLabelCheck&) = delete;
+  DeferredLabelCheck& operator=(const DeferredLabelCheck&) = delete;
+  // Reads the count (waiting for the device) and throws cross_entropy's
+  // error if any label was bad since the scope began.
+  void check();
+  // The active check for `device` on this thread, if any.
+  static DeferredLabelCheck* current(Device device);
+  // Where the kernel counts (two device int64s), for rows of `classes`.
+  int64_t* slots(int64_t classes);
+
+ private:
+  Device device_;
+  Tensor slots_;
+  int64_t classes_ = 0;
+  DeferredLabelCheck* previous_;
+};
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 Tensor mse_loss(const Tensor& input, const Tensor& target);
 Tensor l1_loss(const Tensor& input, const Tensor& target);

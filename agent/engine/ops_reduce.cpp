@@ -73,9 +73,18 @@ Tensor sum_raw(const Tensor& x, const Shape& dims, bool keepdim) {
   detail::dispatch_all(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (x.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("sum", kernels::cuda::sum_rows<T>(out.data<T>(), r.data.data<T>(),
-                                                          r.outer, r.inner,
-                                                          detail::stream_of(x)));
+#ifdef LEASEHOLD_HAVE_CUDA
+      // Scratch for long rows from the current allocator (a job's leases).
+      Tensor scratch;
+      if (int64_t n = kernels::cuda::sum_rows_scratch(r.outer, r.inner)) {
+        scratch = empty({n}, x.options());
+      }
+      kernels::cuda::sum_rows<T>(out.data<T>(), r.data.data<T>(), r.outer, r.inner,
+                                 scratch.defined() ? scratch.data<T>() : nullptr,
+                                 detail::stream_of(x));
+#else
+      detail::no_cuda("sum");
+#endif
     } else {
       kernels::cpu::sum_rows<T>(out.data<T>(), r.data.data<T>(), r.outer, r.inner);
     }
@@ -294,6 +303,39 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
 
+namespace {
+
+[[noreturn]] void throw_bad_labels(int64_t count, int64_t label, int64_t classes) {
+  throw std::invalid_argument("cross_entropy: " + std::to_string(count) +
+                              " label(s) outside [0, " + std::to_string(classes) +
+                              "), for example " + std::to_string(label));
+}
+
+thread_local DeferredLabelCheck* t_label_check = nullptr;
+
+}  // namespace
+
+DeferredLabelCheck::DeferredLabelCheck(Device device)
+    : device_(device), slots_(zeros({2}, {DType::Int64, device})), previous_(t_label_check) {
+  t_label_check = this;
+}
+
+DeferredLabelCheck::~DeferredLabelCheck() { t_label_check = previous_; }
+
+DeferredLabelCheck* DeferredLabelCheck::current(Device device) {
+  return t_label_check && t_label_check->device_ == device ? t_label_check : nullptr;
+}
+
+int64_t* DeferredLabelCheck::slots(int64_t classes) {
+  classes_ = classes;
+  return slots_.data<int64_t>();
+}
+
+void DeferredLabelCheck::check() {
+  auto v = slots_.to_vector<int64_t>();
+  if (v[0]) throw_bad_labels(v[0], v[1], classes_);
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   detail::check_defined(logits, "cross_entropy", "logits");
   detail::check_defined(labels, "cross_entropy", "labels");
@@ -318,33 +360,34 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
     y = labels.contiguous();
   }
   Tensor loss_rows = empty({n}, x.options()), lse = empty({n}, x.options());
-  int64_t bad = 0;
+  int64_t bad = 0, bad_label = 0;
+  DeferredLabelCheck* deferred = DeferredLabelCheck::current(x.device());
   detail::dispatch_floating(x.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     if (x.device().is_cuda()) {
 #ifdef LEASEHOLD_HAVE_CUDA
       cudaStream_t s = detail::stream_of(x);
-      Tensor bad_count = zeros({1}, {DType::Int64, x.device()});
-      // The kernel counts into an int: view the int64 zero as two ints.
-      int* counter = reinterpret_cast<int*>(bad_count.data<int64_t>());
+      if (deferred) {
+        // Counted on the device; read when the check is (no wait here).
+        kernels::cuda::cross_entropy_rows<T>(loss_rows.data<T>(), lse.data<T>(), x.data<T>(),
+                                             y.data<int64_t>(), n, c, deferred->slots(c), s);
+        return;
+      }
+      Tensor slots = zeros({2}, {DType::Int64, x.device()});
       kernels::cuda::cross_entropy_rows<T>(loss_rows.data<T>(), lse.data<T>(), x.data<T>(),
-                                           y.data<int64_t>(), n, c, counter, s);
-      int host = 0;
-      LEASEHOLD_CUDA_CHECK(cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, s));
-      LEASEHOLD_CUDA_CHECK(cudaStreamSynchronize(s));
-      bad = host;
+                                           y.data<int64_t>(), n, c, slots.data<int64_t>(), s);
+      auto v = slots.to_vector<int64_t>();  // waits for the device
+      bad = v[0];
+      bad_label = v[1];
 #else
       detail::no_cuda("cross_entropy");
 #endif
     } else {
       bad = kernels::cpu::cross_entropy_rows<T>(loss_rows.data<T>(), lse.data<T>(), x.data<T>(),
-                                                y.data<int64_t>(), n, c);
+                                                y.data<int64_t>(), n, c, &bad_label);
     }
   });
-  if (bad) {
-    throw std::invalid_argument("cross_entropy: " + std::to_string(bad) +
-                                " label(s) outside [0, " + std::to_string(c) + ")");
-  }
+  if (bad) throw_bad_labels(bad, bad_label, c);
   Tensor out;
   {
     NoGradGuard no_grad;

@@ -160,7 +160,10 @@ static void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_de
   cudaStream_t s = compute_stream(stream_dev.index);
   LEASEHOLD_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s));
   // Host memory may be reused as soon as we return.
-  if (!dst_dev.is_cuda() || !src_dev.is_cuda()) LEASEHOLD_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (!dst_dev.is_cuda() || !src_dev.is_cuda()) {
+    note_host_wait();
+    LEASEHOLD_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
 #else
   (void)stream_dev;
   detail::no_cuda("copy");

@@ -3,10 +3,13 @@
 // views. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "agent/engine/autograd.h"
+#include "agent/engine/cuda_context.h"
 #include "agent/engine/data.h"
+#include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "shared/device.h"
@@ -176,6 +179,59 @@ TEST_F(CudaOps, OptimiserStepsMatch) {
       og->step();
     }
     EXPECT_LE(max_rel_diff(pg, pc), 1e-5) << (which ? "Adam" : "SGD");
+  }
+}
+
+// A training step in its steady state makes the host wait for the device
+// zero times: batches gathered on the device from a resident dataset, bad
+// labels counted on the device (DeferredLabelCheck), the loss summed there.
+// A bad label is still caught when the check is read, naming it.
+TEST_F(CudaOps, ASteadyStateTrainingStepNeverWaitsForTheDevice) {
+  manual_seed(3);
+  const Device dev = Device::cuda();
+  const TensorOptions on{DType::Float32, dev};
+  std::vector<int64_t> labels(512);
+  for (int i = 0; i < 512; ++i) labels[i] = i % 10;
+  data::Dataset d{randn({512, 1, 28, 28}).to(dev), from_vector(labels, {512}, dev)};
+  nn::Sequential model({std::make_shared<nn::Conv2d>(1, 4, 5, 1, 0, true, on),
+                        std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+                        std::make_shared<nn::Flatten>(), std::make_shared<nn::Dropout>(0.2),
+                        std::make_shared<nn::Linear>(4 * 12 * 12, 10, true, on)});
+  optim::Adam opt(model.named_parameters(), {});
+  DeferredLabelCheck check(dev);
+  data::BatchIterator it(d, 64, true, 1);
+  it.start_epoch(0);
+  Tensor loss_acc = zeros({}, on);
+  auto step = [&] {
+    Tensor x, y;
+    ASSERT_TRUE(it.next(x, y, dev));
+    opt.zero_grad();
+    Tensor loss = cross_entropy(model(x), y);
+    loss.backward();
+    opt.step();
+    NoGradGuard no_grad;
+    loss_acc = add(loss_acc, loss.detach());
+  };
+  step();  // the epoch's order goes to the device, Adam makes its state
+  step();
+  const uint64_t before = host_waits();
+  for (int i = 0; i < 4; ++i) step();
+  EXPECT_EQ(host_waits() - before, 0u) << "a steady-state step waited for the device";
+  EXPECT_NO_THROW(check.check());
+  EXPECT_TRUE(std::isfinite(loss_acc.item()));
+
+  labels[7] = 12;
+  data::Dataset bad{d.images, from_vector(labels, {512}, dev)};
+  data::BatchIterator all(bad, 512, false, 0);
+  Tensor x, y;
+  ASSERT_TRUE(all.next(x, y, dev));
+  cross_entropy(model(x), y);  // no error yet: it is counted on the device
+  try {
+    check.check();
+    ADD_FAILURE() << "a bad label went unnoticed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("outside [0, 10), for example 12"), std::string::npos)
+        << e.what();
   }
 }
 
