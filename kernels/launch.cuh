@@ -18,4 +18,15 @@ inline unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 65535));
 }
 
+// 16 bytes of T, loaded and stored as one word: the contiguous fast paths
+// move these (each thread keeps more bytes in flight for the same number of
+// instructions).
+template <class T>
+struct alignas(16) Word {
+  static constexpr int kLanes = 16 / sizeof(T);
+  T v[kLanes];
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace leasehold::kernels

@@ -12,6 +12,8 @@ constexpr int kRowBlock = 256;
 // Rows are split over several blocks when there are too few rows to fill the
 // GPU; each block handles at least this many elements of its row.
 constexpr int64_t kChunk = kSumChunk;
+// Rows up to this long are summed by one warp each rather than one block.
+constexpr int64_t kShortRow = 2048;
 
 unsigned row_grid(int64_t outer) {
   return static_cast<unsigned>(std::clamp<int64_t>(outer, 1, 65535));
@@ -38,6 +40,76 @@ __global__ void sum_chunks_kernel(T* partial, const T* in, int64_t outer, int64_
     for (; i < end; i += step) a0 += row[i];
     T acc = block_sum((a0 + a1) + (a2 + a3));
     if (threadIdx.x == 0) partial[job] = acc;
+  }
+}
+
+// The same over 16-byte words, for rows of whole words (inner a multiple
+// of the lanes, `in` 16-byte aligned).
+template <class T>
+__global__ void sum_chunks_words_kernel(T* partial, const T* in, int64_t outer, int64_t inner,
+                                        int64_t parts) {
+  constexpr int kLanes = Word<T>::kLanes;
+  const int64_t row_words = inner / kLanes, chunk_words = kChunk / kLanes;
+  for (int64_t job = blockIdx.x; job < outer * parts; job += gridDim.x) {
+    int64_t r = job / parts, p = job % parts;
+    int64_t begin = p * chunk_words, end = min(row_words, begin + chunk_words);
+    const Word<T>* row = reinterpret_cast<const Word<T>*>(in + r * inner);
+    T a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    const int64_t step = blockDim.x;
+    int64_t i = begin + threadIdx.x;
+    for (; i + 3 * step < end; i += 4 * step) {
+      Word<T> x0 = row[i], x1 = row[i + step], x2 = row[i + 2 * step], x3 = row[i + 3 * step];
+#pragma unroll
+      for (int j = 0; j < kLanes; ++j) {
+        a0 += x0.v[j];
+        a1 += x1.v[j];
+        a2 += x2.v[j];
+        a3 += x3.v[j];
+      }
+    }
+    for (; i < end; i += step) {
+      Word<T> x = row[i];
+#pragma unroll
+      for (int j = 0; j < kLanes; ++j) a0 += x.v[j];
+    }
+    T acc = block_sum((a0 + a1) + (a2 + a3));
+    if (threadIdx.x == 0) partial[job] = acc;
+  }
+}
+
+// Short rows: one warp per row (no block-wide synchronization), in 16-byte
+// words when `words` (inner a multiple of the lanes, `in` aligned).
+template <class T, bool words>
+__global__ void sum_short_rows_kernel(T* out, const T* in, int64_t outer, int64_t inner) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < outer;
+       r += warps) {
+    T a0 = 0, a1 = 0;
+    if constexpr (words) {
+      constexpr int kLanes = Word<T>::kLanes;
+      const Word<T>* row = reinterpret_cast<const Word<T>*>(in + r * inner);
+      const int64_t n = inner / kLanes;
+      int64_t i = lane;
+      for (; i + 32 < n; i += 64) {
+        Word<T> x = row[i], y = row[i + 32];
+#pragma unroll
+        for (int j = 0; j < kLanes; ++j) {
+          a0 += x.v[j];
+          a1 += y.v[j];
+        }
+      }
+      for (; i < n; i += 32) {
+        Word<T> x = row[i];
+#pragma unroll
+        for (int j = 0; j < kLanes; ++j) a0 += x.v[j];
+      }
+    } else {
+      const T* row = in + r * inner;
+      for (int64_t i = lane; i < inner; i += 32) a0 += row[i];
+    }
+    T acc = warp_sum(a0 + a1);
+    if (lane == 0) out[r] = acc;
   }
 }
 
@@ -174,19 +246,36 @@ template <class T>
 void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
               cudaStream_t stream) {
   if (outer == 0) return;
-  int64_t parts = std::max<int64_t>(1, (inner + kChunk - 1) / kChunk);
-  if (parts == 1) {
-    sum_chunks_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(out, in, outer, inner, 1);
+  const bool words = inner % Word<T>::kLanes == 0 && aligned16(in);
+  if (inner <= kShortRow) {
+    const int64_t blocks = (outer + kRowBlock / 32 - 1) / (kRowBlock / 32);
+    if (words) {
+      sum_short_rows_kernel<T, true><<<row_grid(blocks), kRowBlock, 0, stream>>>(out, in, outer,
+                                                                                 inner);
+    } else {
+      sum_short_rows_kernel<T, false><<<row_grid(blocks), kRowBlock, 0, stream>>>(out, in, outer,
+                                                                                  inner);
+    }
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
     return;
   }
+  int64_t parts = std::max<int64_t>(1, (inner + kChunk - 1) / kChunk);
+  auto chunks = [&](T* dst, int64_t n_parts) {
+    if (words) {
+      sum_chunks_words_kernel<T><<<row_grid(outer * n_parts), kRowBlock, 0, stream>>>(
+          dst, in, outer, inner, n_parts);
+    } else {
+      sum_chunks_kernel<T><<<row_grid(outer * n_parts), kRowBlock, 0, stream>>>(dst, in, outer,
+                                                                                inner, n_parts);
+    }
+    LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  };
+  if (parts == 1) return chunks(out, 1);
   // Two passes: chunk sums into the caller's scratch, then the sum of each
   // row's chunk sums. Same order every run, so results are deterministic
   // (no atomics).
   if (!scratch) throw std::invalid_argument("sum_rows: rows this long need scratch memory");
-  sum_chunks_kernel<T><<<row_grid(outer * parts), kRowBlock, 0, stream>>>(scratch, in, outer,
-                                                                          inner, parts);
-  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  chunks(scratch, parts);
   sum_chunks_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(out, scratch, outer, parts, 1);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }

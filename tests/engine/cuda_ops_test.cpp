@@ -105,6 +105,31 @@ TEST_F(CudaOps, Matmul) {
          [](auto& v) { return matmul(v[0].transpose(0, 1), v[1]); }});
 }
 
+// The contiguous fast paths (16-byte words, a tail after them) and the
+// strided ones they fall back to (a view one element off alignment), and
+// the row sums' warp-per-row, word and two-pass paths, against the CPU.
+TEST_F(CudaOps, ContiguousFastPathsMatchTheCpu) {
+  manual_seed(12);
+  for (int64_t n : {int64_t{3}, int64_t{4}, int64_t{1025}, int64_t{4099}, int64_t{1} << 20}) {
+    const std::string at = std::to_string(n);
+    check({"add " + at, {{n}, {n}}, [](auto& v) { return add(v[0], v[1]); }});
+    check({"mul " + at, {{n}, {n}}, [](auto& v) { return mul(v[0], v[1]); }});
+    check({"relu " + at, {{n}}, [](auto& v) { return relu(v[0]); }});
+    check({"exp of a misaligned view " + at, {{n + 1}},
+           [n](auto& v) { return exp(v[0].narrow(0, 1, n)); }});
+    check({"add misaligned " + at, {{n + 1}, {n}},
+           [n](auto& v) { return add(v[0].narrow(0, 1, n), v[1]); }});
+  }
+  for (int64_t inner : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{1001}, int64_t{2048},
+                        int64_t{2049}, int64_t{4096}, int64_t{70000}}) {
+    const std::string at = std::to_string(inner);
+    check({"row sums of " + at, {{37, inner}}, [](auto& v) { return sum(v[0], {1}); }, 1e-3});
+  }
+  check({"sum of 2^20 + 4", {{(1 << 20) + 4}}, [](auto& v) { return sum(v[0]); }, 1e-3});
+  Tensor i = arange(5000, {DType::Int64});
+  EXPECT_EQ(sum(i.to(Device::cuda())).item(), sum(i).item());
+}
+
 TEST_F(CudaOps, Reductions) {
   manual_seed(3);
   check({"sum all", {{1000, 1025}}, [](auto& v) { return sum(v[0]); }, 1e-3});
