@@ -91,12 +91,13 @@ __global__ void sum_short_rows_kernel(T* out, const T* in, int64_t outer, int64_
       const Word<T>* row = reinterpret_cast<const Word<T>*>(in + r * inner);
       const int64_t n = inner / kLanes;
       int64_t i = lane;
-      for (; i + 32 < n; i += 64) {
-        Word<T> x = row[i], y = row[i + 32];
+      // Four words per lane in flight (a row of 1024 floats: two turns).
+      for (; i + 96 < n; i += 128) {
+        Word<T> x = row[i], y = row[i + 32], z = row[i + 64], w = row[i + 96];
 #pragma unroll
         for (int j = 0; j < kLanes; ++j) {
-          a0 += x.v[j];
-          a1 += y.v[j];
+          a0 += x.v[j] + z.v[j];
+          a1 += y.v[j] + w.v[j];
         }
       }
       for (; i < n; i += 32) {
