@@ -31,18 +31,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <sstream>
 #include <thread>
 
-#include "shared/connection.h"
-#include "shared/endpoint.h"
-#include "shared/job_spec.h"
-#include "shared/protocol.h"
 #include "shared/units.h"
 #include "tests/support/cluster.h"
+#include "tests/support/job_client.h"
 
 namespace lh = leasehold;
 using nlohmann::json;
@@ -82,13 +77,7 @@ struct Timing {
 
 class Bench {
  public:
-  explicit Bench(Options o) : o_(std::move(o)) {
-    std::ifstream in(o_.job);
-    if (!in) throw std::runtime_error("cannot read " + o_.job);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto buffer = lh::parse_job_json(text.str(), o_.job);
-    spec_.reset(lh::verify_job(buffer)->UnPack());
+  explicit Bench(Options o) : o_(std::move(o)), spec_(lh::testing::read_job_file(o_.job)) {
     spec_->epochs = 0;
     spec_->steps = 1;
     spec_->checkpoint = std::make_unique<lh::proto::CheckpointSpecT>();
@@ -99,40 +88,34 @@ class Bench {
     lh::testing::Cluster c;
     c.start_coordinator({"--backend", o_.backend, "--pool-size", o_.pool_size,
                          "--heartbeat-interval", "500ms"});
-    zmq::context_t ctx(1);
-    lh::Connection conn(ctx, c.endpoint(), "bench-start");
-    zmq::socket_t events(ctx, zmq::socket_type::sub);
-    events.set(zmq::sockopt::linger, 0);
-    events.set(zmq::sockopt::subscribe, "job.");
-    events.connect(lh::default_events_endpoint(c.endpoint()));
-
+    lh::testing::JobClient client(c.endpoint());
     std::vector<std::string> agent_args;
     if (mode == "private") agent_args = {"--dataset-regions", "off"};
     lh::testing::Process* agent = nullptr;
     if (mode != "cold") {
       agent = &c.start_agent("standby", agent_args);
       wait_standing_by(c, 1);
-      submit_and_wait(conn, events, "warm");  // unmeasured: fills the region
+      submit_and_wait(client, "warm");  // unmeasured: fills the region
     } else {
       // A standby agent fills the region once, then goes away.
       auto& filler = c.start_agent("filler", {});
       wait_standing_by(c, 1);
-      submit_and_wait(conn, events, "warm");
+      submit_and_wait(client, "warm");
       stop(filler);
     }
     const int n = mode == "cold" ? o_.cold_jobs : o_.jobs;
     std::vector<Timing> timings;
     for (int i = 0; i < n; ++i) {
-      if (mode == "absent") drop_dataset_regions(conn);
+      if (mode == "absent") client.drop_dataset_regions();
       const std::string name = "start-" + std::to_string(i);
       if (mode == "cold") {
         lh::testing::Process* cold = nullptr;
-        timings.push_back(submit_and_wait(conn, events, name, [&] {
+        timings.push_back(submit_and_wait(client, name, [&] {
           cold = &c.start_agent("cold-" + std::to_string(i), {});
         }));
         stop(*cold);
       } else {
-        timings.push_back(submit_and_wait(conn, events, name));
+        timings.push_back(submit_and_wait(client, name));
       }
     }
     std::vector<double> assigned, first, done;
@@ -163,68 +146,20 @@ class Bench {
     if (!p.wait(std::chrono::seconds(30))) throw std::runtime_error("an agent did not stop");
   }
 
-  void drop_dataset_regions(lh::Connection& conn) {
-    lh::Reply r = conn.request(
-        [](flatbuffers::FlatBufferBuilder& fbb) {
-          return std::pair{lh::proto::Body::ListRegions, lh::proto::CreateListRegions(fbb).Union()};
-        },
-        std::chrono::seconds(5));
-    r.throw_if_error();
-    std::vector<std::string> names;
-    for (const auto* region : *r->body_as_RegionList()->regions()) {
-      std::string name(lh::str(region->name()));
-      if (name.rfind("dataset/", 0) == 0) names.push_back(name);
-    }
-    for (const auto& name : names) {
-      conn.request(
-              [&](flatbuffers::FlatBufferBuilder& fbb) {
-                return std::pair{lh::proto::Body::DropRegion,
-                                 lh::proto::CreateDropRegion(fbb, fbb.CreateString(name)).Union()};
-              },
-              std::chrono::seconds(5))
-          .throw_if_error();
-    }
-  }
-
   // Submits a one-step job named `name`, calls `after_submit`, and waits for
   // its final event.
-  Timing submit_and_wait(lh::Connection& conn, zmq::socket_t& events, const std::string& name,
+  Timing submit_and_wait(lh::testing::JobClient& client, const std::string& name,
                          const std::function<void()>& after_submit = {}) {
     spec_->name = name;
     const uint64_t t0 = lh::unix_time_us();
-    lh::Reply r = conn.request(
-        [&](flatbuffers::FlatBufferBuilder& fbb) {
-          return std::pair{lh::proto::Body::SubmitJob,
-                           lh::proto::CreateSubmitJob(fbb, lh::proto::JobSpec::Pack(fbb, spec_.get()))
-                               .Union()};
-        },
-        std::chrono::seconds(30));
-    r.throw_if_error();
-    const uint64_t id = r->body_as_JobAccepted()->job_id();
+    const uint64_t id = client.submit(*spec_);
     if (after_submit) after_submit();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
-    while (std::chrono::steady_clock::now() < deadline) {
-      zmq::message_t topic, body;
-      zmq::pollitem_t item{events.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
-      if (!events.recv(topic) || !topic.more() || !events.recv(body)) continue;
-      const uint64_t t_event = lh::unix_time_us();
-      lh::AlignedBytes bytes(body);
-      auto decoded = lh::decode(bytes.bytes());
-      auto* env = std::get_if<const lh::proto::Envelope*>(&decoded);
-      if (!env || (*env)->body_type() != lh::proto::Body::JobInfo) continue;
-      const auto* job = (*env)->body_as_JobInfo();
-      if (job->id() != id) continue;
-      const std::string state(lh::str(job->state()));
-      if (state == "queued" || state == "running") continue;
-      if (state != "succeeded") {
-        throw std::runtime_error("job " + name + " " + state + ": " + std::string(lh::str(job->reason())));
-      }
-      auto ms = [&](uint64_t at) { return (static_cast<double>(at) - static_cast<double>(t0)) / 1000.0; };
-      return {ms(job->assigned_at_us()), ms(job->first_step_at_us()), ms(t_event)};
+    const lh::testing::JobEnd end = client.wait_ends({id}, std::chrono::seconds(180)).at(id);
+    if (end.state != "succeeded") {
+      throw std::runtime_error("job " + name + " " + end.state + ": " + end.reason);
     }
-    throw std::runtime_error("job " + name + " did not end within 180 s");
+    auto ms = [&](uint64_t at) { return (static_cast<double>(at) - static_cast<double>(t0)) / 1000.0; };
+    return {ms(end.assigned_at_us), ms(end.first_step_at_us), ms(end.event_at_us)};
   }
 
   // Medians of the agent's own start phases, from its log lines

@@ -1,0 +1,135 @@
+"""PyTorch eager reference for leasehold-bench-share: trains a Leasehold job
+file's model (the examples' layer types: Linear, Conv2d, ReLU, MaxPool2d,
+Flatten, Dropout) on its Fashion-MNIST data, with the whole dataset in device
+memory (batches gathered there, as Leasehold does with a resident dataset),
+batch size, Adam or SGD and epochs from the file; full FP32 (no TF32).
+
+  python3 tests/bench/torch_train.py JOB.json [--epochs N] [--processes P]
+
+Prints JSON: with one process its training throughput (samples/s, epochs
+only, no evaluation); with --processes P it starts P such processes at once
+(each its own CUDA context, like P jobs on P agents) and prints their total,
+the spread, and each one's figures.
+"""
+import argparse
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+
+def read_idx(path):
+    import numpy as np
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+        data = f.read()
+    ndim = data[3]
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def dataset_files(job):
+    d = job["dataset"]
+    base = d.get("directory", "/usr/share/datasets/" + d.get("name", "fashion-mnist"))
+    return (d.get("train_images", base + "/train-images-idx3-ubyte.gz"),
+            d.get("train_labels", base + "/train-labels-idx1-ubyte.gz"))
+
+
+def build_model(layers):
+    import torch.nn as nn
+    out = []
+    for l in layers:
+        t = l["type"]
+        if t == "Linear":
+            out.append(nn.Linear(l["in"], l["out"]))
+        elif t == "Conv2d":
+            out.append(nn.Conv2d(l["in"], l["out"], l["kernel"], l.get("stride", 1) or 1,
+                                 l.get("padding", 0)))
+        elif t == "ReLU":
+            out.append(nn.ReLU())
+        elif t == "MaxPool2d":
+            out.append(nn.MaxPool2d(l["kernel"], l.get("stride", 0) or l["kernel"]))
+        elif t == "Flatten":
+            out.append(nn.Flatten())
+        elif t == "Dropout":
+            out.append(nn.Dropout(l.get("p", 0.5)))
+        else:
+            raise ValueError("layer type " + t + " is not supported here")
+    return nn.Sequential(*out)
+
+
+def train(job, epochs):
+    import torch
+    dev = torch.device("cuda")
+    torch.manual_seed(job.get("seed", 1))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    images, labels = dataset_files(job)
+    d = job["dataset"]
+    x = torch.from_numpy(read_idx(images).copy()).to(dev).float().div_(255)
+    x = ((x - d.get("mean", 0.0)) / d.get("std", 1.0)).unsqueeze(1)
+    y = torch.from_numpy(read_idx(labels).astype("int64")).to(dev)
+    limit = d.get("train_limit", 0)
+    if limit:
+        x, y = x[:limit], y[:limit]
+    model = build_model(job["model"]).to(dev)
+    o = job.get("optimizer", {})
+    if o.get("type", "Adam") == "SGD":
+        opt = torch.optim.SGD(model.parameters(), lr=o.get("lr", 1e-3),
+                              momentum=o.get("momentum", 0), weight_decay=o.get("weight_decay", 0))
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=o.get("lr", 1e-3),
+                               betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+                               eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0))
+    batch = job.get("batch_size", 64)
+    n = x.shape[0]
+    torch.cuda.synchronize()
+    start = time.time()
+    train_seconds = 0.0
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        order = torch.randperm(n, device=dev)
+        for i in range(0, n, batch):
+            idx = order[i:i + batch]
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        train_seconds += time.perf_counter() - t0
+    return {"framework": "pytorch " + torch.__version__, "device": torch.cuda.get_device_name(0),
+            "job": job.get("name", "?"), "epochs": epochs, "samples": n * epochs,
+            "train_seconds": train_seconds, "samples_per_second": n * epochs / train_seconds,
+            "start": start, "end": time.time()}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("job")
+    p.add_argument("--epochs", type=int, default=0)
+    p.add_argument("--processes", type=int, default=1)
+    a = p.parse_args()
+    job = json.load(open(a.job))
+    epochs = a.epochs or job.get("epochs", 1)
+    if a.processes == 1:
+        print(json.dumps(train(job, epochs)))
+        return
+    cmd = [sys.executable, os.path.abspath(__file__), a.job, "--epochs", str(epochs)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(a.processes)]
+    results = []
+    for pr in procs:
+        out, _ = pr.communicate()
+        if pr.returncode != 0:
+            sys.exit("a training process failed")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    rates = [r["samples_per_second"] for r in results]
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    print(json.dumps({"framework": results[0]["framework"], "job": results[0]["job"],
+                      "processes": a.processes, "total_samples_per_second": sum(rates),
+                      "wall_samples_per_second": sum(r["samples"] for r in results) / wall,
+                      "min": min(rates), "max": max(rates), "runs": results}))
+
+
+if __name__ == "__main__":
+    main()
