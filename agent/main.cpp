@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
                  "with --run-job: train on the first N examples");
   app.add_option("--test-limit", overrides.test_limit,
                  "with --run-job: evaluate on the first N examples");
+  app.add_option("--mps-thread-percentage", opts.mps_thread_percentage,
+                 "under MPS: the share of the GPU's threads this agent's kernels may use "
+                 "(1-100; 0: all)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
   leasehold::JobWorkerOptions worker_options;
   std::string dataset_regions = "on";
   app.add_option("--dataset-regions", dataset_regions,
@@ -107,6 +112,12 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (opts.mps_thread_percentage > 0) {
+    // Read by the CUDA driver when this process connects to MPS (its first
+    // CUDA call, after registering).
+    ::setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", std::to_string(opts.mps_thread_percentage).c_str(),
+             1);
+  }
   const std::atomic<bool>& stop = leasehold::install_stop_signals();
 
   try {

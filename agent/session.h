@@ -73,6 +73,9 @@ struct AgentOptions {
   bool takes_jobs = false;
   // False: it registers warming up and gets no job until set_ready().
   bool ready = true;
+  // Its share of the GPU's threads under MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
+  // set by the caller before any CUDA call); 0: all. Reported to the coordinator.
+  int mps_thread_percentage = 0;
 };
 
 // A lease and its memory. Move-only; releasing happens in release() or, best

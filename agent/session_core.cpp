@@ -45,7 +45,8 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
         auto list = pack_jobs(fbb, jobs);
         return std::pair{proto::Body::Register,
                          proto::CreateRegister(fbb, name, getpid(), opts.device, list,
-                                               opts.takes_jobs, is_ready, outside)
+                                               opts.takes_jobs, is_ready, outside,
+                                               static_cast<uint8_t>(opts.mps_thread_percentage))
                              .Union()};
       },
       timeout);
@@ -68,6 +69,19 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   {
     std::lock_guard lock(mu);
     if (mapping && mapping->descriptor().epoch == desc.epoch) m = mapping;
+  }
+  // The coordinator's MPS daemon, joined before this process's first CUDA
+  // call (mapping the pool creates its context); the driver reads the
+  // folder only then, so a later change needs the agent restarted.
+  const std::string mps(str(ack->mps_pipe_directory()));
+  const char* joined = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  if (!mps.empty() && !joined && !m && desc.backend == Backend::Cuda) {
+    ::setenv("CUDA_MPS_PIPE_DIRECTORY", mps.c_str(), 1);
+    spdlog::info("joining the coordinator's MPS daemon ({})", mps);
+  } else if (!mps.empty() && joined && mps != joined) {
+    spdlog::warn("the coordinator runs under the MPS daemon of {}, this agent under {}: restart "
+                 "the agent to join the coordinator's",
+                 mps, joined);
   }
   // The same pool is mapped only once per process (CUDA refuses to open one
   // IPC handle twice); a new pool means the coordinator restarted.

@@ -46,7 +46,8 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
                              {"shrink_pending_bytes", a->shrink_pending_bytes()},
                              {"shrinks", a->shrinks()},
                              {"missed_shrinks", a->missed_shrinks()},
-                             {"outside_pool_bytes", a->outside_pool_bytes()}});
+                             {"outside_pool_bytes", a->outside_pool_bytes()},
+                             {"mps_thread_percentage", a->mps_thread_percentage()}});
     }
   }
   j["leases"] = nlohmann::json::array();
@@ -71,6 +72,7 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
                    {"guaranteed_bytes", o->guaranteed_bytes()},
                    {"shrinks_pending", o->shrinks_pending()}};
   }
+  j["mps_pipe_directory"] = std::string(str(s.mps_pipe_directory()));
   j["pending_requests"] = s.pending_requests();
   j["uptime_seconds"] = static_cast<double>(s.uptime_ms()) / 1000.0;
   return j;
@@ -108,26 +110,31 @@ std::string status_to_table(const proto::StatusReply& s) {
                   o["shrinks_pending"].get<uint32_t>());
     os << line;
   }
+  const std::string mps = j["mps_pipe_directory"].get<std::string>();
+  os << (mps.empty() ? std::string("MPS     off\n") : "MPS     on (pipe folder " + mps + ")\n");
   if (j["pending_requests"].get<uint32_t>() > 0) {
     os << "        " << j["pending_requests"].get<uint32_t>()
        << " lease request(s) waiting for memory\n";
   }
   os << "\nAgents  (" << j["agents"].size() << ")\n";
-  std::snprintf(line, sizeof line, "  %-24s %8s %-8s %6s %12s %12s %7s %12s %12s %14s\n", "NAME",
-                "PID", "STATE", "JOB", "GUARANTEED", "LEASED", "LEASES", "SHRINKING",
-                "OUTSIDE POOL", "HEARTBEAT");
+  std::snprintf(line, sizeof line, "  %-24s %8s %-8s %6s %12s %12s %7s %12s %12s %5s %14s\n",
+                "NAME", "PID", "STATE", "JOB", "GUARANTEED", "LEASED", "LEASES", "SHRINKING",
+                "OUTSIDE POOL", "MPS", "HEARTBEAT");
   os << line;
   for (const auto& a : j["agents"]) {
     uint64_t job = a["job_id"].get<uint64_t>();
     uint64_t shrinking = a["shrink_pending_bytes"].get<uint64_t>();
     uint64_t outside = a["outside_pool_bytes"].get<uint64_t>();
-    std::snprintf(line, sizeof line, "  %-24s %8d %-8s %6s %12s %12s %7u %12s %12s %11llu ms ago\n",
+    const int share = a["mps_thread_percentage"].get<int>();
+    const std::string mps_share = mps.empty() ? "-" : share ? std::to_string(share) + "%" : "all";
+    std::snprintf(line, sizeof line,
+                  "  %-24s %8d %-8s %6s %12s %12s %7u %12s %12s %5s %11llu ms ago\n",
                   a["name"].get<std::string>().c_str(), a["pid"].get<int>(),
                   a["state"].get<std::string>().c_str(), job ? std::to_string(job).c_str() : "-",
                   job ? format_bytes(a["guaranteed_bytes"]).c_str() : "-",
                   format_bytes(a["leased_bytes"]).c_str(), a["lease_count"].get<uint32_t>(),
                   shrinking ? format_bytes(shrinking).c_str() : "-",
-                  outside ? format_bytes(outside).c_str() : "-",
+                  outside ? format_bytes(outside).c_str() : "-", mps_share.c_str(),
                   static_cast<unsigned long long>(a["last_heartbeat_ms_ago"].get<uint64_t>()));
     os << line;
   }

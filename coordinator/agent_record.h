@@ -24,6 +24,7 @@ struct AgentRecord {
   bool takes_jobs = false;            // a standby worker (else it only leases)
   bool ready = true;                  // warmed up: a job it is given starts at once
   uint64_t outside_pool_bytes = 0;    // its device memory outside the pool, as it reports
+  uint8_t mps_thread_percentage = 0;  // its MPS active-thread share (0: all)
   uint64_t job_id = 0;                // the job this coordinator gave it; 0: none
   // The jobs it reported in its latest Register or Heartbeat.
   std::vector<proto::AgentJobT> reported;

@@ -16,6 +16,7 @@
 #include "coordinator/file_workers.h"
 #include "coordinator/job_codec.h"
 #include "coordinator/job_store.h"
+#include "coordinator/mps_daemon.h"
 #include "coordinator/occupancy_policy.h"
 #include "coordinator/store_writer.h"
 #include "coordinator/wire.h"
@@ -88,6 +89,28 @@ uint64_t largest_checkpoint_id(const std::string& state_dir) {
   return largest;
 }
 
+// The MPS daemon to run under (null: none), per the mps options. Before the
+// first CUDA call.
+std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
+  if (o.mps == "off" || o.backend == "host") return nullptr;
+  if (!o.mps_directory.empty()) return MpsDaemon::attach(o.mps_directory);
+  auto control = find_mps_control();
+  if (!control) {
+    if (o.mps == "on") {
+      throw std::runtime_error(
+          "mps = on, but nvidia-cuda-mps-control is not on the PATH (add the driver's folder "
+          "to PATH, set mps_directory to a running daemon's pipe folder, or set mps = off)");
+    }
+    spdlog::info("no MPS: nvidia-cuda-mps-control is not on the PATH (mps = auto)");
+    return nullptr;
+  }
+  // Its folders beside the ipc socket (the runtime directory), else in the
+  // state directory.
+  std::string dir = o.state_dir + "/mps";
+  if (auto path = ipc_path(o.endpoint)) dir = std::filesystem::path(*path).parent_path().string();
+  return MpsDaemon::start(*control, dir);
+}
+
 CoreOptions core_options(const CoordinatorOptions& o) {
   CoreOptions c;
   // Random, so a session token of an earlier coordinator is never valid.
@@ -133,7 +156,16 @@ Broker::Broker(const CoordinatorOptions& opts)
     }
   }
 
+  // MPS before the first CUDA call: the coordinator (whose context holds
+  // the pool) and its agents are clients of one daemon.
+  mps_ = start_mps(opts_);
+  if (mps_) mps_->join();
   Backend backend = resolve_backend(opts_.backend);
+  if (backend != Backend::Cuda && mps_) {
+    if (opts_.mps == "on") throw std::runtime_error("mps = on needs the cuda backend, but no GPU is visible");
+    mps_.reset();
+    ::unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  }
   DeviceMemory mem = query_device_memory(backend, opts_.device);
   uint64_t size = align_down(opts_.pool_size.resolve(mem.free_bytes), opts_.alignment);
   if (size == 0) {
@@ -155,7 +187,9 @@ Broker::Broker(const CoordinatorOptions& opts)
   };
   store_ = std::make_unique<StoreWriter>(std::move(store), wake);
   files_ = std::make_unique<FileWorkers>(kFileWorkers, wake);
-  core_ = std::make_unique<CoordinatorCore>(core_options(opts_), device_pool_->descriptor(),
+  CoreOptions core_opts = core_options(opts_);
+  if (mps_) core_opts.mps_pipe_directory = mps_->pipe_directory();
+  core_ = std::make_unique<CoordinatorCore>(std::move(core_opts), device_pool_->descriptor(),
                                             make_policy(opts_), now());
   uint64_t next_id = std::max(stored.next_id, largest_checkpoint_id(opts_.state_dir) + 1);
   if (next_id != stored.next_id) {

@@ -32,6 +32,7 @@ namespace leasehold {
 
 class StoreWriter;
 class FileWorkers;
+class MpsDaemon;
 
 class Broker {
  public:
@@ -90,6 +91,7 @@ class Broker {
   CoordinatorOptions opts_;
   Fd lock_fd_;  // flock on STATE_DIR/coordinator.lock
   Fd wake_fd_;  // eventfd: the store writer or a file worker finished something
+  std::unique_ptr<MpsDaemon> mps_;  // null: no MPS
   std::unique_ptr<DevicePool> device_pool_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<StoreWriter> store_;

@@ -231,6 +231,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.takes_jobs = r->takes_jobs();
   rec.ready = r->ready();
   rec.outside_pool_bytes = r->outside_pool_bytes();
+  rec.mps_thread_percentage = r->mps_thread_percentage();
   rec.last_seen = now.steady + opts_.first_heartbeat_grace;
   spdlog::info("agent '{}' (pid {}) registered{}; {}", name, rec.pid,
                rec.takes_jobs && !rec.ready ? " (warming up)" : "", summary());
@@ -240,6 +241,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   ack.heartbeat_interval_ms = static_cast<uint32_t>(opts_.heartbeat_interval.count());
   ack.pool = pool_info_object(pool_);
   ack.default_wait_ms = static_cast<uint32_t>(opts_.lease_wait_timeout.count());
+  ack.mps_pipe_directory = opts_.mps_pipe_directory;
   send(out, rid, req, std::move(ack));
   // What it still runs from an earlier session; then it may take a job.
   reconcile(rec, r, nullptr, now, out);
@@ -336,6 +338,7 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
                : count                                ? "leasing"
                                                       : "idle";
     a->outside_pool_bytes = agent.outside_pool_bytes;
+    a->mps_thread_percentage = agent.mps_thread_percentage;
     a->leased_bytes = bytes;
     a->lease_count = count;
     // last_seen is in the future while an agent is within its first-heartbeat grace.
@@ -359,6 +362,7 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
   for (const auto& [n, agent] : agents_) occ->shrinks_pending += agent.shrink.has_value();
   status.pending_requests = static_cast<uint32_t>(leases_.waiting());
   status.uptime_ms = ms_between(started_, now.steady);
+  status.mps_pipe_directory = opts_.mps_pipe_directory;
   send(out, rid, req, std::move(status));
 }
 

@@ -84,6 +84,8 @@ struct CoreOptions {
   std::chrono::milliseconds shrink_timeout{10000};
   // How long the checks of a submitted job's files may take.
   std::chrono::milliseconds file_check_timeout{10000};
+  // The MPS daemon's pipe folder agents join (empty: no MPS).
+  std::string mps_pipe_directory;
   // Jobs without a checkpoint directory get STATE_DIR/checkpoints/ID.
   std::string state_dir;
   // Finished jobs kept: at most this many, none older than retention_age.

@@ -92,12 +92,16 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.high_watermark = parse_fraction(value);
       } else if (key == "shrink_timeout") {
         opts.shrink_timeout = parse_duration(value);
+      } else if (key == "mps") {
+        opts.mps = value;
+      } else if (key == "mps_directory") {
+        opts.mps_directory = value;
       } else {
         throw std::invalid_argument(
             "unknown key (known: endpoint, events_endpoint, backend, device, pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
             "job_retention_count, job_retention_age, policy, low_watermark, high_watermark, "
-            "shrink_timeout, log_level)");
+            "shrink_timeout, mps, mps_directory, log_level)");
       }
     });
   }
@@ -143,6 +147,12 @@ void validate(const CoordinatorOptions& opts) {
                                 " and high_watermark " + std::to_string(opts.high_watermark) +
                                 " must satisfy 0 < low <= high <= 1");
   }
+  if (opts.mps != "auto" && opts.mps != "on" && opts.mps != "off") {
+    throw std::invalid_argument("mps '" + opts.mps + "' is not one of auto, on, off");
+  }
+  if (opts.mps == "on" && opts.backend == "host") {
+    throw std::invalid_argument("mps = on needs the cuda backend (backend is host)");
+  }
   if (opts.shrink_timeout.count() < 10) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }
@@ -152,7 +162,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
-      shrink_timeout;
+      shrink_timeout, mps, mps_directory;
   std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -188,6 +198,12 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "above this occupancy agents are asked to shrink (default 95%)");
   app.add_option("--shrink-timeout", shrink_timeout,
                  "how long an agent asked to shrink has to answer (default 10s)");
+  app.add_option("--mps", mps,
+                 "auto|on|off: run the GPU work under an MPS daemon the coordinator starts "
+                 "(default auto: when the cuda backend is used and nvidia-cuda-mps-control is "
+                 "on the PATH)");
+  app.add_option("--mps-directory", mps_directory,
+                 "pipe folder of an MPS daemon someone else runs (instead of starting one)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
   try {
     app.parse(argc, argv);
@@ -226,6 +242,8 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (low_watermark) opts.low_watermark = parse_fraction(*low_watermark);
     if (high_watermark) opts.high_watermark = parse_fraction(*high_watermark);
     if (shrink_timeout) opts.shrink_timeout = parse_duration(*shrink_timeout);
+    if (mps) opts.mps = *mps;
+    if (mps_directory) opts.mps_directory = *mps_directory;
     validate(opts);
   } catch (const std::exception& e) {
     std::cerr << "leasehold-coordinator: " << e.what() << "\n";

@@ -52,6 +52,13 @@ struct CoordinatorOptions {
   double high_watermark = 0.95;
   // How long an agent asked to shrink has to answer (see CoreOptions).
   std::chrono::milliseconds shrink_timeout{10000};
+  // MPS (coordinator/mps_daemon.h): auto (on with the cuda backend when
+  // nvidia-cuda-mps-control is on the PATH), on (a start-up error without
+  // it) or off. mps_directory: the pipe folder of a daemon someone else
+  // runs (a systemd unit); empty: the coordinator starts its own, with its
+  // folders next to the ipc socket (else in the state directory).
+  std::string mps = "auto";
+  std::string mps_directory;
   std::string log_level = "info";
 };
 

@@ -119,6 +119,21 @@ TEST(Config, ValidateRejectsImpossibleValues) {
   bad = o;
   bad.low_watermark = 0.99;  // above the high one
   EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.mps = "maybe";
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.mps = "on";
+  bad.backend = "host";  // MPS is for the GPU
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+}
+
+TEST(Config, MpsFromToml) {
+  CoordinatorOptions o;
+  EXPECT_EQ(o.mps, "auto");
+  apply_toml(o, "mps = \"on\"\nmps_directory = \"/run/mps\"\n", "lh.toml");
+  EXPECT_EQ(o.mps, "on");
+  EXPECT_EQ(o.mps_directory, "/run/mps");
 }
 
 TEST(Endpoint, EnvironmentSetsDefault) {

@@ -119,6 +119,11 @@ Cluster::~Cluster() {
 }
 
 Process& Cluster::start_coordinator(std::vector<std::string> args) {
+  // No MPS daemon unless a test asks for one (one started in this private
+  // folder would outlive the test).
+  if (std::find(args.begin(), args.end(), "--mps") == args.end()) {
+    args.insert(args.end(), {"--mps", "off"});
+  }
   std::vector<std::string> argv{bin_dir() + "/leasehold-coordinator", "--endpoint", endpoint_};
   // A private job store, kept across restarts of this cluster's coordinator.
   if (std::find(args.begin(), args.end(), "--state-dir") == args.end()) {
