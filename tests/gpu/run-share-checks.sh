@@ -23,12 +23,13 @@ at_once=${LEASEHOLD_SHARE_AT_ONCE:-1,2,4,8,16}
 epochs=${LEASEHOLD_SHARE_EPOCHS:-3}
 which=${LEASEHOLD_SHARE_MPS:-both}
 jobs=("${@:-fashion-mnist-mlp}")
+coordinator_args=()
 
 nvidia-smi -L | tee "$out/summary.txt"
 share() {  # share LABEL JOB: Leasehold, then PyTorch, for each count
   local label=$1 job=$bundle/jobs/$2.json
   step "leasehold_$label" "$bin/leasehold-bench-share" --job "$job" --jobs-at-once "$at_once" \
-    --epochs "$epochs"
+    --epochs "$epochs" "${coordinator_args[@]}"
   sed -n '/^  jobs/,$p' "$out/leasehold_$label.log" | tee -a "$out/summary.txt"
   local n
   for n in ${at_once//,/ }; do
@@ -38,6 +39,43 @@ share() {  # share LABEL JOB: Leasehold, then PyTorch, for each count
       "$out/torch_${label}_$n.log" | tee -a "$out/summary.txt"
   done
 }
+# The coordinator managing MPS itself (mps = on): it starts the daemon
+# beside its socket, agents join it at registration (one with half the
+# threads), a job runs; the daemon outlives the coordinator and is stopped
+# here.
+mps_managed() {
+  local run; run=$(mktemp -d)
+  export LEASEHOLD_ENDPOINT="ipc://$run/c.sock"
+  "$bin/leasehold-coordinator" --backend cuda --mps on --pool-size 8GiB --state-dir "$run/state" &
+  local coord=$!
+  for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done
+  "$bin/leasehold-agent" --name half --mps-thread-percentage 50 > "$run/half.log" 2>&1 &
+  local a=$!
+  "$bin/leasehold-agent" --name whole > "$run/whole.log" 2>&1 &
+  local b=$!
+  for _ in $(seq 600); do
+    [ "$("$bin/leasehold" status -o json | grep -c '"state": "idle"')" -ge 2 ] && break
+    sleep 0.1
+  done
+  "$bin/leasehold" status
+  python3 - "$bundle/jobs/fashion-mnist-mlp.json" "$run/one.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); j["epochs"] = 1
+json.dump(j, open(sys.argv[2], "w"))
+PY
+  "$bin/leasehold" submit "$run/one.json" --follow; local rc=$?
+  local ctl; ctl=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
+  echo "MPS servers:"; echo get_server_list | CUDA_MPS_PIPE_DIRECTORY="$run/mps-pipe" "$ctl"
+  grep -h "MPS" "$run/half.log" "$run/whole.log"
+  kill -TERM $a $b; wait $a $b
+  kill -TERM $coord; wait $coord
+  echo "after the coordinator stopped:"; echo get_server_list | CUDA_MPS_PIPE_DIRECTORY="$run/mps-pipe" "$ctl" && echo "daemon still running (as documented)"
+  echo quit | CUDA_MPS_PIPE_DIRECTORY="$run/mps-pipe" "$ctl"
+  rm -rf "$run"
+  unset LEASEHOLD_ENDPOINT
+  return $rc
+}
+if [ "${LEASEHOLD_SHARE_MANAGED:-1}" = 1 ]; then step mps_managed mps_managed; fi
 for j in "${jobs[@]}"; do
   if [ "$which" = both ] || [ "$which" = off ]; then share "${j}_plain" "$j"; fi
   if [ "$which" = both ] || [ "$which" = on ]; then
@@ -46,7 +84,10 @@ for j in "${jobs[@]}"; do
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/leasehold-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/leasehold-mps-log
       mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
       "$mps" -d && echo "MPS daemon started" | tee -a "$out/summary.txt"
+      # The coordinators join this daemon (mps_directory), the agents with them.
+      coordinator_args=(--coordinator-args "--mps-directory $CUDA_MPS_PIPE_DIRECTORY")
       share "${j}_mps" "$j"
+      coordinator_args=()
       echo quit | "$mps"
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     else
