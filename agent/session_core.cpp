@@ -74,18 +74,32 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   // call (mapping the pool creates its context); the driver reads the
   // folder only then, so a later change needs the agent restarted.
   const std::string mps(str(ack->mps_pipe_directory()));
-  const char* joined = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  if (!mps.empty() && !joined && !m && desc.backend == Backend::Cuda) {
-    ::setenv("CUDA_MPS_PIPE_DIRECTORY", mps.c_str(), 1);
-    spdlog::info("joining the coordinator's MPS daemon ({})", mps);
-  } else if (!mps.empty() && joined && mps != joined) {
-    spdlog::warn("the coordinator runs under the MPS daemon of {}, this agent under {}: restart "
-                 "the agent to join the coordinator's",
-                 mps, joined);
+  // Read (and set) only before the first mapping: after it other threads
+  // use CUDA, and the driver would not look at the variable again.
+  static std::atomic<bool> cuda_started{false};
+  const char* joined = cuda_started.load() ? nullptr : std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  if (!cuda_started.load() && desc.backend == Backend::Cuda) {
+    if (!mps.empty() && !joined) {
+      ::setenv("CUDA_MPS_PIPE_DIRECTORY", mps.c_str(), 1);
+      spdlog::info("joining the coordinator's MPS daemon ({})", mps);
+    } else if (!mps.empty() && mps != joined) {
+      spdlog::warn("the coordinator runs under the MPS daemon of {}, this agent under {}", mps,
+                   joined);
+    }
+  } else if (!mps.empty() && mps != mps_joined_) {
+    spdlog::warn("the coordinator now runs under the MPS daemon of {}; restart this agent to "
+                 "join it",
+                 mps);
   }
   // The same pool is mapped only once per process (CUDA refuses to open one
   // IPC handle twice); a new pool means the coordinator restarted.
-  if (!m) m = map_pool(desc);
+  if (!m) {
+    m = map_pool(desc);
+    if (desc.backend == Backend::Cuda && !cuda_started.exchange(true)) {
+      const char* now = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+      mps_joined_ = now ? now : "";
+    }
+  }
   {
     std::lock_guard lock(mu);
     session = ack->session();

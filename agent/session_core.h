@@ -59,6 +59,7 @@ struct SessionCore {
   std::atomic<bool> stop{false};
   std::atomic<bool> heartbeat_due{false};  // send one now (after a push)
   std::string last_register_error;  // heartbeat thread only: logged once
+  std::string mps_joined_;  // the MPS pipe folder joined at the first mapping (empty: none)
   std::thread heartbeat;
 
   void register_with(Connection& conn, std::chrono::milliseconds timeout);

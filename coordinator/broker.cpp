@@ -94,9 +94,22 @@ uint64_t largest_checkpoint_id(const std::string& state_dir) {
 std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
   if (o.mps == "off" || o.backend == "host") return nullptr;
   if (!o.mps_directory.empty()) return MpsDaemon::attach(o.mps_directory);
+  const bool required = o.mps == "on";
+  // Under systemd a daemon this process started would die with its unit
+  // (and its runtime folder) at every restart, taking the agents' CUDA
+  // contexts along: there, MPS is a unit of its own (leasehold-mps.service)
+  // named by mps_directory.
+  if (std::getenv("INVOCATION_ID")) {
+    const std::string why =
+        "under systemd the MPS daemon runs as a unit of its own: start "
+        "leasehold-mps.service and set mps_directory to its pipe folder";
+    if (required) throw std::runtime_error("mps = on: " + why);
+    spdlog::warn("no MPS (mps = auto): {}", why);
+    return nullptr;
+  }
   auto control = find_mps_control();
   if (!control) {
-    if (o.mps == "on") {
+    if (required) {
       throw std::runtime_error(
           "mps = on, but nvidia-cuda-mps-control is not on the PATH (add the driver's folder "
           "to PATH, set mps_directory to a running daemon's pipe folder, or set mps = off)");
@@ -108,7 +121,13 @@ std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
   // state directory.
   std::string dir = o.state_dir + "/mps";
   if (auto path = ipc_path(o.endpoint)) dir = std::filesystem::path(*path).parent_path().string();
-  return MpsDaemon::start(*control, dir);
+  try {
+    return MpsDaemon::start(*control, dir);
+  } catch (const std::exception& e) {
+    if (required) throw;
+    spdlog::warn("no MPS (mps = auto): {}", e.what());
+    return nullptr;
+  }
 }
 
 CoreOptions core_options(const CoordinatorOptions& o) {

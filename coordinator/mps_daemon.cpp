@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+
+#include <csignal>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,8 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // Runs `program ARGS` with the MPS folders in its environment and `input`
-// on its standard input; returns its exit status (-1: it could not run or
-// did not end within `timeout`, then killed). Its output goes to ours.
+// on its standard input; returns its exit status (127: it could not be
+// run; -1: it did not end within `timeout`, then killed). Its output goes
+// to /dev/null (a daemon it forks must not hold our output open).
+constexpr int kCannotRun = 127;
 int run_control(const std::string& program, const std::vector<std::string>& args,
                 const std::string& pipe_dir, const std::string& log_dir, const std::string& input,
                 std::chrono::milliseconds timeout) {
@@ -47,17 +51,25 @@ int run_control(const std::string& program, const std::vector<std::string>& args
   argv.push_back(nullptr);
   int in[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return -1;
+  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   pid_t pid = ::fork();
   if (pid < 0) {
     ::close(in[0]);
     ::close(in[1]);
+    if (null >= 0) ::close(null);
     return -1;
   }
   if (pid == 0) {
-    ::dup2(in[0], STDIN_FILENO);  // dup2 clears close-on-exec on the copy
+    ::dup2(in[0], STDIN_FILENO);  // dup2 clears close-on-exec on the copies
+    if (null >= 0) {
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+    }
+    ::signal(SIGPIPE, SIG_DFL);  // the coordinator ignores it; the daemon should not
     ::execve(program.c_str(), argv.data(), envp.data());
-    ::_exit(127);
+    ::_exit(kCannotRun);
   }
+  if (null >= 0) ::close(null);
   ::close(in[0]);
   if (!input.empty()) {
     [[maybe_unused]] ssize_t n = ::write(in[1], input.data(), input.size());
@@ -105,24 +117,34 @@ std::unique_ptr<MpsDaemon> MpsDaemon::start(const std::string& control, const st
   const std::string pipe_dir = dir + "/mps-pipe", log_dir = dir + "/mps-log";
   make_private_dir(pipe_dir);
   make_private_dir(log_dir);
-  if (fs::exists(pipe_dir + "/control") &&
-      run_control(control, {}, pipe_dir, log_dir, "get_server_list\n", std::chrono::seconds(5)) ==
-          0) {
-    spdlog::info("using the MPS control daemon already running in {}", pipe_dir);
-    return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir));
+  auto answers = [&] {
+    return run_control(control, {}, pipe_dir, log_dir, "get_server_list\n",
+                       std::chrono::seconds(5)) == 0;
+  };
+  if (fs::exists(pipe_dir + "/control")) {
+    if (answers()) {
+      spdlog::info("using the MPS control daemon already running in {}", pipe_dir);
+      return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir));
+    }
+    // Left by a daemon that is gone.
+    std::error_code ec;
+    fs::remove(pipe_dir + "/control", ec);
   }
   // -d: it forks the daemon and returns.
   int rc = run_control(control, {"-d"}, pipe_dir, log_dir, "", std::chrono::seconds(30));
+  if (rc == kCannotRun) throw std::runtime_error("cannot run " + control);
   if (rc != 0) {
     throw std::runtime_error(control + " -d failed (exit status " + std::to_string(rc) +
                              "); see " + log_dir + "/control.log, or set mps = off");
   }
-  for (int i = 0; i < 200 && !fs::exists(pipe_dir + "/control"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  bool up = false;
+  for (int i = 0; i < 200 && !up; ++i) {
+    up = fs::exists(pipe_dir + "/control") && answers();
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
-  if (!fs::exists(pipe_dir + "/control")) {
+  if (!up) {
     throw std::runtime_error("the MPS control daemon started by " + control +
-                             " made no control pipe in " + pipe_dir + " (see " + log_dir +
+                             " does not answer on " + pipe_dir + " (see " + log_dir +
                              "/control.log)");
   }
   spdlog::info("MPS control daemon started (pipe {}, log {}); it outlives this coordinator: "

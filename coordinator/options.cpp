@@ -153,6 +153,10 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.mps == "on" && opts.backend == "host") {
     throw std::invalid_argument("mps = on needs the cuda backend (backend is host)");
   }
+  if (opts.mps == "off" && !opts.mps_directory.empty()) {
+    throw std::invalid_argument("mps_directory " + opts.mps_directory +
+                                " is set but mps is off (set mps to auto or on)");
+  }
   if (opts.shrink_timeout.count() < 10) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }

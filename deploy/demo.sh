@@ -26,6 +26,12 @@ cleanup() {
   # Agents first, then the coordinator.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[$i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # The MPS daemon the coordinator started beside its socket (mps = auto on
+  # a GPU host with nvidia-cuda-mps-control) outlives it on purpose; the
+  # demo's folder goes, so the daemon goes too.
+  if [ -e "$run/mps-pipe/control" ]; then
+    echo quit | CUDA_MPS_PIPE_DIRECTORY="$run/mps-pipe" nvidia-cuda-mps-control || true
+  fi
   rm -rf "$run"
 }
 trap cleanup EXIT

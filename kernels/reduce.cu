@@ -19,13 +19,14 @@ unsigned row_grid(int64_t outer) {
   return static_cast<unsigned>(std::clamp<int64_t>(outer, 1, 65535));
 }
 
-// partial[r * parts + p] = sum of chunk p of row r; one block per (r, p).
+// partial[r * parts + p] = sum of chunk p (of `chunk` elements) of row r;
+// one block per (r, p).
 template <class T>
 __global__ void sum_chunks_kernel(T* partial, const T* in, int64_t outer, int64_t inner,
-                                  int64_t parts) {
+                                  int64_t parts, int64_t chunk) {
   for (int64_t job = blockIdx.x; job < outer * parts; job += gridDim.x) {
     int64_t r = job / parts, p = job % parts;
-    int64_t begin = p * kChunk, end = min(inner, begin + kChunk);
+    int64_t begin = p * chunk, end = min(inner, begin + chunk);
     const T* row = in + r * inner;
     // Four independent accumulators keep four loads in flight per thread.
     T a0 = 0, a1 = 0, a2 = 0, a3 = 0;
@@ -266,8 +267,8 @@ void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
       sum_chunks_words_kernel<T><<<row_grid(outer * n_parts), kRowBlock, 0, stream>>>(
           dst, in, outer, inner, n_parts);
     } else {
-      sum_chunks_kernel<T><<<row_grid(outer * n_parts), kRowBlock, 0, stream>>>(dst, in, outer,
-                                                                                inner, n_parts);
+      sum_chunks_kernel<T><<<row_grid(outer * n_parts), kRowBlock, 0, stream>>>(
+          dst, in, outer, inner, n_parts, kChunk);
     }
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   };
@@ -277,7 +278,9 @@ void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
   // (no atomics).
   if (!scratch) throw std::invalid_argument("sum_rows: rows this long need scratch memory");
   chunks(scratch, parts);
-  sum_chunks_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(out, scratch, outer, parts, 1);
+  // Each row's partials, all of them, by one block.
+  sum_chunks_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(out, scratch, outer, parts, 1,
+                                                                  parts);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

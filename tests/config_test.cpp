@@ -126,6 +126,10 @@ TEST(Config, ValidateRejectsImpossibleValues) {
   bad.mps = "on";
   bad.backend = "host";  // MPS is for the GPU
   EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.mps = "off";
+  bad.mps_directory = "/run/mps";
+  EXPECT_THROW(validate(bad), std::invalid_argument);
 }
 
 TEST(Config, MpsFromToml) {

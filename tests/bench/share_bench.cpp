@@ -3,9 +3,9 @@
 // coordinator: the jobs' total training throughput (the sum of each job's
 // samples/s, epochs only, no evaluation) and the spread between them (min,
 // max, and the smallest against the mean: fairness). Checkpoints are off
-// (the PyTorch reference writes none either). Run it under an MPS daemon
-// (CUDA_MPS_PIPE_DIRECTORY set) for the MPS figures, or with
-// --coordinator-args "--mps on" once the coordinator manages one.
+// (the PyTorch reference writes none either). For the MPS figures start a
+// daemon and pass --coordinator-args "--mps-directory PIPE_DIR": each
+// coordinator joins it and tells its agents (tests/gpu/run-share-checks.sh).
 //
 //   leasehold-bench-share --job FILE [--jobs-at-once 1,2,4,8,16] [--epochs 3]
 //                         [--backend cuda] [--pool-size 32GiB]

@@ -7,9 +7,10 @@ batch size, Adam or SGD and epochs from the file; full FP32 (no TF32).
   python3 tests/bench/torch_train.py JOB.json [--epochs N] [--processes P]
 
 Prints JSON: with one process its training throughput (samples/s, epochs
-only, no evaluation); with --processes P it starts P such processes at once
-(each its own CUDA context, like P jobs on P agents) and prints their total,
-the spread, and each one's figures.
+only, no evaluation, after one warm-up step); with --processes P it starts P
+such processes (each its own CUDA context, like P jobs on P agents) that all
+begin training at the same moment, and prints their total, the spread, and
+each one's figures (late_seconds: how far one missed the common start).
 """
 import argparse
 import gzip
@@ -60,7 +61,7 @@ def build_model(layers):
     return nn.Sequential(*out)
 
 
-def train(job, epochs):
+def train(job, epochs, start_at=0.0):
     import torch
     dev = torch.device("cuda")
     torch.manual_seed(job.get("seed", 1))
@@ -85,7 +86,15 @@ def train(job, epochs):
                                eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0))
     batch = job.get("batch_size", 64)
     n = x.shape[0]
+    # One step first (cuBLAS and the kernels load), as a warmed-up standby
+    # agent has done; then all processes start together.
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x[:batch]), y[:batch]).backward()
+    opt.step()
     torch.cuda.synchronize()
+    late = time.time() - start_at if start_at else 0.0
+    if late < 0:
+        time.sleep(-late)
     start = time.time()
     train_seconds = 0.0
     for _ in range(epochs):
@@ -101,7 +110,7 @@ def train(job, epochs):
     return {"framework": "pytorch " + torch.__version__, "device": torch.cuda.get_device_name(0),
             "job": job.get("name", "?"), "epochs": epochs, "samples": n * epochs,
             "train_seconds": train_seconds, "samples_per_second": n * epochs / train_seconds,
-            "start": start, "end": time.time()}
+            "late_seconds": max(late, 0.0), "start": start, "end": time.time()}
 
 
 def main():
@@ -109,13 +118,19 @@ def main():
     p.add_argument("job")
     p.add_argument("--epochs", type=int, default=0)
     p.add_argument("--processes", type=int, default=1)
+    p.add_argument("--start-at", type=float, default=0.0,
+                   help="Unix time to start training at (set by --processes)")
     a = p.parse_args()
     job = json.load(open(a.job))
     epochs = a.epochs or job.get("epochs", 1)
     if a.processes == 1:
-        print(json.dumps(train(job, epochs)))
+        print(json.dumps(train(job, epochs, a.start_at)))
         return
-    cmd = [sys.executable, os.path.abspath(__file__), a.job, "--epochs", str(epochs)]
+    # Every process trains from the same moment, after its start-up, so
+    # their rates add up (a start-up staggered by seconds would not overlap).
+    start_at = time.time() + 20 + 0.5 * a.processes
+    cmd = [sys.executable, os.path.abspath(__file__), a.job, "--epochs", str(epochs),
+           "--start-at", str(start_at)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(a.processes)]
     results = []
     for pr in procs:
@@ -127,6 +142,7 @@ def main():
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     print(json.dumps({"framework": results[0]["framework"], "job": results[0]["job"],
                       "processes": a.processes, "total_samples_per_second": sum(rates),
+                      "late_seconds": max(r["late_seconds"] for r in results),
                       "wall_samples_per_second": sum(r["samples"] for r in results) / wall,
                       "min": min(rates), "max": max(rates), "runs": results}))
 

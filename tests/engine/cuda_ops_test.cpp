@@ -126,6 +126,12 @@ TEST_F(CudaOps, ContiguousFastPathsMatchTheCpu) {
     check({"row sums of " + at, {{37, inner}}, [](auto& v) { return sum(v[0], {1}); }, 1e-3});
   }
   check({"sum of 2^20 + 4", {{(1 << 20) + 4}}, [](auto& v) { return sum(v[0]); }, 1e-3});
+  // A row of more than 16384 chunks: its second pass must see all of them
+  // (the last element alone is not zero).
+  const int64_t huge = (int64_t{1} << 28) + 20000;
+  Tensor z = zeros({huge}, {DType::Float32, Device::cuda()});
+  z.narrow(0, huge - 1, 1).fill_(1.0);
+  EXPECT_EQ(sum(z).item(), 1.0);
   Tensor i = arange(5000, {DType::Int64});
   EXPECT_EQ(sum(i.to(Device::cuda())).item(), sum(i).item());
 }

@@ -25,7 +25,10 @@ j["steps"] = 1
 j["checkpoint"] = {"enabled": False}
 json.dump(j, open(sys.argv[2], "w"))
 PY
-"$bin/leasehold-coordinator" --backend cuda --pool-size 8GiB --state-dir "$run/state" > "$run/coordinator.log" 2>&1 &
+# No MPS daemon left behind (builds that know the option).
+mps=()
+"$bin/leasehold-coordinator" --help 2>&1 | grep -q -- --mps && mps=(--mps off)
+"$bin/leasehold-coordinator" --backend cuda "${mps[@]}" --pool-size 8GiB --state-dir "$run/state" > "$run/coordinator.log" 2>&1 &
 coord=$!
 for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done
 "$bin/leasehold-agent" --name standby > "$run/agent.log" 2>&1 &

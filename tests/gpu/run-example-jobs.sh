@@ -10,7 +10,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 bin=$(cd "${1:?usage: run-example-jobs.sh BUNDLE_DIR}" && pwd)/bin
 run=$(mktemp -d)
 export LEASEHOLD_ENDPOINT="ipc://$run/c.sock"
-"$bin/leasehold-coordinator" --backend cuda --pool-size 8GiB --state-dir "$run/state" &
+"$bin/leasehold-coordinator" --backend cuda --mps off --pool-size 8GiB --state-dir "$run/state" &
 coord=$!
 for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done
 "$bin/leasehold-agent" --name gpu-a & a=$!

@@ -39,7 +39,7 @@ step durability_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/durability_test"
 demo() {
   local run; run=$(mktemp -d)
   export LEASEHOLD_ENDPOINT="ipc://$run/c.sock"
-  "$bin/leasehold-coordinator" --backend cuda --pool-size 4GiB --heartbeat-interval 500ms &
+  "$bin/leasehold-coordinator" --backend cuda --mps off --pool-size 4GiB --heartbeat-interval 500ms &
   local coord=$!
   for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done
   "$bin/leasehold-agent" --name gpu-a --exercise --leases 3 --lease-size 256MiB --rounds 10 --interval 100ms &

@@ -33,7 +33,7 @@ fi
 standby_status() {
   local run; run=$(mktemp -d)
   export LEASEHOLD_ENDPOINT="ipc://$run/c.sock"
-  "$bin/leasehold-coordinator" --backend cuda --pool-size 4GiB --state-dir "$run/state" &
+  "$bin/leasehold-coordinator" --backend cuda --mps off --pool-size 4GiB --state-dir "$run/state" &
   local coord=$!
   for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done
   "$bin/leasehold-agent" --name standby-a > "$run/a.log" 2>&1 &

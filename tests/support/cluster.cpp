@@ -121,7 +121,8 @@ Cluster::~Cluster() {
 Process& Cluster::start_coordinator(std::vector<std::string> args) {
   // No MPS daemon unless a test asks for one (one started in this private
   // folder would outlive the test).
-  if (std::find(args.begin(), args.end(), "--mps") == args.end()) {
+  if (std::find(args.begin(), args.end(), "--mps") == args.end() &&
+      std::find(args.begin(), args.end(), "--mps-directory") == args.end()) {
     args.insert(args.end(), {"--mps", "off"});
   }
   std::vector<std::string> argv{bin_dir() + "/leasehold-coordinator", "--endpoint", endpoint_};
