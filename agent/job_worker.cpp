@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "agent/engine/allocator.h"
+#include "agent/engine/cuda_context.h"
 #include "agent/job_runner.h"
 #include "agent/lease_allocator.h"
 #include "shared/job_spec.h"
@@ -16,6 +17,8 @@ namespace {
 
 // Finished jobs remembered to ignore late pushes for them.
 constexpr size_t kRemembered = 256;
+// How often an idle worker checks that its GPU context still works.
+constexpr auto kIdleDeviceCheck = std::chrono::seconds(1);
 
 proto::ProgressT to_progress(const JobProgress& p) {
   proto::ProgressT t;
@@ -256,15 +259,36 @@ void JobWorker::answer_shrink(LeaseAllocator* leases, spill::SpillManager* spill
   }
 }
 
+std::optional<std::string> JobWorker::device_lost() const {
+  std::lock_guard lock(mu_);
+  return device_lost_;
+}
+
 void JobWorker::run(const std::atomic<bool>& stop) {
-  while (!stop.load()) {
+  const PoolDescriptor pool = session_.pool();
+  const engine::Device device = pool.backend == Backend::Cuda ? engine::Device::cuda(pool.device)
+                                                              : engine::Device::cpu();
+  auto checked = std::chrono::steady_clock::now();
+  while (!stop.load() && !device_lost()) {
     Assigned job;
     answer_shrink(nullptr, nullptr);  // one for no job of ours
     {
       std::unique_lock lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(100),
                    [&] { return !queue_.empty() || shrink_.has_value(); });
-      if (queue_.empty()) continue;
+      if (queue_.empty()) {
+        // Idle: is the context still there (a fault beside us, under MPS)?
+        if (device.is_cuda() && std::chrono::steady_clock::now() - checked >= kIdleDeviceCheck) {
+          lock.unlock();
+          checked = std::chrono::steady_clock::now();
+          if (auto lost = engine::device_context_lost(device)) {
+            spdlog::critical("this agent's GPU context is lost while idle: {}", *lost);
+            std::lock_guard relock(mu_);
+            device_lost_ = *lost;
+          }
+        }
+        continue;
+      }
       job = std::move(queue_.front());
       queue_.pop_front();
       current_ = job.key;
@@ -273,6 +297,22 @@ void JobWorker::run(const std::atomic<bool>& stop) {
       stop_requested_.store(false);
       epoch_.store(0);
       global_step_.store(0);
+    }
+    if (device.is_cuda()) {
+      // A context lost since the last check would fail the job at once and
+      // make the fault look like its own.
+      if (auto lost = engine::device_context_lost(device)) {
+        spdlog::critical("this agent's GPU context is lost: {}", *lost);
+        std::lock_guard lock(mu_);
+        device_lost_ = *lost;
+        remember(job.key);
+        current_.reset();
+        reporter_.reliable(final_update(job.key, "interrupted",
+                                        "agent '" + session_.name() +
+                                            "' lost its GPU context before the job started (" +
+                                            *lost + "); the agent restarts"));
+        break;
+      }
     }
     run_one(job, stop);
   }
@@ -284,6 +324,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
   const uint64_t registrations = session_.registrations();
   std::string name = "?";
   std::string state, reason;
+  bool device_fault = false;
   JobResult result;
   try {
     const proto::JobSpec* job = verify_job(assigned.spec);
@@ -305,8 +346,14 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       opts.spill = spill_->for_job(*job, "job" + std::to_string(id) + "-" + std::to_string(attempt),
                                    leases);
     }
-    opts.at_step_boundary = [this, &leases, spill = opts.spill.get()] {
+    const bool fault_here = !options_.test_fault_job.empty() && name == options_.test_fault_job;
+    opts.at_step_boundary = [this, &leases, spill = opts.spill.get(), fault_here, steps = int64_t{0},
+                             device = opts.device]() mutable {
       answer_shrink(leases.get(), spill);
+      if (fault_here && ++steps == options_.test_fault_step) {
+        spdlog::warn("test fault switch: making the GPU fault now (step {})", steps);
+        engine::inject_device_fault(device);
+      }
     };
     // A stop request (cancel, lost session) or the agent stopping.
     opts.should_stop = [&] {
@@ -393,8 +440,19 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     // A lease refused because the session went away shows up as an
     // out-of-memory or a lost lease: say what really happened.
     bool lost = !session_.connected() || session_.registrations() != registrations;
+    // A lost GPU context shows up as whatever CUDA call came next.
+    const PoolDescriptor pool = session_.pool();
+    std::optional<std::string> context_lost =
+        pool.backend == Backend::Cuda ? engine::device_context_lost(engine::Device::cuda(pool.device))
+                                      : std::nullopt;
     std::lock_guard lock(mu_);
-    if (lost || stop_cause_ == StopCause::SessionLost) {
+    if (context_lost) {
+      state = "interrupted";
+      device_fault = true;
+      device_lost_ = *context_lost;
+      reason = "device fault on agent '" + session_.name() + "': " + *context_lost +
+               "; the agent restarts";
+    } else if (lost || stop_cause_ == StopCause::SessionLost) {
       state = "interrupted";
       reason = session_lost_reason();
     } else {
@@ -407,6 +465,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
         reason.c_str());
   }
   proto::JobUpdateT final = final_update(assigned.key, state, reason);
+  final.device_fault = device_fault;
   final.test_accuracy = result.test_accuracy;
   final.samples_per_second = result.samples_per_second;
   // The memory figures at the end: the peak of the final evaluation is

@@ -12,6 +12,13 @@
 // and it is reported "interrupted" (the coordinator requeues it to resume
 // from its checkpoint), never as a misleading failure.
 //
+// A device fault (a kernel's, or under MPS any client's) ends the process's
+// CUDA context for good: the running job is reported "interrupted" with
+// device_fault (the coordinator requeues it; it resumes from its checkpoint)
+// and run() returns; the agent then starts itself again. An idle worker
+// checks its context about once a second, so a fault beside it is noticed
+// too.
+//
 // A Shrink from the coordinator is acted on at the running job's next step
 // boundary: the lease allocator's cached blocks go back first, then cold
 // saved tensors move to the spill store, then whole free leases are
@@ -46,6 +53,10 @@ struct JobWorkerOptions {
   bool dataset_regions = true;
   // A fault switch for tests: an agent that never answers Shrink.
   bool ignore_shrinks = false;
+  // A fault switch for tests: jobs named this make the GPU fault at their
+  // test_fault_step-th step (kernels/fault.h).
+  std::string test_fault_job;
+  int64_t test_fault_step = 100;
 };
 
 class JobWorker {
@@ -63,8 +74,10 @@ class JobWorker {
   JobWorker(const JobWorker&) = delete;
   JobWorker& operator=(const JobWorker&) = delete;
   // Runs assigned jobs until `stop` is set (a running job is interrupted
-  // and reported so).
+  // and reported so) or the GPU context is lost (see device_lost()).
   void run(const std::atomic<bool>& stop);
+  // Why run() returned early: the GPU context was lost (the CUDA error).
+  std::optional<std::string> device_lost() const;
   // After run() returned: delivers the last reports (for up to `drain`) and
   // stops reporting.
   void finish(std::chrono::milliseconds drain) { reporter_.stop(drain); }
@@ -112,6 +125,7 @@ class JobWorker {
   int32_t resumed_from_epoch_ = 0;  // of the current job; GUARDED_BY(mu_)
   std::optional<proto::ShrinkT> shrink_;  // the latest Shrink not answered; GUARDED_BY(mu_)
   const JobWorkerOptions options_;
+  std::optional<std::string> device_lost_;  // GUARDED_BY(mu_)
   std::atomic<bool> stop_requested_{false};  // the running job should stop
   std::atomic<int64_t> epoch_{0}, global_step_{0};  // of the current job
 };

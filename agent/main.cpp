@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <spdlog/spdlog.h>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "agent/exercise.h"
 #include "agent/job_worker.h"
 #include "agent/run_job_cli.h"
+#include "agent/self_restart.h"
 #include "agent/session.h"
 #include "agent/spill/agent_spill.h"
 #include "agent/warmup.h"
@@ -31,6 +34,10 @@ std::string default_name() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A throwaway child of a restarted agent: can a CUDA context be made now?
+  if (argc == 3 && std::string(argv[1]) == "--probe-cuda-context") {
+    return leasehold::probe_cuda_context(std::atoi(argv[2]));
+  }
   CLI::App app{"leasehold-agent: a worker that leases memory from the leasehold coordinator"};
   leasehold::AgentOptions opts;
   opts.endpoint = leasehold::default_endpoint();
@@ -78,6 +85,17 @@ int main(int argc, char** argv) {
   app.add_flag("--test-ignore-shrinks", ignore_shrinks,
                "fault injection for tests: never answer the coordinator's Shrink requests")
       ->group("");  // hidden: not for operators
+  app.add_option("--test-device-fault-job", worker_options.test_fault_job,
+                 "fault injection for tests: jobs of this name make the GPU fault")
+      ->group("");
+  app.add_option("--test-device-fault-step", worker_options.test_fault_step,
+                 "fault injection for tests: at this step of such a job")
+      ->group("");
+  std::string gpu_recovery = "120s";
+  app.add_option("--gpu-recovery-timeout", gpu_recovery,
+                 "after a device fault the agent starts itself again; this long it waits for "
+                 "the GPU (under MPS: the server's recovery) to take new work")
+      ->capture_default_str();
   leasehold::spill::SpillConfig spill;
   std::string spill_host = "256MiB", spill_staging = "64MiB", spill_file_limit = "0";
   app.add_option("--spill-host-bytes", spill_host,
@@ -102,6 +120,14 @@ int main(int argc, char** argv) {
     ex.lease_size = leasehold::parse_bytes(lease_size);
     ex.interval = leasehold::parse_duration(interval);
     opts.register_timeout = leasehold::parse_duration(register_timeout);
+    const auto recovery = leasehold::parse_duration(gpu_recovery);
+    if (leasehold::self_restarts() > 0) {
+      // The context of the process this one replaced was lost; under MPS
+      // the server takes new clients only once all its old ones are gone.
+      opts.before_first_cuda_call = [recovery](int device) {
+        leasehold::wait_for_cuda_context("/proc/self/exe", device, recovery);
+      };
+    }
     if (ex.lease_size == 0) throw std::invalid_argument("--lease-size must be positive");
     spill.host_bytes = leasehold::parse_bytes(spill_host);
     spill.staging_bytes = leasehold::parse_bytes(spill_staging);
@@ -119,6 +145,7 @@ int main(int argc, char** argv) {
              1);
   }
   const std::atomic<bool>& stop = leasehold::install_stop_signals();
+  std::optional<std::string> gpu_lost;
 
   try {
     // Only a standby worker takes jobs (not --exercise, not --run-job); it
@@ -168,13 +195,28 @@ int main(int argc, char** argv) {
                        .count(),
                    leasehold::format_bytes(footprint.bytes), footprint.method);
     }
-    spdlog::info("standing by as '{}' for jobs", opts.name);
+    spdlog::info("standing by as '{}' for jobs{}", opts.name,
+                 leasehold::self_restarts() > 0
+                     ? " (restart " + std::to_string(leasehold::self_restarts()) +
+                           " after a device fault)"
+                     : std::string());
     worker.run(stop);
-    spdlog::info("stopping");
+    gpu_lost = worker.device_lost();
+    if (gpu_lost) {
+      spdlog::critical("GPU context lost ({}): reporting, then starting again", *gpu_lost);
+    } else {
+      spdlog::info("stopping");
+    }
     // The interrupted job's report goes out while the session still exists.
     worker.finish(std::chrono::seconds(3));
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
+    return 1;
+  }
+  if (gpu_lost && !stop.load()) {
+    // Everything above has been unwound: the session unregistered.
+    std::string why = leasehold::restart_self(argv);
+    spdlog::critical("{}", why);
     return 1;
   }
   return 0;

@@ -26,6 +26,9 @@ struct AgentRecord {
   uint64_t outside_pool_bytes = 0;    // its device memory outside the pool, as it reports
   uint8_t mps_thread_percentage = 0;  // its MPS active-thread share (0: all)
   uint64_t job_id = 0;                // the job this coordinator gave it; 0: none
+  // Under MPS a device fault ended every client's context, this agent's
+  // too: it restarts (and registers afresh), and gets no job until then.
+  bool context_lost = false;
   // The jobs it reported in its latest Register or Heartbeat.
   std::vector<proto::AgentJobT> reported;
   // Last StopJob for each job it runs but should not (throttles resends).
@@ -56,7 +59,9 @@ struct AgentRecord {
     }
     return false;
   }
-  bool idle() const { return takes_jobs && ready && job_id == 0 && !reports_busy(); }
+  bool idle() const {
+    return takes_jobs && ready && !context_lost && job_id == 0 && !reports_busy();
+  }
 };
 
 }  // namespace leasehold

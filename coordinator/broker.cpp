@@ -91,6 +91,8 @@ uint64_t largest_checkpoint_id(const std::string& state_dir) {
 
 // The MPS daemon to run under (null: none), per the mps options. Before the
 // first CUDA call.
+constexpr auto kMpsCheckInterval = std::chrono::seconds(10);
+
 std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
   if (o.mps == "off" || o.backend == "host") return nullptr;
   if (!o.mps_directory.empty()) return MpsDaemon::attach(o.mps_directory);
@@ -143,6 +145,7 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.retention_count = o.job_retention_count;
   c.retention_age = o.job_retention_age;
   c.shrink_timeout = o.shrink_timeout;
+  c.fault_probation = o.fault_probation;
   return c;
 }
 
@@ -175,15 +178,16 @@ Broker::Broker(const CoordinatorOptions& opts)
     }
   }
 
-  // MPS before the first CUDA call: the coordinator (whose context holds
-  // the pool) and its agents are clients of one daemon.
+  // The agents run under MPS; the coordinator, whose context holds the
+  // pool, stays outside it so a fault in an agent cannot take the pool
+  // along (coordinator/mps_daemon.h).
   mps_ = start_mps(opts_);
-  if (mps_) mps_->join();
+  // Not even through an inherited CUDA_MPS_PIPE_DIRECTORY.
+  if (mps_) ::unsetenv("CUDA_MPS_PIPE_DIRECTORY");
   Backend backend = resolve_backend(opts_.backend);
   if (backend != Backend::Cuda && mps_) {
     if (opts_.mps == "on") throw std::runtime_error("mps = on needs the cuda backend, but no GPU is visible");
     mps_.reset();
-    ::unsetenv("CUDA_MPS_PIPE_DIRECTORY");
   }
   DeviceMemory mem = query_device_memory(backend, opts_.device);
   uint64_t size = align_down(opts_.pool_size.resolve(mem.free_bytes), opts_.alignment);
@@ -196,7 +200,14 @@ Broker::Broker(const CoordinatorOptions& opts)
     throw std::runtime_error("pool size " + format_bytes(size) + " exceeds the " +
                              format_bytes(mem.free_bytes) + " free on " + mem.name);
   }
-  device_pool_ = create_pool(backend, opts_.device, size, opts_.alignment, opts_.endpoint);
+  try {
+    device_pool_ = create_pool(backend, opts_.device, size, opts_.alignment, opts_.endpoint);
+  } catch (const std::exception& e) {
+    if (!mps_) throw;
+    throw std::runtime_error(std::string(e.what()) +
+                             " (under MPS the pool lives outside the MPS server: the GPU must be "
+                             "in the Default compute mode, not Exclusive-process)");
+  }
 
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (wake_fd_.get() < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
@@ -300,6 +311,7 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     core_->tick(now(), effects);
     apply(effects);
     release_committed();
+    check_mps();
     if (tick_fn) tick_fn();
   }
   // Acknowledgements waiting for their commit still go out if the store
@@ -314,6 +326,30 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
   for (auto& m : bye.messages) {
     Outgoing o{false, m.to, encode_message(m)};
     send(o);
+  }
+}
+
+void Broker::check_mps() {
+  if (!mps_) return;
+  const auto t = Clock::now();
+  const bool fault = core_->device_faults() != mps_faults_seen_;
+  if (!fault && t - mps_checked_ < kMpsCheckInterval) return;
+  mps_checked_ = t;
+  mps_faults_seen_ = core_->device_faults();
+  if (mps_->alive()) {
+    if (mps_down_reported_) spdlog::info("MPS control daemon answers again");
+    mps_down_reported_ = false;
+    return;
+  }
+  if (mps_->restart()) {
+    mps_down_reported_ = false;
+    return;
+  }
+  if (!mps_down_reported_) {
+    spdlog::error("the MPS control daemon of {} does not answer: agents cannot start GPU work "
+                  "until it is back (restart its unit)",
+                  mps_->pipe_directory());
+    mps_down_reported_ = true;
   }
 }
 

@@ -72,6 +72,9 @@ class Broker {
   void send(Outgoing& o);
   void release_committed();
   void wake_fd_drain();
+  // Under MPS: checks that the control daemon answers, after a device fault
+  // and every kMpsCheckInterval, and starts one of ours again if it is gone.
+  void check_mps();
 
   // A file descriptor closed with its owner, also when the constructor
   // throws half-way.
@@ -92,6 +95,9 @@ class Broker {
   Fd lock_fd_;  // flock on STATE_DIR/coordinator.lock
   Fd wake_fd_;  // eventfd: the store writer or a file worker finished something
   std::unique_ptr<MpsDaemon> mps_;  // null: no MPS
+  Clock::time_point mps_checked_{};
+  uint64_t mps_faults_seen_ = 0;  // core's device_faults() at the last check
+  bool mps_down_reported_ = false;
   std::unique_ptr<DevicePool> device_pool_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<StoreWriter> store_;

@@ -334,6 +334,7 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
     a->pid = agent.pid;
     a->device = agent.device;
     a->state = agent.job_id || agent.reports_busy()   ? "running"
+               : agent.context_lost                   ? "restarting"
                : agent.takes_jobs && !agent.ready     ? "warming"
                : count                                ? "leasing"
                                                       : "idle";
@@ -472,6 +473,7 @@ void CoordinatorCore::tick(Now now, Effects& out) {
   release_orphans(now, out);
   resend_pushes(now, out);
   prune(now, out);
+  end_probations(now, out);
   schedule(now, out);
   // A shrink that rested or was skipped may be asked again.
   serve_waiting(out);

@@ -35,6 +35,14 @@
 //   the others wait; idle ones stay as a cache and are evicted, least
 //   recently used first, when a waiting request or an admission needs the
 //   memory. A filler that dies before the region is ready takes it along.
+// - Device faults (core_faults.cpp): an agent whose GPU context was lost
+//   reports its job interrupted with device_fault and restarts. Without MPS
+//   the fault was the job's own: requeued, counted against max_attempts.
+//   Under MPS one client's fault ends every client's context, so a fault
+//   reported while other jobs ran (or other faults within fault_window) is
+//   not counted; the jobs involved are requeued as suspects, and a suspect
+//   runs alone until it reports an epoch or has run for fault_probation:
+//   a fault then is its own and counts.
 //
 // Thread safety: none; one thread (the broker's loop) calls it.
 #pragma once
@@ -86,6 +94,12 @@ struct CoreOptions {
   std::chrono::milliseconds file_check_timeout{10000};
   // The MPS daemon's pipe folder agents join (empty: no MPS).
   std::string mps_pipe_directory;
+  // Device-fault reports this close together are one fault (agents notice
+  // a lost context at their next wait for the device: within about a second).
+  std::chrono::milliseconds fault_window{5000};
+  // How long a suspect of a shared fault runs alone, unless it reports an
+  // epoch first.
+  std::chrono::milliseconds fault_probation{30000};
   // Jobs without a checkpoint directory get STATE_DIR/checkpoints/ID.
   std::string state_dir;
   // Finished jobs kept: at most this many, none older than retention_age.
@@ -121,6 +135,9 @@ class CoordinatorCore {
   void tick(Now now, Effects& out);
   // The earliest time tick() has something to expire, if any.
   std::optional<Clock::time_point> next_deadline() const;
+  // Device faults reported so far (the broker checks the MPS daemon when
+  // this grows).
+  uint64_t device_faults() const { return device_faults_; }
   // The coordinator is stopping: tells every agent.
   void shutdown(Effects& out);
   // Non-empty while the job store cannot commit: submissions are refused
@@ -248,8 +265,20 @@ class CoordinatorCore {
                  const AgentRecord& agent, Effects& out, bool after_store);
   void resend_pushes(Now now, Effects& out);
   // The running `job` stopped without finishing: back to the queue (or
-  // cancelled when that was asked, or failed after too many lost agents).
-  void requeue(JobRecord& job, const std::string& why, bool agent_lost, Now now, Effects& out);
+  // cancelled when that was asked, or failed after too many counted
+  // failures). `counts`: a lost agent or the job's own device fault, ended
+  // as `outcome` (default "agent lost"); else "interrupted".
+  void requeue(JobRecord& job, const std::string& why, bool counts, Now now, Effects& out,
+               const std::string& outcome = "agent lost");
+  // Device faults (core_faults.cpp).
+  // The final report of `job`, interrupted by a device fault on `agent`.
+  void on_device_fault(JobRecord& job, const AgentRecord& agent, const std::string& reason,
+                       Now now, Effects& out);
+  // Whether the scheduler may start `job` now, given the suspects (a
+  // suspect runs alone, and nothing starts beside one).
+  bool fault_rules_allow(const JobRecord& job) const;
+  // A suspect that reported an epoch or ran for fault_probation is cleared.
+  void end_probations(Now now, Effects& out);
   void finish(JobRecord& job, JobState state, const std::string& reason, Now now, Effects& out);
   // Closes the running attempt and unbinds the job from its agent.
   void end_attempt(JobRecord& job, const std::string& outcome, const std::string& reason,
@@ -279,6 +308,9 @@ class CoordinatorCore {
   uint64_t next_session_;
   Clock::time_point started_;
   std::optional<Clock::time_point> last_prune_;
+  // Recent device-fault reports (when, which job), within fault_window.
+  std::vector<std::pair<Clock::time_point, uint64_t>> recent_faults_;
+  uint64_t device_faults_ = 0;
   std::string store_error_;
 };
 

@@ -112,7 +112,13 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
   for (auto& [name, agent] : agents_) {
     if (candidates.empty()) return;
     if (!agent.idle()) continue;
-    Pick pick = policy_->pick_job(agent, candidates, pool_view());
+    // Suspects of a shared device fault run alone (core_faults.cpp).
+    std::vector<JobRecord*> allowed;
+    for (JobRecord* job : candidates) {
+      if (fault_rules_allow(*job)) allowed.push_back(job);
+    }
+    if (allowed.empty()) break;
+    Pick pick = policy_->pick_job(agent, allowed, pool_view());
     if (!pick.job) {
       refused = std::move(pick);
       continue;
@@ -123,6 +129,17 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     std::erase(candidates, pick.job);
   }
   note_waiting(candidates, refused, now, out);
+  for (JobRecord* job : candidates) {
+    if (fault_rules_allow(*job)) continue;
+    std::string why = job->fault_suspect
+                          ? "runs alone on the GPU after a shared device fault; waiting for "
+                            "the running jobs to end"
+                          : "waiting while a job suspected of a device fault runs alone";
+    if (why != job->waiting_for) {
+      job->waiting_for = std::move(why);
+      out.events.push_back(job->id);
+    }
+  }
 }
 
 void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out) {
@@ -237,13 +254,13 @@ void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& 
   changed(job, out);
 }
 
-void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool agent_lost,
-                              Now now, Effects& out) {
+void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool counts,
+                              Now now, Effects& out, const std::string& outcome) {
   const std::string why =
       job.orphan_cause.empty() ? reported : job.orphan_cause + "; then: " + reported;
-  end_attempt(job, agent_lost ? "agent lost" : "interrupted", why, now);
+  end_attempt(job, counts ? outcome : "interrupted", why, now);
   if (job.cancel_requested) return finish(job, JobState::Cancelled, "cancelled: " + why, now, out);
-  if (agent_lost && ++job.agent_failures > static_cast<uint32_t>(job.max_attempts)) {
+  if (counts && ++job.agent_failures > static_cast<uint32_t>(job.max_attempts)) {
     std::string reasons;
     for (const auto& a : job.attempts) {
       reasons += (reasons.empty() ? "" : "; ") + std::string("attempt ") +
@@ -251,7 +268,8 @@ void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool 
     }
     return finish(job, JobState::Failed,
                   "gave up after " + std::to_string(job.attempts.size()) + " attempts (" +
-                      std::to_string(job.agent_failures) + " lost their agent; max_attempts " +
+                      std::to_string(job.agent_failures) +
+                      " lost their agent or faulted on the device; max_attempts " +
                       std::to_string(job.max_attempts) + "): " + reasons,
                   now, out);
   }

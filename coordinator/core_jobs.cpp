@@ -223,7 +223,7 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
     job->orphaned_since.reset();
     agent.job_id = job->id;
   }
-  bool stored = false;
+  bool stored = false, probation_over = false;
   AttemptRecord& attempt = job->attempts.back();
   if (u->resumed_from_epoch() > 0 && attempt.resumed_from_epoch != u->resumed_from_epoch()) {
     attempt.resumed_from_epoch = u->resumed_from_epoch();
@@ -235,6 +235,7 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   if (u->progress()) u->progress()->UnPackTo(&job->progress);
   if (u->first_step_at_us() && job->first_step_at_us != u->first_step_at_us()) {
     job->first_step_at_us = u->first_step_at_us();
+    if (job->fault_suspect) job->probation_since = now.steady;
     stored = true;
   }
   if (u->epoch()) {
@@ -248,8 +249,18 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
       job->epochs.insert(pos, e);
     }
     stored = true;
+    if (job->fault_suspect) {
+      // A whole epoch without a fault: others may run beside it again.
+      job->fault_suspect = false;
+      job->probation_since.reset();
+      spdlog::info("{}: epoch {} done without a device fault; others may run beside it",
+                   job_label(*job), e.epoch);
+      probation_over = true;
+    }
   }
-  if (interrupted) {
+  if (interrupted && u->device_fault()) {
+    on_device_fault(*job, agent, reason, now, out);
+  } else if (interrupted) {
     requeue(*job, reason.empty() ? "interrupted on agent '" + agent.name + "'" : reason, false,
             now, out);
   } else if (*state == JobState::Running) {
@@ -272,7 +283,7 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   }
   // Epoch reports and results are acknowledged once stored; progress at once.
   send_ack(out, rid, req, stored || final_report);
-  if (final_report) schedule(now, out);
+  if (final_report || probation_over) schedule(now, out);
 }
 
 }  // namespace leasehold

@@ -87,6 +87,12 @@ struct JobRecord {
   // Why the coordinator dropped its agent, when the agent's own report of
   // the interruption cannot know it (it did not answer a Shrink).
   std::string orphan_cause;
+  // Under MPS: its GPU context was lost in a fault that took several jobs
+  // down at once, so it may have caused it. It runs alone on the GPU until
+  // it reports an epoch or has run for fault_probation (probation_since:
+  // its first step of that run), so a fault then is surely its own.
+  bool fault_suspect = false;
+  std::optional<Clock::time_point> probation_since;
 
   AttemptRecord* current_attempt() { return attempts.empty() ? nullptr : &attempts.back(); }
   uint32_t attempt_number() const { return attempts.empty() ? 0 : attempts.back().number; }

@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #include <csignal>
@@ -124,7 +126,7 @@ std::unique_ptr<MpsDaemon> MpsDaemon::start(const std::string& control, const st
   if (fs::exists(pipe_dir + "/control")) {
     if (answers()) {
       spdlog::info("using the MPS control daemon already running in {}", pipe_dir);
-      return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir));
+      return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir, control, dir));
     }
     // Left by a daemon that is gone.
     std::error_code ec;
@@ -150,7 +152,7 @@ std::unique_ptr<MpsDaemon> MpsDaemon::start(const std::string& control, const st
   spdlog::info("MPS control daemon started (pipe {}, log {}); it outlives this coordinator: "
                "stop it with 'echo quit | CUDA_MPS_PIPE_DIRECTORY={} {}'",
                pipe_dir, log_dir, pipe_dir, control);
-  return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir));
+  return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir, control, dir));
 }
 
 std::unique_ptr<MpsDaemon> MpsDaemon::attach(const std::string& pipe_dir) {
@@ -160,9 +162,38 @@ std::unique_ptr<MpsDaemon> MpsDaemon::attach(const std::string& pipe_dir) {
                              "CUDA_MPS_PIPE_DIRECTORY=" + pipe_dir + "?)");
   }
   spdlog::info("using the MPS control daemon of {}", pipe_dir);
-  return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir));
+  return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir, "", ""));
 }
 
-void MpsDaemon::join() const { ::setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_dir_.c_str(), 1); }
+bool MpsDaemon::alive() const {
+  const std::string path = pipe_dir_ + "/control";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return fs::exists(path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // cannot tell: assume it is there
+  // Only "nobody listens" means gone (the daemon's socket type may differ
+  // from ours: then connect fails with EPROTOTYPE, but it is there).
+  const bool gone = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 &&
+                    (errno == ECONNREFUSED || errno == ENOENT);
+  ::close(fd);
+  return !gone;
+}
+
+bool MpsDaemon::restart() {
+  if (control_.empty()) return false;
+  spdlog::warn("the MPS control daemon of {} does not accept connections; starting it again",
+               pipe_dir_);
+  try {
+    auto again = start(control_, dir_);  // logs whether it started one
+    pipe_dir_ = again->pipe_dir_;
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("MPS control daemon in {} is gone and cannot be started again: {}", pipe_dir_,
+                  e.what());
+    return false;
+  }
+}
 
 }  // namespace leasehold

@@ -1,13 +1,20 @@
-// The MPS control daemon the coordinator and its agents run their GPU work
-// under. Without MPS the contexts of several processes take turns on the
-// GPU in time slices, and every wait for the device costs a slice; under
-// MPS their kernels run at once (measured: eight MLP jobs 2.6x faster
-// together). The coordinator starts one (mps = auto | on) with its pipe and
-// log folders in its runtime directory, or uses a running one
-// (mps_directory), joins it before it allocates the pool, and tells agents
-// where it is when they register, so they join it too.
+// The MPS control daemon the agents run their GPU work under. Without MPS
+// the contexts of several processes take turns on the GPU in time slices,
+// and every wait for the device costs a slice; under MPS their kernels run
+// at once (measured: eight MLP jobs 2.6x faster together). The coordinator
+// starts one (mps = auto | on) with its pipe and log folders in its runtime
+// directory, or uses a running one (mps_directory), and tells agents where
+// it is when they register, so they join it.
 //
-// Thread safety: none; the coordinator's start-up and exit use it.
+// The coordinator itself stays out of MPS: a fatal fault in one MPS client
+// ends the context of every client on the GPU, and the pool lives in the
+// coordinator's context, which must survive it (measured on an H100: MPS
+// clients map and use memory of a process outside MPS through CUDA IPC;
+// after a client faulted, that memory and its contents were intact). The
+// GPU must be in the Default compute mode for that (Exclusive-process
+// would let only the MPS server create a context).
+//
+// Thread safety: none; the coordinator's loop uses it.
 #pragma once
 
 #include <memory>
@@ -32,13 +39,19 @@ class MpsDaemon {
   // connection across a coordinator restart. Stop it with
   //   echo quit | CUDA_MPS_PIPE_DIRECTORY=<pipe_directory()> nvidia-cuda-mps-control
   const std::string& pipe_directory() const { return pipe_dir_; }
-  // Makes this process an MPS client of the daemon: call before its first
-  // CUDA call (the driver reads the pipe folder when it starts).
-  void join() const;
+  // Whether the control daemon accepts connections on its pipe (a connect
+  // to its socket; no process is started).
+  bool alive() const;
+  // A daemon this coordinator started (not one of mps_directory) is started
+  // again when it is gone: agents then wait for it and join it afresh.
+  // Returns false when it is not ours or could not be started (logged).
+  bool restart();
 
  private:
-  explicit MpsDaemon(std::string pipe_dir) : pipe_dir_(std::move(pipe_dir)) {}
+  MpsDaemon(std::string pipe_dir, std::string control, std::string dir)
+      : pipe_dir_(std::move(pipe_dir)), control_(std::move(control)), dir_(std::move(dir)) {}
   std::string pipe_dir_;
+  std::string control_, dir_;  // empty: not started here
 };
 
 // nvidia-cuda-mps-control on the PATH, if there is one.

@@ -96,12 +96,14 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.mps = value;
       } else if (key == "mps_directory") {
         opts.mps_directory = value;
+      } else if (key == "fault_probation") {
+        opts.fault_probation = parse_duration(value);
       } else {
         throw std::invalid_argument(
             "unknown key (known: endpoint, events_endpoint, backend, device, pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
             "job_retention_count, job_retention_age, policy, low_watermark, high_watermark, "
-            "shrink_timeout, mps, mps_directory, log_level)");
+            "shrink_timeout, mps, mps_directory, fault_probation, log_level)");
       }
     });
   }
@@ -157,6 +159,9 @@ void validate(const CoordinatorOptions& opts) {
     throw std::invalid_argument("mps_directory " + opts.mps_directory +
                                 " is set but mps is off (set mps to auto or on)");
   }
+  if (opts.fault_probation.count() < 0) {
+    throw std::invalid_argument("fault_probation must not be negative");
+  }
   if (opts.shrink_timeout.count() < 10) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }
@@ -166,7 +171,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
-      shrink_timeout, mps, mps_directory;
+      shrink_timeout, mps, mps_directory, fault_probation;
   std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -208,6 +213,10 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "on the PATH)");
   app.add_option("--mps-directory", mps_directory,
                  "pipe folder of an MPS daemon someone else runs (instead of starting one)");
+  app.add_option("--fault-probation", fault_probation,
+                 "under MPS, after a device fault shared by several jobs: how long each runs "
+                 "alone before others run beside it, unless it finishes an epoch first "
+                 "(default 30s)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
   try {
     app.parse(argc, argv);
@@ -248,6 +257,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (shrink_timeout) opts.shrink_timeout = parse_duration(*shrink_timeout);
     if (mps) opts.mps = *mps;
     if (mps_directory) opts.mps_directory = *mps_directory;
+    if (fault_probation) opts.fault_probation = parse_duration(*fault_probation);
     validate(opts);
   } catch (const std::exception& e) {
     std::cerr << "leasehold-coordinator: " << e.what() << "\n";

@@ -59,6 +59,9 @@ struct CoordinatorOptions {
   // folders next to the ipc socket (else in the state directory).
   std::string mps = "auto";
   std::string mps_directory;
+  // After an MPS fault shared by several jobs, how long each of them runs
+  // alone (unless it reports an epoch first; see CoreOptions).
+  std::chrono::milliseconds fault_probation{30000};
   std::string log_level = "info";
 };
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #ifdef LEASEHOLD_HAVE_CUDA
+#include "kernels/fault.h"
 #include "shared/cuda_check.h"
 #endif
 
@@ -30,6 +31,31 @@ void fence_device(Device device) {
 #endif
 }
 bool allow_tf32() { return g_tf32.load(); }
+
+std::optional<std::string> device_context_lost(Device device) {
+  if (!device.is_cuda()) return std::nullopt;
+#ifdef LEASEHOLD_HAVE_CUDA
+  // An ordinary error is returned once and cleared; a sticky one is
+  // returned by every call, so two in a row mean the context is gone.
+  (void)cudaGetLastError();  // an ordinary error left behind is not the question
+  cudaError_t first = cudaSetDevice(device.index);
+  if (first == cudaSuccess) first = cudaDeviceSynchronize();
+  if (first == cudaSuccess) return std::nullopt;
+  (void)cudaGetLastError();
+  cudaError_t again = cudaDeviceSynchronize();
+  if (again == cudaSuccess) return std::nullopt;
+  return std::string(cudaGetErrorName(again)) + " (" + cudaGetErrorString(again) + ")";
+#else
+  return std::nullopt;
+#endif
+}
+
+void inject_device_fault(Device device) {
+  if (!device.is_cuda()) throw std::logic_error("inject_device_fault: not a CUDA device");
+#ifdef LEASEHOLD_HAVE_CUDA
+  kernels::cuda::write_to_unmapped_address(compute_stream(device.index));
+#endif
+}
 
 #ifdef LEASEHOLD_HAVE_CUDA
 namespace {

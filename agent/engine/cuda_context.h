@@ -8,6 +8,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <optional>
+#include <string>
+
 #include "agent/engine/dtype.h"
 
 namespace leasehold::engine {
@@ -18,6 +21,19 @@ namespace leasehold::engine {
 // someone else owns by then. Nothing to wait for on the CPU. Throws
 // CudaError (a kernel fault is reported here, late).
 void fence_device(Device device);
+
+// Whether this process's CUDA context on `device` can no longer be used: a
+// sticky error (a kernel fault here, or under MPS in any client of the GPU,
+// or the MPS server gone) that every call now returns. Returns the error's
+// name and description, or nullopt when the context works (an ordinary
+// error, e.g. out of memory, is cleared by the check). Waits for the
+// device. Only a new process can use the GPU again after a loss. nullopt on
+// the CPU.
+std::optional<std::string> device_context_lost(Device device);
+
+// Test-only: makes the context fail as a buggy kernel would (see
+// kernels/fault.h), asynchronously on this thread's compute stream.
+void inject_device_fault(Device device);
 
 // How many times this process's engine made the host wait for a device: a
 // copy to or from host memory, a stream synchronize, a fence. A training

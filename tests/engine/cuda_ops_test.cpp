@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 
 #include "agent/engine/autograd.h"
@@ -329,6 +331,29 @@ TEST_F(CudaOps, BatchesFromADatasetOnTheDeviceMatchTheHostPath) {
       EXPECT_EQ(batches, 5);
     }
   }
+}
+
+// A fault ends the context for good and is reported as such; an ordinary
+// error (out of memory) is not. In a child process (the threadsafe death
+// test style runs the test binary afresh): the fault would end this one's
+// context too.
+TEST_F(CudaOps, ALostContextIsReportedAndAnOrdinaryErrorIsNot) {
+  const Device dev = Device::cuda(0);
+  void* p = nullptr;
+  ASSERT_NE(cudaMalloc(&p, size_t{1} << 62), cudaSuccess);  // left as the last error
+  EXPECT_EQ(device_context_lost(dev), std::nullopt) << "out of memory leaves the context usable";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        inject_device_fault(dev);
+        auto lost = device_context_lost(dev);
+        auto again = device_context_lost(dev);
+        std::fprintf(stderr, "lost: %s; again: %s\n", lost ? lost->c_str() : "none",
+                     again ? again->c_str() : "none");
+        std::_Exit(lost && again ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "lost: cudaErrorIllegalAddress.*again: cudaErrorIllegalAddress");
+  EXPECT_EQ(device_context_lost(dev), std::nullopt) << "this process's context is untouched";
 }
 
 }  // namespace

@@ -148,6 +148,30 @@ Effects CoreDriver::update(const FakeAgent& a, uint64_t job, uint32_t attempt,
   });
 }
 
+Effects CoreDriver::device_fault(const FakeAgent& a, uint64_t job, uint32_t attempt,
+                                 const std::string& reason) {
+  return request(a.rid, a.name, a.session, proto::Body::JobUpdate, [&](auto& fbb) {
+    proto::JobUpdateT u;
+    u.job_id = job;
+    u.attempt = attempt;
+    u.state = "interrupted";
+    u.reason = reason;
+    u.device_fault = true;
+    return proto::JobUpdate::Pack(fbb, &u).Union();
+  });
+}
+
+Effects CoreDriver::first_step(const FakeAgent& a, uint64_t job, uint32_t attempt) {
+  return request(a.rid, a.name, a.session, proto::Body::JobUpdate, [&](auto& fbb) {
+    proto::JobUpdateT u;
+    u.job_id = job;
+    u.attempt = attempt;
+    u.state = "running";
+    u.first_step_at_us = now_.unix_us ? now_.unix_us : now_.unix_ms * 1000 + 1;
+    return proto::JobUpdate::Pack(fbb, &u).Union();
+  });
+}
+
 Effects CoreDriver::cancel(uint64_t job) {
   return request("client", "client", 0, proto::Body::CancelJob,
                  [&](auto& fbb) { return proto::CreateCancelJob(fbb, job).Union(); });

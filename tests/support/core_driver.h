@@ -60,6 +60,11 @@ class CoreDriver {
   Effects update(const FakeAgent& a, uint64_t job, uint32_t attempt, const std::string& state,
                  const std::string& reason = "", int epoch = 0, bool checkpointed = false,
                  int resumed_from = 0);
+  // The agent's final report of a job interrupted by a lost GPU context.
+  Effects device_fault(const FakeAgent& a, uint64_t job, uint32_t attempt,
+                       const std::string& reason = "");
+  // The attempt's first step began (JobUpdate.first_step_at_us).
+  Effects first_step(const FakeAgent& a, uint64_t job, uint32_t attempt);
   Effects cancel(uint64_t job);
   // `needed`: LeaseRequest.needed (growth its job cannot do without).
   Effects lease(const FakeAgent& a, uint64_t bytes, int wait_ms, bool needed = false);
