@@ -7,6 +7,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "agent/engine/host_batches.h"
 #include "agent/engine/ops.h"
 #include "shared/idx_file.h"
 
@@ -62,6 +63,8 @@ BatchIterator::BatchIterator(const Dataset& data, int64_t batch_size, bool shuff
   // Epoch 0 is shuffled on the first next() unless start_epoch() comes first.
 }
 
+BatchIterator::~BatchIterator() = default;
+
 void BatchIterator::start_epoch(int64_t epoch) {
   order_.resize(data_.size());
   std::iota(order_.begin(), order_.end(), 0);
@@ -71,6 +74,7 @@ void BatchIterator::start_epoch(int64_t epoch) {
   }
   device_order_ = Tensor();
   pos_ = 0;
+  if (host_batches_) host_batches_->start_epoch(order_);
 }
 
 int64_t BatchIterator::batches_per_epoch() const {
@@ -98,6 +102,15 @@ bool BatchIterator::next(Tensor& images, Tensor& labels, Device device) {
       images = images.to(device);
       labels = labels.to(device);
     }
+    pos_ += n;
+    return true;
+  }
+  if (device.is_cuda() && (host_batches_ || pos_ == 0)) {
+    if (!host_batches_) {
+      host_batches_ = std::make_unique<HostBatches>(data_, batch_, device);
+      host_batches_->start_epoch(order_);
+    }
+    if (!host_batches_->next(images, labels)) return false;
     pos_ += n;
     return true;
   }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <memory>
 #include <vector>
 
 #include "agent/engine/tensor.h"
@@ -44,12 +45,16 @@ struct PixelTable {
 // already is on the batches' device (resident in a shared cache region) a
 // batch is gathered there (take_rows; the epoch's order goes to the device
 // once per epoch) or, unshuffled, is a view of it: no host work and no copy
-// per batch. A dataset in host memory is gathered on the host and copied
-// over (one on another device is gathered there and moved). All give the
-// same batches. REQUIRES: images and labels on one device.
+// per batch. A dataset in host memory goes to a CUDA device through pinned
+// buffers a loader thread fills ahead (agent/engine/host_batches.h: no
+// host wait per batch); to the CPU it is gathered directly (one on another
+// device is gathered there and moved). All give the same batches.
+// REQUIRES: images and labels on one device.
+class HostBatches;
 class BatchIterator {
  public:
   BatchIterator(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);
+  ~BatchIterator();
   // Starts epoch `epoch` (0-based).
   void start_epoch(int64_t epoch);
   // Next batch on `device`; false at the end of the epoch.
@@ -64,6 +69,7 @@ class BatchIterator {
   std::vector<int64_t> order_;  // empty until an epoch starts
   Tensor device_order_;  // order_ on the dataset's device, for this epoch
   int64_t pos_ = 0;
+  std::unique_ptr<HostBatches> host_batches_;  // host dataset, CUDA batches
 };
 
 }  // namespace leasehold::engine::data

@@ -333,6 +333,42 @@ TEST_F(CudaOps, BatchesFromADatasetOnTheDeviceMatchTheHostPath) {
   }
 }
 
+// A dataset in host memory reaches the device through pinned buffers a
+// loader thread fills ahead: taking a batch never makes the host wait for
+// the device, and the batches are those the CPU path gives, epoch by epoch.
+TEST_F(CudaOps, BatchesFromAHostDatasetNeverMakeTheHostWait) {
+  manual_seed(4);
+  data::Dataset host{randn({1000, 1, 6, 6}), arange(1000, {DType::Int64})};
+  data::BatchIterator on_gpu(host, 96, true, 7), on_cpu(host, 96, true, 7);
+  std::vector<Tensor> xs, ys;
+  Tensor x, y;
+  ASSERT_TRUE(on_gpu.next(x, y, Device::cuda()));  // creates the pinned buffers
+  xs.push_back(x);
+  ys.push_back(y);
+  const uint64_t waits = host_waits();
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    if (epoch > 0) on_gpu.start_epoch(epoch);
+    while (on_gpu.next(x, y, Device::cuda())) {
+      EXPECT_EQ(x.device(), Device::cuda());
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+  }
+  EXPECT_EQ(host_waits(), waits) << "no batch waited for the device";
+  size_t i = 0;
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    on_cpu.start_epoch(epoch);
+    while (on_cpu.next(x, y, Device::cpu())) {
+      ASSERT_LT(i, xs.size());
+      EXPECT_EQ(xs[i].to_vector<float>(), x.to_vector<float>()) << "batch " << i;
+      EXPECT_EQ(ys[i].to_vector<int64_t>(), y.to_vector<int64_t>()) << "batch " << i;
+      ++i;
+    }
+  }
+  EXPECT_EQ(i, xs.size());
+  EXPECT_EQ(i, 3u * 11u);
+}
+
 // A fault ends the context for good and is reported as such; an ordinary
 // error (out of memory) is not. In a child process (the threadsafe death
 // test style runs the test binary afresh): the fault would end this one's
