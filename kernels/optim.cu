@@ -21,6 +21,18 @@ __global__ void adam_kernel(T* p, const T* g, T* m, T* v, int64_t n, AdamParams 
   }
 }
 
+template <class T>
+__global__ void adam_fused_kernel(AdamTensors<T> t, AdamParams a, double bc1, double bc2) {
+  const int64_t total = t.end[t.count - 1];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int k = 0;
+    while (i >= t.end[k]) ++k;  // at most kMaxFusedTensors steps
+    const int64_t at = i - (k ? t.end[k - 1] : 0);
+    detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], a, bc1, bc2, at);
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -40,6 +52,17 @@ void adam_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams&
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
+template <class T>
+void adam_step_fused(const AdamTensors<T>& t, const AdamParams& a, cudaStream_t stream) {
+  if (t.count == 0 || t.end[t.count - 1] == 0) return;
+  double bc1 = 1 - pow(a.beta1, double(a.step)), bc2 = 1 - pow(a.beta2, double(a.step));
+  adam_fused_kernel<T><<<grid_for(t.end[t.count - 1]), kBlock, 0, stream>>>(t, a, bc1, bc2);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+template void adam_step_fused<float>(const AdamTensors<float>&, const AdamParams&, cudaStream_t);
+template void adam_step_fused<double>(const AdamTensors<double>&, const AdamParams&,
+                                      cudaStream_t);
 template void sgd_step<float>(float*, const float*, float*, int64_t, const SgdParams&,
                               cudaStream_t);
 template void sgd_step<double>(double*, const double*, double*, int64_t, const SgdParams&,

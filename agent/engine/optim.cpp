@@ -114,6 +114,33 @@ void Adam::step() {
   NoGradGuard no_grad;
   ++step_;
   kernels::AdamParams a{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, step_};
+  // CUDA parameters of one dtype and device go together, up to
+  // kMaxFusedTensors per launch (kernels/optim.h).
+  std::vector<Tensor> grads;  // alive until their launch is queued
+  std::vector<size_t> pending;
+  auto flush = [&] {
+    if (pending.empty()) return;
+    const Tensor& first = params_[pending[0]].second;
+    detail::dispatch_floating(first.dtype(), "Adam", [&](auto tag) {
+      using T = decltype(tag);
+      kernels::AdamTensors<T> t;
+      int64_t total = 0;
+      for (size_t j = 0; j < pending.size(); ++j) {
+        size_t i = pending[j];
+        Tensor& p = params_[i].second;
+        t.p[j] = p.data<T>();
+        t.g[j] = grads[j].data<T>();
+        t.m[j] = m_[i].data<T>();
+        t.v[j] = v_[i].data<T>();
+        total += p.numel();
+        t.end[j] = total;
+      }
+      t.count = static_cast<int>(pending.size());
+      LEASEHOLD_CUDA_OR("Adam", kernels::cuda::adam_step_fused<T>(t, a, detail::stream_of(first)));
+    });
+    pending.clear();
+    grads.clear();
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].second;
     if (!p.grad().defined()) continue;
@@ -122,19 +149,25 @@ void Adam::step() {
       m_[i] = zeros(p.sizes(), p.options());
       v_[i] = zeros(p.sizes(), p.options());
     }
+    if (p.device().is_cuda()) {
+      if (!pending.empty()) {
+        const Tensor& first = params_[pending[0]].second;
+        if (first.dtype() != p.dtype() || first.device() != p.device() ||
+            pending.size() == static_cast<size_t>(kernels::kMaxFusedTensors)) {
+          flush();
+        }
+      }
+      pending.push_back(i);
+      grads.push_back(g);
+      continue;
+    }
     detail::dispatch_floating(p.dtype(), "Adam", [&](auto tag) {
       using T = decltype(tag);
-      if (p.device().is_cuda()) {
-        LEASEHOLD_CUDA_OR("Adam", kernels::cuda::adam_step<T>(p.data<T>(), g.data<T>(),
-                                                              m_[i].data<T>(), v_[i].data<T>(),
-                                                              p.numel(), a,
-                                                              detail::stream_of(p)));
-      } else {
-        kernels::cpu::adam_step<T>(p.data<T>(), g.data<T>(), m_[i].data<T>(), v_[i].data<T>(),
-                                   p.numel(), a);
-      }
+      kernels::cpu::adam_step<T>(p.data<T>(), g.data<T>(), m_[i].data<T>(), v_[i].data<T>(),
+                                 p.numel(), a);
     });
   }
+  flush();
 }
 
 nn::NamedTensors Adam::state() const {

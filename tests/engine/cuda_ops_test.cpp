@@ -215,6 +215,36 @@ TEST_F(CudaOps, OptimiserStepsMatch) {
   }
 }
 
+// Adam updates CUDA parameters up to 16 per launch: many of different
+// sizes (some without a gradient) update as on the CPU.
+TEST_F(CudaOps, FusedAdamOverManyParametersMatchesTheCpu) {
+  manual_seed(8);
+  nn::NamedTensors cpu_params, gpu_params;
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 21; ++i) {
+    const int64_t n = i % 3 == 0 ? 1 : (i * 997) % 5000 + 3;
+    Tensor p0 = randn({n});
+    cpu_params.emplace_back("p" + std::to_string(i), p0.clone().set_requires_grad(true));
+    gpu_params.emplace_back("p" + std::to_string(i), p0.to(Device::cuda()).set_requires_grad(true));
+    grads.push_back(randn({n}));
+  }
+  optim::AdamOptions o;
+  o.weight_decay = 0.01;
+  optim::Adam oc(cpu_params, o), og(gpu_params, o);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (i == 5) continue;  // no gradient: left alone
+      cpu_params[i].second.set_grad(grads[i]);
+      gpu_params[i].second.set_grad(grads[i].to(Device::cuda()));
+    }
+    oc.step();
+    og.step();
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_LE(max_rel_diff(gpu_params[i].second, cpu_params[i].second), 1e-5) << "parameter " << i;
+  }
+}
+
 // A training step in its steady state makes the host wait for the device
 // zero times: batches gathered on the device from a resident dataset, bad
 // labels counted on the device (DeferredLabelCheck), the loss summed there.
