@@ -110,6 +110,15 @@ void JobWorker::on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> sp
   std::lock_guard lock(mu_);
   Key key{id, attempt};
   if (known(key)) return;  // the same push again, or via another socket
+  if (device_lost_) {
+    // run() has returned; the agent is about to start itself again.
+    remember(key);
+    reporter_.reliable(final_update(key, "interrupted",
+                                    "agent '" + session_.name() +
+                                        "' lost its GPU context and restarts (" + *device_lost_ +
+                                        "); the job did not start"));
+    return;
+  }
   queue_.push_back(Assigned{key, std::move(spec), std::chrono::steady_clock::now()});
   cv_.notify_all();
 }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "agent/device_footprint.h"
+#include "agent/engine/cuda_context.h"
 #include "agent/exercise.h"
 #include "agent/job_worker.h"
 #include "agent/run_job_cli.h"
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
                  "fault injection for tests: at this step of such a job")
       ->group("");
   std::string gpu_recovery = "120s";
+  std::chrono::milliseconds recovery{};
   app.add_option("--gpu-recovery-timeout", gpu_recovery,
                  "after a device fault the agent starts itself again; this long it waits for "
                  "the GPU (under MPS: the server's recovery) to take new work")
@@ -120,14 +122,7 @@ int main(int argc, char** argv) {
     ex.lease_size = leasehold::parse_bytes(lease_size);
     ex.interval = leasehold::parse_duration(interval);
     opts.register_timeout = leasehold::parse_duration(register_timeout);
-    const auto recovery = leasehold::parse_duration(gpu_recovery);
-    if (leasehold::self_restarts() > 0) {
-      // The context of the process this one replaced was lost; under MPS
-      // the server takes new clients only once all its old ones are gone.
-      opts.before_first_cuda_call = [recovery](int device) {
-        leasehold::wait_for_cuda_context("/proc/self/exe", device, recovery);
-      };
-    }
+    recovery = leasehold::parse_duration(gpu_recovery);
     if (ex.lease_size == 0) throw std::invalid_argument("--lease-size must be positive");
     spill.host_bytes = leasehold::parse_bytes(spill_host);
     spill.staging_bytes = leasehold::parse_bytes(spill_staging);
@@ -146,6 +141,31 @@ int main(int argc, char** argv) {
   }
   const std::atomic<bool>& stop = leasehold::install_stop_signals();
   std::optional<std::string> gpu_lost;
+  std::optional<leasehold::engine::Device> gpu;  // once the pool is known to be on one
+  const int restarts = leasehold::self_restarts();
+  if (restarts >= leasehold::kMaxSelfRestarts) {
+    spdlog::critical("the GPU failed {} starts in a row; giving up", restarts);
+    return 1;
+  }
+  if (restarts > 0) {
+    // The context of the process this one replaced was lost. Under MPS the
+    // server takes new clients only once all its old ones are gone, and a
+    // refused first CUDA call could never be retried in this process: wait
+    // in probe children, before registering (it may take a while). Repeated
+    // restarts back off first.
+    for (int i = 0; i < std::min(restarts - 1, 10) * 10 && !stop.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (std::getenv("CUDA_MPS_PIPE_DIRECTORY")) {
+      try {
+        leasehold::wait_for_cuda_context("/proc/self/exe", leasehold::restart_device(), recovery,
+                                         stop);
+      } catch (const std::exception& e) {
+        spdlog::critical("{}", e.what());
+        return 1;
+      }
+    }
+  }
 
   try {
     // Only a standby worker takes jobs (not --exercise, not --run-job); it
@@ -154,6 +174,7 @@ int main(int argc, char** argv) {
     opts.ready = !opts.takes_jobs;
     leasehold::AgentSession session(opts);
     auto pool = session.pool();
+    if (pool.backend == leasehold::Backend::Cuda) gpu = leasehold::engine::Device::cuda(pool.device);
     std::printf("registered name=%s backend=%s pool_bytes=%llu\n", opts.name.c_str(),
                 leasehold::backend_name(pool.backend),
                 static_cast<unsigned long long>(pool.size));
@@ -200,6 +221,7 @@ int main(int argc, char** argv) {
                      ? " (restart " + std::to_string(leasehold::self_restarts()) +
                            " after a device fault)"
                      : std::string());
+    leasehold::reset_self_restarts();  // the cap counts restarts in a row
     worker.run(stop);
     gpu_lost = worker.device_lost();
     if (gpu_lost) {
@@ -211,11 +233,15 @@ int main(int argc, char** argv) {
     worker.finish(std::chrono::seconds(3));
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
-    return 1;
+    // A context lost while warming up (or refused while the MPS server
+    // recovers) is a restart too; anything else ends the agent.
+    if (!gpu || !(gpu_lost = leasehold::engine::device_context_lost(*gpu)) || stop.load()) {
+      return 1;
+    }
   }
   if (gpu_lost && !stop.load()) {
     // Everything above has been unwound: the session unregistered.
-    std::string why = leasehold::restart_self(argv);
+    std::string why = leasehold::restart_self(argv, gpu ? gpu->index : -1);
     spdlog::critical("{}", why);
     return 1;
   }

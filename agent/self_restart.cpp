@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/close_range.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,7 @@ extern char** environ;
 namespace leasehold {
 namespace {
 constexpr const char* kRestartsEnv = "LEASEHOLD_AGENT_RESTARTS";
+constexpr const char* kDeviceEnv = "LEASEHOLD_AGENT_GPU";
 }  // namespace
 
 int self_restarts() {
@@ -29,10 +32,21 @@ int self_restarts() {
   return v ? std::atoi(v) : 0;
 }
 
-std::string restart_self(char** argv) {
+void reset_self_restarts() { ::unsetenv(kRestartsEnv); }
+
+int restart_device() {
+  const char* v = std::getenv(kDeviceEnv);
+  return v ? std::max(0, std::atoi(v)) : 0;
+}
+
+std::string restart_self(char** argv, int device) {
   ::setenv(kRestartsEnv, std::to_string(self_restarts() + 1).c_str(), 1);
+  ::setenv(kDeviceEnv, std::to_string(device).c_str(), 1);
   spdlog::default_logger()->flush();
   std::fflush(nullptr);
+  // Descriptors opened by libraries without close-on-exec (the driver's,
+  // the MPS client connection) must not outlive this image.
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
   ::execv("/proc/self/exe", argv);
   return std::string("cannot run /proc/self/exe again: ") + std::strerror(errno);
 }
@@ -53,14 +67,14 @@ int probe_cuda_context(int device) {
 }
 
 void wait_for_cuda_context(const std::string& program, int device,
-                           std::chrono::milliseconds limit) {
+                           std::chrono::milliseconds limit, const std::atomic<bool>& stop) {
   const auto start = std::chrono::steady_clock::now();
   const std::string dev = std::to_string(device);
   std::vector<char*> args{const_cast<char*>(program.c_str()),
                           const_cast<char*>("--probe-cuda-context"),
                           const_cast<char*>(dev.c_str()), nullptr};
   bool said = false;
-  while (true) {
+  while (!stop.load()) {
     pid_t pid = 0;
     int rc = ::posix_spawn(&pid, program.c_str(), nullptr, nullptr, args.data(), environ);
     if (rc != 0) {

@@ -76,11 +76,6 @@ struct AgentOptions {
   // Its share of the GPU's threads under MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
   // set by the caller before any CUDA call); 0: all. Reported to the coordinator.
   int mps_thread_percentage = 0;
-  // Called right before this process's first CUDA call (mapping a CUDA
-  // pool on device N), with the MPS folder already set: a restarted agent
-  // waits there for the GPU to take new work (agent/self_restart.h). May
-  // throw.
-  std::function<void(int device)> before_first_cuda_call;
 };
 
 // A lease and its memory. Move-only; releasing happens in release() or, best

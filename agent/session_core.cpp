@@ -94,9 +94,6 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   // The same pool is mapped only once per process (CUDA refuses to open one
   // IPC handle twice); a new pool means the coordinator restarted.
   if (!m) {
-    if (desc.backend == Backend::Cuda && !cuda_started.load() && opts.before_first_cuda_call) {
-      opts.before_first_cuda_call(desc.device);
-    }
     m = map_pool(desc);
     if (desc.backend == Backend::Cuda && !cuda_started.exchange(true)) {
       const char* now = std::getenv("CUDA_MPS_PIPE_DIRECTORY");

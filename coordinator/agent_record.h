@@ -26,9 +26,11 @@ struct AgentRecord {
   uint64_t outside_pool_bytes = 0;    // its device memory outside the pool, as it reports
   uint8_t mps_thread_percentage = 0;  // its MPS active-thread share (0: all)
   uint64_t job_id = 0;                // the job this coordinator gave it; 0: none
-  // Under MPS a device fault ended every client's context, this agent's
-  // too: it restarts (and registers afresh), and gets no job until then.
+  // A device fault ended this agent's context (under MPS: every client's):
+  // it restarts (and registers afresh), and gets no job until then, or
+  // until the core gives up waiting (core_faults.cpp).
   bool context_lost = false;
+  Clock::time_point context_lost_since{};
   // The jobs it reported in its latest Register or Heartbeat.
   std::vector<proto::AgentJobT> reported;
   // Last StopJob for each job it runs but should not (throttles resends).

@@ -53,6 +53,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -272,12 +273,19 @@ class CoordinatorCore {
                const std::string& outcome = "agent lost");
   // Device faults (core_faults.cpp).
   // The final report of `job`, interrupted by a device fault on `agent`.
-  void on_device_fault(JobRecord& job, const AgentRecord& agent, const std::string& reason,
-                       Now now, Effects& out);
-  // Whether the scheduler may start `job` now, given the suspects (a
-  // suspect runs alone, and nothing starts beside one).
-  bool fault_rules_allow(const JobRecord& job) const;
-  // A suspect that reported an epoch or ran for fault_probation is cleared.
+  void on_device_fault(JobRecord& job, AgentRecord& agent, const std::string& reason, Now now,
+                       Effects& out);
+  // What the suspects allow the scheduler now (taken once per schedule()).
+  struct FaultRules {
+    bool active = false;  // under MPS
+    bool running = false, suspect_running = false, suspect_queued = false;
+    // A suspect starts only when nothing runs, nothing starts beside one,
+    // and while one waits nothing else starts (the GPU drains for it).
+    bool allow(const JobRecord& job) const;
+  };
+  FaultRules fault_rules() const;
+  // A suspect that ran for fault_probation is cleared; so is an agent
+  // marked context_lost that did not restart.
   void end_probations(Now now, Effects& out);
   void finish(JobRecord& job, JobState state, const std::string& reason, Now now, Effects& out);
   // Closes the running attempt and unbinds the job from its agent.
@@ -308,8 +316,13 @@ class CoordinatorCore {
   uint64_t next_session_;
   Clock::time_point started_;
   std::optional<Clock::time_point> last_prune_;
-  // Recent device-fault reports (when, which job), within fault_window.
-  std::vector<std::pair<Clock::time_point, uint64_t>> recent_faults_;
+  // The latest device fault: when its first report came, and the jobs that
+  // were running then (its later reports come from them).
+  struct FaultIncident {
+    Clock::time_point opened;
+    std::set<uint64_t> jobs;
+  };
+  std::optional<FaultIncident> incident_;
   uint64_t device_faults_ = 0;
   std::string store_error_;
 };

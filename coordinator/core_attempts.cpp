@@ -113,9 +113,10 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     if (candidates.empty()) return;
     if (!agent.idle()) continue;
     // Suspects of a shared device fault run alone (core_faults.cpp).
+    const FaultRules rules = fault_rules();
     std::vector<JobRecord*> allowed;
     for (JobRecord* job : candidates) {
-      if (fault_rules_allow(*job)) allowed.push_back(job);
+      if (rules.allow(*job)) allowed.push_back(job);
     }
     if (allowed.empty()) break;
     Pick pick = policy_->pick_job(agent, allowed, pool_view());
@@ -129,12 +130,13 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     std::erase(candidates, pick.job);
   }
   note_waiting(candidates, refused, now, out);
+  const FaultRules rules = fault_rules();
   for (JobRecord* job : candidates) {
-    if (fault_rules_allow(*job)) continue;
+    if (rules.allow(*job)) continue;
     std::string why = job->fault_suspect
                           ? "runs alone on the GPU after a shared device fault; waiting for "
                             "the running jobs to end"
-                          : "waiting while a job suspected of a device fault runs alone";
+                          : "waiting while jobs suspected of a device fault run alone";
     if (why != job->waiting_for) {
       job->waiting_for = std::move(why);
       out.events.push_back(job->id);
@@ -155,6 +157,7 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   job.assign_sent = now.steady;
   job.assigned_at_us = now.unix_us ? now.unix_us : now.unix_ms * 1000;
   job.first_step_at_us = 0;
+  job.probation_since.reset();  // from this attempt's first step
   agent.job_id = job.id;
   jobs_.set_state(job, JobState::Running, now.unix_ms,
                   "attempt " + std::to_string(attempt.number) + " on agent '" + agent.name + "'");

@@ -17,36 +17,41 @@
 
 namespace leasehold {
 
-void CoordinatorCore::on_device_fault(JobRecord& job, const AgentRecord& agent,
+void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
                                       const std::string& reason, Now now, Effects& out) {
   ++device_faults_;
   const bool mps = !opts_.mps_pipe_directory.empty();
-  std::erase_if(recent_faults_, [&](const auto& f) {
-    return now.steady - f.first > opts_.fault_window;
-  });
-  // Who else this fault may belong to: jobs that are running now (their
-  // agents will report it in a moment), or that reported one just now.
-  std::vector<uint64_t> beside;
-  if (mps) {
+  // The reporting agent restarts; it gets no job meanwhile.
+  agent.context_lost = true;
+  agent.context_lost_since = now.steady;
+  // One fault is reported by every job it ended, within a moment of each
+  // other: the first report opens an incident holding the jobs that were
+  // running then; a report of one of those within fault_window belongs to
+  // it. Anything else is a new fault.
+  const bool in_incident = incident_ &&
+                           now.steady - incident_->opened <= opts_.fault_window &&
+                           incident_->jobs.count(job.id);
+  if (!in_incident) {
+    incident_ = FaultIncident{now.steady, {}};
     for (const auto& [id, other] : jobs_.all()) {
-      if (id != job.id && other.state == JobState::Running) beside.push_back(id);
+      if (other.state == JobState::Running) incident_->jobs.insert(id);
     }
-    for (const auto& [when, id] : recent_faults_) {
-      if (id != job.id && std::find(beside.begin(), beside.end(), id) == beside.end()) {
-        beside.push_back(id);
+    if (mps) {
+      // Under MPS every client's context ended with it, busy or idle: none
+      // gets a job until it has restarted (or, if it never does, for
+      // twice fault_window: its context was not in this server after all).
+      for (auto& [name, a] : agents_) {
+        a.context_lost = true;
+        a.context_lost_since = now.steady;
       }
     }
   }
-  if (mps && recent_faults_.empty()) {
-    // The first report of this fault: every agent registered before it is
-    // an MPS client whose context ended too, busy or idle. None of them
-    // gets a job until it has restarted and registered afresh (a job given
-    // to one would fail at once and look like its own fault).
-    for (auto& [name, a] : agents_) {
-      a.context_lost = true;
+  std::vector<uint64_t> beside;
+  if (mps) {
+    for (uint64_t id : incident_->jobs) {
+      if (id != job.id) beside.push_back(id);
     }
   }
-  recent_faults_.emplace_back(now.steady, job.id);
   const std::string what = reason.empty() ? "device fault on agent '" + agent.name + "'" : reason;
   if (beside.empty()) {
     // Its own: alone on the GPU (or each agent in a context of its own).
@@ -73,15 +78,26 @@ void CoordinatorCore::on_device_fault(JobRecord& job, const AgentRecord& agent,
           now, out);
 }
 
-bool CoordinatorCore::fault_rules_allow(const JobRecord& job) const {
-  if (opts_.mps_pipe_directory.empty()) return true;
-  bool running = false;
-  for (const auto& [id, other] : jobs_.all()) {
-    if (other.state != JobState::Running) continue;
-    if (other.fault_suspect) return false;  // nothing starts beside a suspect
-    running = true;
+CoordinatorCore::FaultRules CoordinatorCore::fault_rules() const {
+  FaultRules r;
+  if (opts_.mps_pipe_directory.empty()) return r;
+  for (const auto& [id, job] : jobs_.all()) {
+    if (job.state == JobState::Running) {
+      r.running = true;
+      r.suspect_running |= job.fault_suspect;
+    } else if (job.state == JobState::Queued) {
+      r.suspect_queued |= job.fault_suspect;
+    }
   }
-  return !job.fault_suspect || !running;  // a suspect starts only alone
+  r.active = true;
+  return r;
+}
+
+bool CoordinatorCore::FaultRules::allow(const JobRecord& job) const {
+  if (!active) return true;
+  if (suspect_running) return false;             // nothing starts beside a suspect
+  if (job.fault_suspect) return !running;        // a suspect starts only alone
+  return !suspect_queued;  // the GPU drains for waiting suspects (else they could starve)
 }
 
 void CoordinatorCore::end_probations(Now now, Effects& out) {
@@ -94,6 +110,15 @@ void CoordinatorCore::end_probations(Now now, Effects& out) {
     cleared = true;
     spdlog::info("{}: ran alone for {} ms without a device fault; others may run beside it",
                  job_label(job), opts_.fault_probation.count());
+  }
+  // An agent marked after a fault that has not restarted within twice the
+  // window was not in the faulted context (or noticed nothing): it works.
+  for (auto& [name, agent] : agents_) {
+    if (agent.context_lost && now.steady - agent.context_lost_since >= 2 * opts_.fault_window) {
+      agent.context_lost = false;
+      cleared = true;
+      spdlog::info("agent '{}' did not restart after the device fault; it takes jobs again", name);
+    }
   }
   if (cleared) schedule(now, out);
 }

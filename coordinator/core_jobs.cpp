@@ -249,8 +249,9 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
       job->epochs.insert(pos, e);
     }
     stored = true;
-    if (job->fault_suspect) {
-      // A whole epoch without a fault: others may run beside it again.
+    // A whole epoch of this attempt (not the checkpointed one a resume
+    // reports again) trained without a fault.
+    if (job->fault_suspect && job->first_step_at_us && e.epoch > attempt.resumed_from_epoch) {
       job->fault_suspect = false;
       job->probation_since.reset();
       spdlog::info("{}: epoch {} done without a device fault; others may run beside it",

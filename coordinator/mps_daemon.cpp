@@ -171,10 +171,11 @@ bool MpsDaemon::alive() const {
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof addr.sun_path) return fs::exists(path);
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return true;  // cannot tell: assume it is there
   // Only "nobody listens" means gone (the daemon's socket type may differ
-  // from ours: then connect fails with EPROTOTYPE, but it is there).
+  // from ours: then connect fails with EPROTOTYPE, but it is there; a full
+  // backlog answers EAGAIN at once, it never blocks the loop).
   const bool gone = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 &&
                     (errno == ECONNREFUSED || errno == ENOENT);
   ::close(fd);

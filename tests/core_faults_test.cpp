@@ -91,14 +91,16 @@ TEST(CoreFaults, WithoutMpsADeviceFaultIsTheJobsOwnAndCounts) {
   Effects e = t.d.device_fault(ag, t.j2, 1, "device fault on agent 'b': cudaErrorIllegalAddress");
   EXPECT_EQ(error_code(e, ag.rid), std::nullopt) << errors(e);
   const JobRecord& j = t.d.job(t.j2);
-  EXPECT_EQ(j.state, JobState::Running) << "requeued, and its agent is idle again";
-  EXPECT_EQ(j.attempt_number(), 2u);
+  EXPECT_EQ(j.state, JobState::Queued) << "its agent restarts before it takes a job";
   EXPECT_EQ(j.agent_failures, 1u) << "counted against max_attempts";
   EXPECT_EQ(j.attempts.front().outcome, "device fault");
   EXPECT_FALSE(j.fault_suspect);
   EXPECT_EQ(t.d.job(t.j1).state, JobState::Running) << "the others run on";
   EXPECT_EQ(t.d.job(t.j3).state, JobState::Running);
   EXPECT_EQ(t.d.core().device_faults(), 1u);
+  ag = t.d.register_agent(ag.name, ag.pid);  // restarted
+  EXPECT_EQ(t.d.job(t.j2).state, JobState::Running);
+  EXPECT_EQ(t.d.job(t.j2).attempt_number(), 2u);
 }
 
 TEST(CoreFaults, UnderMpsAFaultSharedBySeveralJobsCountsAgainstNone) {
@@ -149,23 +151,23 @@ TEST(CoreFaults, SuspectsRunAloneAndAFaultAloneIsTheirOwn) {
   EXPECT_TRUE(culprit.fault_suspect) << "it runs alone next time too";
 }
 
-TEST(CoreFaults, ASuspectThatRunsCleanlyLetsOthersRunBesideIt) {
+TEST(CoreFaults, SuspectsGoFirstOneAtATimeThenOthersRunBesideThem) {
   Three t(mps_options());
   for (uint64_t id : {t.j1, t.j2, t.j3}) t.d.device_fault(t.agent_of(id), id, 1);
   t.a = t.d.register_agent("a", 11);
   t.b = t.d.register_agent("b", 12);
   t.c = t.d.register_agent("c", 13);
   uint64_t extra = 0;
-  t.d.submit(extra);  // not a suspect, but waits: nothing starts beside a suspect
+  t.d.submit(extra);  // not a suspect, but the GPU drains for the suspects first
   t.d.tick();
   auto r = running(t.d);
   ASSERT_EQ(r.size(), 1u);
-  const uint64_t first = r[0];
+  uint64_t first = r[0];
   EXPECT_EQ(t.d.job(extra).state, JobState::Queued);
   EXPECT_NE(t.d.job(extra).waiting_for.find("suspected of a device fault"), std::string::npos)
       << t.d.job(extra).waiting_for;
 
-  // Probation runs from its first step: 30 s of training without a fault.
+  // Probation runs from this attempt's first step: 30 s of training.
   uint32_t attempt = t.d.job(first).attempt_number();
   t.d.heartbeat(t.agent_of(first), {{first, attempt, P::Running}});
   t.pass(40);
@@ -173,15 +175,73 @@ TEST(CoreFaults, ASuspectThatRunsCleanlyLetsOthersRunBesideIt) {
   t.d.first_step(t.agent_of(first), first, attempt);
   t.pass(29);
   EXPECT_TRUE(t.d.job(first).fault_suspect);
-  EXPECT_EQ(t.d.job(extra).state, JobState::Queued);
   t.pass(2);
   EXPECT_FALSE(t.d.job(first).fault_suspect);
-  EXPECT_EQ(t.d.job(extra).state, JobState::Running) << "a clean job runs beside it now";
-  for (uint64_t id : {t.j1, t.j2, t.j3}) {
-    if (id != first) {
-      EXPECT_EQ(t.d.job(id).state, JobState::Queued) << "suspects still wait to run alone";
-    }
+  EXPECT_EQ(running(t.d).size(), 1u) << "the other suspects wait to run alone, and others wait";
+  // Each suspect in turn runs alone and is cleared by an epoch of its own.
+  for (int turn = 0; turn < 2; ++turn) {
+    t.d.update(t.agent_of(first), first, attempt, "succeeded");
+    t.d.tick();
+    r = running(t.d);
+    ASSERT_EQ(r.size(), 1u) << turn;
+    first = r[0];
+    EXPECT_TRUE(t.d.job(first).fault_suspect);
+    EXPECT_NE(first, extra);
+    attempt = t.d.job(first).attempt_number();
+    t.d.heartbeat(t.agent_of(first), {{first, attempt, P::Running}});
+    t.d.first_step(t.agent_of(first), first, attempt);
+    t.d.update(t.agent_of(first), first, attempt, "running", "", 1, true);
+    EXPECT_FALSE(t.d.job(first).fault_suspect);
   }
+  t.d.tick();
+  EXPECT_EQ(t.d.job(extra).state, JobState::Running) << "no suspect left: it runs beside";
+  EXPECT_EQ(running(t.d).size(), 2u);
+}
+
+TEST(CoreFaults, TheCheckpointedEpochAResumeReportsAgainDoesNotEndProbation) {
+  Three t(mps_options());
+  for (uint64_t id : {t.j1, t.j2, t.j3}) t.d.device_fault(t.agent_of(id), id, 1);
+  t.a = t.d.register_agent("a", 11);
+  t.b = t.d.register_agent("b", 12);
+  t.c = t.d.register_agent("c", 13);
+  t.d.tick();
+  auto r = running(t.d);
+  ASSERT_EQ(r.size(), 1u);
+  const uint64_t first = r[0];
+  const uint32_t attempt = t.d.job(first).attempt_number();
+  FakeAgent& ag = t.agent_of(first);
+  t.d.heartbeat(ag, {{first, attempt, P::Running}});
+  // It resumes after epoch 2 and reports that epoch again before training.
+  t.d.update(ag, first, attempt, "running", "", 2, true, 2);
+  EXPECT_TRUE(t.d.job(first).fault_suspect) << "nothing of this attempt has run yet";
+  t.d.first_step(ag, first, attempt);
+  t.d.update(ag, first, attempt, "running", "", 2, true, 2);
+  EXPECT_TRUE(t.d.job(first).fault_suspect) << "epoch 2 is the checkpoint's, not this run's";
+  t.d.update(ag, first, attempt, "running", "", 3, true, 2);
+  EXPECT_FALSE(t.d.job(first).fault_suspect);
+}
+
+TEST(CoreFaults, AnAgentThatDoesNotRestartTakesJobsAgainAfterTwiceTheWindow) {
+  CoreDriver d(mps_options());
+  FakeAgent a = d.register_agent("a", 11);
+  uint64_t j = 0;
+  d.submit(j);
+  FakeAgent b = d.register_agent("b", 12);  // its context was elsewhere: it never restarts
+  d.heartbeat(a, {{j, 1, P::Running}});
+  d.device_fault(a, j, 1);
+  for (int i = 0; i < 9; ++i) {
+    d.advance(1000ms);
+    d.heartbeat(b);
+    d.tick();
+  }
+  EXPECT_EQ(d.job(j).state, JobState::Queued);
+  for (int i = 0; i < 2; ++i) {
+    d.advance(1000ms);
+    d.heartbeat(b);
+    d.tick();
+  }
+  EXPECT_EQ(d.job(j).state, JobState::Running) << "b takes jobs again after 10 s";
+  EXPECT_EQ(d.job(j).agent, "b");
 }
 
 TEST(CoreFaults, AnEpochReportEndsProbation) {
@@ -196,6 +256,7 @@ TEST(CoreFaults, AnEpochReportEndsProbation) {
   const uint64_t first = r[0];
   uint32_t attempt = t.d.job(first).attempt_number();
   t.d.heartbeat(t.agent_of(first), {{first, attempt, P::Running}});
+  t.d.first_step(t.agent_of(first), first, attempt);
   t.d.update(t.agent_of(first), first, attempt, "running", "", 1, true);
   EXPECT_FALSE(t.d.job(first).fault_suspect);
   // Its work done, the next suspect runs alone.
@@ -248,7 +309,7 @@ TEST(CoreFaults, RepeatedOwnFaultsFailTheJobNamingThem) {
     ASSERT_EQ(d.job(j).state, JobState::Running) << attempt;
     d.heartbeat(a, {{j, attempt, P::Running}});
     d.device_fault(a, j, attempt, "device fault on agent 'a': cudaErrorIllegalAddress");
-    d.heartbeat(a);
+    a = d.register_agent("a", 11);  // restarted
   }
   const JobRecord& job = d.job(j);
   EXPECT_EQ(job.state, JobState::Failed);

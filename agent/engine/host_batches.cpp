@@ -36,17 +36,38 @@ HostBatches::HostBatches(const Dataset& data, int64_t batch, Device device, int 
       device_(device) {
   if (!device.is_cuda()) throw std::invalid_argument("HostBatches: the device must be CUDA");
   if (batch <= 0 || slots < 1) throw std::invalid_argument("HostBatches: bad batch or slots");
-  LEASEHOLD_CUDA_CHECK(cudaSetDevice(device.index));
-  for (int i = 0; i < slots; ++i) {
-    auto s = std::make_unique<Slot>();
-    LEASEHOLD_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s->images),
-                                       sizeof(float) * batch * row_floats_, cudaHostAllocDefault));
-    LEASEHOLD_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s->labels),
-                                       sizeof(int64_t) * batch, cudaHostAllocDefault));
-    LEASEHOLD_CUDA_CHECK(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
-    slots_.push_back(std::move(s));
+  if (data.images.dtype() != DType::Float32 || data.labels.dtype() != DType::Int64) {
+    throw std::invalid_argument("HostBatches: float32 images and int64 labels expected");
   }
-  loader_ = std::thread([this] { load_loop(); });
+  try {
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device.index));
+    for (int i = 0; i < slots; ++i) {
+      slots_.push_back(std::make_unique<Slot>());
+      Slot& s = *slots_.back();
+      LEASEHOLD_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.images),
+                                         sizeof(float) * batch * row_floats_,
+                                         cudaHostAllocDefault));
+      LEASEHOLD_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.labels),
+                                         sizeof(int64_t) * batch, cudaHostAllocDefault));
+      LEASEHOLD_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+    }
+    loader_ = std::thread([this] { load_loop(); });
+  } catch (...) {
+    release_slots();
+    throw;
+  }
+}
+
+void HostBatches::release_slots() {
+  for (auto& s : slots_) {
+    // A copy still queued reads this buffer; errors (a lost context) only
+    // mean nothing runs any more.
+    if (s->in_flight) (void)cudaEventSynchronize(s->copied);
+    if (s->copied) (void)cudaEventDestroy(s->copied);
+    if (s->images) (void)cudaFreeHost(s->images);
+    if (s->labels) (void)cudaFreeHost(s->labels);
+  }
+  slots_.clear();
 }
 
 HostBatches::~HostBatches() {
@@ -56,14 +77,7 @@ HostBatches::~HostBatches() {
   }
   cv_.notify_all();
   loader_.join();
-  for (auto& s : slots_) {
-    // A copy still queued reads this buffer; errors (a lost context) only
-    // mean nothing runs any more.
-    if (s->in_flight) (void)cudaEventSynchronize(s->copied);
-    (void)cudaEventDestroy(s->copied);
-    (void)cudaFreeHost(s->images);
-    (void)cudaFreeHost(s->labels);
-  }
+  release_slots();
 }
 
 void HostBatches::start_epoch(const std::vector<int64_t>& order) {
@@ -81,6 +95,17 @@ void HostBatches::start_epoch(const std::vector<int64_t>& order) {
 }
 
 void HostBatches::load_loop() {
+  try {
+    load_batches();
+  } catch (...) {
+    // Handed to the training thread, which rethrows it from next().
+    std::lock_guard lock(mu_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+void HostBatches::load_batches() {
   (void)cudaSetDevice(device_.index);
   const int64_t total = static_cast<int64_t>(data_.images.sizes()[0]);
   const float* src = data_.images.data<float>();
@@ -136,6 +161,7 @@ bool HostBatches::next(Tensor& images, Tensor& labels) {
   if (taken_ >= batches) return false;
   Slot* slot = nullptr;
   cv_.wait(lock, [&] {
+    if (error_) return true;
     for (auto& s : slots_) {
       if (s->state == Slot::State::Ready && s->epoch == epoch_ && s->index == taken_) {
         slot = s.get();
@@ -144,6 +170,7 @@ bool HostBatches::next(Tensor& images, Tensor& labels) {
     }
     return false;
   });
+  if (error_) std::rethrow_exception(error_);
   ++taken_;
   const int64_t rows = slot->rows;
   lock.unlock();
@@ -177,6 +204,8 @@ HostBatches::~HostBatches() = default;
 void HostBatches::start_epoch(const std::vector<int64_t>&) {}
 bool HostBatches::next(Tensor&, Tensor&) { return false; }
 void HostBatches::load_loop() {}
+void HostBatches::load_batches() {}
+void HostBatches::release_slots() {}
 
 #endif
 

@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -32,7 +33,7 @@ class HostBatches {
  public:
   // `data` in host memory (float32 images, int64 labels) outlives this.
   // Allocates `slots` pinned buffers of `batch` rows (pinning memory waits
-  // for the device: once, here).
+  // for the device: once per iterator, here).
   HostBatches(const Dataset& data, int64_t batch, Device device, int slots = 3);
   // Stops the loader; waits for copies still reading the pinned buffers.
   ~HostBatches();
@@ -47,7 +48,9 @@ class HostBatches {
 
  private:
   struct Slot;
-  void load_loop();
+  void load_loop();     // the loader thread: load_batches(), errors kept in error_
+  void load_batches();
+  void release_slots();  // waits for copies in flight, frees the buffers
 
   const Dataset& data_;
   const int64_t batch_;
@@ -61,6 +64,7 @@ class HostBatches {
   int64_t loaded_ = 0;          // batches of this epoch handed to slots; GUARDED_BY(mu_)
   int64_t taken_ = 0;           // batches of this epoch given out by next(); GUARDED_BY(mu_)
   bool stop_ = false;           // GUARDED_BY(mu_)
+  std::exception_ptr error_;    // the loader's failure; GUARDED_BY(mu_)
   std::thread loader_;
 };
 
