@@ -317,10 +317,11 @@ class CoordinatorCore {
   Clock::time_point started_;
   std::optional<Clock::time_point> last_prune_;
   // The latest device fault: when its first report came, and the jobs that
-  // were running then (its later reports come from them).
+  // were running then, with their attempts (its later reports come from
+  // those attempts).
   struct FaultIncident {
     Clock::time_point opened;
-    std::set<uint64_t> jobs;
+    std::map<uint64_t, uint32_t> jobs;
   };
   std::optional<FaultIncident> incident_;
   uint64_t device_faults_ = 0;

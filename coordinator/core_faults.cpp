@@ -26,15 +26,16 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
   agent.context_lost_since = now.steady;
   // One fault is reported by every job it ended, within a moment of each
   // other: the first report opens an incident holding the jobs that were
-  // running then; a report of one of those within fault_window belongs to
-  // it. Anything else is a new fault.
+  // running then; a report of one of those (the same attempt) within
+  // fault_window belongs to it. Anything else is a new fault.
   const bool in_incident = incident_ &&
                            now.steady - incident_->opened <= opts_.fault_window &&
-                           incident_->jobs.count(job.id);
+                           incident_->jobs.count(job.id) &&
+                           incident_->jobs.at(job.id) == job.attempt_number();
   if (!in_incident) {
     incident_ = FaultIncident{now.steady, {}};
     for (const auto& [id, other] : jobs_.all()) {
-      if (other.state == JobState::Running) incident_->jobs.insert(id);
+      if (other.state == JobState::Running) incident_->jobs[id] = other.attempt_number();
     }
     if (mps) {
       // Under MPS every client's context ended with it, busy or idle: none
@@ -48,7 +49,7 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
   }
   std::vector<uint64_t> beside;
   if (mps) {
-    for (uint64_t id : incident_->jobs) {
+    for (const auto& [id, attempt] : incident_->jobs) {
       if (id != job.id) beside.push_back(id);
     }
   }
