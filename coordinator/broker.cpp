@@ -89,10 +89,11 @@ uint64_t largest_checkpoint_id(const std::string& state_dir) {
   return largest;
 }
 
-// The MPS daemon to run under (null: none), per the mps options. Before the
-// first CUDA call.
+// How often the loop checks that the MPS control daemon answers.
 constexpr auto kMpsCheckInterval = std::chrono::seconds(10);
 
+// The MPS daemon to run under (null: none), per the mps options. Before the
+// first CUDA call.
 std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
   if (o.mps == "off" || o.backend == "host") return nullptr;
   if (!o.mps_directory.empty()) return MpsDaemon::attach(o.mps_directory);

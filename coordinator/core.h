@@ -282,6 +282,7 @@ class CoordinatorCore {
     // A suspect starts only when nothing runs, nothing starts beside one,
     // and while one waits nothing else starts (the GPU drains for it).
     bool allow(const JobRecord& job) const;
+    void started(const JobRecord& job);  // `job` was just assigned
   };
   FaultRules fault_rules() const;
   // A suspect that ran for fault_probation is cleared; so is an agent

@@ -109,11 +109,11 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     }
   }
   Pick refused;  // the latest refusal, for the job still first in line
+  // Suspects of a shared device fault run alone (core_faults.cpp).
+  FaultRules rules = fault_rules();
   for (auto& [name, agent] : agents_) {
     if (candidates.empty()) return;
     if (!agent.idle()) continue;
-    // Suspects of a shared device fault run alone (core_faults.cpp).
-    const FaultRules rules = fault_rules();
     std::vector<JobRecord*> allowed;
     for (JobRecord* job : candidates) {
       if (rules.allow(*job)) allowed.push_back(job);
@@ -127,10 +127,10 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     refused = Pick{};
     evict_for_admission(*pick.job, now);
     assign(*pick.job, agent, now, out);
+    rules.started(*pick.job);
     std::erase(candidates, pick.job);
   }
   note_waiting(candidates, refused, now, out);
-  const FaultRules rules = fault_rules();
   for (JobRecord* job : candidates) {
     if (rules.allow(*job)) continue;
     std::string why = job->fault_suspect

@@ -101,6 +101,11 @@ bool CoordinatorCore::FaultRules::allow(const JobRecord& job) const {
   return !suspect_queued;  // the GPU drains for waiting suspects (else they could starve)
 }
 
+void CoordinatorCore::FaultRules::started(const JobRecord& job) {
+  running = true;
+  suspect_running |= job.fault_suspect;
+}
+
 void CoordinatorCore::end_probations(Now now, Effects& out) {
   bool cleared = false;
   for (auto& [id, job] : jobs_.all()) {

@@ -58,6 +58,14 @@ struct Three {
     const std::string& n = d.job(id).agent;
     return n == "a" ? a : n == "b" ? b : c;
   }
+  // One MPS fault ends all three jobs; the agents restart (the same
+  // processes, executed again) and register again, idle.
+  void shared_fault_and_restart() {
+    for (uint64_t id : {j1, j2, j3}) d.device_fault(agent_of(id), id, 1);
+    a = d.register_agent("a", 11);
+    b = d.register_agent("b", 12);
+    c = d.register_agent("c", 13);
+  }
   // Lets `seconds` pass, every agent heart-beating its running job.
   void pass(int seconds) {
     for (int i = 0; i < seconds; ++i) {
@@ -121,14 +129,7 @@ TEST(CoreFaults, UnderMpsAFaultSharedBySeveralJobsCountsAgainstNone) {
 
 TEST(CoreFaults, SuspectsRunAloneAndAFaultAloneIsTheirOwn) {
   Three t(mps_options());
-  for (uint64_t id : {t.j1, t.j2, t.j3}) {
-    t.d.device_fault(t.agent_of(id), id, 1);
-  }
-  // The agents restarted (the same process, executed again); they register
-  // again, idle.
-  t.a = t.d.register_agent("a", 11);
-  t.b = t.d.register_agent("b", 12);
-  t.c = t.d.register_agent("c", 13);
+  t.shared_fault_and_restart();
   t.d.tick();
   auto now_running = running(t.d);
   ASSERT_EQ(now_running.size(), 1u) << "one suspect at a time, alone";
@@ -153,10 +154,7 @@ TEST(CoreFaults, SuspectsRunAloneAndAFaultAloneIsTheirOwn) {
 
 TEST(CoreFaults, SuspectsGoFirstOneAtATimeThenOthersRunBesideThem) {
   Three t(mps_options());
-  for (uint64_t id : {t.j1, t.j2, t.j3}) t.d.device_fault(t.agent_of(id), id, 1);
-  t.a = t.d.register_agent("a", 11);
-  t.b = t.d.register_agent("b", 12);
-  t.c = t.d.register_agent("c", 13);
+  t.shared_fault_and_restart();
   uint64_t extra = 0;
   t.d.submit(extra);  // not a suspect, but the GPU drains for the suspects first
   t.d.tick();
@@ -200,10 +198,7 @@ TEST(CoreFaults, SuspectsGoFirstOneAtATimeThenOthersRunBesideThem) {
 
 TEST(CoreFaults, TheCheckpointedEpochAResumeReportsAgainDoesNotEndProbation) {
   Three t(mps_options());
-  for (uint64_t id : {t.j1, t.j2, t.j3}) t.d.device_fault(t.agent_of(id), id, 1);
-  t.a = t.d.register_agent("a", 11);
-  t.b = t.d.register_agent("b", 12);
-  t.c = t.d.register_agent("c", 13);
+  t.shared_fault_and_restart();
   t.d.tick();
   auto r = running(t.d);
   ASSERT_EQ(r.size(), 1u);
@@ -246,10 +241,7 @@ TEST(CoreFaults, AnAgentThatDoesNotRestartTakesJobsAgainAfterTwiceTheWindow) {
 
 TEST(CoreFaults, AnEpochReportEndsProbation) {
   Three t(mps_options());
-  for (uint64_t id : {t.j1, t.j2, t.j3}) t.d.device_fault(t.agent_of(id), id, 1);
-  t.a = t.d.register_agent("a", 11);
-  t.b = t.d.register_agent("b", 12);
-  t.c = t.d.register_agent("c", 13);
+  t.shared_fault_and_restart();
   t.d.tick();
   auto r = running(t.d);
   ASSERT_EQ(r.size(), 1u);
