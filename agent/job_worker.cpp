@@ -274,9 +274,7 @@ std::optional<std::string> JobWorker::device_lost() const {
 }
 
 void JobWorker::run(const std::atomic<bool>& stop) {
-  const PoolDescriptor pool = session_.pool();
-  const engine::Device device = pool.backend == Backend::Cuda ? engine::Device::cuda(pool.device)
-                                                              : engine::Device::cpu();
+  const engine::Device device = pool_device(session_.pool());
   auto checked = std::chrono::steady_clock::now();
   while (!stop.load() && !device_lost()) {
     Assigned job;
@@ -450,10 +448,8 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     // out-of-memory or a lost lease: say what really happened.
     bool lost = !session_.connected() || session_.registrations() != registrations;
     // A lost GPU context shows up as whatever CUDA call came next.
-    const PoolDescriptor pool = session_.pool();
     std::optional<std::string> context_lost =
-        pool.backend == Backend::Cuda ? engine::device_context_lost(engine::Device::cuda(pool.device))
-                                      : std::nullopt;
+        engine::device_context_lost(pool_device(session_.pool()));
     std::lock_guard lock(mu_);
     if (context_lost) {
       state = "interrupted";

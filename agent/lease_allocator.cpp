@@ -21,9 +21,7 @@ LeaseAllocator::LeaseAllocator(AgentSession& session, LeaseAllocatorOptions opti
   if (!is_power_of_two(opt_.granularity) || opt_.granularity < 256) {
     throw std::invalid_argument("lease allocator granularity must be a power of two >= 256");
   }
-  PoolDescriptor pool = session_.pool();
-  device_ = pool.backend == Backend::Cuda ? engine::Device::cuda(pool.device)
-                                          : engine::Device::cpu();
+  device_ = pool_device(session_.pool());
 }
 
 LeaseAllocator::~LeaseAllocator() {

@@ -36,6 +36,11 @@
 
 namespace leasehold {
 
+// The engine device a pool's memory is on: cuda:N, or the CPU for a host pool.
+inline engine::Device pool_device(const PoolDescriptor& pool) {
+  return pool.backend == Backend::Cuda ? engine::Device::cuda(pool.device) : engine::Device::cpu();
+}
+
 struct LeaseAllocatorOptions {
   // Most bytes this allocator may lease at once (0: as much as the pool gives).
   uint64_t budget_bytes = 0;

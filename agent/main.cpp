@@ -15,6 +15,7 @@
 #include "agent/engine/cuda_context.h"
 #include "agent/exercise.h"
 #include "agent/job_worker.h"
+#include "agent/lease_allocator.h"
 #include "agent/run_job_cli.h"
 #include "agent/self_restart.h"
 #include "agent/session.h"
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
     opts.ready = !opts.takes_jobs;
     leasehold::AgentSession session(opts);
     auto pool = session.pool();
-    if (pool.backend == leasehold::Backend::Cuda) gpu = leasehold::engine::Device::cuda(pool.device);
+    if (pool.backend == leasehold::Backend::Cuda) gpu = leasehold::pool_device(pool);
     std::printf("registered name=%s backend=%s pool_bytes=%llu\n", opts.name.c_str(),
                 leasehold::backend_name(pool.backend),
                 static_cast<unsigned long long>(pool.size));
@@ -191,9 +192,7 @@ int main(int argc, char** argv) {
       session.set_session_listener(announce);
       return leasehold::run_exercise(session, ex, stop);
     }
-    const leasehold::engine::Device device = pool.backend == leasehold::Backend::Cuda
-                                                 ? leasehold::engine::Device::cuda(pool.device)
-                                                 : leasehold::engine::Device::cpu();
+    const leasehold::engine::Device device = leasehold::pool_device(pool);
     // Set aside once, before any job: pinning host memory synchronizes the device.
     leasehold::spill::AgentSpill spiller(spill, device);
     if (!job_file.empty()) {
