@@ -40,6 +40,26 @@ __global__ void max_pool_backward_kernel(T* dx, const T* dout, const int64_t* ar
   }
 }
 
+// Windows that do not overlap (stride >= k): each input position lies in at
+// most one window, so every dx element is written once, from its window's
+// argmax, with no zeroing beforehand and no atomics.
+template <class T>
+__global__ void max_pool_backward_gather_kernel(T* dx, const T* dout, const int64_t* argmax,
+                                                PoolGeometry g, int64_t total) {
+  const int64_t oh = g.oh(), ow = g.ow();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t pos = i % (g.h * g.w), plane = i / (g.h * g.w);
+    const int64_t y = pos / g.w, x = pos % g.w, oy = y / g.stride, ox = x / g.stride;
+    T v = 0;
+    if (oy < oh && ox < ow && y - oy * g.stride < g.k && x - ox * g.stride < g.k) {
+      const int64_t out = (plane * oh + oy) * ow + ox;
+      if (argmax[out] == pos) v = dout[out];
+    }
+    dx[i] = v;
+  }
+}
+
 // The element maps of detail::im2col_at and col2im_at in 32-bit index
 // arithmetic. The GPU emulates 64-bit division, and the general kernels
 // above did about nine per element: they ran at about 200 GB/s (an H100,
@@ -129,6 +149,16 @@ void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g, cudaSt
 }
 
 template <class T>
+void max_pool_backward_disjoint(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
+                                cudaStream_t stream) {
+  int64_t total = g.n * g.c * g.h * g.w;
+  if (total == 0) return;
+  max_pool_backward_gather_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g,
+                                                                             total);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
 void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
                        cudaStream_t stream) {
   int64_t total = g.n * g.c * g.oh() * g.ow();
@@ -142,7 +172,9 @@ void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGe
   template void col2im<T>(T*, const T*, const ConvGeometry&, cudaStream_t);               \
   template void max_pool<T>(T*, int64_t*, const T*, const PoolGeometry&, cudaStream_t);   \
   template void max_pool_backward<T>(T*, const T*, const int64_t*, const PoolGeometry&,   \
-                                     cudaStream_t);
+                                     cudaStream_t);                                       \
+  template void max_pool_backward_disjoint<T>(T*, const T*, const int64_t*,               \
+                                              const PoolGeometry&, cudaStream_t);
 LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 #undef LEASEHOLD_INSTANTIATE

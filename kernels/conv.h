@@ -1,6 +1,13 @@
-// Convolution helpers: conv2d is im2col followed by a GEMM, and its input
-// gradient is a GEMM followed by col2im. Tensors are contiguous NCHW; col is
-// [N, C*KH*KW, OH*OW] with rows ordered (c, ki, kj).
+// Convolution helpers. In general conv2d is im2col followed by a GEMM, and
+// its input gradient a GEMM followed by col2im. Tensors are contiguous NCHW;
+// col is [N, C*KH*KW, OH*OW] with rows ordered (c, ki, kj).
+//
+// On CUDA, a convolution whose image and weights fit a block's shared memory
+// (LeNet's, a few channels of a small picture) runs direct kernels instead:
+// one block per image, no column matrix, the bias added in place. For such
+// shapes im2col, batched GEMMs too small to fill the GPU and col2im cost
+// several times the arithmetic (measured: about 220 of LeNet's 560 µs of
+// kernels per step on an H100 went to them).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +37,42 @@ struct PoolGeometry {
   LEASEHOLD_HOST_DEVICE int64_t ow() const { return (w - k) / stride + 1; }
 };
 
+// Shared memory the direct kernels may use per block: what every CUDA GPU
+// gives a block without opting in to more.
+inline constexpr int64_t kDirectConvSharedBytes = 48 * 1024;
+
+// How the direct kernels take one convolution (kernels/conv_plan.cpp).
+struct DirectConvPlan {
+  bool fits = false;  // every kernel's shared memory fits; else im2col + GEMM
+  // The input gradient as a convolution of the output gradient with the
+  // flipped weights (stride 1, a square kernel larger than the padding),
+  // else a gather per input position.
+  bool input_as_convolution = false;
+  // The weight gradient is summed per (group of images, slice of output
+  // rows) into `partial` rows, which the caller sums.
+  int64_t images_per_group = 1, rows_per_slice = 1, groups = 1, slices = 1;
+  int64_t partial_rows() const { return groups * slices; }
+};
+DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
+                                int64_t element_bytes);
+
+// Shared-memory layouts of the direct kernels, in elements. Weight and
+// gradient rows of a block of output channels start 16-byte aligned and are
+// read as 16-byte words.
+namespace detail {
+LEASEHOLD_HOST_DEVICE inline int64_t round8(int64_t v) { return (v + 7) / 8 * 8; }
+// Forward: [input image | weights [c·kh·kw][round8(out)] | bias [round8(out)]].
+LEASEHOLD_HOST_DEVICE inline int64_t direct_forward_elements(int64_t image, int64_t ckk,
+                                                           int64_t out_channels) {
+  return round8(image) + (ckk + 1) * round8(out_channels);
+}
+// Weight gradient: [input image | output gradient [position][round8(O)]].
+LEASEHOLD_HOST_DEVICE inline int64_t direct_weight_elements(int64_t image, int64_t positions,
+                                                          int64_t out_channels) {
+  return round8(image) + positions * round8(out_channels);
+}
+}  // namespace detail
+
 namespace cpu {
 template <class T>
 void im2col(T* col, const T* x, const ConvGeometry& g);
@@ -54,6 +97,29 @@ void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g, cudaSt
 template <class T>
 void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
                        cudaStream_t stream);
+// The same for windows that do not overlap (stride >= k), into a dx that
+// needs no zeroing: every element is written.
+template <class T>
+void max_pool_backward_disjoint(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
+                                cudaStream_t stream);
+
+// The direct kernels (plan_direct_conv(...).fits must hold). `w` is
+// [O, C, KH, KW]; `bias` [O] or null. Outputs are written whole (no zeroing
+// needed). `relu`: the output is relu(conv); its backward then passes the
+// forward output as `mask` (dout counts where mask > 0), else null.
+template <class T>
+void conv2d_direct(T* out, const T* x, const T* w, const T* bias, const ConvGeometry& g,
+                   int64_t out_channels, bool relu, cudaStream_t stream);
+template <class T>
+void conv2d_direct_backward_input(T* dx, const T* dout, const T* mask, const T* w,
+                                  const ConvGeometry& g, int64_t out_channels,
+                                  const DirectConvPlan& plan, cudaStream_t stream);
+// partial: [plan.partial_rows(), O*C*KH*KW + O]: per row the weight
+// gradient, then the bias's.
+template <class T>
+void conv2d_direct_backward_weight(T* partial, const T* x, const T* dout, const T* mask,
+                                   const ConvGeometry& g, int64_t out_channels,
+                                   const DirectConvPlan& plan, cudaStream_t stream);
 }  // namespace cuda
 #endif
 

@@ -33,6 +33,18 @@ __global__ void fill_kernel(T* out, T value, int64_t n) {
 }
 
 template <class T>
+__global__ void bias_activation_kernel(T* y, const T* bias, int64_t rows, int64_t columns,
+                                       bool relu) {
+  const int64_t n = rows * columns;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    T v = y[i] + (bias ? bias[i % columns] : T(0));
+    if (relu) v = v > T(0) ? v : T(0);  // as UnaryOp::Relu
+    y[i] = v;
+  }
+}
+
+template <class T>
 __global__ void strided_copy_kernel(T* dst, Strided dv, const T* src, Strided sv, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -188,6 +200,15 @@ void binary(BinaryOp op, T s, T* out, const T* a, const Strided& av, const T* b,
 }
 
 template <class T>
+void bias_activation(T* y, const T* bias, int64_t rows, int64_t columns, bool relu,
+                     cudaStream_t stream) {
+  if (rows * columns == 0) return;
+  bias_activation_kernel<T><<<grid_for(rows * columns), kBlock, 0, stream>>>(y, bias, rows,
+                                                                             columns, relu);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
 void fill(T* out, T value, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   fill_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, value, n);
@@ -234,6 +255,9 @@ LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 LEASEHOLD_INSTANTIATE(int64_t)
 #undef LEASEHOLD_INSTANTIATE
+template void bias_activation<float>(float*, const float*, int64_t, int64_t, bool, cudaStream_t);
+template void bias_activation<double>(double*, const double*, int64_t, int64_t, bool,
+                                      cudaStream_t);
 template void dropout_mask<float>(float*, int64_t, double, uint64_t, cudaStream_t);
 template void dropout_mask<double>(double*, int64_t, double, uint64_t, cudaStream_t);
 template void uniform_fill<float>(float*, int64_t, double, double, uint64_t, cudaStream_t);

@@ -56,6 +56,12 @@ template <class T>
 void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed, cudaStream_t stream);
 template <class To, class From>
 void convert(To* out, const From* in, int64_t n, cudaStream_t stream);
+// y[r, c] = y[r, c] + bias[c] for contiguous [rows, columns], then max(., 0)
+// when `relu`: a fully connected layer's epilogue after its GEMM, in one
+// pass. `bias` may be null.
+template <class T>
+void bias_activation(T* y, const T* bias, int64_t rows, int64_t columns, bool relu,
+                     cudaStream_t stream);
 }  // namespace cuda
 #endif
 

@@ -231,9 +231,10 @@ __global__ void cross_entropy_kernel(T* loss, T* lse_out, const T* logits, const
 
 template <class T>
 __global__ void cross_entropy_backward_kernel(T* gin, const T* logits, const T* lse,
-                                              const int64_t* labels, T scale, int64_t outer,
-                                              int64_t inner) {
+                                              const int64_t* labels, T scale, const T* grad,
+                                              int64_t outer, int64_t inner) {
   int64_t n = outer * inner;
+  scale *= *grad;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
     int64_t r = k / inner, c = k % inner;
@@ -242,7 +243,65 @@ __global__ void cross_entropy_backward_kernel(T* gin, const T* logits, const T* 
   }
 }
 
+// ColumnSums: blockDim (32, kColumnLanes), a block per 32 columns. Each row
+// lane loads four rows before it adds (and stores the masked values), so
+// four loads are in flight; the lanes meet in shared memory in a fixed
+// order (deterministic).
+constexpr int kColumnLanes = 32;
+template <class T, bool kMasked>
+__global__ void sum_columns_kernel(ColumnSums<T> s) {
+  __shared__ T lanes[kColumnLanes][32];
+  const int64_t c = blockIdx.x * int64_t(32) + threadIdx.x;
+  const T* __restrict__ in = s.in;
+  const T* __restrict__ mask = s.mask;
+  T* __restrict__ masked = s.masked;
+  T acc[4] = {0, 0, 0, 0};
+  if (c < s.columns) {
+    for (int64_t r0 = threadIdx.y; r0 < s.rows; r0 += 4 * kColumnLanes) {
+      T v[4], m[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t r = r0 + u * kColumnLanes;
+        v[u] = r < s.rows ? in[r * s.columns + c] : T(0);
+        if constexpr (kMasked) m[u] = r < s.rows ? mask[r * s.columns + c] : T(0);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if constexpr (kMasked) {
+          const int64_t r = r0 + u * kColumnLanes;
+          v[u] = m[u] > T(0) ? v[u] : T(0);
+          if (masked && r < s.rows) masked[r * s.columns + c] = v[u];
+        }
+        acc[u] += v[u];
+      }
+    }
+  }
+  lanes[threadIdx.y][threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= s.columns) return;
+  T sum = 0;
+  for (int l = 0; l < kColumnLanes; ++l) sum += lanes[l][threadIdx.x];
+  if (s.tail && c >= s.tail_from) {
+    s.tail[c - s.tail_from] = sum * s.scale;
+  } else {
+    s.out[c] = sum * s.scale;
+  }
+}
+
 }  // namespace
+
+template <class T>
+void sum_columns(const ColumnSums<T>& s, cudaStream_t stream) {
+  if (s.columns == 0) return;
+  const int64_t blocks = (s.columns + 31) / 32;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("sum_columns: too many columns");
+  if (s.mask) {
+    sum_columns_kernel<T, true><<<unsigned(blocks), dim3(32, kColumnLanes), 0, stream>>>(s);
+  } else {
+    sum_columns_kernel<T, false><<<unsigned(blocks), dim3(32, kColumnLanes), 0, stream>>>(s);
+  }
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
 
 template <class T>
 void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
@@ -329,15 +388,17 @@ void cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels,
 
 template <class T>
 void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
-                                 T scale, int64_t outer, int64_t inner, cudaStream_t stream) {
+                                 T scale, const T* grad, int64_t outer, int64_t inner,
+                                 cudaStream_t stream) {
   if (outer == 0) return;
   cross_entropy_backward_kernel<T><<<grid_for(outer * inner), kBlock, 0, stream>>>(
-      gin, logits, lse, labels, scale, outer, inner);
+      gin, logits, lse, labels, scale, grad, outer, inner);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 #define LEASEHOLD_INSTANTIATE(T)                                                              \
   template void sum_rows<T>(T*, const T*, int64_t, int64_t, T*, cudaStream_t);                \
+  template void sum_columns<T>(const ColumnSums<T>&, cudaStream_t);                           \
   template void max_rows<T>(T*, int64_t*, const T*, int64_t, int64_t, cudaStream_t);          \
   template void scatter_rows<T>(T*, const int64_t*, const T*, int64_t, int64_t, cudaStream_t); \
   template void softmax_rows<T>(T*, const T*, int64_t, int64_t, bool, cudaStream_t);          \
@@ -347,11 +408,12 @@ void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const in
                                       int64_t*,                                               \
                                       cudaStream_t);                                          \
   template void cross_entropy_backward_rows<T>(T*, const T*, const T*, const int64_t*, T,      \
-                                               int64_t, int64_t, cudaStream_t);
+                                               const T*, int64_t, int64_t, cudaStream_t);
 LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 #undef LEASEHOLD_INSTANTIATE
 template void sum_rows<int64_t>(int64_t*, const int64_t*, int64_t, int64_t, int64_t*,
                                 cudaStream_t);
+template void sum_columns<int64_t>(const ColumnSums<int64_t>&, cudaStream_t);
 
 }  // namespace leasehold::kernels::cuda

@@ -94,7 +94,8 @@ int64_t cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labe
 
 template <class T>
 void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
-                                 T scale, int64_t outer, int64_t inner) {
+                                 T scale, const T* grad, int64_t outer, int64_t inner) {
+  scale *= *grad;
   for (int64_t r = 0; r < outer; ++r) {
     for (int64_t i = 0; i < inner; ++i) {
       T p = exp(logits[r * inner + i] - lse[r]);
@@ -112,7 +113,7 @@ void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const in
   template int64_t cross_entropy_rows<T>(T*, T*, const T*, const int64_t*, int64_t, int64_t,   \
                                          int64_t*);                                           \
   template void cross_entropy_backward_rows<T>(T*, const T*, const T*, const int64_t*, T,    \
-                                               int64_t, int64_t);
+                                               const T*, int64_t, int64_t);
 LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 #undef LEASEHOLD_INSTANTIATE

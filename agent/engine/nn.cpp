@@ -20,6 +20,8 @@ Tensor uniform_init(const Shape& shape, int64_t fan_in, TensorOptions options) {
 
 }  // namespace
 
+Tensor Module::forward_then_relu(const Tensor& x) { return relu(forward(x)); }
+
 NamedTensors Module::named_parameters() const {
   NamedTensors out = params_;
   for (size_t i = 0; i < children_.size(); ++i) {
@@ -84,8 +86,12 @@ Tensor Linear::forward(const Tensor& x) {
                                 "): input " + x.shape_str() + " is not [N, " +
                                 std::to_string(in_) + "]");
   }
-  Tensor y = matmul(x, param(0).transpose(0, 1));
-  return bias_ ? add(y, param(1)) : y;
+  return linear(x, param(0), bias_ ? param(1) : Tensor());
+}
+
+Tensor Linear::forward_then_relu(const Tensor& x) {
+  if (x.dim() != 2 || x.size(1) != in_) return forward(x);  // which names the problem
+  return linear(x, param(0), bias_ ? param(1) : Tensor(), /*then_relu=*/true);
 }
 
 std::string Linear::describe() const {
@@ -106,6 +112,10 @@ Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t 
 
 Tensor Conv2d::forward(const Tensor& x) {
   return conv2d(x, param(0), bias_ ? param(1) : Tensor(), stride_, padding_);
+}
+
+Tensor Conv2d::forward_then_relu(const Tensor& x) {
+  return conv2d(x, param(0), bias_ ? param(1) : Tensor(), stride_, padding_, /*then_relu=*/true);
 }
 
 std::string Conv2d::describe() const {
@@ -140,7 +150,14 @@ void Sequential::push_back(std::shared_ptr<Module> layer) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& l : layers_) h = l->forward(h);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (i + 1 < layers_.size() && dynamic_cast<const ReLU*>(layers_[i + 1].get())) {
+      h = layers_[i]->forward_then_relu(h);
+      ++i;
+    } else {
+      h = layers_[i]->forward(h);
+    }
+  }
   return h;
 }
 

@@ -19,6 +19,9 @@ class Module {
   virtual ~Module() = default;
   virtual Tensor forward(const Tensor& x) = 0;
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // relu(forward(x)); layers that can fuse the ReLU into their own kernels
+  // override it. Sequential calls it for a layer followed by a ReLU.
+  virtual Tensor forward_then_relu(const Tensor& x);
   // "Linear(784 -> 256)" etc.
   virtual std::string describe() const = 0;
 
@@ -49,6 +52,7 @@ class Linear final : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true,
          TensorOptions options = {});
   Tensor forward(const Tensor& x) override;  // x [N, in] -> [N, out]
+  Tensor forward_then_relu(const Tensor& x) override;
   std::string describe() const override;
   Tensor& weight() { return param(0); }  // [out, in]
 
@@ -62,6 +66,7 @@ class Conv2d final : public Module {
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1,
          int64_t padding = 0, bool bias = true, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
+  Tensor forward_then_relu(const Tensor& x) override;
   std::string describe() const override;
 
  private:

@@ -42,6 +42,11 @@ inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
 // Matrix products: [m,k]x[k,n], [b,m,k]x[b,k,n] and [b,m,k]x[k,n]. float32
 // is full precision unless set_allow_tf32(true).
 Tensor matmul(const Tensor& a, const Tensor& b);
+// A fully connected layer: x [N, in] · wᵀ (w [out, in]) + bias [out] (may
+// be undefined), then a ReLU when `then_relu`. One GEMM reading w as
+// stored; on CUDA the bias and the ReLU in one pass after it, and in
+// backward the ReLU's mask and the bias gradient in one pass, then two GEMMs.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool then_relu = false);
 
 // Reductions over `dims` (empty: all dimensions).
 Tensor sum(const Tensor& x, Shape dims = {}, bool keepdim = false);
@@ -92,8 +97,11 @@ Tensor l1_loss(const Tensor& input, const Tensor& target);
 // (per thread), never on the memory available, so results do not either.
 void set_conv_workspace_bytes(int64_t bytes);
 int64_t conv_workspace_bytes();
+// `then_relu`: relu(conv2d(...)) — on CUDA's direct kernels in the same
+// launches (the ReLU in the epilogue, its gradient folded into the backward
+// kernels), elsewhere as the two operations.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride = 1,
-              int64_t padding = 0);
+              int64_t padding = 0, bool then_relu = false);
 // Window `kernel`, stride `stride` (0: same as kernel), no padding.
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when

@@ -1,4 +1,5 @@
-// conv2d (im2col + GEMM), max_pool2d and dropout.
+// conv2d (direct kernels for small shapes on CUDA, else im2col + GEMM),
+// max_pool2d and dropout.
 #include <algorithm>
 #include <stdexcept>
 
@@ -8,6 +9,7 @@
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
+#include "kernels/reduce.h"
 
 namespace leasehold::engine {
 namespace {
@@ -61,17 +63,71 @@ void run_gemm(const Tensor& like, const kernels::GemmShape& s, const T* a, const
   }
 }
 
+// The direct kernels' side of conv2d's backward (kernels/conv.h): the input
+// gradient in one launch; the weight and bias gradients in partial sums
+// (per group of images and slice of rows), then summed into buffers of
+// their own. `mask`: a fused ReLU's output, or undefined.
+template <class T>
+void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Tensor& mask,
+                     const kernels::ConvGeometry& geo, const kernels::DirectConvPlan& plan,
+                     bool want_x, bool want_w, bool want_b, Tensor& gx, Tensor& gw, Tensor& gb) {
+  const int64_t O = W.size(0), CKK = geo.c * geo.kh * geo.kw;
+  const T* m = mask.defined() ? mask.data<T>() : nullptr;
+  if (want_x) {
+    gx = empty(X.sizes(), X.options());
+    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct_backward_input<T>(
+                                    gx.data<T>(), g.data<T>(), m, W.data<T>(), geo, O, plan,
+                                    detail::stream_of(X)));
+  }
+  if (!want_w && !want_b) return;
+  Tensor partial = empty({plan.partial_rows(), O * CKK + O}, X.options());
+  LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct_backward_weight<T>(
+                                  partial.data<T>(), X.data<T>(), g.data<T>(), m, geo, O, plan,
+                                  detail::stream_of(X)));
+  if (plan.partial_rows() > kernels::kMaxColumnRows) {
+    Tensor both = sum(partial, {0});
+    if (want_w) gw = both.narrow(0, 0, O * CKK).reshape(W.sizes());
+    if (want_b) gb = both.narrow(0, O * CKK, O);
+    return;
+  }
+  gw = empty(W.sizes(), W.options());
+  gb = empty({O}, W.options());
+  kernels::ColumnSums<T> s;
+  s.out = gw.data<T>();
+  s.in = partial.data<T>();
+  s.rows = plan.partial_rows();
+  s.columns = O * CKK + O;
+  s.tail = gb.data<T>();
+  s.tail_from = O * CKK;
+  LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::sum_columns<T>(s, detail::stream_of(X)));
+  if (!want_w) gw = Tensor();
+  if (!want_b) gb = Tensor();
+}
+
 struct Conv2dBackward final : Node {
   SavedTensor x, w;  // contiguous
+  SavedTensor y;     // the output, when a ReLU was fused in (direct kernels only)
+  bool relu = false;
   int64_t stride = 1, pad = 0;
   const char* name() const override { return "Conv2dBackward"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     Tensor X = x.get(), W = w.get(), g = grad.contiguous();
     auto geo = geometry(X, W, stride, pad);
     int64_t O = W.size(0), CKK = geo.c * geo.kh * geo.kw, L = geo.oh() * geo.ow();
-    Tensor gx, gw;
+    const bool want_b = next.size() > 2 && next[2].fn;
+    Tensor gx, gw, gb;
+    bool direct = false;
     detail::dispatch_floating(X.dtype(), "conv2d backward", [&](auto tag) {
       using T = decltype(tag);
+      if (X.device().is_cuda()) {
+        const auto plan = kernels::plan_direct_conv(geo, O, sizeof(T));
+        if (plan.fits) {
+          direct = true;
+          direct_backward<T>(X, W, g, relu ? y.get() : Tensor(), geo, plan, bool(next[0].fn),
+                             bool(next[1].fn), want_b, gx, gw, gb);
+          return;
+        }
+      }
       // Chunks as in forward (the same GEMM shapes); the per-image weight
       // gradients of a chunk take O·CKK per image beside its columns.
       const int64_t image = geo.c * geo.h * geo.w,
@@ -131,13 +187,13 @@ struct Conv2dBackward final : Node {
         }
       }
     });
-    Tensor gb;
-    if (next.size() > 2 && next[2].fn) gb = sum(g, {0, 2, 3});
+    if (want_b && !direct) gb = sum(g, {0, 2, 3});
     return {gx, gw, gb};
   }
   void release_saved() override {
     x.reset();
     w.reset();
+    y.reset();
   }
 };
 
@@ -147,10 +203,16 @@ struct MaxPoolBackward final : Node {
   const char* name() const override { return "MaxPool2dBackward"; }
   std::vector<Tensor> apply(const Tensor& grad) override {
     Tensor g = grad.contiguous(), idx = argmax.get();
-    Tensor gx = zeros({geo.n, geo.c, geo.h, geo.w}, g.options());
+    const bool disjoint = g.device().is_cuda() && geo.stride >= geo.k;
+    Tensor gx = disjoint ? empty({geo.n, geo.c, geo.h, geo.w}, g.options())
+                         : zeros({geo.n, geo.c, geo.h, geo.w}, g.options());
     detail::dispatch_floating(g.dtype(), "max_pool2d backward", [&](auto tag) {
       using T = decltype(tag);
-      if (g.device().is_cuda()) {
+      if (disjoint) {
+        LEASEHOLD_CUDA_OR("max_pool2d", kernels::cuda::max_pool_backward_disjoint<T>(
+                                            gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo,
+                                            detail::stream_of(g)));
+      } else if (g.device().is_cuda()) {
         LEASEHOLD_CUDA_OR("max_pool2d", kernels::cuda::max_pool_backward<T>(
                                             gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo,
                                             detail::stream_of(g)));
@@ -172,7 +234,7 @@ void set_conv_workspace_bytes(int64_t bytes) {
 int64_t conv_workspace_bytes() { return t_column_bytes; }
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_t stride,
-              int64_t padding) {
+              int64_t padding, bool then_relu) {
   detail::check_same(x_in, w_in, "conv2d");
   if (x_in.dim() != 4 || w_in.dim() != 4 || x_in.size(1) != w_in.size(1)) {
     throw std::invalid_argument("conv2d: input " + x_in.shape_str() + " and weight " +
@@ -195,9 +257,14 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
                                 x.shape_str());
   }
   int64_t O = w.size(0), CKK = geo.c * geo.kh * geo.kw, L = geo.oh() * geo.ow();
+  bool direct = false;
+  detail::dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    direct = x.device().is_cuda() && kernels::plan_direct_conv(geo, O, sizeof(T)).fits;
+  });
+  if (then_relu && !direct) return relu(conv2d(x_in, w_in, bias, stride, padding));
   Tensor out = empty({geo.n, O, geo.oh(), geo.ow()}, x.options());
-  // The bias goes in first and the GEMM adds to it (beta = 1): no second
-  // output-sized tensor for a separate add.
+  Tensor b;
   if (bias.defined()) {
     if (bias.dim() != 1 || bias.size(0) != O) {
       throw std::invalid_argument("conv2d: bias " + bias.shape_str() + " for " + std::to_string(O) +
@@ -205,10 +272,23 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
     }
     detail::check_same(x_in, bias, "conv2d");
     NoGradGuard no_grad;
-    out.copy_(bias.detach().reshape({1, O, 1, 1}).expand(out.sizes()));
+    b = bias.detach().contiguous();
   }
   detail::dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
     using T = decltype(tag);
+    if (direct) {
+      LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct<T>(
+                                      out.data<T>(), x.data<T>(), w.data<T>(),
+                                      b.defined() ? b.data<T>() : nullptr, geo, O, then_relu,
+                                      detail::stream_of(x)));
+      return;
+    }
+    // The bias goes in first and the GEMM adds to it (beta = 1): no second
+    // output-sized tensor for a separate add.
+    if (b.defined()) {
+      NoGradGuard no_grad;
+      out.copy_(b.reshape({1, O, 1, 1}).expand(out.sizes()));
+    }
     const int64_t image = geo.c * geo.h * geo.w, nb = images_per_chunk(CKK * L * sizeof(T), geo.n);
     Tensor col = empty({nb, CKK, L}, x.options());
     for (int64_t n0 = 0; n0 < geo.n; n0 += nb) {
@@ -236,6 +316,10 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
     node->w = SavedTensor(w);
     node->stride = stride;
     node->pad = padding;
+    if (then_relu) {
+      node->y = SavedTensor(out);
+      node->relu = true;
+    }
     record(out, node, {&x_in, &w_in, &bias});
   }
   return out;

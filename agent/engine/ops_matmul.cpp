@@ -4,16 +4,17 @@
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
 #include "agent/engine/ops.h"
+#include "kernels/elementwise.h"
 #include "kernels/matmul.h"
+#include "kernels/reduce.h"
 
 namespace leasehold::engine {
 namespace {
 
-// C = op(A) op(B) for contiguous row-major operands, batched when batch > 1.
-// A batch stride of 0 reuses one matrix across the batch.
-Tensor gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t batch, int64_t m,
-            int64_t n, int64_t k, bool a_batched, bool b_batched, Shape out_shape) {
-  Tensor out = empty(out_shape, a.options());
+// out = op(A) op(B) + beta · out for contiguous row-major operands, batched
+// when batch > 1. A batch stride of 0 reuses one matrix across the batch.
+void gemm_into(Tensor& out, double beta, const Tensor& a, bool ta, const Tensor& b, bool tb,
+               int64_t batch, int64_t m, int64_t n, int64_t k, bool a_batched, bool b_batched) {
   kernels::GemmShape s;
   s.trans_a = ta;
   s.trans_b = tb;
@@ -31,12 +32,18 @@ Tensor gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t batch, i
     using T = decltype(tag);
     if (a.device().is_cuda()) {
       LEASEHOLD_CUDA_OR("matmul", kernels::cuda::gemm<T>(cublas_handle(a.device().index), s, T(1),
-                                                         a.data<T>(), b.data<T>(), T(0),
+                                                         a.data<T>(), b.data<T>(), T(beta),
                                                          out.data<T>(), allow_tf32()));
     } else {
-      kernels::cpu::gemm<T>(s, T(1), a.data<T>(), b.data<T>(), T(0), out.data<T>());
+      kernels::cpu::gemm<T>(s, T(1), a.data<T>(), b.data<T>(), T(beta), out.data<T>());
     }
   });
+}
+
+Tensor gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t batch, int64_t m,
+            int64_t n, int64_t k, bool a_batched, bool b_batched, Shape out_shape) {
+  Tensor out = empty(out_shape, a.options());
+  gemm_into(out, 0.0, a, ta, b, tb, batch, m, n, k, a_batched, b_batched);
   return out;
 }
 
@@ -69,7 +76,97 @@ struct MatmulBackward final : Node {
   void release_saved() override { a.reset(); b.reset(); }
 };
 
+struct LinearBackward final : Node {
+  SavedTensor x, w;  // contiguous
+  SavedTensor y;      // the output, when a ReLU was fused in (its mask)
+  bool relu = false;
+  const char* name() const override { return "LinearBackward"; }
+  std::vector<Tensor> apply(const Tensor& g_in) override {
+    Tensor X = x.get(), W = w.get(), g = g_in.contiguous();
+    const int64_t n = X.size(0), in = X.size(1), out = W.size(0);
+    const bool want_b = next.size() > 2 && next[2].fn;
+    Tensor gx, gw, gb;
+    if (relu) {
+      Tensor Y = y.get();
+      // relu's gradient and the bias's in one pass (forward only fuses on
+      // CUDA, for at most kMaxColumnRows rows).
+      Tensor masked = empty(g.sizes(), g.options());
+      gb = empty({out}, g.options());
+      detail::dispatch_floating(g.dtype(), "linear backward", [&](auto tag) {
+        using T = decltype(tag);
+        kernels::ColumnSums<T> s;
+        s.out = gb.data<T>();
+        s.in = g.data<T>();
+        s.rows = n;
+        s.columns = out;
+        s.mask = Y.data<T>();
+        s.masked = masked.data<T>();
+        LEASEHOLD_CUDA_OR("linear", kernels::cuda::sum_columns<T>(s, detail::stream_of(g)));
+      });
+      g = masked;
+      if (!want_b) gb = Tensor();
+    } else if (want_b) {
+      gb = sum(g, {0});
+    }
+    if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, X.sizes());
+    if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
+    return {gx, gw, gb};
+  }
+  void release_saved() override { x.reset(); w.reset(); y.reset(); }
+};
+
 }  // namespace
+
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool then_relu) {
+  detail::check_same(x_in, w_in, "linear");
+  if (x_in.dim() != 2 || w_in.dim() != 2 || x_in.size(1) != w_in.size(1)) {
+    throw std::invalid_argument("linear: input " + x_in.shape_str() + " and weight " +
+                                w_in.shape_str() + " do not fit ([N, in] and [out, in])");
+  }
+  const int64_t n = x_in.size(0), in = x_in.size(1), out_features = w_in.size(0);
+  if (bias.defined()) {
+    detail::check_same(x_in, bias, "linear");
+    if (bias.dim() != 1 || bias.size(0) != out_features) {
+      throw std::invalid_argument("linear: bias " + bias.shape_str() + " for " +
+                                  std::to_string(out_features) + " outputs");
+    }
+  }
+  const bool cuda = x_in.device().is_cuda();
+  if (then_relu && !(cuda && n <= kernels::kMaxColumnRows)) {
+    return relu(linear(x_in, w_in, bias));
+  }
+  Tensor x, w, b, out = empty({n, out_features}, x_in.options());
+  {
+    NoGradGuard no_grad;
+    x = x_in.contiguous();
+    w = w_in.contiguous();
+    if (bias.defined()) b = bias.detach().contiguous();
+    // On the CPU the bias goes in first and the GEMM adds to it.
+    if (b.defined() && !cuda) out.copy_(b.reshape({1, out_features}).expand(out.sizes()));
+  }
+  // out [n, out] = x [n, in] · wᵀ, w read as stored ([out, in]).
+  gemm_into(out, b.defined() && !cuda ? 1.0 : 0.0, x, false, w, true, 1, n, out_features, in,
+            false, false);
+  if (cuda && (b.defined() || then_relu)) {
+    detail::dispatch_floating(out.dtype(), "linear", [&](auto tag) {
+      using T = decltype(tag);
+      LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<T>(
+                                      out.data<T>(), b.defined() ? b.data<T>() : nullptr, n,
+                                      out_features, then_relu, detail::stream_of(out)));
+    });
+  }
+  if (any_requires_grad({&x_in, &w_in, &bias})) {
+    auto node = std::make_shared<LinearBackward>();
+    node->x = SavedTensor(x);
+    node->w = SavedTensor(w);
+    if (then_relu) {
+      node->y = SavedTensor(out);
+      node->relu = true;
+    }
+    record(out, node, {&x_in, &w_in, &bias});
+  }
+  return out;
+}
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   detail::check_same(a_in, b_in, "matmul");

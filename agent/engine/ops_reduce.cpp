@@ -1,6 +1,7 @@
-// Reductions (sum, mean, max/argmax), softmax/log_softmax and losses. Every
+// Reductions (sum, mean, max/argmax), softmax/log_softmax and losses. A
 // reduction permutes the reduced dimensions to the end, makes the tensor
-// contiguous and runs a row kernel over [outer, inner].
+// contiguous and runs a row kernel over [outer, inner]; on CUDA a sum over
+// the leading dimensions runs a column kernel instead.
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
@@ -67,6 +68,46 @@ Rows to_rows(const Tensor& x, const Shape& reduced) {
   return r;
 }
 
+// Sums over the leading dimensions of a contiguous CUDA tensor (a batch's
+// bias gradient, a mean loss), times `scale`, as column sums without the
+// transposing copy; undefined when the reduction is not of that kind.
+Tensor sum_leading(const Tensor& x, const Shape& dims, bool keepdim, double scale) {
+#ifdef LEASEHOLD_HAVE_CUDA
+  // dims is sorted and unique: a prefix exactly when its last is its size - 1.
+  const int64_t k = static_cast<int64_t>(dims.size());
+  if (!x.device().is_cuda() || !x.is_contiguous() || k == 0 || dims.back() != k - 1) {
+    return Tensor();
+  }
+  int64_t rows = 1, columns = 1;
+  Shape kept, keepdim_shape = x.sizes();
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (d < k) {
+      rows *= x.size(d);
+      keepdim_shape[d] = 1;
+    } else {
+      columns *= x.size(d);
+      kept.push_back(x.size(d));
+    }
+  }
+  if (rows > kernels::kMaxColumnRows) return Tensor();
+  Tensor out = empty(keepdim ? keepdim_shape : kept, x.options());
+  detail::dispatch_all(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    kernels::ColumnSums<T> s;
+    s.out = out.data<T>();
+    s.in = x.data<T>();
+    s.rows = rows;
+    s.columns = columns;
+    s.scale = static_cast<T>(scale);
+    kernels::cuda::sum_columns<T>(s, detail::stream_of(x));
+  });
+  return out;
+#else
+  (void)x, (void)dims, (void)keepdim, (void)scale;
+  return Tensor();
+#endif
+}
+
 Tensor sum_raw(const Tensor& x, const Shape& dims, bool keepdim) {
   Rows r = to_rows(x, dims);
   Tensor out = empty(keepdim ? r.keepdim_shape : r.kept_shape, x.options());
@@ -106,14 +147,19 @@ Tensor reduce(const Tensor& x, Shape dims, bool keepdim, bool is_mean) {
   const char* name = is_mean ? "mean" : "sum";
   detail::check_defined(x, name, "input");
   dims = normalize_dims(dims, x.dim(), name);
-  Tensor out = sum_raw(x, dims, keepdim);
   int64_t count = 1;
   for (int64_t d : dims) count *= x.size(d);
   double scale = is_mean ? 1.0 / std::max<int64_t>(count, 1) : 1.0;
-  if (is_mean) {
-    if (!is_floating(x.dtype())) throw std::invalid_argument("mean: needs a floating tensor");
-    NoGradGuard no_grad;
-    out = mul(out, scale);
+  if (is_mean && !is_floating(x.dtype())) {
+    throw std::invalid_argument("mean: needs a floating tensor");
+  }
+  Tensor out = sum_leading(x, dims, keepdim, scale);
+  if (!out.defined()) {
+    out = sum_raw(x, dims, keepdim);
+    if (is_mean) {
+      NoGradGuard no_grad;
+      out = mul(out, scale);
+    }
   }
   if (any_requires_grad({&x})) {
     auto node = std::make_shared<SumBackward>();
@@ -230,20 +276,22 @@ struct CrossEntropyBackward final : Node {
     int64_t n = x.size(0), c = x.size(1);
     double scale = 1.0 / std::max<int64_t>(n, 1);
     Tensor gin = empty(x.sizes(), x.options());
+    // g is a scalar in device memory: the kernel reads it there (no sync).
+    Tensor gs = g.contiguous();
     detail::dispatch_floating(x.dtype(), "cross_entropy backward", [&](auto tag) {
       using T = decltype(tag);
       if (x.device().is_cuda()) {
         LEASEHOLD_CUDA_OR("cross_entropy", kernels::cuda::cross_entropy_backward_rows<T>(
                                                gin.data<T>(), x.data<T>(), l.data<T>(),
-                                               y.data<int64_t>(), T(scale), n, c,
+                                               y.data<int64_t>(), T(scale), gs.data<T>(), n, c,
                                                detail::stream_of(x)));
       } else {
         kernels::cpu::cross_entropy_backward_rows<T>(gin.data<T>(), x.data<T>(), l.data<T>(),
-                                                     y.data<int64_t>(), T(scale), n, c);
+                                                     y.data<int64_t>(), T(scale), gs.data<T>(),
+                                                     n, c);
       }
     });
-    // g is a scalar; multiplying by it as a tensor avoids a device sync.
-    return {mul(gin, g), Tensor()};
+    return {gin, Tensor()};
   }
   void release_saved() override { logits.reset(); lse.reset(); labels.reset(); }
 };

@@ -14,6 +14,7 @@
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
+#include "kernels/conv.h"
 #include "shared/device.h"
 #include "tests/engine/gradcheck.h"
 
@@ -105,6 +106,18 @@ TEST_F(CudaOps, Matmul) {
   check({"batched x shared", {{3, 7, 33}, {33, 5}}, [](auto& v) { return matmul(v[0], v[1]); }});
   check({"transposed", {{33, 7}, {33, 5}},
          [](auto& v) { return matmul(v[0].transpose(0, 1), v[1]); }});
+  check({"linear", {{128, 400}, {120, 400}, {120}},
+         [](auto& v) { return linear(v[0], v[1], v[2]); }, 1e-3});
+  check({"linear without bias", {{7, 33}, {5, 33}},
+         [](auto& v) { return linear(v[0], v[1], Tensor()); }});
+  // The ReLU fused in (bias and ReLU after the GEMM, mask and bias gradient
+  // in one pass), and past kMaxColumnRows rows as two operations.
+  check({"linear relu", {{128, 400}, {120, 400}, {120}},
+         [](auto& v) { return linear(v[0], v[1], v[2], true); }, 1e-3});
+  check({"linear relu without bias", {{9, 33}, {5, 33}},
+         [](auto& v) { return linear(v[0], v[1], Tensor(), true); }});
+  check({"linear relu, many rows", {{5000, 3}, {4, 3}, {4}},
+         [](auto& v) { return linear(v[0], v[1], v[2], true); }, 1e-3});
 }
 
 // The contiguous fast paths (16-byte words, a tail after them) and the
@@ -171,6 +184,20 @@ TEST_F(CudaOps, SoftmaxAndLosses) {
       << "a label out of range is reported from the GPU too";
 }
 
+// Sums over leading dimensions go through the column kernel (up to
+// kMaxColumnRows rows) and otherwise through the transposed row sums.
+TEST_F(CudaOps, SumsOverLeadingDimensions) {
+  manual_seed(14);
+  check({"columns", {{128, 10}}, [](auto& v) { return sum(v[0], {0}); }});
+  check({"columns of a 3-d", {{33, 7, 5}}, [](auto& v) { return sum(v[0], {0, 1}); }});
+  check({"columns keepdim", {{33, 7, 5}}, [](auto& v) { return sum(v[0], {0}, true); }});
+  check({"many rows", {{5000, 3}}, [](auto& v) { return sum(v[0], {0}); }, 1e-3});
+  check({"a view", {{9, 40}}, [](auto& v) { return sum(v[0].narrow(1, 3, 30), {0}); }});
+  check({"all", {{33, 7}}, [](auto& v) { return sum(v[0]); }});
+  check({"mean of all", {{1000}}, [](auto& v) { return mean(v[0]); }});
+  check({"mean of leading", {{33, 7, 5}}, [](auto& v) { return mean(v[0], {0, 1}); }});
+}
+
 TEST_F(CudaOps, ConvPoolDropout) {
   manual_seed(5);
   check({"conv", {{2, 3, 7, 9}, {5, 3, 3, 3}, {5}},
@@ -179,12 +206,81 @@ TEST_F(CudaOps, ConvPoolDropout) {
          [](auto& v) { return conv2d(v[0], v[1], Tensor(), 2, 1); }, 1e-3});
   check({"conv lenet", {{4, 1, 28, 28}, {6, 1, 5, 5}, {6}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 2); }, 1e-3});
+  // The direct kernels (kernels/conv.h): LeNet's second layer with a batch
+  // that leaves its last group of images short; more output channels than
+  // one thread's block with a strided, padded, non-square kernel (the input
+  // gradient as a gather); LeNet's first layer's shape with a batch whose
+  // weight gradient is summed over slices of rows. Then a convolution too
+  // large for them (im2col).
+  const kernels::ConvGeometry lenet2{33, 6, 14, 14, 5, 5, 1, 0}, wide{3, 2, 9, 11, 3, 5, 2, 2},
+      sliced{3, 2, 30, 30, 3, 3, 1, 1}, large{2, 16, 40, 40, 3, 3, 1, 1};
+  const auto p2 = kernels::plan_direct_conv(lenet2, 16, sizeof(float));
+  ASSERT_TRUE(p2.fits && p2.input_as_convolution);
+  ASSERT_GT(p2.groups * p2.images_per_group, 33) << "a short last group";
+  const auto pw = kernels::plan_direct_conv(wide, 20, sizeof(float));
+  ASSERT_TRUE(pw.fits && !pw.input_as_convolution);
+  const auto ps = kernels::plan_direct_conv(sliced, 9, sizeof(float));
+  ASSERT_TRUE(ps.fits && ps.slices > 1 && 30 % ps.rows_per_slice != 0) << "a short last slice";
+  ASSERT_FALSE(kernels::plan_direct_conv(large, 4, sizeof(float)).fits);
+  check({"conv direct lenet 2", {{33, 6, 14, 14}, {16, 6, 5, 5}, {16}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0); }, 1e-3});
+  check({"conv direct wide", {{3, 2, 9, 11}, {20, 2, 3, 5}, {20}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 2, 2); }, 1e-3});
+  check({"conv direct sliced", {{3, 2, 30, 30}, {9, 2, 3, 3}, {9}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1); }, 1e-3});
+  check({"conv relu direct", {{33, 6, 14, 14}, {16, 6, 5, 5}, {16}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0, true); }, 1e-3});
+  check({"conv relu gather", {{3, 2, 9, 11}, {20, 2, 3, 5}, {20}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 2, 2, true); }, 1e-3});
+  check({"conv relu im2col", {{2, 16, 40, 40}, {4, 16, 3, 3}, {4}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1, true); }, 1e-3});
+  check({"conv im2col", {{2, 16, 40, 40}, {4, 16, 3, 3}, {4}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1); }, 1e-3});
   check({"pool 2", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 2); }});
+  check({"pool 3 s3", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 3, 3); }});
   check({"pool 3 s1", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 3, 1); }});
   check({"dropout", {{1025}}, [](auto& v) {
            manual_seed(9);
            return dropout(v[0], 0.3, true);
          }});
+}
+
+// LeNet as the jobs build it: on CUDA, Sequential runs each Conv2d and
+// Linear followed by a ReLU as one fused operation (direct convolution
+// kernels, the bias and ReLU after the GEMM); on the CPU as separate ones.
+// Loss and every parameter's gradient agree.
+TEST_F(CudaOps, SequentialWithFusedReluMatchesTheCpu) {
+  manual_seed(15);
+  auto lenet = [] {
+    return nn::Sequential(
+        {std::make_shared<nn::Conv2d>(1, 6, 5, 1, 2), std::make_shared<nn::ReLU>(),
+         std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Conv2d>(6, 16, 5),
+         std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+         std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(400, 120),
+         std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(120, 84),
+         std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(84, 10)});
+  };
+  nn::Sequential cpu = lenet(), gpu = lenet();
+  auto pc = cpu.named_parameters(), pg = gpu.named_parameters();
+  ASSERT_EQ(pc.size(), pg.size());
+  for (size_t i = 0; i < pc.size(); ++i) {
+    NoGradGuard no_grad;
+    pg[i].second.copy_(pc[i].second);
+  }
+  gpu.to(Device::cuda());
+  std::vector<int64_t> labels(37);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t(i * 7 % 10);
+  Tensor x = randn({37, 1, 28, 28}), y = from_vector(labels, {37});
+  Tensor lc = cross_entropy(cpu(x), y);
+  Tensor lg = cross_entropy(gpu(x.to(Device::cuda())), y.to(Device::cuda()));
+  EXPECT_LE(max_rel_diff(lg, lc), 1e-4) << "loss";
+  lc.backward();
+  lg.backward();
+  pg = gpu.named_parameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    ASSERT_TRUE(pg[i].second.grad().defined()) << pg[i].first;
+    EXPECT_LE(max_rel_diff(pg[i].second.grad(), pc[i].second.grad()), 1e-3) << pg[i].first;
+  }
 }
 
 TEST_F(CudaOps, OptimiserStepsMatch) {

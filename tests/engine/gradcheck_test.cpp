@@ -60,6 +60,19 @@ TEST(Gradcheck, Matmul) {
                  {randn({7, 3}, f64), randn({7, 2}, f64)});
 }
 
+TEST(Gradcheck, Linear) {
+  manual_seed(13);
+  EXPECT_GRAD_OK([](auto& v) { return linear(v[0], v[1], v[2]); },
+                 {randn({5, 7}, f64), randn({3, 7}, f64), randn({3}, f64)});
+  EXPECT_GRAD_OK([](auto& v) { return linear(v[0], v[1], Tensor()); },
+                 {randn({5, 7}, f64), randn({3, 7}, f64)});
+  // A transposed input and a weight viewed from a larger one.
+  EXPECT_GRAD_OK([](auto& v) { return linear(v[0].transpose(0, 1), v[1].narrow(0, 1, 3), v[2]); },
+                 {randn({7, 5}, f64), randn({4, 7}, f64), randn({3}, f64)});
+  EXPECT_THROW(linear(ones({2, 3}), ones({4, 2}), Tensor()), std::invalid_argument);
+  EXPECT_THROW(linear(ones({2, 3}), ones({4, 3}), ones({3})), std::invalid_argument);
+}
+
 TEST(Gradcheck, Reductions) {
   manual_seed(4);
   auto x = randn({3, 4, 5}, f64);

@@ -1,0 +1,40 @@
+// Whether and how the direct convolution kernels (conv_direct.cu) take a
+// convolution. Host code only, so the engine can ask without CUDA.
+#include <algorithm>
+
+#include "kernels/conv.h"
+
+namespace leasehold::kernels {
+
+DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
+                                int64_t element_bytes) {
+  DirectConvPlan plan;
+  const int64_t oh = g.oh(), ow = g.ow(), o = out_channels;
+  if (g.n < 1 || g.n >= (int64_t{1} << 31) || oh < 1 || ow < 1 || o < 1 || g.stride < 1) {
+    return plan;
+  }
+  const int64_t image = g.c * g.h * g.w, ckk = g.c * g.kh * g.kw, out = o * oh * ow;
+  plan.input_as_convolution = g.stride == 1 && g.kh == g.kw && g.pad < g.kh;
+  // The input gradient as a convolution: the output gradient is its image,
+  // O input channels, C output channels.
+  const int64_t input_grad = plan.input_as_convolution
+                                 ? detail::direct_forward_elements(out, o * g.kh * g.kw, g.c)
+                                 : out + o * ckk;
+  // About 256 output positions per block of the weight gradient: whole
+  // images for small outputs, slices of rows for larger ones. Fewer makes
+  // more partial rows to sum; more leaves too few blocks to fill the GPU.
+  constexpr int64_t kPositionsPerBlock = 256;
+  plan.rows_per_slice = std::clamp<int64_t>(kPositionsPerBlock / ow, 1, oh);
+  plan.slices = (oh + plan.rows_per_slice - 1) / plan.rows_per_slice;
+  plan.images_per_group =
+      plan.slices == 1 ? std::clamp<int64_t>(kPositionsPerBlock / (oh * ow), 1, g.n) : 1;
+  plan.groups = (g.n + plan.images_per_group - 1) / plan.images_per_group;
+
+  const int64_t need =
+      std::max({detail::direct_forward_elements(image, ckk, o), input_grad,
+                detail::direct_weight_elements(image, plan.rows_per_slice * ow, o)});
+  plan.fits = need * element_bytes <= kDirectConvSharedBytes;
+  return plan;
+}
+
+}  // namespace leasehold::kernels
