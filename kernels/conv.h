@@ -2,9 +2,11 @@
 // its input gradient a GEMM followed by col2im. Tensors are contiguous NCHW;
 // col is [N, C*KH*KW, OH*OW] with rows ordered (c, ki, kj).
 //
-// On CUDA, a convolution whose image and weights fit a block's shared memory
-// (LeNet's, a few channels of a small picture) runs direct kernels instead:
-// one block per image, no column matrix, the bias added in place. For such
+// On CUDA, a convolution whose image, output gradient and weights fit a
+// block's shared memory (LeNet's, a few channels of a small picture) runs
+// direct kernels instead: the forward pass and the input gradient one block
+// per image, the weight gradient per group of images and slice of rows; no
+// column matrix, the bias added in place. For such
 // shapes im2col, batched GEMMs too small to fill the GPU and col2im cost
 // several times the arithmetic (measured: about 220 of LeNet's 560 µs of
 // kernels per step on an H100 went to them).
@@ -40,6 +42,10 @@ struct PoolGeometry {
 // Shared memory the direct kernels may use per block: what every CUDA GPU
 // gives a block without opting in to more.
 inline constexpr int64_t kDirectConvSharedBytes = 48 * 1024;
+
+// The direct weight gradient's partial sums stay within this many bytes
+// (the im2col path's default column budget).
+inline constexpr int64_t kMaxPartialBytes = 32ll << 20;
 
 // How the direct kernels take one convolution (kernels/conv_plan.cpp).
 struct DirectConvPlan {

@@ -177,8 +177,8 @@ __global__ void convolution_kernel(T* __restrict__ out, const T* __restrict__ x,
   }
 }
 
-// The input gradient where it is no convolution (stride > 1, or padding as
-// large as the kernel): dx[n, c, y, x] = sum over (o, ki, kj) of
+// The input gradient where it is no convolution (stride > 1, a kernel that
+// is not square, or padding as large as the kernel): dx[n, c, y, x] = sum over (o, ki, kj) of
 // dout[n, o, oy, ox] w[o, c, ki, kj] where (oy, ox) · stride = (y, x) + pad
 // - (ki, kj); one thread per input position.
 template <class T>

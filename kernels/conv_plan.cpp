@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/conv.h"
+#include "kernels/reduce.h"  // kMaxColumnRows
 
 namespace leasehold::kernels {
 
@@ -10,7 +11,12 @@ DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
                                 int64_t element_bytes) {
   DirectConvPlan plan;
   const int64_t oh = g.oh(), ow = g.ow(), o = out_channels;
-  if (g.n < 1 || g.n >= (int64_t{1} << 31) || oh < 1 || ow < 1 || o < 1 || g.stride < 1) {
+  // The kernels index per image in 32-bit ints (shared memory bounds the
+  // sizes below; stride and padding are bounded here) and need something
+  // to sum: an empty input or kernel is left to im2col + GEMM.
+  constexpr int64_t kIntLimit = int64_t{1} << 30;
+  if (g.n < 1 || g.n >= (int64_t{1} << 31) || g.c < 1 || g.kh < 1 || g.kw < 1 || oh < 1 ||
+      ow < 1 || o < 1 || g.stride < 1 || g.stride >= kIntLimit || g.pad >= kIntLimit) {
     return plan;
   }
   const int64_t image = g.c * g.h * g.w, ckk = g.c * g.kh * g.kw, out = o * oh * ow;
@@ -29,6 +35,16 @@ DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
   plan.images_per_group =
       plan.slices == 1 ? std::clamp<int64_t>(kPositionsPerBlock / (oh * ow), 1, g.n) : 1;
   plan.groups = (g.n + plan.images_per_group - 1) / plan.images_per_group;
+  // The partial sums stay within kMaxPartialBytes (and kMaxColumnRows,
+  // for the column sum after them): a larger batch gets larger groups.
+  const int64_t row_bytes = (o * ckk + o) * element_bytes;
+  const int64_t max_rows =
+      std::clamp<int64_t>(kMaxPartialBytes / std::max<int64_t>(row_bytes, 1), 1, kMaxColumnRows);
+  if (plan.groups * plan.slices > max_rows) {
+    const int64_t groups = std::max<int64_t>(1, max_rows / plan.slices);
+    plan.images_per_group = (g.n + groups - 1) / groups;
+    plan.groups = (g.n + plan.images_per_group - 1) / plan.images_per_group;
+  }
 
   const int64_t need =
       std::max({detail::direct_forward_elements(image, ckk, o), input_grad,

@@ -249,7 +249,7 @@ __global__ void cross_entropy_backward_kernel(T* gin, const T* logits, const T* 
 // order (deterministic).
 constexpr int kColumnLanes = 32;
 template <class T, bool kMasked>
-__global__ void sum_columns_kernel(ColumnSums<T> s) {
+__global__ void __launch_bounds__(32 * kColumnLanes) sum_columns_kernel(ColumnSums<T> s) {
   __shared__ T lanes[kColumnLanes][32];
   const int64_t c = blockIdx.x * int64_t(32) + threadIdx.x;
   const T* __restrict__ in = s.in;

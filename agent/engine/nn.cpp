@@ -90,7 +90,7 @@ Tensor Linear::forward(const Tensor& x) {
 }
 
 Tensor Linear::forward_then_relu(const Tensor& x) {
-  if (x.dim() != 2 || x.size(1) != in_) return forward(x);  // which names the problem
+  if (x.dim() != 2 || x.size(1) != in_) return relu(forward(x));  // forward names the problem
   return linear(x, param(0), bias_ ? param(1) : Tensor(), /*then_relu=*/true);
 }
 

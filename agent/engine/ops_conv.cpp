@@ -65,8 +65,9 @@ void run_gemm(const Tensor& like, const kernels::GemmShape& s, const T* a, const
 
 // The direct kernels' side of conv2d's backward (kernels/conv.h): the input
 // gradient in one launch; the weight and bias gradients in partial sums
-// (per group of images and slice of rows), then summed into buffers of
-// their own. `mask`: a fused ReLU's output, or undefined.
+// (per group of images and slice of rows; at most kMaxColumnRows of them,
+// kernels/conv_plan.cpp), then summed into buffers of their own. `mask`: a
+// fused ReLU's output, or undefined.
 template <class T>
 void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Tensor& mask,
                      const kernels::ConvGeometry& geo, const kernels::DirectConvPlan& plan,
@@ -84,12 +85,6 @@ void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Te
   LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct_backward_weight<T>(
                                   partial.data<T>(), X.data<T>(), g.data<T>(), m, geo, O, plan,
                                   detail::stream_of(X)));
-  if (plan.partial_rows() > kernels::kMaxColumnRows) {
-    Tensor both = sum(partial, {0});
-    if (want_w) gw = both.narrow(0, 0, O * CKK).reshape(W.sizes());
-    if (want_b) gb = both.narrow(0, O * CKK, O);
-    return;
-  }
   gw = empty(W.sizes(), W.options());
   gb = empty({O}, W.options());
   kernels::ColumnSums<T> s;

@@ -29,6 +29,7 @@ struct Case {
   Fn f;
   double tol = 1e-4;
   Input input = Input::Any;
+  DType dtype = DType::Float32;
 };
 
 Tensor make_input(const Shape& s, Input kind) {
@@ -53,7 +54,7 @@ class CudaOps : public ::testing::Test {
     SCOPED_TRACE(c.name);
     std::vector<Tensor> cpu, gpu;
     for (const auto& s : c.shapes) {
-      Tensor x = make_input(s, c.input);
+      Tensor x = make_input(s, c.input).to(c.dtype);
       cpu.push_back(x.clone().set_requires_grad(true));
       gpu.push_back(x.to(Device::cuda()).set_requires_grad(true));
     }
@@ -62,7 +63,7 @@ class CudaOps : public ::testing::Test {
     ASSERT_EQ(out_c.sizes(), out_g.sizes());
     EXPECT_LE(max_rel_diff(out_g, out_c), c.tol) << "forward";
     if (!out_c.requires_grad()) return;
-    Tensor r = randn(out_c.sizes());
+    Tensor r = randn(out_c.sizes()).to(out_c.dtype());
     sum(mul(out_c, r)).backward();
     sum(mul(out_g, r.to(Device::cuda()))).backward();
     for (size_t i = 0; i < cpu.size(); ++i) {
@@ -118,6 +119,12 @@ TEST_F(CudaOps, Matmul) {
          [](auto& v) { return linear(v[0], v[1], Tensor(), true); }});
   check({"linear relu, many rows", {{5000, 3}, {4, 3}, {4}},
          [](auto& v) { return linear(v[0], v[1], v[2], true); }, 1e-3});
+  check({"linear relu double", {{9, 33}, {5, 33}, {5}},
+         [](auto& v) { return linear(v[0], v[1], v[2], true); }, 1e-9, Input::Any,
+         DType::Float64});
+  // The small-product kernel with both operands transposed.
+  check({"small, both transposed", {{33, 7}, {5, 33}},
+         [](auto& v) { return matmul(v[0].transpose(0, 1), v[1].transpose(0, 1)); }});
 }
 
 // The contiguous fast paths (16-byte words, a tail after them) and the
@@ -196,6 +203,13 @@ TEST_F(CudaOps, SumsOverLeadingDimensions) {
   check({"all", {{33, 7}}, [](auto& v) { return sum(v[0]); }});
   check({"mean of all", {{1000}}, [](auto& v) { return mean(v[0]); }});
   check({"mean of leading", {{33, 7, 5}}, [](auto& v) { return mean(v[0], {0, 1}); }});
+  check({"columns, double", {{300, 7}}, [](auto& v) { return sum(v[0], {0}); }, 1e-9,
+         Input::Any, DType::Float64});
+  std::vector<int64_t> ints(600);
+  for (size_t i = 0; i < ints.size(); ++i) ints[i] = int64_t(i * i % 1000) - 300;
+  Tensor ic = from_vector(ints, {200, 3});
+  EXPECT_EQ(sum(ic.to(Device::cuda()), {0}).to_vector<int64_t>(), sum(ic, {0}).to_vector<int64_t>())
+      << "int64 column sums";
 }
 
 TEST_F(CudaOps, ConvPoolDropout) {
@@ -209,8 +223,8 @@ TEST_F(CudaOps, ConvPoolDropout) {
   // The direct kernels (kernels/conv.h): LeNet's second layer with a batch
   // that leaves its last group of images short; more output channels than
   // one thread's block with a strided, padded, non-square kernel (the input
-  // gradient as a gather); LeNet's first layer's shape with a batch whose
-  // weight gradient is summed over slices of rows. Then a convolution too
+  // gradient as a gather); an output of 30 rows whose weight gradient is
+  // summed over slices of rows, the last one short. Then a convolution too
   // large for them (im2col).
   const kernels::ConvGeometry lenet2{33, 6, 14, 14, 5, 5, 1, 0}, wide{3, 2, 9, 11, 3, 5, 2, 2},
       sliced{3, 2, 30, 30, 3, 3, 1, 1}, large{2, 16, 40, 40, 3, 3, 1, 1};
@@ -238,6 +252,20 @@ TEST_F(CudaOps, ConvPoolDropout) {
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1); }, 1e-3});
   check({"pool 2", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 2); }});
   check({"pool 3 s3", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 3, 3); }});
+  check({"pool 2 s3 (gaps between windows)", {{2, 3, 8, 10}},
+         [](auto& v) { return max_pool2d(v[0], 2, 3); }});
+  // Only some inputs needing gradients: a frozen weight, then bias only.
+  check({"conv direct, frozen weight", {{5, 6, 14, 14}, {16, 6, 5, 5}, {16}},
+         [](auto& v) { return conv2d(v[0], v[1].detach(), v[2], 1, 0, true); }, 1e-3});
+  check({"conv direct, bias only", {{5, 6, 14, 14}, {16, 6, 5, 5}, {16}},
+         [](auto& v) { return conv2d(v[0].detach(), v[1].detach(), v[2], 1, 0); }, 1e-3});
+  // float64 through the same kernels (two lanes per 16-byte word).
+  check({"conv direct double", {{33, 6, 14, 14}, {16, 6, 5, 5}, {16}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0, true); }, 1e-9, Input::Any,
+         DType::Float64});
+  check({"conv gather double", {{3, 2, 9, 11}, {20, 2, 3, 5}, {20}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 2, 2); }, 1e-9, Input::Any,
+         DType::Float64});
   check({"pool 3 s1", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 3, 1); }});
   check({"dropout", {{1025}}, [](auto& v) {
            manual_seed(9);
