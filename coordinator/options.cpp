@@ -171,7 +171,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
-      shrink_timeout, mps, mps_directory, fault_probation;
+      shrink_timeout, mps, mps_directory, fault_probation, test_stall;
   std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -218,6 +218,8 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "alone before others run beside it, unless it finishes an epoch first "
                  "(default 30s)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
+  app.add_option("--test-stall-on-sigusr1", test_stall, "test hook: stall the loop on SIGUSR1")
+      ->group("");  // hidden: not for operators
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -258,6 +260,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (mps) opts.mps = *mps;
     if (mps_directory) opts.mps_directory = *mps_directory;
     if (fault_probation) opts.fault_probation = parse_duration(*fault_probation);
+    if (test_stall) opts.test_stall_on_sigusr1 = parse_duration(*test_stall);
     validate(opts);
   } catch (const std::exception& e) {
     std::cerr << "leasehold-coordinator: " << e.what() << "\n";

@@ -63,6 +63,9 @@ struct CoordinatorOptions {
   // alone (unless it reports an epoch first; see CoreOptions).
   std::chrono::milliseconds fault_probation{30000};
   std::string log_level = "info";
+  // Test hook (hidden flag): on SIGUSR1 the poll loop sleeps this long, so
+  // a test can see that systemd's watchdog pings stop when the loop does.
+  std::chrono::milliseconds test_stall_on_sigusr1{0};
 };
 
 // Parses `text` as TOML and applies its keys. Throws std::invalid_argument
