@@ -248,6 +248,15 @@ TEST_F(CudaOps, ConvPoolDropout) {
          [](auto& v) { return conv2d(v[0], v[1], v[2], 2, 2, true); }, 1e-3});
   check({"conv relu im2col", {{2, 16, 40, 40}, {4, 16, 3, 3}, {4}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1, true); }, 1e-3});
+  {
+    // One image per im2col chunk: single products small enough for the
+    // small-product kernel, adding to the bias written first (beta = 1).
+    const int64_t saved = conv_workspace_bytes();
+    set_conv_workspace_bytes(1);
+    check({"conv im2col, one image per chunk", {{2, 16, 40, 40}, {2, 16, 1, 1}, {2}},
+           [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0); }, 1e-3});
+    set_conv_workspace_bytes(saved);
+  }
   check({"conv im2col", {{2, 16, 40, 40}, {4, 16, 3, 3}, {4}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1); }, 1e-3});
   check({"pool 2", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 2); }});
