@@ -28,10 +28,11 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
   // other: the first report opens an incident holding the jobs that were
   // running then; a report of one of those (the same attempt) within
   // fault_window belongs to it. Anything else is a new fault.
-  const bool in_incident = incident_ &&
-                           now.steady - incident_->opened <= opts_.fault_window &&
-                           incident_->jobs.count(job.id) &&
-                           incident_->jobs.at(job.id) == job.attempt_number();
+  bool in_incident = false;
+  if (incident_ && now.steady - incident_->opened <= opts_.fault_window) {
+    auto it = incident_->jobs.find(job.id);
+    in_incident = it != incident_->jobs.end() && it->second == job.attempt_number();
+  }
   if (!in_incident) {
     incident_ = FaultIncident{now.steady, {}};
     for (const auto& [id, other] : jobs_.all()) {

@@ -87,13 +87,12 @@ void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Te
                                   detail::stream_of(X)));
   gw = empty(W.sizes(), W.options());
   gb = empty({O}, W.options());
-  kernels::ColumnSums<T> s;
-  s.out = gw.data<T>();
-  s.in = partial.data<T>();
-  s.rows = plan.partial_rows();
-  s.columns = O * CKK + O;
-  s.tail = gb.data<T>();
-  s.tail_from = O * CKK;
+  const kernels::ColumnSums<T> s{.out = gw.data<T>(),
+                                 .in = partial.data<T>(),
+                                 .rows = plan.partial_rows(),
+                                 .columns = O * CKK + O,
+                                 .tail = gb.data<T>(),
+                                 .tail_from = O * CKK};
   LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::sum_columns<T>(s, detail::stream_of(X)));
   if (!want_w) gw = Tensor();
   if (!want_b) gb = Tensor();
@@ -252,11 +251,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
                                 x.shape_str());
   }
   int64_t O = w.size(0), CKK = geo.c * geo.kh * geo.kw, L = geo.oh() * geo.ow();
-  bool direct = false;
-  detail::dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
-    using T = decltype(tag);
-    direct = x.device().is_cuda() && kernels::plan_direct_conv(geo, O, sizeof(T)).fits;
-  });
+  const bool direct =
+      x.device().is_cuda() && kernels::plan_direct_conv(geo, O, dtype_size(x.dtype())).fits;
   if (then_relu && !direct) return relu(conv2d(x_in, w_in, bias, stride, padding));
   Tensor out = empty({geo.n, O, geo.oh(), geo.ow()}, x.options());
   Tensor b;

@@ -94,13 +94,12 @@ struct LinearBackward final : Node {
       gb = empty({out}, g.options());
       detail::dispatch_floating(g.dtype(), "linear backward", [&](auto tag) {
         using T = decltype(tag);
-        kernels::ColumnSums<T> s;
-        s.out = gb.data<T>();
-        s.in = g.data<T>();
-        s.rows = n;
-        s.columns = out;
-        s.mask = Y.data<T>();
-        s.masked = masked.data<T>();
+        const kernels::ColumnSums<T> s{.out = gb.data<T>(),
+                                       .in = g.data<T>(),
+                                       .rows = n,
+                                       .columns = out,
+                                       .mask = Y.data<T>(),
+                                       .masked = masked.data<T>()};
         LEASEHOLD_CUDA_OR("linear", kernels::cuda::sum_columns<T>(s, detail::stream_of(g)));
       });
       g = masked;

@@ -93,12 +93,11 @@ Tensor sum_leading(const Tensor& x, const Shape& dims, bool keepdim, double scal
   Tensor out = empty(keepdim ? keepdim_shape : kept, x.options());
   detail::dispatch_all(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    kernels::ColumnSums<T> s;
-    s.out = out.data<T>();
-    s.in = x.data<T>();
-    s.rows = rows;
-    s.columns = columns;
-    s.scale = static_cast<T>(scale);
+    const kernels::ColumnSums<T> s{.out = out.data<T>(),
+                                   .in = x.data<T>(),
+                                   .rows = rows,
+                                   .columns = columns,
+                                   .scale = static_cast<T>(scale)};
     kernels::cuda::sum_columns<T>(s, detail::stream_of(x));
   });
   return out;
