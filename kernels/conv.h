@@ -6,10 +6,10 @@
 // block's shared memory (LeNet's, a few channels of a small picture) runs
 // direct kernels instead: the forward pass and the input gradient one block
 // per image, the weight gradient per group of images and slice of rows; no
-// column matrix, the bias added in place. For such
-// shapes im2col, batched GEMMs too small to fill the GPU and col2im cost
-// several times the arithmetic (measured: about 220 of LeNet's 560 µs of
-// kernels per step on an H100 went to them).
+// column matrix, the bias added in place. For such shapes im2col, batched
+// GEMMs too small to fill the GPU and col2im cost several times the
+// arithmetic (measured: about 220 of LeNet's 560 µs of kernels per step on
+// an H100 went to them).
 #pragma once
 
 #include <cstdint>

@@ -62,9 +62,10 @@ __device__ T* shared_values() {
 // kStaged loads in flight: a block of a few warps filling shared memory one
 // load per thread at a time would wait out the memory latency for every
 // round (measured: most of these kernels' time, before).
+// `slot(i)` places value i elsewhere than dst[i] (a transposing copy).
 constexpr int kStaged = 8;
-template <class T, class Value>
-__device__ inline void stage(T* dst, int count, Value value) {
+template <class T, class Value, class Slot>
+__device__ inline void stage(T* dst, int count, Value value, Slot slot) {
   for (int base = threadIdx.x; base < count; base += kStaged * blockDim.x) {
     T v[kStaged];
 #pragma unroll
@@ -75,9 +76,13 @@ __device__ inline void stage(T* dst, int count, Value value) {
 #pragma unroll
     for (int b = 0; b < kStaged; ++b) {
       const int i = base + b * blockDim.x;
-      if (i < count) dst[i] = v[b];
+      if (i < count) dst[slot(i)] = v[b];
     }
   }
+}
+template <class T, class Value>
+__device__ inline void stage(T* dst, int count, Value value) {
+  stage(dst, count, value, [](int i) { return i; });
 }
 
 // N consecutive values from 16-byte aligned shared memory, as words.
@@ -178,9 +183,9 @@ __global__ void convolution_kernel(T* __restrict__ out, const T* __restrict__ x,
 }
 
 // The input gradient where it is no convolution (stride > 1, a kernel that
-// is not square, or padding as large as the kernel): dx[n, c, y, x] = sum over (o, ki, kj) of
-// dout[n, o, oy, ox] w[o, c, ki, kj] where (oy, ox) · stride = (y, x) + pad
-// - (ki, kj); one thread per input position.
+// is not square, or padding as large as the kernel): dx[n, c, y, x] = sum
+// over (o, ki, kj) of dout[n, o, oy, ox] w[o, c, ki, kj] where (oy, ox) ·
+// stride = (y, x) + pad - (ki, kj); one thread per input position.
 template <class T>
 __global__ void gather_input_kernel(T* __restrict__ dx, const T* __restrict__ dout,
                                     const T* __restrict__ mask, const T* __restrict__ w,
@@ -254,22 +259,19 @@ __global__ void weight_gradient_kernel(T* __restrict__ partial, const T* __restr
     stage(xs, image, [&](int i) { return xn[i]; });
     const T* gn = dout + n * g.o * L + oy0 * g.ow;
     const T* mn = mask ? mask + n * g.o * L + oy0 * g.ow : nullptr;
-    // Transposed on the way in: consecutive threads read consecutive
-    // positions of one channel.
-    for (int base = threadIdx.x; base < op * positions; base += kStaged * blockDim.x) {
-      T v[kStaged];
-#pragma unroll
-      for (int b = 0; b < kStaged; ++b) {
-        const int i = base + b * blockDim.x, co = i / positions;
-        const int at = co * L + i - co * positions;
-        v[b] = i < op * positions && co < g.o && (!mn || mn[at] > T(0)) ? gn[at] : T(0);
-      }
-#pragma unroll
-      for (int b = 0; b < kStaged; ++b) {
-        const int i = base + b * blockDim.x, co = i / positions;
-        if (i < op * positions) gs[(i - co * positions) * op + co] = v[b];
-      }
-    }
+    // Transposed on the way in: value i is (channel i / positions, position
+    // i % positions), so consecutive threads read consecutive positions of
+    // one channel.
+    stage(
+        gs, op * positions,
+        [&](int i) {
+          const int co = i / positions, at = co * L + i - co * positions;
+          return co < g.o && (!mn || mn[at] > T(0)) ? gn[at] : T(0);
+        },
+        [&](int i) {
+          const int co = i / positions;
+          return (i - co * positions) * op + co;
+        });
     __syncthreads();
     if (!active) continue;
     for (int oy = oy0; oy < oy1; ++oy) {
