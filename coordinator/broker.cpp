@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "coordinator/file_workers.h"
+#include "coordinator/http_endpoint.h"
 #include "coordinator/job_codec.h"
 #include "coordinator/job_store.h"
 #include "coordinator/mps_daemon.h"
@@ -30,6 +31,8 @@ namespace {
 
 // Workers for file checks: a few, so one hung path does not stop the others.
 constexpr size_t kFileWorkers = 4;
+// How often the HTTP endpoint's copy of the status is refreshed.
+constexpr auto kHttpPublishInterval = std::chrono::milliseconds(250);
 
 // Refuses to start when another coordinator answers at `endpoint`: binding an
 // ipc:// endpoint would silently take its socket away.
@@ -248,12 +251,20 @@ Broker::Broker(const CoordinatorOptions& opts)
     throw std::runtime_error("cannot bind the events endpoint " + opts_.events_endpoint + ": " +
                              e.what());
   }
-  spdlog::info("pool: {} of {} on {} ({}, device {}), alignment {}; jobs in {}; listening on {}",
+  if (opts_.http_listen != "off") {
+    http_ = std::make_unique<HttpEndpoint>(
+        opts_.http_listen, backend == Backend::Cuda ? std::to_string(opts_.device) : "host", "");
+    http_->publish(core_->status(now()));
+    http_published_ = Clock::now();
+  }
+  spdlog::info("pool: {} of {} on {} ({}, device {}), alignment {}; jobs in {}; listening on {}{}",
                format_bytes(size), format_bytes(mem.free_bytes), mem.name, backend_name(backend),
-               opts_.device, format_bytes(opts_.alignment), opts_.state_dir, opts_.endpoint);
+               opts_.device, format_bytes(opts_.alignment), opts_.state_dir, opts_.endpoint,
+               http_ ? "; HTTP on " + opts_.http_listen : std::string());
 }
 
 Broker::~Broker() {
+  http_.reset();  // no more requests served from state about to go
   // The writer commits what is queued before it stops; then nothing more
   // can be sent (the loop has ended), so held messages are dropped.
   // The workers go before the eventfd they wake (a member declared earlier).
@@ -313,6 +324,12 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     apply(effects);
     release_committed();
     check_mps();
+    // What the HTTP endpoint serves, a few times a second: its threads read
+    // this copy and never reach into the core.
+    if (http_ && Clock::now() - http_published_ >= kHttpPublishInterval) {
+      http_->publish(core_->status(now()));
+      http_published_ = Clock::now();
+    }
     if (tick_fn) tick_fn();
   }
   // Acknowledgements waiting for their commit still go out if the store

@@ -33,6 +33,7 @@ namespace leasehold {
 class StoreWriter;
 class FileWorkers;
 class MpsDaemon;
+class HttpEndpoint;
 
 class Broker {
  public:
@@ -102,6 +103,8 @@ class Broker {
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<StoreWriter> store_;
   std::unique_ptr<FileWorkers> files_;
+  std::unique_ptr<HttpEndpoint> http_;  // null: http_listen = off
+  Clock::time_point http_published_{};
   zmq::context_t ctx_;
   zmq::socket_t router_;
   zmq::socket_t pub_;

@@ -308,6 +308,10 @@ void CoordinatorCore::serve_waiting(Effects& out) {
 }
 
 void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, Effects& out) {
+  send(out, rid, req, status(now));
+}
+
+proto::StatusReplyT CoordinatorCore::status(Now now) const {
   const auto& alloc = leases_.allocator();
   proto::StatusReplyT status;
   status.pool = std::make_unique<proto::PoolUsageT>();
@@ -364,7 +368,7 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
   status.pending_requests = static_cast<uint32_t>(leases_.waiting());
   status.uptime_ms = ms_between(started_, now.steady);
   status.mps_pipe_directory = opts_.mps_pipe_directory;
-  send(out, rid, req, std::move(status));
+  return status;
 }
 
 void CoordinatorCore::drop_agent(const std::string& name, const std::string& why, JobFate fate,

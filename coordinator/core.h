@@ -154,6 +154,9 @@ class CoordinatorCore {
   PoolView pool_view() const;
   // "3 agents, 5 leases, 1.00 GiB of 4.00 GiB leased, 2 jobs queued, 1 running"
   std::string summary() const;
+  // What a Status request is answered with (also the HTTP endpoint's
+  // /api/status and the metrics).
+  proto::StatusReplyT status(Now now) const;
 
  private:
   // A submission whose files are being checked.

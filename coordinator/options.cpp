@@ -62,6 +62,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.endpoint = value;
       } else if (key == "events_endpoint") {
         opts.events_endpoint = value;
+      } else if (key == "http_listen") {
+        opts.http_listen = value;
       } else if (key == "backend") {
         opts.backend = value;
       } else if (key == "device") {
@@ -100,7 +102,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.fault_probation = parse_duration(value);
       } else {
         throw std::invalid_argument(
-            "unknown key (known: endpoint, events_endpoint, backend, device, pool_size, alignment, "
+            "unknown key (known: endpoint, events_endpoint, http_listen, backend, device, "
+            "pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
             "job_retention_count, job_retention_age, policy, low_watermark, high_watermark, "
             "shrink_timeout, mps, mps_directory, fault_probation, log_level)");
@@ -171,7 +174,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
-      shrink_timeout, mps, mps_directory, fault_probation, test_stall;
+      shrink_timeout, mps, mps_directory, fault_probation, test_stall, http;
   std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -217,6 +220,9 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "under MPS, after a device fault shared by several jobs: how long each runs "
                  "alone before others run beside it, unless it finishes an epoch first "
                  "(default 30s)");
+  app.add_option("--http", http,
+                 "HOST:PORT of the read-only HTTP endpoint (/metrics, /api/status), or off "
+                 "(default 127.0.0.1:9464)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
   app.add_option("--test-stall-on-sigusr1", test_stall, "test hook: stall the loop on SIGUSR1")
       ->group("");  // hidden: not for operators
@@ -261,6 +267,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (mps_directory) opts.mps_directory = *mps_directory;
     if (fault_probation) opts.fault_probation = parse_duration(*fault_probation);
     if (test_stall) opts.test_stall_on_sigusr1 = parse_duration(*test_stall);
+    if (http) opts.http_listen = *http;
     validate(opts);
   } catch (const std::exception& e) {
     std::cerr << "leasehold-coordinator: " << e.what() << "\n";

@@ -18,6 +18,10 @@ struct CoordinatorOptions {
   // Where job events are published (PUB). Default: the endpoint's ipc path
   // with ".events" in place of ".sock" (required for other transports).
   std::string events_endpoint;
+  // The read-only HTTP endpoint (coordinator/http_endpoint.h), HOST:PORT,
+  // or "off". The default port is the one Prometheus' exporter list
+  // assigns to OpenTelemetry-style exporters, on loopback only.
+  std::string http_listen = "127.0.0.1:9464";
   // auto | cuda | host. auto picks cuda when a GPU is visible.
   std::string backend = "auto";
   // CUDA device ordinal the pool lives on (ignored on host).

@@ -11,6 +11,7 @@ packages=(
   libboost-dev libspdlog-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libsystemd-dev libgtest-dev libopenblas-dev zlib1g-dev libsqlite3-dev
   libxxhash-dev liburing-dev fio
+  libcpp-httplib-dev prometheus-cpp-dev
   systemd
   dataset-fashion-mnist
 )

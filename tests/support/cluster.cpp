@@ -125,6 +125,11 @@ Process& Cluster::start_coordinator(std::vector<std::string> args) {
       std::find(args.begin(), args.end(), "--mps-directory") == args.end()) {
     args.insert(args.end(), {"--mps", "off"});
   }
+  // No HTTP endpoint unless a test asks for one: tests run in parallel,
+  // and the default port is one for the whole machine.
+  if (std::find(args.begin(), args.end(), "--http") == args.end()) {
+    args.insert(args.end(), {"--http", "off"});
+  }
   std::vector<std::string> argv{bin_dir() + "/leasehold-coordinator", "--endpoint", endpoint_};
   // A private job store, kept across restarts of this cluster's coordinator.
   if (std::find(args.begin(), args.end(), "--state-dir") == args.end()) {
