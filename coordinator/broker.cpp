@@ -252,10 +252,12 @@ Broker::Broker(const CoordinatorOptions& opts)
                              e.what());
   }
   if (opts_.http_listen != "off") {
-    http_ = std::make_unique<HttpEndpoint>(
-        opts_.http_listen, backend == Backend::Cuda ? std::to_string(opts_.device) : "host", "");
-    http_->publish(core_->status(now()));
-    http_published_ = Clock::now();
+    http_ = std::make_unique<HttpEndpoint>(opts_.http_listen);
+    // DCGM's labels: the GPU's index and its UUID.
+    gpu_label_ = backend == Backend::Cuda ? std::to_string(opts_.device) : "host";
+    uuid_label_ = mem.uuid;
+    for (const auto& [id, job] : core_->jobs().all()) http_jobs_changed_.insert(id);
+    publish_http();
   }
   spdlog::info("pool: {} of {} on {} ({}, device {}), alignment {}; jobs in {}; listening on {}{}",
                format_bytes(size), format_bytes(mem.free_bytes), mem.name, backend_name(backend),
@@ -326,10 +328,7 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     check_mps();
     // What the HTTP endpoint serves, a few times a second: its threads read
     // this copy and never reach into the core.
-    if (http_ && Clock::now() - http_published_ >= kHttpPublishInterval) {
-      http_->publish(core_->status(now()));
-      http_published_ = Clock::now();
-    }
+    if (http_ && Clock::now() - http_published_ >= kHttpPublishInterval) publish_http();
     if (tick_fn) tick_fn();
   }
   // Acknowledgements waiting for their commit still go out if the store
@@ -345,6 +344,24 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     Outgoing o{false, m.to, encode_message(m)};
     send(o);
   }
+}
+
+void Broker::publish_http() {
+  const auto status = core_->status(now());
+  http_->publish_status(render_status_json(status),
+                        take_metrics_snapshot(*core_, status, gpu_label_, uuid_label_));
+  std::vector<JobJson> changed;
+  std::vector<uint64_t> removed;
+  for (uint64_t id : http_jobs_changed_) {
+    if (const JobRecord* job = core_->jobs().find(id)) {
+      changed.push_back(render_job_json(*job));
+    } else {
+      removed.push_back(id);
+    }
+  }
+  http_jobs_changed_.clear();
+  if (!changed.empty() || !removed.empty()) http_->publish_jobs(std::move(changed), removed);
+  http_published_ = Clock::now();
 }
 
 void Broker::check_mps() {
@@ -457,6 +474,7 @@ void Broker::apply(Effects& effects) {
     Outgoing o{true, n.topic, encode_notice(n)};
     send(o);
   }
+  if (http_) note_for_http(effects);
   for (const auto& dir : effects.remove_dirs) files_->remove_dir(dir);
   for (auto& check : effects.file_checks) files_->check(std::move(check));
   if (!writes) return;
@@ -469,6 +487,19 @@ void Broker::apply(Effects& effects) {
   }
   uint64_t seq = store_->write(std::move(puts), effects.store_deletes, core_->jobs().next_id());
   if (!later.empty()) held_.push_back(Held{seq, std::move(later)});
+}
+
+void Broker::note_for_http(const Effects& effects) {
+  http_jobs_changed_.insert(effects.events.begin(), effects.events.end());
+  http_jobs_changed_.insert(effects.store_puts.begin(), effects.store_puts.end());
+  http_jobs_changed_.insert(effects.store_deletes.begin(), effects.store_deletes.end());
+  if (!http_->streaming()) return;
+  // The browser sees a change as it happens (not only once it is stored,
+  // as subscribers of the PUB socket do): the page only shows it.
+  for (uint64_t id : effects.events) {
+    if (const JobRecord* job = core_->jobs().find(id)) http_->publish_event(render_job_event(*job));
+  }
+  for (const auto& n : effects.notices) http_->publish_event(render_notice_event(n));
 }
 
 void Broker::release_committed() {

@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 #include <zmq.hpp>
@@ -73,6 +74,10 @@ class Broker {
   void send(Outgoing& o);
   void release_committed();
   void wake_fd_drain();
+  // Hands the HTTP endpoint the status, the metrics and the jobs that
+  // changed; note_for_http collects those and streams the events.
+  void publish_http();
+  void note_for_http(const Effects& effects);
   // Under MPS: checks that the control daemon answers, after a device fault
   // and every kMpsCheckInterval, and starts one of ours again if it is gone.
   void check_mps();
@@ -105,6 +110,8 @@ class Broker {
   std::unique_ptr<FileWorkers> files_;
   std::unique_ptr<HttpEndpoint> http_;  // null: http_listen = off
   Clock::time_point http_published_{};
+  std::set<uint64_t> http_jobs_changed_;  // since the last publish_http
+  std::string gpu_label_, uuid_label_;
   zmq::context_t ctx_;
   zmq::socket_t router_;
   zmq::socket_t pub_;

@@ -260,6 +260,7 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   auto outcome = leases_.request(pending, wait_ms > 0,
                                  [this](const PendingRequest& p) { return admit(p); });
   if (auto* refusal = std::get_if<Refusal>(&outcome)) {
+    ++lease_stats_.refusals;
     spdlog::info("lease of {} for '{}' refused: {}", format_bytes(r->size()), agent.name,
                  refusal->message);
     return send_error(out, rid, req, refusal->code, refusal->message);
@@ -273,6 +274,7 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
     return request_shrinks(now, out);
   }
   const auto& rec = std::get<LeaseRecord>(outcome);
+  lease_stats_.granted(0);
   spdlog::debug("lease {} granted to '{}': offset {} size {}", rec.id, agent.name, rec.offset,
                 rec.size);
   proto::LeaseGrantT grant;
@@ -294,6 +296,9 @@ void CoordinatorCore::serve_waiting(Effects& out) {
       proto::LeaseGrantT grant;
       grant.lease = lease_object(g.lease);
       send(out, g.reply_to.routing_id, g.reply_to.request_id, std::move(grant));
+      lease_stats_.granted(
+          std::chrono::duration<double>(std::max(now_.steady - g.since, Clock::duration{}))
+              .count());
       note_lease_wait(g.lease.owner, g.since, now_, out);
     }
     // Requests still waiting need memory: idle cache regions give it up
@@ -469,6 +474,7 @@ void CoordinatorCore::tick(Now now, Effects& out) {
   check_shrinks(now, out);
   check_fences(now, out);
   for (auto& e : leases_.expire(now.steady)) {
+    ++lease_stats_.timeouts;
     send_error(out, e.reply_to.routing_id, e.reply_to.request_id, e.refusal.code,
                e.refusal.message);
   }

@@ -60,6 +60,7 @@
 #include "coordinator/agent_record.h"
 #include "coordinator/effects.h"
 #include "coordinator/job_table.h"
+#include "coordinator/lease_stats.h"
 #include "coordinator/lease_table.h"
 #include "coordinator/region_table.h"
 #include "coordinator/scheduler.h"
@@ -139,6 +140,8 @@ class CoordinatorCore {
   // Device faults reported so far (the broker checks the MPS daemon when
   // this grows).
   uint64_t device_faults() const { return device_faults_; }
+  // What became of lease requests so far (the metrics' counters).
+  const LeaseStats& lease_stats() const { return lease_stats_; }
   // The coordinator is stopping: tells every agent.
   void shutdown(Effects& out);
   // Non-empty while the job store cannot commit: submissions are refused
@@ -329,6 +332,7 @@ class CoordinatorCore {
   };
   std::optional<FaultIncident> incident_;
   uint64_t device_faults_ = 0;
+  LeaseStats lease_stats_;
   std::string store_error_;
 };
 

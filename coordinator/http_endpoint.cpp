@@ -1,70 +1,14 @@
 #include "coordinator/http_endpoint.h"
 
 #include <httplib.h>
-#include <prometheus/gauge.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
+#include <sys/socket.h>
 
-#include <map>
-#include <set>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "client/status_format.h"
+#include "coordinator/dashboard_files.h"
 
 namespace leasehold {
-
-// The series the status carries, labelled gpu and UUID as DCGM's are.
-// prometheus-cpp keeps them thread-safe: the loop sets them, an HTTP
-// thread serializes them.
-class CoordinatorMetrics {
- public:
-  CoordinatorMetrics(prometheus::Registry& r, std::string gpu, std::string uuid)
-      : labels_{{"gpu", std::move(gpu)}, {"UUID", std::move(uuid)}},
-        size_(gauge(r, "leasehold_pool_size_bytes", "Size of the pool")),
-        used_(gauge(r, "leasehold_pool_used_bytes", "Bytes of the pool leased")),
-        free_(gauge(r, "leasehold_pool_free_bytes", "Bytes of the pool not leased")),
-        largest_(gauge(r, "leasehold_pool_largest_free_bytes", "Largest free block")),
-        occupancy_(gauge(r, "leasehold_pool_occupancy_ratio", "Leased bytes / pool size")),
-        leases_(gauge(r, "leasehold_leases", "Leases held")),
-        waiting_(gauge(r, "leasehold_lease_requests_waiting", "Lease requests waiting")),
-        agents_(prometheus::BuildGauge()
-                    .Name("leasehold_agents")
-                    .Help("Agents by state")
-                    .Register(r)) {}
-
-  void update(const proto::StatusReplyT& s) {
-    if (s.pool && s.pool->info) size_.Set(double(s.pool->info->size));
-    if (s.pool) {
-      used_.Set(double(s.pool->used_bytes));
-      free_.Set(double(s.pool->free_bytes));
-      largest_.Set(double(s.pool->largest_free_bytes));
-    }
-    if (s.occupancy) occupancy_.Set(s.occupancy->occupancy);
-    leases_.Set(double(s.leases.size()));
-    waiting_.Set(double(s.pending_requests));
-    std::map<std::string, int> by_state;
-    for (const auto& a : s.agents) ++by_state[a->state];
-    // A state seen once stays a series (at 0), so it does not vanish.
-    for (const auto& [state, n] : by_state) states_.insert(state);
-    for (const auto& state : states_) {
-      auto labels = labels_;
-      labels["state"] = state;
-      agents_.Add(labels).Set(by_state.count(state) ? by_state[state] : 0);
-    }
-  }
-
- private:
-  prometheus::Gauge& gauge(prometheus::Registry& r, const std::string& name,
-                           const std::string& help) {
-    return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels_);
-  }
-
-  std::map<std::string, std::string> labels_;
-  prometheus::Gauge &size_, &used_, &free_, &largest_, &occupancy_, &leases_, &waiting_;
-  prometheus::Family<prometheus::Gauge>& agents_;
-  std::set<std::string> states_;
-};
-
 namespace {
 
 std::pair<std::string, int> split_listen(const std::string& listen) {
@@ -89,13 +33,37 @@ std::pair<std::string, int> split_listen(const std::string& listen) {
   return {host, port};
 }
 
+void error(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_content(nlohmann::json{{"error", message}}.dump(), "application/json");
+}
+
+// A query parameter as a number; `fallback` when absent. Throws
+// std::invalid_argument naming it when it is not one.
+uint64_t number_param(const httplib::Request& req, const char* name, uint64_t fallback) {
+  if (!req.has_param(name)) return fallback;
+  const std::string text = req.get_param_value(name);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
+      text.size() > 19) {
+    throw std::invalid_argument(std::string("query parameter '") + name +
+                                "' must be a whole number, not '" + text + "'");
+  }
+  return std::stoull(text);
+}
+
+uint64_t unix_ms_now() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
 }  // namespace
 
-HttpEndpoint::HttpEndpoint(const std::string& listen, std::string gpu, std::string uuid)
-    : server_(std::make_unique<httplib::Server>()),
-      registry_(std::make_shared<prometheus::Registry>()),
-      metrics_(std::make_unique<CoordinatorMetrics>(*registry_, std::move(gpu), std::move(uuid))),
-      status_json_(std::make_shared<const std::string>("{}")) {
+HttpEndpoint::HttpEndpoint(const std::string& listen)
+    : status_json_(std::make_shared<const std::string>("{}")),
+      metrics_(std::make_shared<const MetricsSnapshot>()),
+      jobs_(std::make_shared<const JobMap>()),
+      server_(std::make_unique<httplib::Server>()) {
   auto [host, port] = split_listen(listen);
   // SO_REUSEADDR only (a restart binds at once), not cpp-httplib's default
   // SO_REUSEPORT, with which a second coordinator would share the port.
@@ -103,17 +71,13 @@ HttpEndpoint::HttpEndpoint(const std::string& listen, std::string gpu, std::stri
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
+  server_->new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
   // A client that stops sending or reading costs one HTTP thread for at
   // most these, never the loop.
   server_->set_read_timeout(5, 0);
   server_->set_write_timeout(5, 0);
-  server_->Get("/api/status", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(*status_json(), "application/json");
-  });
-  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus::TextSerializer().Serialize(registry_->Collect()),
-                    "text/plain; version=0.0.4");
-  });
+  server_->set_keep_alive_timeout(5);
+  route();
   if (port == 0) {
     port_ = server_->bind_to_any_port(host);
   } else {
@@ -128,23 +92,183 @@ HttpEndpoint::HttpEndpoint(const std::string& listen, std::string gpu, std::stri
 }
 
 HttpEndpoint::~HttpEndpoint() {
+  events_.close();  // open streams end at once
   server_->stop();
   if (thread_.joinable()) thread_.join();
 }
 
-void HttpEndpoint::publish(const proto::StatusReplyT& status) {
-  metrics_->update(status);
-  flatbuffers::FlatBufferBuilder fbb;
-  fbb.Finish(proto::StatusReply::Pack(fbb, &status));
-  auto json = std::make_shared<const std::string>(
-      status_to_json(*flatbuffers::GetRoot<proto::StatusReply>(fbb.GetBufferPointer())).dump());
-  std::lock_guard lock(mu_);
-  status_json_ = std::move(json);
+void HttpEndpoint::route() {
+  auto& s = *server_;
+  auto file = [](const std::string& name, const httplib::Request& req, httplib::Response& res) {
+    const DashboardFile* f = find_dashboard_file(name);
+    if (!f) return error(res, 404, "no such page: " + req.path);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(std::string(f->bytes), std::string(f->content_type));
+  };
+  s.Get("/", [file](const httplib::Request& req, httplib::Response& res) {
+    file("index.html", req, res);
+  });
+  s.Get("/api/status", [this](const httplib::Request&, httplib::Response& res) {
+    std::shared_ptr<const std::string> json;
+    {
+      std::lock_guard lock(mu_);
+      json = status_json_;
+    }
+    res.set_content(*json, "application/json");
+  });
+  s.Get("/api/jobs", [this](const httplib::Request& q, httplib::Response& r) { serve_jobs(q, r); });
+  s.Get(R"(/api/jobs/([^/]+))",
+        [this](const httplib::Request& q, httplib::Response& r) { serve_job(q, r); });
+  s.Get("/api/history", [this](const httplib::Request&, httplib::Response& r) { serve_history(r); });
+  s.Get("/api/events", [this](const httplib::Request&, httplib::Response& r) { serve_events(r); });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    std::shared_ptr<const MetricsSnapshot> m;
+    {
+      std::lock_guard lock(mu_);
+      m = metrics_;
+    }
+    res.set_content(render_metrics(*m), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.Get(R"(/([a-z.]+))", [file](const httplib::Request& req, httplib::Response& res) {
+    file(req.matches[1].str(), req, res);
+  });
+  // Read-only: nothing over HTTP changes state.
+  auto read_only = [](const httplib::Request& req, httplib::Response& res) {
+    error(res, 405, req.method + " is not served: the HTTP endpoint is read-only");
+  };
+  s.Post(".*", read_only);
+  s.Put(".*", read_only);
+  s.Patch(".*", read_only);
+  s.Delete(".*", read_only);
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    error(res, res.status,
+          res.status == 404 ? "no such page: " + req.path
+                            : "request refused (HTTP " + std::to_string(res.status) + ")");
+  });
 }
 
-std::shared_ptr<const std::string> HttpEndpoint::status_json() const {
+void HttpEndpoint::serve_jobs(const httplib::Request& req, httplib::Response& res) const {
+  uint64_t after = 0, limit = 0;
+  try {
+    after = number_param(req, "after", 0);
+    limit = number_param(req, "limit", 0);
+  } catch (const std::invalid_argument& e) {
+    return error(res, 400, e.what());
+  }
+  std::shared_ptr<const JobMap> jobs;
+  {
+    std::lock_guard lock(mu_);
+    jobs = jobs_;
+  }
+  std::string out = "[";
+  uint64_t n = 0;
+  for (auto it = jobs->upper_bound(after); it != jobs->end() && (limit == 0 || n < limit);
+       ++it, ++n) {
+    if (n) out += ',';
+    out += it->second->summary;
+  }
+  out += ']';
+  res.set_content(out, "application/json");
+}
+
+void HttpEndpoint::serve_job(const httplib::Request& req, httplib::Response& res) const {
+  const std::string text = req.matches[1].str();
+  uint64_t id = 0;
+  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos ||
+      (id = std::stoull(text)) == 0) {
+    return error(res, 400, "'" + text + "' is not a job id");
+  }
+  std::shared_ptr<const JobMap> jobs;
+  {
+    std::lock_guard lock(mu_);
+    jobs = jobs_;
+  }
+  auto it = jobs->find(id);
+  if (it == jobs->end()) return error(res, 404, "no job with id " + text);
+  res.set_content(it->second->full, "application/json");
+}
+
+void HttpEndpoint::serve_history(httplib::Response& res) const {
+  nlohmann::json out = nlohmann::json::array();
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& s : history_) out.push_back({s.unix_ms, s.occupancy, s.used_bytes});
+  }
+  res.set_content(nlohmann::json{{"columns", {"unix_ms", "occupancy", "used_bytes"}},
+                                 {"samples", std::move(out)}}
+                      .dump(),
+                  "application/json");
+}
+
+void HttpEndpoint::serve_events(httplib::Response& res) {
+  if (!events_.attach(kMaxStreams)) {
+    return error(res, 503,
+                 "too many event streams open (at most " + std::to_string(kMaxStreams) + ")");
+  }
+  auto cursor = std::make_shared<uint64_t>(events_.end());
+  auto last_write = std::make_shared<std::chrono::steady_clock::time_point>();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, cursor, last_write](size_t offset, httplib::DataSink& sink) {
+        const auto now = std::chrono::steady_clock::now();
+        // A comment first, so the browser sees the stream open at once.
+        if (offset == 0) {
+          *last_write = now;
+          return sink.write(": leasehold events\n\n", 20);
+        }
+        // Short waits: a reader that went away gives its place back
+        // within a second.
+        auto batch = events_.next(*cursor, std::chrono::seconds(1));
+        if (batch.closed) {
+          sink.done();
+          return true;
+        }
+        std::string out;
+        if (batch.missed) {
+          out += "event: missed\ndata: {\"missed\":" + std::to_string(batch.missed) + "}\n\n";
+        }
+        for (const auto& e : batch.events) out += "data: " + e + "\n\n";
+        if (out.empty()) {
+          if (!sink.is_writable()) return false;
+          if (now - *last_write < kKeepAlive) return true;  // called again at once
+          out = ": idle\n\n";  // keeps proxies from closing an idle stream
+        }
+        *last_write = now;
+        return sink.write(out.data(), out.size());
+      },
+      [this](bool) { events_.detach(); });
+}
+
+void HttpEndpoint::publish_status(std::string status_json, MetricsSnapshot metrics) {
+  auto json = std::make_shared<const std::string>(std::move(status_json));
+  const Sample sample{unix_ms_now(), metrics.occupancy, metrics.used_bytes};
+  auto m = std::make_shared<const MetricsSnapshot>(std::move(metrics));
   std::lock_guard lock(mu_);
-  return status_json_;
+  status_json_ = std::move(json);
+  metrics_ = std::move(m);
+  if (history_.empty() || sample.unix_ms >= history_.back().unix_ms + 1000) {
+    history_.push_back(sample);
+    if (history_.size() > kHistory) history_.pop_front();
+  }
+}
+
+void HttpEndpoint::publish_jobs(std::vector<JobJson> changed, const std::vector<uint64_t>& removed) {
+  std::shared_ptr<const JobMap> current;
+  {
+    std::lock_guard lock(mu_);
+    current = jobs_;
+  }
+  // Copy on write: requests being served keep the map they took.
+  auto next = std::make_shared<JobMap>(*current);
+  for (uint64_t id : removed) next->erase(id);
+  for (auto& j : changed) {
+    const uint64_t id = j.id;
+    (*next)[id] = std::make_shared<const JobJson>(std::move(j));
+  }
+  std::lock_guard lock(mu_);
+  jobs_ = std::move(next);
 }
 
 }  // namespace leasehold

@@ -2,6 +2,9 @@
 # Installs the Debian 12 packages Leasehold needs to build and test, if any
 # are missing. Idempotent; works as root or through sudo. The CUDA toolkit is
 # optional and not installed here: the build uses it when it finds nvcc.
+# --with-test-tools adds what only the tests use: Chromium (the dashboard
+# page is checked in a real browser) and Prometheus (it scrapes a running
+# coordinator).
 set -euo pipefail
 
 packages=(
@@ -15,6 +18,9 @@ packages=(
   systemd
   dataset-fashion-mnist
 )
+if [ "${1:-}" = --with-test-tools ]; then
+  packages+=(chromium fonts-dejavu-core prometheus)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

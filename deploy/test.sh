@@ -8,7 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${LEASEHOLD_JOBS:-$(nproc)}
-"$root/deploy/setup.sh"
+"$root/deploy/setup.sh" --with-test-tools
 "$root/deploy/build.sh" "$@"
 build=${LEASEHOLD_BUILD_DIR:-$root/build}
 echo "== test suite ($build)"

@@ -2,6 +2,7 @@
 // IPC handle. Only built when the CUDA toolkit is found.
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -94,6 +95,18 @@ class CudaMapping final : public PoolMapping {
 
 }  // namespace
 
+// The 16 bytes as nvidia-smi -L and NVML print them: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+static std::string uuid_text(const cudaUUID_t& uuid) {
+  std::string out = "GPU-";
+  char hex[3];
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(uuid.bytes[i]));
+    out += hex;
+  }
+  return out;
+}
+
 std::unique_ptr<DevicePool> create_cuda_pool(int device, uint64_t size, uint64_t alignment) {
   return std::make_unique<CudaPool>(device, size, alignment);
 }
@@ -108,7 +121,7 @@ DeviceMemory query_cuda_memory(int device) {
   LEASEHOLD_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   cudaDeviceProp prop{};
   LEASEHOLD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  return DeviceMemory{free_b, total_b, prop.name};
+  return DeviceMemory{free_b, total_b, prop.name, uuid_text(prop.uuid)};
 }
 
 int cuda_visible_devices() {

@@ -35,6 +35,8 @@ struct DeviceMemory {
   uint64_t free_bytes = 0;
   uint64_t total_bytes = 0;
   std::string name;  // "NVIDIA H100 80GB HBM3", "host shared memory"
+  // "GPU-8d6c...", as nvidia-smi and DCGM's exporter write it; empty on host.
+  std::string uuid;
 };
 // Free and total memory of the device: cudaMemGetInfo on cuda; on host, the
 // smaller of MemAvailable and the free space of /dev/shm.

@@ -1,0 +1,62 @@
+#include "coordinator/event_stream.h"
+
+namespace leasehold {
+
+void EventStream::push(std::string event) {
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(event));
+    if (events_.size() > kKept) {
+      events_.pop_front();
+      ++first_;
+    }
+  }
+  cv_.notify_all();
+}
+
+void EventStream::close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+EventStream::Batch EventStream::next(uint64_t& cursor, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout,
+               [&] { return closed_ || first_ + events_.size() > cursor; });
+  Batch b;
+  b.closed = closed_;
+  if (cursor < first_) {
+    b.missed = first_ - cursor;
+    cursor = first_;
+  }
+  for (uint64_t i = cursor - first_; i < events_.size(); ++i) b.events.push_back(events_[i]);
+  cursor = first_ + events_.size();
+  return b;
+}
+
+uint64_t EventStream::end() const {
+  std::lock_guard lock(mu_);
+  return first_ + events_.size();
+}
+
+bool EventStream::has_readers() const {
+  std::lock_guard lock(mu_);
+  return readers_ > 0;
+}
+
+bool EventStream::attach(int max) {
+  std::lock_guard lock(mu_);
+  if (closed_ || readers_ >= max) return false;
+  ++readers_;
+  return true;
+}
+
+void EventStream::detach() {
+  std::lock_guard lock(mu_);
+  --readers_;
+}
+
+}  // namespace leasehold

@@ -1,0 +1,53 @@
+// The events the HTTP endpoint streams (/api/events): the loop appends, each
+// stream's thread waits for what it has not sent yet. Bounded: the latest
+// kKept events are kept, and a stream that fell further behind skips to
+// them (it is told how many it missed). The loop never waits for a reader.
+//
+// Thread safety: every member may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace leasehold {
+
+class EventStream {
+ public:
+  static constexpr size_t kKept = 1024;
+
+  // Appends one event (a JSON text).
+  void push(std::string event);
+  // Wakes every waiting reader for good (the server stops).
+  void close();
+
+  struct Batch {
+    std::vector<std::string> events;
+    uint64_t missed = 0;  // events dropped before this reader got them
+    bool closed = false;
+  };
+  // Events after `cursor` (advanced past them), waiting up to `timeout` for
+  // the first. A new reader starts at end().
+  Batch next(uint64_t& cursor, std::chrono::milliseconds timeout);
+  uint64_t end() const;
+
+  // Readers attached now; the loop renders events only while there are any.
+  bool has_readers() const;
+  // Takes a reader's place if fewer than `max` are attached.
+  bool attach(int max);
+  void detach();
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> events_;
+  uint64_t first_ = 0;  // sequence number of events_.front()
+  int readers_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace leasehold

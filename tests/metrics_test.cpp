@@ -1,0 +1,146 @@
+// /metrics as rendered from a snapshot (coordinator/metrics.h), and the
+// Grafana dashboard's queries checked against it: every Leasehold series a
+// panel asks for exists.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "coordinator/metrics.h"
+
+namespace leasehold::testing {
+namespace {
+
+MetricsSnapshot busy_snapshot() {
+  MetricsSnapshot s;
+  s.gpu = "0";
+  s.uuid = "GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6";
+  s.pool_bytes = 8ull << 30;
+  s.used_bytes = 3ull << 30;
+  s.free_bytes = 5ull << 30;
+  s.largest_free_bytes = 4ull << 30;
+  s.occupancy = 0.375;
+  s.leases_held = 3;
+  s.agents_by_state = {{"idle", 1}, {"running", 2}};
+  s.jobs_by_state = {{"queued", 4}, {"running", 2}};
+  s.lease_stats.granted(0);
+  s.lease_stats.granted(0.004);
+  s.lease_stats.granted(90);  // past every bound
+  s.lease_stats.refusals = 2;
+  JobSeries j;
+  j.id = 7;
+  j.name = "mlp \"quoted\"";
+  j.agent = "a1";
+  j.samples_per_second = 452142.5;
+  j.loss = 0.3125;
+  j.test_accuracy = 0.8916;
+  j.leased_bytes = 1ull << 30;
+  s.running.push_back(j);
+  j.id = 8;
+  j.name = "fresh";
+  j.test_accuracy = -1;  // no epoch yet
+  s.running.push_back(j);
+  return s;
+}
+
+bool has_line(const std::string& text, const std::string& line) {
+  return text.find(line + "\n") != std::string::npos;
+}
+
+// The value of `series` (name and labels), NaN when absent.
+double value_of(const std::string& text, const std::string& series) {
+  const auto at = text.find(series + " ");
+  if (at == std::string::npos) return NAN;
+  return std::stod(text.substr(at + series.size() + 1));
+}
+
+TEST(Metrics, SeriesCarryDcgmLabelsAndBaseUnits) {
+  const std::string m = render_metrics(busy_snapshot());
+  const std::string gpu = R"(gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6")";
+  EXPECT_TRUE(has_line(m, "# TYPE leasehold_pool_used_bytes gauge")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_pool_used_bytes{" + gpu + "} 3221225472")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_pool_occupancy_ratio{" + gpu + "} 0.375")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_agents{" + gpu + R"(,state="running"} 2)")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_jobs{" + gpu + R"(,state="queued"} 4)")) << m;
+  EXPECT_TRUE(has_line(m, "# TYPE leasehold_lease_grants_total counter")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_lease_grants_total{" + gpu + "} 3")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_lease_refusals_total{" + gpu + "} 2")) << m;
+}
+
+TEST(Metrics, GrantLatencyIsACumulativeHistogram) {
+  const std::string m = render_metrics(busy_snapshot());
+  const std::string b = R"(leasehold_lease_grant_latency_seconds_bucket{gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",le=)";
+  EXPECT_TRUE(has_line(m, "# TYPE leasehold_lease_grant_latency_seconds histogram")) << m;
+  EXPECT_TRUE(has_line(m, b + R"("0.001"} 1)")) << m;
+  EXPECT_TRUE(has_line(m, b + R"("0.005"} 2)")) << m;
+  EXPECT_TRUE(has_line(m, b + R"("30"} 2)")) << m;
+  EXPECT_TRUE(has_line(m, b + R"("+Inf"} 3)")) << m;
+  EXPECT_NE(m.find("leasehold_lease_grant_latency_seconds_sum{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\"} 90.004"),
+            std::string::npos)
+      << m;
+}
+
+TEST(Metrics, RunningJobsHaveLabelledSeriesWithNamesEscaped) {
+  const std::string m = render_metrics(busy_snapshot());
+  const std::string labels =
+      R"({gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",job="7",name="mlp \"quoted\"",agent="a1"})";
+  EXPECT_TRUE(has_line(m, "leasehold_job_samples_per_second" + labels + " 452142.5")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_job_loss" + labels + " 0.3125")) << m;
+  EXPECT_DOUBLE_EQ(value_of(m, "leasehold_job_test_accuracy_ratio" + labels), 0.8916) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_job_leased_bytes" + labels + " 1073741824")) << m;
+  // Job 8 has no test accuracy yet: no series rather than a made-up value.
+  EXPECT_NE(m.find("leasehold_job_loss{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job=\"8\""),
+            std::string::npos);
+  EXPECT_EQ(m.find("leasehold_job_test_accuracy_ratio{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job=\"8\""),
+            std::string::npos)
+      << m;
+  // Each family's series are together, under one TYPE line.
+  size_t types = 0;
+  for (size_t at = m.find("# TYPE leasehold_job_loss "); at != std::string::npos;
+       at = m.find("# TYPE leasehold_job_loss ", at + 1)) {
+    ++types;
+  }
+  EXPECT_EQ(types, 1u);
+}
+
+// Every leasehold_* name in a panel's query is a family /metrics serves
+// (histogram queries name its _bucket series).
+TEST(GrafanaDashboard, QueriesNameSeriesTheCoordinatorServes) {
+  std::ifstream in(std::filesystem::path(LEASEHOLD_SOURCE_DIR) / "deploy/grafana/leasehold.json");
+  ASSERT_TRUE(in) << "deploy/grafana/leasehold.json";
+  const auto dash = nlohmann::json::parse(in);
+  const std::string metrics = render_metrics(busy_snapshot());
+  std::set<std::string> families;
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) families.insert(line.substr(7, line.find(' ', 7) - 7));
+  }
+  const std::regex name(R"(leasehold_[a-z_]+)");
+  std::set<std::string> titles;
+  size_t queries = 0;
+  for (const auto& panel : dash.at("panels")) {
+    titles.insert(panel.at("title").get<std::string>());
+    for (const auto& target : panel.at("targets")) {
+      const std::string expr = target.at("expr");
+      ++queries;
+      for (std::sregex_iterator it(expr.begin(), expr.end(), name), end; it != end; ++it) {
+        std::string n = it->str();
+        if (n.size() > 7 && n.compare(n.size() - 7, 7, "_bucket") == 0) n.resize(n.size() - 7);
+        EXPECT_TRUE(families.count(n)) << n << " in \"" << expr << "\" is not served";
+      }
+    }
+  }
+  EXPECT_GE(queries, 12u);
+  for (const char* t : {"Pool occupancy", "Pool bytes per GPU", "Lease requests per second",
+                        "Lease grant latency", "Jobs by state", "Samples/s per job"}) {
+    EXPECT_TRUE(titles.count(t)) << "panel " << t;
+  }
+}
+
+}  // namespace
+}  // namespace leasehold::testing
