@@ -11,28 +11,6 @@
 namespace leasehold {
 namespace {
 
-std::pair<std::string, int> split_listen(const std::string& listen) {
-  const auto colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
-    throw std::runtime_error("http_listen \"" + listen + "\" is not HOST:PORT");
-  }
-  int port = -1;
-  try {
-    size_t used = 0;
-    port = std::stoi(listen.substr(colon + 1), &used);
-    if (used != listen.size() - colon - 1) port = -1;
-  } catch (const std::exception&) {
-  }
-  if (port < 0 || port > 65535) {
-    throw std::runtime_error("http_listen \"" + listen + "\": bad port");
-  }
-  std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);  // [::1]
-  }
-  return {host, port};
-}
-
 void error(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
   res.set_content(nlohmann::json{{"error", message}}.dump(), "application/json");
@@ -59,12 +37,34 @@ uint64_t unix_ms_now() {
 
 }  // namespace
 
+std::pair<std::string, int> parse_http_listen(const std::string& listen) {
+  const auto colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) {
+    throw std::invalid_argument("http_listen \"" + listen + "\" is not HOST:PORT");
+  }
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(listen.substr(colon + 1), &used);
+    if (used != listen.size() - colon - 1) port = -1;
+  } catch (const std::exception&) {
+  }
+  if (port < 0 || port > 65535) {
+    throw std::invalid_argument("http_listen \"" + listen + "\": bad port");
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);  // [::1]
+  }
+  return {host, port};
+}
+
 HttpEndpoint::HttpEndpoint(const std::string& listen)
     : status_json_(std::make_shared<const std::string>("{}")),
       metrics_(std::make_shared<const MetricsSnapshot>()),
       jobs_(std::make_shared<const JobMap>()),
       server_(std::make_unique<httplib::Server>()) {
-  auto [host, port] = split_listen(listen);
+  auto [host, port] = parse_http_listen(listen);
   // SO_REUSEADDR only (a restart binds at once), not cpp-httplib's default
   // SO_REUSEPORT, with which a second coordinator would share the port.
   server_->set_socket_options([](int sock) {

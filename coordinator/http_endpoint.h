@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "coordinator/event_stream.h"
@@ -34,6 +35,10 @@ struct Response;
 }  // namespace httplib
 
 namespace leasehold {
+
+// "HOST:PORT" or "[V6ADDR]:PORT" as host and port; throws
+// std::invalid_argument naming the value when it is neither.
+std::pair<std::string, int> parse_http_listen(const std::string& listen);
 
 class HttpEndpoint {
  public:

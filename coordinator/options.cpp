@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "coordinator/http_endpoint.h"
 #include "shared/endpoint.h"
 
 namespace leasehold {
@@ -122,6 +123,7 @@ void validate(const CoordinatorOptions& opts) {
     throw std::invalid_argument("backend '" + opts.backend + "' is not one of auto, cuda, host");
   }
   if (opts.device < 0) throw std::invalid_argument("device must be >= 0");
+  if (opts.http_listen != "off") parse_http_listen(opts.http_listen);
   if (!is_power_of_two(opts.alignment) || opts.alignment < 256) {
     throw std::invalid_argument("alignment " + std::to_string(opts.alignment) +
                                 " must be a power of two of at least 256 bytes");
@@ -221,7 +223,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "alone before others run beside it, unless it finishes an epoch first "
                  "(default 30s)");
   app.add_option("--http", http,
-                 "HOST:PORT of the read-only HTTP endpoint (/metrics, /api/status), or off "
+                 "HOST:PORT of the read-only HTTP endpoint (dashboard page, /metrics, /api/...), or off "
                  "(default 127.0.0.1:9464)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
   app.add_option("--test-stall-on-sigusr1", test_stall, "test hook: stall the loop on SIGUSR1")

@@ -36,10 +36,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+http=${LEASEHOLD_DEMO_HTTP:-127.0.0.1:9464}
 echo "== starting leasehold-coordinator (backend $backend, pool ${LEASEHOLD_DEMO_POOL:-2GiB})"
+[ "$http" != off ] && echo "   dashboard: http://$http/ (LEASEHOLD_DEMO_HTTP=HOST:PORT or off)"
 # A fresh state directory per run: the demo's jobs are 1 and 2.
 "$bin/leasehold-coordinator" --backend "$backend" --pool-size "${LEASEHOLD_DEMO_POOL:-2GiB}" \
-  --state-dir "$run/state" \
+  --state-dir "$run/state" --http "$http" \
   > >(sed -u 's/^/[coordinator] /') 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do "$bin/leasehold" --timeout 200ms status >/dev/null 2>&1 && break; sleep 0.1; done

@@ -130,6 +130,28 @@ TEST(Config, ValidateRejectsImpossibleValues) {
   bad.mps = "off";
   bad.mps_directory = "/run/mps";
   EXPECT_THROW(validate(bad), std::invalid_argument);
+  for (const char* listen : {"9464", "localhost:", ":9464", "127.0.0.1:http", "[::1]:70000"}) {
+    bad = o;
+    bad.http_listen = listen;
+    try {
+      validate(bad);
+      ADD_FAILURE() << listen << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(listen), std::string::npos) << e.what();
+    }
+  }
+  auto good = o;
+  for (const char* listen : {"off", "0.0.0.0:9464", "[::1]:9464", "localhost:0"}) {
+    good.http_listen = listen;
+    EXPECT_NO_THROW(validate(good)) << listen;
+  }
+}
+
+TEST(Config, HttpListenFromToml) {
+  CoordinatorOptions o;
+  EXPECT_EQ(o.http_listen, "127.0.0.1:9464") << "loopback unless asked";
+  apply_toml(o, "http_listen = \"off\"\n", "lh.toml");
+  EXPECT_EQ(o.http_listen, "off");
 }
 
 TEST(Config, MpsFromToml) {
