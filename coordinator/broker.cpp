@@ -262,7 +262,7 @@ Broker::Broker(const CoordinatorOptions& opts)
   spdlog::info("pool: {} of {} on {} ({}, device {}), alignment {}; jobs in {}; listening on {}{}",
                format_bytes(size), format_bytes(mem.free_bytes), mem.name, backend_name(backend),
                opts_.device, format_bytes(opts_.alignment), opts_.state_dir, opts_.endpoint,
-               http_ ? "; HTTP on " + opts_.http_listen : std::string());
+               http_ ? "; HTTP on " + http_address() : std::string());
 }
 
 Broker::~Broker() {
@@ -346,15 +346,21 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
   }
 }
 
+std::string Broker::http_address() const {
+  const std::string host = parse_http_listen(opts_.http_listen).first;
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(http_->port());
+}
+
 void Broker::publish_http() {
   const auto status = core_->status(now());
   http_->publish_status(render_status_json(status),
                         take_metrics_snapshot(*core_, status, gpu_label_, uuid_label_));
-  std::vector<JobJson> changed;
+  std::vector<JobViews> changed;
   std::vector<uint64_t> removed;
   for (uint64_t id : http_jobs_changed_) {
     if (const JobRecord* job = core_->jobs().find(id)) {
-      changed.push_back(render_job_json(*job));
+      changed.push_back(job_views(*job));
     } else {
       removed.push_back(id);
     }

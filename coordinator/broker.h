@@ -78,6 +78,7 @@ class Broker {
   // changed; note_for_http collects those and streams the events.
   void publish_http();
   void note_for_http(const Effects& effects);
+  std::string http_address() const;  // HOST:PORT as bound (port 0 resolved)
   // Under MPS: checks that the control daemon answers, after a device fault
   // and every kMpsCheckInterval, and starts one of ours again if it is gone.
   void check_mps();

@@ -3,9 +3,10 @@
 namespace leasehold {
 
 void EventStream::push(std::string event) {
+  auto shared = std::make_shared<const std::string>(std::move(event));
   {
     std::lock_guard lock(mu_);
-    events_.push_back(std::move(event));
+    events_.push_back(std::move(shared));
     if (events_.size() > kKept) {
       events_.pop_front();
       ++first_;

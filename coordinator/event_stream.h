@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -25,8 +26,9 @@ class EventStream {
   // Wakes every waiting reader for good (the server stops).
   void close();
 
+  using Event = std::shared_ptr<const std::string>;
   struct Batch {
-    std::vector<std::string> events;
+    std::vector<Event> events;  // shared: readers copy pointers, not texts
     uint64_t missed = 0;  // events dropped before this reader got them
     bool closed = false;
   };
@@ -44,7 +46,7 @@ class EventStream {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> events_;
+  std::deque<Event> events_;
   uint64_t first_ = 0;  // sequence number of events_.front()
   int readers_ = 0;
   bool closed_ = false;

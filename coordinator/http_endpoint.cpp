@@ -3,6 +3,9 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -27,6 +30,65 @@ uint64_t number_param(const httplib::Request& req, const char* name, uint64_t fa
                                 "' must be a whole number, not '" + text + "'");
   }
   return std::stoull(text);
+}
+
+// cpp-httplib's ThreadPool queues accepted connections without bound, each
+// holding a descriptor. This one makes the accepting thread wait while
+// kQueued connections already wait: the rest stay in the kernel's listen
+// backlog, and the coordinator's descriptors stay bounded.
+class BoundedThreadPool : public httplib::TaskQueue {
+ public:
+  BoundedThreadPool(size_t threads, size_t queued) : max_queued_(queued) {
+    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock lock(mu_);
+    room_.wait(lock, [&] { return shutdown_ || jobs_.size() < max_queued_; });
+    jobs_.push_back(std::move(fn));
+    ready_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lock(mu_);
+      shutdown_ = true;
+    }
+    ready_.notify_all();
+    room_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lock(mu_);
+        ready_.wait(lock, [&] { return shutdown_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // shutting down, nothing left
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      room_.notify_one();
+      fn();  // serves the connection, then closes it
+    }
+  }
+
+  const size_t max_queued_;
+  std::mutex mu_;
+  std::condition_variable ready_, room_;
+  std::deque<std::function<void()>> jobs_;
+  bool shutdown_ = false;
+  std::vector<std::thread> threads_;
+};
+
+bool is_loopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The host part of a Host header ("localhost:9464", "[::1]:9464").
+std::string host_of(const std::string& header) {
+  if (!header.empty() && header.front() == '[') return header.substr(1, header.find(']') - 1);
+  return header.substr(0, header.find(':'));
 }
 
 uint64_t unix_ms_now() {
@@ -71,7 +133,19 @@ HttpEndpoint::HttpEndpoint(const std::string& listen)
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
-  server_->new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+  server_->new_task_queue = [] { return new BoundedThreadPool(kThreads, kQueued); };
+  // Requests here are GETs: a body is refused (413) before it is read.
+  server_->set_payload_max_length(kMaxBody);
+  // Bound to loopback, only requests that name a loopback host are served:
+  // a web page elsewhere cannot read the API through DNS rebinding.
+  if (is_loopback(host)) {
+    server_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+      const std::string host = host_of(req.get_header_value("Host"));
+      if (is_loopback(host)) return httplib::Server::HandlerResponse::Unhandled;
+      error(res, 403, "Host '" + host + "' is not this loopback endpoint");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // A client that stops sending or reading costs one HTTP thread for at
   // most these, never the loop.
   server_->set_read_timeout(5, 0);
@@ -89,6 +163,9 @@ HttpEndpoint::HttpEndpoint(const std::string& listen)
                              "\"off\")");
   }
   thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // stop() before the server runs would be lost, and the destructor's join
+  // would wait forever.
+  while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 HttpEndpoint::~HttpEndpoint() {
@@ -149,10 +226,11 @@ void HttpEndpoint::route() {
 }
 
 void HttpEndpoint::serve_jobs(const httplib::Request& req, httplib::Response& res) const {
-  uint64_t after = 0, limit = 0;
+  uint64_t after = 0, limit = 0, newest = 0;
   try {
     after = number_param(req, "after", 0);
     limit = number_param(req, "limit", 0);
+    newest = number_param(req, "newest", 0);
   } catch (const std::invalid_argument& e) {
     return error(res, 400, e.what());
   }
@@ -161,12 +239,16 @@ void HttpEndpoint::serve_jobs(const httplib::Request& req, httplib::Response& re
     std::lock_guard lock(mu_);
     jobs = jobs_;
   }
+  // In id order: those after `after` (a page of `limit`), or the `newest`.
+  auto it = jobs->upper_bound(after);
+  if (newest) {
+    it = jobs->end();
+    for (uint64_t n = 0; n < newest && it != jobs->begin(); ++n) --it;
+  }
   std::string out = "[";
-  uint64_t n = 0;
-  for (auto it = jobs->upper_bound(after); it != jobs->end() && (limit == 0 || n < limit);
-       ++it, ++n) {
+  for (uint64_t n = 0; it != jobs->end() && (limit == 0 || n < limit); ++it, ++n) {
     if (n) out += ',';
-    out += it->second->summary;
+    out += render_job_json(*it->second.summary);
   }
   out += ']';
   res.set_content(out, "application/json");
@@ -186,15 +268,17 @@ void HttpEndpoint::serve_job(const httplib::Request& req, httplib::Response& res
   }
   auto it = jobs->find(id);
   if (it == jobs->end()) return error(res, 404, "no job with id " + text);
-  res.set_content(it->second->full, "application/json");
+  res.set_content(render_job_json(*it->second.full), "application/json");
 }
 
 void HttpEndpoint::serve_history(httplib::Response& res) const {
-  nlohmann::json out = nlohmann::json::array();
+  std::deque<Sample> samples;
   {
     std::lock_guard lock(mu_);
-    for (const auto& s : history_) out.push_back({s.unix_ms, s.occupancy, s.used_bytes});
+    samples = history_;
   }
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& s : samples) out.push_back({s.unix_ms, s.occupancy, s.used_bytes});
   res.set_content(nlohmann::json{{"columns", {"unix_ms", "occupancy", "used_bytes"}},
                                  {"samples", std::move(out)}}
                       .dump(),
@@ -229,7 +313,7 @@ void HttpEndpoint::serve_events(httplib::Response& res) {
         if (batch.missed) {
           out += "event: missed\ndata: {\"missed\":" + std::to_string(batch.missed) + "}\n\n";
         }
-        for (const auto& e : batch.events) out += "data: " + e + "\n\n";
+        for (const auto& e : batch.events) out += "data: " + *e + "\n\n";
         if (out.empty()) {
           if (!sink.is_writable()) return false;
           if (now - *last_write < kKeepAlive) return true;  // called again at once
@@ -243,18 +327,19 @@ void HttpEndpoint::serve_events(httplib::Response& res) {
 
 void HttpEndpoint::publish_status(std::string status_json, MetricsSnapshot metrics) {
   auto json = std::make_shared<const std::string>(std::move(status_json));
-  const Sample sample{unix_ms_now(), metrics.occupancy, metrics.used_bytes};
+  const Sample sample{unix_ms_now(), std::chrono::steady_clock::now(), metrics.occupancy,
+                      metrics.used_bytes};
   auto m = std::make_shared<const MetricsSnapshot>(std::move(metrics));
   std::lock_guard lock(mu_);
   status_json_ = std::move(json);
   metrics_ = std::move(m);
-  if (history_.empty() || sample.unix_ms >= history_.back().unix_ms + 1000) {
+  if (history_.empty() || sample.steady - history_.back().steady >= std::chrono::seconds(1)) {
     history_.push_back(sample);
     if (history_.size() > kHistory) history_.pop_front();
   }
 }
 
-void HttpEndpoint::publish_jobs(std::vector<JobJson> changed, const std::vector<uint64_t>& removed) {
+void HttpEndpoint::publish_jobs(std::vector<JobViews> changed, const std::vector<uint64_t>& removed) {
   std::shared_ptr<const JobMap> current;
   {
     std::lock_guard lock(mu_);
@@ -265,7 +350,7 @@ void HttpEndpoint::publish_jobs(std::vector<JobJson> changed, const std::vector<
   for (uint64_t id : removed) next->erase(id);
   for (auto& j : changed) {
     const uint64_t id = j.id;
-    (*next)[id] = std::make_shared<const JobJson>(std::move(j));
+    (*next)[id] = std::move(j);
   }
   std::lock_guard lock(mu_);
   jobs_ = std::move(next);

@@ -45,6 +45,10 @@ class HttpEndpoint {
   // At most this many /api/events streams at once (each holds one of the
   // kThreads server threads while open); more are answered 503.
   static constexpr int kThreads = 8;
+  // Accepted connections waiting for a thread; past this the acceptor waits.
+  static constexpr size_t kQueued = 32;
+  // Largest request body read (requests are GETs).
+  static constexpr size_t kMaxBody = 4096;
   static constexpr int kMaxStreams = 4;
   // An idle stream gets a comment this often.
   static constexpr std::chrono::seconds kKeepAlive{15};
@@ -62,7 +66,7 @@ class HttpEndpoint {
   // The loop's latest status (as /api/status renders it) and metrics.
   void publish_status(std::string status_json, MetricsSnapshot metrics);
   // Jobs that changed since the last call, and jobs that are gone.
-  void publish_jobs(std::vector<JobJson> changed, const std::vector<uint64_t>& removed);
+  void publish_jobs(std::vector<JobViews> changed, const std::vector<uint64_t>& removed);
   // One event for /api/events (a JSON text).
   void publish_event(std::string json) { events_.push(std::move(json)); }
   // Whether any /api/events stream is open (events need rendering only then).
@@ -71,9 +75,10 @@ class HttpEndpoint {
   int port() const { return port_; }
 
  private:
-  using JobMap = std::map<uint64_t, std::shared_ptr<const JobJson>>;
+  using JobMap = std::map<uint64_t, JobViews>;
   struct Sample {
     uint64_t unix_ms;
+    std::chrono::steady_clock::time_point steady;  // spacing, immune to clock steps
     double occupancy;
     uint64_t used_bytes;
   };

@@ -20,11 +20,6 @@ auto via_table(const Object& object, Render render) {
   return render(*flatbuffers::GetRoot<Table>(fbb.GetBufferPointer()));
 }
 
-nlohmann::json job_json(const JobRecord& job, const InfoDetail& detail) {
-  return via_table<proto::JobInfo>(*job_info(job, detail),
-                                   [](const proto::JobInfo& j) { return job_to_json(j); });
-}
-
 // Invalid UTF-8 in a name or a reason becomes U+FFFD instead of an
 // exception in the loop.
 std::string dump(const nlohmann::json& j) {
@@ -38,14 +33,21 @@ std::string render_status_json(const proto::StatusReplyT& status) {
       status, [](const proto::StatusReply& s) { return dump(status_to_json(s)); });
 }
 
-JobJson render_job_json(const JobRecord& job) {
-  return JobJson{job.id, dump(job_json(job, kSummaryDetail)), dump(job_json(job, kFullDetail))};
+JobViews job_views(const JobRecord& job) {
+  return JobViews{job.id, job_info(job, kSummaryDetail), job_info(job, kFullDetail)};
+}
+
+std::string render_job_json(const proto::JobInfoT& info) {
+  return dump(via_table<proto::JobInfo>(info, [](const proto::JobInfo& j) { return job_to_json(j); }));
 }
 
 std::string render_job_event(const JobRecord& job) {
   // The PUB socket's events are summaries too.
   return dump({{"topic", "job." + std::to_string(job.id) + "."},
-               {"job", job_json(job, kSummaryDetail)}});
+               {"job", via_table<proto::JobInfo>(*job_info(job, kSummaryDetail),
+                                                 [](const proto::JobInfo& j) {
+                                                   return job_to_json(j);
+                                                 })}});
 }
 
 std::string render_notice_event(const Notice& notice) {

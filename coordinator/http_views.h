@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "coordinator/effects.h"
@@ -15,13 +16,14 @@ namespace leasehold {
 std::string render_status_json(const proto::StatusReplyT& status);
 
 // A job as `leasehold jobs -o json` lists it (summary) and as `leasehold job
-// ID -o json` shows it (full detail).
-struct JobJson {
+// ID -o json` shows it (full detail): plain objects the loop copies out of
+// the core; the JSON is rendered on the HTTP thread that serves it.
+struct JobViews {
   uint64_t id = 0;
-  std::string summary;
-  std::string full;
+  std::shared_ptr<const proto::JobInfoT> summary, full;
 };
-JobJson render_job_json(const JobRecord& job);
+JobViews job_views(const JobRecord& job);
+std::string render_job_json(const proto::JobInfoT& info);
 
 // What the PUB socket carries, as one server-sent event's data line:
 // {"topic": "job.7.", "job": {...}} for a job's change, and

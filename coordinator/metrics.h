@@ -17,7 +17,8 @@ namespace leasehold {
 
 class CoordinatorCore;
 
-// A running job's series, labelled job (its id), name and agent.
+// A running job's series, labelled job_id, name and agent (not "job":
+// Prometheus keeps that label for its scrape job).
 struct JobSeries {
   uint64_t id = 0;
   std::string name, agent;

@@ -215,6 +215,10 @@ TEST(DashboardPage, ShowsTheJobsLeasesAndLossCurveInChromium) {
   const std::string session = browser.call("Target.attachToTarget", {{"targetId", target["targetId"]},
                                                                      {"flatten", true}})["sessionId"];
   browser.call("Runtime.enable", nlohmann::json::object(), session);
+  // The whole page in the screenshot, whatever the browser's own window.
+  browser.call("Emulation.setDeviceMetricsOverride",
+               {{"width", 1400}, {"height", 860}, {"deviceScaleFactor", 1}, {"mobile", false}},
+               session);
   const std::string probe = R"(JSON.stringify({
       leases: +(document.getElementById('pool')?.dataset.leases || 0),
       loss: +(document.getElementById('loss')?.dataset.points || 0),
@@ -236,7 +240,7 @@ TEST(DashboardPage, ShowsTheJobsLeasesAndLossCurveInChromium) {
   EXPECT_TRUE(shown) << "the page showed " << seen.dump();
   EXPECT_EQ(seen["live"], "live");
   // Let the occupancy chart and the curves gather a few more points.
-  std::this_thread::sleep_for(3s);
+  std::this_thread::sleep_for(6s);
 
   auto shot = browser.call("Page.captureScreenshot", {{"format", "png"}}, session);
   const std::string png = base64_decode(shot["data"].get<std::string>());

@@ -33,7 +33,13 @@ TEST(HttpEndpoint, StatusAndMetricsMatchTheClient) {
                        "127.0.0.1:" + std::to_string(port)});
   c.start_agent("a1", {});
   ASSERT_TRUE(c.wait_for([](const nlohmann::json& s) { return s["agents"].size() == 1; }, 10s));
-  std::this_thread::sleep_for(500ms);  // two publications later
+  // Published a few times a second.
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto s = http_get(port, "/api/status");
+        return s && nlohmann::json::parse(*s)["agents"].size() == 1;
+      },
+      10s));
   httplib::Client http("127.0.0.1", port);
   auto st = http.Get("/api/status");
   ASSERT_TRUE(st) << "no answer";
@@ -47,7 +53,8 @@ TEST(HttpEndpoint, StatusAndMetricsMatchTheClient) {
   EXPECT_NE(m->body.find("leasehold_pool_size_bytes{gpu=\"host\",UUID=\"\"} 67108864"),
             std::string::npos)
       << m->body;
-  EXPECT_NE(m->body.find("leasehold_agents{gpu=\"host\",UUID=\"\",state="), std::string::npos)
+  EXPECT_NE(m->body.find("leasehold_agents{gpu=\"host\",UUID=\"\",state=\"idle\"} 1\n"),
+            std::string::npos)
       << m->body;
 }
 
@@ -88,6 +95,8 @@ TEST(HttpEndpoint, ASilentClientDoesNotStallTheLoop) {
     EXPECT_TRUE(c.status(2s)) << "the coordinator stopped answering";
     std::this_thread::sleep_for(200ms);
   }
+  // They hold HTTP threads until the read timeout (5 s), never longer.
+  EXPECT_TRUE(eventually([&] { return http_get(port, "/api/status", 2s).has_value(); }, 20s));
   for (int fd : fds) ::close(fd);
 }
 
@@ -129,13 +138,16 @@ TEST_F(Http, JobsAndEventsAreWhatTheClientShows) {
   std::vector<std::string> events;
   httplib::Client stream("127.0.0.1", port);
   stream.set_read_timeout(60, 0);
+  std::atomic<bool> attached{false};
   std::thread reader([&] {
     stream.Get("/api/events", [&](const char* data, size_t n) {
       std::lock_guard lock(mu);
       events.emplace_back(data, n);
+      attached = true;  // the stream's opening comment
       return true;
     });
   });
+  ASSERT_TRUE(eventually([&] { return attached.load(); }, 10s));
   c.start_agent("a1", {});
   auto [rc, out] = client({"submit", job_file("small", R"(, "epochs": 2)"), "--follow"});
   ASSERT_EQ(rc, 0) << out;
@@ -157,6 +169,8 @@ TEST_F(Http, JobsAndEventsAreWhatTheClientShows) {
   EXPECT_EQ(mine["state"], "succeeded");
   EXPECT_EQ(mine["epochs"].size(), 2u);
   EXPECT_EQ(nlohmann::json::parse(*http_get(port, "/api/jobs?after=1")).size(), 0u);
+  EXPECT_EQ(nlohmann::json::parse(*http_get(port, "/api/jobs?newest=5")),
+            nlohmann::json::parse(list));
 
   // The stream carried the job's changes as they happened, up to its end.
   EXPECT_TRUE(eventually(
@@ -209,7 +223,7 @@ TEST_F(Http, MetricsCountLeaseOutcomesAndShowRunningJobs) {
   c.start_agent("trainer", {});
   auto [rc, out] = client({"submit", job_file("long", R"(, "epochs": 400)", 256)});
   ASSERT_EQ(rc, 0) << out;
-  const std::string labels = "{gpu=\"host\",UUID=\"\",job=\"1\",name=\"long\",agent=\"trainer\"}";
+  const std::string labels = "{gpu=\"host\",UUID=\"\",job_id=\"1\",name=\"long\",agent=\"trainer\"}";
   EXPECT_TRUE(eventually(
       [&] {
         auto m = metrics();
@@ -255,6 +269,16 @@ TEST_F(Http, IsReadOnlyAndNamesBadRequests) {
   ASSERT_TRUE(limit);
   EXPECT_EQ(limit->status, 400);
   EXPECT_NE(limit->body.find("'limit'"), std::string::npos) << limit->body;
+  // A request with a body is refused before the body is read.
+  auto big = h.Post("/api/jobs", std::string(1 << 20, 'x'), "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  // A page elsewhere reaching the loopback endpoint by DNS rebinding names
+  // its own host: refused.
+  auto rebound = h.Get("/api/status", httplib::Headers{{"Host", "evil.example:9464"}});
+  ASSERT_TRUE(rebound);
+  EXPECT_EQ(rebound->status, 403);
+  EXPECT_NE(rebound->body.find("evil.example"), std::string::npos) << rebound->body;
   auto page = h.Get("/no-such-page");
   ASSERT_TRUE(page);
   EXPECT_EQ(page->status, 404);

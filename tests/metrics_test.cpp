@@ -88,15 +88,15 @@ TEST(Metrics, GrantLatencyIsACumulativeHistogram) {
 TEST(Metrics, RunningJobsHaveLabelledSeriesWithNamesEscaped) {
   const std::string m = render_metrics(busy_snapshot());
   const std::string labels =
-      R"({gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",job="7",name="mlp \"quoted\"",agent="a1"})";
+      R"({gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",job_id="7",name="mlp \"quoted\"",agent="a1"})";
   EXPECT_TRUE(has_line(m, "leasehold_job_samples_per_second" + labels + " 452142.5")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_job_loss" + labels + " 0.3125")) << m;
   EXPECT_DOUBLE_EQ(value_of(m, "leasehold_job_test_accuracy_ratio" + labels), 0.8916) << m;
   EXPECT_TRUE(has_line(m, "leasehold_job_leased_bytes" + labels + " 1073741824")) << m;
   // Job 8 has no test accuracy yet: no series rather than a made-up value.
-  EXPECT_NE(m.find("leasehold_job_loss{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job=\"8\""),
+  EXPECT_NE(m.find("leasehold_job_loss{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job_id=\"8\""),
             std::string::npos);
-  EXPECT_EQ(m.find("leasehold_job_test_accuracy_ratio{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job=\"8\""),
+  EXPECT_EQ(m.find("leasehold_job_test_accuracy_ratio{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job_id=\"8\""),
             std::string::npos)
       << m;
   // Each family's series are together, under one TYPE line.
@@ -106,6 +106,14 @@ TEST(Metrics, RunningJobsHaveLabelledSeriesWithNamesEscaped) {
     ++types;
   }
   EXPECT_EQ(types, 1u);
+}
+
+TEST(Metrics, LabelValuesAreValidUtf8) {
+  auto s = busy_snapshot();
+  s.running[0].name = "bad\xff\xc0\xafname \xe2\x9c\x93";  // stray byte, overlong '/', then a check mark
+  const std::string m = render_metrics(s);
+  EXPECT_NE(m.find("name=\"bad\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdname \xe2\x9c\x93\""), std::string::npos)
+      << m;
 }
 
 // Every leasehold_* name in a panel's query is a family /metrics serves
@@ -136,6 +144,19 @@ TEST(GrafanaDashboard, QueriesNameSeriesTheCoordinatorServes) {
     }
   }
   EXPECT_GE(queries, 12u);
+  // Legends name labels the series have ("job" is Prometheus' own: the
+  // coordinator's is job_id).
+  const std::set<std::string> labels{"instance", "gpu", "UUID", "job_id", "name", "agent", "state"};
+  const std::regex legend_label(R"(\{\{([A-Za-z_]+)\}\})");
+  for (const auto& panel : dash.at("panels")) {
+    for (const auto& target : panel.at("targets")) {
+      const std::string legend = target.value("legendFormat", "");
+      for (std::sregex_iterator it(legend.begin(), legend.end(), legend_label), end; it != end;
+           ++it) {
+        EXPECT_TRUE(labels.count((*it)[1].str())) << (*it)[1].str() << " in \"" << legend << "\"";
+      }
+    }
+  }
   for (const char* t : {"Pool occupancy", "Pool bytes per GPU", "Lease requests per second",
                         "Lease grant latency", "Jobs by state", "Samples/s per job"}) {
     EXPECT_TRUE(titles.count(t)) << "panel " << t;

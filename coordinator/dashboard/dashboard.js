@@ -72,7 +72,7 @@ async function loadHistory() {
 
 async function pollJobs() {
   try {
-    const list = await getJSON("/api/jobs");
+    const list = await getJSON("/api/jobs?newest=50");
     state.jobs = new Map(list.map(j => [j.id, j]));
     for (const j of list) noteProgress(j);
     renderJobs();
@@ -93,11 +93,18 @@ function followEvents() {
   };
 }
 
+const kMaxPoints = 2000;  // per job; past it every other point goes
+
 function noteProgress(job) {
   const p = job.progress;
-  if (!p || !p.global_step) return;
+  if (!p || !p.global_step || typeof p.loss !== "number") return;  // NaN arrives as null
   if (!state.lossPoints.has(job.id)) state.lossPoints.set(job.id, new Map());
-  state.lossPoints.get(job.id).set(p.global_step, p.loss);
+  const points = state.lossPoints.get(job.id);
+  points.set(p.global_step, p.loss);
+  if (points.size > kMaxPoints) {
+    let i = 0;
+    for (const step of [...points.keys()]) if (i++ % 2) points.delete(step);
+  }
 }
 
 async function refreshDetail() {
@@ -113,10 +120,13 @@ async function refreshDetail() {
   const job = state.jobs.get(state.selected);
   if (state.detail && state.detail.id === state.selected && job.state !== "running" &&
       state.detail.state === job.state) { renderCurves(); return; }
+  const asked = state.selected;
   try {
-    state.detail = await getJSON("/api/jobs/" + state.selected);
-    noteProgress(state.detail);
-  } catch (e) { state.detail = null; }
+    const d = await getJSON("/api/jobs/" + asked);
+    if (asked !== state.selected) return;  // another job was picked meanwhile
+    state.detail = d;
+    noteProgress(d);
+  } catch (e) { if (asked === state.selected) state.detail = null; }
   renderCurves();
 }
 
@@ -198,18 +208,26 @@ function renderCurves() {
   const job = state.jobs.get(state.selected) || d;
   document.getElementById("job-title").textContent = job ? `#${job.id} ${job.name} (${job.state})` : "(none selected)";
   const figures = [];
-  if (job && job.progress) figures.push(`step ${job.progress.global_step}/${job.progress.total_steps}`,
-                                        `loss ${job.progress.loss.toFixed(4)}`);
-  if (d && d.epochs.length) figures.push(`test accuracy ${(100 * d.epochs.at(-1).test_accuracy).toFixed(2)}%`);
+  if (job && job.progress) {
+    const p = job.progress;
+    figures.push(`step ${p.global_step}/${p.total_steps}`,
+                 `loss ${typeof p.loss === "number" ? p.loss.toFixed(4) : "NaN"}`);
+  }
+  if (d && d.id === state.selected && d.epochs.length) figures.push(`test accuracy ${(100 * d.epochs.at(-1).test_accuracy).toFixed(2)}%`);
   document.getElementById("job-figures").textContent = figures.join(" · ");
   const steps = new Map(state.lossPoints.get(state.selected) || []);
   // Epoch means fill in what the page did not see live.
   const perEpoch = d && d.progress ? d.progress.steps_in_epoch : 0;
-  if (d && perEpoch) for (const e of d.epochs) if (!steps.has(e.epoch * perEpoch)) steps.set(e.epoch * perEpoch, e.train_loss);
+  if (d && d.id === state.selected && perEpoch) {
+    for (const e of d.epochs) {
+      if (typeof e.train_loss === "number" && !steps.has(e.epoch * perEpoch)) steps.set(e.epoch * perEpoch, e.train_loss);
+    }
+  }
   const loss = [...steps].sort((a, b) => a[0] - b[0]);
   drawChart(document.getElementById("loss"), [{ points: loss, color: "#c0392b" }],
             { yfmt: v => v.toFixed(2), xfmt: v => "step " + v });
-  const acc = d ? d.epochs.map(e => [e.epoch, 100 * e.test_accuracy]) : [];
+  const acc = d && d.id === state.selected
+    ? d.epochs.filter(e => typeof e.test_accuracy === "number").map(e => [e.epoch, 100 * e.test_accuracy]) : [];
   drawChart(document.getElementById("accuracy"), [{ points: acc, color: "#1e8a44" }],
             { yfmt: v => v.toFixed(1) + "%", xfmt: v => "epoch " + v, dots: true });
 }
@@ -229,8 +247,12 @@ function drawChart(canvas, series, opt) {
   const L = 48, R = 8, T = 8, B = 20;
   g.strokeStyle = "#d8dce3"; g.fillStyle = "#6b7383";
   if (!all.length) { g.fillText("no data yet", L, T + 20); return; }
-  let x0 = Math.min(...all.map(p => p[0])), x1 = Math.max(...all.map(p => p[0]));
-  let y0 = opt.ymin ?? Math.min(...all.map(p => p[1])), y1 = opt.ymax ?? Math.max(...all.map(p => p[1]));
+  // Loops, not Math.min(...all): spreading a long array overflows the stack.
+  let x0 = Infinity, x1 = -Infinity, lo = Infinity, hi = -Infinity;
+  for (const [x, y] of all) {
+    x0 = Math.min(x0, x); x1 = Math.max(x1, x); lo = Math.min(lo, y); hi = Math.max(hi, y);
+  }
+  let y0 = opt.ymin ?? lo, y1 = opt.ymax ?? hi;
   if (x1 === x0) { x0 -= 1; x1 += 1; }
   if (y1 === y0) { y0 -= 1; y1 += 1; }
   const X = x => L + (w - L - R) * (x - x0) / (x1 - x0);
