@@ -28,7 +28,7 @@ std::vector<proto::AgentJobT> SessionCore::current_jobs() {
 }
 
 void SessionCore::register_with(Connection& conn, std::chrono::milliseconds timeout) {
-  conn.set_session(0);
+  conn.set_session({});
   // What this agent still runs or reports from an earlier session: the
   // coordinator will not start those jobs elsewhere until they are stopped.
   auto jobs = current_jobs();
@@ -46,7 +46,8 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
         return std::pair{proto::Body::Register,
                          proto::CreateRegister(fbb, name, getpid(), opts.device, list,
                                                opts.takes_jobs, is_ready, outside,
-                                               static_cast<uint8_t>(opts.mps_thread_percentage))
+                                               static_cast<uint8_t>(opts.mps_thread_percentage),
+                                               instance.lo, instance.hi)
                              .Union()};
       },
       timeout);
@@ -102,7 +103,7 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   }
   {
     std::lock_guard lock(mu);
-    session = ack->session();
+    session = SessionToken{ack->session(), ack->session_hi()};
     ++epoch;
     connected = true;
     mapping = std::move(m);
@@ -110,7 +111,7 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
         std::chrono::milliseconds(std::max<uint32_t>(ack->heartbeat_interval_ms(), 10));
     default_wait = std::chrono::milliseconds(ack->default_wait_ms());
   }
-  conn.set_session(ack->session());
+  conn.set_session(SessionToken{ack->session(), ack->session_hi()});
   cv.notify_all();
   spdlog::info("registered as '{}' with {} ({} pool of {} bytes on {})", opts.name, opts.endpoint,
                backend_name(desc.backend), desc.size, desc.device_name);
@@ -150,16 +151,16 @@ void SessionCore::handle_push(const Reply& r) {
     case proto::Body::Shrink: {
       proto::ShrinkT s;
       r->body_as_Shrink()->UnPackTo(&s);
-      uint64_t ours;
+      SessionToken ours;
       {
         std::lock_guard lock(mu);
-        ours = connected ? session : 0;
+        if (connected) ours = session;
       }
       // Only the coordinator can push on this socket, but a Shrink meant for
       // another agent (or an earlier session) must not cost this one memory.
-      if (s.agent != opts.name || s.session != ours) {
-        spdlog::warn("refusing shrink {} addressed to agent '{}' session {} (this is '{}' session {})",
-                     s.id, s.agent, s.session, opts.name, ours);
+      if (s.agent != opts.name || ours.empty() || SessionToken{s.session, s.session_hi} != ours) {
+        spdlog::warn("refusing shrink {} addressed to agent '{}' of another session (this is '{}')",
+                     s.id, s.agent, opts.name);
         break;
       }
       std::lock_guard calling(handlers_mu);
@@ -305,7 +306,7 @@ void SessionCore::release_strays(std::chrono::milliseconds timeout) {
     }
   }
   if (stray_leases.empty() && stray_regions.empty()) return;
-  uint64_t token;
+  SessionToken token;
   {
     std::lock_guard lock(mu);
     if (!connected) return;  // a lost session's leases are void anyway
@@ -330,7 +331,8 @@ void SessionCore::release_strays(std::chrono::milliseconds timeout) {
 
 Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
                       std::chrono::milliseconds timeout, uint64_t* epoch_out, bool grants_lease) {
-  uint64_t session, epoch;
+  SessionToken session;
+  uint64_t epoch;
   {
     std::lock_guard lock(core.mu);
     if (!core.connected) {

@@ -25,6 +25,9 @@ struct SessionCore {
 
   AgentOptions opts;
   zmq::context_t ctx;
+  // Chosen once: proves to the coordinator that a Register for our own
+  // name comes from us (we lost our session) and not from someone else.
+  const SessionToken instance = SessionToken::random();
 
   std::mutex control_mu;                // serializes requests on `control`
   std::unique_ptr<Connection> control;  // GUARDED_BY(control_mu)
@@ -42,7 +45,7 @@ struct SessionCore {
   std::mutex handlers_mu;
   mutable std::mutex mu;  // guards everything below
   mutable std::condition_variable cv;
-  uint64_t session = 0;
+  SessionToken session;
   uint64_t epoch = 0;  // registrations so far; a Lease of another epoch is lost
   bool connected = false;
   bool ready = true;                 // see AgentOptions::ready

@@ -10,6 +10,7 @@
 
 #include "coordinator/job_table.h"
 #include "schemas/leasehold_generated.h"
+#include "shared/session_token.h"
 
 namespace leasehold {
 
@@ -17,11 +18,13 @@ struct AgentRecord {
   std::string name;
   int pid = 0;
   int device = -1;
-  uint64_t session = 0;               // token the agent must present
+  SessionToken session;               // token the agent must present (secret)
+  SessionToken instance;              // what its process chose (Register.instance)
   std::set<std::string> routing_ids;  // its sockets (control, heartbeat)
   Clock::time_point last_seen;        // any valid message counts as a heartbeat;
                                       // in the future until the first one
   bool takes_jobs = false;            // a standby worker (else it only leases)
+  bool ignored_assignment = false;    // let one time out: no more jobs this session
   bool ready = true;                  // warmed up: a job it is given starts at once
   uint64_t outside_pool_bytes = 0;    // its device memory outside the pool, as it reports
   uint8_t mps_thread_percentage = 0;  // its MPS active-thread share (0: all)
@@ -62,7 +65,8 @@ struct AgentRecord {
     return false;
   }
   bool idle() const {
-    return takes_jobs && ready && !context_lost && job_id == 0 && !reports_busy();
+    return takes_jobs && !ignored_assignment && ready && !context_lost && job_id == 0 &&
+           !reports_busy();
   }
 };
 

@@ -138,9 +138,6 @@ std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
 
 CoreOptions core_options(const CoordinatorOptions& o) {
   CoreOptions c;
-  // Random, so a session token of an earlier coordinator is never valid.
-  std::random_device rd;
-  c.session_seed = (static_cast<uint64_t>(rd()) << 32) | rd();
   c.process_gone = process_gone;  // agents run on this host
   c.heartbeat_interval = o.heartbeat_interval;
   c.lease_wait_timeout = o.lease_wait_timeout;
@@ -149,6 +146,7 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.retention_count = o.job_retention_count;
   c.retention_age = o.job_retention_age;
   c.shrink_timeout = o.shrink_timeout;
+  c.assign_timeout = o.assign_timeout;
   c.fault_probation = o.fault_probation;
   return c;
 }
@@ -422,7 +420,7 @@ void Broker::receive_requests() {
     if (frames.size() != 2) {
       spdlog::warn("rejected a message of {} frames (expected one)", frames.size() - 1);
       Outgoing o{false, rid,
-                 make_error({0, "coordinator", 0}, ErrorCode::Malformed,
+                 make_error({0, "coordinator", {}}, ErrorCode::Malformed,
                             "expected a single-frame message, got " +
                                 std::to_string(frames.size() - 1) + " frames")};
       send(o);
@@ -443,7 +441,7 @@ void Broker::handle(const std::string& routing_id, zmq::message_t& payload) {
       request_id = proto::GetEnvelope(bytes.bytes().data())->header()->request_id();
     }
     Outgoing o{false, routing_id,
-               make_error({request_id, "coordinator", 0}, err->code, err->message)};
+               make_error({request_id, "coordinator", {}}, err->code, err->message)};
     return send(o);
   }
   Effects effects;

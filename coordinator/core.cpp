@@ -47,7 +47,6 @@ CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
       policy_(std::move(policy)),
       leases_(pool_.size, pool_.alignment),
       now_(now),
-      next_session_(opts_.session_seed),
       started_(now.steady) {
   if (!opts_.process_gone) throw std::invalid_argument("CoreOptions.process_gone is required");
 }
@@ -120,7 +119,7 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
   // Everything below needs a registered agent presenting its session token.
   std::string name(str(hdr->sender()));
   auto it = agents_.find(name);
-  if (it == agents_.end() || it->second.session != hdr->session()) {
+  if (it == agents_.end() || it->second.session != SessionToken{hdr->session(), hdr->session_hi()}) {
     return send_error(out, rid, req, ErrorCode::UnknownSender,
                       "agent '" + name +
                           "' is not registered with this coordinator (it may have restarted); "
@@ -206,10 +205,17 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
                           " but this coordinator's pool is on device " +
                           std::to_string(pool_.device));
   }
+  const SessionToken instance{r->instance_lo(), r->instance_hi()};
   if (auto it = agents_.find(name); it != agents_.end()) {
     const AgentRecord& old = it->second;
-    if (old.pid == r->pid()) {
-      // The same process registering again lost its session (for example a
+    // Never taken over by what anyone can read (a pid `leasehold status`
+    // shows): only the holder's own instance, which only it knows, or the
+    // session token it was given.
+    const bool same_process = !instance.empty() && old.instance == instance;
+    const bool proves_session =
+        old.session == SessionToken{env.header()->session(), env.header()->session_hi()};
+    if (same_process || proves_session) {
+      // The same agent registering again lost its session (for example a
       // reply that never reached it): its old leases are void, and its job
       // waits for what it reports below.
       drop_agent(name, "registered again", JobFate::Orphan, now, out);
@@ -218,7 +224,8 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
     } else {
       return send_error(out, rid, req, ErrorCode::NameTaken,
                         "agent name '" + name + "' is in use by live pid " +
-                            std::to_string(old.pid));
+                            std::to_string(old.pid) +
+                            " (a restart of that agent registers once its old session ends)");
     }
     serve_waiting(out);
   }
@@ -226,7 +233,8 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.name = name;
   rec.pid = r->pid();
   rec.device = pool_.device;
-  rec.session = ++next_session_;
+  rec.session = SessionToken::random();
+  rec.instance = instance;
   rec.routing_ids.insert(rid);
   rec.takes_jobs = r->takes_jobs();
   rec.ready = r->ready();
@@ -237,7 +245,8 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
                rec.takes_jobs && !rec.ready ? " (warming up)" : "", summary());
 
   proto::RegisterAckT ack;
-  ack.session = rec.session;
+  ack.session = rec.session.lo;
+  ack.session_hi = rec.session.hi;
   ack.heartbeat_interval_ms = static_cast<uint32_t>(opts_.heartbeat_interval.count());
   ack.pool = pool_info_object(pool_);
   ack.default_wait_ms = static_cast<uint32_t>(opts_.lease_wait_timeout.count());

@@ -92,6 +92,11 @@ struct CoreOptions {
   // answered by then is skipped (others are asked); one still silent after
   // twice this is treated like a dead agent (its job requeued).
   std::chrono::milliseconds shrink_timeout{10000};
+  // How long an agent has to acknowledge an assignment (its heartbeat lists
+  // the job). One that does not (a fake agent, one stuck) has the job taken
+  // back, uncharged, and gets no more jobs in its session. At least three
+  // heartbeat intervals apply, whatever this says.
+  std::chrono::milliseconds assign_timeout{10000};
   // How long the checks of a submitted job's files may take.
   std::chrono::milliseconds file_check_timeout{10000};
   // The MPS daemon's pipe folder agents join (empty: no MPS).
@@ -109,9 +114,6 @@ struct CoreOptions {
   std::chrono::milliseconds retention_age{std::chrono::hours(24 * 30)};
   // Jobs per ListJobs page (summaries stay far below the message size).
   uint32_t list_page_size = 200;
-  // Session tokens count up from here (the broker picks a random start, so
-  // a token of an earlier coordinator is never valid).
-  uint64_t session_seed = 0;
   // Whether a process certainly no longer exists (the broker asks the
   // kernel: kill(pid, 0)). Required.
   std::function<bool(int pid)> process_gone;
@@ -320,7 +322,6 @@ class CoordinatorCore {
   uint64_t next_shrink_id_ = 1;
   // The time of the call being served (for what serve_waiting grants).
   Now now_;
-  uint64_t next_session_;
   Clock::time_point started_;
   std::optional<Clock::time_point> last_prune_;
   // The latest device fault: when its first report came, and the jobs that

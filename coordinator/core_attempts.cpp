@@ -155,6 +155,7 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   job.assign_acked = false;
   job.stop_wanted = false;
   job.assign_sent = now.steady;
+  job.assigned_steady = now.steady;
   job.assigned_at_us = now.unix_us ? now.unix_us : now.unix_ms * 1000;
   job.first_step_at_us = 0;
   job.probation_since.reset();  // from this attempt's first step
@@ -201,6 +202,20 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
       agent.job_id = 0;  // defensive: nothing of ours runs there
       continue;
     }
+    const auto ack_within = std::max(opts_.assign_timeout, 3 * opts_.heartbeat_interval);
+    if (!job->assign_acked && job->assigned_steady &&
+        now.steady - *job->assigned_steady >= ack_within) {
+      // Never acknowledged: the agent does not run it (a fake agent, or one
+      // stuck). The job goes back uncharged (a cancelled one ends), and
+      // this agent gets no more jobs until it registers again.
+      const std::string why = "agent '" + name + "' did not acknowledge the assignment within " +
+                              std::to_string(ack_within.count()) + " ms";
+      spdlog::warn("{}: {}; it gets no more jobs in this session", job_label(*job), why);
+      agent.ignored_assignment = true;
+      push_stop(job->id, job->attempt_number(), false, why, agent, out, false);
+      requeue(*job, why, false, now, out);
+      continue;
+    }
     bool stop = job->cancel_requested || job->stop_wanted;
     if (!stop && !job->assign_acked && now.steady - job->assign_sent >= opts_.heartbeat_interval) {
       spdlog::debug("{}: assignment to '{}' not acknowledged yet; sending it again",
@@ -245,6 +260,7 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
   job.orphan_cause.clear();
   job.assign_acked = false;
   job.stop_wanted = false;
+  job.assigned_steady.reset();
 }
 
 void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& reason, Now now,

@@ -85,12 +85,15 @@ void CoordinatorCore::request_shrinks(Now now, Effects& out) {
     proto::ShrinkT msg;
     msg.id = s.id;
     msg.agent = agent.name;
-    msg.session = agent.session;
+    msg.session = agent.session.lo;
+    msg.session_hi = agent.session.hi;
     msg.job_id = s.job_id;
     msg.bytes = s.bytes;
     msg.deadline_ms = static_cast<uint32_t>(opts_.shrink_timeout.count());
     msg.reason = order.reason;
     for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::ShrinkT(msg));
+    // Subscribers see who is asked and why, never the token.
+    msg.session = msg.session_hi = 0;
     publish_shrink(out, agent.name, std::move(msg));
     spdlog::info("asked agent '{}' (job {}) to shrink by {} within {} ms: {}", agent.name,
                  s.job_id, format_bytes(s.bytes), opts_.shrink_timeout.count(), order.reason);

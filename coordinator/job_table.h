@@ -77,6 +77,9 @@ struct JobRecord {
   bool assign_acked = false;     // the agent's heartbeat showed the assignment
   bool stop_wanted = false;      // StopJob is due for a reason other than a cancel
   Clock::time_point assign_sent{};
+  // When this coordinator assigned the current attempt (unset for one
+  // recovered from the store).
+  std::optional<Clock::time_point> assigned_steady;
   Clock::time_point stop_sent{};
   // Set for a running job whose agent has not said whether it still runs it
   // (the coordinator restarted, or the agent registered again or fell

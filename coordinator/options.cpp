@@ -95,6 +95,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.high_watermark = parse_fraction(value);
       } else if (key == "shrink_timeout") {
         opts.shrink_timeout = parse_duration(value);
+      } else if (key == "assign_timeout") {
+        opts.assign_timeout = parse_duration(value);
       } else if (key == "mps") {
         opts.mps = value;
       } else if (key == "mps_directory") {
@@ -107,7 +109,7 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
             "pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
             "job_retention_count, job_retention_age, policy, low_watermark, high_watermark, "
-            "shrink_timeout, mps, mps_directory, fault_probation, log_level)");
+            "shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, log_level)");
       }
     });
   }
@@ -170,13 +172,14 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.shrink_timeout.count() < 10) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }
+  if (opts.assign_timeout.count() <= 0) throw std::invalid_argument("assign_timeout must be positive");
 }
 
 CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
-      shrink_timeout, mps, mps_directory, fault_probation, test_stall, http;
+      shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, test_stall, http;
   std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -212,6 +215,9 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "above this occupancy agents are asked to shrink (default 95%)");
   app.add_option("--shrink-timeout", shrink_timeout,
                  "how long an agent asked to shrink has to answer (default 10s)");
+  app.add_option("--assign-timeout", assign_timeout,
+                 "an assignment an agent does not acknowledge by then goes back to the queue "
+                 "and the agent gets no more jobs in its session (default 10s)");
   app.add_option("--mps", mps,
                  "auto|on|off: run the GPU work under an MPS daemon the coordinator starts "
                  "(default auto: when the cuda backend is used and nvidia-cuda-mps-control is "
@@ -265,6 +271,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (low_watermark) opts.low_watermark = parse_fraction(*low_watermark);
     if (high_watermark) opts.high_watermark = parse_fraction(*high_watermark);
     if (shrink_timeout) opts.shrink_timeout = parse_duration(*shrink_timeout);
+    if (assign_timeout) opts.assign_timeout = parse_duration(*assign_timeout);
     if (mps) opts.mps = *mps;
     if (mps_directory) opts.mps_directory = *mps_directory;
     if (fault_probation) opts.fault_probation = parse_duration(*fault_probation);

@@ -56,6 +56,8 @@ struct CoordinatorOptions {
   double high_watermark = 0.95;
   // How long an agent asked to shrink has to answer (see CoreOptions).
   std::chrono::milliseconds shrink_timeout{10000};
+  // How long an agent has to acknowledge an assignment (see CoreOptions).
+  std::chrono::milliseconds assign_timeout{10000};
   // MPS (coordinator/mps_daemon.h): auto (on with the cuda backend when
   // nvidia-cuda-mps-control is on the PATH), on (a start-up error without
   // it) or off. mps_directory: the pipe folder of a daemon someone else

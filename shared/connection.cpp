@@ -61,6 +61,14 @@ Reply Connection::request(const BodyBuilder& build, std::chrono::milliseconds ti
   uint64_t id = next_request_id();
   auto [type, body] = build(fbb);
   finish_envelope(fbb, header(id), type, body);
+  // The coordinator's socket drops a larger message with the connection,
+  // silently: the sender would only see its timeout.
+  if (fbb.GetSize() > kMaxMessageBytes) {
+    throw Error(ErrorCode::InvalidArgument,
+                std::string(proto::EnumNameBody(type)) + " message of " +
+                    std::to_string(fbb.GetSize()) + " bytes exceeds the protocol's limit of " +
+                    std::to_string(kMaxMessageBytes) + " bytes; nothing was sent");
+  }
   auto deadline = std::chrono::steady_clock::now() + timeout;
   // With ZMQ_IMMEDIATE a send fails with EAGAIN while no connection is up;
   // retry until the deadline so a coordinator that is starting gets a chance.

@@ -40,8 +40,8 @@ class Connection {
   uint64_t next_request_id() { return ++last_request_id_; }
   // The id of the latest request sent.
   uint64_t last_request_id() const { return last_request_id_; }
-  void set_session(uint64_t session) { session_ = session; }
-  uint64_t session() const { return session_; }
+  void set_session(SessionToken session) { session_ = session; }
+  SessionToken session() const { return session_; }
   HeaderFields header(uint64_t request_id) const { return {request_id, sender_, session_}; }
 
   // Builds a request with `build` (which returns the body), sends it and waits
@@ -66,7 +66,7 @@ class Connection {
   zmq::socket_t socket_;
   std::string endpoint_;
   std::string sender_;
-  uint64_t session_ = 0;
+  SessionToken session_;
   uint64_t last_request_id_ = 0;
 };
 

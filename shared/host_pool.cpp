@@ -36,7 +36,10 @@ class HostPool final : public DevicePool {
                    name_);
     }
     try {
-      segment_ = bip::shared_memory_object(bip::create_only, name_.c_str(), bip::read_write);
+      // Owner only (Boost's default is 0644: every local user could read
+      // and map the pool). Agents run as the coordinator's user.
+      segment_ = bip::shared_memory_object(bip::create_only, name_.c_str(), bip::read_write,
+                                           bip::permissions(0600));
       segment_.truncate(static_cast<bip::offset_t>(size));
       region_ = bip::mapped_region(segment_, bip::read_write, 0, size);
     } catch (const bip::interprocess_exception& e) {

@@ -3,6 +3,8 @@
 #include <flatbuffers/idl.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 
 #include "shared/idx_file.h"
@@ -34,6 +36,22 @@ void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input,
                   std::to_string(last.size()) + " dimensions (add Flatten and Linear)");
     }
   }
+}
+
+// `text` in quotes with anything but printable ASCII shown as \xNN, so a
+// hostile value cannot forge a log line or break a JSON reply.
+std::string quoted(const std::string& text) {
+  std::string out = "'";
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out + "'";
 }
 
 }  // namespace
@@ -150,11 +168,16 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   std::string name = str_or(job.name());
   if (name.empty()) p.push_back("name: required");
   if (name.size() > 128) p.push_back("name: longer than 128 characters");
-  // The name becomes the checkpoint's file name.
+  // The name becomes the checkpoint's file name, a log line's word and a
+  // label in JSON and metrics: a plain word, nothing that leaves a folder,
+  // starts a new log line or is not UTF-8.
   if (name == "." || name == ".." ||
-      std::any_of(name.begin(), name.end(),
-                  [](char c) { return c == '/' || static_cast<unsigned char>(c) < 0x20; })) {
-    p.push_back("name: '" + name + "' cannot be a file name (no '/', control characters, . or ..)");
+      std::any_of(name.begin(), name.end(), [](char c) {
+        return !(std::isalnum(static_cast<unsigned char>(c)) && static_cast<unsigned char>(c) < 0x80) &&
+               c != '.' && c != '_' && c != '-';
+      })) {
+    p.push_back("name: " + quoted(name.substr(0, 128)) +
+                " is not a job name (1-128 letters, digits, '.', '_' or '-'; not . or ..)");
   }
   if (job.batch_size() <= 0 || job.batch_size() > 65536) {
     p.push_back("batch_size: " + std::to_string(job.batch_size()) + " is not in [1, 65536]");

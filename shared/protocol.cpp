@@ -7,7 +7,8 @@ namespace leasehold {
 void finish_envelope(flatbuffers::FlatBufferBuilder& fbb, const HeaderFields& header,
                      proto::Body type, flatbuffers::Offset<void> body) {
   auto sender = fbb.CreateString(header.sender.data(), header.sender.size());
-  auto hdr = proto::CreateHeader(fbb, kProtocolVersion, header.request_id, sender, header.session);
+  auto hdr = proto::CreateHeader(fbb, kProtocolVersion, header.request_id, sender,
+                                 header.session.lo, header.session.hi);
   auto env = proto::CreateEnvelope(fbb, hdr, type, body);
   proto::FinishEnvelopeBuffer(fbb, env);
 }

@@ -16,11 +16,12 @@
 
 #include "schemas/leasehold_generated.h"
 #include "shared/error.h"
+#include "shared/session_token.h"
 
 namespace leasehold {
 
 // Bumped whenever schemas/leasehold.fbs changes incompatibly.
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 // Largest message anyone may send. Status replies for thousands of leases fit
 // well inside; anything bigger is refused before verification.
 inline constexpr size_t kMaxMessageBytes = 4u << 20;
@@ -28,7 +29,7 @@ inline constexpr size_t kMaxMessageBytes = 4u << 20;
 struct HeaderFields {
   uint64_t request_id = 0;
   std::string_view sender;
-  uint64_t session = 0;
+  SessionToken session;
 };
 
 // Finishes `fbb` as an Envelope holding `body` of type `type`.

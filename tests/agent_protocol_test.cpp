@@ -91,7 +91,7 @@ class FakeCoordinator {
   void send(const std::string& rid, uint64_t req, proto::Body type, const Build& build) {
     flatbuffers::FlatBufferBuilder fbb;
     auto body = build(fbb);
-    finish_envelope(fbb, {req, "coordinator", 0}, type, body);
+    finish_envelope(fbb, {req, "coordinator", {}}, type, body);
     router_.send(zmq::buffer(rid), zmq::send_flags::sndmore);
     router_.send(to_message(fbb), zmq::send_flags::none);
   }

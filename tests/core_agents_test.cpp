@@ -90,7 +90,7 @@ TEST(CoreAgents, AnAgentThatTakesNoJobsIsNeverGivenOne) {
   d.submit(id);
   d.heartbeat(lessee);
   EXPECT_EQ(d.job(id).state, JobState::Queued);
-  Effects e = d.request("cli", "cli", 0, proto::Body::StatusRequest,
+  Effects e = d.request("cli", "cli", {}, proto::Body::StatusRequest,
                         [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
   EXPECT_EQ(messages(e, proto::Body::StatusReply)[0]->body.AsStatusReply()->agents[0]->state,
             "idle");
@@ -125,7 +125,7 @@ TEST(CoreAgents, UnknownSessionIsRefusedAndChangesNothing) {
   CoreDriver d(options());
   FakeAgent a = d.register_agent("a", 11);
   FakeAgent forged = a;
-  forged.session += 1;
+  forged.session.lo += 1;  // the old tokens counted up: a neighbour was one away
   Effects e = d.lease(forged, 1 << 20, 0);
   ASSERT_EQ(messages(e, proto::Body::Error).size(), 1u);
   EXPECT_EQ(messages(e, proto::Body::Error)[0]->body.AsError()->code, ErrorCode::UnknownSender);
@@ -135,14 +135,52 @@ TEST(CoreAgents, UnknownSessionIsRefusedAndChangesNothing) {
 TEST(CoreAgents, NameOfALiveProcessIsTakenButADeadOneIsReplaced) {
   CoreDriver d(options());
   d.register_agent("w", 20);
-  Effects e = d.request("other", "w", 0, proto::Body::Register, [](auto& fbb) {
+  Effects e = d.request("other", "w", {}, proto::Body::Register, [](auto& fbb) {
     return proto::CreateRegister(fbb, fbb.CreateString("w"), 21).Union();
   });
   EXPECT_NE(errors(e).find("in use by live pid 20"), std::string::npos) << errors(e);
   d.gone.insert(20);
   FakeAgent b = d.register_agent("w", 21);
   EXPECT_EQ(d.core().agents().at("w").pid, 21);
-  EXPECT_NE(b.session, 0u);
+  EXPECT_FALSE(b.session.empty());
+}
+
+// Taking over a live agent's name needs what only that agent knows: its
+// instance (chosen by its process) or its session token. Its pid, which
+// `leasehold status` shows, is not enough: such a Register is refused and
+// the agent keeps its session and its leases.
+TEST(CoreAgents, ARegisterCarryingAnotherAgentsPidDoesNotEvictIt) {
+  CoreDriver d(options());
+  FakeAgent victim = d.register_agent("victim", 20);
+  ASSERT_EQ(d.lease(victim, 1 << 20, 0).messages.size(), 1u);
+  for (uint64_t guess : {0ull, 1ull, 20ull}) {
+    Effects e = d.request("attacker", "victim", {guess, 0}, proto::Body::Register, [guess](auto& fbb) {
+      return proto::CreateRegister(fbb, fbb.CreateString("victim"), 20, -1, 0, true, true, 0, 0,
+                                   guess, 0)
+          .Union();
+    });
+    EXPECT_NE(errors(e).find("in use by live pid 20"), std::string::npos) << errors(e);
+  }
+  EXPECT_EQ(d.core().agents().at("victim").session, victim.session) << "still its session";
+  EXPECT_EQ(d.core().leases().leases().size(), 1u) << "its lease is intact";
+  Effects beat = d.heartbeat(victim);
+  EXPECT_EQ(messages(beat, proto::Body::HeartbeatAck).size(), 1u);
+  // The agent itself (same instance) registering again is let in.
+  FakeAgent again = d.register_agent("victim", 20);
+  EXPECT_NE(again.session, victim.session);
+  EXPECT_TRUE(d.core().leases().leases().empty()) << "its old session's leases are void";
+}
+
+// Tokens are 128 random bits: two sessions share no half, and neither is
+// a neighbour of the other.
+TEST(CoreAgents, SessionTokensAreRandomAndWide) {
+  CoreDriver d(options());
+  FakeAgent a = d.register_agent("a", 11), b = d.register_agent("b", 12);
+  EXPECT_NE(a.session.lo, b.session.lo);
+  EXPECT_NE(a.session.hi, b.session.hi);
+  EXPECT_NE(a.session.hi, 0u);
+  EXPECT_GT(a.session.lo > b.session.lo ? a.session.lo - b.session.lo : b.session.lo - a.session.lo,
+            1000u);
 }
 
 TEST(CoreAgents, WaitingLeaseIsGrantedWhenMemoryFreesOrFailsAtItsDeadline) {
@@ -184,7 +222,7 @@ TEST(CoreAgents, StatusListsAgentsLeasesAndUptime) {
   FakeAgent a = d.register_agent("a", 11);
   d.lease(a, 2 << 20, 0);
   d.advance(1500ms);
-  Effects e = d.request("cli", "cli", 0, proto::Body::StatusRequest,
+  Effects e = d.request("cli", "cli", {}, proto::Body::StatusRequest,
                         [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
   auto replies = messages(e, proto::Body::StatusReply, "cli");
   ASSERT_EQ(replies.size(), 1u);

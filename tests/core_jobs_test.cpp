@@ -38,7 +38,7 @@ TEST(CoreJobs, SubmissionIsAcknowledgedWithItsStoreWriteAndIdsIncrease) {
 TEST(CoreJobs, BadSubmissionsAreRefusedAndQueueNothing) {
   CoreDriver d(job_options());
   auto submit_raw = [&](const proto::JobSpecT& spec) {
-    return d.request("client", "client", 0, proto::Body::SubmitJob, [&](auto& fbb) {
+    return d.request("client", "client", {}, proto::Body::SubmitJob, [&](auto& fbb) {
       return proto::CreateSubmitJob(fbb, proto::JobSpec::Pack(fbb, &spec)).Union();
     });
   };
@@ -110,6 +110,51 @@ TEST(CoreJobs, AssignmentIsResentUntilTheAgentsHeartbeatListsIt) {
   d.advance(5000ms);
   d.heartbeat(a, {{id, 1, P::Running}});
   EXPECT_TRUE(assigned(d.tick(), a).empty()) << "acknowledged: no more resends";
+}
+
+// An agent that heart-beats but never takes its job (a fake agent, one
+// stuck) does not keep it: after the assign timeout the job goes back to
+// the queue uncharged and runs elsewhere; that agent gets nothing more in
+// its session, and a cancelled job in the same spot ends.
+TEST(CoreJobs, AnAssignmentNeverAcknowledgedGoesBackToTheQueue) {
+  CoreDriver d(job_options());
+  FakeAgent fake = d.register_agent("fake", 11);
+  uint64_t id = 0;
+  ASSERT_EQ(assigned(d.submit(id), fake).size(), 1u);
+  for (int i = 0; i < 9; ++i) {
+    d.advance(1000ms);
+    d.heartbeat(fake);  // alive, but never lists the job
+    d.tick();
+  }
+  EXPECT_EQ(d.job(id).state, JobState::Running) << "not before the timeout";
+  d.advance(1100ms);
+  d.heartbeat(fake);
+  Effects t = d.tick();
+  EXPECT_EQ(d.job(id).state, JobState::Queued);
+  EXPECT_EQ(d.job(id).agent_failures, 0u) << "not charged";
+  EXPECT_TRUE(stops(t, fake, id)) << "told to drop it, in case it had it";
+  EXPECT_NE(d.job(id).reason.find("did not acknowledge the assignment within 10000 ms"),
+            std::string::npos)
+      << d.job(id).reason;
+  FakeAgent real = d.register_agent("real", 12);
+  EXPECT_EQ(d.job(id).state, JobState::Running);
+  EXPECT_EQ(d.job(id).agent, "real") << "the fake gets no more jobs";
+
+  uint64_t second = 0;
+  d.submit(second);
+  EXPECT_EQ(d.job(second).state, JobState::Queued) << "nothing for the fake";
+  // A cancel of a job whose agent never takes it ends it at the timeout.
+  CoreDriver e(job_options());
+  FakeAgent stuck = e.register_agent("stuck", 21);
+  uint64_t job = 0;
+  e.submit(job);
+  e.cancel(job);
+  for (int i = 0; i < 11; ++i) {
+    e.advance(1000ms);
+    e.heartbeat(stuck);
+    e.tick();
+  }
+  EXPECT_EQ(e.job(job).state, JobState::Cancelled);
 }
 
 TEST(CoreJobs, PurgingSeveralDeadAgentsNeverAssignsToOneOfThem) {
@@ -284,7 +329,7 @@ TEST(CoreJobs, ListingPagesStayFarBelowTheMessageLimit) {
   uint64_t after = 0, seen = 0;
   bool more = true;
   while (more) {
-    Effects e = d.request("cli", "cli", 0, proto::Body::ListJobs, [&](auto& fbb) {
+    Effects e = d.request("cli", "cli", {}, proto::Body::ListJobs, [&](auto& fbb) {
       return proto::CreateListJobs(fbb, after).Union();
     });
     auto pages = messages(e, proto::Body::JobList);
@@ -300,7 +345,7 @@ TEST(CoreJobs, ListingPagesStayFarBelowTheMessageLimit) {
     more = list->more;
   }
   EXPECT_EQ(seen, 1000u);
-  Effects one = d.request("cli", "cli", 0, proto::Body::GetJob,
+  Effects one = d.request("cli", "cli", {}, proto::Body::GetJob,
                           [&](auto& fbb) { return proto::CreateGetJob(fbb, running).Union(); });
   auto info = messages(one, proto::Body::JobInfo);
   ASSERT_EQ(info.size(), 1u);

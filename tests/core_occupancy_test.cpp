@@ -420,12 +420,12 @@ TEST_F(OccupancyTest, ShrinkMessagesAreRefusedFromTheWrongPeer) {
       << errors(wrong);
   EXPECT_EQ(status().occupancy->shrinks_pending, 1u);
   // A client cannot send the coordinator a Shrink or a ShrinkDone.
-  Effects fake = d.request("client", "client", 0, proto::Body::Shrink, [&](auto& fbb) {
+  Effects fake = d.request("client", "client", {}, proto::Body::Shrink, [&](auto& fbb) {
     return proto::CreateShrink(fbb, 1, fbb.CreateString("a1"), 0, 0, 50 * MiB).Union();
   });
   EXPECT_NE(errors(fake).find("not a request the coordinator serves"), std::string::npos)
       << errors(fake);
-  Effects fake_done = d.request("client", "client", 0, proto::Body::ShrinkDone, [&](auto& fbb) {
+  Effects fake_done = d.request("client", "client", {}, proto::Body::ShrinkDone, [&](auto& fbb) {
     return proto::CreateShrinkDone(fbb, id, 50 * MiB).Union();
   });
   EXPECT_NE(errors(fake_done).find("not registered"), std::string::npos) << errors(fake_done);

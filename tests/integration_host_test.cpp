@@ -1,6 +1,7 @@
 // Multi-process integration tests on the host backend: a real coordinator,
 // real agent processes, and raw ZeroMQ peers.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <signal.h>
 
 #include <cstring>
@@ -210,7 +211,8 @@ TEST_F(HostCluster, ResizeAndOwnership) {
                          proto::CreateRegister(fbb, fbb.CreateString("thief"), getpid()).Union()};
       },
       2s);
-  raw.set_session(reg->body_as_RegisterAck()->session());
+  raw.set_session(SessionToken{reg->body_as_RegisterAck()->session(),
+                               reg->body_as_RegisterAck()->session_hi()});
   uint64_t id = l.id();
   auto r = raw.request(
       [id](flatbuffers::FlatBufferBuilder& fbb) {
@@ -360,6 +362,18 @@ TEST_F(HostCluster, RestartAfterCrashReplacesStaleSegmentAndSocket) {
   EXPECT_NE(next.log().find("stale"), std::string::npos) << next.log();
   AgentSession a(session_options("after-crash"));
   EXPECT_TRUE(a.acquire(1ull << 20).held());
+}
+
+// The pool's shared-memory segment is the coordinator user's alone: no
+// other local user can map it and read or write the jobs' memory.
+TEST_F(HostCluster, PoolSegmentIsReadableByItsOwnerOnly) {
+  cluster.start_coordinator(coordinator_args());
+  AgentSession a(session_options("reader"));
+  const auto& handle = a.pool().handle;
+  const std::string path = "/dev/shm/" + std::string(handle.begin(), handle.end());
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
 }
 
 TEST_F(HostCluster, BadOptionsAreRefusedWithTheirName) {

@@ -1,6 +1,8 @@
 // Job specifications (JSON against the schema, validation naming fields) and
 // the job runner on a small synthetic IDX dataset.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <zlib.h>
 
 #include <cerrno>
@@ -228,6 +230,28 @@ TEST_F(JobTest, AFailedCheckpointWriteFailsTheJobAndKeepsThePreviousOne) {
   fresh.file_system = &other;
   JobResult uninterrupted = run_job(*verify_job(buf), fresh);
   EXPECT_EQ(r.test_accuracy, uninterrupted.test_accuracy);
+}
+
+// A job's name is a plain word: it becomes a checkpoint file name, a log
+// line's word and a JSON string, so nothing in it may leave the checkpoint
+// folder, start a new log line or be invalid UTF-8; the refusal shows the
+// bad bytes escaped.
+TEST_F(JobTest, JobNamesArePlainWords) {
+  auto named = [&](const std::string& name) {
+    std::string json = job_json(R"(, "epochs": 1)");
+    const std::string from = "\"name\": \"synthetic\"";
+    json.replace(json.find(from), from.size(), "\"name\": " + nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::ignore));
+    return problems_of([&] { validate_job(*verify_job(parse_job_json(json, "j.json")), {}); });
+  };
+  EXPECT_EQ(named("fashion-mnist_v2.1"), "");
+  EXPECT_NE(named("../../etc/cron.d/x").find("is not a job name"), std::string::npos);
+  EXPECT_NE(named("..").find("is not a job name"), std::string::npos);
+  const std::string forged = named("ok\n[info] job 1 succeeded");
+  EXPECT_NE(forged.find("'ok\\x0a[info] job 1 succeeded'"), std::string::npos) << forged;
+  EXPECT_EQ(forged.find('\n'), std::string::npos) << "no raw newline in the message";
+  EXPECT_NE(named("caf\xc3\xa9").find("'caf\\xc3\\xa9'"), std::string::npos);
+  EXPECT_NE(named("with space").find("is not a job name"), std::string::npos);
+  EXPECT_NE(named(std::string(129, 'a')).find("longer than 128"), std::string::npos);
 }
 
 // Parameter regions: names are checked; without a coordinator session a job

@@ -1,7 +1,10 @@
 #include "shared/protocol.h"
 
+#include "shared/connection.h"
+
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 #include <vector>
 
@@ -102,7 +105,7 @@ TEST(Protocol, SurvivesRandomGarbageAndBitFlips) {
 }
 
 TEST(Protocol, ErrorReplyCarriesCodeAndMessage) {
-  auto msg = make_error({9, "coordinator", 0}, ErrorCode::NotOwner, "lease 3 belongs to 'b'");
+  auto msg = make_error({9, "coordinator", {}}, ErrorCode::NotOwner, "lease 3 belongs to 'b'");
   AlignedBytes bytes(msg);
   auto r = decode(bytes.bytes());
   auto* env = std::get<const proto::Envelope*>(r);
@@ -110,6 +113,37 @@ TEST(Protocol, ErrorReplyCarriesCodeAndMessage) {
   EXPECT_EQ(env->body_as_Error()->code(), ErrorCode::NotOwner);
   EXPECT_EQ(str(env->body_as_Error()->message()), "lease 3 belongs to 'b'");
   EXPECT_EQ(env->header()->request_id(), 9u);
+}
+
+}  // namespace
+}  // namespace leasehold
+
+namespace leasehold {
+namespace {
+
+// A request over the size limit is refused before it is sent, naming the
+// limit (the coordinator's socket would drop it with the connection, and the
+// sender would only have seen "no reply").
+TEST(Protocol, AnOversizedRequestIsRefusedBeforeSending) {
+  zmq::context_t ctx(1);
+  Connection c(ctx, "ipc:///tmp/leasehold-nobody-listens.sock", "big");
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c.request(
+        [](flatbuffers::FlatBufferBuilder& fbb) {
+          std::string name(kMaxMessageBytes, 'x');
+          return std::pair{proto::Body::Register,
+                           proto::CreateRegister(fbb, fbb.CreateString(name), 1).Union()};
+        },
+        std::chrono::seconds(5));
+    ADD_FAILURE() << "sent";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("exceeds the protocol's limit of 4194304 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << "not a timeout";
 }
 
 }  // namespace

@@ -14,7 +14,6 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
   now_.unix_ms = 1'700'000'000'000ull;
   now_.unix_us = now_.unix_ms * 1000;
   if (opts_.state_dir.empty()) opts_.state_dir = "/var/lib/leasehold-test";
-  if (opts_.session_seed == 0) opts_.session_seed = 1000;
   opts_.process_gone = [this](int pid) { return gone.count(pid) > 0; };
   PoolDescriptor pool;
   pool.backend = Backend::Host;
@@ -34,7 +33,7 @@ void CoreDriver::advance(std::chrono::milliseconds d) {
   now_.unix_us = now_.unix_ms * 1000;
 }
 
-Effects CoreDriver::request(const std::string& rid, const std::string& sender, uint64_t session,
+Effects CoreDriver::request(const std::string& rid, const std::string& sender, SessionToken session,
                             proto::Body type, const Build& build) {
   flatbuffers::FlatBufferBuilder fbb;
   auto body = build(fbb);
@@ -72,15 +71,19 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>> l
 FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
                                      const std::vector<Listed>& jobs, Effects* out,
                                      bool takes_jobs) {
-  FakeAgent a{name, pid, "rid-" + name + "-" + std::to_string(pid), 0};
-  Effects e = request(a.rid, name, 0, proto::Body::Register, [&](auto& fbb) {
+  FakeAgent a{name, pid, "rid-" + name + "-" + std::to_string(pid), {}};
+  // The same fake process (name and pid) keeps its instance, as a real
+  // agent does across its own registrations.
+  const uint64_t instance = std::hash<std::string>{}(name) | 1;
+  Effects e = request(a.rid, name, {}, proto::Body::Register, [&](auto& fbb) {
     return proto::CreateRegister(fbb, fbb.CreateString(name), pid, -1, listed(fbb, jobs),
-                                 takes_jobs)
+                                 takes_jobs, true, 0, 0, instance, uint64_t(pid))
         .Union();
   });
   auto acks = messages(e, proto::Body::RegisterAck, a.rid);
   if (acks.empty()) throw std::logic_error("no RegisterAck: " + errors(e));
-  a.session = acks[0]->body.AsRegisterAck()->session;
+  const auto* ack = acks[0]->body.AsRegisterAck();
+  a.session = SessionToken{ack->session, ack->session_hi};
   if (out) *out = std::move(e);
   return a;
 }
@@ -116,7 +119,7 @@ proto::JobSpecT CoreDriver::small_job(const std::string& name) {
 Effects CoreDriver::submit(uint64_t& id, const std::function<void(proto::JobSpecT&)>& edit) {
   proto::JobSpecT spec = small_job("job" + std::to_string(next_request_));
   if (edit) edit(spec);
-  Effects e = request("client", "client", 0, proto::Body::SubmitJob, [&](auto& fbb) {
+  Effects e = request("client", "client", {}, proto::Body::SubmitJob, [&](auto& fbb) {
     return proto::CreateSubmitJob(fbb, proto::JobSpec::Pack(fbb, &spec)).Union();
   });
   if (e.file_checks.size() != 1) throw std::logic_error("no file check: " + errors(e));
@@ -173,7 +176,7 @@ Effects CoreDriver::first_step(const FakeAgent& a, uint64_t job, uint32_t attemp
 }
 
 Effects CoreDriver::cancel(uint64_t job) {
-  return request("client", "client", 0, proto::Body::CancelJob,
+  return request("client", "client", {}, proto::Body::CancelJob,
                  [&](auto& fbb) { return proto::CreateCancelJob(fbb, job).Union(); });
 }
 
@@ -196,7 +199,7 @@ Effects CoreDriver::shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t
 }
 
 Effects CoreDriver::status() {
-  return request("client", "client", 0, proto::Body::StatusRequest,
+  return request("client", "client", {}, proto::Body::StatusRequest,
                  [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
 }
 
@@ -221,13 +224,13 @@ Effects CoreDriver::detach(const FakeAgent& a, const std::string& name) {
 }
 
 Effects CoreDriver::drop_region(const std::string& name) {
-  return request("client", "client", 0, proto::Body::DropRegion, [&](auto& fbb) {
+  return request("client", "client", {}, proto::Body::DropRegion, [&](auto& fbb) {
     return proto::CreateDropRegion(fbb, fbb.CreateString(name)).Union();
   });
 }
 
 proto::RegionListT CoreDriver::regions() {
-  Effects e = request("client", "client", 0, proto::Body::ListRegions,
+  Effects e = request("client", "client", {}, proto::Body::ListRegions,
                       [](auto& fbb) { return proto::CreateListRegions(fbb).Union(); });
   auto m = messages(e, proto::Body::RegionList, "client");
   if (m.size() != 1) throw std::logic_error("no RegionList: " + errors(e));

@@ -20,7 +20,7 @@ struct FakeAgent {
   std::string name;
   int pid = 0;
   std::string rid;
-  uint64_t session = 0;
+  SessionToken session;
 };
 
 // A job an agent lists in its Register or Heartbeat.
@@ -44,7 +44,7 @@ class CoreDriver {
 
   // Sends `body_type`/`build` from `sender` on socket `rid`.
   using Build = std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder&)>;
-  Effects request(const std::string& rid, const std::string& sender, uint64_t session,
+  Effects request(const std::string& rid, const std::string& sender, SessionToken session,
                   proto::Body type, const Build& build);
   Effects tick();
 
