@@ -76,7 +76,8 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                      {"shrunk_bytes", j.shrunk_bytes()},
                      {"waiting_for", std::string(str(j.waiting_for()))},
                      {"assigned_at_us", j.assigned_at_us()},
-                     {"first_step_at_us", j.first_step_at_us()}};
+                     {"first_step_at_us", j.first_step_at_us()},
+                     {"submitted_by", std::string(str(j.submitted_by()))}};
   out["attempt_history"] = nlohmann::json::array();
   if (j.attempts()) {
     for (const auto* a : *j.attempts()) {

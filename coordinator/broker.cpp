@@ -146,6 +146,7 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.retention_count = o.job_retention_count;
   c.retention_age = o.job_retention_age;
   c.shrink_timeout = o.shrink_timeout;
+  c.access = AccessPolicy(o.agent_group, o.client_group, o.admin_group);
   c.assign_timeout = o.assign_timeout;
   c.fault_probation = o.fault_probation;
   return c;
@@ -426,11 +427,11 @@ void Broker::receive_requests() {
       send(o);
       continue;
     }
-    handle(rid, frames[1]);
+    handle(rid, frames[1], peer_of(frames[1]));
   }
 }
 
-void Broker::handle(const std::string& routing_id, zmq::message_t& payload) {
+void Broker::handle(const std::string& routing_id, zmq::message_t& payload, const Peer& peer) {
   AlignedBytes bytes(payload);
   auto decoded = decode(bytes.bytes());
   if (auto* err = std::get_if<DecodeError>(&decoded)) {
@@ -445,7 +446,7 @@ void Broker::handle(const std::string& routing_id, zmq::message_t& payload) {
     return send(o);
   }
   Effects effects;
-  core_->handle(routing_id, *std::get<const proto::Envelope*>(decoded), now(), effects);
+  core_->handle(routing_id, *std::get<const proto::Envelope*>(decoded), now(), effects, peer);
   apply(effects);
 }
 

@@ -27,6 +27,7 @@
 #include <zmq.hpp>
 
 #include "coordinator/core.h"
+#include "coordinator/peer.h"
 #include "coordinator/options.h"
 
 namespace leasehold {
@@ -69,7 +70,7 @@ class Broker {
 
   Now now() const;
   void receive_requests();
-  void handle(const std::string& routing_id, zmq::message_t& payload);
+  void handle(const std::string& routing_id, zmq::message_t& payload, const Peer& peer);
   void apply(Effects& effects);
   void send(Outgoing& o);
   void release_committed();

@@ -65,10 +65,10 @@ std::string CoordinatorCore::summary() const {
 }
 
 void CoordinatorCore::handle(const std::string& routing_id, const proto::Envelope& request,
-                             Now now, Effects& out) {
+                             Now now, Effects& out, const Peer& peer) {
   now_ = now;
   try {
-    dispatch(routing_id, request, now, out);
+    dispatch(routing_id, request, now, out, peer);
   } catch (const std::exception& e) {
     // A bug or a resource failure while serving one request must not take
     // the coordinator down; the peer learns what happened.
@@ -79,26 +79,26 @@ void CoordinatorCore::handle(const std::string& routing_id, const proto::Envelop
 }
 
 void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& env, Now now,
-                               Effects& out) {
+                               Effects& out, const Peer& peer) {
   const auto* hdr = env.header();
   uint64_t req = hdr->request_id();
   switch (env.body_type()) {
     case proto::Body::Register:
-      return on_register(rid, env, now, out);
+      return on_register(rid, env, now, out, peer);
     case proto::Body::StatusRequest:
       return on_status(rid, req, now, out);
     case proto::Body::SubmitJob:
-      return on_submit(rid, env, now, out);
+      return on_submit(rid, env, now, out, peer);
     case proto::Body::ListJobs:
       return on_list_jobs(rid, env, out);
     case proto::Body::GetJob:
       return on_get_job(rid, env, out);
     case proto::Body::CancelJob:
-      return on_cancel(rid, env, now, out);
+      return on_cancel(rid, env, now, out, peer);
     case proto::Body::ListRegions:
       return on_list_regions(rid, req, out);
     case proto::Body::DropRegion:
-      return on_drop_region(rid, env, now, out);
+      return on_drop_region(rid, env, now, out, peer);
     case proto::Body::AttachRegion:
     case proto::Body::RegionReady:
     case proto::Body::DetachRegion:
@@ -186,9 +186,13 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
 }
 
 void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope& env, Now now,
-                                  Effects& out) {
+                                  Effects& out, const Peer& peer) {
   const auto* r = env.body_as_Register();
   uint64_t req = env.header()->request_id();
+  if (auto refusal = opts_.access.check(Role::Agent, peer)) {
+    spdlog::warn("refused an agent registration: {}", *refusal);
+    return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
+  }
   std::string name(str(r->name()));
   if (!valid_name(name)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,

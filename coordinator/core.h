@@ -57,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/access.h"
 #include "coordinator/agent_record.h"
 #include "coordinator/effects.h"
 #include "coordinator/job_table.h"
@@ -114,6 +115,8 @@ struct CoreOptions {
   std::chrono::milliseconds retention_age{std::chrono::hours(24 * 30)};
   // Jobs per ListJobs page (summaries stay far below the message size).
   uint32_t list_page_size = 200;
+  // Who may register, submit and cancel (coordinator/access.h).
+  AccessPolicy access;
   // Whether a process certainly no longer exists (the broker asks the
   // kernel: kill(pid, 0)). Required.
   std::function<bool(int pid)> process_gone;
@@ -128,8 +131,9 @@ class CoordinatorCore {
   // wait for their agent (see above). Call before anything else.
   void recover(std::vector<JobRecord> jobs, uint64_t next_id, Now now, Effects& out);
   // Serves one verified request from the socket `routing_id`.
+  // `peer`: who sent it, as the kernel says (coordinator/peer.h).
   void handle(const std::string& routing_id, const proto::Envelope& request, Now now,
-              Effects& out);
+              Effects& out, const Peer& peer = {});
   // The result of a FileCheck: the problems found (none: the job is valid).
   void file_check_done(uint64_t token, const std::vector<std::string>& problems, Now now,
                        Effects& out);
@@ -170,6 +174,7 @@ class CoordinatorCore {
     uint64_t request_id = 0;
     std::shared_ptr<proto::JobSpecT> spec;
     Clock::time_point deadline;
+    Peer submitter;
   };
   // How a dropped agent's job and leases go on.
   enum class JobFate {
@@ -185,8 +190,10 @@ class CoordinatorCore {
     Clock::time_point since;
   };
 
-  void dispatch(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
-  void on_register(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void dispatch(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
+                const Peer& peer);
+  void on_register(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
+                   const Peer& peer);
   void on_lease_request(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                         Now now, Effects& out);
   void on_status(const std::string& rid, uint64_t req, Now now, Effects& out);
@@ -207,7 +214,8 @@ class CoordinatorCore {
   void on_detach_region(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                         Now now, Effects& out);
   void on_list_regions(const std::string& rid, uint64_t req, Effects& out);
-  void on_drop_region(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void on_drop_region(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
+                      const Peer& peer);
   // Why a new region of `bytes` cannot be placed even after every idle
   // region (and `also_free` more) went; empty when it might be.
   std::string cache_refusal(uint64_t bytes, uint64_t also_free = 0) const;
@@ -256,10 +264,12 @@ class CoordinatorCore {
   // The guaranteed share of a job's spec on this pool.
   uint64_t guaranteed_share(const proto::JobSpecT& spec) const;
   // Jobs (core_jobs.cpp).
-  void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
+                 const Peer& peer);
   void on_list_jobs(const std::string& rid, const proto::Envelope& env, Effects& out);
   void on_get_job(const std::string& rid, const proto::Envelope& env, Effects& out);
-  void on_cancel(const std::string& rid, const proto::Envelope& env, Now now, Effects& out);
+  void on_cancel(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
+                 const Peer& peer);
   void on_job_update(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                      Now now, Effects& out);
   // Takes the jobs an agent lists in a Register or Heartbeat.

@@ -36,8 +36,11 @@ std::string CoordinatorCore::store_refusal() const {
 // ---- Submission ----
 
 void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& env, Now now,
-                                Effects& out) {
+                                Effects& out, const Peer& peer) {
   uint64_t req = env.header()->request_id();
+  if (auto refusal = opts_.access.check(Role::Client, peer)) {
+    return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
+  }
   const auto* submit = env.body_as_SubmitJob();
   if (!submit->spec()) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, "SubmitJob without a spec");
@@ -57,7 +60,8 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
                           backend_name(pool_.backend));
   }
   uint64_t token = next_check_token_++;
-  pending_submits_[token] = PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout};
+  pending_submits_[token] =
+      PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout, peer};
   out.file_checks.push_back(FileCheck{token, spec, pool_.size});
 }
 
@@ -85,6 +89,10 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
   JobRecord& job = jobs_.add(p.spec, now.unix_ms);
   job.checkpoint = checkpoint_file(*p.spec);
   job.guaranteed_bytes = guaranteed_share(*p.spec);
+  if (p.submitter.known) {
+    job.submitted_uid = p.submitter.uid;
+    job.submitted_by = opts_.access.user_name(p.submitter.uid);
+  }
   spdlog::info("{} queued (priority {}, checkpoint {})", job_label(job), job.priority,
                job.checkpoint.empty() ? "off" : job.checkpoint);
   proto::JobAcceptedT accepted;
@@ -138,13 +146,25 @@ void CoordinatorCore::on_get_job(const std::string& rid, const proto::Envelope& 
 }
 
 void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& env, Now now,
-                                Effects& out) {
+                                Effects& out, const Peer& peer) {
   uint64_t req = env.header()->request_id();
   uint64_t id = env.body_as_CancelJob()->job_id();
   JobRecord* job = jobs_.find(id);
   if (!job) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
                       "no job with id " + std::to_string(id));
+  }
+  // Its submitter, or an administrator (coordinator/access.h).
+  const bool own = peer.known && job->submitted_uid && *job->submitted_uid == peer.uid;
+  if (!own) {
+    if (auto refusal = opts_.access.check(Role::Admin, peer)) {
+      spdlog::warn("refused to cancel job {} for {}: {}", id,
+                   peer.known ? opts_.access.user_name(peer.uid) : "an unknown user", *refusal);
+      return send_error(out, rid, req, ErrorCode::PermissionDenied,
+                        "job " + std::to_string(id) + " was submitted by " +
+                            (job->submitted_by.empty() ? "an unknown user" : job->submitted_by) +
+                            ": " + *refusal);
+    }
   }
   // Every answer waits for the job's row: a cancel sent again while the
   // first one's write is pending is not acknowledged before it is stored.

@@ -400,8 +400,11 @@ void CoordinatorCore::on_list_regions(const std::string& rid, uint64_t req, Effe
 }
 
 void CoordinatorCore::on_drop_region(const std::string& rid, const proto::Envelope& env, Now now,
-                                     Effects& out) {
+                                     Effects& out, const Peer& peer) {
   const uint64_t req = env.header()->request_id();
+  if (auto refusal = opts_.access.check(Role::Client, peer)) {
+    return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
+  }
   const std::string name(str(env.body_as_DropRegion()->name()));
   RegionRecord* rec = regions_.find(name);
   if (!rec) return send_error(out, rid, req, ErrorCode::NoSuchRegion, "no region '" + name + "'");

@@ -59,6 +59,8 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   info->waiting_for = job.waiting_for;
   info->assigned_at_us = job.assigned_at_us;
   info->first_step_at_us = job.first_step_at_us;
+  info->submitted_by = job.submitted_by;
+  info->submitted_uid = job.submitted_uid ? int64_t(*job.submitted_uid) : -1;
   return info;
 }
 
@@ -114,6 +116,10 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   job.shrunk_bytes = info->shrunk_bytes;
   job.assigned_at_us = info->assigned_at_us;
   job.first_step_at_us = info->first_step_at_us;
+  job.submitted_by = info->submitted_by;
+  if (info->submitted_uid >= 0 && info->submitted_uid <= int64_t(UINT32_MAX)) {
+    job.submitted_uid = static_cast<uint32_t>(info->submitted_uid);
+  }
   return job;
 }
 

@@ -48,6 +48,11 @@ struct JobRecord {
   std::string reason;  // why it failed, was cancelled or last requeued
   uint64_t submitted_ms = 0;
   uint64_t finished_ms = 0;  // when it reached its final state
+  // Who submitted it (kernel credentials of an ipc:// client); unset when
+  // unknown (tcp://, or stored by an earlier version): then only
+  // administrators may cancel it.
+  std::optional<uint32_t> submitted_uid;
+  std::string submitted_by;  // the user's name then
   std::vector<proto::StateChangeT> history;
   proto::ProgressT progress;
   std::vector<proto::EpochStatT> epochs;  // in epoch order, one per epoch

@@ -95,6 +95,12 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.high_watermark = parse_fraction(value);
       } else if (key == "shrink_timeout") {
         opts.shrink_timeout = parse_duration(value);
+      } else if (key == "agent_group") {
+        opts.agent_group = value;
+      } else if (key == "client_group") {
+        opts.client_group = value;
+      } else if (key == "admin_group") {
+        opts.admin_group = value;
       } else if (key == "assign_timeout") {
         opts.assign_timeout = parse_duration(value);
       } else if (key == "mps") {
@@ -109,7 +115,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
             "pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
             "job_retention_count, job_retention_age, policy, low_watermark, high_watermark, "
-            "shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, log_level)");
+            "shrink_timeout, assign_timeout, agent_group, client_group, admin_group, mps, "
+            "mps_directory, fault_probation, log_level)");
       }
     });
   }
@@ -179,7 +186,8 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
-      shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, test_stall, http;
+      shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, test_stall, http,
+      agent_group, client_group, admin_group;
   std::optional<uint32_t> retention_count;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -218,6 +226,13 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   app.add_option("--assign-timeout", assign_timeout,
                  "an assignment an agent does not acknowledge by then goes back to the queue "
                  "and the agent gets no more jobs in its session (default 10s)");
+  app.add_option("--agent-group", agent_group,
+                 "only members of this group (and root) may register as agents (default: anyone "
+                 "who can reach the socket)");
+  app.add_option("--client-group", client_group,
+                 "only members of this group (and root) may submit jobs and drop regions");
+  app.add_option("--admin-group", admin_group,
+                 "members may cancel anyone's job (a submitter may always cancel their own)");
   app.add_option("--mps", mps,
                  "auto|on|off: run the GPU work under an MPS daemon the coordinator starts "
                  "(default auto: when the cuda backend is used and nvidia-cuda-mps-control is "
@@ -272,6 +287,9 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (high_watermark) opts.high_watermark = parse_fraction(*high_watermark);
     if (shrink_timeout) opts.shrink_timeout = parse_duration(*shrink_timeout);
     if (assign_timeout) opts.assign_timeout = parse_duration(*assign_timeout);
+    if (agent_group) opts.agent_group = *agent_group;
+    if (client_group) opts.client_group = *client_group;
+    if (admin_group) opts.admin_group = *admin_group;
     if (mps) opts.mps = *mps;
     if (mps_directory) opts.mps_directory = *mps_directory;
     if (fault_probation) opts.fault_probation = parse_duration(*fault_probation);

@@ -56,6 +56,10 @@ struct CoordinatorOptions {
   double high_watermark = 0.95;
   // How long an agent asked to shrink has to answer (see CoreOptions).
   std::chrono::milliseconds shrink_timeout{10000};
+  // Who may register as an agent, submit, and cancel others' jobs (group
+  // names; empty: anyone who can reach the socket, cancelling others' jobs
+  // aside). See coordinator/access.h.
+  std::string agent_group, client_group, admin_group;
   // How long an agent has to acknowledge an assignment (see CoreOptions).
   std::chrono::milliseconds assign_timeout{10000};
   // MPS (coordinator/mps_daemon.h): auto (on with the cuda backend when

@@ -157,6 +157,31 @@ TEST(CoreJobs, AnAssignmentNeverAcknowledgedGoesBackToTheQueue) {
   EXPECT_EQ(e.job(job).state, JobState::Cancelled);
 }
 
+// A job records who submitted it; only that user (or root, the
+// coordinator's user, an admin_group member) may cancel it.
+TEST(CoreJobs, OnlyTheSubmitterOrAnAdministratorCancelsAJob) {
+  CoreDriver d(job_options());
+  uint64_t id = 0;
+  d.submit(id);  // by uid 1000
+  EXPECT_EQ(d.job(id).submitted_uid, std::optional<uint32_t>(1000));
+  d.peer = Peer{true, 2000, 2000, 99};
+  Effects refused = d.cancel(id);
+  EXPECT_NE(errors(refused).find("job 1 was submitted by"), std::string::npos) << errors(refused);
+  EXPECT_NE(errors(refused).find("admin_group is not set"), std::string::npos) << errors(refused);
+  EXPECT_EQ(d.job(id).state, JobState::Queued) << "unchanged";
+  EXPECT_FALSE(refused.writes_store());
+  d.peer = Peer{};  // tcp: nobody the kernel vouches for
+  EXPECT_NE(errors(d.cancel(id)).find("submitted by"), std::string::npos);
+  d.peer = Peer{true, 0, 0, 1};  // root
+  d.cancel(id);
+  EXPECT_EQ(d.job(id).state, JobState::Cancelled);
+  uint64_t mine = 0;
+  d.peer = Peer{true, 1000, 1000, 4242};
+  d.submit(mine);
+  d.cancel(mine);
+  EXPECT_EQ(d.job(mine).state, JobState::Cancelled) << "the submitter cancels their own";
+}
+
 TEST(CoreJobs, PurgingSeveralDeadAgentsNeverAssignsToOneOfThem) {
   CoreDriver d(job_options());
   FakeAgent a = d.register_agent("a", 11);

@@ -163,7 +163,12 @@ Process& Cluster::start_agent(const std::string& name, std::vector<std::string> 
 
 std::pair<int, std::string> Cluster::run(const std::string& program,
                                          std::vector<std::string> args) {
-  std::vector<std::string> argv{bin_dir() + "/" + program};
+  return run_path(bin_dir() + "/" + program, std::move(args));
+}
+
+std::pair<int, std::string> Cluster::run_path(const std::string& program,
+                                              std::vector<std::string> args) {
+  std::vector<std::string> argv{program};
   argv.insert(argv.end(), args.begin(), args.end());
   std::string log = dir_ + "/run-" + std::to_string(counter_++) + ".log";
   Process p(argv, log);

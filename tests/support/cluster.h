@@ -63,6 +63,8 @@ class Cluster {
   Process& start_agent(const std::string& name, std::vector<std::string> args);
   // Runs a program to completion; returns {exit code, output}.
   std::pair<int, std::string> run(const std::string& program, std::vector<std::string> args);
+  // The same for any program, by path.
+  std::pair<int, std::string> run_path(const std::string& program, std::vector<std::string> args);
 
   // The coordinator's status as `leasehold status -o json` prints it;
   // nullopt when it does not answer within `timeout`.

@@ -45,7 +45,7 @@ Effects CoreDriver::request(const std::string& rid, const std::string& sender, S
       decode({reinterpret_cast<const uint8_t*>(words.data()), static_cast<size_t>(fbb.GetSize())});
   if (auto* err = std::get_if<DecodeError>(&decoded)) throw std::logic_error(err->message);
   Effects out;
-  core_->handle(rid, *std::get<const proto::Envelope*>(decoded), now_, out);
+  core_->handle(rid, *std::get<const proto::Envelope*>(decoded), now_, out, peer);
   return out;
 }
 

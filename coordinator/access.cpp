@@ -1,0 +1,97 @@
+#include "coordinator/access.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace leasehold {
+namespace {
+
+constexpr auto kCacheFor = std::chrono::minutes(1);
+
+std::optional<gid_t> group_id(const std::string& option, const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  std::vector<char> buf(16384);
+  group g{}, *found = nullptr;
+  if (getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found) != 0 || !found) {
+    throw std::invalid_argument(option + ": no group named '" + name + "' on this machine");
+  }
+  return found->gr_gid;
+}
+
+}  // namespace
+
+AccessPolicy::AccessPolicy() : self_(::getuid()) {}
+
+AccessPolicy::AccessPolicy(const std::string& agent_group, const std::string& client_group,
+                           const std::string& admin_group)
+    : self_(::getuid()) {
+  auto make = [](const char* option, const std::string& name) -> std::optional<Group> {
+    auto gid = group_id(option, name);
+    if (!gid) return std::nullopt;
+    return Group{option, name, *gid};
+  };
+  agent_ = make("agent_group", agent_group);
+  client_ = make("client_group", client_group);
+  admin_ = make("admin_group", admin_group);
+}
+
+std::string AccessPolicy::user_name(uint32_t uid) const {
+  std::vector<char> buf(16384);
+  passwd pw{}, *found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) return found->pw_name;
+  return "uid " + std::to_string(uid);
+}
+
+bool AccessPolicy::member(const Peer& peer, const Group& group) const {
+  if (peer.gid == group.gid) return true;
+  const auto now = std::chrono::steady_clock::now();
+  auto it = cache_.find(peer.uid);
+  if (it == cache_.end() || now - it->second.at > kCacheFor) {
+    Cached c{{}, now};
+    std::vector<char> buf(16384);
+    passwd pw{}, *found = nullptr;
+    if (getpwuid_r(peer.uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
+      int n = 64;
+      c.groups.resize(size_t(n));
+      if (getgrouplist(found->pw_name, found->pw_gid, c.groups.data(), &n) < 0) {
+        c.groups.resize(size_t(n));
+        getgrouplist(found->pw_name, found->pw_gid, c.groups.data(), &n);
+      }
+      c.groups.resize(size_t(std::max(n, 0)));
+    }
+    if (cache_.size() > 4096) cache_.clear();  // bounded: uids are few
+    it = cache_.insert_or_assign(peer.uid, std::move(c)).first;
+  }
+  const auto& g = it->second.groups;
+  return std::find(g.begin(), g.end(), group.gid) != g.end();
+}
+
+std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) const {
+  const std::optional<Group>& group = role == Role::Agent    ? agent_
+                                      : role == Role::Client ? client_
+                                                             : admin_;
+  if (peer.known && (peer.uid == 0 || peer.uid == self_)) return std::nullopt;
+  if (role != Role::Admin && !group) return std::nullopt;
+  const char* what = role == Role::Agent    ? "register as an agent"
+                     : role == Role::Client ? "submit jobs or drop regions"
+                                            : "act on other users' jobs";
+  const std::string who =
+      peer.known ? user_name(peer.uid) + " (uid " + std::to_string(peer.uid) + ")" : "";
+  if (!group) {
+    return (who.empty() ? std::string() : who + " may not " + what + ": ") +
+           "only root, the coordinator's user or members of admin_group may (admin_group is not "
+           "set)";
+  }
+  if (!peer.known) {
+    return std::string("the connection's user is unknown (not an ipc:// socket); ") + what +
+           " needs " + group->option + " '" + group->name + "'";
+  }
+  if (member(peer, *group)) return std::nullopt;
+  return who + " is not in " + group->option + " '" + group->name + "', which may " + what;
+}
+
+}  // namespace leasehold

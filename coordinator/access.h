@@ -1,0 +1,61 @@
+// Who may do what, from the configuration's groups and the peer's kernel
+// credentials (coordinator/peer.h):
+//   agent_group  may register as an agent;
+//   client_group may submit jobs and drop regions;
+//   admin_group  may cancel anyone's job (a submitter may cancel their own).
+// An unset group lets everyone who can reach the socket do that (except
+// cancelling others' jobs, which needs admin_group). root and the
+// coordinator's own user pass every check. A peer whose credentials are
+// unknown (tcp://) passes only unset groups.
+//
+// Membership is the user's primary group or a supplementary one from the
+// group database (getgrouplist), cached for a minute per uid.
+//
+// Thread safety: used by the loop only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/peer.h"
+
+namespace leasehold {
+
+enum class Role { Agent, Client, Admin };
+
+class AccessPolicy {
+ public:
+  AccessPolicy();  // every group unset
+  // Resolves the group names; throws std::invalid_argument naming the
+  // option and the group when one does not exist.
+  AccessPolicy(const std::string& agent_group, const std::string& client_group,
+               const std::string& admin_group);
+
+  // nullopt when `peer` may act as `role`; else why not (naming the user,
+  // the option and the group).
+  std::optional<std::string> check(Role role, const Peer& peer) const;
+  // "alice", or "uid 1234" without a passwd entry.
+  std::string user_name(uint32_t uid) const;
+
+ private:
+  struct Group {
+    std::string option, name;
+    gid_t gid = 0;
+  };
+  bool member(const Peer& peer, const Group& group) const;
+
+  std::optional<Group> agent_, client_, admin_;
+  uid_t self_ = 0;
+  struct Cached {
+    std::vector<gid_t> groups;
+    std::chrono::steady_clock::time_point at;
+  };
+  mutable std::map<uint32_t, Cached> cache_;
+};
+
+}  // namespace leasehold

@@ -1,0 +1,115 @@
+// Who may do what, with real processes and real users: the coordinator
+// learns each ipc:// peer's uid from the kernel. Clients and agents run as
+// `nobody` through setpriv(1); skipped with a message where the test
+// cannot switch user (not root, no setpriv).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/cluster.h"
+#include "tests/support/synthetic_data.h"
+
+namespace leasehold::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr const char* kSetpriv = "/usr/bin/setpriv";
+constexpr uid_t kNobody = 65534;
+
+class Access : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0 || ::access(kSetpriv, X_OK) != 0) {
+      GTEST_SKIP() << "needs root and setpriv(1) to run a client as nobody";
+    }
+    write_synthetic_idx(c.dir(), "train", 600, 1);
+    write_synthetic_idx(c.dir(), "test", 150, 2);
+  }
+  void start(std::vector<std::string> args) {
+    args.insert(args.end(), {"--backend", "host", "--pool-size", "64MiB", "--alignment", "1MiB"});
+    c.start_coordinator(args);
+    // Let nobody reach the socket and read the job files: the groups are
+    // what is tested, not the file modes.
+    fs::permissions(c.dir(), fs::perms::all, fs::perm_options::add);
+    for (const auto& e : fs::directory_iterator(c.dir())) {
+      std::error_code ec;
+      fs::permissions(e.path(), fs::perms::all, fs::perm_options::add, ec);
+    }
+  }
+  std::string job_file(const std::string& name) {
+    const std::string path = c.dir() + "/" + name + ".json";
+    std::ofstream(path) << synthetic_job_json(c.dir(), name, R"(, "epochs": 1)");
+    fs::permissions(path, fs::perms::all, fs::perm_options::add);
+    return path;
+  }
+  // Runs a program of the build as `nobody`.
+  std::pair<int, std::string> as_nobody(const std::string& program, std::vector<std::string> args) {
+    std::vector<std::string> argv{"--reuid=" + std::to_string(kNobody),
+                                  "--regid=" + std::to_string(kNobody), "--clear-groups",
+                                  bin_dir() + "/" + program};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return c.run_path(kSetpriv, argv);
+  }
+  std::pair<int, std::string> client(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--endpoint", c.endpoint()});
+    return c.run("leasehold", args);
+  }
+  Cluster c;
+};
+
+TEST_F(Access, AnotherUserCannotCancelYourJob) {
+  start({});
+  auto [rc, out] = client({"submit", job_file("mine")});
+  ASSERT_EQ(rc, 0) << out;
+  auto [rc2, out2] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "cancel", "1"});
+  EXPECT_NE(rc2, 0) << out2;
+  EXPECT_NE(out2.find("job 1 was submitted by root"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("nobody (uid 65534)"), std::string::npos) << "the kernel's word, not the client's: " << out2;
+  auto [rc3, job] = client({"job", "1", "-o", "json"});
+  ASSERT_EQ(rc3, 0) << job;
+  const auto j = nlohmann::json::parse(job);
+  EXPECT_EQ(j["submitted_by"], "root");
+  EXPECT_NE(j["state"], "cancelled") << "unchanged";
+  // Reading is open to anyone who reaches the socket.
+  auto [rc4, status] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "status"});
+  EXPECT_EQ(rc4, 0) << status;
+}
+
+TEST_F(Access, GroupsDecideWhoSubmitsAndWhoServes) {
+  // nobody is in neither group; root always passes.
+  start({"--client-group", "root", "--agent-group", "root"});
+  auto [rc, out] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "submit", job_file("x")});
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("is not in client_group 'root'"), std::string::npos) << out;
+  auto [rca, agent] = as_nobody("leasehold-agent", {"--endpoint", c.endpoint(), "--name",
+                                                    "intruder", "--exercise"});
+  EXPECT_NE(rca, 0) << agent;
+  EXPECT_NE(agent.find("is not in agent_group 'root'"), std::string::npos) << agent;
+  auto status = c.status();
+  ASSERT_TRUE(status);
+  EXPECT_TRUE((*status)["agents"].empty()) << "nothing registered";
+  auto [rcj, jobs] = client({"jobs", "-o", "json"});
+  EXPECT_EQ(jobs, "[]\n") << "nothing queued";
+  // root may.
+  auto [rc2, out2] = client({"submit", job_file("y")});
+  EXPECT_EQ(rc2, 0) << out2;
+}
+
+TEST_F(Access, AnUnknownGroupIsAStartUpErrorNamingIt) {
+  auto [rc, out] = c.run("leasehold-coordinator",
+                         {"--endpoint", c.endpoint(), "--state-dir", c.state_dir(), "--backend",
+                          "host", "--pool-size", "64MiB", "--mps", "off", "--http", "off",
+                          "--admin-group", "no-such-group-here"});
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("admin_group: no group named 'no-such-group-here'"), std::string::npos)
+      << out;
+}
+
+}  // namespace
+}  // namespace leasehold::testing
