@@ -3,8 +3,8 @@
 # are missing. Idempotent; works as root or through sudo. The CUDA toolkit is
 # optional and not installed here: the build uses it when it finds nvcc.
 # --with-test-tools adds what only the tests use: Chromium (the dashboard
-# page is checked in a real browser) and Prometheus (it scrapes a running
-# coordinator).
+# page is checked in a real browser), Prometheus (it scrapes a running
+# coordinator) and clang with libFuzzer (tests/fuzz).
 set -euo pipefail
 
 packages=(
@@ -19,7 +19,7 @@ packages=(
   dataset-fashion-mnist
 )
 if [ "${1:-}" = --with-test-tools ]; then
-  packages+=(chromium fonts-dejavu-core prometheus)
+  packages+=(chromium fonts-dejavu-core prometheus clang-14 libclang-rt-14-dev)
 fi
 
 missing=()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: set up, build, and run the whole test suite through
-# ctest; then build the host backend again with ASan and UBSan (into
-# build-asan, or $LEASEHOLD_ASAN_BUILD_DIR) and run the suite there too,
+# ctest; fuzz the decoder and the job-file parser for a minute each
+# (tests/fuzz/run-fuzzers.sh, LEASEHOLD_FUZZ_SECONDS); then build the host
+# backend again with ASan and UBSan (into build-asan, or
+# $LEASEHOLD_ASAN_BUILD_DIR) and run the suite there too,
 # the daemons and agents it starts included. LEASEHOLD_SKIP_SANITIZERS=1
 # skips that second pass. GPU tests are skipped with a message where no GPU
 # is visible. Extra arguments go to the first build's cmake configure step.
@@ -13,6 +15,8 @@ jobs=${LEASEHOLD_JOBS:-$(nproc)}
 build=${LEASEHOLD_BUILD_DIR:-$root/build}
 echo "== test suite ($build)"
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 300)
+echo "== fuzzing the envelope decoder and the job-file parser (${LEASEHOLD_FUZZ_SECONDS:-60} s each)"
+"$root/tests/fuzz/run-fuzzers.sh" "$build" "${LEASEHOLD_FUZZ_SECONDS:-60}"
 
 if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" = 1 ]; then
   echo "== sanitizer pass skipped (LEASEHOLD_SKIP_SANITIZERS=1)"
