@@ -144,6 +144,10 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.recovery_grace = o.recovery_grace;
   c.state_dir = o.state_dir;
   c.retention_count = o.job_retention_count;
+  c.queued_per_user = o.queued_per_user;
+  c.epochs_kept = o.job_epochs_kept;
+  c.history_kept = o.job_history_kept;
+  c.waiting_per_agent = o.waiting_per_agent;
   c.retention_age = o.job_retention_age;
   c.shrink_timeout = o.shrink_timeout;
   c.access = AccessPolicy(o.agent_group, o.client_group, o.admin_group);

@@ -49,6 +49,7 @@ CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
       now_(now),
       started_(now.steady) {
   if (!opts_.process_gone) throw std::invalid_argument("CoreOptions.process_gone is required");
+  jobs_.set_history_kept(opts_.history_kept);
 }
 
 std::string CoordinatorCore::summary() const {
@@ -266,6 +267,17 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   const auto* r = env.body_as_LeaseRequest();
   uint64_t req = env.header()->request_id();
   int64_t wait_ms = r->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : r->wait_ms();
+  if (wait_ms > 0) {
+    size_t waiting = 0;
+    for (const auto& w : leases_.waiting_requests()) waiting += w.owner == agent.name;
+    if (waiting >= opts_.waiting_per_agent) {
+      ++lease_stats_.refusals;
+      return send_error(out, rid, req, ErrorCode::NoSpace,
+                        "agent '" + agent.name + "' has " + std::to_string(waiting) +
+                            " lease requests waiting, the limit (waiting_per_agent " +
+                            std::to_string(opts_.waiting_per_agent) + ")");
+    }
+  }
   wait_ms = std::min<int64_t>(wait_ms, std::chrono::milliseconds(kMaxLeaseWait).count());
   PendingRequest pending{agent.name,   r->size(), to_end(r->end()),
                          now.steady + std::chrono::milliseconds(wait_ms),

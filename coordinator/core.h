@@ -113,6 +113,13 @@ struct CoreOptions {
   // Finished jobs kept: at most this many, none older than retention_age.
   uint32_t retention_count = 1000;
   std::chrono::milliseconds retention_age{std::chrono::hours(24 * 30)};
+  // Limits (each a coordinator option): jobs one user may have queued;
+  // epochs and state changes kept per job (the oldest go; totals are
+  // kept); lease requests one agent may have waiting.
+  uint32_t queued_per_user = 1000;
+  size_t epochs_kept = 1000;
+  size_t history_kept = 100;
+  uint32_t waiting_per_agent = 64;
   // Jobs per ListJobs page (summaries stay far below the message size).
   uint32_t list_page_size = 200;
   // Who may register, submit and cancel (coordinator/access.h).

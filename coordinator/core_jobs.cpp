@@ -41,6 +41,21 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   if (auto refusal = opts_.access.check(Role::Client, peer)) {
     return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
   }
+  size_t queued = 0;  // this user's, queued or being checked
+  for (const auto& [id, j] : jobs_.all()) {
+    queued += j.state == JobState::Queued && j.submitted_uid.has_value() == peer.known &&
+              (!peer.known || *j.submitted_uid == peer.uid);
+  }
+  for (const auto& [token, p] : pending_submits_) {
+    queued += p.submitter.known == peer.known && (!peer.known || p.submitter.uid == peer.uid);
+  }
+  if (queued >= opts_.queued_per_user) {
+    return send_error(out, rid, req, ErrorCode::NoSpace,
+                      "this user has " + std::to_string(queued) +
+                          " jobs queued, the limit (queued_per_user " +
+                          std::to_string(opts_.queued_per_user) +
+                          "); submit more as these start");
+  }
   const auto* submit = env.body_as_SubmitJob();
   if (!submit->spec()) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, "SubmitJob without a spec");
@@ -267,6 +282,13 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
       *pos = e;  // sent again, or run again after a resume
     } else {
       job->epochs.insert(pos, e);
+      if (job->epochs.size() > opts_.epochs_kept) {
+        // Bounded: every stored write and every reply carries them.
+        const size_t drop = job->epochs.size() - opts_.epochs_kept;
+        job->epochs.erase(job->epochs.begin(),
+                          job->epochs.begin() + static_cast<std::ptrdiff_t>(drop));
+        job->epochs_dropped += static_cast<uint32_t>(drop);
+      }
     }
     stored = true;
     // A whole epoch of this attempt (not the checkpointed one a resume

@@ -26,12 +26,12 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   for (const auto& h : tail(job.history, detail.max_history)) {
     info->history.push_back(std::make_unique<proto::StateChangeT>(h));
   }
-  info->history_total = static_cast<uint32_t>(job.history.size());
+  info->history_total = static_cast<uint32_t>(job.history.size()) + job.history_dropped;
   info->progress = std::make_unique<proto::ProgressT>(job.progress);
   for (const auto& e : tail(job.epochs, detail.max_epochs)) {
     info->epochs.push_back(std::make_unique<proto::EpochStatT>(e));
   }
-  info->epochs_total = static_cast<uint32_t>(job.epochs.size());
+  info->epochs_total = static_cast<uint32_t>(job.epochs.size()) + job.epochs_dropped;
   info->test_accuracy = job.test_accuracy;
   info->samples_per_second = job.samples_per_second;
   info->reason = job.reason;
@@ -101,6 +101,12 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   for (auto& h : info->history) job.history.push_back(*h);
   if (info->progress) job.progress = *info->progress;
   for (auto& e : info->epochs) job.epochs.push_back(*e);
+  job.epochs_dropped = info->epochs_total > job.epochs.size()
+                           ? info->epochs_total - static_cast<uint32_t>(job.epochs.size())
+                           : 0;
+  job.history_dropped = info->history_total > job.history.size()
+                            ? info->history_total - static_cast<uint32_t>(job.history.size())
+                            : 0;
   job.test_accuracy = info->test_accuracy;
   job.samples_per_second = info->samples_per_second;
   job.cancel_requested = info->cancel_requested;

@@ -92,6 +92,11 @@ void JobTable::set_state(JobRecord& job, JobState state, uint64_t now_ms,
   change.at_ms = now_ms;
   change.reason = reason;
   job.history.push_back(change);
+  if (job.history.size() > history_kept_) {
+    const size_t drop = job.history.size() - history_kept_;
+    job.history.erase(job.history.begin(), job.history.begin() + static_cast<std::ptrdiff_t>(drop));
+    job.history_dropped += static_cast<uint32_t>(drop);
+  }
 }
 
 }  // namespace leasehold

@@ -55,7 +55,11 @@ struct JobRecord {
   std::string submitted_by;  // the user's name then
   std::vector<proto::StateChangeT> history;
   proto::ProgressT progress;
-  std::vector<proto::EpochStatT> epochs;  // in epoch order, one per epoch
+  std::vector<proto::EpochStatT> epochs;  // in epoch order, one per epoch (the latest kept)
+  // Oldest epochs and history entries dropped to stay within the limits
+  // (CoreOptions::epochs_kept, history_kept): the totals are these plus the
+  // sizes.
+  uint32_t epochs_dropped = 0, history_dropped = 0;
   double test_accuracy = 0, samples_per_second = 0;
   bool cancel_requested = false;
   std::vector<AttemptRecord> attempts;
@@ -122,6 +126,8 @@ class JobTable {
   // Moves `job` to `state` and records it in the history (with `reason`,
   // which becomes the job's reason unless it starts running).
   void set_state(JobRecord& job, JobState state, uint64_t now_ms, const std::string& reason = "");
+  // History entries kept per job (the oldest go first).
+  void set_history_kept(size_t n) { history_kept_ = n; }
   const std::map<uint64_t, JobRecord>& all() const { return jobs_; }
   std::map<uint64_t, JobRecord>& all() { return jobs_; }
   uint64_t next_id() const { return next_id_; }
@@ -131,6 +137,7 @@ class JobTable {
  private:
   std::map<uint64_t, JobRecord> jobs_;
   uint64_t next_id_ = 1;
+  size_t history_kept_ = SIZE_MAX;
 };
 
 }  // namespace leasehold

@@ -83,6 +83,14 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.recovery_grace = parse_duration(value);
       } else if (key == "job_retention_count") {
         opts.job_retention_count = parse_count(value);
+      } else if (key == "queued_per_user") {
+        opts.queued_per_user = parse_count(value);
+      } else if (key == "job_epochs_kept") {
+        opts.job_epochs_kept = parse_count(value);
+      } else if (key == "job_history_kept") {
+        opts.job_history_kept = parse_count(value);
+      } else if (key == "waiting_per_agent") {
+        opts.waiting_per_agent = parse_count(value);
       } else if (key == "job_retention_age") {
         opts.job_retention_age = parse_duration(value);
       } else if (key == "log_level") {
@@ -114,7 +122,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
             "unknown key (known: endpoint, events_endpoint, http_listen, backend, device, "
             "pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
-            "job_retention_count, job_retention_age, policy, low_watermark, high_watermark, "
+            "job_retention_count, job_retention_age, queued_per_user, job_epochs_kept, "
+            "job_history_kept, waiting_per_agent, policy, low_watermark, high_watermark, "
             "shrink_timeout, assign_timeout, agent_group, client_group, admin_group, mps, "
             "mps_directory, fault_probation, log_level)");
       }
@@ -150,6 +159,12 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.state_dir.empty()) throw std::invalid_argument("state_dir is empty");
   if (opts.recovery_grace.count() < 0) {
     throw std::invalid_argument("recovery_grace must not be negative");
+  }
+  for (auto [name, value] : {std::pair{"queued_per_user", opts.queued_per_user},
+                              {"job_epochs_kept", opts.job_epochs_kept},
+                              {"job_history_kept", opts.job_history_kept},
+                              {"waiting_per_agent", opts.waiting_per_agent}}) {
+    if (value < 1) throw std::invalid_argument(std::string(name) + " must be at least 1");
   }
   if (opts.job_retention_count < 1) {
     throw std::invalid_argument("job_retention_count must be at least 1");
@@ -188,7 +203,8 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
       shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, test_stall, http,
       agent_group, client_group, admin_group;
-  std::optional<uint32_t> retention_count;
+  std::optional<uint32_t> retention_count, queued_per_user, epochs_kept, history_kept,
+      waiting_per_agent;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
   app.add_option("--endpoint", endpoint,
@@ -223,6 +239,14 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "above this occupancy agents are asked to shrink (default 95%)");
   app.add_option("--shrink-timeout", shrink_timeout,
                  "how long an agent asked to shrink has to answer (default 10s)");
+  app.add_option("--queued-per-user", queued_per_user,
+                 "jobs one user may have queued (default 1000)");
+  app.add_option("--job-epochs-kept", epochs_kept,
+                 "epoch results kept per job, the latest (default 1000)");
+  app.add_option("--job-history-kept", history_kept,
+                 "state changes kept per job, the latest (default 100)");
+  app.add_option("--waiting-per-agent", waiting_per_agent,
+                 "lease requests one agent may have waiting for memory (default 64)");
   app.add_option("--assign-timeout", assign_timeout,
                  "an assignment an agent does not acknowledge by then goes back to the queue "
                  "and the agent gets no more jobs in its session (default 10s)");
@@ -281,6 +305,10 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (state_dir) opts.state_dir = *state_dir;
     if (recovery_grace) opts.recovery_grace = parse_duration(*recovery_grace);
     if (retention_count) opts.job_retention_count = *retention_count;
+    if (queued_per_user) opts.queued_per_user = *queued_per_user;
+    if (epochs_kept) opts.job_epochs_kept = *epochs_kept;
+    if (history_kept) opts.job_history_kept = *history_kept;
+    if (waiting_per_agent) opts.waiting_per_agent = *waiting_per_agent;
     if (retention_age) opts.job_retention_age = parse_duration(*retention_age);
     if (policy) opts.policy = *policy;
     if (low_watermark) opts.low_watermark = parse_fraction(*low_watermark);

@@ -45,6 +45,10 @@ struct CoordinatorOptions {
   // Finished jobs kept in the store: at most this many, none older than
   // the age. Their coordinator-made checkpoint folders go with them.
   uint32_t job_retention_count = 1000;
+  // Limits (see CoreOptions): jobs queued per user, epochs and state
+  // changes kept per job, lease requests waiting per agent.
+  uint32_t queued_per_user = 1000, job_epochs_kept = 1000, job_history_kept = 100,
+           waiting_per_agent = 64;
   std::chrono::milliseconds job_retention_age{std::chrono::hours(24 * 30)};
   // The scheduling policy: "occupancy" (guaranteed shares, watermarks,
   // shrinking; coordinator/occupancy.md) or "fifo" (first come, first

@@ -183,7 +183,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     p.push_back("batch_size: " + std::to_string(job.batch_size()) + " is not in [1, 65536]");
   }
   if (job.epochs() < 0 || job.epochs() > 100000) p.push_back("epochs: must be in [0, 100000]");
-  if (job.steps() < 0) p.push_back("steps: must not be negative");
+  if (job.steps() < 0 || job.steps() > 1000000000) p.push_back("steps: must be in [0, 1e9]");
   if (job.epochs() == 0 && job.steps() == 0) p.push_back("epochs or steps: one must be set");
   if (job.epochs() > 0 && job.steps() > 0) p.push_back("epochs and steps: set only one");
   std::string device = str_or(job.device(), "auto");

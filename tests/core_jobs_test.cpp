@@ -182,6 +182,59 @@ TEST(CoreJobs, OnlyTheSubmitterOrAnAdministratorCancelsAJob) {
   EXPECT_EQ(d.job(mine).state, JobState::Cancelled) << "the submitter cancels their own";
 }
 
+// Every list a job or an agent can grow is bounded, and hitting a bound is
+// an error naming the option; what was kept is intact.
+TEST(CoreJobs, QueuesEpochsHistoryAndWaitingRequestsAreBounded) {
+  CoreOptions o = job_options();
+  o.queued_per_user = 2;
+  o.epochs_kept = 3;
+  o.history_kept = 4;
+  o.waiting_per_agent = 1;
+  CoreDriver d(o, 64ull << 20);
+  uint64_t a = 0, b = 0, c = 0;
+  d.submit(a);
+  d.submit(b);
+  try {
+    d.submit(c);  // expects a file check, so a refusal throws with its text
+    ADD_FAILURE() << "a third job was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the limit (queued_per_user 2)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(d.core().jobs().all().size(), 2u);
+  d.peer = Peer{true, 2000, 2000, 7};
+  uint64_t other = 0;
+  d.submit(other);
+  EXPECT_NE(other, 0u) << "another user's queue is their own";
+
+  FakeAgent w = d.register_agent("w", 11);
+  ASSERT_EQ(d.job(a).agent, "w");
+  d.heartbeat(w, {{a, 1, P::Running}});
+  for (int epoch = 1; epoch <= 5; ++epoch) d.update(w, a, 1, "running", "", epoch);
+  const JobRecord& job = d.job(a);
+  ASSERT_EQ(job.epochs.size(), 3u);
+  EXPECT_EQ(job.epochs.front().epoch, 3) << "the latest kept";
+  EXPECT_EQ(job_info(job, kFullDetail)->epochs_total, 5u);
+  // Round trip through the store keeps the totals.
+  JobRecord back = decode_job(job.id, encode_job(job));
+  EXPECT_EQ(job_info(back, kFullDetail)->epochs_total, 5u);
+  for (int i = 0; i < 3; ++i) {  // requeue, run again: history grows
+    d.update(w, a, job.attempt_number(), "interrupted", "test");
+    d.heartbeat(w, {{a, job.attempt_number(), P::Running}});
+  }
+  EXPECT_LE(d.job(a).history.size(), 4u);
+  EXPECT_GT(job_info(d.job(a), kFullDetail)->history_total, 4u);
+
+  FakeAgent l = d.register_agent("l", 12, {}, nullptr, false);
+  ASSERT_EQ(errors(d.lease(l, 64ull << 20, 0)), "") << "the whole pool";
+  FakeAgent m = d.register_agent("m", 13, {}, nullptr, false);
+  EXPECT_TRUE(errors(d.lease(m, 1 << 20, 5000)).empty()) << "one may wait";
+  Effects second = d.lease(m, 1 << 20, 5000);
+  EXPECT_NE(errors(second).find("the limit (waiting_per_agent 1)"), std::string::npos)
+      << errors(second);
+  EXPECT_EQ(d.core().leases().waiting(), 1u);
+}
+
 TEST(CoreJobs, PurgingSeveralDeadAgentsNeverAssignsToOneOfThem) {
   CoreDriver d(job_options());
   FakeAgent a = d.register_agent("a", 11);
