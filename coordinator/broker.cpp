@@ -31,6 +31,10 @@ namespace {
 
 // Workers for file checks: a few, so one hung path does not stop the others.
 constexpr size_t kFileWorkers = 4;
+// Malformed messages are logged at most this often (with their count), and
+// counted for at most this many connections.
+constexpr auto kMalformedLogInterval = std::chrono::seconds(10);
+constexpr size_t kMalformedPeersTracked = 4096;
 // How often the HTTP endpoint's copy of the status is refreshed.
 constexpr auto kHttpPublishInterval = std::chrono::milliseconds(250);
 
@@ -332,6 +336,7 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     // What the HTTP endpoint serves, a few times a second: its threads read
     // this copy and never reach into the core.
     if (http_ && Clock::now() - http_published_ >= kHttpPublishInterval) publish_http();
+    log_malformed(false);
     if (tick_fn) tick_fn();
   }
   // Acknowledgements waiting for their commit still go out if the store
@@ -407,12 +412,15 @@ void Broker::receive_requests() {
   // Drain what arrived (bounded, so housekeeping still runs under load).
   for (int i = 0; i < 1024; ++i) {
     std::vector<zmq::message_t> frames;
+    size_t frame_count = 0;
     zmq::message_t frame;
     try {
       bool got = router_.recv(frame, zmq::recv_flags::dontwait).has_value();
       while (got) {
         bool more = frame.more();
-        frames.push_back(std::move(frame));
+        // Frames past the third are counted, not kept: a message of a
+        // million frames costs no memory.
+        if (++frame_count <= 3) frames.push_back(std::move(frame));
         if (!more) break;
         got = router_.recv(frame, zmq::recv_flags::none).has_value();
       }
@@ -422,13 +430,14 @@ void Broker::receive_requests() {
     }
     if (frames.empty()) return;
     std::string rid = frames[0].to_string();
-    if (frames.size() != 2) {
-      spdlog::warn("rejected a message of {} frames (expected one)", frames.size() - 1);
-      Outgoing o{false, rid,
-                 make_error({0, "coordinator", {}}, ErrorCode::Malformed,
-                            "expected a single-frame message, got " +
-                                std::to_string(frames.size() - 1) + " frames")};
-      send(o);
+    if (ignored_peers_.count(rid)) {
+      ++malformed_.dropped;
+      continue;
+    }
+    if (frame_count != 2) {
+      reject_malformed(rid, 0, ErrorCode::Malformed,
+                       "expected a single-frame message, got " + std::to_string(frame_count - 1) +
+                           " frames");
       continue;
     }
     handle(rid, frames[1], peer_of(frames[1]));
@@ -439,15 +448,14 @@ void Broker::handle(const std::string& routing_id, zmq::message_t& payload, cons
   AlignedBytes bytes(payload);
   auto decoded = decode(bytes.bytes());
   if (auto* err = std::get_if<DecodeError>(&decoded)) {
-    spdlog::warn("rejected a message of {} bytes: {}", payload.size(), err->message);
     // Echo the request id when the header can be trusted enough to read it.
     uint64_t request_id = 0;
     if (err->code == ErrorCode::BadVersion) {
       request_id = proto::GetEnvelope(bytes.bytes().data())->header()->request_id();
     }
-    Outgoing o{false, routing_id,
-               make_error({request_id, "coordinator", {}}, err->code, err->message)};
-    return send(o);
+    return reject_malformed(routing_id, request_id, err->code,
+                            "message of " + std::to_string(payload.size()) +
+                                " bytes: " + err->message);
   }
   Effects effects;
   core_->handle(routing_id, *std::get<const proto::Envelope*>(decoded), now(), effects, peer);
@@ -509,6 +517,42 @@ void Broker::note_for_http(const Effects& effects) {
     if (const JobRecord* job = core_->jobs().find(id)) http_->publish_event(render_job_event(*job));
   }
   for (const auto& n : effects.notices) http_->publish_event(render_notice_event(n));
+}
+
+void Broker::reject_malformed(const std::string& routing_id, uint64_t request_id, ErrorCode code,
+                              const std::string& why) {
+  // Bounded even under a flood of connections.
+  if (malformed_.count_by_peer.size() > kMalformedPeersTracked) malformed_.count_by_peer.clear();
+  const uint32_t n = ++malformed_.count_by_peer[routing_id];
+  ++malformed_.since_log;
+  malformed_.latest = why;
+  std::string message = why;
+  if (n >= opts_.malformed_limit) {
+    // ZeroMQ cannot close one peer of a ROUTER: its messages are dropped
+    // unread from now on (a new connection starts afresh).
+    ignored_peers_.insert(routing_id);
+    malformed_.count_by_peer.erase(routing_id);
+    ++malformed_.peers_ignored;
+    message += "; after " + std::to_string(n) +
+               " malformed messages (malformed_limit) this connection is ignored";
+  }
+  Outgoing o{false, routing_id, make_error({request_id, "coordinator", {}}, code, message)};
+  send(o);
+  log_malformed(false);
+}
+
+void Broker::log_malformed(bool force) {
+  // Once per interval, not once per message: a flood cannot fill the log.
+  const auto t = Clock::now();
+  if (malformed_.since_log == 0 && malformed_.dropped == 0) return;
+  if (!force && t - malformed_.logged < kMalformedLogInterval) return;
+  spdlog::warn("rejected {} malformed messages (latest: {}); {} connections ignored so far, {} "
+               "of their messages dropped",
+               malformed_.since_log, malformed_.latest, malformed_.peers_ignored,
+               malformed_.dropped);
+  malformed_.since_log = 0;
+  malformed_.dropped = 0;
+  malformed_.logged = t;
 }
 
 void Broker::release_committed() {

@@ -22,6 +22,8 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 #include <string>
 #include <vector>
 #include <zmq.hpp>
@@ -71,6 +73,11 @@ class Broker {
   Now now() const;
   void receive_requests();
   void handle(const std::string& routing_id, zmq::message_t& payload, const Peer& peer);
+  // Answers a message that is not a valid request with `code`; a connection
+  // that sends malformed_limit of them is ignored from then on.
+  void reject_malformed(const std::string& routing_id, uint64_t request_id, ErrorCode code,
+                        const std::string& why);
+  void log_malformed(bool force);
   void apply(Effects& effects);
   void send(Outgoing& o);
   void release_committed();
@@ -118,6 +125,13 @@ class Broker {
   zmq::socket_t router_;
   zmq::socket_t pub_;
   std::deque<Held> held_;
+  struct Malformed {
+    std::unordered_map<std::string, uint32_t> count_by_peer;  // by routing id
+    uint64_t since_log = 0, dropped = 0, peers_ignored = 0;
+    std::string latest;
+    Clock::time_point logged{};
+  } malformed_;
+  std::unordered_set<std::string> ignored_peers_;
   std::string store_error_;
 };
 

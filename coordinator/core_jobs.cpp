@@ -10,6 +10,7 @@
 #include "coordinator/job_codec.h"
 #include "coordinator/replies.h"
 #include "shared/job_spec.h"
+#include "shared/printable.h"
 #include "shared/protocol.h"
 
 namespace leasehold {
@@ -214,7 +215,8 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   uint64_t req = env.header()->request_id();
   const auto* u = env.body_as_JobUpdate();
   std::string state_text(u->state() ? str(u->state()) : "running");
-  std::string reason(str(u->reason()));
+  // An agent's words: logged, stored and shown in JSON.
+  const std::string reason = printable(str(u->reason()));
   bool interrupted = state_text == "interrupted";
   auto state = parse_job_state(state_text);
   if (!interrupted && (!state || *state == JobState::Queued)) {

@@ -7,6 +7,7 @@
 #include "coordinator/core.h"
 #include "coordinator/replies.h"
 #include "shared/job_spec.h"
+#include "shared/printable.h"
 #include "shared/protocol.h"
 #include "shared/units.h"
 
@@ -120,7 +121,7 @@ void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
   const uint64_t released = d->released();
   // Less than asked: what it holds is in use now; let it run a while.
   if (released < s.bytes) agent.shrink_rest_until = now.steady + opts_.heartbeat_interval;
-  std::string reason(str(d->reason()));
+  const std::string reason = printable(str(d->reason()));
   spdlog::info("agent '{}' released {} of {} asked in {} ms{}{}", agent.name,
                format_bytes(released), format_bytes(s.bytes), ms_since(s.sent, now.steady),
                reason.empty() ? "" : ": ", reason);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "coordinator/core.h"
+#include "shared/printable.h"
 
 namespace leasehold {
 namespace {
@@ -15,34 +16,6 @@ namespace {
 // alert on one does not see it vanish.
 constexpr const char* kAgentStates[] = {"idle", "leasing", "running", "warming", "restarting"};
 constexpr const char* kJobStates[] = {"queued", "running", "succeeded", "failed", "cancelled"};
-
-// Prometheus refuses a whole scrape over one label value that is not UTF-8
-// (a job name is the submitter's bytes): invalid sequences become U+FFFD.
-std::string valid_utf8(const std::string& in) {
-  std::string out;
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size();) {
-    const auto c = static_cast<unsigned char>(in[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = n != 0 && i + n <= in.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(in[i + k]) >> 6) == 0x2;
-    if (ok && n > 1) {
-      // Overlong forms, surrogates and code points past U+10FFFF are invalid.
-      uint32_t cp = c & (0x7f >> n);
-      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(in[i + k]) & 0x3f);
-      const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-      ok = cp >= least[n] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
-    }
-    if (ok) {
-      out.append(in, i, n);
-      i += n;
-    } else {
-      out += "\xef\xbf\xbd";
-      ++i;
-    }
-  }
-  return out;
-}
 
 // Builds families whose every series carries gpu and UUID.
 class Families {
@@ -88,7 +61,9 @@ class Families {
     prometheus::ClientMetric m;
     m.label = common_;
     m.label.insert(m.label.end(), labels.begin(), labels.end());
-    for (auto& l : m.label) l.value = valid_utf8(l.value);
+    // Prometheus refuses a whole scrape over one label value that is not
+    // UTF-8 (a job name is the submitter's bytes).
+    for (auto& l : m.label) l.value = printable(l.value);
     return m;
   }
 

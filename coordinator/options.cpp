@@ -91,6 +91,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.job_history_kept = parse_count(value);
       } else if (key == "waiting_per_agent") {
         opts.waiting_per_agent = parse_count(value);
+      } else if (key == "malformed_limit") {
+        opts.malformed_limit = parse_count(value);
       } else if (key == "job_retention_age") {
         opts.job_retention_age = parse_duration(value);
       } else if (key == "log_level") {
@@ -123,7 +125,7 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
             "pool_size, alignment, "
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
             "job_retention_count, job_retention_age, queued_per_user, job_epochs_kept, "
-            "job_history_kept, waiting_per_agent, policy, low_watermark, high_watermark, "
+            "job_history_kept, waiting_per_agent, malformed_limit, policy, low_watermark, high_watermark, "
             "shrink_timeout, assign_timeout, agent_group, client_group, admin_group, mps, "
             "mps_directory, fault_probation, log_level)");
       }
@@ -163,7 +165,8 @@ void validate(const CoordinatorOptions& opts) {
   for (auto [name, value] : {std::pair{"queued_per_user", opts.queued_per_user},
                               {"job_epochs_kept", opts.job_epochs_kept},
                               {"job_history_kept", opts.job_history_kept},
-                              {"waiting_per_agent", opts.waiting_per_agent}}) {
+                              {"waiting_per_agent", opts.waiting_per_agent},
+                              {"malformed_limit", opts.malformed_limit}}) {
     if (value < 1) throw std::invalid_argument(std::string(name) + " must be at least 1");
   }
   if (opts.job_retention_count < 1) {
@@ -204,7 +207,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
       shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, test_stall, http,
       agent_group, client_group, admin_group;
   std::optional<uint32_t> retention_count, queued_per_user, epochs_kept, history_kept,
-      waiting_per_agent;
+      waiting_per_agent, malformed_limit;
   std::optional<int> device;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
   app.add_option("--endpoint", endpoint,
@@ -247,6 +250,8 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "state changes kept per job, the latest (default 100)");
   app.add_option("--waiting-per-agent", waiting_per_agent,
                  "lease requests one agent may have waiting for memory (default 64)");
+  app.add_option("--malformed-limit", malformed_limit,
+                 "malformed messages after which a connection is ignored (default 100)");
   app.add_option("--assign-timeout", assign_timeout,
                  "an assignment an agent does not acknowledge by then goes back to the queue "
                  "and the agent gets no more jobs in its session (default 10s)");
@@ -309,6 +314,7 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (epochs_kept) opts.job_epochs_kept = *epochs_kept;
     if (history_kept) opts.job_history_kept = *history_kept;
     if (waiting_per_agent) opts.waiting_per_agent = *waiting_per_agent;
+    if (malformed_limit) opts.malformed_limit = *malformed_limit;
     if (retention_age) opts.job_retention_age = parse_duration(*retention_age);
     if (policy) opts.policy = *policy;
     if (low_watermark) opts.low_watermark = parse_fraction(*low_watermark);

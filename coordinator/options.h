@@ -49,6 +49,8 @@ struct CoordinatorOptions {
   // changes kept per job, lease requests waiting per agent.
   uint32_t queued_per_user = 1000, job_epochs_kept = 1000, job_history_kept = 100,
            waiting_per_agent = 64;
+  // Malformed messages after which a connection is ignored.
+  uint32_t malformed_limit = 100;
   std::chrono::milliseconds job_retention_age{std::chrono::hours(24 * 30)};
   // The scheduling policy: "occupancy" (guaranteed shares, watermarks,
   // shrinking; coordinator/occupancy.md) or "fifo" (first come, first

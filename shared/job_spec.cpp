@@ -9,6 +9,7 @@
 
 #include "shared/idx_file.h"
 #include "shared/layer_shapes.h"
+#include "shared/printable.h"
 #include "shared/region_names.h"
 #include "schemas/job_schema_text.h"
 #include "shared/units.h"
@@ -38,21 +39,9 @@ void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input,
   }
 }
 
-// `text` in quotes with anything but printable ASCII shown as \xNN, so a
-// hostile value cannot forge a log line or break a JSON reply.
-std::string quoted(const std::string& text) {
-  std::string out = "'";
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char hex[5];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  return out + "'";
-}
+// `text` in quotes, escaped so that a hostile value cannot forge a log
+// line or break a JSON reply.
+std::string quoted(const std::string& text) { return "'" + printable(text) + "'"; }
 
 }  // namespace
 

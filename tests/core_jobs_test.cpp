@@ -3,6 +3,8 @@
 // lost agents, restarts, retention and listing.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "coordinator/job_codec.h"
 #include "coordinator/wire.h"
 #include "shared/protocol.h"
@@ -233,6 +235,22 @@ TEST(CoreJobs, QueuesEpochsHistoryAndWaitingRequestsAreBounded) {
   EXPECT_NE(errors(second).find("the limit (waiting_per_agent 1)"), std::string::npos)
       << errors(second);
   EXPECT_EQ(d.core().leases().waiting(), 1u);
+}
+
+// An agent's words (a failure reason) are logged, stored and shown as JSON:
+// control characters and bytes that are not UTF-8 arrive escaped.
+TEST(CoreJobs, AReasonCannotForgeALogLineOrBreakJson) {
+  CoreDriver d(job_options());
+  FakeAgent w = d.register_agent("w", 11);
+  uint64_t id = 0;
+  d.submit(id);
+  d.heartbeat(w, {{id, 1, P::Running}});
+  d.update(w, id, 1, "failed", "boom\n[2026-11-25 01:00:00.000] [info] job 1 succeeded\xff");
+  const std::string& reason = d.job(id).reason;
+  EXPECT_EQ(reason.find('\n'), std::string::npos) << reason;
+  EXPECT_NE(reason.find("boom\\x0a[2026"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("succeeded\\xff"), std::string::npos) << reason;
+  EXPECT_NO_THROW(nlohmann::json(reason).dump()) << "valid UTF-8";
 }
 
 TEST(CoreJobs, PurgingSeveralDeadAgentsNeverAssignsToOneOfThem) {

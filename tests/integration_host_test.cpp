@@ -304,6 +304,39 @@ TEST_F(HostCluster, MalformedMessagesGetErrorsAndChangeNothing) {
   EXPECT_TRUE(more.held());
 }
 
+// A connection that keeps sending garbage is ignored after malformed_limit
+// messages, and the log says so once per interval, not once per message.
+TEST_F(HostCluster, APeerSendingGarbageIsIgnoredAndLoggedBriefly) {
+  auto args = coordinator_args();
+  args.insert(args.end(), {"--malformed-limit", "5"});
+  auto& coordinator = cluster.start_coordinator(args);
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(cluster.endpoint());
+  std::string garbage = "this is not a flatbuffer";
+  for (int i = 1; i <= 5; ++i) {
+    auto r = send_raw(s, {zmq::buffer(garbage)});
+    ASSERT_EQ(error_of(r), ErrorCode::Malformed) << i;
+    const std::string text(str(r->envelope().body_as_Error()->message()));
+    EXPECT_EQ(text.find("this connection is ignored") != std::string::npos, i == 5) << text;
+  }
+  for (int i = 0; i < 200; ++i) s.send(zmq::buffer(garbage), zmq::send_flags::none);
+  flatbuffers::FlatBufferBuilder fbb;
+  finish_envelope(fbb, {9, "cli", {}}, proto::Body::StatusRequest,
+                  proto::CreateStatusRequest(fbb).Union());
+  std::vector<uint8_t> status(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  EXPECT_FALSE(send_raw(s, {zmq::buffer(status)})) << "an ignored connection gets nothing";
+  EXPECT_TRUE(cluster.status(2s)) << "everyone else is served";
+  size_t lines = 0;
+  const std::string log = coordinator.log();
+  for (size_t at = log.find("malformed messages"); at != std::string::npos;
+       at = log.find("malformed messages", at + 1)) {
+    ++lines;
+  }
+  EXPECT_LE(lines, 2u) << log;
+}
+
 TEST_F(HostCluster, ClientPrintsStatusAsJsonAndTable) {
   cluster.start_coordinator(coordinator_args());
   AgentSession a(session_options("cli-agent"));

@@ -112,7 +112,8 @@ TEST(Metrics, LabelValuesAreValidUtf8) {
   auto s = busy_snapshot();
   s.running[0].name = "bad\xff\xc0\xafname \xe2\x9c\x93";  // stray byte, overlong '/', then a check mark
   const std::string m = render_metrics(s);
-  EXPECT_NE(m.find("name=\"bad\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdname \xe2\x9c\x93\""), std::string::npos)
+  // Escaped as \xNN (the serializer then doubles the backslash).
+  EXPECT_NE(m.find("name=\"bad\\\\xff\\\\xc0\\\\xafname \xe2\x9c\x93\""), std::string::npos)
       << m;
 }
 
