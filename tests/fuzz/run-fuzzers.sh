@@ -19,7 +19,7 @@ flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I"$root" -I"$build/generated" $(pkg-config --cflags libzmq))
 declare -A sources=(
   [envelope_fuzzer]="shared/protocol.cpp"
-  [job_file_fuzzer]="shared/job_spec.cpp shared/layer_shapes.cpp shared/idx_file.cpp shared/units.cpp shared/region_names.cpp"
+  [job_file_fuzzer]="shared/job_spec.cpp shared/layer_shapes.cpp shared/idx_file.cpp shared/units.cpp shared/region_names.cpp shared/printable.cpp"
 )
 declare -A libs=([envelope_fuzzer]="-lzmq -lflatbuffers" [job_file_fuzzer]="-lzmq -lflatbuffers -lz")
 status=0
