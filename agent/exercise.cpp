@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <thread>
@@ -79,8 +80,14 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
       std::fflush(stdout);
       ++round;
     } catch (const Error& e) {
-      // Session lost mid-request: wait for re-registration and start over.
-      if (e.code() != ErrorCode::UnknownSender && e.code() != ErrorCode::Timeout) throw;
+      // Session lost mid-request, or between the lost() check and touching
+      // a lease (the coordinator stopped just then): wait for
+      // re-registration and start over.
+      const bool lease_lost =
+          std::any_of(held.begin(), held.end(), [](const Held& h) { return h.lease.lost(); });
+      if (e.code() != ErrorCode::UnknownSender && e.code() != ErrorCode::Timeout && !lease_lost) {
+        throw;
+      }
       spdlog::warn("{}; retrying", e.what());
       held.clear();
       session.wait_connected(std::chrono::seconds(1));
