@@ -48,6 +48,12 @@ int main(int argc, char** argv) {
   bool exercise = false;
   leasehold::ExerciseOptions ex;
   app.add_option("--endpoint", opts.endpoint, "coordinator endpoint")->capture_default_str();
+  std::string curve_key, curve_server_key;
+  app.add_option("--curve-key", curve_key,
+                 "this agent's CURVE key pair file, for a tcp:// endpoint (env LEASEHOLD_CURVE_KEY; "
+                 "made by `leasehold keygen`)");
+  app.add_option("--curve-server-key", curve_server_key,
+                 "the coordinator's CURVE public key file (env LEASEHOLD_CURVE_SERVER_KEY)");
   app.add_option("--name", opts.name, "agent name, unique per coordinator (default HOST-PID)");
   app.add_option("--device", opts.device, "CUDA device to serve (-1: the pool's)");
   app.add_option("--register-timeout", register_timeout, "how long to try registering at start")
@@ -123,6 +129,7 @@ int main(int argc, char** argv) {
     ex.lease_size = leasehold::parse_bytes(lease_size);
     ex.interval = leasehold::parse_duration(interval);
     opts.register_timeout = leasehold::parse_duration(register_timeout);
+    opts.curve = leasehold::client_curve_keys(opts.endpoint, curve_key, curve_server_key);
     recovery = leasehold::parse_duration(gpu_recovery);
     if (ex.lease_size == 0) throw std::invalid_argument("--lease-size must be positive");
     spill.host_bytes = leasehold::parse_bytes(spill_host);

@@ -132,12 +132,12 @@ void RegionAttachment::detach() {
 AgentSession::AgentSession(AgentOptions opts)
     : core_(std::make_shared<detail::SessionCore>(std::move(opts))) {
   auto& c = *core_;
-  c.control = std::make_unique<Connection>(c.ctx, c.opts.endpoint, c.opts.name);
+  c.control = std::make_unique<Connection>(c.ctx, c.opts.endpoint, c.opts.name, c.opts.curve);
   c.control->on_notice = [core = core_.get()](const Reply& r) {
     if (r->body_type() == proto::Body::Shutdown) core->lose("the coordinator shut down");
   };
   c.control->on_late_reply = [core = core_.get()](const Reply& r) { core->note_late_reply(r); };
-  auto hb = std::make_unique<Connection>(c.ctx, c.opts.endpoint, c.opts.name);
+  auto hb = std::make_unique<Connection>(c.ctx, c.opts.endpoint, c.opts.name, c.opts.curve);
   auto deadline = std::chrono::steady_clock::now() + c.opts.register_timeout;
   while (true) {
     try {

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/curve_keys.h"
 #include "shared/device.h"
 #include "shared/error.h"
 #include "schemas/leasehold_generated.h"
@@ -62,6 +63,8 @@ enum class LeaseEnd { Low, High };
 
 struct AgentOptions {
   std::string endpoint;          // coordinator endpoint
+  // CURVE keys for a network endpoint (shared/curve_keys.h); nullopt: ipc.
+  std::optional<CurveClientKeys> curve;
   std::string name;              // unique among the coordinator's agents
   int device = -1;               // -1: whatever device the pool is on
   // How long a request that does not wait for memory may take.

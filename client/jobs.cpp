@@ -19,7 +19,7 @@ namespace {
 using Builder = Connection::BodyBuilder;
 
 Reply ask(const Context& ctx, zmq::context_t& zctx, const Builder& build) {
-  Connection conn(zctx, ctx.endpoint, "leasehold-cli-" + std::to_string(getpid()));
+  Connection conn(zctx, ctx.endpoint, "leasehold-cli-" + std::to_string(getpid()), ctx.curve);
   Reply r = conn.request(build, ctx.timeout);
   r.throw_if_error();
   return r;
@@ -78,6 +78,10 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
   }
   zmq::socket_t sub(zctx, zmq::socket_type::sub);
   sub.set(zmq::sockopt::linger, 0);
+  if (needs_curve(ctx.events_endpoint)) {
+    if (!ctx.curve) throw std::runtime_error("the events endpoint " + ctx.events_endpoint + " needs CURVE keys (--curve-key, --curve-server-key)");
+    apply_curve_client(sub, *ctx.curve);
+  }
   std::string topic = "job." + std::to_string(id) + ".";
   sub.set(zmq::sockopt::subscribe, topic);
   sub.connect(ctx.events_endpoint);

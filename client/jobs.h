@@ -9,11 +9,14 @@
 #include <optional>
 #include <string>
 
+#include "shared/curve_keys.h"
+
 namespace leasehold::client {
 
 struct Context {
   std::string endpoint;
   std::string events_endpoint;
+  std::optional<CurveClientKeys> curve;  // for a network endpoint
   std::chrono::milliseconds timeout{3000};
   bool json = false;
 };

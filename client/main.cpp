@@ -1,6 +1,6 @@
 // leasehold: the command-line client. Talks only to the coordinator.
 //   leasehold status | submit FILE [--follow] | jobs | job ID | cancel ID | logs ID [--follow]
-//             | regions [drop NAME]
+//             | regions [drop NAME] | keygen PATH
 // Exit codes of the job commands: see client/jobs.h.
 #include <unistd.h>
 
@@ -17,16 +17,15 @@
 
 namespace {
 
-int run_status(const std::string& endpoint, std::chrono::milliseconds timeout,
-               const std::string& output) {
+int run_status(const leasehold::client::Context& c, const std::string& output) {
   zmq::context_t ctx(1);
-  leasehold::Connection conn(ctx, endpoint, "leasehold-cli-" + std::to_string(getpid()));
+  leasehold::Connection conn(ctx, c.endpoint, "leasehold-cli-" + std::to_string(getpid()), c.curve);
   auto reply = conn.request(
       [](flatbuffers::FlatBufferBuilder& fbb) {
         return std::pair{leasehold::proto::Body::StatusRequest,
                          leasehold::proto::CreateStatusRequest(fbb).Union()};
       },
-      timeout);
+      c.timeout);
   reply.throw_if_error();
   const auto* status = reply->body_as_StatusReply();
   if (!status) throw std::runtime_error("coordinator answered a status request with something else");
@@ -35,6 +34,15 @@ int run_status(const std::string& endpoint, std::chrono::milliseconds timeout,
   } else {
     std::cout << leasehold::status_to_table(*status);
   }
+  return 0;
+}
+
+// Writes a CURVE key pair: PATH (secret) and PATH.pub.
+int run_keygen(const std::string& path) {
+  const auto keys = leasehold::generate_curve_key_pair();
+  leasehold::write_curve_key_pair(path, keys);
+  std::cout << "wrote " << path << " (key pair, mode 0600) and " << path
+            << ".pub (public key " << keys.public_key << ")\n";
   return 0;
 }
 
@@ -55,6 +63,12 @@ int main(int argc, char** argv) {
   std::string events_endpoint;
   app.add_option("--events-endpoint", events_endpoint,
                  "coordinator's job events endpoint (default: next to an ipc endpoint)");
+  std::string curve_key, curve_server_key;
+  app.add_option("--curve-key", curve_key,
+                 "this client's CURVE key pair file, for a tcp:// endpoint (env "
+                 "LEASEHOLD_CURVE_KEY; made by `leasehold keygen`)");
+  app.add_option("--curve-server-key", curve_server_key,
+                 "the coordinator's CURVE public key file (env LEASEHOLD_CURVE_SERVER_KEY)");
   std::string output = "table";
   auto add_output = [&](CLI::App* cmd) {
     cmd->add_option("-o,--output", output, "table or json")
@@ -92,7 +106,20 @@ int main(int argc, char** argv) {
   std::string region_name;
   auto* drop = regions->add_subcommand("drop", "drop an unattached region and free its memory");
   drop->add_option("name", region_name, "region name")->required();
+  std::string key_path;
+  auto* keygen = app.add_subcommand(
+      "keygen", "write a CURVE key pair for tcp:// endpoints: PATH (secret, 0600) and PATH.pub");
+  keygen->add_option("path", key_path, "where to write the key pair")->required();
   CLI11_PARSE(app, argc, argv);
+
+  if (*keygen) {
+    try {
+      return run_keygen(key_path);
+    } catch (const std::exception& e) {
+      std::cerr << "leasehold keygen: " << e.what() << "\n";
+      return 2;
+    }
+  }
 
   leasehold::client::Context ctx;
   try {
@@ -100,13 +127,16 @@ int main(int argc, char** argv) {
     ctx.events_endpoint =
         events_endpoint.empty() ? leasehold::default_events_endpoint(endpoint) : events_endpoint;
     ctx.timeout = leasehold::parse_duration(timeout_text);
+    ctx.curve = leasehold::client_curve_keys(
+        leasehold::needs_curve(endpoint) ? endpoint : ctx.events_endpoint, curve_key,
+        curve_server_key);
     ctx.json = output == "json";
     if (auto path = leasehold::ipc_path(endpoint); path && access(path->c_str(), F_OK) != 0) {
       throw std::runtime_error("no coordinator at " + endpoint + ": socket " + *path +
                                " does not exist (is leasehold-coordinator running? set "
                                "--endpoint or LEASEHOLD_ENDPOINT)");
     }
-    if (*status) return run_status(endpoint, ctx.timeout, output);
+    if (*status) return run_status(ctx, output);
   } catch (const std::exception& e) {
     std::cerr << "leasehold: " << e.what() << "\n";
     return *status ? 1 : 4;

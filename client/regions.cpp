@@ -24,7 +24,7 @@ const char* state_text(proto::RegionState s) {
 
 Reply ask(const Context& ctx, const Connection::BodyBuilder& build) {
   zmq::context_t zctx(1);
-  Connection conn(zctx, ctx.endpoint, "leasehold-cli-" + std::to_string(getpid()));
+  Connection conn(zctx, ctx.endpoint, "leasehold-cli-" + std::to_string(getpid()), ctx.curve);
   Reply r = conn.request(build, ctx.timeout);
   r.throw_if_error();
   return r;

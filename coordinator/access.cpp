@@ -76,11 +76,14 @@ std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) cons
                                                              : admin_;
   if (peer.known && (peer.uid == 0 || peer.uid == self_)) return std::nullopt;
   if (role != Role::Admin && !group) return std::nullopt;
+  // Over the network the allowed-keys directory is what admits agents and
+  // clients: a key in it may do what they do, but not act on others' jobs.
+  if (role != Role::Admin && !peer.key.empty()) return std::nullopt;
   const char* what = role == Role::Agent    ? "register as an agent"
                      : role == Role::Client ? "submit jobs or drop regions"
                                             : "act on other users' jobs";
-  const std::string who =
-      peer.known ? user_name(peer.uid) + " (uid " + std::to_string(peer.uid) + ")" : "";
+  const std::string who = peer.known ? user_name(peer.uid) + " (uid " + std::to_string(peer.uid) + ")"
+                                     : peer.key_user();
   if (!group) {
     return (who.empty() ? std::string() : who + " may not " + what + ": ") +
            "only root, the coordinator's user or members of admin_group may (admin_group is not "

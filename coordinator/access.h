@@ -5,8 +5,11 @@
 //   admin_group  may cancel anyone's job (a submitter may cancel their own).
 // An unset group lets everyone who can reach the socket do that (except
 // cancelling others' jobs, which needs admin_group). root and the
-// coordinator's own user pass every check. A peer whose credentials are
-// unknown (tcp://) passes only unset groups.
+// coordinator's own user pass every check. A peer admitted over tcp:// by
+// its CURVE key (coordinator/curve_auth.h) may register and submit whatever
+// the groups say, as the allowed-keys directory is the group there, but
+// never act on others' jobs. A peer of unknown credentials passes only unset
+// groups.
 //
 // Membership is the user's primary group or a supplementary one from the
 // group database (getgrouplist), cached for a minute per uid.

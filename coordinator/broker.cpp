@@ -13,15 +13,18 @@
 #include <random>
 #include <thread>
 
+#include "coordinator/curve_auth.h"
 #include "coordinator/file_workers.h"
 #include "coordinator/http_endpoint.h"
 #include "coordinator/job_codec.h"
 #include "coordinator/job_store.h"
 #include "coordinator/mps_daemon.h"
 #include "coordinator/occupancy_policy.h"
+#include "coordinator/socket_files.h"
 #include "coordinator/store_writer.h"
 #include "coordinator/wire.h"
 #include "shared/connection.h"
+#include "shared/curve_keys.h"
 #include "shared/endpoint.h"
 #include "shared/process.h"
 #include "shared/units.h"
@@ -39,10 +42,11 @@ constexpr size_t kMalformedPeersTracked = 4096;
 constexpr auto kHttpPublishInterval = std::chrono::milliseconds(250);
 
 // Refuses to start when another coordinator answers at `endpoint`: binding an
-// ipc:// endpoint would silently take its socket away.
+// ipc:// endpoint would silently take its socket away. (A taken tcp:// port
+// fails to bind instead.)
 void ensure_no_live_coordinator(zmq::context_t& ctx, const std::string& endpoint) {
   auto path = ipc_path(endpoint);
-  if (path && !std::filesystem::exists(*path)) return;
+  if (!path || !std::filesystem::exists(*path)) return;
   Connection probe(ctx, endpoint, "leasehold-coordinator-probe");
   try {
     probe.request(
@@ -51,7 +55,7 @@ void ensure_no_live_coordinator(zmq::context_t& ctx, const std::string& endpoint
         },
         std::chrono::milliseconds(300));
   } catch (const Error&) {
-    if (path) spdlog::info("replacing stale socket {} left by an earlier run", *path);
+    spdlog::info("replacing stale socket {} left by an earlier run", *path);
     return;
   }
   throw std::runtime_error("another leasehold-coordinator is already serving at " + endpoint);
@@ -172,7 +176,8 @@ Broker::Broker(const CoordinatorOptions& opts)
       ctx_(1),
       router_(ctx_, zmq::socket_type::router),
       pub_(ctx_, zmq::socket_type::pub) {
-  prepare_ipc_directory(opts_.endpoint);
+  const SocketAccess socket_files = socket_access(opts_.socket_mode, opts_.socket_group);
+  prepare_socket_directory(opts_.endpoint, socket_files);
   ensure_no_live_coordinator(ctx_, opts_.endpoint);
   lock_fd_.reset(lock_state_dir(opts_.state_dir));
 
@@ -243,6 +248,24 @@ Broker::Broker(const CoordinatorOptions& opts)
   core_->recover(std::move(jobs), next_id, now(), effects);
   apply(effects);
 
+  // Network endpoints are CURVE servers, and the ZAP handler (bound
+  // before them) decides which keys get in.
+  if (needs_curve(opts_.endpoint) || needs_curve(opts_.events_endpoint)) {
+    CurveKeyPair keys;
+    try {
+      keys = read_curve_key_pair(opts_.curve_key);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("curve_key: ") + e.what());
+    }
+    curve_auth_ = std::make_unique<CurveAuthenticator>(ctx_, opts_.curve_allowed_keys);
+    for (zmq::socket_t* s : {&router_, &pub_}) {
+      s->set(zmq::sockopt::curve_server, true);
+      s->set(zmq::sockopt::curve_secretkey, keys.secret_key);
+    }
+    spdlog::info("CURVE on network endpoints: public key {}, {} client and agent keys allowed "
+                 "from {}",
+                 keys.public_key, curve_auth_->allowed_keys(), opts_.curve_allowed_keys);
+  }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxMessageBytes));
   try {
@@ -250,14 +273,16 @@ Broker::Broker(const CoordinatorOptions& opts)
   } catch (const zmq::error_t& e) {
     throw std::runtime_error("cannot bind " + opts_.endpoint + ": " + e.what());
   }
+  restrict_socket_file(opts_.endpoint, socket_files);
   pub_.set(zmq::sockopt::linger, 0);
   try {
-    prepare_ipc_directory(opts_.events_endpoint);
+    prepare_socket_directory(opts_.events_endpoint, socket_files);
     pub_.bind(opts_.events_endpoint);
   } catch (const zmq::error_t& e) {
     throw std::runtime_error("cannot bind the events endpoint " + opts_.events_endpoint + ": " +
                              e.what());
   }
+  restrict_socket_file(opts_.events_endpoint, socket_files);
   if (opts_.http_listen != "off") {
     http_ = std::make_unique<HttpEndpoint>(opts_.http_listen);
     // DCGM's labels: the GPU's index and its UUID.

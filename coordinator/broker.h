@@ -38,6 +38,7 @@ class StoreWriter;
 class FileWorkers;
 class MpsDaemon;
 class HttpEndpoint;
+class CurveAuthenticator;
 
 class Broker {
  public:
@@ -124,6 +125,9 @@ class Broker {
   zmq::context_t ctx_;
   zmq::socket_t router_;
   zmq::socket_t pub_;
+  // The ZAP handler for network endpoints (null: ipc only). After the
+  // context, so its socket closes before the context ends.
+  std::unique_ptr<CurveAuthenticator> curve_auth_;
   std::deque<Held> held_;
   struct Malformed {
     std::unordered_map<std::string, uint32_t> count_by_peer;  // by routing id

@@ -14,6 +14,9 @@
 #include "shared/protocol.h"
 
 namespace leasehold {
+namespace {
+bool submitted_by(const JobRecord& job, const Peer& peer);
+}  // namespace
 
 bool CoordinatorCore::device_fits(const std::string& device, Backend pool) {
   if (device == "cuda") return pool == Backend::Cuda;
@@ -30,6 +33,15 @@ void CoordinatorCore::changed(const JobRecord& job, Effects& out) {
   out.events.push_back(job.id);
 }
 
+namespace {
+// Whether `peer` is who submitted `job`: the same uid on ipc://, the same
+// CURVE key over the network (peers of neither kind are one anonymous user).
+bool submitted_by(const JobRecord& job, const Peer& peer) {
+  if (peer.known) return job.submitted_uid && *job.submitted_uid == peer.uid;
+  return !job.submitted_uid && job.submitted_by == peer.key_user();
+}
+}  // namespace
+
 std::string CoordinatorCore::store_refusal() const {
   return "not accepting jobs: the job store cannot commit (" + store_error_ + ")";
 }
@@ -44,11 +56,11 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   }
   size_t queued = 0;  // this user's, queued or being checked
   for (const auto& [id, j] : jobs_.all()) {
-    queued += j.state == JobState::Queued && j.submitted_uid.has_value() == peer.known &&
-              (!peer.known || *j.submitted_uid == peer.uid);
+    queued += j.state == JobState::Queued && submitted_by(j, peer);
   }
   for (const auto& [token, p] : pending_submits_) {
-    queued += p.submitter.known == peer.known && (!peer.known || p.submitter.uid == peer.uid);
+    queued += p.submitter.known == peer.known && p.submitter.key == peer.key &&
+              (!peer.known || p.submitter.uid == peer.uid);
   }
   if (queued >= opts_.queued_per_user) {
     return send_error(out, rid, req, ErrorCode::NoSpace,
@@ -108,6 +120,8 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
   if (p.submitter.known) {
     job.submitted_uid = p.submitter.uid;
     job.submitted_by = opts_.access.user_name(p.submitter.uid);
+  } else {
+    job.submitted_by = p.submitter.key_user();
   }
   spdlog::info("{} queued (priority {}, checkpoint {})", job_label(job), job.priority,
                job.checkpoint.empty() ? "off" : job.checkpoint);
@@ -171,11 +185,14 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
                       "no job with id " + std::to_string(id));
   }
   // Its submitter, or an administrator (coordinator/access.h).
-  const bool own = peer.known && job->submitted_uid && *job->submitted_uid == peer.uid;
+  const bool own = (peer.known || !peer.key.empty()) && submitted_by(*job, peer);
   if (!own) {
     if (auto refusal = opts_.access.check(Role::Admin, peer)) {
       spdlog::warn("refused to cancel job {} for {}: {}", id,
-                   peer.known ? opts_.access.user_name(peer.uid) : "an unknown user", *refusal);
+                   peer.known            ? opts_.access.user_name(peer.uid)
+                   : !peer.key.empty() ? peer.key_user()
+                                       : "an unknown user",
+                   *refusal);
       return send_error(out, rid, req, ErrorCode::PermissionDenied,
                         "job " + std::to_string(id) + " was submitted by " +
                             (job->submitted_by.empty() ? "an unknown user" : job->submitted_by) +

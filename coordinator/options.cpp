@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "coordinator/http_endpoint.h"
+#include "shared/curve_keys.h"
 #include "shared/endpoint.h"
 
 namespace leasehold {
@@ -34,6 +35,17 @@ void with_key(const std::string& key, const std::string& source, F&& f) {
   } catch (const std::exception& e) {
     throw std::invalid_argument(source + ": key '" + key + "': " + e.what());
   }
+}
+
+uint32_t parse_mode(const std::string& text) {
+  size_t used = 0;
+  unsigned long v = std::stoul(text, &used, 8);
+  if (used != text.size() || v > 0777 || (v & 0600) != 0600) {
+    throw std::invalid_argument("'" + text +
+                                "' is not an octal file mode of at most 0777 that lets the owner "
+                                "read and write (e.g. 0660)");
+  }
+  return static_cast<uint32_t>(v);
 }
 
 uint32_t parse_count(const std::string& text) {
@@ -111,6 +123,14 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
         opts.client_group = value;
       } else if (key == "admin_group") {
         opts.admin_group = value;
+      } else if (key == "socket_mode") {
+        opts.socket_mode = parse_mode(value);
+      } else if (key == "socket_group") {
+        opts.socket_group = value;
+      } else if (key == "curve_key") {
+        opts.curve_key = value;
+      } else if (key == "curve_allowed_keys") {
+        opts.curve_allowed_keys = value;
       } else if (key == "assign_timeout") {
         opts.assign_timeout = parse_duration(value);
       } else if (key == "mps") {
@@ -126,7 +146,8 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
             "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
             "job_retention_count, job_retention_age, queued_per_user, job_epochs_kept, "
             "job_history_kept, waiting_per_agent, malformed_limit, policy, low_watermark, high_watermark, "
-            "shrink_timeout, assign_timeout, agent_group, client_group, admin_group, mps, "
+            "shrink_timeout, assign_timeout, agent_group, client_group, admin_group, "
+            "socket_mode, socket_group, curve_key, curve_allowed_keys, mps, "
             "mps_directory, fault_probation, log_level)");
       }
     });
@@ -198,6 +219,14 @@ void validate(const CoordinatorOptions& opts) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }
   if (opts.assign_timeout.count() <= 0) throw std::invalid_argument("assign_timeout must be positive");
+  for (const std::string& e : {opts.endpoint, opts.events_endpoint}) {
+    if (needs_curve(e) && (opts.curve_key.empty() || opts.curve_allowed_keys.empty())) {
+      throw std::invalid_argument(
+          e + " is a network endpoint, which Leasehold serves only with CURVE: set curve_key "
+          "(a key pair file from `leasehold keygen`) and curve_allowed_keys (a directory of the "
+          "clients' and agents' .pub files)");
+    }
+  }
 }
 
 CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
@@ -205,7 +234,8 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
       log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
       shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, test_stall, http,
-      agent_group, client_group, admin_group;
+      agent_group, client_group, admin_group, socket_mode, socket_group, curve_key,
+      curve_allowed_keys;
   std::optional<uint32_t> retention_count, queued_per_user, epochs_kept, history_kept,
       waiting_per_agent, malformed_limit;
   std::optional<int> device;
@@ -262,6 +292,16 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
                  "only members of this group (and root) may submit jobs and drop regions");
   app.add_option("--admin-group", admin_group,
                  "members may cancel anyone's job (a submitter may always cancel their own)");
+  app.add_option("--socket-mode", socket_mode,
+                 "octal mode of the ipc:// socket files: who may connect (default 0660)");
+  app.add_option("--socket-group", socket_group,
+                 "group of the ipc:// socket files and of a socket folder the coordinator "
+                 "creates (default: the coordinator's)");
+  app.add_option("--curve-key", curve_key,
+                 "the coordinator's CURVE key pair file (`leasehold keygen`): required for "
+                 "tcp:// endpoints");
+  app.add_option("--curve-allowed-keys", curve_allowed_keys,
+                 "directory of the .pub files of clients and agents allowed over tcp://");
   app.add_option("--mps", mps,
                  "auto|on|off: run the GPU work under an MPS daemon the coordinator starts "
                  "(default auto: when the cuda backend is used and nvidia-cuda-mps-control is "
@@ -324,6 +364,10 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
     if (agent_group) opts.agent_group = *agent_group;
     if (client_group) opts.client_group = *client_group;
     if (admin_group) opts.admin_group = *admin_group;
+    if (socket_mode) opts.socket_mode = parse_mode(*socket_mode);
+    if (socket_group) opts.socket_group = *socket_group;
+    if (curve_key) opts.curve_key = *curve_key;
+    if (curve_allowed_keys) opts.curve_allowed_keys = *curve_allowed_keys;
     if (mps) opts.mps = *mps;
     if (mps_directory) opts.mps_directory = *mps_directory;
     if (fault_probation) opts.fault_probation = parse_duration(*fault_probation);

@@ -66,6 +66,16 @@ struct CoordinatorOptions {
   // names; empty: anyone who can reach the socket, cancelling others' jobs
   // aside). See coordinator/access.h.
   std::string agent_group, client_group, admin_group;
+  // The ipc:// socket files' mode and group (connecting needs write
+  // permission), and of a socket directory the coordinator creates (its
+  // mode: the socket mode's read bits become search bits, 0660 -> 0750).
+  // Empty group: the coordinator's own.
+  uint32_t socket_mode = 0660;
+  std::string socket_group;
+  // CURVE for network (tcp://) endpoints, required there: the file of the
+  // coordinator's key pair (`leasehold keygen`) and the directory of the
+  // public keys allowed in (coordinator/curve_auth.h).
+  std::string curve_key, curve_allowed_keys;
   // How long an agent has to acknowledge an assignment (see CoreOptions).
   std::chrono::milliseconds assign_timeout{10000};
   // MPS (coordinator/mps_daemon.h): auto (on with the cuda backend when

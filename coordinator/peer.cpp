@@ -36,7 +36,12 @@ Peer parse_peer_address(std::string_view address) {
 Peer peer_of(zmq::message_t& message) {
   // zmq_msg_gets, not cppzmq's gets(): that throws for a missing property.
   const char* address = zmq_msg_gets(message.handle(), "Peer-Address");
-  return address ? parse_peer_address(address) : Peer{};
+  Peer peer = address ? parse_peer_address(address) : Peer{};
+  // Set only when a ZAP handler accepted the connection with a user id.
+  if (const char* user = zmq_msg_gets(message.handle(), "User-Id"); user && !peer.known) {
+    peer.key = user;
+  }
+  return peer;
 }
 
 }  // namespace leasehold

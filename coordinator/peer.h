@@ -1,7 +1,8 @@
 // Who sent a message: on ipc:// the kernel's credentials of the peer
 // process (SO_PEERCRED, which libzmq reads at connect and attaches to every
 // message as its "Peer-Address" property, "localhost:UID:GID:PID"); on
-// tcp:// nothing the kernel vouches for.
+// tcp:// nothing the kernel vouches for, but the name of the CURVE key the
+// coordinator's ZAP handler let in (coordinator/curve_auth.h).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,9 @@ struct Peer {
   bool known = false;  // uid/gid/pid come from the kernel
   uint32_t uid = 0, gid = 0;
   int32_t pid = 0;
+  std::string key;  // CURVE key name ("User-Id"); empty on ipc://
+  // "key NAME" for a CURVE peer, "" otherwise: how its jobs are recorded.
+  std::string key_user() const { return key.empty() ? std::string() : "key " + key; }
 };
 
 // Parses a "Peer-Address" value; unknown for anything but "HOST:UID:GID:PID".

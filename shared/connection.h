@@ -12,6 +12,7 @@
 
 #include <zmq.hpp>
 
+#include "shared/curve_keys.h"
 #include "shared/protocol.h"
 
 namespace leasehold {
@@ -33,8 +34,10 @@ class Reply {
 
 class Connection {
  public:
-  // Connects at once (ZeroMQ connects lazily; nothing blocks here).
-  Connection(zmq::context_t& ctx, std::string endpoint, std::string sender);
+  // Connects at once (ZeroMQ connects lazily; nothing blocks here). With
+  // `curve`, as a CURVE client (network endpoints; shared/curve_keys.h).
+  Connection(zmq::context_t& ctx, std::string endpoint, std::string sender,
+             const std::optional<CurveClientKeys>& curve = std::nullopt);
 
   const std::string& endpoint() const { return endpoint_; }
   uint64_t next_request_id() { return ++last_request_id_; }
@@ -50,20 +53,31 @@ class Connection {
   // after its request timed out must still be released), else are skipped.
   // Messages that are not replies (request id 0: a Shutdown notice, a pushed
   // job) are passed to `on_notice` if set.
-  // Throws Error{Timeout} naming the endpoint when no reply arrives in time.
+  // Throws Error{Timeout} naming the endpoint when no reply arrives in time,
+  // Error{PermissionDenied} when the coordinator refused this program's
+  // CURVE key or the ipc socket's file mode keeps it out.
   using BodyBuilder =
       std::function<std::pair<proto::Body, flatbuffers::Offset<void>>(flatbuffers::FlatBufferBuilder&)>;
   Reply request(const BodyBuilder& build, std::chrono::milliseconds timeout);
 
   // Receives one message within `timeout`; nullopt on timeout. Malformed
-  // messages are logged and dropped.
+  // messages are logged and dropped. Throws Error{PermissionDenied} when
+  // the coordinator refused the CURVE handshake.
   std::optional<Reply> receive(std::chrono::milliseconds timeout);
 
   std::function<void(const Reply&)> on_notice;
   std::function<void(const Reply&)> on_late_reply;
 
  private:
+  // Throws when the monitor reported a refused or failed CURVE handshake.
+  void check_handshake();
+
   zmq::socket_t socket_;
+  // With CURVE: a PAIR socket receiving the data socket's monitor events,
+  // which alone tell a refused key from a coordinator that is not there.
+  std::optional<zmq::socket_t> monitor_;
+  std::string own_public_key_;
+  std::string handshake_note_;  // appended to a timeout's message
   std::string endpoint_;
   std::string sender_;
   SessionToken session_;
@@ -73,5 +87,11 @@ class Connection {
 // Text for an error when the coordinator does not answer: says whether the
 // ipc socket file exists at all.
 std::string unreachable_message(const std::string& endpoint, std::chrono::milliseconds waited);
+
+// For an ipc:// endpoint whose socket file this process may not connect to
+// (connecting needs write permission on it and search permission on its
+// folders): why, naming the file's mode, owner and group. nullopt when it
+// may, or the file is not there, or `endpoint` is not ipc://.
+std::optional<std::string> ipc_permission_problem(const std::string& endpoint);
 
 }  // namespace leasehold

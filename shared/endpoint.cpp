@@ -32,22 +32,6 @@ std::string default_events_endpoint(const std::string& endpoint) {
   return "ipc://" + p + ".events";
 }
 
-void prepare_ipc_directory(std::string_view endpoint) {
-  auto path = ipc_path(endpoint);
-  if (!path) return;
-  std::filesystem::path dir = std::filesystem::path(*path).parent_path();
-  if (dir.empty()) return;
-  std::error_code ec;
-  if (std::filesystem::create_directories(dir, ec)) {
-    std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
-                                 std::filesystem::perm_options::replace, ec);
-  }
-  if (!std::filesystem::is_directory(dir)) {
-    throw std::runtime_error("cannot create the socket directory " + dir.string() + ": " +
-                             (ec ? ec.message() : "not a directory"));
-  }
-}
-
 std::string default_state_dir() {
   if (const char* s = std::getenv("STATE_DIRECTORY"); s && *s) {
     std::string dirs = s;  // systemd may list several, separated by ':'

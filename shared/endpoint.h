@@ -25,10 +25,6 @@ std::optional<std::string> ipc_path(std::string_view endpoint);
 // other transports, which must name one.
 std::string default_events_endpoint(const std::string& endpoint);
 
-// Creates the directory an ipc:// endpoint lives in (mode 0700 when created).
-// Throws std::runtime_error naming the directory on failure.
-void prepare_ipc_directory(std::string_view endpoint);
-
 // Where Leasehold keeps state when not told: $STATE_DIRECTORY (the systemd
 // unit's StateDirectory), else $XDG_STATE_HOME/leasehold, else
 // ~/.local/state/leasehold, else /var/lib/leasehold.

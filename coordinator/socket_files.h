@@ -1,0 +1,35 @@
+// Who may connect to the coordinator's ipc:// sockets, as file modes: a
+// process connects to a Unix socket only with write permission on its file
+// and search permission on every folder above it. The coordinator gives its
+// socket files socket_mode (0660) and socket_group, and a socket folder it
+// creates the matching search mode (0750); the kernel's credentials then
+// decide the rest (coordinator/access.h).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+
+namespace leasehold {
+
+struct SocketAccess {
+  mode_t mode = 0660;
+  gid_t group = static_cast<gid_t>(-1);  // -1: leave as created
+};
+
+// Resolves socket_group (empty: none). Throws std::invalid_argument naming
+// a group that does not exist.
+SocketAccess socket_access(uint32_t mode, const std::string& group);
+
+// Creates the folder of an ipc:// endpoint when missing: owner rwx, and
+// r-x for group and others where `access.mode` gives them any permission,
+// owned by its group. No-op for other transports. Throws
+// std::runtime_error naming the folder.
+void prepare_socket_directory(std::string_view endpoint, const SocketAccess& access);
+
+// Gives a bound ipc:// endpoint's socket file its mode and group. No-op for
+// other transports. Throws std::runtime_error naming the file.
+void restrict_socket_file(std::string_view endpoint, const SocketAccess& access);
+
+}  // namespace leasehold
