@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <toml++/toml.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -124,7 +125,11 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
       } else if (key == "admin_group") {
         opts.admin_group = value;
       } else if (key == "socket_mode") {
-        opts.socket_mode = parse_mode(value);
+        // A string ("0660"), or TOML's own octal integer (0o660).
+        char octal[16];
+        std::snprintf(octal, sizeof octal, "%llo",
+                      static_cast<unsigned long long>(node.value<int64_t>().value_or(0)));
+        opts.socket_mode = parse_mode(node.is_integer() ? std::string(octal) : value);
       } else if (key == "socket_group") {
         opts.socket_group = value;
       } else if (key == "curve_key") {

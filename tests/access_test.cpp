@@ -101,6 +101,43 @@ TEST_F(Access, GroupsDecideWhoSubmitsAndWhoServes) {
   EXPECT_EQ(rc2, 0) << out2;
 }
 
+// The socket file's mode keeps other users out before any message: the
+// client says so at once, not as a coordinator that does not answer.
+TEST_F(Access, TheSocketModeKeepsOtherUsersOutAndSaysSo) {
+  c.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--alignment", "1MiB"});
+  fs::permissions(c.dir(), fs::perms::all, fs::perm_options::add);  // the folder is not tested
+  const std::string socket = c.dir() + "/coordinator.sock";
+  struct stat st {};
+  ASSERT_EQ(::stat(socket.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0660u) << "socket_mode's default";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [rc, out] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "status"});
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("permission denied connecting to " + socket + " (mode 0660, owner root"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("no reply"), std::string::npos) << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms) << "not after the 3 s timeout";
+  auto [rca, agent] = as_nobody("leasehold-agent", {"--endpoint", c.endpoint(), "--name",
+                                                    "outsider", "--exercise"});
+  EXPECT_NE(rca, 0) << agent;
+  EXPECT_NE(agent.find("permission denied connecting to"), std::string::npos) << agent;
+}
+
+TEST_F(Access, SocketGroupLetsItsMembersConnect) {
+  // nobody's own group (nogroup, 65534) is given the socket.
+  const std::string group = "nogroup";
+  c.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--alignment", "1MiB",
+                       "--socket-group", group});
+  fs::permissions(c.dir(), fs::perms::all, fs::perm_options::add);
+  struct stat st {};
+  ASSERT_EQ(::stat((c.dir() + "/coordinator.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_gid, kNobody);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  auto [rc, out] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "status"});
+  EXPECT_EQ(rc, 0) << out;
+}
+
 TEST_F(Access, AnUnknownGroupIsAStartUpErrorNamingIt) {
   auto [rc, out] = c.run("leasehold-coordinator",
                          {"--endpoint", c.endpoint(), "--state-dir", c.state_dir(), "--backend",

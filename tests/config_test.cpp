@@ -154,6 +154,42 @@ TEST(Config, HttpListenFromToml) {
   EXPECT_EQ(o.http_listen, "off");
 }
 
+TEST(Config, SocketModeAndCurveFromToml) {
+  CoordinatorOptions o;
+  EXPECT_EQ(o.socket_mode, 0660u);
+  apply_toml(o, "socket_mode = \"0600\"\nsocket_group = \"leasehold\"\n", "lh.toml");
+  EXPECT_EQ(o.socket_mode, 0600u);
+  EXPECT_EQ(o.socket_group, "leasehold");
+  apply_toml(o, "socket_mode = 0o666\n", "lh.toml");
+  EXPECT_EQ(o.socket_mode, 0666u);
+  for (const char* bad : {"socket_mode = \"0640x\"\n", "socket_mode = \"01777\"\n",
+                          "socket_mode = \"0060\"\n", "socket_mode = 660\n"}) {
+    try {
+      apply_toml(o, bad, "lh.toml");
+      ADD_FAILURE() << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'socket_mode'"), std::string::npos) << e.what();
+    }
+  }
+  // A network endpoint without CURVE keys is refused, naming the endpoint.
+  o = CoordinatorOptions{};
+  o.state_dir = "/tmp";
+  apply_toml(o, "endpoint = \"tcp://0.0.0.0:7000\"\nevents_endpoint = \"tcp://0.0.0.0:7001\"\n",
+             "lh.toml");
+  try {
+    validate(o);
+    ADD_FAILURE() << "tcp:// without keys validated";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tcp://0.0.0.0:7000 is a network endpoint"),
+              std::string::npos)
+        << e.what();
+  }
+  apply_toml(o, "curve_key = \"/etc/leasehold/coordinator.key\"\n"
+                "curve_allowed_keys = \"/etc/leasehold/allowed\"\n",
+             "lh.toml");
+  EXPECT_NO_THROW(validate(o));
+}
+
 TEST(Config, MpsFromToml) {
   CoordinatorOptions o;
   EXPECT_EQ(o.mps, "auto");

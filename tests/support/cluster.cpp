@@ -18,6 +18,8 @@
 
 #include "client/status_format.h"
 #include "shared/connection.h"
+#include "shared/curve_keys.h"
+#include "tests/support/net.h"
 #include "shared/process.h"
 
 extern char** environ;
@@ -118,6 +120,24 @@ Cluster::~Cluster() {
   }
 }
 
+void Cluster::use_curve() {
+  std::filesystem::create_directories(key_dir() + "/allowed");
+  write_curve_key_pair(key_dir() + "/coordinator", generate_curve_key_pair());
+  write_curve_key_pair(key_dir() + "/cluster", generate_curve_key_pair());
+  std::filesystem::copy_file(key_dir() + "/cluster.pub", key_dir() + "/allowed/cluster.pub");
+  endpoint_ = "tcp://127.0.0.1:" + std::to_string(free_port());
+  events_endpoint_ = "tcp://127.0.0.1:" + std::to_string(free_port());
+  coordinator_flags_ = {"--events-endpoint", events_endpoint_,
+                        "--curve-key", key_dir() + "/coordinator", "--curve-allowed-keys",
+                        key_dir() + "/allowed"};
+  curve_ = true;
+}
+
+std::vector<std::string> Cluster::curve_flags(const std::string& key_name) const {
+  return {"--curve-key", key_dir() + "/" + key_name, "--curve-server-key",
+          key_dir() + "/coordinator.pub"};
+}
+
 Process& Cluster::start_coordinator(std::vector<std::string> args) {
   // No MPS daemon unless a test asks for one (one started in this private
   // folder would outlive the test).
@@ -131,6 +151,7 @@ Process& Cluster::start_coordinator(std::vector<std::string> args) {
     args.insert(args.end(), {"--http", "off"});
   }
   std::vector<std::string> argv{bin_dir() + "/leasehold-coordinator", "--endpoint", endpoint_};
+  argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
   // A private job store, kept across restarts of this cluster's coordinator.
   if (std::find(args.begin(), args.end(), "--state-dir") == args.end()) {
     argv.insert(argv.end(), {"--state-dir", state_dir()});
@@ -150,6 +171,10 @@ Process& Cluster::start_coordinator(std::vector<std::string> args) {
 Process& Cluster::start_agent(const std::string& name, std::vector<std::string> args) {
   std::vector<std::string> argv{bin_dir() + "/leasehold-agent", "--endpoint", endpoint_, "--name",
                                 name};
+  if (curve_ && std::find(args.begin(), args.end(), "--curve-key") == args.end()) {
+    auto flags = curve_flags();
+    argv.insert(argv.end(), flags.begin(), flags.end());
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   // Spill files stay inside the cluster's folder, and test agents pin less.
   auto has = [&](const char* flag) { return std::find(args.begin(), args.end(), flag) != args.end(); };
@@ -179,7 +204,12 @@ std::pair<int, std::string> Cluster::run_path(const std::string& program,
 
 std::optional<nlohmann::json> Cluster::status(std::chrono::milliseconds timeout) {
   static zmq::context_t ctx(1);
-  Connection conn(ctx, endpoint_, "test-status");
+  std::optional<CurveClientKeys> keys;
+  if (curve_) {
+    keys = CurveClientKeys{read_curve_public_key(key_dir() + "/coordinator.pub"),
+                           read_curve_key_pair(key_dir() + "/cluster")};
+  }
+  Connection conn(ctx, endpoint_, "test-status", keys);
   try {
     auto reply = conn.request(
         [](flatbuffers::FlatBufferBuilder& fbb) {

@@ -52,6 +52,17 @@ class Cluster {
   ~Cluster();
 
   const std::string& endpoint() const { return endpoint_; }
+
+  // Serves on tcp://127.0.0.1 with CURVE instead of ipc://: writes the
+  // coordinator's key pair and one for this cluster's agents and requests
+  // (KEY_DIR/coordinator, KEY_DIR/cluster) and allows the latter (in
+  // KEY_DIR/allowed). Call before start_coordinator.
+  void use_curve();
+  std::string key_dir() const { return dir_ + "/keys"; }
+  // Set by use_curve (empty: the default beside the ipc socket).
+  const std::string& events_endpoint() const { return events_endpoint_; }
+  // --curve-key KEY_DIR/NAME --curve-server-key KEY_DIR/coordinator.pub
+  std::vector<std::string> curve_flags(const std::string& key_name = "cluster") const;
   const std::string& dir() const { return dir_; }
   // The coordinator's state directory (job store, checkpoints): DIR/state
   // unless start_coordinator is given --state-dir.
@@ -78,6 +89,9 @@ class Cluster {
  private:
   std::string dir_;
   std::string endpoint_;
+  std::string events_endpoint_;
+  std::vector<std::string> coordinator_flags_;  // the endpoints' own (CURVE)
+  bool curve_ = false;
   std::vector<std::unique_ptr<Process>> procs_;
   int counter_ = 0;
 };
