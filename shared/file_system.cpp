@@ -94,14 +94,25 @@ class PosixFileSystem final : public FileSystem {
   }
 
   Status read_file(const std::string& path, std::string* contents) override {
-    int fd = open_retrying(path.c_str(), O_RDONLY);
+    // Without blocking: a FIFO (or a device) named as a file must not hang
+    // the reader; only a regular file is read.
+    int fd = open_retrying(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
       if (errno == ENOENT) return missing("cannot open " + path);
       return Status::io_error("cannot open " + path, errno);
     }
     contents->clear();
     struct stat st;
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) contents->reserve(static_cast<size_t>(st.st_size));
+    if (::fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      return Status::io_error("cannot stat " + path, err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status::invalid_argument("cannot read " + path + ": not a regular file");
+    }
+    if (st.st_size > 0) contents->reserve(static_cast<size_t>(st.st_size));
     char buf[1 << 16];
     for (;;) {
       ssize_t n = ::read(fd, buf, sizeof buf);

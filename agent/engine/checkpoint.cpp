@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "agent/engine/autograd.h"
+#include "shared/printable.h"
 
 namespace leasehold::engine::checkpoint {
 namespace {
@@ -100,6 +101,7 @@ class Reader {
     pos_ += n;
   }
   size_t pos() const { return pos_; }
+  size_t left() const { return d_.size() - pos_; }
 
  private:
   std::string_view d_;
@@ -186,12 +188,28 @@ nn::NamedTensors load(const std::string& path, FileSystem& fs) {
     uint32_t ndim = r.get<uint32_t>("rank");
     if (ndim > 8) throw std::runtime_error(path + ": implausible rank");
     Shape dims(ndim);
-    for (auto& d : dims) d = r.get<int64_t>("dimension");
-    uint64_t nbytes = r.get<uint64_t>("size");
-    Tensor t = empty(dims, {static_cast<DType>(dt)});
-    if (nbytes != static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype())) {
-      throw std::runtime_error(path + ": size of '" + name + "' does not match its shape");
+    // Every size is checked against the bytes that are left before any
+    // memory is allocated: a corrupt or hostile file must not make the
+    // agent allocate what its shape claims.
+    uint64_t expected = dtype_size(static_cast<DType>(dt));
+    for (auto& d : dims) {
+      d = r.get<int64_t>("dimension");
+      if (d < 0 || __builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected)) {
+        throw std::runtime_error(path + ": tensor '" + printable(name) +
+                                 "' has a negative or overflowing dimension");
+      }
     }
+    uint64_t nbytes = r.get<uint64_t>("size");
+    if (nbytes != expected) {
+      throw std::runtime_error(path + ": size of '" + printable(name) +
+                               "' does not match its shape");
+    }
+    if (nbytes > r.left()) {
+      throw std::runtime_error(path + " is truncated (tensor '" + printable(name) + "' claims " +
+                               std::to_string(nbytes) + " bytes, " + std::to_string(r.left()) +
+                               " are left)");
+    }
+    Tensor t = empty(dims, {static_cast<DType>(dt)});
     r.bytes(t.raw_data(), nbytes, "tensor data");
     out.emplace_back(name, t);
   }

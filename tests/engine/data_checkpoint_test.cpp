@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -199,6 +200,52 @@ TEST_F(TempDir, CheckpointSurvivesACrashMidWriteAndDetectsCorruption) {
     EXPECT_NE(std::string(e.what()).find("not a Leasehold checkpoint"), std::string::npos);
   }
   EXPECT_THROW(checkpoint::load(path("missing")), std::runtime_error);
+}
+
+// A file with a valid checksum but hostile sizes (the CRC is no signature):
+// every size is checked against the bytes left before anything is
+// allocated, and overflowing shapes are errors.
+TEST_F(TempDir, CheckpointSizesAreCheckedBeforeAllocating) {
+  auto forge = [&](const std::string& name, std::vector<int64_t> dims, uint64_t nbytes,
+                   size_t data_bytes) {
+    std::string body;
+    auto put = [&](const auto& v) { body.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    put(uint32_t{1});  // version
+    put(uint32_t{1});  // one tensor
+    put(uint32_t{1});
+    body += "w";
+    put(uint8_t{0});  // float32
+    put(static_cast<uint32_t>(dims.size()));
+    for (int64_t d : dims) put(d);
+    put(nbytes);
+    body.append(data_bytes, '\0');
+    uint32_t crc = crc32_z(0L, reinterpret_cast<const Bytef*>(body.data()), body.size());
+    put(crc);
+    write_file(path(name), "LHCKPT\r\n" + body, false);
+    return path(name);
+  };
+  auto expect_load_error = [&](const std::string& file, const std::string& text) {
+    try {
+      checkpoint::load(file);
+      ADD_FAILURE() << file << " loaded";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  // 16 TiB claimed, 16 bytes present: refused without allocating.
+  expect_load_error(forge("huge", {int64_t{1} << 22, int64_t{1} << 20}, uint64_t{1} << 44, 16),
+                    "claims 17592186044416 bytes, 16 are left");
+  // A shape whose byte count overflows 64 bits.
+  expect_load_error(forge("overflow", {int64_t{1} << 40, int64_t{1} << 40}, 0, 0),
+                    "negative or overflowing dimension");
+  expect_load_error(forge("negative", {-4}, 16, 16), "negative or overflowing dimension");
+  // A size that disagrees with its shape.
+  expect_load_error(forge("mismatch", {4}, 8, 16), "does not match its shape");
+  // The well-formed one of the same kind loads.
+  EXPECT_EQ(checkpoint::load(forge("fine", {4}, 16, 16))[0].second.numel(), 4);
+  // A FIFO is refused without blocking.
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  expect_load_error(path("fifo"), "not a regular file");
 }
 
 }  // namespace
