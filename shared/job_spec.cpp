@@ -225,6 +225,23 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   }
   if (const auto* c = job.checkpoint()) {
     if (c->every_epochs() <= 0) p.push_back("checkpoint.every_epochs: must be positive");
+    // A folder it names must be one (lstat-free: a link to a folder is
+    // fine), and the checkpoint in it a regular file if it is there; the
+    // file's name is the job's, which cannot leave the folder.
+    const std::string dir = str_or(c->directory());
+    if (options.check_files && c->enabled() && !dir.empty()) {
+      std::error_code ec;
+      const auto st = std::filesystem::status(dir, ec);
+      if (std::filesystem::exists(st) && !std::filesystem::is_directory(st)) {
+        p.push_back("checkpoint.directory: " + printable(dir) + " is not a directory");
+      } else if (std::filesystem::is_directory(st)) {
+        const auto file = std::filesystem::status(checkpoint_file(job), ec);
+        if (std::filesystem::exists(file) && !std::filesystem::is_regular_file(file)) {
+          p.push_back("checkpoint.directory: " + printable(checkpoint_file(job)) +
+                      " is not a regular file");
+        }
+      }
+    }
   }
   if (const auto* s = job.spill()) {
     try {

@@ -1,6 +1,7 @@
 // Job specifications (JSON against the schema, validation naming fields) and
 // the job runner on a small synthetic IDX dataset.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -252,6 +253,27 @@ TEST_F(JobTest, JobNamesArePlainWords) {
   EXPECT_NE(named("bad\xff").find("'bad\\xff'"), std::string::npos) << "not UTF-8: escaped";
   EXPECT_NE(named("with space").find("is not a job name"), std::string::npos);
   EXPECT_NE(named(std::string(129, 'a')).find("longer than 128"), std::string::npos);
+}
+
+// A checkpoint folder must be a folder, and a checkpoint in it a regular
+// file (a FIFO there would hang whoever reads it).
+TEST_F(JobTest, CheckpointPathsMustBeAFolderAndARegularFile) {
+  auto with_folder = [&](const std::string& folder) {
+    auto buf = parse_job_json(
+        job_json(R"(, "epochs": 1, "checkpoint": {"directory": ")" + folder + R"("})"), "j.json");
+    return problems_of([&] { validate_job(*verify_job(buf), {}); });
+  };
+  EXPECT_EQ(with_folder(dir), "");
+  EXPECT_EQ(with_folder(dir + "/not-yet"), "") << "made when the first checkpoint is saved";
+  const std::string file = dir + "/train-images";
+  EXPECT_NE(with_folder(file).find("checkpoint.directory: " + file + " is not a directory"),
+            std::string::npos)
+      << with_folder(file);
+  fs::create_directory(dir + "/ck");
+  ASSERT_EQ(::mkfifo((dir + "/ck/synthetic.ckpt").c_str(), 0600), 0);
+  EXPECT_NE(with_folder(dir + "/ck").find("synthetic.ckpt is not a regular file"),
+            std::string::npos)
+      << with_folder(dir + "/ck");
 }
 
 // Parameter regions: names are checked; without a coordinator session a job
