@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "coordinator/broker_setup.h"
 #include "coordinator/curve_auth.h"
 #include "coordinator/file_workers.h"
 #include "coordinator/http_endpoint.h"
@@ -34,140 +35,10 @@ namespace {
 
 // Workers for file checks: a few, so one hung path does not stop the others.
 constexpr size_t kFileWorkers = 4;
-// Malformed messages are logged at most this often (with their count), and
-// counted for at most this many connections.
-constexpr auto kMalformedLogInterval = std::chrono::seconds(10);
-constexpr size_t kMalformedPeersTracked = 4096;
-// How often the HTTP endpoint's copy of the status is refreshed.
-constexpr auto kHttpPublishInterval = std::chrono::milliseconds(250);
-
-// Refuses to start when another coordinator answers at `endpoint`: binding an
-// ipc:// endpoint would silently take its socket away. (A taken tcp:// port
-// fails to bind instead.)
-void ensure_no_live_coordinator(zmq::context_t& ctx, const std::string& endpoint) {
-  auto path = ipc_path(endpoint);
-  if (!path || !std::filesystem::exists(*path)) return;
-  Connection probe(ctx, endpoint, "leasehold-coordinator-probe");
-  try {
-    probe.request(
-        [](flatbuffers::FlatBufferBuilder& fbb) {
-          return std::pair{proto::Body::StatusRequest, proto::CreateStatusRequest(fbb).Union()};
-        },
-        std::chrono::milliseconds(300));
-  } catch (const Error&) {
-    spdlog::info("replacing stale socket {} left by an earlier run", *path);
-    return;
-  }
-  throw std::runtime_error("another leasehold-coordinator is already serving at " + endpoint);
-}
-
-// One coordinator per state directory: two would hand out the same job ids.
-// The lock goes with the process, so a crashed coordinator leaves none.
-int lock_state_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (!std::filesystem::is_directory(dir)) {
-    throw std::runtime_error("cannot create the state directory " + dir + ": " +
-                             (ec ? ec.message() : "not a directory"));
-  }
-  std::string path = dir + "/coordinator.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw std::runtime_error(err == EWOULDBLOCK
-                                 ? "another leasehold-coordinator uses the state directory " + dir
-                                 : "cannot lock " + path + ": " + std::strerror(err));
-  }
-  return fd;
-}
-
-// The largest job id that has a checkpoint folder under STATE_DIR/checkpoints.
-// A store moved away (or lost) must not make a new job take the id, and so
-// resume the checkpoint, of an old one.
-uint64_t largest_checkpoint_id(const std::string& state_dir) {
-  uint64_t largest = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(state_dir + "/checkpoints", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.size() > 19 ||
-        name.find_first_not_of("0123456789") != std::string::npos) {
-      continue;
-    }
-    largest = std::max<uint64_t>(largest, std::stoull(name));
-  }
-  return largest;
-}
-
 // How often the loop checks that the MPS control daemon answers.
 constexpr auto kMpsCheckInterval = std::chrono::seconds(10);
-
-// The MPS daemon to run under (null: none), per the mps options. Before the
-// first CUDA call.
-std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
-  if (o.mps == "off" || o.backend == "host") return nullptr;
-  if (!o.mps_directory.empty()) return MpsDaemon::attach(o.mps_directory);
-  const bool required = o.mps == "on";
-  // Under systemd a daemon this process started would die with its unit
-  // (and its runtime folder) at every restart, taking the agents' CUDA
-  // contexts along: there, MPS is a unit of its own (leasehold-mps.service)
-  // named by mps_directory.
-  if (std::getenv("INVOCATION_ID")) {
-    const std::string why =
-        "under systemd the MPS daemon runs as a unit of its own: start "
-        "leasehold-mps.service and set mps_directory to its pipe folder";
-    if (required) throw std::runtime_error("mps = on: " + why);
-    spdlog::warn("no MPS (mps = auto): {}", why);
-    return nullptr;
-  }
-  auto control = find_mps_control();
-  if (!control) {
-    if (required) {
-      throw std::runtime_error(
-          "mps = on, but nvidia-cuda-mps-control is not on the PATH (add the driver's folder "
-          "to PATH, set mps_directory to a running daemon's pipe folder, or set mps = off)");
-    }
-    spdlog::info("no MPS: nvidia-cuda-mps-control is not on the PATH (mps = auto)");
-    return nullptr;
-  }
-  // Its folders beside the ipc socket (the runtime directory), else in the
-  // state directory.
-  std::string dir = o.state_dir + "/mps";
-  if (auto path = ipc_path(o.endpoint)) dir = std::filesystem::path(*path).parent_path().string();
-  try {
-    return MpsDaemon::start(*control, dir);
-  } catch (const std::exception& e) {
-    if (required) throw;
-    spdlog::warn("no MPS (mps = auto): {}", e.what());
-    return nullptr;
-  }
-}
-
-CoreOptions core_options(const CoordinatorOptions& o) {
-  CoreOptions c;
-  c.process_gone = process_gone;  // agents run on this host
-  c.heartbeat_interval = o.heartbeat_interval;
-  c.lease_wait_timeout = o.lease_wait_timeout;
-  c.recovery_grace = o.recovery_grace;
-  c.state_dir = o.state_dir;
-  c.retention_count = o.job_retention_count;
-  c.queued_per_user = o.queued_per_user;
-  c.epochs_kept = o.job_epochs_kept;
-  c.history_kept = o.job_history_kept;
-  c.waiting_per_agent = o.waiting_per_agent;
-  c.retention_age = o.job_retention_age;
-  c.shrink_timeout = o.shrink_timeout;
-  c.access = AccessPolicy(o.agent_group, o.client_group, o.admin_group);
-  c.assign_timeout = o.assign_timeout;
-  c.fault_probation = o.fault_probation;
-  return c;
-}
-
-std::unique_ptr<SchedulingPolicy> make_policy(const CoordinatorOptions& o) {
-  if (o.policy == "fifo") return std::make_unique<FifoPolicy>();
-  return std::make_unique<OccupancyPolicy>(OccupancyOptions{o.low_watermark, o.high_watermark});
-}
+// How often the HTTP endpoint's copy of the status is refreshed.
+constexpr auto kHttpPublishInterval = std::chrono::milliseconds(250);
 
 }  // namespace
 
@@ -175,7 +46,8 @@ Broker::Broker(const CoordinatorOptions& opts)
     : opts_(opts),
       ctx_(1),
       router_(ctx_, zmq::socket_type::router),
-      pub_(ctx_, zmq::socket_type::pub) {
+      pub_(ctx_, zmq::socket_type::pub),
+      malformed_(opts.malformed_limit) {
   const SocketAccess socket_files = socket_access(opts_.socket_mode, opts_.socket_group);
   prepare_socket_directory(opts_.endpoint, socket_files);
   ensure_no_live_coordinator(ctx_, opts_.endpoint);
@@ -379,30 +251,6 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
   }
 }
 
-std::string Broker::http_address() const {
-  const std::string host = parse_http_listen(opts_.http_listen).first;
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(http_->port());
-}
-
-void Broker::publish_http() {
-  const auto status = core_->status(now());
-  http_->publish_status(render_status_json(status),
-                        take_metrics_snapshot(*core_, status, gpu_label_, uuid_label_));
-  std::vector<JobViews> changed;
-  std::vector<uint64_t> removed;
-  for (uint64_t id : http_jobs_changed_) {
-    if (const JobRecord* job = core_->jobs().find(id)) {
-      changed.push_back(job_views(*job));
-    } else {
-      removed.push_back(id);
-    }
-  }
-  http_jobs_changed_.clear();
-  if (!changed.empty() || !removed.empty()) http_->publish_jobs(std::move(changed), removed);
-  http_published_ = Clock::now();
-}
-
 void Broker::check_mps() {
   if (!mps_) return;
   const auto t = Clock::now();
@@ -455,10 +303,7 @@ void Broker::receive_requests() {
     }
     if (frames.empty()) return;
     std::string rid = frames[0].to_string();
-    if (ignored_peers_.count(rid)) {
-      ++malformed_.dropped;
-      continue;
-    }
+    if (malformed_.drop(rid)) continue;
     if (frame_count != 2) {
       reject_malformed(rid, 0, ErrorCode::Malformed,
                        "expected a single-frame message, got " + std::to_string(frame_count - 1) +
@@ -531,53 +376,19 @@ void Broker::apply(Effects& effects) {
   if (!later.empty()) held_.push_back(Held{seq, std::move(later)});
 }
 
-void Broker::note_for_http(const Effects& effects) {
-  http_jobs_changed_.insert(effects.events.begin(), effects.events.end());
-  http_jobs_changed_.insert(effects.store_puts.begin(), effects.store_puts.end());
-  http_jobs_changed_.insert(effects.store_deletes.begin(), effects.store_deletes.end());
-  if (!http_->streaming()) return;
-  // The browser sees a change as it happens (not only once it is stored,
-  // as subscribers of the PUB socket do): the page only shows it.
-  for (uint64_t id : effects.events) {
-    if (const JobRecord* job = core_->jobs().find(id)) http_->publish_event(render_job_event(*job));
-  }
-  for (const auto& n : effects.notices) http_->publish_event(render_notice_event(n));
-}
-
 void Broker::reject_malformed(const std::string& routing_id, uint64_t request_id, ErrorCode code,
                               const std::string& why) {
-  // Bounded even under a flood of connections.
-  if (malformed_.count_by_peer.size() > kMalformedPeersTracked) malformed_.count_by_peer.clear();
-  const uint32_t n = ++malformed_.count_by_peer[routing_id];
-  ++malformed_.since_log;
-  malformed_.latest = why;
-  std::string message = why;
-  if (n >= opts_.malformed_limit) {
-    // ZeroMQ cannot close one peer of a ROUTER: its messages are dropped
-    // unread from now on (a new connection starts afresh).
-    ignored_peers_.insert(routing_id);
-    malformed_.count_by_peer.erase(routing_id);
-    ++malformed_.peers_ignored;
-    message += "; after " + std::to_string(n) +
-               " malformed messages (malformed_limit) this connection is ignored";
-  }
-  Outgoing o{false, routing_id, make_error({request_id, "coordinator", {}}, code, message)};
+  Outgoing o{false, routing_id,
+             make_error({request_id, "coordinator", {}}, code, malformed_.reject(routing_id, why))};
   send(o);
   log_malformed(false);
 }
 
 void Broker::log_malformed(bool force) {
   // Once per interval, not once per message: a flood cannot fill the log.
-  const auto t = Clock::now();
-  if (malformed_.since_log == 0 && malformed_.dropped == 0) return;
-  if (!force && t - malformed_.logged < kMalformedLogInterval) return;
-  spdlog::warn("rejected {} malformed messages (latest: {}); {} connections ignored so far, {} "
-               "of their messages dropped",
-               malformed_.since_log, malformed_.latest, malformed_.peers_ignored,
-               malformed_.dropped);
-  malformed_.since_log = 0;
-  malformed_.dropped = 0;
-  malformed_.logged = t;
+  if (auto line = malformed_.take_log_line(Clock::now(), force); !line.empty()) {
+    spdlog::warn("{}", line);
+  }
 }
 
 void Broker::release_committed() {

@@ -29,6 +29,7 @@
 #include <zmq.hpp>
 
 #include "coordinator/core.h"
+#include "coordinator/malformed_peers.h"
 #include "coordinator/peer.h"
 #include "coordinator/options.h"
 
@@ -129,13 +130,7 @@ class Broker {
   // context, so its socket closes before the context ends.
   std::unique_ptr<CurveAuthenticator> curve_auth_;
   std::deque<Held> held_;
-  struct Malformed {
-    std::unordered_map<std::string, uint32_t> count_by_peer;  // by routing id
-    uint64_t since_log = 0, dropped = 0, peers_ignored = 0;
-    std::string latest;
-    Clock::time_point logged{};
-  } malformed_;
-  std::unordered_set<std::string> ignored_peers_;
+  MalformedPeers malformed_;  // by routing id
   std::string store_error_;
 };
 

@@ -6,10 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include "coordinator/http_endpoint.h"
 #include "shared/curve_keys.h"
@@ -18,37 +19,6 @@
 namespace leasehold {
 namespace {
 
-std::string as_string(const toml::node& node, const std::string& key, const std::string& source) {
-  if (auto s = node.value<std::string>()) return *s;
-  if (node.is_integer()) return std::to_string(*node.value<int64_t>());
-  if (auto d = node.value<double>()) {
-    std::ostringstream out;
-    out << *d;
-    return out.str();
-  }
-  throw std::invalid_argument(source + ": key '" + key + "' must be a string or a number");
-}
-
-template <class F>
-void with_key(const std::string& key, const std::string& source, F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(source + ": key '" + key + "': " + e.what());
-  }
-}
-
-uint32_t parse_mode(const std::string& text) {
-  size_t used = 0;
-  unsigned long v = std::stoul(text, &used, 8);
-  if (used != text.size() || v > 0777 || (v & 0600) != 0600) {
-    throw std::invalid_argument("'" + text +
-                                "' is not an octal file mode of at most 0777 that lets the owner "
-                                "read and write (e.g. 0660)");
-  }
-  return static_cast<uint32_t>(v);
-}
-
 uint32_t parse_count(const std::string& text) {
   size_t used = 0;
   long long v = std::stoll(text, &used);
@@ -56,6 +26,175 @@ uint32_t parse_count(const std::string& text) {
     throw std::invalid_argument("'" + text + "' is not a count between 1 and 100000000");
   }
   return static_cast<uint32_t>(v);
+}
+
+int parse_int(const std::string& text) {
+  size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw std::invalid_argument("'" + text + "' is not an integer");
+  return v;
+}
+
+uint32_t parse_mode(const std::string& text) {
+  size_t used = 0;
+  unsigned long v = 0;
+  try {
+    v = std::stoul(text, &used, 8);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v > 0777 || (v & 0600) != 0600) {
+    throw std::invalid_argument("'" + text +
+                                "' is not an octal file mode of at most 0777 that lets the owner "
+                                "read and write (e.g. 0660)");
+  }
+  return static_cast<uint32_t>(v);
+}
+
+// Every option, once: its TOML key (the flag is "--" and the key with '-'
+// for '_', unless `flag` names another), its help, and how a value given as
+// text is applied. A value that does not parse throws
+// std::invalid_argument saying what was wrong with it.
+struct Option {
+  const char* key;
+  const char* flag;  // nullptr: from the key
+  const char* help;
+  void (*apply)(CoordinatorOptions&, const std::string&);
+
+  std::string flag_name() const {
+    if (flag) return flag;
+    std::string f = std::string("--") + key;
+    for (char& c : f) c = c == '_' ? '-' : c;
+    return f;
+  }
+};
+
+using O = CoordinatorOptions;
+using V = const std::string&;
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> table{
+      {"endpoint", nullptr,
+       "ZeroMQ endpoint to bind (default: $LEASEHOLD_ENDPOINT or an ipc:// socket in the runtime "
+       "directory)",
+       [](O& o, V v) { o.endpoint = v; }},
+      {"events_endpoint", nullptr, "PUB endpoint for job events (default: next to the ipc endpoint)",
+       [](O& o, V v) { o.events_endpoint = v; }},
+      {"backend", nullptr, "auto|cuda|host (default auto)", [](O& o, V v) { o.backend = v; }},
+      {"device", nullptr, "CUDA device ordinal (default 0)",
+       [](O& o, V v) { o.device = parse_int(v); }},
+      {"pool_size", nullptr,
+       "pool size: bytes with a unit (4GiB) or a share of free memory (90%)",
+       [](O& o, V v) { o.pool_size = parse_size_spec(v); }},
+      {"alignment", nullptr, "lease alignment (default 2MiB)",
+       [](O& o, V v) { o.alignment = parse_bytes(v); }},
+      {"heartbeat_interval", nullptr, "agent heartbeat interval (default 1s)",
+       [](O& o, V v) { o.heartbeat_interval = parse_duration(v); }},
+      {"lease_wait_timeout", nullptr,
+       "default time a lease request may wait for memory (default 30s)",
+       [](O& o, V v) { o.lease_wait_timeout = parse_duration(v); }},
+      {"state_dir", nullptr,
+       "where jobs and checkpoints are stored (default: $STATE_DIRECTORY, "
+       "$XDG_STATE_HOME/leasehold, ~/.local/state/leasehold or /var/lib/leasehold)",
+       [](O& o, V v) { o.state_dir = v; }},
+      {"recovery_grace", nullptr,
+       "after a restart, how long a running job waits for its agent (default 10s)",
+       [](O& o, V v) { o.recovery_grace = parse_duration(v); }},
+      {"job_retention_count", nullptr, "finished jobs kept in the store (default 1000)",
+       [](O& o, V v) { o.job_retention_count = parse_count(v); }},
+      {"job_retention_age", nullptr, "finished jobs older than this are pruned (default 30d)",
+       [](O& o, V v) { o.job_retention_age = parse_duration(v); }},
+      {"policy", nullptr,
+       "scheduling policy: occupancy (default) or fifo (first come, first served)",
+       [](O& o, V v) { o.policy = v; }},
+      {"low_watermark", nullptr,
+       "jobs grow past their guaranteed share only below this occupancy (default 80%)",
+       [](O& o, V v) { o.low_watermark = parse_fraction(v); }},
+      {"high_watermark", nullptr, "above this occupancy agents are asked to shrink (default 95%)",
+       [](O& o, V v) { o.high_watermark = parse_fraction(v); }},
+      {"shrink_timeout", nullptr, "how long an agent asked to shrink has to answer (default 10s)",
+       [](O& o, V v) { o.shrink_timeout = parse_duration(v); }},
+      {"queued_per_user", nullptr, "jobs one user may have queued (default 1000)",
+       [](O& o, V v) { o.queued_per_user = parse_count(v); }},
+      {"job_epochs_kept", nullptr, "epoch results kept per job, the latest (default 1000)",
+       [](O& o, V v) { o.job_epochs_kept = parse_count(v); }},
+      {"job_history_kept", nullptr, "state changes kept per job, the latest (default 100)",
+       [](O& o, V v) { o.job_history_kept = parse_count(v); }},
+      {"waiting_per_agent", nullptr,
+       "lease requests one agent may have waiting for memory (default 64)",
+       [](O& o, V v) { o.waiting_per_agent = parse_count(v); }},
+      {"malformed_limit", nullptr,
+       "malformed messages after which a connection is ignored (default 100)",
+       [](O& o, V v) { o.malformed_limit = parse_count(v); }},
+      {"assign_timeout", nullptr,
+       "an assignment an agent does not acknowledge by then goes back to the queue and the agent "
+       "gets no more jobs in its session (default 10s)",
+       [](O& o, V v) { o.assign_timeout = parse_duration(v); }},
+      {"agent_group", nullptr,
+       "only members of this group (and root) may register as agents (default: anyone who can "
+       "reach the socket)",
+       [](O& o, V v) { o.agent_group = v; }},
+      {"client_group", nullptr, "only members of this group (and root) may submit jobs and drop regions",
+       [](O& o, V v) { o.client_group = v; }},
+      {"admin_group", nullptr,
+       "members may cancel anyone's job (a submitter may always cancel their own)",
+       [](O& o, V v) { o.admin_group = v; }},
+      {"socket_mode", nullptr, "octal mode of the ipc:// socket files: who may connect (default 0660)",
+       [](O& o, V v) { o.socket_mode = parse_mode(v); }},
+      {"socket_group", nullptr,
+       "group of the ipc:// socket files and of a socket folder the coordinator creates "
+       "(default: the coordinator's)",
+       [](O& o, V v) { o.socket_group = v; }},
+      {"curve_key", nullptr,
+       "the coordinator's CURVE key pair file (`leasehold keygen`): required for tcp:// endpoints",
+       [](O& o, V v) { o.curve_key = v; }},
+      {"curve_allowed_keys", nullptr,
+       "directory of the .pub files of clients and agents allowed over tcp://",
+       [](O& o, V v) { o.curve_allowed_keys = v; }},
+      {"mps", nullptr,
+       "auto|on|off: run the GPU work under an MPS daemon the coordinator starts (default auto: "
+       "when the cuda backend is used and nvidia-cuda-mps-control is on the PATH)",
+       [](O& o, V v) { o.mps = v; }},
+      {"mps_directory", nullptr,
+       "pipe folder of an MPS daemon someone else runs (instead of starting one)",
+       [](O& o, V v) { o.mps_directory = v; }},
+      {"fault_probation", nullptr,
+       "under MPS, after a device fault shared by several jobs: how long each runs alone before "
+       "others run beside it, unless it finishes an epoch first (default 30s)",
+       [](O& o, V v) { o.fault_probation = parse_duration(v); }},
+      {"http_listen", "--http",
+       "HOST:PORT of the read-only HTTP endpoint (dashboard page, /metrics, /api/...), or off "
+       "(default 127.0.0.1:9464)",
+       [](O& o, V v) { o.http_listen = v; }},
+      {"log_level", nullptr, "trace|debug|info|warn|error (default info)",
+       [](O& o, V v) { o.log_level = v; }},
+  };
+  return table;
+}
+
+// A TOML value as the text a flag would carry.
+std::string as_text(const toml::node& node, const std::string& key, const std::string& source) {
+  if (auto s = node.value<std::string>()) return *s;
+  if (auto i = node.value<int64_t>()) {
+    // TOML's octal integers (socket_mode = 0o660) stay octal.
+    if (key == "socket_mode") {
+      char octal[32];
+      std::snprintf(octal, sizeof octal, "%llo", static_cast<unsigned long long>(*i));
+      return *i < 0 ? std::to_string(*i) : std::string(octal);
+    }
+    return std::to_string(*i);
+  }
+  if (auto d = node.value<double>()) {
+    std::ostringstream out;
+    out << *d;
+    return out.str();
+  }
+  throw std::invalid_argument(source + ": key '" + key + "' must be a string or a number");
 }
 
 }  // namespace
@@ -69,96 +208,24 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
                                 std::to_string(e.source().begin.line));
   }
   for (const auto& [k, node] : doc) {
-    std::string key(k.str());
-    std::string value = as_string(node, key, source);
-    with_key(key, source, [&] {
-      if (key == "endpoint") {
-        opts.endpoint = value;
-      } else if (key == "events_endpoint") {
-        opts.events_endpoint = value;
-      } else if (key == "http_listen") {
-        opts.http_listen = value;
-      } else if (key == "backend") {
-        opts.backend = value;
-      } else if (key == "device") {
-        opts.device = std::stoi(value);
-      } else if (key == "pool_size") {
-        opts.pool_size = parse_size_spec(value);
-      } else if (key == "alignment") {
-        opts.alignment = parse_bytes(value);
-      } else if (key == "heartbeat_interval") {
-        opts.heartbeat_interval = parse_duration(value);
-      } else if (key == "lease_wait_timeout") {
-        opts.lease_wait_timeout = parse_duration(value);
-      } else if (key == "state_dir") {
-        opts.state_dir = value;
-      } else if (key == "recovery_grace") {
-        opts.recovery_grace = parse_duration(value);
-      } else if (key == "job_retention_count") {
-        opts.job_retention_count = parse_count(value);
-      } else if (key == "queued_per_user") {
-        opts.queued_per_user = parse_count(value);
-      } else if (key == "job_epochs_kept") {
-        opts.job_epochs_kept = parse_count(value);
-      } else if (key == "job_history_kept") {
-        opts.job_history_kept = parse_count(value);
-      } else if (key == "waiting_per_agent") {
-        opts.waiting_per_agent = parse_count(value);
-      } else if (key == "malformed_limit") {
-        opts.malformed_limit = parse_count(value);
-      } else if (key == "job_retention_age") {
-        opts.job_retention_age = parse_duration(value);
-      } else if (key == "log_level") {
-        opts.log_level = value;
-      } else if (key == "policy") {
-        opts.policy = value;
-      } else if (key == "low_watermark") {
-        opts.low_watermark = parse_fraction(value);
-      } else if (key == "high_watermark") {
-        opts.high_watermark = parse_fraction(value);
-      } else if (key == "shrink_timeout") {
-        opts.shrink_timeout = parse_duration(value);
-      } else if (key == "agent_group") {
-        opts.agent_group = value;
-      } else if (key == "client_group") {
-        opts.client_group = value;
-      } else if (key == "admin_group") {
-        opts.admin_group = value;
-      } else if (key == "socket_mode") {
-        // A string ("0660"), or TOML's own octal integer (0o660).
-        char octal[16];
-        std::snprintf(octal, sizeof octal, "%llo",
-                      static_cast<unsigned long long>(node.value<int64_t>().value_or(0)));
-        opts.socket_mode = parse_mode(node.is_integer() ? std::string(octal) : value);
-      } else if (key == "socket_group") {
-        opts.socket_group = value;
-      } else if (key == "curve_key") {
-        opts.curve_key = value;
-      } else if (key == "curve_allowed_keys") {
-        opts.curve_allowed_keys = value;
-      } else if (key == "assign_timeout") {
-        opts.assign_timeout = parse_duration(value);
-      } else if (key == "mps") {
-        opts.mps = value;
-      } else if (key == "mps_directory") {
-        opts.mps_directory = value;
-      } else if (key == "fault_probation") {
-        opts.fault_probation = parse_duration(value);
-      } else {
-        throw std::invalid_argument(
-            "unknown key (known: endpoint, events_endpoint, http_listen, backend, device, "
-            "pool_size, alignment, "
-            "heartbeat_interval, lease_wait_timeout, state_dir, recovery_grace, "
-            "job_retention_count, job_retention_age, queued_per_user, job_epochs_kept, "
-            "job_history_kept, waiting_per_agent, malformed_limit, policy, low_watermark, high_watermark, "
-            "shrink_timeout, assign_timeout, agent_group, client_group, admin_group, "
-            "socket_mode, socket_group, curve_key, curve_allowed_keys, mps, "
-            "mps_directory, fault_probation, log_level)");
+    const std::string key(k.str());
+    const std::string value = as_text(node, key, source);
+    const Option* option = nullptr;
+    for (const auto& o : options()) {
+      if (key == o.key) option = &o;
+    }
+    try {
+      if (!option) {
+        std::string known;
+        for (const auto& o : options()) known += (known.empty() ? "" : ", ") + std::string(o.key);
+        throw std::invalid_argument("unknown key (known: " + known + ")");
       }
-    });
+      option->apply(opts, value);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(source + ": key '" + key + "': " + e.what());
+    }
   }
 }
-
 
 void validate(const CoordinatorOptions& opts) {
   if (opts.endpoint.empty()) throw std::invalid_argument("endpoint is empty");
@@ -236,91 +303,12 @@ void validate(const CoordinatorOptions& opts) {
 
 CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
   CLI::App app{"leasehold-coordinator: owns a GPU (or host) memory pool and leases it to agents"};
-  std::optional<std::string> config, endpoint, backend, pool_size, alignment, heartbeat, wait,
-      log_level, state_dir, recovery_grace, retention_age, policy, low_watermark, high_watermark,
-      shrink_timeout, assign_timeout, mps, mps_directory, fault_probation, test_stall, http,
-      agent_group, client_group, admin_group, socket_mode, socket_group, curve_key,
-      curve_allowed_keys;
-  std::optional<uint32_t> retention_count, queued_per_user, epochs_kept, history_kept,
-      waiting_per_agent, malformed_limit;
-  std::optional<int> device;
+  std::optional<std::string> config, test_stall;
   app.add_option("--config", config, "TOML configuration file")->check(CLI::ExistingFile);
-  app.add_option("--endpoint", endpoint,
-                 "ZeroMQ endpoint to bind (default: $LEASEHOLD_ENDPOINT or an ipc:// socket in "
-                 "the runtime directory)");
-  std::optional<std::string> events;
-  app.add_option("--events-endpoint", events,
-                 "PUB endpoint for job events (default: next to the ipc endpoint)");
-  app.add_option("--backend", backend, "auto|cuda|host (default auto)");
-  app.add_option("--device", device, "CUDA device ordinal (default 0)");
-  app.add_option("--pool-size", pool_size,
-                 "pool size: bytes with a unit (4GiB) or a share of free memory (90%)");
-  app.add_option("--alignment", alignment, "lease alignment (default 2MiB)");
-  app.add_option("--heartbeat-interval", heartbeat, "agent heartbeat interval (default 1s)");
-  app.add_option("--lease-wait-timeout", wait,
-                 "default time a lease request may wait for memory (default 30s)");
-  app.add_option("--state-dir", state_dir,
-                 "where jobs and checkpoints are stored (default: $STATE_DIRECTORY, "
-                 "$XDG_STATE_HOME/leasehold, ~/.local/state/leasehold or /var/lib/leasehold)");
-  app.add_option("--recovery-grace", recovery_grace,
-                 "after a restart, how long a running job waits for its agent (default 10s)");
-  app.add_option("--job-retention-count", retention_count,
-                 "finished jobs kept in the store (default 1000)")
-      ->check(CLI::Range(1u, 100000000u));
-  app.add_option("--job-retention-age", retention_age,
-                 "finished jobs older than this are pruned (default 30d)");
-  app.add_option("--policy", policy,
-                 "scheduling policy: occupancy (default) or fifo (first come, first served)");
-  app.add_option("--low-watermark", low_watermark,
-                 "jobs grow past their guaranteed share only below this occupancy (default 80%)");
-  app.add_option("--high-watermark", high_watermark,
-                 "above this occupancy agents are asked to shrink (default 95%)");
-  app.add_option("--shrink-timeout", shrink_timeout,
-                 "how long an agent asked to shrink has to answer (default 10s)");
-  app.add_option("--queued-per-user", queued_per_user,
-                 "jobs one user may have queued (default 1000)");
-  app.add_option("--job-epochs-kept", epochs_kept,
-                 "epoch results kept per job, the latest (default 1000)");
-  app.add_option("--job-history-kept", history_kept,
-                 "state changes kept per job, the latest (default 100)");
-  app.add_option("--waiting-per-agent", waiting_per_agent,
-                 "lease requests one agent may have waiting for memory (default 64)");
-  app.add_option("--malformed-limit", malformed_limit,
-                 "malformed messages after which a connection is ignored (default 100)");
-  app.add_option("--assign-timeout", assign_timeout,
-                 "an assignment an agent does not acknowledge by then goes back to the queue "
-                 "and the agent gets no more jobs in its session (default 10s)");
-  app.add_option("--agent-group", agent_group,
-                 "only members of this group (and root) may register as agents (default: anyone "
-                 "who can reach the socket)");
-  app.add_option("--client-group", client_group,
-                 "only members of this group (and root) may submit jobs and drop regions");
-  app.add_option("--admin-group", admin_group,
-                 "members may cancel anyone's job (a submitter may always cancel their own)");
-  app.add_option("--socket-mode", socket_mode,
-                 "octal mode of the ipc:// socket files: who may connect (default 0660)");
-  app.add_option("--socket-group", socket_group,
-                 "group of the ipc:// socket files and of a socket folder the coordinator "
-                 "creates (default: the coordinator's)");
-  app.add_option("--curve-key", curve_key,
-                 "the coordinator's CURVE key pair file (`leasehold keygen`): required for "
-                 "tcp:// endpoints");
-  app.add_option("--curve-allowed-keys", curve_allowed_keys,
-                 "directory of the .pub files of clients and agents allowed over tcp://");
-  app.add_option("--mps", mps,
-                 "auto|on|off: run the GPU work under an MPS daemon the coordinator starts "
-                 "(default auto: when the cuda backend is used and nvidia-cuda-mps-control is "
-                 "on the PATH)");
-  app.add_option("--mps-directory", mps_directory,
-                 "pipe folder of an MPS daemon someone else runs (instead of starting one)");
-  app.add_option("--fault-probation", fault_probation,
-                 "under MPS, after a device fault shared by several jobs: how long each runs "
-                 "alone before others run beside it, unless it finishes an epoch first "
-                 "(default 30s)");
-  app.add_option("--http", http,
-                 "HOST:PORT of the read-only HTTP endpoint (dashboard page, /metrics, /api/...), or off "
-                 "(default 127.0.0.1:9464)");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
+  std::vector<std::optional<std::string>> given(options().size());
+  for (size_t i = 0; i < options().size(); ++i) {
+    app.add_option(options()[i].flag_name(), given[i], options()[i].help);
+  }
   app.add_option("--test-stall-on-sigusr1", test_stall, "test hook: stall the loop on SIGUSR1")
       ->group("");  // hidden: not for operators
   try {
@@ -342,42 +330,16 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
       // The environment overrides the file's endpoint.
       if (const char* env = std::getenv(kEndpointEnv); env && *env) opts.endpoint = env;
     }
-    if (endpoint) opts.endpoint = *endpoint;
-    if (events) opts.events_endpoint = *events;
+    for (size_t i = 0; i < options().size(); ++i) {
+      if (!given[i]) continue;
+      try {
+        options()[i].apply(opts, *given[i]);
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(options()[i].flag_name() + ": " + e.what());
+      }
+    }
     if (opts.events_endpoint.empty()) opts.events_endpoint = default_events_endpoint(opts.endpoint);
-    if (backend) opts.backend = *backend;
-    if (device) opts.device = *device;
-    if (pool_size) opts.pool_size = parse_size_spec(*pool_size);
-    if (alignment) opts.alignment = parse_bytes(*alignment);
-    if (heartbeat) opts.heartbeat_interval = parse_duration(*heartbeat);
-    if (wait) opts.lease_wait_timeout = parse_duration(*wait);
-    if (log_level) opts.log_level = *log_level;
-    if (state_dir) opts.state_dir = *state_dir;
-    if (recovery_grace) opts.recovery_grace = parse_duration(*recovery_grace);
-    if (retention_count) opts.job_retention_count = *retention_count;
-    if (queued_per_user) opts.queued_per_user = *queued_per_user;
-    if (epochs_kept) opts.job_epochs_kept = *epochs_kept;
-    if (history_kept) opts.job_history_kept = *history_kept;
-    if (waiting_per_agent) opts.waiting_per_agent = *waiting_per_agent;
-    if (malformed_limit) opts.malformed_limit = *malformed_limit;
-    if (retention_age) opts.job_retention_age = parse_duration(*retention_age);
-    if (policy) opts.policy = *policy;
-    if (low_watermark) opts.low_watermark = parse_fraction(*low_watermark);
-    if (high_watermark) opts.high_watermark = parse_fraction(*high_watermark);
-    if (shrink_timeout) opts.shrink_timeout = parse_duration(*shrink_timeout);
-    if (assign_timeout) opts.assign_timeout = parse_duration(*assign_timeout);
-    if (agent_group) opts.agent_group = *agent_group;
-    if (client_group) opts.client_group = *client_group;
-    if (admin_group) opts.admin_group = *admin_group;
-    if (socket_mode) opts.socket_mode = parse_mode(*socket_mode);
-    if (socket_group) opts.socket_group = *socket_group;
-    if (curve_key) opts.curve_key = *curve_key;
-    if (curve_allowed_keys) opts.curve_allowed_keys = *curve_allowed_keys;
-    if (mps) opts.mps = *mps;
-    if (mps_directory) opts.mps_directory = *mps_directory;
-    if (fault_probation) opts.fault_probation = parse_duration(*fault_probation);
     if (test_stall) opts.test_stall_on_sigusr1 = parse_duration(*test_stall);
-    if (http) opts.http_listen = *http;
     validate(opts);
   } catch (const std::exception& e) {
     std::cerr << "leasehold-coordinator: " << e.what() << "\n";

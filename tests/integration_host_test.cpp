@@ -368,10 +368,14 @@ TEST_F(HostCluster, ClientFailsClearlyWithoutCoordinator) {
   auto [rc, out] = cluster.run("leasehold", {"--endpoint", cluster.endpoint(), "status"});
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("no coordinator"), std::string::npos) << out;
-  // A TCP endpoint nobody answers: a timeout, not a hang.
+  // A TCP endpoint nobody answers (with CURVE keys, which tcp:// needs): a
+  // timeout, not a hang.
+  const std::string key = cluster.dir() + "/key";
+  ASSERT_EQ(cluster.run("leasehold", {"keygen", key}).first, 0);
   auto t0 = std::chrono::steady_clock::now();
   auto [rc2, out2] = cluster.run(
-      "leasehold", {"--endpoint", "tcp://127.0.0.1:9", "--timeout", "300ms", "status"});
+      "leasehold", {"--endpoint", "tcp://127.0.0.1:9", "--curve-key", key, "--curve-server-key",
+                    key + ".pub", "--timeout", "300ms", "status"});
   EXPECT_NE(rc2, 0);
   EXPECT_NE(out2.find("no reply"), std::string::npos) << out2;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
