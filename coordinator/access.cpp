@@ -39,35 +39,41 @@ AccessPolicy::AccessPolicy(const std::string& agent_group, const std::string& cl
   admin_ = make("admin_group", admin_group);
 }
 
-std::string AccessPolicy::user_name(uint32_t uid) const {
+UserInfo look_up_user(uint32_t uid) {
+  UserInfo info{"uid " + std::to_string(uid), {}};
   std::vector<char> buf(16384);
   passwd pw{}, *found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) return found->pw_name;
-  return "uid " + std::to_string(uid);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || !found) return info;
+  info.name = found->pw_name;
+  int n = 64;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  if (getgrouplist(found->pw_name, found->pw_gid, groups.data(), &n) < 0) {
+    groups.resize(size_t(n));
+    getgrouplist(found->pw_name, found->pw_gid, groups.data(), &n);
+  }
+  groups.resize(size_t(std::max(n, 0)));
+  info.groups.assign(groups.begin(), groups.end());
+  return info;
+}
+
+std::string AccessPolicy::user_name(const Peer& peer) const {
+  if (!peer.user.empty()) return peer.user;
+  return look_up_user(peer.uid).name;
 }
 
 bool AccessPolicy::member(const Peer& peer, const Group& group) const {
   if (peer.gid == group.gid) return true;
-  const auto now = std::chrono::steady_clock::now();
-  auto it = cache_.find(peer.uid);
-  if (it == cache_.end() || now - it->second.at > kCacheFor) {
-    Cached c{{}, now};
-    std::vector<char> buf(16384);
-    passwd pw{}, *found = nullptr;
-    if (getpwuid_r(peer.uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
-      int n = 64;
-      c.groups.resize(size_t(n));
-      if (getgrouplist(found->pw_name, found->pw_gid, c.groups.data(), &n) < 0) {
-        c.groups.resize(size_t(n));
-        getgrouplist(found->pw_name, found->pw_gid, c.groups.data(), &n);
-      }
-      c.groups.resize(size_t(std::max(n, 0)));
+  const std::vector<uint32_t>* groups = peer.groups ? &*peer.groups : nullptr;
+  if (!groups) {
+    const auto now = std::chrono::steady_clock::now();
+    auto it = cache_.find(peer.uid);
+    if (it == cache_.end() || now - it->second.at > kCacheFor) {
+      if (cache_.size() > 4096) cache_.clear();  // bounded: uids are few
+      it = cache_.insert_or_assign(peer.uid, Cached{look_up_user(peer.uid).groups, now}).first;
     }
-    if (cache_.size() > 4096) cache_.clear();  // bounded: uids are few
-    it = cache_.insert_or_assign(peer.uid, std::move(c)).first;
+    groups = &it->second.groups;
   }
-  const auto& g = it->second.groups;
-  return std::find(g.begin(), g.end(), group.gid) != g.end();
+  return std::find(groups->begin(), groups->end(), group.gid) != groups->end();
 }
 
 std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) const {
@@ -82,7 +88,7 @@ std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) cons
   const char* what = role == Role::Agent    ? "register as an agent"
                      : role == Role::Client ? "submit jobs or drop regions"
                                             : "act on other users' jobs";
-  const std::string who = peer.known ? user_name(peer.uid) + " (uid " + std::to_string(peer.uid) + ")"
+  const std::string who = peer.known ? user_name(peer) + " (uid " + std::to_string(peer.uid) + ")"
                                      : peer.key_user();
   if (!group) {
     return (who.empty() ? std::string() : who + " may not " + what + ": ") +

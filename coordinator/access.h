@@ -6,13 +6,15 @@
 // An unset group lets everyone who can reach the socket do that (except
 // cancelling others' jobs, which needs admin_group). root and the
 // coordinator's own user pass every check. A peer admitted over tcp:// by
-// its CURVE key (coordinator/curve_auth.h) may register and submit whatever
+// its CURVE key (coordinator/zap_handler.h) may register and submit whatever
 // the groups say, as the allowed-keys directory is the group there, but
 // never act on others' jobs. A peer of unknown credentials passes only unset
 // groups.
 //
 // Membership is the user's primary group or a supplementary one from the
-// group database (getgrouplist), cached for a minute per uid.
+// group database (getgrouplist). The broker's peers carry both, looked up
+// off the loop when they connected; for a peer without them (tests of the
+// core) they are looked up here and cached for a minute per uid.
 //
 // Thread safety: used by the loop only.
 #pragma once
@@ -31,6 +33,16 @@ namespace leasehold {
 
 enum class Role { Agent, Client, Admin };
 
+// A user's name ("uid N" without a passwd entry) and groups (primary and
+// supplementary), from the passwd and group databases: may block (NSS on
+// LDAP), so the broker's ZAP handler calls it off the loop, once per
+// connection (coordinator/zap_handler.h).
+struct UserInfo {
+  std::string name;
+  std::vector<uint32_t> groups;
+};
+UserInfo look_up_user(uint32_t uid);
+
 class AccessPolicy {
  public:
   AccessPolicy();  // every group unset
@@ -42,8 +54,9 @@ class AccessPolicy {
   // nullopt when `peer` may act as `role`; else why not (naming the user,
   // the option and the group).
   std::optional<std::string> check(Role role, const Peer& peer) const;
-  // "alice", or "uid 1234" without a passwd entry.
-  std::string user_name(uint32_t uid) const;
+  // "alice", or "uid 1234" without a passwd entry: what the ZAP handler
+  // looked up for `peer`, else looked up now.
+  std::string user_name(const Peer& peer) const;
 
  private:
   struct Group {
@@ -55,7 +68,7 @@ class AccessPolicy {
   std::optional<Group> agent_, client_, admin_;
   uid_t self_ = 0;
   struct Cached {
-    std::vector<gid_t> groups;
+    std::vector<uint32_t> groups;
     std::chrono::steady_clock::time_point at;
   };
   mutable std::map<uint32_t, Cached> cache_;

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "coordinator/broker_setup.h"
-#include "coordinator/curve_auth.h"
+#include "coordinator/zap_handler.h"
 #include "coordinator/file_workers.h"
 #include "coordinator/http_endpoint.h"
 #include "coordinator/job_codec.h"
@@ -120,23 +120,27 @@ Broker::Broker(const CoordinatorOptions& opts)
   core_->recover(std::move(jobs), next_id, now(), effects);
   apply(effects);
 
-  // Network endpoints are CURVE servers, and the ZAP handler (bound
-  // before them) decides which keys get in.
-  if (needs_curve(opts_.endpoint) || needs_curve(opts_.events_endpoint)) {
+  // The ZAP handler, bound before the sockets it serves, looks up ipc://
+  // peers' users and groups off the loop and decides which CURVE keys get
+  // in on network endpoints, which are CURVE servers.
+  const bool curve = needs_curve(opts_.endpoint) || needs_curve(opts_.events_endpoint);
+  zap_ = std::make_unique<ZapHandler>(
+      ctx_, curve ? std::optional<std::string>(opts_.curve_allowed_keys) : std::nullopt);
+  router_.set(zmq::sockopt::zap_domain, ZapHandler::kDomain);
+  if (curve) {
     CurveKeyPair keys;
     try {
       keys = read_curve_key_pair(opts_.curve_key);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("curve_key: ") + e.what());
     }
-    curve_auth_ = std::make_unique<CurveAuthenticator>(ctx_, opts_.curve_allowed_keys);
     for (zmq::socket_t* s : {&router_, &pub_}) {
       s->set(zmq::sockopt::curve_server, true);
       s->set(zmq::sockopt::curve_secretkey, keys.secret_key);
     }
     spdlog::info("CURVE on network endpoints: public key {}, {} client and agent keys allowed "
                  "from {}",
-                 keys.public_key, curve_auth_->allowed_keys(), opts_.curve_allowed_keys);
+                 keys.public_key, zap_->allowed_keys(), opts_.curve_allowed_keys);
   }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxMessageBytes));

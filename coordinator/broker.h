@@ -39,7 +39,7 @@ class StoreWriter;
 class FileWorkers;
 class MpsDaemon;
 class HttpEndpoint;
-class CurveAuthenticator;
+class ZapHandler;
 
 class Broker {
  public:
@@ -126,9 +126,9 @@ class Broker {
   zmq::context_t ctx_;
   zmq::socket_t router_;
   zmq::socket_t pub_;
-  // The ZAP handler for network endpoints (null: ipc only). After the
-  // context, so its socket closes before the context ends.
-  std::unique_ptr<CurveAuthenticator> curve_auth_;
+  // Asked about every new connection (coordinator/zap_handler.h). After
+  // the context, so its socket closes before the context ends.
+  std::unique_ptr<ZapHandler> zap_;
   std::deque<Held> held_;
   MalformedPeers malformed_;  // by routing id
   std::string store_error_;

@@ -119,7 +119,7 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
   job.guaranteed_bytes = guaranteed_share(*p.spec);
   if (p.submitter.known) {
     job.submitted_uid = p.submitter.uid;
-    job.submitted_by = opts_.access.user_name(p.submitter.uid);
+    job.submitted_by = opts_.access.user_name(p.submitter);
   } else {
     job.submitted_by = p.submitter.key_user();
   }
@@ -189,7 +189,7 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
   if (!own) {
     if (auto refusal = opts_.access.check(Role::Admin, peer)) {
       spdlog::warn("refused to cancel job {} for {}: {}", id,
-                   peer.known            ? opts_.access.user_name(peer.uid)
+                   peer.known            ? opts_.access.user_name(peer)
                    : !peer.key.empty() ? peer.key_user()
                                        : "an unknown user",
                    *refusal);

@@ -74,7 +74,7 @@ struct CoordinatorOptions {
   std::string socket_group;
   // CURVE for network (tcp://) endpoints, required there: the file of the
   // coordinator's key pair (`leasehold keygen`) and the directory of the
-  // public keys allowed in (coordinator/curve_auth.h).
+  // public keys allowed in (coordinator/zap_handler.h).
   std::string curve_key, curve_allowed_keys;
   // How long an agent has to acknowledge an assignment (see CoreOptions).
   std::chrono::milliseconds assign_timeout{10000};

@@ -37,8 +37,24 @@ Peer peer_of(zmq::message_t& message) {
   // zmq_msg_gets, not cppzmq's gets(): that throws for a missing property.
   const char* address = zmq_msg_gets(message.handle(), "Peer-Address");
   Peer peer = address ? parse_peer_address(address) : Peer{};
-  // Set only when a ZAP handler accepted the connection with a user id.
-  if (const char* user = zmq_msg_gets(message.handle(), "User-Id"); user && !peer.known) {
+  if (peer.known) {
+    // The ZAP handler's lookup at connect time (coordinator/zap_handler.h).
+    if (const char* user = zmq_msg_gets(message.handle(), "X-User")) peer.user = user;
+    if (const char* groups = zmq_msg_gets(message.handle(), "X-Groups")) {
+      std::vector<uint32_t> gids;
+      std::string_view rest(groups);
+      bool ok = true;
+      while (ok && !rest.empty()) {
+        const auto comma = rest.find(',');
+        uint32_t gid = 0;
+        ok = number(rest.substr(0, comma), gid);
+        gids.push_back(gid);
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      }
+      if (ok) peer.groups = std::move(gids);
+    }
+  } else if (const char* user = zmq_msg_gets(message.handle(), "User-Id")) {
+    // Set only when the ZAP handler accepted a CURVE key (its name).
     peer.key = user;
   }
   return peer;

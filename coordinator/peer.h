@@ -2,10 +2,12 @@
 // process (SO_PEERCRED, which libzmq reads at connect and attaches to every
 // message as its "Peer-Address" property, "localhost:UID:GID:PID"); on
 // tcp:// nothing the kernel vouches for, but the name of the CURVE key the
-// coordinator's ZAP handler let in (coordinator/curve_auth.h).
+// coordinator's ZAP handler let in (coordinator/zap_handler.h).
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 #include <string>
 #include <string_view>
 #include <zmq.hpp>
@@ -13,10 +15,31 @@
 namespace leasehold {
 
 struct Peer {
+  // A local process, as the kernel describes it.
+  static Peer local(uint32_t uid, uint32_t gid, int32_t pid) {
+    Peer p;
+    p.known = true;
+    p.uid = uid;
+    p.gid = gid;
+    p.pid = pid;
+    return p;
+  }
+  // A network peer admitted by the CURVE key of this name.
+  static Peer with_key(std::string name) {
+    Peer p;
+    p.key = std::move(name);
+    return p;
+  }
+
   bool known = false;  // uid/gid/pid come from the kernel
   uint32_t uid = 0, gid = 0;
   int32_t pid = 0;
   std::string key;  // CURVE key name ("User-Id"); empty on ipc://
+  // On ipc://, the user's name and groups as the ZAP handler looked them up
+  // when the peer connected (coordinator/zap_handler.h); empty and nullopt
+  // when no handler did.
+  std::string user;
+  std::optional<std::vector<uint32_t>> groups;
   // "key NAME" for a CURVE peer, "" otherwise: how its jobs are recorded.
   std::string key_user() const { return key.empty() ? std::string() : "key " + key; }
 };

@@ -69,7 +69,7 @@ TEST(CoreJobs, OnlyTheSubmitterOrAnAdministratorCancelsAJob) {
   uint64_t id = 0;
   d.submit(id);  // by uid 1000
   EXPECT_EQ(d.job(id).submitted_uid, std::optional<uint32_t>(1000));
-  d.peer = Peer{true, 2000, 2000, 99, {}};
+  d.peer = Peer::local(2000, 2000, 99);
   Effects refused = d.cancel(id);
   EXPECT_NE(errors(refused).find("job 1 was submitted by"), std::string::npos) << errors(refused);
   EXPECT_NE(errors(refused).find("admin_group is not set"), std::string::npos) << errors(refused);
@@ -77,11 +77,11 @@ TEST(CoreJobs, OnlyTheSubmitterOrAnAdministratorCancelsAJob) {
   EXPECT_FALSE(refused.writes_store());
   d.peer = Peer{};  // tcp: nobody the kernel vouches for
   EXPECT_NE(errors(d.cancel(id)).find("submitted by"), std::string::npos);
-  d.peer = Peer{true, 0, 0, 1, {}};  // root
+  d.peer = Peer::local(0, 0, 1);  // root
   d.cancel(id);
   EXPECT_EQ(d.job(id).state, JobState::Cancelled);
   uint64_t mine = 0;
-  d.peer = Peer{true, 1000, 1000, 4242, {}};
+  d.peer = Peer::local(1000, 1000, 4242);
   d.submit(mine);
   d.cancel(mine);
   EXPECT_EQ(d.job(mine).state, JobState::Cancelled) << "the submitter cancels their own";
@@ -107,7 +107,7 @@ TEST(CoreJobs, QueuesEpochsHistoryAndWaitingRequestsAreBounded) {
         << e.what();
   }
   EXPECT_EQ(d.core().jobs().all().size(), 2u);
-  d.peer = Peer{true, 2000, 2000, 7, {}};
+  d.peer = Peer::local(2000, 2000, 7);
   uint64_t other = 0;
   d.submit(other);
   EXPECT_NE(other, 0u) << "another user's queue is their own";
@@ -161,21 +161,21 @@ TEST(CoreJobs, AReasonCannotForgeALogLineOrBreakJson) {
 // ipc://) may cancel it.
 TEST(CoreJobs, OverTheNetworkAJobBelongsToItsKey) {
   CoreDriver d(job_options());
-  d.peer = Peer{false, 0, 0, 0, "alice"};
+  d.peer = Peer::with_key("alice");
   uint64_t id = 0;
   d.submit(id);
   EXPECT_EQ(d.job(id).submitted_by, "key alice");
   EXPECT_FALSE(d.job(id).submitted_uid);
-  d.peer = Peer{false, 0, 0, 0, "bob"};
+  d.peer = Peer::with_key("bob");
   Effects refused = d.cancel(id);
   EXPECT_NE(errors(refused).find("job 1 was submitted by key alice"), std::string::npos)
       << errors(refused);
   EXPECT_EQ(d.job(id).state, JobState::Queued) << "unchanged";
   d.peer = Peer{};  // neither a uid nor a key
   EXPECT_NE(errors(d.cancel(id)).find("submitted by key alice"), std::string::npos);
-  d.peer = Peer{true, 1000, 1000, 7, {}};  // a local user is not the key's owner either
+  d.peer = Peer::local(1000, 1000, 7);  // a local user is not the key's owner either
   EXPECT_NE(errors(d.cancel(id)).find("submitted by key alice"), std::string::npos);
-  d.peer = Peer{false, 0, 0, 0, "alice"};
+  d.peer = Peer::with_key("alice");
   d.cancel(id);
   EXPECT_EQ(d.job(id).state, JobState::Cancelled);
 }

@@ -42,7 +42,7 @@ class CoreDriver {
   // Pids the core will consider gone (process_gone).
   std::set<int> gone;
   // Who every request comes from (a local user, as on an ipc:// socket).
-  Peer peer{true, 1000, 1000, 4242, {}};
+  Peer peer = Peer::local(1000, 1000, 4242);
 
   // Sends `body_type`/`build` from `sender` on socket `rid`.
   using Build = std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder&)>;

@@ -1,0 +1,209 @@
+#include "coordinator/zap_handler.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <stdexcept>
+
+#include "coordinator/access.h"
+#include "coordinator/peer.h"
+#include "shared/curve_keys.h"
+#include "shared/printable.h"
+
+namespace leasehold {
+namespace {
+
+// Where libzmq asks (RFC 27).
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+// Refusals are logged at most this often, with their count.
+constexpr auto kRefusalLogInterval = std::chrono::seconds(10);
+
+int64_t mtime_ns(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+std::string z85(const void* raw32) {
+  char text[41];
+  zmq_z85_encode(text, static_cast<const uint8_t*>(raw32), 32);
+  return text;
+}
+
+}  // namespace
+
+std::string zap_metadata(const std::vector<std::pair<std::string, std::string>>& properties) {
+  std::string out;
+  for (const auto& [name, value] : properties) {
+    out += static_cast<char>(static_cast<uint8_t>(name.size()));
+    out += name;
+    const uint32_t n = static_cast<uint32_t>(value.size());
+    for (int shift = 24; shift >= 0; shift -= 8) out += static_cast<char>((n >> shift) & 0xff);
+    out += value;
+  }
+  return out;
+}
+
+ZapHandler::ZapHandler(zmq::context_t& ctx, std::optional<std::string> allowed_dir)
+    : dir_(std::move(allowed_dir)), socket_(ctx, zmq::socket_type::rep) {
+  if (dir_) {
+    if (!std::filesystem::is_directory(*dir_)) {
+      throw std::runtime_error("curve_allowed_keys " + *dir_ + " is not a directory");
+    }
+    dir_mtime_ns_ = mtime_ns(*dir_);
+    keys_ = read_directory(true);
+    if (keys_.empty()) {
+      spdlog::warn("curve_allowed_keys {} holds no *.pub file: no client or agent can connect "
+                   "over the network until one is added",
+                   *dir_);
+    }
+  }
+  socket_.set(zmq::sockopt::linger, 0);
+  try {
+    socket_.bind(kZapEndpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error(std::string("cannot bind the ZAP handler: ") + e.what());
+  }
+  thread_ = std::thread([this] { serve(); });
+}
+
+ZapHandler::~ZapHandler() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+size_t ZapHandler::allowed_keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return keys_.size();
+}
+
+ZapHandler::Keys ZapHandler::read_directory(bool strict) const {
+  Keys keys;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(*dir_, ec)) {
+    if (entry.path().extension() != ".pub") continue;
+    const std::string name = entry.path().stem().string();
+    try {
+      keys.emplace(read_curve_public_key(entry.path().string()), name);
+    } catch (const std::exception& e) {
+      if (strict) throw std::runtime_error(std::string("curve_allowed_keys: ") + e.what());
+      spdlog::warn("curve_allowed_keys: skipping {}", e.what());
+    }
+  }
+  if (ec) {
+    const std::string why = "cannot read curve_allowed_keys " + *dir_ + ": " + ec.message();
+    if (strict) throw std::runtime_error(why);
+    spdlog::warn("{}", why);
+  }
+  return keys;
+}
+
+void ZapHandler::reload_if_changed() {
+  const int64_t m = mtime_ns(*dir_);
+  if (m == dir_mtime_ns_) return;
+  dir_mtime_ns_ = m;
+  Keys keys = read_directory(false);
+  spdlog::info("curve_allowed_keys {} changed: {} keys allowed", *dir_, keys.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  keys_ = std::move(keys);
+}
+
+void ZapHandler::serve() {
+  while (!stop_.load()) {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(200));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> request;
+      zmq::message_t frame;
+      while (socket_.recv(frame, zmq::recv_flags::none)) {
+        const bool more = frame.more();
+        if (request.size() < 8) request.push_back(std::move(frame));
+        if (!more) break;
+      }
+      Answer a = decide(request);
+      // [version, request id, status code, status text, user id, metadata]
+      socket_.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+      if (request.size() > 1) {
+        socket_.send(request[1], zmq::send_flags::sndmore);
+      } else {
+        socket_.send(zmq::message_t(), zmq::send_flags::sndmore);
+      }
+      socket_.send(zmq::buffer(a.status), zmq::send_flags::sndmore);
+      socket_.send(zmq::buffer(a.text), zmq::send_flags::sndmore);
+      socket_.send(zmq::buffer(a.user_id), zmq::send_flags::sndmore);
+      socket_.send(zmq::buffer(a.metadata), zmq::send_flags::none);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) return;
+      if (e.num() != EINTR) spdlog::error("ZAP handler: {}", e.what());
+    }
+  }
+}
+
+ZapHandler::Answer ZapHandler::decide(std::vector<zmq::message_t>& request) {
+  // [version, request id, domain, address, identity, mechanism, credentials...]
+  const std::string address = request.size() > 3 ? request[3].to_string() : "";
+  Answer a;
+  a.text = "malformed ZAP request";
+  if (request.size() >= 6 && request[0].to_string() == "1.0") {
+    const std::string mechanism = request[5].to_string();
+    if (mechanism == "NULL") {
+      a = local_peer(address);
+    } else if (mechanism == "CURVE" && request.size() >= 7 && request[6].size() == 32) {
+      a = curve_peer(request[6]);
+    } else {
+      a.text = "mechanism " + mechanism + " is not accepted here";
+    }
+  }
+  if (a.status != "200") log_refusal(address, a.text);
+  return a;
+}
+
+ZapHandler::Answer ZapHandler::local_peer(const std::string& address) const {
+  Answer a;
+  const Peer peer = parse_peer_address(address);
+  if (!peer.known) {
+    // Only ipc:// connections come without CURVE.
+    a.text = "no CURVE and no kernel credentials (address " + address + ")";
+    return a;
+  }
+  const UserInfo user = look_up_user(peer.uid);
+  std::string groups;
+  for (uint32_t g : user.groups) groups += (groups.empty() ? "" : ",") + std::to_string(g);
+  a.status = "200";
+  a.text = "OK";
+  a.metadata = zap_metadata({{"X-User", user.name}, {"X-Groups", groups}});
+  return a;
+}
+
+ZapHandler::Answer ZapHandler::curve_peer(const zmq::message_t& key_frame) {
+  Answer a;
+  if (!dir_) {
+    a.text = "this coordinator allows no CURVE keys";
+    return a;
+  }
+  reload_if_changed();
+  const std::string key = z85(key_frame.data());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = keys_.find(key); it != keys_.end()) {
+    a.status = "200";
+    a.text = "OK";
+    a.user_id = it->second;
+  } else {
+    a.text = "key " + key + " is not in curve_allowed_keys";
+  }
+  return a;
+}
+
+void ZapHandler::log_refusal(const std::string& address, const std::string& why) {
+  ++refusals_unlogged_;
+  const auto t = std::chrono::steady_clock::now();
+  if (t - refusal_logged_ < kRefusalLogInterval) return;
+  spdlog::warn("refused {} connection(s); latest from {}: {}", refusals_unlogged_,
+               printable(address), why);
+  refusal_logged_ = t;
+  refusals_unlogged_ = 0;
+}
+
+}  // namespace leasehold
