@@ -127,10 +127,13 @@ int main(int argc, char** argv) {
     ctx.events_endpoint =
         events_endpoint.empty() ? leasehold::default_events_endpoint(endpoint) : events_endpoint;
     ctx.timeout = leasehold::parse_duration(timeout_text);
+    // Keys for whichever endpoint crosses the network (each socket uses
+    // them only if its own does).
     ctx.curve = leasehold::client_curve_keys(
         leasehold::needs_curve(endpoint) ? endpoint : ctx.events_endpoint, curve_key,
         curve_server_key);
     ctx.json = output == "json";
+    if (auto why = leasehold::ipc_permission_problem(endpoint)) throw std::runtime_error(*why);
     if (auto path = leasehold::ipc_path(endpoint); path && access(path->c_str(), F_OK) != 0) {
       throw std::runtime_error("no coordinator at " + endpoint + ": socket " + *path +
                                " does not exist (is leasehold-coordinator running? set "

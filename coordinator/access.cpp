@@ -81,10 +81,17 @@ std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) cons
                                       : role == Role::Client ? client_
                                                              : admin_;
   if (peer.known && (peer.uid == 0 || peer.uid == self_)) return std::nullopt;
+  // Over the network the allowed-keys folders admit agents and clients
+  // (coordinator/zap_handler.h); no key may act on others' jobs.
+  if (role != Role::Admin && !peer.key.empty()) {
+    if (role == Role::Agent ? peer.key_agent : peer.key_client) return std::nullopt;
+    return "key " + peer.key + " may not " +
+           (role == Role::Agent ? std::string("register as an agent: its .pub file is not in "
+                                              "curve_allowed_keys/agents")
+                                : std::string("submit jobs or drop regions: its .pub file is not "
+                                              "directly in curve_allowed_keys"));
+  }
   if (role != Role::Admin && !group) return std::nullopt;
-  // Over the network the allowed-keys directory is what admits agents and
-  // clients: a key in it may do what they do, but not act on others' jobs.
-  if (role != Role::Admin && !peer.key.empty()) return std::nullopt;
   const char* what = role == Role::Agent    ? "register as an agent"
                      : role == Role::Client ? "submit jobs or drop regions"
                                             : "act on other users' jobs";

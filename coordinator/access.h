@@ -5,11 +5,11 @@
 //   admin_group  may cancel anyone's job (a submitter may cancel their own).
 // An unset group lets everyone who can reach the socket do that (except
 // cancelling others' jobs, which needs admin_group). root and the
-// coordinator's own user pass every check. A peer admitted over tcp:// by
-// its CURVE key (coordinator/zap_handler.h) may register and submit whatever
-// the groups say, as the allowed-keys directory is the group there, but
-// never act on others' jobs. A peer of unknown credentials passes only unset
-// groups.
+// coordinator's own user pass every check. Over tcp:// the allowed-keys
+// folders are the groups (coordinator/zap_handler.h): a key in
+// curve_allowed_keys may submit, one in curve_allowed_keys/agents may
+// register, whatever the groups say; no key acts on others' jobs. A peer
+// of unknown credentials passes only unset groups.
 //
 // Membership is the user's primary group or a supplementary one from the
 // group database (getgrouplist). The broker's peers carry both, looked up

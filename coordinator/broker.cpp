@@ -122,7 +122,8 @@ Broker::Broker(const CoordinatorOptions& opts)
 
   // The ZAP handler, bound before the sockets it serves, looks up ipc://
   // peers' users and groups off the loop and decides which CURVE keys get
-  // in on network endpoints, which are CURVE servers.
+  // in on network endpoints. Each socket is a CURVE server exactly when its
+  // own endpoint crosses the network.
   const bool curve = needs_curve(opts_.endpoint) || needs_curve(opts_.events_endpoint);
   zap_ = std::make_unique<ZapHandler>(
       ctx_, curve ? std::optional<std::string>(opts_.curve_allowed_keys) : std::nullopt);
@@ -134,31 +135,23 @@ Broker::Broker(const CoordinatorOptions& opts)
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("curve_key: ") + e.what());
     }
-    for (zmq::socket_t* s : {&router_, &pub_}) {
-      s->set(zmq::sockopt::curve_server, true);
-      s->set(zmq::sockopt::curve_secretkey, keys.secret_key);
+    for (auto [socket, endpoint] : {std::pair{&router_, &opts_.endpoint},
+                                    std::pair{&pub_, &opts_.events_endpoint}}) {
+      if (!needs_curve(*endpoint)) continue;
+      socket->set(zmq::sockopt::curve_server, true);
+      socket->set(zmq::sockopt::curve_secretkey, keys.secret_key);
     }
-    spdlog::info("CURVE on network endpoints: public key {}, {} client and agent keys allowed "
-                 "from {}",
-                 keys.public_key, zap_->allowed_keys(), opts_.curve_allowed_keys);
+    spdlog::info("CURVE on network endpoints: public key {}, {} client and {} agent keys "
+                 "allowed from {}",
+                 keys.public_key, zap_->allowed_keys(false), zap_->allowed_keys(true),
+                 opts_.curve_allowed_keys);
   }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxMessageBytes));
-  try {
-    router_.bind(opts_.endpoint);
-  } catch (const zmq::error_t& e) {
-    throw std::runtime_error("cannot bind " + opts_.endpoint + ": " + e.what());
-  }
-  restrict_socket_file(opts_.endpoint, socket_files);
+  bind_socket(router_, opts_.endpoint, socket_files, "");
   pub_.set(zmq::sockopt::linger, 0);
-  try {
-    prepare_socket_directory(opts_.events_endpoint, socket_files);
-    pub_.bind(opts_.events_endpoint);
-  } catch (const zmq::error_t& e) {
-    throw std::runtime_error("cannot bind the events endpoint " + opts_.events_endpoint + ": " +
-                             e.what());
-  }
-  restrict_socket_file(opts_.events_endpoint, socket_files);
+  prepare_socket_directory(opts_.events_endpoint, socket_files);
+  bind_socket(pub_, opts_.events_endpoint, socket_files, "the events endpoint ");
   if (opts_.http_listen != "off") {
     http_ = std::make_unique<HttpEndpoint>(opts_.http_listen);
     // DCGM's labels: the GPU's index and its UUID.

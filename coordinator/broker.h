@@ -124,11 +124,13 @@ class Broker {
   std::set<uint64_t> http_jobs_changed_;  // since the last publish_http
   std::string gpu_label_, uuid_label_;
   zmq::context_t ctx_;
+  // Asked about every new connection (coordinator/zap_handler.h). After
+  // the context, so its socket closes before the context ends; before the
+  // sockets it guards, so they close first: a CURVE server without its
+  // handler would let any key in.
+  std::unique_ptr<ZapHandler> zap_;
   zmq::socket_t router_;
   zmq::socket_t pub_;
-  // Asked about every new connection (coordinator/zap_handler.h). After
-  // the context, so its socket closes before the context ends.
-  std::unique_ptr<ZapHandler> zap_;
   std::deque<Held> held_;
   MalformedPeers malformed_;  // by routing id
   std::string store_error_;

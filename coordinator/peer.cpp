@@ -56,6 +56,11 @@ Peer peer_of(zmq::message_t& message) {
   } else if (const char* user = zmq_msg_gets(message.handle(), "User-Id")) {
     // Set only when the ZAP handler accepted a CURVE key (its name).
     peer.key = user;
+    if (const char* roles = zmq_msg_gets(message.handle(), "X-Roles")) {
+      const std::string_view r(roles);
+      peer.key_client = r == "client" || r == "client,agent";
+      peer.key_agent = r == "agent" || r == "client,agent";
+    }
   }
   return peer;
 }

@@ -25,9 +25,11 @@ struct Peer {
     return p;
   }
   // A network peer admitted by the CURVE key of this name.
-  static Peer with_key(std::string name) {
+  static Peer with_key(std::string name, bool client = true, bool agent = false) {
     Peer p;
     p.key = std::move(name);
+    p.key_client = client;
+    p.key_agent = agent;
     return p;
   }
 
@@ -35,6 +37,7 @@ struct Peer {
   uint32_t uid = 0, gid = 0;
   int32_t pid = 0;
   std::string key;  // CURVE key name ("User-Id"); empty on ipc://
+  bool key_client = false, key_agent = false;  // its roles ("X-Roles")
   // On ipc://, the user's name and groups as the ZAP handler looked them up
   // when the peer connected (coordinator/zap_handler.h); empty and nullopt
   // when no handler did.

@@ -1,5 +1,6 @@
 #include "coordinator/socket_files.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,15 +52,31 @@ void prepare_socket_directory(std::string_view endpoint, const SocketAccess& acc
   }
 }
 
-void restrict_socket_file(std::string_view endpoint, const SocketAccess& access) {
+void bind_socket(zmq::socket_t& socket, const std::string& endpoint, const SocketAccess& access,
+                 const std::string& what) {
   auto path = ipc_path(endpoint);
+  // The umask is the process's: narrowed only for the moment of bind, when
+  // no other thread of the coordinator creates files yet (the store writer
+  // may, and then its files are only narrower).
+  const mode_t before = path ? ::umask(0177) : 0;
+  try {
+    socket.bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    if (path) ::umask(before);
+    throw std::runtime_error("cannot bind " + what + endpoint + ": " + e.what());
+  }
   if (!path) return;
-  if (::chmod(path->c_str(), access.mode) != 0) {
+  ::umask(before);
+  struct stat st {};
+  if (::lstat(path->c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid()) {
+    throw std::runtime_error("socket " + *path + " is not a socket this process owns after bind");
+  }
+  if (::fchmodat(AT_FDCWD, path->c_str(), access.mode, AT_SYMLINK_NOFOLLOW) != 0) {
     throw std::runtime_error("cannot set the mode of socket " + *path + ": " +
                              std::strerror(errno));
   }
   if (access.group != static_cast<gid_t>(-1) &&
-      ::chown(path->c_str(), static_cast<uid_t>(-1), access.group) != 0) {
+      ::lchown(path->c_str(), static_cast<uid_t>(-1), access.group) != 0) {
     throw std::runtime_error("cannot give socket " + *path + " its socket_group: " +
                              std::strerror(errno) +
                              " (the coordinator's user must be a member of that group)");

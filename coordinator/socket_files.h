@@ -10,6 +10,7 @@
 
 #include <string>
 #include <string_view>
+#include <zmq.hpp>
 
 namespace leasehold {
 
@@ -28,8 +29,12 @@ SocketAccess socket_access(uint32_t mode, const std::string& group);
 // std::runtime_error naming the folder.
 void prepare_socket_directory(std::string_view endpoint, const SocketAccess& access);
 
-// Gives a bound ipc:// endpoint's socket file its mode and group. No-op for
-// other transports. Throws std::runtime_error naming the file.
-void restrict_socket_file(std::string_view endpoint, const SocketAccess& access);
+// Binds `socket` to `endpoint`; for ipc:// the socket file is created with
+// no permission for group and others (the process umask is narrowed around
+// bind, so no connection sneaks in before) and then given `access`: it
+// must be a socket this process owns (lstat; neither follows a link).
+// Throws std::runtime_error naming `what` and the endpoint.
+void bind_socket(zmq::socket_t& socket, const std::string& endpoint, const SocketAccess& access,
+                 const std::string& what);
 
 }  // namespace leasehold

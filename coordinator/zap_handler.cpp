@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -18,12 +20,6 @@ namespace {
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
 // Refusals are logged at most this often, with their count.
 constexpr auto kRefusalLogInterval = std::chrono::seconds(10);
-
-int64_t mtime_ns(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return -1;
-  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
 
 std::string z85(const void* raw32) {
   char text[41];
@@ -51,7 +47,6 @@ ZapHandler::ZapHandler(zmq::context_t& ctx, std::optional<std::string> allowed_d
     if (!std::filesystem::is_directory(*dir_)) {
       throw std::runtime_error("curve_allowed_keys " + *dir_ + " is not a directory");
     }
-    dir_mtime_ns_ = mtime_ns(*dir_);
     keys_ = read_directory(true);
     if (keys_.empty()) {
       spdlog::warn("curve_allowed_keys {} holds no *.pub file: no client or agent can connect "
@@ -73,40 +68,57 @@ ZapHandler::~ZapHandler() {
   if (thread_.joinable()) thread_.join();
 }
 
-size_t ZapHandler::allowed_keys() const {
+size_t ZapHandler::allowed_keys(bool agents) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return keys_.size();
+  size_t n = 0;
+  for (const auto& [key, k] : keys_) n += agents ? k.agent : k.client;
+  return n;
 }
 
-ZapHandler::Keys ZapHandler::read_directory(bool strict) const {
-  Keys keys;
+void ZapHandler::read_folder(const std::string& folder, bool agents, bool strict, Keys& keys,
+                             std::string& problems) const {
+  auto problem = [&](const std::string& what) {
+    if (strict) throw std::runtime_error("curve_allowed_keys: " + what);
+    problems += (problems.empty() ? "" : "; ") + what;
+  };
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0) {
+    if (agents && errno == ENOENT) return;  // no agents/ folder: no agent keys
+    return problem("cannot read " + folder + ": " + std::strerror(errno));
+  }
+  if ((st.st_mode & 022) != 0) {
+    return problem(folder + " may be written by group or others: its keys are not trusted");
+  }
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(*dir_, ec)) {
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
     if (entry.path().extension() != ".pub") continue;
-    const std::string name = entry.path().stem().string();
+    const std::string file = entry.path().string();
+    struct stat fst {};
+    if (::stat(file.c_str(), &fst) == 0 && (fst.st_mode & 022) != 0) {
+      problem(file + " may be written by group or others: not trusted");
+      continue;
+    }
     try {
-      keys.emplace(read_curve_public_key(entry.path().string()), name);
+      AllowedKey& k = keys[read_curve_public_key(file)];
+      if (k.name.empty()) k.name = entry.path().stem().string();
+      (agents ? k.agent : k.client) = true;
     } catch (const std::exception& e) {
-      if (strict) throw std::runtime_error(std::string("curve_allowed_keys: ") + e.what());
-      spdlog::warn("curve_allowed_keys: skipping {}", e.what());
+      problem(e.what());
     }
   }
-  if (ec) {
-    const std::string why = "cannot read curve_allowed_keys " + *dir_ + ": " + ec.message();
-    if (strict) throw std::runtime_error(why);
-    spdlog::warn("{}", why);
-  }
-  return keys;
+  if (ec) problem("cannot read " + folder + ": " + ec.message());
 }
 
-void ZapHandler::reload_if_changed() {
-  const int64_t m = mtime_ns(*dir_);
-  if (m == dir_mtime_ns_) return;
-  dir_mtime_ns_ = m;
-  Keys keys = read_directory(false);
-  spdlog::info("curve_allowed_keys {} changed: {} keys allowed", *dir_, keys.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  keys_ = std::move(keys);
+ZapHandler::Keys ZapHandler::read_directory(bool strict) {
+  Keys keys;
+  std::string problems;
+  read_folder(*dir_, false, strict, keys, problems);
+  read_folder(*dir_ + "/agents", true, strict, keys, problems);
+  if (problems != problems_logged_) {
+    if (!problems.empty()) spdlog::warn("curve_allowed_keys: skipping {}", problems);
+    problems_logged_ = problems;
+  }
+  return keys;
 }
 
 void ZapHandler::serve() {
@@ -122,7 +134,14 @@ void ZapHandler::serve() {
         if (request.size() < 8) request.push_back(std::move(frame));
         if (!more) break;
       }
-      Answer a = decide(request);
+      Answer a;
+      try {
+        a = decide(request);
+      } catch (const std::exception& e) {
+        // Refused, never let in by accident; the handler keeps serving.
+        a.text = std::string("internal error: ") + e.what();
+        spdlog::error("ZAP handler: {}", a.text);
+      }
       // [version, request id, status code, status text, user id, metadata]
       socket_.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
       if (request.size() > 1) {
@@ -183,16 +202,24 @@ ZapHandler::Answer ZapHandler::curve_peer(const zmq::message_t& key_frame) {
     a.text = "this coordinator allows no CURVE keys";
     return a;
   }
-  reload_if_changed();
+  // Read again at every handshake (they are rare, the files small): a
+  // key added, replaced or removed counts from the next one.
+  Keys keys = read_directory(false);
   const std::string key = z85(key_frame.data());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = keys_.find(key); it != keys_.end()) {
+  auto it = keys.find(key);
+  if (it != keys.end()) {
+    const AllowedKey& k = it->second;
     a.status = "200";
     a.text = "OK";
-    a.user_id = it->second;
+    a.user_id = k.name;
+    a.metadata = zap_metadata({{"X-Roles", std::string(k.client ? "client" : "") +
+                                               (k.client && k.agent ? "," : "") +
+                                               (k.agent ? "agent" : "")}});
   } else {
     a.text = "key " + key + " is not in curve_allowed_keys";
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  keys_ = std::move(keys);
   return a;
 }
 

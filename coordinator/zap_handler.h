@@ -12,10 +12,14 @@
 //   (coordinator/access.h).
 // - tcp:// (CURVE): only the public keys in the allowed-keys directory
 //   (curve_allowed_keys: `*.pub` files written by `leasehold keygen`) get
-//   in. A key's name is its file's name without ".pub", and becomes the
-//   connection's "User-Id", under which its jobs are recorded. Adding or
-//   removing a file takes effect at the next handshake; connections already
-//   made stay.
+//   in: those directly in it as clients, those in its `agents/` folder as
+//   agents (a key in both is both). A key's name is its file's name without
+//   ".pub"; it becomes the connection's "User-Id", under which its jobs are
+//   recorded, and its roles the metadata "X-Roles". The folders are read
+//   again at every handshake, so adding, replacing or removing a file takes
+//   effect at the next one (connections already made stay). Like ssh with
+//   authorized_keys, a folder or file that group or others may write is
+//   not trusted: at start-up that is an error, later its keys are skipped.
 //
 // Thread safety: the handler answers on its own thread; the public methods
 // may be called from any thread.
@@ -48,17 +52,23 @@ class ZapHandler {
   ZapHandler(const ZapHandler&) = delete;
   ZapHandler& operator=(const ZapHandler&) = delete;
 
-  size_t allowed_keys() const;
+  // How many keys may connect as agents (`agents`) or as clients.
+  size_t allowed_keys(bool agents) const;
 
  private:
-  using Keys = std::map<std::string, std::string>;  // Z85 public key -> name
+  struct AllowedKey {
+    std::string name;
+    bool client = false, agent = false;
+  };
+  using Keys = std::map<std::string, AllowedKey>;  // by Z85 public key
   struct Answer {
     std::string status = "400", text, user_id, metadata;
   };
-  // Reads every *.pub file; `strict`: a bad file is an error, else it is
-  // logged and skipped.
-  Keys read_directory(bool strict) const;
-  void reload_if_changed();
+  // Reads every *.pub file; `strict`: a bad file or folder is an error,
+  // else it is logged (once until the set changes) and skipped.
+  Keys read_directory(bool strict);
+  void read_folder(const std::string& folder, bool agents, bool strict, Keys& keys,
+                   std::string& problems) const;
   void serve();
   Answer decide(std::vector<zmq::message_t>& request);
   Answer local_peer(const std::string& address) const;
@@ -69,7 +79,7 @@ class ZapHandler {
   zmq::socket_t socket_;  // REP on inproc://zeromq.zap.01; the thread's only
   mutable std::mutex mu_;
   Keys keys_;  // GUARDED_BY(mu_)
-  int64_t dir_mtime_ns_ = 0;
+  std::string problems_logged_;
   std::chrono::steady_clock::time_point refusal_logged_{};
   uint64_t refusals_unlogged_ = 0;
   std::atomic<bool> stop_{false};

@@ -30,7 +30,8 @@ Connection::Connection(zmq::context_t& ctx, std::string endpoint, std::string se
     : socket_(ctx, zmq::socket_type::dealer), endpoint_(std::move(endpoint)),
       sender_(std::move(sender)) {
   socket_.set(zmq::sockopt::linger, 0);
-  if (curve) {
+  // Keys are for network endpoints; an ipc:// one is not a CURVE server.
+  if (curve && needs_curve(endpoint_)) {
     apply_curve_client(socket_, *curve);
     own_public_key_ = curve->own.public_key;
     // The monitor is connected before the socket so that no event is lost.
@@ -103,6 +104,7 @@ Reply Connection::request(const BodyBuilder& build, std::chrono::milliseconds ti
   // (but not when the socket file's mode or the coordinator's CURVE check
   // keeps this process out: waiting would not change that).
   bool permissions_checked = false;
+  handshake_note_.clear();
   while (!socket_.send(to_message(fbb), zmq::send_flags::dontwait)) {
     if (!permissions_checked) {
       permissions_checked = true;

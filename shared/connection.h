@@ -35,7 +35,7 @@ class Reply {
 class Connection {
  public:
   // Connects at once (ZeroMQ connects lazily; nothing blocks here). With
-  // `curve`, as a CURVE client (network endpoints; shared/curve_keys.h).
+  // `curve` and a network endpoint, as a CURVE client (shared/curve_keys.h).
   Connection(zmq::context_t& ctx, std::string endpoint, std::string sender,
              const std::optional<CurveClientKeys>& curve = std::nullopt);
 

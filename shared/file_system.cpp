@@ -25,6 +25,19 @@ int open_retrying(const char* path, int flags, mode_t mode = 0) {
   return fd;
 }
 
+// For a descriptor opened with O_NONBLOCK: an error unless it is a regular
+// file; then back to blocking I/O (some network file systems return EAGAIN
+// otherwise).
+Status regular_and_blocking(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::io_error("cannot stat " + path, errno);
+  if (!S_ISREG(st.st_mode)) return Status::invalid_argument(path + ": not a regular file");
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    return Status::io_error("cannot use " + path, errno);
+  }
+  return Status::OK();
+}
+
 int fsync_retrying(int fd) {
   int rc;
   do {
@@ -87,8 +100,16 @@ class PosixWritableFile final : public WritableFile {
 class PosixFileSystem final : public FileSystem {
  public:
   Status new_writable_file(const std::string& path, std::unique_ptr<WritableFile>* out) override {
-    int fd = open_retrying(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    // Neither through a link nor into a FIFO someone placed there (opening
+    // one for writing without a reader fails at once with O_NONBLOCK):
+    // only a regular file is written.
+    int fd = open_retrying(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK,
+                           0644);
     if (fd < 0) return Status::io_error("cannot create " + path, errno);
+    if (Status st = regular_and_blocking(fd, path); !st.ok()) {
+      ::close(fd);
+      return st;
+    }
     *out = std::make_unique<PosixWritableFile>(fd, path);
     return Status::OK();
   }
@@ -102,17 +123,12 @@ class PosixFileSystem final : public FileSystem {
       return Status::io_error("cannot open " + path, errno);
     }
     contents->clear();
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      int err = errno;
+    if (Status st = regular_and_blocking(fd, path); !st.ok()) {
       ::close(fd);
-      return Status::io_error("cannot stat " + path, err);
+      return st;
     }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return Status::invalid_argument("cannot read " + path + ": not a regular file");
-    }
-    if (st.st_size > 0) contents->reserve(static_cast<size_t>(st.st_size));
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) contents->reserve(static_cast<size_t>(st.st_size));
     char buf[1 << 16];
     for (;;) {
       ssize_t n = ::read(fd, buf, sizeof buf);

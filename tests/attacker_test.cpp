@@ -104,8 +104,8 @@ class Attack : public ::testing::Test {
     write_synthetic_idx(c.dir(), "train", 600, 1);
     write_synthetic_idx(c.dir(), "test", 150, 2);
     coordinator_ = &c.start_coordinator({"--backend", "host", "--pool-size", "64MiB",
-                                         "--alignment", "1MiB", "--heartbeat-interval", "200ms",
-                                         "--queued-per-user", "3", "--assign-timeout", "1s"});
+                                         "--alignment", "1MiB", "--queued-per-user", "3",
+                                         "--assign-timeout", "3s"});
     pattern_ = &c.start_agent("victim", {"--exercise", "--leases", "2", "--lease-size", "4MiB",
                                          "--rounds", "0", "--interval", "20ms"});
     c.start_agent("worker", {});
@@ -235,7 +235,16 @@ TEST_F(Attack, AForgedJobUpdateFromAnotherAgentIsRefused) {
   // No second job reaches the busy worker.
   auto [rc, out] = client({"submit", job_file("next", 1)});
   ASSERT_EQ(rc, 0) << out;
-  std::this_thread::sleep_for(500ms);
+  // Had the forgery worked, the worker would be idle and get it at once.
+  EXPECT_FALSE(c.wait_for(
+      [](const auto& s) {
+        for (const auto& a : s["agents"]) {
+          if (a["name"] == "worker" && a["job_id"] != 1) return true;
+        }
+        return false;
+      },
+      2s))
+      << "the worker keeps its job";
   EXPECT_EQ(job(2)["state"], "queued");
 }
 
@@ -262,15 +271,15 @@ TEST_F(Attack, ForgedHeartbeatsDoNotKeepAKilledAgentsLeases) {
   doomed.signal(SIGKILL);
   ASSERT_TRUE(doomed.wait(5s));
   // Keep "its" heartbeats coming with guessed tokens, for longer than the
-  // coordinator waits for a silent agent (2 intervals of 200 ms).
+  // coordinator waits for a silent agent (2 intervals of 1 s).
   Attacker a(c.endpoint(), "doomed");
-  const auto until = std::chrono::steady_clock::now() + 2s;
+  const auto until = std::chrono::steady_clock::now() + 4s;
   while (std::chrono::steady_clock::now() < until) {
     EXPECT_EQ(code_of(a.send(heartbeat(), SessionToken::random())), ErrorCode::UnknownSender);
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_TRUE(c.wait_for(
-      [](const auto& s) { return !has_agent(s, "doomed") && leased_by(s, "doomed") == 0; }, 5s))
+      [](const auto& s) { return !has_agent(s, "doomed") && leased_by(s, "doomed") == 0; }, 10s))
       << "the dead agent's leases were reclaimed despite the heartbeats";
   expect_victims_intact();
 }
@@ -335,11 +344,12 @@ TEST_F(Attack, AFakeAgentThatIgnoresItsAssignmentLosesTheJob) {
   a.connection().on_notice = [&](const Reply& n) {
     assigned = assigned || n->body_type() == proto::Body::AssignJob;
   };
-  // The fake agent keeps its session alive but never acknowledges.
-  const auto until = std::chrono::steady_clock::now() + 3s;
+  // The fake agent keeps its session alive but never acknowledges, past
+  // assign_timeout (3 s here).
+  const auto until = std::chrono::steady_clock::now() + 6s;
   while (std::chrono::steady_clock::now() < until) {
     EXPECT_EQ(code_of(a.send(heartbeat(), mine)), ErrorCode::None);
-    std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(200ms);
   }
   EXPECT_TRUE(assigned) << "the fake agent was offered the job";
   EXPECT_EQ(job(2)["state"], "queued") << "back in the queue after assign_timeout";

@@ -120,6 +120,36 @@ TEST_F(Curve, AnUnknownKeyGetsNothing) {
   EXPECT_EQ(rc2, 0) << out2;
 }
 
+// The folders are the roles: a key directly in curve_allowed_keys is a
+// client, one in curve_allowed_keys/agents an agent; neither can be the
+// other. A folder others may write is not trusted.
+TEST_F(Curve, KeysHaveTheRolesOfTheirFolders) {
+  keygen("client-only");
+  keygen("agent-only");
+  fs::copy_file(c.key_dir() + "/client-only.pub", c.key_dir() + "/allowed/client-only.pub");
+  fs::copy_file(c.key_dir() + "/agent-only.pub", c.key_dir() + "/allowed/agents/agent-only.pub");
+  start();
+  auto& impostor = c.start_agent("impostor", c.curve_flags("client-only"));
+  ASSERT_TRUE(impostor.wait(15s)) << impostor.describe();
+  EXPECT_NE(impostor.log().find("key client-only may not register as an agent"),
+            std::string::npos)
+      << impostor.log();
+  auto [rc, out] = client("agent-only", {"submit", job_file("not-a-client")});
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("key agent-only may not submit jobs"), std::string::npos) << out;
+  EXPECT_EQ(job_count(), 0u);
+  // Reading stays open to both.
+  EXPECT_EQ(client("agent-only", {"status"}).first, 0);
+  EXPECT_EQ(client("client-only", {"status"}).first, 0);
+  // A key folder that others may write is not trusted, from the next
+  // handshake on.
+  fs::permissions(c.key_dir() + "/allowed", fs::perms::others_write, fs::perm_options::add);
+  auto [rc2, out2] = client("client-only", {"status"});
+  EXPECT_NE(rc2, 0);
+  EXPECT_NE(out2.find("refused this program's CURVE key"), std::string::npos) << out2;
+  EXPECT_TRUE(c.processes()[0]->wait_for_log("may be written by group or others", 5s));
+}
+
 TEST_F(Curve, ANetworkEndpointWithoutKeysIsAStartUpError) {
   auto [rc, out] =
       c.run("leasehold-coordinator", {"--endpoint", c.endpoint(), "--events-endpoint",
@@ -141,14 +171,17 @@ TEST_F(Curve, ANetworkEndpointWithoutKeysIsAStartUpError) {
 
 TEST_F(Curve, KeyFilesAreCheckedAndNeverOverwritten) {
   const std::string pair = c.key_dir() + "/cluster";
-  std::string before;
-  std::getline(std::ifstream(pair + ".pub") >> std::ws, before);
+  auto contents = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  const std::string secret = contents(pair), pub = contents(pair + ".pub");
+  ASSERT_NE(secret.find("secret-key"), std::string::npos);
   auto [rc, out] = c.run("leasehold", {"keygen", pair});
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("exists; keygen never overwrites a key"), std::string::npos) << out;
-  std::string after;
-  std::getline(std::ifstream(pair + ".pub") >> std::ws, after);
-  EXPECT_EQ(before, after);
+  EXPECT_EQ(contents(pair), secret) << "the key pair is untouched";
+  EXPECT_EQ(contents(pair + ".pub"), pub);
 
   struct stat st {};
   ASSERT_EQ(::stat(pair.c_str(), &st), 0);

@@ -191,10 +191,15 @@ nn::NamedTensors load(const std::string& path, FileSystem& fs) {
     // Every size is checked against the bytes that are left before any
     // memory is allocated: a corrupt or hostile file must not make the
     // agent allocate what its shape claims.
-    uint64_t expected = dtype_size(static_cast<DType>(dt));
+    // `span` ignores zero dimensions, so that {0, 2^62, 2^62} (no bytes,
+    // but strides that overflow) is refused too.
+    uint64_t expected = dtype_size(static_cast<DType>(dt)), span = expected;
     for (auto& d : dims) {
       d = r.get<int64_t>("dimension");
-      if (d < 0 || __builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected)) {
+      const uint64_t u = static_cast<uint64_t>(d);
+      if (d < 0 || __builtin_mul_overflow(expected, u, &expected) ||
+          __builtin_mul_overflow(span, std::max<uint64_t>(u, 1), &span) ||
+          span > static_cast<uint64_t>(INT64_MAX)) {
         throw std::runtime_error(path + ": tensor '" + printable(name) +
                                  "' has a negative or overflowing dimension");
       }

@@ -239,6 +239,8 @@ TEST_F(TempDir, CheckpointSizesAreCheckedBeforeAllocating) {
   expect_load_error(forge("overflow", {int64_t{1} << 40, int64_t{1} << 40}, 0, 0),
                     "negative or overflowing dimension");
   expect_load_error(forge("negative", {-4}, 16, 16), "negative or overflowing dimension");
+  expect_load_error(forge("empty-but-huge", {0, int64_t{1} << 62, int64_t{1} << 62}, 0, 0),
+                    "negative or overflowing dimension");
   // A size that disagrees with its shape.
   expect_load_error(forge("mismatch", {4}, 8, 16), "does not match its shape");
   // The well-formed one of the same kind loads.

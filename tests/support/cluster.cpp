@@ -121,10 +121,13 @@ Cluster::~Cluster() {
 }
 
 void Cluster::use_curve() {
-  std::filesystem::create_directories(key_dir() + "/allowed");
+  std::filesystem::create_directories(key_dir() + "/allowed/agents");
   write_curve_key_pair(key_dir() + "/coordinator", generate_curve_key_pair());
   write_curve_key_pair(key_dir() + "/cluster", generate_curve_key_pair());
+  // Allowed as a client and as an agent.
   std::filesystem::copy_file(key_dir() + "/cluster.pub", key_dir() + "/allowed/cluster.pub");
+  std::filesystem::copy_file(key_dir() + "/cluster.pub",
+                             key_dir() + "/allowed/agents/cluster.pub");
   endpoint_ = "tcp://127.0.0.1:" + std::to_string(free_port());
   events_endpoint_ = "tcp://127.0.0.1:" + std::to_string(free_port());
   coordinator_flags_ = {"--events-endpoint", events_endpoint_,

@@ -55,8 +55,9 @@ class Cluster {
 
   // Serves on tcp://127.0.0.1 with CURVE instead of ipc://: writes the
   // coordinator's key pair and one for this cluster's agents and requests
-  // (KEY_DIR/coordinator, KEY_DIR/cluster) and allows the latter (in
-  // KEY_DIR/allowed). Call before start_coordinator.
+  // (KEY_DIR/coordinator, KEY_DIR/cluster) and allows the latter as a
+  // client and an agent (KEY_DIR/allowed and allowed/agents). Call before
+  // start_coordinator.
   void use_curve();
   std::string key_dir() const { return dir_ + "/keys"; }
   // Set by use_curve (empty: the default beside the ipc socket).
