@@ -62,7 +62,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   auto t_start = Clock::now();
   // The files are checked as the data is read (or not at all when it is
   // resident in a region); the model against the data's shape below.
-  validate_job(job, ValidationOptions{false});
+  validate_job(job, ValidationOptions{false, 0, JobLengthLimits::none()});
   const bool wants_regions = job.publish_parameters() || job.init_from();
   if (wants_regions && !options.session) {
     throw JobSpecError({"publish_parameters/init_from: shared cache regions need an agent with a "
@@ -90,7 +90,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   JobResult result;
   int64_t first_epoch = 0;
   if (!ckpt.empty() && fs.exists(ckpt)) {
-    auto loaded = E::checkpoint::load(ckpt, fs);
+    // Parameters and optimizer state, and their names: never more than the
+    // job's resident bytes (which count gradients too) and some headers.
+    auto loaded = E::checkpoint::load(ckpt, fs, job_resident_bytes(job) + (16u << 20));
     std::map<std::string, E::Tensor> by_name(loaded.begin(), loaded.end());
     E::checkpoint::restore(loaded, model->named_parameters());
     E::nn::NamedTensors opt_state;

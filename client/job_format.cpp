@@ -29,6 +29,13 @@ std::string age(uint64_t since_ms) {
   return buf;
 }
 
+// How many attempts a job has had: the latest one's number (a summary
+// carries only the latest attempts).
+unsigned attempt_count(const proto::JobInfo& j) {
+  return j.attempts() && j.attempts()->size() ? j.attempts()->Get(j.attempts()->size() - 1)->number()
+                                              : 0u;
+}
+
 std::string when(uint64_t at_ms) {
   std::time_t t = static_cast<std::time_t>(at_ms / 1000);
   char buf[32];
@@ -63,7 +70,7 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                      {"reason", std::string(str(j.reason()))},
                      {"test_accuracy", j.test_accuracy()},
                      {"samples_per_second", j.samples_per_second()},
-                     {"attempts", j.attempts() ? j.attempts()->size() : 0},
+                     {"attempts", attempt_count(j)},
                      {"max_attempts", j.max_attempts()},
                      {"resumed_from_epoch", j.resumed_from_epoch()},
                      {"checkpoint", std::string(str(j.checkpoint()))},
@@ -146,7 +153,7 @@ std::string jobs_to_table(const std::vector<const proto::JobInfo*>& jobs) {
     std::snprintf(line, sizeof line, "%6llu  %-24s %-10s %8u  %-16s %-22s %6s\n",
                   (unsigned long long)j->id(), std::string(str(j->name())).c_str(),
                   std::string(str(j->state())).c_str(),
-                  j->attempts() ? static_cast<unsigned>(j->attempts()->size()) : 0u,
+                  attempt_count(*j),
                   j->agent() && j->agent()->size() ? j->agent()->c_str() : "-",
                   short_progress(*j).c_str(), age(j->submitted_ms()).c_str());
     os << line;
@@ -183,7 +190,7 @@ std::string job_to_text(const proto::JobInfo& j) {
       return std::string(buf);
     };
     os << "  started: assigned at " << when(j.assigned_at_us() / 1000);
-    if (j.attempts() && j.attempts()->size() == 1) os << " (" << after(j.assigned_at_us()) << " after submission)";
+    if (attempt_count(j) == 1) os << " (" << after(j.assigned_at_us()) << " after submission)";
     if (j.first_step_at_us()) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.1f ms",
@@ -205,7 +212,7 @@ std::string job_to_text(const proto::JobInfo& j) {
     }
   }
   if (j.attempts() && j.attempts()->size()) {
-    os << "  attempts (" << j.attempts()->size() << ", " << j.agent_failures()
+    os << "  attempts (" << attempt_count(j) << ", " << j.agent_failures()
        << " lost their agent; " << j.max_attempts() << " requeues allowed):\n";
     for (const auto* a : *j.attempts()) {
       os << "    " << a->number() << "  on '" << str(a->agent()) << "' from " << when(a->started_ms());

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "client/job_format.h"
+#include "client/json_text.h"
 #include "shared/connection.h"
 #include "shared/job_spec.h"
 
@@ -203,7 +204,7 @@ int submit(const Context& ctx, const std::string& file, bool follow,
       spec->steps = 0;
     }
     // Files are checked by the coordinator, on the host where the job runs.
-    validate_job(*spec, ValidationOptions{false, 0});
+    validate_job(*spec, ValidationOptions{false, 0, JobLengthLimits::none()});
     zmq::context_t zctx(1);
     Reply r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
       auto s = proto::JobSpec::Pack(fbb, spec.get());
@@ -246,7 +247,7 @@ int list_jobs(const Context& ctx) {
     if (ctx.json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto* j : jobs) out.push_back(job_to_json(*j));
-      std::cout << out.dump(2) << "\n";
+      std::cout << json_text(out) << "\n";
     } else {
       std::cout << jobs_to_table(jobs);
     }
@@ -259,7 +260,7 @@ int show_job(const Context& ctx, uint64_t id) {
     zmq::context_t zctx(1);
     Reply r = get_job(ctx, zctx, id);
     const auto* j = r->body_as_JobInfo();
-    std::cout << (ctx.json ? job_to_json(*j).dump(2) + "\n" : job_to_text(*j));
+    std::cout << (ctx.json ? json_text(job_to_json(*j)) + "\n" : job_to_text(*j));
     return 0;
   });
 }
@@ -282,7 +283,7 @@ int logs(const Context& ctx, uint64_t id, bool follow) {
     Reply r = get_job(ctx, zctx, id);
     const auto* j = r->body_as_JobInfo();
     if (ctx.json) {
-      std::cout << job_to_json(*j)["epochs"].dump(2) << "\n";
+      std::cout << json_text(job_to_json(*j)["epochs"]) << "\n";
       return 0;
     }
     if (j->epochs()) {

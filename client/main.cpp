@@ -10,6 +10,7 @@
 
 #include "client/jobs.h"
 #include "client/regions.h"
+#include "client/json_text.h"
 #include "client/status_format.h"
 #include "shared/connection.h"
 #include "shared/endpoint.h"
@@ -30,7 +31,7 @@ int run_status(const leasehold::client::Context& c, const std::string& output) {
   const auto* status = reply->body_as_StatusReply();
   if (!status) throw std::runtime_error("coordinator answered a status request with something else");
   if (output == "json") {
-    std::cout << leasehold::status_to_json(*status).dump(2) << "\n";
+    std::cout << leasehold::json_text(leasehold::status_to_json(*status)) << "\n";
   } else {
     std::cout << leasehold::status_to_table(*status);
   }

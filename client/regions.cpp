@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "client/json_text.h"
 #include "shared/connection.h"
 #include "shared/units.h"
 
@@ -123,7 +124,7 @@ int list_regions(const Context& ctx) {
     });
     const auto* list = r->body_as_RegionList();
     if (!list) throw std::runtime_error("coordinator answered ListRegions with something else");
-    std::cout << (ctx.json ? regions_to_json(*list).dump(2) + "\n" : regions_to_table(*list));
+    std::cout << (ctx.json ? json_text(regions_to_json(*list)) + "\n" : regions_to_table(*list));
     return 0;
   });
 }

@@ -16,7 +16,13 @@ namespace leasehold {
 
 struct AgentRecord {
   std::string name;
-  int pid = 0;
+  int pid = 0;        // as it declared (shown; its own PID namespace's)
+  // Its process as the kernel named it on ipc:// (SO_PEERCRED). Only this
+  // is asked whether it still lives; 0 for a network peer, whose pid says
+  // nothing about this host, so it is dead only when it falls silent.
+  int local_pid = 0;
+  // Who runs it (AttemptRecord::agent_identity): "uid N", "key NAME" or "".
+  std::string identity;
   int device = -1;
   SessionToken session;               // token the agent must present (secret)
   SessionToken instance;              // what its process chose (Register.instance)

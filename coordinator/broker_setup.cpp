@@ -118,10 +118,13 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.epochs_kept = o.job_epochs_kept;
   c.history_kept = o.job_history_kept;
   c.waiting_per_agent = o.waiting_per_agent;
+  c.max_lease_wait = o.max_lease_wait;
+  c.job_limits = {o.max_epochs, o.max_steps};
   c.retention_age = o.job_retention_age;
   c.shrink_timeout = o.shrink_timeout;
   c.access = AccessPolicy(o.agent_group, o.client_group, o.admin_group);
   c.assign_timeout = o.assign_timeout;
+  c.stop_timeout = o.stop_timeout;
   c.fault_probation = o.fault_probation;
   return c;
 }

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "coordinator/replies.h"
+#include "shared/printable.h"
 #include "shared/protocol.h"
 #include "shared/units.h"
 
@@ -15,8 +16,16 @@ namespace leasehold {
 namespace {
 
 constexpr size_t kMaxNameLength = 128;
-// A client may ask to wait at most this long for a lease.
-constexpr std::chrono::hours kMaxLeaseWait{24};
+
+// An agent runs one job at a time, and may still be reporting or stopping
+// the one before: a list longer than this is not an agent's (each entry
+// could cost a StopJob and a log line).
+constexpr size_t kMaxReportedJobs = 8;
+
+std::string too_many_jobs(size_t n) {
+  return "the message lists " + std::to_string(n) + " jobs; an agent runs at most " +
+         std::to_string(kMaxReportedJobs);
+}
 
 bool valid_name(std::string_view name) {
   if (name.empty() || name.size() > kMaxNameLength) return false;
@@ -122,7 +131,7 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
   auto it = agents_.find(name);
   if (it == agents_.end() || it->second.session != SessionToken{hdr->session(), hdr->session_hi()}) {
     return send_error(out, rid, req, ErrorCode::UnknownSender,
-                      "agent '" + name +
+                      "agent '" + printable(name, 128) +
                           "' is not registered with this coordinator (it may have restarted); "
                           "register first");
   }
@@ -135,6 +144,9 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
   switch (env.body_type()) {
     case proto::Body::Heartbeat: {
       const auto* hb = env.body_as_Heartbeat();
+      if (hb->jobs() && hb->jobs()->size() > kMaxReportedJobs) {
+        return send_error(out, rid, req, ErrorCode::InvalidArgument, too_many_jobs(hb->jobs()->size()));
+      }
       if (hb->ready() && !agent.ready) {
         spdlog::info("agent '{}' is warmed up and stands by ({} of device memory outside the pool)",
                      name, format_bytes(hb->outside_pool_bytes()));
@@ -197,8 +209,11 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   std::string name(str(r->name()));
   if (!valid_name(name)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "agent name '" + name.substr(0, kMaxNameLength) +
+                      "agent name '" + printable(name, kMaxNameLength) +
                           "' is invalid: use 1-128 letters, digits, '-', '_', '.', '@' or ':'");
+  }
+  if (r->jobs() && r->jobs()->size() > kMaxReportedJobs) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument, too_many_jobs(r->jobs()->size()));
   }
   if (r->pid() <= 0) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
@@ -211,6 +226,20 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
                           std::to_string(pool_.device));
   }
   const SessionToken instance{r->instance_lo(), r->instance_hi()};
+  const std::string identity = peer_identity(peer);
+  // A name whose job waits for its agent to come back (the coordinator
+  // restarted, the agent lost its session) is that agent's: another user's
+  // agent taking it could claim the job.
+  for (const auto& [id, job] : jobs_.all()) {
+    if (job.orphaned_since && job.agent == name && !job.attempts.empty() &&
+        !job.attempts.back().agent_identity.empty() &&
+        job.attempts.back().agent_identity != identity) {
+      return send_error(out, rid, req, ErrorCode::NameTaken,
+                        "agent name '" + name + "' belongs to the agent of " +
+                            job.attempts.back().agent_identity + ", whose job " +
+                            std::to_string(id) + " waits for it to come back");
+    }
+  }
   if (auto it = agents_.find(name); it != agents_.end()) {
     const AgentRecord& old = it->second;
     // Never taken over by what anyone can read (a pid `leasehold status`
@@ -224,7 +253,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
       // reply that never reached it): its old leases are void, and its job
       // waits for what it reports below.
       drop_agent(name, "registered again", JobFate::Orphan, now, out);
-    } else if (opts_.process_gone(old.pid)) {
+    } else if (gone(old.local_pid)) {
       drop_agent(name, "replaced: its process is gone", JobFate::AgentLost, now, out);
     } else {
       return send_error(out, rid, req, ErrorCode::NameTaken,
@@ -237,6 +266,8 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   AgentRecord& rec = agents_[name];
   rec.name = name;
   rec.pid = r->pid();
+  rec.local_pid = peer.known && peer.pid > 0 ? peer.pid : 0;
+  rec.identity = identity;
   rec.device = pool_.device;
   rec.session = SessionToken::random();
   rec.instance = instance;
@@ -262,23 +293,36 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   schedule(now, out);
 }
 
+std::optional<Refusal> CoordinatorCore::wait_refusal(const std::string& agent,
+                                                     int64_t wait_ms) const {
+  if (wait_ms <= 0) return std::nullopt;
+  if (wait_ms > opts_.max_lease_wait.count()) {
+    return Refusal{ErrorCode::InvalidArgument,
+                   "a wait of " + std::to_string(wait_ms) +
+                       " ms is longer than the limit (max_lease_wait " +
+                       std::to_string(opts_.max_lease_wait.count()) + " ms)"};
+  }
+  size_t waiting = 0;
+  for (const auto& w : leases_.waiting_requests()) waiting += w.owner == agent;
+  for (const auto& w : regions_.waiters()) waiting += w.agent == agent;
+  if (waiting >= opts_.waiting_per_agent) {
+    return Refusal{ErrorCode::NoSpace, "agent '" + agent + "' has " + std::to_string(waiting) +
+                                           " requests waiting, the limit (waiting_per_agent " +
+                                           std::to_string(opts_.waiting_per_agent) + ")"};
+  }
+  return std::nullopt;
+}
+
 void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agent,
                                        const proto::Envelope& env, Now now, Effects& out) {
   const auto* r = env.body_as_LeaseRequest();
   uint64_t req = env.header()->request_id();
   int64_t wait_ms = r->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : r->wait_ms();
-  if (wait_ms > 0) {
-    size_t waiting = 0;
-    for (const auto& w : leases_.waiting_requests()) waiting += w.owner == agent.name;
-    if (waiting >= opts_.waiting_per_agent) {
-      ++lease_stats_.refusals;
-      return send_error(out, rid, req, ErrorCode::NoSpace,
-                        "agent '" + agent.name + "' has " + std::to_string(waiting) +
-                            " lease requests waiting, the limit (waiting_per_agent " +
-                            std::to_string(opts_.waiting_per_agent) + ")");
-    }
+  if (auto no = wait_refusal(agent.name, wait_ms)) {
+    ++lease_stats_.refusals;
+    return send_error(out, rid, req, no->code,
+                      "lease of " + format_bytes(r->size()) + " refused: " + no->message);
   }
-  wait_ms = std::min<int64_t>(wait_ms, std::chrono::milliseconds(kMaxLeaseWait).count());
   PendingRequest pending{agent.name,   r->size(), to_end(r->end()),
                          now.steady + std::chrono::milliseconds(wait_ms),
                          {rid, req},   now.steady, r->needed()};
@@ -406,7 +450,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   auto it = agents_.find(name);
   if (it == agents_.end()) return;
   uint64_t job_id = it->second.job_id;
-  int pid = it->second.pid;
+  const int pid = it->second.pid, local_pid = it->second.local_pid;
   bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
   agents_.erase(it);
   // Its attachments go; a region it was filling goes with its leases.
@@ -415,7 +459,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     // Its kernels or loops may still write into these: nobody gets them
     // until it says it stopped, its process is gone, or recovery_grace ends.
     release_fence(name, "", out);  // an older fence of the same agent
-    Fence f{name + " (fenced)", pid, now.steady};
+    Fence f{name + " (fenced)", local_pid, now.steady};
     auto [count, bytes] = leases_.transfer_all(name, f.holder);
     if (count > 0) fences_[name] = f;
     spdlog::info("agent '{}' (pid {}) {}; {} leases ({}) fenced until it stops", name, pid, why,
@@ -435,7 +479,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     // Its report on registering again decides (reconcile), or the wait ends.
     job->orphaned_since = now.steady;
     job->orphan_counts = fate == JobFate::Silent;
-    job->orphan_pid = fate == JobFate::Silent ? pid : 0;
+    job->orphan_pid = fate == JobFate::Silent ? local_pid : 0;
     return;
   }
   requeue(*job, "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);
@@ -457,7 +501,7 @@ void CoordinatorCore::release_fence(const std::string& agent, const std::string&
 void CoordinatorCore::check_fences(Now now, Effects& out) {
   std::vector<std::pair<std::string, std::string>> done;
   for (const auto& [agent, f] : fences_) {
-    if (opts_.process_gone(f.pid)) {
+    if (gone(f.pid)) {
       done.emplace_back(agent, "its process is gone");
     } else if (now.steady - f.since >= opts_.recovery_grace) {
       done.emplace_back(agent, "still silent after " +
@@ -475,7 +519,7 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
     // Within its first-heartbeat grace an agent is silent by right, unless
     // its process is already gone (killed while it started).
     bool in_grace = agent.last_seen > now.steady;
-    if (now.steady - agent.last_seen > limit || (in_grace && opts_.process_gone(agent.pid))) {
+    if (now.steady - agent.last_seen > limit || (in_grace && gone(agent.local_pid))) {
       dead.emplace_back(name, ms_between(agent.last_seen, now.steady));
     }
   }
@@ -484,7 +528,7 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
   for (const auto& [name, silent_ms] : dead) {
     spdlog::warn("agent '{}' sent no heartbeat for {} ms", name, silent_ms);
     std::string why = "no heartbeat for " + std::to_string(silent_ms) + " ms";
-    if (opts_.process_gone(agents_.at(name).pid)) {
+    if (gone(agents_.at(name).local_pid)) {
       drop_agent(name, "declared dead (" + why + ")", JobFate::AgentLost, now, out);
     } else {
       drop_agent(name, "silent (" + why + ") but its process lives", JobFate::Silent, now, out);

@@ -98,6 +98,10 @@ struct CoreOptions {
   // back, uncharged, and gets no more jobs in its session. At least three
   // heartbeat intervals apply, whatever this says.
   std::chrono::milliseconds assign_timeout{10000};
+  // How long an agent has to end a cancelled job. One that has not (it
+  // acknowledges StopJob and runs on) has the job marked cancelled anyway
+  // and gets no more jobs in its session.
+  std::chrono::milliseconds stop_timeout{60000};
   // How long the checks of a submitted job's files may take.
   std::chrono::milliseconds file_check_timeout{10000};
   // The MPS daemon's pipe folder agents join (empty: no MPS).
@@ -120,6 +124,11 @@ struct CoreOptions {
   size_t epochs_kept = 1000;
   size_t history_kept = 100;
   uint32_t waiting_per_agent = 64;
+  // The longest a lease or region request may ask to wait; a request asking
+  // longer is refused naming the limit (max_lease_wait).
+  std::chrono::milliseconds max_lease_wait{std::chrono::hours(24)};
+  // The longest job accepted (max_epochs, max_steps).
+  JobLengthLimits job_limits;
   // Jobs per ListJobs page (summaries stay far below the message size).
   uint32_t list_page_size = 200;
   // Who may register, submit and cancel (coordinator/access.h).
@@ -226,6 +235,23 @@ class CoordinatorCore {
   // Why a new region of `bytes` cannot be placed even after every idle
   // region (and `also_free` more) went; empty when it might be.
   std::string cache_refusal(uint64_t bytes, uint64_t also_free = 0) const;
+  // Whether the local process `local_pid` (AgentRecord::local_pid; 0:
+  // not known to be on this host) has certainly ended.
+  bool gone(int local_pid) const { return local_pid > 0 && opts_.process_gone(local_pid); }
+  // Whether `agent` runs as the one `job`'s current attempt was given to
+  // (an attempt recorded without an identity matches any).
+  static bool runs_as(const JobRecord& job, const AgentRecord& agent) {
+    return job.attempts.empty() || job.attempts.back().agent_identity.empty() ||
+           job.attempts.back().agent_identity == agent.identity;
+  }
+  // "uid N" for a local peer, "key NAME" for a CURVE one, "" when unknown.
+  static std::string peer_identity(const Peer& peer) {
+    return peer.known ? "uid " + std::to_string(peer.uid) : peer.key_user();
+  }
+  // Why `agent` may not wait `wait_ms` for memory or a region: longer than
+  // max_lease_wait (InvalidArgument), or waiting_per_agent requests already
+  // waiting (NoSpace). None when it may.
+  std::optional<Refusal> wait_refusal(const std::string& agent, int64_t wait_ms) const;
   // Places the new region `rec` (memory from the high end, after evicting
   // idle regions if that makes room); an empty string on success, else why not.
   std::string place_region(RegionRecord& rec, uint64_t size, Now now);

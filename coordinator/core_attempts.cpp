@@ -8,6 +8,7 @@
 
 #include "coordinator/core.h"
 #include "coordinator/replies.h"
+#include "shared/printable.h"
 #include "shared/protocol.h"
 
 namespace leasehold {
@@ -34,7 +35,7 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
   for (const auto& r : agent.reported) {
     JobRecord* job = jobs_.find(r.job_id);
     bool ours = job && job->state == JobState::Running && job->agent == agent.name &&
-                job->attempt_number() == r.attempt;
+                job->attempt_number() == r.attempt && runs_as(*job, agent);
     if (ours) {
       if (job->orphaned_since) {
         // Back and still holding it: the old session's leases are void, so
@@ -149,8 +150,15 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   AttemptRecord attempt;
   attempt.number = job.attempt_number() + 1;
   attempt.agent = agent.name;
+  attempt.agent_identity = agent.identity;
   attempt.started_ms = now.unix_ms;
   job.attempts.push_back(attempt);
+  // The latest attempts are kept, as many as state changes (each number
+  // says how many came before).
+  if (job.attempts.size() > opts_.history_kept) {
+    job.attempts.erase(job.attempts.begin(),
+                       job.attempts.end() - static_cast<std::ptrdiff_t>(opts_.history_kept));
+  }
   job.agent = agent.name;
   job.assign_acked = false;
   job.stop_wanted = false;
@@ -216,6 +224,19 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
       requeue(*job, why, false, now, out);
       continue;
     }
+    // (Unset for a cancel recovered from the store: its time starts now.)
+    if (job->cancel_requested && !job->cancel_since) job->cancel_since = now.steady;
+    if (job->cancel_requested && now.steady - *job->cancel_since >= opts_.stop_timeout) {
+      // Cancelled, and the agent still has not ended it (a fake agent that
+      // acknowledges and ignores StopJob, one stuck): the job ends anyway,
+      // and the agent gets no more jobs until it registers again.
+      const std::string why = "agent '" + name + "' did not stop it within " +
+                              std::to_string(opts_.stop_timeout.count()) + " ms (stop_timeout)";
+      spdlog::warn("{}: {}; it gets no more jobs in this session", job_label(*job), why);
+      agent.ignored_assignment = true;
+      finish(*job, JobState::Cancelled, "cancelled; " + why, now, out);
+      continue;
+    }
     bool stop = job->cancel_requested || job->stop_wanted;
     if (!stop && !job->assign_acked && now.steady - job->assign_sent >= opts_.heartbeat_interval) {
       spdlog::debug("{}: assignment to '{}' not acknowledged yet; sending it again",
@@ -247,7 +268,7 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
   if (auto* a = job.current_attempt(); a && a->ended_ms == 0) {
     a->ended_ms = now.unix_ms;
     a->outcome = outcome;
-    a->reason = reason;
+    a->reason = printable(reason, kReasonBytes);
   }
   if (auto it = agents_.find(job.agent); it != agents_.end() && it->second.job_id == job.id) {
     it->second.job_id = 0;
@@ -286,7 +307,7 @@ void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool 
                  std::to_string(a.number) + ": " + a.reason;
     }
     return finish(job, JobState::Failed,
-                  "gave up after " + std::to_string(job.attempts.size()) + " attempts (" +
+                  "gave up after " + std::to_string(job.attempt_number()) + " attempts (" +
                       std::to_string(job.agent_failures) +
                       " lost their agent or faulted on the device; max_attempts " +
                       std::to_string(job.max_attempts) + "): " + reasons,
@@ -306,7 +327,7 @@ void CoordinatorCore::release_orphans(Now now, Effects& out) {
   for (auto& [id, job] : jobs_.all()) {
     // A silent agent whose process has ended since (a killed process can
     // take a while to exit, a GPU context with it) is simply dead.
-    if (job.orphaned_since && job.orphan_pid && opts_.process_gone(job.orphan_pid)) {
+    if (job.orphaned_since && gone(job.orphan_pid)) {
       requeue(job, "agent '" + job.agent + "' died (silent, then its process ended)", true, now,
               out);
       continue;

@@ -77,7 +77,7 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   auto spec = std::shared_ptr<proto::JobSpecT>(submit->spec()->UnPack());
   try {
     // Everything but the files here; the files are checked off this thread.
-    validate_job(*spec, ValidationOptions{false, pool_.size});
+    validate_job(*spec, ValidationOptions{false, pool_.size, opts_.job_limits});
   } catch (const JobSpecError& e) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, e.what());
   }
@@ -90,7 +90,9 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   uint64_t token = next_check_token_++;
   pending_submits_[token] =
       PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout, peer};
-  out.file_checks.push_back(FileCheck{token, spec, pool_.size});
+  out.file_checks.push_back(
+      FileCheck{token, spec,
+                ValidationOptions{true, pool_.size, opts_.job_limits, opts_.state_dir}});
 }
 
 void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::string>& problems,
@@ -155,8 +157,15 @@ void CoordinatorCore::on_list_jobs(const std::string& rid, const proto::Envelope
   uint32_t limit = l->limit() == 0 ? opts_.list_page_size : std::min(l->limit(), opts_.list_page_size);
   proto::JobListT list;
   auto it = jobs_.all().upper_bound(l->after_id());
-  for (; it != jobs_.all().end() && list.jobs.size() < limit; ++it) {
-    list.jobs.push_back(job_info(it->second, kSummaryDetail));
+  // A page ends at `limit` jobs or at kListPageBytes, whichever comes first
+  // (at least one job, and summaries are bounded well below the limit).
+  size_t bytes = 0;
+  for (; it != jobs_.all().end() && list.jobs.size() < limit && bytes < kListPageBytes; ++it) {
+    auto info = job_info(it->second, kSummaryDetail);
+    flatbuffers::FlatBufferBuilder one(1024);
+    one.Finish(proto::JobInfo::Pack(one, info.get()));
+    bytes += one.GetSize();
+    list.jobs.push_back(std::move(info));
   }
   list.more = it != jobs_.all().end();
   send(out, rid, env.header()->request_id(), std::move(list));
@@ -213,6 +222,7 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
     // The agent stops between steps, releases its leases and reports; until
     // its heartbeat shows it stopping, StopJob is sent again.
     job->cancel_requested = true;
+    job->cancel_since = now.steady;
     auto agent = agents_.find(job->agent);
     if (!job->orphaned_since && agent != agents_.end() && agent->second.job_id == id) {
       push_stop(id, job->attempt_number(), true, "cancelled by request", agent->second, out,
@@ -233,17 +243,18 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   const auto* u = env.body_as_JobUpdate();
   std::string state_text(u->state() ? str(u->state()) : "running");
   // An agent's words: logged, stored and shown in JSON.
-  const std::string reason = printable(str(u->reason()));
+  const std::string reason = printable(str(u->reason()), kAgentReasonBytes);
   bool interrupted = state_text == "interrupted";
   auto state = parse_job_state(state_text);
   if (!interrupted && (!state || *state == JobState::Queued)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "job update state '" + state_text +
+                      "job update state '" + printable(state_text, 32) +
                           "' is not running, succeeded, failed, cancelled or interrupted");
   }
   bool final_report = interrupted || is_terminal(*state);
   JobRecord* job = jobs_.find(u->job_id());
-  bool ours = job && job->agent == agent.name && job->attempt_number() == u->attempt();
+  bool ours = job && job->agent == agent.name && job->attempt_number() == u->attempt() &&
+              runs_as(*job, agent);
   std::string what = "job " + std::to_string(u->job_id()) + " attempt " +
                      std::to_string(u->attempt());
   if (!ours) {

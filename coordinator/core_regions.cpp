@@ -7,6 +7,7 @@
 
 #include "coordinator/core.h"
 #include "coordinator/replies.h"
+#include "shared/printable.h"
 #include "shared/protocol.h"
 #include "shared/units.h"
 
@@ -16,8 +17,6 @@ namespace {
 // Evicted regions kept in listings (their counters tell an operator why jobs
 // had to fill them again).
 constexpr size_t kEvictedKept = 64;
-// An attach may wait at most this long for a filler.
-constexpr std::chrono::hours kMaxRegionWait{24};
 
 std::unique_ptr<proto::RegionT> region_object(const RegionRecord& r) {
   auto o = std::make_unique<proto::RegionT>();
@@ -60,7 +59,7 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
   const uint64_t size = a->size();
   if (!valid_region_name(name)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "region name '" + name.substr(0, 128) +
+                      "region name '" + printable(name, 128) +
                           "' is invalid: use 1-128 letters, digits, '.', '_', '-', ':' or '/' "
                           "(not first)");
   }
@@ -77,9 +76,10 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
                       "region '" + name + "' of " + format_bytes(size) +
                           " can never fit: the pool holds " + format_bytes(pool_.size));
   }
-  const int64_t wait_ms =
-      std::min<int64_t>(a->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : a->wait_ms(),
-                        std::chrono::milliseconds(kMaxRegionWait).count());
+  const int64_t wait_ms = a->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : a->wait_ms();
+  if (auto no = wait_refusal(agent.name, wait_ms)) {
+    return send_error(out, rid, req, no->code, "region '" + name + "': " + no->message);
+  }
   const ReplyTo to{rid, req};
   RegionRecord* rec = regions_.find(name);
   if (rec && rec->resident()) {

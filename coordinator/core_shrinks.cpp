@@ -121,7 +121,7 @@ void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
   const uint64_t released = d->released();
   // Less than asked: what it holds is in use now; let it run a while.
   if (released < s.bytes) agent.shrink_rest_until = now.steady + opts_.heartbeat_interval;
-  const std::string reason = printable(str(d->reason()));
+  const std::string reason = printable(str(d->reason()), kAgentReasonBytes);
   spdlog::info("agent '{}' released {} of {} asked in {} ms{}{}", agent.name,
                format_bytes(released), format_bytes(s.bytes), ms_since(s.sent, now.steady),
                reason.empty() ? "" : ": ", reason);
@@ -156,7 +156,7 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
                       " ms; skipped";
       publish_shrink(out, name, std::move(missed));
     } else if (s.missed && now.steady >= s.deadline + opts_.shrink_timeout) {
-      silent.emplace_back(name, agent.pid);
+      silent.emplace_back(name, agent.local_pid);
     }
   }
   for (const auto& [name, pid] : silent) {
@@ -165,7 +165,7 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
     uint64_t job_id = agents_.at(name).job_id;
     // Like an agent that stopped heart-beating: if its process lives it may
     // still write into its leases, so they are fenced.
-    drop_agent(name, why, opts_.process_gone(pid) ? JobFate::AgentLost : JobFate::Silent, now,
+    drop_agent(name, why, gone(pid) ? JobFate::AgentLost : JobFate::Silent, now,
                out);
     // Its report of the interruption cannot say why: the job record does.
     if (JobRecord* job = job_id ? jobs_.find(job_id) : nullptr; job && job->orphaned_since) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "schemas/leasehold_generated.h"
+#include "shared/job_spec.h"
 
 namespace leasehold {
 
@@ -38,7 +39,7 @@ struct OutMessage {
 struct FileCheck {
   uint64_t token = 0;
   std::shared_ptr<const proto::JobSpecT> spec;
-  uint64_t pool_bytes = 0;
+  ValidationOptions validation;  // the submission's, with check_files on
 };
 
 struct Effects {

@@ -40,7 +40,7 @@ struct FileWorkers::State {
       if (auto* c = std::get_if<FileCheck>(&item)) {
         CheckResult r{c->token, {}};
         try {
-          validate_job(*c->spec, ValidationOptions{true, c->pool_bytes});
+          validate_job(*c->spec, c->validation);
         } catch (const JobSpecError& e) {
           r.problems = e.problems();
         } catch (const std::exception& e) {

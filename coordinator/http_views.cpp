@@ -42,9 +42,9 @@ std::string render_job_json(const proto::JobInfoT& info) {
 }
 
 std::string render_job_event(const JobRecord& job) {
-  // The PUB socket's events are summaries too.
+  // As the PUB socket's events: progress, not the whole record.
   return dump({{"topic", "job." + std::to_string(job.id) + "."},
-               {"job", via_table<proto::JobInfo>(*job_info(job, kSummaryDetail),
+               {"job", via_table<proto::JobInfo>(*job_info(job, kEventDetail),
                                                  [](const proto::JobInfo& j) {
                                                    return job_to_json(j);
                                                  })}});

@@ -11,7 +11,7 @@ std::vector<T> tail(const std::vector<T>& v, size_t n) {
   return v.size() <= n ? v : std::vector<T>(v.end() - static_cast<std::ptrdiff_t>(n), v.end());
 }
 
-constexpr InfoDetail kEverything{true, SIZE_MAX, SIZE_MAX};
+constexpr InfoDetail kEverything{true, SIZE_MAX, SIZE_MAX, SIZE_MAX};
 
 }  // namespace
 
@@ -36,7 +36,7 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   info->samples_per_second = job.samples_per_second;
   info->reason = job.reason;
   if (detail.spec && job.spec) info->spec = std::make_unique<proto::JobSpecT>(*job.spec);
-  for (const auto& a : job.attempts) {
+  for (const auto& a : tail(job.attempts, detail.max_attempts)) {
     auto t = std::make_unique<proto::AttemptT>();
     t->number = a.number;
     t->agent = a.agent;
@@ -45,6 +45,7 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
     t->outcome = a.outcome;
     t->reason = a.reason;
     t->resumed_from_epoch = a.resumed_from_epoch;
+    t->agent_identity = a.agent_identity;
     info->attempts.push_back(std::move(t));
   }
   info->max_attempts = job.max_attempts;
@@ -112,7 +113,8 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   job.cancel_requested = info->cancel_requested;
   for (auto& a : info->attempts) {
     job.attempts.push_back(AttemptRecord{a->number, a->agent, a->started_ms, a->ended_ms,
-                                         a->outcome, a->reason, a->resumed_from_epoch});
+                                         a->outcome, a->reason, a->resumed_from_epoch,
+                                         a->agent_identity});
   }
   job.agent_failures = info->agent_failures;
   job.max_attempts = info->max_attempts;

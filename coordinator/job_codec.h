@@ -15,16 +15,22 @@
 namespace leasehold {
 
 // How much of a job goes into a JobInfo. Lists and events carry only the
-// latest epochs and history so that a page of many jobs stays far below the
-// protocol's message size; epochs_total and history_total say how many
-// there are.
+// latest epochs, history and attempts so that a page of many jobs stays far
+// below the protocol's message size; epochs_total and history_total say how
+// many there are, and the latest attempt's number how many attempts.
 struct InfoDetail {
   bool spec = false;
   size_t max_epochs = SIZE_MAX;
   size_t max_history = SIZE_MAX;
+  size_t max_attempts = SIZE_MAX;
 };
-inline constexpr InfoDetail kSummaryDetail{false, 20, 30};
-inline constexpr InfoDetail kFullDetail{true, 10000, 1000};
+inline constexpr InfoDetail kSummaryDetail{false, 20, 10, 5};
+// A job event says how the job progresses: its state, progress and the
+// latest epochs (for followers that print each), not its whole record.
+inline constexpr InfoDetail kEventDetail{false, 3, 1, 1};
+inline constexpr InfoDetail kFullDetail{true, 10000, 1000, 1000};
+// A page of job summaries ends once it holds this many bytes.
+inline constexpr size_t kListPageBytes = 1u << 20;
 
 std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail& detail);
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "shared/printable.h"
+
 namespace leasehold {
 
 const char* job_state_name(JobState s) {
@@ -85,12 +87,13 @@ void JobTable::set_state(JobRecord& job, JobState state, uint64_t now_ms,
   }
   // The job's reason says why it is queued again or why it ended; a running
   // job keeps the one it had ("coordinator restarted; resuming ...").
-  if (!reason.empty() && state != JobState::Running) job.reason = reason;
+  const std::string bounded = printable(reason, kReasonBytes);
+  if (!bounded.empty() && state != JobState::Running) job.reason = bounded;
   if (is_terminal(state)) job.finished_ms = now_ms;
   proto::StateChangeT change;
   change.state = job_state_name(state);
   change.at_ms = now_ms;
-  change.reason = reason;
+  change.reason = bounded;
   job.history.push_back(change);
   if (job.history.size() > history_kept_) {
     const size_t drop = job.history.size() - history_kept_;

@@ -20,6 +20,13 @@ namespace leasehold {
 
 using Clock = std::chrono::steady_clock;
 
+// Reasons kept in a job record (its reason, each state change's and each
+// attempt's) are cut to this many bytes, and an agent's own words to fewer,
+// leaving room for the coordinator's context around them: a page of job
+// summaries stays far below the protocol's message size.
+inline constexpr size_t kReasonBytes = 1024;
+inline constexpr size_t kAgentReasonBytes = 512;
+
 enum class JobState { Queued, Running, Succeeded, Failed, Cancelled };
 const char* job_state_name(JobState s);
 std::optional<JobState> parse_job_state(std::string_view s);
@@ -34,6 +41,7 @@ struct AttemptRecord {
   std::string outcome;    // see Attempt in schemas/leasehold.fbs
   std::string reason;
   int32_t resumed_from_epoch = 0;
+  std::string agent_identity;  // see Attempt in schemas/leasehold.fbs
 };
 
 struct JobRecord {
@@ -90,6 +98,9 @@ struct JobRecord {
   // recovered from the store).
   std::optional<Clock::time_point> assigned_steady;
   Clock::time_point stop_sent{};
+  // When the coordinator first saw its cancel with an agent on it: the
+  // agent has stop_timeout from then to end it.
+  std::optional<Clock::time_point> cancel_since;
   // Set for a running job whose agent has not said whether it still runs it
   // (the coordinator restarted, or the agent registered again or fell
   // silent while its process lives on).

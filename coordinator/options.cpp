@@ -19,13 +19,20 @@
 namespace leasehold {
 namespace {
 
-uint32_t parse_count(const std::string& text) {
+// A whole number in [1, max].
+int64_t parse_count(const std::string& text, int64_t max = 100000000) {
   size_t used = 0;
-  long long v = std::stoll(text, &used);
-  if (used != text.size() || v < 1 || v > 100000000) {
-    throw std::invalid_argument("'" + text + "' is not a count between 1 and 100000000");
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
   }
-  return static_cast<uint32_t>(v);
+  if (used == 0 || used != text.size() || v < 1 || v > max) {
+    throw std::invalid_argument("'" + text + "' is not a count between 1 and " +
+                                std::to_string(max));
+  }
+  return v;
 }
 
 int parse_int(const std::string& text) {
@@ -128,6 +135,14 @@ const std::vector<Option>& options() {
       {"waiting_per_agent", nullptr,
        "lease requests one agent may have waiting for memory (default 64)",
        [](O& o, V v) { o.waiting_per_agent = parse_count(v); }},
+      {"max_lease_wait", nullptr,
+       "the longest a lease or region request may ask to wait for memory; one asking longer is "
+       "refused (default 24h)",
+       [](O& o, V v) { o.max_lease_wait = parse_duration(v); }},
+      {"max_epochs", nullptr, "the most epochs a job may ask for (default 100000)",
+       [](O& o, V v) { o.max_epochs = parse_count(v); }},
+      {"max_steps", nullptr, "the most steps a job may ask for (default 1000000000)",
+       [](O& o, V v) { o.max_steps = parse_count(v, 1000000000000); }},
       {"malformed_limit", nullptr,
        "malformed messages after which a connection is ignored (default 100)",
        [](O& o, V v) { o.malformed_limit = parse_count(v); }},
@@ -135,6 +150,10 @@ const std::vector<Option>& options() {
        "an assignment an agent does not acknowledge by then goes back to the queue and the agent "
        "gets no more jobs in its session (default 10s)",
        [](O& o, V v) { o.assign_timeout = parse_duration(v); }},
+      {"stop_timeout", nullptr,
+       "a cancelled job its agent has not ended by then is marked cancelled anyway and the agent "
+       "gets no more jobs in its session (default 60s)",
+       [](O& o, V v) { o.stop_timeout = parse_duration(v); }},
       {"agent_group", nullptr,
        "only members of this group (and root) may register as agents (default: anyone who can "
        "reach the socket)",
@@ -251,6 +270,17 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.lease_wait_timeout.count() < 0) {
     throw std::invalid_argument("lease_wait_timeout must not be negative");
   }
+  // Requests carry their wait as 32-bit milliseconds.
+  if (opts.max_lease_wait.count() < 1 || opts.max_lease_wait.count() > INT32_MAX) {
+    throw std::invalid_argument("max_lease_wait must be between 1ms and " +
+                                std::to_string(INT32_MAX / 86400000) + " days");
+  }
+  if (opts.lease_wait_timeout > opts.max_lease_wait) {
+    throw std::invalid_argument("lease_wait_timeout (" +
+                                std::to_string(opts.lease_wait_timeout.count()) +
+                                " ms) is longer than max_lease_wait (" +
+                                std::to_string(opts.max_lease_wait.count()) + " ms)");
+  }
   if (opts.state_dir.empty()) throw std::invalid_argument("state_dir is empty");
   if (opts.recovery_grace.count() < 0) {
     throw std::invalid_argument("recovery_grace must not be negative");
@@ -291,6 +321,7 @@ void validate(const CoordinatorOptions& opts) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }
   if (opts.assign_timeout.count() <= 0) throw std::invalid_argument("assign_timeout must be positive");
+  if (opts.stop_timeout.count() <= 0) throw std::invalid_argument("stop_timeout must be positive");
   for (const std::string& e : {opts.endpoint, opts.events_endpoint}) {
     if (needs_curve(e) && (opts.curve_key.empty() || opts.curve_allowed_keys.empty())) {
       throw std::invalid_argument(

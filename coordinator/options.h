@@ -49,6 +49,10 @@ struct CoordinatorOptions {
   // changes kept per job, lease requests waiting per agent.
   uint32_t queued_per_user = 1000, job_epochs_kept = 1000, job_history_kept = 100,
            waiting_per_agent = 64;
+  // The longest wait a lease or region request may ask for.
+  std::chrono::milliseconds max_lease_wait{std::chrono::hours(24)};
+  // The longest job accepted.
+  int64_t max_epochs = 100000, max_steps = 1000000000;
   // Malformed messages after which a connection is ignored.
   uint32_t malformed_limit = 100;
   std::chrono::milliseconds job_retention_age{std::chrono::hours(24 * 30)};
@@ -78,6 +82,8 @@ struct CoordinatorOptions {
   std::string curve_key, curve_allowed_keys;
   // How long an agent has to acknowledge an assignment (see CoreOptions).
   std::chrono::milliseconds assign_timeout{10000};
+  // How long an agent has to end a cancelled job (see CoreOptions).
+  std::chrono::milliseconds stop_timeout{60000};
   // MPS (coordinator/mps_daemon.h): auto (on with the cuda backend when
   // nvidia-cuda-mps-control is on the PATH), on (a start-up error without
   // it) or off. mps_directory: the pipe folder of a daemon someone else

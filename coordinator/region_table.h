@@ -77,6 +77,7 @@ class RegionTable {
   void forget_evicted(size_t keep);
 
   std::deque<RegionWaiter>& waiters() { return waiters_; }
+  const std::deque<RegionWaiter>& waiters() const { return waiters_; }
   // Removes and returns the waiters whose deadline is at or before `now`.
   std::vector<RegionWaiter> expire(Clock::time_point now);
   std::optional<Clock::time_point> next_deadline() const;

@@ -50,6 +50,24 @@ void prepare_socket_directory(std::string_view endpoint, const SocketAccess& acc
     throw std::runtime_error("cannot create the socket folder " + dir.string() + ": " +
                              (ec ? ec.message() : "not a directory"));
   }
+  // Whoever may remove or rename entries in the folder may put their own
+  // socket in ours' place (libzmq removes the path before it binds, too).
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    throw std::runtime_error("cannot examine the socket folder " + dir.string() + ": " +
+                             std::strerror(errno));
+  }
+  if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+    throw std::runtime_error("the socket folder " + dir.string() + " belongs to uid " +
+                             std::to_string(st.st_uid) +
+                             ", who could replace the socket: use a folder of this user's or "
+                             "root's");
+  }
+  if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
+    throw std::runtime_error("the socket folder " + dir.string() +
+                             " may be written by anyone and is not sticky, so anyone could "
+                             "replace the socket: use a folder only this user may write");
+  }
 }
 
 void bind_socket(zmq::socket_t& socket, const std::string& endpoint, const SocketAccess& access,

@@ -25,7 +25,9 @@ SocketAccess socket_access(uint32_t mode, const std::string& group);
 
 // Creates the folder of an ipc:// endpoint when missing: owner rwx, and
 // r-x for group and others where `access.mode` gives them any permission,
-// owned by its group. No-op for other transports. Throws
+// owned by its group. An existing folder that another user (not root) owns,
+// or that anyone may write without the sticky bit, is refused: either could
+// replace the socket. No-op for other transports. Throws
 // std::runtime_error naming the folder.
 void prepare_socket_directory(std::string_view endpoint, const SocketAccess& access);
 

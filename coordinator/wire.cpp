@@ -24,7 +24,7 @@ std::string event_topic(uint64_t job_id) { return "job." + std::to_string(job_id
 
 zmq::message_t encode_event(const JobRecord& job) {
   flatbuffers::FlatBufferBuilder fbb(1024);
-  auto info = job_info(job, kSummaryDetail);
+  auto info = job_info(job, kEventDetail);
   auto body = proto::JobInfo::Pack(fbb, info.get());
   finish_envelope(fbb, {0, "coordinator", {}}, proto::Body::JobInfo, body.Union());
   return to_message(fbb);

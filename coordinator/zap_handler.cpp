@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -20,6 +21,10 @@ namespace {
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
 // Refusals are logged at most this often, with their count.
 constexpr auto kRefusalLogInterval = std::chrono::seconds(10);
+
+// Like ssh's StrictModes: keys are trusted only in folders and files that
+// this coordinator's user or root owns.
+bool owned_by_us_or_root(const struct stat& st) { return st.st_uid == 0 || st.st_uid == ::geteuid(); }
 
 std::string z85(const void* raw32) {
   char text[41];
@@ -89,6 +94,10 @@ void ZapHandler::read_folder(const std::string& folder, bool agents, bool strict
   if ((st.st_mode & 022) != 0) {
     return problem(folder + " may be written by group or others: its keys are not trusted");
   }
+  if (!owned_by_us_or_root(st)) {
+    return problem(folder + " belongs to uid " + std::to_string(st.st_uid) +
+                   ", neither this coordinator's user nor root: its keys are not trusted");
+  }
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
     if (entry.path().extension() != ".pub") continue;
@@ -98,9 +107,17 @@ void ZapHandler::read_folder(const std::string& folder, bool agents, bool strict
       problem(file + " may be written by group or others: not trusted");
       continue;
     }
+    if (!owned_by_us_or_root(fst)) {
+      problem(file + " belongs to uid " + std::to_string(fst.st_uid) +
+              ", neither this coordinator's user nor root: not trusted");
+      continue;
+    }
     try {
       AllowedKey& k = keys[read_curve_public_key(file)];
-      if (k.name.empty()) k.name = entry.path().stem().string();
+      // Clients are read first, so a key in both folders has the client's
+      // name; an agent's own key is named "agents/NAME", so that it never
+      // shares a name (whose jobs it may cancel) with a client's key.
+      if (k.name.empty()) k.name = (agents ? "agents/" : "") + entry.path().stem().string();
       (agents ? k.agent : k.client) = true;
     } catch (const std::exception& e) {
       problem(e.what());

@@ -114,7 +114,8 @@ class PosixFileSystem final : public FileSystem {
     return Status::OK();
   }
 
-  Status read_file(const std::string& path, std::string* contents) override {
+  Status read_file(const std::string& path, std::string* contents,
+                   size_t max_bytes = SIZE_MAX) override {
     // Without blocking: a FIFO (or a device) named as a file must not hang
     // the reader; only a regular file is read.
     int fd = open_retrying(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY);
@@ -127,8 +128,16 @@ class PosixFileSystem final : public FileSystem {
       ::close(fd);
       return st;
     }
+    auto too_large = [&] {
+      ::close(fd);
+      return Status::io_error(path + " holds more than " + std::to_string(max_bytes) + " bytes",
+                              EFBIG);
+    };
     struct stat st {};
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) contents->reserve(static_cast<size_t>(st.st_size));
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+      if (static_cast<uint64_t>(st.st_size) > max_bytes) return too_large();
+      contents->reserve(static_cast<size_t>(st.st_size));
+    }
     char buf[1 << 16];
     for (;;) {
       ssize_t n = ::read(fd, buf, sizeof buf);
@@ -139,6 +148,7 @@ class PosixFileSystem final : public FileSystem {
         ::close(fd);
         return Status::io_error("cannot read " + path, err);
       }
+      if (static_cast<size_t>(n) > max_bytes - contents->size()) return too_large();  // it grew
       contents->append(buf, static_cast<size_t>(n));
     }
     ::close(fd);

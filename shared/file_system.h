@@ -9,6 +9,7 @@
 // entry survives only after sync_dir() of its directory.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -40,8 +41,10 @@ class FileSystem {
   // `*out` owns the open file; on failure `*out` is left unchanged.
   virtual Status new_writable_file(const std::string& path, std::unique_ptr<WritableFile>* out) = 0;
   // Replaces `*contents` with the whole file. not_found when it is missing;
-  // `*contents` is unspecified after any failure.
-  virtual Status read_file(const std::string& path, std::string* contents) = 0;
+  // a file of more than `max_bytes` is an error (EFBIG) read no further
+  // than that; `*contents` is unspecified after any failure.
+  virtual Status read_file(const std::string& path, std::string* contents,
+                           size_t max_bytes = SIZE_MAX) = 0;
   // Atomically replaces `to` (if it exists) by `from`: a reader sees one or
   // the other, never neither. Durable only after sync_dir of both parents.
   virtual Status rename(const std::string& from, const std::string& to) = 0;

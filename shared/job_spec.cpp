@@ -39,9 +39,21 @@ void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input,
   }
 }
 
+// Whether `path`, resolved (links followed as far as it exists, `..`
+// removed), is `folder` or in it.
+bool inside(const std::string& path, const std::string& folder) {
+  std::error_code ec;
+  const auto p = std::filesystem::weakly_canonical(path, ec);
+  if (ec) return false;
+  const auto f = std::filesystem::weakly_canonical(folder, ec);
+  if (ec) return false;
+  auto [fi, pi] = std::mismatch(f.begin(), f.end(), p.begin(), p.end());
+  return fi == f.end() || (std::next(fi) == f.end() && fi->empty());  // a trailing '/'
+}
+
 // `text` in quotes, escaped so that a hostile value cannot forge a log
 // line or break a JSON reply.
-std::string quoted(const std::string& text) { return "'" + printable(text) + "'"; }
+std::string in_quotes(const std::string& text) { return "'" + printable(text) + "'"; }
 
 }  // namespace
 
@@ -152,8 +164,48 @@ uint64_t job_spill_host_bytes(const proto::JobSpec& job) {
   return s && s->host_bytes() ? parse_bytes(s->host_bytes()->str()) : 0;
 }
 
+namespace {
+
+// Every text field but the name (checked on its own, more strictly): none
+// may carry control characters, misleading code points or bytes that are
+// not UTF-8, since each reaches log lines, JSON replies and error texts.
+std::vector<std::pair<std::string, const flatbuffers::String*>> text_fields(
+    const proto::JobSpec& job) {
+  std::vector<std::pair<std::string, const flatbuffers::String*>> f{
+      {"memory_budget", job.memory_budget()},
+      {"memory_min", job.memory_min()},
+      {"device", job.device()},
+      {"publish_parameters", job.publish_parameters()},
+      {"init_from", job.init_from()}};
+  if (const auto* d = job.dataset()) {
+    f.insert(f.end(), {{"dataset.name", d->name()},
+                       {"dataset.directory", d->directory()},
+                       {"dataset.train_images", d->train_images()},
+                       {"dataset.train_labels", d->train_labels()},
+                       {"dataset.test_images", d->test_images()},
+                       {"dataset.test_labels", d->test_labels()}});
+  }
+  if (const auto* c = job.checkpoint()) f.emplace_back("checkpoint.directory", c->directory());
+  if (const auto* s = job.spill()) {
+    f.insert(f.end(), {{"spill.host_bytes", s->host_bytes()}, {"spill.directory", s->directory()}});
+  }
+  return f;
+}
+
+}  // namespace
+
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   std::vector<std::string> p;
+  // Refused before anything else looks at them, so that no later check
+  // quotes a hostile value.
+  for (const auto& [field, value] : text_fields(job)) {
+    if (value && !is_printable(value->string_view())) {
+      p.push_back(field + ": " + in_quotes(value->str().substr(0, 256)) +
+                  " has control characters or bytes that are not UTF-8, or is longer than " +
+                  std::to_string(kMaxPrintableBytes) + " bytes");
+    }
+  }
+  if (!p.empty()) throw JobSpecError(p);
   std::string name = str_or(job.name());
   if (name.empty()) p.push_back("name: required");
   if (name.size() > 128) p.push_back("name: longer than 128 characters");
@@ -165,19 +217,27 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
         return !(std::isalnum(static_cast<unsigned char>(c)) && static_cast<unsigned char>(c) < 0x80) &&
                c != '.' && c != '_' && c != '-';
       })) {
-    p.push_back("name: " + quoted(name.substr(0, 128)) +
+    p.push_back("name: " + in_quotes(name.substr(0, 128)) +
                 " is not a job name (1-128 letters, digits, '.', '_' or '-'; not . or ..)");
   }
   if (job.batch_size() <= 0 || job.batch_size() > 65536) {
     p.push_back("batch_size: " + std::to_string(job.batch_size()) + " is not in [1, 65536]");
   }
-  if (job.epochs() < 0 || job.epochs() > 100000) p.push_back("epochs: must be in [0, 100000]");
-  if (job.steps() < 0 || job.steps() > 1000000000) p.push_back("steps: must be in [0, 1e9]");
+  if (job.epochs() < 0) p.push_back("epochs: " + std::to_string(job.epochs()) + " is negative");
+  if (job.steps() < 0) p.push_back("steps: " + std::to_string(job.steps()) + " is negative");
+  if (job.epochs() > options.limits.max_epochs) {
+    p.push_back("epochs: " + std::to_string(job.epochs()) + " is over the limit (max_epochs " +
+                std::to_string(options.limits.max_epochs) + ")");
+  }
+  if (job.steps() > options.limits.max_steps) {
+    p.push_back("steps: " + std::to_string(job.steps()) + " is over the limit (max_steps " +
+                std::to_string(options.limits.max_steps) + ")");
+  }
   if (job.epochs() == 0 && job.steps() == 0) p.push_back("epochs or steps: one must be set");
   if (job.epochs() > 0 && job.steps() > 0) p.push_back("epochs and steps: set only one");
   std::string device = str_or(job.device(), "auto");
   if (device != "auto" && device != "cuda" && device != "cpu") {
-    p.push_back("device: '" + device + "' is not auto, cuda or cpu");
+    p.push_back("device: " + in_quotes(device) + " is not auto, cuda or cpu");
   }
   try {
     uint64_t budget = job_memory_budget(job, options.pool_bytes);
@@ -229,7 +289,16 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     // fine), and the checkpoint in it a regular file if it is there; the
     // file's name is the job's, which cannot leave the folder.
     const std::string dir = str_or(c->directory());
-    if (options.check_files && c->enabled() && !dir.empty()) {
+    if (c->enabled() && !dir.empty() && dir.front() != '/') {
+      // Resolved the same by the coordinator and by an agent, whatever
+      // their working folders.
+      p.push_back("checkpoint.directory: " + in_quotes(dir) + " is not an absolute path");
+    } else if (options.check_files && c->enabled() && !dir.empty()) {
+      if (!options.reserved_dir.empty() && inside(dir, options.reserved_dir)) {
+        p.push_back("checkpoint.directory: " + in_quotes(dir) +
+                    " is inside the coordinator's state folder, where other jobs' checkpoints "
+                    "are; leave it out for a folder of the job's own there");
+      }
       std::error_code ec;
       const auto st = std::filesystem::status(dir, ec);
       if (std::filesystem::exists(st) && !std::filesystem::is_directory(st)) {
@@ -266,7 +335,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     if (d->train_limit() < 0 || d->test_limit() < 0) p.push_back("dataset limits: negative");
     std::string dname = str_or(d->name());
     if (!dname.empty() && dname != "fashion-mnist" && dname != "mnist") {
-      p.push_back("dataset.name: '" + dname + "' is not fashion-mnist or mnist");
+      p.push_back("dataset.name: " + in_quotes(dname) + " is not fashion-mnist or mnist");
     }
     DatasetFiles f = dataset_files(job);
     const std::pair<const char*, std::string> files[] = {{"train_images", f.train_images},
@@ -281,7 +350,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
           auto dims = read_idx_dims(path);
           if (std::string(field) == "train_images") {
             if (dims.size() != 3) {
-              p.push_back("dataset.train_images: " + path + " is not [N, H, W] images");
+              p.push_back("dataset.train_images: " + in_quotes(path) + " is not [N, H, W] images");
             } else {
               input = {1, dims[1], dims[2]};
             }
@@ -296,8 +365,8 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
                                      std::pair{"init_from", job.init_from()}}) {
     if (value && !(valid_region_name(value->str()) &&
                    valid_region_name(parameters_region(value->str())))) {
-      p.push_back(std::string(field) + ": '" + value->str() +
-                  "' is not a region name (1-121 letters, digits, '.', '_', '-', ':', '/')");
+      p.push_back(std::string(field) + ": " + in_quotes(value->str()) +
+                  " is not a region name (1-121 letters, digits, '.', '_', '-', ':', '/')");
     }
   }
   if (!job.model() || job.model()->size() == 0) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "schemas/job_generated.h"
@@ -38,9 +39,32 @@ struct DatasetFiles {
 };
 DatasetFiles dataset_files(const proto::JobSpec& job);
 
+// The coordinator's limits on one job's length (its options max_epochs
+// and max_steps, named in the error a job over them gets).
+struct JobLengthLimits {
+  int64_t max_epochs = 100000;
+  int64_t max_steps = 1000000000;
+  // No limit but the field's range: for an agent running a job the
+  // coordinator already accepted under its own limits.
+  static JobLengthLimits none() { return {INT64_MAX, INT64_MAX}; }
+};
+
 struct ValidationOptions {
-  bool check_files = true;        // the dataset files exist and have IDX headers
-  uint64_t pool_bytes = 0;        // when set, the memory budget must fit the pool
+  // (A constructor rather than an aggregate: callers name the leading
+  // options they need, and the rest keep their defaults without warnings.)
+  ValidationOptions(bool check_files = true, uint64_t pool_bytes = 0, JobLengthLimits limits = {},
+                    std::string reserved_dir = {})
+      : check_files(check_files),
+        pool_bytes(pool_bytes),
+        limits(limits),
+        reserved_dir(std::move(reserved_dir)) {}
+
+  bool check_files;        // the dataset files exist and have IDX headers
+  uint64_t pool_bytes;     // when set, the memory budget must fit the pool
+  JobLengthLimits limits;  // the coordinator's
+  // With check_files: a folder a job's checkpoint directory may not be in
+  // (the coordinator's state folder, which holds other jobs' checkpoints).
+  std::string reserved_dir;
 };
 
 // Every problem with the values: sizes, hyper-parameters, layers that do not

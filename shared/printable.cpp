@@ -23,6 +23,20 @@ size_t utf8_length(std::string_view s, size_t i) {
   return n;
 }
 
+// Code points that are valid but would mislead a reader of a log line or a
+// terminal: C1 controls, line and paragraph separators, and the
+// bidirectional overrides and isolates (which can make text read backwards).
+bool misleading(uint32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 ||
+         (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+uint32_t code_point(std::string_view s, size_t i, size_t n) {
+  uint32_t cp = static_cast<unsigned char>(s[i]) & (0x7f >> n);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+  return cp;
+}
+
 }  // namespace
 
 std::string printable(std::string_view text, size_t max_bytes) {
@@ -34,7 +48,13 @@ std::string printable(std::string_view text, size_t max_bytes) {
       out += static_cast<char>(c);
       ++i;
     } else if (size_t n = c >= 0x80 ? utf8_length(text, i) : 0) {
-      out.append(text, i, n);
+      if (uint32_t cp = code_point(text, i, n); misleading(cp)) {
+        char esc[12];
+        std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(cp));
+        out += esc;
+      } else {
+        out.append(text, i, n);
+      }
       i += n;
     } else {
       char hex[5];
@@ -44,6 +64,10 @@ std::string printable(std::string_view text, size_t max_bytes) {
     }
   }
   return out;
+}
+
+bool is_printable(std::string_view text) {
+  return text.size() <= kMaxPrintableBytes && printable(text, SIZE_MAX) == text;
 }
 
 }  // namespace leasehold

@@ -79,6 +79,38 @@ Connection::BodyBuilder heartbeat() {
     return std::pair{proto::Body::Heartbeat, proto::CreateHeartbeat(fbb).Union()};
   };
 }
+// A heartbeat saying the sender runs `job` (acknowledging it).
+Connection::BodyBuilder heartbeat_running(uint64_t job, uint32_t attempt) {
+  return [=](flatbuffers::FlatBufferBuilder& fbb) {
+    std::vector<flatbuffers::Offset<proto::AgentJob>> jobs{
+        proto::CreateAgentJob(fbb, job, attempt, proto::JobPhase::Running)};
+    return std::pair{proto::Body::Heartbeat,
+                     proto::CreateHeartbeat(fbb, fbb.CreateVector(jobs)).Union()};
+  };
+}
+// Every other message an agent sends after registering.
+std::vector<std::pair<std::string, Connection::BodyBuilder>> agent_messages() {
+  return {{"LeaseRequest",
+           [](flatbuffers::FlatBufferBuilder& fbb) {
+             return std::pair{proto::Body::LeaseRequest,
+                              proto::CreateLeaseRequest(fbb, 1u << 20, proto::LeaseEnd::Low, 0)
+                                  .Union()};
+           }},
+          {"ShrinkDone",
+           [](flatbuffers::FlatBufferBuilder& fbb) {
+             return std::pair{proto::Body::ShrinkDone, proto::CreateShrinkDone(fbb, 1, 0).Union()};
+           }},
+          {"AttachRegion",
+           [](flatbuffers::FlatBufferBuilder& fbb) {
+             return std::pair{proto::Body::AttachRegion,
+                              proto::CreateAttachRegion(fbb, fbb.CreateString("dataset/x"), 1u << 20,
+                                                        true)
+                                  .Union()};
+           }},
+          {"Unregister", [](flatbuffers::FlatBufferBuilder& fbb) {
+             return std::pair{proto::Body::Unregister, proto::CreateUnregister(fbb).Union()};
+           }}};
+}
 // "The job succeeded at 99.9%": what the attacker sent.
 Connection::BodyBuilder forged_success(uint64_t job, uint32_t attempt) {
   return [=](flatbuffers::FlatBufferBuilder& fbb) {
@@ -105,7 +137,7 @@ class Attack : public ::testing::Test {
     write_synthetic_idx(c.dir(), "test", 150, 2);
     coordinator_ = &c.start_coordinator({"--backend", "host", "--pool-size", "64MiB",
                                          "--alignment", "1MiB", "--queued-per-user", "3",
-                                         "--assign-timeout", "3s"});
+                                         "--assign-timeout", "3s", "--stop-timeout", "3s"});
     pattern_ = &c.start_agent("victim", {"--exercise", "--leases", "2", "--lease-size", "4MiB",
                                          "--rounds", "0", "--interval", "20ms"});
     c.start_agent("worker", {});
@@ -215,6 +247,9 @@ TEST_F(Attack, GuessedSessionTokensAreRefused) {
     }
     EXPECT_EQ(code_of(a.send(heartbeat(), guess)), ErrorCode::UnknownSender);
     EXPECT_EQ(code_of(a.send(forged_success(1, 1), guess)), ErrorCode::UnknownSender);
+    for (const auto& [what, build] : agent_messages()) {
+      EXPECT_EQ(code_of(a.send(build, guess)), ErrorCode::UnknownSender) << what;
+    }
   }
   // With its own valid token, the attacker owns none of it.
   for (uint64_t lease : victim_leases()) {
@@ -316,7 +351,7 @@ TEST_F(Attack, HostileJobsAreRefusedAndTheLoopKeepsAnswering) {
   big.epochs = 200000;
   auto rb = a.send(submit(big));
   EXPECT_EQ(code_of(rb), ErrorCode::InvalidArgument);
-  EXPECT_NE(message_of(rb).find("100000"), std::string::npos) << message_of(rb);
+  EXPECT_NE(message_of(rb).find("max_epochs 100000"), std::string::npos) << message_of(rb);
 
   // Jobs queued per user: the limit is 3 here, and the worker is busy.
   for (int i = 0; i < 3; ++i) {
@@ -360,6 +395,52 @@ TEST_F(Attack, AFakeAgentThatIgnoresItsAssignmentLosesTheJob) {
   auto [rc2, out2] = client({"cancel", "2"});
   EXPECT_EQ(rc2, 0) << out2;
   EXPECT_EQ(job(2)["state"], "cancelled");
+  expect_victims_intact();
+}
+
+TEST_F(Attack, AFakeAgentThatAcknowledgesAndIgnoresCancelLosesTheJob) {
+  // Before: cancel could not end a job a fake agent held. This one even
+  // acknowledges the job, then ignores every StopJob.
+  Attacker a(c.endpoint(), "fake");
+  const SessionToken mine = Attacker::token_of(a.register_as("fake", getpid(), true));
+  ASSERT_FALSE(mine.empty());
+  bool assigned = false;
+  int stops = 0;
+  a.connection().on_notice = [&](const Reply& n) {
+    assigned = assigned || n->body_type() == proto::Body::AssignJob;
+    stops += n->body_type() == proto::Body::StopJob;
+  };
+  auto [rc, out] = client({"submit", job_file("someone-elses", 1)});
+  ASSERT_EQ(rc, 0) << out;
+  for (int i = 0; i < 25 && !assigned; ++i) {
+    a.send(heartbeat(), mine);
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(assigned) << "the fake agent took the job";
+  EXPECT_EQ(code_of(a.send(heartbeat_running(2, 1), mine)), ErrorCode::None);
+  auto [rc2, out2] = client({"cancel", "2"});
+  EXPECT_EQ(rc2, 0) << out2;
+  const auto until = std::chrono::steady_clock::now() + 5s;  // past stop_timeout (3 s)
+  while (std::chrono::steady_clock::now() < until) {
+    a.send(heartbeat_running(2, 1), mine);  // "still running", whatever it is told
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_GT(stops, 0) << "it was told to stop";
+  const auto j = job(2);
+  EXPECT_EQ(j["state"], "cancelled") << j.dump();
+  EXPECT_NE(j["reason"].get<std::string>().find("did not stop it within 3000 ms (stop_timeout)"),
+            std::string::npos)
+      << j.dump();
+  // It gets nothing more in its session.
+  auto [rc3, out3] = client({"submit", job_file("another", 1)});
+  ASSERT_EQ(rc3, 0) << out3;
+  assigned = false;
+  for (int i = 0; i < 10; ++i) {
+    a.send(heartbeat(), mine);
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_FALSE(assigned) << "a second job for the agent that ignored a cancel";
+  EXPECT_EQ(job(3)["state"], "queued");
   expect_victims_intact();
 }
 

@@ -147,6 +147,41 @@ TEST(Config, ValidateRejectsImpossibleValues) {
   }
 }
 
+// The job and wait limits are options; values that could not work are
+// refused by name at start-up.
+TEST(Config, LimitsFromToml) {
+  CoordinatorOptions o;
+  o.endpoint = "ipc:///tmp/x.sock";
+  o.events_endpoint = default_events_endpoint(o.endpoint);
+  o.state_dir = "/tmp/x-state";
+  apply_toml(o, "max_lease_wait = \"1h\"\nmax_epochs = 500\nmax_steps = 20000000000\n", "lh.toml");
+  EXPECT_EQ(o.max_lease_wait, std::chrono::hours(1));
+  EXPECT_EQ(o.max_epochs, 500);
+  EXPECT_EQ(o.max_steps, 20000000000);
+  EXPECT_NO_THROW(validate(o));
+  for (const char* bad : {"max_epochs = 0\n", "max_epochs = \"many\"\n", "max_steps = -5\n"}) {
+    auto c = o;
+    try {
+      apply_toml(c, bad, "lh.toml");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a count"), std::string::npos) << e.what();
+    }
+  }
+  auto shorter = o;
+  shorter.max_lease_wait = std::chrono::seconds(5);  // below lease_wait_timeout (30 s)
+  try {
+    validate(shorter);
+    ADD_FAILURE() << "a default wait over the longest was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("longer than max_lease_wait"), std::string::npos)
+        << e.what();
+  }
+  auto huge = o;
+  huge.max_lease_wait = std::chrono::hours(24 * 30);  // past a request's 32-bit milliseconds
+  EXPECT_THROW(validate(huge), std::invalid_argument);
+}
+
 TEST(Config, HttpListenFromToml) {
   CoordinatorOptions o;
   EXPECT_EQ(o.http_listen, "127.0.0.1:9464") << "loopback unless asked";

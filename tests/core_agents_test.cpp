@@ -171,6 +171,26 @@ TEST(CoreAgents, ARegisterCarryingAnotherAgentsPidDoesNotEvictIt) {
   EXPECT_TRUE(d.core().leases().leases().empty()) << "its old session's leases are void";
 }
 
+// Over tcp:// the pid an agent declares names no process of this host: a
+// network agent is neither replaced nor purged because no such local
+// process exists, only when it falls silent.
+TEST(CoreAgents, ANetworkAgentsDeclaredPidSaysNothingAboutItsLife) {
+  CoreDriver d(options());
+  d.peer = Peer::with_key("gpu-box", false, true);
+  FakeAgent a = d.register_agent("remote", 30);
+  d.gone.insert(30);  // no process 30 here
+  d.advance(std::chrono::milliseconds(100));
+  d.tick();  // within its first-heartbeat grace
+  ASSERT_TRUE(d.core().agents().count("remote")) << "not purged for a pid of another host";
+  d.peer = Peer::with_key("intruder", false, true);
+  Effects e = d.request("intruder", "remote", {}, proto::Body::Register, [](auto& fbb) {
+    return proto::CreateRegister(fbb, fbb.CreateString("remote"), 30).Union();
+  });
+  EXPECT_EQ(error_code(e, "intruder"), ErrorCode::NameTaken) << errors(e);
+  EXPECT_EQ(d.core().agents().at("remote").session, a.session) << "still its session";
+  EXPECT_EQ(d.core().agents().at("remote").local_pid, 0);
+}
+
 // Tokens are 128 random bits: two sessions share no half, and neither is
 // a neighbour of the other.
 TEST(CoreAgents, SessionTokensAreRandomAndWide) {

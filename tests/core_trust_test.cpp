@@ -140,6 +140,184 @@ TEST(CoreJobs, QueuesEpochsHistoryAndWaitingRequestsAreBounded) {
   EXPECT_EQ(d.core().leases().waiting(), 1u);
 }
 
+// The longest wait a request may ask for and the longest job are options;
+// a request over either is refused naming it, and a region waiter counts
+// toward waiting_per_agent like a waiting lease. Nothing waits or queues
+// because of a refused request.
+TEST(CoreJobs, LongWaitsAndLongJobsAreRefusedNamingTheirLimit) {
+  CoreOptions o = job_options();
+  o.max_lease_wait = 10s;
+  o.lease_wait_timeout = 5s;  // the default wait is within the longest (validated at start-up)
+  o.waiting_per_agent = 1;
+  o.job_limits = {10, 1000};
+  CoreDriver d(o, 64ull << 20);
+
+  uint64_t id = 0;
+  EXPECT_THROW(d.submit(id, [](proto::JobSpecT& s) { s.epochs = 11; }), std::logic_error);
+  try {
+    d.submit(id, [](proto::JobSpecT& s) {
+      s.epochs = 0;
+      s.steps = 1001;
+    });
+    ADD_FAILURE() << "a job over max_steps was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("steps: 1001 is over the limit (max_steps 1000)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(d.core().jobs().all().empty());
+  d.submit(id, [](proto::JobSpecT& s) { s.epochs = 10; });
+  EXPECT_NE(id, 0u) << "at the limit is allowed";
+  d.cancel(id);  // its reservation would keep the regions below out
+
+  FakeAgent f = d.register_agent("filler", 12, {}, nullptr, false);
+  FakeAgent m = d.register_agent("m", 13, {}, nullptr, false);
+  ASSERT_TRUE(region_grant(d.attach(f, "r", 1 << 20, true), f));
+  Effects too_long = d.attach(m, "r", 0, false, 10001);
+  EXPECT_EQ(error_code(too_long, m.rid), ErrorCode::InvalidArgument);
+  EXPECT_NE(errors(too_long).find("longer than the limit (max_lease_wait 10000 ms)"),
+            std::string::npos)
+      << errors(too_long);
+  EXPECT_TRUE(d.attach(m, "r", 0, false, 10000).messages.empty()) << "waits for the filler";
+  ASSERT_TRUE(region_grant(d.attach(f, "s", 1 << 20, true), f));
+  Effects second = d.attach(m, "s", 0, false, 5000);
+  EXPECT_NE(errors(second).find("the limit (waiting_per_agent 1)"), std::string::npos)
+      << errors(second);
+  Effects lease = d.lease(m, 1 << 20, 5000);
+  EXPECT_EQ(error_code(lease, m.rid), ErrorCode::NoSpace);
+  EXPECT_NE(errors(lease).find("the limit (waiting_per_agent 1)"), std::string::npos)
+      << errors(lease);
+  Effects long_lease = d.lease(f, 1 << 20, 20000);
+  EXPECT_NE(errors(long_lease).find("(max_lease_wait 10000 ms)"), std::string::npos)
+      << errors(long_lease);
+  EXPECT_EQ(d.core().leases().waiting(), 0u);
+}
+
+// A fake agent that acknowledges its job and then ignores StopJob does not
+// keep a cancelled job running: after stop_timeout it ends as cancelled,
+// and that agent gets no more jobs in its session.
+TEST(CoreJobs, ACancelEndsAJobWhoseAgentIgnoresStopJob) {
+  CoreOptions o = job_options();
+  o.stop_timeout = 5s;
+  CoreDriver d(o);
+  FakeAgent fake = d.register_agent("fake", 11);
+  uint64_t id = 0, next = 0;
+  d.submit(id);
+  d.heartbeat(fake, {{id, 1, P::Running}});  // acknowledged
+  d.cancel(id);
+  for (int i = 0; i < 4; ++i) {
+    d.advance(1000ms);
+    EXPECT_TRUE(stops(d.heartbeat(fake, {{id, 1, P::Running}}), fake, id) ||
+                stops(d.tick(), fake, id))
+        << "told again while it runs";
+  }
+  EXPECT_EQ(d.job(id).state, JobState::Running) << "not before stop_timeout";
+  d.advance(1100ms);
+  d.heartbeat(fake, {{id, 1, P::Running}});
+  d.tick();
+  EXPECT_EQ(d.job(id).state, JobState::Cancelled);
+  EXPECT_NE(d.job(id).reason.find("did not stop it within 5000 ms (stop_timeout)"),
+            std::string::npos)
+      << d.job(id).reason;
+  d.submit(next);
+  d.heartbeat(fake, {{id, 1, P::Running}});
+  d.tick();
+  EXPECT_EQ(d.job(next).state, JobState::Queued) << "the fake agent gets nothing more";
+  FakeAgent real = d.register_agent("real", 12);
+  EXPECT_EQ(d.job(next).agent, "real");
+}
+
+// An agent that reports its job interrupted again and again (each one
+// uncounted, so the job comes straight back to it) cannot grow the job's
+// record without bound, and neither can long reasons: attempts and history
+// keep the latest, reasons are cut, and a listing page of such jobs and a
+// job event stay small.
+TEST(CoreJobs, AttemptsAndReasonsAreBoundedSoRepliesStaySmall) {
+  CoreOptions o = job_options();
+  o.history_kept = 10;
+  CoreDriver d(o);
+  FakeAgent w = d.register_agent("w", 11);
+  uint64_t id = 0;
+  d.submit(id);
+  const std::string essay(100000, 'x');
+  for (int i = 0; i < 50; ++i) {
+    const uint32_t attempt = d.job(id).attempt_number();
+    d.heartbeat(w, {{id, attempt, P::Running}});
+    d.update(w, id, attempt, "interrupted", essay);
+    ASSERT_EQ(d.job(id).agent, "w") << "back on the same agent";
+  }
+  const JobRecord& job = d.job(id);
+  EXPECT_EQ(job.attempt_number(), 51u);
+  EXPECT_LE(job.attempts.size(), 10u);
+  EXPECT_LE(job.history.size(), 10u);
+  for (const auto& a : job.attempts) EXPECT_LE(a.reason.size(), kReasonBytes + 8);
+  for (const auto& h : job.history) EXPECT_LE(h.reason.size(), kReasonBytes + 8);
+  EXPECT_EQ(d.job(id).state, JobState::Running);
+  // The event says how it goes, not all it went through.
+  zmq::message_t event = encode_event(job);
+  EXPECT_LE(event.size(), 8u * 1024) << "a job event is progress, not the record";
+  Effects list = d.request("cli", "cli", {}, proto::Body::ListJobs,
+                           [](auto& fbb) { return proto::CreateListJobs(fbb, uint64_t{0}).Union(); });
+  auto pages = messages(list, proto::Body::JobList);
+  ASSERT_EQ(pages.size(), 1u);
+  EXPECT_LE(pages[0]->body.AsJobList()->jobs[0]->attempts.size(), 5u);
+  EXPECT_EQ(pages[0]->body.AsJobList()->jobs[0]->attempts.back()->number, 51u)
+      << "the latest attempt's number counts them";
+}
+
+// Heartbeats and registrations list the jobs an agent has; a list no agent
+// could have (each entry may cost a StopJob and a log line) is refused.
+TEST(CoreJobs, AnAgentListingThousandsOfJobsIsRefused) {
+  CoreDriver d(job_options());
+  FakeAgent w = d.register_agent("w", 11);
+  std::vector<Listed> many;
+  for (uint64_t j = 1000; j < 3000; ++j) many.push_back({j, 1, P::Running});
+  Effects e = d.heartbeat(w, many);
+  EXPECT_EQ(error_code(e, w.rid), ErrorCode::InvalidArgument);
+  EXPECT_NE(errors(e).find("lists 2000 jobs; an agent runs at most 8"), std::string::npos)
+      << errors(e);
+  EXPECT_TRUE(messages(e, proto::Body::StopJob).empty()) << "no StopJob for made-up jobs";
+  EXPECT_THROW(d.register_agent("v", 12, many), std::logic_error);
+  EXPECT_FALSE(d.core().agents().count("v"));
+}
+
+// After a restart a running job waits for its agent by name. Another
+// user's agent taking that name first does not get the job: the name is
+// refused while the job waits, and the job's own agent takes it back.
+TEST(CoreJobs, AnotherUsersAgentCannotClaimAJobByItsAgentsName) {
+  CoreDriver before(job_options());
+  FakeAgent a = before.register_agent("a", 11);
+  uint64_t id = 0;
+  before.submit(id);
+  before.heartbeat(a, {{id, 1, P::Running}});
+  ASSERT_EQ(before.job(id).attempts.back().agent_identity, "uid 1000");
+  std::vector<JobRecord> rows;
+  for (const auto& [jid, job] : before.core().jobs().all()) {
+    rows.push_back(decode_job(jid, encode_job(job)));
+  }
+  CoreDriver d(job_options());
+  Effects e;
+  d.core().recover(rows, id + 1, d.now(), e);
+  d.peer = Peer::local(2000, 2000, 99);
+  Effects claim = d.request("thief", "a", {}, proto::Body::Register, [&](auto& fbb) {
+    std::vector<flatbuffers::Offset<proto::AgentJob>> jobs{
+        proto::CreateAgentJob(fbb, id, 1, P::Running)};
+    return proto::CreateRegister(fbb, fbb.CreateString("a"), 99, -1, fbb.CreateVector(jobs))
+        .Union();
+  });
+  EXPECT_EQ(error_code(claim, "thief"), ErrorCode::NameTaken) << errors(claim);
+  EXPECT_NE(errors(claim).find("belongs to the agent of uid 1000, whose job 1 waits"),
+            std::string::npos)
+      << errors(claim);
+  EXPECT_FALSE(d.core().agents().count("a"));
+  d.peer = Peer::local(1000, 1000, 4242);
+  FakeAgent back = d.register_agent("a", 11, {{id, 1, P::Running}});
+  EXPECT_EQ(d.job(id).state, JobState::Running);
+  EXPECT_FALSE(d.job(id).orphaned_since) << "its own agent took it back";
+  Effects done = d.update(back, id, 1, "succeeded");
+  EXPECT_EQ(d.job(id).state, JobState::Succeeded);
+}
+
 // An agent's words (a failure reason) are logged, stored and shown as JSON:
 // control characters and bytes that are not UTF-8 arrive escaped.
 TEST(CoreJobs, AReasonCannotForgeALogLineOrBreakJson) {

@@ -136,11 +136,22 @@ TEST_F(Curve, KeysHaveTheRolesOfTheirFolders) {
       << impostor.log();
   auto [rc, out] = client("agent-only", {"submit", job_file("not-a-client")});
   EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("key agent-only may not submit jobs"), std::string::npos) << out;
+  EXPECT_NE(out.find("key agents/agent-only may not submit jobs"), std::string::npos) << out;
   EXPECT_EQ(job_count(), 0u);
   // Reading stays open to both.
   EXPECT_EQ(client("agent-only", {"status"}).first, 0);
   EXPECT_EQ(client("client-only", {"status"}).first, 0);
+  // An agent's key whose file has a client's name is not that client: it
+  // cannot cancel the client's job.
+  keygen("namesake");
+  fs::copy_file(c.key_dir() + "/namesake.pub", c.key_dir() + "/allowed/agents/client-only.pub");
+  auto [rs, outs] = client("client-only", {"submit", job_file("mine")});
+  ASSERT_EQ(rs, 0) << outs;
+  auto [rn, outn] = client("namesake", {"cancel", "1"});
+  EXPECT_NE(rn, 0);
+  EXPECT_NE(outn.find("job 1 was submitted by key client-only"), std::string::npos) << outn;
+  auto [rj, outj] = client("client-only", {"job", "1", "-o", "json"});
+  EXPECT_EQ(nlohmann::json::parse(outj)["state"], "queued") << outj;
   // A key folder that others may write is not trusted, from the next
   // handshake on.
   fs::permissions(c.key_dir() + "/allowed", fs::perms::others_write, fs::perm_options::add);

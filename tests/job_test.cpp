@@ -276,6 +276,64 @@ TEST_F(JobTest, CheckpointPathsMustBeAFolderAndARegularFile) {
       << with_folder(dir + "/ck");
 }
 
+// A job's checkpoint folder is absolute (the coordinator and the agent
+// resolve it alike) and never inside the coordinator's state folder, where
+// other jobs' checkpoints are, by any spelling or link.
+TEST_F(JobTest, ACheckpointFolderCannotReachOtherJobsCheckpoints) {
+  const std::string state = dir + "/state";
+  fs::create_directories(state + "/checkpoints/7");
+  fs::create_directory(dir + "/elsewhere");
+  fs::create_directory_symlink(state + "/checkpoints", dir + "/link");
+  auto with_folder = [&](const std::string& folder) {
+    auto buf = parse_job_json(
+        job_json(R"(, "epochs": 1, "checkpoint": {"directory": ")" + folder + R"("})"), "j.json");
+    return problems_of([&] { validate_job(*verify_job(buf), {true, 0, {}, state}); });
+  };
+  for (const std::string& folder :
+       {state, state + "/checkpoints/7", dir + "/elsewhere/../state/checkpoints/7",
+        dir + "/link/7", dir + "/link/new"}) {
+    EXPECT_NE(with_folder(folder).find("is inside the coordinator's state folder"),
+              std::string::npos)
+        << folder << ": " << with_folder(folder);
+  }
+  EXPECT_EQ(with_folder(dir + "/stateful"), "") << "a neighbour of the same prefix is fine";
+  EXPECT_EQ(with_folder(dir + "/elsewhere"), "");
+  auto relative = parse_job_json(
+      job_json(R"(, "epochs": 1, "checkpoint": {"directory": "ck"})"), "j.json");
+  EXPECT_NE(problems_of([&] { validate_job(*verify_job(relative), ValidationOptions{false}); })
+                .find("checkpoint.directory: 'ck' is not an absolute path"),
+            std::string::npos);
+}
+
+// Every text field reaches log lines, JSON and error texts: control
+// characters, misleading code points and bytes that are not UTF-8 are
+// refused in any of them, and the refusal shows them escaped.
+TEST_F(JobTest, NoTextFieldCarriesControlCharactersOrBadUtf8) {
+  // Each: the field, and the job's JSON with BAD where the value goes.
+  std::vector<std::pair<std::string, std::string>> fields{
+      {"checkpoint.directory", job_json(R"(, "epochs": 1, "checkpoint": {"directory": "/tmp/BAD"})")},
+      {"spill.directory", job_json(R"(, "epochs": 1, "spill": {"directory": "/tmp/BAD"})")},
+      {"memory_budget", job_json(R"(, "epochs": 1, "memory_budget": "BAD")")},
+      {"device", job_json(R"(, "epochs": 1, "device": "BAD")")}};
+  std::string dataset = job_json(R"(, "epochs": 1)");
+  const std::string images = dir + "/train-images";
+  dataset.replace(dataset.find(images), images.size(), "/tmp/BAD");
+  fields.emplace_back("dataset.train_images", dataset);
+  // A newline, a right-to-left override, a C1 control (NEL), a bell.
+  for (const char* bad : {"a\\nb", "a\\u202eb", "a\\u0085b", "a\\u0007b"}) {
+    for (const auto& [field, json] : fields) {
+      std::string text = json;
+      text.replace(text.find("BAD"), 3, bad);
+      const std::string e =
+          problems_of([&] { validate_job(*verify_job(parse_job_json(text, "j.json")), {}); });
+      EXPECT_NE(e.find(field + ": "), std::string::npos) << field << " " << bad << ": " << e;
+      EXPECT_NE(e.find("has control characters"), std::string::npos) << field << ": " << e;
+      EXPECT_EQ(e.find('\n'), std::string::npos) << "escaped: " << e;
+      EXPECT_EQ(e.find("\xe2\x80\xae"), std::string::npos) << "escaped: " << e;
+    }
+  }
+}
+
 // Parameter regions: names are checked; without a coordinator session a job
 // naming one fails before it trains, saying why; a model that does not fit
 // the data's image size is refused by run_job as by validation.

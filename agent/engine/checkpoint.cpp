@@ -153,9 +153,9 @@ void save(const std::string& path, const nn::NamedTensors& tensors, FileSystem& 
   check(path, fs.sync_dir(dir.empty() ? "." : dir));
 }
 
-nn::NamedTensors load(const std::string& path, FileSystem& fs) {
+nn::NamedTensors load(const std::string& path, FileSystem& fs, size_t max_bytes) {
   std::string data;
-  if (Status st = fs.read_file(path, &data); !st.ok()) {
+  if (Status st = fs.read_file(path, &data, max_bytes); !st.ok()) {
     throw std::runtime_error("cannot open checkpoint " + path + ": " +
                              (st.is_not_found() ? std::strerror(ENOENT) : st.message()));
   }

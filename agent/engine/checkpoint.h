@@ -26,7 +26,10 @@ void save(const std::string& path, const nn::NamedTensors& tensors,
 // Reads a checkpoint into CPU tensors. Throws std::runtime_error naming the
 // file for a missing or unreadable file, a wrong magic number or version, a
 // checksum mismatch or truncation.
-nn::NamedTensors load(const std::string& path, FileSystem& fs = default_file_system());
+// A file over `max_bytes` is refused before it is read (the caller knows
+// how large its model's checkpoint can be).
+nn::NamedTensors load(const std::string& path, FileSystem& fs = default_file_system(),
+                      size_t max_bytes = SIZE_MAX);
 // Copies loaded values into `targets` by name (any device). Throws naming
 // the first missing or mis-shaped tensor; nothing is copied then.
 void restore(const nn::NamedTensors& loaded, const nn::NamedTensors& targets);

@@ -245,6 +245,15 @@ TEST_F(TempDir, CheckpointSizesAreCheckedBeforeAllocating) {
   expect_load_error(forge("mismatch", {4}, 8, 16), "does not match its shape");
   // The well-formed one of the same kind loads.
   EXPECT_EQ(checkpoint::load(forge("fine", {4}, 16, 16))[0].second.numel(), 4);
+  // A file larger than its caller's bound is refused before it is read.
+  const std::string fine = forge("bounded", {4}, 16, 16);
+  EXPECT_EQ(checkpoint::load(fine, default_file_system(), fs::file_size(fine))[0].second.numel(), 4);
+  try {
+    checkpoint::load(fine, default_file_system(), fs::file_size(fine) - 1);
+    ADD_FAILURE() << "a checkpoint over its bound loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds more than"), std::string::npos) << e.what();
+  }
   // A FIFO is refused without blocking.
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
   expect_load_error(path("fifo"), "not a regular file");

@@ -75,11 +75,15 @@ FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
   // The same fake process (name and pid) keeps its instance, as a real
   // agent does across its own registrations.
   const uint64_t instance = std::hash<std::string>{}(name) | 1;
+  // On ipc:// the kernel names the same process the agent declares.
+  const Peer as_user = peer;
+  if (peer.known) peer.pid = pid;
   Effects e = request(a.rid, name, {}, proto::Body::Register, [&](auto& fbb) {
     return proto::CreateRegister(fbb, fbb.CreateString(name), pid, -1, listed(fbb, jobs),
                                  takes_jobs, true, 0, 0, instance, uint64_t(pid))
         .Union();
   });
+  peer = as_user;
   auto acks = messages(e, proto::Body::RegisterAck, a.rid);
   if (acks.empty()) throw std::logic_error("no RegisterAck: " + errors(e));
   const auto* ack = acks[0]->body.AsRegisterAck();

@@ -128,13 +128,18 @@ Status MemoryFileSystem::new_writable_file(const std::string& path,
   return Status::OK();
 }
 
-Status MemoryFileSystem::read_file(const std::string& path, std::string* contents) {
+Status MemoryFileSystem::read_file(const std::string& path, std::string* contents,
+                                   size_t max_bytes) {
   std::lock_guard lock(mu_);
   if (int err = begin(Op::Read)) return Status::io_error("cannot read " + path, err);
   auto [dir_name, name] = split(path);
   const Dir* dir = find_dir(dir_name);
   auto it = dir ? dir->entries.find(name) : Entries::const_iterator();
   if (!dir || it == dir->entries.end()) return missing("cannot open " + path);
+  if (it->second->data.size() > max_bytes) {
+    return Status::io_error(path + " holds more than " + std::to_string(max_bytes) + " bytes",
+                            EFBIG);
+  }
   *contents = it->second->data;
   return Status::OK();
 }

@@ -30,7 +30,8 @@ class MemoryFileSystem final : public FileSystem {
   ~MemoryFileSystem() override;
 
   Status new_writable_file(const std::string& path, std::unique_ptr<WritableFile>* out) override;
-  Status read_file(const std::string& path, std::string* contents) override;
+  Status read_file(const std::string& path, std::string* contents,
+                   size_t max_bytes = SIZE_MAX) override;
   Status rename(const std::string& from, const std::string& to) override;
   Status remove(const std::string& path) override;
   Status sync_dir(const std::string& dir) override;
