@@ -92,7 +92,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   if (!ckpt.empty() && fs.exists(ckpt)) {
     // Parameters and optimizer state, and their names: never more than the
     // job's resident bytes (which count gradients too) and some headers.
-    auto loaded = E::checkpoint::load(ckpt, fs, job_resident_bytes(job) + (16u << 20));
+    const uint64_t resident = job_resident_bytes(job);
+    auto loaded = E::checkpoint::load(
+        ckpt, fs, resident > UINT64_MAX - (16u << 20) ? UINT64_MAX : resident + (16u << 20));
     std::map<std::string, E::Tensor> by_name(loaded.begin(), loaded.end());
     E::checkpoint::restore(loaded, model->named_parameters());
     E::nn::NamedTensors opt_state;

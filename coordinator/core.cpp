@@ -235,8 +235,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
         !job.attempts.back().agent_identity.empty() &&
         job.attempts.back().agent_identity != identity) {
       return send_error(out, rid, req, ErrorCode::NameTaken,
-                        "agent name '" + name + "' belongs to the agent of " +
-                            job.attempts.back().agent_identity + ", whose job " +
+                        "agent name '" + name + "' belongs to another user's agent, whose job " +
                             std::to_string(id) + " waits for it to come back");
     }
   }

@@ -224,7 +224,8 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
       requeue(*job, why, false, now, out);
       continue;
     }
-    // (Unset for a cancel recovered from the store: its time starts now.)
+    // A live agent holds it: the clock starts now if the cancel came while
+    // it was away (orphaned, or recovered from the store).
     if (job->cancel_requested && !job->cancel_since) job->cancel_since = now.steady;
     if (job->cancel_requested && now.steady - *job->cancel_since >= opts_.stop_timeout) {
       // Cancelled, and the agent still has not ended it (a fake agent that

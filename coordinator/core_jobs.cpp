@@ -222,12 +222,12 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
     // The agent stops between steps, releases its leases and reports; until
     // its heartbeat shows it stopping, StopJob is sent again.
     job->cancel_requested = true;
-    job->cancel_since = now.steady;
     auto agent = agents_.find(job->agent);
     if (!job->orphaned_since && agent != agents_.end() && agent->second.job_id == id) {
       push_stop(id, job->attempt_number(), true, "cancelled by request", agent->second, out,
                 true);
       job->stop_sent = now.steady;
+      job->cancel_since = now.steady;  // its agent has stop_timeout from now
     }
     changed(*job, out);
   }

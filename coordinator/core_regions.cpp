@@ -77,9 +77,6 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
                           " can never fit: the pool holds " + format_bytes(pool_.size));
   }
   const int64_t wait_ms = a->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : a->wait_ms();
-  if (auto no = wait_refusal(agent.name, wait_ms)) {
-    return send_error(out, rid, req, no->code, "region '" + name + "': " + no->message);
-  }
   const ReplyTo to{rid, req};
   RegionRecord* rec = regions_.find(name);
   if (rec && rec->resident()) {
@@ -101,6 +98,9 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
       if (wait_ms == 0) {
         return send_error(out, rid, req, ErrorCode::RegionBusy,
                           "region '" + name + "' is being filled by agent '" + rec->filler + "'");
+      }
+      if (auto no = wait_refusal(agent.name, wait_ms)) {
+        return send_error(out, rid, req, no->code, "region '" + name + "': " + no->message);
       }
       regions_.waiters().push_back(RegionWaiter{agent.name, name, size, a->create(), to,
                                                 now.steady + std::chrono::milliseconds(wait_ms)});

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -282,6 +283,11 @@ void validate(const CoordinatorOptions& opts) {
                                 std::to_string(opts.max_lease_wait.count()) + " ms)");
   }
   if (opts.state_dir.empty()) throw std::invalid_argument("state_dir is empty");
+  if (opts.state_dir.front() != '/') {
+    // Jobs' default checkpoint folders are in it, and agents with other
+    // working folders must find them.
+    throw std::invalid_argument("state_dir '" + opts.state_dir + "' is not an absolute path");
+  }
   if (opts.recovery_grace.count() < 0) {
     throw std::invalid_argument("recovery_grace must not be negative");
   }
@@ -321,7 +327,14 @@ void validate(const CoordinatorOptions& opts) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }
   if (opts.assign_timeout.count() <= 0) throw std::invalid_argument("assign_timeout must be positive");
-  if (opts.stop_timeout.count() <= 0) throw std::invalid_argument("stop_timeout must be positive");
+  // A cancelled job's agent may be waiting for a lease, which no StopJob
+  // interrupts: it must have time to get its answer and stop.
+  if (opts.stop_timeout <= opts.lease_wait_timeout + 2 * opts.heartbeat_interval) {
+    throw std::invalid_argument(
+        "stop_timeout (" + std::to_string(opts.stop_timeout.count()) +
+        " ms) must be longer than lease_wait_timeout (" +
+        std::to_string(opts.lease_wait_timeout.count()) + " ms) and two heartbeat intervals");
+  }
   for (const std::string& e : {opts.endpoint, opts.events_endpoint}) {
     if (needs_curve(e) && (opts.curve_key.empty() || opts.curve_allowed_keys.empty())) {
       throw std::invalid_argument(
@@ -370,6 +383,9 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
       }
     }
     if (opts.events_endpoint.empty()) opts.events_endpoint = default_events_endpoint(opts.endpoint);
+    if (!opts.state_dir.empty() && opts.state_dir.front() != '/') {
+      opts.state_dir = std::filesystem::absolute(opts.state_dir).string();
+    }
     if (test_stall) opts.test_stall_on_sigusr1 = parse_duration(*test_stall);
     validate(opts);
   } catch (const std::exception& e) {

@@ -29,6 +29,8 @@ SocketAccess socket_access(uint32_t mode, const std::string& group) {
   return a;
 }
 
+bool owned_by_us_or_root(const struct stat& st) { return st.st_uid == 0 || st.st_uid == ::geteuid(); }
+
 void prepare_socket_directory(std::string_view endpoint, const SocketAccess& access) {
   auto path = ipc_path(endpoint);
   if (!path) return;
@@ -51,22 +53,27 @@ void prepare_socket_directory(std::string_view endpoint, const SocketAccess& acc
                              (ec ? ec.message() : "not a directory"));
   }
   // Whoever may remove or rename entries in the folder may put their own
-  // socket in ours' place (libzmq removes the path before it binds, too).
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
+  // socket in ours' place (libzmq removes the path before it binds, too);
+  // whoever owns a link to it may point it elsewhere.
+  struct stat link {}, st {};
+  if (::lstat(dir.c_str(), &link) != 0 || ::stat(dir.c_str(), &st) != 0) {
     throw std::runtime_error("cannot examine the socket folder " + dir.string() + ": " +
                              std::strerror(errno));
   }
-  if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
-    throw std::runtime_error("the socket folder " + dir.string() + " belongs to uid " +
-                             std::to_string(st.st_uid) +
-                             ", who could replace the socket: use a folder of this user's or "
-                             "root's");
+  for (const struct stat* s : {&link, &st}) {
+    if (!owned_by_us_or_root(*s)) {
+      throw std::runtime_error("the socket folder " + dir.string() +
+                               (s == &link && S_ISLNK(link.st_mode) ? " is a link that" : "") +
+                               " belongs to uid " + std::to_string(s->st_uid) +
+                               ", who could replace the socket: use a folder of this user's or "
+                               "root's");
+    }
   }
-  if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
-    throw std::runtime_error("the socket folder " + dir.string() +
-                             " may be written by anyone and is not sticky, so anyone could "
-                             "replace the socket: use a folder only this user may write");
+  if ((st.st_mode & (S_IWOTH | S_IWGRP)) && !(st.st_mode & S_ISVTX)) {
+    throw std::runtime_error("the socket folder " + dir.string() + " may be written by " +
+                             (st.st_mode & S_IWOTH ? "anyone" : "its group") +
+                             " and is not sticky, so they could replace the socket: use a "
+                             "folder only this user may write");
   }
 }
 

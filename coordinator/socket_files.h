@@ -6,6 +6,7 @@
 // decide the rest (coordinator/access.h).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <string>
@@ -23,11 +24,15 @@ struct SocketAccess {
 // a group that does not exist.
 SocketAccess socket_access(uint32_t mode, const std::string& group);
 
+// Whether a file or folder is this process's user's or root's: the only
+// owners trusted with what the coordinator binds or reads its keys from.
+bool owned_by_us_or_root(const struct stat& st);
+
 // Creates the folder of an ipc:// endpoint when missing: owner rwx, and
 // r-x for group and others where `access.mode` gives them any permission,
-// owned by its group. An existing folder that another user (not root) owns,
-// or that anyone may write without the sticky bit, is refused: either could
-// replace the socket. No-op for other transports. Throws
+// owned by its group. An existing folder (or a link to one) that another
+// user (not root) owns, or that group or others may write without the
+// sticky bit, is refused: they could replace the socket. No-op for other transports. Throws
 // std::runtime_error naming the folder.
 void prepare_socket_directory(std::string_view endpoint, const SocketAccess& access);
 

@@ -11,6 +11,7 @@
 
 #include "coordinator/access.h"
 #include "coordinator/peer.h"
+#include "coordinator/socket_files.h"
 #include "shared/curve_keys.h"
 #include "shared/printable.h"
 
@@ -21,10 +22,6 @@ namespace {
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
 // Refusals are logged at most this often, with their count.
 constexpr auto kRefusalLogInterval = std::chrono::seconds(10);
-
-// Like ssh's StrictModes: keys are trusted only in folders and files that
-// this coordinator's user or root owns.
-bool owned_by_us_or_root(const struct stat& st) { return st.st_uid == 0 || st.st_uid == ::geteuid(); }
 
 std::string z85(const void* raw32) {
   char text[41];
@@ -94,6 +91,8 @@ void ZapHandler::read_folder(const std::string& folder, bool agents, bool strict
   if ((st.st_mode & 022) != 0) {
     return problem(folder + " may be written by group or others: its keys are not trusted");
   }
+  // Like ssh's StrictModes: keys count only in folders and files that this
+  // coordinator's user or root owns.
   if (!owned_by_us_or_root(st)) {
     return problem(folder + " belongs to uid " + std::to_string(st.st_uid) +
                    ", neither this coordinator's user nor root: its keys are not trusted");

@@ -40,13 +40,14 @@ void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input,
 }
 
 // Whether `path`, resolved (links followed as far as it exists, `..`
-// removed), is `folder` or in it.
+// removed), is `folder` or in it; true when either cannot be resolved (an
+// ancestor the coordinator may not enter), so that doubt refuses.
 bool inside(const std::string& path, const std::string& folder) {
   std::error_code ec;
   const auto p = std::filesystem::weakly_canonical(path, ec);
-  if (ec) return false;
+  if (ec) return true;
   const auto f = std::filesystem::weakly_canonical(folder, ec);
-  if (ec) return false;
+  if (ec) return true;
   auto [fi, pi] = std::mismatch(f.begin(), f.end(), p.begin(), p.end());
   return fi == f.end() || (std::next(fi) == f.end() && fi->empty());  // a trailing '/'
 }
@@ -296,8 +297,9 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     } else if (options.check_files && c->enabled() && !dir.empty()) {
       if (!options.reserved_dir.empty() && inside(dir, options.reserved_dir)) {
         p.push_back("checkpoint.directory: " + in_quotes(dir) +
-                    " is inside the coordinator's state folder, where other jobs' checkpoints "
-                    "are; leave it out for a folder of the job's own there");
+                    " is inside the coordinator's state folder (or cannot be resolved), where "
+                    "other jobs' checkpoints are; leave it out for a folder of the job's own "
+                    "there");
       }
       std::error_code ec;
       const auto st = std::filesystem::status(dir, ec);

@@ -6,9 +6,10 @@
 namespace leasehold {
 namespace {
 
-// Length of the valid UTF-8 sequence starting at `i` (0: invalid): no
-// overlong forms, no surrogates, nothing past U+10FFFF.
-size_t utf8_length(std::string_view s, size_t i) {
+// Length of the valid UTF-8 sequence starting at `i` (0: invalid), and its
+// code point in `*cp`: no overlong forms, no surrogates, nothing past
+// U+10FFFF.
+size_t utf8_length(std::string_view s, size_t i, uint32_t* cp_out) {
   const auto c = static_cast<unsigned char>(s[i]);
   const size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
   if (n == 0 || i + n > s.size()) return 0;
@@ -20,6 +21,7 @@ size_t utf8_length(std::string_view s, size_t i) {
   }
   const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
   if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  *cp_out = cp;
   return n;
 }
 
@@ -29,12 +31,6 @@ size_t utf8_length(std::string_view s, size_t i) {
 bool misleading(uint32_t cp) {
   return (cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 ||
          (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
-}
-
-uint32_t code_point(std::string_view s, size_t i, size_t n) {
-  uint32_t cp = static_cast<unsigned char>(s[i]) & (0x7f >> n);
-  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
-  return cp;
 }
 
 }  // namespace
@@ -47,8 +43,8 @@ std::string printable(std::string_view text, size_t max_bytes) {
     if (c >= 0x20 && c < 0x7f) {
       out += static_cast<char>(c);
       ++i;
-    } else if (size_t n = c >= 0x80 ? utf8_length(text, i) : 0) {
-      if (uint32_t cp = code_point(text, i, n); misleading(cp)) {
+    } else if (uint32_t cp = 0; size_t n = c >= 0x80 ? utf8_length(text, i, &cp) : 0) {
+      if (misleading(cp)) {
         char esc[12];
         std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(cp));
         out += esc;

@@ -137,7 +137,8 @@ class Attack : public ::testing::Test {
     write_synthetic_idx(c.dir(), "test", 150, 2);
     coordinator_ = &c.start_coordinator({"--backend", "host", "--pool-size", "64MiB",
                                          "--alignment", "1MiB", "--queued-per-user", "3",
-                                         "--assign-timeout", "3s", "--stop-timeout", "3s"});
+                                         "--assign-timeout", "3s", "--stop-timeout", "3s",
+                                         "--lease-wait-timeout", "500ms"});
     pattern_ = &c.start_agent("victim", {"--exercise", "--leases", "2", "--lease-size", "4MiB",
                                          "--rounds", "0", "--interval", "20ms"});
     c.start_agent("worker", {});

@@ -180,6 +180,21 @@ TEST(Config, LimitsFromToml) {
   auto huge = o;
   huge.max_lease_wait = std::chrono::hours(24 * 30);  // past a request's 32-bit milliseconds
   EXPECT_THROW(validate(huge), std::invalid_argument);
+  // A cancelled job's agent may be waiting for a lease: stop_timeout gives
+  // it longer than that wait.
+  auto hasty = o;
+  hasty.stop_timeout = std::chrono::seconds(20);  // lease_wait_timeout is 30 s
+  try {
+    validate(hasty);
+    ADD_FAILURE() << "a stop_timeout shorter than a lease wait was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("must be longer than lease_wait_timeout"),
+              std::string::npos)
+        << e.what();
+  }
+  auto relative = o;
+  relative.state_dir = "state";
+  EXPECT_THROW(validate(relative), std::invalid_argument) << "agents could not find checkpoints";
 }
 
 TEST(Config, HttpListenFromToml) {

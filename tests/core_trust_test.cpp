@@ -253,6 +253,12 @@ TEST(CoreJobs, AttemptsAndReasonsAreBoundedSoRepliesStaySmall) {
   for (const auto& a : job.attempts) EXPECT_LE(a.reason.size(), kReasonBytes + 8);
   for (const auto& h : job.history) EXPECT_LE(h.reason.size(), kReasonBytes + 8);
   EXPECT_EQ(d.job(id).state, JobState::Running);
+  // What the coordinator itself keeps is cut too.
+  JobTable table;
+  JobRecord& other = table.add(std::make_shared<proto::JobSpecT>(CoreDriver::small_job("o")), 0);
+  table.set_state(other, JobState::Failed, 1, std::string(5000, 'y'));
+  EXPECT_LE(other.reason.size(), kReasonBytes + 8);
+  EXPECT_LE(other.history.back().reason.size(), kReasonBytes + 8);
   // The event says how it goes, not all it went through.
   zmq::message_t event = encode_event(job);
   EXPECT_LE(event.size(), 8u * 1024) << "a job event is progress, not the record";
@@ -306,7 +312,7 @@ TEST(CoreJobs, AnotherUsersAgentCannotClaimAJobByItsAgentsName) {
         .Union();
   });
   EXPECT_EQ(error_code(claim, "thief"), ErrorCode::NameTaken) << errors(claim);
-  EXPECT_NE(errors(claim).find("belongs to the agent of uid 1000, whose job 1 waits"),
+  EXPECT_NE(errors(claim).find("belongs to another user's agent, whose job 1 waits"),
             std::string::npos)
       << errors(claim);
   EXPECT_FALSE(d.core().agents().count("a"));

@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 #include <fstream>
 
 #include "agent/job_runner.h"
 #include "shared/job_spec.h"
+#include "shared/printable.h"
 #include "tests/support/memory_file_system.h"
 #include "tests/support/synthetic_data.h"
 
@@ -331,6 +333,35 @@ TEST_F(JobTest, NoTextFieldCarriesControlCharactersOrBadUtf8) {
       EXPECT_EQ(e.find('\n'), std::string::npos) << "escaped: " << e;
       EXPECT_EQ(e.find("\xe2\x80\xae"), std::string::npos) << "escaped: " << e;
     }
+  }
+  // Bytes that are not UTF-8 (which JSON cannot carry, but a raw client
+  // can) and values over 4096 bytes, in every other text field.
+  const std::vector<std::pair<std::string, std::function<void(proto::JobSpecT&)>>> raw{
+      {"dataset.name", [](auto& s) { s.dataset->name = "mn\xffist"; }},
+      {"dataset.directory", [](auto& s) { s.dataset->directory = "/d\xc0\xafx"; }},
+      {"dataset.test_labels", [](auto& s) { s.dataset->test_labels = "/t\xed\xa0\x80"; }},
+      {"memory_min", [](auto& s) { s.memory_min = "1\xffMiB"; }},
+      {"publish_parameters", [](auto& s) { s.publish_parameters = "p\xfe"; }},
+      {"init_from", [](auto& s) { s.init_from = "i\x80"; }},
+      {"spill.host_bytes", [](auto& s) {
+         s.spill = std::make_unique<proto::SpillSpecT>();
+         s.spill->host_bytes = "2\x1bGiB";
+       }},
+      {"checkpoint.directory", [](auto& s) {
+         s.checkpoint = std::make_unique<proto::CheckpointSpecT>();
+         s.checkpoint->directory = "/" + std::string(5000, 'c');
+       }}};
+  const auto good = parse_job_json(job_json(R"(, "epochs": 1)"), "j.json");
+  for (const auto& [field, edit] : raw) {
+    proto::JobSpecT s;
+    verify_job(good)->UnPackTo(&s);
+    edit(s);
+    const std::string e = problems_of([&] { validate_job(s, ValidationOptions{false}); });
+    EXPECT_NE(e.find(field + ": "), std::string::npos) << field << ": " << e;
+    EXPECT_NE(e.find("has control characters or bytes that are not UTF-8, or is longer than 4096"),
+              std::string::npos)
+        << field << ": " << e;
+    EXPECT_TRUE(is_printable(e.substr(0, 4096))) << "the refusal itself is printable: " << e;
   }
 }
 
