@@ -71,6 +71,13 @@ namespace leasehold {
 
 // The time, as the caller's clocks read it: steady for timeouts, Unix
 // milliseconds for what is shown and stored.
+// Milliseconds from `from` to `to`; 0 when `to` is not later.
+inline uint64_t ms_between(Clock::time_point from, Clock::time_point to) {
+  return to > from ? static_cast<uint64_t>(
+                         std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count())
+                   : 0;
+}
+
 struct Now {
   Clock::time_point steady;
   uint64_t unix_ms = 0;
@@ -244,10 +251,10 @@ class CoordinatorCore {
     return job.attempts.empty() || job.attempts.back().agent_identity.empty() ||
            job.attempts.back().agent_identity == agent.identity;
   }
-  // "uid N" for a local peer, "key NAME" for a CURVE one, "" when unknown.
-  static std::string peer_identity(const Peer& peer) {
-    return peer.known ? "uid " + std::to_string(peer.uid) : peer.key_user();
-  }
+  // Why a Register or Heartbeat listing `jobs` is refused (more than an
+  // agent can have); none when it is not.
+  static std::optional<std::string> reported_jobs_refusal(
+      const flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>* jobs);
   // Why `agent` may not wait `wait_ms` for memory or a region: longer than
   // max_lease_wait (InvalidArgument), or waiting_per_agent requests already
   // waiting (NoSpace). None when it may.

@@ -14,12 +14,6 @@
 namespace leasehold {
 namespace {
 
-uint64_t ms_since(Clock::time_point since, Clock::time_point now) {
-  return now > since ? static_cast<uint64_t>(
-                           std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count())
-                     : 0;
-}
-
 // Publishes a Shrink or ShrinkDone on the agent's topic.
 template <class T>
 void publish_shrink(Effects& out, const std::string& agent, T body) {
@@ -123,7 +117,7 @@ void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
   if (released < s.bytes) agent.shrink_rest_until = now.steady + opts_.heartbeat_interval;
   const std::string reason = printable(str(d->reason()), kAgentReasonBytes);
   spdlog::info("agent '{}' released {} of {} asked in {} ms{}{}", agent.name,
-               format_bytes(released), format_bytes(s.bytes), ms_since(s.sent, now.steady),
+               format_bytes(released), format_bytes(s.bytes), ms_between(s.sent, now.steady),
                reason.empty() ? "" : ": ", reason);
   bool stored = false;
   if (JobRecord* job = jobs_.find(s.job_id)) {
@@ -180,7 +174,7 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
 
 void CoordinatorCore::note_lease_wait(const std::string& owner, Clock::time_point since, Now now,
                                       Effects& out) {
-  uint64_t waited = ms_since(since, now.steady);
+  uint64_t waited = ms_between(since, now.steady);
   if (waited == 0) return;
   auto it = agents_.find(owner);
   if (it == agents_.end() || !it->second.job_id) return;
@@ -192,7 +186,7 @@ void CoordinatorCore::note_lease_wait(const std::string& owner, Clock::time_poin
 
 void CoordinatorCore::end_memory_wait(JobRecord& job, Now now) {
   if (!job.waiting_since) return;
-  job.memory_wait_ms += ms_since(*job.waiting_since, now.steady);
+  job.memory_wait_ms += ms_between(*job.waiting_since, now.steady);
   job.waiting_since.reset();
 }
 

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <toml++/toml.h>
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,32 +21,35 @@
 namespace leasehold {
 namespace {
 
-// A whole number in [1, max].
-int64_t parse_count(const std::string& text, int64_t max = 100000000) {
+// `text` as a whole decimal number, all of it; nullopt otherwise.
+std::optional<long long> whole_number(const std::string& text) {
   size_t used = 0;
   long long v = 0;
   try {
     v = std::stoll(text, &used);
   } catch (const std::exception&) {
-    used = 0;
+    return std::nullopt;
   }
-  if (used == 0 || used != text.size() || v < 1 || v > max) {
-    throw std::invalid_argument("'" + text + "' is not a count between 1 and " +
-                                std::to_string(max));
-  }
+  if (used != text.size()) return std::nullopt;
   return v;
 }
 
-int parse_int(const std::string& text) {
-  size_t used = 0;
-  int v = 0;
-  try {
-    v = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
+// A whole number in [1, max].
+int64_t parse_count(const std::string& text, int64_t max = 100000000) {
+  auto v = whole_number(text);
+  if (!v || *v < 1 || *v > max) {
+    throw std::invalid_argument("'" + text + "' is not a count between 1 and " +
+                                std::to_string(max));
   }
-  if (used == 0 || used != text.size()) throw std::invalid_argument("'" + text + "' is not an integer");
-  return v;
+  return *v;
+}
+
+int parse_int(const std::string& text) {
+  auto v = whole_number(text);
+  if (!v || *v < INT_MIN || *v > INT_MAX) {
+    throw std::invalid_argument("'" + text + "' is not an integer");
+  }
+  return static_cast<int>(*v);
 }
 
 uint32_t parse_mode(const std::string& text) {

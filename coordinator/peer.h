@@ -45,6 +45,9 @@ struct Peer {
   std::optional<std::vector<uint32_t>> groups;
   // "key NAME" for a CURVE peer, "" otherwise: how its jobs are recorded.
   std::string key_user() const { return key.empty() ? std::string() : "key " + key; }
+  // Who it is, as an attempt records its agent: "uid N" for a local peer,
+  // "key NAME" for a CURVE one, "" when unknown.
+  std::string identity() const { return known ? "uid " + std::to_string(uid) : key_user(); }
 };
 
 // Parses a "Peer-Address" value; unknown for anything but "HOST:UID:GID:PID".

@@ -52,6 +52,32 @@ bool inside(const std::string& path, const std::string& folder) {
   return fi == f.end() || (std::next(fi) == f.end() && fi->empty());  // a trailing '/'
 }
 
+// Every text field but the name (checked on its own, more strictly): none
+// may carry control characters, misleading code points or bytes that are
+// not UTF-8, since each reaches log lines, JSON replies and error texts.
+std::vector<std::pair<std::string, const flatbuffers::String*>> text_fields(
+    const proto::JobSpec& job) {
+  std::vector<std::pair<std::string, const flatbuffers::String*>> f{
+      {"memory_budget", job.memory_budget()},
+      {"memory_min", job.memory_min()},
+      {"device", job.device()},
+      {"publish_parameters", job.publish_parameters()},
+      {"init_from", job.init_from()}};
+  if (const auto* d = job.dataset()) {
+    f.insert(f.end(), {{"dataset.name", d->name()},
+                       {"dataset.directory", d->directory()},
+                       {"dataset.train_images", d->train_images()},
+                       {"dataset.train_labels", d->train_labels()},
+                       {"dataset.test_images", d->test_images()},
+                       {"dataset.test_labels", d->test_labels()}});
+  }
+  if (const auto* c = job.checkpoint()) f.emplace_back("checkpoint.directory", c->directory());
+  if (const auto* s = job.spill()) {
+    f.insert(f.end(), {{"spill.host_bytes", s->host_bytes()}, {"spill.directory", s->directory()}});
+  }
+  return f;
+}
+
 // `text` in quotes, escaped so that a hostile value cannot forge a log
 // line or break a JSON reply.
 std::string in_quotes(const std::string& text) { return "'" + printable(text) + "'"; }
@@ -164,36 +190,6 @@ uint64_t job_spill_host_bytes(const proto::JobSpec& job) {
   const auto* s = job.spill();
   return s && s->host_bytes() ? parse_bytes(s->host_bytes()->str()) : 0;
 }
-
-namespace {
-
-// Every text field but the name (checked on its own, more strictly): none
-// may carry control characters, misleading code points or bytes that are
-// not UTF-8, since each reaches log lines, JSON replies and error texts.
-std::vector<std::pair<std::string, const flatbuffers::String*>> text_fields(
-    const proto::JobSpec& job) {
-  std::vector<std::pair<std::string, const flatbuffers::String*>> f{
-      {"memory_budget", job.memory_budget()},
-      {"memory_min", job.memory_min()},
-      {"device", job.device()},
-      {"publish_parameters", job.publish_parameters()},
-      {"init_from", job.init_from()}};
-  if (const auto* d = job.dataset()) {
-    f.insert(f.end(), {{"dataset.name", d->name()},
-                       {"dataset.directory", d->directory()},
-                       {"dataset.train_images", d->train_images()},
-                       {"dataset.train_labels", d->train_labels()},
-                       {"dataset.test_images", d->test_images()},
-                       {"dataset.test_labels", d->test_labels()}});
-  }
-  if (const auto* c = job.checkpoint()) f.emplace_back("checkpoint.directory", c->directory());
-  if (const auto* s = job.spill()) {
-    f.insert(f.end(), {{"spill.host_bytes", s->host_bytes()}, {"spill.directory", s->directory()}});
-  }
-  return f;
-}
-
-}  // namespace
 
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   std::vector<std::string> p;

@@ -2,7 +2,6 @@
 // store kept comes back, and jobs that were running wait for their agent.
 #include <gtest/gtest.h>
 
-#include "coordinator/job_codec.h"
 #include "tests/support/core_driver.h"
 
 namespace leasehold::testing {
@@ -21,11 +20,7 @@ std::vector<JobRecord> crashed_store(CoreDriver& before) {
   before.heartbeat(a, {{j1, 1, P::Running}});
   before.update(a, j1, 1, "running", "", 1, true);
   before.update(a, j1, 1, "running", "", 2, true);
-  std::vector<JobRecord> rows;
-  for (const auto& [id, job] : before.core().jobs().all()) {
-    rows.push_back(decode_job(id, encode_job(job)));  // through the stored form
-  }
-  return rows;
+  return stored_rows(before);
 }
 
 TEST(CoreRestart, QueuedJobsKeepTheirOrderAndIdsAreNotReused) {

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "coordinator/job_codec.h"
 #include "shared/protocol.h"
 
 namespace leasehold::testing {
@@ -274,6 +275,12 @@ CoreOptions job_options() {
   o.first_heartbeat_grace = std::chrono::milliseconds(10000);
   o.recovery_grace = std::chrono::milliseconds(5000);
   return o;
+}
+
+std::vector<JobRecord> stored_rows(CoreDriver& d) {
+  std::vector<JobRecord> rows;
+  for (const auto& [id, job] : d.core().jobs().all()) rows.push_back(decode_job(id, encode_job(job)));
+  return rows;
 }
 
 std::vector<std::pair<uint64_t, uint32_t>> assigned(const Effects& e, const FakeAgent& a) {

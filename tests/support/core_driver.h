@@ -99,6 +99,9 @@ class CoreDriver {
 CoreOptions job_options();
 // The AssignJob pushes in `e` for agent `a`: (job id, attempt).
 std::vector<std::pair<uint64_t, uint32_t>> assigned(const Effects& e, const FakeAgent& a);
+// `d`'s jobs as the store would give them back after a crash (through
+// their stored form), for CoordinatorCore::recover.
+std::vector<JobRecord> stored_rows(CoreDriver& d);
 // The StopJob pushed in `e` to `a` for `job`, if any.
 const proto::StopJobT* stop_of(const Effects& e, const FakeAgent& a, uint64_t job);
 inline bool stops(const Effects& e, const FakeAgent& a, uint64_t job) {

@@ -1,0 +1,230 @@
+// The core's agents: registration (who may take which name), the jobs an
+// agent lists, and an agent's end (unregistered, silent, dead) with the
+// fences that hold its leases while it may still write.
+#include <spdlog/spdlog.h>
+
+#include <cctype>
+
+#include "coordinator/core.h"
+#include "coordinator/replies.h"
+#include "shared/printable.h"
+#include "shared/protocol.h"
+#include "shared/units.h"
+
+namespace leasehold {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+
+// An agent runs one job at a time, and may still be reporting or stopping
+// the one before: a list longer than this is not an agent's (each entry
+// could cost a StopJob and a log line).
+constexpr size_t kMaxReportedJobs = 8;
+
+bool valid_name(std::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+          c == '@' || c == ':')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::string> CoordinatorCore::reported_jobs_refusal(
+    const flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>* jobs) {
+  if (!jobs || jobs->size() <= kMaxReportedJobs) return std::nullopt;
+  return "the message lists " + std::to_string(jobs->size()) + " jobs; an agent runs at most " +
+         std::to_string(kMaxReportedJobs);
+}
+
+void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope& env, Now now,
+                                  Effects& out, const Peer& peer) {
+  const auto* r = env.body_as_Register();
+  uint64_t req = env.header()->request_id();
+  if (auto refusal = opts_.access.check(Role::Agent, peer)) {
+    spdlog::warn("refused an agent registration: {}", *refusal);
+    return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
+  }
+  std::string name(str(r->name()));
+  if (!valid_name(name)) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "agent name '" + printable(name, kMaxNameLength) +
+                          "' is invalid: use 1-128 letters, digits, '-', '_', '.', '@' or ':'");
+  }
+  if (auto no = reported_jobs_refusal(r->jobs())) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument, *no);
+  }
+  if (r->pid() <= 0) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "pid " + std::to_string(r->pid()) + " is invalid");
+  }
+  if (r->device() >= 0 && r->device() != pool_.device) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "agent wants device " + std::to_string(r->device()) +
+                          " but this coordinator's pool is on device " +
+                          std::to_string(pool_.device));
+  }
+  const SessionToken instance{r->instance_lo(), r->instance_hi()};
+  const std::string identity = peer.identity();
+  // A name whose job waits for its agent to come back (the coordinator
+  // restarted, the agent lost its session) is that agent's: another user's
+  // agent taking it could claim the job.
+  for (const auto& [id, job] : jobs_.all()) {
+    if (job.orphaned_since && job.agent == name && !job.attempts.empty() &&
+        !job.attempts.back().agent_identity.empty() &&
+        job.attempts.back().agent_identity != identity) {
+      return send_error(out, rid, req, ErrorCode::NameTaken,
+                        "agent name '" + name + "' belongs to another user's agent, whose job " +
+                            std::to_string(id) + " waits for it to come back");
+    }
+  }
+  if (auto it = agents_.find(name); it != agents_.end()) {
+    const AgentRecord& old = it->second;
+    // Never taken over by what anyone can read (a pid `leasehold status`
+    // shows): only the holder's own instance, which only it knows, or the
+    // session token it was given.
+    const bool same_process = !instance.empty() && old.instance == instance;
+    const bool proves_session =
+        old.session == SessionToken{env.header()->session(), env.header()->session_hi()};
+    if (same_process || proves_session) {
+      // The same agent registering again lost its session (for example a
+      // reply that never reached it): its old leases are void, and its job
+      // waits for what it reports below.
+      drop_agent(name, "registered again", JobFate::Orphan, now, out);
+    } else if (gone(old.local_pid)) {
+      drop_agent(name, "replaced: its process is gone", JobFate::AgentLost, now, out);
+    } else {
+      return send_error(out, rid, req, ErrorCode::NameTaken,
+                        "agent name '" + name + "' is in use by live pid " +
+                            std::to_string(old.pid) +
+                            " (a restart of that agent registers once its old session ends)");
+    }
+    serve_waiting(out);
+  }
+  AgentRecord& rec = agents_[name];
+  rec.name = name;
+  rec.pid = r->pid();
+  rec.local_pid = peer.known && peer.pid > 0 ? peer.pid : 0;
+  rec.identity = identity;
+  rec.device = pool_.device;
+  rec.session = SessionToken::random();
+  rec.instance = instance;
+  rec.routing_ids.insert(rid);
+  rec.takes_jobs = r->takes_jobs();
+  rec.ready = r->ready();
+  rec.outside_pool_bytes = r->outside_pool_bytes();
+  rec.mps_thread_percentage = r->mps_thread_percentage();
+  rec.last_seen = now.steady + opts_.first_heartbeat_grace;
+  spdlog::info("agent '{}' (pid {}) registered{}; {}", name, rec.pid,
+               rec.takes_jobs && !rec.ready ? " (warming up)" : "", summary());
+
+  proto::RegisterAckT ack;
+  ack.session = rec.session.lo;
+  ack.session_hi = rec.session.hi;
+  ack.heartbeat_interval_ms = static_cast<uint32_t>(opts_.heartbeat_interval.count());
+  ack.pool = pool_info_object(pool_);
+  ack.default_wait_ms = static_cast<uint32_t>(opts_.lease_wait_timeout.count());
+  ack.mps_pipe_directory = opts_.mps_pipe_directory;
+  send(out, rid, req, std::move(ack));
+  // What it still runs from an earlier session; then it may take a job.
+  reconcile(rec, r, nullptr, now, out);
+  schedule(now, out);
+}
+
+void CoordinatorCore::drop_agent(const std::string& name, const std::string& why, JobFate fate,
+                                 Now now, Effects& out) {
+  auto it = agents_.find(name);
+  if (it == agents_.end()) return;
+  uint64_t job_id = it->second.job_id;
+  const int pid = it->second.pid, local_pid = it->second.local_pid;
+  bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
+  agents_.erase(it);
+  // Its attachments go; a region it was filling goes with its leases.
+  const std::vector<std::string> discarded = drop_region_users(name, now);
+  if (fence) {
+    // Its kernels or loops may still write into these: nobody gets them
+    // until it says it stopped, its process is gone, or recovery_grace ends.
+    release_fence(name, "", out);  // an older fence of the same agent
+    Fence f{name + " (fenced)", local_pid, now.steady};
+    auto [count, bytes] = leases_.transfer_all(name, f.holder);
+    if (count > 0) fences_[name] = f;
+    spdlog::info("agent '{}' (pid {}) {}; {} leases ({}) fenced until it stops", name, pid, why,
+                 count, format_bytes(bytes));
+  } else {
+    auto [count, bytes] = leases_.release_all(name);
+    spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
+                 format_bytes(bytes));
+    release_fence(name, "the agent is gone", out);
+  }
+  for (const auto& region : discarded) {
+    discard_region(region, "its filler, agent '" + name + "', " + why, now, out);
+  }
+  JobRecord* job = job_id ? jobs_.find(job_id) : nullptr;
+  if (!job || job->state != JobState::Running || job->agent != name) return;
+  if (fence) {
+    // Its report on registering again decides (reconcile), or the wait ends.
+    job->orphaned_since = now.steady;
+    job->orphan_counts = fate == JobFate::Silent;
+    job->orphan_pid = fate == JobFate::Silent ? local_pid : 0;
+    return;
+  }
+  requeue(*job, "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);
+}
+
+void CoordinatorCore::release_fence(const std::string& agent, const std::string& why,
+                                    Effects& out) {
+  auto it = fences_.find(agent);
+  if (it == fences_.end()) return;
+  auto [count, bytes] = leases_.release_all(it->second.holder);
+  if (!why.empty()) {
+    spdlog::info("released {} fenced leases ({}) of agent '{}': {}", count, format_bytes(bytes),
+                 agent, why);
+  }
+  fences_.erase(it);
+  serve_waiting(out);
+}
+
+void CoordinatorCore::check_fences(Now now, Effects& out) {
+  std::vector<std::pair<std::string, std::string>> done;
+  for (const auto& [agent, f] : fences_) {
+    if (gone(f.pid)) {
+      done.emplace_back(agent, "its process is gone");
+    } else if (now.steady - f.since >= opts_.recovery_grace) {
+      done.emplace_back(agent, "still silent after " +
+                                   std::to_string(opts_.recovery_grace.count()) +
+                                   " ms (a hung process?)");
+    }
+  }
+  for (const auto& [agent, why] : done) release_fence(agent, why, out);
+}
+
+void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
+  const auto limit = opts_.heartbeat_interval * 2;
+  std::vector<std::pair<std::string, uint64_t>> dead;
+  for (const auto& [name, agent] : agents_) {
+    // Within its first-heartbeat grace an agent is silent by right, unless
+    // its process is already gone (killed while it started).
+    bool in_grace = agent.last_seen > now.steady;
+    if (now.steady - agent.last_seen > limit || (in_grace && gone(agent.local_pid))) {
+      dead.emplace_back(name, ms_between(agent.last_seen, now.steady));
+    }
+  }
+  // Drop every dead agent before anything is scheduled again, so that no
+  // job goes to an agent that is about to be dropped in the same turn.
+  for (const auto& [name, silent_ms] : dead) {
+    spdlog::warn("agent '{}' sent no heartbeat for {} ms", name, silent_ms);
+    std::string why = "no heartbeat for " + std::to_string(silent_ms) + " ms";
+    if (gone(agents_.at(name).local_pid)) {
+      drop_agent(name, "declared dead (" + why + ")", JobFate::AgentLost, now, out);
+    } else {
+      drop_agent(name, "silent (" + why + ") but its process lives", JobFate::Silent, now, out);
+    }
+  }
+  if (!dead.empty()) serve_waiting(out);
+}
+
+}  // namespace leasehold
