@@ -47,6 +47,13 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
     try {
       if (held.empty()) held = acquire_all(session, opts, base_seed + round);
       std::this_thread::sleep_for(opts.interval);
+      // The self-fence (agent/session.h): no lease is touched while the
+      // coordinator may have fenced them.
+      if (session.connected() && !session.may_touch()) {
+        std::printf("paused: the coordinator is silent; touching no lease\n");
+        std::fflush(stdout);
+        session.wait_may_touch([&] { return stop.load(); });
+      }
       bool lost = false;
       uint64_t bytes = 0;
       for (auto& h : held) {
@@ -79,6 +86,10 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
                   static_cast<unsigned long long>(bytes));
       std::fflush(stdout);
       ++round;
+      if (opts.churn) {
+        for (auto& h : held) session.release(h.lease);
+        held.clear();
+      }
     } catch (const Error& e) {
       // Session lost mid-request, or between the lost() check and touching
       // a lease (the coordinator stopped just then): wait for

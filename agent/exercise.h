@@ -17,6 +17,10 @@ struct ExerciseOptions {
   uint64_t lease_size = 4ull << 20;        // bytes per lease
   int rounds = 10;                         // verify rounds; 0 = until stopped
   std::chrono::milliseconds interval{200}; // between rounds
+  // Release every lease after each verified round and lease anew: the
+  // agent keeps taking whatever memory the pool frees (a neighbour that
+  // would notice memory handed out while its old owner still writes).
+  bool churn = false;
 };
 
 // Exit status: 0 when every round verified, 3 when a lease's content changed

@@ -2,8 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <map>
 #include <optional>
+#include <system_error>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/checkpoint.h"
@@ -13,6 +15,7 @@
 #include "agent/job_data.h"
 #include "agent/model_builder.h"
 #include "agent/parameter_regions.h"
+#include "shared/checkpoint_folder.h"
 #include "shared/job_spec.h"
 #include "shared/region_names.h"
 #include "shared/units.h"
@@ -85,16 +88,37 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   const int64_t total_steps = job.steps() > 0 ? job.steps() : job.epochs() * per_epoch;
   const int64_t epochs = (total_steps + per_epoch - 1) / per_epoch;
 
-  FileSystem& fs = options.file_system ? *options.file_system : default_file_system();
   const std::string ckpt = checkpoint_file(job);
+  // The checkpoint folder is opened and checked afresh for the resume and
+  // for every write, so that one swapped for a link, or handed to another
+  // user, after submission is refused then (shared/checkpoint_folder.h).
+  // Null: no folder yet, so no checkpoint to resume from.
+  std::unique_ptr<CheckpointFolder> folder;
+  auto checkpoint_fs = [&](bool write) -> FileSystem* {
+    if (options.file_system) return options.file_system;
+    const std::string dir = job.checkpoint()->directory()->str();
+    try {
+      folder = std::make_unique<CheckpointFolder>(dir, options.checkpoint_owner, write);
+    } catch (const std::system_error& e) {
+      if (!write && e.code().value() == ENOENT) return nullptr;
+      throw std::runtime_error(std::string(write ? "cannot write checkpoint " : "cannot resume from ") +
+                               ckpt + ": the folder " + e.what() + " does not exist");
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string(write ? "cannot write checkpoint " : "cannot resume from ") +
+                               ckpt + ": " + e.what());
+    }
+    return folder.get();
+  };
   JobResult result;
   int64_t first_epoch = 0;
-  if (!ckpt.empty() && fs.exists(ckpt)) {
+  FileSystem* resume_fs = ckpt.empty() ? nullptr : checkpoint_fs(false);
+  if (resume_fs && resume_fs->exists(ckpt)) {
     // Parameters and optimizer state, and their names: never more than the
     // job's resident bytes (which count gradients too) and some headers.
     const uint64_t resident = job_resident_bytes(job);
     auto loaded = E::checkpoint::load(
-        ckpt, fs, resident > UINT64_MAX - (16u << 20) ? UINT64_MAX : resident + (16u << 20));
+        ckpt, *resume_fs,
+        resident > UINT64_MAX - (16u << 20) ? UINT64_MAX : resident + (16u << 20));
     std::map<std::string, E::Tensor> by_name(loaded.begin(), loaded.end());
     E::checkpoint::restore(loaded, model->named_parameters());
     E::nn::NamedTensors opt_state;
@@ -223,6 +247,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                        epoch_seconds, false};
     if (!ckpt.empty() && ((epoch + 1) % job.checkpoint()->every_epochs() == 0 ||
                           epoch + 1 == epochs)) {
+      FileSystem& fs = *checkpoint_fs(true);
       if (Status st = fs.create_dirs(job.checkpoint()->directory()->str()); !st.ok()) {
         throw std::runtime_error("cannot write checkpoint " + ckpt + ": " + st.to_string());
       }

@@ -69,8 +69,12 @@ class JobCancelled : public std::runtime_error {
 
 struct JobRunOptions {
   engine::Device device;
-  // Where checkpoints are written and read (null: the real file system).
+  // Where checkpoints are written and read (null: the real file system,
+  // through the job's checkpoint folder opened and checked afresh at every
+  // write and resume; shared/checkpoint_folder.h).
   FileSystem* file_system = nullptr;
+  // Whose checkpoint folder it is (with the real file system).
+  CheckpointOwner checkpoint_owner = CheckpointOwner::this_user();
   // Called once, before the first step, when the job resumes from the
   // checkpoint written after epoch `epoch`; on_epoch then reports that
   // epoch again (the run that wrote it may have died before reporting it).

@@ -57,9 +57,7 @@ JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string
     : session_(session), spill_(spill), reporter_(session), options_(options) {
   session_.set_shrink_handler([this](const proto::ShrinkT& s) { on_shrink(s); });
   session_.set_job_handlers(
-      [this](uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
-        on_assign(id, attempt, std::move(spec));
-      },
+      [this](JobAssignment job) { on_assign(std::move(job)); },
       [this](uint64_t id, uint32_t attempt, bool cancel, const std::string& reason) {
         on_stop(id, attempt, cancel, reason);
       },
@@ -106,9 +104,9 @@ std::string JobWorker::session_lost_reason() const {
          std::to_string(epoch_.load());
 }
 
-void JobWorker::on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> spec) {
+void JobWorker::on_assign(JobAssignment job) {
   std::lock_guard lock(mu_);
-  Key key{id, attempt};
+  Key key{job.job_id, job.attempt};
   if (known(key)) return;  // the same push again, or via another socket
   if (device_lost_) {
     // run() has returned; the agent is about to start itself again.
@@ -119,7 +117,8 @@ void JobWorker::on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> sp
                                         "); the job did not start"));
     return;
   }
-  queue_.push_back(Assigned{key, std::move(spec), std::chrono::steady_clock::now()});
+  queue_.push_back(Assigned{key, std::move(job.spec), job.checkpoint_owner,
+                            std::chrono::steady_clock::now()});
   cv_.notify_all();
 }
 
@@ -202,6 +201,23 @@ void JobWorker::session_changed(const std::string& why) {
                                         ") before the job started"));
   }
   queue_.clear();
+}
+
+void JobWorker::pause_while_silent(uint64_t id, const std::atomic<bool>& stop) {
+  const auto since = std::chrono::steady_clock::now();
+  spdlog::warn("job {}: the coordinator has not answered for too long; pausing at this step "
+               "boundary, touching no leased memory until it answers",
+               id);
+  const bool heard = session_.wait_may_touch(
+      [&] { return stop.load() || stop_requested_.load(); });
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - since)
+                      .count();
+  if (heard) {
+    spdlog::info("job {}: the coordinator answers again; resuming after a {} ms pause", id, ms);
+  } else {
+    spdlog::warn("job {}: stopping after a {} ms pause (session lost or stop requested)", id, ms);
+  }
 }
 
 void JobWorker::on_shrink(const proto::ShrinkT& shrink) {
@@ -349,6 +365,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     opts.device = leases->device();
     opts.session = &session_;
     opts.dataset_regions = options_.dataset_regions;
+    opts.checkpoint_owner = assigned.checkpoint_owner;
     if (spill_) {
       opts.spill = spill_->for_job(*job, "job" + std::to_string(id) + "-" + std::to_string(attempt),
                                    leases);
@@ -362,8 +379,13 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
         engine::inject_device_fault(device);
       }
     };
-    // A stop request (cancel, lost session) or the agent stopping.
+    // A stop request (cancel, lost session) or the agent stopping. First,
+    // at this step boundary, the self-fence: while the coordinator has been
+    // silent too long to be sure it has not fenced this agent's leases, the
+    // job touches none of them (it pauses here, and goes on once the
+    // coordinator answers, or stops when the session is lost).
     opts.should_stop = [&] {
+      if (!session_.may_touch()) pause_while_silent(id, stop);
       if (stop.load() && !stop_requested_.load()) {
         std::lock_guard lock(mu_);
         if (stop_cause_ == StopCause::None) stop_cause_ = StopCause::AgentStopping;
@@ -460,6 +482,10 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     } else if (lost || stop_cause_ == StopCause::SessionLost) {
       state = "interrupted";
       reason = session_lost_reason();
+    } else if (stop.load()) {
+      // A wait (for memory) given up because the agent stops.
+      state = "interrupted";
+      reason = "agent '" + session_.name() + "' is stopping";
     } else {
       state = "failed";
       reason = e.what();

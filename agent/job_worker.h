@@ -87,13 +87,14 @@ class JobWorker {
   struct Assigned {
     Key key;
     std::vector<uint8_t> spec;
+    CheckpointOwner checkpoint_owner;
     std::chrono::steady_clock::time_point received;  // when the push arrived
   };
   // Why the running job is stopping: a user's cancel, the coordinator
   // wanting it elsewhere, a lost session, the agent stopping.
   enum class StopCause { None, Cancel, Coordinator, SessionLost, AgentStopping };
 
-  void on_assign(uint64_t id, uint32_t attempt, std::vector<uint8_t> spec);
+  void on_assign(JobAssignment job);
   void on_stop(uint64_t id, uint32_t attempt, bool cancel, const std::string& reason);
   void on_shrink(const proto::ShrinkT& shrink);
   // Acts on a pending Shrink: for the running job (`leases`, `spill` its
@@ -104,6 +105,10 @@ class JobWorker {
   void session_changed(const std::string& why);
   std::vector<proto::AgentJobT> job_states();
   void run_one(const Assigned& job, const std::atomic<bool>& stop);
+  // The self-fence (agent/session.h): waits, touching no leased memory,
+  // until the coordinator answers again, the session is lost, or the job
+  // or agent is asked to stop.
+  void pause_while_silent(uint64_t id, const std::atomic<bool>& stop);
   // Remembers a finished job so late pushes for it are ignored.
   void remember(const Key& key);  // REQUIRES: mu_ held
   bool known(const Key& key) const;  // REQUIRES: mu_ held

@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", ex.rounds, "exercise: verify rounds (0: until stopped)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--interval", interval, "exercise: time between rounds")->capture_default_str();
+  app.add_flag("--churn", ex.churn,
+               "exercise: release the leases after every round and lease anew");
   std::string job_file;
   leasehold::RunJobOverrides overrides;
   app.add_option("--run-job", job_file,
@@ -179,6 +181,7 @@ int main(int argc, char** argv) {
     // Only a standby worker takes jobs (not --exercise, not --run-job); it
     // gets none until it has warmed up.
     opts.takes_jobs = !exercise && job_file.empty();
+    opts.interrupt = &stop;  // SIGTERM ends a wait for memory too
     opts.ready = !opts.takes_jobs;
     leasehold::AgentSession session(opts);
     auto pool = session.pool();
@@ -238,6 +241,11 @@ int main(int argc, char** argv) {
     // The interrupted job's report goes out while the session still exists.
     worker.finish(std::chrono::seconds(3));
   } catch (const std::exception& e) {
+    if (stop.load()) {
+      // SIGTERM or SIGINT while registering or waiting: an orderly end.
+      spdlog::info("stopping: {}", e.what());
+      return 0;
+    }
     spdlog::critical("{}", e.what());
     // A context lost while warming up (or refused while the MPS server
     // recovers) is a restart too; anything else ends the agent.

@@ -14,6 +14,35 @@ namespace leasehold {
 
 namespace detail {
 
+PoolHold::PoolHold(std::shared_ptr<SessionCore> c, std::shared_ptr<PoolMapping> m, uint64_t e)
+    : core(std::move(c)), mapping(std::move(m)), epoch(e) {
+  std::lock_guard lock(core->mu);
+  ++core->holds[epoch];
+}
+
+PoolHold& PoolHold::operator=(PoolHold&& o) noexcept {
+  if (this != &o) {
+    clear();
+    core = std::move(o.core);
+    mapping = std::move(o.mapping);
+    epoch = o.epoch;
+    o.core.reset();
+    o.mapping.reset();
+  }
+  return *this;
+}
+
+void PoolHold::clear() noexcept {
+  if (!core) return;
+  {
+    std::lock_guard lock(core->mu);
+    auto it = core->holds.find(epoch);
+    if (it != core->holds.end() && --it->second == 0) core->holds.erase(it);
+  }
+  core.reset();
+  mapping.reset();
+}
+
 bool PoolHold::lost() const {
   if (!core) return false;
   std::lock_guard lock(core->mu);
@@ -147,6 +176,10 @@ AgentSession::AgentSession(AgentOptions opts)
       break;
     } catch (const Error& e) {
       bool retry = e.code() == ErrorCode::Timeout || e.code() == ErrorCode::NameTaken;
+      if (c.opts.interrupt && c.opts.interrupt->load()) {
+        throw Error(ErrorCode::Interrupted,
+                    "agent '" + c.opts.name + "' stopped before it registered: " + e.what());
+      }
       if (!retry || std::chrono::steady_clock::now() >= deadline) {
         throw Error(e.code(), "agent '" + c.opts.name + "' could not register: " + e.what());
       }
@@ -211,12 +244,7 @@ Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chro
                                           proto::EnumNameBody(r->body_type()));
   }
   Lease lease;
-  lease.hold_.core = core_;
-  {
-    std::lock_guard lock(core_->mu);
-    lease.hold_.mapping = core_->mapping;
-  }
-  lease.hold_.epoch = epoch;
+  lease.hold_ = detail::PoolHold(core_, current_mapping(), epoch);
   lease.id_ = grant->lease()->id();
   lease.offset_ = grant->lease()->offset();
   lease.size_ = grant->lease()->size();
@@ -254,12 +282,7 @@ RegionAttachment AgentSession::attach_region(const std::string& name, uint64_t s
                                           proto::EnumNameBody(r->body_type()));
   }
   RegionAttachment a;
-  a.hold_.core = core_;
-  {
-    std::lock_guard lock(core_->mu);
-    a.hold_.mapping = core_->mapping;
-  }
-  a.hold_.epoch = epoch;
+  a.hold_ = detail::PoolHold(core_, current_mapping(), epoch);
   a.name_ = name;
   a.offset_ = grant->region()->offset();
   a.size_ = grant->region()->size();
@@ -318,13 +341,34 @@ bool AgentSession::connected() const {
   return core_->connected;
 }
 
+std::shared_ptr<PoolMapping> AgentSession::current_mapping() const {
+  std::lock_guard lock(core_->mu);
+  return core_->mapping;
+}
+
+bool AgentSession::may_touch() const {
+  std::lock_guard lock(core_->mu);
+  return core_->may_touch_locked(std::chrono::steady_clock::now());
+}
+
+bool AgentSession::wait_may_touch(const std::function<bool()>& give_up) const {
+  std::unique_lock lock(core_->mu);
+  while (core_->connected && !core_->may_touch_locked(std::chrono::steady_clock::now())) {
+    lock.unlock();
+    if (give_up && give_up()) return false;
+    lock.lock();
+    core_->cv.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  return core_->connected;
+}
+
 bool AgentSession::wait_connected(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(core_->mu);
   return core_->cv.wait_for(lock, timeout, [&] { return core_->connected; });
 }
 
 void AgentSession::set_job_handlers(
-    std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign,
+    std::function<void(JobAssignment)> on_assign,
     std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop,
     std::function<std::vector<proto::AgentJobT>()> job_states) {
   std::lock_guard lock(core_->handlers_mu);

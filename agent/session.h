@@ -14,6 +14,18 @@
 // dead), every lease obtained before is void: Lease::lost() turns true, and
 // its memory must not be used; the pool mapping stays valid until the last
 // Lease of it is gone, so stray accesses cannot fault.
+//
+// Two clocks keep a paused agent from writing into memory that was handed to
+// someone else. The coordinator fences an agent's leases after
+// RegisterAck.silence_limit_ms without a message from it, and gives them to
+// nobody while its process may still run. The agent stops touching leased
+// memory strictly earlier: may_touch() turns false once the coordinator has
+// not answered anything sent within 3/4 of that limit, measured from when
+// the answered message was sent (so the coordinator's clock started later).
+// Code that touches leases checks it at its step boundaries and waits
+// (wait_may_touch). Leases and attachments still held from a lost session
+// are reported in every Register and Heartbeat: the coordinator keeps that
+// memory fenced until none is held.
 #pragma once
 
 #include <atomic>
@@ -26,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/checkpoint_folder.h"
 #include "shared/curve_keys.h"
 #include "shared/device.h"
 #include "shared/error.h"
@@ -37,9 +50,19 @@ namespace detail {
 struct SessionCore;
 
 // What a Lease and a RegionAttachment share: the session that granted them
-// and the mapping of the pool their memory is in. Moving leaves the source
-// empty.
+// and the mapping of the pool their memory is in. The session counts the
+// holds of each registration (its stale holds, above). Moving leaves the
+// source empty.
 struct PoolHold {
+  PoolHold() = default;
+  PoolHold(std::shared_ptr<SessionCore> core, std::shared_ptr<PoolMapping> mapping,
+           uint64_t epoch);
+  PoolHold(PoolHold&& o) noexcept { *this = std::move(o); }
+  PoolHold& operator=(PoolHold&& o) noexcept;
+  PoolHold(const PoolHold&) = delete;
+  PoolHold& operator=(const PoolHold&) = delete;
+  ~PoolHold() { clear(); }
+
   std::shared_ptr<SessionCore> core;
   std::shared_ptr<PoolMapping> mapping;
   uint64_t epoch = 0;  // the session's registration that granted it
@@ -52,14 +75,21 @@ struct PoolHold {
   // The pool's memory at `offset`. Throws Error{code} with `what` when not
   // held, and saying so when lost.
   std::byte* at(uint64_t offset, ErrorCode code, const std::string& what) const;
-  void clear() {
-    core.reset();
-    mapping.reset();
-  }
+  // Not held any more (no longer counted).
+  void clear() noexcept;
 };
 }  // namespace detail
 
 enum class LeaseEnd { Low, High };
+
+// A job the coordinator assigned (AssignJob).
+struct JobAssignment {
+  uint64_t job_id = 0;
+  uint32_t attempt = 0;
+  std::vector<uint8_t> spec;  // a standalone JobSpec buffer
+  // Where its checkpoints may be written and read.
+  CheckpointOwner checkpoint_owner;
+};
 
 struct AgentOptions {
   std::string endpoint;          // coordinator endpoint
@@ -76,6 +106,10 @@ struct AgentOptions {
   bool takes_jobs = false;
   // False: it registers warming up and gets no job until set_ready().
   bool ready = true;
+  // When set, lease and region requests waiting for memory, and the
+  // constructor's registration, give up with Error{Interrupted} once it
+  // turns true (SIGTERM).
+  const std::atomic<bool>* interrupt = nullptr;
   // Its share of the GPU's threads under MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
   // set by the caller before any CUDA call); 0: all. Reported to the coordinator.
   int mps_thread_percentage = 0;
@@ -213,6 +247,14 @@ class AgentSession {
   uint64_t registrations() const;
   // True while registered with a live coordinator.
   bool connected() const;
+  // Whether leased memory may be touched now: registered, and the
+  // coordinator answered a message sent less than the self-fence deadline
+  // ago (3/4 of its silence limit; see above).
+  bool may_touch() const;
+  // Waits while registered but past that deadline. True once the
+  // coordinator answers again; false when the session is lost or
+  // `give_up()` (polled about every 50 ms) returns true.
+  bool wait_may_touch(const std::function<bool()>& give_up) const;
   // Blocks until registered again after a loss, or `timeout`; returns connected().
   bool wait_connected(std::chrono::milliseconds timeout) const;
   // Called from the heartbeat thread when the session is lost (argument: why)
@@ -222,8 +264,8 @@ class AgentSession {
   // may go away afterwards.
   void set_session_listener(std::function<void(const std::string&)> listener);
 
-  // Jobs pushed by the coordinator: `on_assign(job_id, attempt, spec)` with
-  // a standalone JobSpec buffer, `on_stop(job_id, attempt, cancel, reason)`
+  // Jobs pushed by the coordinator: `on_assign(assignment)`,
+  // `on_stop(job_id, attempt, cancel, reason)`
   // (cancel: the user's cancel; else the coordinator wants it stopped). Called from the
   // heartbeat thread; they must return quickly (queue the work); a heartbeat
   // follows at once. `job_states` lists the agent's jobs for every Register
@@ -232,7 +274,7 @@ class AgentSession {
   // may push (right after construction). Like the listener, replacing them
   // waits for calls in progress.
   void set_job_handlers(
-      std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign,
+      std::function<void(JobAssignment)> on_assign,
       std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop,
       std::function<std::vector<proto::AgentJobT>()> job_states);
   // Shrink requests of the coordinator (the occupancy policy), called from
@@ -253,6 +295,8 @@ class AgentSession {
   void send_job_update(const proto::JobUpdateT& update);
 
  private:
+  std::shared_ptr<PoolMapping> current_mapping() const;
+
   std::shared_ptr<detail::SessionCore> core_;
 };
 

@@ -34,11 +34,15 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   auto jobs = current_jobs();
   bool is_ready;
   uint64_t outside;
+  uint32_t stale = 0;
   {
     std::lock_guard lock(mu);
     is_ready = ready;
     outside = outside_pool_bytes;
+    // Everything held now was granted before this registration.
+    for (const auto& [e, n] : holds) stale += n;
   }
+  const auto sent = std::chrono::steady_clock::now();
   Reply r = conn.request(
       [&](flatbuffers::FlatBufferBuilder& fbb) {
         auto name = fbb.CreateString(opts.name);
@@ -47,7 +51,7 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
                          proto::CreateRegister(fbb, name, getpid(), opts.device, list,
                                                opts.takes_jobs, is_ready, outside,
                                                static_cast<uint8_t>(opts.mps_thread_percentage),
-                                               instance.lo, instance.hi)
+                                               instance.lo, instance.hi, stale)
                              .Union()};
       },
       timeout);
@@ -110,11 +114,31 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
     heartbeat_interval =
         std::chrono::milliseconds(std::max<uint32_t>(ack->heartbeat_interval_ms(), 10));
     default_wait = std::chrono::milliseconds(ack->default_wait_ms());
+    // A coordinator that does not say fences after two heartbeats.
+    silence_limit = ack->silence_limit_ms() ? std::chrono::milliseconds(ack->silence_limit_ms())
+                                            : 2 * heartbeat_interval;
+    self_fence = silence_limit * 3 / 4;
+    last_heard = sent;
   }
   conn.set_session(SessionToken{ack->session(), ack->session_hi()});
   cv.notify_all();
   spdlog::info("registered as '{}' with {} ({} pool of {} bytes on {})", opts.name, opts.endpoint,
                backend_name(desc.backend), desc.size, desc.device_name);
+}
+
+void SessionCore::heard(std::chrono::steady_clock::time_point sent) {
+  {
+    std::lock_guard lock(mu);
+    if (sent <= last_heard) return;
+    last_heard = sent;
+  }
+  cv.notify_all();
+}
+
+uint32_t SessionCore::stale_holds() const {
+  uint32_t n = 0;
+  for (const auto& [e, count] : holds) n += e != epoch ? count : 0;
+  return n;
 }
 
 void SessionCore::lose(const std::string& why) {
@@ -139,10 +163,14 @@ void SessionCore::handle_push(const Reply& r) {
       std::unique_ptr<proto::JobSpecT> spec(a->spec()->UnPack());
       flatbuffers::FlatBufferBuilder fbb;
       fbb.Finish(proto::JobSpec::Pack(fbb, spec.get()));
-      std::vector<uint8_t> buf(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+      JobAssignment job;
+      job.job_id = a->job_id();
+      job.attempt = a->attempt();
+      job.spec.assign(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+      job.checkpoint_owner = CheckpointOwner{a->private_checkpoint(), a->submitter_uid()};
       {
         std::lock_guard calling(handlers_mu);
-        if (on_assign) on_assign(a->job_id(), a->attempt(), std::move(buf));
+        if (on_assign) on_assign(std::move(job));
       }
       // The next heartbeat lists the job: that is the acknowledgement.
       heartbeat_due.store(true);
@@ -183,10 +211,9 @@ void SessionCore::handle_push(const Reply& r) {
 
 void SessionCore::heartbeat_loop(std::unique_ptr<Connection> conn) {
   conn->on_notice = [this](const Reply& r) { handle_push(r); };
-  auto last_ok = std::chrono::steady_clock::now();
   while (!stop.load()) {
     try {
-      heartbeat_turn(*conn, last_ok);
+      heartbeat_turn(*conn);
     } catch (const std::exception& e) {
       // An interrupted call or a failed allocation must not end the thread
       // (that would leave the agent registered but silent).
@@ -196,13 +223,13 @@ void SessionCore::heartbeat_loop(std::unique_ptr<Connection> conn) {
   }
 }
 
-void SessionCore::heartbeat_turn(Connection& conn,
-                                 std::chrono::steady_clock::time_point& last_ok) {
-  std::chrono::milliseconds interval;
+void SessionCore::heartbeat_turn(Connection& conn) {
+  std::chrono::milliseconds interval, limit;
   bool is_connected;
   {
     std::unique_lock lock(mu);
     interval = heartbeat_interval;
+    limit = silence_limit;
     is_connected = connected;
   }
   heartbeat_due.store(false);
@@ -211,29 +238,36 @@ void SessionCore::heartbeat_turn(Connection& conn,
       auto jobs = current_jobs();
       bool is_ready;
       uint64_t outside;
+      uint32_t stale;
       {
         std::lock_guard lock(mu);
         is_ready = ready;
         outside = outside_pool_bytes;
+        stale = stale_holds();
       }
+      const auto sent = std::chrono::steady_clock::now();
       Reply r = conn.request(
           [&](flatbuffers::FlatBufferBuilder& fbb) {
             auto list = pack_jobs(fbb, jobs);
             return std::pair{proto::Body::Heartbeat,
-                             proto::CreateHeartbeat(fbb, list, is_ready, outside).Union()};
+                             proto::CreateHeartbeat(fbb, list, is_ready, outside, stale).Union()};
           },
           interval);
-      if (r->body_type() == proto::Body::Error) {
-        const auto* e = r->body_as_Error();
-        if (e->code() == ErrorCode::UnknownSender) lose(std::string(str(e->message())));
+      if (r->body_type() == proto::Body::Error &&
+          r->body_as_Error()->code() == ErrorCode::UnknownSender) {
+        lose(std::string(str(r->body_as_Error()->message())));
       } else {
-        last_ok = std::chrono::steady_clock::now();
+        heard(sent);
       }
     } catch (const Error& e) {
-      // The coordinator purges agents silent for two intervals; past that
-      // our leases are gone whether or not it is still running.
-      auto silent = std::chrono::steady_clock::now() - last_ok;
-      if (silent > 2 * interval) {
+      // Past the coordinator's silence limit our leases are fenced whether
+      // or not it is still running: the session is over.
+      std::chrono::steady_clock::duration silent;
+      {
+        std::lock_guard lock(mu);
+        silent = std::chrono::steady_clock::now() - last_heard;
+      }
+      if (silent > limit) {
         lose("no heartbeat reply for " +
              std::to_string(
                  std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
@@ -244,7 +278,6 @@ void SessionCore::heartbeat_turn(Connection& conn,
   } else {
     try {
       register_with(conn, std::max(interval, std::chrono::milliseconds(500)));
-      last_ok = std::chrono::steady_clock::now();
       last_register_error.clear();
       notify_listener("");
     } catch (const Error& e) {
@@ -347,11 +380,16 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
   if (epoch_out) *epoch_out = epoch;
   std::unique_lock lock(core.control_mu);
   core.control->set_session(session);
+  // Only a wait for memory is given up when the agent stops; the quick
+  // requests of an orderly end (releases, the last reports) still go.
+  core.control->interrupt = grants_lease ? core.opts.interrupt : nullptr;
   Reply r;
+  const auto sent = std::chrono::steady_clock::now();
   try {
     r = core.control->request(build, timeout);
   } catch (const Error& e) {
-    if (grants_lease && e.code() == ErrorCode::Timeout) {
+    if (grants_lease &&
+        (e.code() == ErrorCode::Timeout || e.code() == ErrorCode::Interrupted)) {
       core.abandoned_requests.insert(core.control->last_request_id());
     }
     throw;
@@ -364,6 +402,8 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
     // the session is over now, before the caller sees the error, so nobody
     // mistakes it for a refusal (a lease refused is "out of memory").
     core.lose(std::string(str(r->body_as_Error()->message())));
+  } else {
+    core.heard(sent);
   }
   r.throw_if_error();
   return r;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -48,13 +49,20 @@ struct SessionCore {
   SessionToken session;
   uint64_t epoch = 0;  // registrations so far; a Lease of another epoch is lost
   bool connected = false;
+  // When the latest message the coordinator answered was sent, and how long
+  // after it this agent may still touch leased memory (the self-fence).
+  std::chrono::steady_clock::time_point last_heard{};
+  std::chrono::milliseconds self_fence{1500};
+  std::chrono::milliseconds silence_limit{2000};  // the coordinator's
+  // Leases and attachments held, by the registration that granted them.
+  std::map<uint64_t, uint32_t> holds;
   bool ready = true;                 // see AgentOptions::ready
   uint64_t outside_pool_bytes = 0;   // reported with it
   std::shared_ptr<PoolMapping> mapping;
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds default_wait{30000};
   std::function<void(const std::string&)> listener;
-  std::function<void(uint64_t, uint32_t, std::vector<uint8_t>)> on_assign;
+  std::function<void(JobAssignment)> on_assign;
   std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop;
   std::function<std::vector<proto::AgentJobT>()> job_states;
   std::function<void(const proto::ShrinkT&)> on_shrink;
@@ -66,12 +74,21 @@ struct SessionCore {
   std::thread heartbeat;
 
   void register_with(Connection& conn, std::chrono::milliseconds timeout);
+  // The coordinator answered a message sent at `sent` (not a refusal of
+  // the session): it saw this agent then.
+  void heard(std::chrono::steady_clock::time_point sent);
+  // Holds of registrations other than the current one. REQUIRES: mu held.
+  uint32_t stale_holds() const;
+  // REQUIRES: mu held.
+  bool may_touch_locked(std::chrono::steady_clock::time_point now) const {
+    return connected && now - last_heard < self_fence;
+  }
   void lose(const std::string& why);
   // Acts on a message the coordinator pushed (request id 0).
   void handle_push(const Reply& r);
   void heartbeat_loop(std::unique_ptr<Connection> conn);
   // One heartbeat (or registration attempt) and the pushes until the next.
-  void heartbeat_turn(Connection& conn, std::chrono::steady_clock::time_point& last_ok);
+  void heartbeat_turn(Connection& conn);
   void notify_listener(const std::string& what);
   std::vector<proto::AgentJobT> current_jobs();
   // Remembers a lease or region granted to a request that had given up.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "client/json_text.h"
 #include "shared/connection.h"
 #include "shared/job_spec.h"
+#include "shared/session_token.h"
 
 namespace leasehold::client {
 namespace {
@@ -203,13 +205,44 @@ int submit(const Context& ctx, const std::string& file, bool follow,
       spec->epochs = *overrides.epochs;
       spec->steps = 0;
     }
+    // A checkpoint folder as this user sees it: made absolute and resolved
+    // (the coordinator and agents take only a path without links).
+    if (spec->checkpoint && !spec->checkpoint->directory.empty()) {
+      std::error_code ec;
+      auto dir = std::filesystem::absolute(spec->checkpoint->directory, ec);
+      if (!ec) {
+        auto real = std::filesystem::canonical(dir, ec);
+        spec->checkpoint->directory = (ec ? dir.lexically_normal() : real).string();
+      }
+    }
     // Files are checked by the coordinator, on the host where the job runs.
     validate_job(*spec, ValidationOptions{false, 0, JobLengthLimits::none()});
     zmq::context_t zctx(1);
-    Reply r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
-      auto s = proto::JobSpec::Pack(fbb, spec.get());
-      return std::pair{proto::Body::SubmitJob, proto::CreateSubmitJob(fbb, s).Union()};
-    });
+    // One key for this submission and every retry of it: the coordinator
+    // answers a retry with the job it already queued, never a second one.
+    const SessionToken token = SessionToken::random();
+    char key[33];
+    std::snprintf(key, sizeof key, "%016llx%016llx", static_cast<unsigned long long>(token.hi),
+                  static_cast<unsigned long long>(token.lo));
+    // Retried while unanswered (a lost reply, a busy coordinator) or while
+    // its job store cannot commit, for up to four request timeouts.
+    const auto deadline = std::chrono::steady_clock::now() + 4 * ctx.timeout;
+    Reply r;
+    while (true) {
+      try {
+        r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
+          auto s = proto::JobSpec::Pack(fbb, spec.get());
+          return std::pair{proto::Body::SubmitJob,
+                           proto::CreateSubmitJob(fbb, s, fbb.CreateString(key)).Union()};
+        });
+        break;
+      } catch (const Error& e) {
+        const bool again = e.code() == ErrorCode::Timeout || e.code() == ErrorCode::Unavailable;
+        if (!again || std::chrono::steady_clock::now() >= deadline) throw;
+        std::cerr << "leasehold: " << e.what() << "; asking again (the same submission)\n";
+        if (e.code() == ErrorCode::Unavailable) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    }
     expect(r, proto::Body::JobAccepted);
     uint64_t id = r->body_as_JobAccepted()->job_id();
     if (ctx.json) {

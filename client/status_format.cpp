@@ -61,6 +61,17 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
                              {"generation", l->generation()}});
     }
   }
+  j["fences"] = nlohmann::json::array();
+  if (s.fences()) {
+    for (const auto* f : *s.fences()) {
+      j["fences"].push_back({{"agent", std::string(str(f->agent()))},
+                             {"pid", f->pid()},
+                             {"lease_count", f->lease_count()},
+                             {"bytes", f->bytes()},
+                             {"since_ms_ago", f->since_ms_ago()},
+                             {"state", std::string(str(f->state()))}});
+    }
+  }
   if (const auto* o = s.occupancy()) {
     j["policy"] = {{"name", std::string(str(o->policy()))},
                    {"occupancy", o->occupancy()},
@@ -149,6 +160,17 @@ std::string status_to_table(const proto::StatusReply& s) {
                   static_cast<unsigned long long>(l["offset"].get<uint64_t>()),
                   format_bytes(l["size"]).c_str(), l["end"].get<std::string>().c_str());
     os << line;
+  }
+  if (!j["fences"].empty()) {
+    // Memory nobody gets while an agent's process may still write into it.
+    os << "\nFenced  (" << j["fences"].size() << ")\n";
+    for (const auto& f : j["fences"]) {
+      std::snprintf(line, sizeof line, "  %-24s pid %d: %u lease(s), %s, for %llu ms; ",
+                    f["agent"].get<std::string>().c_str(), f["pid"].get<int>(),
+                    f["lease_count"].get<uint32_t>(), format_bytes(f["bytes"]).c_str(),
+                    static_cast<unsigned long long>(f["since_ms_ago"].get<uint64_t>()));
+      os << line << f["state"].get<std::string>() << "\n";
+    }
   }
   return os.str();
 }

@@ -3,11 +3,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "coordinator/agent_process.h"
 #include "coordinator/job_table.h"
 #include "schemas/leasehold_generated.h"
 #include "shared/session_token.h"
@@ -17,10 +19,15 @@ namespace leasehold {
 struct AgentRecord {
   std::string name;
   int pid = 0;        // as it declared (shown; its own PID namespace's)
-  // Its process as the kernel named it on ipc:// (SO_PEERCRED). Only this
-  // is asked whether it still lives; 0 for a network peer, whose pid says
-  // nothing about this host, so it is dead only when it falls silent.
-  int local_pid = 0;
+  // Its process as the kernel named it on ipc:// (SO_PEERCRED), followed
+  // from registration on. Only this is asked whether it still lives; null
+  // for a network peer, whose pid says nothing about this host, so it is
+  // dead only when it falls silent.
+  std::shared_ptr<AgentProcess> process;
+  // Leases and region attachments it still holds from an earlier session,
+  // as it reports: while any is held, its fenced memory may still be
+  // touched and stays fenced.
+  uint32_t stale_holds = 0;
   // Who runs it (AttemptRecord::agent_identity): "uid N", "key NAME" or "".
   std::string identity;
   int device = -1;

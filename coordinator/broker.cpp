@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "coordinator/broker_setup.h"
@@ -51,7 +52,7 @@ Broker::Broker(const CoordinatorOptions& opts)
   const SocketAccess socket_files = socket_access(opts_.socket_mode, opts_.socket_group);
   prepare_socket_directory(opts_.endpoint, socket_files);
   ensure_no_live_coordinator(ctx_, opts_.endpoint);
-  lock_fd_.reset(lock_state_dir(opts_.state_dir));
+  lock_fd_.reset(lock_state_dir(opts_.state_dir, socket_files.group));
 
   // The store first: a corrupt one stops us before any GPU memory is taken.
   auto store = JobStore::open(opts_.state_dir + "/jobs.db");
@@ -222,6 +223,7 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
       }
       store_error_ = error;
       core_->set_store_error(error);
+      if (!error.empty()) withdraw_unstored(effects);
     }
     core_->tick(now(), effects);
     apply(effects);
@@ -334,7 +336,8 @@ void Broker::apply(Effects& effects) {
   // What acknowledges stored state waits for the commit; the rest goes now.
   std::vector<Outgoing> later;
   for (const auto& m : effects.messages) {
-    Outgoing o{false, m.to, encode_message(m)};
+    Outgoing o{false, m.to, encode_message(m), m.job,
+               m.body.type == proto::Body::JobAccepted, m.request_id};
     if (writes && m.after_store) {
       later.push_back(std::move(o));
     } else {
@@ -346,7 +349,7 @@ void Broker::apply(Effects& effects) {
                        effects.events.end());
   for (uint64_t id : effects.events) {
     if (const JobRecord* job = core_->jobs().find(id)) {
-      Outgoing o{true, event_topic(id), encode_event(*job)};
+      Outgoing o{true, event_topic(id), encode_event(*job), id};
       if (writes) {
         later.push_back(std::move(o));
       } else {
@@ -385,6 +388,36 @@ void Broker::log_malformed(bool force) {
   // Once per interval, not once per message: a flood cannot fill the log.
   if (auto line = malformed_.take_log_line(Clock::now(), force); !line.empty()) {
     spdlog::warn("{}", line);
+  }
+}
+
+void Broker::withdraw_unstored(Effects& effects) {
+  release_committed();  // what is committed goes out first
+  std::set<uint64_t> accepted, withdrawn;
+  for (const auto& h : held_) {
+    for (const auto& o : h.messages) {
+      if (o.accepts) accepted.insert(o.job);
+    }
+  }
+  for (uint64_t id : accepted) {
+    if (core_->withdraw_submission(id, now(), effects)) withdrawn.insert(id);
+  }
+  if (withdrawn.empty()) return;
+  for (auto& h : held_) {
+    std::vector<Outgoing> kept;
+    for (auto& o : h.messages) {
+      if (!withdrawn.count(o.job)) {
+        kept.push_back(std::move(o));
+      } else if (o.accepts) {
+        Outgoing refusal{false, o.address,
+                         make_error({o.request_id, "coordinator", {}}, ErrorCode::Unavailable,
+                                    "job " + std::to_string(o.job) +
+                                        " was not queued: the job store could not commit it (" +
+                                        store_error_ + "); try again once it can")};
+        send(refusal);
+      }
+    }
+    h.messages = std::move(kept);
   }
 }
 

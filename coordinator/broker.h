@@ -66,6 +66,11 @@ class Broker {
     bool event = false;
     std::string address;  // routing id, or the event's topic
     zmq::message_t body;
+    // Of job `job`'s acceptance (OutMessage::job, or the job's event), and
+    // whether it is the JobAccepted answering request `request_id`.
+    uint64_t job = 0;
+    bool accepts = false;
+    uint64_t request_id = 0;
   };
   struct Held {
     uint64_t seq = 0;  // store write that must be committed first
@@ -83,6 +88,10 @@ class Broker {
   void apply(Effects& effects);
   void send(Outgoing& o);
   void release_committed();
+  // The store just failed: submissions it has not committed are withdrawn
+  // (CoordinatorCore::withdraw_submission), their submitters refused now,
+  // and their held messages dropped.
+  void withdraw_unstored(Effects& effects);
   void wake_fd_drain();
   // Hands the HTTP endpoint the status, the metrics and the jobs that
   // changed; note_for_http collects those and streams the events.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,15 +34,54 @@ void ensure_no_live_coordinator(zmq::context_t& ctx, const std::string& endpoint
   throw std::runtime_error("another leasehold-coordinator is already serving at " + endpoint);
 }
 
-int lock_state_dir(const std::string& dir) {
+namespace {
+
+// Makes `dir` (and missing parents) a folder of this user's with exactly
+// `mode` and `group` (-1: as created), whatever the umask; an existing one
+// of ours with a wider mode is narrowed. Throws naming the folder.
+void private_folder(const std::string& dir, mode_t mode, gid_t group) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (!std::filesystem::is_directory(dir)) {
-    throw std::runtime_error("cannot create the state directory " + dir + ": " +
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw std::runtime_error("cannot create the folder " + dir + ": " +
                              (ec ? ec.message() : "not a directory"));
   }
+  if (st.st_uid != ::geteuid()) {
+    // Made by someone else (an installer as root): its mode is theirs to set.
+    if (st.st_mode & 07777 & ~mode) {
+      spdlog::warn("{} belongs to uid {} and has mode {:04o}: other users may read what is in "
+                   "it; make it {:04o} and this coordinator's user's",
+                   dir, st.st_uid, st.st_mode & 07777, mode);
+    }
+    return;
+  }
+  if (group != static_cast<gid_t>(-1) && st.st_gid != group && ::chown(dir.c_str(), -1, group) != 0) {
+    throw std::runtime_error("cannot give " + dir + " to group " + std::to_string(group) + ": " +
+                             std::strerror(errno));
+  }
+  if ((st.st_mode & 07777) != mode) {
+    if (::chmod(dir.c_str(), mode) != 0) {
+      throw std::runtime_error("cannot set the mode of " + dir + ": " + std::strerror(errno));
+    }
+    if ((st.st_mode & 07777 & ~mode) != 0) {
+      spdlog::info("narrowed {} from mode {:04o} to {:04o}: jobs, checkpoints and keys are "
+                   "nobody else's to read",
+                   dir, st.st_mode & 07777, mode);
+    }
+  }
+}
+
+}  // namespace
+
+int lock_state_dir(const std::string& dir, gid_t group) {
+  // Other users read nothing in it (jobs, their files and checkpoints); the
+  // socket group, when there is one, may reach their own jobs' folders.
+  const bool grouped = group != static_cast<gid_t>(-1);
+  private_folder(dir, grouped ? 0750 : 0700, group);
+  private_folder(dir + "/checkpoints", grouped ? 0750 : 0700, group);
   std::string path = dir + "/coordinator.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int err = errno;
@@ -108,7 +148,8 @@ std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
 
 CoreOptions core_options(const CoordinatorOptions& o) {
   CoreOptions c;
-  c.process_gone = process_gone;  // agents run on this host
+  c.follow_process = [](const Peer& p) { return follow_process(p.pid, p.uid); };
+  c.end_silent_agents = o.end_silent_agents;
   c.heartbeat_interval = o.heartbeat_interval;
   c.lease_wait_timeout = o.lease_wait_timeout;
   c.recovery_grace = o.recovery_grace;

@@ -3,6 +3,8 @@
 // cause.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,9 +22,11 @@ namespace leasehold {
 void ensure_no_live_coordinator(zmq::context_t& ctx, const std::string& endpoint);
 
 // One coordinator per state directory: two would hand out the same job ids.
-// Returns the descriptor holding the lock (it goes with the process, so a
-// crashed coordinator leaves none).
-int lock_state_dir(const std::string& dir);
+// Makes it (and its checkpoints/ folder) mode 0700, or 0750 of `group`
+// (the socket group; -1: none), whatever the umask. Returns the descriptor
+// holding the lock (it goes with the process, so a crashed coordinator
+// leaves none).
+int lock_state_dir(const std::string& dir, gid_t group);
 
 // The largest job id that has a checkpoint folder under STATE_DIR/checkpoints.
 // A store moved away (or lost) must not make a new job take the id, and so

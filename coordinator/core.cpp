@@ -29,7 +29,7 @@ CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
       leases_(pool_.size, pool_.alignment),
       now_(now),
       started_(now.steady) {
-  if (!opts_.process_gone) throw std::invalid_argument("CoreOptions.process_gone is required");
+  if (!opts_.follow_process) throw std::invalid_argument("CoreOptions.follow_process is required");
   jobs_.set_history_kept(opts_.history_kept);
 }
 
@@ -125,6 +125,7 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       }
       agent.ready = hb->ready();
       agent.outside_pool_bytes = hb->outside_pool_bytes();
+      agent.stale_holds = hb->stale_holds();
       reconcile(agent, nullptr, hb, now, out);
       send(out, rid, req, proto::HeartbeatAckT{});
       return schedule(now, out);
@@ -319,6 +320,17 @@ proto::StatusReplyT CoordinatorCore::status(Now now) const {
   status.pending_requests = static_cast<uint32_t>(leases_.waiting());
   status.uptime_ms = ms_between(started_, now.steady);
   status.mps_pipe_directory = opts_.mps_pipe_directory;
+  for (const auto& [agent, f] : fences_) {
+    auto info = std::make_unique<proto::FenceInfoT>();
+    info->agent = agent;
+    info->pid = f.pid;
+    auto [bytes, count] = held[f.holder];
+    info->lease_count = count;
+    info->bytes = bytes;
+    info->since_ms_ago = ms_between(f.since, now.steady);
+    info->state = fence_state(agent, f, now);
+    status.fences.push_back(std::move(info));
+  }
   return status;
 }
 

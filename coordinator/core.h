@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "coordinator/access.h"
+#include "coordinator/agent_process.h"
 #include "coordinator/agent_record.h"
 #include "coordinator/effects.h"
 #include "coordinator/job_table.h"
@@ -69,8 +70,6 @@
 
 namespace leasehold {
 
-// The time, as the caller's clocks read it: steady for timeouts, Unix
-// milliseconds for what is shown and stored.
 // Milliseconds from `from` to `to`; 0 when `to` is not later.
 inline uint64_t ms_between(Clock::time_point from, Clock::time_point to) {
   return to > from ? static_cast<uint64_t>(
@@ -78,6 +77,8 @@ inline uint64_t ms_between(Clock::time_point from, Clock::time_point to) {
                    : 0;
 }
 
+// The time, as the caller's clocks read it: steady for timeouts, Unix
+// milliseconds for what is shown and stored.
 struct Now {
   Clock::time_point steady;
   uint64_t unix_ms = 0;
@@ -140,9 +141,17 @@ struct CoreOptions {
   uint32_t list_page_size = 200;
   // Who may register, submit and cancel (coordinator/access.h).
   AccessPolicy access;
-  // Whether a process certainly no longer exists (the broker asks the
-  // kernel: kill(pid, 0)). Required.
-  std::function<bool(int pid)> process_gone;
+  // Follows the process of an agent registering over ipc:// (the kernel's
+  // pid and uid of the peer; coordinator/agent_process.h): asked whether it
+  // exited, and ended when it hangs. Null for a peer it cannot follow.
+  // Required.
+  std::function<std::shared_ptr<AgentProcess>(const Peer&)> follow_process;
+  // An agent silent for recovery_grace while its process lives (stopped,
+  // hung) holds memory nobody may use until that process exits: the
+  // coordinator SIGKILLs it when this is set and the process is its own
+  // user's. Otherwise (or for another user's or a network agent) its leases
+  // stay fenced until it exits or registers again, and status says so.
+  bool end_silent_agents = true;
 };
 
 class CoordinatorCore {
@@ -176,6 +185,13 @@ class CoordinatorCore {
   // Non-empty while the job store cannot commit: submissions are refused
   // with this reason (nothing could be acknowledged).
   void set_store_error(std::string error) { store_error_ = std::move(error); }
+  // The store failed before job `job_id`'s row was committed, and its
+  // submitter has not been answered: the job is dropped (its row deleted)
+  // and the submitter is to be refused (the transport answers, and drops
+  // the job's held messages: OutMessage::job). A retry of the submission
+  // (the same SubmitJob.key) then queues it once the store commits again.
+  // False when there is no such job.
+  bool withdraw_submission(uint64_t job_id, Now now, Effects& out);
 
   const std::map<std::string, AgentRecord>& agents() const { return agents_; }
   const LeaseTable& leases() const { return leases_; }
@@ -198,6 +214,7 @@ class CoordinatorCore {
     std::shared_ptr<proto::JobSpecT> spec;
     Clock::time_point deadline;
     Peer submitter;
+    std::string key;  // submit_keys_'s, empty without SubmitJob.key
   };
   // How a dropped agent's job and leases go on.
   enum class JobFate {
@@ -206,11 +223,19 @@ class CoordinatorCore {
     Orphan,     // it registers again right now: its report decides; leases fenced
     Silent,     // silent but alive: job waits (counted if it never says), leases fenced
   };
-  // Leases of an agent that may still be writing into them.
+  // Leases of an agent that may still be writing into them: given to
+  // nobody until its process has exited, or until the agent, registered
+  // again, reports that it holds nothing of its old session any more.
   struct Fence {
     std::string holder;  // owner in the lease table while fenced
-    int pid = 0;
+    std::shared_ptr<AgentProcess> process;  // null: not followed (a network agent)
+    int pid = 0;  // as the agent declared it (shown)
     Clock::time_point since;
+    // After recovery_grace: killed (end_silent_agents), or held until it
+    // exits (why_held says why it was not ended).
+    enum class End { Waiting, Killed, Held };
+    End end = End::Waiting;
+    std::string why_held;
   };
 
   void dispatch(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
@@ -227,7 +252,13 @@ class CoordinatorCore {
   void drop_agent(const std::string& name, const std::string& why, JobFate fate, Now now,
                   Effects& out);
   void release_fence(const std::string& agent, const std::string& why, Effects& out);
+  // Releases fences whose process exited; ends (end_silent_agents) the
+  // processes silent past recovery_grace.
   void check_fences(Now now, Effects& out);
+  // What status says of `agent`'s fence: why its memory is still held.
+  std::string fence_state(const std::string& agent, const Fence& f, Now now) const;
+  // Silence after which an agent's leases are fenced (two heartbeats).
+  std::chrono::milliseconds silence_limit() const { return 2 * opts_.heartbeat_interval; }
 
   // Shared cache regions (core_regions.cpp).
   void on_attach_region(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
@@ -242,9 +273,10 @@ class CoordinatorCore {
   // Why a new region of `bytes` cannot be placed even after every idle
   // region (and `also_free` more) went; empty when it might be.
   std::string cache_refusal(uint64_t bytes, uint64_t also_free = 0) const;
-  // Whether the local process `local_pid` (AgentRecord::local_pid; 0:
-  // not known to be on this host) has certainly ended.
-  bool gone(int local_pid) const { return local_pid > 0 && opts_.process_gone(local_pid); }
+  // Whether the followed `process` (null: not followed) has exited.
+  static bool gone(const std::shared_ptr<AgentProcess>& process) {
+    return process && process->gone();
+  }
   // Whether `agent` runs as the one `job`'s current attempt was given to
   // (an attempt recorded without an identity matches any).
   static bool runs_as(const JobRecord& job, const AgentRecord& agent) {
@@ -351,6 +383,11 @@ class CoordinatorCore {
   void end_attempt(JobRecord& job, const std::string& outcome, const std::string& reason,
                    Now now);
   std::string store_refusal() const;
+  // The index of a submission's key in submit_keys_: its submitter's and
+  // the key (two users' keys never meet).
+  static std::string submit_key_of(const std::string& identity, const std::string& key) {
+    return identity + '\n' + key;
+  }
   void release_orphans(Now now, Effects& out);
   void expire_file_checks(Now now, Effects& out);
   void prune(Now now, Effects& out);
@@ -358,6 +395,11 @@ class CoordinatorCore {
   // Whether a job asking for `device` (auto, cuda, cpu) can run on `pool`.
   static bool device_fits(const std::string& device, Backend pool);
   static std::string job_label(const JobRecord& job);  // "job 3 'mlp'"
+  // STATE_DIR/checkpoints/ID: the folder of the job's own (an agent
+  // creates it, mode 0700).
+  std::string private_checkpoint_dir(uint64_t id) const {
+    return opts_.state_dir + "/checkpoints/" + std::to_string(id);
+  }
 
   CoreOptions opts_;
   PoolDescriptor pool_;
@@ -367,6 +409,8 @@ class CoordinatorCore {
   RegionTable regions_;
   std::map<std::string, AgentRecord> agents_;
   std::map<uint64_t, PendingSubmit> pending_submits_;
+  // Jobs by their submitter's identity and SubmitJob.key (submit_key_of).
+  std::map<std::string, uint64_t> submit_keys_;
   std::map<std::string, Fence> fences_;  // by agent name
   uint64_t next_check_token_ = 1;
   uint64_t next_shrink_id_ = 1;

@@ -95,7 +95,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
       // reply that never reached it): its old leases are void, and its job
       // waits for what it reports below.
       drop_agent(name, "registered again", JobFate::Orphan, now, out);
-    } else if (gone(old.local_pid)) {
+    } else if (gone(old.process)) {
       drop_agent(name, "replaced: its process is gone", JobFate::AgentLost, now, out);
     } else {
       return send_error(out, rid, req, ErrorCode::NameTaken,
@@ -108,7 +108,8 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   AgentRecord& rec = agents_[name];
   rec.name = name;
   rec.pid = r->pid();
-  rec.local_pid = peer.known && peer.pid > 0 ? peer.pid : 0;
+  rec.process = peer.known && peer.pid > 0 ? opts_.follow_process(peer) : nullptr;
+  rec.stale_holds = r->stale_holds();
   rec.identity = identity;
   rec.device = pool_.device;
   rec.session = SessionToken::random();
@@ -129,6 +130,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   ack.pool = pool_info_object(pool_);
   ack.default_wait_ms = static_cast<uint32_t>(opts_.lease_wait_timeout.count());
   ack.mps_pipe_directory = opts_.mps_pipe_directory;
+  ack.silence_limit_ms = static_cast<uint32_t>(silence_limit().count());
   send(out, rid, req, std::move(ack));
   // What it still runs from an earlier session; then it may take a job.
   reconcile(rec, r, nullptr, now, out);
@@ -140,18 +142,20 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   auto it = agents_.find(name);
   if (it == agents_.end()) return;
   uint64_t job_id = it->second.job_id;
-  const int pid = it->second.pid, local_pid = it->second.local_pid;
+  const int pid = it->second.pid;
+  const std::shared_ptr<AgentProcess> process = it->second.process;
   bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
   agents_.erase(it);
   // Its attachments go; a region it was filling goes with its leases.
   const std::vector<std::string> discarded = drop_region_users(name, now);
   if (fence) {
     // Its kernels or loops may still write into these: nobody gets them
-    // until it says it stopped, its process is gone, or recovery_grace ends.
-    release_fence(name, "", out);  // an older fence of the same agent
-    Fence f{name + " (fenced)", local_pid, now.steady};
-    auto [count, bytes] = leases_.transfer_all(name, f.holder);
-    if (count > 0) fences_[name] = f;
+    // until its process has exited, or it registers again and says it
+    // holds none of them. A fence already held for it (an earlier silence)
+    // takes these too and keeps its start.
+    const std::string holder = name + " (fenced)";
+    auto [count, bytes] = leases_.transfer_all(name, holder);
+    if (count > 0 && !fences_.count(name)) fences_[name] = Fence{holder, process, pid, now.steady};
     spdlog::info("agent '{}' (pid {}) {}; {} leases ({}) fenced until it stops", name, pid, why,
                  count, format_bytes(bytes));
   } else {
@@ -169,7 +173,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     // Its report on registering again decides (reconcile), or the wait ends.
     job->orphaned_since = now.steady;
     job->orphan_counts = fate == JobFate::Silent;
-    job->orphan_pid = fate == JobFate::Silent ? local_pid : 0;
+    job->orphan_process = fate == JobFate::Silent ? process : nullptr;
     return;
   }
   requeue(*job, "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);
@@ -180,36 +184,75 @@ void CoordinatorCore::release_fence(const std::string& agent, const std::string&
   auto it = fences_.find(agent);
   if (it == fences_.end()) return;
   auto [count, bytes] = leases_.release_all(it->second.holder);
-  if (!why.empty()) {
-    spdlog::info("released {} fenced leases ({}) of agent '{}': {}", count, format_bytes(bytes),
-                 agent, why);
-  }
+  spdlog::info("released {} fenced leases ({}) of agent '{}': {}", count, format_bytes(bytes),
+               agent, why);
   fences_.erase(it);
   serve_waiting(out);
 }
 
 void CoordinatorCore::check_fences(Now now, Effects& out) {
-  std::vector<std::pair<std::string, std::string>> done;
-  for (const auto& [agent, f] : fences_) {
-    if (gone(f.pid)) {
-      done.emplace_back(agent, "its process is gone");
-    } else if (now.steady - f.since >= opts_.recovery_grace) {
-      done.emplace_back(agent, "still silent after " +
-                                   std::to_string(opts_.recovery_grace.count()) +
-                                   " ms (a hung process?)");
+  std::vector<std::string> exited;
+  for (auto& [agent, f] : fences_) {
+    if (gone(f.process)) {
+      exited.push_back(agent);
+      continue;
+    }
+    // Registered again: its reports decide (reconcile), not the clock.
+    if (f.end != Fence::End::Waiting || agents_.count(agent) ||
+        now.steady - f.since < opts_.recovery_grace) {
+      continue;
+    }
+    if (!f.process) {
+      f.end = Fence::End::Held;
+      f.why_held = "a network agent, whose process the coordinator cannot follow";
+    } else if (!opts_.end_silent_agents) {
+      f.end = Fence::End::Held;
+      f.why_held = "end_silent_agents is off";
+    } else if (std::string why = f.process->end(); !why.empty()) {
+      f.end = Fence::End::Held;
+      f.why_held = "it cannot be ended: " + why;
+    } else {
+      f.end = Fence::End::Killed;
+    }
+    const std::string silent = "agent '" + agent + "' (pid " + std::to_string(f.pid) +
+                               ") is silent " + std::to_string(ms_between(f.since, now.steady)) +
+                               " ms after its leases were fenced, and its process lives";
+    if (f.end == Fence::End::Killed) {
+      spdlog::warn("{}: sent it SIGKILL (end_silent_agents); its fenced leases go back once it "
+                   "has exited",
+                   silent);
+    } else {
+      spdlog::warn("{}: its fenced leases stay held until it exits or registers again ({})",
+                   silent, f.why_held);
     }
   }
-  for (const auto& [agent, why] : done) release_fence(agent, why, out);
+  for (const auto& agent : exited) release_fence(agent, "its process has exited", out);
+}
+
+std::string CoordinatorCore::fence_state(const std::string& agent, const Fence& f,
+                                         Now now) const {
+  if (agents_.count(agent)) return "registered again; held until it holds none of it";
+  switch (f.end) {
+    case Fence::End::Killed:
+      return "killed; held until its process has exited";
+    case Fence::End::Held:
+      return "held until its process exits or it registers again: " + f.why_held;
+    case Fence::End::Waiting:
+      break;
+  }
+  return "silent, its process may still write; " +
+         std::string(opts_.end_silent_agents ? "ended" : "checked again") + " in " +
+         std::to_string(ms_between(now.steady, f.since + opts_.recovery_grace)) + " ms";
 }
 
 void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
-  const auto limit = opts_.heartbeat_interval * 2;
+  const auto limit = silence_limit();
   std::vector<std::pair<std::string, uint64_t>> dead;
   for (const auto& [name, agent] : agents_) {
     // Within its first-heartbeat grace an agent is silent by right, unless
     // its process is already gone (killed while it started).
     bool in_grace = agent.last_seen > now.steady;
-    if (now.steady - agent.last_seen > limit || (in_grace && gone(agent.local_pid))) {
+    if (now.steady - agent.last_seen > limit || (in_grace && gone(agent.process))) {
       dead.emplace_back(name, ms_between(agent.last_seen, now.steady));
     }
   }
@@ -218,7 +261,7 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
   for (const auto& [name, silent_ms] : dead) {
     spdlog::warn("agent '{}' sent no heartbeat for {} ms", name, silent_ms);
     std::string why = "no heartbeat for " + std::to_string(silent_ms) + " ms";
-    if (gone(agents_.at(name).local_pid)) {
+    if (gone(agents_.at(name).process)) {
       drop_agent(name, "declared dead (" + why + ")", JobFate::AgentLost, now, out);
     } else {
       drop_agent(name, "silent (" + why + ") but its process lives", JobFate::Silent, now, out);

@@ -80,8 +80,11 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
               now, out);
     }
   }
-  // Fenced leases of this agent go back once it runs nothing any more.
-  if (!agent.reports_busy()) release_fence(agent.name, "the agent stopped its work", out);
+  // Fenced leases of this agent go back once it runs nothing any more and
+  // holds nothing of its old session.
+  if (!agent.reports_busy() && agent.stale_holds == 0) {
+    release_fence(agent.name, "the agent stopped its work and holds none of them", out);
+  }
   if (!reg) return;
   // Jobs that waited for this agent (a restart, a lost session), which it
   // no longer has.
@@ -183,11 +186,14 @@ void CoordinatorCore::push_assign(const JobRecord& job, const AgentRecord& agent
   a.job_id = job.id;
   a.attempt = job.attempt_number();
   a.spec = std::make_unique<proto::JobSpecT>(*job.spec);
+  a.private_checkpoint = job.spec->checkpoint &&
+                         job.spec->checkpoint->directory == private_checkpoint_dir(job.id);
+  a.submitter_uid = job.submitted_uid ? static_cast<int64_t>(*job.submitted_uid) : -1;
   // Every socket of the agent gets it; the agent's heartbeat thread acts on
   // it and ignores duplicates. It leaves once the assignment is stored, so
   // after a crash the job is never on an agent the store does not name.
   out.store_puts.insert(job.id);
-  for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::AssignJobT(a), true);
+  for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::AssignJobT(a), true, job.id);
 }
 
 void CoordinatorCore::push_stop(uint64_t job_id, uint32_t attempt, bool cancel,
@@ -278,7 +284,7 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
   }
   job.orphaned_since.reset();
   job.orphan_counts = false;
-  job.orphan_pid = 0;
+  job.orphan_process.reset();
   job.orphan_cause.clear();
   job.assign_acked = false;
   job.stop_wanted = false;
@@ -325,23 +331,32 @@ void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool 
 }
 
 void CoordinatorCore::release_orphans(Now now, Effects& out) {
+  const std::string grace = std::to_string(opts_.recovery_grace.count()) + " ms";
+  // Ended by check_fences (which runs first) after the grace.
+  auto killed = [&](const JobRecord& job) {
+    auto f = fences_.find(job.agent);
+    return f != fences_.end() && f->second.end == Fence::End::Killed;
+  };
   for (auto& [id, job] : jobs_.all()) {
-    // A silent agent whose process has ended since (a killed process can
-    // take a while to exit, a GPU context with it) is simply dead.
-    if (job.orphaned_since && gone(job.orphan_pid)) {
+    if (!job.orphaned_since) continue;
+    if (killed(job)) {
+      requeue(job, "agent '" + job.agent + "' fell silent and was killed after " + grace +
+                       " (end_silent_agents)",
+              true, now, out);
+    } else if (gone(job.orphan_process)) {
+      // A silent agent whose process has ended since (a killed process can
+      // take a while to exit, a GPU context with it) is simply dead.
       requeue(job, "agent '" + job.agent + "' died (silent, then its process ended)", true, now,
               out);
-      continue;
-    }
-    if (job.orphaned_since && now.steady - *job.orphaned_since >= opts_.recovery_grace) {
+    } else if (now.steady - *job.orphaned_since >= opts_.recovery_grace) {
       // Counted when its agent fell silent while alive; a restart of the
-      // coordinator is not the job's agent failing.
+      // coordinator is not the job's agent failing. Its memory stays fenced
+      // while that agent's process lives, but the job need not wait for it.
       bool counts = job.orphan_counts;
       requeue(job,
               (counts ? "agent '" + job.agent + "' fell silent and"
                       : "coordinator restarted; agent '" + job.agent + "'") +
-                  " did not come back within " + std::to_string(opts_.recovery_grace.count()) +
-                  " ms",
+                  " did not come back within " + grace,
               counts, now, out);
     }
   }
@@ -362,6 +377,7 @@ void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now
                    job_label(job), job.device, backend_name(pool_.backend));
     }
     job.guaranteed_bytes = job.spec ? guaranteed_share(*job.spec) : pool_.size;
+    if (!job.submit_key.empty()) submit_keys_[job.submit_key] = job.id;
     jobs_.restore(std::move(job));
   }
   jobs_.raise_next_id(next_id);
@@ -392,12 +408,13 @@ void CoordinatorCore::prune(Now now, Effects& out) {
     const JobRecord& job = *jobs_.find(id);
     // Only the folders the coordinator made; a directory the job file named
     // belongs to the user.
-    std::string own = opts_.state_dir + "/checkpoints/" + std::to_string(id);
+    const std::string own = private_checkpoint_dir(id);
     if (!opts_.state_dir.empty() && job.spec && job.spec->checkpoint &&
         job.spec->checkpoint->directory == own) {
       out.remove_dirs.push_back(own);
     }
     out.store_deletes.push_back(id);
+    if (!job.submit_key.empty()) submit_keys_.erase(job.submit_key);
     jobs_.erase(id);
   }
   if (!doomed.empty()) {

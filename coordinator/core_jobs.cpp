@@ -43,7 +43,27 @@ bool submitted_by(const JobRecord& job, const Peer& peer) {
 }  // namespace
 
 std::string CoordinatorCore::store_refusal() const {
-  return "not accepting jobs: the job store cannot commit (" + store_error_ + ")";
+  return "not accepting jobs: the job store cannot commit (" + store_error_ +
+         "); nothing was queued: try again once it can";
+}
+
+bool CoordinatorCore::withdraw_submission(uint64_t job_id, Now now, Effects& out) {
+  now_ = now;
+  JobRecord* job = jobs_.find(job_id);
+  if (!job) return false;
+  // An agent it was assigned to never heard of it: the assignment waited
+  // for the same commit.
+  if (auto it = agents_.find(job->agent); it != agents_.end() && it->second.job_id == job_id) {
+    it->second.job_id = 0;
+    it->second.shrink.reset();
+  }
+  if (!job->submit_key.empty()) submit_keys_.erase(job->submit_key);
+  spdlog::warn("{} withdrawn: the job store could not commit it ({}); its submitter is told so",
+               job_label(*job), store_error_);
+  jobs_.erase(job_id);
+  out.store_deletes.push_back(job_id);
+  schedule(now, out);
+  return true;
 }
 
 // ---- Submission ----
@@ -53,6 +73,37 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   uint64_t req = env.header()->request_id();
   if (auto refusal = opts_.access.check(Role::Client, peer)) {
     return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
+  }
+  const auto* submit = env.body_as_SubmitJob();
+  const std::string key(str(submit->key()));
+  if (key.size() > 64 || key.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                              "0123456789_-") != std::string::npos) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "SubmitJob.key must be 1-64 of A-Z, a-z, 0-9, '_' and '-'");
+  }
+  // Nothing is acknowledged that could not be stored; a retry comes back.
+  if (!store_error_.empty()) {
+    return send_error(out, rid, req, ErrorCode::Unavailable, store_refusal());
+  }
+  const std::string indexed = key.empty() ? "" : submit_key_of(peer.identity(), key);
+  if (!indexed.empty()) {
+    // A retry of a submission this coordinator has: the same answer.
+    if (auto it = submit_keys_.find(indexed); it != submit_keys_.end()) {
+      proto::JobAcceptedT accepted;
+      accepted.job_id = it->second;
+      // Once the job's row is committed (rewritten: this call's write).
+      out.store_puts.insert(it->second);
+      send(out, rid, req, std::move(accepted), true, it->second);
+      return;
+    }
+    for (auto& [token, p] : pending_submits_) {
+      if (p.key == indexed) {
+        // Still being checked: its result answers this request instead.
+        p.routing_id = rid;
+        p.request_id = req;
+        return;
+      }
+    }
   }
   size_t queued = 0;  // this user's, queued or being checked
   for (const auto& [id, j] : jobs_.all()) {
@@ -69,11 +120,9 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
                           std::to_string(opts_.queued_per_user) +
                           "); submit more as these start");
   }
-  const auto* submit = env.body_as_SubmitJob();
   if (!submit->spec()) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, "SubmitJob without a spec");
   }
-  if (!store_error_.empty()) return send_error(out, rid, req, ErrorCode::Internal, store_refusal());
   auto spec = std::shared_ptr<proto::JobSpecT>(submit->spec()->UnPack());
   try {
     // Everything but the files here; the files are checked off this thread.
@@ -89,10 +138,10 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   }
   uint64_t token = next_check_token_++;
   pending_submits_[token] =
-      PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout, peer};
-  out.file_checks.push_back(
-      FileCheck{token, spec,
-                ValidationOptions{true, pool_.size, opts_.job_limits, opts_.state_dir}});
+      PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout, peer, indexed};
+  ValidationOptions files{true, pool_.size, opts_.job_limits, opts_.state_dir};
+  files.submitter_uid = peer.known ? static_cast<int64_t>(peer.uid) : -1;
+  out.file_checks.push_back(FileCheck{token, spec, files});
 }
 
 void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::string>& problems,
@@ -107,17 +156,21 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
                       JobSpecError(problems).what());
   }
   if (!store_error_.empty()) {
-    return send_error(out, p.routing_id, p.request_id, ErrorCode::Internal, store_refusal());
+    return send_error(out, p.routing_id, p.request_id, ErrorCode::Unavailable, store_refusal());
   }
   // Checkpoints are on unless the job file turns them off, in a folder of
   // the job's own under the state directory unless it names one.
   if (!p.spec->checkpoint) p.spec->checkpoint = std::make_unique<proto::CheckpointSpecT>();
   auto& ckpt = *p.spec->checkpoint;
   if (ckpt.enabled && ckpt.directory.empty() && !opts_.state_dir.empty()) {
-    ckpt.directory = opts_.state_dir + "/checkpoints/" + std::to_string(jobs_.next_id());
+    ckpt.directory = private_checkpoint_dir(jobs_.next_id());
   }
   JobRecord& job = jobs_.add(p.spec, now.unix_ms);
   job.checkpoint = checkpoint_file(*p.spec);
+  if (!p.key.empty()) {
+    job.submit_key = p.key;
+    submit_keys_[p.key] = job.id;
+  }
   job.guaranteed_bytes = guaranteed_share(*p.spec);
   if (p.submitter.known) {
     job.submitted_uid = p.submitter.uid;
@@ -130,7 +183,7 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
   proto::JobAcceptedT accepted;
   accepted.job_id = job.id;
   // Released once the job's row is committed.
-  send(out, p.routing_id, p.request_id, std::move(accepted), true);
+  send(out, p.routing_id, p.request_id, std::move(accepted), true, job.id);
   changed(job, out);
   schedule(now, out);
 }

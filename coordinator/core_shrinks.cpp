@@ -135,7 +135,7 @@ void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
 }
 
 void CoordinatorCore::check_shrinks(Now now, Effects& out) {
-  std::vector<std::pair<std::string, int>> silent;  // name, pid
+  std::vector<std::pair<std::string, std::shared_ptr<AgentProcess>>> silent;
   for (auto& [name, agent] : agents_) {
     if (!agent.shrink) continue;
     AgentRecord::PendingShrink& s = *agent.shrink;
@@ -150,17 +150,16 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
                       " ms; skipped";
       publish_shrink(out, name, std::move(missed));
     } else if (s.missed && now.steady >= s.deadline + opts_.shrink_timeout) {
-      silent.emplace_back(name, agent.local_pid);
+      silent.emplace_back(name, agent.process);
     }
   }
-  for (const auto& [name, pid] : silent) {
+  for (const auto& [name, process] : silent) {
     std::string why = "did not answer a Shrink for " +
                       std::to_string(2 * opts_.shrink_timeout.count()) + " ms (unresponsive)";
     uint64_t job_id = agents_.at(name).job_id;
     // Like an agent that stopped heart-beating: if its process lives it may
     // still write into its leases, so they are fenced.
-    drop_agent(name, why, gone(pid) ? JobFate::AgentLost : JobFate::Silent, now,
-               out);
+    drop_agent(name, why, gone(process) ? JobFate::AgentLost : JobFate::Silent, now, out);
     // Its report of the interruption cannot say why: the job record does.
     if (JobRecord* job = job_id ? jobs_.find(job_id) : nullptr; job && job->orphaned_since) {
       job->orphan_cause = "agent '" + name + "' " + why;

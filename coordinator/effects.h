@@ -32,6 +32,10 @@ struct OutMessage {
   // result; an assignment): it leaves only once the call's store writes are
   // committed. Other messages (heartbeat acks, leases, status) leave at once.
   bool after_store = false;
+  // Part of accepting this job (its JobAccepted, its assignment): while the
+  // store cannot commit the job's row, the transport may withdraw the job
+  // (CoordinatorCore::withdraw_submission) and drops these with it.
+  uint64_t job = 0;
 };
 
 // Dataset files of a submitted job to check off the loop's thread (they may

@@ -68,6 +68,7 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
 std::vector<uint8_t> encode_job(const JobRecord& job) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   auto info = job_info(job, kEverything);
+  info->submit_key = job.submit_key;  // stored only, never sent
   fbb.Finish(proto::JobInfo::Pack(fbb, info.get()));
   return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
 }
@@ -125,6 +126,7 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   job.assigned_at_us = info->assigned_at_us;
   job.first_step_at_us = info->first_step_at_us;
   job.submitted_by = info->submitted_by;
+  job.submit_key = info->submit_key;
   if (info->submitted_uid >= 0 && info->submitted_uid <= int64_t(UINT32_MAX)) {
     job.submitted_uid = static_cast<uint32_t>(info->submitted_uid);
   }

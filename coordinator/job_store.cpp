@@ -2,9 +2,12 @@
 
 #include <spdlog/spdlog.h>
 #include <sqlite3.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -117,6 +120,16 @@ std::unique_ptr<JobStore> JobStore::open(const std::string& path) {
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     fail(path, "is a directory, not a job store file");
 
+  // Readable by this user alone, whatever the umask (SQLite gives its
+  // journal and WAL files the database file's mode).
+  if (int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600); fd >= 0) {
+    if (::fchmod(fd, 0600) != 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(path, std::string("cannot make it readable by its owner only: ") + std::strerror(err));
+    }
+    ::close(fd);
+  }
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(
       path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);

@@ -18,6 +18,8 @@
 
 namespace leasehold {
 
+class AgentProcess;  // coordinator/agent_process.h
+
 using Clock = std::chrono::steady_clock;
 
 // Reasons kept in a job record (its reason, each state change's and each
@@ -61,6 +63,7 @@ struct JobRecord {
   // administrators may cancel it.
   std::optional<uint32_t> submitted_uid;
   std::string submitted_by;  // the user's name then
+  std::string submit_key;    // SubmitJob.key: its retries find this job
   std::vector<proto::StateChangeT> history;
   proto::ProgressT progress;
   std::vector<proto::EpochStatT> epochs;  // in epoch order, one per epoch (the latest kept)
@@ -106,7 +109,8 @@ struct JobRecord {
   // silent while its process lives on).
   std::optional<Clock::time_point> orphaned_since;
   bool orphan_counts = false;  // if the wait runs out, it counts as a lost agent
-  int orphan_pid = 0;          // the silent agent's process (0: unknown)
+  // The silent agent's process (null: not followed).
+  std::shared_ptr<AgentProcess> orphan_process;
   // Why the coordinator dropped its agent, when the agent's own report of
   // the interruption cannot know it (it did not answer a Shrink).
   std::string orphan_cause;

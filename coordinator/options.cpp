@@ -68,6 +68,12 @@ uint32_t parse_mode(const std::string& text) {
   return static_cast<uint32_t>(v);
 }
 
+bool parse_bool(const std::string& text) {
+  if (text == "true" || text == "on" || text == "yes") return true;
+  if (text == "false" || text == "off" || text == "no") return false;
+  throw std::invalid_argument("'" + text + "' is not true or false");
+}
+
 // Every option, once: its TOML key (the flag is "--" and the key with '-'
 // for '_', unless `flag` names another), its help, and how a value given as
 // text is applied. A value that does not parse throws
@@ -115,8 +121,14 @@ const std::vector<Option>& options() {
        "$XDG_STATE_HOME/leasehold, ~/.local/state/leasehold or /var/lib/leasehold)",
        [](O& o, V v) { o.state_dir = v; }},
       {"recovery_grace", nullptr,
-       "after a restart, how long a running job waits for its agent (default 10s)",
+       "how long a running job waits for its agent after a restart or a silence, and a silent "
+       "agent whose process lives has before it is ended (default 10s)",
        [](O& o, V v) { o.recovery_grace = parse_duration(v); }},
+      {"end_silent_agents", nullptr,
+       "true|false: SIGKILL an agent of the coordinator's own user that stays silent for "
+       "recovery_grace after its leases were fenced while its process lives (stopped, hung), so "
+       "its memory can be reused; false: that memory stays fenced until it exits (default true)",
+       [](O& o, V v) { o.end_silent_agents = parse_bool(v); }},
       {"job_retention_count", nullptr, "finished jobs kept in the store (default 1000)",
        [](O& o, V v) { o.job_retention_count = parse_count(v); }},
       {"job_retention_age", nullptr, "finished jobs older than this are pruned (default 30d)",
@@ -204,6 +216,8 @@ const std::vector<Option>& options() {
 // A TOML value as the text a flag would carry.
 std::string as_text(const toml::node& node, const std::string& key, const std::string& source) {
   if (auto s = node.value<std::string>()) return *s;
+  // (value<bool>() would take a number too.)
+  if (const auto* b = node.as_boolean()) return b->get() ? "true" : "false";
   if (auto i = node.value<int64_t>()) {
     // TOML's octal integers (socket_mode = 0o660) stay octal.
     if (key == "socket_mode") {
@@ -218,7 +232,8 @@ std::string as_text(const toml::node& node, const std::string& key, const std::s
     out << *d;
     return out.str();
   }
-  throw std::invalid_argument(source + ": key '" + key + "' must be a string or a number");
+  throw std::invalid_argument(source + ": key '" + key +
+                              "' must be a string, a number or a boolean");
 }
 
 }  // namespace

@@ -42,6 +42,11 @@ struct CoordinatorOptions {
   // After a restart, how long a job that was running waits for its agent to
   // come back and say whether it still runs it; then it is requeued.
   std::chrono::milliseconds recovery_grace{10000};
+  // An agent silent for recovery_grace after its leases were fenced, whose
+  // process lives (stopped, hung), is SIGKILLed when this is set and it runs
+  // as the coordinator's user, so that its memory can be reused; otherwise
+  // the memory stays fenced until it exits (CoreOptions::end_silent_agents).
+  bool end_silent_agents = true;
   // Finished jobs kept in the store: at most this many, none older than
   // the age. Their coordinator-made checkpoint folders go with them.
   uint32_t job_retention_count = 1000;

@@ -61,13 +61,23 @@ std::optional<Reply> Connection::receive(std::chrono::milliseconds timeout) {
     // Round the wait up, and once the deadline has passed poll one last time
     // without waiting: truncating to whole milliseconds would spin for up
     // to a millisecond at the end (and a zero timeout would always spin).
+    if (interrupt && interrupt->load()) {
+      throw Error(ErrorCode::Interrupted,
+                  "gave up waiting for " + endpoint_ + ": this process is stopping");
+    }
     auto now = std::chrono::steady_clock::now();
     bool last = now >= deadline;
     auto wait = last ? std::chrono::milliseconds(0)
                      : std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+    if (interrupt) wait = std::min(wait, std::chrono::milliseconds(100));
     zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
                                {monitor_ ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, monitor_ ? 2 : 1, wait);
+    try {
+      zmq::poll(items, monitor_ ? 2 : 1, wait);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+      continue;  // a signal (SIGTERM sets the stop flag): look again
+    }
     if (items[1].revents & ZMQ_POLLIN) check_handshake();
     zmq::message_t msg;
     if (!(items[0].revents & ZMQ_POLLIN) || !socket_.recv(msg, zmq::recv_flags::dontwait)) {
@@ -111,6 +121,10 @@ Reply Connection::request(const BodyBuilder& build, std::chrono::milliseconds ti
       if (auto why = ipc_permission_problem(endpoint_)) throw Error(ErrorCode::PermissionDenied, *why);
     }
     if (monitor_) check_handshake();
+    if (interrupt && interrupt->load()) {
+      throw Error(ErrorCode::Interrupted,
+                  "gave up sending to " + endpoint_ + ": this process is stopping");
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       throw Error(ErrorCode::Timeout, unreachable_message(endpoint_, timeout) + handshake_note_);
     }

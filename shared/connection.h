@@ -4,6 +4,7 @@
 // Thread safety: none; use one Connection per thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -61,12 +62,16 @@ class Connection {
   Reply request(const BodyBuilder& build, std::chrono::milliseconds timeout);
 
   // Receives one message within `timeout`; nullopt on timeout. Malformed
-  // messages are logged and dropped. Throws Error{PermissionDenied} when
-  // the coordinator refused the CURVE handshake.
+  // messages are logged and dropped. A signal interrupting the wait does
+  // not end it. Throws Error{PermissionDenied} when the coordinator refused
+  // the CURVE handshake, Error{Interrupted} once `interrupt` is set.
   std::optional<Reply> receive(std::chrono::milliseconds timeout);
 
   std::function<void(const Reply&)> on_notice;
   std::function<void(const Reply&)> on_late_reply;
+  // When set, a request or receive gives up within about 100 ms of this
+  // turning true (the process is stopping: SIGTERM), with Error{Interrupted}.
+  const std::atomic<bool>* interrupt = nullptr;
 
  private:
   // Throws when the monitor reported a refused or failed CURVE handshake.

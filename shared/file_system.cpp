@@ -15,12 +15,12 @@
 namespace leasehold {
 namespace {
 
-// open(2) that retries when a signal interrupts it (possible on slow file
-// systems such as NFS).
-int open_retrying(const char* path, int flags, mode_t mode = 0) {
+// openat(2) that retries when a signal interrupts it (possible on slow
+// file systems such as NFS).
+int open_retrying(int dir_fd, const char* path, int flags, mode_t mode = 0) {
   int fd;
   do {
-    fd = ::open(path, flags | O_CLOEXEC, mode);
+    fd = ::openat(dir_fd, path, flags | O_CLOEXEC, mode);
   } while (fd < 0 && errno == EINTR);
   return fd;
 }
@@ -97,20 +97,26 @@ class PosixWritableFile final : public WritableFile {
   std::string path_;
 };
 
+// Paths relative to `dir_fd` (AT_FDCWD: the working folder), as the *at()
+// calls resolve them.
 class PosixFileSystem final : public FileSystem {
  public:
+  // `file_mode`: of files it creates (before the umask).
+  explicit PosixFileSystem(int dir_fd = AT_FDCWD, mode_t file_mode = 0644, std::string shown_in = {})
+      : dir_fd_(dir_fd), file_mode_(file_mode), shown_in_(std::move(shown_in)) {}
+
   Status new_writable_file(const std::string& path, std::unique_ptr<WritableFile>* out) override {
     // Neither through a link nor into a FIFO someone placed there (opening
     // one for writing without a reader fails at once with O_NONBLOCK):
     // only a regular file is written.
-    int fd = open_retrying(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK,
-                           0644);
-    if (fd < 0) return Status::io_error("cannot create " + path, errno);
-    if (Status st = regular_and_blocking(fd, path); !st.ok()) {
+    int fd = open_retrying(dir_fd_, path.c_str(),
+                           O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK, file_mode_);
+    if (fd < 0) return Status::io_error("cannot create " + shown(path), errno);
+    if (Status st = regular_and_blocking(fd, shown(path)); !st.ok()) {
       ::close(fd);
       return st;
     }
-    *out = std::make_unique<PosixWritableFile>(fd, path);
+    *out = std::make_unique<PosixWritableFile>(fd, shown(path));
     return Status::OK();
   }
 
@@ -118,19 +124,19 @@ class PosixFileSystem final : public FileSystem {
                    size_t max_bytes = SIZE_MAX) override {
     // Without blocking: a FIFO (or a device) named as a file must not hang
     // the reader; only a regular file is read.
-    int fd = open_retrying(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY);
+    int fd = open_retrying(dir_fd_, path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | read_flags_);
     if (fd < 0) {
-      if (errno == ENOENT) return missing("cannot open " + path);
-      return Status::io_error("cannot open " + path, errno);
+      if (errno == ENOENT) return missing("cannot open " + shown(path));
+      return Status::io_error("cannot open " + shown(path), errno);
     }
     contents->clear();
-    if (Status st = regular_and_blocking(fd, path); !st.ok()) {
+    if (Status st = regular_and_blocking(fd, shown(path)); !st.ok()) {
       ::close(fd);
       return st;
     }
     auto too_large = [&] {
       ::close(fd);
-      return Status::io_error(path + " holds more than " + std::to_string(max_bytes) + " bytes",
+      return Status::io_error(shown(path) + " holds more than " + std::to_string(max_bytes) + " bytes",
                               EFBIG);
     };
     struct stat st {};
@@ -146,7 +152,7 @@ class PosixFileSystem final : public FileSystem {
         if (errno == EINTR) continue;
         int err = errno;
         ::close(fd);
-        return Status::io_error("cannot read " + path, err);
+        return Status::io_error("cannot read " + shown(path), err);
       }
       if (static_cast<size_t>(n) > max_bytes - contents->size()) return too_large();  // it grew
       contents->append(buf, static_cast<size_t>(n));
@@ -156,44 +162,53 @@ class PosixFileSystem final : public FileSystem {
   }
 
   Status rename(const std::string& from, const std::string& to) override {
-    if (::rename(from.c_str(), to.c_str()) != 0) {
-      return Status::io_error("cannot rename " + from + " to " + to, errno);
+    if (::renameat(dir_fd_, from.c_str(), dir_fd_, to.c_str()) != 0) {
+      return Status::io_error("cannot rename " + shown(from) + " to " + shown(to), errno);
     }
     return Status::OK();
   }
 
   Status remove(const std::string& path) override {
-    if (::unlink(path.c_str()) != 0) {
-      if (errno == ENOENT) return missing("cannot remove " + path);
-      return Status::io_error("cannot remove " + path, errno);
+    if (::unlinkat(dir_fd_, path.c_str(), 0) != 0) {
+      if (errno == ENOENT) return missing("cannot remove " + shown(path));
+      return Status::io_error("cannot remove " + shown(path), errno);
     }
     return Status::OK();
   }
 
   Status sync_dir(const std::string& dir) override {
     const char* name = dir.empty() ? "." : dir.c_str();
-    int fd = open_retrying(name, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return Status::io_error("cannot open directory " + std::string(name), errno);
+    const std::string named = shown(name);
+    int fd = open_retrying(dir_fd_, name, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return Status::io_error("cannot open directory " + named, errno);
     int rc = fsync_retrying(fd);
     int err = errno;
     ::close(fd);
     // Some file systems (several FUSE and network ones) cannot fsync a
     // directory and say EINVAL: there is nothing more to make durable there.
     if (rc != 0 && err != EINVAL) {
-      return Status::io_error("cannot fsync directory " + std::string(name), err);
+      return Status::io_error("cannot fsync directory " + named, err);
     }
     if (rc != 0) {
       static std::once_flag warned;
       std::call_once(warned, [&] {
         spdlog::warn("the file system of {} cannot fsync directories: a rename there survives a "
                      "power loss only as far as the file system guarantees it",
-                     name);
+                     named);
       });
     }
     return Status::OK();
   }
 
   Status create_dirs(const std::string& dir) override {
+    if (dir_fd_ != AT_FDCWD && (dir.empty() || dir.front() != '/')) {
+      // Only folders that exist already, beneath a folder descriptor.
+      struct stat st {};
+      if (::fstatat(dir_fd_, dir.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+        return Status::OK();
+      }
+      return Status::io_error("cannot create directory " + dir + " beneath a folder", ENOTSUP);
+    }
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) return Status::io_error("cannot create directory " + dir, ec.value());
@@ -202,11 +217,37 @@ class PosixFileSystem final : public FileSystem {
 
   bool exists(const std::string& path) override {
     struct stat st;
-    return ::stat(path.c_str(), &st) == 0;
+    return ::fstatat(dir_fd_, path.c_str(), &st, exists_flags_) == 0;
   }
+
+  // Links are not followed to read a file or to see whether one exists.
+  void follow_no_links() {
+    read_flags_ = O_NOFOLLOW;
+    exists_flags_ = AT_SYMLINK_NOFOLLOW;
+  }
+
+ private:
+  // How a path is named in messages: relative ones inside shown_in_.
+  std::string shown(const std::string& path) const {
+    if (shown_in_.empty() || (!path.empty() && path.front() == '/')) return path;
+    return path == "." ? shown_in_ : shown_in_ + "/" + path;
+  }
+
+  const int dir_fd_;
+  const mode_t file_mode_;
+  const std::string shown_in_;
+  int read_flags_ = 0;
+  int exists_flags_ = 0;
 };
 
 }  // namespace
+
+std::unique_ptr<FileSystem> file_system_at(int dir_fd, mode_t file_mode,
+                                           const std::string& shown_as) {
+  auto fs = std::make_unique<PosixFileSystem>(dir_fd, file_mode, shown_as);
+  fs->follow_no_links();
+  return fs;
+}
 
 FileSystem& default_file_system() {
   // Never destroyed, so that it stays usable from other static destructors.

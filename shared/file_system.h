@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <sys/types.h>
 
 #include "shared/status.h"
 
@@ -61,5 +62,12 @@ class FileSystem {
 // The operating system's file system (open/write/fsync/rename, retrying on
 // EINTR, descriptors opened O_CLOEXEC). Lives for the whole program.
 FileSystem& default_file_system();
+
+// The same, with every relative path resolved from the open directory
+// `dir_fd` (not owned; it must outlive the result) and no link followed to
+// read, write or test a file. New files get `file_mode` (before the umask).
+// Messages name a relative path inside `shown_as` (the folder's path).
+std::unique_ptr<FileSystem> file_system_at(int dir_fd, mode_t file_mode,
+                                           const std::string& shown_as);
 
 }  // namespace leasehold

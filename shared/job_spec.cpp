@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "shared/checkpoint_folder.h"
 #include "shared/idx_file.h"
 #include "shared/layer_shapes.h"
 #include "shared/printable.h"
@@ -296,13 +297,11 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
                     " is inside the coordinator's state folder (or cannot be resolved), where "
                     "other jobs' checkpoints are; leave it out for a folder of the job's own "
                     "there");
-      }
-      std::error_code ec;
-      const auto st = std::filesystem::status(dir, ec);
-      if (std::filesystem::exists(st) && !std::filesystem::is_directory(st)) {
-        p.push_back("checkpoint.directory: " + printable(dir) + " is not a directory");
-      } else if (std::filesystem::is_directory(st)) {
-        const auto file = std::filesystem::status(checkpoint_file(job), ec);
+      } else if (auto no = checkpoint_folder_refusal(dir, options.submitter_uid)) {
+        p.push_back("checkpoint.directory: " + *no);
+      } else {
+        std::error_code ec;
+        const auto file = std::filesystem::symlink_status(checkpoint_file(job), ec);
         if (std::filesystem::exists(file) && !std::filesystem::is_regular_file(file)) {
           p.push_back("checkpoint.directory: " + printable(checkpoint_file(job)) +
                       " is not a regular file");

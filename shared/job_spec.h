@@ -65,6 +65,9 @@ struct ValidationOptions {
   // With check_files: a folder a job's checkpoint directory may not be in
   // (the coordinator's state folder, which holds other jobs' checkpoints).
   std::string reserved_dir;
+  // With check_files: the submitter's uid (-1: not known), who must own a
+  // checkpoint folder the job names (shared/checkpoint_folder.h).
+  int64_t submitter_uid = -1;
 };
 
 // Every problem with the values: sizes, hyper-parameters, layers that do not

@@ -47,6 +47,10 @@ class FakeCoordinator {
   std::atomic<int> unmappable_pools{0};  // this many RegisterAcks name a pool that is gone
   std::atomic<int> registrations{0};
   std::atomic<bool> forget_lessees{false};  // answer lease requests as a restarted coordinator
+  std::atomic<bool> forget_sessions{false};  // answer heartbeats as a restarted coordinator
+  std::atomic<bool> silent{false};           // answer nothing (a stopped coordinator)
+  std::atomic<uint32_t> silence_limit_ms{0};  // in RegisterAck (0: not said)
+  std::atomic<int> stale_holds{-1};  // as the latest Register or Heartbeat said
 
   struct Report {
     uint64_t job;
@@ -139,6 +143,7 @@ class FakeCoordinator {
   }
 
   void serve(const std::string& rid, const proto::Envelope& env) {
+    if (silent.load()) return;
     uint64_t req = env.header()->request_id();
     agent_rids_.insert(rid);
     auto ack = [&] {
@@ -148,6 +153,7 @@ class FakeCoordinator {
       case proto::Body::Register: {
         const auto& d = pool_->descriptor();
         ++registrations;
+        stale_holds = static_cast<int>(env.body_as_Register()->stale_holds());
         // A coordinator that died right after answering took its pool along.
         bool gone = unmappable_pools.load() > 0;
         if (gone) --unmappable_pools;
@@ -158,11 +164,21 @@ class FakeCoordinator {
           auto info = proto::CreatePoolInfo(fbb, proto::Backend::Host, 0,
                                             fbb.CreateString(d.device_name), d.size, d.alignment,
                                             fbb.CreateVector(handle), d.epoch + (gone ? 1 : 0));
-          return proto::CreateRegisterAck(fbb, 42, 100, info, 1000).Union();
+          return proto::CreateRegisterAck(fbb, 42, 100, info, 1000, 0, 0, silence_limit_ms.load())
+              .Union();
         });
         break;
       }
       case proto::Body::Heartbeat: {
+        stale_holds = static_cast<int>(env.body_as_Heartbeat()->stale_holds());
+        if (forget_sessions.load()) {
+          send(rid, req, proto::Body::Error, [](auto& fbb) {
+            return proto::CreateError(fbb, ErrorCode::UnknownSender,
+                                      fbb.CreateString("agent 'agent' is not registered"))
+                .Union();
+          });
+          break;
+        }
         std::map<uint64_t, proto::JobPhase> listed;
         if (const auto* jobs = env.body_as_Heartbeat()->jobs()) {
           for (const auto* j : *jobs) listed[j->job_id()] = j->phase();
@@ -309,6 +325,75 @@ TEST_F(AgentProtocol, AnUnknownSenderAnswerEndsTheSessionBeforeTheCallerSeesIt) 
   EXPECT_TRUE(eventually([&] { return session.registrations() >= 2 && session.connected(); }))
       << "and it registers again";
   session.set_session_listener({});
+}
+
+// The self-fence: an agent whose coordinator stops answering stops touching
+// leased memory (may_touch) no later than it declares the session lost, and
+// strictly before the coordinator's silence limit, measured from the last
+// message the coordinator answered.
+TEST_F(AgentProtocol, AnAgentStopsTouchingLeasesBeforeItsSessionCanBeFenced) {
+  AgentSession session(options());
+  Lease lease = session.acquire(1 << 20);
+  ASSERT_TRUE(session.may_touch());
+  std::chrono::steady_clock::time_point untouchable{}, lost{};
+  fake->silent = true;
+  const auto silenced = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - silenced < 10s) {
+    const auto now = std::chrono::steady_clock::now();
+    // Read together: connected first, so a loss between the two reads shows
+    // as "may not touch", the safe side.
+    const bool connected = session.connected();
+    const bool may = session.may_touch();
+    if (!may && untouchable == std::chrono::steady_clock::time_point{}) untouchable = now;
+    if (!connected) {
+      lost = now;
+      break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_NE(lost, std::chrono::steady_clock::time_point{}) << "the silence never ended the session";
+  ASSERT_NE(untouchable, std::chrono::steady_clock::time_point{});
+  EXPECT_LE(untouchable, lost);
+  EXPECT_TRUE(lease.lost());
+  // The silence limit here is two heartbeats (200 ms) from the last answer,
+  // which came before the silence: untouchable well within it (generously).
+  EXPECT_LT(untouchable - silenced, 2s);
+  fake->silent = false;
+}
+
+// A short silence, within the coordinator's limit: the agent pauses (may
+// not touch) and goes on once the coordinator answers again, same session.
+TEST_F(AgentProtocol, AnAgentPausedBySilenceGoesOnWhenTheCoordinatorAnswersAgain) {
+  fake->silence_limit_ms = 6000;  // the agent's own deadline: 4.5 s
+  AgentSession session(options());
+  Lease lease = session.acquire(1 << 20);
+  fake->silent = true;
+  ASSERT_TRUE(eventually([&] { return !session.may_touch(); }, 10s));
+  EXPECT_TRUE(session.connected()) << "paused, not lost";
+  fake->silent = false;
+  EXPECT_TRUE(session.wait_may_touch([] { return false; }));
+  EXPECT_TRUE(session.may_touch());
+  EXPECT_FALSE(lease.lost());
+  EXPECT_EQ(session.registrations(), 1u);
+}
+
+// Leases of a lost session still held are reported in the next Register and
+// every Heartbeat, until they are let go: the coordinator keeps them fenced.
+TEST_F(AgentProtocol, LeasesHeldFromALostSessionAreReportedUntilLetGo) {
+  AgentSession session(options());
+  Lease lease = session.acquire(1 << 20);
+  EXPECT_TRUE(eventually([&] { return fake->stale_holds.load() == 0; }));
+  fake->forget_sessions = true;
+  ASSERT_TRUE(eventually([&] { return !session.connected(); }));
+  fake->forget_sessions = false;
+  ASSERT_TRUE(eventually([&] { return session.connected(); }));
+  EXPECT_EQ(fake->stale_holds.load(), 1) << "the Register says one lease is still held";
+  EXPECT_TRUE(lease.lost());
+  Lease moved = std::move(lease);  // moving does not count it twice
+  EXPECT_TRUE(eventually([&] { return fake->stale_holds.load() == 1; }));
+  moved = Lease();
+  EXPECT_TRUE(eventually([&] { return fake->stale_holds.load() == 0; }))
+      << "a heartbeat says it was let go";
 }
 
 TEST_F(AgentProtocol, ALeaseGrantedAfterItsRequestGaveUpIsReleased) {

@@ -39,9 +39,10 @@ TEST(CoreAgents, DeadAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed) {
   EXPECT_TRUE(d.core().leases().leases().empty());
 }
 
-// An agent that falls silent while its process lives on (hung, partitioned)
+// An agent that falls silent while its process lives on (hung, stopped)
 // may still write into its leases: they are fenced, held back from everyone,
-// until it comes back having stopped, its process is gone, or the grace ends.
+// until it comes back having stopped or its process has exited. After the
+// grace the coordinator ends a process of its own user to get there.
 TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   CoreOptions o = options();
   o.recovery_grace = 5000ms;
@@ -64,7 +65,8 @@ TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   auto granted = messages(back, proto::Body::LeaseGrant, b.rid);
   EXPECT_EQ(granted.size(), 1u);
 
-  // Silent again, and this time it never comes back: released after the grace.
+  // Silent again, and this time it never comes back: killed after the
+  // grace, released once it has exited.
   FakeAgent c = d.register_agent("c", 13);
   d.heartbeat(c);
   ASSERT_EQ(messages(d.lease(c, 2 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
@@ -77,10 +79,84 @@ TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   d.heartbeat(b);
   d.tick();
   EXPECT_EQ(d.core().leases().allocator().used_bytes(), used) << "within the grace";
+  EXPECT_TRUE(d.killed.empty());
   d.advance(2100ms);
   d.heartbeat(b);
   d.tick();
+  EXPECT_EQ(d.killed, std::vector<int>{13});
+  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used) << "killed, exiting";
+  d.tick();  // it has exited (the fake process exits at once)
   EXPECT_EQ(d.core().leases().allocator().used_bytes(), used - (2u << 20));
+}
+
+// The memory of a silent agent whose process the coordinator cannot end
+// (another user's; end_silent_agents off) is given to nobody, however long
+// it stays silent; status says why. It goes once the process exits.
+TEST(CoreAgents, ASilentAgentThatCannotBeEndedKeepsItsMemoryFencedUntilItExits) {
+  for (bool may_end : {true, false}) {
+    SCOPED_TRACE(may_end ? "another user's process" : "end_silent_agents off");
+    CoreOptions o = options();
+    o.recovery_grace = 5000ms;
+    o.end_silent_agents = may_end;
+    CoreDriver d(o, 8ull << 20);
+    d.unendable.insert(11);
+    FakeAgent a = d.register_agent("a", 11);
+    FakeAgent b = d.register_agent("b", 12);
+    d.heartbeat(a);
+    ASSERT_EQ(messages(d.lease(a, 6 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
+    Effects waiting = d.lease(b, 4 << 20, 600000);
+    for (int i = 0; i < 50; ++i) {  // 50 s, ten graces
+      d.advance(1000ms);
+      d.heartbeat(b);
+      EXPECT_TRUE(messages(d.tick(), proto::Body::LeaseGrant).empty()) << "second " << i;
+    }
+    EXPECT_TRUE(d.killed.empty());
+    EXPECT_EQ(d.core().leases().allocator().used_bytes(), 6u << 20);
+    const auto st = d.core().status(d.now());
+    ASSERT_EQ(st.fences.size(), 1u);
+    EXPECT_EQ(st.fences[0]->agent, "a");
+    EXPECT_EQ(st.fences[0]->bytes, 6u << 20);
+    EXPECT_NE(st.fences[0]->state.find(may_end ? "cannot be ended: another user's process"
+                                               : "end_silent_agents is off"),
+              std::string::npos)
+        << st.fences[0]->state;
+    d.gone.insert(11);
+    Effects exited = d.tick();
+    EXPECT_EQ(messages(exited, proto::Body::LeaseGrant, b.rid).size(), 1u);
+    EXPECT_TRUE(d.core().status(d.now()).fences.empty());
+  }
+}
+
+// A network agent's process cannot be followed: its fenced memory waits for
+// it to register again and report that it holds nothing of its old session.
+TEST(CoreAgents, AFencedAgentThatRegistersAgainKeepsItsFenceWhileItHoldsOldLeases) {
+  CoreOptions o = options();
+  o.recovery_grace = 5000ms;
+  CoreDriver d(o, 8ull << 20);
+  d.peer = Peer::with_key("net", false, true);
+  FakeAgent a = d.register_agent("a", 11);
+  d.peer = Peer::local(1000, 1000, 4242);
+  FakeAgent b = d.register_agent("b", 12);
+  d.heartbeat(a);
+  ASSERT_EQ(messages(d.lease(a, 6 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
+  d.lease(b, 4 << 20, 600000);
+  for (int i = 0; i < 20; ++i) {
+    d.advance(1000ms);
+    d.heartbeat(b);
+    EXPECT_TRUE(messages(d.tick(), proto::Body::LeaseGrant).empty());
+  }
+  EXPECT_NE(d.core().status(d.now()).fences[0]->state.find("a network agent"), std::string::npos);
+  // Back, but a thread of it still holds a lease of the lost session.
+  d.peer = Peer::with_key("net", false, true);
+  d.stale_holds = 1;
+  Effects back;
+  a = d.register_agent("a", 11, {}, &back);
+  EXPECT_TRUE(messages(back, proto::Body::LeaseGrant).empty());
+  EXPECT_TRUE(messages(d.heartbeat(a), proto::Body::LeaseGrant).empty());
+  EXPECT_NE(d.core().status(d.now()).fences[0]->state.find("registered again"), std::string::npos);
+  d.stale_holds = 0;
+  EXPECT_EQ(messages(d.heartbeat(a), proto::Body::LeaseGrant, b.rid).size(), 1u)
+      << "it let go of its old leases";
 }
 
 TEST(CoreAgents, AnAgentThatTakesNoJobsIsNeverGivenOne) {
@@ -188,7 +264,7 @@ TEST(CoreAgents, ANetworkAgentsDeclaredPidSaysNothingAboutItsLife) {
   });
   EXPECT_EQ(error_code(e, "intruder"), ErrorCode::NameTaken) << errors(e);
   EXPECT_EQ(d.core().agents().at("remote").session, a.session) << "still its session";
-  EXPECT_EQ(d.core().agents().at("remote").local_pid, 0);
+  EXPECT_EQ(d.core().agents().at("remote").process, nullptr);
 }
 
 // Tokens are 128 random bits: two sessions share no half, and neither is

@@ -306,9 +306,14 @@ TEST_F(Durability, AcknowledgementsAndAssignmentsWaitForTheirCommit) {
   ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK)
       << "the test holds the store's write lock";
   const std::string file = job_file("held", R"(, "epochs": 1)");
+  // Refused, with the reason, once the store fails: never left unanswered
+  // (the client asks again with the same key for four timeouts, then says
+  // why it gave up).
   auto [rc, out] = client({"--timeout", "2s", "submit", file});
   EXPECT_EQ(rc, 4) << "not acknowledged before it is stored: " << out;
-  auto [rc2, out2] = client({"submit", file});
+  EXPECT_NE(out.find("job store could not commit it"), std::string::npos) << out;
+  EXPECT_NE(out.find("asking again (the same submission)"), std::string::npos) << out;
+  auto [rc2, out2] = client({"--timeout", "1s", "submit", file});
   EXPECT_EQ(rc2, 4) << out2;
   EXPECT_NE(out2.find("job store cannot commit"), std::string::npos) << out2;
   EXPECT_NE(out2.find("database is locked"), std::string::npos) << out2;
@@ -317,12 +322,48 @@ TEST_F(Durability, AcknowledgementsAndAssignmentsWaitForTheirCommit) {
       << "an assignment left before it was stored:\n" << agent.log();
   ASSERT_EQ(sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
   sqlite3_close(db);
-  // The first submission was taken (its client gave up waiting): it runs now.
-  EXPECT_TRUE(wait_job(1, [](const auto& j) { return j["state"] == "succeeded"; }, 30s))
-      << jobs().dump(1) << coordinator->log();
-  EXPECT_NE(agent.log().find("job 1 'held' started"), std::string::npos) << agent.log();
+  // Refused means not queued: nothing runs that its submitter was told
+  // failed, after the store recovers either.
+  ASSERT_TRUE(cluster.wait_for(
+      [&](const auto&) { return coordinator->log().find("job store commits again") != std::string::npos; },
+      10s))
+      << coordinator->log();
+  std::this_thread::sleep_for(1s);
+  EXPECT_TRUE(jobs().empty()) << jobs().dump(1);
+  EXPECT_EQ(agent.log().find("started"), std::string::npos) << agent.log();
   auto [rc3, out3] = client({"submit", file});
   EXPECT_EQ(rc3, 0) << "accepting again: " << out3;
+  EXPECT_EQ(jobs().size(), 1u);
+}
+
+// A submission retried by its client while the store cannot commit is
+// queued exactly once when the store recovers within the client's patience.
+TEST_F(Durability, ASubmissionRetriedAcrossAStoreFailureIsQueuedOnce) {
+  cluster.start_agent("w", {});
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((cluster.state_dir() + "/jobs.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::pair<int, std::string> result;
+  std::thread submitter([&] {
+    result = client({"--timeout", "10s", "submit", job_file("once", R"(, "epochs": 1)")});
+  });
+  // Past its first refusal, well within its 40 s of retries.
+  ASSERT_TRUE(cluster.wait_for(
+      [&](const auto&) { return coordinator->log().find("withdrawn") != std::string::npos ||
+                                coordinator->log().find("job store cannot commit") != std::string::npos; },
+      20s))
+      << coordinator->log();
+  std::this_thread::sleep_for(2s);
+  ASSERT_EQ(sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  submitter.join();
+  EXPECT_EQ(result.first, 0) << result.second << coordinator->log();
+  const auto all = jobs();
+  ASSERT_EQ(all.size(), 1u) << all.dump(1);
+  EXPECT_EQ(std::to_string(all[0]["id"].get<uint64_t>()) + "\n",
+            result.second.substr(result.second.rfind('\n', result.second.size() - 2) + 1))
+      << result.second;
+  EXPECT_TRUE(wait_job(all[0]["id"], [](const auto& j) { return j["state"] == "succeeded"; }, 30s));
 }
 
 TEST_F(Durability, ACorruptStoreStopsTheCoordinatorNamingTheFile) {

@@ -193,6 +193,46 @@ TEST_F(HostCluster, QueuedRequestFailsAtItsDeadline) {
   }
 }
 
+// SIGTERM reaches an agent blocked in a lease request that waits for
+// memory: the wait is given up (the signal's EINTR is not an error) and the
+// agent ends in order, exit status 0, its waiting request gone.
+TEST_F(HostCluster, SigtermEndsAnAgentWaitingForMemoryCleanly) {
+  auto& coordinator = cluster.start_coordinator(coordinator_args());
+  AgentSession holder(session_options("holder"));
+  Lease big = holder.acquire(60ull << 20);
+  auto& waiter = cluster.start_agent(
+      "waiter", {"--exercise", "--leases", "1", "--lease-size", "8MiB", "--rounds", "1"});
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["pending_requests"] == 1; }, 10s))
+      << waiter.log();
+  waiter.signal(SIGTERM);
+  auto rc = waiter.wait(10s);
+  ASSERT_TRUE(rc) << "still waiting after SIGTERM: " << waiter.log();
+  EXPECT_EQ(*rc, 0) << waiter.log();
+  EXPECT_EQ(waiter.log().find("critical"), std::string::npos) << waiter.log();
+  EXPECT_EQ(waiter.log().find("Interrupted system call"), std::string::npos) << waiter.log();
+  EXPECT_NE(waiter.log().find("stopping"), std::string::npos) << waiter.log();
+  EXPECT_TRUE(cluster.wait_for(
+      [](const auto& s) { return s["pending_requests"] == 0 && !has_agent(s, "waiter"); }, 10s))
+      << coordinator.log();
+}
+
+// The state folder holds every user's jobs and checkpoints: its user's
+// alone (0700), whatever the umask the coordinator started under.
+TEST_F(HostCluster, TheStateFolderIsItsUsersAloneWhateverTheUmask) {
+  const mode_t before = ::umask(0);
+  cluster.start_coordinator(coordinator_args());
+  ::umask(before);
+  for (const auto& [path, mode] : std::vector<std::pair<std::string, mode_t>>{
+           {cluster.state_dir(), 0700},
+           {cluster.state_dir() + "/checkpoints", 0700},
+           {cluster.state_dir() + "/jobs.db", 0600},
+           {cluster.state_dir() + "/coordinator.lock", 0600}}) {
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_mode & 0777, mode) << path;
+  }
+}
+
 TEST_F(HostCluster, ResizeAndOwnership) {
   cluster.start_coordinator(coordinator_args());
   AgentSession a(session_options("owner"));

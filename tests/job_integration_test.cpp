@@ -167,6 +167,48 @@ TEST_F(Jobs, BadJobFilesAreRefusedWithTheFieldAndDisturbNothing) {
   EXPECT_TRUE(coordinator->running());
 }
 
+// A job may checkpoint only where its submitter could write: never into a
+// system folder, and never through a folder swapped for a link after it was
+// submitted (here to another job's folder, whose checkpoint has the same
+// name): the agent refuses to resume from it or write into it.
+TEST_F(Jobs, CheckpointsGoOnlyWhereTheirSubmitterCouldWriteThem) {
+  for (const char* system : {"/", "/etc"}) {
+    auto [rc, out] = client({"submit", job_file("sys", std::string(R"(, "epochs": 1, "checkpoint": {"directory": ")") + system + R"("})")});
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("system folder"), std::string::npos) << out;
+  }
+  const std::string victim = cluster.dir() + "/victim", attack = cluster.dir() + "/attack";
+  std::filesystem::create_directories(victim);
+  std::filesystem::create_directories(attack);
+  auto& worker = cluster.start_agent("worker", {});
+  auto [rc, out] = client({"submit", job_file("victimnet", R"(, "epochs": 2, "checkpoint": {"directory": ")" + victim + R"("})"), "--follow"});
+  ASSERT_EQ(rc, 0) << out << worker.log();
+  auto victims = [&] {
+    std::ifstream in(victim + "/victimnet.ckpt", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string before = victims();
+  ASSERT_FALSE(before.empty());
+  // Checked and queued while no agent is free; swapped before it runs.
+  worker.signal(SIGTERM);
+  ASSERT_TRUE(worker.wait(10s));
+  auto [rc2, out2] = client({"submit", job_file("victimnet", R"(, "epochs": 4, "checkpoint": {"directory": ")" + attack + R"("})")});
+  ASSERT_EQ(rc2, 0) << out2;
+  const int id = std::stoi(out2);
+  std::filesystem::remove(attack);
+  std::filesystem::create_directory_symlink(victim, attack);
+  cluster.start_agent("thief", {});
+  ASSERT_TRUE(wait_job(id, [](const auto& j) { return j["state"] == "failed"; }, 30s))
+      << job(id).dump(1);
+  const std::string reason = job(id)["reason"];
+  EXPECT_NE(reason.find("cannot resume from " + attack + "/victimnet.ckpt: " + attack +
+                        " is a symbolic link"),
+            std::string::npos)
+      << reason;
+  EXPECT_EQ(job(id)["resumed_from_epoch"], 0);
+  EXPECT_EQ(victims(), before) << "the other job's checkpoint is untouched";
+}
+
 TEST_F(Jobs, AFailingJobIsMarkedFailedAndTheAgentServesTheNext) {
   cluster.start_agent("worker", {});
   // Bad data: a label (9) outside the model's three classes.

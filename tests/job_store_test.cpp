@@ -5,6 +5,7 @@
 #include "coordinator/job_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
 
@@ -48,6 +49,28 @@ TEST_F(JobStoreTest, UsesWalJournal) {
   auto store = JobStore::open(path_);
   Conn other(path_);
   EXPECT_EQ(other.text("PRAGMA journal_mode"), "wal");
+}
+
+// Every local user could read every job in a store that followed the
+// umask: it is its owner's alone, its WAL too, whatever the umask says; a
+// store made readable by an older version is narrowed.
+TEST_F(JobStoreTest, TheStoreIsReadableByItsOwnerOnlyWhateverTheUmask) {
+  const mode_t before = ::umask(0);
+  {
+    auto store = JobStore::open(path_);
+    ASSERT_TRUE(store->commit({job(1, "a")}, {}, 2).ok);
+    for (const std::string& f : {path_, path_ + "-wal"}) {
+      struct stat st {};
+      ASSERT_EQ(::stat(f.c_str(), &st), 0) << f;
+      EXPECT_EQ(st.st_mode & 0777, 0600u) << f;
+    }
+  }
+  ::umask(before);
+  ASSERT_EQ(::chmod(path_.c_str(), 0644), 0);
+  auto store = JobStore::open(path_);
+  struct stat st {};
+  ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 TEST_F(JobStoreTest, IdsAreNeverReused) {

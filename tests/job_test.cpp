@@ -2,6 +2,7 @@
 // the job runner on a small synthetic IDX dataset.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -154,6 +155,7 @@ TEST_F(JobTest, ExampleJobsAreValid) {
 
 TEST_F(JobTest, TrainsReportsCheckpointsAndResumes) {
   std::string ck = dir + "/ck";
+  fs::create_directory(ck);  // a folder the job file names must exist
   auto buf = parse_job_json(
       job_json(kTrain + std::string(R"(, "epochs": 3, "checkpoint": {"directory": ")") + ck +
                R"(", "every_epochs": 1})"),
@@ -263,12 +265,16 @@ TEST_F(JobTest, CheckpointPathsMustBeAFolderAndARegularFile) {
   auto with_folder = [&](const std::string& folder) {
     auto buf = parse_job_json(
         job_json(R"(, "epochs": 1, "checkpoint": {"directory": ")" + folder + R"("})"), "j.json");
-    return problems_of([&] { validate_job(*verify_job(buf), {}); });
+    ValidationOptions v;
+    v.submitter_uid = ::geteuid();
+    return problems_of([&] { validate_job(*verify_job(buf), v); });
   };
   EXPECT_EQ(with_folder(dir), "");
-  EXPECT_EQ(with_folder(dir + "/not-yet"), "") << "made when the first checkpoint is saved";
+  EXPECT_NE(with_folder(dir + "/not-yet").find("does not exist: create it first"),
+            std::string::npos)
+      << "the agent makes no folder for a user (it would be the agent's)";
   const std::string file = dir + "/train-images";
-  EXPECT_NE(with_folder(file).find("checkpoint.directory: " + file + " is not a directory"),
+  EXPECT_NE(with_folder(file).find("checkpoint.directory: " + file + " is not a folder"),
             std::string::npos)
       << with_folder(file);
   fs::create_directory(dir + "/ck");
@@ -289,8 +295,11 @@ TEST_F(JobTest, ACheckpointFolderCannotReachOtherJobsCheckpoints) {
   auto with_folder = [&](const std::string& folder) {
     auto buf = parse_job_json(
         job_json(R"(, "epochs": 1, "checkpoint": {"directory": ")" + folder + R"("})"), "j.json");
-    return problems_of([&] { validate_job(*verify_job(buf), {true, 0, {}, state}); });
+    ValidationOptions v{true, 0, {}, state};
+    v.submitter_uid = ::geteuid();
+    return problems_of([&] { validate_job(*verify_job(buf), v); });
   };
+  fs::create_directory(dir + "/stateful");
   for (const std::string& folder :
        {state, state + "/checkpoints/7", dir + "/elsewhere/../state/checkpoints/7",
         dir + "/link/7", dir + "/link/new"}) {
@@ -305,6 +314,83 @@ TEST_F(JobTest, ACheckpointFolderCannotReachOtherJobsCheckpoints) {
   EXPECT_NE(problems_of([&] { validate_job(*verify_job(relative), ValidationOptions{false}); })
                 .find("checkpoint.directory: 'ck' is not an absolute path"),
             std::string::npos);
+}
+
+// The checkpoint folder is checked at every write and at the resume, not
+// only at submit: swapped for a link to another job's folder after the
+// submission, or between epochs, it is refused, and the other job's
+// checkpoint is neither read nor overwritten.
+TEST_F(JobTest, ACheckpointFolderSwappedForALinkIsRefusedAtTheNextWriteOrResume) {
+  const std::string victim = dir + "/victim", ck = dir + "/ck";
+  fs::create_directories(victim);
+  std::ofstream(victim + "/synthetic.ckpt") << "another job's checkpoint";
+  fs::create_directory(ck);
+  auto buf = parse_job_json(
+      job_json(kTrain + std::string(R"(, "epochs": 3, "checkpoint": {"directory": ")") + ck +
+               R"("})"),
+      "j.json");
+  auto victims = [&] {
+    std::ifstream in(victim + "/synthetic.ckpt");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  // Between epochs 1 and 2.
+  JobRunOptions o;
+  o.device = engine::Device::cpu();
+  o.on_epoch = [&](const EpochReport& e) {
+    if (e.epoch != 1) return;
+    fs::rename(ck, ck + ".moved");
+    fs::create_directory_symlink(victim, ck);
+  };
+  try {
+    run_job(*verify_job(buf), o);
+    FAIL() << "wrote its checkpoint through a link";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write checkpoint " + ck + "/synthetic.ckpt: " +
+                                         ck + " is a symbolic link"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(victims(), "another job's checkpoint");
+  // A resume through the link: refused, not a fresh start that writes later.
+  JobRunOptions again;
+  again.device = engine::Device::cpu();
+  try {
+    run_job(*verify_job(buf), again);
+    FAIL() << "resumed through a link";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot resume from " + ck + "/synthetic.ckpt: " + ck +
+                                         " is a symbolic link"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(victims(), "another job's checkpoint");
+}
+
+// System folders never take a checkpoint, whoever submits the job: refused
+// at submit, and at the write for a job that got past it.
+TEST_F(JobTest, SystemFoldersTakeNoCheckpoint) {
+  for (const char* folder : {"/", "/etc", "/usr/lib"}) {
+    auto buf = parse_job_json(
+        job_json(kTrain + std::string(R"(, "epochs": 1, "checkpoint": {"directory": ")") +
+                 folder + R"("})"),
+        "j.json");
+    for (int64_t uid : {int64_t{0}, int64_t(::geteuid())}) {
+      ValidationOptions v;
+      v.submitter_uid = uid;
+      EXPECT_NE(problems_of([&] { validate_job(*verify_job(buf), v); }).find("system folder"),
+                std::string::npos)
+          << folder;
+    }
+    JobRunOptions o;
+    o.device = engine::Device::cpu();
+    try {
+      run_job(*verify_job(buf), o);
+      FAIL() << "checkpointed into " << folder;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("system folder"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(std::string(folder) + "/synthetic.ckpt"));
+  }
 }
 
 // Every text field reaches log lines, JSON and error texts: control

@@ -6,6 +6,27 @@
 #include "shared/protocol.h"
 
 namespace leasehold::testing {
+namespace {
+
+// A process of CoreDriver's bookkeeping (its `gone`, `unendable`, `killed`).
+class FakeProcess final : public AgentProcess {
+ public:
+  FakeProcess(CoreDriver& d, int pid) : d_(d), pid_(pid) {}
+  int pid() const override { return pid_; }
+  bool gone() const override { return d_.gone.count(pid_) > 0; }
+  std::string end() override {
+    if (d_.unendable.count(pid_)) return "another user's process";
+    d_.killed.push_back(pid_);
+    d_.gone.insert(pid_);
+    return "";
+  }
+
+ private:
+  CoreDriver& d_;
+  const int pid_;
+};
+
+}  // namespace
 
 CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
                        std::unique_ptr<SchedulingPolicy> policy)
@@ -15,7 +36,9 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
   now_.unix_ms = 1'700'000'000'000ull;
   now_.unix_us = now_.unix_ms * 1000;
   if (opts_.state_dir.empty()) opts_.state_dir = "/var/lib/leasehold-test";
-  opts_.process_gone = [this](int pid) { return gone.count(pid) > 0; };
+  opts_.follow_process = [this](const Peer& p) -> std::shared_ptr<AgentProcess> {
+    return std::make_shared<FakeProcess>(*this, p.pid);
+  };
   PoolDescriptor pool;
   pool.backend = Backend::Host;
   pool.device = 0;
@@ -81,7 +104,7 @@ FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
   if (peer.known) peer.pid = pid;
   Effects e = request(a.rid, name, {}, proto::Body::Register, [&](auto& fbb) {
     return proto::CreateRegister(fbb, fbb.CreateString(name), pid, -1, listed(fbb, jobs),
-                                 takes_jobs, true, 0, 0, instance, uint64_t(pid))
+                                 takes_jobs, true, 0, 0, instance, uint64_t(pid), stale_holds)
         .Union();
   });
   peer = as_user;
@@ -95,7 +118,7 @@ FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
 
 Effects CoreDriver::heartbeat(const FakeAgent& a, const std::vector<Listed>& jobs) {
   return request(a.rid, a.name, a.session, proto::Body::Heartbeat, [&](auto& fbb) {
-    return proto::CreateHeartbeat(fbb, listed(fbb, jobs)).Union();
+    return proto::CreateHeartbeat(fbb, listed(fbb, jobs), true, 0, stale_holds).Union();
   });
 }
 

@@ -39,8 +39,15 @@ class CoreDriver {
   CoordinatorCore& core() { return *core_; }
   Now now() const { return now_; }
   void advance(std::chrono::milliseconds d);
-  // Pids the core will consider gone (process_gone).
-  std::set<int> gone;
+  // The agents' processes, as the core follows them (follow_process): pids
+  // in `gone` have exited; a SIGKILL the core sends is recorded in `killed`
+  // (the process then exits: its pid joins `gone`) unless the pid is in
+  // `unendable` (another user's process).
+  std::set<int> gone, unendable;
+  std::vector<int> killed;
+  // What agents report in every Register and Heartbeat as still held from
+  // an earlier session.
+  uint32_t stale_holds = 0;
   // Who every request comes from (a local user, as on an ipc:// socket).
   Peer peer = Peer::local(1000, 1000, 4242);
 
