@@ -34,7 +34,8 @@ AccessPolicy::AccessPolicy(const std::string& agent_group, const std::string& cl
     if (!gid) return std::nullopt;
     return Group{option, name, *gid};
   };
-  agent_ = make("agent_group", agent_group);
+  anyone_registers_ = agent_group == kAnyone;
+  agent_ = make("agent_group", anyone_registers_ ? std::string() : agent_group);
   client_ = make("client_group", client_group);
   admin_ = make("admin_group", admin_group);
 }
@@ -91,12 +92,18 @@ std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) cons
                                 : std::string("submit jobs or drop regions: its .pub file is not "
                                               "directly in curve_allowed_keys"));
   }
-  if (role != Role::Admin && !group) return std::nullopt;
+  if (role == Role::Agent && anyone_registers_) return std::nullopt;
+  if (role == Role::Client && !group) return std::nullopt;
   const char* what = role == Role::Agent    ? "register as an agent"
                      : role == Role::Client ? "submit jobs or drop regions"
                                             : "act on other users' jobs";
   const std::string who = peer.known ? user_name(peer) + " (uid " + std::to_string(peer.uid) + ")"
                                      : peer.key_user();
+  if (!group && role == Role::Agent) {
+    return (who.empty() ? std::string("an unknown user") : who) + " may not " + what +
+           ": only root and the coordinator's user may (agent_group is not set; set it to a "
+           "group, or to \"*\" to let anyone who can reach the socket register)";
+  }
   if (!group) {
     return (who.empty() ? std::string() : who + " may not " + what + ": ") +
            "only root, the coordinator's user or members of admin_group may (admin_group is not "

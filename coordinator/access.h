@@ -3,9 +3,12 @@
 //   agent_group  may register as an agent;
 //   client_group may submit jobs and drop regions;
 //   admin_group  may cancel anyone's job (a submitter may cancel their own).
-// An unset group lets everyone who can reach the socket do that (except
-// cancelling others' jobs, which needs admin_group). root and the
-// coordinator's own user pass every check. Over tcp:// the allowed-keys
+// An unset client_group lets everyone who can reach the socket submit.
+// Agents run other users' jobs and report their results, so an unset
+// agent_group lets only root and the coordinator's own user register one;
+// agent_group = "*" opens registration to everyone who can reach the
+// socket, explicitly. Cancelling others' jobs needs admin_group. root and
+// the coordinator's own user pass every check. Over tcp:// the allowed-keys
 // folders are the groups (coordinator/zap_handler.h): a key in
 // curve_allowed_keys may submit, one in curve_allowed_keys/agents may
 // register, whatever the groups say; no key acts on others' jobs. A peer
@@ -45,7 +48,9 @@ UserInfo look_up_user(uint32_t uid);
 
 class AccessPolicy {
  public:
-  AccessPolicy();  // every group unset
+  AccessPolicy();  // every group unset: agents of root and this user only
+  // An AccessPolicy whose agent_group is "*" (anyone may register).
+  static constexpr const char* kAnyone = "*";
   // Resolves the group names; throws std::invalid_argument naming the
   // option and the group when one does not exist.
   AccessPolicy(const std::string& agent_group, const std::string& client_group,
@@ -66,6 +71,7 @@ class AccessPolicy {
   bool member(const Peer& peer, const Group& group) const;
 
   std::optional<Group> agent_, client_, admin_;
+  bool anyone_registers_ = false;  // agent_group = "*"
   uid_t self_ = 0;
   struct Cached {
     std::vector<uint32_t> groups;

@@ -35,11 +35,7 @@ CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
 
 std::string CoordinatorCore::summary() const {
   const auto& a = leases_.allocator();
-  size_t queued = 0, running = 0;
-  for (const auto& [id, j] : jobs_.all()) {
-    queued += j.state == JobState::Queued;
-    running += j.state == JobState::Running;
-  }
+  const size_t queued = jobs_.queue().size(), running = jobs_.running().size();
   return std::to_string(agents_.size()) + " agents, " + std::to_string(leases_.leases().size()) +
          " leases, " + format_bytes(a.used_bytes()) + " of " + format_bytes(a.pool_size()) +
          " leased, " + std::to_string(queued) + " jobs queued, " + std::to_string(running) +

@@ -328,11 +328,11 @@ class CoordinatorCore {
   void note_lease_wait(const std::string& owner, Clock::time_point since, Now now, Effects& out);
   // Ends a queued job's wait for memory, adding its time to the job.
   static void end_memory_wait(JobRecord& job, Now now);
-  // Sets why each queued job waits (`refused`: the policy's answer for the
-  // first of them, if it was asked);
-  // publishes the ones that changed and counts time waiting for memory.
-  void note_waiting(const std::vector<JobRecord*>& queued, const Pick& refused, Now now,
-                    Effects& out);
+  // Sets why the job first in line (`head`; null: none) waits (`refused`:
+  // the policy's answer for it, if it was asked) and why the one first
+  // before it waits now; publishes what changed and counts time waiting
+  // for memory.
+  void note_waiting(JobRecord* head, const Pick& refused, Now now, Effects& out);
   // The guaranteed share of a job's spec on this pool.
   uint64_t guaranteed_share(const proto::JobSpecT& spec) const;
   // Jobs (core_jobs.cpp).
@@ -375,6 +375,8 @@ class CoordinatorCore {
     void started(const JobRecord& job);  // `job` was just assigned
   };
   FaultRules fault_rules() const;
+  // Marks `job` a suspect of a shared fault, or clears it (suspects_).
+  void set_suspect(JobRecord& job, bool suspect);
   // A suspect that ran for fault_probation is cleared; so is an agent
   // marked context_lost that did not restart.
   void end_probations(Now now, Effects& out);
@@ -426,6 +428,10 @@ class CoordinatorCore {
     std::map<uint64_t, uint32_t> jobs;
   };
   std::optional<FaultIncident> incident_;
+  // The job note_waiting found first in line (0: none).
+  uint64_t head_ = 0;
+  // Jobs that are fault suspects (JobRecord::fault_suspect), by id.
+  std::set<uint64_t> suspects_;
   uint64_t device_faults_ = 0;
   LeaseStats lease_stats_;
   std::string store_error_;

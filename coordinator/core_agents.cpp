@@ -73,7 +73,8 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   // A name whose job waits for its agent to come back (the coordinator
   // restarted, the agent lost its session) is that agent's: another user's
   // agent taking it could claim the job.
-  for (const auto& [id, job] : jobs_.all()) {
+  for (uint64_t id : jobs_.running()) {
+    const JobRecord& job = *jobs_.find(id);
     if (job.orphaned_since && job.agent == name && !job.attempts.empty() &&
         !job.attempts.back().agent_identity.empty() &&
         job.attempts.back().agent_identity != identity) {

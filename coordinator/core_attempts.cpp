@@ -88,7 +88,10 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
   if (!reg) return;
   // Jobs that waited for this agent (a restart, a lost session), which it
   // no longer has.
-  for (auto& [id, job] : jobs_.all()) {
+  // (Orphans are running jobs; the ids are copied: requeue changes the index.)
+  const std::vector<uint64_t> running(jobs_.running().begin(), jobs_.running().end());
+  for (uint64_t id : running) {
+    JobRecord& job = *jobs_.find(id);
     if (job.orphaned_since && job.agent == agent.name) {
       requeue(job, "agent '" + agent.name + "' came back without it (coordinator restarted or "
                    "session lost)", false, now, out);
@@ -106,8 +109,15 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       if (r.phase != proto::JobPhase::Reporting) held.insert(r.job_id);
     }
   }
+  // The policies start jobs strictly in queue order, one per idle agent:
+  // the first few that may start are all it needs (and the first of them
+  // is the one whose wait is noted), however long the queue.
+  size_t idle = 0;
+  for (const auto& [name, agent] : agents_) idle += agent.idle();
   std::vector<JobRecord*> candidates;
-  for (JobRecord* job : jobs_.queued()) {
+  for (const auto& key : jobs_.queue()) {
+    if (candidates.size() > idle) break;
+    JobRecord* job = jobs_.find(key.id);
     if (!held.count(job->id) && device_fits(job->device, pool_.backend)) {
       candidates.push_back(job);
     }
@@ -134,7 +144,7 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     rules.started(*pick.job);
     std::erase(candidates, pick.job);
   }
-  note_waiting(candidates, refused, now, out);
+  note_waiting(candidates.empty() ? nullptr : candidates.front(), refused, now, out);
   for (JobRecord* job : candidates) {
     if (rules.allow(*job)) continue;
     std::string why = job->fault_suspect
@@ -337,7 +347,10 @@ void CoordinatorCore::release_orphans(Now now, Effects& out) {
     auto f = fences_.find(job.agent);
     return f != fences_.end() && f->second.end == Fence::End::Killed;
   };
-  for (auto& [id, job] : jobs_.all()) {
+  // (Orphans are running jobs; the ids are copied: requeue changes the index.)
+  const std::vector<uint64_t> running(jobs_.running().begin(), jobs_.running().end());
+  for (uint64_t id : running) {
+    JobRecord& job = *jobs_.find(id);
     if (!job.orphaned_since) continue;
     if (killed(job)) {
       requeue(job, "agent '" + job.agent + "' fell silent and was killed after " + grace +
@@ -415,6 +428,7 @@ void CoordinatorCore::prune(Now now, Effects& out) {
     }
     out.store_deletes.push_back(id);
     if (!job.submit_key.empty()) submit_keys_.erase(job.submit_key);
+    suspects_.erase(id);
     jobs_.erase(id);
   }
   if (!doomed.empty()) {

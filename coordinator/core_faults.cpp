@@ -35,9 +35,7 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
   }
   if (!in_incident) {
     incident_ = FaultIncident{now.steady, {}};
-    for (const auto& [id, other] : jobs_.all()) {
-      if (other.state == JobState::Running) incident_->jobs[id] = other.attempt_number();
-    }
+    for (uint64_t id : jobs_.running()) incident_->jobs[id] = jobs_.find(id)->attempt_number();
     if (mps) {
       // Under MPS every client's context ended with it, busy or idle: none
       // gets a job until it has restarted (or, if it never does, for
@@ -59,7 +57,7 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
     // Its own: alone on the GPU (or each agent in a context of its own).
     // Under MPS it runs alone again, so a repeat takes nobody else along.
     const bool was_suspect = job.fault_suspect;
-    job.fault_suspect = mps;
+    set_suspect(job, mps);
     job.probation_since.reset();
     spdlog::warn("{}: device fault while it ran {}; counted against max_attempts",
                  job_label(job), mps ? "alone on the GPU" : "in its own GPU context");
@@ -74,22 +72,29 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
   spdlog::warn("{}: device fault shared under MPS with job(s) {}; not counted, it runs alone "
                "next until it has run cleanly",
                job_label(job), others);
-  job.fault_suspect = true;
+  set_suspect(job, true);
   job.probation_since.reset();
   requeue(job, what + " (under MPS, with job(s) " + others + " on the GPU: not counted)", false,
           now, out);
 }
 
+void CoordinatorCore::set_suspect(JobRecord& job, bool suspect) {
+  job.fault_suspect = suspect;
+  if (suspect) {
+    suspects_.insert(job.id);
+  } else {
+    suspects_.erase(job.id);
+  }
+}
+
 CoordinatorCore::FaultRules CoordinatorCore::fault_rules() const {
   FaultRules r;
   if (opts_.mps_pipe_directory.empty()) return r;
-  for (const auto& [id, job] : jobs_.all()) {
-    if (job.state == JobState::Running) {
-      r.running = true;
-      r.suspect_running |= job.fault_suspect;
-    } else if (job.state == JobState::Queued) {
-      r.suspect_queued |= job.fault_suspect;
-    }
+  r.running = !jobs_.running().empty();
+  for (uint64_t id : suspects_) {
+    const JobRecord& job = *jobs_.find(id);
+    r.suspect_running |= job.state == JobState::Running;
+    r.suspect_queued |= job.state == JobState::Queued;
   }
   r.active = true;
   return r;
@@ -109,10 +114,12 @@ void CoordinatorCore::FaultRules::started(const JobRecord& job) {
 
 void CoordinatorCore::end_probations(Now now, Effects& out) {
   bool cleared = false;
-  for (auto& [id, job] : jobs_.all()) {
-    if (!job.fault_suspect || job.state != JobState::Running || !job.probation_since) continue;
+  const std::vector<uint64_t> suspects(suspects_.begin(), suspects_.end());
+  for (uint64_t id : suspects) {
+    JobRecord& job = *jobs_.find(id);
+    if (job.state != JobState::Running || !job.probation_since) continue;
     if (now.steady - *job.probation_since < opts_.fault_probation) continue;
-    job.fault_suspect = false;
+    set_suspect(job, false);
     job.probation_since.reset();
     cleared = true;
     spdlog::info("{}: ran alone for {} ms without a device fault; others may run beside it",

@@ -58,6 +58,7 @@ bool CoordinatorCore::withdraw_submission(uint64_t job_id, Now now, Effects& out
     it->second.shrink.reset();
   }
   if (!job->submit_key.empty()) submit_keys_.erase(job->submit_key);
+  suspects_.erase(job_id);
   spdlog::warn("{} withdrawn: the job store could not commit it ({}); its submitter is told so",
                job_label(*job), store_error_);
   jobs_.erase(job_id);
@@ -105,10 +106,8 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
       }
     }
   }
-  size_t queued = 0;  // this user's, queued or being checked
-  for (const auto& [id, j] : jobs_.all()) {
-    queued += j.state == JobState::Queued && submitted_by(j, peer);
-  }
+  // This user's, queued or being checked.
+  size_t queued = jobs_.queued_by(peer.identity());
   for (const auto& [token, p] : pending_submits_) {
     queued += p.submitter.known == peer.known && p.submitter.key == peer.key &&
               (!peer.known || p.submitter.uid == peer.uid);
@@ -165,19 +164,16 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
   if (ckpt.enabled && ckpt.directory.empty() && !opts_.state_dir.empty()) {
     ckpt.directory = private_checkpoint_dir(jobs_.next_id());
   }
-  JobRecord& job = jobs_.add(p.spec, now.unix_ms);
+  JobRecord& job =
+      jobs_.add(p.spec, now.unix_ms,
+                p.submitter.known ? std::optional<uint32_t>(p.submitter.uid) : std::nullopt,
+                p.submitter.known ? opts_.access.user_name(p.submitter) : p.submitter.key_user());
   job.checkpoint = checkpoint_file(*p.spec);
   if (!p.key.empty()) {
     job.submit_key = p.key;
     submit_keys_[p.key] = job.id;
   }
   job.guaranteed_bytes = guaranteed_share(*p.spec);
-  if (p.submitter.known) {
-    job.submitted_uid = p.submitter.uid;
-    job.submitted_by = opts_.access.user_name(p.submitter);
-  } else {
-    job.submitted_by = p.submitter.key_user();
-  }
   spdlog::info("{} queued (priority {}, checkpoint {})", job_label(job), job.priority,
                job.checkpoint.empty() ? "off" : job.checkpoint);
   proto::JobAcceptedT accepted;
@@ -377,7 +373,7 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
     // A whole epoch of this attempt (not the checkpointed one a resume
     // reports again) trained without a fault.
     if (job->fault_suspect && job->first_step_at_us && e.epoch > attempt.resumed_from_epoch) {
-      job->fault_suspect = false;
+      set_suspect(*job, false);
       job->probation_since.reset();
       spdlog::info("{}: epoch {} done without a device fault; others may run beside it",
                    job_label(*job), e.epoch);

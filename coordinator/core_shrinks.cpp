@@ -189,23 +189,36 @@ void CoordinatorCore::end_memory_wait(JobRecord& job, Now now) {
   job.waiting_since.reset();
 }
 
-void CoordinatorCore::note_waiting(const std::vector<JobRecord*>& queued, const Pick& refused,
-                                   Now now, Effects& out) {
-  for (size_t i = 0; i < queued.size(); ++i) {
-    JobRecord& job = *queued[i];
-    bool for_memory = i == 0 && !refused.waiting_for.empty();
-    std::string why = i > 0         ? "queued behind job " + std::to_string(queued[0]->id)
-                      : for_memory ? refused.waiting_for
-                                   : "waiting for an idle agent";
-    if (for_memory && !job.waiting_since) job.waiting_since = now.steady;
-    if (!for_memory && job.waiting_since) {
-      end_memory_wait(job, now);
-      changed(job, out);
+void CoordinatorCore::note_waiting(JobRecord* head, const Pick& refused, Now now, Effects& out) {
+  // The job first in line before, if it still waits behind another now
+  // (one of higher priority came), waits behind again; the others always
+  // do (JobTable::kBehind), so a new head changes two jobs, not the queue.
+  if (head_ && (!head || head->id != head_)) {
+    JobRecord* old = jobs_.find(head_);
+    if (old && old->state == JobState::Queued) {
+      if (old->waiting_since) {
+        end_memory_wait(*old, now);
+        changed(*old, out);
+      }
+      if (old->waiting_for != JobTable::kBehind) {
+        old->waiting_for = JobTable::kBehind;
+        out.events.push_back(old->id);
+      }
     }
-    if (why != job.waiting_for) {
-      job.waiting_for = std::move(why);
-      out.events.push_back(job.id);  // published, not stored
-    }
+  }
+  head_ = head ? head->id : 0;
+  if (!head) return;
+  JobRecord& job = *head;
+  const bool for_memory = !refused.waiting_for.empty();
+  std::string why = for_memory ? refused.waiting_for : "waiting for an idle agent";
+  if (for_memory && !job.waiting_since) job.waiting_since = now.steady;
+  if (!for_memory && job.waiting_since) {
+    end_memory_wait(job, now);
+    changed(job, out);
+  }
+  if (why != job.waiting_for) {
+    job.waiting_for = std::move(why);
+    out.events.push_back(job.id);  // published, not stored
   }
 }
 

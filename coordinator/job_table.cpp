@@ -32,8 +32,12 @@ int32_t JobRecord::last_checkpoint_epoch() const {
   return 0;
 }
 
-JobRecord& JobTable::add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t now_ms) {
+JobRecord& JobTable::add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t now_ms,
+                         std::optional<uint32_t> submitted_uid, std::string submitted_by) {
   JobRecord rec;
+  rec.submitted_uid = submitted_uid;
+  rec.submitted_by = std::move(submitted_by);
+  rec.waiting_for = kBehind;
   rec.id = next_id_++;
   rec.name = spec->name;
   rec.priority = spec->priority;
@@ -46,13 +50,44 @@ JobRecord& JobTable::add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t n
   change.at_ms = now_ms;
   rec.history.push_back(change);
   uint64_t id = rec.id;
-  return jobs_.emplace(id, std::move(rec)).first->second;
+  JobRecord& job = jobs_.emplace(id, std::move(rec)).first->second;
+  index(job);
+  return job;
 }
 
 void JobTable::restore(JobRecord job) {
   raise_next_id(job.id + 1);
   uint64_t id = job.id;
-  jobs_[id] = std::move(job);
+  if (auto it = jobs_.find(id); it != jobs_.end()) unindex(it->second);
+  if (job.state == JobState::Queued && job.waiting_for.empty()) job.waiting_for = kBehind;
+  JobRecord& stored = jobs_[id] = std::move(job);
+  index(stored);
+}
+
+void JobTable::index(const JobRecord& job) {
+  ++by_state_[static_cast<size_t>(job.state)];
+  if (job.state == JobState::Queued) {
+    queue_.insert({job.priority, job.id});
+    ++queued_by_[job.submitter()];
+  } else if (job.state == JobState::Running) {
+    running_.insert(job.id);
+  }
+}
+
+void JobTable::unindex(const JobRecord& job) {
+  --by_state_[static_cast<size_t>(job.state)];
+  if (job.state == JobState::Queued) {
+    queue_.erase({job.priority, job.id});
+    auto it = queued_by_.find(job.submitter());
+    if (it != queued_by_.end() && --it->second == 0) queued_by_.erase(it);
+  } else if (job.state == JobState::Running) {
+    running_.erase(job.id);
+  }
+}
+
+uint32_t JobTable::queued_by(const std::string& submitter) const {
+  auto it = queued_by_.find(submitter);
+  return it == queued_by_.end() ? 0 : it->second;
 }
 
 JobRecord* JobTable::find(uint64_t id) {
@@ -65,25 +100,23 @@ const JobRecord* JobTable::find(uint64_t id) const {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-void JobTable::erase(uint64_t id) { jobs_.erase(id); }
-
-std::vector<JobRecord*> JobTable::queued() {
-  std::vector<JobRecord*> out;
-  for (auto& [id, j] : jobs_) {
-    if (j.state == JobState::Queued) out.push_back(&j);
-  }
-  // jobs_ is in id order, which is submission order; stable keeps it.
-  std::stable_sort(out.begin(), out.end(),
-                   [](const JobRecord* a, const JobRecord* b) { return a->priority > b->priority; });
-  return out;
+void JobTable::erase(uint64_t id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  unindex(it->second);
+  jobs_.erase(it);
 }
 
 void JobTable::set_state(JobRecord& job, JobState state, uint64_t now_ms,
                          const std::string& reason) {
+  unindex(job);
   job.state = state;
+  index(job);
   if (state != JobState::Queued) {
     job.waiting_for.clear();
     job.waiting_since.reset();
+  } else {
+    job.waiting_for = kBehind;  // until the scheduler finds it first in line
   }
   // The job's reason says why it is queued again or why it ended; a running
   // job keeps the one it had ("coordinator restarted; resuming ...").

@@ -5,11 +5,13 @@
 // Thread safety: none; the coordinator's core owns it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -122,22 +124,50 @@ struct JobRecord {
   std::optional<Clock::time_point> probation_since;
 
   AttemptRecord* current_attempt() { return attempts.empty() ? nullptr : &attempts.back(); }
+  // Its submitter as Peer::identity() names them: "uid N", or "key NAME".
+  std::string submitter() const {
+    return submitted_uid ? "uid " + std::to_string(*submitted_uid) : submitted_by;
+  }
   uint32_t attempt_number() const { return attempts.empty() ? 0 : attempts.back().number; }
   // The latest epoch whose checkpoint was written; 0 when none.
   int32_t last_checkpoint_epoch() const;
 };
 
+// The jobs, with the indexes that keep submission and scheduling O(log n)
+// in the number of jobs: the queue in start order, the running jobs, and
+// each submitter's queued count. Every state change goes through
+// set_state(), which keeps them.
 class JobTable {
  public:
-  // Adds a queued job under the next id and returns it.
-  JobRecord& add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t now_ms);
+  // A queued job's place: higher priority first, then submission order.
+  struct QueueKey {
+    int32_t priority;
+    uint64_t id;
+    bool operator<(const QueueKey& o) const {
+      return priority != o.priority ? priority > o.priority : id < o.id;
+    }
+  };
+  // The waiting_for of a queued job that is not first in line.
+  static constexpr const char* kBehind = "queued behind earlier jobs";
+
+  // Adds a queued job of `submitted_uid`/`submitted_by` under the next id
+  // and returns it.
+  JobRecord& add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t now_ms,
+                 std::optional<uint32_t> submitted_uid = std::nullopt,
+                 std::string submitted_by = "");
   // Puts back a job read from the store (the next id stays above it).
   void restore(JobRecord job);
   JobRecord* find(uint64_t id);
   const JobRecord* find(uint64_t id) const;
   void erase(uint64_t id);
-  // Queued jobs in the order they should start: priority, then id.
-  std::vector<JobRecord*> queued();
+  // Queued jobs in the order they should start.
+  const std::set<QueueKey>& queue() const { return queue_; }
+  // Running jobs, by id.
+  const std::set<uint64_t>& running() const { return running_; }
+  // Queued jobs of `submitter` (JobRecord::submitter()).
+  uint32_t queued_by(const std::string& submitter) const;
+  // Jobs in `state`.
+  size_t count(JobState state) const { return by_state_[static_cast<size_t>(state)]; }
   // Moves `job` to `state` and records it in the history (with `reason`,
   // which becomes the job's reason unless it starts running).
   void set_state(JobRecord& job, JobState state, uint64_t now_ms, const std::string& reason = "");
@@ -150,7 +180,14 @@ class JobTable {
   void raise_next_id(uint64_t id) { next_id_ = std::max(next_id_, id); }
 
  private:
+  void index(const JobRecord& job);
+  void unindex(const JobRecord& job);
+
   std::map<uint64_t, JobRecord> jobs_;
+  std::set<QueueKey> queue_;
+  std::set<uint64_t> running_;
+  std::map<std::string, uint32_t> queued_by_;
+  std::array<size_t, 5> by_state_{};  // by JobState
   uint64_t next_id_ = 1;
   size_t history_kept_ = SIZE_MAX;
 };

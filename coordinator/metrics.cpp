@@ -15,7 +15,6 @@ namespace {
 // States that always have a series (at 0 when empty), so a panel or an
 // alert on one does not see it vanish.
 constexpr const char* kAgentStates[] = {"idle", "leasing", "running", "warming", "restarting"};
-constexpr const char* kJobStates[] = {"queued", "running", "succeeded", "failed", "cancelled"};
 
 // Builds families whose every series carries gpu and UUID.
 class Families {
@@ -109,10 +108,12 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
   s.region_misses = core.regions().misses;
   s.region_evictions = core.regions().evictions;
 
-  for (const char* state : kJobStates) s.jobs_by_state[state] = 0;
-  for (const auto& [id, job] : core.jobs().all()) {
-    ++s.jobs_by_state[job_state_name(job.state)];
-    if (job.state != JobState::Running) continue;
+  for (JobState state : {JobState::Queued, JobState::Running, JobState::Succeeded,
+                         JobState::Failed, JobState::Cancelled}) {
+    s.jobs_by_state[job_state_name(state)] = core.jobs().count(state);
+  }
+  for (uint64_t id : core.jobs().running()) {
+    const JobRecord& job = *core.jobs().find(id);
     JobSeries j;
     j.id = id;
     j.name = job.name;

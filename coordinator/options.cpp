@@ -172,8 +172,8 @@ const std::vector<Option>& options() {
        "gets no more jobs in its session (default 60s)",
        [](O& o, V v) { o.stop_timeout = parse_duration(v); }},
       {"agent_group", nullptr,
-       "only members of this group (and root) may register as agents (default: anyone who can "
-       "reach the socket)",
+       "only members of this group (and root, and the coordinator's user) may register as agents "
+       "(default: only root and the coordinator's user; \"*\": anyone who can reach the socket)",
        [](O& o, V v) { o.agent_group = v; }},
       {"client_group", nullptr, "only members of this group (and root) may submit jobs and drop regions",
        [](O& o, V v) { o.client_group = v; }},

@@ -81,6 +81,36 @@ TEST_F(Access, AnotherUserCannotCancelYourJob) {
   EXPECT_EQ(rc4, 0) << status;
 }
 
+// An agent runs other users' jobs and reports their results: without
+// agent_group only root and the coordinator's user register one; opening
+// registration to anyone is an explicit agent_group = "*".
+TEST_F(Access, OnlyTheCoordinatorsUserRegistersAgentsUnlessOpenedUp) {
+  start({});
+  auto [rc, agent] = as_nobody("leasehold-agent", {"--endpoint", c.endpoint(), "--name",
+                                                   "stranger", "--exercise", "--rounds", "1"});
+  EXPECT_NE(rc, 0) << agent;
+  EXPECT_NE(agent.find("nobody (uid 65534) may not register as an agent: only root and the "
+                       "coordinator's user may (agent_group is not set"),
+            std::string::npos)
+      << agent;
+  auto status = c.status();
+  ASSERT_TRUE(status);
+  EXPECT_TRUE((*status)["agents"].empty());
+}
+
+TEST_F(Access, AgentGroupStarLetsAnyoneWhoReachesTheSocketRegister) {
+  start({"--agent-group", "*"});
+  // Registered; it then cannot map the pool (the segment is the
+  // coordinator's user's alone, as CUDA IPC handles are), which is
+  // another matter.
+  auto [rc, agent] = as_nobody("leasehold-agent", {"--endpoint", c.endpoint(), "--name",
+                                                   "guest", "--exercise", "--rounds", "1",
+                                                   "--register-timeout", "2s"});
+  EXPECT_EQ(agent.find("may not register as an agent"), std::string::npos) << agent;
+  EXPECT_NE(c.processes()[0]->log().find("agent 'guest' (pid"), std::string::npos)
+      << c.processes()[0]->log();
+}
+
 TEST_F(Access, GroupsDecideWhoSubmitsAndWhoServes) {
   // nobody is in neither group; root always passes.
   start({"--client-group", "root", "--agent-group", "root"});

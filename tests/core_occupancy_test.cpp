@@ -87,7 +87,7 @@ TEST_F(OccupancyTest, JobsStartOnlyWhenTheirGuaranteedShareFitsAndSayWhyTheyWait
             "waiting for 20.00 MiB; 40.00 MiB free, 0 B reclaimable (guaranteed share 60.00 MiB)");
   uint64_t j3 = submit(10, 10);
   EXPECT_EQ(d.job(j3).state, JobState::Queued) << "a smaller job does not overtake";
-  EXPECT_EQ(d.job(j3).waiting_for, "queued behind job " + std::to_string(j2));
+  EXPECT_EQ(d.job(j3).waiting_for, JobTable::kBehind);
 
   pass(4000);
   ASSERT_EQ(d.job(j2).state, JobState::Queued);

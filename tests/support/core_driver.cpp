@@ -36,6 +36,9 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
   now_.unix_ms = 1'700'000'000'000ull;
   now_.unix_us = now_.unix_ms * 1000;
   if (opts_.state_dir.empty()) opts_.state_dir = "/var/lib/leasehold-test";
+  // The fake agents are uid 1000's, not the test's own user: let them in
+  // (agent_group = "*"; the default is checked in access_test).
+  opts_.access = AccessPolicy(AccessPolicy::kAnyone, "", "");
   opts_.follow_process = [this](const Peer& p) -> std::shared_ptr<AgentProcess> {
     return std::make_shared<FakeProcess>(*this, p.pid);
   };
