@@ -4,31 +4,22 @@ namespace leasehold {
 
 void EventStream::push(std::string event) {
   auto shared = std::make_shared<const std::string>(std::move(event));
-  {
-    std::lock_guard lock(mu_);
-    events_.push_back(std::move(shared));
-    if (events_.size() > kKept) {
-      events_.pop_front();
-      ++first_;
-    }
+  std::lock_guard lock(mu_);
+  events_.push_back(std::move(shared));
+  if (events_.size() > kKept) {
+    events_.pop_front();
+    ++first_;
   }
-  cv_.notify_all();
 }
 
 void EventStream::close() {
-  {
-    std::lock_guard lock(mu_);
-    closed_ = true;
-  }
-  cv_.notify_all();
+  std::lock_guard lock(mu_);
+  closed_ = true;
 }
 
-EventStream::Batch EventStream::next(uint64_t& cursor, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  cv_.wait_for(lock, timeout,
-               [&] { return closed_ || first_ + events_.size() > cursor; });
+EventStream::Batch EventStream::take(uint64_t& cursor) const {
+  std::lock_guard lock(mu_);
   Batch b;
-  b.closed = closed_;
   if (cursor < first_) {
     b.missed = first_ - cursor;
     cursor = first_;
@@ -57,7 +48,7 @@ bool EventStream::attach(int max) {
 
 void EventStream::detach() {
   std::lock_guard lock(mu_);
-  --readers_;
+  if (readers_ > 0) --readers_;
 }
 
 }  // namespace leasehold

@@ -98,7 +98,7 @@ TEST(HttpEndpoint, ASilentClientDoesNotStallTheLoop) {
     EXPECT_TRUE(c.status(2s)) << "the coordinator stopped answering";
     std::this_thread::sleep_for(200ms);
   }
-  // They hold HTTP threads until the read timeout (5 s), never longer.
+  // They hold no thread, and are closed at the request deadline.
   EXPECT_TRUE(eventually([&] { return http_get(port, "/api/status", 2s).has_value(); }, 20s));
   for (int fd : fds) ::close(fd);
 }
