@@ -5,7 +5,8 @@
 # through CUDA IPC), the host integration tests, the engine's tests (every
 # CUDA operator against the CPU, training inside CUDA leases, the fence
 # before leases go back), the coordinator core and job store tests, the job
-# and durability tests on the host and on the CUDA backend, a CUDA demo run,
+# and durability tests on the host and on the CUDA backend, paused agents on
+# the CUDA backend, a CUDA demo run,
 # and the lease and engine benchmarks with the PyTorch reference. Logs go to $OUT (or ./gpu-logs).
 #
 #   bash tests/gpu/run-gpu-checks.sh BUNDLE_DIR
@@ -35,6 +36,9 @@ step durability_test "$bin/durability_test"
 # The job tests again with their coordinator and agents on the CUDA backend.
 step job_integration_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/job_integration_test"
 step durability_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/durability_test"
+# Agents stopped with SIGSTOP while neighbours lease what the pool frees:
+# on CUDA the neighbours' patterns are written and checked by kernels.
+step paused_agent_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/paused_agent_test"
 
 demo() {
   local run; run=$(mktemp -d)
