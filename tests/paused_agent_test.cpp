@@ -170,6 +170,10 @@ TEST_P(PausedAgent, WritesIntoNoMemoryOfAnotherAndItsJobResumes) {
         [](const nlohmann::json& s) { return s["fences"].empty(); }, 15s))
         << cluster.status()->dump(1);
     EXPECT_TRUE(trainer.running()) << trainer.log();
+    // Awake, it may well lease its old memory again: let it go, so that the
+    // neighbours take it.
+    sleeper.signal(SIGTERM);
+    ASSERT_TRUE(sleeper.wait(10s)) << sleeper.describe();
   }
   // The sleeper's old memory went to someone else, who keeps checking it.
   EXPECT_TRUE(cluster.wait_for(
