@@ -32,7 +32,7 @@ struct NvmlProcessInfo {  // nvmlProcessInfo_t, as the _v3 query fills it
   unsigned int compute_instance_id;
 };
 
-std::optional<uint64_t> nvml_process_bytes(int device) {
+std::optional<uint64_t> nvml_process_bytes(int device, pid_t pid) {
   void* lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) return std::nullopt;
   std::unique_ptr<void, int (*)(void*)> closer(lib, &::dlclose);
@@ -55,7 +55,7 @@ std::optional<uint64_t> nvml_process_bytes(int device) {
       count = static_cast<unsigned int>(infos.size());
       if (processes(handle, &count, infos.data()) == kNvmlSuccess) {
         for (unsigned int i = 0; i < count; ++i) {
-          if (infos[i].pid == static_cast<unsigned int>(::getpid()) &&
+          if (infos[i].pid == static_cast<unsigned int>(pid) &&
               infos[i].used_gpu_memory != kNvmlValueNotAvailable) {
             found = infos[i].used_gpu_memory;
           }
@@ -86,7 +86,9 @@ FootprintProbe::FootprintProbe(engine::Device device) : device_(device) {
 Footprint FootprintProbe::measure() const {
   if (!device_.is_cuda()) return {0, "host backend: no device memory"};
 #ifdef LEASEHOLD_HAVE_CUDA
-  if (auto bytes = nvml_process_bytes(device_.index)) return {*bytes, "NVML, this process"};
+  if (auto bytes = nvml_process_bytes(device_.index, ::getpid())) {
+    return {*bytes, "NVML, this process"};
+  }
   const uint64_t after = free_bytes(device_.index);
   return {free_before_ > after ? free_before_ - after : 0,
           "drop in free device memory across the warm-up (NVML has no figure for this "
@@ -94,6 +96,15 @@ Footprint FootprintProbe::measure() const {
 #else
   return {0, "no CUDA in this build"};
 #endif
+}
+
+std::optional<uint64_t> process_device_bytes(engine::Device device, pid_t pid) {
+#ifdef LEASEHOLD_HAVE_CUDA
+  if (device.is_cuda()) return nvml_process_bytes(device.index, pid);
+#endif
+  (void)device;
+  (void)pid;
+  return std::nullopt;
 }
 
 }  // namespace leasehold

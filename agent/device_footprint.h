@@ -4,7 +4,10 @@
 // beside it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "agent/engine/dtype.h"
@@ -30,5 +33,12 @@ class FootprintProbe {
   engine::Device device_;
   uint64_t free_before_ = 0;
 };
+
+// Device memory that process `pid` (a program job's child) allocated itself,
+// as NVML counts it: its CUDA context and whatever it allocated around the
+// leases (memory mapped from the pool is the coordinator's). nullopt where
+// NVML has no figure (no driver library, a PID namespace, MPS, the host
+// backend).
+std::optional<uint64_t> process_device_bytes(engine::Device device, pid_t pid);
 
 }  // namespace leasehold

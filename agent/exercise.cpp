@@ -47,7 +47,7 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
     try {
       if (held.empty()) held = acquire_all(session, opts, base_seed + round);
       std::this_thread::sleep_for(opts.interval);
-      // The self-fence (agent/session.h): no lease is touched while the
+      // The self-fence (lease_client/session.h): no lease is touched while the
       // coordinator may have fenced them.
       if (session.connected() && !session.may_touch()) {
         std::printf("paused: the coordinator is silent; touching no lease\n");

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "agent/session.h"
+#include "lease_client/session.h"
 
 namespace leasehold {
 

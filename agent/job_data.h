@@ -11,7 +11,7 @@
 #include <string>
 
 #include "agent/engine/data.h"
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "schemas/job_generated.h"
 
 namespace leasehold {

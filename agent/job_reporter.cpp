@@ -16,8 +16,7 @@ bool permanent(ErrorCode code) {
 
 }  // namespace
 
-JobReporter::JobReporter(AgentSession& session)
-    : session_(session), thread_([this] { loop(); }) {}
+JobReporter::JobReporter(JobChannel& jobs) : jobs_(jobs), thread_([this] { loop(); }) {}
 
 JobReporter::~JobReporter() { stop(std::chrono::seconds(3)); }
 
@@ -85,9 +84,9 @@ void JobReporter::loop() {
     lock.unlock();
     bool delivered = false;
     try {
-      session_.send_job_update(update);
+      jobs_.send_update(update);
       delivered = true;
-      if (is_final(update)) session_.heartbeat_soon();  // the agent's jobs changed
+      if (is_final(update)) jobs_.jobs_changed();
     } catch (const Error& e) {
       if (permanent(e.code())) {
         spdlog::warn("coordinator refused the {} report of job {} attempt {}: {}", update.state,
@@ -100,7 +99,7 @@ void JobReporter::loop() {
     } catch (const std::exception& e) {
       spdlog::warn("could not report job {}: {}", update.job_id, e.what());
     }
-    if (!delivered) session_.wait_connected(std::chrono::milliseconds(500));
+    if (!delivered) jobs_.session().wait_connected(std::chrono::milliseconds(500));
     lock.lock();
     if (is_reliable && delivered) reliable_.pop_front();
     sending_ = false;

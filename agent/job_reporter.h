@@ -20,14 +20,14 @@
 #include <utility>
 #include <vector>
 
-#include "agent/session.h"
+#include "agent/job_channel.h"
 
 namespace leasehold {
 
 class JobReporter {
  public:
-  // `session` must outlive the reporter's thread (see stop()).
-  explicit JobReporter(AgentSession& session);
+  // `jobs` (and its session) must outlive the reporter's thread (see stop()).
+  explicit JobReporter(JobChannel& jobs);
   // stop(drain). Never throws.
   ~JobReporter();
   JobReporter(const JobReporter&) = delete;
@@ -50,7 +50,7 @@ class JobReporter {
  private:
   void loop();
 
-  AgentSession& session_;
+  JobChannel& jobs_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<proto::JobUpdateT> reliable_;          // GUARDED_BY(mu_)

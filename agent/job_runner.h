@@ -20,8 +20,9 @@
 #include <vector>
 
 #include "agent/engine/allocator.h"
-#include "agent/session.h"
 #include "agent/spill/spill_manager.h"
+#include "lease_client/session.h"
+#include "shared/checkpoint_folder.h"
 #include "shared/file_system.h"
 #include "schemas/job_generated.h"
 

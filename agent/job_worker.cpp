@@ -7,6 +7,7 @@
 
 #include "agent/engine/allocator.h"
 #include "agent/engine/cuda_context.h"
+#include "agent/engine_job.h"
 #include "agent/job_runner.h"
 #include "agent/lease_allocator.h"
 #include "shared/job_spec.h"
@@ -20,43 +21,20 @@ constexpr size_t kRemembered = 256;
 // How often an idle worker checks that its GPU context still works.
 constexpr auto kIdleDeviceCheck = std::chrono::seconds(1);
 
-proto::ProgressT to_progress(const JobProgress& p) {
-  proto::ProgressT t;
-  t.epoch = static_cast<int32_t>(p.epoch);
-  t.epochs = static_cast<int32_t>(p.epochs);
-  t.step = p.step;
-  t.steps_in_epoch = p.steps_in_epoch;
-  t.global_step = p.global_step;
-  t.total_steps = p.total_steps;
-  t.loss = p.loss;
-  t.samples_per_second = p.samples_per_second;
-  t.eta_seconds = p.eta_seconds;
-  t.peak_device_bytes = p.peak_device_bytes;
-  t.spill_host_bytes = p.spill_host_bytes;
-  t.spill_file_bytes = p.spill_file_bytes;
-  t.spilled_bytes = p.spilled_bytes;
-  t.restored_bytes = p.restored_bytes;
-  return t;
-}
-
-std::string spill_summary(const JobProgress& m) {
-  if (!m.spilled_bytes) return "";
-  return ", spilled " + format_bytes(m.spilled_bytes) + " and restored " +
-         format_bytes(m.restored_bytes);
-}
-
-void say(const char* fmt, auto... args) {
-  std::printf(fmt, args...);
-  std::fflush(stdout);
-}
-
 }  // namespace
 
 JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string&)> announce,
                      spill::AgentSpill* spill, JobWorkerOptions options)
-    : session_(session), spill_(spill), reporter_(session), options_(options) {
+    : session_(session),
+      spill_(spill),
+      engine_(std::make_unique<EngineJob>(session, spill,
+                                          EngineJobOptions{options.dataset_regions})),
+      program_(std::make_unique<ProgramJob>(session, options.programs)),
+      jobs_(session),
+      reporter_(jobs_),
+      options_(options) {
   session_.set_shrink_handler([this](const proto::ShrinkT& s) { on_shrink(s); });
-  session_.set_job_handlers(
+  jobs_.set_handlers(
       [this](JobAssignment job) { on_assign(std::move(job)); },
       [this](uint64_t id, uint32_t attempt, bool cancel, const std::string& reason) {
         on_stop(id, attempt, cancel, reason);
@@ -71,7 +49,7 @@ JobWorker::JobWorker(AgentSession& session, std::function<void(const std::string
 JobWorker::~JobWorker() {
   session_.set_shrink_handler({});
   session_.set_session_listener({});
-  session_.set_job_handlers({}, {}, {});
+  jobs_.set_handlers({}, {}, {});
   reporter_.stop(std::chrono::seconds(3));
 }
 
@@ -118,7 +96,7 @@ void JobWorker::on_assign(JobAssignment job) {
     return;
   }
   queue_.push_back(Assigned{key, std::move(job.spec), job.checkpoint_owner,
-                            std::chrono::steady_clock::now()});
+                            std::move(job.job_token), std::chrono::steady_clock::now()});
   cv_.notify_all();
 }
 
@@ -185,7 +163,7 @@ void JobWorker::session_changed(const std::string& why) {
   if (why.empty()) {
     // Registered again: the heartbeat that follows tells the coordinator
     // what this agent still has.
-    session_.heartbeat_soon();
+    jobs_.jobs_changed();
     return;
   }
   session_loss_ = why;
@@ -348,35 +326,26 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
   std::string name = "?";
   std::string state, reason;
   bool device_fault = false;
+  int exit_code = -1;
   JobResult result;
   try {
     const proto::JobSpec* job = verify_job(assigned.spec);
     name = job->name() ? job->name()->str() : "?";
     say("job %llu '%s' started (attempt %u)\n", (unsigned long long)id, name.c_str(), attempt);
-    LeaseAllocatorOptions lo =
-        LeaseAllocatorOptions::for_budget(job_memory_budget(*job, session_.pool().size));
-    // Within its guaranteed share a lease may wait: the coordinator makes room.
-    lo.guaranteed_bytes = job_memory_min(*job, session_.pool().size);
-    // Every device byte of the job comes from these leases; the allocator is
-    // destroyed (fenced, then released) before the outcome is reported.
-    auto leases = std::make_shared<LeaseAllocator>(session_, lo);
-    engine::AllocatorGuard guard(leases);
-    JobRunOptions opts;
-    opts.device = leases->device();
-    opts.session = &session_;
-    opts.dataset_regions = options_.dataset_regions;
-    opts.checkpoint_owner = assigned.checkpoint_owner;
-    if (spill_) {
-      opts.spill = spill_->for_job(*job, "job" + std::to_string(id) + "-" + std::to_string(attempt),
-                                   leases);
-    }
+    JobAttempt a;
+    a.id = id;
+    a.attempt = attempt;
+    a.name = name;
+    a.checkpoint_owner = assigned.checkpoint_owner;
+    a.job_token = assigned.job_token;
+    a.reporter = &reporter_;
     const bool fault_here = !options_.test_fault_job.empty() && name == options_.test_fault_job;
-    opts.at_step_boundary = [this, &leases, spill = opts.spill.get(), fault_here, steps = int64_t{0},
-                             device = opts.device]() mutable {
-      answer_shrink(leases.get(), spill);
-      if (fault_here && ++steps == options_.test_fault_step) {
+    a.at_step_boundary = [this, fault_here, steps = int64_t{0}](
+                             LeaseAllocator* leases, spill::SpillManager* spill) mutable {
+      answer_shrink(leases, spill);
+      if (leases && fault_here && ++steps == options_.test_fault_step) {
         spdlog::warn("test fault switch: making the GPU fault now (step {})", steps);
-        engine::inject_device_fault(device);
+        engine::inject_device_fault(leases->device());
       }
     };
     // A stop request (cancel, lost session) or the agent stopping. First,
@@ -384,7 +353,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     // silent too long to be sure it has not fenced this agent's leases, the
     // job touches none of them (it pauses here, and goes on once the
     // coordinator answers, or stops when the session is lost).
-    opts.should_stop = [&] {
+    a.should_stop = [&] {
       if (!session_.may_touch()) pause_while_silent(id, stop);
       if (stop.load() && !stop_requested_.load()) {
         std::lock_guard lock(mu_);
@@ -393,7 +362,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       }
       return stop_requested_.load();
     };
-    auto update = [&] {
+    a.update = [&] {
       proto::JobUpdateT u;
       u.job_id = id;
       u.attempt = attempt;
@@ -402,50 +371,30 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       u.resumed_from_epoch = resumed_from_epoch_;
       return u;
     };
-    opts.on_resume = [&](int64_t epoch) {
-      {
-        std::lock_guard lock(mu_);
-        resumed_from_epoch_ = static_cast<int32_t>(epoch);
-      }
-      reporter_.reliable(update());
-      say("job %llu resumes after epoch %lld\n", (unsigned long long)id, (long long)epoch);
+    a.resumed = [&](int64_t epoch) {
+      std::lock_guard lock(mu_);
+      resumed_from_epoch_ = static_cast<int32_t>(epoch);
     };
-    opts.on_first_step = [&](uint64_t unix_us) {
-      proto::JobUpdateT u = update();
-      u.first_step_at_us = unix_us;
-      reporter_.reliable(std::move(u));
-    };
-    opts.on_progress = [&](const JobProgress& p) {
-      epoch_.store(p.epoch);
-      global_step_.store(p.global_step);
-      proto::JobUpdateT u = update();
-      u.progress = std::make_unique<proto::ProgressT>(to_progress(p));
-      reporter_.progress(std::move(u));
-    };
-    opts.on_epoch = [&](const EpochReport& e) {
-      proto::JobUpdateT u = update();
-      u.epoch = std::make_unique<proto::EpochStatT>();
-      u.epoch->epoch = static_cast<int32_t>(e.epoch);
-      u.epoch->train_loss = e.train_loss;
-      u.epoch->test_accuracy = e.test_accuracy;
-      u.epoch->seconds = e.seconds;
-      u.epoch->checkpointed = e.checkpointed;
-      reporter_.reliable(std::move(u));
-      say("job %llu epoch %lld: test accuracy %.2f%%\n", (unsigned long long)id,
-          (long long)e.epoch, 100 * e.test_accuracy);
+    a.position = [&](int64_t epoch, int64_t global_step) {
+      epoch_.store(epoch);
+      global_step_.store(global_step);
     };
     // Where the time between the assignment's arrival and the job's start goes.
-    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto ms = [](auto x, auto y) { return std::chrono::duration<double, std::milli>(y - x).count(); };
     spdlog::info("job {} attempt {}: picked up {:.2f} ms after its assignment arrived, set up in "
                  "{:.2f} ms",
                  id, attempt, ms(assigned.received, picked_up),
                  ms(picked_up, std::chrono::steady_clock::now()));
-    result = run_job(*job, opts);
-    state = "succeeded";
-    say("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s, peak %s%s\n",
-        (unsigned long long)id, name.c_str(), 100 * result.test_accuracy,
-        result.samples_per_second, format_bytes(result.memory.peak_device_bytes).c_str(),
-        spill_summary(result.memory).c_str());
+    JobKind& kind = job->program() ? *program_ : *engine_;
+    JobEnd end = kind.run(*job, a);
+    result = std::move(end.result);
+    exit_code = end.exit_code;
+    if (end.failure.empty()) {
+      state = "succeeded";
+    } else {
+      state = "failed";
+      reason = std::move(end.failure);
+    }
   } catch (const JobCancelled&) {
     std::lock_guard lock(mu_);
     switch (stop_cause_) {
@@ -497,11 +446,12 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
   }
   proto::JobUpdateT final = final_update(assigned.key, state, reason);
   final.device_fault = device_fault;
+  final.exit_code = exit_code;
   final.test_accuracy = result.test_accuracy;
   final.samples_per_second = result.samples_per_second;
   // The memory figures at the end: the peak of the final evaluation is
   // past the last progress report.
-  if (result.memory.epoch > 0) {
+  if (result.memory.epoch > 0 || result.memory.global_step > 0) {
     final.progress = std::make_unique<proto::ProgressT>(to_progress(result.memory));
   }
   {
@@ -512,7 +462,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     current_.reset();
     stop_requested_.store(false);
   }
-  session_.heartbeat_soon();
+  jobs_.jobs_changed();
 }
 
 }  // namespace leasehold

@@ -40,10 +40,13 @@
 #include <utility>
 #include <vector>
 
+#include "agent/job_channel.h"
+#include "agent/job_kind.h"
+#include "agent/program_job.h"
 #include "agent/job_reporter.h"
 #include "agent/lease_allocator.h"
-#include "agent/session.h"
 #include "agent/spill/agent_spill.h"
+#include "lease_client/session.h"
 
 namespace leasehold {
 
@@ -51,6 +54,8 @@ struct JobWorkerOptions {
   // Jobs keep their datasets in shared cache regions (false: each job
   // decodes its own into host memory and copies every batch over).
   bool dataset_regions = true;
+  // How program jobs are run (agent/program_job.h).
+  ProgramJobOptions programs;
   // A fault switch for tests: an agent that never answers Shrink.
   bool ignore_shrinks = false;
   // A fault switch for tests: jobs named this make the GPU fault at their
@@ -88,6 +93,7 @@ class JobWorker {
     Key key;
     std::vector<uint8_t> spec;
     CheckpointOwner checkpoint_owner;
+    std::string job_token;
     std::chrono::steady_clock::time_point received;  // when the push arrived
   };
   // Why the running job is stopping: a user's cancel, the coordinator
@@ -105,7 +111,7 @@ class JobWorker {
   void session_changed(const std::string& why);
   std::vector<proto::AgentJobT> job_states();
   void run_one(const Assigned& job, const std::atomic<bool>& stop);
-  // The self-fence (agent/session.h): waits, touching no leased memory,
+  // The self-fence (lease_client/session.h): waits, touching no leased memory,
   // until the coordinator answers again, the session is lost, or the job
   // or agent is asked to stop.
   void pause_while_silent(uint64_t id, const std::atomic<bool>& stop);
@@ -118,6 +124,9 @@ class JobWorker {
 
   AgentSession& session_;
   spill::AgentSpill* spill_;
+  // The kinds of job it runs (agent/job_kind.h).
+  std::unique_ptr<JobKind> engine_, program_;
+  JobChannel jobs_;  // before reporter_, which uses it
   JobReporter reporter_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -30,7 +30,7 @@
 #include <unordered_map>
 
 #include "agent/engine/allocator.h"
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "shared/error.h"
 #include "shared/pool_allocator.h"
 

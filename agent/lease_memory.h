@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "agent/session.h"
+#include "lease_client/session.h"
 
 namespace leasehold {
 

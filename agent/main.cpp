@@ -18,9 +18,9 @@
 #include "agent/lease_allocator.h"
 #include "agent/run_job_cli.h"
 #include "agent/self_restart.h"
-#include "agent/session.h"
 #include "agent/spill/agent_spill.h"
 #include "agent/warmup.h"
+#include "lease_client/session.h"
 #include "shared/endpoint.h"
 #include "shared/log.h"
 #include "shared/signals.h"
@@ -91,6 +91,18 @@ int main(int argc, char** argv) {
                  "job on the same data (off: each job decodes its own into host memory)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  auto& programs = worker_options.programs;
+  app.add_option("--python-dir", programs.python_dir,
+                 "the folder of Leasehold's Python package (leasehold/, leasehold_site/) put on "
+                 "program jobs' PYTHONPATH (env LEASEHOLD_PYTHON_DIR; default: found beside the "
+                 "agent)");
+  app.add_option("--torch-plugin", programs.torch_plugin,
+                 "the PyTorch plug-in (libleasehold_torch.so) program jobs load (env "
+                 "LEASEHOLD_TORCH_PLUGIN; default: found beside the agent)");
+  std::string program_stop_grace = "10s";
+  app.add_option("--program-stop-grace", program_stop_grace,
+                 "how long a program job has after SIGTERM before SIGKILL")
+      ->capture_default_str();
   bool& ignore_shrinks = worker_options.ignore_shrinks;
   app.add_flag("--test-ignore-shrinks", ignore_shrinks,
                "fault injection for tests: never answer the coordinator's Shrink requests")
@@ -132,6 +144,11 @@ int main(int argc, char** argv) {
     ex.interval = leasehold::parse_duration(interval);
     opts.register_timeout = leasehold::parse_duration(register_timeout);
     opts.curve = leasehold::client_curve_keys(opts.endpoint, curve_key, curve_server_key);
+    programs.endpoint = opts.endpoint;
+    programs.curve_key = curve_key;
+    programs.curve_server_key = curve_server_key;
+    programs.stop_grace = leasehold::parse_duration(program_stop_grace);
+    leasehold::find_program_support(programs, argv[0]);
     recovery = leasehold::parse_duration(gpu_recovery);
     if (ex.lease_size == 0) throw std::invalid_argument("--lease-size must be positive");
     spill.host_bytes = leasehold::parse_bytes(spill_host);
@@ -183,6 +200,9 @@ int main(int argc, char** argv) {
     opts.takes_jobs = !exercise && job_file.empty();
     opts.interrupt = &stop;  // SIGTERM ends a wait for memory too
     opts.ready = !opts.takes_jobs;
+    // The agent's environment is its own: it joins the coordinator's MPS
+    // daemon (and its program jobs inherit that).
+    opts.join_mps = true;
     leasehold::AgentSession session(opts);
     auto pool = session.pool();
     if (pool.backend == leasehold::Backend::Cuda) gpu = leasehold::pool_device(pool);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "agent/engine/nn.h"
-#include "agent/session.h"
+#include "lease_client/session.h"
 
 namespace leasehold {
 

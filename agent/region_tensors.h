@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "agent/engine/nn.h"
-#include "agent/session.h"
+#include "lease_client/session.h"
 
 namespace leasehold::regions {
 

@@ -5,8 +5,8 @@
 #include <atomic>
 #include <string>
 
-#include "agent/session.h"
 #include "agent/spill/agent_spill.h"
+#include "lease_client/session.h"
 
 namespace leasehold {
 

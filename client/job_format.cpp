@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "shared/protocol.h"
@@ -130,7 +131,31 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                                {"seconds", e->seconds()}});
     }
   }
-  if (const auto* s = j.spec()) {
+  if (const auto* s = j.spec(); s && s->program()) {
+    const auto* prog = s->program();
+    nlohmann::json command = nlohmann::json::array();
+    if (prog->command()) {
+      for (const auto* a : *prog->command()) command.push_back(a->str());
+    }
+    out["spec"] = {{"program", {{"command", command},
+                                {"directory", std::string(str(prog->directory()))}}},
+                   {"memory_budget", std::string(str(s->memory_budget()))},
+                   {"memory_min", std::string(str(s->memory_min()))},
+                   {"device", std::string(str(s->device()))},
+                   {"max_attempts", s->max_attempts()}};
+    out["exit_code"] = j.exit_code();
+    out["log_bytes"] = j.log_bytes();
+    if (const auto* m = j.program_memory()) {
+      out["program_memory"] = {{"leased_bytes", m->leased_bytes()},
+                               {"peak_leased_bytes", m->peak_leased_bytes()},
+                               {"in_use_bytes", m->in_use_bytes()},
+                               {"peak_in_use_bytes", m->peak_in_use_bytes()},
+                               {"allocations", m->allocations()},
+                               {"cache_hits", m->cache_hits()},
+                               {"lease_requests", m->lease_requests()},
+                               {"outside_pool_bytes", m->outside_pool_bytes()}};
+    }
+  } else if (const auto* s = j.spec()) {
     out["spec"] = {{"batch_size", s->batch_size()},
                    {"epochs", s->epochs()},
                    {"steps", s->steps()},
@@ -167,7 +192,29 @@ std::string job_to_text(const proto::JobInfo& j) {
   if (j.agent() && j.agent()->size()) os << " on agent '" << str(j.agent()) << "'";
   os << "\n";
   if (j.reason() && j.reason()->size()) os << "  reason: " << str(j.reason()) << "\n";
-  if (const auto* s = j.spec()) {
+  if (const auto* s = j.spec(); s && s->program()) {
+    os << "  program:";
+    if (s->program()->command()) {
+      for (const auto* a : *s->program()->command()) os << " " << str(a);
+    }
+    os << " (in " << str(s->program()->directory()) << "), budget "
+       << (s->memory_budget() ? s->memory_budget()->str() : "1GiB");
+    if (s->memory_min()) os << " (guaranteed " << s->memory_min()->str() << ")";
+    os << "\n";
+    if (j.exit_code() >= 0) os << "  exit status: " << j.exit_code() << "\n";
+    os << "  output: " << format_bytes(j.log_bytes()) << " (leasehold logs " << j.id() << ")\n";
+    if (const auto* m = j.program_memory()) {
+      os << "  memory (its plug-in): leased " << format_bytes(m->leased_bytes()) << " (peak "
+         << format_bytes(m->peak_leased_bytes()) << "), in use " << format_bytes(m->in_use_bytes())
+         << " (peak " << format_bytes(m->peak_in_use_bytes()) << "), " << m->allocations()
+         << " allocations, " << m->cache_hits() << " from its cache, " << m->lease_requests()
+         << " lease requests\n";
+      if (m->outside_pool_bytes() > 0) {
+        os << "  device memory outside the pool (its CUDA context, own allocations): "
+           << format_bytes(m->outside_pool_bytes()) << "\n";
+      }
+    }
+  } else if (const auto* s = j.spec()) {
     os << "  spec: " << (s->model() ? s->model()->size() : 0) << " layers, batch "
        << s->batch_size() << ", "
        << (s->epochs() ? std::to_string(s->epochs()) + " epochs"
@@ -199,8 +246,14 @@ std::string job_to_text(const proto::JobInfo& j) {
     }
     os << "\n";
   }
-  os << "  checkpoint: "
-     << (j.checkpoint() && j.checkpoint()->size() ? std::string(str(j.checkpoint())) : "off");
+  const bool program = j.spec() && j.spec()->program();
+  os << (program ? "  checkpoint folder (LEASEHOLD_CHECKPOINT_DIR): " : "  checkpoint: ")
+     << (j.checkpoint() && j.checkpoint()->size()
+             ? (program ? std::filesystem::path(std::string(str(j.checkpoint())))
+                              .parent_path()
+                              .string()
+                        : std::string(str(j.checkpoint())))
+             : "off");
   if (j.resumed_from_epoch()) os << " (the latest attempt resumed from epoch " << j.resumed_from_epoch() << ")";
   os << "\n";
   os << "  history:\n";

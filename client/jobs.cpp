@@ -12,60 +12,13 @@
 
 #include "client/job_format.h"
 #include "client/json_text.h"
+#include "client/programs.h"
+#include "client/requests.h"
 #include "shared/connection.h"
 #include "shared/job_spec.h"
-#include "shared/session_token.h"
 
 namespace leasehold::client {
 namespace {
-
-using Builder = Connection::BodyBuilder;
-
-Reply ask(const Context& ctx, zmq::context_t& zctx, const Builder& build) {
-  Connection conn(zctx, ctx.endpoint, "leasehold-cli-" + std::to_string(getpid()), ctx.curve);
-  Reply r = conn.request(build, ctx.timeout);
-  r.throw_if_error();
-  return r;
-}
-
-// Throws when the coordinator answers with another body than `expected`.
-void expect(const Reply& r, proto::Body expected) {
-  if (r->body_type() != expected) {
-    throw std::runtime_error(std::string("coordinator answered with ") +
-                             proto::EnumNameBody(r->body_type()) + " where " +
-                             proto::EnumNameBody(expected) + " was expected");
-  }
-}
-
-Reply get_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
-  Reply r = ask(ctx, zctx, [id](flatbuffers::FlatBufferBuilder& fbb) {
-    return std::pair{proto::Body::GetJob, proto::CreateGetJob(fbb, id).Union()};
-  });
-  expect(r, proto::Body::JobInfo);
-  return r;
-}
-
-int outcome(const std::string& state) {
-  if (state == "succeeded") return 0;
-  if (state == "failed") return 1;
-  if (state == "cancelled") return 3;
-  return -1;  // not finished
-}
-
-int run_guarded(const std::function<int()>& f) {
-  try {
-    return f();
-  } catch (const JobSpecError& e) {
-    std::cerr << "leasehold: " << e.what() << "\n";
-    return 2;
-  } catch (const Error& e) {
-    std::cerr << "leasehold: " << e.what() << "\n";
-    return e.code() == ErrorCode::InvalidArgument ? 2 : 4;
-  } catch (const std::exception& e) {
-    std::cerr << "leasehold: " << e.what() << "\n";
-    return 4;
-  }
-}
 
 // How long a follower keeps waiting for a coordinator that went away (a
 // restart under systemd takes seconds; jobs survive it).
@@ -215,36 +168,9 @@ int submit(const Context& ctx, const std::string& file, bool follow,
         spec->checkpoint->directory = (ec ? dir.lexically_normal() : real).string();
       }
     }
-    // Files are checked by the coordinator, on the host where the job runs.
-    validate_job(*spec, ValidationOptions{false, 0, JobLengthLimits::none()});
     zmq::context_t zctx(1);
-    // One key for this submission and every retry of it: the coordinator
-    // answers a retry with the job it already queued, never a second one.
-    const SessionToken token = SessionToken::random();
-    char key[33];
-    std::snprintf(key, sizeof key, "%016llx%016llx", static_cast<unsigned long long>(token.hi),
-                  static_cast<unsigned long long>(token.lo));
-    // Retried while unanswered (a lost reply, a busy coordinator) or while
-    // its job store cannot commit, for up to four request timeouts.
-    const auto deadline = std::chrono::steady_clock::now() + 4 * ctx.timeout;
-    Reply r;
-    while (true) {
-      try {
-        r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
-          auto s = proto::JobSpec::Pack(fbb, spec.get());
-          return std::pair{proto::Body::SubmitJob,
-                           proto::CreateSubmitJob(fbb, s, fbb.CreateString(key)).Union()};
-        });
-        break;
-      } catch (const Error& e) {
-        const bool again = e.code() == ErrorCode::Timeout || e.code() == ErrorCode::Unavailable;
-        if (!again || std::chrono::steady_clock::now() >= deadline) throw;
-        std::cerr << "leasehold: " << e.what() << "; asking again (the same submission)\n";
-        if (e.code() == ErrorCode::Unavailable) std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
-    }
-    expect(r, proto::Body::JobAccepted);
-    uint64_t id = r->body_as_JobAccepted()->job_id();
+    const uint64_t id = submit_spec(ctx, zctx, *spec);
+
     if (ctx.json) {
       std::cout << nlohmann::json{{"id", id}}.dump() << "\n";
     } else {
@@ -312,9 +238,13 @@ int cancel_job(const Context& ctx, uint64_t id) {
 int logs(const Context& ctx, uint64_t id, bool follow) {
   return run_guarded([&] {
     zmq::context_t zctx(1);
-    if (follow) return follow_job(ctx, zctx, id);
     Reply r = get_job(ctx, zctx, id);
     const auto* j = r->body_as_JobInfo();
+    // A program job's log is its output.
+    if (j->spec() && j->spec()->program() && !ctx.json) {
+      return print_program_log(ctx, zctx, id, follow);
+    }
+    if (follow) return follow_job(ctx, zctx, id);
     if (ctx.json) {
       std::cout << json_text(job_to_json(*j)["epochs"]) << "\n";
       return 0;

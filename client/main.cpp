@@ -1,6 +1,6 @@
 // leasehold: the command-line client. Talks only to the coordinator.
-//   leasehold status | submit FILE [--follow] | jobs | job ID | cancel ID | logs ID [--follow]
-//             | regions [drop NAME] | keygen PATH
+//   leasehold status | submit FILE [--follow] | run [OPTIONS] -- CMD... | jobs | job ID
+//             | cancel ID | logs ID [--follow] | regions [drop NAME] | keygen PATH
 // Exit codes of the job commands: see client/jobs.h.
 #include <unistd.h>
 
@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "client/jobs.h"
+#include "client/programs.h"
 #include "client/regions.h"
 #include "client/json_text.h"
 #include "client/status_format.h"
@@ -98,7 +99,8 @@ int main(int argc, char** argv) {
   add_output(job);
   auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
   cancel->add_option("id", id, "job id")->required();
-  auto* logs = app.add_subcommand("logs", "print a job's progress and epoch results");
+  auto* logs = app.add_subcommand(
+      "logs", "print a program job's output, or an engine job's progress and epoch results");
   logs->add_option("id", id, "job id")->required();
   logs->add_flag("-f,--follow", follow, "keep following until the job ends");
   add_output(logs);
@@ -107,6 +109,15 @@ int main(int argc, char** argv) {
   std::string region_name;
   auto* drop = regions->add_subcommand("drop", "drop an unattached region and free its memory");
   drop->add_option("name", region_name, "region name")->required();
+  leasehold::client::RunOptions run_options;
+  auto* run = app.add_subcommand(
+      "run", "run a program as a job, with the current folder: stream its output, exit with "
+             "its status; Ctrl-C cancels it (`leasehold run --budget 6GiB -- python3 train.py`)");
+  run->add_option("--budget", run_options.budget, "memory_budget, e.g. 6GiB (default 1GiB)");
+  run->add_option("--device", run_options.device, "auto, cuda or cpu (default auto)");
+  run->add_option("--name", run_options.name, "the job's name (default: from the command)");
+  run->add_option("command", run_options.command, "the program and its arguments, after --")
+      ->required();
   std::string key_path;
   auto* keygen = app.add_subcommand(
       "keygen", "write a CURVE key pair for tcp:// endpoints: PATH (secret, 0600) and PATH.pub");
@@ -158,6 +169,11 @@ int main(int argc, char** argv) {
   if (*job) return leasehold::client::show_job(ctx, id);
   if (*cancel) return leasehold::client::cancel_job(ctx, id);
   if (*logs) return leasehold::client::logs(ctx, id, follow);
+  if (*run) {
+    // As for submit: the coordinator first checks the job's folder.
+    if (!timeout_opt->count()) ctx.timeout = std::chrono::seconds(15);
+    return leasehold::client::run_program(ctx, run_options);
+  }
   if (*drop) return leasehold::client::drop_region(ctx, region_name);
   if (*regions) return leasehold::client::list_regions(ctx);
   return 0;

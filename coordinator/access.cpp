@@ -27,7 +27,7 @@ std::optional<gid_t> group_id(const std::string& option, const std::string& name
 AccessPolicy::AccessPolicy() : self_(::getuid()) {}
 
 AccessPolicy::AccessPolicy(const std::string& agent_group, const std::string& client_group,
-                           const std::string& admin_group)
+                           const std::string& admin_group, const std::string& program_group)
     : self_(::getuid()) {
   auto make = [](const char* option, const std::string& name) -> std::optional<Group> {
     auto gid = group_id(option, name);
@@ -38,6 +38,8 @@ AccessPolicy::AccessPolicy(const std::string& agent_group, const std::string& cl
   agent_ = make("agent_group", anyone_registers_ ? std::string() : agent_group);
   client_ = make("client_group", client_group);
   admin_ = make("admin_group", admin_group);
+  anyone_runs_programs_ = program_group == kAnyone;
+  program_ = make("program_group", anyone_runs_programs_ ? std::string() : program_group);
 }
 
 UserInfo look_up_user(uint32_t uid) {
@@ -78,12 +80,18 @@ bool AccessPolicy::member(const Peer& peer, const Group& group) const {
 }
 
 std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) const {
-  const std::optional<Group>& group = role == Role::Agent    ? agent_
-                                      : role == Role::Client ? client_
-                                                             : admin_;
+  const std::optional<Group>& group = role == Role::Agent     ? agent_
+                                      : role == Role::Client  ? client_
+                                      : role == Role::Program ? program_
+                                                              : admin_;
   if (peer.known && (peer.uid == 0 || peer.uid == self_)) return std::nullopt;
   // Over the network the allowed-keys folders admit agents and clients
   // (coordinator/zap_handler.h); no key may act on others' jobs.
+  if (role == Role::Program && !peer.key.empty()) {
+    return "key " + peer.key +
+           " may not submit a program job: its folder and its user are checked on this host, "
+           "so program jobs are submitted over the local socket";
+  }
   if (role != Role::Admin && !peer.key.empty()) {
     if (role == Role::Agent ? peer.key_agent : peer.key_client) return std::nullopt;
     return "key " + peer.key + " may not " +
@@ -93,16 +101,24 @@ std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) cons
                                               "directly in curve_allowed_keys"));
   }
   if (role == Role::Agent && anyone_registers_) return std::nullopt;
+  if (role == Role::Program && anyone_runs_programs_) return std::nullopt;
   if (role == Role::Client && !group) return std::nullopt;
-  const char* what = role == Role::Agent    ? "register as an agent"
-                     : role == Role::Client ? "submit jobs or drop regions"
-                                            : "act on other users' jobs";
+  const char* what = role == Role::Agent     ? "register as an agent"
+                     : role == Role::Client  ? "submit jobs or drop regions"
+                     : role == Role::Program ? "submit program jobs"
+                                             : "act on other users' jobs";
   const std::string who = peer.known ? user_name(peer) + " (uid " + std::to_string(peer.uid) + ")"
                                      : peer.key_user();
   if (!group && role == Role::Agent) {
     return (who.empty() ? std::string("an unknown user") : who) + " may not " + what +
            ": only root and the coordinator's user may (agent_group is not set; set it to a "
            "group, or to \"*\" to let anyone who can reach the socket register)";
+  }
+  if (!group && role == Role::Program) {
+    return (who.empty() ? std::string("an unknown user") : who) + " may not " + what +
+           ": a program runs its own code as the agents' user, so only root and the "
+           "coordinator's user may (program_group is not set; set it to a group, or to \"*\" "
+           "to let everyone who may submit jobs run programs)";
   }
   if (!group) {
     return (who.empty() ? std::string() : who + " may not " + what + ": ") +

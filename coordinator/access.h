@@ -2,7 +2,10 @@
 // credentials (coordinator/peer.h):
 //   agent_group  may register as an agent;
 //   client_group may submit jobs and drop regions;
-//   admin_group  may cancel anyone's job (a submitter may cancel their own).
+//   admin_group  may cancel anyone's job (a submitter may cancel their own);
+//   program_group may submit program jobs (which run their own code as the
+//                agent's user): unset, only root and the coordinator's user
+//                may; "*": anyone client_group lets submit.
 // An unset client_group lets everyone who can reach the socket submit.
 // Agents run other users' jobs and report their results, so an unset
 // agent_group lets only root and the coordinator's own user register one;
@@ -34,7 +37,7 @@
 
 namespace leasehold {
 
-enum class Role { Agent, Client, Admin };
+enum class Role { Agent, Client, Admin, Program };
 
 // A user's name ("uid N" without a passwd entry) and groups (primary and
 // supplementary), from the passwd and group databases: may block (NSS on
@@ -54,7 +57,7 @@ class AccessPolicy {
   // Resolves the group names; throws std::invalid_argument naming the
   // option and the group when one does not exist.
   AccessPolicy(const std::string& agent_group, const std::string& client_group,
-               const std::string& admin_group);
+               const std::string& admin_group, const std::string& program_group = "");
 
   // nullopt when `peer` may act as `role`; else why not (naming the user,
   // the option and the group).
@@ -70,8 +73,9 @@ class AccessPolicy {
   };
   bool member(const Peer& peer, const Group& group) const;
 
-  std::optional<Group> agent_, client_, admin_;
+  std::optional<Group> agent_, client_, admin_, program_;
   bool anyone_registers_ = false;  // agent_group = "*"
+  bool anyone_runs_programs_ = false;  // program_group = "*"
   uid_t self_ = 0;
   struct Cached {
     std::vector<uint32_t> groups;

@@ -42,6 +42,13 @@ struct AgentRecord {
   uint64_t outside_pool_bytes = 0;    // its device memory outside the pool, as it reports
   uint8_t mps_thread_percentage = 0;  // its MPS active-thread share (0: all)
   uint64_t job_id = 0;                // the job this coordinator gave it; 0: none
+  // A program job's own session (its process registered it: Register.job_id):
+  // that job, whose memory its leases are, within the job's budget. It
+  // takes no job.
+  uint64_t program_job = 0;
+  // The job whose memory this agent's leases are (its job, or its program
+  // job's), if any.
+  uint64_t memory_job() const { return program_job ? program_job : job_id; }
   // A device fault ended this agent's context (under MPS: every client's):
   // it restarts (and registers afresh), and gets no job until then, or
   // until the core gives up waiting (core_faults.cpp).

@@ -163,7 +163,7 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.job_limits = {o.max_epochs, o.max_steps};
   c.retention_age = o.job_retention_age;
   c.shrink_timeout = o.shrink_timeout;
-  c.access = AccessPolicy(o.agent_group, o.client_group, o.admin_group);
+  c.access = AccessPolicy(o.agent_group, o.client_group, o.admin_group, o.program_group);
   c.assign_timeout = o.assign_timeout;
   c.stop_timeout = o.stop_timeout;
   c.fault_probation = o.fault_probation;

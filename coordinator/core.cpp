@@ -71,6 +71,8 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       return on_list_jobs(rid, env, out);
     case proto::Body::GetJob:
       return on_get_job(rid, env, out);
+    case proto::Body::GetJobLog:
+      return on_get_job_log(rid, env, out, peer);
     case proto::Body::CancelJob:
       return on_cancel(rid, env, now, out, peer);
     case proto::Body::ListRegions:
@@ -145,6 +147,13 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       return on_shrink_done(rid, agent, env, now, out);
     case proto::Body::LeaseResize: {
       const auto* r = env.body_as_LeaseResize();
+      if (auto held = leases_.leases().find(r->lease_id());
+          held != leases_.leases().end() && held->second.owner == name &&
+          r->size() > held->second.size) {
+        if (auto no = budget_refusal(agent, r->size() - held->second.size)) {
+          return send_error(out, rid, req, ErrorCode::NoSpace, "resize refused: " + *no);
+        }
+      }
       auto result = leases_.resize(name, r->lease_id(), r->size());
       if (auto* refusal = std::get_if<Refusal>(&result)) {
         return send_error(out, rid, req, refusal->code, refusal->message);
@@ -196,6 +205,11 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
     ++lease_stats_.refusals;
     return send_error(out, rid, req, no->code,
                       "lease of " + format_bytes(r->size()) + " refused: " + no->message);
+  }
+  if (auto no = budget_refusal(agent, r->size())) {
+    ++lease_stats_.refusals;
+    return send_error(out, rid, req, ErrorCode::NoSpace,
+                      "lease of " + format_bytes(r->size()) + " refused: " + *no);
   }
   PendingRequest pending{agent.name,   r->size(), to_end(r->end()),
                          now.steady + std::chrono::milliseconds(wait_ms),
@@ -285,7 +299,8 @@ proto::StatusReplyT CoordinatorCore::status(Now now) const {
     a->name = name;
     a->pid = agent.pid;
     a->device = agent.device;
-    a->state = agent.job_id || agent.reports_busy()   ? "running"
+    a->state = agent.program_job                      ? "program"
+               : agent.job_id || agent.reports_busy() ? "running"
                : agent.context_lost                   ? "restarting"
                : agent.takes_jobs && !agent.ready     ? "warming"
                : count                                ? "leasing"
@@ -296,7 +311,7 @@ proto::StatusReplyT CoordinatorCore::status(Now now) const {
     a->lease_count = count;
     // last_seen is in the future while an agent is within its first-heartbeat grace.
     a->last_heartbeat_ms_ago = ms_between(agent.last_seen, now.steady);
-    a->job_id = share ? share->job_id : 0;
+    a->job_id = agent.memory_job();  // its job, or its program job's
     a->guaranteed_bytes = share ? share->guaranteed : 0;
     a->shrink_pending_bytes = agent.shrink ? agent.shrink->bytes : 0;
     a->shrinks = agent.shrinks_answered;

@@ -283,6 +283,20 @@ class CoordinatorCore {
     return job.attempts.empty() || job.attempts.back().agent_identity.empty() ||
            job.attempts.back().agent_identity == agent.identity;
   }
+  // Why the Register `r` of a program job's session is refused (no such
+  // running program job and attempt, a wrong token, another name or user
+  // than its agent's); none when it may register.
+  std::optional<std::string> program_session_refusal(const proto::Register& r,
+                                                     const std::string& name,
+                                                     const std::string& identity) const;
+  // Why a lease of `bytes` more for `agent` is refused: a program job's
+  // session past its job's memory budget (what it holds and waits for
+  // counted); none when it may have it.
+  std::optional<std::string> budget_refusal(const AgentRecord& agent, uint64_t bytes) const;
+  // The running job whose memory `agent`'s leases are, for the policy's
+  // view: a program job's memory is its session's (once registered), not
+  // its agent's. Null for none.
+  const JobRecord* managed_job(const AgentRecord& agent) const;
   // Why a Register or Heartbeat listing `jobs` is refused (more than an
   // agent can have); none when it is not.
   static std::optional<std::string> reported_jobs_refusal(
@@ -333,8 +347,8 @@ class CoordinatorCore {
   // before it waits now; publishes what changed and counts time waiting
   // for memory.
   void note_waiting(JobRecord* head, const Pick& refused, Now now, Effects& out);
-  // The guaranteed share of a job's spec on this pool.
-  uint64_t guaranteed_share(const proto::JobSpecT& spec) const;
+  // Sets `job`'s guaranteed share and budget on this pool from its spec.
+  void note_shares(JobRecord& job) const;
   // Jobs (core_jobs.cpp).
   void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
                  const Peer& peer);
@@ -344,6 +358,11 @@ class CoordinatorCore {
                  const Peer& peer);
   void on_job_update(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                      Now now, Effects& out);
+  void on_get_job_log(const std::string& rid, const proto::Envelope& env, Effects& out,
+                      const Peer& peer);
+  // Appends a program job's output chunk (JobUpdate.log at `offset` of
+  // this attempt's output) to `job`'s log.
+  static void append_log(JobRecord& job, std::string_view chunk, uint64_t offset);
   // Takes the jobs an agent lists in a Register or Heartbeat.
   void reconcile(AgentRecord& agent, const proto::Register* reg, const proto::Heartbeat* hb,
                  Now now, Effects& out);
@@ -385,6 +404,10 @@ class CoordinatorCore {
   void end_attempt(JobRecord& job, const std::string& outcome, const std::string& reason,
                    Now now);
   std::string store_refusal() const;
+  // Why `peer` may not `what` ("cancel", "read the log of") `job`: neither
+  // its submitter nor an administrator (logged); none when it may.
+  std::optional<std::string> owner_refusal(const JobRecord& job, const Peer& peer,
+                                           const std::string& what) const;
   // The index of a submission's key in submit_keys_: its submitter's and
   // the key (two users' keys never meet).
   static std::string submit_key_of(const std::string& identity, const std::string& key) {
@@ -413,6 +436,8 @@ class CoordinatorCore {
   std::map<uint64_t, PendingSubmit> pending_submits_;
   // Jobs by their submitter's identity and SubmitJob.key (submit_key_of).
   std::map<std::string, uint64_t> submit_keys_;
+  // Program jobs' sessions: job id -> the session's agent name.
+  std::map<uint64_t, std::string> program_sessions_;
   std::map<std::string, Fence> fences_;  // by agent name
   uint64_t next_check_token_ = 1;
   uint64_t next_shrink_id_ = 1;

@@ -70,6 +70,12 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   }
   const SessionToken instance{r->instance_lo(), r->instance_hi()};
   const std::string identity = peer.identity();
+  if (r->job_id() != 0) {
+    if (auto no = program_session_refusal(*r, name, identity)) {
+      spdlog::warn("refused the session of program job {}: {}", r->job_id(), *no);
+      return send_error(out, rid, req, ErrorCode::PermissionDenied, *no);
+    }
+  }
   // A name whose job waits for its agent to come back (the coordinator
   // restarted, the agent lost its session) is that agent's: another user's
   // agent taking it could claim the job.
@@ -116,7 +122,9 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.session = SessionToken::random();
   rec.instance = instance;
   rec.routing_ids.insert(rid);
-  rec.takes_jobs = r->takes_jobs();
+  rec.takes_jobs = r->takes_jobs() && r->job_id() == 0;
+  rec.program_job = r->job_id();
+  if (rec.program_job) program_sessions_[rec.program_job] = name;
   rec.ready = r->ready();
   rec.outside_pool_bytes = r->outside_pool_bytes();
   rec.mps_thread_percentage = r->mps_thread_percentage();
@@ -145,6 +153,10 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   uint64_t job_id = it->second.job_id;
   const int pid = it->second.pid;
   const std::shared_ptr<AgentProcess> process = it->second.process;
+  if (auto p = program_sessions_.find(it->second.program_job);
+      p != program_sessions_.end() && p->second == name) {
+    program_sessions_.erase(p);
+  }
   bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
   agents_.erase(it);
   // Its attachments go; a region it was filling goes with its leases.

@@ -180,6 +180,14 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   job.assigned_at_us = now.unix_us ? now.unix_us : now.unix_ms * 1000;
   job.first_step_at_us = 0;
   job.probation_since.reset();  // from this attempt's first step
+  // A program's session proves its attempt with this (AssignJob only).
+  job.program_token = job.is_program() ? SessionToken::random() : SessionToken{};
+  job.attempt_log_bytes = 0;
+  if (job.is_program() && job.attempts.size() > 1) {
+    append_log(job, "[leasehold: attempt " + std::to_string(attempt.number) + " on agent '" +
+                        agent.name + "']\n", 0);
+    job.attempt_log_bytes = 0;
+  }
   agent.job_id = job.id;
   jobs_.set_state(job, JobState::Running, now.unix_ms,
                   "attempt " + std::to_string(attempt.number) + " on agent '" + agent.name + "'");
@@ -199,6 +207,8 @@ void CoordinatorCore::push_assign(const JobRecord& job, const AgentRecord& agent
   a.private_checkpoint = job.spec->checkpoint &&
                          job.spec->checkpoint->directory == private_checkpoint_dir(job.id);
   a.submitter_uid = job.submitted_uid ? static_cast<int64_t>(*job.submitted_uid) : -1;
+  a.job_token_lo = job.program_token.lo;
+  a.job_token_hi = job.program_token.hi;
   // Every socket of the agent gets it; the agent's heartbeat thread acts on
   // it and ignores duplicates. It leaves once the assignment is stored, so
   // after a crash the job is never on an agent the store does not name.
@@ -389,7 +399,11 @@ void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now
       spdlog::warn("{} wants device '{}' but this coordinator's pool is {}; it stays queued",
                    job_label(job), job.device, backend_name(pool_.backend));
     }
-    job.guaranteed_bytes = job.spec ? guaranteed_share(*job.spec) : pool_.size;
+    if (job.spec) {
+      note_shares(job);
+    } else {
+      job.guaranteed_bytes = job.budget_bytes = pool_.size;
+    }
     if (!job.submit_key.empty()) submit_keys_[job.submit_key] = job.id;
     jobs_.restore(std::move(job));
   }

@@ -42,6 +42,21 @@ bool submitted_by(const JobRecord& job, const Peer& peer) {
 }
 }  // namespace
 
+std::optional<std::string> CoordinatorCore::owner_refusal(const JobRecord& job, const Peer& peer,
+                                                          const std::string& what) const {
+  // Its submitter, or an administrator (coordinator/access.h).
+  if ((peer.known || !peer.key.empty()) && submitted_by(job, peer)) return std::nullopt;
+  auto refusal = opts_.access.check(Role::Admin, peer);
+  if (!refusal) return std::nullopt;
+  spdlog::warn("refused to {} job {} for {}: {}", what, job.id,
+               peer.known            ? opts_.access.user_name(peer)
+               : !peer.key.empty() ? peer.key_user()
+                                   : "an unknown user",
+               *refusal);
+  return "job " + std::to_string(job.id) + " was submitted by " +
+         (job.submitted_by.empty() ? "an unknown user" : job.submitted_by) + ": " + *refusal;
+}
+
 std::string CoordinatorCore::store_refusal() const {
   return "not accepting jobs: the job store cannot commit (" + store_error_ +
          "); nothing was queued: try again once it can";
@@ -74,6 +89,12 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   uint64_t req = env.header()->request_id();
   if (auto refusal = opts_.access.check(Role::Client, peer)) {
     return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
+  }
+  // A program runs its own code as the agents' user.
+  if (const auto* s = env.body_as_SubmitJob(); s->spec() && s->spec()->program()) {
+    if (auto refusal = opts_.access.check(Role::Program, peer)) {
+      return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
+    }
   }
   const auto* submit = env.body_as_SubmitJob();
   const std::string key(str(submit->key()));
@@ -140,6 +161,7 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
       PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout, peer, indexed};
   ValidationOptions files{true, pool_.size, opts_.job_limits, opts_.state_dir};
   files.submitter_uid = peer.known ? static_cast<int64_t>(peer.uid) : -1;
+  files.submitter_gid = peer.known ? static_cast<int64_t>(peer.gid) : -1;
   out.file_checks.push_back(FileCheck{token, spec, files});
 }
 
@@ -173,7 +195,7 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
     job.submit_key = p.key;
     submit_keys_[p.key] = job.id;
   }
-  job.guaranteed_bytes = guaranteed_share(*p.spec);
+  note_shares(job);
   spdlog::info("{} queued (priority {}, checkpoint {})", job_label(job), job.priority,
                job.checkpoint.empty() ? "off" : job.checkpoint);
   proto::JobAcceptedT accepted;
@@ -242,20 +264,8 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
                       "no job with id " + std::to_string(id));
   }
-  // Its submitter, or an administrator (coordinator/access.h).
-  const bool own = (peer.known || !peer.key.empty()) && submitted_by(*job, peer);
-  if (!own) {
-    if (auto refusal = opts_.access.check(Role::Admin, peer)) {
-      spdlog::warn("refused to cancel job {} for {}: {}", id,
-                   peer.known            ? opts_.access.user_name(peer)
-                   : !peer.key.empty() ? peer.key_user()
-                                       : "an unknown user",
-                   *refusal);
-      return send_error(out, rid, req, ErrorCode::PermissionDenied,
-                        "job " + std::to_string(id) + " was submitted by " +
-                            (job->submitted_by.empty() ? "an unknown user" : job->submitted_by) +
-                            ": " + *refusal);
-    }
+  if (auto no = owner_refusal(*job, peer, "cancel")) {
+    return send_error(out, rid, req, ErrorCode::PermissionDenied, *no);
   }
   // Every answer waits for the job's row: a cancel sent again while the
   // first one's write is pending is not acknowledged before it is stored.
@@ -347,6 +357,12 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
     stored = true;
   }
   if (u->progress()) u->progress()->UnPackTo(&job->progress);
+  if (u->memory()) u->memory()->UnPackTo(&job->program_memory);
+  if (u->log() && u->log()->size() > 0) {
+    // Bounded per message (kJobLogChunkBytes); kept bounded in the job.
+    append_log(*job, u->log()->string_view().substr(0, kJobLogChunkBytes), u->log_offset());
+  }
+  if (final_report && job->is_program()) job->exit_code = u->exit_code();
   if (u->first_step_at_us() && job->first_step_at_us != u->first_step_at_us()) {
     job->first_step_at_us = u->first_step_at_us();
     if (job->fault_suspect) job->probation_since = now.steady;

@@ -25,14 +25,15 @@ void publish_shrink(Effects& out, const std::string& agent, T body) {
 
 }  // namespace
 
-uint64_t CoordinatorCore::guaranteed_share(const proto::JobSpecT& spec) const {
+void CoordinatorCore::note_shares(JobRecord& job) const {
   try {
-    auto buffer = pack_job_spec(spec);
-    return job_memory_min(*verify_job(buffer), pool_.size);
+    auto buffer = pack_job_spec(*job.spec);
+    job.guaranteed_bytes = job_memory_min(*verify_job(buffer), pool_.size);
+    job.budget_bytes = job_memory_budget(*verify_job(buffer), pool_.size);
   } catch (const std::exception&) {
     // Validated at submission; a stored spec this build cannot read asks
     // for the whole pool rather than nothing.
-    return pool_.size;
+    job.guaranteed_bytes = job.budget_bytes = pool_.size;
   }
 }
 
@@ -48,8 +49,7 @@ PoolView CoordinatorCore::pool_view() const {
     AgentShare a;
     a.name = name;
     a.leased = held[name];
-    const JobRecord* job = agent.job_id ? jobs_.find(agent.job_id) : nullptr;
-    if (job && job->state == JobState::Running && job->agent == name) {
+    if (const JobRecord* job = managed_job(agent)) {
       a.job_id = job->id;
       a.priority = job->priority;
       a.guaranteed = job->guaranteed_bytes;
@@ -66,11 +66,11 @@ PoolView CoordinatorCore::pool_view() const {
 void CoordinatorCore::request_shrinks(Now now, Effects& out) {
   for (const ShrinkOrder& order : policy_->shrinks(pool_view())) {
     auto it = agents_.find(order.agent);
-    if (it == agents_.end() || it->second.shrink || !it->second.job_id) continue;
+    if (it == agents_.end() || it->second.shrink || !it->second.memory_job()) continue;
     AgentRecord& agent = it->second;
     AgentRecord::PendingShrink s;
     s.id = next_shrink_id_++;
-    s.job_id = agent.job_id;
+    s.job_id = agent.memory_job();
     s.bytes = order.bytes;
     s.sent = now.steady;
     s.deadline = now.steady + opts_.shrink_timeout;
@@ -176,8 +176,8 @@ void CoordinatorCore::note_lease_wait(const std::string& owner, Clock::time_poin
   uint64_t waited = ms_between(since, now.steady);
   if (waited == 0) return;
   auto it = agents_.find(owner);
-  if (it == agents_.end() || !it->second.job_id) return;
-  JobRecord* job = jobs_.find(it->second.job_id);
+  if (it == agents_.end() || !it->second.memory_job()) return;
+  JobRecord* job = jobs_.find(it->second.memory_job());
   if (!job || job->state != JobState::Running) return;
   job->memory_wait_ms += waited;
   changed(*job, out);

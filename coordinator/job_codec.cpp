@@ -62,6 +62,12 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   info->first_step_at_us = job.first_step_at_us;
   info->submitted_by = job.submitted_by;
   info->submitted_uid = job.submitted_uid ? int64_t(*job.submitted_uid) : -1;
+  info->exit_code = job.exit_code;
+  // What its plug-in reported, once it did.
+  if (job.is_program() && job.program_memory.allocations > 0) {
+    info->program_memory = std::make_unique<proto::ProgramMemoryT>(job.program_memory);
+  }
+  info->log_bytes = job.log_bytes;
   return info;
 }
 
@@ -69,6 +75,7 @@ std::vector<uint8_t> encode_job(const JobRecord& job) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   auto info = job_info(job, kEverything);
   info->submit_key = job.submit_key;  // stored only, never sent
+  info->log_tail = job.log;
   fbb.Finish(proto::JobInfo::Pack(fbb, info.get()));
   return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
 }
@@ -127,6 +134,10 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   job.first_step_at_us = info->first_step_at_us;
   job.submitted_by = info->submitted_by;
   job.submit_key = info->submit_key;
+  job.exit_code = info->exit_code;
+  if (info->program_memory) job.program_memory = *info->program_memory;
+  job.log = std::move(info->log_tail);
+  job.log_bytes = std::max<uint64_t>(info->log_bytes, job.log.size());
   if (info->submitted_uid >= 0 && info->submitted_uid <= int64_t(UINT32_MAX)) {
     job.submitted_uid = static_cast<uint32_t>(info->submitted_uid);
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "schemas/leasehold_generated.h"
+#include "shared/session_token.h"
 
 namespace leasehold {
 
@@ -29,6 +30,12 @@ using Clock = std::chrono::steady_clock;
 // leaving room for the coordinator's context around them: a page of job
 // summaries stays far below the protocol's message size.
 inline constexpr size_t kReasonBytes = 1024;
+// A job's output kept (a program job's log): the latest this many bytes.
+inline constexpr size_t kJobLogBytes = 1 << 20;
+// One JobUpdate carries at most this much of it.
+inline constexpr size_t kJobLogChunkBytes = 64 << 10;
+// One GetJobLog answer carries at most this much of it.
+inline constexpr size_t kJobLogReplyBytes = 256 << 10;
 inline constexpr size_t kAgentReasonBytes = 512;
 
 enum class JobState { Queued, Running, Succeeded, Failed, Cancelled };
@@ -66,6 +73,19 @@ struct JobRecord {
   std::optional<uint32_t> submitted_uid;
   std::string submitted_by;  // the user's name then
   std::string submit_key;    // SubmitJob.key: its retries find this job
+  // A program job (spec->program): the token of its current attempt, which
+  // its process presents to register a session of its own (not stored: a
+  // coordinator restart voids every session anyway), and what it reported.
+  SessionToken program_token;
+  int32_t exit_code = -1;
+  proto::ProgramMemoryT program_memory;
+  // Its output (standard output and error), the latest kJobLogBytes of it:
+  // `log_bytes` in all so far, `log` the tail. `attempt_log_bytes`: of the
+  // current attempt's output, how much arrived (chunks come with offsets).
+  std::string log;
+  uint64_t log_bytes = 0;
+  uint64_t attempt_log_bytes = 0;
+  bool is_program() const { return spec && spec->program; }
   std::vector<proto::StateChangeT> history;
   proto::ProgressT progress;
   std::vector<proto::EpochStatT> epochs;  // in epoch order, one per epoch (the latest kept)
@@ -91,6 +111,7 @@ struct JobRecord {
   // Its guaranteed share (memory_min, else memory_budget), set when it is
   // queued or restored.
   uint64_t guaranteed_bytes = 0;
+  uint64_t budget_bytes = 0;  // memory_budget on this pool: the most it may hold
   // Queued: why the policy does not start it yet, and since when it waits
   // for memory.
   std::string waiting_for;

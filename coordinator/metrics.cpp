@@ -92,10 +92,12 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
   s.uptime_seconds = double(status.uptime_ms) / 1000;
 
   for (const char* state : kAgentStates) s.agents_by_state[state] = 0;
-  std::map<std::string, uint64_t> leased_by_agent;
+  // A job's memory: its agent's leases, and a program job's also those of
+  // its program's own session (an entry of its own, carrying the job's id).
+  std::map<uint64_t, uint64_t> leased_by_job;
   for (const auto& a : status.agents) {
     ++s.agents_by_state[a->state];
-    leased_by_agent[a->name] = a->leased_bytes;
+    if (a->job_id) leased_by_job[a->job_id] += a->leased_bytes;
   }
   for (const auto& [name, region] : core.regions().all()) {
     if (region.lease_id == 0) continue;
@@ -121,8 +123,13 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
     j.samples_per_second = job.progress.samples_per_second;
     j.loss = job.progress.loss;
     if (!job.epochs.empty()) j.test_accuracy = job.epochs.back().test_accuracy;
-    auto held = leased_by_agent.find(job.agent);
-    j.leased_bytes = held == leased_by_agent.end() ? 0 : held->second;
+    auto held = leased_by_job.find(id);
+    j.leased_bytes = held == leased_by_job.end() ? 0 : held->second;
+    if (job.is_program()) {
+      const proto::ProgramMemoryT& m = job.program_memory;
+      j.program = ProgramSeries{m.in_use_bytes, m.allocations, m.cache_hits, m.lease_requests,
+                                m.outside_pool_bytes};
+    }
     j.peak_bytes = job.progress.peak_device_bytes;
     j.spill_bytes = job.progress.spill_host_bytes + job.progress.spill_file_bytes;
     j.spilled_bytes = job.progress.spilled_bytes;
@@ -198,6 +205,26 @@ std::string render_metrics(const MetricsSnapshot& s) {
           [](const JobSeries& j) { return double(j.shrinks); });
   per_job("leasehold_job_shrunk_bytes_total", "Bytes the job's Shrinks gave back", true,
           [](const JobSeries& j) { return double(j.shrunk_bytes); });
+  // Program jobs: what their allocator plug-in reports (PyTorch's own
+  // statistics cannot see through it).
+  auto per_program = [&](const char* name, const char* help, bool counter, auto value) {
+    per_job(name, help, counter,
+            [&](const JobSeries& j) { return j.program ? double(value(*j.program)) : NAN; });
+  };
+  per_program("leasehold_job_program_in_use_bytes",
+              "Bytes of a program job's leases handed to its tensors", false,
+              [](const ProgramSeries& p) { return p.in_use_bytes; });
+  per_program("leasehold_job_program_allocations_total", "Allocations a program job made", true,
+              [](const ProgramSeries& p) { return p.allocations; });
+  per_program("leasehold_job_program_cache_hits_total",
+              "Allocations of a program job served from its plug-in's cache", true,
+              [](const ProgramSeries& p) { return p.cache_hits; });
+  per_program("leasehold_job_program_lease_requests_total",
+              "Lease requests of a program job's plug-in that reached the coordinator", true,
+              [](const ProgramSeries& p) { return p.lease_requests; });
+  per_program("leasehold_job_program_outside_pool_bytes",
+              "A program job's own device memory outside the pool (CUDA context included)",
+              false, [](const ProgramSeries& p) { return p.outside_pool_bytes; });
   f.gauge("leasehold_regions", "Shared cache regions resident in the pool",
           double(s.regions_resident));
   f.gauge("leasehold_region_bytes", "Pool bytes of resident regions", double(s.region_bytes));

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,12 @@ namespace leasehold {
 
 class CoordinatorCore;
 
+// What a program job's allocator plug-in reported last.
+struct ProgramSeries {
+  uint64_t in_use_bytes = 0, allocations = 0, cache_hits = 0, lease_requests = 0;
+  uint64_t outside_pool_bytes = 0;
+};
+
 // A running job's series, labelled job_id, name and agent (not "job":
 // Prometheus keeps that label for its scrape job).
 struct JobSeries {
@@ -25,12 +32,13 @@ struct JobSeries {
   double samples_per_second = 0;
   double loss = 0;
   double test_accuracy = -1;  // the latest epoch's; < 0: no epoch reported yet
-  uint64_t leased_bytes = 0;  // what its agent holds in the pool now
+  uint64_t leased_bytes = 0;  // what it holds in the pool now (agent and program)
   uint64_t peak_bytes = 0;    // the most its allocator leased at once
   uint64_t spill_bytes = 0;   // in its spill store now (pinned host + file)
   uint64_t spilled_bytes = 0, restored_bytes = 0;  // moved since it started
   uint32_t shrinks = 0;       // Shrinks its agents answered
   uint64_t shrunk_bytes = 0;  // and the bytes they gave back
+  std::optional<ProgramSeries> program;  // a program job's
 };
 
 struct MetricsSnapshot {

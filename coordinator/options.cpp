@@ -177,6 +177,11 @@ const std::vector<Option>& options() {
        [](O& o, V v) { o.agent_group = v; }},
       {"client_group", nullptr, "only members of this group (and root) may submit jobs and drop regions",
        [](O& o, V v) { o.client_group = v; }},
+      {"program_group", nullptr,
+       "only members of this group (and root, and the coordinator's user) may submit program "
+       "jobs, which run their own code as the agents' user (default: only root and the "
+       "coordinator's user; \"*\": everyone who may submit jobs)",
+       [](O& o, V v) { o.program_group = v; }},
       {"admin_group", nullptr,
        "members may cancel anyone's job (a submitter may always cancel their own)",
        [](O& o, V v) { o.admin_group = v; }},

@@ -74,7 +74,7 @@ struct CoordinatorOptions {
   // Who may register as an agent, submit, and cancel others' jobs (group
   // names; empty: anyone who can reach the socket, cancelling others' jobs
   // aside). See coordinator/access.h.
-  std::string agent_group, client_group, admin_group;
+  std::string agent_group, client_group, admin_group, program_group;
   // The ipc:// socket files' mode and group (connecting needs write
   // permission), and of a socket directory the coordinator creates (its
   // mode: the socket mode's read bits become search bits, 0660 -> 0750).

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes a relocatable bundle for GPU hosts without package access: the
 # programs, the shared libraries they need that such a host lacks (ZeroMQ,
-# spdlog, fmt, ...), and launchers in bin/ that set the library path.
+# spdlog, fmt, ..., and the lease client libleasehold.so), and launchers in
+# bin/ that set the library path. The lease client's C header goes to
+# include/, for the PyTorch plug-in built on the GPU host against it.
 #
 #   deploy/make-bundle.sh [--with-tests] OUT_DIR      (after deploy/build.sh)
 #
@@ -42,6 +44,23 @@ exec "\$here/libexec/$p" "\$@"
 LAUNCH
   chmod +x "$out/bin/$p"
 done
+# The lease client for programs built on the GPU host (the PyTorch plug-in):
+# its header, the library under its SONAME (the agent's ldd above copied it
+# already) and the link-time name.
+lease_client=$(readlink -f "$build/lib/libleasehold.so")
+[ -f "$lease_client" ] || { echo "make-bundle: $build/lib/libleasehold.so not built" >&2; exit 1; }
+soname=$(readelf -d "$lease_client" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+mkdir -p "$out/include"
+cp "$root/lease_client/leasehold.h" "$out/include/"
+strip --strip-debug -o "$out/lib/$soname" "$lease_client"
+ln -sf "$soname" "$out/lib/libleasehold.so"
+# Program jobs: the Python package where the agent looks for it, and the
+# PyTorch plug-in's sources, built on the GPU host against its own torch:
+#   share/leasehold/torch_plugin/build.sh include lib lib
+mkdir -p "$out/share/leasehold/python" "$out/share/leasehold/torch_plugin"
+(cd "$root/python" && find . -name '*.py' -exec cp --parents {} "$out/share/leasehold/python/" \;)
+cp "$root"/torch_plugin/*.h "$root"/torch_plugin/*.cpp "$root/torch_plugin/build.sh" \
+  "$out/share/leasehold/torch_plugin/"
 cp "$root/deploy/leasehold.toml" "$out/"
 cp -r "$root/deploy/jobs" "$out/"
 du -sh "$out" | awk '{print "make-bundle: " $1 " in '"$out"'"}'

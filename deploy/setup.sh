@@ -4,7 +4,8 @@
 # optional and not installed here: the build uses it when it finds nvcc.
 # --with-test-tools adds what only the tests use: Chromium (the dashboard
 # page is checked in a real browser), Prometheus (it scrapes a running
-# coordinator) and clang with libFuzzer (tests/fuzz).
+# coordinator), clang with libFuzzer (tests/fuzz) and python3-torch (CPU:
+# a real PyTorch script runs as a program job).
 set -euo pipefail
 
 packages=(
@@ -19,7 +20,7 @@ packages=(
   dataset-fashion-mnist
 )
 if [ "${1:-}" = --with-test-tools ]; then
-  packages+=(chromium fonts-dejavu-core prometheus clang-14 libclang-rt-14-dev)
+  packages+=(chromium fonts-dejavu-core prometheus clang-14 libclang-rt-14-dev python3-torch)
 fi
 
 missing=()

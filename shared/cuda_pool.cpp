@@ -65,6 +65,52 @@ class CudaPool final : public DevicePool {
   void* ptr_ = nullptr;
 };
 
+// A failed call's error is also the thread's "last error" until someone
+// takes it: inside another program (the PyTorch plug-in) it would surface
+// in that program's next error check. Take it.
+cudaError_t cleared(cudaError_t err) {
+  if (err != cudaSuccess) cudaGetLastError();
+  return err;
+}
+
+// Makes `device` current for its lifetime and then the caller's again: the
+// mapping runs inside other programs' processes (the PyTorch plug-in),
+// whose current device is theirs. cudaGetDevice/cudaSetDevice only: no
+// synchronization.
+class DeviceSwitch {
+ public:
+  explicit DeviceSwitch(int device) {
+    LEASEHOLD_CUDA_CHECK(cleared(cudaGetDevice(&previous_)));
+    if (previous_ != device) LEASEHOLD_CUDA_CHECK(cleared(cudaSetDevice(device)));
+    device_ = device;
+  }
+  DeviceSwitch(const DeviceSwitch&) = delete;
+  DeviceSwitch& operator=(const DeviceSwitch&) = delete;
+  // Back to the caller's device, throwing when that fails (call before a
+  // successful return; the destructor covers the other paths).
+  void restore() {
+    if (restored_) return;
+    restored_ = true;
+    if (previous_ != device_) LEASEHOLD_CUDA_CHECK(cleared(cudaSetDevice(previous_)));
+  }
+  // Never throws: logs a failure (not when the runtime is unloading at exit).
+  ~DeviceSwitch() {
+    if (restored_ || previous_ == device_) return;
+    cudaError_t err = cleared(cudaSetDevice(previous_));
+    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+      spdlog::warn("could not make device {} current again: {}", previous_,
+                   cudaGetErrorString(err));
+    }
+  }
+
+ private:
+  int previous_ = 0;
+  int device_ = 0;
+  bool restored_ = false;
+};
+
+// The pool opened through its IPC handle on the pool's device. The calling
+// thread's current device is the same afterwards, whatever happens.
 class CudaMapping final : public PoolMapping {
  public:
   explicit CudaMapping(const PoolDescriptor& desc) {
@@ -74,7 +120,7 @@ class CudaMapping final : public PoolMapping {
                                " bytes, expected " + std::to_string(sizeof handle));
     }
     std::memcpy(&handle, desc.handle.data(), sizeof handle);
-    LEASEHOLD_CUDA_CHECK(cudaSetDevice(desc.device));
+    DeviceSwitch on(desc.device);
     void* ptr = nullptr;
     cudaError_t err = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
@@ -82,14 +128,34 @@ class CudaMapping final : public PoolMapping {
       throw std::runtime_error("cannot map CUDA pool on device " + std::to_string(desc.device) +
                                ": cudaIpcOpenMemHandle failed: " + cudaGetErrorString(err));
     }
+    try {
+      on.restore();
+    } catch (...) {
+      if (cudaError_t close = cleared(cudaIpcCloseMemHandle(ptr)); close != cudaSuccess) {
+        spdlog::warn("cudaIpcCloseMemHandle failed: {}", cudaGetErrorString(close));
+      }
+      throw;
+    }
     desc_ = desc;
     base_ = static_cast<std::byte*>(ptr);
   }
   ~CudaMapping() override {
-    cudaError_t err = cudaIpcCloseMemHandle(base_);
-    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
-      spdlog::warn("cudaIpcCloseMemHandle failed: {}", cudaGetErrorString(err));
-    }
+    // Never throws; tolerates the runtime being unloaded at process exit.
+    // Closed on the device it was opened on, and the caller's device again
+    // afterwards.
+    auto check = [](cudaError_t err, const char* what) {
+      cleared(err);
+      if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+        spdlog::warn("{} failed: {}", what, cudaGetErrorString(err));
+      }
+      return err == cudaSuccess;
+    };
+    int previous = -1;
+    if (!check(cudaGetDevice(&previous), "cudaGetDevice")) previous = -1;
+    const bool switched =
+        previous != desc_.device && check(cudaSetDevice(desc_.device), "cudaSetDevice");
+    check(cudaIpcCloseMemHandle(base_), "cudaIpcCloseMemHandle");
+    if (switched && previous >= 0) check(cudaSetDevice(previous), "cudaSetDevice (back)");
   }
 };
 

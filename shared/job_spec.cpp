@@ -11,6 +11,7 @@
 #include "shared/idx_file.h"
 #include "shared/layer_shapes.h"
 #include "shared/printable.h"
+#include "shared/program_spec.h"
 #include "shared/region_names.h"
 #include "schemas/job_schema_text.h"
 #include "shared/units.h"
@@ -75,6 +76,23 @@ std::vector<std::pair<std::string, const flatbuffers::String*>> text_fields(
   if (const auto* c = job.checkpoint()) f.emplace_back("checkpoint.directory", c->directory());
   if (const auto* s = job.spill()) {
     f.insert(f.end(), {{"spill.host_bytes", s->host_bytes()}, {"spill.directory", s->directory()}});
+  }
+  if (const auto* prog = job.program()) {
+    f.emplace_back("program.directory", prog->directory());
+    if (prog->command()) {
+      for (flatbuffers::uoffset_t i = 0; i < prog->command()->size(); ++i) {
+        f.emplace_back("program.command[" + std::to_string(i) + "]", prog->command()->Get(i));
+      }
+    }
+    if (prog->environment()) {
+      for (flatbuffers::uoffset_t i = 0; i < prog->environment()->size(); ++i) {
+        const auto* v = prog->environment()->Get(i);
+        if (!v) continue;
+        const std::string at = "program.environment[" + std::to_string(i) + "]";
+        f.emplace_back(at + ".name", v->name());
+        f.emplace_back(at + ".value", v->value());
+      }
+    }
   }
   return f;
 }
@@ -218,7 +236,8 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     p.push_back("name: " + in_quotes(name.substr(0, 128)) +
                 " is not a job name (1-128 letters, digits, '.', '_' or '-'; not . or ..)");
   }
-  if (job.batch_size() <= 0 || job.batch_size() > 65536) {
+  const bool program = job.program() != nullptr;
+  if (!program && (job.batch_size() <= 0 || job.batch_size() > 65536)) {
     p.push_back("batch_size: " + std::to_string(job.batch_size()) + " is not in [1, 65536]");
   }
   if (job.epochs() < 0) p.push_back("epochs: " + std::to_string(job.epochs()) + " is negative");
@@ -231,7 +250,9 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     p.push_back("steps: " + std::to_string(job.steps()) + " is over the limit (max_steps " +
                 std::to_string(options.limits.max_steps) + ")");
   }
-  if (job.epochs() == 0 && job.steps() == 0) p.push_back("epochs or steps: one must be set");
+  if (!program && job.epochs() == 0 && job.steps() == 0) {
+    p.push_back("epochs or steps: one must be set");
+  }
   if (job.epochs() > 0 && job.steps() > 0) p.push_back("epochs and steps: set only one");
   std::string device = str_or(job.device(), "auto");
   if (device != "auto" && device != "cuda" && device != "cpu") {
@@ -245,7 +266,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
                   format_bytes(options.pool_bytes));
     }
     // Activations may spill; parameters, gradients and optimiser state may not.
-    if (uint64_t resident = job_resident_bytes(job); resident > budget) {
+    if (uint64_t resident = program ? 0 : job_resident_bytes(job); resident > budget) {
       p.push_back("memory_budget: " + format_bytes(budget) +
                   (job.memory_budget() ? "" : " (the default; set memory_budget)") +
                   " cannot hold the model's parameters, gradients and optimizer state (" +
@@ -263,7 +284,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
         p.push_back("memory_min: " + format_bytes(min) + " is more than memory_budget " +
                     format_bytes(budget));
       }
-      if (uint64_t resident = job_resident_bytes(job); resident > min) {
+      if (uint64_t resident = program ? 0 : job_resident_bytes(job); resident > min) {
         p.push_back("memory_min: " + format_bytes(min) +
                     " cannot hold the model's parameters, gradients and optimizer state (" +
                     format_bytes(resident) + "), which stay on the device");
@@ -321,6 +342,11 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   }
   if (job.max_attempts() < 0 || job.max_attempts() > 100) {
     p.push_back("max_attempts: " + std::to_string(job.max_attempts()) + " is not in [0, 100]");
+  }
+  if (program) {
+    validate_program(job, options, p);
+    if (!p.empty()) throw JobSpecError(p);
+    return;
   }
 
   std::vector<int64_t> input;

@@ -68,6 +68,7 @@ struct ValidationOptions {
   // With check_files: the submitter's uid (-1: not known), who must own a
   // checkpoint folder the job names (shared/checkpoint_folder.h).
   int64_t submitter_uid = -1;
+  int64_t submitter_gid = -1;  // their primary group (-1: not known)
 };
 
 // Every problem with the values: sizes, hyper-parameters, layers that do not

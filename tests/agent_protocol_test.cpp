@@ -12,8 +12,9 @@
 
 #include <zmq.hpp>
 
+#include "agent/job_channel.h"
 #include "agent/job_worker.h"
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "shared/device.h"
 #include "shared/job_spec.h"
 #include "shared/protocol.h"
@@ -451,6 +452,71 @@ TEST_F(AgentProtocol, AStopBeforeItsAssignmentIsAnsweredAndTheAssignmentIgnored)
       << fake->reports()[1].reason;
   stop.store(true);
   runner.join();
+}
+
+// The session hands the pushes it does not handle itself to the agent's
+// JobChannel (agent/job_channel.h): an assignment with its program job's
+// token, a stop; and its jobs provider fills every heartbeat.
+TEST_F(AgentProtocol, TheJobChannelTakesAssignmentsAndStopsAndListsTheJobs) {
+  AgentSession session(options());
+  JobChannel jobs(session);  // after the session: destroyed first
+  std::mutex mu;
+  std::vector<JobAssignment> assigned;
+  std::vector<std::pair<uint64_t, std::string>> stopped;
+  jobs.set_handlers(
+      [&](JobAssignment a) {
+        std::lock_guard lock(mu);
+        assigned.push_back(std::move(a));
+      },
+      [&](uint64_t id, uint32_t, bool, const std::string& why) {
+        std::lock_guard lock(mu);
+        stopped.emplace_back(id, why);
+      },
+      [] {
+        proto::AgentJobT j;
+        j.job_id = 11;
+        j.attempt = 2;
+        j.phase = proto::JobPhase::Running;
+        return std::vector<proto::AgentJobT>{j};
+      });
+  auto spec = std::make_shared<proto::JobSpecT>();
+  spec->name = "program";
+  fake->push(proto::Body::AssignJob, [spec](auto& fbb) {
+    return proto::CreateAssignJob(fbb, 11, proto::JobSpec::Pack(fbb, spec.get()), 2, true, 1234,
+                                  0xff, 0x0123456789abcdefull)
+        .Union();
+  });
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(mu);
+    return !assigned.empty();
+  }));
+  {
+    std::lock_guard lock(mu);
+    const JobAssignment& a = assigned[0];
+    EXPECT_EQ(a.job_id, 11u);
+    EXPECT_EQ(a.attempt, 2u);
+    EXPECT_EQ(a.job_token, "0123456789abcdef00000000000000ff");
+    EXPECT_TRUE(a.checkpoint_owner.private_folder);
+    EXPECT_EQ(a.checkpoint_owner.uid, 1234);
+    EXPECT_EQ(verify_job(a.spec)->name()->str(), "program");
+  }
+  EXPECT_TRUE(eventually([&] {
+    auto l = fake->listed();
+    return l.count(11) && l[11] == proto::JobPhase::Running;
+  }));
+  fake->push(proto::Body::StopJob, [](auto& fbb) {
+    return proto::CreateStopJob(fbb, 11, 2, false, fbb.CreateString("moved")).Union();
+  });
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(mu);
+    return !stopped.empty();
+  }));
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(stopped[0], (std::pair<uint64_t, std::string>{11, "moved"}));
+  }
+  // No token (a model job): empty.
+  EXPECT_EQ(JobChannel::token_text(0, 0), "");
 }
 
 TEST_F(AgentProtocol, AShrinkForAnotherAgentOrSessionIsRefusedAndOneForNoJobIsAnswered) {

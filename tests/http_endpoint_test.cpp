@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "agent/session.h"
 #include "coordinator/http_endpoint.h"
+#include "lease_client/session.h"
 #include "tests/support/cluster.h"
 #include "tests/support/net.h"
 #include "tests/support/synthetic_data.h"

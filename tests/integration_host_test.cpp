@@ -10,7 +10,7 @@
 
 #include <zmq.hpp>
 
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "shared/connection.h"
 #include "shared/device.h"
 #include "shared/protocol.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "tests/support/cluster.h"
 #include "tests/support/net.h"
 

@@ -12,7 +12,7 @@
 
 #include "agent/engine/ops.h"
 #include "agent/region_tensors.h"
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "tests/support/cluster.h"
 #include "tests/support/synthetic_data.h"
 

@@ -214,6 +214,15 @@ function renderCurves() {
                  `loss ${typeof p.loss === "number" ? p.loss.toFixed(4) : "NaN"}`);
   }
   if (d && d.id === state.selected && d.epochs.length) figures.push(`test accuracy ${(100 * d.epochs.at(-1).test_accuracy).toFixed(2)}%`);
+  // A program job: what its PyTorch plug-in reported, and how it ended.
+  const m = d && d.id === state.selected ? d.program_memory : null;
+  if (m) {
+    figures.push(`leased ${fmtBytes(m.leased_bytes)} (peak ${fmtBytes(m.peak_leased_bytes)})`,
+                 `in use ${fmtBytes(m.in_use_bytes)}`,
+                 `${m.allocations} allocations, ${m.cache_hits} cached, ${m.lease_requests} lease requests`);
+    if (m.outside_pool_bytes) figures.push(`outside the pool ${fmtBytes(m.outside_pool_bytes)}`);
+  }
+  if (d && d.id === state.selected && d.spec && d.spec.program && d.exit_code >= 0) figures.push(`exit status ${d.exit_code}`);
   document.getElementById("job-figures").textContent = figures.join(" · ");
   const steps = new Map(state.lossPoints.get(state.selected) || []);
   // Epoch means fill in what the page did not see live.

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "shared/device.h"
 #include "shared/log.h"
 #include "shared/units.h"

@@ -38,7 +38,7 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
   if (opts_.state_dir.empty()) opts_.state_dir = "/var/lib/leasehold-test";
   // The fake agents are uid 1000's, not the test's own user: let them in
   // (agent_group = "*"; the default is checked in access_test).
-  opts_.access = AccessPolicy(AccessPolicy::kAnyone, "", "");
+  opts_.access = AccessPolicy(AccessPolicy::kAnyone, "", "", AccessPolicy::kAnyone);
   opts_.follow_process = [this](const Peer& p) -> std::shared_ptr<AgentProcess> {
     return std::make_shared<FakeProcess>(*this, p.pid);
   };

@@ -1,14 +1,28 @@
-// The agent's connection to the coordinator: registration, the pool mapping,
-// heart-beats, and leases. Code that runs inside an agent asks an
-// AgentSession for leases and gets usable memory (a device pointer on cuda, a
-// host pointer on host) for each.
+// The lease client: a process's session with the coordinator (registration,
+// heart-beats, the pool mapping, leases, shared cache regions, Shrink
+// requests). The agent asks an AgentSession for leases and gets usable
+// memory (a device pointer on cuda, a host pointer on host) for each; the C
+// interface of libleasehold.so (lease_client/leasehold.h) wraps the same
+// classes for other programs (the PyTorch plug-in).
+//
+// It knows nothing of jobs: an agent's job traffic (AssignJob, StopJob,
+// JobUpdate, the jobs listed in every heartbeat) goes through the generic
+// hooks below (set_jobs_provider, set_push_handler, request); the agent's
+// JobChannel (agent/job_channel.h) gives them their meaning.
+//
+// These classes and the C interface are all that libleasehold.so exports
+// (lease_client/exports.map). Nothing here sets environment variables
+// unless told to (AgentOptions::join_mps), changes the calling thread's
+// current CUDA device (it is restored after mapping the pool) or
+// synchronizes the whole device.
 //
 // Threads: a background thread heart-beats on its own socket, notices a
 // coordinator that restarted or shut down, and registers again when one is
 // back. A lease granted after its request gave up (timed out) is released
-// by the session, never leaked. Requests (acquire/resize/release) may come from any thread; they are
-// serialized on one control socket, so a request that waits for memory holds
-// up the others from this session (heart-beats are not held up).
+// by the session, never leaked. Requests (acquire/resize/release) may come
+// from any thread; they are serialized on one control socket, so a request
+// that waits for memory holds up the others from this session (heart-beats
+// are not held up).
 //
 // When the session is lost (the coordinator restarted or declared this agent
 // dead), every lease obtained before is void: Lease::lost() turns true, and
@@ -38,10 +52,11 @@
 #include <string>
 #include <vector>
 
-#include "shared/checkpoint_folder.h"
+#include "shared/connection.h"
 #include "shared/curve_keys.h"
 #include "shared/device.h"
 #include "shared/error.h"
+#include "shared/session_token.h"
 #include "schemas/leasehold_generated.h"
 
 namespace leasehold {
@@ -82,15 +97,6 @@ struct PoolHold {
 
 enum class LeaseEnd { Low, High };
 
-// A job the coordinator assigned (AssignJob).
-struct JobAssignment {
-  uint64_t job_id = 0;
-  uint32_t attempt = 0;
-  std::vector<uint8_t> spec;  // a standalone JobSpec buffer
-  // Where its checkpoints may be written and read.
-  CheckpointOwner checkpoint_owner;
-};
-
 struct AgentOptions {
   std::string endpoint;          // coordinator endpoint
   // CURVE keys for a network endpoint (shared/curve_keys.h); nullopt: ipc.
@@ -102,7 +108,8 @@ struct AgentOptions {
   // How long the constructor keeps trying to register.
   std::chrono::milliseconds register_timeout{10000};
   // A standby worker that runs the jobs the coordinator assigns (it must
-  // install job handlers); false: it only leases memory and gets no job.
+  // install a push handler for them: agent/job_channel.h); false: it only
+  // leases memory and gets no job.
   bool takes_jobs = false;
   // False: it registers warming up and gets no job until set_ready().
   bool ready = true;
@@ -113,6 +120,19 @@ struct AgentOptions {
   // Its share of the GPU's threads under MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
   // set by the caller before any CUDA call); 0: all. Reported to the coordinator.
   int mps_thread_percentage = 0;
+  // Join the coordinator's MPS daemon: before this process's first CUDA
+  // call (the first mapping of a CUDA pool) set CUDA_MPS_PIPE_DIRECTORY to
+  // the folder RegisterAck names, unless the environment names one already.
+  // True only for a process whose environment is its own (the agent);
+  // false (the default, and always through the C interface): the
+  // environment is left alone and a mismatch is only logged.
+  bool join_mps = false;
+  // A program job's own session (its process, started by the agent that
+  // runs the job; Register.job_id etc.): its leases count as the job's,
+  // within the job's memory budget. job_id 0: none.
+  uint64_t job_id = 0;
+  uint32_t attempt = 0;
+  SessionToken job_token;  // the attempt's token from AssignJob
 };
 
 // A lease and its memory. Move-only; releasing happens in release() or, best
@@ -140,6 +160,14 @@ class Lease {
   // The lease's memory. Throws Error{NoSuchLease} when the lease is not held
   // or was lost.
   std::byte* data() const;
+  // Gives the lease back to the coordinator (nothing to give when it was
+  // lost: the coordinator took it back); afterwards held() is false, also
+  // when this throws (unlike AgentSession::release, which keeps a lease
+  // whose release failed, for another try). Needs no AgentSession object
+  // (once the session is gone the lease is lost). Throws
+  // Error{NoSuchLease} when not held, and the coordinator's refusal or
+  // Timeout.
+  void release();
 
  private:
   friend class AgentSession;
@@ -219,7 +247,8 @@ class AgentSession {
   // Resizes in place (shrinking always works; growing only into free space
   // right after the lease). Throws Error; the lease is unchanged then.
   void resize(Lease& lease, uint64_t size);
-  // Releases the lease; afterwards held() is false. Throws Error.
+  // Releases the lease; afterwards held() is false. Throws Error; the
+  // lease is still held then (its destructor tries again).
   void release(Lease& lease);
 
   // Attaches the shared cache region `name`. When it does not exist and
@@ -242,6 +271,9 @@ class AgentSession {
 
   // The pool of the current session.
   PoolDescriptor pool() const;
+  // Its first byte in this process (a device pointer on cuda). Another
+  // address after a coordinator restart (a new pool).
+  std::byte* pool_base() const;
   const std::string& name() const;
   // Number of successful registrations so far (1 after construction).
   uint64_t registrations() const;
@@ -264,19 +296,20 @@ class AgentSession {
   // may go away afterwards.
   void set_session_listener(std::function<void(const std::string&)> listener);
 
-  // Jobs pushed by the coordinator: `on_assign(assignment)`,
-  // `on_stop(job_id, attempt, cancel, reason)`
-  // (cancel: the user's cancel; else the coordinator wants it stopped). Called from the
-  // heartbeat thread; they must return quickly (queue the work); a heartbeat
-  // follows at once. `job_states` lists the agent's jobs for every Register
-  // and Heartbeat (how the coordinator learns that a push was acted on, and
-  // what an agent still runs after a restart). Set before the coordinator
-  // may push (right after construction). Like the listener, replacing them
-  // waits for calls in progress.
-  void set_job_handlers(
-      std::function<void(JobAssignment)> on_assign,
-      std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop,
-      std::function<std::vector<proto::AgentJobT>()> job_states);
+  // What every Register and Heartbeat lists as this process's jobs (how the
+  // coordinator learns that a push was acted on, and what an agent still
+  // runs after a restart); none when unset. Called from the heartbeat
+  // thread; it must not call back into the session. Like the listener,
+  // replacing it waits for a call in progress.
+  void set_jobs_provider(std::function<std::vector<proto::AgentJobT>()> jobs);
+  // Messages the coordinator pushes (request id 0) that the session does
+  // not handle itself (it handles Shutdown and Shrink): AssignJob, StopJob.
+  // Called from the heartbeat thread with the verified envelope (valid
+  // during the call); it must return quickly (queue the work) and must not
+  // call back into the session, except heartbeat_soon(). Set before the
+  // coordinator may push (right after construction). Like the listener,
+  // replacing it waits for a call in progress.
+  void set_push_handler(std::function<void(const proto::Envelope&)> on_push);
   // Shrink requests of the coordinator (the occupancy policy), called from
   // the heartbeat thread; it must return quickly (the agent acts at its
   // job's next step boundary and answers with send_shrink_done). A Shrink
@@ -287,12 +320,18 @@ class AgentSession {
   // released already), `leased` still held. Throws Error.
   void send_shrink_done(uint64_t id, uint64_t released, uint64_t leased,
                         const std::string& reason);
-  // Sends the next heartbeat now rather than at the interval (a job's phase
-  // changed).
+  // Sends the next heartbeat now rather than at the interval (what the jobs
+  // provider returns has changed).
   void heartbeat_soon();
-  // Reports a job's progress or end to the coordinator. Throws Error (the
-  // coordinator's refusal, or Timeout/UnknownSender when it is unreachable).
-  void send_job_update(const proto::JobUpdateT& update);
+  // Sends a control request (built by `build`) with this session's token
+  // and returns the coordinator's answer; `timeout` nullopt: the session's
+  // request_timeout. For requests the session has no method of its own for
+  // (an agent's JobUpdate); not for requests that grant memory (leases and
+  // regions, whose late grants must be given back). Thread-safe; serialized
+  // with the other requests. Throws Error: the coordinator's refusal,
+  // Timeout, UnknownSender (the session is lost, or not registered now).
+  Reply request(const Connection::BodyBuilder& build,
+                std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
  private:
   std::shared_ptr<PoolMapping> current_mapping() const;

@@ -1,7 +1,10 @@
-#include "agent/session_core.h"
+#include "lease_client/session_core.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
 
 #include "shared/protocol.h"
 
@@ -15,6 +18,19 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>> p
   return fbb.CreateVector(v);
 }
 
+// The CUDA driver reads CUDA_MPS_PIPE_DIRECTORY once per process, when its
+// first context is made (mapping the first CUDA pool makes it, unless the
+// program made one before): what the variable said then holds for good.
+struct MpsState {
+  std::mutex mu;
+  bool cuda_mapped = false;  // a CUDA pool was mapped in this process
+  std::string joined;        // CUDA_MPS_PIPE_DIRECTORY at that time (empty: none)
+};
+MpsState& mps_state() {
+  static MpsState state;
+  return state;
+}
+
 }  // namespace
 
 void SessionCore::notify_listener(const std::string& what) {
@@ -24,7 +40,38 @@ void SessionCore::notify_listener(const std::string& what) {
 
 std::vector<proto::AgentJobT> SessionCore::current_jobs() {
   std::lock_guard calling(handlers_mu);
-  return job_states ? job_states() : std::vector<proto::AgentJobT>{};
+  return jobs_provider ? jobs_provider() : std::vector<proto::AgentJobT>{};
+}
+
+void SessionCore::check_mps(const std::string& mps, const PoolDescriptor& desc) {
+  if (desc.backend != Backend::Cuda) return;
+  MpsState& state = mps_state();
+  std::lock_guard lock(state.mu);
+  if (state.cuda_mapped) {
+    if (!mps.empty() && mps != state.joined) {
+      spdlog::warn("the coordinator now runs under the MPS daemon of {}; this process {}: restart "
+                   "it to join",
+                   mps, state.joined.empty() ? "joined none" : "joined " + state.joined);
+    }
+    return;
+  }
+  if (mps.empty()) return;
+  const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  if (!env && opts.join_mps) {
+    // Read (and set) only before the first mapping: after it other threads
+    // use CUDA, and the driver would not look at the variable again.
+    ::setenv("CUDA_MPS_PIPE_DIRECTORY", mps.c_str(), 1);
+    spdlog::info("joining the coordinator's MPS daemon ({})", mps);
+  } else if (!env) {
+    // Inside somebody else's process the environment is theirs: whoever
+    // started it sets the variable (the agent does for its program jobs).
+    spdlog::warn("the coordinator runs under the MPS daemon of {}, this process under none "
+                 "(CUDA_MPS_PIPE_DIRECTORY is not set); mapping its pool may fail",
+                 mps);
+  } else if (mps != env) {
+    spdlog::warn("the coordinator runs under the MPS daemon of {}, this process under {}", mps,
+                 env);
+  }
 }
 
 void SessionCore::register_with(Connection& conn, std::chrono::milliseconds timeout) {
@@ -51,7 +98,9 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
                          proto::CreateRegister(fbb, name, getpid(), opts.device, list,
                                                opts.takes_jobs, is_ready, outside,
                                                static_cast<uint8_t>(opts.mps_thread_percentage),
-                                               instance.lo, instance.hi, stale)
+                                               instance.lo, instance.hi, stale, opts.job_id,
+                                               opts.attempt, opts.job_token.lo,
+                                               opts.job_token.hi)
                              .Union()};
       },
       timeout);
@@ -75,34 +124,22 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
     std::lock_guard lock(mu);
     if (mapping && mapping->descriptor().epoch == desc.epoch) m = mapping;
   }
-  // The coordinator's MPS daemon, joined before this process's first CUDA
-  // call (mapping the pool creates its context); the driver reads the
-  // folder only then, so a later change needs the agent restarted.
-  const std::string mps(str(ack->mps_pipe_directory()));
-  // Read (and set) only before the first mapping: after it other threads
-  // use CUDA, and the driver would not look at the variable again.
-  static std::atomic<bool> cuda_started{false};
-  const char* joined = cuda_started.load() ? nullptr : std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  if (!cuda_started.load() && desc.backend == Backend::Cuda) {
-    if (!mps.empty() && !joined) {
-      ::setenv("CUDA_MPS_PIPE_DIRECTORY", mps.c_str(), 1);
-      spdlog::info("joining the coordinator's MPS daemon ({})", mps);
-    } else if (!mps.empty() && mps != joined) {
-      spdlog::warn("the coordinator runs under the MPS daemon of {}, this agent under {}", mps,
-                   joined);
-    }
-  } else if (!mps.empty() && mps != mps_joined_) {
-    spdlog::warn("the coordinator now runs under the MPS daemon of {}; restart this agent to "
-                 "join it",
-                 mps);
-  }
   // The same pool is mapped only once per process (CUDA refuses to open one
   // IPC handle twice); a new pool means the coordinator restarted.
   if (!m) {
+    // The coordinator's MPS daemon, joined before this process's first CUDA
+    // call (mapping the pool creates its context); the driver reads the
+    // folder only then, so a later change needs the process restarted.
+    check_mps(std::string(str(ack->mps_pipe_directory())), desc);
     m = map_pool(desc);
-    if (desc.backend == Backend::Cuda && !cuda_started.exchange(true)) {
-      const char* now = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-      mps_joined_ = now ? now : "";
+    if (desc.backend == Backend::Cuda) {
+      MpsState& state = mps_state();
+      std::lock_guard lock(state.mu);
+      if (!state.cuda_mapped) {
+        state.cuda_mapped = true;
+        const char* now = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+        state.joined = now ? now : "";
+      }
     }
   }
   {
@@ -157,25 +194,6 @@ void SessionCore::handle_push(const Reply& r) {
     case proto::Body::Shutdown:
       lose("the coordinator shut down");
       break;
-    case proto::Body::AssignJob: {
-      const auto* a = r->body_as_AssignJob();
-      if (!a->spec()) break;
-      std::unique_ptr<proto::JobSpecT> spec(a->spec()->UnPack());
-      flatbuffers::FlatBufferBuilder fbb;
-      fbb.Finish(proto::JobSpec::Pack(fbb, spec.get()));
-      JobAssignment job;
-      job.job_id = a->job_id();
-      job.attempt = a->attempt();
-      job.spec.assign(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
-      job.checkpoint_owner = CheckpointOwner{a->private_checkpoint(), a->submitter_uid()};
-      {
-        std::lock_guard calling(handlers_mu);
-        if (on_assign) on_assign(std::move(job));
-      }
-      // The next heartbeat lists the job: that is the acknowledgement.
-      heartbeat_due.store(true);
-      break;
-    }
     case proto::Body::Shrink: {
       proto::ShrinkT s;
       r->body_as_Shrink()->UnPackTo(&s);
@@ -195,17 +213,12 @@ void SessionCore::handle_push(const Reply& r) {
       if (on_shrink) on_shrink(s);
       break;
     }
-    case proto::Body::StopJob: {
-      const auto* s = r->body_as_StopJob();
-      {
-        std::lock_guard calling(handlers_mu);
-        if (on_stop) on_stop(s->job_id(), s->attempt(), s->cancel(), std::string(str(s->reason())));
-      }
-      heartbeat_due.store(true);
+    default: {
+      // The agent's business (AssignJob, StopJob: agent/job_channel.h).
+      std::lock_guard calling(handlers_mu);
+      if (on_push) on_push(r.envelope());
       break;
     }
-    default:
-      break;
   }
 }
 

@@ -1,11 +1,11 @@
-#include "agent/session.h"
+#include "lease_client/session.h"
 
 #include <spdlog/spdlog.h>
 
 #include <mutex>
 #include <thread>
 
-#include "agent/session_core.h"
+#include "lease_client/session_core.h"
 #include "shared/protocol.h"
 
 namespace leasehold {
@@ -94,6 +94,14 @@ void Lease::reset() noexcept {
 
 std::byte* Lease::data() const {
   return hold_.at(offset_, ErrorCode::NoSuchLease, "lease " + std::to_string(id_));
+}
+
+void Lease::release() {
+  if (!hold_.held()) throw Error(ErrorCode::NoSuchLease, "lease is not held");
+  // Given up whatever the answer: releasing twice could take a lease that
+  // the coordinator handed out again under the same id.
+  detail::PoolHold hold = std::move(hold_);
+  if (!hold.lost()) detail::release_lease(*hold.core, id_);
 }
 
 // ---- RegionAttachment ----
@@ -329,6 +337,11 @@ PoolDescriptor AgentSession::pool() const {
   return core_->mapping->descriptor();
 }
 
+std::byte* AgentSession::pool_base() const {
+  std::lock_guard lock(core_->mu);
+  return core_->mapping->base();
+}
+
 const std::string& AgentSession::name() const { return core_->opts.name; }
 
 uint64_t AgentSession::registrations() const {
@@ -367,14 +380,14 @@ bool AgentSession::wait_connected(std::chrono::milliseconds timeout) const {
   return core_->cv.wait_for(lock, timeout, [&] { return core_->connected; });
 }
 
-void AgentSession::set_job_handlers(
-    std::function<void(JobAssignment)> on_assign,
-    std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop,
-    std::function<std::vector<proto::AgentJobT>()> job_states) {
+void AgentSession::set_jobs_provider(std::function<std::vector<proto::AgentJobT>()> jobs) {
   std::lock_guard lock(core_->handlers_mu);
-  core_->on_assign = std::move(on_assign);
-  core_->on_stop = std::move(on_stop);
-  core_->job_states = std::move(job_states);
+  core_->jobs_provider = std::move(jobs);
+}
+
+void AgentSession::set_push_handler(std::function<void(const proto::Envelope&)> on_push) {
+  std::lock_guard lock(core_->handlers_mu);
+  core_->on_push = std::move(on_push);
 }
 
 void AgentSession::set_shrink_handler(std::function<void(const proto::ShrinkT&)> on_shrink) {
@@ -399,13 +412,10 @@ void AgentSession::send_shrink_done(uint64_t id, uint64_t released, uint64_t lea
 
 void AgentSession::heartbeat_soon() { core_->heartbeat_due.store(true); }
 
-void AgentSession::send_job_update(const proto::JobUpdateT& update) {
-  detail::control_request(
-      *core_,
-      [&](flatbuffers::FlatBufferBuilder& fbb) {
-        return std::pair{proto::Body::JobUpdate, proto::JobUpdate::Pack(fbb, &update).Union()};
-      },
-      core_->opts.request_timeout, nullptr);
+Reply AgentSession::request(const Connection::BodyBuilder& build,
+                            std::optional<std::chrono::milliseconds> timeout) {
+  return detail::control_request(*core_, build, timeout.value_or(core_->opts.request_timeout),
+                                 nullptr);
 }
 
 void AgentSession::set_session_listener(std::function<void(const std::string&)> listener) {

@@ -1,4 +1,4 @@
-// The inside of an AgentSession (agent/session.h): registration, the
+// The inside of an AgentSession (lease_client/session.h): registration, the
 // heartbeat thread, pushed messages, and the control socket's requests.
 // Shared by the session and every Lease it hands out, so that a Lease can be
 // released after the session object is gone. Not a public interface.
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/session.h"
+#include "lease_client/session.h"
 #include "shared/connection.h"
 
 namespace leasehold::detail {
@@ -41,8 +41,9 @@ struct SessionCore {
   // Likewise regions attached after their request timed out: detached.
   std::vector<std::string> stray_regions;
 
-  // Held while the listener or a job handler runs, and while they are
-  // replaced, so a replaced one is never running afterwards.
+  // Held while the listener or a handler (jobs provider, push, shrink)
+  // runs, and while they are replaced, so a replaced one is never running
+  // afterwards.
   std::mutex handlers_mu;
   mutable std::mutex mu;  // guards everything below
   mutable std::condition_variable cv;
@@ -62,18 +63,19 @@ struct SessionCore {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds default_wait{30000};
   std::function<void(const std::string&)> listener;
-  std::function<void(JobAssignment)> on_assign;
-  std::function<void(uint64_t, uint32_t, bool, const std::string&)> on_stop;
-  std::function<std::vector<proto::AgentJobT>()> job_states;
+  std::function<std::vector<proto::AgentJobT>()> jobs_provider;
+  std::function<void(const proto::Envelope&)> on_push;
   std::function<void(const proto::ShrinkT&)> on_shrink;
 
   std::atomic<bool> stop{false};
   std::atomic<bool> heartbeat_due{false};  // send one now (after a push)
   std::string last_register_error;  // heartbeat thread only: logged once
-  std::string mps_joined_;  // the MPS pipe folder joined at the first mapping (empty: none)
   std::thread heartbeat;
 
   void register_with(Connection& conn, std::chrono::milliseconds timeout);
+  // Before mapping a CUDA pool: joins (AgentOptions::join_mps) or checks
+  // the coordinator's MPS daemon `mps` (empty: none).
+  void check_mps(const std::string& mps, const PoolDescriptor& desc);
   // The coordinator answered a message sent at `sent` (not a refusal of
   // the session): it saw this agent then.
   void heard(std::chrono::steady_clock::time_point sent);

@@ -1,0 +1,111 @@
+// The core's program jobs (JobSpec.program): the sessions their processes
+// register (bound to the job's attempt by a token, their leases the job's
+// and within its budget), and their output, kept as the job's log.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "coordinator/core.h"
+#include "coordinator/replies.h"
+#include "shared/printable.h"
+#include "shared/units.h"
+
+namespace leasehold {
+
+std::optional<std::string> CoordinatorCore::program_session_refusal(
+    const proto::Register& r, const std::string& name, const std::string& identity) const {
+  const std::string what = "job " + std::to_string(r.job_id());
+  const JobRecord* job = jobs_.find(r.job_id());
+  if (!job || !job->is_program()) return what + " is not a program job of this coordinator";
+  if (job->state != JobState::Running || job->attempt_number() != r.attempt()) {
+    return what + " attempt " + std::to_string(r.attempt()) + " is not running";
+  }
+  // The token only the attempt's agent was given, for its program.
+  if (job->program_token.empty() ||
+      job->program_token != SessionToken{r.job_token_lo(), r.job_token_hi()}) {
+    return "the session token of " + what + " attempt " + std::to_string(r.attempt()) +
+           " is wrong";
+  }
+  const std::string expected = job->agent + ":job" + std::to_string(job->id);
+  if (name != expected) {
+    return what + "'s session must be named '" + expected + "', not '" + name + "'";
+  }
+  const std::string& agent_identity = job->attempts.back().agent_identity;
+  if (!agent_identity.empty() && agent_identity != identity) {
+    return what + "'s session must run as its agent does (" + agent_identity + ")";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> CoordinatorCore::budget_refusal(const AgentRecord& agent,
+                                                           uint64_t bytes) const {
+  if (!agent.program_job) return std::nullopt;
+  const JobRecord* job = jobs_.find(agent.program_job);
+  if (!job || !job->spec) return "its program job " + std::to_string(agent.program_job) + " is gone";
+  const uint64_t budget = job->budget_bytes;
+  uint64_t held = leases_.leased_bytes(agent.name);
+  for (const auto& w : leases_.waiting_requests()) held += w.owner == agent.name ? w.size : 0;
+  const uint64_t asked = (bytes + pool_.alignment - 1) / pool_.alignment * pool_.alignment;
+  if (held + asked <= budget) return std::nullopt;
+  return "job " + std::to_string(job->id) + "'s memory_budget of " + format_bytes(budget) +
+         " would be exceeded: " + format_bytes(held) + " leased or asked for, " +
+         format_bytes(asked) + " more asked";
+}
+
+const JobRecord* CoordinatorCore::managed_job(const AgentRecord& agent) const {
+  const JobRecord* job = agent.memory_job() ? jobs_.find(agent.memory_job()) : nullptr;
+  if (!job || job->state != JobState::Running) return nullptr;
+  if (agent.program_job) return job;
+  // An agent running a program job whose session is registered holds none
+  // of its memory: the session does.
+  if (job->agent != agent.name || program_sessions_.count(job->id)) return nullptr;
+  return job;
+}
+
+void CoordinatorCore::append_log(JobRecord& job, std::string_view chunk, uint64_t offset) {
+  // Chunks come in order, and one sent again (its acknowledgement was
+  // lost) overlaps what arrived: only the new part is kept.
+  if (offset > job.attempt_log_bytes) {
+    const std::string gap = "\n[leasehold: " + std::to_string(offset - job.attempt_log_bytes) +
+                            " bytes of output were lost]\n";
+    job.log += gap;
+    job.log_bytes += gap.size();
+    job.attempt_log_bytes = offset;
+  }
+  const uint64_t skip = job.attempt_log_bytes - offset;
+  if (skip >= chunk.size()) return;
+  chunk.remove_prefix(skip);
+  job.log.append(chunk.data(), chunk.size());
+  job.log_bytes += chunk.size();
+  job.attempt_log_bytes += chunk.size();
+  if (job.log.size() > kJobLogBytes) job.log.erase(0, job.log.size() - kJobLogBytes);
+}
+
+void CoordinatorCore::on_get_job_log(const std::string& rid, const proto::Envelope& env,
+                                     Effects& out, const Peer& peer) {
+  const uint64_t req = env.header()->request_id();
+  const auto* g = env.body_as_GetJobLog();
+  const JobRecord* job = jobs_.find(g->job_id());
+  if (!job) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                      "no job with id " + std::to_string(g->job_id()));
+  }
+  // A program's output may hold anything its owner printed: theirs (and
+  // administrators') to read.
+  if (auto no = owner_refusal(*job, peer, "read the log of")) {
+    return send_error(out, rid, req, ErrorCode::PermissionDenied, *no);
+  }
+  proto::JobLogT log;
+  log.job_id = job->id;
+  log.total = job->log_bytes;
+  log.first_kept = job->log_bytes - job->log.size();
+  log.offset = std::clamp(g->offset(), log.first_kept, log.total);
+  // A reply stays far below the protocol's message size.
+  const uint64_t limit = std::min<uint64_t>(g->limit() ? g->limit() : kJobLogReplyBytes,
+                                            kJobLogReplyBytes);
+  log.data = job->log.substr(log.offset - log.first_kept, limit);
+  log.finished = is_terminal(job->state);
+  send(out, rid, req, std::move(log));
+}
+
+}  // namespace leasehold

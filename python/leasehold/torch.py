@@ -1,0 +1,163 @@
+"""Leasehold's leases as PyTorch's CUDA allocator.
+
+``install()`` loads the plug-in (libleasehold_torch.so, whose path the agent
+sets in LEASEHOLD_TORCH_PLUGIN) as PyTorch's whole CUDA allocator through
+``torch.cuda.memory.CUDAPluggableAllocator``, with its record_stream and
+empty_cache hooks. It must run before PyTorch's first CUDA allocation: the
+agent's sitecustomize runs it right after ``import torch``.
+
+This module imports torch only inside install(), never at import time.
+docs/torch-plugin.md says what works through a pluggable allocator and what
+does not.
+"""
+
+import ctypes
+import logging
+import os
+import threading
+
+__all__ = ["AllocatorTooLate", "install", "install_status", "stats"]
+
+log = logging.getLogger("leasehold.torch")
+
+# LEASEHOLD_TORCH_ABI_VERSION of torch_plugin/leasehold_torch.h.
+ABI_VERSION = 1
+
+_STATS_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
+                 "allocations", "cache_hits", "lease_requests", "budget_bytes")
+
+
+class _Stats(ctypes.Structure):
+    # struct leasehold_torch_stats, field for field.
+    _fields_ = [(name, ctypes.c_uint64) for name in _STATS_FIELDS]
+
+
+class AllocatorTooLate(RuntimeError):
+    """PyTorch's own CUDA allocator is initialized already: too late to
+    install Leasehold's."""
+
+
+TOO_LATE = ("leasehold: PyTorch's CUDA allocator is already initialized, so Leasehold's can no "
+            "longer be installed: leasehold.torch.install() must run before the first CUDA "
+            "allocation (in a program job the automatic install does this right after "
+            "`import torch`)")
+
+# Reentrant: install() imports torch, whose import may run the sitecustomize
+# hook, which calls install() again on the same thread.
+_lock = threading.RLock()
+_plugin = None     # the loaded plug-in (ctypes.CDLL) once installed
+_allocator = None  # the CUDAPluggableAllocator, kept alive for the process
+_status = {"attempted": False, "installed": False, "reason": "not attempted"}
+
+
+def install():
+    """Makes the plug-in PyTorch's CUDA allocator. Idempotent.
+
+    Returns True when it is PyTorch's allocator now; False, logging why at
+    debug level, when this is not a program job on a CUDA device, the agent
+    named no plug-in, or torch is built without CUDA. Raises AllocatorTooLate
+    (a RuntimeError) when PyTorch's CUDA allocator is initialized already,
+    and RuntimeError when the plug-in cannot be loaded or installed.
+    """
+    global _plugin, _allocator
+    with _lock:
+        if _status["installed"]:
+            return True
+        _status["attempted"] = True
+        try:
+            lib, allocator, reason = _install()
+        except Exception as e:
+            _status["reason"] = str(e)
+            raise
+        if _status["installed"]:  # by the import hook, while _install imported torch
+            return True
+        _status["reason"] = reason
+        if lib is None:
+            log.debug("leasehold: the plug-in is not installed: %s", reason)
+            return False
+        _plugin, _allocator = lib, allocator
+        _status["installed"] = True
+        log.debug("leasehold: %s", reason)
+        return True
+
+
+def _install():
+    """(plug-in, allocator, why) when installed; (None, None, why) when not
+    applicable. Raises on failures."""
+    import leasehold
+
+    job = leasehold.job()
+    if job is None:
+        return None, None, "not a Leasehold program job (LEASEHOLD_JOB_ID is not set)"
+    if not job.device.startswith("cuda"):
+        return None, None, "the job's device is %s" % job.device
+    path = os.environ.get("LEASEHOLD_TORCH_PLUGIN")
+    if not path:
+        return None, None, "LEASEHOLD_TORCH_PLUGIN is not set"
+
+    import torch
+
+    if _status["installed"]:  # the import hook installed it meanwhile
+        return None, None, _status["reason"]
+    if not getattr(torch.version, "cuda", None):
+        return None, None, "PyTorch %s is built without CUDA" % torch.__version__
+    memory = getattr(torch.cuda, "memory", None)
+    if memory is None or not hasattr(memory, "CUDAPluggableAllocator") \
+            or not hasattr(memory, "change_current_allocator"):
+        raise RuntimeError("leasehold: PyTorch %s has no torch.cuda.memory.CUDAPluggableAllocator "
+                           "(2.0 or later is needed)" % torch.__version__)
+    if torch.cuda.is_initialized():
+        raise AllocatorTooLate(TOO_LATE)
+
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise RuntimeError("leasehold: cannot load the plug-in %s: %s" % (path, e)) from None
+    try:
+        version = lib.leasehold_torch_abi_version
+        record_stream = lib.leasehold_torch_record_stream
+        empty_cache = lib.leasehold_torch_empty_cache
+        lib.leasehold_torch_stats.argtypes = [ctypes.POINTER(_Stats)]
+        lib.leasehold_torch_stats.restype = ctypes.c_int
+    except AttributeError as e:
+        raise RuntimeError("leasehold: %s is not the Leasehold plug-in (%s)" % (path, e)) from None
+    version.restype = ctypes.c_int
+    if version() != ABI_VERSION:
+        raise RuntimeError("leasehold: the plug-in %s has interface version %d, this package %d"
+                           % (path, version(), ABI_VERSION))
+
+    allocator = memory.CUDAPluggableAllocator(path, "leasehold_torch_alloc", "leasehold_torch_free")
+    native = allocator.allocator()
+    for hook in ("set_record_stream_fn", "set_reset_fn"):
+        if not hasattr(native, hook):
+            raise RuntimeError("leasehold: PyTorch %s's pluggable allocator has no %s"
+                               % (torch.__version__, hook))
+    # Function addresses as ints, which the hooks cast back to C functions.
+    native.set_record_stream_fn(ctypes.cast(record_stream, ctypes.c_void_p).value)
+    native.set_reset_fn(ctypes.cast(empty_cache, ctypes.c_void_p).value)
+    try:
+        memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        if "already initialized" in str(e):
+            raise AllocatorTooLate(TOO_LATE) from e
+        raise
+    return lib, allocator, "the plug-in %s is PyTorch's CUDA allocator" % path
+
+
+def install_status():
+    """{"attempted": bool, "installed": bool, "reason": str}: what install()
+    did last (for diagnostics and tests)."""
+    with _lock:
+        return dict(_status)
+
+
+def stats():
+    """The plug-in's statistics as a dict (the fields of struct
+    leasehold_torch_stats), or None when it is not installed."""
+    lib = _plugin
+    if lib is None:
+        return None
+    s = _Stats()
+    if lib.leasehold_torch_stats(ctypes.byref(s)) != 0:
+        return None
+    return {name: int(getattr(s, name)) for name in _STATS_FIELDS}

@@ -1,0 +1,279 @@
+// Program jobs end to end with real processes on the test backend: the
+// client runs a program as a job (`leasehold run`), the agent starts it as
+// its child, its output becomes the job's log, its reports the job's
+// progress, its exit status the job's outcome; cancels, runaway children
+// and agent deaths leave nothing running. Programs are shell scripts and
+// Debian's python3 (with its CPU PyTorch where installed).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "shared/process.h"
+#include "tests/support/cluster.h"
+
+namespace leasehold::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr const char* kPython = "/usr/bin/python3";
+
+// Running (a zombie waiting for its reaper has ended).
+bool pid_alive(pid_t pid) {
+  auto state = process_state(pid);
+  return state && *state != 'Z' && *state != 'X';
+}
+
+class ProgramJobs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    coordinator = &cluster.start_coordinator({"--backend", test_backend(), "--pool-size",
+                                              "256MiB", "--alignment", "1MiB",
+                                              "--heartbeat-interval", "200ms"});
+    work = cluster.dir() + "/work";
+    fs::create_directories(work);
+  }
+  Process& agent(const std::string& name) {
+    return cluster.start_agent(name, {"--program-stop-grace", "1s"});
+  }
+  std::string script(const std::string& name, const std::string& text) {
+    const std::string path = work + "/" + name;
+    std::ofstream(path) << text;
+    fs::permissions(path, fs::perms::owner_all);
+    return path;
+  }
+  // `leasehold run` from the work folder: {exit code, stdout + stderr}.
+  std::pair<int, std::string> run(std::vector<std::string> command,
+                                  std::vector<std::string> options = {}) {
+    std::vector<std::string> args{"--endpoint", cluster.endpoint(), "run"};
+    args.insert(args.end(), options.begin(), options.end());
+    args.push_back("--");
+    args.insert(args.end(), command.begin(), command.end());
+    const auto cwd = fs::current_path();
+    fs::current_path(work);
+    auto result = cluster.run("leasehold", args);
+    fs::current_path(cwd);
+    return result;
+  }
+  std::pair<int, std::string> client(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--endpoint", cluster.endpoint()});
+    return cluster.run("leasehold", args);
+  }
+  nlohmann::json job(uint64_t id) {
+    auto [rc, out] = client({"job", std::to_string(id), "-o", "json"});
+    return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json();
+  }
+  bool wait_job(uint64_t id, const std::function<bool(const nlohmann::json&)>& pred,
+                std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto j = job(id); !j.is_null() && pred(j)) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  // Submits a program job file for `command` (in the work folder); its id.
+  uint64_t submit(const std::vector<std::string>& command, const std::string& extra = "") {
+    nlohmann::json spec{{"name", "prog"},
+                        {"program", {{"command", command}, {"directory", work}}}};
+    if (!extra.empty()) spec.update(nlohmann::json::parse(extra));
+    const std::string file = work + "/job.json";
+    std::ofstream(file) << spec.dump();
+    auto [rc, out] = client({"submit", file});
+    EXPECT_EQ(rc, 0) << out;
+    return rc == 0 ? std::stoull(out) : 0;
+  }
+  static pid_t read_pid(const std::string& path, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::ifstream in(path);
+      pid_t pid = 0;
+      if (in >> pid && pid > 0) return pid;
+      std::this_thread::sleep_for(50ms);
+    }
+    return 0;
+  }
+  Cluster cluster;
+  Process* coordinator = nullptr;
+  std::string work;
+};
+
+TEST_F(ProgramJobs, RunStreamsTheOutputAndExitsWithTheProgramsStatus) {
+  agent("w1");
+  auto [ok, out] = run({"/bin/sh", "-c", "echo hello from $LEASEHOLD_JOB_ID; echo to stderr >&2"});
+  EXPECT_EQ(ok, 0) << out;
+  EXPECT_NE(out.find("hello from 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("to stderr"), std::string::npos) << out;
+  auto [rc, failed] = run({"/bin/sh", "-c", "echo working; echo 'cannot open data.bin' >&2; exit 7"});
+  EXPECT_EQ(rc, 7) << failed;
+  const auto j = job(2);
+  EXPECT_EQ(j["state"], "failed");
+  EXPECT_EQ(j["exit_code"], 7);
+  EXPECT_NE(j["reason"].get<std::string>().find("exit status 7: cannot open data.bin"),
+            std::string::npos)
+      << j.dump(1);
+  // The log stays with the job.
+  auto [lrc, log] = client({"logs", "2"});
+  EXPECT_EQ(lrc, 0);
+  EXPECT_EQ(log, "working\ncannot open data.bin\n");
+  // A program killed by a signal: 128 + the signal, as a shell says.
+  auto [src, sig] = run({"/bin/sh", "-c", "kill -9 $$"});
+  EXPECT_EQ(src, 137) << sig;
+}
+
+TEST_F(ProgramJobs, BadCommandsAndFoldersAreRefusedWithTheirReason) {
+  agent("w1");
+  const std::string file = work + "/bad.json";
+  auto refused = [&](const nlohmann::json& program) {
+    std::ofstream(file) << nlohmann::json{{"name", "bad"}, {"program", program}}.dump();
+    return client({"submit", file});
+  };
+  auto [rc1, out1] = refused({{"command", nlohmann::json::array()}, {"directory", work}});
+  EXPECT_EQ(rc1, 2);
+  EXPECT_NE(out1.find("program.command: required"), std::string::npos) << out1;
+  auto [rc2, out2] = refused({{"command", {"true"}}, {"directory", "relative/dir"}});
+  EXPECT_EQ(rc2, 2);
+  EXPECT_NE(out2.find("is not an absolute path"), std::string::npos) << out2;
+  auto [rc3, out3] = refused({{"command", {"true"}}, {"directory", work + "/missing"}});
+  EXPECT_EQ(rc3, 2);
+  EXPECT_NE(out3.find("No such file or directory"), std::string::npos) << out3;
+  auto [rc4, out4] = refused({{"command", {"true"}},
+                             {"directory", work},
+                             {"environment", {{{"name", "LEASEHOLD_JOB_ID"}, {"value", "9"}}}}});
+  EXPECT_EQ(rc4, 2);
+  EXPECT_NE(out4.find("is the agent's to set"), std::string::npos) << out4;
+  // Found only where it runs: the agent's PATH.
+  auto [rc5, out5] = run({"no-such-program-here"});
+  EXPECT_EQ(rc5, 1) << out5;
+  EXPECT_NE(out5.find("'no-such-program-here' was not found on the PATH"), std::string::npos)
+      << out5;
+}
+
+TEST_F(ProgramJobs, ReportsBecomeProgressAndEpochs) {
+  if (!fs::exists(kPython)) GTEST_SKIP() << kPython << " is missing";
+  agent("w1");
+  script("report.py", R"(
+import leasehold
+j = leasehold.job()
+assert j is not None and j.id == 1, j
+for step in range(1, 4):
+    assert leasehold.report(step=step, epoch=1, loss=1.0 / step, samples=32 * step)
+assert leasehold.report(epoch=1, loss=0.25, test_accuracy=0.75)
+print("done", j.checkpoint_dir)
+)");
+  auto [rc, out] = run({kPython, "report.py"});
+  EXPECT_EQ(rc, 0) << out;
+  const auto j = job(1);
+  EXPECT_EQ(j["state"], "succeeded") << j.dump(1);
+  ASSERT_EQ(j["epochs"].size(), 1u) << j.dump(1);
+  EXPECT_DOUBLE_EQ(j["epochs"][0]["test_accuracy"].get<double>(), 0.75);
+  EXPECT_EQ(j["progress"]["global_step"], 3);
+  EXPECT_GT(j["first_step_at_us"].get<uint64_t>(), 0u) << "the first report stamps the start";
+  EXPECT_NE(out.find("done " + cluster.state_dir() + "/checkpoints/1"), std::string::npos) << out;
+}
+
+TEST_F(ProgramJobs, CancelEndsAProgramThatIgnoresSigtermAndItsGrandchildren) {
+  agent("w1");
+  // Ignores SIGTERM; leaves a grandchild behind in its group.
+  const std::string s = script("stubborn.sh", R"(#!/bin/sh
+trap '' TERM
+sleep 1000 &
+echo $! > grandchild.pid
+echo $$ > child.pid
+while true; do sleep 0.1; done
+)");
+  const uint64_t id = submit({s});
+  const pid_t child = read_pid(work + "/child.pid", 20s);
+  const pid_t grandchild = read_pid(work + "/grandchild.pid", 20s);
+  ASSERT_GT(child, 0);
+  ASSERT_GT(grandchild, 0);
+  auto [rc, out] = client({"cancel", std::to_string(id)});
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(wait_job(id, [](const auto& j) { return j["state"] == "cancelled"; }, 20s))
+      << job(id).dump(1);
+  EXPECT_FALSE(pid_alive(child)) << "SIGKILL after the grace";
+  EXPECT_FALSE(pid_alive(grandchild)) << "killed with its group";
+}
+
+TEST_F(ProgramJobs, AnAgentsDeathTakesItsProgramAlongAndTheJobIsRequeued) {
+  auto& doomed = agent("doomed");
+  const std::string s = script("forever.sh", R"(#!/bin/sh
+echo $$ > "child-$LEASEHOLD_JOB_ATTEMPT.pid"
+while true; do sleep 0.1; done
+)");
+  const uint64_t id = submit({s});
+  const pid_t child = read_pid(work + "/child-1.pid", 20s);
+  ASSERT_GT(child, 0);
+  agent("heir");
+  doomed.signal(SIGKILL);
+  ASSERT_TRUE(doomed.wait(5s));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (pid_alive(child) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_FALSE(pid_alive(child)) << "the program outlived its agent";
+  EXPECT_TRUE(wait_job(
+      id, [](const auto& j) { return j["state"] == "running" && j["agent"] == "heir"; }, 30s))
+      << job(id).dump(1);
+  EXPECT_GT(read_pid(work + "/child-2.pid", 20s), 0) << "attempt 2 started it again";
+  EXPECT_EQ(job(id)["attempt_history"][0]["outcome"], "agent lost");
+  client({"cancel", std::to_string(id)});
+  EXPECT_TRUE(wait_job(id, [](const auto& j) { return j["state"] == "cancelled"; }, 20s));
+}
+
+TEST_F(ProgramJobs, CtrlCOfRunCancelsTheJob) {
+  agent("w1");
+  std::vector<std::string> argv{bin_dir() + "/leasehold", "--endpoint", cluster.endpoint(), "run",
+                                "--name", "loop", "--", "/bin/sh", "-c",
+                                "echo started; while true; do sleep 0.1; done"};
+  const auto cwd = fs::current_path();
+  fs::current_path(work);
+  Process runner(argv, work + "/run.log");
+  fs::current_path(cwd);
+  ASSERT_TRUE(runner.wait_for_log("started", 20s)) << runner.log();
+  runner.signal(SIGINT);
+  auto rc = runner.wait(30s);
+  ASSERT_TRUE(rc) << runner.log();
+  EXPECT_EQ(*rc, 130) << runner.log();
+  EXPECT_NE(runner.log().find("cancelling job 1"), std::string::npos) << runner.log();
+  EXPECT_EQ(job(1)["state"], "cancelled");
+}
+
+// A real PyTorch script (Debian's CPU PyTorch): trains, reports, succeeds.
+TEST_F(ProgramJobs, APyTorchScriptTrainsAsAProgramJob) {
+  if (std::system((std::string(kPython) + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "python3-torch is not installed";
+  }
+  agent("w1");
+  script("train.py", R"(
+import torch, leasehold
+torch.manual_seed(0)
+x = torch.randn(256, 8)
+y = (x.sum(dim=1) > 0).long()
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+for step in range(1, 101):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    leasehold.report(step=step, epoch=1, loss=loss.item(), samples=256 * step)
+acc = (model(x).argmax(dim=1) == y).float().mean().item()
+leasehold.report(epoch=1, loss=loss.item(), test_accuracy=acc)
+print("accuracy", acc)
+)");
+  auto [rc, out] = run({kPython, "train.py"}, {"--device", "auto"});
+  EXPECT_EQ(rc, 0) << out;
+  const auto j = job(1);
+  ASSERT_EQ(j["epochs"].size(), 1u) << j.dump(1);
+  EXPECT_GT(j["epochs"][0]["test_accuracy"].get<double>(), 0.9) << out;
+  EXPECT_GT(j["progress"]["samples_per_second"].get<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace leasehold::testing

@@ -1,0 +1,523 @@
+"""The leasehold Python package (python/leasehold) and the sitecustomize of
+program jobs (python/leasehold_site).
+
+Run by ctest as `/usr/bin/python3 -m unittest discover -s tests/python`
+(PYTHONPATH=python). Child processes are Debian's /usr/bin/python3, whose
+python3-torch (CPU) exercises the import hook; a fake CUDA torch package and
+a fake plug-in (compiled here when a C compiler is found) exercise install()
+all the way to change_current_allocator.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import unittest
+import warnings
+from unittest import mock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON_DIR = os.path.join(ROOT, "python")
+SITE_DIR = os.path.join(PYTHON_DIR, "leasehold_site")
+CHILD_PYTHON = "/usr/bin/python3"
+
+sys.path.insert(0, PYTHON_DIR)
+import leasehold  # noqa: E402
+import leasehold.torch  # noqa: E402
+
+JOB_ENV = ("LEASEHOLD_JOB_ID", "LEASEHOLD_JOB_ATTEMPT", "LEASEHOLD_JOB_NAME", "LEASEHOLD_BUDGET",
+           "LEASEHOLD_DEVICE", "LEASEHOLD_CHECKPOINT_DIR", "LEASEHOLD_REPORT_FD",
+           "LEASEHOLD_TORCH_PLUGIN")
+
+
+@contextlib.contextmanager
+def job_env(**values):
+    """os.environ without LEASEHOLD_* but `values` (keys without the prefix)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEASEHOLD_")}
+    env.update({"LEASEHOLD_" + k: str(v) for k, v in values.items()})
+    with mock.patch.dict(os.environ, env, clear=True):
+        yield
+
+
+def reset_reporter():
+    leasehold._broken = False
+    leasehold._last_memory = None
+
+
+class JobTest(unittest.TestCase):
+    def test_none_outside_a_job(self):
+        with job_env():
+            self.assertIsNone(leasehold.job())
+
+    def test_from_the_environment(self):
+        with job_env(JOB_ID=17, JOB_ATTEMPT=2, JOB_NAME="resnet", BUDGET=6 << 30,
+                     DEVICE="cuda:0", CHECKPOINT_DIR="/srv/ckpt/17"):
+            j = leasehold.job()
+            self.assertEqual(leasehold.job(), j)
+        self.assertEqual((j.id, j.attempt, j.name, j.budget_bytes, j.device, j.checkpoint_dir),
+                         (17, 2, "resnet", 6 << 30, "cuda:0", "/srv/ckpt/17"))
+        with self.assertRaises(AttributeError):
+            j.id = 3
+        self.assertIn("resnet", repr(j))
+
+    def test_defaults(self):
+        with job_env(JOB_ID=5):
+            j = leasehold.job()
+        self.assertEqual((j.attempt, j.name, j.budget_bytes, j.device, j.checkpoint_dir),
+                         (0, "", None, "cpu", None))
+
+    def test_malformed_values_name_the_variable(self):
+        for key, value in (("JOB_ID", "x"), ("JOB_ID", "0"), ("BUDGET", "-1"),
+                           ("DEVICE", "tpu:0"), ("JOB_ATTEMPT", "1.5")):
+            env = {"JOB_ID": 5, key: value}
+            with job_env(**env), self.assertRaises(ValueError) as cm:
+                leasehold.job()
+            self.assertIn("LEASEHOLD_" + key, str(cm.exception))
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        reset_reporter()
+        self.r, self.w = os.pipe()
+
+    def tearDown(self):
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        reset_reporter()
+
+    def read_lines(self):
+        os.set_blocking(self.r, False)
+        data = b""
+        try:
+            while True:
+                chunk = os.read(self.r, 65536)
+                if not chunk:
+                    break
+                data += chunk
+        except BlockingIOError:
+            pass
+        return data.decode().splitlines(keepends=True)
+
+    def test_one_json_line_with_the_given_fields(self):
+        with job_env(JOB_ID=1, REPORT_FD=self.w):
+            self.assertTrue(leasehold.report(step=10, loss=0.25))
+            self.assertTrue(leasehold.report(epoch=1, samples=6000, test_accuracy=0.875))
+        lines = self.read_lines()
+        self.assertEqual(len(lines), 2)
+        for line in lines:
+            self.assertTrue(line.endswith("\n"))
+            self.assertLessEqual(len(line.encode()), leasehold.MAX_LINE_BYTES)
+        self.assertEqual(json.loads(lines[0]), {"type": "report", "step": 10, "loss": 0.25})
+        self.assertEqual(json.loads(lines[1]), {"type": "report", "epoch": 1, "samples": 6000,
+                                                "test_accuracy": 0.875})
+
+    def test_largest_line_fits_the_atomic_size(self):
+        with job_env(JOB_ID=1, REPORT_FD=self.w):
+            leasehold.report(step=2**63 - 1, epoch=2**63 - 1, samples=2**63 - 1,
+                             loss=-1.7976931348623157e308, test_accuracy=2.2250738585072014e-308)
+        (line,) = self.read_lines()
+        self.assertLessEqual(len(line.encode()), leasehold.MAX_LINE_BYTES)
+
+    def test_false_outside_a_job_or_without_a_pipe(self):
+        with job_env(REPORT_FD=self.w):
+            self.assertFalse(leasehold.report(step=1))
+        with job_env(JOB_ID=1):
+            self.assertFalse(leasehold.report(step=1))
+        self.assertEqual(self.read_lines(), [])
+
+    def test_bad_values_are_refused_by_name(self):
+        cases = [
+            ({"step": "3"}, TypeError, "step"),
+            ({"step": 1.0}, TypeError, "step"),
+            ({"epoch": True}, TypeError, "epoch"),
+            ({"samples": -1}, ValueError, "samples"),
+            ({"step": 2**63}, ValueError, "step"),
+            ({"loss": float("nan")}, ValueError, "loss"),
+            ({"loss": float("inf")}, ValueError, "loss"),
+            ({"loss": "0.1"}, TypeError, "loss"),
+            ({"test_accuracy": 1.5}, ValueError, "test_accuracy"),
+            ({}, TypeError, "at least one"),
+        ]
+        with job_env(JOB_ID=1, REPORT_FD=self.w):
+            for kwargs, error, name in cases:
+                with self.subTest(kwargs=kwargs):
+                    with self.assertRaises(error) as cm:
+                        leasehold.report(**kwargs)
+                    self.assertIn(name, str(cm.exception))
+        with job_env(), self.assertRaises(ValueError):
+            leasehold.report(loss=float("nan"))  # refused outside a job too
+        self.assertEqual(self.read_lines(), [])
+
+    def test_lines_of_many_threads_never_interleave(self):
+        threads, per_thread = 8, 400
+        received = []
+
+        def reader():
+            buf = b""
+            with os.fdopen(os.dup(self.r), "rb", buffering=0) as f:
+                while True:
+                    chunk = f.read(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+            received.extend(buf.decode().splitlines())
+
+        def writer(k):
+            for i in range(per_thread):
+                leasehold.report(step=i, epoch=k, loss=k + i / 1000.0)
+
+        t_reader = threading.Thread(target=reader)
+        t_reader.start()
+        with job_env(JOB_ID=1, REPORT_FD=self.w):
+            workers = [threading.Thread(target=writer, args=(k,)) for k in range(threads)]
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join()
+        os.close(self.w)
+        os.close(self.r)
+        t_reader.join()
+        self.assertEqual(len(received), threads * per_thread)
+        seen = {(d["epoch"], d["step"]) for d in map(json.loads, received)}
+        self.assertEqual(len(seen), threads * per_thread)
+
+    def test_a_broken_pipe_returns_false_and_warns_once(self):
+        os.close(self.r)
+        with job_env(JOB_ID=1, REPORT_FD=self.w), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.assertFalse(leasehold.report(step=1))
+            self.assertFalse(leasehold.report(step=2))
+        self.assertEqual(len(caught), 1)
+        self.assertIn("report pipe", str(caught[0].message))
+
+    def test_a_broken_pipe_never_raises_even_with_warnings_as_errors(self):
+        os.close(self.r)
+        with job_env(JOB_ID=1, REPORT_FD=self.w), warnings.catch_warnings(), \
+                mock.patch("sys.stderr") as stderr:
+            warnings.simplefilter("error")
+            self.assertFalse(leasehold.report(step=1))
+        self.assertTrue(stderr.write.called)
+
+    def test_memory_lines_at_most_once_a_second(self):
+        stats = {"leased_bytes": 64 << 20, "peak_leased_bytes": 96 << 20,
+                 "in_use_bytes": 40 << 20, "peak_in_use_bytes": 80 << 20, "allocations": 1000,
+                 "cache_hits": 990, "lease_requests": 10, "budget_bytes": 1 << 30}
+        clock = [100.0]
+        with job_env(JOB_ID=1, REPORT_FD=self.w), \
+                mock.patch.object(leasehold.torch, "stats", return_value=stats), \
+                mock.patch.object(leasehold, "_monotonic", side_effect=lambda: clock[0]):
+            leasehold.report(step=1)
+            clock[0] += 0.5
+            leasehold.report(step=2)
+            clock[0] += 0.6
+            leasehold.report(step=3)
+        lines = [json.loads(x) for x in self.read_lines()]
+        self.assertEqual([d["type"] for d in lines],
+                         ["report", "memory", "report", "report", "memory"])
+        memory = dict(stats)
+        del memory["budget_bytes"]
+        memory["type"] = "memory"
+        self.assertEqual(lines[1], memory)
+
+
+def child_python_has_torch():
+    if not os.access(CHILD_PYTHON, os.X_OK):
+        return False
+    r = subprocess.run([CHILD_PYTHON, "-c", "import torch"], capture_output=True)
+    return r.returncode == 0
+
+
+def run_child(script, pythonpath, job=None, extra=None, pass_fds=()):
+    """Runs `script` in /usr/bin/python3 with site enabled; returns the
+    CompletedProcess. `job`: LEASEHOLD_* variables (keys without the
+    prefix); `extra`: other variables."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("LEASEHOLD_") and k not in ("PYTHONPATH", "PYTHONHOME")}
+    base["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    base.update({"LEASEHOLD_" + k: str(v) for k, v in (job or {}).items()})
+    base.update({k: str(v) for k, v in (extra or {}).items()})
+    return subprocess.run([CHILD_PYTHON, "-c", textwrap.dedent(script)], env=base,
+                          capture_output=True, text=True, timeout=240, pass_fds=pass_fds)
+
+
+@unittest.skipUnless(os.access(CHILD_PYTHON, os.X_OK), "%s not found" % CHILD_PYTHON)
+class SiteHookTest(unittest.TestCase):
+    SITE_PATH = [SITE_DIR, PYTHON_DIR]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.has_torch = child_python_has_torch()
+        cls.tmp = tempfile.mkdtemp(prefix="leasehold-site-test-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def need_torch(self):
+        if not self.has_torch:
+            self.skipTest("%s has no torch" % CHILD_PYTHON)
+
+    def result(self, proc):
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def test_install_is_attempted_after_import_torch_and_cpu_torch_goes_on(self):
+        self.need_torch()
+        proc = run_child("""
+            import json, sys
+            before = "torch" in sys.modules
+            import torch
+            import leasehold.torch as lt
+            st = lt.install_status()
+            print(json.dumps({
+                "before": before, "attempted": st["attempted"], "installed": st["installed"],
+                "reason": st["reason"], "sum": float(torch.ones(3).sum()),
+                "hooks": [type(f).__name__ for f in sys.meta_path],
+                "loader": type(torch.__spec__.loader).__name__,
+            }))
+        """, self.SITE_PATH, {"JOB_ID": 42, "DEVICE": "cuda:0",
+                              "TORCH_PLUGIN": "/nonexistent/libleasehold_torch.so"})
+        out = self.result(proc)
+        self.assertFalse(out["before"])
+        self.assertTrue(out["attempted"])
+        self.assertFalse(out["installed"])
+        self.assertIn("without CUDA", out["reason"])
+        self.assertEqual(out["sum"], 3.0)
+        self.assertNotIn("TorchImportHook", out["hooks"])
+        self.assertNotEqual(out["loader"], "_Loader")
+        self.assertNotIn("leasehold", proc.stderr, "a CPU torch is not an error")
+
+    def test_cpu_job_is_not_installed(self):
+        self.need_torch()
+        proc = run_child("""
+            import json, torch
+            import leasehold.torch as lt
+            print(json.dumps(lt.install_status()))
+        """, self.SITE_PATH, {"JOB_ID": 42, "DEVICE": "cpu"})
+        out = self.result(proc)
+        self.assertTrue(out["attempted"])
+        self.assertFalse(out["installed"])
+        self.assertIn("cpu", out["reason"])
+
+    def test_a_script_without_torch_never_imports_it(self):
+        proc = run_child("""
+            import json, sys
+            print(json.dumps({"torch": "torch" in sys.modules,
+                              "leasehold": "leasehold" in sys.modules,
+                              "hooked": any(type(f).__name__ == "TorchImportHook"
+                                            for f in sys.meta_path)}))
+        """, self.SITE_PATH, {"JOB_ID": 42, "DEVICE": "cuda:0"})
+        self.assertEqual(self.result(proc), {"torch": False, "leasehold": False, "hooked": True})
+
+    def test_inactive_outside_a_job(self):
+        self.need_torch()
+        proc = run_child("""
+            import json, sys, torch
+            import leasehold.torch as lt
+            print(json.dumps({"attempted": lt.install_status()["attempted"],
+                              "hooked": any(type(f).__name__ == "TorchImportHook"
+                                            for f in sys.meta_path)}))
+        """, self.SITE_PATH)
+        self.assertEqual(self.result(proc), {"attempted": False, "hooked": False})
+
+    def test_the_next_sitecustomize_runs(self):
+        other = os.path.join(self.tmp, "other_site")
+        os.makedirs(other, exist_ok=True)
+        with open(os.path.join(other, "sitecustomize.py"), "w") as f:
+            f.write("import builtins\nbuiltins.other_sitecustomize_ran = "
+                    "getattr(builtins, 'other_sitecustomize_ran', 0) + 1\n")
+        script = """
+            import builtins, json, sitecustomize
+            print(json.dumps({"ran": getattr(builtins, "other_sitecustomize_ran", 0),
+                              "ours": sitecustomize.__file__,
+                              "next": getattr(sitecustomize.next_sitecustomize, "__file__", None)}))
+        """
+        for env in ({"JOB_ID": 7}, {}):
+            with self.subTest(env=env):
+                out = self.result(run_child(script, self.SITE_PATH + [other], env))
+                self.assertEqual(out["ran"], 1)
+                self.assertEqual(os.path.realpath(out["ours"]),
+                                 os.path.realpath(os.path.join(SITE_DIR, "sitecustomize.py")))
+                self.assertEqual(os.path.realpath(out["next"]),
+                                 os.path.realpath(os.path.join(other, "sitecustomize.py")))
+
+
+FAKE_TORCH = {
+    "torch/__init__.py": """
+        __version__ = "2.11.0+fake"
+        class version:
+            cuda = "12.8"
+        from . import cuda
+    """,
+    "torch/cuda/__init__.py": """
+        import os
+        def is_initialized():
+            return os.environ.get("FAKE_TORCH_CUDA_INITIALIZED") == "1"
+        from . import memory
+    """,
+    "torch/cuda/memory.py": """
+        import ctypes
+        calls = []
+        class _Native:
+            def set_record_stream_fn(self, address):
+                calls.append(["record_stream", address])
+            def set_reset_fn(self, address):
+                calls.append(["reset", address])
+        class CUDAPluggableAllocator:
+            def __init__(self, path, alloc_fn_name, free_fn_name):
+                lib = ctypes.CDLL(path)
+                calls.append(["create", path,
+                              ctypes.cast(getattr(lib, alloc_fn_name), ctypes.c_void_p).value,
+                              ctypes.cast(getattr(lib, free_fn_name), ctypes.c_void_p).value])
+                self._allocator = _Native()
+            def allocator(self):
+                return self._allocator
+        def change_current_allocator(allocator):
+            calls.append(["change"])
+    """,
+}
+
+FAKE_PLUGIN_C = r"""
+#include <stdint.h>
+#include <stddef.h>
+struct leasehold_torch_stats { uint64_t v[8]; };
+void* leasehold_torch_alloc(long size, int device, void* stream) { return NULL; }
+void leasehold_torch_free(void* p, long size, int device, void* stream) {}
+void leasehold_torch_record_stream(void* p, void* stream) {}
+void leasehold_torch_empty_cache(void) {}
+int leasehold_torch_stats(struct leasehold_torch_stats* out) {
+  for (int i = 0; i < 8; ++i) out->v[i] = 1000 + i;
+  return 0;
+}
+int leasehold_torch_abi_version(void) { return 1; }
+"""
+
+
+@unittest.skipUnless(os.access(CHILD_PYTHON, os.X_OK), "%s not found" % CHILD_PYTHON)
+class FakeCudaTorchTest(unittest.TestCase):
+    """install() against a fake CUDA torch and a fake plug-in."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="leasehold-fake-torch-")
+        cls.torch_dir = os.path.join(cls.tmp, "fake_torch")
+        for rel, text in FAKE_TORCH.items():
+            path = os.path.join(cls.torch_dir, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(text))
+        cls.plugin = None
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc:
+            src = os.path.join(cls.tmp, "fake_plugin.c")
+            with open(src, "w") as f:
+                f.write(FAKE_PLUGIN_C)
+            so = os.path.join(cls.tmp, "libleasehold_torch.so")
+            if subprocess.run([cc, "-shared", "-fPIC", "-o", so, src]).returncode == 0:
+                cls.plugin = so
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        if self.plugin is None:
+            self.skipTest("no C compiler to build the fake plug-in")
+
+    def path(self):
+        return [SITE_DIR, PYTHON_DIR, self.torch_dir]
+
+    def test_install_sets_the_hooks_and_swaps_the_allocator(self):
+        r, w = os.pipe()
+        try:
+            proc = run_child("""
+                import ctypes, json, os, torch
+                import leasehold, leasehold.torch as lt
+                lib = ctypes.CDLL(os.environ["LEASEHOLD_TORCH_PLUGIN"])
+                addr = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                ok = leasehold.report(step=5)
+                print(json.dumps({
+                    "status": lt.install_status(), "again": lt.install(),
+                    "calls": torch.cuda.memory.calls, "ok": ok,
+                    "want": {n: addr("leasehold_torch_" + n)
+                             for n in ("alloc", "free", "record_stream", "empty_cache")},
+                    "stats": lt.stats()}))
+            """, self.path(), {"JOB_ID": 9, "DEVICE": "cuda:0", "TORCH_PLUGIN": self.plugin,
+                               "REPORT_FD": w}, pass_fds=(w,))
+        finally:
+            os.close(w)
+        with os.fdopen(r, "rb") as f:
+            lines = [json.loads(x) for x in f.read().decode().splitlines()]
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stderr, "")
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertTrue(out["status"]["installed"], out["status"])
+        self.assertTrue(out["again"])
+        want = out["want"]
+        self.assertEqual(out["calls"], [
+            ["create", self.plugin, want["alloc"], want["free"]],
+            ["record_stream", want["record_stream"]],
+            ["reset", want["empty_cache"]],
+            ["change"],
+        ])
+        self.assertTrue(out["ok"])
+        self.assertEqual(out["stats"]["leased_bytes"], 1000)
+        self.assertEqual(out["stats"]["budget_bytes"], 1007)
+        self.assertEqual(lines, [
+            {"type": "report", "step": 5},
+            {"type": "memory", "leased_bytes": 1000, "peak_leased_bytes": 1001,
+             "in_use_bytes": 1002, "peak_in_use_bytes": 1003, "allocations": 1004,
+             "cache_hits": 1005, "lease_requests": 1006},
+        ])
+
+    def test_too_late_stops_the_script_with_one_line(self):
+        proc = run_child("""
+            import torch
+            print("went on")
+        """, self.path(), {"JOB_ID": 9, "DEVICE": "cuda:0", "TORCH_PLUGIN": self.plugin},
+                           {"FAKE_TORCH_CUDA_INITIALIZED": "1"})
+        self.assertEqual(proc.returncode, 1)
+        self.assertNotIn("went on", proc.stdout)
+        lines = proc.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertIn("already initialized", lines[0])
+        self.assertIn("before the first CUDA allocation", lines[0])
+
+    def test_an_unloadable_plugin_stops_the_script_with_one_line(self):
+        proc = run_child("""
+            import torch
+            print("went on")
+        """, self.path(), {"JOB_ID": 9, "DEVICE": "cuda:0",
+                           "TORCH_PLUGIN": os.path.join(self.tmp, "missing.so")})
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertNotIn("went on", proc.stdout)
+        lines = proc.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertTrue(lines[0].startswith("leasehold: cannot load the plug-in"), lines[0])
+        self.assertIn("must come from its leases", lines[0])
+
+    def test_explicit_install_before_import_does_not_install_twice(self):
+        proc = run_child("""
+            import json
+            import leasehold.torch as lt
+            first = lt.install()  # imports torch, whose import runs the hook too
+            import torch
+            print(json.dumps({"first": first, "changes": sum(
+                1 for c in torch.cuda.memory.calls if c[0] == "change")}))
+        """, self.path(), {"JOB_ID": 9, "DEVICE": "cuda:0", "TORCH_PLUGIN": self.plugin})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(json.loads(proc.stdout.strip().splitlines()[-1]),
+                         {"first": True, "changes": 1})
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,65 @@
+#include "torch_plugin/shrink_worker.h"
+
+#include <exception>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "torch_plugin/plugin_state.h"
+
+namespace leasehold::torch_plugin {
+namespace {
+
+void shrink_worker(Plugin* p) {
+  for (;;) {
+    std::pair<uint64_t, uint64_t> req;
+    {
+      std::unique_lock lk(p->shrink_mu);
+      p->shrink_cv.wait(lk, [&] { return !p->shrinks.empty(); });
+      req = p->shrinks.front();
+      p->shrinks.pop_front();
+    }
+    BlockCache* cache = p->cache.load(std::memory_order_acquire);
+    uint64_t released = 0;
+    std::string reason;
+    try {
+      released = cache->trim(req.second);
+    } catch (const std::exception& e) {
+      reason = one_line(e.what());
+    }
+    BlockCacheStats st = cache->stats();
+    if (released < req.second && reason.empty()) {
+      reason = "PyTorch holds " + format_bytes(st.in_use_bytes) + " in use; the other " +
+               format_bytes(st.leased_bytes - st.in_use_bytes) +
+               " leased are in partly used leases, awaited by other streams or kept for CUDA "
+               "graphs";
+    }
+    lh_status s = lh_session_shrink_done(p->session, req.first, released, st.leased_bytes,
+                                         reason.empty() ? nullptr : reason.c_str());
+    if (s == LH_ERR_SESSION_LOST) {
+      p->note_lost("answering a Shrink: " + last_error());
+    } else if (s != LH_OK) {
+      print_line(std::string("leasehold: answering a Shrink: ") + lh_status_name(s) + ": " +
+                 last_error());
+    }
+  }
+}
+
+}  // namespace
+
+void start_shrink_worker(Plugin& p) {
+  // A lambda rather than shrink_worker itself: the thread's state type then
+  // has no linkage, and the plug-in exports nothing but its C functions.
+  std::thread([pp = &p] { shrink_worker(pp); }).detach();
+}
+
+void on_shrink(void* user, uint64_t shrink_id, uint64_t bytes) {
+  auto* p = static_cast<Plugin*>(user);
+  {
+    std::lock_guard lk(p->shrink_mu);
+    p->shrinks.emplace_back(shrink_id, bytes);
+  }
+  p->shrink_cv.notify_one();
+}
+
+}  // namespace leasehold::torch_plugin
