@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
       "run", "run a program as a job, with the current folder: stream its output, exit with "
              "its status; Ctrl-C cancels it (`leasehold run --budget 6GiB -- python3 train.py`)");
   run->add_option("--budget", run_options.budget, "memory_budget, e.g. 6GiB (default 1GiB)");
+  run->add_option("--min", run_options.min,
+                  "memory_min: the part of the budget it is guaranteed; the rest the occupancy "
+                  "policy may ask back (default: the whole budget)");
   run->add_option("--device", run_options.device, "auto, cuda or cpu (default auto)");
   run->add_option("--name", run_options.name, "the job's name (default: from the command)");
   run->add_option("command", run_options.command, "the program and its arguments, after --")

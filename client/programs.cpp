@@ -132,6 +132,7 @@ int run_program(const Context& ctx, const RunOptions& options) {
     spec.program->command = options.command;
     spec.program->directory = std::filesystem::canonical(std::filesystem::current_path()).string();
     spec.memory_budget = options.budget;
+    spec.memory_min = options.min;
     spec.device = options.device;
     zmq::context_t zctx(1);
     const uint64_t id = submit_spec(ctx, zctx, spec);

@@ -15,6 +15,7 @@ struct RunOptions {
   std::vector<std::string> command;  // the program and its arguments
   std::string name;                  // empty: from the command
   std::string budget;                // memory_budget (empty: the default)
+  std::string min;                   // memory_min (empty: the whole budget)
   std::string device;                // auto, cuda, cpu (empty: auto)
 };
 

@@ -25,6 +25,7 @@ fi
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/libexec" "$out/lib"
+out=$(cd "$out" && pwd)
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia|libcufile|libnccl)'
 for p in "${programs[@]}"; do
   [ -x "$build/bin/$p" ] || { echo "make-bundle: $build/bin/$p not built" >&2; exit 1; }
