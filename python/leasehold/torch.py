@@ -14,6 +14,7 @@ does not.
 import ctypes
 import logging
 import os
+import sys
 import threading
 
 __all__ = ["AllocatorTooLate", "install", "install_status", "stats"]
@@ -141,7 +142,46 @@ def _install():
         if "already initialized" in str(e):
             raise AllocatorTooLate(TOO_LATE) from e
         raise
+    _keep_cudnn_benchmark_off(torch)
     return lib, allocator, "the plug-in %s is PyTorch's CUDA allocator" % path
+
+
+CUDNN_BENCHMARK_OFF = (
+    "leasehold: torch.backends.cudnn.benchmark stays off: its algorithm search asks PyTorch's own "
+    "allocator for its largest free block (cacheInfo), which a pluggable allocator cannot answer "
+    "(the convolution would raise); cuDNN's heuristics choose the algorithms instead")
+
+
+def _keep_cudnn_benchmark_off(torch):
+    """Training scripts commonly set torch.backends.cudnn.benchmark = True;
+    through a pluggable allocator every convolution of a new shape would then
+    raise ("CUDAPluggableAllocator does not yet support cacheInfo"). Keep it
+    off, saying so once on stderr, so that such scripts run unmodified.
+
+    Both ways of setting it go through torch._C._set_cudnn_benchmark: the
+    property (whose setter the ContextProp holds) and cudnn.flags(), which
+    looks the function up at each call."""
+    native = getattr(torch, "_C", None)
+    original = getattr(native, "_set_cudnn_benchmark", None)
+    if original is None or getattr(original, "__wrapped__", None) is not None:
+        return
+    said = []
+
+    def set_cudnn_benchmark(on):
+        if on and not said:
+            said.append(True)
+            print(CUDNN_BENCHMARK_OFF, file=sys.stderr, flush=True)
+        original(False)
+
+    set_cudnn_benchmark.__wrapped__ = original
+    native._set_cudnn_benchmark = set_cudnn_benchmark
+    cudnn = getattr(getattr(torch, "backends", None), "cudnn", None)
+    prop = type(cudnn).__dict__.get("benchmark") if cudnn is not None else None
+    if prop is not None and hasattr(prop, "setter"):
+        prop.setter = set_cudnn_benchmark
+    getter = getattr(native, "_get_cudnn_benchmark", None)
+    if getter is not None and getter():
+        set_cudnn_benchmark(True)  # set before install: turned off, said once
 
 
 def install_status():

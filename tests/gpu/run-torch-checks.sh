@@ -10,6 +10,9 @@
 #     measures it, stays at its CUDA context);
 #   - torch.OutOfMemoryError past the budget (tests/torch/oom_probe.py), and
 #     a probe's cached memory handed back on a Shrink when another job needs it;
+#   - the traps of a pluggable allocator (tests/torch/traps.py: cudnn.benchmark,
+#     record_stream, reuse across streams, non_blocking copies, CUDA graphs),
+#     and the MemPool layering measured;
 #   - two PyTorch jobs and two engine jobs side by side; eight PyTorch jobs
 #     under the coordinator's MPS daemon.
 # Logs (one per step) and summary.txt go to $OUT (or ./gpu-logs).
@@ -171,6 +174,19 @@ shrink() {
   [ $rt -eq 0 ] && [ $rc -eq 0 ] || { logs_of_cluster; stop_cluster; return 1; }
   stop_cluster
 }
+# PyTorch features a pluggable allocator can get wrong (tests/torch/traps.py),
+# and the layering not chosen, measured (tests/torch/mempool_layering.py).
+traps() {
+  start_cluster 8GiB 1 --mps off || return 1
+  lh run --budget 2GiB --name traps -- "$py" "$root/tests/torch/traps.py" > "$run/traps.out" 2>&1
+  local rc=$?
+  cat "$run/traps.out"
+  [ "$(grep -c 'cudnn.benchmark stays off' "$run/traps.out")" -eq 1 ] || { echo "no single cudnn line"; rc=1; }
+  [ $rc -eq 0 ] || logs_of_cluster
+  stop_cluster
+  "$py" "$root/tests/torch/mempool_layering.py" --model resnet18 || rc=1
+  return $rc
+}
 # engine_job_files NAME...: the LeNet job file, on Fashion-MNIST-shaped IDX
 # files (the GPU host has no dataset), as $run/NAME.json.
 engine_job_files() {
@@ -243,7 +259,7 @@ under_mps() {
 nvidia-smi -L | tee -a "$out/summary.txt"
 "$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' | tee -a "$out/summary.txt"
 # LEASEHOLD_TORCH_CHECKS: which checks to run (default all of them).
-checks=${LEASEHOLD_TORCH_CHECKS:-scripts_as_jobs out_of_memory shrink side_by_side under_mps}
+checks=${LEASEHOLD_TORCH_CHECKS:-scripts_as_jobs out_of_memory shrink traps side_by_side under_mps}
 step torch_plugin_build plugin
 if [ $failed -eq 0 ]; then
   for c in $checks; do step "torch_$c" "$c"; done

@@ -356,7 +356,38 @@ FAKE_TORCH = {
         __version__ = "2.11.0+fake"
         class version:
             cuda = "12.8"
-        from . import cuda
+        from . import _C, cuda, backends
+    """,
+    # As in torch: the property's ContextProp holds the setter it was made
+    # with; flags() looks torch._C._set_cudnn_benchmark up at each call.
+    "torch/_C.py": """
+        _benchmark = [False]
+        def _get_cudnn_benchmark():
+            return _benchmark[0]
+        def _set_cudnn_benchmark(on):
+            _benchmark[0] = bool(on)
+    """,
+    "torch/backends/__init__.py": """
+        import contextlib, sys, types
+        import torch
+        class ContextProp:
+            def __init__(self, getter, setter):
+                self.getter, self.setter = getter, setter
+            def __get__(self, obj, objtype):
+                return self.getter()
+            def __set__(self, obj, val):
+                self.setter(val)
+        class CudnnModule(types.ModuleType):
+            benchmark = ContextProp(torch._C._get_cudnn_benchmark, torch._C._set_cudnn_benchmark)
+            @contextlib.contextmanager
+            def flags(self, benchmark=False):
+                old = torch._C._get_cudnn_benchmark()
+                torch._C._set_cudnn_benchmark(benchmark)
+                try:
+                    yield
+                finally:
+                    torch._C._set_cudnn_benchmark(old)
+        cudnn = CudnnModule("torch.backends.cudnn")
     """,
     "torch/cuda/__init__.py": """
         import os
@@ -478,6 +509,33 @@ class FakeCudaTorchTest(unittest.TestCase):
              "in_use_bytes": 1002, "peak_in_use_bytes": 1003, "allocations": 1004,
              "cache_hits": 1005, "lease_requests": 1006},
         ])
+
+    def test_cudnn_benchmark_stays_off_and_says_so_once(self):
+        proc = run_child("""
+            import json, torch
+            torch.backends.cudnn.benchmark = True
+            after_property = torch.backends.cudnn.benchmark
+            torch.backends.cudnn.benchmark = True
+            with torch.backends.cudnn.flags(benchmark=True):
+                inside_flags = torch.backends.cudnn.benchmark
+            print(json.dumps([after_property, inside_flags]))
+        """, self.path(), {"JOB_ID": 9, "DEVICE": "cuda:0", "TORCH_PLUGIN": self.plugin})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(json.loads(proc.stdout.strip().splitlines()[-1]), [False, False])
+        lines = proc.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertIn("cudnn.benchmark stays off", lines[0])
+        self.assertIn("cacheInfo", lines[0])
+
+    def test_cudnn_benchmark_is_left_alone_outside_a_job(self):
+        proc = run_child("""
+            import torch
+            torch.backends.cudnn.benchmark = True
+            print(torch.backends.cudnn.benchmark)
+        """, self.path(), {})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.strip().splitlines()[-1], "True")
+        self.assertEqual(proc.stderr, "")
 
     def test_too_late_stops_the_script_with_one_line(self):
         proc = run_child("""
