@@ -49,6 +49,26 @@ void JobReporter::reliable(proto::JobUpdateT update) {
   std::lock_guard lock(mu_);
   if (stop_) return;
   if (is_final(update)) progress_.erase(update.job_id);  // stale now
+  // A program that writes faster than the coordinator takes (or while it is
+  // away) costs a bounded queue: its oldest waiting output goes first (not
+  // the one being sent, which stays at the front until acknowledged).
+  size_t dropped = 0;
+  for (auto it = reliable_.begin() + (sending_ && !reliable_.empty() ? 1 : 0);
+       it != reliable_.end() && queued_output_ + update.log.size() > kMaxQueuedOutput;) {
+    if (!it->log.empty() && !is_final(*it) && !it->epoch) {
+      queued_output_ -= it->log.size();
+      dropped += it->log.size();
+      it = reliable_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (dropped) {
+    spdlog::warn("job {}: {} bytes of its output dropped: the coordinator does not take it as "
+                 "fast as it comes",
+                 update.job_id, dropped);
+  }
+  queued_output_ += update.log.size();
   reliable_.push_back(std::move(update));
   cv_.notify_all();
 }
@@ -101,7 +121,10 @@ void JobReporter::loop() {
     }
     if (!delivered) jobs_.session().wait_connected(std::chrono::milliseconds(500));
     lock.lock();
-    if (is_reliable && delivered) reliable_.pop_front();
+    if (is_reliable && delivered) {
+      queued_output_ -= reliable_.front().log.size();
+      reliable_.pop_front();
+    }
     sending_ = false;
     cv_.notify_all();
     if (delivered) {

@@ -35,8 +35,12 @@ class JobReporter {
 
   // The latest progress of a running job; replaces progress not yet sent.
   void progress(proto::JobUpdateT update);
-  // An epoch report or a final state (any state but "running" is final).
+  // An epoch report, a final state (any state but "running" is final), or
+  // a chunk of a program's output. Output waiting to be sent is bounded
+  // (kMaxQueuedOutput): past it the oldest chunks not being sent are
+  // dropped, and the coordinator notes the gap their offsets leave.
   void reliable(proto::JobUpdateT update);
+  static constexpr size_t kMaxQueuedOutput = 2u << 20;
   // Jobs (id, attempt) whose final report is not acknowledged yet.
   std::vector<std::pair<uint64_t, uint32_t>> pending_finals() const;
   // Waits until nothing is pending; false after `timeout`.
@@ -56,6 +60,7 @@ class JobReporter {
   std::deque<proto::JobUpdateT> reliable_;          // GUARDED_BY(mu_)
   std::map<uint64_t, proto::JobUpdateT> progress_;  // by job id; GUARDED_BY(mu_)
   bool sending_ = false;                            // GUARDED_BY(mu_)
+  size_t queued_output_ = 0;                        // log bytes in reliable_; GUARDED_BY(mu_)
   bool stop_ = false;                               // GUARDED_BY(mu_)
   std::chrono::milliseconds backoff_{0};            // GUARDED_BY(mu_)
   std::mutex stop_mu_;                              // serializes stop()

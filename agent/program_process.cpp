@@ -237,6 +237,7 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
   auto [err_r, err_w] = make_pipe();
   auto [rep_r, rep_w] = make_pipe();
   const pid_t parent = ::getpid();
+  const long open_max = ::sysconf(_SC_OPEN_MAX);  // for the child, where sysconf is not safe
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("cannot start the program: fork: " + errno_text(errno));
   if (pid == 0) {
@@ -250,11 +251,19 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
     for (int i = 0; i < 4; ++i) {
       if (fds[i] < 0 || ::dup2(fds[i], i) < 0) ::_exit(127);
     }
-    ::syscall(SYS_close_range, 4u, ~0u, 0u);
+    if (::syscall(SYS_close_range, 4u, ~0u, 0u) != 0) {  // before Linux 5.9: one by one
+      for (long fd = 4; fd < (open_max > 0 ? open_max : 65536); ++fd) ::close(static_cast<int>(fd));
+    }
+    // The agent's handlers are the agent's: a SIGTERM (a cancel) arriving
+    // before execve must end the child, not set a flag in its copy.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
+    }
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::signal(SIGPIPE, SIG_DFL);
     if (::chdir(dir.c_str()) != 0) {
       static const char msg[] = "leasehold-agent: cannot enter the program's directory\n";
       (void)!::write(2, msg, sizeof msg - 1);
@@ -275,6 +284,19 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
   set_nonblocking(err_r.fd);
   set_nonblocking(rep_r.fd);
   Fd exited(open_pidfd(pid));
+  // Should anything below throw (a callback, an allocation), the program
+  // and its group end with it: a child never outlives the run that owns it.
+  bool reaped = false;
+  struct Reaper {
+    pid_t pid;
+    const bool& reaped;
+    ~Reaper() {
+      if (reaped) return;
+      ::kill(-pid, SIGKILL);
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  } reaper{pid, reaped};
   if (run.on_start) run.on_start(pid);
   spdlog::info("program started: pid {}, {} in {}", pid, printable(exe), printable(dir));
 
@@ -329,7 +351,7 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
   };
 
   std::optional<Clock::time_point> term_sent, exited_at;
-  bool out_open = true, err_open = true, rep_open = true, reaped = false, killed = false;
+  bool out_open = true, err_open = true, rep_open = true, killed = false;
   int status = 0;
   while (true) {
     pollfd fds[4];
@@ -356,12 +378,17 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
       take_reports(chunk);
     }
     if (!reaped) {
-      const pid_t w = ::waitpid(pid, &status, WNOHANG);
-      if (w == pid) {
+      // Exited, but not reaped yet (WNOWAIT): its pid, the group's id, is
+      // not free for reuse while whatever it left running in its group is
+      // killed.
+      siginfo_t info{};
+      if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == pid) {
+        ::kill(-pid, SIGKILL);
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
         reaped = true;
         exited_at = Clock::now();
-        // Whatever it left running in its group goes with it.
-        ::kill(-pid, SIGKILL);
       }
     }
     if (!reaped) {

@@ -54,7 +54,26 @@ std::string name_from(const std::vector<std::string>& command) {
 struct LogState {
   uint64_t offset = 0;
   bool started = false;
+  // Someone else's program's output to a terminal: its control characters
+  // (escape sequences that move the cursor, retitle the window, answer
+  // back) are shown, not obeyed. Newlines, tabs and carriage returns pass.
+  bool defang = false;
 };
+
+std::string shown_safely(std::string_view data) {
+  std::string out;
+  out.reserve(data.size());
+  for (char c : data) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t' && c != '\r') || u == 0x7f) {
+      out += '^';
+      out += static_cast<char>(u == 0x7f ? '?' : u + 0x40);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 // Writes what the coordinator has of `id`'s output past `state`; returns
 // whether the job has ended and everything was written.
@@ -77,7 +96,9 @@ bool drain_log(const Context& ctx, zmq::context_t& zctx, uint64_t id, LogState& 
     state.started = true;
     const std::string_view data = log->data() ? log->data()->string_view() : std::string_view();
     if (!data.empty()) {
-      std::fwrite(data.data(), 1, data.size(), stdout);
+      const std::string safe = state.defang ? shown_safely(data) : std::string();
+      const std::string_view shown = state.defang ? std::string_view(safe) : data;
+      std::fwrite(shown.data(), 1, shown.size(), stdout);
       std::fflush(stdout);
     }
     state.offset = log->offset() + data.size();
@@ -89,8 +110,7 @@ bool drain_log(const Context& ctx, zmq::context_t& zctx, uint64_t id, LogState& 
 // Follows `id`'s output until the job ends, asking again for kReconnect
 // while the coordinator does not answer. `on_tick` runs between polls.
 void follow_log(const Context& ctx, zmq::context_t& zctx, uint64_t id,
-                const std::function<void()>& on_tick) {
-  LogState state;
+                const std::function<void()>& on_tick, LogState state = {}) {
   std::optional<std::chrono::steady_clock::time_point> unreachable_since;
   while (true) {
     try {
@@ -115,10 +135,15 @@ void follow_log(const Context& ctx, zmq::context_t& zctx, uint64_t id,
 }  // namespace
 
 int print_program_log(const Context& ctx, zmq::context_t& zctx, uint64_t id, bool follow) {
+  LogState state;
+  if (::isatty(STDOUT_FILENO)) {
+    Reply r = get_job(ctx, zctx, id);
+    const int64_t owner = r->body_as_JobInfo()->submitted_uid();
+    state.defang = owner != static_cast<int64_t>(::getuid());
+  }
   if (follow) {
-    follow_log(ctx, zctx, id, {});
+    follow_log(ctx, zctx, id, {}, state);
   } else {
-    LogState state;
     drain_log(ctx, zctx, id, state);
   }
   return 0;
@@ -149,9 +174,17 @@ int run_program(const Context& ctx, const RunOptions& options) {
       if (sig == 0 || cancelled_by != 0) return;
       cancelled_by = sig;
       std::fprintf(stderr, "\nleasehold: cancelling job %llu\n", (unsigned long long)id);
-      ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
-        return std::pair{proto::Body::CancelJob, proto::CreateCancelJob(fbb, id).Union()};
-      });
+      try {
+        ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
+          return std::pair{proto::Body::CancelJob, proto::CreateCancelJob(fbb, id).Union()};
+        });
+      } catch (const Error& e) {
+        // Not cancelled yet: the next tick asks again (the job must not
+        // run on because the coordinator was slow to answer once).
+        std::fprintf(stderr, "leasehold: could not cancel job %llu yet (%s); trying again\n",
+                     (unsigned long long)id, e.what());
+        cancelled_by = 0;
+      }
     });
     Reply r = get_job(ctx, zctx, id);
     const auto* j = r->body_as_JobInfo();

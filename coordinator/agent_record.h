@@ -46,6 +46,7 @@ struct AgentRecord {
   // that job, whose memory its leases are, within the job's budget. It
   // takes no job.
   uint64_t program_job = 0;
+  uint32_t program_attempt = 0;  // and the attempt that started its process
   // The job whose memory this agent's leases are (its job, or its program
   // job's), if any.
   uint64_t memory_job() const { return program_job ? program_job : job_id; }

@@ -70,7 +70,7 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
     case proto::Body::ListJobs:
       return on_list_jobs(rid, env, out);
     case proto::Body::GetJob:
-      return on_get_job(rid, env, out);
+      return on_get_job(rid, env, out, peer);
     case proto::Body::GetJobLog:
       return on_get_job_log(rid, env, out, peer);
     case proto::Body::CancelJob:

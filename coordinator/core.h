@@ -297,6 +297,11 @@ class CoordinatorCore {
   // view: a program job's memory is its session's (once registered), not
   // its agent's. Null for none.
   const JobRecord* managed_job(const AgentRecord& agent) const;
+  // Whether program session `session` belongs to `job`'s running attempt.
+  static bool is_current(const JobRecord& job, const AgentRecord& session);
+  // Drops `job`'s program session, if one is registered, its leases fenced
+  // until its process exits (its attempt ended: finish, requeue).
+  void end_program_session(const JobRecord& job, const std::string& why, Now now, Effects& out);
   // Why a Register or Heartbeat listing `jobs` is refused (more than an
   // agent can have); none when it is not.
   static std::optional<std::string> reported_jobs_refusal(
@@ -353,7 +358,8 @@ class CoordinatorCore {
   void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
                  const Peer& peer);
   void on_list_jobs(const std::string& rid, const proto::Envelope& env, Effects& out);
-  void on_get_job(const std::string& rid, const proto::Envelope& env, Effects& out);
+  void on_get_job(const std::string& rid, const proto::Envelope& env, Effects& out,
+                  const Peer& peer);
   void on_cancel(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
                  const Peer& peer);
   void on_job_update(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,

@@ -124,6 +124,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.routing_ids.insert(rid);
   rec.takes_jobs = r->takes_jobs() && r->job_id() == 0;
   rec.program_job = r->job_id();
+  rec.program_attempt = r->attempt();
   if (rec.program_job) program_sessions_[rec.program_job] = name;
   rec.ready = r->ready();
   rec.outside_pool_bytes = r->outside_pool_bytes();

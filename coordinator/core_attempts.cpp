@@ -314,6 +314,7 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
 void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& reason, Now now,
                              Effects& out) {
   end_attempt(job, job_state_name(state), reason, now);
+  end_program_session(job, "ended with its job", now, out);
   jobs_.set_state(job, state, now.unix_ms, reason);
   if (state == JobState::Succeeded) job.reason.clear();
   spdlog::info("{} {}{}{}", job_label(job), job_state_name(state), reason.empty() ? "" : ": ",
@@ -326,6 +327,7 @@ void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool 
   const std::string why =
       job.orphan_cause.empty() ? reported : job.orphan_cause + "; then: " + reported;
   end_attempt(job, counts ? outcome : "interrupted", why, now);
+  end_program_session(job, "outlived its job's attempt", now, out);
   if (job.cancel_requested) return finish(job, JobState::Cancelled, "cancelled: " + why, now, out);
   if (counts && ++job.agent_failures > static_cast<uint32_t>(job.max_attempts)) {
     std::string reasons;

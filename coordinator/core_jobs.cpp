@@ -243,7 +243,7 @@ void CoordinatorCore::on_list_jobs(const std::string& rid, const proto::Envelope
 }
 
 void CoordinatorCore::on_get_job(const std::string& rid, const proto::Envelope& env,
-                                 Effects& out) {
+                                 Effects& out, const Peer& peer) {
   uint64_t req = env.header()->request_id();
   uint64_t id = env.body_as_GetJob()->job_id();
   const JobRecord* job = jobs_.find(id);
@@ -252,7 +252,10 @@ void CoordinatorCore::on_get_job(const std::string& rid, const proto::Envelope& 
                       "no job with id " + std::to_string(id) +
                           (id < jobs_.next_id() ? " (finished jobs are pruned by retention)" : ""));
   }
-  send(out, rid, req, std::move(*job_info(*job, kFullDetail)));
+  // (Anyone may see a job; its environment's values only whoever may act on it.)
+  const bool owner = (peer.known || !peer.key.empty()) && submitted_by(*job, peer);
+  const bool admin = owner || !opts_.access.check(Role::Admin, peer);
+  send(out, rid, req, std::move(*job_info(*job, admin ? kOwnersDetail : kFullDetail)));
 }
 
 void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& env, Now now,

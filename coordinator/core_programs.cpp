@@ -42,20 +42,42 @@ std::optional<std::string> CoordinatorCore::budget_refusal(const AgentRecord& ag
   if (!agent.program_job) return std::nullopt;
   const JobRecord* job = jobs_.find(agent.program_job);
   if (!job || !job->spec) return "its program job " + std::to_string(agent.program_job) + " is gone";
+  if (!is_current(*job, agent)) {
+    return "attempt " + std::to_string(agent.program_attempt) + " of job " +
+           std::to_string(job->id) + " is over";
+  }
   const uint64_t budget = job->budget_bytes;
   uint64_t held = leases_.leased_bytes(agent.name);
   for (const auto& w : leases_.waiting_requests()) held += w.owner == agent.name ? w.size : 0;
-  const uint64_t asked = (bytes + pool_.alignment - 1) / pool_.alignment * pool_.alignment;
-  if (held + asked <= budget) return std::nullopt;
+  // (Sizes near 2^64 must not wrap round to a small request.)
+  const uint64_t asked = bytes > budget ? budget + 1
+                                        : (bytes + pool_.alignment - 1) / pool_.alignment *
+                                              pool_.alignment;
+  if (held <= budget && asked <= budget - held) return std::nullopt;
   return "job " + std::to_string(job->id) + "'s memory_budget of " + format_bytes(budget) +
          " would be exceeded: " + format_bytes(held) + " leased or asked for, " +
-         format_bytes(asked) + " more asked";
+         format_bytes(bytes) + " more asked";
+}
+
+bool CoordinatorCore::is_current(const JobRecord& job, const AgentRecord& session) {
+  return job.state == JobState::Running && job.attempt_number() == session.program_attempt;
+}
+
+void CoordinatorCore::end_program_session(const JobRecord& job, const std::string& why, Now now,
+                                          Effects& out) {
+  auto it = program_sessions_.find(job.id);
+  if (it == program_sessions_.end()) return;
+  // Its process may still run (its agent was lost, or it outlives its
+  // attempt): its leases are fenced until it exits, as a silent agent's, and
+  // the next attempt's session starts afresh within the budget.
+  const std::string name = it->second;
+  drop_agent(name, why, JobFate::Silent, now, out);
 }
 
 const JobRecord* CoordinatorCore::managed_job(const AgentRecord& agent) const {
   const JobRecord* job = agent.memory_job() ? jobs_.find(agent.memory_job()) : nullptr;
   if (!job || job->state != JobState::Running) return nullptr;
-  if (agent.program_job) return job;
+  if (agent.program_job) return is_current(*job, agent) ? job : nullptr;
   // An agent running a program job whose session is registered holds none
   // of its memory: the session does.
   if (job->agent != agent.name || program_sessions_.count(job->id)) return nullptr;

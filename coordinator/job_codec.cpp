@@ -11,7 +11,7 @@ std::vector<T> tail(const std::vector<T>& v, size_t n) {
   return v.size() <= n ? v : std::vector<T>(v.end() - static_cast<std::ptrdiff_t>(n), v.end());
 }
 
-constexpr InfoDetail kEverything{true, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+constexpr InfoDetail kEverything{true, SIZE_MAX, SIZE_MAX, SIZE_MAX, true};
 
 }  // namespace
 
@@ -35,7 +35,12 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   info->test_accuracy = job.test_accuracy;
   info->samples_per_second = job.samples_per_second;
   info->reason = job.reason;
-  if (detail.spec && job.spec) info->spec = std::make_unique<proto::JobSpecT>(*job.spec);
+  if (detail.spec && job.spec) {
+    info->spec = std::make_unique<proto::JobSpecT>(*job.spec);
+    if (info->spec->program && !detail.environment_values) {
+      for (auto& var : info->spec->program->environment) var->value = kHiddenValue;
+    }
+  }
   for (const auto& a : tail(job.attempts, detail.max_attempts)) {
     auto t = std::make_unique<proto::AttemptT>();
     t->number = a.number;
@@ -76,6 +81,9 @@ std::vector<uint8_t> encode_job(const JobRecord& job) {
   auto info = job_info(job, kEverything);
   info->submit_key = job.submit_key;  // stored only, never sent
   info->log_tail = job.log;
+  info->program_token_lo = job.program_token.lo;
+  info->program_token_hi = job.program_token.hi;
+  info->attempt_log_bytes = job.attempt_log_bytes;
   fbb.Finish(proto::JobInfo::Pack(fbb, info.get()));
   return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
 }
@@ -137,6 +145,8 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   job.exit_code = info->exit_code;
   if (info->program_memory) job.program_memory = *info->program_memory;
   job.log = std::move(info->log_tail);
+  job.program_token = SessionToken{info->program_token_lo, info->program_token_hi};
+  job.attempt_log_bytes = info->attempt_log_bytes;
   job.log_bytes = std::max<uint64_t>(info->log_bytes, job.log.size());
   if (info->submitted_uid >= 0 && info->submitted_uid <= int64_t(UINT32_MAX)) {
     job.submitted_uid = static_cast<uint32_t>(info->submitted_uid);

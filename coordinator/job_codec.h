@@ -23,12 +23,17 @@ struct InfoDetail {
   size_t max_epochs = SIZE_MAX;
   size_t max_history = SIZE_MAX;
   size_t max_attempts = SIZE_MAX;
+  // A program job's environment values (tokens, keys) are its submitter's:
+  // others, and the HTTP views, see the names with kHiddenValue.
+  bool environment_values = false;
 };
+inline constexpr const char* kHiddenValue = "(hidden: only its submitter sees it)";
 inline constexpr InfoDetail kSummaryDetail{false, 20, 10, 5};
 // A job event says how the job progresses: its state, progress and the
 // latest epochs (for followers that print each), not its whole record.
 inline constexpr InfoDetail kEventDetail{false, 3, 1, 1};
 inline constexpr InfoDetail kFullDetail{true, 10000, 1000, 1000};
+inline constexpr InfoDetail kOwnersDetail{true, 10000, 1000, 1000, true};
 // A page of job summaries ends once it holds this many bytes.
 inline constexpr size_t kListPageBytes = 1u << 20;
 

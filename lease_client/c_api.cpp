@@ -1,7 +1,8 @@
 // The C interface of libleasehold.so (lease_client/leasehold.h): opaque
 // handles around AgentSession and Lease. No exception leaves this file:
-// every entry point catches them all and turns them into an lh_status and
-// a message in this thread's buffer.
+// every entry point is noexcept, and whatever may throw runs inside
+// `guarded` (or `guarded_or`), which turns it into an lh_status (or a
+// fallback value) and a message in this thread's buffer.
 #include "lease_client/leasehold.h"
 
 #include <unistd.h>
@@ -75,6 +76,18 @@ lh_status guarded(Body&& body) noexcept {
   } catch (...) {
     return fail(LH_ERR_INTERNAL, "unknown exception");
   }
+}
+
+// For the entry points that return a value rather than a status: `body`'s
+// result, or `otherwise` (and guarded's message) when it throws.
+template <typename T, typename Body>
+T guarded_or(T otherwise, Body&& body) noexcept {
+  T result = otherwise;
+  guarded([&] {
+    result = body();
+    return LH_OK;
+  });
+  return result;
 }
 
 // The leases a session handed out and not yet released: its statistics.
@@ -153,9 +166,9 @@ struct lh_lease {
 
 extern "C" {
 
-const char* lh_last_error(void) { return t_error; }
+const char* lh_last_error(void) noexcept { return t_error; }
 
-const char* lh_status_name(lh_status status) {
+const char* lh_status_name(lh_status status) noexcept {
   switch (status) {
     case LH_OK:
       return "LH_OK";
@@ -179,12 +192,14 @@ const char* lh_status_name(lh_status status) {
   return "LH_ERR_UNKNOWN";
 }
 
-void lh_session_options_init(lh_session_options* options) {
+void lh_session_options_init(lh_session_options* options) noexcept {
   if (options) *options = lh_session_options{};
 }
 
-lh_status lh_session_options_from_env(lh_session_options* options) {
-  if (!options) return fail(LH_ERR_INVALID_ARGUMENT, "lh_session_options_from_env: options is NULL");
+lh_status lh_session_options_from_env(lh_session_options* options) noexcept {
+  if (!options) {
+    return fail(LH_ERR_INVALID_ARGUMENT, "lh_session_options_from_env: options is NULL");
+  }
   return guarded([&] {
     lh_session_options o;
     lh_session_options_init(&o);
@@ -231,7 +246,7 @@ lh_status lh_session_options_from_env(lh_session_options* options) {
   });
 }
 
-lh_status lh_session_open(const lh_session_options* options, lh_session** session) {
+lh_status lh_session_open(const lh_session_options* options, lh_session** session) noexcept {
   if (!session) return fail(LH_ERR_INVALID_ARGUMENT, "lh_session_open: session is NULL");
   *session = nullptr;
   return guarded([&] {
@@ -285,12 +300,12 @@ lh_status lh_session_open(const lh_session_options* options, lh_session** sessio
   });
 }
 
-void lh_session_close(lh_session* session) {
+void lh_session_close(lh_session* session) noexcept {
   // Unregistering is best effort (logged); the destructor never throws.
   delete session;
 }
 
-lh_status lh_session_pool(lh_session* session, lh_pool_info* info) {
+lh_status lh_session_pool(lh_session* session, lh_pool_info* info) noexcept {
   if (!session || !info) return fail(LH_ERR_INVALID_ARGUMENT, "lh_session_pool: a NULL argument");
   return guarded([&] {
     const leasehold::PoolDescriptor pool = session->session->pool();
@@ -305,7 +320,7 @@ lh_status lh_session_pool(lh_session* session, lh_pool_info* info) {
   });
 }
 
-lh_status lh_session_stats_get(lh_session* session, lh_session_stats* stats) {
+lh_status lh_session_stats_get(lh_session* session, lh_session_stats* stats) noexcept {
   if (!session || !stats) {
     return fail(LH_ERR_INVALID_ARGUMENT, "lh_session_stats_get: a NULL argument");
   }
@@ -325,25 +340,25 @@ lh_status lh_session_stats_get(lh_session* session, lh_session_stats* stats) {
   });
 }
 
-int lh_session_connected(lh_session* session) {
-  return session && session->session->connected() ? 1 : 0;
+int lh_session_connected(lh_session* session) noexcept {
+  return guarded_or(0, [&] { return session && session->session->connected() ? 1 : 0; });
 }
 
-int lh_session_may_touch(lh_session* session) {
-  return session && session->session->may_touch() ? 1 : 0;
+int lh_session_may_touch(lh_session* session) noexcept {
+  return guarded_or(0, [&] { return session && session->session->may_touch() ? 1 : 0; });
 }
 
 lh_status lh_lease_acquire(lh_session* session, uint64_t size, int64_t wait_ms, int needed,
-                           lh_lease** lease) {
+                           lh_lease** lease) noexcept {
   if (!lease) return fail(LH_ERR_INVALID_ARGUMENT, "lh_lease_acquire: lease is NULL");
   *lease = nullptr;
   if (!session) return fail(LH_ERR_INVALID_ARGUMENT, "lh_lease_acquire: session is NULL");
   if (size == 0) return fail(LH_ERR_INVALID_ARGUMENT, "lh_lease_acquire: size is 0");
-  if (wait_ms < -1) {
-    return fail(LH_ERR_INVALID_ARGUMENT,
-                "lh_lease_acquire: wait_ms is " + std::to_string(wait_ms) + " (-1: the default)");
-  }
   return guarded([&] {
+    if (wait_ms < -1) {
+      return fail(LH_ERR_INVALID_ARGUMENT,
+                  "lh_lease_acquire: wait_ms is " + std::to_string(wait_ms) + " (-1: the default)");
+    }
     std::optional<std::chrono::milliseconds> wait;
     if (wait_ms >= 0) wait = std::chrono::milliseconds(wait_ms);
     auto l = std::make_unique<lh_lease>();
@@ -358,54 +373,55 @@ lh_status lh_lease_acquire(lh_session* session, uint64_t size, int64_t wait_ms, 
   });
 }
 
-void* lh_lease_data(const lh_lease* lease) {
-  if (!lease || lease->lease.lost()) return nullptr;
-  try {
+void* lh_lease_data(const lh_lease* lease) noexcept {
+  // data() throws when the lease was lost meanwhile: NULL then too.
+  return guarded_or<void*>(nullptr, [&]() -> void* {
+    if (!lease || lease->lease.lost()) return nullptr;
     return lease->lease.data();
-  } catch (const std::exception& e) {
-    fail(LH_ERR_SESSION_LOST, e.what());  // lost meanwhile
-    return nullptr;
-  }
+  });
 }
 
-uint64_t lh_lease_size(const lh_lease* lease) { return lease ? lease->lease.size() : 0; }
+uint64_t lh_lease_size(const lh_lease* lease) noexcept { return lease ? lease->lease.size() : 0; }
 
-uint64_t lh_lease_id(const lh_lease* lease) { return lease ? lease->lease.id() : 0; }
+uint64_t lh_lease_id(const lh_lease* lease) noexcept { return lease ? lease->lease.id() : 0; }
 
-int lh_lease_lost(const lh_lease* lease) { return !lease || lease->lease.lost() ? 1 : 0; }
+// When even that cannot be told: lost (1), so that the memory is not used.
+int lh_lease_lost(const lh_lease* lease) noexcept {
+  return guarded_or(1, [&] { return !lease || lease->lease.lost() ? 1 : 0; });
+}
 
-lh_status lh_lease_release(lh_lease* lease) {
+lh_status lh_lease_release(lh_lease* lease) noexcept {
   if (!lease) return LH_OK;
-  std::unique_ptr<lh_lease> owned(lease);
-  {
-    std::lock_guard lock(owned->set->mu);
-    owned->set->leases.erase(lease);
-  }
-  // Lease::release gives the handle up whatever the answer, so the
-  // destructor below never tries again.
   return guarded([&] {
+    {
+      std::lock_guard lock(lease->set->mu);
+      lease->set->leases.erase(lease);
+    }
+    // Out of the set, so freed whatever the answer. Lease::release gives
+    // the handle up whatever the answer, so the destructor never tries again.
+    std::unique_ptr<lh_lease> owned(lease);
     if (owned->lease.held()) owned->lease.release();
     return LH_OK;
   });
 }
 
-void lh_session_set_shrink_handler(lh_session* session, lh_shrink_fn fn, void* user) {
+void lh_session_set_shrink_handler(lh_session* session, lh_shrink_fn fn, void* user) noexcept {
   if (!session) return;
-  try {
+  // Copying a std::function may allocate: a failure leaves only the message.
+  guarded([&] {
     if (!fn) {
       session->session->set_shrink_handler({});
-      return;
+    } else {
+      session->session->set_shrink_handler([fn, user](const leasehold::proto::ShrinkT& s) {
+        fn(user, s.id, s.bytes);
+      });
     }
-    session->session->set_shrink_handler([fn, user](const leasehold::proto::ShrinkT& s) {
-      fn(user, s.id, s.bytes);
-    });
-  } catch (const std::exception& e) {
-    fail(LH_ERR_INTERNAL, e.what());  // copying a std::function may allocate
-  }
+    return LH_OK;
+  });
 }
 
 lh_status lh_session_shrink_done(lh_session* session, uint64_t shrink_id, uint64_t released,
-                                 uint64_t still_leased, const char* reason) {
+                                 uint64_t still_leased, const char* reason) noexcept {
   if (!session) return fail(LH_ERR_INVALID_ARGUMENT, "lh_session_shrink_done: session is NULL");
   return guarded([&] {
     session->session->send_shrink_done(shrink_id, released, still_leased, reason ? reason : "");

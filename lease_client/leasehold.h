@@ -27,6 +27,13 @@ extern "C" {
 
 #define LEASEHOLD_C_API_VERSION 1
 
+/* No exception leaves these functions; C++ callers see them noexcept. */
+#ifdef __cplusplus
+#define LH_NOEXCEPT noexcept
+#else
+#define LH_NOEXCEPT
+#endif
+
 typedef enum lh_status {
   LH_OK = 0,
   LH_ERR_INVALID_ARGUMENT = 1, /* a bad argument or option */
@@ -93,12 +100,12 @@ typedef void (*lh_shrink_fn)(void* user, uint64_t shrink_id, uint64_t bytes);
 
 /* This thread's message about the latest failure ("" before any). Calls
  * that succeed leave it as it was. */
-const char* lh_last_error(void);
+const char* lh_last_error(void) LH_NOEXCEPT;
 /* "LH_OK", "LH_ERR_NO_SPACE", ... (static strings). */
-const char* lh_status_name(lh_status status);
+const char* lh_status_name(lh_status status) LH_NOEXCEPT;
 
 /* Defaults: everything zero or NULL. */
-void lh_session_options_init(lh_session_options* options);
+void lh_session_options_init(lh_session_options* options) LH_NOEXCEPT;
 /* Reads the program job's session from the environment the agent sets:
  * LEASEHOLD_ENDPOINT, LEASEHOLD_AGENT, LEASEHOLD_JOB_ID,
  * LEASEHOLD_JOB_ATTEMPT, LEASEHOLD_JOB_TOKEN (and LEASEHOLD_CURVE_KEY,
@@ -110,27 +117,27 @@ void lh_session_options_init(lh_session_options* options);
  * LEASEHOLD_JOB_ID); LH_ERR_INVALID_ARGUMENT when LEASEHOLD_JOB_ID is set
  * but it, LEASEHOLD_JOB_ATTEMPT or LEASEHOLD_JOB_TOKEN is missing or
  * malformed. */
-lh_status lh_session_options_from_env(lh_session_options* options);
+lh_status lh_session_options_from_env(lh_session_options* options) LH_NOEXCEPT;
 
 /* Connects, registers and maps the pool (`options` NULL: the defaults).
  * Keeps trying while the coordinator is unreachable, up to
  * register_timeout_ms (then LH_ERR_TIMEOUT). A program job's session the
  * coordinator does not accept (not its job, attempt or token):
  * LH_ERR_PERMISSION, saying why. `*session` is NULL on failure. */
-lh_status lh_session_open(const lh_session_options* options, lh_session** session);
+lh_status lh_session_open(const lh_session_options* options, lh_session** session) LH_NOEXCEPT;
 /* Unregisters (its leases go back) and unmaps once the last lease is gone;
  * leases still held are lost, and must still be released (which frees
  * them). REQUIRES: no other thread uses the session. NULL is ignored. */
-void lh_session_close(lh_session* session);
+void lh_session_close(lh_session* session) LH_NOEXCEPT;
 
-lh_status lh_session_pool(lh_session* session, lh_pool_info* info);
-lh_status lh_session_stats_get(lh_session* session, lh_session_stats* stats);
+lh_status lh_session_pool(lh_session* session, lh_pool_info* info) LH_NOEXCEPT;
+lh_status lh_session_stats_get(lh_session* session, lh_session_stats* stats) LH_NOEXCEPT;
 /* 1 while registered with a live coordinator. */
-int lh_session_connected(lh_session* session);
+int lh_session_connected(lh_session* session) LH_NOEXCEPT;
 /* 1 while leased memory may be touched: registered, and the coordinator
  * answered something sent recently enough that it has not fenced this
  * session's leases (the self-fence). */
-int lh_session_may_touch(lh_session* session);
+int lh_session_may_touch(lh_session* session) LH_NOEXCEPT;
 
 /* Leases at least `size` bytes (rounded up to the pool's alignment).
  * `wait_ms`: how long the coordinator may queue the request when memory is
@@ -140,30 +147,30 @@ int lh_session_may_touch(lh_session* session);
  * past the job's budget), LH_ERR_TIMEOUT, LH_ERR_SESSION_LOST (registering
  * again: try later). */
 lh_status lh_lease_acquire(lh_session* session, uint64_t size, int64_t wait_ms, int needed,
-                           lh_lease** lease);
+                           lh_lease** lease) LH_NOEXCEPT;
 /* The lease's memory (a device pointer for a CUDA pool); NULL once the
  * session that granted it is lost (and for NULL). */
-void* lh_lease_data(const lh_lease* lease);
-uint64_t lh_lease_size(const lh_lease* lease);
-uint64_t lh_lease_id(const lh_lease* lease);
+void* lh_lease_data(const lh_lease* lease) LH_NOEXCEPT;
+uint64_t lh_lease_size(const lh_lease* lease) LH_NOEXCEPT;
+uint64_t lh_lease_id(const lh_lease* lease) LH_NOEXCEPT;
 /* 1 once the session that granted it is lost (or closed): its memory must
  * not be used. 1 for NULL. */
-int lh_lease_lost(const lh_lease* lease);
+int lh_lease_lost(const lh_lease* lease) LH_NOEXCEPT;
 /* Gives the lease back and frees the handle (also when the answer is an
  * error: the handle is gone either way). A lost lease has nothing to give
  * back (the coordinator took it): LH_OK. The caller must have finished
  * every use of the memory, on the device too. NULL is ignored. */
-lh_status lh_lease_release(lh_lease* lease);
+lh_status lh_lease_release(lh_lease* lease) LH_NOEXCEPT;
 
 /* Installs (NULL: removes) the Shrink handler; waits for a call of the old
  * one in progress. */
-void lh_session_set_shrink_handler(lh_session* session, lh_shrink_fn fn, void* user);
+void lh_session_set_shrink_handler(lh_session* session, lh_shrink_fn fn, void* user) LH_NOEXCEPT;
 /* Answers Shrink `shrink_id`: `released` bytes given back (their leases
  * released already), `still_leased` held now, `reason` (may be NULL) why
  * less than asked. A Shrink not asked of this session: LH_ERR_INTERNAL,
  * saying so. */
 lh_status lh_session_shrink_done(lh_session* session, uint64_t shrink_id, uint64_t released,
-                                 uint64_t still_leased, const char* reason);
+                                 uint64_t still_leased, const char* reason) LH_NOEXCEPT;
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,15 @@
 #include "shared/program_spec.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
 
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <set>
+#include <vector>
 
 #include "shared/printable.h"
 
@@ -27,20 +31,70 @@ bool valid_env_name(std::string_view name) {
   return true;
 }
 
-// Whether the submitter (uid, gid; -1: not known) may read and enter a
-// folder of this owner and mode.
-bool submitter_may_enter(const struct stat& st, int64_t uid, int64_t gid) {
+// The groups of user `uid`: its primary group `gid` and those it is a
+// member of (the kernel's peer credentials carry only the primary one).
+std::vector<gid_t> groups_of(int64_t uid, int64_t gid) {
+  std::vector<gid_t> groups;
+  if (gid >= 0) groups.push_back(static_cast<gid_t>(gid));
+  std::vector<char> buf(16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(static_cast<uid_t>(uid), &pw, buf.data(), buf.size(), &found) == 0 && found) {
+    int n = 64;
+    std::vector<gid_t> more(n);
+    if (::getgrouplist(pw.pw_name, pw.pw_gid, more.data(), &n) < 0) {
+      more.resize(n);
+      if (::getgrouplist(pw.pw_name, pw.pw_gid, more.data(), &n) < 0) n = 0;
+    }
+    more.resize(n);
+    groups.insert(groups.end(), more.begin(), more.end());
+  }
+  return groups;
+}
+
+// Whether the submitter (uid; its groups) has the permission bits `want`
+// (4 read, 1 search) on a file of this owner and mode.
+bool submitter_may(const struct stat& st, int64_t uid, const std::vector<gid_t>& groups,
+                   unsigned want) {
   if (uid == 0) return true;
-  if (static_cast<int64_t>(st.st_uid) == uid) return (st.st_mode & 0500) == 0500;
-  if (gid >= 0 && static_cast<int64_t>(st.st_gid) == gid) return (st.st_mode & 0050) == 0050;
-  return (st.st_mode & 0005) == 0005;
+  if (static_cast<int64_t>(st.st_uid) == uid) return ((st.st_mode >> 6) & want) == want;
+  for (gid_t g : groups) {
+    if (st.st_gid == g) return ((st.st_mode >> 3) & want) == want;
+  }
+  return (st.st_mode & want) == want;
+}
+
+// Empty when the submitter may search every folder above `dir` and read and
+// search `dir` itself; else the folder that stops it (or why it cannot be
+// looked at).
+std::string submitter_refused_at(const std::string& dir, int64_t uid, int64_t gid) {
+  const std::vector<gid_t> groups = groups_of(uid, gid);
+  std::vector<std::string> folders{"/"};
+  for (size_t pos = 0; pos < dir.size();) {
+    const size_t end = std::min(dir.find('/', pos), dir.size());
+    if (end > pos) folders.push_back((folders.size() == 1 ? "" : folders.back()) + "/" +
+                                     dir.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  for (size_t i = 0; i < folders.size(); ++i) {
+    struct stat st {};
+    if (::stat(folders[i].c_str(), &st) != 0) return folders[i] + ": " + std::strerror(errno);
+    const bool last = i + 1 == folders.size();
+    if (!submitter_may(st, uid, groups, last ? 5u : 1u)) return last ? dir : folders[i];
+  }
+  return "";
 }
 
 }  // namespace
 
 bool reserved_environment_name(std::string_view name) {
-  return name.rfind("LEASEHOLD_", 0) == 0 || name == "CUDA_MPS_PIPE_DIRECTORY" ||
-         name == "CUDA_MPS_LOG_DIRECTORY" || name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+  // Which GPU `LEASEHOLD_DEVICE` names, and the MPS daemon the agent joined,
+  // are the agent's: a program that renumbered or hid devices would map the
+  // pool on another GPU, or compute on one nobody scheduled.
+  static const std::set<std::string_view> reserved = {
+      "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+      "CUDA_VISIBLE_DEVICES",    "CUDA_DEVICE_ORDER",      "NVIDIA_VISIBLE_DEVICES"};
+  return name.rfind("LEASEHOLD_", 0) == 0 || reserved.count(name) > 0;
 }
 
 void validate_program(const proto::JobSpec& job, const ValidationOptions& options,
@@ -90,9 +144,13 @@ void validate_program(const proto::JobSpec& job, const ValidationOptions& option
       p.push_back("program.directory: " + quoted(dir) + ": " + std::strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
       p.push_back("program.directory: " + quoted(dir) + " is not a folder");
-    } else if (!submitter_may_enter(st, options.submitter_uid, options.submitter_gid)) {
+    } else if (std::string at = submitter_refused_at(dir, options.submitter_uid,
+                                                     options.submitter_gid);
+               !at.empty()) {
       p.push_back("program.directory: " + quoted(dir) + " is not readable by its submitter (uid " +
-                  std::to_string(options.submitter_uid) + ")");
+                  std::to_string(options.submitter_uid) + "): " +
+                  (at == dir ? std::string("it may not read the folder")
+                             : quoted(at) + " may not be searched"));
     }
   }
   if (const auto* env = prog.environment()) {
@@ -110,7 +168,8 @@ void validate_program(const proto::JobSpec& job, const ValidationOptions& option
                     " is not a variable name (letters, digits and '_', not starting with a digit)");
       } else if (reserved_environment_name(name)) {
         p.push_back(at + ".name: " + name +
-                    " is the agent's to set for a program job (LEASEHOLD_*, CUDA_MPS_*)");
+                    " is the agent's to set for a program job (LEASEHOLD_*, CUDA_MPS_*, the visible "
+                    "devices)");
       } else if (!seen.insert(name).second) {
         p.push_back(at + ".name: " + name + " is given twice");
       }

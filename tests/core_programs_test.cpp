@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/access.h"
+#include "coordinator/job_codec.h"
 #include "coordinator/metrics.h"
 #include "tests/support/core_driver.h"
 
@@ -245,6 +246,88 @@ TEST(CorePrograms, APluginsFiguresAndItsSessionsLeasesAreTheJobsInMetrics) {
   EXPECT_EQ(series("leasehold_job_program_cache_hits_total"), "1197");
   EXPECT_EQ(series("leasehold_job_program_lease_requests_total"), "3");
   EXPECT_EQ(series("leasehold_job_program_outside_pool_bytes"), "524288000");
+}
+
+TEST(CorePrograms, AProgramsSessionEndsWithItsAttempt) {
+  CoreDriver d(job_options(), 64ull << 20);
+  Program p = start_program(d);
+  const std::string name = "a:job" + std::to_string(p.job);
+  FakeAgent session = session_of(register_session(d, p, p.token), name, "rid-" + name);
+  d.heartbeat(session);
+  ASSERT_NE(granted_lease(d.lease(session, 4 << 20, 0), session), 0u);
+  // The attempt ends (here: its agent says it was interrupted) while the
+  // program's process may live on: its session goes, its leases fenced, and
+  // it leases nothing more for the job.
+  d.update(p.agent, p.job, 1, "interrupted", "the agent is shutting down");
+  Effects more = d.lease(session, 2 << 20, 0);
+  EXPECT_NE(errors(more), "") << "a session of an ended attempt leased more";
+  for (const auto& a : d.core().pool_view().agents) EXPECT_NE(a.name, name);
+  const proto::StatusReplyT st = d.core().status(d.now());
+  bool fenced = false;
+  for (const auto& f : st.fences) fenced = fenced || f->agent == name;
+  EXPECT_TRUE(fenced) << "its leases went back while its process may still write";
+}
+
+TEST(CorePrograms, AProgramsSessionAndOutputSurviveACoordinatorRestart) {
+  CoreDriver before(job_options(), 64ull << 20);
+  Program p = start_program(before);
+  before.request(p.agent.rid, p.agent.name, p.agent.session, proto::Body::JobUpdate,
+                 [&](auto& fbb) {
+                   proto::JobUpdateT u;
+                   u.job_id = p.job;
+                   u.attempt = 1;
+                   u.state = "running";
+                   u.log = "before the restart\n";
+                   u.epoch = std::make_unique<proto::EpochStatT>();  // a stored write
+                   u.epoch->epoch = 1;
+                   return proto::JobUpdate::Pack(fbb, &u).Union();
+                 });
+  auto rows = stored_rows(before);
+  CoreDriver d(job_options(), 64ull << 20);
+  Effects e;
+  d.core().recover(rows, p.job + 1, d.now(), e);
+  // The agent and its program live on: both register again.
+  FakeAgent agent = d.register_agent("a", 11, {{p.job, 1, P::Running}});
+  const std::string name = "a:job" + std::to_string(p.job);
+  Effects reg = register_session(d, p, p.token);
+  ASSERT_FALSE(messages(reg, proto::Body::RegisterAck, "rid-" + name).empty()) << errors(reg);
+  EXPECT_EQ(d.job(p.job).state, JobState::Running);
+  // Its output goes on where it was, without a gap.
+  d.request(agent.rid, agent.name, agent.session, proto::Body::JobUpdate, [&](auto& fbb) {
+    proto::JobUpdateT u;
+    u.job_id = p.job;
+    u.attempt = 1;
+    u.state = "running";
+    u.log = "after\n";
+    u.log_offset = 19;
+    return proto::JobUpdate::Pack(fbb, &u).Union();
+  });
+  EXPECT_EQ(d.job(p.job).log, "before the restart\nafter\n");
+}
+
+TEST(CorePrograms, EnvironmentValuesAreShownOnlyToWhoMayActOnTheJob) {
+  CoreDriver d(job_options(), 64ull << 20);
+  d.register_agent("a", 11);
+  uint64_t id = 0;
+  d.submit(id, [](proto::JobSpecT& s) {
+    make_program(s);
+    auto var = std::make_unique<proto::EnvVarT>();
+    var->name = "WANDB_API_KEY";
+    var->value = "secret-123";
+    s.program->environment.push_back(std::move(var));
+  });
+  auto value_seen = [&](const Peer& as) {
+    d.peer = as;
+    Effects e = d.request("cli", "cli", {}, proto::Body::GetJob,
+                          [&](auto& fbb) { return proto::CreateGetJob(fbb, id).Union(); });
+    auto m = messages(e, proto::Body::JobInfo, "cli");
+    if (m.empty()) throw std::logic_error(errors(e));
+    const auto& env = m[0]->body.AsJobInfo()->spec->program->environment;
+    return env.size() == 1 ? env[0]->name + "=" + env[0]->value : std::string("(none)");
+  };
+  const Peer owner = d.peer;
+  EXPECT_EQ(value_seen(owner), "WANDB_API_KEY=secret-123");
+  EXPECT_EQ(value_seen(Peer::local(3000, 3000, 5)), std::string("WANDB_API_KEY=") + kHiddenValue);
 }
 
 }  // namespace

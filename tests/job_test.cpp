@@ -486,4 +486,44 @@ TEST_F(JobTest, CancelStopsBetweenSteps) {
 }
 
 }  // namespace
+TEST_F(JobTest, AProgramsFolderMustBeReachableByItsSubmitterAndTheDevicesAreTheAgents) {
+  // A folder the submitter could read, inside one it may not search.
+  const std::string outer = dir + "/closed", inner = outer + "/open";
+  std::filesystem::create_directories(inner);
+  ::chmod(dir.c_str(), 0711);  // (a private temporary folder)
+  ::chmod(outer.c_str(), 0700);
+  ::chmod(inner.c_str(), 0755);
+  proto::JobSpecT spec;
+  spec.name = "prog";
+  spec.program = std::make_unique<proto::ProgramSpecT>();
+  spec.program->command = {"true"};
+  spec.program->directory = inner;
+  ValidationOptions someone_else;
+  someone_else.submitter_uid = ::getuid() + 12345;
+  someone_else.submitter_gid = ::getgid() + 12345;
+  std::string e = problems_of([&] { validate_job(spec, someone_else); });
+  EXPECT_NE(e.find("is not readable by its submitter"), std::string::npos) << e;
+  EXPECT_NE(e.find("'" + outer + "' may not be searched"), std::string::npos) << e;
+  ValidationOptions owner;
+  owner.submitter_uid = ::getuid();
+  owner.submitter_gid = ::getgid();
+  EXPECT_EQ(problems_of([&] { validate_job(spec, owner); }), "");
+  ::chmod(outer.c_str(), 0711);  // searchable by all: the inner folder's own mode decides
+  EXPECT_EQ(problems_of([&] { validate_job(spec, someone_else); }), "");
+  ::chmod(inner.c_str(), 0711);
+  e = problems_of([&] { validate_job(spec, someone_else); });
+  EXPECT_NE(e.find("it may not read the folder"), std::string::npos) << e;
+  // Which GPUs the program sees is the agent's to say.
+  ::chmod(inner.c_str(), 0755);
+  for (const char* name : {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"}) {
+    auto var = std::make_unique<proto::EnvVarT>();
+    var->name = name;
+    var->value = "1";
+    spec.program->environment.clear();
+    spec.program->environment.push_back(std::move(var));
+    e = problems_of([&] { validate_job(spec, owner); });
+    EXPECT_NE(e.find(std::string(name) + " is the agent's to set"), std::string::npos) << e;
+  }
+}
+
 }  // namespace leasehold

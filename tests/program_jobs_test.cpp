@@ -126,6 +126,19 @@ TEST_F(ProgramJobs, RunStreamsTheOutputAndExitsWithTheProgramsStatus) {
   EXPECT_EQ(src, 137) << sig;
 }
 
+TEST_F(ProgramJobs, AFloodOfOutputCostsBoundedMemoryAndKeepsItsEnd) {
+  agent("w1");
+  // 64 MiB of output as fast as the pipe takes it, then a last line.
+  auto [rc, out] = run({"/bin/sh", "-c", "head -c 67108864 /dev/zero | tr '\\0' x; echo; echo the end"});
+  EXPECT_EQ(rc, 0);
+  auto [lrc, log] = client({"logs", "1"});
+  EXPECT_EQ(lrc, 0);
+  EXPECT_LE(log.size(), 2u << 20) << "the job's log is bounded";
+  EXPECT_NE(log.find("the end"), std::string::npos) << "its end is kept";
+  const auto j = job(1);
+  EXPECT_EQ(j["state"], "succeeded") << j.dump(1);
+}
+
 TEST_F(ProgramJobs, BadCommandsAndFoldersAreRefusedWithTheirReason) {
   agent("w1");
   const std::string file = work + "/bad.json";
