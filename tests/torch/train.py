@@ -78,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--warmup", type=int, default=20, help="steps excluded from the timing")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="let cuDNN time its algorithms (PyTorch's fastest convolutions; under "
+                        "Leasehold the plug-in keeps it off)")
     args = p.parse_args(argv)
     if args.batch is None:
         args.batch = DEFAULT_BATCH[args.model]
@@ -262,7 +265,9 @@ def main(argv=None):
                "interpreter_to_main": process_age()}
     args = parse_args(argv)
     device = torch.device(args.device)
-    torch.backends.cudnn.benchmark = False  # also: it raises under a pluggable allocator
+    # Off unless asked: through a pluggable allocator the search would raise
+    # (Leasehold's install keeps it off and says so).
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(args.seed)
     job = leasehold_job()
 
