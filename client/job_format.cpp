@@ -47,19 +47,40 @@ std::string when(uint64_t at_ms) {
 std::string short_progress(const proto::JobInfo& j) {
   const auto* p = j.progress();
   std::string state(str(j.state()));
+  char buf[64];
   if (state == "succeeded") {
-    char buf[48];
+    // A program job (it has an exit status) may report no accuracy at all.
+    if (j.exit_code() >= 0 && j.test_accuracy() == 0) return "exit 0";
     std::snprintf(buf, sizeof buf, "test acc %.2f%%", 100 * j.test_accuracy());
     return buf;
   }
+  if (p && p->total_steps() == 0 && p->global_step() > 0) {  // a program's reports
+    std::snprintf(buf, sizeof buf, "step %lld, loss %.4g", (long long)p->global_step(), p->loss());
+    return buf;
+  }
   if (!p || p->total_steps() == 0) return "-";
-  char buf[64];
   std::snprintf(buf, sizeof buf, "epoch %d/%d %3.0f%%", p->epoch(), p->epochs(),
                 100.0 * p->global_step() / p->total_steps());
   return buf;
 }
 
 }  // namespace
+
+std::string result_summary(const proto::JobInfo& j) {
+  char buf[128];
+  if (j.exit_code() >= 0 && j.test_accuracy() == 0) {  // a program that reported no accuracy
+    std::snprintf(buf, sizeof buf, "exit status %d", j.exit_code());
+    std::string out = buf;
+    if (j.samples_per_second() > 0) {
+      std::snprintf(buf, sizeof buf, ", %.0f samples/s", j.samples_per_second());
+      out += buf;
+    }
+    return out;
+  }
+  std::snprintf(buf, sizeof buf, "test accuracy %.2f%%, %.0f samples/s", 100 * j.test_accuracy(),
+                j.samples_per_second());
+  return buf;
+}
 
 nlohmann::json job_to_json(const proto::JobInfo& j) {
   nlohmann::json out{{"id", j.id()},
@@ -307,10 +328,7 @@ std::string job_to_text(const proto::JobInfo& j) {
     os << buf;
   }
   if (std::string(str(j.state())) == "succeeded") {
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "  result: test accuracy %.2f%%, %.0f samples/s\n",
-                  100 * j.test_accuracy(), j.samples_per_second());
-    os << buf;
+    os << "  result: " << result_summary(j) << "\n";
   } else if (j.progress() && j.progress()->total_steps()) {
     os << "  progress: " << progress_line(j, false) << "\n";
   }

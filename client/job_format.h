@@ -20,5 +20,8 @@ std::string job_to_text(const proto::JobInfo& job);
 // "epoch 3/10 [#####.....] 234/469 loss 0.4123 20345 samples/s ETA 12s"
 // (bar only when `bar`).
 std::string progress_line(const proto::JobInfo& job, bool bar);
+// A succeeded job's result: its test accuracy and throughput, or a program's
+// exit status where it reported no accuracy.
+std::string result_summary(const proto::JobInfo& job);
 
 }  // namespace leasehold

@@ -62,9 +62,8 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
     if (code >= 0) {
       if (bar_shown) std::printf("\r\033[K");
       if (code == 0) {
-        std::printf("job %llu '%s' succeeded: test accuracy %.2f%%, %.0f samples/s\n",
-                    (unsigned long long)id, std::string(str(j.name())).c_str(),
-                    100 * j.test_accuracy(), j.samples_per_second());
+        std::printf("job %llu '%s' succeeded: %s\n", (unsigned long long)id,
+                    std::string(str(j.name())).c_str(), result_summary(j).c_str());
       } else {
         std::printf("job %llu '%s' %s: %s\n", (unsigned long long)id,
                     std::string(str(j.name())).c_str(), state.c_str(),

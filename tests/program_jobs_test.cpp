@@ -117,6 +117,9 @@ TEST_F(ProgramJobs, RunStreamsTheOutputAndExitsWithTheProgramsStatus) {
   EXPECT_NE(j["reason"].get<std::string>().find("exit status 7: cannot open data.bin"),
             std::string::npos)
       << j.dump(1);
+  // A program that reported no accuracy shows how it ended.
+  auto [jrc, listed] = client({"jobs"});
+  EXPECT_NE(listed.find("exit 0"), std::string::npos) << listed;
   // The log stays with the job.
   auto [lrc, log] = client({"logs", "2"});
   EXPECT_EQ(lrc, 0);
