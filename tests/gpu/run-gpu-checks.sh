@@ -6,7 +6,8 @@
 # CUDA operator against the CPU, training inside CUDA leases, the fence
 # before leases go back), the coordinator core and job store tests, the job
 # and durability tests on the host and on the CUDA backend, paused agents on
-# the CUDA backend, a CUDA demo run,
+# the CUDA backend, a CUDA demo run, PyTorch programs as program jobs
+# (run-torch-checks.sh, where python3 has a CUDA torch),
 # and the lease and engine benchmarks with the PyTorch reference. Logs go to $OUT (or ./gpu-logs).
 #
 #   bash tests/gpu/run-gpu-checks.sh BUNDLE_DIR
@@ -18,6 +19,7 @@ bundle=$(cd "${1:?usage: run-gpu-checks.sh BUNDLE_DIR}" && pwd)
 out=${OUT:-$PWD/gpu-logs}
 mkdir -p "$out"
 bin=$bundle/bin
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 
 nvidia-smi -L | tee "$out/summary.txt"
@@ -39,6 +41,8 @@ step durability_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/durability_test"
 # Agents stopped with SIGSTOP while neighbours lease what the pool frees:
 # on CUDA the neighbours' patterns are written and checked by kernels.
 step paused_agent_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/paused_agent_test"
+# The lease client's C interface on the CUDA backend.
+step lease_client_test "$bin/lease_client_test"
 
 demo() {
   local run; run=$(mktemp -d)
@@ -59,6 +63,13 @@ demo() {
   return $rc
 }
 step cuda_demo demo
+# PyTorch programs as program jobs, where python3 has a CUDA torch (the
+# plug-in is built against it): their own log folder, their own verdict.
+if python3 -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2> /dev/null; then
+  step torch_program_checks env OUT="$out/torch" bash "$here/run-torch-checks.sh" "$bundle"
+else
+  echo "torch_program_checks: skipped (python3 has no CUDA torch)" | tee -a "$out/summary.txt"
+fi
 bench=${LEASEHOLD_BENCH:-all}
 if [ "$bench" != none ]; then
   step bench_cuda "$bin/leasehold-bench-lease" --backend cuda --iterations 2000
@@ -66,8 +77,13 @@ if [ "$bench" != none ]; then
 fi
 if [ "$bench" = all ]; then
   step bench_engine "$bin/leasehold-bench-engine"
-  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   step bench_torch python3 "$here/../bench/torch_mlp_step.py"
+  # PyTorch scripts with PyTorch's allocator and as program jobs (README).
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2> /dev/null; then
+    step bench_torch_programs python3 "$here/../bench/torch_program_bench.py" --bin "$bin" \
+      --python-dir "$bundle/share/leasehold/python" \
+      --torch-plugin "$bundle/lib/libleasehold_torch.so" --steps 1000 --repeats 3
+  fi
 fi
 cp "$out/bench_cuda.log" "$out/bench_cuda.json" 2>/dev/null
 finish
