@@ -21,14 +21,7 @@ void GraphHolds::return_held(std::unique_lock<std::mutex>& lk) {
     if (streams_.capturing(s)) return;  // a new capture began
   }
   std::vector<Block*> blocks(held_.begin(), held_.end());
-  auto evs = record_each(streams_, targets);
-  try {
-    wait_unlocked(lk, streams_, evs);
-  } catch (...) {
-    destroy_all(streams_, evs);
-    throw;
-  }
-  destroy_all(streams_, evs);
+  reach_now(lk, streams_, targets);
   for (Block* b : blocks) {
     held_.erase(b);
     held_bytes_ -= b->size;

@@ -35,6 +35,18 @@ void wait_unlocked(std::unique_lock<std::mutex>& lk, StreamOps& streams,
   lk.lock();
 }
 
+void reach_now(std::unique_lock<std::mutex>& lk, StreamOps& streams,
+               const std::vector<StreamId>& targets) {
+  const std::vector<Recorded> evs = record_each(streams, targets);
+  try {
+    wait_unlocked(lk, streams, evs);
+  } catch (...) {
+    destroy_all(streams, evs);
+    throw;
+  }
+  destroy_all(streams, evs);
+}
+
 // ---- the cache's events ---------------------------------------------------------
 
 void StreamOrder::complete(StreamId s, const Pending& done) {
@@ -87,15 +99,8 @@ bool StreamOrder::drain(std::unique_lock<std::mutex>& lk, bool small, StreamId s
   }
   if (targets.empty()) return false;
   uint64_t watermark = free_seq_;
-  auto evs = record_each(streams_, targets);
-  try {
-    wait_unlocked(lk, streams_, evs);
-  } catch (...) {
-    destroy_all(streams_, evs);
-    throw;
-  }
-  destroy_all(streams_, evs);
-  for (const auto& r : evs) pool_.promote(r.stream, watermark);
+  reach_now(lk, streams_, targets);
+  for (StreamId s : targets) pool_.promote(s, watermark);
   // Events queued on those streams before ours completed too.
   process_events();
   return true;

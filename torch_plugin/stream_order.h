@@ -43,6 +43,11 @@ void destroy_all(StreamOps& streams, const std::vector<Recorded>& evs);
 // throw. The events stay the caller's to destroy.
 void wait_unlocked(std::unique_lock<std::mutex>& lk, StreamOps& streams,
                    const std::vector<Recorded>& evs);
+// Records an event on each of `targets` now and waits for them all with
+// `lk` released (held again on return and on a throw): every stream has
+// then run what was queued on it before this call. The events are gone.
+void reach_now(std::unique_lock<std::mutex>& lk, StreamOps& streams,
+               const std::vector<StreamId>& targets);
 
 // ---- the cache's events ---------------------------------------------------------
 
