@@ -45,26 +45,17 @@ class Durability : public ::testing::Test {
     return path;
   }
   std::pair<int, std::string> client(std::vector<std::string> args) {
-    args.insert(args.begin(), {"--endpoint", cluster.endpoint()});
-    return cluster.run("leasehold", args);
+    return cluster.client(std::move(args));
   }
   nlohmann::json jobs() {
     auto [rc, out] = client({"jobs", "-o", "json"});
     if (rc != 0) return nlohmann::json::array();
     return nlohmann::json::parse(out);
   }
-  nlohmann::json job(uint64_t id) {
-    auto [rc, out] = client({"job", std::to_string(id), "-o", "json"});
-    return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json();
-  }
+  nlohmann::json job(uint64_t id) { return cluster.job(id); }
   bool wait_job(uint64_t id, const std::function<bool(const nlohmann::json&)>& pred,
                 std::chrono::milliseconds timeout) {
-    auto deadline = Steady::now() + timeout;
-    while (Steady::now() < deadline) {
-      if (auto j = job(id); !j.is_null() && pred(j)) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
+    return cluster.wait_job(id, pred, timeout);
   }
   // Kills the agent running job `id` once it has reported epoch `epoch`
   // (it is then inside the next epoch).

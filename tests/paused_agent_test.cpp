@@ -49,21 +49,12 @@ class PausedAgent : public ::testing::TestWithParam<Pause> {
          GetParam().end_silent_agents ? "true" : "false"});
   }
   std::pair<int, std::string> client(std::vector<std::string> args) {
-    args.insert(args.begin(), {"--endpoint", cluster.endpoint()});
-    return cluster.run("leasehold", args);
+    return cluster.client(std::move(args));
   }
-  nlohmann::json job(uint64_t id) {
-    auto [rc, out] = client({"job", std::to_string(id), "-o", "json"});
-    return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json();
-  }
+  nlohmann::json job(uint64_t id) { return cluster.job(id); }
   bool wait_job(uint64_t id, const std::function<bool(const nlohmann::json&)>& pred,
                 std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (auto j = job(id); !j.is_null() && pred(j)) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
+    return cluster.wait_job(id, pred, timeout);
   }
   Cluster cluster;
   Process* coordinator = nullptr;

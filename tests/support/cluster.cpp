@@ -237,6 +237,26 @@ bool Cluster::wait_for(const std::function<bool(const nlohmann::json&)>& pred,
   return false;
 }
 
+std::pair<int, std::string> Cluster::client(std::vector<std::string> args) {
+  args.insert(args.begin(), {"--endpoint", endpoint_});
+  return run("leasehold", args);
+}
+
+nlohmann::json Cluster::job(uint64_t id) {
+  auto [rc, out] = client({"job", std::to_string(id), "-o", "json"});
+  return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json();
+}
+
+bool Cluster::wait_job(uint64_t id, const std::function<bool(const nlohmann::json&)>& pred,
+                       std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto j = job(id); !j.is_null() && pred(j)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 size_t idle_agents(const nlohmann::json& status) {
   size_t n = 0;
   for (const auto& a : status["agents"]) n += a["state"] == "idle";

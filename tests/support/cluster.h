@@ -84,6 +84,13 @@ class Cluster {
   // Polls status until `pred` holds or `timeout` passes; returns whether it held.
   bool wait_for(const std::function<bool(const nlohmann::json&)>& pred,
                 std::chrono::milliseconds timeout);
+  // The `leasehold` client against this cluster's coordinator: {exit code, output}.
+  std::pair<int, std::string> client(std::vector<std::string> args);
+  // `leasehold job ID -o json`; null when the client fails.
+  nlohmann::json job(uint64_t id);
+  // Polls job `id` until `pred` holds or `timeout` passes; returns whether it held.
+  bool wait_job(uint64_t id, const std::function<bool(const nlohmann::json&)>& pred,
+                std::chrono::milliseconds timeout);
 
   std::vector<std::unique_ptr<Process>>& processes() { return procs_; }
 
