@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "shared/process.h"
 
@@ -18,6 +20,13 @@ namespace {
 int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 int send_signal(int pidfd, int sig) {
   return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
+
+std::string read_proc_stat(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  return line;
 }
 
 class PidfdProcess final : public AgentProcess {
@@ -46,6 +55,17 @@ class PidfdProcess final : public AgentProcess {
       n = ::poll(&p, 1, 0);
     } while (n < 0 && errno == EINTR);
     return n > 0;
+  }
+
+  bool stopped() const override {
+    if (gone()) return false;
+    // /proc/PID/stat: "pid (comm) S ...", comm may hold spaces and ')'.
+    const std::string stat = read_proc_stat(pid_);
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) return false;
+    const char state = stat[close + 2];
+    // Read before asking gone() again: a pid reused in between is not ours.
+    return (state == 'T' || state == 't') && !gone();
   }
 
   std::string end() override {

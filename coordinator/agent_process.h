@@ -24,6 +24,10 @@ class AgentProcess {
   // The process has exited (a zombie counts: its memory, device context and
   // mappings went with its exit).
   virtual bool gone() const = 0;
+  // The process is stopped (SIGSTOP, a tracer): it runs nothing, so its
+  // silence is no slow host's and its leases are fenced at once. False
+  // when it runs, sleeps or has exited, or when the kernel cannot say.
+  virtual bool stopped() const = 0;
   // Sends it SIGKILL. Empty when sent (or it was gone already), else why the
   // coordinator cannot end it (another user's process, no permission).
   virtual std::string end() = 0;

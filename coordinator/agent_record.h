@@ -36,6 +36,7 @@ struct AgentRecord {
   std::set<std::string> routing_ids;  // its sockets (control, heartbeat)
   Clock::time_point last_seen;        // any valid message counts as a heartbeat;
                                       // in the future until the first one
+  bool late = false;                  // silent past two heartbeats (logged once)
   bool takes_jobs = false;            // a standby worker (else it only leases)
   bool ignored_assignment = false;    // let one time out: no more jobs this session
   bool ready = true;                  // warmed up: a job it is given starts at once
@@ -86,7 +87,9 @@ struct AgentRecord {
     return false;
   }
   bool idle() const {
-    return takes_jobs && !ignored_assignment && ready && !context_lost && job_id == 0 &&
+    // A late agent (silent past two heartbeats) keeps its session but gets
+    // no new job until it is heard again: it may be hung.
+    return takes_jobs && !ignored_assignment && ready && !late && !context_lost && job_id == 0 &&
            !reports_busy();
   }
 };

@@ -193,6 +193,7 @@ Now Broker::now() const {
 void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tick_fn) {
   // Wake often enough to purge dead agents well within three intervals.
   const auto tick = std::max(std::chrono::milliseconds(5), opts_.heartbeat_interval / 4);
+  Clock::time_point last_tick = Clock::now();
   while (!stop.load()) {
     auto timeout = tick;
     if (auto d = core_->next_deadline()) {
@@ -225,7 +226,13 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
       core_->set_store_error(error);
       if (!error.empty()) withdraw_unstored(effects);
     }
-    core_->tick(now(), effects);
+    // The loop runs at least every `tick`: a longer gap is time nobody
+    // could be heard in (a SIGSTOP, a VM pause, CPU starvation, a stalled
+    // disk), not agents' silence.
+    const Now at = now();
+    if (at.steady - last_tick > 2 * tick) core_->stalled(at.steady - last_tick - tick, at);
+    last_tick = at.steady;
+    core_->tick(at, effects);
     apply(effects);
     release_committed();
     check_mps();

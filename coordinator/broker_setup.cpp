@@ -151,6 +151,7 @@ CoreOptions core_options(const CoordinatorOptions& o) {
   c.follow_process = [](const Peer& p) { return follow_process(p.pid, p.uid); };
   c.end_silent_agents = o.end_silent_agents;
   c.heartbeat_interval = o.heartbeat_interval;
+  c.silence_limit = o.silence_limit;
   c.lease_wait_timeout = o.lease_wait_timeout;
   c.recovery_grace = o.recovery_grace;
   c.state_dir = o.state_dir;

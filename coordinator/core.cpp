@@ -106,6 +106,11 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
                           "register first");
   }
   AgentRecord& agent = it->second;
+  if (agent.late) {
+    spdlog::info("agent '{}' is heard again after {} ms of silence", name,
+                 ms_between(agent.last_seen, now.steady));
+    agent.late = false;
+  }
   agent.last_seen = now.steady;  // also ends the first-heartbeat grace
   if (agent.routing_ids.insert(rid).second && agent.routing_ids.size() > 4) {
     agent.routing_ids.erase(agent.routing_ids.begin());
@@ -125,7 +130,10 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       agent.outside_pool_bytes = hb->outside_pool_bytes();
       agent.stale_holds = hb->stale_holds();
       reconcile(agent, nullptr, hb, now, out);
-      send(out, rid, req, proto::HeartbeatAckT{});
+      proto::HeartbeatAckT ack;
+      ack.coordinator_instance_lo = instance_.lo;
+      ack.coordinator_instance_hi = instance_.hi;
+      send(out, rid, req, std::move(ack));
       return schedule(now, out);
     }
     case proto::Body::AttachRegion:

@@ -86,8 +86,15 @@ struct Now {
 };
 
 struct CoreOptions {
-  // Agents heart-beat at this interval; one silent for two is declared dead.
+  // Agents heart-beat at this interval. An agent whose process has exited
+  // is dropped at once; one whose process is stopped (SIGSTOP, a debugger:
+  // the kernel says so) and silent for two intervals has its leases fenced.
   std::chrono::milliseconds heartbeat_interval{1000};
+  // Any other silent agent (slow on a saturated host, hung, or a network
+  // agent whose process the coordinator cannot see) is fenced only after
+  // this long, counting only the time the coordinator ran (stalled()).
+  // Agents stop touching leased memory at 3/4 of it (RegisterAck).
+  std::chrono::milliseconds silence_limit{10000};
   // How long a lease request that does not fit may wait by default.
   std::chrono::milliseconds lease_wait_timeout{30000};
   // Time a newly registered agent has before its first heartbeat: it maps
@@ -169,6 +176,13 @@ class CoordinatorCore {
   // The result of a FileCheck: the problems found (none: the job is valid).
   void file_check_done(uint64_t token, const std::vector<std::string>& problems, Now now,
                        Effects& out);
+  // The caller's loop did not run for `gap` (the process was stopped or
+  // starved, a disk stalled it): nobody could be heard then, so agents'
+  // silence clocks and fences' grace are moved on by `gap`. Call before the
+  // tick that follows the stall.
+  void stalled(Clock::duration gap, Now now);
+  // This start of the coordinator (RegisterAck, HeartbeatAck).
+  const SessionToken& instance() const { return instance_; }
   // Housekeeping; call at least every heartbeat_interval / 4 and at
   // next_deadline(): purges silent agents, expires waiting requests and file
   // checks, resends unacknowledged pushes, requeues orphaned jobs, prunes.
@@ -257,8 +271,12 @@ class CoordinatorCore {
   void check_fences(Now now, Effects& out);
   // What status says of `agent`'s fence: why its memory is still held.
   std::string fence_state(const std::string& agent, const Fence& f, Now now) const;
-  // Silence after which an agent's leases are fenced (two heartbeats).
-  std::chrono::milliseconds silence_limit() const { return 2 * opts_.heartbeat_interval; }
+  // Silence after which an agent's leases are fenced: two heartbeats for a
+  // stopped process, CoreOptions::silence_limit for any other.
+  std::chrono::milliseconds silence_limit() const {
+    return std::max(opts_.silence_limit, 2 * opts_.heartbeat_interval);
+  }
+  std::chrono::milliseconds stopped_limit() const { return 2 * opts_.heartbeat_interval; }
 
   // Shared cache regions (core_regions.cpp).
   void on_attach_region(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
@@ -445,6 +463,7 @@ class CoordinatorCore {
   // Program jobs' sessions: job id -> the session's agent name.
   std::map<uint64_t, std::string> program_sessions_;
   std::map<std::string, Fence> fences_;  // by agent name
+  const SessionToken instance_ = SessionToken::random();
   uint64_t next_check_token_ = 1;
   uint64_t next_shrink_id_ = 1;
   // The time of the call being served (for what serve_waiting grants).

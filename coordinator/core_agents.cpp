@@ -141,6 +141,8 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   ack.default_wait_ms = static_cast<uint32_t>(opts_.lease_wait_timeout.count());
   ack.mps_pipe_directory = opts_.mps_pipe_directory;
   ack.silence_limit_ms = static_cast<uint32_t>(silence_limit().count());
+  ack.coordinator_instance_lo = instance_.lo;
+  ack.coordinator_instance_hi = instance_.hi;
   send(out, rid, req, std::move(ack));
   // What it still runs from an earlier session; then it may take a job.
   reconcile(rec, r, nullptr, now, out);
@@ -260,28 +262,68 @@ std::string CoordinatorCore::fence_state(const std::string& agent, const Fence& 
 }
 
 void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
-  const auto limit = silence_limit();
-  std::vector<std::pair<std::string, uint64_t>> dead;
-  for (const auto& [name, agent] : agents_) {
-    // Within its first-heartbeat grace an agent is silent by right, unless
-    // its process is already gone (killed while it started).
-    bool in_grace = agent.last_seen > now.steady;
-    if (now.steady - agent.last_seen > limit || (in_grace && gone(agent.process))) {
-      dead.emplace_back(name, ms_between(agent.last_seen, now.steady));
+  struct Dead {
+    std::string name;
+    std::string why;
+    JobFate fate;
+  };
+  std::vector<Dead> dead;
+  for (auto& [name, agent] : agents_) {
+    // last_seen is in the future while an agent is within its
+    // first-heartbeat grace: silent by right, unless its process is gone.
+    const auto silent = now.steady - agent.last_seen;
+    const std::string quiet =
+        silent.count() > 0 ? "no message for " + std::to_string(ms_between(agent.last_seen,
+                                                                           now.steady)) +
+                                 " ms"
+                           : "within its first-heartbeat grace";
+    if (gone(agent.process)) {
+      // The kernel says it has exited: nothing of it can write any more.
+      dead.push_back({name, "declared dead (its process has exited; " + quiet + ")",
+                      JobFate::AgentLost});
+    } else if (silent > stopped_limit() && agent.process && agent.process->stopped()) {
+      dead.push_back({name, "silent (" + quiet + ") and its process is stopped", JobFate::Silent});
+    } else if (silent > silence_limit()) {
+      dead.push_back({name,
+                      "silent (" + quiet + ") " +
+                          (agent.process ? "while its process lives"
+                                         : "(a process the coordinator cannot see)"),
+                      JobFate::Silent});
+    } else if (silent > stopped_limit() && !agent.late) {
+      // A live process on a busy host, or one the coordinator cannot see:
+      // it keeps its session until silence_limit.
+      agent.late = true;
+      spdlog::info("agent '{}' is late ({}); its session holds until {} ms of silence", name,
+                   quiet, silence_limit().count());
     }
   }
   // Drop every dead agent before anything is scheduled again, so that no
   // job goes to an agent that is about to be dropped in the same turn.
-  for (const auto& [name, silent_ms] : dead) {
-    spdlog::warn("agent '{}' sent no heartbeat for {} ms", name, silent_ms);
-    std::string why = "no heartbeat for " + std::to_string(silent_ms) + " ms";
-    if (gone(agents_.at(name).process)) {
-      drop_agent(name, "declared dead (" + why + ")", JobFate::AgentLost, now, out);
-    } else {
-      drop_agent(name, "silent (" + why + ") but its process lives", JobFate::Silent, now, out);
-    }
+  for (const auto& d : dead) {
+    spdlog::warn("agent '{}' {}", d.name, d.why);
+    drop_agent(d.name, d.why, d.fate, now, out);
   }
   if (!dead.empty()) serve_waiting(out);
+}
+
+void CoordinatorCore::stalled(Clock::duration gap, Now now) {
+  if (gap <= Clock::duration::zero()) return;
+  // Not past now: an agent heard during the stall's catching up was heard
+  // then. (An agent in its first-heartbeat grace keeps its later end.)
+  auto credit = [&](Clock::time_point& t) {
+    if (t < now.steady) t = std::min(t + gap, now.steady);
+  };
+  for (auto& [name, agent] : agents_) credit(agent.last_seen);
+  for (auto& [name, f] : fences_) credit(f.since);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap);
+  if (ms >= opts_.heartbeat_interval) {
+    spdlog::warn("the coordinator did not run for {} ms (stopped, starved of CPU or stalled on "
+                 "its disk); agents' silence during it is not counted",
+                 ms.count());
+  } else {
+    spdlog::debug("the coordinator's loop was {} ms late; not counted as agents' silence",
+                  ms.count());
+  }
 }
 
 }  // namespace leasehold

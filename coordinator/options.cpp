@@ -113,6 +113,10 @@ const std::vector<Option>& options() {
        [](O& o, V v) { o.alignment = parse_bytes(v); }},
       {"heartbeat_interval", nullptr, "agent heartbeat interval (default 1s)",
        [](O& o, V v) { o.heartbeat_interval = parse_duration(v); }},
+      {"silence_limit", nullptr,
+       "how long an agent whose process runs may stay silent (the coordinator's own stalls not "
+       "counted) before its leases are fenced and its job given up (default 10s)",
+       [](O& o, V v) { o.silence_limit = parse_duration(v); }},
       {"lease_wait_timeout", nullptr,
        "default time a lease request may wait for memory (default 30s)",
        [](O& o, V v) { o.lease_wait_timeout = parse_duration(v); }},
@@ -291,6 +295,14 @@ void validate(const CoordinatorOptions& opts) {
   }
   if (opts.heartbeat_interval.count() < 10) {
     throw std::invalid_argument("heartbeat_interval must be at least 10ms");
+  }
+  if (opts.silence_limit < 2 * opts.heartbeat_interval) {
+    throw std::invalid_argument("silence_limit (" + std::to_string(opts.silence_limit.count()) +
+                                " ms) must be at least two heartbeat intervals (" +
+                                std::to_string(2 * opts.heartbeat_interval.count()) + " ms)");
+  }
+  if (opts.silence_limit.count() > UINT32_MAX / 2) {
+    throw std::invalid_argument("silence_limit must be at most 24 days");
   }
   if (opts.lease_wait_timeout.count() < 0) {
     throw std::invalid_argument("lease_wait_timeout must not be negative");

@@ -31,9 +31,16 @@ struct CoordinatorOptions {
   // Every lease offset and size is a multiple of this. 2 MiB matches the
   // GPU's large-page granularity; smaller values waste less on small leases.
   uint64_t alignment = 2ull << 20;
-  // Agents heart-beat at this interval; one silent for two intervals is
-  // declared dead and its leases reclaimed (within three intervals at most).
+  // Agents heart-beat at this interval. An agent whose process has exited
+  // is dropped at the next check; one whose process the kernel shows
+  // stopped (SIGSTOP, a debugger) has its leases fenced after two silent
+  // intervals.
   std::chrono::milliseconds heartbeat_interval{1000};
+  // Any other agent (its process runs but is slow, hung, or not local) has
+  // its leases fenced only after this long without a message, counting
+  // only time the coordinator itself ran: a busy host or a paused
+  // coordinator interrupts no job (CoreOptions::silence_limit).
+  std::chrono::milliseconds silence_limit{10000};
   // How long a lease request that does not fit may wait by default.
   std::chrono::milliseconds lease_wait_timeout{30000};
   // Where jobs are stored (jobs.db, SQLite) and checkpoints kept

@@ -156,6 +156,8 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
                                             : 2 * heartbeat_interval;
     self_fence = silence_limit * 3 / 4;
     last_heard = sent;
+    coordinator = SessionToken{ack->coordinator_instance_lo(), ack->coordinator_instance_hi()};
+    silence_noted = false;
   }
   conn.set_session(SessionToken{ack->session(), ack->session_hi()});
   cv.notify_all();
@@ -164,12 +166,38 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
 }
 
 void SessionCore::heard(std::chrono::steady_clock::time_point sent) {
+  std::chrono::milliseconds silent{0};
   {
     std::lock_guard lock(mu);
     if (sent <= last_heard) return;
+    if (silence_noted) {
+      silent = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - last_heard);
+      silence_noted = false;
+    }
     last_heard = sent;
   }
   cv.notify_all();
+  if (silent.count() > 0) {
+    spdlog::info("the coordinator at {} answers again after {} ms; the session and its leases "
+                 "hold",
+                 opts.endpoint, silent.count());
+  }
+}
+
+void SessionCore::unanswered() {
+  std::chrono::milliseconds silent;
+  {
+    std::lock_guard lock(mu);
+    const auto now = std::chrono::steady_clock::now();
+    if (silence_noted || !connected || now - last_heard < self_fence) return;
+    silence_noted = true;
+    silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard);
+  }
+  spdlog::warn("the coordinator at {} has not answered for {} ms (paused, busy or restarting); "
+               "leased memory is left untouched until it answers, and the session is void only "
+               "if another instance answers",
+               opts.endpoint, silent.count());
 }
 
 uint32_t SessionCore::stale_holds() const {
@@ -237,13 +265,14 @@ void SessionCore::heartbeat_loop(std::unique_ptr<Connection> conn) {
 }
 
 void SessionCore::heartbeat_turn(Connection& conn) {
-  std::chrono::milliseconds interval, limit;
+  std::chrono::milliseconds interval;
   bool is_connected;
+  SessionToken instance_now;
   {
     std::unique_lock lock(mu);
     interval = heartbeat_interval;
-    limit = silence_limit;
     is_connected = connected;
+    instance_now = coordinator;
   }
   heartbeat_due.store(false);
   if (is_connected) {
@@ -269,23 +298,19 @@ void SessionCore::heartbeat_turn(Connection& conn) {
       if (r->body_type() == proto::Body::Error &&
           r->body_as_Error()->code() == ErrorCode::UnknownSender) {
         lose(std::string(str(r->body_as_Error()->message())));
+      } else if (const auto* ack = r->body_as_HeartbeatAck();
+                 ack && SessionToken{ack->coordinator_instance_lo(),
+                                     ack->coordinator_instance_hi()} != instance_now) {
+        lose("another instance of the coordinator answers (it restarted)");
       } else {
         heard(sent);
       }
-    } catch (const Error& e) {
-      // Past the coordinator's silence limit our leases are fenced whether
-      // or not it is still running: the session is over.
-      std::chrono::steady_clock::duration silent;
-      {
-        std::lock_guard lock(mu);
-        silent = std::chrono::steady_clock::now() - last_heard;
-      }
-      if (silent > limit) {
-        lose("no heartbeat reply for " +
-             std::to_string(
-                 std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
-             " ms");
-      }
+    } catch (const Error&) {
+      // Silence is not a restart: the leases hold until the coordinator
+      // answers as another instance (or without the session). Meanwhile
+      // may_touch() keeps the job off leased memory past the self-fence,
+      // which ends before the coordinator could fence it.
+      unanswered();
       return;  // the request already waited one interval
     }
   } else {

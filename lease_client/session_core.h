@@ -55,6 +55,11 @@ struct SessionCore {
   std::chrono::steady_clock::time_point last_heard{};
   std::chrono::milliseconds self_fence{1500};
   std::chrono::milliseconds silence_limit{2000};  // the coordinator's
+  // The coordinator's start this session registered with (RegisterAck):
+  // another one answering means it restarted; the same one after a
+  // silence, that it was only paused.
+  SessionToken coordinator;
+  bool silence_noted = false;  // the heartbeat thread logged the silence
   // Leases and attachments held, by the registration that granted them.
   std::map<uint64_t, uint32_t> holds;
   bool ready = true;                 // see AgentOptions::ready
@@ -79,6 +84,11 @@ struct SessionCore {
   // The coordinator answered a message sent at `sent` (not a refusal of
   // the session): it saw this agent then.
   void heard(std::chrono::steady_clock::time_point sent);
+  // A heartbeat went unanswered: the coordinator may be paused, starved or
+  // restarting. Nothing is void until it answers as another instance (or
+  // no longer knows the session); until then may_touch() ends the use of
+  // leased memory at the self-fence. Logged once per silence.
+  void unanswered();
   // Holds of registrations other than the current one. REQUIRES: mu held.
   uint32_t stale_holds() const;
   // REQUIRES: mu held.

@@ -51,6 +51,9 @@ class FakeCoordinator {
   std::atomic<bool> forget_sessions{false};  // answer heartbeats as a restarted coordinator
   std::atomic<bool> silent{false};           // answer nothing (a stopped coordinator)
   std::atomic<uint32_t> silence_limit_ms{0};  // in RegisterAck (0: not said)
+  // The instance it answers as (RegisterAck, HeartbeatAck): another one
+  // means a restarted coordinator.
+  std::atomic<uint64_t> instance{5};
   std::atomic<int> stale_holds{-1};  // as the latest Register or Heartbeat said
 
   struct Report {
@@ -165,7 +168,8 @@ class FakeCoordinator {
           auto info = proto::CreatePoolInfo(fbb, proto::Backend::Host, 0,
                                             fbb.CreateString(d.device_name), d.size, d.alignment,
                                             fbb.CreateVector(handle), d.epoch + (gone ? 1 : 0));
-          return proto::CreateRegisterAck(fbb, 42, 100, info, 1000, 0, 0, silence_limit_ms.load())
+          return proto::CreateRegisterAck(fbb, 42, 100, info, 1000, 0, 0, silence_limit_ms.load(),
+                                          instance.load(), 0)
               .Union();
         });
         break;
@@ -190,7 +194,7 @@ class FakeCoordinator {
         }
         ++heartbeats_;
         send(rid, req, proto::Body::HeartbeatAck,
-             [](auto& fbb) { return proto::CreateHeartbeatAck(fbb).Union(); });
+             [&](auto& fbb) { return proto::CreateHeartbeatAck(fbb, instance.load()).Union(); });
         break;
       }
       case proto::Body::LeaseRequest: {
@@ -329,37 +333,30 @@ TEST_F(AgentProtocol, AnUnknownSenderAnswerEndsTheSessionBeforeTheCallerSeesIt) 
 }
 
 // The self-fence: an agent whose coordinator stops answering stops touching
-// leased memory (may_touch) no later than it declares the session lost, and
-// strictly before the coordinator's silence limit, measured from the last
-// message the coordinator answered.
-TEST_F(AgentProtocol, AnAgentStopsTouchingLeasesBeforeItsSessionCanBeFenced) {
+// leased memory (may_touch) strictly before the coordinator's silence limit,
+// measured from the last message the coordinator answered. Silence alone
+// ends nothing (the coordinator may be paused): the session holds until an
+// answer comes from another instance of the coordinator, a restart.
+TEST_F(AgentProtocol, AnAgentStopsTouchingLeasesInASilenceAndLosesThemOnlyToARestart) {
   AgentSession session(options());
   Lease lease = session.acquire(1 << 20);
   ASSERT_TRUE(session.may_touch());
-  std::chrono::steady_clock::time_point untouchable{}, lost{};
   fake->silent = true;
   const auto silenced = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - silenced < 10s) {
-    const auto now = std::chrono::steady_clock::now();
-    // Read together: connected first, so a loss between the two reads shows
-    // as "may not touch", the safe side.
-    const bool connected = session.connected();
-    const bool may = session.may_touch();
-    if (!may && untouchable == std::chrono::steady_clock::time_point{}) untouchable = now;
-    if (!connected) {
-      lost = now;
-      break;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
-  ASSERT_NE(lost, std::chrono::steady_clock::time_point{}) << "the silence never ended the session";
-  ASSERT_NE(untouchable, std::chrono::steady_clock::time_point{});
-  EXPECT_LE(untouchable, lost);
-  EXPECT_TRUE(lease.lost());
   // The silence limit here is two heartbeats (200 ms) from the last answer,
   // which came before the silence: untouchable well within it (generously).
-  EXPECT_LT(untouchable - silenced, 2s);
+  ASSERT_TRUE(eventually([&] { return !session.may_touch(); }, 10s));
+  EXPECT_LT(std::chrono::steady_clock::now() - silenced, 2s);
+  std::this_thread::sleep_for(1500ms);  // many times the limit
+  EXPECT_TRUE(session.connected()) << "a silence is not a restart";
+  EXPECT_FALSE(session.may_touch());
+  EXPECT_FALSE(lease.lost());
+  // The coordinator answers again, but it is another instance.
+  fake->instance = 6;
   fake->silent = false;
+  ASSERT_TRUE(eventually([&] { return session.registrations() == 2; }, 10s));
+  EXPECT_TRUE(lease.lost());
+  EXPECT_TRUE(session.may_touch()) << "registered with the new instance";
 }
 
 // A short silence, within the coordinator's limit: the agent pauses (may

@@ -17,26 +17,119 @@ CoreOptions options() {
   return o;
 }
 
-TEST(CoreAgents, DeadAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed) {
+TEST(CoreAgents, AnAgentWhoseProcessExitedIsPurgedAtTheNextTickAndItsLeasesReclaimed) {
   CoreDriver d(options());
   FakeAgent a = d.register_agent("a", 11);
   d.heartbeat(a);  // ends the first-heartbeat grace
   ASSERT_EQ(messages(d.lease(a, 3 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
   EXPECT_EQ(d.core().leases().allocator().used_bytes(), 3u << 20);
-  d.gone.insert(11);  // killed
-
-  // The broker ticks every interval/4: purged on the first tick past two
-  // intervals, so within 2.25 intervals of the last heartbeat.
-  for (int i = 1; i <= 8; ++i) {
-    d.advance(250ms);
-    d.tick();
-    EXPECT_TRUE(d.core().agents().count("a")) << "purged after only " << i * 250 << " ms";
-  }
+  d.gone.insert(11);  // killed: the kernel says so, no silence to wait for
   d.advance(250ms);
   d.tick();
   EXPECT_FALSE(d.core().agents().count("a"));
   EXPECT_EQ(d.core().leases().allocator().used_bytes(), 0u);
   EXPECT_TRUE(d.core().leases().leases().empty());
+}
+
+// A stopped process (SIGSTOP, a debugger) is fenced after two silent
+// intervals; one that runs (a saturated host) keeps its session, and gets no
+// new job, until silence_limit; so does a network agent.
+TEST(CoreAgents, SilenceFencesAStoppedAgentAfterTwoIntervalsAndARunningOneAtTheLimit) {
+  for (const char* kind : {"stopped", "running", "network"}) {
+    SCOPED_TRACE(kind);
+    CoreOptions o = options();
+    o.silence_limit = 10000ms;
+    CoreDriver d(o);
+    if (std::string(kind) == "network") d.peer = Peer{};  // not followed
+    FakeAgent a = d.register_agent("a", 11);
+    FakeAgent b = d.register_agent("b", 12);
+    d.heartbeat(a);
+    ASSERT_EQ(messages(d.lease(a, 3 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
+    if (std::string(kind) == "stopped") d.stopped.insert(11);
+    // The broker ticks every interval/4.
+    for (int i = 1; i <= 8; ++i) {
+      d.advance(250ms);
+      d.heartbeat(b);
+      d.tick();
+      ASSERT_TRUE(d.core().agents().count("a")) << "fenced after only " << i * 250 << " ms";
+    }
+    d.advance(250ms);
+    d.heartbeat(b);
+    d.tick();
+    if (std::string(kind) == "stopped") {
+      EXPECT_FALSE(d.core().agents().count("a"));
+    } else {
+      ASSERT_TRUE(d.core().agents().count("a"));
+      EXPECT_TRUE(d.core().agents().at("a").late);
+      uint64_t id = 0;
+      d.submit(id);
+      EXPECT_EQ(d.job(id).agent, "b") << "a late agent gets no new job";
+      for (int i = 0; i < 31; ++i) {  // to 9.75 s
+        d.advance(250ms);
+        d.heartbeat(b);
+        d.tick();
+      }
+      EXPECT_TRUE(d.core().agents().count("a"));
+      d.advance(500ms);
+      d.heartbeat(b);
+      d.tick();
+      EXPECT_FALSE(d.core().agents().count("a"));
+    }
+    // Fenced, not freed: its process may still write there.
+    EXPECT_EQ(d.core().leases().allocator().used_bytes(), 3u << 20);
+  }
+}
+
+// A late agent heard again is an agent like any other.
+TEST(CoreAgents, ALateAgentHeardAgainTakesJobsAgain) {
+  CoreDriver d(options());
+  FakeAgent a = d.register_agent("a", 11);
+  d.heartbeat(a);
+  d.advance(3000ms);
+  d.tick();
+  EXPECT_TRUE(d.core().agents().at("a").late);
+  d.heartbeat(a);
+  EXPECT_FALSE(d.core().agents().at("a").late);
+  uint64_t id = 0;
+  d.submit(id);
+  EXPECT_EQ(d.job(id).agent, "a");
+}
+
+// The coordinator's own stall (stopped, starved, a slow disk) is nobody's
+// silence: agents and fences are credited with it.
+TEST(CoreAgents, TheCoordinatorsOwnStallIsNotCountedAsAgentsSilence) {
+  CoreOptions o = options();
+  o.recovery_grace = 5000ms;
+  CoreDriver d(o);
+  FakeAgent a = d.register_agent("a", 11);
+  FakeAgent c = d.register_agent("c", 13);
+  d.heartbeat(a);
+  d.heartbeat(c);
+  ASSERT_EQ(messages(d.lease(c, 2 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
+  d.stopped.insert(13);
+  d.advance(2250ms);
+  d.heartbeat(a);
+  d.tick();
+  ASSERT_FALSE(d.core().agents().count("c"));  // fenced, its grace begins
+  // The coordinator stops for 60 s (SIGSTOP): the broker tells the core.
+  d.advance(60000ms);
+  d.core().stalled(60000ms - 250ms, d.now());
+  d.tick();
+  EXPECT_TRUE(d.core().agents().count("a")) << "a was not silent: nobody listened";
+  EXPECT_FALSE(d.core().agents().at("a").late);
+  EXPECT_TRUE(d.killed.empty()) << "the fence's grace did not run during the stall";
+  d.advance(5000ms);
+  d.heartbeat(a);
+  d.tick();
+  EXPECT_EQ(d.killed, std::vector<int>{13});
+  // A stall credits no agent past the present: one heard during it keeps
+  // its clock.
+  d.advance(1000ms);
+  d.heartbeat(a);
+  d.core().stalled(30000ms, d.now());
+  d.advance(10500ms);
+  d.tick();
+  EXPECT_FALSE(d.core().agents().count("a"));
 }
 
 // An agent that falls silent while its process lives on (hung, stopped)
@@ -53,6 +146,7 @@ TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   ASSERT_EQ(messages(d.lease(a, 6 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
   Effects waiting = d.lease(b, 4 << 20, 60000);
   EXPECT_TRUE(waiting.messages.empty());
+  d.stopped.insert(11);
   d.advance(2300ms);
   d.heartbeat(b);
   Effects purge = d.tick();
@@ -60,6 +154,7 @@ TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   EXPECT_TRUE(messages(purge, proto::Body::LeaseGrant).empty()) << "a may still write there";
   EXPECT_EQ(d.core().leases().allocator().used_bytes(), 6u << 20);
   // It comes back, says it runs nothing: the fence goes, b gets its lease.
+  d.stopped.erase(11);
   Effects back;
   d.register_agent("a", 11, {}, &back);
   auto granted = messages(back, proto::Body::LeaseGrant, b.rid);
@@ -71,6 +166,7 @@ TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   d.heartbeat(c);
   ASSERT_EQ(messages(d.lease(c, 2 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
   uint64_t used = d.core().leases().allocator().used_bytes();
+  d.stopped.insert(13);
   d.advance(2300ms);
   d.heartbeat(b);
   d.tick();
@@ -178,7 +274,11 @@ TEST(CoreAgents, NewAgentHasAGraceUntilItsFirstHeartbeat) {
   d.advance(9500ms);
   d.tick();
   EXPECT_TRUE(d.core().agents().count("slow")) << "mapping the pool may take seconds";
-  d.advance(2600ms);  // past the grace plus two intervals
+  d.advance(2600ms);  // past the grace plus two intervals: late, its process runs
+  d.tick();
+  EXPECT_TRUE(d.core().agents().count("slow"));
+  EXPECT_TRUE(d.core().agents().at("slow").late);
+  d.advance(8000ms);  // past the grace plus silence_limit
   d.tick();
   EXPECT_FALSE(d.core().agents().count("slow"));
 }

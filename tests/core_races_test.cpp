@@ -139,6 +139,7 @@ TEST(CoreRaces, ASilentLiveAgentsJobWaitsAndCountsOnlyIfItNeverComesBack) {
   d.submit(id);
   d.heartbeat(a, {{id, 1, P::Running}});
   FakeAgent b = d.register_agent("b", 12);
+  d.stopped.insert(11);  // SIGSTOP: silent at once
   d.advance(2300ms);
   d.heartbeat(b);
   d.tick();
@@ -165,9 +166,10 @@ TEST(CoreRaces, ASilentAgentWhoseProcessEndsLosesItsJobAtOnce) {
   d.submit(id);
   d.heartbeat(a, {{id, 1, P::Running}});
   FakeAgent b = d.register_agent("b", 12);
+  d.stopped.insert(11);  // SIGSTOP: silent at once
   d.advance(2300ms);
   d.heartbeat(b);
-  d.tick();  // still exiting (a GPU context takes a while): silent, not gone
+  d.tick();  // stopped, then killed: exiting takes a while (a GPU context)
   EXPECT_EQ(d.job(id).attempts.size(), 1u);
   d.gone.insert(11);
   d.advance(300ms);

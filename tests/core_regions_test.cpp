@@ -170,7 +170,8 @@ TEST_F(Regions, ASilentFillerKeepsItsRegionFencedUntilItsProcessIsGone) {
   FakeAgent b = d.register_agent("b", 102);
   d.heartbeat(a);  // past its first-heartbeat grace
   ASSERT_TRUE(region_grant(d.attach(a, "r", 8 * MiB, true), a));
-  // a falls silent but lives: it may still be writing into the region.
+  // a is stopped but lives: once continued it may write into the region.
+  d.stopped.insert(101);
   d.advance(std::chrono::milliseconds(2500));
   d.heartbeat(b);
   d.tick();

@@ -14,6 +14,7 @@ class FakeProcess final : public AgentProcess {
   FakeProcess(CoreDriver& d, int pid) : d_(d), pid_(pid) {}
   int pid() const override { return pid_; }
   bool gone() const override { return d_.gone.count(pid_) > 0; }
+  bool stopped() const override { return !gone() && d_.stopped.count(pid_) > 0; }
   std::string end() override {
     if (d_.unendable.count(pid_)) return "another user's process";
     d_.killed.push_back(pid_);

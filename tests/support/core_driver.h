@@ -42,8 +42,9 @@ class CoreDriver {
   // The agents' processes, as the core follows them (follow_process): pids
   // in `gone` have exited; a SIGKILL the core sends is recorded in `killed`
   // (the process then exits: its pid joins `gone`) unless the pid is in
-  // `unendable` (another user's process).
-  std::set<int> gone, unendable;
+  // `unendable` (another user's process). Pids in `stopped` are stopped
+  // (SIGSTOP): their silence is fenced after two heartbeats.
+  std::set<int> gone, unendable, stopped;
   std::vector<int> killed;
   // What agents report in every Register and Heartbeat as still held from
   // an earlier session.
