@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #define XXH_INLINE_ALL
@@ -172,7 +174,21 @@ std::string dataset_region_name(const proto::JobSpec& job) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-  return std::string("dataset/") + hex;
+  // What it holds, for whoever reads the pool map: the training images'
+  // folder and file ("dataset/mnist/train-images-idx3-ubyte/5baa…"), in
+  // the characters a region name allows; the hash alone identifies it.
+  auto readable = [](std::string s) {
+    for (char& c : s) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+        c = '_';
+      }
+    }
+    return s.substr(0, 40);
+  };
+  const std::filesystem::path images(f.train_images);
+  std::string label = readable(images.parent_path().filename().string());
+  label += (label.empty() ? "" : "/") + readable(images.filename().string());
+  return "dataset/" + (label.empty() ? "" : label + "/") + hex;
 }
 
 JobData load_job_data(const proto::JobSpec& job, AgentSession* session) {

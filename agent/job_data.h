@@ -23,7 +23,8 @@ struct JobData {
   std::string private_because;  // why no region holds it (empty when one does)
 };
 
-// "dataset/" and a hash of what determines the decoded bytes: each file's
+// "dataset/", the training images' folder and file name (for people), and
+// a hash of what determines the decoded bytes: each file's
 // path, device, inode, size and modification time; mean, std and the
 // limits; the layout (float32 [N,1,H,W] images, int64 labels). Only stats
 // the files. Throws std::runtime_error naming a file that cannot be stat'ed.

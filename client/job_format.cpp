@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "shared/interruption.h"
 #include "shared/protocol.h"
 #include "shared/units.h"
 
@@ -35,6 +36,29 @@ std::string age(uint64_t since_ms) {
 unsigned attempt_count(const proto::JobInfo& j) {
   return j.attempts() && j.attempts()->size() ? j.attempts()->Get(j.attempts()->size() - 1)->number()
                                               : 0u;
+}
+
+// Interruptions of all its attempts (a summary holds only the latest).
+unsigned interruption_count(const proto::JobInfo& j) {
+  unsigned n = 0;
+  if (j.interruptions()) {
+    for (const auto* c : *j.interruptions()) n += c->count();
+  }
+  return n;
+}
+
+// "2 agent died, 1 coordinator restarted" (empty: none).
+std::string interruption_words(const proto::JobInfo& j) {
+  std::string out;
+  if (!j.interruptions()) return out;
+  for (const auto* c : *j.interruptions()) {
+    if (c->count() == 0) continue;
+    const std::string name(str(c->cause()));
+    auto cause = interruption_from_name(name);
+    out += (out.empty() ? "" : ", ") + std::to_string(c->count()) + " " +
+           (cause ? std::string(leasehold::interruption_words(*cause)) : name);
+  }
+  return out;
 }
 
 std::string when(uint64_t at_ms) {
@@ -106,7 +130,14 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                      {"waiting_for", std::string(str(j.waiting_for()))},
                      {"assigned_at_us", j.assigned_at_us()},
                      {"first_step_at_us", j.first_step_at_us()},
-                     {"submitted_by", std::string(str(j.submitted_by()))}};
+                     {"submitted_by", std::string(str(j.submitted_by()))},
+                     {"cancelled_by", std::string(str(j.cancelled_by()))}};
+  out["interruptions"] = nlohmann::json::object();
+  if (j.interruptions()) {
+    for (const auto* c : *j.interruptions()) {
+      out["interruptions"][std::string(str(c->cause()))] = c->count();
+    }
+  }
   out["attempt_history"] = nlohmann::json::array();
   if (j.attempts()) {
     for (const auto* a : *j.attempts()) {
@@ -116,7 +147,8 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                                         {"ended_ms", a->ended_ms()},
                                         {"outcome", std::string(str(a->outcome()))},
                                         {"reason", std::string(str(a->reason()))},
-                                        {"resumed_from_epoch", a->resumed_from_epoch()}});
+                                        {"resumed_from_epoch", a->resumed_from_epoch()},
+                                        {"cause", std::string(str(a->cause()))}});
     }
   }
   out["history"] = nlohmann::json::array();
@@ -192,14 +224,16 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
 std::string jobs_to_table(const std::vector<const proto::JobInfo*>& jobs) {
   std::ostringstream os;
   char line[320];
-  std::snprintf(line, sizeof line, "%6s  %-24s %-10s %8s  %-16s %-22s %6s\n", "ID", "NAME",
-                "STATE", "ATTEMPTS", "AGENT", "PROGRESS", "AGE");
+  std::snprintf(line, sizeof line, "%6s  %-24s %-12s %-10s %8s %12s  %-16s %-22s %6s\n", "ID",
+                "NAME", "USER", "STATE", "ATTEMPTS", "INTERRUPTED", "AGENT", "PROGRESS", "AGE");
   os << line;
   for (const auto* j : jobs) {
-    std::snprintf(line, sizeof line, "%6llu  %-24s %-10s %8u  %-16s %-22s %6s\n",
+    std::snprintf(line, sizeof line, "%6llu  %-24s %-12s %-10s %8u %12u  %-16s %-22s %6s\n",
                   (unsigned long long)j->id(), std::string(str(j->name())).c_str(),
-                  std::string(str(j->state())).c_str(),
-                  attempt_count(*j),
+                  j->submitted_by() && j->submitted_by()->size() ? j->submitted_by()->c_str()
+                                                                 : "-",
+                  std::string(str(j->state())).c_str(), attempt_count(*j),
+                  interruption_count(*j),
                   j->agent() && j->agent()->size() ? j->agent()->c_str() : "-",
                   short_progress(*j).c_str(), age(j->submitted_ms()).c_str());
     os << line;
@@ -213,6 +247,13 @@ std::string job_to_text(const proto::JobInfo& j) {
   if (j.agent() && j.agent()->size()) os << " on agent '" << str(j.agent()) << "'";
   os << "\n";
   if (j.reason() && j.reason()->size()) os << "  reason: " << str(j.reason()) << "\n";
+  os << "  submitted by " << (j.submitted_by() && j.submitted_by()->size() ? str(j.submitted_by())
+                                                                            : "an unknown user")
+     << " at " << when(j.submitted_ms());
+  if (j.cancelled_by() && j.cancelled_by()->size()) {
+    os << "; cancelled by " << str(j.cancelled_by());
+  }
+  os << "\n";
   if (const auto* s = j.spec(); s && s->program()) {
     os << "  program:";
     if (s->program()->command()) {
@@ -286,13 +327,26 @@ std::string job_to_text(const proto::JobInfo& j) {
     }
   }
   if (j.attempts() && j.attempts()->size()) {
-    os << "  attempts (" << attempt_count(j) << ", " << j.agent_failures()
-       << " lost their agent; " << j.max_attempts() << " requeues allowed):\n";
+    // What became of each attempt, and what counts against max_attempts.
+    const unsigned interrupted = interruption_count(j);
+    os << "  attempts: " << attempt_count(j) << "; ";
+    if (interrupted) {
+      os << "interrupted " << interrupted << (interrupted == 1 ? " time" : " times") << " ("
+         << interruption_words(j) << ")";
+    } else {
+      os << "never interrupted";
+    }
+    os << "; " << j.agent_failures() << " of " << j.max_attempts()
+       << " allowed failures used (a dead agent or the job's own device fault counts):\n";
     for (const auto* a : *j.attempts()) {
       os << "    " << a->number() << "  on '" << str(a->agent()) << "' from " << when(a->started_ms());
       if (a->ended_ms()) os << " to " << when(a->ended_ms());
       if (a->resumed_from_epoch()) os << ", resumed from epoch " << a->resumed_from_epoch();
       os << ": " << (a->outcome() && a->outcome()->size() ? str(a->outcome()) : "running");
+      if (a->cause() && a->cause()->size()) {
+        auto cause = interruption_from_name(std::string(str(a->cause())));
+        os << ", " << (cause ? std::string(leasehold::interruption_words(*cause)) : str(a->cause()));
+      }
       if (a->reason() && a->reason()->size()) os << " (" << str(a->reason()) << ")";
       os << "\n";
     }

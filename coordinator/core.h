@@ -194,6 +194,9 @@ class CoordinatorCore {
   uint64_t device_faults() const { return device_faults_; }
   // What became of lease requests so far (the metrics' counters).
   const LeaseStats& lease_stats() const { return lease_stats_; }
+  // Jobs interrupted (requeued or ended by a cancel) since the start, by
+  // cause (the metrics' counters).
+  const std::map<Interruption, uint64_t>& interruptions() const { return interruptions_; }
   // The coordinator is stopping: tells every agent.
   void shutdown(Effects& out);
   // Non-empty while the job store cannot commit: submissions are refused
@@ -402,8 +405,9 @@ class CoordinatorCore {
   // cancelled when that was asked, or failed after too many counted
   // failures). `counts`: a lost agent or the job's own device fault, ended
   // as `outcome` (default "agent lost"); else "interrupted".
-  void requeue(JobRecord& job, const std::string& why, bool counts, Now now, Effects& out,
-               const std::string& outcome = "agent lost");
+  // `cause` is counted in the job and in interruptions().
+  void requeue(JobRecord& job, Interruption cause, const std::string& why, bool counts, Now now,
+               Effects& out, const std::string& outcome = "agent lost");
   // Device faults (core_faults.cpp).
   // The final report of `job`, interrupted by a device fault on `agent`.
   void on_device_fault(JobRecord& job, AgentRecord& agent, const std::string& reason, Now now,
@@ -464,6 +468,7 @@ class CoordinatorCore {
   std::map<uint64_t, std::string> program_sessions_;
   std::map<std::string, Fence> fences_;  // by agent name
   const SessionToken instance_ = SessionToken::random();
+  std::map<Interruption, uint64_t> interruptions_;
   uint64_t next_check_token_ = 1;
   uint64_t next_shrink_id_ = 1;
   // The time of the call being served (for what serve_waiting grants).

@@ -189,10 +189,13 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     // Its report on registering again decides (reconcile), or the wait ends.
     job->orphaned_since = now.steady;
     job->orphan_counts = fate == JobFate::Silent;
+    job->orphan_kind =
+        fate == JobFate::Silent ? Interruption::AgentSilent : Interruption::SessionLost;
     job->orphan_process = fate == JobFate::Silent ? process : nullptr;
     return;
   }
-  requeue(*job, "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);
+  requeue(*job, fate == JobFate::AgentLost ? Interruption::AgentDied : Interruption::AgentLeft,
+          "agent '" + name + "' " + why, fate == JobFate::AgentLost, now, out);
 }
 
 void CoordinatorCore::release_fence(const std::string& agent, const std::string& why,

@@ -76,8 +76,8 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
   if (hb && agent.job_id && !lists_its_job) {
     JobRecord* job = jobs_.find(agent.job_id);
     if (job && job->assign_acked) {
-      requeue(*job, "agent '" + agent.name + "' no longer has it (its report was lost)", false,
-              now, out);
+      requeue(*job, Interruption::SessionLost,
+              "agent '" + agent.name + "' no longer has it (its report was lost)", false, now, out);
     }
   }
   // Fenced leases of this agent go back once it runs nothing any more and
@@ -93,8 +93,13 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
   for (uint64_t id : running) {
     JobRecord& job = *jobs_.find(id);
     if (job.orphaned_since && job.agent == agent.name) {
-      requeue(job, "agent '" + agent.name + "' came back without it (coordinator restarted or "
-                   "session lost)", false, now, out);
+      requeue(job, job.orphan_kind,
+              "agent '" + agent.name + "' came back without it (" +
+                  std::string(job.orphan_kind == Interruption::CoordinatorRestart
+                                  ? "the coordinator restarted"
+                                  : "its session was lost") +
+                  ")",
+              false, now, out);
     }
   }
 }
@@ -247,7 +252,7 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
       spdlog::warn("{}: {}; it gets no more jobs in this session", job_label(*job), why);
       agent.ignored_assignment = true;
       push_stop(job->id, job->attempt_number(), false, why, agent, out, false);
-      requeue(*job, why, false, now, out);
+      requeue(*job, Interruption::Unacknowledged, why, false, now, out);
       continue;
     }
     // A live agent holds it: the clock starts now if the cancel came while
@@ -322,10 +327,15 @@ void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& 
   changed(job, out);
 }
 
-void CoordinatorCore::requeue(JobRecord& job, const std::string& reported, bool counts,
-                              Now now, Effects& out, const std::string& outcome) {
+void CoordinatorCore::requeue(JobRecord& job, Interruption cause, const std::string& reported,
+                              bool counts, Now now, Effects& out, const std::string& outcome) {
   const std::string why =
       job.orphan_cause.empty() ? reported : job.orphan_cause + "; then: " + reported;
+  if (auto* a = job.current_attempt(); a && a->ended_ms == 0) {
+    a->cause = std::string(interruption_name(cause));
+  }
+  ++job.interruptions[std::string(interruption_name(cause))];
+  ++interruptions_[cause];
   end_attempt(job, counts ? outcome : "interrupted", why, now);
   end_program_session(job, "outlived its job's attempt", now, out);
   if (job.cancel_requested) return finish(job, JobState::Cancelled, "cancelled: " + why, now, out);
@@ -365,20 +375,21 @@ void CoordinatorCore::release_orphans(Now now, Effects& out) {
     JobRecord& job = *jobs_.find(id);
     if (!job.orphaned_since) continue;
     if (killed(job)) {
-      requeue(job, "agent '" + job.agent + "' fell silent and was killed after " + grace +
+      requeue(job, Interruption::AgentSilent,
+              "agent '" + job.agent + "' fell silent and was killed after " + grace +
                        " (end_silent_agents)",
               true, now, out);
     } else if (gone(job.orphan_process)) {
       // A silent agent whose process has ended since (a killed process can
       // take a while to exit, a GPU context with it) is simply dead.
-      requeue(job, "agent '" + job.agent + "' died (silent, then its process ended)", true, now,
-              out);
+      requeue(job, Interruption::AgentDied,
+              "agent '" + job.agent + "' died (silent, then its process ended)", true, now, out);
     } else if (now.steady - *job.orphaned_since >= opts_.recovery_grace) {
       // Counted when its agent fell silent while alive; a restart of the
       // coordinator is not the job's agent failing. Its memory stays fenced
       // while that agent's process lives, but the job need not wait for it.
       bool counts = job.orphan_counts;
-      requeue(job,
+      requeue(job, job.orphan_kind,
               (counts ? "agent '" + job.agent + "' fell silent and"
                       : "coordinator restarted; agent '" + job.agent + "'") +
                   " did not come back within " + grace,
@@ -394,6 +405,7 @@ void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now
   for (auto& job : jobs) {
     if (job.state == JobState::Running) {
       job.orphaned_since = now.steady;
+      job.orphan_kind = Interruption::CoordinatorRestart;
       ++orphaned;
     }
     queued += job.state == JobState::Queued;

@@ -61,7 +61,7 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
     job.probation_since.reset();
     spdlog::warn("{}: device fault while it ran {}; counted against max_attempts",
                  job_label(job), mps ? "alone on the GPU" : "in its own GPU context");
-    requeue(job,
+    requeue(job, Interruption::DeviceFault,
             what + (was_suspect ? " (while it ran alone after a shared fault: its own)"
                                 : mps ? " (while it ran alone on the GPU)" : ""),
             true, now, out, "device fault");
@@ -74,7 +74,7 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
                job_label(job), others);
   set_suspect(job, true);
   job.probation_since.reset();
-  requeue(job, what + " (under MPS, with job(s) " + others + " on the GPU: not counted)", false,
+  requeue(job, Interruption::DeviceFault, what + " (under MPS, with job(s) " + others + " on the GPU: not counted)", false,
           now, out);
 }
 

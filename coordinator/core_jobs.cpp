@@ -278,22 +278,27 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
                       "job " + std::to_string(id) + " already " + job_state_name(job->state),
                       true);
   }
+  const std::string who = peer.known           ? opts_.access.user_name(peer)
+                          : !peer.key.empty() ? peer.key_user()
+                                              : "an unknown user";
+  if (job->cancelled_by.empty()) job->cancelled_by = who;
   if (job->state == JobState::Queued) {
-    finish(*job, JobState::Cancelled, "cancelled while queued", now, out);
+    finish(*job, JobState::Cancelled, "cancelled by " + who + " while queued", now, out);
   } else if (!job->cancel_requested) {
     // The agent stops between steps, releases its leases and reports; until
     // its heartbeat shows it stopping, StopJob is sent again.
     job->cancel_requested = true;
     auto agent = agents_.find(job->agent);
     if (!job->orphaned_since && agent != agents_.end() && agent->second.job_id == id) {
-      push_stop(id, job->attempt_number(), true, "cancelled by request", agent->second, out,
+      push_stop(id, job->attempt_number(), true, "cancelled by " + who, agent->second, out,
                 true);
       job->stop_sent = now.steady;
       job->cancel_since = now.steady;  // its agent has stop_timeout from now
     }
     changed(*job, out);
   }
-  spdlog::info("{}: cancel requested ({})", job_label(*job), job_state_name(job->state));
+  spdlog::info("{}: cancel requested by {} ({})", job_label(*job), who,
+               job_state_name(job->state));
   send_ack(out, rid, req, true);
 }
 
@@ -402,8 +407,9 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   if (interrupted && u->device_fault()) {
     on_device_fault(*job, agent, reason, now, out);
   } else if (interrupted) {
-    requeue(*job, reason.empty() ? "interrupted on agent '" + agent.name + "'" : reason, false,
-            now, out);
+    // An orphan's agent came back to report the end its loss caused.
+    requeue(*job, job->orphaned_since ? job->orphan_kind : Interruption::AgentStopped,
+            reason.empty() ? "interrupted on agent '" + agent.name + "'" : reason, false, now, out);
   } else if (*state == JobState::Running) {
     if (stored) {
       changed(*job, out);
@@ -416,8 +422,8 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
     // Cancelled without being asked means the agent gave up on it (for
     // example it is stopping): that is an interruption, not the user's cancel.
     if (*state == JobState::Cancelled && !job->cancel_requested) {
-      requeue(*job, reason.empty() ? "stopped by agent '" + agent.name + "'" : reason, false, now,
-              out);
+      requeue(*job, Interruption::AgentStopped,
+              reason.empty() ? "stopped by agent '" + agent.name + "'" : reason, false, now, out);
     } else {
       finish(*job, *state, reason, now, out);
     }

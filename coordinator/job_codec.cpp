@@ -51,6 +51,7 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
     t->reason = a.reason;
     t->resumed_from_epoch = a.resumed_from_epoch;
     t->agent_identity = a.agent_identity;
+    t->cause = a.cause;
     info->attempts.push_back(std::move(t));
   }
   info->max_attempts = job.max_attempts;
@@ -73,6 +74,13 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
     info->program_memory = std::make_unique<proto::ProgramMemoryT>(job.program_memory);
   }
   info->log_bytes = job.log_bytes;
+  for (const auto& [cause, count] : job.interruptions) {
+    auto c = std::make_unique<proto::InterruptionCountT>();
+    c->cause = cause;
+    c->count = count;
+    info->interruptions.push_back(std::move(c));
+  }
+  info->cancelled_by = job.cancelled_by;
   return info;
 }
 
@@ -130,8 +138,12 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   for (auto& a : info->attempts) {
     job.attempts.push_back(AttemptRecord{a->number, a->agent, a->started_ms, a->ended_ms,
                                          a->outcome, a->reason, a->resumed_from_epoch,
-                                         a->agent_identity});
+                                         a->agent_identity, a->cause});
   }
+  for (auto& c : info->interruptions) {
+    if (c) job.interruptions[c->cause] += c->count;
+  }
+  job.cancelled_by = info->cancelled_by;
   job.agent_failures = info->agent_failures;
   job.max_attempts = info->max_attempts;
   job.checkpoint = info->checkpoint;

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shared/interruption.h"
 #include "schemas/leasehold_generated.h"
 #include "shared/session_token.h"
 
@@ -53,6 +54,7 @@ struct AttemptRecord {
   std::string reason;
   int32_t resumed_from_epoch = 0;
   std::string agent_identity;  // see Attempt in schemas/leasehold.fbs
+  std::string cause;           // an interrupted attempt's (interruption_name)
 };
 
 struct JobRecord {
@@ -95,6 +97,10 @@ struct JobRecord {
   uint32_t epochs_dropped = 0, history_dropped = 0;
   double test_accuracy = 0, samples_per_second = 0;
   bool cancel_requested = false;
+  std::string cancelled_by;  // who asked (a user name, "uid N" or "administrator")
+  // Interruptions so far by cause (interruption_name): every one, also
+  // those whose attempts are no longer kept.
+  std::map<std::string, uint32_t> interruptions;
   std::vector<AttemptRecord> attempts;
   uint32_t agent_failures = 0;  // attempts that ended with the agent lost
   int32_t max_attempts = 3;     // requeues allowed after agent losses
@@ -132,6 +138,8 @@ struct JobRecord {
   // silent while its process lives on).
   std::optional<Clock::time_point> orphaned_since;
   bool orphan_counts = false;  // if the wait runs out, it counts as a lost agent
+  // What it waits after: a restart, a lost session or a silent agent.
+  Interruption orphan_kind = Interruption::CoordinatorRestart;
   // The silent agent's process (null: not followed).
   std::shared_ptr<AgentProcess> orphan_process;
   // Why the coordinator dropped its agent, when the agent's own report of

@@ -120,6 +120,8 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
     j.id = id;
     j.name = job.name;
     j.agent = job.agent;
+    j.user = job.submitted_by;
+    for (const auto& [cause, n] : job.interruptions) j.interruptions += n;
     j.samples_per_second = job.progress.samples_per_second;
     j.loss = job.progress.loss;
     if (!job.epochs.empty()) j.test_accuracy = job.epochs.back().test_accuracy;
@@ -139,6 +141,11 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
     s.running.push_back(std::move(j));
   }
   s.lease_stats = core.lease_stats();
+  for (Interruption i : kInterruptions) {
+    auto it = core.interruptions().find(i);
+    s.interruptions[std::string(interruption_name(i))] =
+        it == core.interruptions().end() ? 0 : it->second;
+  }
   s.device_faults = core.device_faults();
   return s;
 }
@@ -172,12 +179,18 @@ std::string render_metrics(const MetricsSnapshot& s) {
   for (const auto& [state, n] : s.jobs_by_state) {
     f.gauge("leasehold_jobs", "Jobs by state", double(n), {{"state", state}});
   }
+  for (const auto& [cause, n] : s.interruptions) {
+    f.counter("leasehold_job_interruptions_total",
+              "Running jobs interrupted and requeued (or ended), by cause", double(n),
+              {{"cause", cause}});
+  }
   // One family at a time: the text format wants a family's series together.
   auto per_job = [&](const char* name, const char* help, bool counter, auto value) {
     for (const auto& j : s.running) {
       if (std::isnan(value(j))) continue;  // nothing to show yet
       std::vector<prometheus::ClientMetric::Label> labels{
-          {"job_id", std::to_string(j.id)}, {"name", j.name}, {"agent", j.agent}};
+          {"job_id", std::to_string(j.id)}, {"name", j.name}, {"agent", j.agent},
+          {"user", j.user}};
       if (counter) {
         f.counter(name, help, value(j), std::move(labels));
       } else {
@@ -205,6 +218,8 @@ std::string render_metrics(const MetricsSnapshot& s) {
           [](const JobSeries& j) { return double(j.shrinks); });
   per_job("leasehold_job_shrunk_bytes_total", "Bytes the job's Shrinks gave back", true,
           [](const JobSeries& j) { return double(j.shrunk_bytes); });
+  per_job("leasehold_job_interruptions", "Attempts of the job that were interrupted", false,
+          [](const JobSeries& j) { return double(j.interruptions); });
   // Program jobs: what their allocator plug-in reports (PyTorch's own
   // statistics cannot see through it).
   auto per_program = [&](const char* name, const char* help, bool counter, auto value) {

@@ -29,6 +29,8 @@ struct ProgramSeries {
 struct JobSeries {
   uint64_t id = 0;
   std::string name, agent;
+  std::string user;  // who submitted it (the `user` label)
+  uint32_t interruptions = 0;  // attempts that ended without finishing
   double samples_per_second = 0;
   double loss = 0;
   double test_accuracy = -1;  // the latest epoch's; < 0: no epoch reported yet
@@ -50,6 +52,9 @@ struct MetricsSnapshot {
   std::map<std::string, uint64_t> agents_by_state;  // every known state, 0 included
   std::map<std::string, uint64_t> jobs_by_state;
   LeaseStats lease_stats;
+  // Jobs interrupted since the coordinator started, by cause (every cause,
+  // 0 included: interruption_name).
+  std::map<std::string, uint64_t> interruptions;
   std::vector<JobSeries> running;
   uint64_t regions_resident = 0, region_bytes = 0;
   uint64_t region_hits = 0, region_misses = 0, region_evictions = 0;

@@ -215,5 +215,38 @@ TEST(CoreRaces, RetentionLeavesACheckpointFolderTheJobFileNamed) {
             std::vector<std::string>{"/var/lib/leasehold-test/checkpoints/" + std::to_string(own)});
 }
 
+// Every interruption is counted with its cause, in the job (all of them,
+// for `leasehold job` and `jobs`) and in the core (for /metrics).
+TEST(CoreRaces, InterruptionsAreCountedPerCauseInTheJobAndTheCore) {
+  CoreDriver d(job_options());
+  FakeAgent a = d.register_agent("a", 11);
+  uint64_t id = 0;
+  d.submit(id);
+  d.heartbeat(a, {{id, 1, P::Running}});
+  d.gone.insert(11);  // its agent died
+  d.advance(250ms);
+  d.tick();
+  FakeAgent b = d.register_agent("b", 12);
+  ASSERT_EQ(d.job(id).agent, "b");
+  d.heartbeat(b, {{id, 2, P::Running}});
+  d.update(b, id, 2, "interrupted", "agent 'b' is stopping (SIGTERM)");
+  const JobRecord& j = d.job(id);
+  EXPECT_EQ(j.interruptions, (std::map<std::string, uint32_t>{{"agent_died", 1},
+                                                              {"agent_stopped", 1}}));
+  ASSERT_EQ(j.attempts.size(), 3u);  // requeued, and on b again
+  EXPECT_EQ(j.attempts[0].cause, "agent_died");
+  EXPECT_EQ(j.attempts[1].cause, "agent_stopped");
+  EXPECT_EQ(d.core().interruptions().at(Interruption::AgentDied), 1u);
+  EXPECT_EQ(d.core().interruptions().at(Interruption::AgentStopped), 1u);
+  // Stored and read back whole.
+  auto rows = stored_rows(d);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].interruptions, j.interruptions);
+  EXPECT_EQ(rows[0].attempts[1].cause, "agent_stopped");
+  // Who cancelled is recorded.
+  d.cancel(id);
+  EXPECT_FALSE(d.job(id).cancelled_by.empty());
+}
+
 }  // namespace
 }  // namespace leasehold::testing

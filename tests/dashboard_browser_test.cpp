@@ -215,9 +215,9 @@ TEST(DashboardPage, ShowsTheJobsLeasesAndLossCurveInChromium) {
   const std::string session = browser.call("Target.attachToTarget", {{"targetId", target["targetId"]},
                                                                      {"flatten", true}})["sessionId"];
   browser.call("Runtime.enable", nlohmann::json::object(), session);
-  // The whole page in the screenshot, whatever the browser's own window.
+  // A laptop's window, 1000 px high: the curves must show without scrolling.
   browser.call("Emulation.setDeviceMetricsOverride",
-               {{"width", 1400}, {"height", 860}, {"deviceScaleFactor", 1}, {"mobile", false}},
+               {{"width", 1400}, {"height", 1000}, {"deviceScaleFactor", 1}, {"mobile", false}},
                session);
   const std::string probe = R"(JSON.stringify({
       leases: +(document.getElementById('pool')?.dataset.leases || 0),
@@ -225,6 +225,9 @@ TEST(DashboardPage, ShowsTheJobsLeasesAndLossCurveInChromium) {
       jobs: document.querySelectorAll('#jobs tbody tr').length,
       agents: document.querySelectorAll('#agents tbody tr').length,
       running: document.querySelectorAll('#jobs tbody td.state-running').length,
+      users: [...document.querySelectorAll('#jobs tbody tr')].map(r => r.children[2].textContent),
+      curves_bottom: document.getElementById('accuracy').getBoundingClientRect().bottom,
+      view: window.innerHeight,
       live: document.getElementById('connection')?.textContent}))";
   nlohmann::json seen;
   const bool shown = eventually(
@@ -239,6 +242,9 @@ TEST(DashboardPage, ShowsTheJobsLeasesAndLossCurveInChromium) {
       90s);
   EXPECT_TRUE(shown) << "the page showed " << seen.dump();
   EXPECT_EQ(seen["live"], "live");
+  // Who submitted each job (the test's own user), and the curves above the fold.
+  for (const auto& user : seen["users"]) EXPECT_NE(user, "–") << seen.dump();
+  EXPECT_LE(seen["curves_bottom"].get<double>(), seen["view"].get<double>()) << seen.dump();
   // Let the occupancy chart and the curves gather a few more points.
   std::this_thread::sleep_for(6s);
 

@@ -228,16 +228,20 @@ TEST_F(Durability, AJobSurvivesItsAgentKilledThreeTimesWithTheSameAccuracy) {
   for (int a = 0; a < 3; ++a) {
     const auto& h = j["attempt_history"][a];
     EXPECT_EQ(h["outcome"], "agent lost") << h.dump();
+    EXPECT_EQ(h["cause"], "agent_died") << h.dump();
     EXPECT_EQ(h["agent"], "w" + std::to_string(a + 1));
     EXPECT_EQ(h["resumed_from_epoch"], a) << h.dump();
   }
   EXPECT_EQ(j["attempt_history"][3]["outcome"], "succeeded");
+  EXPECT_EQ(j["interruptions"], nlohmann::json({{"agent_died", 3}})) << j.dump(1);
   EXPECT_NE(last.log().find("resumes after epoch 3"), std::string::npos) << last.log();
   // What the operator sees.
   auto [trc, table] = client({"jobs"});
   EXPECT_NE(table.find("ATTEMPTS"), std::string::npos) << table;
+  EXPECT_NE(table.find("INTERRUPTED"), std::string::npos) << table;
   auto [drc, text] = client({"job", std::to_string(id)});
-  EXPECT_NE(text.find("attempts (4, 3 lost their agent"), std::string::npos) << text;
+  EXPECT_NE(text.find("attempts: 4; interrupted 3 times (3 agent died); 3 of"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("resumed from epoch 3"), std::string::npos) << text;
 }
 

@@ -1,6 +1,8 @@
 // The coordinator's HTTP endpoint (coordinator/http_endpoint.h), from
 // outside: a real coordinator, requests with cpp-httplib's client.
 #include <gtest/gtest.h>
+#include <pwd.h>
+#include <unistd.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -222,11 +224,15 @@ TEST_F(Http, MetricsCountLeaseOutcomesAndShowRunningJobs) {
               std::string::npos)
         << metrics();
   }
-  // A long job: its series appear, labelled with its id, name and agent.
+  // A long job: its series appear, labelled with its id, name, agent and
+  // the user who submitted it.
   c.start_agent("trainer", {});
   auto [rc, out] = client({"submit", job_file("long", R"(, "epochs": 400)", 256)});
   ASSERT_EQ(rc, 0) << out;
-  const std::string labels = "{gpu=\"host\",UUID=\"\",job_id=\"1\",name=\"long\",agent=\"trainer\"}";
+  const passwd* me = ::getpwuid(::getuid());
+  ASSERT_NE(me, nullptr);
+  const std::string labels = "{gpu=\"host\",UUID=\"\",job_id=\"1\",name=\"long\",agent=\"trainer\"," +
+                             std::string("user=\"") + me->pw_name + "\"}";
   EXPECT_TRUE(eventually(
       [&] {
         auto m = metrics();

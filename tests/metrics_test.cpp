@@ -28,6 +28,7 @@ MetricsSnapshot busy_snapshot() {
   s.leases_held = 3;
   s.agents_by_state = {{"idle", 1}, {"running", 2}};
   s.jobs_by_state = {{"queued", 4}, {"running", 2}};
+  s.interruptions = {{"agent_died", 1}, {"coordinator_restart", 0}};
   s.lease_stats.granted(0);
   s.lease_stats.granted(0.004);
   s.lease_stats.granted(90);  // past every bound
@@ -36,6 +37,8 @@ MetricsSnapshot busy_snapshot() {
   j.id = 7;
   j.name = "mlp \"quoted\"";
   j.agent = "a1";
+  j.user = "ada";
+  j.interruptions = 2;
   j.samples_per_second = 452142.5;
   j.loss = 0.3125;
   j.test_accuracy = 0.8916;
@@ -70,6 +73,12 @@ TEST(Metrics, SeriesCarryDcgmLabelsAndBaseUnits) {
   EXPECT_TRUE(has_line(m, "# TYPE leasehold_lease_grants_total counter")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_lease_grants_total{" + gpu + "} 3")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_lease_refusals_total{" + gpu + "} 2")) << m;
+  EXPECT_TRUE(has_line(m, "# TYPE leasehold_job_interruptions_total counter")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_job_interruptions_total{" + gpu + R"(,cause="agent_died"} 1)"))
+      << m;
+  EXPECT_TRUE(
+      has_line(m, "leasehold_job_interruptions_total{" + gpu + R"(,cause="coordinator_restart"} 0)"))
+      << m;
 }
 
 TEST(Metrics, GrantLatencyIsACumulativeHistogram) {
@@ -88,8 +97,9 @@ TEST(Metrics, GrantLatencyIsACumulativeHistogram) {
 TEST(Metrics, RunningJobsHaveLabelledSeriesWithNamesEscaped) {
   const std::string m = render_metrics(busy_snapshot());
   const std::string labels =
-      R"({gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",job_id="7",name="mlp \"quoted\"",agent="a1"})";
+      R"({gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",job_id="7",name="mlp \"quoted\"",agent="a1",user="ada"})";
   EXPECT_TRUE(has_line(m, "leasehold_job_samples_per_second" + labels + " 452142.5")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_job_interruptions" + labels + " 2")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_job_loss" + labels + " 0.3125")) << m;
   EXPECT_DOUBLE_EQ(value_of(m, "leasehold_job_test_accuracy_ratio" + labels), 0.8916) << m;
   EXPECT_TRUE(has_line(m, "leasehold_job_leased_bytes" + labels + " 1073741824")) << m;

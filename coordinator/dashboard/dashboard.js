@@ -196,7 +196,22 @@ function renderJobs() {
     bar.appendChild(fill);
     progress.append(bar, p ? `epoch ${p.epoch}/${p.epochs}` : "");
     const rate = j.state === "running" && p ? p.samples_per_second : j.samples_per_second;
-    tr.append(el("td", "#" + j.id), el("td", j.name), el("td", j.state, "state-" + j.state),
+    // The state, and under it why a job waits or why it ended as it did.
+    const st = el("td", undefined, "state-" + j.state);
+    st.append(el("span", j.state));
+    const why = j.state === "queued" ? j.waiting_for
+              : j.state === "failed" || j.state === "cancelled" ? j.reason : "";
+    if (why) {
+      const w = el("small", why, "why");
+      st.title = why;
+      st.append(w);
+    }
+    const interrupted = Object.values(j.interruptions || {}).reduce((a, b) => a + b, 0);
+    const intr = el("td", interrupted ? String(interrupted) : "–");
+    if (interrupted) {
+      intr.title = Object.entries(j.interruptions).map(([c, n]) => `${n} ${c.replaceAll("_", " ")}`).join(", ");
+    }
+    tr.append(el("td", "#" + j.id), el("td", j.name), el("td", j.submitted_by || "–"), st, intr,
               el("td", j.agent || "–"), progress, el("td", rate ? fmtRate(rate) : "–"));
     tr.onclick = () => { state.selected = j.id; state.userSelected = true; state.detail = null; refreshDetail(); renderJobs(); };
     body.appendChild(tr);
@@ -223,6 +238,8 @@ function renderCurves() {
     if (m.outside_pool_bytes) figures.push(`outside the pool ${fmtBytes(m.outside_pool_bytes)}`);
   }
   if (d && d.id === state.selected && d.spec && d.spec.program && d.exit_code >= 0) figures.push(`exit status ${d.exit_code}`);
+  if (job && job.submitted_by) figures.unshift(`submitted by ${job.submitted_by}`);
+  if (job && job.cancelled_by) figures.push(`cancelled by ${job.cancelled_by}`);
   document.getElementById("job-figures").textContent = figures.join(" · ");
   const steps = new Map(state.lossPoints.get(state.selected) || []);
   // Epoch means fill in what the page did not see live.
