@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -143,32 +145,41 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
 
 }  // namespace
 
-int submit(const Context& ctx, const std::string& file, bool follow,
-           const SubmitOverrides& overrides) {
+std::unique_ptr<proto::JobSpecT> load_job_file(const std::string& file,
+                                               const SubmitOverrides& overrides) {
+  std::ifstream in(file);
+  if (!in) {
+    throw JobSpecError({"cannot read job file " + file + ": " + std::strerror(errno)});
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto buffer = parse_job_json(text.str(), file);
+  std::unique_ptr<proto::JobSpecT> spec(verify_job(buffer)->UnPack());
+  if (overrides.priority) spec->priority = *overrides.priority;
+  if (overrides.epochs) {
+    spec->epochs = *overrides.epochs;
+    spec->steps = 0;
+  }
+  // A checkpoint folder as this user sees it: made absolute and resolved
+  // (the coordinator and agents take only a path without links).
+  if (spec->checkpoint && !spec->checkpoint->directory.empty()) {
+    std::error_code ec;
+    auto dir = std::filesystem::absolute(spec->checkpoint->directory, ec);
+    if (!ec) {
+      auto real = std::filesystem::canonical(dir, ec);
+      spec->checkpoint->directory = (ec ? dir.lexically_normal() : real).string();
+    }
+  }
+  // Everything but the files, which the coordinator checks where the job
+  // runs: a mistake is caught before the coordinator is asked.
+  validate_job(*spec, ValidationOptions{false, 0, JobLengthLimits::none()});
+  return spec;
+}
+
+int submit(const Context& ctx, const proto::JobSpecT& spec, bool follow) {
   return run_guarded([&] {
-    std::ifstream in(file);
-    if (!in) throw JobSpecError({"cannot read job file " + file});
-    std::stringstream text;
-    text << in.rdbuf();
-    auto buffer = parse_job_json(text.str(), file);
-    std::unique_ptr<proto::JobSpecT> spec(verify_job(buffer)->UnPack());
-    if (overrides.priority) spec->priority = *overrides.priority;
-    if (overrides.epochs) {
-      spec->epochs = *overrides.epochs;
-      spec->steps = 0;
-    }
-    // A checkpoint folder as this user sees it: made absolute and resolved
-    // (the coordinator and agents take only a path without links).
-    if (spec->checkpoint && !spec->checkpoint->directory.empty()) {
-      std::error_code ec;
-      auto dir = std::filesystem::absolute(spec->checkpoint->directory, ec);
-      if (!ec) {
-        auto real = std::filesystem::canonical(dir, ec);
-        spec->checkpoint->directory = (ec ? dir.lexically_normal() : real).string();
-      }
-    }
     zmq::context_t zctx(1);
-    const uint64_t id = submit_spec(ctx, zctx, *spec);
+    const uint64_t id = submit_spec(ctx, zctx, spec);
 
     if (ctx.json) {
       std::cout << nlohmann::json{{"id", id}}.dump() << "\n";

@@ -1,14 +1,13 @@
-// The client's job commands. Exit codes: 0 success (a followed job
-// succeeded), 1 the followed job failed, 2 invalid input (bad job file,
-// unknown job), 3 the followed job was cancelled, 4 the coordinator could
-// not be reached or answered with an error.
+// The client's job commands. Exit codes: client/exit_codes.h.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "schemas/job_generated.h"
 #include "shared/curve_keys.h"
 
 namespace leasehold::client {
@@ -25,8 +24,11 @@ struct SubmitOverrides {
   std::optional<int> priority;
   std::optional<int> epochs;  // replaces epochs (and clears steps)
 };
-int submit(const Context& ctx, const std::string& file, bool follow,
-           const SubmitOverrides& overrides);
+// Reads, parses and validates a job file (all but its dataset files).
+// Throws JobSpecError naming every problem.
+std::unique_ptr<proto::JobSpecT> load_job_file(const std::string& file,
+                                               const SubmitOverrides& overrides);
+int submit(const Context& ctx, const proto::JobSpecT& spec, bool follow);
 int list_jobs(const Context& ctx);
 int show_job(const Context& ctx, uint64_t id);
 int cancel_job(const Context& ctx, uint64_t id);

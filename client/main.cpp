@@ -1,17 +1,20 @@
 // leasehold: the command-line client. Talks only to the coordinator.
 //   leasehold status | submit FILE [--follow] | run [OPTIONS] -- CMD... | jobs | job ID
 //             | cancel ID | logs ID [--follow] | regions [drop NAME] | keygen PATH
-// Exit codes of the job commands: see client/jobs.h.
+// Exit codes: client/exit_codes.h.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
+#include "client/exit_codes.h"
 #include "client/jobs.h"
+#include "client/json_text.h"
 #include "client/programs.h"
 #include "client/regions.h"
-#include "client/json_text.h"
+#include "client/requests.h"
 #include "client/status_format.h"
 #include "shared/connection.h"
 #include "shared/endpoint.h"
@@ -50,6 +53,8 @@ int run_keygen(const std::string& path) {
 
 }  // namespace
 
+using namespace leasehold::client;  // the exit codes
+
 int main(int argc, char** argv) {
   CLI::App app{"leasehold: inspect and drive a leasehold coordinator"};
   app.require_subcommand(1);
@@ -84,8 +89,18 @@ int main(int argc, char** argv) {
   bool follow = false;
   int priority = 0;
   uint64_t id = 0;
+  // Job ids count from 1; CLI11 alone would take "-1" as a huge number.
+  const CLI::Validator job_id(
+      [](std::string& text) -> std::string {
+        const bool digits = !text.empty() && text.size() <= 19 &&
+                            std::all_of(text.begin(), text.end(),
+                                        [](char c) { return c >= '0' && c <= '9'; });
+        if (digits && text.find_first_not_of('0') != std::string::npos) return "";
+        return "a job id is a whole number from 1 (leasehold jobs lists them), not '" + text + "'";
+      },
+      "ID");
   auto* submit = app.add_subcommand("submit", "submit a job file (JSON); prints the job id");
-  submit->add_option("file", file, "job file")->required()->check(CLI::ExistingFile);
+  submit->add_option("file", file, "job file")->required();
   submit->add_flag("-f,--follow", follow, "follow progress; exit with the job's outcome");
   auto* prio = submit->add_option("--priority", priority, "overrides the file's priority");
   int epochs = 0;
@@ -95,13 +110,13 @@ int main(int argc, char** argv) {
   auto* jobs = app.add_subcommand("jobs", "list jobs");
   add_output(jobs);
   auto* job = app.add_subcommand("job", "show one job: spec, state history, metrics, result");
-  job->add_option("id", id, "job id")->required();
+  job->add_option("id", id, "job id")->required()->check(job_id);
   add_output(job);
   auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
-  cancel->add_option("id", id, "job id")->required();
+  cancel->add_option("id", id, "job id")->required()->check(job_id);
   auto* logs = app.add_subcommand(
       "logs", "print a program job's output, or an engine job's progress and epoch results");
-  logs->add_option("id", id, "job id")->required();
+  logs->add_option("id", id, "job id")->required()->check(job_id);
   logs->add_flag("-f,--follow", follow, "keep following until the job ends");
   add_output(logs);
   auto* regions = app.add_subcommand("regions", "list the shared cache regions");
@@ -125,14 +140,35 @@ int main(int argc, char** argv) {
   auto* keygen = app.add_subcommand(
       "keygen", "write a CURVE key pair for tcp:// endpoints: PATH (secret, 0600) and PATH.pub");
   keygen->add_option("path", key_path, "where to write the key pair")->required();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and succeeds; any other mistake on the command line is
+    // invalid input, whatever CLI11's own code for it.
+    return app.exit(e) == 0 ? kExitOk : kExitInvalid;
+  }
 
   if (*keygen) {
     try {
       return run_keygen(key_path);
     } catch (const std::exception& e) {
       std::cerr << "leasehold keygen: " << e.what() << "\n";
-      return 2;
+      return kExitInvalid;
+    }
+  }
+
+  // A job file is read and checked before the coordinator is looked for:
+  // its mistakes are the user's to fix first.
+  std::unique_ptr<leasehold::proto::JobSpecT> spec;
+  if (*submit) {
+    leasehold::client::SubmitOverrides o;
+    if (prio->count()) o.priority = priority;
+    if (epochs_opt->count()) o.epochs = epochs;
+    try {
+      spec = leasehold::client::load_job_file(file, o);
+    } catch (const std::exception& e) {
+      std::cerr << "leasehold: " << e.what() << "\n";
+      return kExitInvalid;
     }
   }
 
@@ -148,25 +184,27 @@ int main(int argc, char** argv) {
         leasehold::needs_curve(endpoint) ? endpoint : ctx.events_endpoint, curve_key,
         curve_server_key);
     ctx.json = output == "json";
-    if (auto why = leasehold::ipc_permission_problem(endpoint)) throw std::runtime_error(*why);
+    if (auto why = leasehold::ipc_permission_problem(endpoint)) {
+      throw leasehold::Error(leasehold::ErrorCode::PermissionDenied, *why);
+    }
     if (auto path = leasehold::ipc_path(endpoint); path && access(path->c_str(), F_OK) != 0) {
       throw std::runtime_error("no coordinator at " + endpoint + ": socket " + *path +
                                " does not exist (is leasehold-coordinator running? set "
                                "--endpoint or LEASEHOLD_ENDPOINT)");
     }
     if (*status) return run_status(ctx, output);
+  } catch (const leasehold::Error& e) {
+    std::cerr << "leasehold: " << e.what() << "\n";
+    return leasehold::client::exit_code_of(e);
   } catch (const std::exception& e) {
     std::cerr << "leasehold: " << e.what() << "\n";
-    return *status ? 1 : 4;
+    return kExitUnreachable;
   }
   if (*submit) {
     // The coordinator answers a submission after checking the dataset files
     // (it gives that up to 10 s) and storing the job.
     if (!timeout_opt->count()) ctx.timeout = std::chrono::seconds(15);
-    leasehold::client::SubmitOverrides o;
-    if (prio->count()) o.priority = priority;
-    if (epochs_opt->count()) o.epochs = epochs;
-    return leasehold::client::submit(ctx, file, follow, o);
+    return leasehold::client::submit(ctx, *spec, follow);
   }
   if (*jobs) return leasehold::client::list_jobs(ctx);
   if (*job) return leasehold::client::show_job(ctx, id);

@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "client/exit_codes.h"
 #include "client/requests.h"
 
 namespace leasehold::client {
@@ -194,7 +195,7 @@ int run_program(const Context& ctx, const RunOptions& options) {
     std::fprintf(stderr, "leasehold: job %llu '%s' %s%s%s\n", (unsigned long long)id,
                  spec.name.c_str(), state.c_str(), reason.empty() ? "" : ": ", reason.c_str());
     if (cancelled_by != 0) return 128 + cancelled_by;
-    if (state == "cancelled") return 3;
+    if (state == "cancelled") return int{kExitCancelled};
     return j->exit_code() > 0 && j->exit_code() < 256 ? j->exit_code() : 1;
   });
 }

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "client/exit_codes.h"
 #include "client/json_text.h"
 #include "shared/connection.h"
 #include "shared/units.h"
@@ -38,10 +39,11 @@ int guarded(const std::function<int()>& f) {
     std::cerr << "leasehold: " << e.what() << "\n";
     bool bad_input = e.code() == ErrorCode::NoSuchRegion || e.code() == ErrorCode::RegionBusy ||
                      e.code() == ErrorCode::InvalidArgument;
-    return bad_input ? 2 : 4;
+    if (e.code() == ErrorCode::PermissionDenied) return kExitDenied;
+    return bad_input ? kExitInvalid : kExitUnreachable;
   } catch (const std::exception& e) {
     std::cerr << "leasehold: " << e.what() << "\n";
-    return 4;
+    return kExitUnreachable;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "client/exit_codes.h"
 #include "shared/job_spec.h"
 #include "shared/session_token.h"
 
@@ -36,10 +37,23 @@ Reply get_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
 }
 
 int outcome(const std::string& state) {
-  if (state == "succeeded") return 0;
-  if (state == "failed") return 1;
-  if (state == "cancelled") return 3;
+  if (state == "succeeded") return kExitOk;
+  if (state == "failed") return kExitJobFailed;
+  if (state == "cancelled") return kExitCancelled;
   return -1;  // not finished
+}
+
+int exit_code_of(const Error& e) {
+  switch (e.code()) {
+    case ErrorCode::InvalidArgument:
+    case ErrorCode::TooLarge:
+      return kExitInvalid;
+    case ErrorCode::PermissionDenied:
+    case ErrorCode::NotOwner:
+      return kExitDenied;
+    default:
+      return kExitUnreachable;
+  }
 }
 
 int run_guarded(const std::function<int()>& f) {
@@ -47,13 +61,13 @@ int run_guarded(const std::function<int()>& f) {
     return f();
   } catch (const JobSpecError& e) {
     std::cerr << "leasehold: " << e.what() << "\n";
-    return 2;
+    return kExitInvalid;
   } catch (const Error& e) {
     std::cerr << "leasehold: " << e.what() << "\n";
-    return e.code() == ErrorCode::InvalidArgument ? 2 : 4;
+    return exit_code_of(e);
   } catch (const std::exception& e) {
     std::cerr << "leasehold: " << e.what() << "\n";
-    return 4;
+    return kExitUnreachable;
   }
 }
 

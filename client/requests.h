@@ -22,6 +22,8 @@ void expect(const Reply& r, proto::Body expected);
 Reply get_job(const Context& ctx, zmq::context_t& zctx, uint64_t id);
 // The exit code of a job's final state; -1 while it has not ended.
 int outcome(const std::string& state);
+// The exit code (client/exit_codes.h) of the coordinator's refusal `e`.
+int exit_code_of(const Error& e);
 // Runs a command, turning its exceptions into a message and an exit code.
 int run_guarded(const std::function<int()>& f);
 // Validates `spec` (all but its files, which the coordinator checks) and

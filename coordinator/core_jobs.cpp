@@ -146,7 +146,9 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   auto spec = std::shared_ptr<proto::JobSpecT>(submit->spec()->UnPack());
   try {
     // Everything but the files here; the files are checked off this thread.
-    validate_job(*spec, ValidationOptions{false, pool_.size, opts_.job_limits});
+    ValidationOptions here{false, pool_.size, opts_.job_limits};
+    here.alignment = pool_.alignment;
+    validate_job(*spec, here);
   } catch (const JobSpecError& e) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, e.what());
   }
@@ -160,6 +162,7 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   pending_submits_[token] =
       PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout, peer, indexed};
   ValidationOptions files{true, pool_.size, opts_.job_limits, opts_.state_dir};
+  files.alignment = pool_.alignment;
   files.submitter_uid = peer.known ? static_cast<int64_t>(peer.uid) : -1;
   files.submitter_gid = peer.known ? static_cast<int64_t>(peer.gid) : -1;
   out.file_checks.push_back(FileCheck{token, spec, files});

@@ -1,11 +1,13 @@
 #include "shared/job_spec.h"
 
 #include <flatbuffers/idl.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <string_view>
 
 #include "shared/checkpoint_folder.h"
 #include "shared/idx_file.h"
@@ -19,6 +21,91 @@
 namespace leasehold {
 namespace {
 
+// Edits (insert, delete, replace) from `a` to `b`, letters compared
+// without case.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The enum of the field in `object` (of table `def`, recursively) whose
+// JSON value is the string `value`; null when none is.
+const flatbuffers::EnumDef* enum_holding(const flatbuffers::StructDef& def,
+                                         const nlohmann::json& object, const std::string& value) {
+  if (!object.is_object()) return nullptr;
+  for (const auto& [key, v] : object.items()) {
+    const flatbuffers::FieldDef* field = def.fields.Lookup(key);
+    if (!field) continue;
+    const flatbuffers::Type& type = field->value.type;
+    if (type.enum_def && v.is_string() && v.get<std::string>() == value) return type.enum_def;
+    if (type.base_type == flatbuffers::BASE_TYPE_STRUCT && type.struct_def) {
+      if (auto* e = enum_holding(*type.struct_def, v, value)) return e;
+    }
+    if (type.base_type == flatbuffers::BASE_TYPE_VECTOR && v.is_array()) {
+      for (const auto& item : v) {
+        if (type.enum_def && item.is_string() && item.get<std::string>() == value) {
+          return type.enum_def;
+        }
+        if (type.struct_def) {
+          if (auto* e = enum_holding(*type.struct_def, item, value)) return e;
+        }
+      }
+    }
+  }
+  return nullptr;
+}
+
+// The parser names an unknown enum value but not its enum: the enum of the
+// field that holds it, every value of it listed, and the nearest suggested
+// when it is close.
+std::string explain_enum_value(const flatbuffers::Parser& parser, const std::string& json,
+                               const std::string& value) {
+  const auto doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  const flatbuffers::EnumDef* best =
+      parser.root_struct_def_ ? enum_holding(*parser.root_struct_def_, doc, value) : nullptr;
+  if (!best) return "";
+  std::string nearest;
+  size_t best_distance = SIZE_MAX;
+  for (const auto* v : best->Vals()) {
+    if (const size_t d = edit_distance(value, v->name); d < best_distance) {
+      best_distance = d;
+      nearest = v->name;
+    }
+  }
+  std::string valid;
+  for (const auto* v : best->Vals()) valid += (valid.empty() ? "" : ", ") + v->name;
+  std::string out = " (" + best->name + " is one of " + valid;
+  // Close enough to be a slip: a case, a letter or two.
+  if (best_distance <= std::max<size_t>(2, value.size() / 3)) out += "; did you mean " + nearest + "?";
+  return out + ")";
+}
+
+// Values FlatBuffers cannot tell from a missing field (a scalar's default
+// is 0): an explicit "epochs": 0 is a number that must be positive, not a
+// missing choice between epochs and steps.
+void check_explicit_values(const std::string& json, std::vector<std::string>& p) {
+  const auto doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object()) return;
+  for (const char* field : {"epochs", "steps"}) {
+    auto it = doc.find(field);
+    if (it != doc.end() && it->is_number() && it->get<double>() <= 0) {
+      p.push_back(std::string(field) + ": must be positive (the file says " + it->dump() + ")");
+    }
+  }
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : "; ") + x;
@@ -29,16 +116,39 @@ std::string str_or(const flatbuffers::String* s, const std::string& fallback = "
   return s ? s->str() : fallback;
 }
 
-void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input,
-                 std::vector<std::string>& p) {
+// `classes`: how many the labels name (the largest label + 1); 0: unknown.
+void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input, int64_t classes,
+                 const std::string& labels, std::vector<std::string>& p) {
   auto shapes = infer_layer_shapes(*job.model(), input, p);
   if (shapes.size() == job.model()->size()) {
     const auto& last = shapes.back();
     if (last.size() != 1) {
       p.push_back("model: the last layer must produce class scores [classes], not a shape of " +
                   std::to_string(last.size()) + " dimensions (add Flatten and Linear)");
+    } else if (classes > last[0]) {
+      // A label past the scores would fail the loss at run time.
+      p.push_back("model[" + std::to_string(job.model()->size() - 1) + "]: the last layer gives " +
+                  std::to_string(last[0]) + " class scores, but the labels in " + labels +
+                  " go up to " + std::to_string(classes - 1) + " (" + std::to_string(classes) +
+                  " classes): make its out " + std::to_string(classes));
     }
   }
+}
+
+// The classes a labels file names: its largest label + 1. Only read when
+// it is a plausible size (one byte per example).
+int64_t label_classes(const std::string& path) {
+  IdxFile file(path);
+  if (file.dims().size() != 1) {
+    throw std::runtime_error(path + " is not a vector of labels [N]");
+  }
+  constexpr size_t kMaxLabels = 64u << 20;
+  if (file.body_bytes() > kMaxLabels) return 0;
+  std::vector<uint8_t> labels(file.body_bytes());
+  file.read_body(labels.data());
+  uint8_t top = 0;
+  for (uint8_t l : labels) top = std::max(top, l);
+  return labels.empty() ? 0 : int64_t{top} + 1;
 }
 
 // Whether `path`, resolved (links followed as far as it exists, `..`
@@ -117,8 +227,17 @@ std::vector<uint8_t> parse_job_json(const std::string& json, const std::string& 
     // The parser's message already names the file, line and field.
     std::string msg = parser.error_;
     while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+    constexpr std::string_view kUnknownEnum = "unknown enum value: ";
+    if (auto at = msg.find(kUnknownEnum); at != std::string::npos) {
+      std::string value = msg.substr(at + kUnknownEnum.size());
+      value = value.substr(0, value.find_first_of(", \n"));
+      msg += explain_enum_value(parser, json, value);
+    }
     throw JobSpecError({msg});
   }
+  std::vector<std::string> problems;
+  check_explicit_values(json, problems);
+  if (!problems.empty()) throw JobSpecError(problems);
   std::vector<uint8_t> out(parser.builder_.GetBufferPointer(),
                            parser.builder_.GetBufferPointer() + parser.builder_.GetSize());
   verify_job(out);
@@ -261,12 +380,23 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   try {
     uint64_t budget = job_memory_budget(job, options.pool_bytes);
     if (budget < (1ull << 20)) p.push_back("memory_budget: less than 1 MiB");
+    if (options.alignment && budget < options.alignment) {
+      p.push_back("memory_budget: " + format_bytes(budget) +
+                  " is less than one lease: the coordinator leases in blocks of " +
+                  format_bytes(options.alignment) + " (its alignment); give at least " +
+                  format_bytes(options.alignment));
+    }
     if (options.pool_bytes && budget > options.pool_bytes) {
       p.push_back("memory_budget: " + format_bytes(budget) + " does not fit the pool of " +
                   format_bytes(options.pool_bytes));
     }
-    // Activations may spill; parameters, gradients and optimiser state may not.
-    if (uint64_t resident = program ? 0 : job_resident_bytes(job); resident > budget) {
+    // Activations may spill; parameters, gradients and optimiser state may
+    // not, and they are held in whole leases.
+    uint64_t resident = program ? 0 : job_resident_bytes(job);
+    if (options.alignment && resident % options.alignment) {
+      resident += options.alignment - resident % options.alignment;
+    }
+    if (resident > budget) {
       p.push_back("memory_budget: " + format_bytes(budget) +
                   (job.memory_budget() ? "" : " (the default; set memory_budget)") +
                   " cannot hold the model's parameters, gradients and optimizer state (" +
@@ -350,6 +480,8 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   }
 
   std::vector<int64_t> input;
+  int64_t classes = 0;  // the labels name this many (with check_files)
+  std::string labels;   // the field of the file that names the most
   const auto* d = job.dataset();
   if (!d) {
     p.push_back("dataset: required");
@@ -370,6 +502,13 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
         p.push_back(std::string("dataset.") + field + ": not given (set it or dataset.name)");
       } else if (options.check_files) {
         try {
+          if (std::string(field).ends_with("_labels")) {
+            if (int64_t n = label_classes(path); n > classes) {
+              classes = n;
+              labels = std::string("dataset.") + field;
+            }
+            continue;
+          }
           auto dims = read_idx_dims(path);
           if (std::string(field) == "train_images") {
             if (dims.size() != 3) {
@@ -395,7 +534,7 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   if (!job.model() || job.model()->size() == 0) {
     p.push_back("model: at least one layer is required");
   } else if (!input.empty()) {
-    check_model(job, input, p);
+    check_model(job, input, classes, labels, p);
   }
   if (!p.empty()) throw JobSpecError(p);
 }
@@ -405,7 +544,7 @@ void validate_model(const proto::JobSpec& job, const std::vector<int64_t>& input
   if (!job.model() || job.model()->size() == 0) {
     p.push_back("model: at least one layer is required");
   } else {
-    check_model(job, input, p);
+    check_model(job, input, 0, "", p);
   }
   if (!p.empty()) throw JobSpecError(p);
 }

@@ -61,6 +61,9 @@ struct ValidationOptions {
 
   bool check_files;        // the dataset files exist and have IDX headers
   uint64_t pool_bytes;     // when set, the memory budget must fit the pool
+  // When set, the pool's lease alignment: a budget must hold at least one
+  // lease, and the model's resident state in whole leases.
+  uint64_t alignment = 0;
   JobLengthLimits limits;  // the coordinator's
   // With check_files: a folder a job's checkpoint directory may not be in
   // (the coordinator's state folder, which holds other jobs' checkpoints).

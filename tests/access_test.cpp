@@ -68,7 +68,7 @@ TEST_F(Access, AnotherUserCannotCancelYourJob) {
   auto [rc, out] = client({"submit", job_file("mine")});
   ASSERT_EQ(rc, 0) << out;
   auto [rc2, out2] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "cancel", "1"});
-  EXPECT_NE(rc2, 0) << out2;
+  EXPECT_EQ(rc2, 5) << "permission denied (client/exit_codes.h): " << out2;
   EXPECT_NE(out2.find("job 1 was submitted by root"), std::string::npos) << out2;
   EXPECT_NE(out2.find("nobody (uid 65534)"), std::string::npos) << "the kernel's word, not the client's: " << out2;
   auto [rc3, job] = client({"job", "1", "-o", "json"});

@@ -12,6 +12,7 @@
 #include "tests/support/synthetic_data.h"
 
 namespace leasehold::testing {
+namespace fs = std::filesystem;
 namespace {
 
 using namespace std::chrono_literals;
@@ -210,23 +211,36 @@ TEST_F(Jobs, CheckpointsGoOnlyWhereTheirSubmitterCouldWriteThem) {
 }
 
 TEST_F(Jobs, AFailingJobIsMarkedFailedAndTheAgentServesTheNext) {
-  cluster.start_agent("worker", {});
-  // Bad data: a label (9) outside the model's three classes.
+  // A label (9) outside the model's three classes is caught at submit.
+  const std::string labels = cluster.dir() + "/train-labels";
   {
-    std::string labels = cluster.dir() + "/train-labels";
     std::fstream f(labels, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(8 + 100);
     f.put(static_cast<char>(9));
   }
-  auto [rc, out] = client({"submit", job_file("baddata", R"(, "epochs": 1)"), "--follow"});
+  auto [rc0, out0] = client({"submit", job_file("baddata", R"(, "epochs": 1)")});
+  EXPECT_EQ(rc0, 2) << out0;
+  EXPECT_NE(out0.find("the last layer gives 3 class scores, but the labels in "
+                      "dataset.train_labels go up to 9 (10 classes)"),
+            std::string::npos)
+      << out0;
+  write_synthetic_idx(cluster.dir(), "train", 600, 1);
+  // Data that goes bad after the check (cut short while the job waits for
+  // an agent) fails the job where it runs.
+  auto [rc1, queued] = client({"submit", job_file("cutdata", R"(, "epochs": 1)")});
+  ASSERT_EQ(rc1, 0) << queued;
+  const std::string id = queued.substr(0, queued.find('\n'));
+  fs::resize_file(cluster.dir() + "/train-images", 1000);
+  cluster.start_agent("worker", {});
+  auto [rc, out] = client({"logs", id, "--follow"});
   EXPECT_EQ(rc, 1) << out;
-  auto j = job(1);
+  auto j = job(std::stoull(id));
   EXPECT_EQ(j["state"], "failed");
-  EXPECT_NE(j["reason"].get<std::string>().find("outside [0, 3)"), std::string::npos) << j.dump(2);
+  EXPECT_NE(j["reason"].get<std::string>().find("train-images"), std::string::npos) << j.dump(2);
   write_synthetic_idx(cluster.dir(), "train", 600, 1);
   auto [rc2, out2] = client({"submit", job_file("after", R"(, "epochs": 1)"), "--follow"});
   EXPECT_EQ(rc2, 0) << out2;
-  EXPECT_EQ(job(2)["agent"], "worker");
+  EXPECT_EQ(job(std::stoull(id) + 1)["agent"], "worker");
 }
 
 // A job whose saved activations need about twice its memory budget trains

@@ -69,11 +69,33 @@ TEST_F(JobTest, UnknownFieldsAndWrongTypesAreNamed) {
     parse_job_json(job_json(R"(, "epochs": 1)", R"([{"type": "Linearr"}])"), "j.json");
   });
   EXPECT_NE(e.find("Linearr"), std::string::npos) << e;
+  // An unknown enum value: its enum's values, and the nearest when close.
+  e = problems_of([&] {
+    parse_job_json(job_json(R"(, "epochs": 1)", R"([{"type": "Flatten"}, {"type": "Relu"}])"),
+                   "j.json");
+  });
+  EXPECT_NE(e.find("LayerType is one of Linear, Conv2d, ReLU, MaxPool2d, Flatten, Dropout; did "
+                   "you mean ReLU?"),
+            std::string::npos)
+      << e;
+  std::string adamw = job_json(R"(, "epochs": 1)");
+  adamw.replace(adamw.find("\"Adam\""), 6, "\"AdamW\"");
+  e = problems_of([&] { parse_job_json(adamw, "j.json"); });
+  EXPECT_NE(e.find("OptimizerType is one of SGD, Adam; did you mean Adam?"), std::string::npos)
+      << e;
+  e = problems_of([&] {
+    parse_job_json(job_json(R"(, "epochs": 1)", R"([{"type": "Sigmoid"}])"), "j.json");
+  });
+  EXPECT_NE(e.find("LayerType is one of"), std::string::npos) << e;
+  EXPECT_EQ(e.find("did you mean"), std::string::npos) << "nothing close: " << e;
+  // An explicit epochs of 0 is not a missing field.
+  e = problems_of([&] { parse_job_json(job_json(R"(, "epochs": 0)"), "j.json"); });
+  EXPECT_NE(e.find("epochs: must be positive (the file says 0)"), std::string::npos) << e;
 }
 
 TEST_F(JobTest, ValidationNamesEveryBadField) {
-  std::string bad = job_json(R"(, "epochs": 0, "batch_size": -4, "memory_budget": "lots",
-                                "device": "tpu")");
+  // (No epochs or steps at all: an explicit 0 is refused when parsed.)
+  std::string bad = job_json(R"(, "batch_size": -4, "memory_budget": "lots", "device": "tpu")");
   const std::string lr = "\"lr\": 0.01";
   bad.replace(bad.find(lr), lr.size(), "\"lr\": -1.0");
   auto buf = parse_job_json(bad, "j.json");
@@ -96,6 +118,24 @@ TEST_F(JobTest, ValidationNamesEveryBadField) {
   auto big = parse_job_json(job_json(R"(, "epochs": 1, "memory_budget": "8GiB")"), "j.json");
   e = problems_of([&] { validate_job(*verify_job(big), {true, 1ull << 30}); });
   EXPECT_NE(e.find("does not fit the pool"), std::string::npos) << e;
+  // Less than one lease of the coordinator's alignment.
+  auto tiny = parse_job_json(job_json(R"(, "epochs": 1, "memory_budget": "1MiB")"), "j.json");
+  ValidationOptions aligned{true, 1ull << 30};
+  aligned.alignment = 2ull << 20;
+  e = problems_of([&] { validate_job(*verify_job(tiny), aligned); });
+  EXPECT_NE(e.find("memory_budget: 1.00 MiB is less than one lease: the coordinator leases in "
+                   "blocks of 2.00 MiB"),
+            std::string::npos)
+      << e;
+  // A last layer narrower than the labels' classes (they go up to 2 here).
+  auto narrow = parse_job_json(
+      job_json(R"(, "epochs": 1)", R"([{"type": "Flatten"}, {"type": "Linear", "in": 64, "out": 2}])"),
+      "j.json");
+  e = problems_of([&] { validate_job(*verify_job(narrow), {}); });
+  EXPECT_NE(e.find("model[1]: the last layer gives 2 class scores, but the labels in "
+                   "dataset.train_labels go up to 2 (3 classes): make its out 3"),
+            std::string::npos)
+      << e;
   fs::remove(dir + "/test-labels");
   auto missing = parse_job_json(job_json(R"(, "epochs": 1)"), "j.json");
   e = problems_of([&] { validate_job(*verify_job(missing), {}); });
