@@ -127,9 +127,12 @@ int main(int argc, char** argv) {
   app.add_option("--spill-staging-bytes", spill_staging,
                  "pinned staging buffers for the spill file (0: no spill file)")
       ->capture_default_str();
-  app.add_option("--spill-dir", spill.directory,
-                 "directory of spill files (default: STATE_DIR/spill, STATE_DIR as the "
-                 "coordinator finds it)");
+  std::string state_dir;
+  app.add_option("--state-dir", state_dir,
+                 "this agent's state folder (spill files): default $STATE_DIRECTORY under "
+                 "systemd, else agents/ENDPOINT under the user's state folder "
+                 "(~/.local/state/leasehold/agents/ipc_…), one per coordinator");
+  app.add_option("--spill-dir", spill.directory, "directory of spill files (default: STATE_DIR/spill)");
   app.add_option("--spill-io-threads", spill.io_threads,
                  "threads reading and writing the spill file (requests in flight)")
       ->capture_default_str()->check(CLI::Range(1, 64));
@@ -155,6 +158,8 @@ int main(int argc, char** argv) {
     spill.staging_bytes = leasehold::parse_bytes(spill_staging);
     spill.file_limit = leasehold::parse_bytes(spill_file_limit);
     spill.validate();  // before registering: a bad setting never costs a session
+    if (state_dir.empty()) state_dir = leasehold::default_agent_state_dir(opts.endpoint);
+    spill.default_directory = state_dir + "/spill";
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leasehold-agent: %s\n", e.what());
     return 2;

@@ -44,4 +44,20 @@ std::string default_state_dir() {
   return "/var/lib/leasehold";
 }
 
+std::string default_agent_state_dir(const std::string& endpoint) {
+  if (const char* s = std::getenv("STATE_DIRECTORY"); s && *s) return default_state_dir();
+  std::string slug;
+  for (char c : endpoint) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '.' || c == '-';
+    if (plain) {
+      slug += c;
+    } else if (slug.empty() || slug.back() != '_') {
+      slug += '_';
+    }
+  }
+  if (slug.size() > 120) slug = slug.substr(slug.size() - 120);  // the distinctive end
+  return default_state_dir() + "/agents/" + slug;
+}
+
 }  // namespace leasehold

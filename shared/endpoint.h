@@ -30,4 +30,11 @@ std::string default_events_endpoint(const std::string& endpoint);
 // ~/.local/state/leasehold, else /var/lib/leasehold.
 std::string default_state_dir();
 
+// An agent's state folder (its spill files) when not told: the systemd
+// unit's $STATE_DIRECTORY (one instance per unit), else a folder of the
+// coordinator it serves under default_state_dir():
+// "…/agents/ipc_run_user_1000_leasehold_coordinator.sock". Agents of two
+// coordinators on one machine never share one.
+std::string default_agent_state_dir(const std::string& endpoint);
+
 }  // namespace leasehold

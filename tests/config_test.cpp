@@ -120,6 +120,9 @@ TEST(Config, ValidateRejectsImpossibleValues) {
   bad.alignment = 3000;
   EXPECT_THROW(validate(bad), std::invalid_argument);
   bad = o;
+  bad.silence_limit = bad.heartbeat_interval;  // less than two heartbeats
+  EXPECT_THROW(validate(bad), std::invalid_argument);
+  bad = o;
   bad.backend = "tpu";
   EXPECT_THROW(validate(bad), std::invalid_argument);
   bad = o;
@@ -253,6 +256,23 @@ TEST(Endpoint, EnvironmentSetsDefault) {
   EXPECT_EQ(default_endpoint(), "ipc:///run/user/7/leasehold/coordinator.sock");
   EXPECT_EQ(ipc_path("ipc:///a/b.sock"), "/a/b.sock");
   EXPECT_FALSE(ipc_path("tcp://127.0.0.1:5555"));
+}
+
+// An agent's own state (its spill files) is one folder per coordinator it
+// serves, unless systemd gives the unit one.
+TEST(Endpoint, AgentsOfTwoCoordinatorsNeverShareAStateFolder) {
+  unsetenv("STATE_DIRECTORY");
+  setenv("XDG_STATE_HOME", "/tmp/xdg-state", 1);
+  const std::string a = default_agent_state_dir("ipc:///run/user/7/leasehold/coordinator.sock");
+  const std::string b = default_agent_state_dir("ipc:///tmp/other/coordinator.sock");
+  EXPECT_EQ(a, "/tmp/xdg-state/leasehold/agents/ipc_run_user_7_leasehold_coordinator.sock");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(default_agent_state_dir("tcp://10.0.0.2:5555"),
+            "/tmp/xdg-state/leasehold/agents/tcp_10.0.0.2_5555");
+  setenv("STATE_DIRECTORY", "/var/lib/leasehold", 1);
+  EXPECT_EQ(default_agent_state_dir("ipc:///run/leasehold/coordinator.sock"), "/var/lib/leasehold");
+  unsetenv("STATE_DIRECTORY");
+  unsetenv("XDG_STATE_HOME");
 }
 
 }  // namespace

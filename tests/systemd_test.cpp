@@ -98,6 +98,66 @@ TEST(SystemdUnits, PassSystemdAnalyzeVerify) {
       << "the CUDA driver JIT-compiles PTX";
 }
 
+// deploy/install.sh into a staging root: the programs (not the
+// benchmarks), units whose ExecStart= and Documentation= name files it
+// installed, the sysusers file, the configuration (never overwritten), the
+// docs, and the standby agents and MPS it was asked for.
+TEST(SystemdUnits, InstallPutsEverythingWhereTheUnitsExpectIt) {
+  if (!on_path("cmake")) GTEST_SKIP() << "cmake not installed";
+  Cluster c;
+  const fs::path root = fs::path(c.dir()) / "root";
+  const std::string install = std::string(LEASEHOLD_SOURCE_DIR) + "/deploy/install.sh --build-dir '" +
+                              fs::path(bin_dir()).parent_path().string() + "' --root '" +
+                              root.string() + "' --prefix /opt/leasehold";
+  auto [rc, out] = shell(install + " --agents 3 --mps on");
+  ASSERT_EQ(rc, 0) << out;
+  const fs::path bin = root / "opt/leasehold/bin";
+  for (const char* program : {"leasehold", "leasehold-coordinator", "leasehold-agent"}) {
+    EXPECT_TRUE(fs::exists(bin / program)) << program << "\n" << out;
+  }
+  for (const auto& e : fs::directory_iterator(bin)) {
+    EXPECT_EQ(e.path().filename().string().find("bench"), std::string::npos)
+        << "benchmarks are not installed: " << e.path();
+  }
+  EXPECT_TRUE(fs::exists(root / "opt/leasehold/share/leasehold/python/leasehold"));
+  EXPECT_TRUE(fs::exists(root / "usr/lib/sysusers.d/leasehold.conf"));
+  // Every path a unit names is there.
+  for (const char* unit : {"leasehold-coordinator.service", "leasehold-agent@.service",
+                           "leasehold-mps.service"}) {
+    const std::string text = read_file(root / "etc/systemd/system" / unit);
+    ASSERT_FALSE(text.empty()) << unit;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      for (const std::string key : {"ExecStart=/opt/", "Documentation=file://"}) {
+        if (!line.starts_with(key)) continue;
+        std::string path = line.substr(line.find(key.ends_with("/opt/") ? "/opt/" : "file://"));
+        if (path.starts_with("file://")) path = path.substr(7);
+        path = path.substr(0, path.find(' '));
+        EXPECT_TRUE(fs::exists(root / path.substr(1))) << unit << " names " << path;
+      }
+    }
+    EXPECT_EQ(text.find("/usr/local/"), std::string::npos) << unit << " still names /usr/local";
+  }
+  const std::string config = read_file(root / "etc/leasehold/leasehold.toml");
+  EXPECT_NE(config.find("\nmps_directory = \"/run/leasehold-mps/pipe\""), std::string::npos)
+      << "MPS on: the coordinator uses the unit's daemon";
+  EXPECT_EQ(read_file(root / "etc/leasehold/agents"), "3\n");
+  EXPECT_NE(out.find("leasehold-agent@0 leasehold-agent@1 leasehold-agent@2"), std::string::npos)
+      << out;
+  // Again, over an operator's edited configuration: kept, the new example
+  // beside it, and the number of agents remembered.
+  std::ofstream(root / "etc/leasehold/leasehold.toml") << "# mine\n";
+  auto [rc2, out2] = shell(install);
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_EQ(read_file(root / "etc/leasehold/leasehold.toml"), "# mine\n");
+  EXPECT_TRUE(fs::exists(root / "etc/leasehold/leasehold.toml.new"));
+  EXPECT_EQ(read_file(root / "etc/leasehold/agents"), "3\n");
+  // A bad request changes nothing and says what was wrong.
+  auto [rc3, out3] = shell(install + " --agents none");
+  EXPECT_NE(rc3, 0);
+  EXPECT_NE(out3.find("--agents must be a whole number"), std::string::npos) << out3;
+}
+
 TEST(SystemdUnits, SysusersCreatesTheServiceUserInTheVideoGroup) {
   if (!on_path("systemd-sysusers")) GTEST_SKIP() << "systemd-sysusers not installed";
   Cluster c;

@@ -12,8 +12,6 @@
 
 namespace leasehold::spill {
 
-std::string default_spill_dir() { return default_state_dir() + "/spill"; }
-
 void SpillConfig::validate() const {
   if (staging_bytes && staging_bytes < (2u << 20)) {
     throw std::invalid_argument("spill staging of " + format_bytes(staging_bytes) +
@@ -27,14 +25,14 @@ AgentSpill::AgentSpill(SpillConfig config, engine::Device device)
     : config_(std::move(config)), transfer_(make_transfer(device)) {
   config_.validate();
   bool chosen = !config_.directory.empty();
-  if (!chosen) config_.directory = default_spill_dir();
+  if (!chosen) config_.directory = config_.default_directory;
   std::error_code ec;
   std::filesystem::create_directories(config_.directory, ec);
   if (ec && chosen) {
     throw std::runtime_error("cannot create spill directory " + config_.directory + ": " +
                              ec.message());
   }
-  if (ec) {
+  if (ec || config_.directory.empty()) {
     // The default place is not writable here: spill to host memory only.
     spdlog::warn("no spill file: cannot create the default spill directory {}: {} (set "
                  "--spill-dir)",

@@ -21,15 +21,15 @@ namespace leasehold::spill {
 struct SpillConfig {
   uint64_t host_bytes = 256ull << 20;    // pinned host tier (0: none)
   uint64_t staging_bytes = 64ull << 20;  // staging ring of the spill file
-  std::string directory;                 // empty: default_spill_dir()
+  std::string directory;  // chosen (--spill-dir): created, or the agent does not start
+  // Used when `directory` is empty (the agent's state folder's spill/): a
+  // place that cannot be made only costs the spill file, with a warning.
+  std::string default_directory;
   uint64_t file_limit = 0;               // most bytes one spill file may hold (0: the disk)
   int io_threads = 4;
   // Throws std::invalid_argument naming the setting that cannot work.
   void validate() const;
 };
-
-// STATE_DIR/spill, with STATE_DIR as default_state_dir() finds it.
-std::string default_spill_dir();
 
 class AgentSpill {
  public:
