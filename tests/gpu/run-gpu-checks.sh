@@ -41,6 +41,9 @@ step durability_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/durability_test"
 # Agents stopped with SIGSTOP while neighbours lease what the pool frees:
 # on CUDA the neighbours' patterns are written and checked by kernels.
 step paused_agent_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/paused_agent_test"
+# The coordinator stopped for 3 s and 8 s (and with every core busy) while
+# CUDA jobs train: no attempt is interrupted; then killed and restarted.
+step paused_coordinator_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/paused_coordinator_test"
 # The lease client's C interface on the CUDA backend.
 step lease_client_test "$bin/lease_client_test"
 
