@@ -1,11 +1,12 @@
 #include "client/jobs.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <filesystem>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -18,6 +19,8 @@
 #include "client/requests.h"
 #include "shared/connection.h"
 #include "shared/job_spec.h"
+#include "shared/safetensors.h"
+#include "shared/units.h"
 
 namespace leasehold::client {
 namespace {
@@ -267,6 +270,82 @@ int logs(const Context& ctx, uint64_t id, bool follow) {
       }
     }
     std::printf("job %llu %s\n", (unsigned long long)id, progress_line(*j, false).c_str());
+    return 0;
+  });
+}
+
+int fetch_checkpoint(const Context& ctx, uint64_t id, const std::string& output,
+                     const std::string& format) {
+  return run_guarded([&] {
+    const bool safetensors =
+        format == "safetensors" ||
+        (format == "auto" && std::filesystem::path(output).extension() == ".safetensors");
+    zmq::context_t zctx(1);
+    std::string bytes;
+    uint64_t total = 0;
+    int32_t epoch = 0;
+    std::string name;
+    do {
+      Reply r = ask(ctx, zctx, [&](flatbuffers::FlatBufferBuilder& fbb) {
+        return std::pair{proto::Body::GetCheckpoint,
+                         proto::CreateGetCheckpoint(fbb, id, bytes.size()).Union()};
+      });
+      expect(r, proto::Body::CheckpointData);
+      const auto* d = r->body_as_CheckpointData();
+      // A checkpoint rewritten meanwhile (a new epoch) changes size: start over.
+      if (!bytes.empty() && (d->total() != total || d->epoch() != epoch)) {
+        bytes.clear();
+        continue;
+      }
+      total = d->total();
+      epoch = d->epoch();
+      name = std::string(str(d->name()));
+      if (!d->data() || d->data()->size() == 0) {
+        if (bytes.size() < total) throw std::runtime_error("the coordinator sent an empty piece");
+        break;
+      }
+      bytes.append(reinterpret_cast<const char*>(d->data()->data()), d->data()->size());
+    } while (bytes.size() < total);
+    std::string out = bytes;
+    if (safetensors) {
+      // Checked whole (its checksum) before anything is written.
+      auto tensors = read_checkpoint_tensors(bytes, "the checkpoint of job " + std::to_string(id));
+      out = to_safetensors(tensors, {{"format", "pt"},
+                                     {"leasehold_job", std::to_string(id)},
+                                     {"leasehold_epoch", std::to_string(epoch)}});
+    }
+    // Whole or not at all: a temporary file beside it, renamed over it.
+    const std::string tmp = output + ".part";
+    {
+      const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        throw JobSpecError({"cannot write " + tmp + ": " + std::strerror(errno)});
+      }
+      size_t done = 0;
+      while (done < out.size()) {
+        const ssize_t n = ::write(fd, out.data() + done, out.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          const int e = errno;
+          ::close(fd);
+          ::unlink(tmp.c_str());
+          throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(e));
+        }
+        done += static_cast<size_t>(n);
+      }
+      if (::fsync(fd) != 0 || ::close(fd) != 0) {
+        ::unlink(tmp.c_str());
+        throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+      }
+    }
+    if (::rename(tmp.c_str(), output.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("cannot rename " + tmp + " to " + output + ": " + std::strerror(e));
+    }
+    std::cerr << "job " << id << ": " << name << " (epoch " << epoch << ", "
+              << format_bytes(bytes.size()) << ") written to " << output
+              << (safetensors ? " as safetensors" : "") << "\n";
     return 0;
   });
 }

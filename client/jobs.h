@@ -33,5 +33,11 @@ int list_jobs(const Context& ctx);
 int show_job(const Context& ctx, uint64_t id);
 int cancel_job(const Context& ctx, uint64_t id);
 int logs(const Context& ctx, uint64_t id, bool follow);
+// Fetches job `id`'s latest checkpoint (its owner's or an administrator's
+// to fetch) into `output`, as the engine wrote it ("lhckpt") or converted
+// to safetensors ("safetensors"; "auto": by the output's extension). The
+// file appears whole or not at all, mode 0600.
+int fetch_checkpoint(const Context& ctx, uint64_t id, const std::string& output,
+                     const std::string& format);
 
 }  // namespace leasehold::client

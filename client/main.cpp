@@ -119,6 +119,16 @@ int main(int argc, char** argv) {
   logs->add_option("id", id, "job id")->required()->check(job_id);
   logs->add_flag("-f,--follow", follow, "keep following until the job ends");
   add_output(logs);
+  std::string checkpoint_output, checkpoint_format = "auto";
+  auto* checkpoint = app.add_subcommand(
+      "checkpoint", "fetch a job's latest checkpoint (yours, or any as an administrator)");
+  checkpoint->add_option("id", id, "job id")->required()->check(job_id);
+  checkpoint->add_option("-o,--output", checkpoint_output, "the file to write")->required();
+  checkpoint->add_option("--format", checkpoint_format,
+                         "lhckpt (as the engine wrote it), safetensors (PyTorch, JAX, Hugging "
+                         "Face), or auto: safetensors for a .safetensors file")
+      ->check(CLI::IsMember({"auto", "lhckpt", "safetensors"}))
+      ->capture_default_str();
   auto* regions = app.add_subcommand("regions", "list the shared cache regions");
   add_output(regions);
   std::string region_name;
@@ -210,6 +220,9 @@ int main(int argc, char** argv) {
   if (*job) return leasehold::client::show_job(ctx, id);
   if (*cancel) return leasehold::client::cancel_job(ctx, id);
   if (*logs) return leasehold::client::logs(ctx, id, follow);
+  if (*checkpoint) {
+    return leasehold::client::fetch_checkpoint(ctx, id, checkpoint_output, checkpoint_format);
+  }
   if (*run) {
     // As for submit: the coordinator first checks the job's folder.
     if (!timeout_opt->count()) ctx.timeout = std::chrono::seconds(15);

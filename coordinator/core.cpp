@@ -73,6 +73,8 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       return on_get_job(rid, env, out, peer);
     case proto::Body::GetJobLog:
       return on_get_job_log(rid, env, out, peer);
+    case proto::Body::GetCheckpoint:
+      return on_get_checkpoint(rid, env, out, peer);
     case proto::Body::CancelJob:
       return on_cancel(rid, env, now, out, peer);
     case proto::Body::ListRegions:

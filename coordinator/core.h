@@ -385,6 +385,9 @@ class CoordinatorCore {
                  const Peer& peer);
   void on_job_update(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                      Now now, Effects& out);
+  // A job's checkpoint file, in pieces, for its owner (core_checkpoints.cpp).
+  void on_get_checkpoint(const std::string& rid, const proto::Envelope& env, Effects& out,
+                         const Peer& peer);
   void on_get_job_log(const std::string& rid, const proto::Envelope& env, Effects& out,
                       const Peer& peer);
   // Appends a program job's output chunk (JobUpdate.log at `offset` of

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -220,6 +221,42 @@ Status CheckpointFolder::read_file(const std::string& path, std::string* content
   auto name = name_of(path);
   if (!name) return outside(path);
   return files_->read_file(*name, contents, max_bytes);
+}
+
+Status CheckpointFolder::read_range(const std::string& name, uint64_t offset, size_t max_bytes,
+                                    std::string* out, uint64_t* total) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    return outside(name);
+  }
+  int fd;
+  do {
+    fd = ::openat(fd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return Status::io_error("cannot open " + dir_ + "/" + name, errno);
+  struct stat st {};
+  Status result = Status::OK();
+  if (::fstat(fd, &st) != 0) {
+    result = Status::io_error("cannot stat " + dir_ + "/" + name, errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    result = Status::invalid_argument(dir_ + "/" + name + " is not a regular file");
+  } else {
+    *total = static_cast<uint64_t>(st.st_size);
+    const uint64_t want = offset >= *total ? 0 : std::min<uint64_t>(max_bytes, *total - offset);
+    out->resize(want);
+    size_t done = 0;
+    while (done < want) {
+      const ssize_t n = ::pread(fd, out->data() + done, want - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        result = n == 0 ? Status::io_error(dir_ + "/" + name + " shrank while read", EIO)
+                        : Status::io_error("cannot read " + dir_ + "/" + name, errno);
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
+  return result;
 }
 
 Status CheckpointFolder::rename(const std::string& from, const std::string& to) {

@@ -69,6 +69,12 @@ class CheckpointFolder final : public FileSystem {
   Status create_dirs(const std::string& dir) override;
   bool exists(const std::string& path) override;
 
+  // Up to `max_bytes` of the regular file `name` in this folder from
+  // `offset` into `out`, and its size in `total` (a checkpoint fetched in
+  // pieces by its owner). Never follows a link.
+  Status read_range(const std::string& name, uint64_t offset, size_t max_bytes, std::string* out,
+                    uint64_t* total);
+
  private:
   // The name in this folder of `path` (DIR/NAME); nullopt for any other.
   std::optional<std::string> name_of(const std::string& path) const;

@@ -76,6 +76,12 @@ TEST_F(Access, AnotherUserCannotCancelYourJob) {
   const auto j = nlohmann::json::parse(job);
   EXPECT_EQ(j["submitted_by"], "root");
   EXPECT_NE(j["state"], "cancelled") << "unchanged";
+  // Nor fetch its checkpoint: a job's results are its submitter's.
+  auto [rc5, out5] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "checkpoint", "1", "-o",
+                                             "/tmp/leasehold-stolen.ckpt"});
+  EXPECT_EQ(rc5, 5) << out5;
+  EXPECT_NE(out5.find("job 1 was submitted by root"), std::string::npos) << out5;
+  EXPECT_FALSE(fs::exists("/tmp/leasehold-stolen.ckpt"));
   // Reading is open to anyone who reaches the socket.
   auto [rc4, status] = as_nobody("leasehold", {"--endpoint", c.endpoint(), "status"});
   EXPECT_EQ(rc4, 0) << status;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "shared/safetensors.h"
 #include "tests/support/cluster.h"
 #include "tests/support/synthetic_data.h"
 
@@ -76,6 +77,48 @@ TEST_F(Jobs, SubmittedJobRunsOnAStandbyAgentAndSucceeds) {
   // The job's leases are back and the agent is a standby again.
   EXPECT_TRUE(cluster.wait_for(
       [](const auto& s) { return s["leases"].empty() && s["agents"][0]["state"] == "idle"; }, 5s));
+
+  // Its submitter fetches the checkpoint, as the engine wrote it and as
+  // safetensors: the same tensors, named, shaped and byte for byte.
+  const std::string raw = cluster.dir() + "/small.ckpt", st = cluster.dir() + "/small.safetensors";
+  auto [crc, cout_] = client({"checkpoint", "1", "-o", raw});
+  ASSERT_EQ(crc, 0) << cout_;
+  auto [src, sout] = client({"checkpoint", "1", "--output", st});
+  ASSERT_EQ(src, 0) << sout;
+  EXPECT_EQ(fs::status(st).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  std::ifstream raw_in(raw, std::ios::binary), st_in(st, std::ios::binary);
+  const std::string raw_bytes((std::istreambuf_iterator<char>(raw_in)), {});
+  const std::string st_bytes((std::istreambuf_iterator<char>(st_in)), {});
+  const auto tensors = read_checkpoint_tensors(raw_bytes, raw);
+  ASSERT_GE(st_bytes.size(), 8u);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<uint8_t>(st_bytes[i]);
+  ASSERT_EQ(header_len % 8, 0u);
+  const auto header = nlohmann::json::parse(st_bytes.substr(8, header_len));
+  EXPECT_EQ(header["__metadata__"]["leasehold_job"], "1");
+  EXPECT_EQ(header["__metadata__"]["leasehold_epoch"], "3");
+  for (const auto& t : tensors) {
+    ASSERT_TRUE(header.contains(t.name)) << t.name << " " << header.dump();
+    const auto& h = header[t.name];
+    EXPECT_EQ(h["dtype"], t.dtype);
+    EXPECT_EQ(h["shape"].get<std::vector<int64_t>>(), t.shape);
+    const uint64_t begin = h["data_offsets"][0], end = h["data_offsets"][1];
+    EXPECT_EQ(st_bytes.substr(8 + header_len + begin, end - begin), t.data) << t.name;
+  }
+  // Parameters under nn.Sequential's state_dict names: PyTorch's
+  // load_state_dict takes them (the optimizer's state is beside them).
+  EXPECT_EQ(header["1.weight"]["shape"], nlohmann::json({16, 64})) << header.dump();
+  EXPECT_EQ(header["3.bias"]["shape"], nlohmann::json({3})) << header.dump();
+  EXPECT_TRUE(header.contains("adam.m.1.weight")) << header.dump();
+  // A damaged file is refused, never converted.
+  std::string damaged = raw_bytes;
+  damaged[damaged.size() / 2] ^= 0x40;
+  EXPECT_THROW(read_checkpoint_tensors(damaged, "damaged"), std::runtime_error);
+  EXPECT_THROW(read_checkpoint_tensors(raw_bytes.substr(0, 100), "cut"), std::runtime_error);
+  // No checkpoint for a job that does not exist; nothing written.
+  auto [nrc, nout] = client({"checkpoint", "99", "-o", cluster.dir() + "/none.ckpt"});
+  EXPECT_EQ(nrc, 2) << nout;
+  EXPECT_FALSE(fs::exists(cluster.dir() + "/none.ckpt"));
 }
 
 // The example MLP on a real Fashion-MNIST subset (Debian's

@@ -22,6 +22,10 @@
 namespace leasehold::engine::checkpoint {
 namespace {
 
+// shared/safetensors.cpp reads these bytes as element types.
+static_assert(static_cast<uint8_t>(DType::Float32) == 0 && static_cast<uint8_t>(DType::Float64) == 1 &&
+              static_cast<uint8_t>(DType::Int64) == 2);
+
 // Appends are at most this large, so that saving holds one chunk and one
 // tensor's host copy in memory rather than a copy of the whole checkpoint.
 constexpr size_t kChunkBytes = size_t{1} << 20;
