@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <toml++/toml.h>
 
@@ -130,6 +131,17 @@ void write_curve_key_pair(const std::string& path, const CurveKeyPair& keys) {
   for (const std::string& p : {path, path + ".pub"}) {
     if (::access(p.c_str(), F_OK) == 0) {
       throw std::runtime_error(p + " exists; keygen never overwrites a key");
+    }
+  }
+  // Its folder (~/.config/leasehold, as the docs suggest) is made when
+  // missing, private to its owner: it holds a secret.
+  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty()) {
+    std::error_code ec;
+    if (std::filesystem::create_directories(dir, ec)) {
+      std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
+    } else if (ec) {
+      throw std::runtime_error("cannot create " + dir.string() + " for the key pair: " +
+                               ec.message());
     }
   }
   const std::string pub = "# Leasehold CURVE public key: give this file to the other side\n"
