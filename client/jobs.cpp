@@ -282,7 +282,7 @@ int fetch_checkpoint(const Context& ctx, uint64_t id, const std::string& output,
         (format == "auto" && std::filesystem::path(output).extension() == ".safetensors");
     zmq::context_t zctx(1);
     std::string bytes;
-    uint64_t total = 0;
+    uint64_t total = 0, version = 0;
     int32_t epoch = 0;
     std::string name;
     do {
@@ -292,12 +292,13 @@ int fetch_checkpoint(const Context& ctx, uint64_t id, const std::string& output,
       });
       expect(r, proto::Body::CheckpointData);
       const auto* d = r->body_as_CheckpointData();
-      // A checkpoint rewritten meanwhile (a new epoch) changes size: start over.
-      if (!bytes.empty() && (d->total() != total || d->epoch() != epoch)) {
+      // A checkpoint replaced meanwhile (the next epoch's): start over.
+      if (!bytes.empty() && (d->version() != version || d->total() != total)) {
         bytes.clear();
         continue;
       }
       total = d->total();
+      version = d->version();
       epoch = d->epoch();
       name = std::string(str(d->name()));
       if (!d->data() || d->data()->size() == 0) {
@@ -306,10 +307,10 @@ int fetch_checkpoint(const Context& ctx, uint64_t id, const std::string& output,
       }
       bytes.append(reinterpret_cast<const char*>(d->data()->data()), d->data()->size());
     } while (bytes.size() < total);
+    // Checked whole (its checksum) before anything is written.
+    auto tensors = read_checkpoint_tensors(bytes, "the checkpoint of job " + std::to_string(id));
     std::string out = bytes;
     if (safetensors) {
-      // Checked whole (its checksum) before anything is written.
-      auto tensors = read_checkpoint_tensors(bytes, "the checkpoint of job " + std::to_string(id));
       out = to_safetensors(tensors, {{"format", "pt"},
                                      {"leasehold_job", std::to_string(id)},
                                      {"leasehold_epoch", std::to_string(epoch)}});
@@ -317,7 +318,9 @@ int fetch_checkpoint(const Context& ctx, uint64_t id, const std::string& output,
     // Whole or not at all: a temporary file beside it, renamed over it.
     const std::string tmp = output + ".part";
     {
-      const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      // A new file of ours, never one a link points at.
+      ::unlink(tmp.c_str());
+      const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd < 0) {
         throw JobSpecError({"cannot write " + tmp + ": " + std::strerror(errno)});
       }
@@ -333,9 +336,13 @@ int fetch_checkpoint(const Context& ctx, uint64_t id, const std::string& output,
         }
         done += static_cast<size_t>(n);
       }
-      if (::fsync(fd) != 0 || ::close(fd) != 0) {
+      const bool synced = ::fsync(fd) == 0;
+      const int sync_error = errno;
+      const bool closed = ::close(fd) == 0;
+      if (!synced || !closed) {
+        const int e = synced ? errno : sync_error;
         ::unlink(tmp.c_str());
-        throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+        throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(e));
       }
     }
     if (::rename(tmp.c_str(), output.c_str()) != 0) {

@@ -89,13 +89,19 @@ int main(int argc, char** argv) {
   bool follow = false;
   int priority = 0;
   uint64_t id = 0;
-  // Job ids count from 1; CLI11 alone would take "-1" as a huge number.
+  // Job ids count from 1, in decimal: CLI11 alone would take "-1" as a huge
+  // number and "010" as octal 8, so the digits are checked and leading
+  // zeros dropped before it converts them.
   const CLI::Validator job_id(
       [](std::string& text) -> std::string {
-        const bool digits = !text.empty() && text.size() <= 19 &&
-                            std::all_of(text.begin(), text.end(),
-                                        [](char c) { return c >= '0' && c <= '9'; });
-        if (digits && text.find_first_not_of('0') != std::string::npos) return "";
+        const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+          return c >= '0' && c <= '9';
+        });
+        const size_t first = text.find_first_not_of('0');
+        if (digits && first != std::string::npos && text.size() - first <= 19) {
+          text.erase(0, first);
+          return "";
+        }
         return "a job id is a whole number from 1 (leasehold jobs lists them), not '" + text + "'";
       },
       "ID");
@@ -110,19 +116,19 @@ int main(int argc, char** argv) {
   auto* jobs = app.add_subcommand("jobs", "list jobs");
   add_output(jobs);
   auto* job = app.add_subcommand("job", "show one job: spec, state history, metrics, result");
-  job->add_option("id", id, "job id")->required()->check(job_id);
+  job->add_option("id", id, "job id")->required()->transform(job_id);
   add_output(job);
   auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
-  cancel->add_option("id", id, "job id")->required()->check(job_id);
+  cancel->add_option("id", id, "job id")->required()->transform(job_id);
   auto* logs = app.add_subcommand(
       "logs", "print a program job's output, or an engine job's progress and epoch results");
-  logs->add_option("id", id, "job id")->required()->check(job_id);
+  logs->add_option("id", id, "job id")->required()->transform(job_id);
   logs->add_flag("-f,--follow", follow, "keep following until the job ends");
   add_output(logs);
   std::string checkpoint_output, checkpoint_format = "auto";
   auto* checkpoint = app.add_subcommand(
       "checkpoint", "fetch a job's latest checkpoint (yours, or any as an administrator)");
-  checkpoint->add_option("id", id, "job id")->required()->check(job_id);
+  checkpoint->add_option("id", id, "job id")->required()->transform(job_id);
   checkpoint->add_option("-o,--output", checkpoint_output, "the file to write")->required();
   checkpoint->add_option("--format", checkpoint_format,
                          "lhckpt (as the engine wrote it), safetensors (PyTorch, JAX, Hugging "

@@ -215,6 +215,7 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     for (auto& r : files_->take_results()) {
       core_->file_check_done(r.token, r.problems, now(), effects);
     }
+    for (auto& r : files_->take_reads()) core_->checkpoint_read_done(r, effects);
     std::string error = store_->error();
     if (error != store_error_) {
       if (error.empty()) {
@@ -371,6 +372,7 @@ void Broker::apply(Effects& effects) {
   if (http_) note_for_http(effects);
   for (const auto& dir : effects.remove_dirs) files_->remove_dir(dir);
   for (auto& check : effects.file_checks) files_->check(std::move(check));
+  for (auto& read : effects.checkpoint_reads) files_->read(std::move(read));
   if (!writes) return;
 
   std::vector<StoredJob> puts;

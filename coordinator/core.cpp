@@ -74,7 +74,7 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
     case proto::Body::GetJobLog:
       return on_get_job_log(rid, env, out, peer);
     case proto::Body::GetCheckpoint:
-      return on_get_checkpoint(rid, env, out, peer);
+      return on_get_checkpoint(rid, env, now, out, peer);
     case proto::Body::CancelJob:
       return on_cancel(rid, env, now, out, peer);
     case proto::Body::ListRegions:
@@ -366,6 +366,7 @@ void CoordinatorCore::tick(Now now, Effects& out) {
                e.refusal.message);
   }
   expire_file_checks(now, out);
+  expire_checkpoint_reads(now, out);
   expire_region_waiters(now, out);
   release_orphans(now, out);
   resend_pushes(now, out);
@@ -381,6 +382,9 @@ std::optional<Clock::time_point> CoordinatorCore::next_deadline() const {
   std::optional<Clock::time_point> best = leases_.next_deadline();
   if (auto r = regions_.next_deadline(); r && (!best || *r < *best)) best = r;
   for (const auto& [token, p] : pending_submits_) {
+    if (!best || p.deadline < *best) best = p.deadline;
+  }
+  for (const auto& [token, p] : pending_reads_) {
     if (!best || p.deadline < *best) best = p.deadline;
   }
   for (const auto& [name, agent] : agents_) {

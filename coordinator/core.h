@@ -61,6 +61,7 @@
 #include "coordinator/agent_process.h"
 #include "coordinator/agent_record.h"
 #include "coordinator/effects.h"
+#include "coordinator/file_workers.h"
 #include "coordinator/job_table.h"
 #include "coordinator/lease_stats.h"
 #include "coordinator/lease_table.h"
@@ -176,6 +177,8 @@ class CoordinatorCore {
   // The result of a FileCheck: the problems found (none: the job is valid).
   void file_check_done(uint64_t token, const std::vector<std::string>& problems, Now now,
                        Effects& out);
+  // A piece of a checkpoint the file workers read (Effects::checkpoint_reads).
+  void checkpoint_read_done(const FileWorkers::ReadResult& result, Effects& out);
   // The caller's loop did not run for `gap` (the process was stopped or
   // starved, a disk stalled it): nobody could be heard then, so agents'
   // silence clocks and fences' grace are moved on by `gap`. Call before the
@@ -385,9 +388,20 @@ class CoordinatorCore {
                  const Peer& peer);
   void on_job_update(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                      Now now, Effects& out);
-  // A job's checkpoint file, in pieces, for its owner (core_checkpoints.cpp).
-  void on_get_checkpoint(const std::string& rid, const proto::Envelope& env, Effects& out,
-                         const Peer& peer);
+  // A job's checkpoint file, in pieces, for its owner (core_checkpoints.cpp):
+  // read by the file workers, answered when they are done or too late.
+  struct PendingRead {
+    std::string routing_id;
+    uint64_t request_id = 0;
+    uint64_t job_id = 0;
+    std::string name;
+    int32_t epoch = 0;
+    uint64_t offset = 0;
+    Clock::time_point deadline;
+  };
+  void on_get_checkpoint(const std::string& rid, const proto::Envelope& env, Now now,
+                         Effects& out, const Peer& peer);
+  void expire_checkpoint_reads(Now now, Effects& out);
   void on_get_job_log(const std::string& rid, const proto::Envelope& env, Effects& out,
                       const Peer& peer);
   // Appends a program job's output chunk (JobUpdate.log at `offset` of
@@ -465,6 +479,7 @@ class CoordinatorCore {
   RegionTable regions_;
   std::map<std::string, AgentRecord> agents_;
   std::map<uint64_t, PendingSubmit> pending_submits_;
+  std::map<uint64_t, PendingRead> pending_reads_;  // by CheckpointRead::token
   // Jobs by their submitter's identity and SubmitJob.key (submit_key_of).
   std::map<std::string, uint64_t> submit_keys_;
   // Program jobs' sessions: job id -> the session's agent name.

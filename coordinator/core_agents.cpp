@@ -316,8 +316,25 @@ void CoordinatorCore::stalled(Clock::duration gap, Now now) {
   auto credit = [&](Clock::time_point& t) {
     if (t < now.steady) t = std::min(t + gap, now.steady);
   };
-  for (auto& [name, agent] : agents_) credit(agent.last_seen);
+  for (auto& [name, agent] : agents_) {
+    credit(agent.last_seen);
+    if (agent.shrink) agent.shrink->deadline += gap;
+  }
   for (auto& [name, f] : fences_) credit(f.since);
+  // Every other clock that runs against an agent or a waiting request.
+  for (uint64_t id : jobs_.running()) {
+    JobRecord& job = *jobs_.find(id);
+    for (auto* t : {&job.orphaned_since, &job.assigned_steady, &job.cancel_since,
+                    &job.probation_since}) {
+      if (*t) **t += gap;
+    }
+    job.assign_sent += gap;
+    job.stop_sent += gap;
+  }
+  leases_.postpone_deadlines(gap);
+  for (auto& w : regions_.waiters()) w.deadline += gap;
+  for (auto& [token, p] : pending_submits_) p.deadline += gap;
+  for (auto& [token, p] : pending_reads_) p.deadline += gap;
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap);
   if (ms >= opts_.heartbeat_interval) {
     spdlog::warn("the coordinator did not run for {} ms (stopped, starved of CPU or stalled on "

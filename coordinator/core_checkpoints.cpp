@@ -2,25 +2,20 @@
 // its agents wrote (in the job's private folder, 0700, or a folder of the
 // submitter's own) and hands it over in pieces to the job's submitter and
 // administrators only, so that nobody else needs to read the state folder.
+// The reading is done by the file workers (coordinator/file_workers.h): a
+// folder on a slow file system holds up one of them, never the loop.
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
 
 #include "coordinator/core.h"
 #include "coordinator/replies.h"
-#include "shared/checkpoint_folder.h"
 #include "shared/protocol.h"
 
 namespace leasehold {
-namespace {
-
-// One answer's share of the file: far below the protocol's message size.
-constexpr size_t kCheckpointChunkBytes = 1u << 20;
-
-}  // namespace
 
 void CoordinatorCore::on_get_checkpoint(const std::string& rid, const proto::Envelope& env,
-                                        Effects& out, const Peer& peer) {
+                                        Now now, Effects& out, const Peer& peer) {
   const uint64_t req = env.header()->request_id();
   const auto* g = env.body_as_GetCheckpoint();
   const JobRecord* job = jobs_.find(g->job_id());
@@ -42,45 +37,60 @@ void CoordinatorCore::on_get_checkpoint(const std::string& rid, const proto::Env
                       "job " + std::to_string(job->id) + " keeps no checkpoint (checkpoints are off)");
   }
   const std::filesystem::path file(job->checkpoint);
-  const std::string dir = file.parent_path().string();
-  // Opened as the agents open it: no link anywhere on the way, the folder's
-  // owner checked (the job's private folder, or its submitter's own).
-  const CheckpointOwner owner{dir == private_checkpoint_dir(job->id),
-                              job->submitted_uid ? int64_t(*job->submitted_uid) : -1};
+  CheckpointRead read;
+  read.token = next_check_token_++;
+  read.dir = file.parent_path().string();
+  read.name = file.filename().string();
+  read.owner = CheckpointOwner{read.dir == private_checkpoint_dir(job->id),
+                               job->submitted_uid ? int64_t(*job->submitted_uid) : -1};
+  read.offset = g->offset();
+  pending_reads_[read.token] = PendingRead{rid, req, job->id, read.name,
+                                           job->last_checkpoint_epoch(), read.offset,
+                                           now.steady + opts_.file_check_timeout};
+  out.checkpoint_reads.push_back(std::move(read));
+}
+
+void CoordinatorCore::checkpoint_read_done(const FileWorkers::ReadResult& r, Effects& out) {
+  auto it = pending_reads_.find(r.token);
+  if (it == pending_reads_.end()) return;  // answered already (it took too long)
+  const PendingRead p = std::move(it->second);
+  pending_reads_.erase(it);
+  const std::string job = "job " + std::to_string(p.job_id);
+  if (!r.ok) {
+    if (r.refused) {
+      return send_error(out, p.routing_id, p.request_id, ErrorCode::PermissionDenied,
+                        "the checkpoint folder of " + job + " is refused: " + r.error);
+    }
+    if (r.missing) {
+      return send_error(out, p.routing_id, p.request_id, ErrorCode::InvalidArgument,
+                        job + " has no checkpoint yet (one is written after its first epoch)");
+    }
+    return send_error(out, p.routing_id, p.request_id, ErrorCode::Internal,
+                      "cannot read the checkpoint of " + job + ": " + r.error);
+  }
   proto::CheckpointDataT data;
-  data.job_id = job->id;
-  data.name = file.filename().string();
-  data.epoch = job->last_checkpoint_epoch();
-  std::string bytes;
-  Status st = Status::OK();
-  try {
-    CheckpointFolder folder(dir, owner, /*create=*/false);
-    st = folder.read_range(data.name, g->offset(), kCheckpointChunkBytes, &bytes, &data.total);
-  } catch (const std::system_error& e) {
-    if (e.code() != std::errc::no_such_file_or_directory) {
-      return send_error(out, rid, req, ErrorCode::Internal,
-                        "cannot open the checkpoint folder of job " + std::to_string(job->id) +
-                            ": " + e.what());
+  data.job_id = p.job_id;
+  data.name = p.name;
+  data.epoch = p.epoch;
+  data.offset = p.offset;
+  data.total = r.total;
+  data.version = r.version;
+  data.data.assign(r.data.begin(), r.data.end());
+  send(out, p.routing_id, p.request_id, std::move(data));
+}
+
+void CoordinatorCore::expire_checkpoint_reads(Now now, Effects& out) {
+  for (auto it = pending_reads_.begin(); it != pending_reads_.end();) {
+    if (it->second.deadline > now.steady) {
+      ++it;
+      continue;
     }
-    st = Status::not_found("no folder");
-  } catch (const std::exception& e) {
-    return send_error(out, rid, req, ErrorCode::PermissionDenied,
-                      "the checkpoint folder of job " + std::to_string(job->id) +
-                          " is refused: " + e.what());
+    send_error(out, it->second.routing_id, it->second.request_id, ErrorCode::Timeout,
+               "reading the checkpoint of job " + std::to_string(it->second.job_id) +
+                   " took longer than " + std::to_string(opts_.file_check_timeout.count()) +
+                   " ms (is its folder on a hung file system?)");
+    it = pending_reads_.erase(it);
   }
-  if (!st.ok()) {
-    if (data.epoch <= 0) {
-      return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                        "job " + std::to_string(job->id) +
-                            " has no checkpoint yet (one is written after its first epoch)");
-    }
-    return send_error(out, rid, req, ErrorCode::Internal,
-                      "cannot read the checkpoint of job " + std::to_string(job->id) + ": " +
-                          st.message());
-  }
-  data.offset = g->offset();
-  data.data.assign(bytes.begin(), bytes.end());
-  send(out, rid, req, std::move(data));
 }
 
 }  // namespace leasehold

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "schemas/leasehold_generated.h"
+#include "shared/checkpoint_folder.h"
 #include "shared/job_spec.h"
 
 namespace leasehold {
@@ -46,6 +47,15 @@ struct FileCheck {
   ValidationOptions validation;  // the submission's, with check_files on
 };
 
+// A piece of a job's checkpoint file, for its owner, to read off the loop's
+// thread (the folder may be the submitter's own, on a slow file system).
+struct CheckpointRead {
+  uint64_t token = 0;
+  std::string dir, name;
+  CheckpointOwner owner;  // whose folder it is: checked as the agents check it
+  uint64_t offset = 0;
+};
+
 struct Effects {
   std::vector<OutMessage> messages;
   // Jobs whose state is published (their state at the end of the call).
@@ -57,6 +67,7 @@ struct Effects {
   std::set<uint64_t> store_puts;
   std::vector<uint64_t> store_deletes;
   std::vector<FileCheck> file_checks;
+  std::vector<CheckpointRead> checkpoint_reads;
   // Folders to delete (checkpoints of pruned jobs).
   std::vector<std::string> remove_dirs;
   // Other events (shrink requests and answers); they leave at once.
@@ -65,6 +76,7 @@ struct Effects {
   bool writes_store() const { return !store_puts.empty() || !store_deletes.empty(); }
   bool empty() const {
     return messages.empty() && events.empty() && !writes_store() && file_checks.empty() &&
+           checkpoint_reads.empty() &&
            remove_dirs.empty() && notices.empty();
   }
 };

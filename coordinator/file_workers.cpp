@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -9,28 +10,60 @@
 #include <thread>
 #include <variant>
 
+#include "shared/checkpoint_folder.h"
 #include "shared/job_spec.h"
 
 namespace leasehold {
 
+namespace {
+
+// One-MiB pieces: far below the protocol's message size.
+constexpr size_t kCheckpointPieceBytes = 1u << 20;
+
+FileWorkers::ReadResult read_piece(const CheckpointRead& r) {
+  FileWorkers::ReadResult out;
+  out.token = r.token;
+  try {
+    // Opened as the agents open it: no link anywhere on the way, the
+    // folder's owner checked.
+    CheckpointFolder folder(r.dir, r.owner, /*create=*/false);
+    Status st = folder.read_range(r.name, r.offset, kCheckpointPieceBytes, &out.data, &out.total,
+                                  &out.version);
+    out.ok = st.ok();
+    out.missing = st.is_not_found() || st.error_number() == ENOENT;
+    if (!st.ok()) out.error = st.message();
+  } catch (const std::system_error& e) {
+    out.missing = e.code() == std::errc::no_such_file_or_directory;
+    out.error = e.what();
+  } catch (const std::exception& e) {
+    out.refused = true;
+    out.error = e.what();
+  }
+  return out;
+}
+
+}  // namespace
+
 struct FileWorkers::State {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::variant<FileCheck, std::string>> work;  // a check, or a folder to remove
+  // A check, a checkpoint read, or a folder to remove.
+  std::deque<std::variant<FileCheck, CheckpointRead, std::string>> work;
   std::vector<CheckResult> results;
+  std::vector<ReadResult> reads;
   bool stop = false;
   size_t running = 0;  // threads not yet finished
   std::function<void()> notify;
 
   void serve() {
     while (true) {
-      std::variant<FileCheck, std::string> item;
+      std::variant<FileCheck, CheckpointRead, std::string> item;
       {
         std::unique_lock lock(mu);
         cv.wait(lock, [&] { return stop || !work.empty(); });
-        // Checks are dropped at shutdown (nobody waits for them); folder
-        // removals are still done.
-        while (stop && !work.empty() && std::holds_alternative<FileCheck>(work.front())) {
+        // Checks and reads are dropped at shutdown (nobody waits for
+        // them); folder removals are still done.
+        while (stop && !work.empty() && !std::holds_alternative<std::string>(work.front())) {
           work.pop_front();
         }
         if (work.empty()) break;
@@ -49,6 +82,11 @@ struct FileWorkers::State {
         std::lock_guard lock(mu);
         results.push_back(std::move(r));
         // Under the lock: the owner clears `notify` before what it wakes goes.
+        if (notify) notify();
+      } else if (auto* r = std::get_if<CheckpointRead>(&item)) {
+        ReadResult result = read_piece(*r);
+        std::lock_guard lock(mu);
+        reads.push_back(std::move(result));
         if (notify) notify();
       } else {
         std::error_code ec;
@@ -87,6 +125,17 @@ void FileWorkers::check(FileCheck check) {
   std::lock_guard lock(state_->mu);
   state_->work.emplace_back(std::move(check));
   state_->cv.notify_one();
+}
+
+void FileWorkers::read(CheckpointRead read) {
+  std::lock_guard lock(state_->mu);
+  state_->work.emplace_back(std::move(read));
+  state_->cv.notify_one();
+}
+
+std::vector<FileWorkers::ReadResult> FileWorkers::take_reads() {
+  std::lock_guard lock(state_->mu);
+  return std::exchange(state_->reads, {});
 }
 
 void FileWorkers::remove_dir(std::string dir) {

@@ -33,10 +33,24 @@ class FileWorkers {
   FileWorkers(const FileWorkers&) = delete;
   FileWorkers& operator=(const FileWorkers&) = delete;
 
+  // What a CheckpointRead found: `data` from its offset, the file's size
+  // and version, or why it could not be read.
+  struct ReadResult {
+    uint64_t token = 0;
+    bool ok = false;
+    bool missing = false;   // no file (or folder) of that name yet
+    bool refused = false;   // the folder breaks the rules (a link, another owner)
+    std::string error;
+    std::string data;
+    uint64_t total = 0, version = 0;
+  };
+
   void check(FileCheck check);
+  void read(CheckpointRead read);
   void remove_dir(std::string dir);
   // Results finished since the last call.
   std::vector<CheckResult> take_results();
+  std::vector<ReadResult> take_reads();
 
  private:
   struct State;

@@ -108,6 +108,11 @@ class LeaseTable {
   // Removes and returns waiting requests whose deadline is at or before `now`.
   std::vector<Expired> expire(Clock::time_point now);
   std::optional<Clock::time_point> next_deadline() const;
+  // Moves every waiting request's deadline on by `gap` (the coordinator
+  // did not run for that long: CoordinatorCore::stalled).
+  void postpone_deadlines(Clock::duration gap) {
+    for (auto& w : waiting_) w.deadline += gap;
+  }
 
   const std::map<uint64_t, LeaseRecord>& leases() const { return leases_; }
   size_t waiting() const { return waiting_.size(); }

@@ -218,7 +218,7 @@ std::string render_metrics(const MetricsSnapshot& s) {
           [](const JobSeries& j) { return double(j.shrinks); });
   per_job("leasehold_job_shrunk_bytes_total", "Bytes the job's Shrinks gave back", true,
           [](const JobSeries& j) { return double(j.shrunk_bytes); });
-  per_job("leasehold_job_interruptions", "Attempts of the job that were interrupted", false,
+  per_job("leasehold_job_interrupted_attempts", "Attempts of the job that were interrupted", false,
           [](const JobSeries& j) { return double(j.interruptions); });
   // Program jobs: what their allocator plug-in reports (PyTorch's own
   // statistics cannot see through it).

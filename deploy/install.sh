@@ -93,7 +93,13 @@ if [ "$mps" = on ]; then
   sed -i 's|^# mps_directory = "/run/leasehold-mps/pipe"|mps_directory = "/run/leasehold-mps/pipe"|' "$new"
 fi
 chmod 644 "$new"
-[ "$new" != "$config" ] && echo "kept $config; the new example is $new"
+if [ "$new" != "$config" ]; then
+  echo "kept $config; the new example is $new"
+  if [ "$mps" = on ] && ! grep -q '^[[:space:]]*mps_directory' "$config"; then
+    echo "warning: $config sets no mps_directory: the coordinator will not use leasehold-mps;" \
+      "add mps_directory = \"/run/leasehold-mps/pipe\" (see $new)" >&2
+  fi
+fi
 echo "$agents" >"$etc/agents"
 
 # The docs the units name.
@@ -118,8 +124,10 @@ systemctl daemon-reload
 [ "$mps" = on ] && systemctl enable --now leasehold-mps
 systemctl enable --now leasehold-coordinator
 for i in $(seq 0 $((agents - 1))); do systemctl enable --now "leasehold-agent@$i"; done
-# Agents beyond the number asked for (a smaller --agents than before) stop.
-for unit in $(systemctl list-units --all --plain --no-legend 'leasehold-agent@*' | awk '{print $1}'); do
+# Agents beyond the number asked for (a smaller --agents than before) stop,
+# loaded or only enabled.
+for unit in $( (systemctl list-units --all --plain --no-legend 'leasehold-agent@*' | awk '{print $1}'
+                ls /etc/systemd/system/*.wants/ 2>/dev/null | grep '^leasehold-agent@') | sort -u); do
   i="${unit#leasehold-agent@}"; i="${i%.service}"
   if [ "$i" -ge "$agents" ] 2>/dev/null; then systemctl disable --now "$unit"; fi
 done

@@ -224,7 +224,7 @@ Status CheckpointFolder::read_file(const std::string& path, std::string* content
 }
 
 Status CheckpointFolder::read_range(const std::string& name, uint64_t offset, size_t max_bytes,
-                                    std::string* out, uint64_t* total) {
+                                    std::string* out, uint64_t* total, uint64_t* version) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
     return outside(name);
   }
@@ -239,8 +239,14 @@ Status CheckpointFolder::read_range(const std::string& name, uint64_t offset, si
     result = Status::io_error("cannot stat " + dir_ + "/" + name, errno);
   } else if (!S_ISREG(st.st_mode)) {
     result = Status::invalid_argument(dir_ + "/" + name + " is not a regular file");
+  } else if (st.st_nlink != 1) {
+    result = Status::invalid_argument(dir_ + "/" + name + " has " + std::to_string(st.st_nlink) +
+                                      " links; a checkpoint has one");
   } else {
     *total = static_cast<uint64_t>(st.st_size);
+    *version = static_cast<uint64_t>(st.st_ino) * 0x9E3779B97F4A7C15ull ^
+               (static_cast<uint64_t>(st.st_ctim.tv_sec) * 1000000000ull +
+                static_cast<uint64_t>(st.st_ctim.tv_nsec));
     const uint64_t want = offset >= *total ? 0 : std::min<uint64_t>(max_bytes, *total - offset);
     out->resize(want);
     size_t done = 0;

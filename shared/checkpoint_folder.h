@@ -70,10 +70,13 @@ class CheckpointFolder final : public FileSystem {
   bool exists(const std::string& path) override;
 
   // Up to `max_bytes` of the regular file `name` in this folder from
-  // `offset` into `out`, and its size in `total` (a checkpoint fetched in
-  // pieces by its owner). Never follows a link.
+  // `offset` into `out`, its size in `total` and in `version` what tells
+  // one file from the next written under that name (inode and change
+  // time): a checkpoint fetched in pieces by its owner, restarted when it
+  // was replaced meanwhile. Never follows a link, and refuses a file with
+  // more than one link (a hard link could name a file elsewhere).
   Status read_range(const std::string& name, uint64_t offset, size_t max_bytes, std::string* out,
-                    uint64_t* total);
+                    uint64_t* total, uint64_t* version);
 
  private:
   // The name in this folder of `path` (DIR/NAME); nullopt for any other.

@@ -393,7 +393,8 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     // Activations may spill; parameters, gradients and optimiser state may
     // not, and they are held in whole leases.
     uint64_t resident = program ? 0 : job_resident_bytes(job);
-    if (options.alignment && resident % options.alignment) {
+    if (options.alignment && resident % options.alignment &&
+        resident <= UINT64_MAX - options.alignment) {
       resident += options.alignment - resident % options.alignment;
     }
     if (resident > budget) {

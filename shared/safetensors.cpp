@@ -82,14 +82,17 @@ std::vector<CheckpointTensor> read_checkpoint_tensors(std::string_view bytes,
     uint64_t elements = 1;
     for (uint32_t d = 0; d < ndim; ++d) {
       const int64_t n = r.get<int64_t>("a dimension");
-      if (n < 0 || (n > 0 && elements > (uint64_t{1} << 62) / static_cast<uint64_t>(n))) {
+      if (n < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(n), &elements)) {
         throw std::runtime_error(what + ": tensor '" + t.name + "' has an impossible shape");
       }
       t.shape.push_back(n);
-      elements *= static_cast<uint64_t>(n);
+    }
+    uint64_t expected = 0;
+    if (__builtin_mul_overflow(elements, kDTypeBytes[dtype], &expected)) {
+      throw std::runtime_error(what + ": tensor '" + t.name + "' has an impossible shape");
     }
     const uint64_t nbytes = r.get<uint64_t>("a byte count");
-    if (nbytes != elements * kDTypeBytes[dtype]) {
+    if (nbytes != expected) {
       throw std::runtime_error(what + ": tensor '" + t.name + "' holds " + std::to_string(nbytes) +
                                " bytes for " + std::to_string(elements) + " elements");
     }

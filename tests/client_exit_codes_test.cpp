@@ -75,6 +75,12 @@ TEST_F(ClientExitCodes, EveryRowOfTheTable) {
   auto [follow_rc, follow] = leasehold({"job", id});
   EXPECT_EQ(follow_rc, kExitOk) << follow;
   EXPECT_NE(follow.find("cancelled by"), std::string::npos) << follow;
+  // Ids are decimal: a leading zero is not octal.
+  auto [zero_rc, zero] = leasehold({"job", "0" + id});
+  EXPECT_EQ(zero_rc, kExitOk) << zero;
+  auto [octal_rc, octal] = leasehold({"cancel", "010"});
+  EXPECT_EQ(octal_rc, kExitInvalid) << octal;
+  EXPECT_NE(octal.find("no job with id 10"), std::string::npos) << "not job 8: " << octal;
   // With an agent a followed job runs to its end: 0.
   cluster.start_agent("worker", {});
   auto [done_rc, done] = leasehold({"submit", "--follow", good});

@@ -111,11 +111,24 @@ TEST(CoreAgents, TheCoordinatorsOwnStallIsNotCountedAsAgentsSilence) {
   d.heartbeat(a);
   d.tick();
   ASSERT_FALSE(d.core().agents().count("c"));  // fenced, its grace begins
+  // A job assigned to a, not acknowledged yet (a has assign_timeout), and a
+  // lease request waiting for memory (until its deadline).
+  uint64_t id = 0;
+  d.submit(id);
+  ASSERT_EQ(d.job(id).agent, "a");
+  FakeAgent b = d.register_agent("b", 12, {}, nullptr, /*takes_jobs=*/false);
+  d.heartbeat(b);
+  Effects waiting = d.lease(b, 63 << 20, 20000);
+  ASSERT_TRUE(messages(waiting, proto::Body::Error).empty()) << errors(waiting);
+  ASSERT_TRUE(messages(waiting, proto::Body::LeaseGrant).empty()) << "it waits for c's memory";
   // The coordinator stops for 60 s (SIGSTOP): the broker tells the core.
   d.advance(60000ms);
   d.core().stalled(60000ms - 250ms, d.now());
-  d.tick();
+  Effects after = d.tick();
   EXPECT_TRUE(d.core().agents().count("a")) << "a was not silent: nobody listened";
+  EXPECT_EQ(d.job(id).attempts.size(), 1u) << "the assignment's clock stood still";
+  EXPECT_EQ(d.job(id).agent, "a");
+  EXPECT_TRUE(messages(after, proto::Body::Error).empty()) << "the lease request still waits";
   EXPECT_FALSE(d.core().agents().at("a").late);
   EXPECT_TRUE(d.killed.empty()) << "the fence's grace did not run during the stall";
   d.advance(5000ms);

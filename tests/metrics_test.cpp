@@ -99,7 +99,7 @@ TEST(Metrics, RunningJobsHaveLabelledSeriesWithNamesEscaped) {
   const std::string labels =
       R"({gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",job_id="7",name="mlp \"quoted\"",agent="a1",user="ada"})";
   EXPECT_TRUE(has_line(m, "leasehold_job_samples_per_second" + labels + " 452142.5")) << m;
-  EXPECT_TRUE(has_line(m, "leasehold_job_interruptions" + labels + " 2")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_job_interrupted_attempts" + labels + " 2")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_job_loss" + labels + " 0.3125")) << m;
   EXPECT_DOUBLE_EQ(value_of(m, "leasehold_job_test_accuracy_ratio" + labels), 0.8916) << m;
   EXPECT_TRUE(has_line(m, "leasehold_job_leased_bytes" + labels + " 1073741824")) << m;
