@@ -4,8 +4,6 @@
 // administrators only, so that nobody else needs to read the state folder.
 // The reading is done by the file workers (coordinator/file_workers.h): a
 // folder on a slow file system holds up one of them, never the loop.
-#include <spdlog/spdlog.h>
-
 #include <filesystem>
 
 #include "coordinator/core.h"

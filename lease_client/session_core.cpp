@@ -152,8 +152,9 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
         std::chrono::milliseconds(std::max<uint32_t>(ack->heartbeat_interval_ms(), 10));
     default_wait = std::chrono::milliseconds(ack->default_wait_ms());
     // A coordinator that does not say fences after two heartbeats.
-    silence_limit = ack->silence_limit_ms() ? std::chrono::milliseconds(ack->silence_limit_ms())
-                                            : 2 * heartbeat_interval;
+    const auto silence_limit = ack->silence_limit_ms()
+                                   ? std::chrono::milliseconds(ack->silence_limit_ms())
+                                   : 2 * heartbeat_interval;
     self_fence = silence_limit * 3 / 4;
     last_heard = sent;
     coordinator = SessionToken{ack->coordinator_instance_lo(), ack->coordinator_instance_hi()};

@@ -54,7 +54,6 @@ struct SessionCore {
   // after it this agent may still touch leased memory (the self-fence).
   std::chrono::steady_clock::time_point last_heard{};
   std::chrono::milliseconds self_fence{1500};
-  std::chrono::milliseconds silence_limit{2000};  // the coordinator's
   // The coordinator's start this session registered with (RegisterAck):
   // another one answering means it restarted; the same one after a
   // silence, that it was only paused.
