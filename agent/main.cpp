@@ -1,6 +1,7 @@
 // leasehold-agent: registers with the coordinator, maps its pool once and
 // stays as a standby worker. With --exercise it leases memory and keeps
 // verifying a pattern in it (the demo and the integration tests use this).
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -8,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
-#include <spdlog/spdlog.h>
 #include <thread>
 
 #include "agent/device_footprint.h"
@@ -49,23 +49,27 @@ int main(int argc, char** argv) {
   leasehold::ExerciseOptions ex;
   app.add_option("--endpoint", opts.endpoint, "coordinator endpoint")->capture_default_str();
   std::string curve_key, curve_server_key;
-  app.add_option("--curve-key", curve_key,
-                 "this agent's CURVE key pair file, for a tcp:// endpoint (env LEASEHOLD_CURVE_KEY; "
-                 "made by `leasehold keygen`)");
+  app.add_option(
+      "--curve-key", curve_key,
+      "this agent's CURVE key pair file, for a tcp:// endpoint (env LEASEHOLD_CURVE_KEY; "
+      "made by `leasehold keygen`)");
   app.add_option("--curve-server-key", curve_server_key,
                  "the coordinator's CURVE public key file (env LEASEHOLD_CURVE_SERVER_KEY)");
   app.add_option("--name", opts.name, "agent name, unique per coordinator (default HOST-PID)");
-  app.add_option("--device", opts.device, "CUDA device to serve (-1: the pool's)");
+  app.add_option("--device", opts.device,
+                 "the device whose pool to work in (-1: the coordinator picks the one with the "
+                 "fewest agents)");
   app.add_option("--register-timeout", register_timeout, "how long to try registering at start")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_flag("--exercise", exercise, "lease memory and keep verifying a pattern in it");
-  app.add_option("--leases", ex.leases, "exercise: leases to hold")->capture_default_str()
+  app.add_option("--leases", ex.leases, "exercise: leases to hold")
+      ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  app.add_option("--lease-size", lease_size, "exercise: size of each lease")
-      ->capture_default_str();
+  app.add_option("--lease-size", lease_size, "exercise: size of each lease")->capture_default_str();
   app.add_option("--rounds", ex.rounds, "exercise: verify rounds (0: until stopped)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--interval", interval, "exercise: time between rounds")->capture_default_str();
   app.add_flag("--churn", ex.churn,
                "exercise: release the leases after every round and lease anew");
@@ -132,10 +136,12 @@ int main(int argc, char** argv) {
                  "this agent's state folder (spill files): default $STATE_DIRECTORY under "
                  "systemd, else agents/ENDPOINT under the user's state folder "
                  "(~/.local/state/leasehold/agents/ipc_…), one per coordinator");
-  app.add_option("--spill-dir", spill.directory, "directory of spill files (default: STATE_DIR/spill)");
+  app.add_option("--spill-dir", spill.directory,
+                 "directory of spill files (default: STATE_DIR/spill)");
   app.add_option("--spill-io-threads", spill.io_threads,
                  "threads reading and writing the spill file (requests in flight)")
-      ->capture_default_str()->check(CLI::Range(1, 64));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app.add_option("--spill-file-limit", spill_file_limit,
                  "most bytes one job's spill file may hold (0: until the disk is full)")
       ->capture_default_str();
@@ -168,8 +174,8 @@ int main(int argc, char** argv) {
   if (opts.mps_thread_percentage > 0) {
     // Read by the CUDA driver when this process connects to MPS (its first
     // CUDA call, after registering).
-    ::setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", std::to_string(opts.mps_thread_percentage).c_str(),
-             1);
+    ::setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+             std::to_string(opts.mps_thread_percentage).c_str(), 1);
   }
   const std::atomic<bool>& stop = leasehold::install_stop_signals();
   std::optional<std::string> gpu_lost;
@@ -212,8 +218,7 @@ int main(int argc, char** argv) {
     auto pool = session.pool();
     if (pool.backend == leasehold::Backend::Cuda) gpu = leasehold::pool_device(pool);
     std::printf("registered name=%s backend=%s pool_bytes=%llu\n", opts.name.c_str(),
-                leasehold::backend_name(pool.backend),
-                static_cast<unsigned long long>(pool.size));
+                leasehold::backend_name(pool.backend), static_cast<unsigned long long>(pool.size));
     std::fflush(stdout);
     auto announce = [](const std::string& why) {
       if (why.empty()) {
@@ -250,11 +255,11 @@ int main(int argc, char** argv) {
                        .count(),
                    leasehold::format_bytes(footprint.bytes), footprint.method);
     }
-    spdlog::info("standing by as '{}' for jobs{}", opts.name,
-                 leasehold::self_restarts() > 0
-                     ? " (restart " + std::to_string(leasehold::self_restarts()) +
-                           " after a device fault)"
-                     : std::string());
+    spdlog::info(
+        "standing by as '{}' for jobs{}", opts.name,
+        leasehold::self_restarts() > 0
+            ? " (restart " + std::to_string(leasehold::self_restarts()) + " after a device fault)"
+            : std::string());
     leasehold::reset_self_restarts();  // the cap counts restarts in a row
     worker.run(stop);
     gpu_lost = worker.device_lost();

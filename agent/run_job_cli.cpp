@@ -6,8 +6,8 @@
 
 #include "agent/engine/allocator.h"
 #include "agent/job_runner.h"
-#include "shared/job_spec.h"
 #include "agent/lease_allocator.h"
+#include "shared/job_spec.h"
 #include "shared/units.h"
 
 namespace leasehold {
@@ -43,8 +43,9 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
   const proto::JobSpec& job = *verify_job(buffer);
   PoolDescriptor pool = session.pool();
   std::string device = job.device() ? job.device()->str() : "auto";
+  const std::string wants = parse_job_device(device).value_or(JobDevice{}).backend;
   bool pool_is_cuda = pool.backend == Backend::Cuda;
-  if ((device == "cuda" && !pool_is_cuda) || (device == "cpu" && pool_is_cuda)) {
+  if ((wants == "cuda" && !pool_is_cuda) || (wants == "cpu" && pool_is_cuda)) {
     std::fprintf(stderr, "leasehold-agent: job wants device %s but this agent's pool is on %s\n",
                  device.c_str(), backend_name(pool.backend));
     return 2;
@@ -73,12 +74,13 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
   };
   try {
     JobResult r = run_job(job, opts);
-    std::printf("result job=%s test_accuracy=%.2f%% samples_per_s=%.0f steps=%lld seconds=%.1f "
-                "peak_memory=%s spilled=%s restored=%s\n",
-                job.name()->c_str(), 100 * r.test_accuracy, r.samples_per_second,
-                (long long)r.steps, r.seconds, format_bytes(r.memory.peak_device_bytes).c_str(),
-                format_bytes(r.memory.spilled_bytes).c_str(),
-                format_bytes(r.memory.restored_bytes).c_str());
+    std::printf(
+        "result job=%s test_accuracy=%.2f%% samples_per_s=%.0f steps=%lld seconds=%.1f "
+        "peak_memory=%s spilled=%s restored=%s\n",
+        job.name()->c_str(), 100 * r.test_accuracy, r.samples_per_second, (long long)r.steps,
+        r.seconds, format_bytes(r.memory.peak_device_bytes).c_str(),
+        format_bytes(r.memory.spilled_bytes).c_str(),
+        format_bytes(r.memory.restored_bytes).c_str());
     std::fflush(stdout);
     return 0;
   } catch (const JobCancelled&) {

@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "coordinator/broker_setup.h"
-#include "coordinator/zap_handler.h"
 #include "coordinator/file_workers.h"
 #include "coordinator/http_endpoint.h"
 #include "coordinator/job_codec.h"
@@ -25,6 +24,7 @@
 #include "coordinator/socket_files.h"
 #include "coordinator/store_writer.h"
 #include "coordinator/wire.h"
+#include "coordinator/zap_handler.h"
 #include "shared/connection.h"
 #include "shared/curve_keys.h"
 #include "shared/endpoint.h"
@@ -75,28 +75,11 @@ Broker::Broker(const CoordinatorOptions& opts)
   if (mps_) ::unsetenv("CUDA_MPS_PIPE_DIRECTORY");
   Backend backend = resolve_backend(opts_.backend);
   if (backend != Backend::Cuda && mps_) {
-    if (opts_.mps == "on") throw std::runtime_error("mps = on needs the cuda backend, but no GPU is visible");
+    if (opts_.mps == "on")
+      throw std::runtime_error("mps = on needs the cuda backend, but no GPU is visible");
     mps_.reset();
   }
-  DeviceMemory mem = query_device_memory(backend, opts_.device);
-  uint64_t size = align_down(opts_.pool_size.resolve(mem.free_bytes), opts_.alignment);
-  if (size == 0) {
-    throw std::runtime_error("pool size " + opts_.pool_size.to_string() + " of " +
-                             format_bytes(mem.free_bytes) + " free on " + mem.name +
-                             " is less than one aligned block of " + format_bytes(opts_.alignment));
-  }
-  if (opts_.pool_size.percent == 0 && size > mem.free_bytes) {
-    throw std::runtime_error("pool size " + format_bytes(size) + " exceeds the " +
-                             format_bytes(mem.free_bytes) + " free on " + mem.name);
-  }
-  try {
-    device_pool_ = create_pool(backend, opts_.device, size, opts_.alignment, opts_.endpoint);
-  } catch (const std::exception& e) {
-    if (!mps_) throw;
-    throw std::runtime_error(std::string(e.what()) +
-                             " (under MPS the pool lives outside the MPS server: the GPU must be "
-                             "in the Default compute mode, not Exclusive-process)");
-  }
+  create_pools(backend);
 
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (wake_fd_.get() < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
@@ -108,7 +91,9 @@ Broker::Broker(const CoordinatorOptions& opts)
   files_ = std::make_unique<FileWorkers>(kFileWorkers, wake);
   CoreOptions core_opts = core_options(opts_);
   if (mps_) core_opts.mps_pipe_directory = mps_->pipe_directory();
-  core_ = std::make_unique<CoordinatorCore>(std::move(core_opts), device_pool_->descriptor(),
+  std::vector<PoolDescriptor> pools;
+  for (const auto& pool : device_pools_) pools.push_back(pool->descriptor());
+  core_ = std::make_unique<CoordinatorCore>(std::move(core_opts), std::move(pools),
                                             make_policy(opts_), now());
   uint64_t next_id = std::max(stored.next_id, largest_checkpoint_id(opts_.state_dir) + 1);
   if (next_id != stored.next_id) {
@@ -136,16 +121,17 @@ Broker::Broker(const CoordinatorOptions& opts)
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("curve_key: ") + e.what());
     }
-    for (auto [socket, endpoint] : {std::pair{&router_, &opts_.endpoint},
-                                    std::pair{&pub_, &opts_.events_endpoint}}) {
+    for (auto [socket, endpoint] :
+         {std::pair{&router_, &opts_.endpoint}, std::pair{&pub_, &opts_.events_endpoint}}) {
       if (!needs_curve(*endpoint)) continue;
       socket->set(zmq::sockopt::curve_server, true);
       socket->set(zmq::sockopt::curve_secretkey, keys.secret_key);
     }
-    spdlog::info("CURVE on network endpoints: public key {}, {} client and {} agent keys "
-                 "allowed from {}",
-                 keys.public_key, zap_->allowed_keys(false), zap_->allowed_keys(true),
-                 opts_.curve_allowed_keys);
+    spdlog::info(
+        "CURVE on network endpoints: public key {}, {} client and {} agent keys "
+        "allowed from {}",
+        keys.public_key, zap_->allowed_keys(false), zap_->allowed_keys(true),
+        opts_.curve_allowed_keys);
   }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxMessageBytes));
@@ -155,16 +141,73 @@ Broker::Broker(const CoordinatorOptions& opts)
   bind_socket(pub_, opts_.events_endpoint, socket_files, "the events endpoint ");
   if (opts_.http_listen != "off") {
     http_ = std::make_unique<HttpEndpoint>(opts_.http_listen);
-    // DCGM's labels: the GPU's index and its UUID.
-    gpu_label_ = backend == Backend::Cuda ? std::to_string(opts_.device) : "host";
-    uuid_label_ = mem.uuid;
     for (const auto& [id, job] : core_->jobs().all()) http_jobs_changed_.insert(id);
     publish_http();
   }
-  spdlog::info("pool: {} of {} on {} ({}, device {}), alignment {}; jobs in {}; listening on {}{}",
-               format_bytes(size), format_bytes(mem.free_bytes), mem.name, backend_name(backend),
-               opts_.device, format_bytes(opts_.alignment), opts_.state_dir, opts_.endpoint,
+  spdlog::info("{} device{} ({}), alignment {}; jobs in {}; listening on {}{}",
+               device_pools_.size(), device_pools_.size() > 1 ? "s" : "", backend_name(backend),
+               format_bytes(opts_.alignment), opts_.state_dir, opts_.endpoint,
                http_ ? "; HTTP on " + http_address() : std::string());
+}
+
+void Broker::create_pools(Backend backend) {
+  std::vector<int> ordinals = opts_.devices;
+  if (backend == Backend::Host) {
+    if (!ordinals.empty()) {
+      spdlog::warn("devices is for the cuda backend; the host backend serves host_devices = {}",
+                   opts_.host_devices);
+    }
+    ordinals.clear();
+    for (int i = 0; i < opts_.host_devices; ++i) ordinals.push_back(i);
+  } else if (ordinals.empty()) {
+    for (int i = 0; i < cuda_device_count(); ++i) ordinals.push_back(i);
+  } else {
+    const int visible = cuda_device_count();
+    for (int ordinal : ordinals) {
+      if (ordinal >= visible) {
+        throw std::runtime_error("devices: device " + std::to_string(ordinal) +
+                                 " is not visible (" + std::to_string(visible) +
+                                 " CUDA devices: 0 to " + std::to_string(visible - 1) +
+                                 "; CUDA_VISIBLE_DEVICES renumbers them)");
+      }
+    }
+  }
+  if (opts_.pool_size.size() > 1 && opts_.pool_size.size() != ordinals.size()) {
+    throw std::runtime_error("pool_size lists " + std::to_string(opts_.pool_size.size()) +
+                             " sizes for the " + std::to_string(ordinals.size()) +
+                             " devices served: give one for all, or one per device");
+  }
+  for (size_t i = 0; i < ordinals.size(); ++i) {
+    const int ordinal = ordinals[i];
+    const SizeSpec& spec = opts_.pool_size[opts_.pool_size.size() > 1 ? i : 0];
+    DeviceMemory mem = query_device_memory(backend, ordinal);
+    // Host devices share the host's memory: a share is of their part of it.
+    const uint64_t free =
+        backend == Backend::Host ? mem.free_bytes / ordinals.size() : mem.free_bytes;
+    const std::string where =
+        mem.name + (backend == Backend::Cuda ? " (device " + std::to_string(ordinal) + ")" : "");
+    uint64_t size = align_down(spec.resolve(free), opts_.alignment);
+    if (size == 0) {
+      throw std::runtime_error("pool size " + spec.to_string() + " of " + format_bytes(free) +
+                               " free on " + where + " is less than one aligned block of " +
+                               format_bytes(opts_.alignment));
+    }
+    if (spec.percent == 0 && size > free) {
+      throw std::runtime_error("pool size " + format_bytes(size) + " exceeds the " +
+                               format_bytes(free) + " free on " + where);
+    }
+    try {
+      device_pools_.push_back(create_pool(backend, ordinal, size, opts_.alignment, opts_.endpoint));
+    } catch (const std::exception& e) {
+      if (!mps_) throw;
+      throw std::runtime_error(std::string(e.what()) +
+                               " (under MPS the pool lives outside the MPS server: the GPU must "
+                               "be in the Default compute mode, not Exclusive-process)");
+    }
+    const PoolDescriptor& pool = device_pools_.back()->descriptor();
+    spdlog::info("device {}: pool of {} of {} free on {} ({})", ordinal, format_bytes(size),
+                 format_bytes(free), where, pool.uuid);
+  }
 }
 
 Broker::~Broker() {
@@ -176,8 +219,6 @@ Broker::~Broker() {
   files_.reset();
   // ZeroMQ's ipc listener unlinks its socket file when the socket closes.
 }
-
-const PoolDescriptor& Broker::pool() const { return device_pool_->descriptor(); }
 
 std::string Broker::summary() const {
   std::string s = core_->summary();
@@ -275,9 +316,10 @@ void Broker::check_mps() {
     return;
   }
   if (!mps_down_reported_) {
-    spdlog::error("the MPS control daemon of {} does not answer: agents cannot start GPU work "
-                  "until it is back (restart its unit)",
-                  mps_->pipe_directory());
+    spdlog::error(
+        "the MPS control daemon of {} does not answer: agents cannot start GPU work "
+        "until it is back (restart its unit)",
+        mps_->pipe_directory());
     mps_down_reported_ = true;
   }
 }
@@ -312,9 +354,9 @@ void Broker::receive_requests() {
     std::string rid = frames[0].to_string();
     if (malformed_.drop(rid)) continue;
     if (frame_count != 2) {
-      reject_malformed(rid, 0, ErrorCode::Malformed,
-                       "expected a single-frame message, got " + std::to_string(frame_count - 1) +
-                           " frames");
+      reject_malformed(
+          rid, 0, ErrorCode::Malformed,
+          "expected a single-frame message, got " + std::to_string(frame_count - 1) + " frames");
       continue;
     }
     handle(rid, frames[1], peer_of(frames[1]));
@@ -330,9 +372,9 @@ void Broker::handle(const std::string& routing_id, zmq::message_t& payload, cons
     if (err->code == ErrorCode::BadVersion) {
       request_id = proto::GetEnvelope(bytes.bytes().data())->header()->request_id();
     }
-    return reject_malformed(routing_id, request_id, err->code,
-                            "message of " + std::to_string(payload.size()) +
-                                " bytes: " + err->message);
+    return reject_malformed(
+        routing_id, request_id, err->code,
+        "message of " + std::to_string(payload.size()) + " bytes: " + err->message);
   }
   Effects effects;
   core_->handle(routing_id, *std::get<const proto::Envelope*>(decoded), now(), effects, peer);
@@ -344,8 +386,8 @@ void Broker::apply(Effects& effects) {
   // What acknowledges stored state waits for the commit; the rest goes now.
   std::vector<Outgoing> later;
   for (const auto& m : effects.messages) {
-    Outgoing o{false, m.to, encode_message(m), m.job,
-               m.body.type == proto::Body::JobAccepted, m.request_id};
+    Outgoing o{false,       m.to, encode_message(m), m.job, m.body.type == proto::Body::JobAccepted,
+               m.request_id};
     if (writes && m.after_store) {
       later.push_back(std::move(o));
     } else {

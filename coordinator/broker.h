@@ -22,16 +22,16 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
-#include <string>
 #include <vector>
 #include <zmq.hpp>
 
 #include "coordinator/core.h"
 #include "coordinator/malformed_peers.h"
-#include "coordinator/peer.h"
 #include "coordinator/options.h"
+#include "coordinator/peer.h"
 
 namespace leasehold {
 
@@ -56,7 +56,6 @@ class Broker {
   // place for systemd's watchdog, so a hung loop stops the pings.
   void run(const std::atomic<bool>& stop, const std::function<void()>& tick = {});
 
-  const PoolDescriptor& pool() const;
   // A one-line summary for logs and systemd's STATUS=.
   std::string summary() const;
 
@@ -86,6 +85,9 @@ class Broker {
                         const std::string& why);
   void log_malformed(bool force);
   void apply(Effects& effects);
+  // Creates a pool on every device served (devices, host_devices,
+  // pool_size), in device_pools_. Throws naming the device and why.
+  void create_pools(Backend backend);
   void send(Outgoing& o);
   void release_committed();
   // The store just failed: submissions it has not committed are withdrawn
@@ -118,20 +120,20 @@ class Broker {
   };
 
   CoordinatorOptions opts_;
-  Fd lock_fd_;  // flock on STATE_DIR/coordinator.lock
-  Fd wake_fd_;  // eventfd: the store writer or a file worker finished something
+  Fd lock_fd_;                      // flock on STATE_DIR/coordinator.lock
+  Fd wake_fd_;                      // eventfd: the store writer or a file worker finished something
   std::unique_ptr<MpsDaemon> mps_;  // null: no MPS
   Clock::time_point mps_checked_{};
   uint64_t mps_faults_seen_ = 0;  // core's device_faults() at the last check
   bool mps_down_reported_ = false;
-  std::unique_ptr<DevicePool> device_pool_;
+  // A pool per device served (create_pools), freed last but the store.
+  std::vector<std::unique_ptr<DevicePool>> device_pools_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<StoreWriter> store_;
   std::unique_ptr<FileWorkers> files_;
   std::unique_ptr<HttpEndpoint> http_;  // null: http_listen = off
   Clock::time_point http_published_{};
   std::set<uint64_t> http_jobs_changed_;  // since the last publish_http
-  std::string gpu_label_, uuid_label_;
   zmq::context_t ctx_;
   // Asked about every new connection (coordinator/zap_handler.h). After
   // the context, so its socket closes before the context ends; before the

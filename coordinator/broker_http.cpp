@@ -15,8 +15,7 @@ std::string Broker::http_address() const {
 
 void Broker::publish_http() {
   const auto status = core_->status(now());
-  http_->publish_status(render_status_json(status),
-                        take_metrics_snapshot(*core_, status, gpu_label_, uuid_label_));
+  http_->publish_status(render_status_json(status), take_metrics_snapshot(*core_, status));
   std::vector<JobViews> changed;
   std::vector<uint64_t> removed;
   for (uint64_t id : http_jobs_changed_) {

@@ -21,29 +21,47 @@ PoolAllocator::End to_end(proto::LeaseEnd e) {
 
 }  // namespace
 
-CoordinatorCore::CoordinatorCore(CoreOptions options, PoolDescriptor pool,
+CoordinatorCore::CoordinatorCore(CoreOptions options, std::vector<PoolDescriptor> pools,
                                  std::unique_ptr<SchedulingPolicy> policy, Now now)
-    : opts_(std::move(options)),
-      pool_(std::move(pool)),
-      policy_(std::move(policy)),
-      leases_(pool_.size, pool_.alignment),
-      now_(now),
-      started_(now.steady) {
+    : opts_(std::move(options)), policy_(std::move(policy)), now_(now), started_(now.steady) {
   if (!opts_.follow_process) throw std::invalid_argument("CoreOptions.follow_process is required");
+  if (pools.empty()) throw std::invalid_argument("the coordinator needs at least one pool");
+  for (size_t i = 0; i < pools.size(); ++i) {
+    PoolDescriptor& pool = pools[i];
+    if (pool.backend != pools.front().backend) {
+      throw std::invalid_argument("every pool must be of one backend");
+    }
+    const int ordinal = pool.device;
+    if (!devices_.try_emplace(ordinal, std::move(pool), i, pools.size()).second) {
+      throw std::invalid_argument("device " + std::to_string(ordinal) + " is given twice");
+    }
+  }
   jobs_.set_history_kept(opts_.history_kept);
 }
 
 std::string CoordinatorCore::summary() const {
-  const auto& a = leases_.allocator();
+  size_t leases = 0;
+  uint64_t used = 0, size = 0;
+  for (const auto& [ordinal, dev] : devices_) {
+    leases += dev.leases.leases().size();
+    used += dev.leases.allocator().used_bytes();
+    size += dev.leases.allocator().pool_size();
+  }
   const size_t queued = jobs_.queue().size(), running = jobs_.running().size();
-  return std::to_string(agents_.size()) + " agents, " + std::to_string(leases_.leases().size()) +
-         " leases, " + format_bytes(a.used_bytes()) + " of " + format_bytes(a.pool_size()) +
-         " leased, " + std::to_string(queued) + " jobs queued, " + std::to_string(running) +
-         " running";
+  return std::to_string(agents_.size()) + " agents, " + std::to_string(leases) + " leases, " +
+         format_bytes(used) + " of " + format_bytes(size) + " leased" +
+         (devices_.size() > 1 ? " on " + std::to_string(devices_.size()) + " devices" : "") + ", " +
+         std::to_string(queued) + " jobs queued, " + std::to_string(running) + " running";
 }
 
-void CoordinatorCore::handle(const std::string& routing_id, const proto::Envelope& request,
-                             Now now, Effects& out, const Peer& peer) {
+uint64_t CoordinatorCore::largest_pool() const {
+  uint64_t largest = 0;
+  for (const auto& [ordinal, dev] : devices_) largest = std::max(largest, dev.pool.size);
+  return largest;
+}
+
+void CoordinatorCore::handle(const std::string& routing_id, const proto::Envelope& request, Now now,
+                             Effects& out, const Peer& peer) {
   now_ = now;
   try {
     dispatch(routing_id, request, now, out, peer);
@@ -101,7 +119,8 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
   // Everything below needs a registered agent presenting its session token.
   std::string name(str(hdr->sender()));
   auto it = agents_.find(name);
-  if (it == agents_.end() || it->second.session != SessionToken{hdr->session(), hdr->session_hi()}) {
+  if (it == agents_.end() ||
+      it->second.session != SessionToken{hdr->session(), hdr->session_hi()}) {
     return send_error(out, rid, req, ErrorCode::UnknownSender,
                       "agent '" + printable(name, 128) +
                           "' is not registered with this coordinator (it may have restarted); "
@@ -157,29 +176,32 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
       return on_shrink_done(rid, agent, env, now, out);
     case proto::Body::LeaseResize: {
       const auto* r = env.body_as_LeaseResize();
-      if (auto held = leases_.leases().find(r->lease_id());
-          held != leases_.leases().end() && held->second.owner == name &&
-          r->size() > held->second.size) {
+      DeviceState& dev = device_of(agent);
+      const auto owner = LeaseOwner::agent(name);
+      if (auto held = dev.leases.leases().find(r->lease_id()); held != dev.leases.leases().end() &&
+                                                               held->second.owner == owner &&
+                                                               r->size() > held->second.size) {
         if (auto no = budget_refusal(agent, r->size() - held->second.size)) {
           return send_error(out, rid, req, ErrorCode::NoSpace, "resize refused: " + *no);
         }
       }
-      auto result = leases_.resize(name, r->lease_id(), r->size());
+      auto result = dev.leases.resize(owner, r->lease_id(), r->size());
       if (auto* refusal = std::get_if<Refusal>(&result)) {
         return send_error(out, rid, req, refusal->code, refusal->message);
       }
       proto::LeaseGrantT grant;
-      grant.lease = lease_object(std::get<LeaseRecord>(result));
+      grant.lease = lease_object(std::get<LeaseRecord>(result), dev.ordinal());
       send(out, rid, req, std::move(grant));
-      return serve_waiting(out);
+      return serve_waiting(dev, out);
     }
     case proto::Body::LeaseRelease: {
       const auto* r = env.body_as_LeaseRelease();
-      if (auto refusal = leases_.release(name, r->lease_id())) {
+      DeviceState& dev = device_of(agent);
+      if (auto refusal = dev.leases.release(LeaseOwner::agent(name), r->lease_id())) {
         return send_error(out, rid, req, refusal->code, refusal->message);
       }
       send_ack(out, rid, req);
-      return serve_waiting(out);
+      return serve_waiting(dev, out);
     }
     default:
       return;
@@ -190,14 +212,17 @@ std::optional<Refusal> CoordinatorCore::wait_refusal(const std::string& agent,
                                                      int64_t wait_ms) const {
   if (wait_ms <= 0) return std::nullopt;
   if (wait_ms > opts_.max_lease_wait.count()) {
-    return Refusal{ErrorCode::InvalidArgument,
-                   "a wait of " + std::to_string(wait_ms) +
-                       " ms is longer than the limit (max_lease_wait " +
-                       std::to_string(opts_.max_lease_wait.count()) + " ms)"};
+    return Refusal{ErrorCode::InvalidArgument, "a wait of " + std::to_string(wait_ms) +
+                                                   " ms is longer than the limit (max_lease_wait " +
+                                                   std::to_string(opts_.max_lease_wait.count()) +
+                                                   " ms)"};
   }
   size_t waiting = 0;
-  for (const auto& w : leases_.waiting_requests()) waiting += w.owner == agent;
-  for (const auto& w : regions_.waiters()) waiting += w.agent == agent;
+  const auto owner = LeaseOwner::agent(agent);
+  for (const auto& [ordinal, dev] : devices_) {
+    for (const auto& w : dev.leases.waiting_requests()) waiting += w.owner == owner;
+    for (const auto& w : dev.regions.waiters()) waiting += w.agent == agent;
+  }
   if (waiting >= opts_.waiting_per_agent) {
     return Refusal{ErrorCode::NoSpace, "agent '" + agent + "' has " + std::to_string(waiting) +
                                            " requests waiting, the limit (waiting_per_agent " +
@@ -211,23 +236,28 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
   const auto* r = env.body_as_LeaseRequest();
   uint64_t req = env.header()->request_id();
   int64_t wait_ms = r->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : r->wait_ms();
+  DeviceState& dev = device_of(agent);
   if (auto no = wait_refusal(agent.name, wait_ms)) {
-    ++lease_stats_.refusals;
+    ++dev.stats.refusals;
     return send_error(out, rid, req, no->code,
                       "lease of " + format_bytes(r->size()) + " refused: " + no->message);
   }
   if (auto no = budget_refusal(agent, r->size())) {
-    ++lease_stats_.refusals;
+    ++dev.stats.refusals;
     return send_error(out, rid, req, ErrorCode::NoSpace,
                       "lease of " + format_bytes(r->size()) + " refused: " + *no);
   }
-  PendingRequest pending{agent.name,   r->size(), to_end(r->end()),
+  PendingRequest pending{LeaseOwner::agent(agent.name),
+                         r->size(),
+                         to_end(r->end()),
                          now.steady + std::chrono::milliseconds(wait_ms),
-                         {rid, req},   now.steady, r->needed()};
-  auto outcome = leases_.request(pending, wait_ms > 0,
-                                 [this](const PendingRequest& p) { return admit(p); });
+                         {rid, req},
+                         now.steady,
+                         r->needed()};
+  auto outcome = dev.leases.request(
+      pending, wait_ms > 0, [this, &dev](const PendingRequest& p) { return admit(dev, p); });
   if (auto* refusal = std::get_if<Refusal>(&outcome)) {
-    ++lease_stats_.refusals;
+    ++dev.stats.refusals;
     spdlog::info("lease of {} for '{}' refused: {}", format_bytes(r->size()), agent.name,
                  refusal->message);
     return send_error(out, rid, req, refusal->code, refusal->message);
@@ -237,33 +267,37 @@ void CoordinatorCore::on_lease_request(const std::string& rid, AgentRecord& agen
                  agent.name, wait_ms);
     // Idle cache regions go first (serve_waiting evicts them); then memory
     // held past guaranteed shares may have to come back for it.
-    serve_waiting(out);
+    serve_waiting(dev, out);
     return request_shrinks(now, out);
   }
   const auto& rec = std::get<LeaseRecord>(outcome);
-  lease_stats_.granted(0);
+  dev.stats.granted(0);
   spdlog::debug("lease {} granted to '{}': offset {} size {}", rec.id, agent.name, rec.offset,
                 rec.size);
   proto::LeaseGrantT grant;
-  grant.lease = lease_object(rec);
+  grant.lease = lease_object(rec, dev.ordinal());
   send(out, rid, req, std::move(grant));
 }
 
-bool CoordinatorCore::admit(const PendingRequest& request) {
+bool CoordinatorCore::admit(const DeviceState& dev, const PendingRequest& request) {
   // Built for each request: a grant changes what the next one sees.
-  return policy_->may_grant(request, pool_view());
+  return policy_->may_grant(request, pool_view(dev));
 }
 
 void CoordinatorCore::serve_waiting(Effects& out) {
+  for (auto& [ordinal, dev] : devices_) serve_waiting(dev, out);
+}
+
+void CoordinatorCore::serve_waiting(DeviceState& dev, Effects& out) {
   while (true) {
-    for (const auto& g :
-         leases_.grant_waiting([this](const PendingRequest& p) { return admit(p); })) {
-      spdlog::info("waiting lease of {} granted to '{}' (lease {})", format_bytes(g.lease.size),
-                   g.lease.owner, g.lease.id);
+    for (const auto& g : dev.leases.grant_waiting(
+             [this, &dev](const PendingRequest& p) { return admit(dev, p); })) {
+      spdlog::info("waiting lease of {} granted to {} (lease {})", format_bytes(g.lease.size),
+                   g.lease.owner.describe(), g.lease.id);
       proto::LeaseGrantT grant;
-      grant.lease = lease_object(g.lease);
+      grant.lease = lease_object(g.lease, dev.ordinal());
       send(out, g.reply_to.routing_id, g.reply_to.request_id, std::move(grant));
-      lease_stats_.granted(
+      dev.stats.granted(
           std::chrono::duration<double>(std::max(now_.steady - g.since, Clock::duration{}))
               .count());
       note_lease_wait(g.lease.owner, g.since, now_, out);
@@ -271,10 +305,10 @@ void CoordinatorCore::serve_waiting(Effects& out) {
     // Requests still waiting need memory: idle cache regions give it up
     // first, least recently used first, before anyone is asked to shrink
     // (not for speculative growth, nor when even all of them would not do).
-    if (leases_.waiting() == 0 || !eviction_could_serve()) return;
-    RegionRecord* idle = regions_.least_recently_used();
+    if (dev.leases.waiting() == 0 || !eviction_could_serve(dev)) return;
+    RegionRecord* idle = dev.regions.least_recently_used();
     if (!idle) return;
-    evict_region(*idle, std::to_string(leases_.waiting()) + " lease request(s) wait for memory",
+    evict_region(*idle, std::to_string(dev.leases.waiting()) + " lease request(s) wait for memory",
                  now_);
   }
 }
@@ -284,27 +318,50 @@ void CoordinatorCore::on_status(const std::string& rid, uint64_t req, Now now, E
 }
 
 proto::StatusReplyT CoordinatorCore::status(Now now) const {
-  const auto& alloc = leases_.allocator();
   proto::StatusReplyT status;
-  status.pool = std::make_unique<proto::PoolUsageT>();
-  status.pool->info = pool_info_object(pool_);
-  status.pool->used_bytes = alloc.used_bytes();
-  status.pool->free_bytes = alloc.free_bytes();
-  status.pool->largest_free_bytes = alloc.largest_free();
-  status.pool->free_blocks = static_cast<uint32_t>(alloc.free_block_count());
-
-  // Per-agent totals in one pass over the leases.
-  std::map<std::string, std::pair<uint64_t, uint32_t>> held;
-  for (const auto& [id, rec] : leases_.leases()) {
-    auto& h = held[rec.owner];
-    h.first += rec.size;
-    h.second += 1;
-    status.leases.push_back(lease_object(rec));
+  // Per-holder totals in one pass over every device's leases.
+  std::map<LeaseOwner, std::pair<uint64_t, uint32_t>> held;
+  std::map<std::string, const AgentShare*> shares;
+  std::vector<PoolView> views;
+  views.reserve(devices_.size());
+  for (const auto& [ordinal, dev] : devices_) {
+    const auto& alloc = dev.leases.allocator();
+    auto d = std::make_unique<proto::DeviceStatusT>();
+    d->pool = std::make_unique<proto::PoolUsageT>();
+    d->pool->info = pool_info_object(dev.pool);
+    d->pool->used_bytes = alloc.used_bytes();
+    d->pool->free_bytes = alloc.free_bytes();
+    d->pool->largest_free_bytes = alloc.largest_free();
+    d->pool->free_blocks = static_cast<uint32_t>(alloc.free_block_count());
+    for (const auto& [id, rec] : dev.leases.leases()) {
+      auto& h = held[rec.owner];
+      h.first += rec.size;
+      h.second += 1;
+      status.leases.push_back(lease_object(rec, ordinal));
+    }
+    const PoolView& view = views.emplace_back(pool_view(dev));
+    for (const auto& s : view.agents) shares[s.name] = &s;
+    auto& occ = d->occupancy = std::make_unique<proto::OccupancyT>();
+    occ->policy = policy_->name();
+    occ->occupancy = view.occupancy();
+    occ->occupancy_future = view.occupancy_future();
+    occ->low_watermark = policy_->low_watermark();
+    occ->high_watermark = policy_->high_watermark();
+    occ->reserved_bytes = view.reserved();
+    occ->reclaimable_bytes = view.reclaimable();
+    for (const auto& s : view.agents) occ->guaranteed_bytes += s.managed() ? s.guaranteed : 0;
+    for (const auto& [n, agent] : agents_) {
+      if (agent.device != ordinal) continue;
+      occ->shrinks_pending += agent.shrink.has_value();
+      d->agents += 1;
+      d->standby_agents += agent.idle();
+    }
+    d->pending_requests = static_cast<uint32_t>(dev.leases.waiting());
+    status.devices.push_back(std::move(d));
   }
-  const PoolView view = pool_view();
   for (const auto& [name, agent] : agents_) {
-    auto [bytes, count] = held[name];
-    const AgentShare* share = view.find(name);
+    auto [bytes, count] = held[LeaseOwner::agent(name)];
+    const AgentShare* share = shares.count(name) ? shares[name] : nullptr;
     auto a = std::make_unique<proto::AgentInfoT>();
     a->name = name;
     a->pid = agent.pid;
@@ -328,24 +385,14 @@ proto::StatusReplyT CoordinatorCore::status(Now now) const {
     a->missed_shrinks = agent.shrinks_missed;
     status.agents.push_back(std::move(a));
   }
-  auto& occ = status.occupancy = std::make_unique<proto::OccupancyT>();
-  occ->policy = policy_->name();
-  occ->occupancy = view.occupancy();
-  occ->occupancy_future = view.occupancy_future();
-  occ->low_watermark = policy_->low_watermark();
-  occ->high_watermark = policy_->high_watermark();
-  occ->reserved_bytes = view.reserved();
-  occ->reclaimable_bytes = view.reclaimable();
-  for (const auto& s : view.agents) occ->guaranteed_bytes += s.managed() ? s.guaranteed : 0;
-  for (const auto& [n, agent] : agents_) occ->shrinks_pending += agent.shrink.has_value();
-  status.pending_requests = static_cast<uint32_t>(leases_.waiting());
   status.uptime_ms = ms_between(started_, now.steady);
   status.mps_pipe_directory = opts_.mps_pipe_directory;
   for (const auto& [agent, f] : fences_) {
     auto info = std::make_unique<proto::FenceInfoT>();
     info->agent = agent;
     info->pid = f.pid;
-    auto [bytes, count] = held[f.holder];
+    info->device = f.device;
+    auto [bytes, count] = held[LeaseOwner::fenced(agent)];
     info->lease_count = count;
     info->bytes = bytes;
     info->since_ms_ago = ms_between(f.since, now.steady);
@@ -360,10 +407,12 @@ void CoordinatorCore::tick(Now now, Effects& out) {
   purge_dead_agents(now, out);
   check_shrinks(now, out);
   check_fences(now, out);
-  for (auto& e : leases_.expire(now.steady)) {
-    ++lease_stats_.timeouts;
-    send_error(out, e.reply_to.routing_id, e.reply_to.request_id, e.refusal.code,
-               e.refusal.message);
+  for (auto& [ordinal, dev] : devices_) {
+    for (auto& e : dev.leases.expire(now.steady)) {
+      ++dev.stats.timeouts;
+      send_error(out, e.reply_to.routing_id, e.reply_to.request_id, e.refusal.code,
+                 e.refusal.message);
+    }
   }
   expire_file_checks(now, out);
   expire_checkpoint_reads(now, out);
@@ -379,8 +428,11 @@ void CoordinatorCore::tick(Now now, Effects& out) {
 }
 
 std::optional<Clock::time_point> CoordinatorCore::next_deadline() const {
-  std::optional<Clock::time_point> best = leases_.next_deadline();
-  if (auto r = regions_.next_deadline(); r && (!best || *r < *best)) best = r;
+  std::optional<Clock::time_point> best;
+  for (const auto& [ordinal, dev] : devices_) {
+    if (auto l = dev.leases.next_deadline(); l && (!best || *l < *best)) best = l;
+    if (auto r = dev.regions.next_deadline(); r && (!best || *r < *best)) best = r;
+  }
   for (const auto& [token, p] : pending_submits_) {
     if (!best || p.deadline < *best) best = p.deadline;
   }

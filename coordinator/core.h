@@ -25,6 +25,11 @@
 // - After a restart, jobs that were running wait for their agent: an agent
 //   that registers without them, or none within recovery_grace, sends them
 //   back to the queue ("coordinator restarted; resuming from epoch 3").
+// - Devices: the core serves one pool per device (DeviceState); an agent is
+//   bound to one device when it registers, and its leases, regions and
+//   jobs are that device's. A queued job goes to the device where the
+//   policy admits it with the most room left, unless it pins one
+//   (coordinator/occupancy.md).
 // - Memory: the scheduling policy (coordinator/scheduler.h) decides which
 //   queued job starts, which lease may be granted and whom to ask to shrink;
 //   the core sends Shrink, waits for ShrinkDone until shrink_timeout, skips
@@ -55,17 +60,16 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "coordinator/access.h"
 #include "coordinator/agent_process.h"
 #include "coordinator/agent_record.h"
+#include "coordinator/device_state.h"
 #include "coordinator/effects.h"
 #include "coordinator/file_workers.h"
 #include "coordinator/job_table.h"
-#include "coordinator/lease_stats.h"
-#include "coordinator/lease_table.h"
-#include "coordinator/region_table.h"
 #include "coordinator/scheduler.h"
 #include "shared/device.h"
 
@@ -164,7 +168,8 @@ struct CoreOptions {
 
 class CoordinatorCore {
  public:
-  CoordinatorCore(CoreOptions options, PoolDescriptor pool,
+  // `pools`: one per device it serves (distinct ordinals, one backend).
+  CoordinatorCore(CoreOptions options, std::vector<PoolDescriptor> pools,
                   std::unique_ptr<SchedulingPolicy> policy, Now now);
 
   // Takes the jobs read from the store at start. Jobs that were running
@@ -172,8 +177,8 @@ class CoordinatorCore {
   void recover(std::vector<JobRecord> jobs, uint64_t next_id, Now now, Effects& out);
   // Serves one verified request from the socket `routing_id`.
   // `peer`: who sent it, as the kernel says (coordinator/peer.h).
-  void handle(const std::string& routing_id, const proto::Envelope& request, Now now,
-              Effects& out, const Peer& peer = {});
+  void handle(const std::string& routing_id, const proto::Envelope& request, Now now, Effects& out,
+              const Peer& peer = {});
   // The result of a FileCheck: the problems found (none: the job is valid).
   void file_check_done(uint64_t token, const std::vector<std::string>& problems, Now now,
                        Effects& out);
@@ -195,8 +200,6 @@ class CoordinatorCore {
   // Device faults reported so far (the broker checks the MPS daemon when
   // this grows).
   uint64_t device_faults() const { return device_faults_; }
-  // What became of lease requests so far (the metrics' counters).
-  const LeaseStats& lease_stats() const { return lease_stats_; }
   // Jobs interrupted (requeued or ended by a cancel) since the start, by
   // cause (the metrics' counters).
   const std::map<Interruption, uint64_t>& interruptions() const { return interruptions_; }
@@ -214,12 +217,13 @@ class CoordinatorCore {
   bool withdraw_submission(uint64_t job_id, Now now, Effects& out);
 
   const std::map<std::string, AgentRecord>& agents() const { return agents_; }
-  const LeaseTable& leases() const { return leases_; }
   const JobTable& jobs() const { return jobs_; }
-  const RegionTable& regions() const { return regions_; }
-  const PoolDescriptor& pool() const { return pool_; }
-  // The pool as the policy sees it now.
-  PoolView pool_view() const;
+  // The devices, by ordinal.
+  const std::map<int, DeviceState>& devices() const { return devices_; }
+  // Device `ordinal`; throws std::out_of_range when it is not served.
+  const DeviceState& device(int ordinal) const { return devices_.at(ordinal); }
+  // Device `dev`'s pool as the policy sees it now.
+  PoolView pool_view(const DeviceState& dev) const;
   // "3 agents, 5 leases, 1.00 GiB of 4.00 GiB leased, 2 jobs queued, 1 running"
   std::string summary() const;
   // What a Status request is answered with (also the HTTP endpoint's
@@ -247,9 +251,9 @@ class CoordinatorCore {
   // nobody until its process has exited, or until the agent, registered
   // again, reports that it holds nothing of its old session any more.
   struct Fence {
-    std::string holder;  // owner in the lease table while fenced
+    int device = 0;                         // whose lease table holds them
     std::shared_ptr<AgentProcess> process;  // null: not followed (a network agent)
-    int pid = 0;  // as the agent declared it (shown)
+    int pid = 0;                            // as the agent declared it (shown)
     Clock::time_point since;
     // After recovery_grace: killed (end_silent_agents), or held until it
     // exits (why_held says why it was not ended).
@@ -265,9 +269,18 @@ class CoordinatorCore {
   void on_lease_request(const std::string& rid, AgentRecord& agent, const proto::Envelope& env,
                         Now now, Effects& out);
   void on_status(const std::string& rid, uint64_t req, Now now, Effects& out);
-  // Grants waiting requests the pool and the policy allow (at now_).
+  // Grants waiting requests the pool and the policy allow (at now_), on
+  // `dev` or on every device.
+  void serve_waiting(DeviceState& dev, Effects& out);
   void serve_waiting(Effects& out);
-  bool admit(const PendingRequest& request);
+  bool admit(const DeviceState& dev, const PendingRequest& request);
+  // The device `agent` is bound to.
+  DeviceState& device_of(const AgentRecord& agent) { return devices_.at(agent.device); }
+  const DeviceState& device_of(const AgentRecord& agent) const { return devices_.at(agent.device); }
+  // The device a registering agent asking for `wanted` (-1: any) gets, or
+  // why none: one not served is refused; any is the one with the fewest
+  // agents that take jobs.
+  std::variant<int, std::string> bind_device(int wanted, bool takes_jobs) const;
   void purge_dead_agents(Now now, Effects& out);
   void drop_agent(const std::string& name, const std::string& why, JobFate fate, Now now,
                   Effects& out);
@@ -296,7 +309,7 @@ class CoordinatorCore {
                       const Peer& peer);
   // Why a new region of `bytes` cannot be placed even after every idle
   // region (and `also_free` more) went; empty when it might be.
-  std::string cache_refusal(uint64_t bytes, uint64_t also_free = 0) const;
+  std::string cache_refusal(const DeviceState& dev, uint64_t bytes, uint64_t also_free = 0) const;
   // Whether the followed `process` (null: not followed) has exited.
   static bool gone(const std::shared_ptr<AgentProcess>& process) {
     return process && process->gone();
@@ -336,7 +349,7 @@ class CoordinatorCore {
   std::optional<Refusal> wait_refusal(const std::string& agent, int64_t wait_ms) const;
   // Places the new region `rec` (memory from the high end, after evicting
   // idle regions if that makes room); an empty string on success, else why not.
-  std::string place_region(RegionRecord& rec, uint64_t size, Now now);
+  std::string place_region(DeviceState& dev, RegionRecord& rec, uint64_t size, Now now);
   // Gives `agent` an attachment to `rec` and answers `to` with the grant.
   void grant_region(RegionRecord& rec, const std::string& agent, const ReplyTo& to, bool fill,
                     Now now, Effects& out);
@@ -344,21 +357,22 @@ class CoordinatorCore {
   void free_region_memory(RegionRecord& rec, const std::string& to_agent = "");
   void evict_region(RegionRecord& rec, const std::string& why, Now now);
   // A filling region whose filler is gone: its waiters fill it again or fail.
-  void discard_region(const std::string& name, const std::string& why, Now now, Effects& out);
+  void discard_region(DeviceState& dev, const std::string& name, const std::string& why, Now now,
+                      Effects& out);
   // Drops the attachments and waiters of an agent that goes. A region it
   // was filling loses its memory to the agent's own leases (so it is
   // fenced with them when the agent may still be writing); returns those
   // regions, to be discarded once the agent's leases are dealt with.
-  std::vector<std::string> drop_region_users(const std::string& agent, Now now);
+  std::vector<std::string> drop_region_users(DeviceState& dev, const std::string& agent, Now now);
   void expire_region_waiters(Now now, Effects& out);
   // Whether evicting idle regions could let a waiting lease request be
   // granted: one that is not speculative growth, no larger than the free
   // memory plus the idle regions.
-  bool eviction_could_serve() const;
+  bool eviction_could_serve(const DeviceState& dev) const;
   // Evicts idle regions, least recently used first, for the part of `job`'s
   // guaranteed share that admission counted on them (the job may pin one of
   // them itself by attaching its dataset).
-  void evict_for_admission(const JobRecord& job, Now now);
+  void evict_for_admission(DeviceState& dev, const JobRecord& job, Now now);
 
   // Memory (core_shrinks.cpp).
   // Sends the Shrinks the policy asks for now.
@@ -368,7 +382,7 @@ class CoordinatorCore {
   // Skips agents past their Shrink deadline; drops those silent for twice it.
   void check_shrinks(Now now, Effects& out);
   // Adds the time a granted request of `owner` waited to its job.
-  void note_lease_wait(const std::string& owner, Clock::time_point since, Now now, Effects& out);
+  void note_lease_wait(const LeaseOwner& owner, Clock::time_point since, Now now, Effects& out);
   // Ends a queued job's wait for memory, adding its time to the job.
   static void end_memory_wait(JobRecord& job, Now now);
   // Sets why the job first in line (`head`; null: none) waits (`refused`:
@@ -376,8 +390,12 @@ class CoordinatorCore {
   // before it waits now; publishes what changed and counts time waiting
   // for memory.
   void note_waiting(JobRecord* head, const Pick& refused, Now now, Effects& out);
-  // Sets `job`'s guaranteed share and budget on this pool from its spec.
-  void note_shares(JobRecord& job) const;
+  // Sets `job`'s guaranteed share and budget from its spec, shares of a
+  // pool resolved against one of `pool_size` bytes.
+  static void note_shares(JobRecord& job, uint64_t pool_size);
+  // The largest pool: what a job's shares are resolved against until it
+  // is placed (its own device's then).
+  uint64_t largest_pool() const;
   // Jobs (core_jobs.cpp).
   void on_submit(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
                  const Peer& peer);
@@ -399,8 +417,8 @@ class CoordinatorCore {
     uint64_t offset = 0;
     Clock::time_point deadline;
   };
-  void on_get_checkpoint(const std::string& rid, const proto::Envelope& env, Now now,
-                         Effects& out, const Peer& peer);
+  void on_get_checkpoint(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
+                         const Peer& peer);
   void expire_checkpoint_reads(Now now, Effects& out);
   void on_get_job_log(const std::string& rid, const proto::Envelope& env, Effects& out,
                       const Peer& peer);
@@ -411,6 +429,14 @@ class CoordinatorCore {
   void reconcile(AgentRecord& agent, const proto::Register* reg, const proto::Heartbeat* hb,
                  Now now, Effects& out);
   void schedule(Now now, Effects& out);
+  // Where `job` starts now: an idle agent on a device it may run on, not
+  // in `blocked`, where the policy admits it with the most room left; or
+  // none, with the policy's refusal if one was asked.
+  struct Placement {
+    AgentRecord* agent = nullptr;
+    Pick refused;
+  };
+  Placement place(JobRecord& job, const std::set<int>& blocked);
   void assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out);
   void push_assign(const JobRecord& job, const AgentRecord& agent, Effects& out);
   // `cancel`: the user's cancel (else the coordinator wants it stopped, for
@@ -446,8 +472,7 @@ class CoordinatorCore {
   void end_probations(Now now, Effects& out);
   void finish(JobRecord& job, JobState state, const std::string& reason, Now now, Effects& out);
   // Closes the running attempt and unbinds the job from its agent.
-  void end_attempt(JobRecord& job, const std::string& outcome, const std::string& reason,
-                   Now now);
+  void end_attempt(JobRecord& job, const std::string& outcome, const std::string& reason, Now now);
   std::string store_refusal() const;
   // Why `peer` may not `what` ("cancel", "read the log of") `job`: neither
   // its submitter nor an administrator (logged); none when it may.
@@ -462,8 +487,10 @@ class CoordinatorCore {
   void expire_file_checks(Now now, Effects& out);
   void prune(Now now, Effects& out);
   void changed(const JobRecord& job, Effects& out);  // store and publish
-  // Whether a job asking for `device` (auto, cuda, cpu) can run on `pool`.
-  static bool device_fits(const std::string& device, Backend pool);
+  // Whether a job asking for `device` (auto, cuda, cpu, or one of those
+  // with ":N" pinning ordinal N) can run on `dev`, and on any device served.
+  static bool device_fits(const std::string& device, const DeviceState& dev);
+  bool device_fits_any(const std::string& device) const;
   static std::string job_label(const JobRecord& job);  // "job 3 'mlp'"
   // STATE_DIR/checkpoints/ID: the folder of the job's own (an agent
   // creates it, mode 0700).
@@ -472,11 +499,9 @@ class CoordinatorCore {
   }
 
   CoreOptions opts_;
-  PoolDescriptor pool_;
+  std::map<int, DeviceState> devices_;  // by ordinal
   std::unique_ptr<SchedulingPolicy> policy_;
-  LeaseTable leases_;
   JobTable jobs_;
-  RegionTable regions_;
   std::map<std::string, AgentRecord> agents_;
   std::map<uint64_t, PendingSubmit> pending_submits_;
   std::map<uint64_t, PendingRead> pending_reads_;  // by CheckpointRead::token
@@ -506,7 +531,6 @@ class CoordinatorCore {
   // Jobs that are fault suspects (JobRecord::fault_suspect), by id.
   std::set<uint64_t> suspects_;
   uint64_t device_faults_ = 0;
-  LeaseStats lease_stats_;
   std::string store_error_;
 };
 

@@ -62,19 +62,30 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
                       "pid " + std::to_string(r->pid()) + " is invalid");
   }
-  if (r->device() >= 0 && r->device() != pool_.device) {
-    return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "agent wants device " + std::to_string(r->device()) +
-                          " but this coordinator's pool is on device " +
-                          std::to_string(pool_.device));
-  }
   const SessionToken instance{r->instance_lo(), r->instance_hi()};
   const std::string identity = peer.identity();
+  int wanted_device = r->device();
   if (r->job_id() != 0) {
     if (auto no = program_session_refusal(*r, name, identity)) {
       spdlog::warn("refused the session of program job {}: {}", r->job_id(), *no);
       return send_error(out, rid, req, ErrorCode::PermissionDenied, *no);
     }
+    // A program's memory is its job's, on the device its agent works on.
+    const JobRecord& job = *jobs_.find(r->job_id());
+    auto runner = agents_.find(job.agent);
+    if (runner == agents_.end()) {
+      return send_error(out, rid, req, ErrorCode::UnknownSender,
+                        "program job " + std::to_string(job.id) + "'s agent '" + job.agent +
+                            "' is not registered (yet): register again once it is");
+    }
+    const int job_device = runner->second.device;
+    if (wanted_device >= 0 && wanted_device != job_device) {
+      return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                        "program job " + std::to_string(job.id) + " runs on device " +
+                            std::to_string(job_device) + ", not device " +
+                            std::to_string(wanted_device));
+    }
+    wanted_device = job_device;
   }
   // A name whose job waits for its agent to come back (the coordinator
   // restarted, the agent lost its session) is that agent's: another user's
@@ -112,13 +123,29 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
     }
     serve_waiting(out);
   }
+  if (auto f = fences_.find(name); f != fences_.end()) {
+    // Its fenced leases stay its own, on their device, until it says it
+    // holds none of them: it works on that device meanwhile.
+    if (wanted_device >= 0 && wanted_device != f->second.device) {
+      return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                        "agent '" + name + "' still has leases fenced on device " +
+                            std::to_string(f->second.device) +
+                            " from an earlier session: it registers there until they are "
+                            "released (its old process exits)");
+    }
+    wanted_device = f->second.device;
+  }
+  auto bound = bind_device(wanted_device, r->takes_jobs() && r->job_id() == 0);
+  if (auto* no = std::get_if<std::string>(&bound)) {
+    return send_error(out, rid, req, ErrorCode::InvalidArgument, *no);
+  }
   AgentRecord& rec = agents_[name];
   rec.name = name;
   rec.pid = r->pid();
   rec.process = peer.known && peer.pid > 0 ? opts_.follow_process(peer) : nullptr;
   rec.stale_holds = r->stale_holds();
   rec.identity = identity;
-  rec.device = pool_.device;
+  rec.device = std::get<int>(bound);
   rec.session = SessionToken::random();
   rec.instance = instance;
   rec.routing_ids.insert(rid);
@@ -130,14 +157,14 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.outside_pool_bytes = r->outside_pool_bytes();
   rec.mps_thread_percentage = r->mps_thread_percentage();
   rec.last_seen = now.steady + opts_.first_heartbeat_grace;
-  spdlog::info("agent '{}' (pid {}) registered{}; {}", name, rec.pid,
+  spdlog::info("agent '{}' (pid {}) registered on device {}{}; {}", name, rec.pid, rec.device,
                rec.takes_jobs && !rec.ready ? " (warming up)" : "", summary());
 
   proto::RegisterAckT ack;
   ack.session = rec.session.lo;
   ack.session_hi = rec.session.hi;
   ack.heartbeat_interval_ms = static_cast<uint32_t>(opts_.heartbeat_interval.count());
-  ack.pool = pool_info_object(pool_);
+  ack.pool = pool_info_object(device_of(rec).pool);
   ack.default_wait_ms = static_cast<uint32_t>(opts_.lease_wait_timeout.count());
   ack.mps_pipe_directory = opts_.mps_pipe_directory;
   ack.silence_limit_ms = static_cast<uint32_t>(silence_limit().count());
@@ -147,6 +174,35 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   // What it still runs from an earlier session; then it may take a job.
   reconcile(rec, r, nullptr, now, out);
   schedule(now, out);
+}
+
+std::variant<int, std::string> CoordinatorCore::bind_device(int wanted, bool takes_jobs) const {
+  if (wanted >= 0) {
+    if (devices_.count(wanted)) return wanted;
+    std::string served;
+    for (const auto& [ordinal, dev] : devices_) {
+      served += (served.empty() ? "" : ", ") + std::to_string(ordinal);
+    }
+    return "agent wants device " + std::to_string(wanted) + " but this coordinator serves device" +
+           (devices_.size() > 1 ? "s " : " ") + served;
+  }
+  if (wanted != -1) return "device " + std::to_string(wanted) + " is not an ordinal (or -1: any)";
+  // Any: the device with the fewest agents of its kind (workers that take
+  // jobs, or leasing clients), so that agents started without --device
+  // spread over the GPUs; the lowest ordinal on a tie.
+  int best = devices_.begin()->first;
+  size_t fewest = SIZE_MAX;
+  for (const auto& [ordinal, dev] : devices_) {
+    size_t n = 0;
+    for (const auto& [name, agent] : agents_) {
+      n += agent.device == ordinal && agent.takes_jobs == takes_jobs;
+    }
+    if (n < fewest) {
+      fewest = n;
+      best = ordinal;
+    }
+  }
+  return best;
 }
 
 void CoordinatorCore::drop_agent(const std::string& name, const std::string& why, JobFate fate,
@@ -161,27 +217,32 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     program_sessions_.erase(p);
   }
   bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
+  DeviceState& dev = device_of(it->second);
   agents_.erase(it);
   // Its attachments go; a region it was filling goes with its leases.
-  const std::vector<std::string> discarded = drop_region_users(name, now);
+  const std::vector<std::string> discarded = drop_region_users(dev, name, now);
   if (fence) {
     // Its kernels or loops may still write into these: nobody gets them
     // until its process has exited, or it registers again and says it
     // holds none of them. A fence already held for it (an earlier silence)
-    // takes these too and keeps its start.
-    const std::string holder = name + " (fenced)";
-    auto [count, bytes] = leases_.transfer_all(name, holder);
-    if (count > 0 && !fences_.count(name)) fences_[name] = Fence{holder, process, pid, now.steady};
+    // takes these too and keeps its start. (An agent's leases are all on
+    // its device; one registering again is bound to the same device while
+    // its fence holds, bind_device.)
+    auto [count, bytes] =
+        dev.leases.transfer_all(LeaseOwner::agent(name), LeaseOwner::fenced(name));
+    if (count > 0 && !fences_.count(name)) {
+      fences_[name] = Fence{dev.ordinal(), process, pid, now.steady};
+    }
     spdlog::info("agent '{}' (pid {}) {}; {} leases ({}) fenced until it stops", name, pid, why,
                  count, format_bytes(bytes));
   } else {
-    auto [count, bytes] = leases_.release_all(name);
+    auto [count, bytes] = dev.leases.release_all(LeaseOwner::agent(name));
     spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
                  format_bytes(bytes));
     release_fence(name, "the agent is gone", out);
   }
   for (const auto& region : discarded) {
-    discard_region(region, "its filler, agent '" + name + "', " + why, now, out);
+    discard_region(dev, region, "its filler, agent '" + name + "', " + why, now, out);
   }
   JobRecord* job = job_id ? jobs_.find(job_id) : nullptr;
   if (!job || job->state != JobState::Running || job->agent != name) return;
@@ -202,11 +263,12 @@ void CoordinatorCore::release_fence(const std::string& agent, const std::string&
                                     Effects& out) {
   auto it = fences_.find(agent);
   if (it == fences_.end()) return;
-  auto [count, bytes] = leases_.release_all(it->second.holder);
+  DeviceState& dev = devices_.at(it->second.device);
+  auto [count, bytes] = dev.leases.release_all(LeaseOwner::fenced(agent));
   spdlog::info("released {} fenced leases ({}) of agent '{}': {}", count, format_bytes(bytes),
                agent, why);
   fences_.erase(it);
-  serve_waiting(out);
+  serve_waiting(dev, out);
 }
 
 void CoordinatorCore::check_fences(Now now, Effects& out) {
@@ -237,19 +299,19 @@ void CoordinatorCore::check_fences(Now now, Effects& out) {
                                ") is silent " + std::to_string(ms_between(f.since, now.steady)) +
                                " ms after its leases were fenced, and its process lives";
     if (f.end == Fence::End::Killed) {
-      spdlog::warn("{}: sent it SIGKILL (end_silent_agents); its fenced leases go back once it "
-                   "has exited",
-                   silent);
+      spdlog::warn(
+          "{}: sent it SIGKILL (end_silent_agents); its fenced leases go back once it "
+          "has exited",
+          silent);
     } else {
-      spdlog::warn("{}: its fenced leases stay held until it exits or registers again ({})",
-                   silent, f.why_held);
+      spdlog::warn("{}: its fenced leases stay held until it exits or registers again ({})", silent,
+                   f.why_held);
     }
   }
   for (const auto& agent : exited) release_fence(agent, "its process has exited", out);
 }
 
-std::string CoordinatorCore::fence_state(const std::string& agent, const Fence& f,
-                                         Now now) const {
+std::string CoordinatorCore::fence_state(const std::string& agent, const Fence& f, Now now) const {
   if (agents_.count(agent)) return "registered again; held until it holds none of it";
   switch (f.end) {
     case Fence::End::Killed:
@@ -276,14 +338,13 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
     // first-heartbeat grace: silent by right, unless its process is gone.
     const auto silent = now.steady - agent.last_seen;
     const std::string quiet =
-        silent.count() > 0 ? "no message for " + std::to_string(ms_between(agent.last_seen,
-                                                                           now.steady)) +
-                                 " ms"
-                           : "within its first-heartbeat grace";
+        silent.count() > 0
+            ? "no message for " + std::to_string(ms_between(agent.last_seen, now.steady)) + " ms"
+            : "within its first-heartbeat grace";
     if (gone(agent.process)) {
       // The kernel says it has exited: nothing of it can write any more.
-      dead.push_back({name, "declared dead (its process has exited; " + quiet + ")",
-                      JobFate::AgentLost});
+      dead.push_back(
+          {name, "declared dead (its process has exited; " + quiet + ")", JobFate::AgentLost});
     } else if (silent > stopped_limit() && agent.process && agent.process->stopped()) {
       dead.push_back({name, "silent (" + quiet + ") and its process is stopped", JobFate::Silent});
     } else if (silent > silence_limit()) {
@@ -296,8 +357,8 @@ void CoordinatorCore::purge_dead_agents(Now now, Effects& out) {
       // A live process on a busy host, or one the coordinator cannot see:
       // it keeps its session until silence_limit.
       agent.late = true;
-      spdlog::info("agent '{}' is late ({}); its session holds until {} ms of silence", name,
-                   quiet, silence_limit().count());
+      spdlog::info("agent '{}' is late ({}); its session holds until {} ms of silence", name, quiet,
+                   silence_limit().count());
     }
   }
   // Drop every dead agent before anything is scheduled again, so that no
@@ -324,22 +385,25 @@ void CoordinatorCore::stalled(Clock::duration gap, Now now) {
   // Every other clock that runs against an agent or a waiting request.
   for (uint64_t id : jobs_.running()) {
     JobRecord& job = *jobs_.find(id);
-    for (auto* t : {&job.orphaned_since, &job.assigned_steady, &job.cancel_since,
-                    &job.probation_since}) {
+    for (auto* t :
+         {&job.orphaned_since, &job.assigned_steady, &job.cancel_since, &job.probation_since}) {
       if (*t) **t += gap;
     }
     job.assign_sent += gap;
     job.stop_sent += gap;
   }
-  leases_.postpone_deadlines(gap);
-  for (auto& w : regions_.waiters()) w.deadline += gap;
+  for (auto& [ordinal, dev] : devices_) {
+    dev.leases.postpone_deadlines(gap);
+    for (auto& w : dev.regions.waiters()) w.deadline += gap;
+  }
   for (auto& [token, p] : pending_submits_) p.deadline += gap;
   for (auto& [token, p] : pending_reads_) p.deadline += gap;
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(gap);
   if (ms >= opts_.heartbeat_interval) {
-    spdlog::warn("the coordinator did not run for {} ms (stopped, starved of CPU or stalled on "
-                 "its disk); agents' silence during it is not counted",
-                 ms.count());
+    spdlog::warn(
+        "the coordinator did not run for {} ms (stopped, starved of CPU or stalled on "
+        "its disk); agents' silence during it is not counted",
+        ms.count());
   } else {
     spdlog::debug("the coordinator's loop was {} ms late; not counted as agents' silence",
                   ms.count());

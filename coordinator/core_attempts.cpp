@@ -58,8 +58,9 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
     }
     auto& last = agent.stray_stops[r.job_id];
     if (active(r.phase) && now.steady - last >= opts_.heartbeat_interval) {
-      spdlog::warn("agent '{}' runs job {} attempt {}, which is not its job here; telling it to stop",
-                   agent.name, r.job_id, r.attempt);
+      spdlog::warn(
+          "agent '{}' runs job {} attempt {}, which is not its job here; telling it to stop",
+          agent.name, r.job_id, r.attempt);
       push_stop(r.job_id, r.attempt, false,
                 "job " + std::to_string(r.job_id) + " attempt " + std::to_string(r.attempt) +
                     " is not this agent's to run any more",
@@ -114,43 +115,56 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       if (r.phase != proto::JobPhase::Reporting) held.insert(r.job_id);
     }
   }
-  // The policies start jobs strictly in queue order, one per idle agent:
-  // the first few that may start are all it needs (and the first of them
-  // is the one whose wait is noted), however long the queue.
+  // Jobs start strictly in queue order per device: a job that waits (for
+  // memory or an idle agent) blocks the devices it could run on for the
+  // jobs behind it, so small jobs never starve a large one; a job for
+  // other devices goes on. The first few jobs that may start are all it
+  // needs (one per idle agent), however long the queue.
   size_t idle = 0;
   for (const auto& [name, agent] : agents_) idle += agent.idle();
+  // (Collected first: assigning a job takes it out of the queue.)
   std::vector<JobRecord*> candidates;
   for (const auto& key : jobs_.queue()) {
-    if (candidates.size() > idle) break;
     JobRecord* job = jobs_.find(key.id);
-    if (!held.count(job->id) && device_fits(job->device, pool_.backend)) {
-      candidates.push_back(job);
-    }
+    if (held.count(job->id) || !device_fits_any(job->device)) continue;
+    candidates.push_back(job);
+    if (idle == 0) break;  // only the first in line, to say why it waits
   }
   Pick refused;  // the latest refusal, for the job still first in line
   // Suspects of a shared device fault run alone (core_faults.cpp).
   FaultRules rules = fault_rules();
-  for (auto& [name, agent] : agents_) {
-    if (candidates.empty()) return;
-    if (!agent.idle()) continue;
-    std::vector<JobRecord*> allowed;
-    for (JobRecord* job : candidates) {
-      if (rules.allow(*job)) allowed.push_back(job);
+  std::set<int> blocked;
+  std::vector<JobRecord*> waiting;
+  for (JobRecord* job : candidates) {
+    if (idle == 0 || blocked.size() == devices_.size()) {
+      // Nothing more can start: the first waiting job is all that is noted.
+      if (waiting.empty()) waiting.push_back(job);
+      break;
     }
-    if (allowed.empty()) break;
-    Pick pick = policy_->pick_job(agent, allowed, pool_view());
-    if (!pick.job) {
-      refused = std::move(pick);
+    if (!rules.allow(*job)) {
+      // The fault rules hold it back (and say which others may start).
+      waiting.push_back(job);
       continue;
     }
-    refused = Pick{};
-    evict_for_admission(*pick.job, now);
-    assign(*pick.job, agent, now, out);
-    rules.started(*pick.job);
-    std::erase(candidates, pick.job);
+    auto placed = place(*job, blocked);
+    if (!placed.agent) {
+      if (waiting.empty() && !placed.refused.waiting_for.empty()) refused = placed.refused;
+      for (const auto& [ordinal, dev] : devices_) {
+        if (device_fits(job->device, dev)) blocked.insert(ordinal);
+      }
+      waiting.push_back(job);
+      continue;
+    }
+    if (waiting.empty()) refused = Pick{};
+    DeviceState& dev = device_of(*placed.agent);
+    note_shares(*job, dev.pool.size);
+    evict_for_admission(dev, *job, now);
+    assign(*job, *placed.agent, now, out);
+    rules.started(*job);
+    --idle;
   }
-  note_waiting(candidates.empty() ? nullptr : candidates.front(), refused, now, out);
-  for (JobRecord* job : candidates) {
+  note_waiting(waiting.empty() ? nullptr : waiting.front(), refused, now, out);
+  for (JobRecord* job : waiting) {
     if (rules.allow(*job)) continue;
     std::string why = job->fault_suspect
                           ? "runs alone on the GPU after a shared device fault; waiting for "
@@ -161,6 +175,44 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       out.events.push_back(job->id);
     }
   }
+}
+
+CoordinatorCore::Placement CoordinatorCore::place(JobRecord& job, const std::set<int>& blocked) {
+  // Of the devices the job may run on (its pin, the backend) and not held
+  // for a job before it, with an idle agent: the one where the policy
+  // admits it with the most room left afterwards, so that jobs spread
+  // over the GPUs (coordinator/occupancy.md says why); the fewest running
+  // jobs, then the lowest ordinal, on a tie.
+  Placement best;
+  uint64_t best_room = 0;
+  size_t best_running = 0;
+  for (auto& [ordinal, dev] : devices_) {
+    if (blocked.count(ordinal) || !device_fits(job.device, dev)) continue;
+    AgentRecord* agent = nullptr;
+    size_t running = 0;
+    for (auto& [name, a] : agents_) {
+      if (a.device != ordinal) continue;
+      running += a.job_id != 0;
+      if (!agent && a.idle()) agent = &a;
+    }
+    if (!agent) continue;
+    note_shares(job, dev.pool.size);
+    const PoolView view = pool_view(dev);
+    JobRecord* one[] = {&job};
+    Pick pick = policy_->pick_job(*agent, one, view);
+    if (!pick.job) {
+      if (!best.agent) best.refused = std::move(pick);
+      continue;
+    }
+    const uint64_t committed = view.used + view.reserved() + job.guaranteed_bytes;
+    const uint64_t room = view.pool_size > committed ? view.pool_size - committed : 0;
+    if (!best.agent || room > best_room || (room == best_room && running < best_running)) {
+      best.agent = agent;
+      best_room = room;
+      best_running = running;
+    }
+  }
+  return best;
 }
 
 void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out) {
@@ -189,8 +241,10 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   job.program_token = job.is_program() ? SessionToken::random() : SessionToken{};
   job.attempt_log_bytes = 0;
   if (job.is_program() && job.attempts.size() > 1) {
-    append_log(job, "[leasehold: attempt " + std::to_string(attempt.number) + " on agent '" +
-                        agent.name + "']\n", 0);
+    append_log(job,
+               "[leasehold: attempt " + std::to_string(attempt.number) + " on agent '" +
+                   agent.name + "']\n",
+               0);
     job.attempt_log_bytes = 0;
   }
   agent.job_id = job.id;
@@ -209,8 +263,8 @@ void CoordinatorCore::push_assign(const JobRecord& job, const AgentRecord& agent
   a.job_id = job.id;
   a.attempt = job.attempt_number();
   a.spec = std::make_unique<proto::JobSpecT>(*job.spec);
-  a.private_checkpoint = job.spec->checkpoint &&
-                         job.spec->checkpoint->directory == private_checkpoint_dir(job.id);
+  a.private_checkpoint =
+      job.spec->checkpoint && job.spec->checkpoint->directory == private_checkpoint_dir(job.id);
   a.submitter_uid = job.submitted_uid ? static_cast<int64_t>(*job.submitted_uid) : -1;
   a.job_token_lo = job.program_token.lo;
   a.job_token_hi = job.program_token.hi;
@@ -353,10 +407,9 @@ void CoordinatorCore::requeue(JobRecord& job, Interruption cause, const std::str
                   now, out);
   }
   int32_t from = job.last_checkpoint_epoch();
-  std::string next = job.checkpoint.empty()
-                         ? "restarting from the beginning (checkpoints are off)"
-                     : from > 0 ? "resuming from epoch " + std::to_string(from)
-                                : "restarting from the beginning (no checkpoint yet)";
+  std::string next = job.checkpoint.empty() ? "restarting from the beginning (checkpoints are off)"
+                     : from > 0             ? "resuming from epoch " + std::to_string(from)
+                                            : "restarting from the beginning (no checkpoint yet)";
   jobs_.set_state(job, JobState::Queued, now.unix_ms, why + "; " + next);
   spdlog::warn("{} requeued: {}; {}", job_label(job), why, next);
   changed(job, out);
@@ -377,7 +430,7 @@ void CoordinatorCore::release_orphans(Now now, Effects& out) {
     if (killed(job)) {
       requeue(job, Interruption::AgentSilent,
               "agent '" + job.agent + "' fell silent and was killed after " + grace +
-                       " (end_silent_agents)",
+                  " (end_silent_agents)",
               true, now, out);
     } else if (gone(job.orphan_process)) {
       // A silent agent whose process has ended since (a killed process can
@@ -409,22 +462,19 @@ void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now
       ++orphaned;
     }
     queued += job.state == JobState::Queued;
-    if (!is_terminal(job.state) && !device_fits(job.device, pool_.backend)) {
-      spdlog::warn("{} wants device '{}' but this coordinator's pool is {}; it stays queued",
-                   job_label(job), job.device, backend_name(pool_.backend));
+    if (!is_terminal(job.state) && !device_fits_any(job.device)) {
+      spdlog::warn("{} wants device '{}', which this coordinator does not serve; it stays queued",
+                   job_label(job), job.device);
     }
-    if (job.spec) {
-      note_shares(job);
-    } else {
-      job.guaranteed_bytes = job.budget_bytes = pool_.size;
-    }
+    note_shares(job, largest_pool());
     if (!job.submit_key.empty()) submit_keys_[job.submit_key] = job.id;
     jobs_.restore(std::move(job));
   }
   jobs_.raise_next_id(next_id);
-  spdlog::info("job store: {} jobs ({} queued, {} were running and wait for their agent); next "
-               "id {}",
-               jobs_.all().size(), queued, orphaned, jobs_.next_id());
+  spdlog::info(
+      "job store: {} jobs ({} queued, {} were running and wait for their agent); next "
+      "id {}",
+      jobs_.all().size(), queued, orphaned, jobs_.next_id());
   prune(now, out);
 }
 

@@ -18,10 +18,20 @@ namespace {
 bool submitted_by(const JobRecord& job, const Peer& peer);
 }  // namespace
 
-bool CoordinatorCore::device_fits(const std::string& device, Backend pool) {
-  if (device == "cuda") return pool == Backend::Cuda;
-  if (device == "cpu") return pool == Backend::Host;
+bool CoordinatorCore::device_fits(const std::string& device, const DeviceState& dev) {
+  const auto wants = parse_job_device(device);
+  if (!wants) return false;
+  if (wants->ordinal && *wants->ordinal != dev.ordinal()) return false;
+  if (wants->backend == "cuda") return dev.pool.backend == Backend::Cuda;
+  if (wants->backend == "cpu") return dev.pool.backend == Backend::Host;
   return true;
+}
+
+bool CoordinatorCore::device_fits_any(const std::string& device) const {
+  for (const auto& [ordinal, dev] : devices_) {
+    if (device_fits(device, dev)) return true;
+  }
+  return false;
 }
 
 std::string CoordinatorCore::job_label(const JobRecord& job) {
@@ -49,7 +59,7 @@ std::optional<std::string> CoordinatorCore::owner_refusal(const JobRecord& job, 
   auto refusal = opts_.access.check(Role::Admin, peer);
   if (!refusal) return std::nullopt;
   spdlog::warn("refused to {} job {} for {}: {}", what, job.id,
-               peer.known            ? opts_.access.user_name(peer)
+               peer.known          ? opts_.access.user_name(peer)
                : !peer.key.empty() ? peer.key_user()
                                    : "an unknown user",
                *refusal);
@@ -98,8 +108,9 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
   }
   const auto* submit = env.body_as_SubmitJob();
   const std::string key(str(submit->key()));
-  if (key.size() > 64 || key.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                              "0123456789_-") != std::string::npos) {
+  if (key.size() > 64 ||
+      key.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                            "0123456789_-") != std::string::npos) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
                       "SubmitJob.key must be 1-64 of A-Z, a-z, 0-9, '_' and '-'");
   }
@@ -137,32 +148,43 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
     return send_error(out, rid, req, ErrorCode::NoSpace,
                       "this user has " + std::to_string(queued) +
                           " jobs queued, the limit (queued_per_user " +
-                          std::to_string(opts_.queued_per_user) +
-                          "); submit more as these start");
+                          std::to_string(opts_.queued_per_user) + "); submit more as these start");
   }
   if (!submit->spec()) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, "SubmitJob without a spec");
   }
   auto spec = std::shared_ptr<proto::JobSpecT>(submit->spec()->UnPack());
+  // Sizes are checked against the pool the job may get: its pinned
+  // device's, else the largest.
+  uint64_t pool_bytes = largest_pool();
+  if (auto pin = parse_job_device(spec->device);
+      pin && pin->ordinal && devices_.count(*pin->ordinal)) {
+    pool_bytes = devices_.at(*pin->ordinal).pool.size;
+  }
   try {
     // Everything but the files here; the files are checked off this thread.
-    ValidationOptions here{false, pool_.size, opts_.job_limits};
-    here.alignment = pool_.alignment;
+    ValidationOptions here{false, pool_bytes, opts_.job_limits};
+    here.alignment = devices_.begin()->second.pool.alignment;
     validate_job(*spec, here);
   } catch (const JobSpecError& e) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, e.what());
   }
   std::string device = spec->device.empty() ? "auto" : spec->device;
-  if (!device_fits(device, pool_.backend)) {
+  if (!device_fits_any(device)) {
+    std::string served;
+    for (const auto& [ordinal, dev] : devices_) {
+      served += (served.empty() ? "" : ", ") + std::to_string(ordinal);
+    }
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "device: job wants '" + spec->device + "' but this coordinator's pool is " +
-                          backend_name(pool_.backend));
+                      "device: job wants '" + spec->device + "' but this coordinator serves " +
+                          backend_name(devices_.begin()->second.pool.backend) + " device" +
+                          (devices_.size() > 1 ? "s " : " ") + served);
   }
   uint64_t token = next_check_token_++;
   pending_submits_[token] =
       PendingSubmit{rid, req, spec, now.steady + opts_.file_check_timeout, peer, indexed};
-  ValidationOptions files{true, pool_.size, opts_.job_limits, opts_.state_dir};
-  files.alignment = pool_.alignment;
+  ValidationOptions files{true, pool_bytes, opts_.job_limits, opts_.state_dir};
+  files.alignment = devices_.begin()->second.pool.alignment;
   files.submitter_uid = peer.known ? static_cast<int64_t>(peer.uid) : -1;
   files.submitter_gid = peer.known ? static_cast<int64_t>(peer.gid) : -1;
   out.file_checks.push_back(FileCheck{token, spec, files});
@@ -198,7 +220,7 @@ void CoordinatorCore::file_check_done(uint64_t token, const std::vector<std::str
     job.submit_key = p.key;
     submit_keys_[p.key] = job.id;
   }
-  note_shares(job);
+  note_shares(job, largest_pool());
   spdlog::info("{} queued (priority {}, checkpoint {})", job_label(job), job.priority,
                job.checkpoint.empty() ? "off" : job.checkpoint);
   proto::JobAcceptedT accepted;
@@ -228,7 +250,8 @@ void CoordinatorCore::expire_file_checks(Now now, Effects& out) {
 void CoordinatorCore::on_list_jobs(const std::string& rid, const proto::Envelope& env,
                                    Effects& out) {
   const auto* l = env.body_as_ListJobs();
-  uint32_t limit = l->limit() == 0 ? opts_.list_page_size : std::min(l->limit(), opts_.list_page_size);
+  uint32_t limit =
+      l->limit() == 0 ? opts_.list_page_size : std::min(l->limit(), opts_.list_page_size);
   proto::JobListT list;
   auto it = jobs_.all().upper_bound(l->after_id());
   // A page ends at `limit` jobs or at kListPageBytes, whichever comes first
@@ -245,8 +268,8 @@ void CoordinatorCore::on_list_jobs(const std::string& rid, const proto::Envelope
   send(out, rid, env.header()->request_id(), std::move(list));
 }
 
-void CoordinatorCore::on_get_job(const std::string& rid, const proto::Envelope& env,
-                                 Effects& out, const Peer& peer) {
+void CoordinatorCore::on_get_job(const std::string& rid, const proto::Envelope& env, Effects& out,
+                                 const Peer& peer) {
   uint64_t req = env.header()->request_id();
   uint64_t id = env.body_as_GetJob()->job_id();
   const JobRecord* job = jobs_.find(id);
@@ -278,10 +301,9 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
   out.store_puts.insert(id);
   if (is_terminal(job->state)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "job " + std::to_string(id) + " already " + job_state_name(job->state),
-                      true);
+                      "job " + std::to_string(id) + " already " + job_state_name(job->state), true);
   }
-  const std::string who = peer.known           ? opts_.access.user_name(peer)
+  const std::string who = peer.known          ? opts_.access.user_name(peer)
                           : !peer.key.empty() ? peer.key_user()
                                               : "an unknown user";
   if (job->cancelled_by.empty()) job->cancelled_by = who;
@@ -293,15 +315,13 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
     job->cancel_requested = true;
     auto agent = agents_.find(job->agent);
     if (!job->orphaned_since && agent != agents_.end() && agent->second.job_id == id) {
-      push_stop(id, job->attempt_number(), true, "cancelled by " + who, agent->second, out,
-                true);
+      push_stop(id, job->attempt_number(), true, "cancelled by " + who, agent->second, out, true);
       job->stop_sent = now.steady;
       job->cancel_since = now.steady;  // its agent has stop_timeout from now
     }
     changed(*job, out);
   }
-  spdlog::info("{}: cancel requested by {} ({})", job_label(*job), who,
-               job_state_name(job->state));
+  spdlog::info("{}: cancel requested by {} ({})", job_label(*job), who, job_state_name(job->state));
   send_ack(out, rid, req, true);
 }
 
@@ -325,8 +345,8 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   JobRecord* job = jobs_.find(u->job_id());
   bool ours = job && job->agent == agent.name && job->attempt_number() == u->attempt() &&
               runs_as(*job, agent);
-  std::string what = "job " + std::to_string(u->job_id()) + " attempt " +
-                     std::to_string(u->attempt());
+  std::string what =
+      "job " + std::to_string(u->job_id()) + " attempt " + std::to_string(u->attempt());
   if (!ours) {
     return send_error(out, rid, req, ErrorCode::NotOwner,
                       what + " is not running on agent '" + agent.name + "'");
@@ -338,18 +358,18 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   }
   if (is_terminal(job->state) || job->state == JobState::Queued) {
     const AttemptRecord& ended = job->attempts.back();
-    bool same = ended.outcome == state_text ||
-                (ended.outcome == "interrupted" &&
-                 (state_text == "interrupted" || state_text == "cancelled"));
+    bool same =
+        ended.outcome == state_text || (ended.outcome == "interrupted" &&
+                                        (state_text == "interrupted" || state_text == "cancelled"));
     if (final_report && same) {
       // The same final report again (our acknowledgement was lost or is
       // still waiting for its commit): acknowledge it once that is stored.
       out.store_puts.insert(job->id);
       return send_ack(out, rid, req, true);
     }
-    return send_error(out, rid, req, ErrorCode::NotOwner,
-                      what + " has ended (" + ended.outcome + "); its " + state_text +
-                          " report is not used");
+    return send_error(
+        out, rid, req, ErrorCode::NotOwner,
+        what + " has ended (" + ended.outcome + "); its " + state_text + " report is not used");
   }
 
   // Running, on this agent, this attempt.

@@ -23,8 +23,7 @@ std::optional<std::string> CoordinatorCore::program_session_refusal(
   // The token only the attempt's agent was given, for its program.
   if (job->program_token.empty() ||
       job->program_token != SessionToken{r.job_token_lo(), r.job_token_hi()}) {
-    return "the session token of " + what + " attempt " + std::to_string(r.attempt()) +
-           " is wrong";
+    return "the session token of " + what + " attempt " + std::to_string(r.attempt()) + " is wrong";
   }
   const std::string expected = job->agent + ":job" + std::to_string(job->id);
   if (name != expected) {
@@ -41,18 +40,21 @@ std::optional<std::string> CoordinatorCore::budget_refusal(const AgentRecord& ag
                                                            uint64_t bytes) const {
   if (!agent.program_job) return std::nullopt;
   const JobRecord* job = jobs_.find(agent.program_job);
-  if (!job || !job->spec) return "its program job " + std::to_string(agent.program_job) + " is gone";
+  if (!job || !job->spec)
+    return "its program job " + std::to_string(agent.program_job) + " is gone";
   if (!is_current(*job, agent)) {
     return "attempt " + std::to_string(agent.program_attempt) + " of job " +
            std::to_string(job->id) + " is over";
   }
   const uint64_t budget = job->budget_bytes;
-  uint64_t held = leases_.leased_bytes(agent.name);
-  for (const auto& w : leases_.waiting_requests()) held += w.owner == agent.name ? w.size : 0;
+  const DeviceState& dev = device_of(agent);
+  const auto owner = LeaseOwner::agent(agent.name);
+  uint64_t held = dev.leases.leased_bytes(owner);
+  for (const auto& w : dev.leases.waiting_requests()) held += w.owner == owner ? w.size : 0;
   // (Sizes near 2^64 must not wrap round to a small request.)
-  const uint64_t asked = bytes > budget ? budget + 1
-                                        : (bytes + pool_.alignment - 1) / pool_.alignment *
-                                              pool_.alignment;
+  const uint64_t alignment = dev.pool.alignment;
+  const uint64_t asked =
+      bytes > budget ? budget + 1 : (bytes + alignment - 1) / alignment * alignment;
   if (held <= budget && asked <= budget - held) return std::nullopt;
   return "job " + std::to_string(job->id) + "'s memory_budget of " + format_bytes(budget) +
          " would be exceeded: " + format_bytes(held) + " leased or asked for, " +
@@ -123,8 +125,8 @@ void CoordinatorCore::on_get_job_log(const std::string& rid, const proto::Envelo
   log.first_kept = job->log_bytes - job->log.size();
   log.offset = std::clamp(g->offset(), log.first_kept, log.total);
   // A reply stays far below the protocol's message size.
-  const uint64_t limit = std::min<uint64_t>(g->limit() ? g->limit() : kJobLogReplyBytes,
-                                            kJobLogReplyBytes);
+  const uint64_t limit =
+      std::min<uint64_t>(g->limit() ? g->limit() : kJobLogReplyBytes, kJobLogReplyBytes);
   log.data = job->log.substr(log.offset - log.first_kept, limit);
   log.finished = is_terminal(job->state);
   send(out, rid, req, std::move(log));

@@ -33,6 +33,7 @@ std::unique_ptr<proto::RegionT> region_object(const RegionRecord& r) {
   o->evictions = r.evictions;
   o->filler = r.filler;
   for (const auto& [agent, n] : r.attached) o->agents.push_back(agent);
+  o->device = r.device;
   return o;
 }
 
@@ -71,14 +72,15 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
                       "region '" + name + "': replace needs create (the new contents' size)");
   }
-  if (size > pool_.size) {
+  DeviceState& dev = device_of(agent);
+  if (size > dev.pool.size) {
     return send_error(out, rid, req, ErrorCode::TooLarge,
-                      "region '" + name + "' of " + format_bytes(size) +
-                          " can never fit: the pool holds " + format_bytes(pool_.size));
+                      "region '" + name + "' of " + format_bytes(size) + " can never fit: the " +
+                          dev.label() + " pool holds " + format_bytes(dev.pool.size));
   }
   const int64_t wait_ms = a->wait_ms() < 0 ? opts_.lease_wait_timeout.count() : a->wait_ms();
   const ReplyTo to{rid, req};
-  RegionRecord* rec = regions_.find(name);
+  RegionRecord* rec = dev.regions.find(name);
   if (rec && rec->resident()) {
     if (rec->filler == agent.name) {
       return send_error(out, rid, req, ErrorCode::RegionBusy,
@@ -92,7 +94,7 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
       }
       if (rec->state == RegionState::Ready) {
         ++rec->hits;
-        ++regions_.hits;
+        ++dev.regions.hits;
         return grant_region(*rec, agent.name, to, false, now, out);
       }
       if (wait_ms == 0) {
@@ -102,24 +104,25 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
       if (auto no = wait_refusal(agent.name, wait_ms)) {
         return send_error(out, rid, req, no->code, "region '" + name + "': " + no->message);
       }
-      regions_.waiters().push_back(RegionWaiter{agent.name, name, size, a->create(), to,
-                                                now.steady + std::chrono::milliseconds(wait_ms)});
-      spdlog::info("agent '{}' waits up to {} ms for region '{}' (agent '{}' fills it)",
-                   agent.name, wait_ms, name, rec->filler);
+      dev.regions.waiters().push_back(
+          RegionWaiter{agent.name, name, size, a->create(), to,
+                       now.steady + std::chrono::milliseconds(wait_ms)});
+      spdlog::info("agent '{}' waits up to {} ms for region '{}' (agent '{}' fills it)", agent.name,
+                   wait_ms, name, rec->filler);
       return;
     }
     if (rec->state == RegionState::Filling || !rec->attached.empty()) {
-      return send_error(out, rid, req, ErrorCode::RegionBusy,
-                        "region '" + name + "' cannot be replaced: " +
-                            (rec->state == RegionState::Filling
-                                 ? "agent '" + rec->filler + "' is filling it"
-                                 : "attached by " + agent_list(*rec)));
+      return send_error(
+          out, rid, req, ErrorCode::RegionBusy,
+          "region '" + name + "' cannot be replaced: " +
+              (rec->state == RegionState::Filling ? "agent '" + rec->filler + "' is filling it"
+                                                  : "attached by " + agent_list(*rec)));
     }
     // The old contents go only once the new ones surely have a place.
-    const uint64_t bytes = align_up(size, pool_.alignment);
-    if (std::string no = cache_refusal(bytes, rec->lease_bytes);
-        !no.empty() || bytes > leases_.allocator().free_bytes() + rec->lease_bytes +
-                                   regions_.evictable_bytes()) {
+    const uint64_t bytes = align_up(size, dev.pool.alignment);
+    if (std::string no = cache_refusal(dev, bytes, rec->lease_bytes);
+        !no.empty() || bytes > dev.leases.allocator().free_bytes() + rec->lease_bytes +
+                                   dev.regions.evictable_bytes()) {
       return send_error(out, rid, req, ErrorCode::NoSpace,
                         "region '" + name + "' of " + format_bytes(size) +
                             " cannot replace the one there: " + (no.empty() ? "no room" : no));
@@ -130,37 +133,40 @@ void CoordinatorCore::on_attach_region(const std::string& rid, AgentRecord& agen
     rec->state = RegionState::Evicted;
   }
   if (!a->create()) {
-    return send_error(out, rid, req, ErrorCode::NoSuchRegion,
-                      rec ? "region '" + name +
-                                "' was evicted (its memory was needed); fill it again"
-                          : "no region '" + name + "'");
+    return send_error(
+        out, rid, req, ErrorCode::NoSuchRegion,
+        rec ? "region '" + name + "' was evicted (its memory was needed); fill it again"
+            : "no region '" + name + "'");
   }
   const bool existed = rec != nullptr;
-  RegionRecord& r = regions_.upsert(name);
-  if (std::string why = place_region(r, size, now); !why.empty()) {
-    if (!existed) regions_.erase(name);
+  RegionRecord& r = dev.regions.upsert(name);
+  if (std::string why = place_region(dev, r, size, now); !why.empty()) {
+    if (!existed) dev.regions.erase(name);
     spdlog::info("region '{}' of {} for agent '{}' not placed: {}", name, format_bytes(size),
                  agent.name, why);
     return send_error(out, rid, req, ErrorCode::NoSpace,
                       "no room for region '" + name + "' of " + format_bytes(size) + ": " + why);
   }
   ++r.misses;
-  ++regions_.misses;
+  ++dev.regions.misses;
   r.filler = agent.name;
   spdlog::info("region '{}' ({}) placed at offset {}; agent '{}' fills it", name,
                format_bytes(size), r.offset, agent.name);
   grant_region(r, agent.name, to, true, now, out);
 }
 
-std::string CoordinatorCore::cache_refusal(uint64_t bytes, uint64_t also_free) const {
+std::string CoordinatorCore::cache_refusal(const DeviceState& dev, uint64_t bytes,
+                                           uint64_t also_free) const {
   // A cache never jumps ahead of leases that wait for memory.
-  if (size_t waiting = leases_.waiting(); waiting > 0) {
+  if (size_t waiting = dev.leases.waiting(); waiting > 0) {
     return std::to_string(waiting) + " lease request(s) wait for memory";
   }
-  if (bytes > pool_.size) return "it is larger than the pool (" + format_bytes(pool_.size) + ")";
+  if (bytes > dev.pool.size) {
+    return "it is larger than the pool (" + format_bytes(dev.pool.size) + ")";
+  }
   // Even with every idle region gone (and `also_free` given back):
-  const uint64_t idle = regions_.evictable_bytes() + also_free;
-  PoolView best = pool_view();
+  const uint64_t idle = dev.regions.evictable_bytes() + also_free;
+  PoolView best = pool_view(dev);
   best.used -= std::min(best.used, idle);
   if (!policy_->may_cache(bytes, best)) {
     return "occupancy with the running jobs' reservations would reach " +
@@ -168,24 +174,30 @@ std::string CoordinatorCore::cache_refusal(uint64_t bytes, uint64_t also_free) c
            "%, more than a cache may take (" + policy_->name() + " policy, low watermark " +
            std::to_string(static_cast<int>(policy_->low_watermark() * 100)) + "%)";
   }
-  const auto& alloc = leases_.allocator();
+  const auto& alloc = dev.leases.allocator();
   if (bytes > alloc.free_bytes() + idle) {
     return "free " + format_bytes(alloc.free_bytes()) + ", idle regions " + format_bytes(idle);
   }
   return "";
 }
 
-std::string CoordinatorCore::place_region(RegionRecord& rec, uint64_t size, Now now) {
-  const uint64_t bytes = align_up(size, pool_.alignment);
+std::string CoordinatorCore::place_region(DeviceState& dev, RegionRecord& rec, uint64_t size,
+                                          Now now) {
+  const uint64_t bytes = align_up(size, dev.pool.alignment);
   // Nothing is evicted for a region that could not be placed anyway.
-  if (std::string no = cache_refusal(bytes); !no.empty()) return no;
+  if (std::string no = cache_refusal(dev, bytes); !no.empty()) return no;
   while (true) {
-    const PoolView view = pool_view();
+    const PoolView view = pool_view(dev);
     const bool allowed = policy_->may_cache(bytes, view);
     if (allowed) {
-      PendingRequest p{region_owner(rec.name), size, PoolAllocator::End::High, now.steady, {},
-                       now.steady, false};
-      auto outcome = leases_.request(p, /*may_wait=*/false);
+      PendingRequest p{LeaseOwner::region(rec.name),
+                       size,
+                       PoolAllocator::End::High,
+                       now.steady,
+                       {},
+                       now.steady,
+                       false};
+      auto outcome = dev.leases.request(p, /*may_wait=*/false);
       if (const auto* lease = std::get_if<LeaseRecord>(&outcome)) {
         rec.state = RegionState::Filling;
         rec.size = size;
@@ -196,9 +208,9 @@ std::string CoordinatorCore::place_region(RegionRecord& rec, uint64_t size, Now 
         return "";
       }
     }
-    RegionRecord* victim = regions_.least_recently_used(rec.name);
+    RegionRecord* victim = dev.regions.least_recently_used(rec.name);
     if (!victim) {
-      const auto& alloc = leases_.allocator();
+      const auto& alloc = dev.leases.allocator();
       if (!allowed) {
         return "occupancy with the running jobs' reservations would reach " +
                std::to_string(static_cast<int>(view.occupancy_future(bytes) * 100)) +
@@ -224,10 +236,11 @@ void CoordinatorCore::grant_region(RegionRecord& rec, const std::string& agent, 
 
 void CoordinatorCore::free_region_memory(RegionRecord& rec, const std::string& to_agent) {
   if (rec.lease_id == 0) return;
+  LeaseTable& leases = devices_.at(rec.device).leases;
   if (to_agent.empty()) {
-    leases_.release(region_owner(rec.name), rec.lease_id);
+    leases.release(LeaseOwner::region(rec.name), rec.lease_id);
   } else {
-    leases_.reassign(rec.lease_id, to_agent);
+    leases.reassign(rec.lease_id, LeaseOwner::agent(to_agent));
   }
   rec.lease_id = 0;
   rec.offset = 0;
@@ -240,12 +253,12 @@ void CoordinatorCore::evict_region(RegionRecord& rec, const std::string& why, No
   free_region_memory(rec);
   rec.state = RegionState::Evicted;
   ++rec.evictions;
-  ++regions_.evictions;
+  ++devices_.at(rec.device).regions.evictions;
 }
 
-void CoordinatorCore::discard_region(const std::string& name, const std::string& why, Now now,
-                                     Effects& out) {
-  RegionRecord* rec = regions_.find(name);
+void CoordinatorCore::discard_region(DeviceState& dev, const std::string& name,
+                                     const std::string& why, Now now, Effects& out) {
+  RegionRecord* rec = dev.regions.find(name);
   if (!rec) return;
   spdlog::warn("region '{}' discarded before it was ready: {}", name, why);
   free_region_memory(*rec);
@@ -255,7 +268,7 @@ void CoordinatorCore::discard_region(const std::string& name, const std::string&
   // Those waiting for it: the first that may create it fills it now, the
   // others wait for that one; without such a one they all learn why.
   std::vector<RegionWaiter> mine;
-  auto& waiters = regions_.waiters();
+  auto& waiters = dev.regions.waiters();
   for (auto it = waiters.begin(); it != waiters.end();) {
     if (it->name == name) {
       mine.push_back(std::move(*it));
@@ -275,14 +288,16 @@ void CoordinatorCore::discard_region(const std::string& name, const std::string&
                  "region '" + name + "' was discarded before it was ready (" + why + ")");
       continue;
     }
-    if (std::string no = place_region(*rec, rec->size, now); !no.empty()) {
+    if (std::string no = place_region(dev, *rec, rec->size, now); !no.empty()) {
       send_error(out, w.reply_to.routing_id, w.reply_to.request_id, ErrorCode::NoSpace,
-                 "region '" + name + "' was discarded (" + why + ") and there is no room to fill "
-                 "it again: " + no);
+                 "region '" + name + "' was discarded (" + why +
+                     ") and there is no room to fill "
+                     "it again: " +
+                     no);
       continue;
     }
     ++rec->misses;
-    ++regions_.misses;
+    ++dev.regions.misses;
     rec->filler = w.agent;
     spdlog::info("agent '{}' fills region '{}' again", w.agent, name);
     grant_region(*rec, w.agent, w.reply_to, true, now, out);
@@ -290,10 +305,11 @@ void CoordinatorCore::discard_region(const std::string& name, const std::string&
   }
 }
 
-std::vector<std::string> CoordinatorCore::drop_region_users(const std::string& agent, Now now) {
-  std::erase_if(regions_.waiters(), [&](const RegionWaiter& w) { return w.agent == agent; });
+std::vector<std::string> CoordinatorCore::drop_region_users(DeviceState& dev,
+                                                            const std::string& agent, Now now) {
+  std::erase_if(dev.regions.waiters(), [&](const RegionWaiter& w) { return w.agent == agent; });
   std::vector<std::string> discarded;
-  for (auto& [name, r] : regions_.all()) {
+  for (auto& [name, r] : dev.regions.all()) {
     if (r.attached.erase(agent)) touch(r, now);
     if (r.state == RegionState::Filling && r.filler == agent) {
       free_region_memory(r, agent);
@@ -305,32 +321,35 @@ std::vector<std::string> CoordinatorCore::drop_region_users(const std::string& a
 }
 
 void CoordinatorCore::expire_region_waiters(Now now, Effects& out) {
-  for (auto& w : regions_.expire(now.steady)) {
-    const RegionRecord* rec = regions_.find(w.name);
-    send_error(out, w.reply_to.routing_id, w.reply_to.request_id, ErrorCode::Timeout,
-               "region '" + w.name + "' was not ready before the attach's deadline" +
-                   (rec && !rec->filler.empty() ? " (agent '" + rec->filler + "' fills it)" : ""));
+  for (auto& [ordinal, dev] : devices_) {
+    for (auto& w : dev.regions.expire(now.steady)) {
+      const RegionRecord* rec = dev.regions.find(w.name);
+      send_error(
+          out, w.reply_to.routing_id, w.reply_to.request_id, ErrorCode::Timeout,
+          "region '" + w.name + "' was not ready before the attach's deadline" +
+              (rec && !rec->filler.empty() ? " (agent '" + rec->filler + "' fills it)" : ""));
+    }
+    dev.regions.forget_evicted(kEvictedKept);
   }
-  regions_.forget_evicted(kEvictedKept);
 }
 
-bool CoordinatorCore::eviction_could_serve() const {
-  const PoolView view = pool_view();
-  const uint64_t room = leases_.allocator().free_bytes() + view.evictable;
+bool CoordinatorCore::eviction_could_serve(const DeviceState& dev) const {
+  const PoolView view = pool_view(dev);
+  const uint64_t room = dev.leases.allocator().free_bytes() + view.evictable;
   for (const auto& w : view.waiting) {
     if ((!view.opportunistic(w) || w.needed) && w.size <= room) return true;
   }
   return false;
 }
 
-void CoordinatorCore::evict_for_admission(const JobRecord& job, Now now) {
-  const PoolView view = pool_view();
+void CoordinatorCore::evict_for_admission(DeviceState& dev, const JobRecord& job, Now now) {
+  const PoolView view = pool_view(dev);
   const uint64_t committed = view.used + view.reserved();
   const uint64_t free = view.pool_size > committed ? view.pool_size - committed : 0;
   const uint64_t have = free + view.reclaimable(job.priority);
   uint64_t shortfall = job.guaranteed_bytes > have ? job.guaranteed_bytes - have : 0;
   while (shortfall > 0) {
-    RegionRecord* idle = regions_.least_recently_used();
+    RegionRecord* idle = dev.regions.least_recently_used();
     if (!idle) return;
     shortfall -= std::min(shortfall, idle->lease_bytes);
     evict_region(*idle, "job " + std::to_string(job.id) + " was admitted counting on its memory",
@@ -342,7 +361,8 @@ void CoordinatorCore::on_region_ready(const std::string& rid, AgentRecord& agent
                                       const proto::Envelope& env, Now now, Effects& out) {
   const uint64_t req = env.header()->request_id();
   const std::string name(str(env.body_as_RegionReady()->name()));
-  RegionRecord* rec = regions_.find(name);
+  DeviceState& dev = device_of(agent);
+  RegionRecord* rec = dev.regions.find(name);
   if (!rec || !rec->resident()) {
     return send_error(out, rid, req, ErrorCode::NoSuchRegion, "no region '" + name + "'");
   }
@@ -357,14 +377,14 @@ void CoordinatorCore::on_region_ready(const std::string& rid, AgentRecord& agent
   spdlog::info("region '{}' ({}) ready, filled by agent '{}'", name, format_bytes(rec->size),
                agent.name);
   send_ack(out, rid, req);
-  auto& waiters = regions_.waiters();
+  auto& waiters = dev.regions.waiters();
   for (auto it = waiters.begin(); it != waiters.end();) {
     if (it->name != name) {
       ++it;
       continue;
     }
     ++rec->hits;
-    ++regions_.hits;
+    ++dev.regions.hits;
     grant_region(*rec, it->agent, it->reply_to, false, now, out);
     it = waiters.erase(it);
   }
@@ -374,7 +394,8 @@ void CoordinatorCore::on_detach_region(const std::string& rid, AgentRecord& agen
                                        const proto::Envelope& env, Now now, Effects& out) {
   const uint64_t req = env.header()->request_id();
   const std::string name(str(env.body_as_DetachRegion()->name()));
-  RegionRecord* rec = regions_.find(name);
+  DeviceState& dev = device_of(agent);
+  RegionRecord* rec = dev.regions.find(name);
   if (!rec || !rec->attached.count(agent.name)) {
     return send_error(out, rid, req, ErrorCode::NoSuchRegion,
                       "agent '" + agent.name + "' is not attached to region '" + name + "'");
@@ -383,19 +404,22 @@ void CoordinatorCore::on_detach_region(const std::string& rid, AgentRecord& agen
   touch(*rec, now);
   send_ack(out, rid, req);
   if (rec->state == RegionState::Filling && rec->filler == agent.name) {
-    discard_region(name, "agent '" + agent.name + "' detached before marking it ready", now, out);
+    discard_region(dev, name, "agent '" + agent.name + "' detached before marking it ready", now,
+                   out);
   }
   // Idle now: it may be evicted for a waiting request or an admission.
-  serve_waiting(out);
+  serve_waiting(dev, out);
   schedule(now, out);
 }
 
 void CoordinatorCore::on_list_regions(const std::string& rid, uint64_t req, Effects& out) {
   proto::RegionListT list;
-  for (const auto& [name, r] : regions_.all()) list.regions.push_back(region_object(r));
-  list.hits = regions_.hits;
-  list.misses = regions_.misses;
-  list.evictions = regions_.evictions;
+  for (const auto& [ordinal, dev] : devices_) {
+    for (const auto& [name, r] : dev.regions.all()) list.regions.push_back(region_object(r));
+    list.hits += dev.regions.hits;
+    list.misses += dev.regions.misses;
+    list.evictions += dev.regions.evictions;
+  }
   send(out, rid, req, std::move(list));
 }
 
@@ -405,23 +429,41 @@ void CoordinatorCore::on_drop_region(const std::string& rid, const proto::Envelo
   if (auto refusal = opts_.access.check(Role::Client, peer)) {
     return send_error(out, rid, req, ErrorCode::PermissionDenied, *refusal);
   }
-  const std::string name(str(env.body_as_DropRegion()->name()));
-  RegionRecord* rec = regions_.find(name);
-  if (!rec) return send_error(out, rid, req, ErrorCode::NoSuchRegion, "no region '" + name + "'");
-  if (rec->state == RegionState::Filling) {
-    return send_error(out, rid, req, ErrorCode::RegionBusy,
-                      "region '" + name + "' is being filled by agent '" + rec->filler + "'");
+  const auto* drop = env.body_as_DropRegion();
+  const std::string name(str(drop->name()));
+  // The regions of that name (on the device asked for, or on every one):
+  // each must be free to go, or none goes.
+  std::vector<std::pair<DeviceState*, RegionRecord*>> found;
+  for (auto& [ordinal, dev] : devices_) {
+    if (drop->device() >= 0 && drop->device() != ordinal) continue;
+    if (RegionRecord* rec = dev.regions.find(name)) found.emplace_back(&dev, rec);
   }
-  if (!rec->attached.empty()) {
-    return send_error(out, rid, req, ErrorCode::RegionBusy,
-                      "region '" + name + "' is attached by " + agent_list(*rec) +
-                          "; drop it once they detach (their jobs end)");
+  if (found.empty()) {
+    return send_error(
+        out, rid, req, ErrorCode::NoSuchRegion,
+        "no region '" + name + "'" +
+            (drop->device() >= 0 ? " on device " + std::to_string(drop->device()) : ""));
   }
-  spdlog::info("region '{}' ({}) dropped on request", name, format_bytes(rec->size));
-  free_region_memory(*rec);
-  regions_.erase(name);
+  for (const auto& [dev, rec] : found) {
+    if (rec->state == RegionState::Filling) {
+      return send_error(out, rid, req, ErrorCode::RegionBusy,
+                        "region '" + name + "' on " + dev->label() + " is being filled by agent '" +
+                            rec->filler + "'");
+    }
+    if (!rec->attached.empty()) {
+      return send_error(out, rid, req, ErrorCode::RegionBusy,
+                        "region '" + name + "' on " + dev->label() + " is attached by " +
+                            agent_list(*rec) + "; drop it once they detach (their jobs end)");
+    }
+  }
+  for (const auto& [dev, rec] : found) {
+    spdlog::info("region '{}' ({}) on {} dropped on request", name, format_bytes(rec->size),
+                 dev->label());
+    free_region_memory(*rec);
+    dev->regions.erase(name);
+    serve_waiting(*dev, out);
+  }
   send_ack(out, rid, req);
-  serve_waiting(out);
   schedule(now, out);
 }
 

@@ -25,27 +25,31 @@ void publish_shrink(Effects& out, const std::string& agent, T body) {
 
 }  // namespace
 
-void CoordinatorCore::note_shares(JobRecord& job) const {
+void CoordinatorCore::note_shares(JobRecord& job, uint64_t pool_size) {
   try {
+    if (!job.spec) throw std::runtime_error("no spec");
     auto buffer = pack_job_spec(*job.spec);
-    job.guaranteed_bytes = job_memory_min(*verify_job(buffer), pool_.size);
-    job.budget_bytes = job_memory_budget(*verify_job(buffer), pool_.size);
+    job.guaranteed_bytes = job_memory_min(*verify_job(buffer), pool_size);
+    job.budget_bytes = job_memory_budget(*verify_job(buffer), pool_size);
   } catch (const std::exception&) {
     // Validated at submission; a stored spec this build cannot read asks
     // for the whole pool rather than nothing.
-    job.guaranteed_bytes = job.budget_bytes = pool_.size;
+    job.guaranteed_bytes = job.budget_bytes = pool_size;
   }
 }
 
-PoolView CoordinatorCore::pool_view() const {
+PoolView CoordinatorCore::pool_view(const DeviceState& dev) const {
   PoolView view;
-  view.pool_size = pool_.size;
-  view.used = leases_.allocator().used_bytes();
-  view.largest_free = leases_.allocator().largest_free();
-  view.evictable = regions_.evictable_bytes();
+  view.pool_size = dev.pool.size;
+  view.used = dev.leases.allocator().used_bytes();
+  view.largest_free = dev.leases.allocator().largest_free();
+  view.evictable = dev.regions.evictable_bytes();
   std::map<std::string, uint64_t> held;
-  for (const auto& [id, rec] : leases_.leases()) held[rec.owner] += rec.size;
+  for (const auto& [id, rec] : dev.leases.leases()) {
+    if (rec.owner.is_agent()) held[rec.owner.name] += rec.size;
+  }
   for (const auto& [name, agent] : agents_) {  // in name order
+    if (agent.device != dev.ordinal()) continue;
     AgentShare a;
     a.name = name;
     a.leased = held[name];
@@ -59,12 +63,16 @@ PoolView CoordinatorCore::pool_view() const {
     if (agent.shrink) a.shrink_pending = agent.shrink->missed ? 0 : agent.shrink->bytes;
     view.agents.push_back(std::move(a));
   }
-  view.waiting.assign(leases_.waiting_requests().begin(), leases_.waiting_requests().end());
+  view.waiting.assign(dev.leases.waiting_requests().begin(), dev.leases.waiting_requests().end());
   return view;
 }
 
 void CoordinatorCore::request_shrinks(Now now, Effects& out) {
-  for (const ShrinkOrder& order : policy_->shrinks(pool_view())) {
+  std::vector<ShrinkOrder> orders;
+  for (const auto& [ordinal, dev] : devices_) {
+    for (auto& order : policy_->shrinks(pool_view(dev))) orders.push_back(std::move(order));
+  }
+  for (const ShrinkOrder& order : orders) {
     auto it = agents_.find(order.agent);
     if (it == agents_.end() || it->second.shrink || !it->second.memory_job()) continue;
     AgentRecord& agent = it->second;
@@ -90,8 +98,8 @@ void CoordinatorCore::request_shrinks(Now now, Effects& out) {
     // Subscribers see who is asked and why, never the token.
     msg.session = msg.session_hi = 0;
     publish_shrink(out, agent.name, std::move(msg));
-    spdlog::info("asked agent '{}' (job {}) to shrink by {} within {} ms: {}", agent.name,
-                 s.job_id, format_bytes(s.bytes), opts_.shrink_timeout.count(), order.reason);
+    spdlog::info("asked agent '{}' (job {}) to shrink by {} within {} ms: {}", agent.name, s.job_id,
+                 format_bytes(s.bytes), opts_.shrink_timeout.count(), order.reason);
   }
 }
 
@@ -104,9 +112,9 @@ void CoordinatorCore::on_shrink_done(const std::string& rid, AgentRecord& agent,
       // An answer to a Shrink whose job has ended since: nothing to do.
       return send_ack(out, rid, req);
     }
-    return send_error(out, rid, req, ErrorCode::NotOwner,
-                      "shrink " + std::to_string(d->id()) + " was not asked of agent '" +
-                          agent.name + "'");
+    return send_error(
+        out, rid, req, ErrorCode::NotOwner,
+        "shrink " + std::to_string(d->id()) + " was not asked of agent '" + agent.name + "'");
   }
   AgentRecord::PendingShrink s = *agent.shrink;
   agent.shrink.reset();
@@ -146,8 +154,8 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
                    format_bytes(s.bytes), opts_.shrink_timeout.count());
       proto::ShrinkDoneT missed;
       missed.id = s.id;
-      missed.reason = "no answer within " + std::to_string(opts_.shrink_timeout.count()) +
-                      " ms; skipped";
+      missed.reason =
+          "no answer within " + std::to_string(opts_.shrink_timeout.count()) + " ms; skipped";
       publish_shrink(out, name, std::move(missed));
     } else if (s.missed && now.steady >= s.deadline + opts_.shrink_timeout) {
       silent.emplace_back(name, agent.process);
@@ -171,11 +179,11 @@ void CoordinatorCore::check_shrinks(Now now, Effects& out) {
   }
 }
 
-void CoordinatorCore::note_lease_wait(const std::string& owner, Clock::time_point since, Now now,
+void CoordinatorCore::note_lease_wait(const LeaseOwner& owner, Clock::time_point since, Now now,
                                       Effects& out) {
   uint64_t waited = ms_between(since, now.steady);
-  if (waited == 0) return;
-  auto it = agents_.find(owner);
+  if (waited == 0 || !owner.is_agent()) return;
+  auto it = agents_.find(owner.name);
   if (it == agents_.end() || !it->second.memory_job()) return;
   JobRecord* job = jobs_.find(it->second.memory_job());
   if (!job || job->state != JobState::Running) return;

@@ -149,6 +149,7 @@ Reply HttpEndpoint::serve_history() const {
     std::lock_guard lock(mu_);
     samples = history_;
   }
+  // A sample is [unix_ms, [occupancy per device], [used bytes per device]].
   nlohmann::json out = nlohmann::json::array();
   for (const auto& s : samples) out.push_back({s.unix_ms, s.occupancy, s.used_bytes});
   return {200, "application/json",
@@ -160,14 +161,17 @@ Reply HttpEndpoint::serve_history() const {
 
 void HttpEndpoint::publish_status(std::string status_json, MetricsSnapshot metrics) {
   auto json = std::make_shared<const std::string>(std::move(status_json));
-  const Sample sample{unix_ms_now(), std::chrono::steady_clock::now(), metrics.occupancy,
-                      metrics.used_bytes};
+  Sample sample{unix_ms_now(), std::chrono::steady_clock::now(), {}, {}};
+  for (const auto& d : metrics.devices) {
+    sample.occupancy.push_back(d.occupancy);
+    sample.used_bytes.push_back(d.used_bytes);
+  }
   auto m = std::make_shared<const MetricsSnapshot>(std::move(metrics));
   std::lock_guard lock(mu_);
   status_json_ = std::move(json);
   metrics_ = std::move(m);
   if (history_.empty() || sample.steady - history_.back().steady >= std::chrono::seconds(1)) {
-    history_.push_back(sample);
+    history_.push_back(std::move(sample));
     if (history_.size() > kHistory) history_.pop_front();
   }
 }

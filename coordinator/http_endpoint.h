@@ -115,7 +115,8 @@ class HttpEndpoint {
   static constexpr size_t kMaxBody = 4096;
   // An idle stream gets a comment this often.
   static constexpr std::chrono::seconds kKeepAlive{15};
-  // Occupancy samples kept for /api/history: one a second for ten minutes.
+  // Occupancy samples kept for /api/history: one a second for ten minutes
+  // (each with every device's occupancy and used bytes).
   static constexpr size_t kHistory = 600;
 
   // Binds `listen` ("HOST:PORT", "[::1]:PORT"; port 0 picks a free one) and
@@ -148,8 +149,9 @@ class HttpEndpoint {
   struct Sample {
     uint64_t unix_ms;
     std::chrono::steady_clock::time_point steady;  // spacing, immune to clock steps
-    double occupancy;
-    uint64_t used_bytes;
+    // Per device, in the order of the status' devices.
+    std::vector<double> occupancy;
+    std::vector<uint64_t> used_bytes;
   };
 
   // The answer to a GET or HEAD that passed the checks (not /api/events).

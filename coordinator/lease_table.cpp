@@ -6,17 +6,17 @@
 
 namespace leasehold {
 
-LeaseRecord LeaseTable::record(const std::string& owner, PoolAllocator::Block block,
+LeaseRecord LeaseTable::record(const LeaseOwner& owner, PoolAllocator::Block block,
                                PoolAllocator::End end) {
-  LeaseRecord rec{next_id_++, owner, block.offset, block.size, end, 1};
+  LeaseRecord rec{next_id_, owner, block.offset, block.size, end, 1};
+  next_id_ += id_stride_;
   leases_.emplace(rec.id, rec);
   return rec;
 }
 
 std::string LeaseTable::space_summary() const {
   return "free " + format_bytes(allocator_.free_bytes()) + ", largest free block " +
-         format_bytes(allocator_.largest_free()) + ", pool " +
-         format_bytes(allocator_.pool_size());
+         format_bytes(allocator_.largest_free()) + ", pool " + format_bytes(allocator_.pool_size());
 }
 
 LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool may_wait,
@@ -43,10 +43,10 @@ LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool m
     const uint64_t own = leased_bytes(req.owner);
     const uint64_t others = allocator_.used_bytes() - own;
     if (req.size > allocator_.pool_size() - own || others == 0) {
-      return Refusal{ErrorCode::NoSpace,
-                     "no room for a lease of " + format_bytes(req.size) + ": only agent '" +
-                         req.owner + "''s own leases (" + format_bytes(own) +
-                         ") stand in the way (" + space_summary() + ")"};
+      return Refusal{ErrorCode::NoSpace, "no room for a lease of " + format_bytes(req.size) +
+                                             ": only " + req.owner.describe() + "'s own leases (" +
+                                             format_bytes(own) + ") stand in the way (" +
+                                             space_summary() + ")"};
     }
   }
   if (!may_wait) {
@@ -62,16 +62,16 @@ LeaseTable::RequestOutcome LeaseTable::request(const PendingRequest& req, bool m
   return Queued{};
 }
 
-std::variant<LeaseRecord, Refusal> LeaseTable::resize(const std::string& owner,
-                                                      uint64_t lease_id, uint64_t size) {
+std::variant<LeaseRecord, Refusal> LeaseTable::resize(const LeaseOwner& owner, uint64_t lease_id,
+                                                      uint64_t size) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     return Refusal{ErrorCode::NoSuchLease, "no lease with id " + std::to_string(lease_id)};
   }
   LeaseRecord& rec = it->second;
   if (rec.owner != owner) {
-    return Refusal{ErrorCode::NotOwner, "lease " + std::to_string(lease_id) +
-                                            " belongs to agent '" + rec.owner + "'"};
+    return Refusal{ErrorCode::NotOwner,
+                   "lease " + std::to_string(lease_id) + " belongs to " + rec.owner.describe()};
   }
   if (size == 0) return Refusal{ErrorCode::InvalidArgument, "lease size must be positive"};
   if (!allocator_.could_ever_fit(size)) {
@@ -83,9 +83,8 @@ std::variant<LeaseRecord, Refusal> LeaseTable::resize(const std::string& owner,
   if (!new_size) {
     return Refusal{ErrorCode::NoSpace, "cannot grow lease " + std::to_string(lease_id) +
                                            " in place from " + format_bytes(rec.size) + " to " +
-                                           format_bytes(size) +
-                                           ": the range after it is in use (" + space_summary() +
-                                           "); request a new lease instead"};
+                                           format_bytes(size) + ": the range after it is in use (" +
+                                           space_summary() + "); request a new lease instead"};
   }
   if (*new_size != rec.size) {
     rec.size = *new_size;
@@ -94,21 +93,21 @@ std::variant<LeaseRecord, Refusal> LeaseTable::resize(const std::string& owner,
   return rec;
 }
 
-std::optional<Refusal> LeaseTable::release(const std::string& owner, uint64_t lease_id) {
+std::optional<Refusal> LeaseTable::release(const LeaseOwner& owner, uint64_t lease_id) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     return Refusal{ErrorCode::NoSuchLease, "no lease with id " + std::to_string(lease_id)};
   }
   if (it->second.owner != owner) {
-    return Refusal{ErrorCode::NotOwner, "lease " + std::to_string(lease_id) +
-                                            " belongs to agent '" + it->second.owner + "'"};
+    return Refusal{ErrorCode::NotOwner, "lease " + std::to_string(lease_id) + " belongs to " +
+                                            it->second.owner.describe()};
   }
   allocator_.free(it->second.offset);
   leases_.erase(it);
   return std::nullopt;
 }
 
-std::pair<size_t, uint64_t> LeaseTable::release_all(const std::string& owner) {
+std::pair<size_t, uint64_t> LeaseTable::release_all(const LeaseOwner& owner) {
   size_t count = 0;
   uint64_t bytes = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
@@ -125,8 +124,7 @@ std::pair<size_t, uint64_t> LeaseTable::release_all(const std::string& owner) {
   return {count, bytes};
 }
 
-std::pair<size_t, uint64_t> LeaseTable::transfer_all(const std::string& from,
-                                                     const std::string& to) {
+std::pair<size_t, uint64_t> LeaseTable::transfer_all(const LeaseOwner& from, const LeaseOwner& to) {
   size_t count = 0;
   uint64_t bytes = 0;
   for (auto& [id, rec] : leases_) {
@@ -140,7 +138,7 @@ std::pair<size_t, uint64_t> LeaseTable::transfer_all(const std::string& from,
   return {count, bytes};
 }
 
-bool LeaseTable::reassign(uint64_t lease_id, const std::string& owner) {
+bool LeaseTable::reassign(uint64_t lease_id, const LeaseOwner& owner) {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return false;
   it->second.owner = owner;
@@ -168,10 +166,10 @@ std::vector<Expired> LeaseTable::expire(Clock::time_point now) {
   std::vector<Expired> out;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (it->deadline <= now) {
-      out.push_back({it->reply_to,
-                     Refusal{ErrorCode::Timeout, "lease of " + format_bytes(it->size) +
-                                                     " was not granted before its deadline (" +
-                                                     space_summary() + ")"}});
+      out.push_back(
+          {it->reply_to, Refusal{ErrorCode::Timeout, "lease of " + format_bytes(it->size) +
+                                                         " was not granted before its deadline (" +
+                                                         space_summary() + ")"}});
       it = waiting_.erase(it);
     } else {
       ++it;
@@ -188,7 +186,7 @@ std::optional<Clock::time_point> LeaseTable::next_deadline() const {
   return best;
 }
 
-uint64_t LeaseTable::leased_bytes(const std::string& owner) const {
+uint64_t LeaseTable::leased_bytes(const LeaseOwner& owner) const {
   uint64_t total = 0;
   for (const auto& [id, rec] : leases_) {
     if (rec.owner == owner) total += rec.size;
@@ -196,7 +194,7 @@ uint64_t LeaseTable::leased_bytes(const std::string& owner) const {
   return total;
 }
 
-size_t LeaseTable::lease_count(const std::string& owner) const {
+size_t LeaseTable::lease_count(const LeaseOwner& owner) const {
   size_t n = 0;
   for (const auto& [id, rec] : leases_) n += rec.owner == owner;
   return n;

@@ -19,8 +19,9 @@
 #include <variant>
 #include <vector>
 
-#include "shared/pool_allocator.h"
+#include "coordinator/lease_owner.h"
 #include "shared/error.h"
+#include "shared/pool_allocator.h"
 
 namespace leasehold {
 
@@ -28,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 struct LeaseRecord {
   uint64_t id = 0;
-  std::string owner;
+  LeaseOwner owner;
   uint64_t offset = 0;
   uint64_t size = 0;
   PoolAllocator::End end = PoolAllocator::End::Low;
@@ -42,7 +43,7 @@ struct ReplyTo {
 };
 
 struct PendingRequest {
-  std::string owner;
+  LeaseOwner owner;
   uint64_t size = 0;
   PoolAllocator::End end = PoolAllocator::End::Low;
   Clock::time_point deadline;
@@ -69,7 +70,12 @@ struct Expired {
 
 class LeaseTable {
  public:
-  LeaseTable(uint64_t pool_size, uint64_t alignment) : allocator_(pool_size, alignment) {}
+  // Lease ids are unique across the tables of one coordinator (one per
+  // device): table `id_offset` of `id_stride` hands out offset+1,
+  // offset+1+stride, ... (1, 2, 3, ... for a single table).
+  LeaseTable(uint64_t pool_size, uint64_t alignment, uint64_t id_stride = 1,
+             uint64_t id_offset = 0)
+      : allocator_(pool_size, alignment), next_id_(id_offset + 1), id_stride_(id_stride) {}
 
   struct Queued {};
   using RequestOutcome = std::variant<LeaseRecord, Queued, Refusal>;
@@ -85,22 +91,22 @@ class LeaseTable {
 
   // Only the owner may resize or release. Errors: NoSuchLease, NotOwner,
   // InvalidArgument (size 0), TooLarge, NoSpace (cannot grow in place).
-  std::variant<LeaseRecord, Refusal> resize(const std::string& owner, uint64_t lease_id,
+  std::variant<LeaseRecord, Refusal> resize(const LeaseOwner& owner, uint64_t lease_id,
                                             uint64_t size);
-  std::optional<Refusal> release(const std::string& owner, uint64_t lease_id);
+  std::optional<Refusal> release(const LeaseOwner& owner, uint64_t lease_id);
 
   // Releases every lease of `owner` and drops its waiting requests. Returns
   // the number of leases and bytes reclaimed.
-  std::pair<size_t, uint64_t> release_all(const std::string& owner);
+  std::pair<size_t, uint64_t> release_all(const LeaseOwner& owner);
   // Gives every lease of `from` to `to` (nobody may use them; they are held
   // back until released) and drops the waiting requests of `from`. Returns
   // the number of leases and bytes moved.
-  std::pair<size_t, uint64_t> transfer_all(const std::string& from, const std::string& to);
+  std::pair<size_t, uint64_t> transfer_all(const LeaseOwner& from, const LeaseOwner& to);
 
   // Gives lease `lease_id` to `owner` (a filling region's memory goes to
   // the agent that was filling it, to be released or fenced with its own).
   // False when there is no such lease.
-  bool reassign(uint64_t lease_id, const std::string& owner);
+  bool reassign(uint64_t lease_id, const LeaseOwner& owner);
 
   // Grants waiting requests that fit now and `admit` allows, in queue
   // order. Call after anything that frees memory.
@@ -117,18 +123,19 @@ class LeaseTable {
   const std::map<uint64_t, LeaseRecord>& leases() const { return leases_; }
   size_t waiting() const { return waiting_.size(); }
   const std::deque<PendingRequest>& waiting_requests() const { return waiting_; }
-  uint64_t leased_bytes(const std::string& owner) const;
-  size_t lease_count(const std::string& owner) const;
+  uint64_t leased_bytes(const LeaseOwner& owner) const;
+  size_t lease_count(const LeaseOwner& owner) const;
   const PoolAllocator& allocator() const { return allocator_; }
 
  private:
-  LeaseRecord record(const std::string& owner, PoolAllocator::Block block, PoolAllocator::End end);
+  LeaseRecord record(const LeaseOwner& owner, PoolAllocator::Block block, PoolAllocator::End end);
   std::string space_summary() const;
 
   PoolAllocator allocator_;
   std::map<uint64_t, LeaseRecord> leases_;
   std::deque<PendingRequest> waiting_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_;
+  uint64_t id_stride_;
 };
 
 }  // namespace leasehold

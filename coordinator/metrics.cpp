@@ -16,25 +16,26 @@ namespace {
 // alert on one does not see it vanish.
 constexpr const char* kAgentStates[] = {"idle", "leasing", "running", "warming", "restarting"};
 
-// Builds families whose every series carries gpu and UUID.
+using Labels = std::vector<prometheus::ClientMetric::Label>;
+
+Labels device_labels(const std::string& gpu, const std::string& uuid) {
+  return {{"gpu", gpu}, {"UUID", uuid}};
+}
+
+// Builds the families, a series at a time.
 class Families {
  public:
-  Families(const std::string& gpu, const std::string& uuid)
-      : common_{{"gpu", gpu}, {"UUID", uuid}} {}
-
-  void gauge(const char* name, const char* help, double value,
-             std::vector<prometheus::ClientMetric::Label> labels = {}) {
+  void gauge(const char* name, const char* help, double value, Labels labels = {}) {
     family(name, help, prometheus::MetricType::Gauge).metric.push_back(point(labels));
     out_.back().metric.back().gauge.value = value;
   }
-  void counter(const char* name, const char* help, double value,
-               std::vector<prometheus::ClientMetric::Label> labels = {}) {
+  void counter(const char* name, const char* help, double value, Labels labels = {}) {
     family(name, help, prometheus::MetricType::Counter).metric.push_back(point(labels));
     out_.back().metric.back().counter.value = value;
   }
-  void histogram(const char* name, const char* help, const LeaseStats& s) {
+  void histogram(const char* name, const char* help, const LeaseStats& s, Labels labels) {
     auto& m = family(name, help, prometheus::MetricType::Histogram).metric;
-    m.push_back(point({}));
+    m.push_back(point(labels));
     auto& h = m.back().histogram;
     h.sample_count = s.grants;
     h.sample_sum = s.waited_seconds;
@@ -56,67 +57,85 @@ class Families {
     }
     return out_.back();
   }
-  prometheus::ClientMetric point(std::vector<prometheus::ClientMetric::Label> labels) const {
+  static prometheus::ClientMetric point(Labels labels) {
     prometheus::ClientMetric m;
-    m.label = common_;
-    m.label.insert(m.label.end(), labels.begin(), labels.end());
+    m.label = std::move(labels);
     // Prometheus refuses a whole scrape over one label value that is not
     // UTF-8 (a job name is the submitter's bytes).
     for (auto& l : m.label) l.value = printable(l.value);
     return m;
   }
 
-  std::vector<prometheus::ClientMetric::Label> common_;
   std::vector<prometheus::MetricFamily> out_;
 };
 
 }  // namespace
 
 MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
-                                      const proto::StatusReplyT& status, std::string gpu,
-                                      std::string uuid) {
+                                      const proto::StatusReplyT& status) {
   MetricsSnapshot s;
-  s.gpu = std::move(gpu);
-  s.uuid = std::move(uuid);
-  if (status.pool) {
-    if (status.pool->info) s.pool_bytes = status.pool->info->size;
-    s.used_bytes = status.pool->used_bytes;
-    s.free_bytes = status.pool->free_bytes;
-    s.largest_free_bytes = status.pool->largest_free_bytes;
-    s.free_blocks = status.pool->free_blocks;
-  }
-  s.occupancy = status.occupancy ? status.occupancy->occupancy
-                : s.pool_bytes   ? double(s.used_bytes) / double(s.pool_bytes)
-                                 : 0;
-  s.requests_waiting = status.pending_requests;
   s.uptime_seconds = double(status.uptime_ms) / 1000;
-
-  for (const char* state : kAgentStates) s.agents_by_state[state] = 0;
+  std::map<int, size_t> index;  // ordinal -> s.devices
+  for (const auto& d : status.devices) {
+    if (!d->pool || !d->pool->info) continue;
+    const int ordinal = d->pool->info->device;
+    const DeviceState& dev = core.device(ordinal);
+    index[ordinal] = s.devices.size();
+    DeviceSeries& ds = s.devices.emplace_back();
+    ds.gpu = std::to_string(ordinal);
+    ds.uuid = d->pool->info->uuid;
+    ds.pool_bytes = d->pool->info->size;
+    ds.used_bytes = d->pool->used_bytes;
+    ds.free_bytes = d->pool->free_bytes;
+    ds.largest_free_bytes = d->pool->largest_free_bytes;
+    ds.free_blocks = d->pool->free_blocks;
+    ds.occupancy = d->occupancy    ? d->occupancy->occupancy
+                   : ds.pool_bytes ? double(ds.used_bytes) / double(ds.pool_bytes)
+                                   : 0;
+    ds.requests_waiting = d->pending_requests;
+    for (const char* state : kAgentStates) ds.agents_by_state[state] = 0;
+    for (const auto& [name, region] : dev.regions.all()) {
+      if (region.lease_id == 0) continue;
+      ++ds.regions_resident;
+      ++ds.region_leases;
+      ds.region_bytes += region.lease_bytes;
+    }
+    ds.region_hits = dev.regions.hits;
+    ds.region_misses = dev.regions.misses;
+    ds.region_evictions = dev.regions.evictions;
+    ds.lease_stats = dev.stats;
+  }
+  for (const auto& l : status.leases) {
+    if (auto it = index.find(l->device);
+        it != index.end() && l->holder != proto::LeaseHolder::Region) {
+      ++s.devices[it->second].leases_held;
+    }
+  }
   // A job's memory: its agent's leases, and a program job's also those of
   // its program's own session (an entry of its own, carrying the job's id).
   std::map<uint64_t, uint64_t> leased_by_job;
+  std::map<std::string, int> device_of_agent;
   for (const auto& a : status.agents) {
-    ++s.agents_by_state[a->state];
+    device_of_agent[a->name] = a->device;
+    if (auto it = index.find(a->device); it != index.end()) {
+      ++s.devices[it->second].agents_by_state[a->state];
+    }
     if (a->job_id) leased_by_job[a->job_id] += a->leased_bytes;
   }
-  for (const auto& [name, region] : core.regions().all()) {
-    if (region.lease_id == 0) continue;
-    ++s.regions_resident;
-    ++s.region_leases;
-    s.region_bytes += region.lease_bytes;
-  }
-  s.leases_held = status.leases.size() - std::min<uint64_t>(status.leases.size(), s.region_leases);
-  s.region_hits = core.regions().hits;
-  s.region_misses = core.regions().misses;
-  s.region_evictions = core.regions().evictions;
 
-  for (JobState state : {JobState::Queued, JobState::Running, JobState::Succeeded,
-                         JobState::Failed, JobState::Cancelled}) {
+  for (JobState state : {JobState::Queued, JobState::Running, JobState::Succeeded, JobState::Failed,
+                         JobState::Cancelled}) {
     s.jobs_by_state[job_state_name(state)] = core.jobs().count(state);
   }
   for (uint64_t id : core.jobs().running()) {
     const JobRecord& job = *core.jobs().find(id);
     JobSeries j;
+    if (auto a = device_of_agent.find(job.agent); a != device_of_agent.end()) {
+      if (auto it = index.find(a->second); it != index.end()) {
+        j.gpu = s.devices[it->second].gpu;
+        j.uuid = s.devices[it->second].uuid;
+      }
+    }
     j.id = id;
     j.name = job.name;
     j.agent = job.agent;
@@ -140,7 +159,6 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
     j.shrunk_bytes = job.shrunk_bytes;
     s.running.push_back(std::move(j));
   }
-  s.lease_stats = core.lease_stats();
   for (Interruption i : kInterruptions) {
     auto it = core.interruptions().find(i);
     s.interruptions[std::string(interruption_name(i))] =
@@ -151,31 +169,57 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
 }
 
 std::string render_metrics(const MetricsSnapshot& s) {
-  Families f(s.gpu, s.uuid);
-  f.gauge("leasehold_pool_size_bytes", "Size of the pool", double(s.pool_bytes));
-  f.gauge("leasehold_pool_used_bytes", "Bytes of the pool leased (agents and regions)",
-          double(s.used_bytes));
-  f.gauge("leasehold_pool_free_bytes", "Bytes of the pool not leased", double(s.free_bytes));
-  f.gauge("leasehold_pool_largest_free_block_bytes", "Largest free block of the pool",
-          double(s.largest_free_bytes));
-  f.gauge("leasehold_pool_free_blocks", "Free blocks of the pool (fragmentation)",
-          double(s.free_blocks));
-  f.gauge("leasehold_pool_occupancy_ratio", "Leased bytes / pool size", s.occupancy);
-  f.gauge("leasehold_leases", "Leases by state", double(s.leases_held), {{"state", "held"}});
-  f.gauge("leasehold_leases", "Leases by state", double(s.region_leases), {{"state", "region"}});
-  f.gauge("leasehold_leases", "Leases by state", double(s.requests_waiting),
-          {{"state", "waiting"}});
-  for (const auto& [state, n] : s.agents_by_state) {
-    f.gauge("leasehold_agents", "Agents by state", double(n), {{"state", state}});
-  }
-  const LeaseStats& l = s.lease_stats;
-  f.counter("leasehold_lease_grants_total", "Lease requests granted", double(l.grants));
-  f.counter("leasehold_lease_refusals_total", "Lease requests refused at once",
-            double(l.refusals));
-  f.counter("leasehold_lease_timeouts_total",
-            "Lease requests refused after waiting until their deadline", double(l.timeouts));
-  f.histogram("leasehold_lease_grant_latency_seconds",
-              "Time a granted lease request waited for memory", l);
+  Families f;
+  // One family at a time (the text format wants a family's series
+  // together), a series per device.
+  auto per_device = [&](auto add) {
+    for (const auto& d : s.devices) add(d, device_labels(d.gpu, d.uuid));
+  };
+  auto device_gauge = [&](const char* name, const char* help, auto value) {
+    per_device([&](const DeviceSeries& d, Labels l) { f.gauge(name, help, value(d), l); });
+  };
+  auto device_counter = [&](const char* name, const char* help, auto value) {
+    per_device([&](const DeviceSeries& d, Labels l) { f.counter(name, help, value(d), l); });
+  };
+  device_gauge("leasehold_pool_size_bytes", "Size of the pool",
+               [](const DeviceSeries& d) { return double(d.pool_bytes); });
+  device_gauge("leasehold_pool_used_bytes", "Bytes of the pool leased (agents and regions)",
+               [](const DeviceSeries& d) { return double(d.used_bytes); });
+  device_gauge("leasehold_pool_free_bytes", "Bytes of the pool not leased",
+               [](const DeviceSeries& d) { return double(d.free_bytes); });
+  device_gauge("leasehold_pool_largest_free_block_bytes", "Largest free block of the pool",
+               [](const DeviceSeries& d) { return double(d.largest_free_bytes); });
+  device_gauge("leasehold_pool_free_blocks", "Free blocks of the pool (fragmentation)",
+               [](const DeviceSeries& d) { return double(d.free_blocks); });
+  device_gauge("leasehold_pool_occupancy_ratio", "Leased bytes / pool size",
+               [](const DeviceSeries& d) { return d.occupancy; });
+  per_device([&](const DeviceSeries& d, Labels l) {
+    for (auto [state, n] : {std::pair{"held", d.leases_held},
+                            {"region", d.region_leases},
+                            {"waiting", d.requests_waiting}}) {
+      Labels with = l;
+      with.push_back({"state", state});
+      f.gauge("leasehold_leases", "Leases by state", double(n), std::move(with));
+    }
+  });
+  per_device([&](const DeviceSeries& d, Labels l) {
+    for (const auto& [state, n] : d.agents_by_state) {
+      Labels with = l;
+      with.push_back({"state", state});
+      f.gauge("leasehold_agents", "Agents by state", double(n), std::move(with));
+    }
+  });
+  device_counter("leasehold_lease_grants_total", "Lease requests granted",
+                 [](const DeviceSeries& d) { return double(d.lease_stats.grants); });
+  device_counter("leasehold_lease_refusals_total", "Lease requests refused at once",
+                 [](const DeviceSeries& d) { return double(d.lease_stats.refusals); });
+  device_counter("leasehold_lease_timeouts_total",
+                 "Lease requests refused after waiting until their deadline",
+                 [](const DeviceSeries& d) { return double(d.lease_stats.timeouts); });
+  per_device([&](const DeviceSeries& d, Labels l) {
+    f.histogram("leasehold_lease_grant_latency_seconds",
+                "Time a granted lease request waited for memory", d.lease_stats, std::move(l));
+  });
   for (const auto& [state, n] : s.jobs_by_state) {
     f.gauge("leasehold_jobs", "Jobs by state", double(n), {{"state", state}});
   }
@@ -188,9 +232,11 @@ std::string render_metrics(const MetricsSnapshot& s) {
   auto per_job = [&](const char* name, const char* help, bool counter, auto value) {
     for (const auto& j : s.running) {
       if (std::isnan(value(j))) continue;  // nothing to show yet
-      std::vector<prometheus::ClientMetric::Label> labels{
-          {"job_id", std::to_string(j.id)}, {"name", j.name}, {"agent", j.agent},
-          {"user", j.user}};
+      Labels labels = device_labels(j.gpu, j.uuid);
+      labels.insert(labels.end(), {{"job_id", std::to_string(j.id)},
+                                   {"name", j.name},
+                                   {"agent", j.agent},
+                                   {"user", j.user}});
       if (counter) {
         f.counter(name, help, value(j), std::move(labels));
       } else {
@@ -238,17 +284,18 @@ std::string render_metrics(const MetricsSnapshot& s) {
               "Lease requests of a program job's plug-in that reached the coordinator", true,
               [](const ProgramSeries& p) { return p.lease_requests; });
   per_program("leasehold_job_program_outside_pool_bytes",
-              "A program job's own device memory outside the pool (CUDA context included)",
-              false, [](const ProgramSeries& p) { return p.outside_pool_bytes; });
-  f.gauge("leasehold_regions", "Shared cache regions resident in the pool",
-          double(s.regions_resident));
-  f.gauge("leasehold_region_bytes", "Pool bytes of resident regions", double(s.region_bytes));
-  f.counter("leasehold_region_hits_total", "Region attaches that found it ready",
-            double(s.region_hits));
-  f.counter("leasehold_region_misses_total", "Region attaches that had to fill it",
-            double(s.region_misses));
-  f.counter("leasehold_region_evictions_total", "Regions evicted to free memory",
-            double(s.region_evictions));
+              "A program job's own device memory outside the pool (CUDA context included)", false,
+              [](const ProgramSeries& p) { return p.outside_pool_bytes; });
+  device_gauge("leasehold_regions", "Shared cache regions resident in the pool",
+               [](const DeviceSeries& d) { return double(d.regions_resident); });
+  device_gauge("leasehold_region_bytes", "Pool bytes of resident regions",
+               [](const DeviceSeries& d) { return double(d.region_bytes); });
+  device_counter("leasehold_region_hits_total", "Region attaches that found it ready",
+                 [](const DeviceSeries& d) { return double(d.region_hits); });
+  device_counter("leasehold_region_misses_total", "Region attaches that had to fill it",
+                 [](const DeviceSeries& d) { return double(d.region_misses); });
+  device_counter("leasehold_region_evictions_total", "Regions evicted to free memory",
+                 [](const DeviceSeries& d) { return double(d.region_evictions); });
   f.counter("leasehold_device_faults_total", "Device faults agents reported",
             double(s.device_faults));
   f.gauge("leasehold_uptime_seconds", "Seconds since the coordinator started", s.uptime_seconds);

@@ -16,11 +16,13 @@ OccupancyPolicy::OccupancyPolicy(OccupancyOptions options) : opt_(options) {
 }
 
 uint64_t OccupancyPolicy::low_bytes(const PoolView& pool) const {
-  return static_cast<uint64_t>(std::floor(opt_.low_watermark * static_cast<double>(pool.pool_size)));
+  return static_cast<uint64_t>(
+      std::floor(opt_.low_watermark * static_cast<double>(pool.pool_size)));
 }
 
 uint64_t OccupancyPolicy::high_bytes(const PoolView& pool) const {
-  return static_cast<uint64_t>(std::floor(opt_.high_watermark * static_cast<double>(pool.pool_size)));
+  return static_cast<uint64_t>(
+      std::floor(opt_.high_watermark * static_cast<double>(pool.pool_size)));
 }
 
 Pick OccupancyPolicy::pick_job(const AgentRecord&, std::span<JobRecord* const> queued,
@@ -57,13 +59,12 @@ bool OccupancyPolicy::may_grant(const PendingRequest& request, const PoolView& p
     // anyone is shrinking; growth it needs (nothing left to spill) may go up
     // to the high one, the only one that makes anyone shrink: refusing it
     // would fail the job with the memory free.
-    bool others_wait = std::any_of(pool.waiting.begin(), pool.waiting.end(),
-                                   [&](const PendingRequest& w) {
-                                     return !pool.opportunistic(w) && w.owner != request.owner;
-                                   });
+    bool others_wait =
+        std::any_of(pool.waiting.begin(), pool.waiting.end(), [&](const PendingRequest& w) {
+          return !pool.opportunistic(w) && w.owner != request.owner;
+        });
     if (others_wait || (!request.needed && pool.shrink_pending() != 0)) return false;
-    return growth_future(request, pool) <=
-           (request.needed ? high_bytes(pool) : low_bytes(pool));
+    return growth_future(request, pool) <= (request.needed ? high_bytes(pool) : low_bytes(pool));
   }
   // Within a guaranteed share, or an agent without a job: granted while the
   // pool stays below the high watermark; above it, first the memory held
@@ -95,7 +96,8 @@ std::vector<ShrinkOrder> OccupancyPolicy::orders(const PoolView& pool, uint64_t 
     // from its checkpoint, which is what lets the others go on (seen: a
     // job blocked in a needed lease that was never asked kept a waiting
     // guaranteed request from ever being served).
-    if (needy && (a.name == needy->owner || (requester && a.priority > requester->priority))) {
+    if (needy && (LeaseOwner::agent(a.name) == needy->owner ||
+                  (requester && a.priority > requester->priority))) {
       continue;
     }
     candidates.push_back(&a);
@@ -135,8 +137,7 @@ std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
   const std::string occupancy =
       "occupancy " + std::to_string(static_cast<int>(pool.occupancy() * 100)) + "% with ";
   auto watermark = [&](uint64_t unfit_bytes) {
-    return " (high watermark " + std::to_string(static_cast<int>(opt_.high_watermark * 100)) +
-           "%" +
+    return " (high watermark " + std::to_string(static_cast<int>(opt_.high_watermark * 100)) + "%" +
            (unfit_bytes ? ", largest free block " + format_bytes(pool.largest_free)
                         : std::string()) +
            ")";
@@ -150,7 +151,7 @@ std::vector<ShrinkOrder> OccupancyPolicy::shrinks(const PoolView& pool) {
       const uint64_t future = growth_future(w, pool);
       const uint64_t w_unfit = w.size > pool.largest_free ? w.size : 0;
       auto out = orders(pool, std::max(future > high ? future - high : 0, w_unfit), &w,
-                        occupancy + "agent '" + w.owner + "' needing " + format_bytes(w.size) +
+                        occupancy + w.owner.describe() + " needing " + format_bytes(w.size) +
                             " it cannot spill" + watermark(w_unfit));
       if (!out.empty()) return out;
     }

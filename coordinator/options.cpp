@@ -1,8 +1,9 @@
 #include "coordinator/options.h"
 
-#include <CLI/CLI.hpp>
 #include <toml++/toml.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,53 @@ uint32_t parse_mode(const std::string& text) {
   return static_cast<uint32_t>(v);
 }
 
+// Devices a coordinator may serve (more than any server has).
+constexpr int64_t kMaxDevices = 64;
+
+int parse_ordinal(const std::string& text) {
+  auto v = whole_number(text);
+  if (!v || *v < 0 || *v >= kMaxDevices) {
+    throw std::invalid_argument("'" + text + "' is not a device ordinal (0 to " +
+                                std::to_string(kMaxDevices - 1) + ")");
+  }
+  return static_cast<int>(*v);
+}
+
+// The comma-separated items of `text`, trimmed; an empty one is an error.
+std::vector<std::string> items(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) throw std::invalid_argument("'" + text + "' has an empty item");
+    out.push_back(item.substr(b, e - b + 1));
+  }
+  if (out.empty() || text.back() == ',') {
+    throw std::invalid_argument("'" + text + "' has an empty item");
+  }
+  return out;
+}
+
+std::vector<int> parse_devices(const std::string& text) {
+  if (text == "all") return {};
+  std::vector<int> out;
+  for (const auto& item : items(text)) {
+    int ordinal = parse_ordinal(item);
+    if (std::find(out.begin(), out.end(), ordinal) != out.end()) {
+      throw std::invalid_argument("device " + item + " is listed twice");
+    }
+    out.push_back(ordinal);
+  }
+  return out;
+}
+
+std::vector<SizeSpec> parse_pool_sizes(const std::string& text) {
+  std::vector<SizeSpec> out;
+  for (const auto& item : items(text)) out.push_back(parse_size_spec(item));
+  return out;
+}
+
 bool parse_bool(const std::string& text) {
   if (text == "true" || text == "on" || text == "yes") return true;
   if (text == "false" || text == "off" || text == "no") return false;
@@ -101,14 +149,21 @@ const std::vector<Option>& options() {
        "ZeroMQ endpoint to bind (default: $LEASEHOLD_ENDPOINT or an ipc:// socket in the runtime "
        "directory)",
        [](O& o, V v) { o.endpoint = v; }},
-      {"events_endpoint", nullptr, "PUB endpoint for job events (default: next to the ipc endpoint)",
+      {"events_endpoint", nullptr,
+       "PUB endpoint for job events (default: next to the ipc endpoint)",
        [](O& o, V v) { o.events_endpoint = v; }},
       {"backend", nullptr, "auto|cuda|host (default auto)", [](O& o, V v) { o.backend = v; }},
-      {"device", nullptr, "CUDA device ordinal (default 0)",
-       [](O& o, V v) { o.device = parse_int(v); }},
+      {"devices", nullptr, "CUDA devices to serve, a pool each: all (default) or ordinals (0,2,3)",
+       [](O& o, V v) { o.devices = parse_devices(v); }},
+      {"device", nullptr, "one CUDA device to serve (the same as --devices N)",
+       [](O& o, V v) { o.devices = {parse_ordinal(v)}; }},
+      {"host_devices", nullptr,
+       "host backend: this many devices, each a shared-memory segment of pool_size (default 1)",
+       [](O& o, V v) { o.host_devices = static_cast<int>(parse_count(v, kMaxDevices)); }},
       {"pool_size", nullptr,
-       "pool size: bytes with a unit (4GiB) or a share of free memory (90%)",
-       [](O& o, V v) { o.pool_size = parse_size_spec(v); }},
+       "pool size of each device: bytes with a unit (4GiB) or a share of its free memory (90%); "
+       "one for all, or one per device (40GiB,60GiB)",
+       [](O& o, V v) { o.pool_size = parse_pool_sizes(v); }},
       {"alignment", nullptr, "lease alignment (default 2MiB)",
        [](O& o, V v) { o.alignment = parse_bytes(v); }},
       {"heartbeat_interval", nullptr, "agent heartbeat interval (default 1s)",
@@ -179,7 +234,8 @@ const std::vector<Option>& options() {
        "only members of this group (and root, and the coordinator's user) may register as agents "
        "(default: only root and the coordinator's user; \"*\": anyone who can reach the socket)",
        [](O& o, V v) { o.agent_group = v; }},
-      {"client_group", nullptr, "only members of this group (and root) may submit jobs and drop regions",
+      {"client_group", nullptr,
+       "only members of this group (and root) may submit jobs and drop regions",
        [](O& o, V v) { o.client_group = v; }},
       {"program_group", nullptr,
        "only members of this group (and root, and the coordinator's user) may submit program "
@@ -189,7 +245,8 @@ const std::vector<Option>& options() {
       {"admin_group", nullptr,
        "members may cancel anyone's job (a submitter may always cancel their own)",
        [](O& o, V v) { o.admin_group = v; }},
-      {"socket_mode", nullptr, "octal mode of the ipc:// socket files: who may connect (default 0660)",
+      {"socket_mode", nullptr,
+       "octal mode of the ipc:// socket files: who may connect (default 0660)",
        [](O& o, V v) { o.socket_mode = parse_mode(v); }},
       {"socket_group", nullptr,
        "group of the ipc:// socket files and of a socket folder the coordinator creates "
@@ -241,8 +298,19 @@ std::string as_text(const toml::node& node, const std::string& key, const std::s
     out << *d;
     return out.str();
   }
-  throw std::invalid_argument(source + ": key '" + key +
-                              "' must be a string, a number or a boolean");
+  // An array (devices = [0, 1], pool_size = ["40GiB", "60%"]) as the
+  // comma-separated list a flag would carry.
+  const bool list_key = key == "devices" || key == "pool_size";
+  if (const auto* array = node.as_array(); list_key && array && !array->empty()) {
+    std::string joined;
+    for (const auto& item : *array) {
+      if (item.is_array() || item.is_table()) break;
+      joined += (joined.empty() ? "" : ",") + as_text(item, key, source);
+    }
+    if (!joined.empty()) return joined;
+  }
+  throw std::invalid_argument(source + ": key '" + key + "' must be a string, a number" +
+                              (list_key ? ", or a list of them" : " or a boolean"));
 }
 
 }  // namespace
@@ -283,15 +351,24 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.backend != "auto" && opts.backend != "cuda" && opts.backend != "host") {
     throw std::invalid_argument("backend '" + opts.backend + "' is not one of auto, cuda, host");
   }
-  if (opts.device < 0) throw std::invalid_argument("device must be >= 0");
+  if (opts.host_devices < 1) throw std::invalid_argument("host_devices must be at least 1");
+  if (opts.pool_size.empty()) throw std::invalid_argument("pool_size is empty");
+  if (opts.pool_size.size() > 1 && !opts.devices.empty() &&
+      opts.pool_size.size() != opts.devices.size()) {
+    throw std::invalid_argument("pool_size lists " + std::to_string(opts.pool_size.size()) +
+                                " sizes for " + std::to_string(opts.devices.size()) +
+                                " devices: give one for all, or one per device");
+  }
   if (opts.http_listen != "off") parse_http_listen(opts.http_listen);
   if (!is_power_of_two(opts.alignment) || opts.alignment < 256) {
     throw std::invalid_argument("alignment " + std::to_string(opts.alignment) +
                                 " must be a power of two of at least 256 bytes");
   }
-  if (opts.pool_size.percent == 0 && opts.pool_size.bytes < opts.alignment) {
-    throw std::invalid_argument("pool_size " + opts.pool_size.to_string() +
-                                " is smaller than the alignment");
+  for (const SizeSpec& size : opts.pool_size) {
+    if (size.percent == 0 && size.bytes < opts.alignment) {
+      throw std::invalid_argument("pool_size " + size.to_string() +
+                                  " is smaller than the alignment");
+    }
   }
   if (opts.heartbeat_interval.count() < 10) {
     throw std::invalid_argument("heartbeat_interval must be at least 10ms");
@@ -328,10 +405,10 @@ void validate(const CoordinatorOptions& opts) {
     throw std::invalid_argument("recovery_grace must not be negative");
   }
   for (auto [name, value] : {std::pair{"queued_per_user", opts.queued_per_user},
-                              {"job_epochs_kept", opts.job_epochs_kept},
-                              {"job_history_kept", opts.job_history_kept},
-                              {"waiting_per_agent", opts.waiting_per_agent},
-                              {"malformed_limit", opts.malformed_limit}}) {
+                             {"job_epochs_kept", opts.job_epochs_kept},
+                             {"job_history_kept", opts.job_history_kept},
+                             {"waiting_per_agent", opts.waiting_per_agent},
+                             {"malformed_limit", opts.malformed_limit}}) {
     if (value < 1) throw std::invalid_argument(std::string(name) + " must be at least 1");
   }
   if (opts.job_retention_count < 1) {
@@ -362,19 +439,21 @@ void validate(const CoordinatorOptions& opts) {
   if (opts.shrink_timeout.count() < 10) {
     throw std::invalid_argument("shrink_timeout must be at least 10ms");
   }
-  if (opts.assign_timeout.count() <= 0) throw std::invalid_argument("assign_timeout must be positive");
+  if (opts.assign_timeout.count() <= 0)
+    throw std::invalid_argument("assign_timeout must be positive");
   // A cancelled job's agent may be waiting for a lease, which no StopJob
   // interrupts: it must have time to get its answer and stop.
   if (opts.stop_timeout <= opts.lease_wait_timeout + 2 * opts.heartbeat_interval) {
-    throw std::invalid_argument(
-        "stop_timeout (" + std::to_string(opts.stop_timeout.count()) +
-        " ms) must be longer than lease_wait_timeout (" +
-        std::to_string(opts.lease_wait_timeout.count()) + " ms) and two heartbeat intervals");
+    throw std::invalid_argument("stop_timeout (" + std::to_string(opts.stop_timeout.count()) +
+                                " ms) must be longer than lease_wait_timeout (" +
+                                std::to_string(opts.lease_wait_timeout.count()) +
+                                " ms) and two heartbeat intervals");
   }
   for (const std::string& e : {opts.endpoint, opts.events_endpoint}) {
     if (needs_curve(e) && (opts.curve_key.empty() || opts.curve_allowed_keys.empty())) {
       throw std::invalid_argument(
-          e + " is a network endpoint, which Leasehold serves only with CURVE: set curve_key "
+          e +
+          " is a network endpoint, which Leasehold serves only with CURVE: set curve_key "
           "(a key pair file from `leasehold keygen`) and curve_allowed_keys (a directory of the "
           "clients' and agents' .pub files)");
     }

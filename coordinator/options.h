@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shared/endpoint.h"  // default_state_dir
 #include "shared/units.h"
@@ -24,10 +25,17 @@ struct CoordinatorOptions {
   std::string http_listen = "127.0.0.1:9464";
   // auto | cuda | host. auto picks cuda when a GPU is visible.
   std::string backend = "auto";
-  // CUDA device ordinal the pool lives on (ignored on host).
-  int device = 0;
-  // Pool size: bytes, or a share of the device's free memory at start.
-  SizeSpec pool_size{0, 80.0};
+  // The CUDA devices served, a pool each: their ordinals (empty: every
+  // visible device). Ignored on the host backend (see host_devices).
+  std::vector<int> devices;
+  // The host backend's devices: this many separate shared-memory segments,
+  // ordinals 0..N-1, so that the multi-device paths run without a GPU.
+  int host_devices = 1;
+  // Pool size of each device: bytes, or a share of that device's free
+  // memory at start (on the host backend, of the free host memory divided
+  // among host_devices). One value for every device, or one per device in
+  // the order of `devices`.
+  std::vector<SizeSpec> pool_size{SizeSpec{0, 80.0}};
   // Every lease offset and size is a multiple of this. 2 MiB matches the
   // GPU's large-page granularity; smaller values waste less on small leases.
   uint64_t alignment = 2ull << 20;

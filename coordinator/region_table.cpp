@@ -6,14 +6,15 @@ namespace leasehold {
 
 const char* region_state_name(RegionState s) {
   switch (s) {
-    case RegionState::Filling: return "filling";
-    case RegionState::Ready: return "ready";
-    case RegionState::Evicted: return "evicted";
+    case RegionState::Filling:
+      return "filling";
+    case RegionState::Ready:
+      return "ready";
+    case RegionState::Evicted:
+      return "evicted";
   }
   return "?";
 }
-
-std::string region_owner(std::string_view region) { return "region/" + std::string(region); }
 
 uint32_t RegionRecord::refcount() const {
   uint32_t n = 0;
@@ -34,6 +35,7 @@ const RegionRecord* RegionTable::find(std::string_view name) const {
 RegionRecord& RegionTable::upsert(const std::string& name) {
   RegionRecord& r = regions_[name];
   r.name = name;
+  r.device = device_;
   return r;
 }
 

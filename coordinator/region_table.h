@@ -1,8 +1,9 @@
 // Shared cache regions: named ranges of the pool that outlive the jobs that
 // fill them (a decoded dataset, a model's parameters), reference-counted by
 // the agents attached to them and kept as a cache after the last detach.
-// Pure bookkeeping: a region's memory is a lease in the LeaseTable owned by
-// region_owner(name); the core (core_regions.cpp) places, evicts and frees
+// Pure bookkeeping: a region's memory is a lease in its device's LeaseTable
+// owned by LeaseOwner::region(name); the core (core_regions.cpp) places,
+// evicts and frees
 // it and talks to the agents. The rules are in coordinator/regions.md.
 //
 // Thread safety: none; the coordinator's core owns it.
@@ -25,15 +26,12 @@ namespace leasehold {
 enum class RegionState { Filling, Ready, Evicted };
 const char* region_state_name(RegionState s);
 
-// The lease-table owner of a region's memory. Agent names cannot contain
-// '/', so no agent can hold (or release) it.
-std::string region_owner(std::string_view region);
-
 struct RegionRecord {
   std::string name;
+  int device = 0;  // whose pool it is in (each device has a table of its own)
   RegionState state = RegionState::Filling;
-  uint64_t size = 0;       // bytes asked for (the lease is aligned up)
-  uint64_t lease_id = 0;   // its memory while Filling or Ready; 0 when evicted
+  uint64_t size = 0;      // bytes asked for (the lease is aligned up)
+  uint64_t lease_id = 0;  // its memory while Filling or Ready; 0 when evicted
   uint64_t offset = 0;
   uint64_t lease_bytes = 0;
   std::string filler;                        // the agent writing it (Filling)
@@ -61,6 +59,8 @@ struct RegionWaiter {
 
 class RegionTable {
  public:
+  // The regions of device `device`'s pool.
+  explicit RegionTable(int device = 0) : device_(device) {}
   RegionRecord* find(std::string_view name);
   const RegionRecord* find(std::string_view name) const;
   // A new record (Filling, no memory yet) or the evicted one of that name.
@@ -86,6 +86,7 @@ class RegionTable {
   uint64_t hits = 0, misses = 0, evictions = 0;
 
  private:
+  int device_;
   std::map<std::string, RegionRecord, std::less<>> regions_;
   std::deque<RegionWaiter> waiters_;
 };

@@ -2,10 +2,22 @@
 
 namespace leasehold {
 
-std::unique_ptr<proto::LeaseT> lease_object(const LeaseRecord& rec) {
+std::unique_ptr<proto::LeaseT> lease_object(const LeaseRecord& rec, int device) {
   auto l = std::make_unique<proto::LeaseT>();
   l->id = rec.id;
-  l->agent = rec.owner;
+  l->agent = rec.owner.name;
+  switch (rec.owner.kind) {
+    case LeaseOwner::Kind::Agent:
+      l->holder = proto::LeaseHolder::Agent;
+      break;
+    case LeaseOwner::Kind::Fenced:
+      l->holder = proto::LeaseHolder::Fenced;
+      break;
+    case LeaseOwner::Kind::Region:
+      l->holder = proto::LeaseHolder::Region;
+      break;
+  }
+  l->device = device;
   l->offset = rec.offset;
   l->size = rec.size;
   l->end = rec.end == PoolAllocator::End::High ? proto::LeaseEnd::High : proto::LeaseEnd::Low;
@@ -22,6 +34,7 @@ std::unique_ptr<proto::PoolInfoT> pool_info_object(const PoolDescriptor& desc) {
   p->alignment = desc.alignment;
   p->handle = desc.handle;
   p->epoch = desc.epoch;
+  p->uuid = desc.uuid;
   return p;
 }
 

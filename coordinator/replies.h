@@ -11,7 +11,8 @@
 
 namespace leasehold {
 
-std::unique_ptr<proto::LeaseT> lease_object(const LeaseRecord& rec);
+// `rec` of device `device`'s lease table, as the wire says it.
+std::unique_ptr<proto::LeaseT> lease_object(const LeaseRecord& rec, int device);
 std::unique_ptr<proto::PoolInfoT> pool_info_object(const PoolDescriptor& desc);
 
 // Appends a message with `body` (any table of the Body union) to `out`;

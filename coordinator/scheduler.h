@@ -26,12 +26,12 @@ namespace leasehold {
 // One agent as the policy sees it.
 struct AgentShare {
   std::string name;
-  uint64_t job_id = 0;      // the job it runs; 0: none (its leases are unmanaged)
-  int priority = 0;         // its job's
-  uint64_t guaranteed = 0;  // its job's guaranteed share (memory_min, else the budget)
-  uint64_t leased = 0;      // what it holds now
+  uint64_t job_id = 0;          // the job it runs; 0: none (its leases are unmanaged)
+  int priority = 0;             // its job's
+  uint64_t guaranteed = 0;      // its job's guaranteed share (memory_min, else the budget)
+  uint64_t leased = 0;          // what it holds now
   uint64_t shrink_pending = 0;  // asked in a Shrink not answered yet
-  bool shrinkable = false;  // runs a job and may be asked now (none pending, not skipped)
+  bool shrinkable = false;      // runs a job and may be asked now (none pending, not skipped)
 
   bool managed() const { return job_id != 0; }
   // Bytes held above the guaranteed share.
@@ -43,15 +43,19 @@ struct AgentShare {
 // The pool as the policy sees it at one moment.
 struct PoolView {
   uint64_t pool_size = 0;
-  uint64_t used = 0;                      // leased bytes, fenced ones included
-  uint64_t largest_free = 0;              // the largest free block
+  uint64_t used = 0;          // leased bytes, fenced ones included
+  uint64_t largest_free = 0;  // the largest free block
   // Bytes of shared cache regions nobody is attached to: evicted (least
   // recently used first) when a waiting request or an admission needs them.
   uint64_t evictable = 0;
-  std::vector<AgentShare> agents;         // registered agents, by name
-  std::vector<PendingRequest> waiting;    // lease requests waiting, in queue order
+  std::vector<AgentShare> agents;       // registered agents, by name
+  std::vector<PendingRequest> waiting;  // lease requests waiting, in queue order
 
   const AgentShare* find(const std::string& name) const;
+  // The agent holding `owner`'s leases; null for a region or a fence.
+  const AgentShare* find(const LeaseOwner& owner) const {
+    return owner.is_agent() ? find(owner.name) : nullptr;
+  }
   // Guaranteed bytes of running jobs not leased yet, plus what agents
   // without a job wait for.
   uint64_t reserved() const;

@@ -49,9 +49,10 @@ void SessionCore::check_mps(const std::string& mps, const PoolDescriptor& desc) 
   std::lock_guard lock(state.mu);
   if (state.cuda_mapped) {
     if (!mps.empty() && mps != state.joined) {
-      spdlog::warn("the coordinator now runs under the MPS daemon of {}; this process {}: restart "
-                   "it to join",
-                   mps, state.joined.empty() ? "joined none" : "joined " + state.joined);
+      spdlog::warn(
+          "the coordinator now runs under the MPS daemon of {}; this process {}: restart "
+          "it to join",
+          mps, state.joined.empty() ? "joined none" : "joined " + state.joined);
     }
     return;
   }
@@ -65,9 +66,10 @@ void SessionCore::check_mps(const std::string& mps, const PoolDescriptor& desc) 
   } else if (!env) {
     // Inside somebody else's process the environment is theirs: whoever
     // started it sets the variable (the agent does for its program jobs).
-    spdlog::warn("the coordinator runs under the MPS daemon of {}, this process under none "
-                 "(CUDA_MPS_PIPE_DIRECTORY is not set); mapping its pool may fail",
-                 mps);
+    spdlog::warn(
+        "the coordinator runs under the MPS daemon of {}, this process under none "
+        "(CUDA_MPS_PIPE_DIRECTORY is not set); mapping its pool may fail",
+        mps);
   } else if (mps != env) {
     spdlog::warn("the coordinator runs under the MPS daemon of {}, this process under {}", mps,
                  env);
@@ -94,14 +96,13 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
       [&](flatbuffers::FlatBufferBuilder& fbb) {
         auto name = fbb.CreateString(opts.name);
         auto list = pack_jobs(fbb, jobs);
-        return std::pair{proto::Body::Register,
-                         proto::CreateRegister(fbb, name, getpid(), opts.device, list,
-                                               opts.takes_jobs, is_ready, outside,
-                                               static_cast<uint8_t>(opts.mps_thread_percentage),
-                                               instance.lo, instance.hi, stale, opts.job_id,
-                                               opts.attempt, opts.job_token.lo,
-                                               opts.job_token.hi)
-                             .Union()};
+        return std::pair{
+            proto::Body::Register,
+            proto::CreateRegister(fbb, name, getpid(), opts.device, list, opts.takes_jobs, is_ready,
+                                  outside, static_cast<uint8_t>(opts.mps_thread_percentage),
+                                  instance.lo, instance.hi, stale, opts.job_id, opts.attempt,
+                                  opts.job_token.lo, opts.job_token.hi)
+                .Union()};
       },
       timeout);
   r.throw_if_error();
@@ -118,6 +119,7 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   desc.alignment = p->alignment();
   desc.handle.assign(p->handle()->begin(), p->handle()->end());
   desc.epoch = p->epoch();
+  desc.uuid = std::string(str(p->uuid()));
 
   std::shared_ptr<PoolMapping> m;
   {
@@ -180,9 +182,10 @@ void SessionCore::heard(std::chrono::steady_clock::time_point sent) {
   }
   cv.notify_all();
   if (silent.count() > 0) {
-    spdlog::info("the coordinator at {} answers again after {} ms; the session and its leases "
-                 "hold",
-                 opts.endpoint, silent.count());
+    spdlog::info(
+        "the coordinator at {} answers again after {} ms; the session and its leases "
+        "hold",
+        opts.endpoint, silent.count());
   }
 }
 
@@ -195,10 +198,11 @@ void SessionCore::unanswered() {
     silence_noted = true;
     silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard);
   }
-  spdlog::warn("the coordinator at {} has not answered for {} ms (paused, busy or restarting); "
-               "leased memory is left untouched until it answers, and the session is void only "
-               "if another instance answers",
-               opts.endpoint, silent.count());
+  spdlog::warn(
+      "the coordinator at {} has not answered for {} ms (paused, busy or restarting); "
+      "leased memory is left untouched until it answers, and the session is void only "
+      "if another instance answers",
+      opts.endpoint, silent.count());
 }
 
 uint32_t SessionCore::stale_holds() const {
@@ -408,10 +412,9 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
   {
     std::lock_guard lock(core.mu);
     if (!core.connected) {
-      throw Error(ErrorCode::UnknownSender, "agent '" + core.opts.name +
-                                                "' is not registered with the coordinator at " +
-                                                core.opts.endpoint +
-                                                " right now (it restarted or is unreachable)");
+      throw Error(ErrorCode::UnknownSender,
+                  "agent '" + core.opts.name + "' is not registered with the coordinator at " +
+                      core.opts.endpoint + " right now (it restarted or is unreachable)");
     }
     session = core.session;
     epoch = core.epoch;
@@ -427,8 +430,7 @@ Reply control_request(SessionCore& core, const Connection::BodyBuilder& build,
   try {
     r = core.control->request(build, timeout);
   } catch (const Error& e) {
-    if (grants_lease &&
-        (e.code() == ErrorCode::Timeout || e.code() == ErrorCode::Interrupted)) {
+    if (grants_lease && (e.code() == ErrorCode::Timeout || e.code() == ErrorCode::Interrupted)) {
       core.abandoned_requests.insert(core.control->last_request_id());
     }
     throw;

@@ -11,6 +11,9 @@
 #include "shared/units.h"
 
 namespace leasehold::detail {
+
+std::string uuid_text(const cudaUUID_t& uuid);
+
 namespace {
 
 class CudaPool final : public DevicePool {
@@ -46,6 +49,7 @@ class CudaPool final : public DevicePool {
       desc_.handle.resize(sizeof handle);
       std::memcpy(desc_.handle.data(), &handle, sizeof handle);
       desc_.epoch = random_epoch();
+      desc_.uuid = uuid_text(prop.uuid);
     } catch (...) {
       cudaFree(ptr_);
       throw;
@@ -162,7 +166,7 @@ class CudaMapping final : public PoolMapping {
 }  // namespace
 
 // The 16 bytes as nvidia-smi -L and NVML print them: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
-static std::string uuid_text(const cudaUUID_t& uuid) {
+std::string uuid_text(const cudaUUID_t& uuid) {
   std::string out = "GPU-";
   char hex[3];
   for (int i = 0; i < 16; ++i) {

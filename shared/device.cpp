@@ -61,7 +61,7 @@ DeviceMemory query_device_memory(Backend backend, int device) {
 
 std::unique_ptr<DevicePool> create_pool(Backend backend, int device, uint64_t size,
                                         uint64_t alignment, std::string_view name) {
-  if (backend == Backend::Host) return detail::create_host_pool(size, alignment, name);
+  if (backend == Backend::Host) return detail::create_host_pool(device, size, alignment, name);
 #ifdef LEASEHOLD_HAVE_CUDA
   return detail::create_cuda_pool(device, size, alignment);
 #else

@@ -1,6 +1,7 @@
 // The device layer: the only code that differs between the host and CUDA
-// backends. The coordinator creates one DevicePool at start; each agent maps
-// it once through a PoolMapping. Everything above works on offsets.
+// backends. The coordinator creates one DevicePool per device it serves at
+// start; each agent maps its device's once through a PoolMapping.
+// Everything above works on offsets.
 //
 // Thread safety: objects are not shared between threads without external
 // locking; the free functions are thread-safe.
@@ -51,6 +52,8 @@ struct PoolDescriptor {
   uint64_t alignment = 0;
   std::vector<uint8_t> handle;  // cudaIpcMemHandle_t bytes, or the segment name
   uint64_t epoch = 0;           // random per pool; tells pools apart
+  // The GPU's UUID ("GPU-8d6c..."); "host-N" for the host backend's segment N.
+  std::string uuid;
 };
 
 // The pool, owned by the coordinator. Allocated in the constructor of the

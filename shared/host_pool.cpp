@@ -2,6 +2,7 @@
 // coordinator and mapped by each agent. The segment's name is derived from the
 // coordinator's name hint, so a segment left behind by a crashed coordinator
 // is found and removed at the next start instead of leaking.
+#include <spdlog/spdlog.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -9,7 +10,6 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <fstream>
 #include <functional>
-#include <spdlog/spdlog.h>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,10 +30,10 @@ std::string segment_name(std::string_view hint) {
 
 class HostPool final : public DevicePool {
  public:
-  HostPool(uint64_t size, uint64_t alignment, std::string name) : name_(std::move(name)) {
+  HostPool(int device, uint64_t size, uint64_t alignment, std::string name)
+      : name_(std::move(name)) {
     if (bip::shared_memory_object::remove(name_.c_str())) {
-      spdlog::warn("removed stale shared memory segment /dev/shm/{} left by an earlier run",
-                   name_);
+      spdlog::warn("removed stale shared memory segment /dev/shm/{} left by an earlier run", name_);
     }
     try {
       // Owner only (Boost's default is 0644: every local user could read
@@ -48,8 +48,9 @@ class HostPool final : public DevicePool {
                                " in shared memory segment " + name_ + ": " + e.what());
     }
     desc_.backend = Backend::Host;
-    desc_.device = 0;
+    desc_.device = device;
     desc_.device_name = "host shared memory";
+    desc_.uuid = "host-" + std::to_string(device);
     desc_.size = size;
     desc_.alignment = alignment;
     desc_.handle.assign(name_.begin(), name_.end());
@@ -104,9 +105,12 @@ uint64_t meminfo_available() {
 
 }  // namespace
 
-std::unique_ptr<DevicePool> create_host_pool(uint64_t size, uint64_t alignment,
+std::unique_ptr<DevicePool> create_host_pool(int device, uint64_t size, uint64_t alignment,
                                              std::string_view name) {
-  return std::make_unique<HostPool>(size, alignment, segment_name(name));
+  // Device 0 keeps the name it always had; the others' differ by their ordinal.
+  const std::string hint =
+      device == 0 ? std::string(name) : std::string(name) + "#device" + std::to_string(device);
+  return std::make_unique<HostPool>(device, size, alignment, segment_name(hint));
 }
 
 std::unique_ptr<PoolMapping> map_host_pool(const PoolDescriptor& desc) {

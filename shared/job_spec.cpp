@@ -1,21 +1,21 @@
 #include "shared/job_spec.h"
 
 #include <flatbuffers/idl.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "schemas/job_schema_text.h"
 #include "shared/checkpoint_folder.h"
 #include "shared/idx_file.h"
 #include "shared/layer_shapes.h"
 #include "shared/printable.h"
 #include "shared/program_spec.h"
 #include "shared/region_names.h"
-#include "schemas/job_schema_text.h"
 #include "shared/units.h"
 
 namespace leasehold {
@@ -88,7 +88,8 @@ std::string explain_enum_value(const flatbuffers::Parser& parser, const std::str
   for (const auto* v : best->Vals()) valid += (valid.empty() ? "" : ", ") + v->name;
   std::string out = " (" + best->name + " is one of " + valid;
   // Close enough to be a slip: a case, a letter or two.
-  if (best_distance <= std::max<size_t>(2, value.size() / 3)) out += "; did you mean " + nearest + "?";
+  if (best_distance <= std::max<size_t>(2, value.size() / 3))
+    out += "; did you mean " + nearest + "?";
   return out + ")";
 }
 
@@ -324,6 +325,22 @@ uint64_t job_resident_bytes(const proto::JobSpec& job) {
   return bytes >= kMax ? UINT64_MAX : static_cast<uint64_t>(bytes);
 }
 
+std::optional<JobDevice> parse_job_device(std::string_view text) {
+  if (text.empty() || text == "auto") return JobDevice{};
+  const size_t colon = text.find(':');
+  const std::string_view backend = text.substr(0, colon);
+  if (backend != "cuda" && backend != "cpu") return std::nullopt;
+  JobDevice d{std::string(backend), std::nullopt};
+  if (colon == std::string_view::npos) return d;
+  const std::string_view digits = text.substr(colon + 1);
+  if (digits.empty() || digits.size() > 4 ||
+      digits.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  d.ordinal = std::stoi(std::string(digits));
+  return d;
+}
+
 uint64_t job_spill_host_bytes(const proto::JobSpec& job) {
   const auto* s = job.spill();
   return s && s->host_bytes() ? parse_bytes(s->host_bytes()->str()) : 0;
@@ -347,9 +364,9 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   // The name becomes the checkpoint's file name, a log line's word and a
   // label in JSON and metrics: a plain word, nothing that leaves a folder,
   // starts a new log line or is not UTF-8.
-  if (name == "." || name == ".." ||
-      std::any_of(name.begin(), name.end(), [](char c) {
-        return !(std::isalnum(static_cast<unsigned char>(c)) && static_cast<unsigned char>(c) < 0x80) &&
+  if (name == "." || name == ".." || std::any_of(name.begin(), name.end(), [](char c) {
+        return !(std::isalnum(static_cast<unsigned char>(c)) &&
+                 static_cast<unsigned char>(c) < 0x80) &&
                c != '.' && c != '_' && c != '-';
       })) {
     p.push_back("name: " + in_quotes(name.substr(0, 128)) +
@@ -374,8 +391,9 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   }
   if (job.epochs() > 0 && job.steps() > 0) p.push_back("epochs and steps: set only one");
   std::string device = str_or(job.device(), "auto");
-  if (device != "auto" && device != "cuda" && device != "cpu") {
-    p.push_back("device: " + in_quotes(device) + " is not auto, cuda or cpu");
+  if (!parse_job_device(device)) {
+    p.push_back("device: " + in_quotes(device) +
+                " is not auto, cuda or cpu, nor cuda:N or cpu:N pinning device N");
   }
   try {
     uint64_t budget = job_memory_budget(job, options.pool_bytes);
@@ -526,8 +544,8 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
   }
   for (const auto& [field, value] : {std::pair{"publish_parameters", job.publish_parameters()},
                                      std::pair{"init_from", job.init_from()}}) {
-    if (value && !(valid_region_name(value->str()) &&
-                   valid_region_name(parameters_region(value->str())))) {
+    if (value &&
+        !(valid_region_name(value->str()) && valid_region_name(parameters_region(value->str())))) {
       p.push_back(std::string(field) + ": " + in_quotes(value->str()) +
                   " is not a region name (1-121 letters, digits, '.', '_', '-', ':', '/')");
     }

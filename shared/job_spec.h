@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -59,8 +61,8 @@ struct ValidationOptions {
         limits(limits),
         reserved_dir(std::move(reserved_dir)) {}
 
-  bool check_files;        // the dataset files exist and have IDX headers
-  uint64_t pool_bytes;     // when set, the memory budget must fit the pool
+  bool check_files;     // the dataset files exist and have IDX headers
+  uint64_t pool_bytes;  // when set, the memory budget must fit the pool
   // When set, the pool's lease alignment: a budget must hold at least one
   // lease, and the model's resident state in whole leases.
   uint64_t alignment = 0;
@@ -100,6 +102,15 @@ uint64_t job_memory_min(const proto::JobSpec& job, uint64_t pool_bytes = 0);
 // Bytes that stay on the device for the whole job, whatever spills: the
 // parameters, their gradients and the optimiser's state (float32).
 uint64_t job_resident_bytes(const proto::JobSpec& job);
+
+// A job's `device`: the backend it wants ("auto", "cuda" or "cpu") and the
+// device it pins, if any ("cuda:1", "cpu:0": ordinal 1, 0 of the
+// coordinator's devices). nullopt when the text is none of these.
+struct JobDevice {
+  std::string backend = "auto";
+  std::optional<int> ordinal;
+};
+std::optional<JobDevice> parse_job_device(std::string_view text);
 
 // spill.host_bytes: the most of the agent's spill host tier the job may use
 // (0 when absent, meaning all of it; an explicit "0" means none).

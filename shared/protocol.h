@@ -11,7 +11,6 @@
 #include <string_view>
 #include <variant>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "schemas/leasehold_generated.h"
@@ -21,7 +20,7 @@
 namespace leasehold {
 
 // Bumped whenever schemas/leasehold.fbs changes incompatibly.
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 // Largest message anyone may send. Status replies for thousands of leases fit
 // well inside; anything bigger is refused before verification.
 inline constexpr size_t kMaxMessageBytes = 4u << 20;

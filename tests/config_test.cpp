@@ -51,8 +51,10 @@ TEST(Units, ParsesFractions) {
 
 TEST(Config, WatermarksAndPolicyFromToml) {
   CoordinatorOptions o;
-  apply_toml(o, "policy = \"fifo\"\nlow_watermark = \"70%\"\nhigh_watermark = 0.9\n"
-                "shrink_timeout = \"2s\"\n", "lh.toml");
+  apply_toml(o,
+             "policy = \"fifo\"\nlow_watermark = \"70%\"\nhigh_watermark = 0.9\n"
+             "shrink_timeout = \"2s\"\n",
+             "lh.toml");
   EXPECT_EQ(o.policy, "fifo");
   EXPECT_DOUBLE_EQ(o.low_watermark, 0.7);
   EXPECT_DOUBLE_EQ(o.high_watermark, 0.9);
@@ -81,10 +83,51 @@ TEST(Config, TomlOverridesDefaults) {
              "test.toml");
   EXPECT_EQ(o.endpoint, "ipc:///tmp/x.sock");
   EXPECT_EQ(o.backend, "host");
-  EXPECT_DOUBLE_EQ(o.pool_size.percent, 50.0);
+  ASSERT_EQ(o.pool_size.size(), 1u);
+  EXPECT_DOUBLE_EQ(o.pool_size[0].percent, 50.0);
   EXPECT_EQ(o.alignment, 64u << 10);
   EXPECT_EQ(o.heartbeat_interval.count(), 250);
-  EXPECT_EQ(o.device, 1);
+  EXPECT_EQ(o.devices, std::vector<int>{1}) << "device = N is devices = [N]";
+}
+
+TEST(Config, DevicesAndPerDevicePoolSizes) {
+  CoordinatorOptions o;
+  EXPECT_TRUE(o.devices.empty()) << "all devices by default";
+  EXPECT_EQ(o.host_devices, 1);
+  apply_toml(o,
+             "devices = [0, 2, 3]\npool_size = [\"40GiB\", \"60%\", \"1GiB\"]\n"
+             "host_devices = 3\n",
+             "lh.toml");
+  EXPECT_EQ(o.devices, (std::vector<int>{0, 2, 3}));
+  ASSERT_EQ(o.pool_size.size(), 3u);
+  EXPECT_EQ(o.pool_size[0].bytes, 40ull << 30);
+  EXPECT_DOUBLE_EQ(o.pool_size[1].percent, 60.0);
+  EXPECT_EQ(o.host_devices, 3);
+  apply_toml(o, "devices = \"all\"\npool_size = \"2GiB\"\n", "lh.toml");
+  EXPECT_TRUE(o.devices.empty());
+  apply_toml(o, "devices = \"1, 0\"\n", "lh.toml");
+  EXPECT_EQ(o.devices, (std::vector<int>{1, 0}));
+  for (const char* bad : {"devices = [0, 0]\n", "devices = \"0,,1\"\n", "devices = -1\n",
+                          "devices = \"gpu0\"\n", "devices = [[0]]\n", "host_devices = 0\n",
+                          "pool_size = \"1GiB,\"\n", "pool_size = [\"lots\"]\n"}) {
+    CoordinatorOptions before = o;
+    EXPECT_THROW(apply_toml(o, bad, "lh.toml"), std::invalid_argument) << bad;
+    EXPECT_EQ(o.devices, before.devices) << "a refused value changes nothing: " << bad;
+  }
+  // As many sizes as devices, or one for all.
+  o.endpoint = "ipc:///tmp/x.sock";
+  o.events_endpoint = default_events_endpoint(o.endpoint);
+  o.state_dir = "/tmp/x-state";
+  o.devices = {0, 1};
+  o.pool_size = {SizeSpec{1ull << 30, 0}, SizeSpec{0, 50.0}};
+  EXPECT_NO_THROW(validate(o));
+  o.pool_size.push_back(SizeSpec{1ull << 30, 0});
+  try {
+    validate(o);
+    FAIL() << "three sizes for two devices accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("3 sizes for 2 devices"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Config, ErrorsNameTheKeyAndFile) {
@@ -234,8 +277,9 @@ TEST(Config, SocketModeAndCurveFromToml) {
               std::string::npos)
         << e.what();
   }
-  apply_toml(o, "curve_key = \"/etc/leasehold/coordinator.key\"\n"
-                "curve_allowed_keys = \"/etc/leasehold/allowed\"\n",
+  apply_toml(o,
+             "curve_key = \"/etc/leasehold/coordinator.key\"\n"
+             "curve_allowed_keys = \"/etc/leasehold/allowed\"\n",
              "lh.toml");
   EXPECT_NO_THROW(validate(o));
 }

@@ -22,13 +22,13 @@ TEST(CoreAgents, AnAgentWhoseProcessExitedIsPurgedAtTheNextTickAndItsLeasesRecla
   FakeAgent a = d.register_agent("a", 11);
   d.heartbeat(a);  // ends the first-heartbeat grace
   ASSERT_EQ(messages(d.lease(a, 3 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
-  EXPECT_EQ(d.core().leases().allocator().used_bytes(), 3u << 20);
+  EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), 3u << 20);
   d.gone.insert(11);  // killed: the kernel says so, no silence to wait for
   d.advance(250ms);
   d.tick();
   EXPECT_FALSE(d.core().agents().count("a"));
-  EXPECT_EQ(d.core().leases().allocator().used_bytes(), 0u);
-  EXPECT_TRUE(d.core().leases().leases().empty());
+  EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), 0u);
+  EXPECT_TRUE(d.core().device(0).leases.leases().empty());
 }
 
 // A stopped process (SIGSTOP, a debugger) is fenced after two silent
@@ -76,7 +76,7 @@ TEST(CoreAgents, SilenceFencesAStoppedAgentAfterTwoIntervalsAndARunningOneAtTheL
       EXPECT_FALSE(d.core().agents().count("a"));
     }
     // Fenced, not freed: its process may still write there.
-    EXPECT_EQ(d.core().leases().allocator().used_bytes(), 3u << 20);
+    EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), 3u << 20);
   }
 }
 
@@ -165,7 +165,7 @@ TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   Effects purge = d.tick();
   EXPECT_FALSE(d.core().agents().count("a"));
   EXPECT_TRUE(messages(purge, proto::Body::LeaseGrant).empty()) << "a may still write there";
-  EXPECT_EQ(d.core().leases().allocator().used_bytes(), 6u << 20);
+  EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), 6u << 20);
   // It comes back, says it runs nothing: the fence goes, b gets its lease.
   d.stopped.erase(11);
   Effects back;
@@ -178,24 +178,24 @@ TEST(CoreAgents, LeasesOfASilentLiveAgentAreFencedUntilItStops) {
   FakeAgent c = d.register_agent("c", 13);
   d.heartbeat(c);
   ASSERT_EQ(messages(d.lease(c, 2 << 20, 0), proto::Body::LeaseGrant).size(), 1u);
-  uint64_t used = d.core().leases().allocator().used_bytes();
+  uint64_t used = d.core().device(0).leases.allocator().used_bytes();
   d.stopped.insert(13);
   d.advance(2300ms);
   d.heartbeat(b);
   d.tick();
-  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used);
+  EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), used);
   d.advance(3000ms);
   d.heartbeat(b);
   d.tick();
-  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used) << "within the grace";
+  EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), used) << "within the grace";
   EXPECT_TRUE(d.killed.empty());
   d.advance(2100ms);
   d.heartbeat(b);
   d.tick();
   EXPECT_EQ(d.killed, std::vector<int>{13});
-  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used) << "killed, exiting";
+  EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), used) << "killed, exiting";
   d.tick();  // it has exited (the fake process exits at once)
-  EXPECT_EQ(d.core().leases().allocator().used_bytes(), used - (2u << 20));
+  EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), used - (2u << 20));
 }
 
 // The memory of a silent agent whose process the coordinator cannot end
@@ -220,7 +220,7 @@ TEST(CoreAgents, ASilentAgentThatCannotBeEndedKeepsItsMemoryFencedUntilItExits) 
       EXPECT_TRUE(messages(d.tick(), proto::Body::LeaseGrant).empty()) << "second " << i;
     }
     EXPECT_TRUE(d.killed.empty());
-    EXPECT_EQ(d.core().leases().allocator().used_bytes(), 6u << 20);
+    EXPECT_EQ(d.core().device(0).leases.allocator().used_bytes(), 6u << 20);
     const auto st = d.core().status(d.now());
     ASSERT_EQ(st.fences.size(), 1u);
     EXPECT_EQ(st.fences[0]->agent, "a");
@@ -318,7 +318,7 @@ TEST(CoreAgents, UnknownSessionIsRefusedAndChangesNothing) {
   Effects e = d.lease(forged, 1 << 20, 0);
   ASSERT_EQ(messages(e, proto::Body::Error).size(), 1u);
   EXPECT_EQ(messages(e, proto::Body::Error)[0]->body.AsError()->code, ErrorCode::UnknownSender);
-  EXPECT_TRUE(d.core().leases().leases().empty());
+  EXPECT_TRUE(d.core().device(0).leases.leases().empty());
 }
 
 TEST(CoreAgents, NameOfALiveProcessIsTakenButADeadOneIsReplaced) {
@@ -343,21 +343,22 @@ TEST(CoreAgents, ARegisterCarryingAnotherAgentsPidDoesNotEvictIt) {
   FakeAgent victim = d.register_agent("victim", 20);
   ASSERT_EQ(d.lease(victim, 1 << 20, 0).messages.size(), 1u);
   for (uint64_t guess : {0ull, 1ull, 20ull}) {
-    Effects e = d.request("attacker", "victim", {guess, 0}, proto::Body::Register, [guess](auto& fbb) {
-      return proto::CreateRegister(fbb, fbb.CreateString("victim"), 20, -1, 0, true, true, 0, 0,
-                                   guess, 0)
-          .Union();
-    });
+    Effects e =
+        d.request("attacker", "victim", {guess, 0}, proto::Body::Register, [guess](auto& fbb) {
+          return proto::CreateRegister(fbb, fbb.CreateString("victim"), 20, -1, 0, true, true, 0, 0,
+                                       guess, 0)
+              .Union();
+        });
     EXPECT_NE(errors(e).find("in use by live pid 20"), std::string::npos) << errors(e);
   }
   EXPECT_EQ(d.core().agents().at("victim").session, victim.session) << "still its session";
-  EXPECT_EQ(d.core().leases().leases().size(), 1u) << "its lease is intact";
+  EXPECT_EQ(d.core().device(0).leases.leases().size(), 1u) << "its lease is intact";
   Effects beat = d.heartbeat(victim);
   EXPECT_EQ(messages(beat, proto::Body::HeartbeatAck).size(), 1u);
   // The agent itself (same instance) registering again is let in.
   FakeAgent again = d.register_agent("victim", 20);
   EXPECT_NE(again.session, victim.session);
-  EXPECT_TRUE(d.core().leases().leases().empty()) << "its old session's leases are void";
+  EXPECT_TRUE(d.core().device(0).leases.leases().empty()) << "its old session's leases are void";
 }
 
 // Over tcp:// the pid an agent declares names no process of this host: a
@@ -441,7 +442,7 @@ TEST(CoreAgents, StatusListsAgentsLeasesAndUptime) {
   EXPECT_EQ(s->agents[0]->leased_bytes, 2u << 20);
   EXPECT_EQ(s->leases.size(), 1u);
   EXPECT_EQ(s->uptime_ms, 1500u);
-  EXPECT_EQ(s->pool->used_bytes, 2u << 20);
+  EXPECT_EQ(s->devices[0]->pool->used_bytes, 2u << 20);
 }
 
 }  // namespace

@@ -13,7 +13,8 @@ constexpr uint64_t MiB = 1ull << 20;
 
 class OccupancyTest : public ::testing::Test {
  protected:
-  OccupancyTest() : d(options(), 100 * MiB, std::make_unique<OccupancyPolicy>(OccupancyOptions{})) {}
+  OccupancyTest()
+      : d(options(), 100 * MiB, std::make_unique<OccupancyPolicy>(OccupancyOptions{})) {}
 
   static CoreOptions options() {
     CoreOptions o = job_options();
@@ -109,11 +110,11 @@ TEST_F(OccupancyTest, GrowthPastTheGuaranteedShareStopsAtTheLowWatermark) {
   // Occupancy with j2's reservation: 20 + 10 + 40 = 70% <= 80%.
   EXPECT_NE(lease(a1, 40), 0u);
   auto s = status();
-  EXPECT_DOUBLE_EQ(s.occupancy->occupancy, 0.60);
-  EXPECT_DOUBLE_EQ(s.occupancy->occupancy_future, 0.70);
-  EXPECT_EQ(s.occupancy->reserved_bytes, 10 * MiB);
-  EXPECT_EQ(s.occupancy->reclaimable_bytes, 40 * MiB);
-  EXPECT_EQ(s.occupancy->policy, "occupancy");
+  EXPECT_DOUBLE_EQ(s.devices[0]->occupancy->occupancy, 0.60);
+  EXPECT_DOUBLE_EQ(s.devices[0]->occupancy->occupancy_future, 0.70);
+  EXPECT_EQ(s.devices[0]->occupancy->reserved_bytes, 10 * MiB);
+  EXPECT_EQ(s.devices[0]->occupancy->reclaimable_bytes, 40 * MiB);
+  EXPECT_EQ(s.devices[0]->occupancy->policy, "occupancy");
   // 70 + 12 = 82% > 80%: held back, and refused at once when it may not wait.
   Effects e;
   EXPECT_EQ(lease(a1, 12, 0, &e), 0u);
@@ -121,7 +122,7 @@ TEST_F(OccupancyTest, GrowthPastTheGuaranteedShareStopsAtTheLowWatermark) {
   EXPECT_NE(lease(a1, 10), 0u) << "70 + 10 = 80% is still allowed";
   // j2's guaranteed lease goes in between the watermarks.
   EXPECT_NE(lease(a2, 10), 0u);
-  EXPECT_DOUBLE_EQ(status().occupancy->occupancy, 0.80);
+  EXPECT_DOUBLE_EQ(status().devices[0]->occupancy->occupancy, 0.80);
   EXPECT_EQ(lease(a1, 1), 0u) << "no growth at the low watermark";
 }
 
@@ -143,7 +144,7 @@ TEST_F(OccupancyTest, NeededGrowthGoesUpToTheHighWatermarkAndTakesBackOthersGrow
   EXPECT_NE(errors(e).find("held back by the scheduling policy"), std::string::npos) << errors(e);
   uint64_t need1 = lease(a1, 32, 0, nullptr, /*needed=*/true);
   EXPECT_NE(need1, 0u) << "needed growth: 82% <= 95%";
-  EXPECT_DOUBLE_EQ(status().occupancy->occupancy_future, 0.82);
+  EXPECT_DOUBLE_EQ(status().devices[0]->occupancy->occupancy_future, 0.82);
   // Above the high watermark needed growth waits; a1's own growth is not
   // asked back for it, and a2 holds nothing past its share: no Shrink.
   Effects own;
@@ -208,7 +209,7 @@ TEST(OccupancyPolicyRules, NeedsWaitForGuaranteesAndNeverAskTheirOwnAgent) {
   pool.agents = {agent("a1", 1, 10, 40), agent("a2", 2, 40, 20), agent("a3", 3, 10, 10)};
   auto request = [](const char* owner, uint64_t mib, bool needed) {
     PendingRequest r;
-    r.owner = owner;
+    r.owner = LeaseOwner::agent(owner);
     r.size = mib * MiB;
     r.needed = needed;
     return r;
@@ -270,7 +271,7 @@ TEST_F(OccupancyTest, AboveTheHighWatermarkTheLowestPriorityMostOverShrinksFirst
   ASSERT_EQ(e.notices.size(), 1u);
   EXPECT_EQ(e.notices[0].topic, "shrink.a1.");
   auto st = status();
-  EXPECT_EQ(st.occupancy->shrinks_pending, 1u);
+  EXPECT_EQ(st.devices[0]->occupancy->shrinks_pending, 1u);
   for (const auto& a : st.agents) {
     if (a->name == "a1") {
       EXPECT_EQ(a->shrink_pending_bytes, 5 * MiB);
@@ -288,7 +289,7 @@ TEST_F(OccupancyTest, AboveTheHighWatermarkTheLowestPriorityMostOverShrinksFirst
   EXPECT_EQ(d.job(j1).shrinks, 1u);
   EXPECT_EQ(d.job(j1).shrunk_bytes, 30 * MiB);
   EXPECT_TRUE(done.store_puts.count(j1)) << "the job record keeps it";
-  EXPECT_EQ(status().occupancy->shrinks_pending, 0u);
+  EXPECT_EQ(status().devices[0]->occupancy->shrinks_pending, 0u);
 }
 
 TEST_F(OccupancyTest, AnAgentThatDoesNotAnswerIsSkippedThenTreatedAsDead) {
@@ -324,8 +325,8 @@ TEST_F(OccupancyTest, AnAgentThatDoesNotAnswerIsSkippedThenTreatedAsDead) {
   EXPECT_EQ(s2->bytes, 5 * MiB);
   // a2 gives a 10 MiB lease back (then answers): j3's request is granted.
   uint64_t l2 = 0;
-  for (const auto& [id, rec] : d.core().leases().leases()) {
-    if (rec.owner == "a2" && rec.size == 10 * MiB) l2 = id;
+  for (const auto& [id, rec] : d.core().device(0).leases.leases()) {
+    if (rec.owner == LeaseOwner::agent("a2") && rec.size == 10 * MiB) l2 = id;
   }
   Effects r = d.release(a2, l2);
   EXPECT_NE(granted_lease(r, a3), 0u) << errors(r);
@@ -363,7 +364,8 @@ TEST_F(OccupancyTest, AHigherPriorityJobReclaimsLowerPriorityGrowthButNotTheReve
   // Cancel that, and run the other way round.
   d.cancel(lo);
   d.update(a1, hi, 1, "succeeded");
-  for (const auto& [id, rec] : std::map<uint64_t, LeaseRecord>(d.core().leases().leases())) {
+  for (const auto& [id, rec] :
+       std::map<uint64_t, LeaseRecord>(d.core().device(0).leases.leases())) {
     d.release(a1, id);
   }
   uint64_t low = submit(20, 80, /*priority=*/0);
@@ -397,8 +399,7 @@ TEST_F(OccupancyTest, RequestsThatCanNeverFitOrWaitTooLongStillFailClearly) {
   EXPECT_EQ(lease(a1, 40, 1000), 0u);
   d.advance(std::chrono::milliseconds(1000));
   Effects t = d.tick();
-  EXPECT_NE(errors(t).find("was not granted before its deadline"), std::string::npos)
-      << errors(t);
+  EXPECT_NE(errors(t).find("was not granted before its deadline"), std::string::npos) << errors(t);
 }
 
 TEST_F(OccupancyTest, ShrinkMessagesAreRefusedFromTheWrongPeer) {
@@ -416,9 +417,8 @@ TEST_F(OccupancyTest, ShrinkMessagesAreRefusedFromTheWrongPeer) {
   uint64_t id = s->id;
   // a2 answering a1's Shrink is refused and changes nothing.
   Effects wrong = d.shrink_done(a2, id, 50 * MiB);
-  EXPECT_NE(errors(wrong).find("was not asked of agent 'a2'"), std::string::npos)
-      << errors(wrong);
-  EXPECT_EQ(status().occupancy->shrinks_pending, 1u);
+  EXPECT_NE(errors(wrong).find("was not asked of agent 'a2'"), std::string::npos) << errors(wrong);
+  EXPECT_EQ(status().devices[0]->occupancy->shrinks_pending, 1u);
   // A client cannot send the coordinator a Shrink or a ShrinkDone.
   Effects fake = d.request("client", "client", {}, proto::Body::Shrink, [&](auto& fbb) {
     return proto::CreateShrink(fbb, 1, fbb.CreateString("a1"), 0, 0, 50 * MiB).Union();
@@ -429,7 +429,7 @@ TEST_F(OccupancyTest, ShrinkMessagesAreRefusedFromTheWrongPeer) {
     return proto::CreateShrinkDone(fbb, id, 50 * MiB).Union();
   });
   EXPECT_NE(errors(fake_done).find("not registered"), std::string::npos) << errors(fake_done);
-  EXPECT_EQ(status().occupancy->shrinks_pending, 1u);
+  EXPECT_EQ(status().devices[0]->occupancy->shrinks_pending, 1u);
   EXPECT_EQ(d.job(j1).shrinks, 0u);
 }
 

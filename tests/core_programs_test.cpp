@@ -131,7 +131,7 @@ TEST(CorePrograms, AProgramsLeasesAreCappedAtItsJobsBudget) {
       << errors(over);
   EXPECT_NE(granted_lease(d.lease(session, 2 << 20, 0), session), 0u) << "up to the budget";
   // The policy sees the job's memory as its session's, not its agent's.
-  const PoolView view = d.core().pool_view();
+  const PoolView view = d.core().pool_view(d.core().device(0));
   for (const auto& a : view.agents) {
     if (a.name == name) {
       EXPECT_EQ(a.job_id, p.job);
@@ -191,16 +191,16 @@ TEST(CorePrograms, OutputBecomesTheJobsLogBoundedAndOnlyItsOwnerReadsIt) {
   EXPECT_EQ(error_code(theirs, "cli"), ErrorCode::PermissionDenied);
   d.peer = Peer::local(1000, 1000, 4242);
   // The final report carries the exit status.
-  Effects end = d.request(p.agent.rid, p.agent.name, p.agent.session, proto::Body::JobUpdate,
-                          [&](auto& fbb) {
-                            proto::JobUpdateT u;
-                            u.job_id = p.job;
-                            u.attempt = 1;
-                            u.state = "failed";
-                            u.reason = "exit status 3";
-                            u.exit_code = 3;
-                            return proto::JobUpdate::Pack(fbb, &u).Union();
-                          });
+  Effects end =
+      d.request(p.agent.rid, p.agent.name, p.agent.session, proto::Body::JobUpdate, [&](auto& fbb) {
+        proto::JobUpdateT u;
+        u.job_id = p.job;
+        u.attempt = 1;
+        u.state = "failed";
+        u.reason = "exit status 3";
+        u.exit_code = 3;
+        return proto::JobUpdate::Pack(fbb, &u).Union();
+      });
   EXPECT_EQ(d.job(p.job).exit_code, 3);
   EXPECT_TRUE(read_log(0).finished);
 }
@@ -213,24 +213,24 @@ TEST(CorePrograms, APluginsFiguresAndItsSessionsLeasesAreTheJobsInMetrics) {
   d.heartbeat(session);
   ASSERT_NE(granted_lease(d.lease(session, 6 << 20, 0), session), 0u);
   // The agent forwards what the program's plug-in reported.
-  Effects e = d.request(p.agent.rid, p.agent.name, p.agent.session, proto::Body::JobUpdate,
-                        [&](auto& fbb) {
-                          proto::JobUpdateT u;
-                          u.job_id = p.job;
-                          u.attempt = 1;
-                          u.state = "running";
-                          u.memory = std::make_unique<proto::ProgramMemoryT>();
-                          u.memory->leased_bytes = 6 << 20;
-                          u.memory->in_use_bytes = 5 << 20;
-                          u.memory->allocations = 1200;
-                          u.memory->cache_hits = 1197;
-                          u.memory->lease_requests = 3;
-                          u.memory->outside_pool_bytes = 500 << 20;
-                          return proto::JobUpdate::Pack(fbb, &u).Union();
-                        });
+  Effects e =
+      d.request(p.agent.rid, p.agent.name, p.agent.session, proto::Body::JobUpdate, [&](auto& fbb) {
+        proto::JobUpdateT u;
+        u.job_id = p.job;
+        u.attempt = 1;
+        u.state = "running";
+        u.memory = std::make_unique<proto::ProgramMemoryT>();
+        u.memory->leased_bytes = 6 << 20;
+        u.memory->in_use_bytes = 5 << 20;
+        u.memory->allocations = 1200;
+        u.memory->cache_hits = 1197;
+        u.memory->lease_requests = 3;
+        u.memory->outside_pool_bytes = 500 << 20;
+        return proto::JobUpdate::Pack(fbb, &u).Union();
+      });
   ASSERT_EQ(errors(e), "");
   const std::string text =
-      render_metrics(take_metrics_snapshot(d.core(), d.core().status(d.now()), "0", "GPU-x"));
+      render_metrics(take_metrics_snapshot(d.core(), d.core().status(d.now())));
   const std::string job = "job_id=\"" + std::to_string(p.job) + "\"";
   auto series = [&](const std::string& family) {
     for (size_t at = text.find(family + "{"); at != std::string::npos;
@@ -261,7 +261,7 @@ TEST(CorePrograms, AProgramsSessionEndsWithItsAttempt) {
   d.update(p.agent, p.job, 1, "interrupted", "the agent is shutting down");
   Effects more = d.lease(session, 2 << 20, 0);
   EXPECT_NE(errors(more), "") << "a session of an ended attempt leased more";
-  for (const auto& a : d.core().pool_view().agents) EXPECT_NE(a.name, name);
+  for (const auto& a : d.core().pool_view(d.core().device(0)).agents) EXPECT_NE(a.name, name);
   const proto::StatusReplyT st = d.core().status(d.now());
   bool fenced = false;
   for (const auto& f : st.fences) fenced = fenced || f->agent == name;

@@ -161,7 +161,7 @@ TEST_F(Regions, AFillerThatDiesHandsTheRegionToAWaiterThatMayCreateIt) {
   EXPECT_EQ(r->misses, 2u);
   // Only the new copy's memory is leased: a's was freed with its leases.
   uint64_t leased = 0;
-  for (const auto& [id, l] : d.core().leases().leases()) leased += l.size;
+  for (const auto& [id, l] : d.core().device(0).leases.leases()) leased += l.size;
   EXPECT_EQ(leased, 8 * MiB);
 }
 
@@ -178,14 +178,15 @@ TEST_F(Regions, ASilentFillerKeepsItsRegionFencedUntilItsProcessIsGone) {
   EXPECT_EQ(d.core().agents().count("a"), 0u);
   EXPECT_EQ(find("r")->state, proto::RegionState::Evicted);
   bool fenced = false;
-  for (const auto& [id, l] : d.core().leases().leases()) fenced |= l.owner == "a (fenced)";
+  for (const auto& [id, l] : d.core().device(0).leases.leases())
+    fenced |= l.owner == LeaseOwner::fenced("a");
   EXPECT_TRUE(fenced);
   // Once its process is gone the memory goes back.
   d.gone.insert(101);
   d.advance(std::chrono::milliseconds(500));
   d.heartbeat(b);
   d.tick();
-  EXPECT_TRUE(d.core().leases().leases().empty());
+  EXPECT_TRUE(d.core().device(0).leases.leases().empty());
 }
 
 TEST_F(Regions, AFillerThatDetachesBeforeReadyDiscardsIt) {
@@ -193,7 +194,7 @@ TEST_F(Regions, AFillerThatDetachesBeforeReadyDiscardsIt) {
   ASSERT_TRUE(region_grant(d.attach(a, "r", 8 * MiB, true), a));
   EXPECT_FALSE(messages(d.detach(a, "r"), proto::Body::Ack, a.rid).empty());
   EXPECT_EQ(find("r")->state, proto::RegionState::Evicted);
-  EXPECT_TRUE(d.core().leases().leases().empty());
+  EXPECT_TRUE(d.core().device(0).leases.leases().empty());
 }
 
 TEST_F(Regions, DropIsRefusedWhileAttachedOrFillingAndFreesTheMemoryAfter) {
@@ -211,7 +212,7 @@ TEST_F(Regions, DropIsRefusedWhileAttachedOrFillingAndFreesTheMemoryAfter) {
   Effects dropped = d.drop_region("r");
   EXPECT_FALSE(messages(dropped, proto::Body::Ack, "client").empty()) << errors(dropped);
   EXPECT_EQ(find("r"), nullptr);
-  EXPECT_TRUE(d.core().leases().leases().empty());
+  EXPECT_TRUE(d.core().device(0).leases.leases().empty());
   EXPECT_EQ(error_code(d.drop_region("r"), "client"), ErrorCode::NoSuchRegion);
 }
 

@@ -137,7 +137,7 @@ TEST(CoreJobs, QueuesEpochsHistoryAndWaitingRequestsAreBounded) {
   Effects second = d.lease(m, 1 << 20, 5000);
   EXPECT_NE(errors(second).find("the limit (waiting_per_agent 1)"), std::string::npos)
       << errors(second);
-  EXPECT_EQ(d.core().leases().waiting(), 1u);
+  EXPECT_EQ(d.core().device(0).leases.waiting(), 1u);
 }
 
 // The longest wait a request may ask for and the longest job are options;
@@ -162,8 +162,9 @@ TEST(CoreJobs, LongWaitsAndLongJobsAreRefusedNamingTheirLimit) {
     }
     return "";
   };
-  EXPECT_NE(refusal([](proto::JobSpecT& s) { s.epochs = 11; })
-                .find("epochs: 11 is over the limit (max_epochs 10)"),
+  EXPECT_NE(refusal([](proto::JobSpecT& s) {
+              s.epochs = 11;
+            }).find("epochs: 11 is over the limit (max_epochs 10)"),
             std::string::npos);
   const std::string steps = refusal([](proto::JobSpecT& s) {
     s.epochs = 0;
@@ -196,7 +197,7 @@ TEST(CoreJobs, LongWaitsAndLongJobsAreRefusedNamingTheirLimit) {
   Effects long_lease = d.lease(f, 1 << 20, 20000);
   EXPECT_NE(errors(long_lease).find("(max_lease_wait 10000 ms)"), std::string::npos)
       << errors(long_lease);
-  EXPECT_EQ(d.core().leases().waiting(), 0u);
+  EXPECT_EQ(d.core().device(0).leases.waiting(), 0u);
 }
 
 // A fake agent that acknowledges its job and then ignores StopJob does not
@@ -268,8 +269,9 @@ TEST(CoreJobs, AttemptsAndReasonsAreBoundedSoRepliesStaySmall) {
   // The event says how it goes, not all it went through.
   zmq::message_t event = encode_event(job);
   EXPECT_LE(event.size(), 8u * 1024) << "a job event is progress, not the record";
-  Effects list = d.request("cli", "cli", {}, proto::Body::ListJobs,
-                           [](auto& fbb) { return proto::CreateListJobs(fbb, uint64_t{0}).Union(); });
+  Effects list = d.request("cli", "cli", {}, proto::Body::ListJobs, [](auto& fbb) {
+    return proto::CreateListJobs(fbb, uint64_t{0}).Union();
+  });
   auto pages = messages(list, proto::Body::JobList);
   ASSERT_EQ(pages.size(), 1u);
   EXPECT_LE(pages[0]->body.AsJobList()->jobs[0]->attempts.size(), 5u);
@@ -382,9 +384,8 @@ TEST(CoreJobs, ListingPagesStayFarBelowTheMessageLimit) {
   uint64_t after = 0, seen = 0;
   bool more = true;
   while (more) {
-    Effects e = d.request("cli", "cli", {}, proto::Body::ListJobs, [&](auto& fbb) {
-      return proto::CreateListJobs(fbb, after).Union();
-    });
+    Effects e = d.request("cli", "cli", {}, proto::Body::ListJobs,
+                          [&](auto& fbb) { return proto::CreateListJobs(fbb, after).Union(); });
     auto pages = messages(e, proto::Body::JobList);
     ASSERT_EQ(pages.size(), 1u);
     const auto* list = pages[0]->body.AsJobList();

@@ -35,7 +35,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // What /api/status serves in the tests that run an endpoint in-process.
-constexpr const char* kStatus = R"({"pool":{"used_bytes":0}})";
+constexpr const char* kStatus = R"({"devices":[{"used_bytes":0}]})";
 
 // A client connection to the endpoint; closed by the destructor.
 class Socket {

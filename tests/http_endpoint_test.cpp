@@ -1,15 +1,15 @@
 // The coordinator's HTTP endpoint (coordinator/http_endpoint.h), from
 // outside: a real coordinator, requests with cpp-httplib's client.
+#include "coordinator/http_endpoint.h"
+
 #include <gtest/gtest.h>
-#include <pwd.h>
-#include <unistd.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <sys/socket.h>
-
-#include <atomic>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <mutex>
@@ -17,7 +17,6 @@
 #include <string>
 #include <thread>
 
-#include "coordinator/http_endpoint.h"
 #include "lease_client/session.h"
 #include "tests/support/cluster.h"
 #include "tests/support/net.h"
@@ -31,8 +30,8 @@ using namespace std::chrono_literals;
 TEST(HttpEndpoint, StatusAndMetricsMatchTheClient) {
   Cluster c;
   const int port = free_port();
-  c.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--http",
-                       "127.0.0.1:" + std::to_string(port)});
+  c.start_coordinator(
+      {"--backend", "host", "--pool-size", "64MiB", "--http", "127.0.0.1:" + std::to_string(port)});
   c.start_agent("a1", {});
   ASSERT_TRUE(c.wait_for([](const nlohmann::json& s) { return s["agents"].size() == 1; }, 10s));
   // Published a few times a second; the agent is "warming" until it has
@@ -51,14 +50,14 @@ TEST(HttpEndpoint, StatusAndMetricsMatchTheClient) {
   EXPECT_EQ(st->status, 200);
   auto mine = nlohmann::json::parse(st->body);
   auto theirs = *c.status();
-  EXPECT_EQ(mine["pool"], theirs["pool"]) << "one renderer for both";
+  EXPECT_EQ(mine["devices"], theirs["devices"]) << "one renderer for both";
   EXPECT_EQ(mine["agents"].size(), 1u);
   auto m = http.Get("/metrics");
   ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("leasehold_pool_size_bytes{gpu=\"host\",UUID=\"\"} 67108864"),
+  EXPECT_NE(m->body.find("leasehold_pool_size_bytes{gpu=\"0\",UUID=\"host-0\"} 67108864"),
             std::string::npos)
       << m->body;
-  EXPECT_NE(m->body.find("leasehold_agents{gpu=\"host\",UUID=\"\",state=\"idle\"} 1\n"),
+  EXPECT_NE(m->body.find("leasehold_agents{gpu=\"0\",UUID=\"host-0\",state=\"idle\"} 1\n"),
             std::string::npos)
       << m->body;
 }
@@ -66,13 +65,13 @@ TEST(HttpEndpoint, StatusAndMetricsMatchTheClient) {
 TEST(HttpEndpoint, ATakenPortIsAStartUpErrorNamingIt) {
   Cluster c;
   const int port = free_port();
-  c.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--http",
-                       "127.0.0.1:" + std::to_string(port)});
+  c.start_coordinator(
+      {"--backend", "host", "--pool-size", "64MiB", "--http", "127.0.0.1:" + std::to_string(port)});
   Cluster other;
-  auto [rc, out] = other.run("leasehold-coordinator",
-                             {"--endpoint", other.endpoint(), "--state-dir", other.state_dir(),
-                              "--backend", "host", "--pool-size", "64MiB", "--mps", "off",
-                              "--http", "127.0.0.1:" + std::to_string(port)});
+  auto [rc, out] = other.run(
+      "leasehold-coordinator",
+      {"--endpoint", other.endpoint(), "--state-dir", other.state_dir(), "--backend", "host",
+       "--pool-size", "64MiB", "--mps", "off", "--http", "127.0.0.1:" + std::to_string(port)});
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("cannot serve HTTP on 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << out;
@@ -81,8 +80,8 @@ TEST(HttpEndpoint, ATakenPortIsAStartUpErrorNamingIt) {
 TEST(HttpEndpoint, ASilentClientDoesNotStallTheLoop) {
   Cluster c;
   const int port = free_port();
-  c.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--http",
-                       "127.0.0.1:" + std::to_string(port)});
+  c.start_coordinator(
+      {"--backend", "host", "--pool-size", "64MiB", "--http", "127.0.0.1:" + std::to_string(port)});
   // Connections that send half a request and wait.
   std::vector<int> fds;
   for (int i = 0; i < 16; ++i) {
@@ -166,7 +165,8 @@ TEST_F(Http, JobsAndEventsAreWhatTheClientShows) {
         return mine && nlohmann::json::parse(*mine) == nlohmann::json::parse(list);
       },
       5s))
-      << http_get(port, "/api/jobs").value_or("no answer") << "\n---\n" << list;
+      << http_get(port, "/api/jobs").value_or("no answer") << "\n---\n"
+      << list;
   auto [rc2, one] = client({"job", "1", "-o", "json"});
   ASSERT_EQ(rc2, 0) << one;
   auto mine = nlohmann::json::parse(http_get(port, "/api/jobs/1").value_or("null"));
@@ -199,28 +199,28 @@ TEST_F(Http, MetricsCountLeaseOutcomesAndShowRunningJobs) {
   {
     AgentSession s(agent("leaser"));
     AgentSession other(agent("waiter"));
-    auto held = s.acquire(40ull << 20);  // of 64 MiB
+    auto held = s.acquire(40ull << 20);          // of 64 MiB
     EXPECT_THROW(s.acquire(1ull << 30), Error);  // can never fit
     // Waits for the first agent's memory, then times out.
     EXPECT_THROW(other.acquire(40ull << 20, LeaseEnd::Low, 300ms), Error);
     ASSERT_TRUE(eventually(
         [&] {
           auto m = metrics();
-          return m.find("leasehold_lease_grants_total{gpu=\"host\",UUID=\"\"} 1\n") !=
+          return m.find("leasehold_lease_grants_total{gpu=\"0\",UUID=\"host-0\"} 1\n") !=
                      std::string::npos &&
-                 m.find("leasehold_lease_refusals_total{gpu=\"host\",UUID=\"\"} 1\n") !=
+                 m.find("leasehold_lease_refusals_total{gpu=\"0\",UUID=\"host-0\"} 1\n") !=
                      std::string::npos &&
-                 m.find("leasehold_lease_timeouts_total{gpu=\"host\",UUID=\"\"} 1\n") !=
+                 m.find("leasehold_lease_timeouts_total{gpu=\"0\",UUID=\"host-0\"} 1\n") !=
                      std::string::npos &&
-                 m.find("leasehold_pool_used_bytes{gpu=\"host\",UUID=\"\"} 41943040\n") !=
+                 m.find("leasehold_pool_used_bytes{gpu=\"0\",UUID=\"host-0\"} 41943040\n") !=
                      std::string::npos &&
-                 m.find("leasehold_agents{gpu=\"host\",UUID=\"\",state=\"leasing\"} 1\n") !=
+                 m.find("leasehold_agents{gpu=\"0\",UUID=\"host-0\",state=\"leasing\"} 1\n") !=
                      std::string::npos;
         },
         5s))
         << metrics();
-    EXPECT_NE(metrics().find("leasehold_lease_grant_latency_seconds_bucket{gpu=\"host\",UUID="
-                             "\"\",le=\"0.001\"} 1\n"),
+    EXPECT_NE(metrics().find("leasehold_lease_grant_latency_seconds_bucket{gpu=\"0\",UUID="
+                             "\"host-0\",le=\"0.001\"} 1\n"),
               std::string::npos)
         << metrics();
   }
@@ -231,8 +231,9 @@ TEST_F(Http, MetricsCountLeaseOutcomesAndShowRunningJobs) {
   ASSERT_EQ(rc, 0) << out;
   const passwd* me = ::getpwuid(::getuid());
   ASSERT_NE(me, nullptr);
-  const std::string labels = "{gpu=\"host\",UUID=\"\",job_id=\"1\",name=\"long\",agent=\"trainer\"," +
-                             std::string("user=\"") + me->pw_name + "\"}";
+  const std::string labels =
+      "{gpu=\"0\",UUID=\"host-0\",job_id=\"1\",name=\"long\",agent=\"trainer\"," +
+      std::string("user=\"") + me->pw_name + "\"}";
   EXPECT_TRUE(eventually(
       [&] {
         auto m = metrics();
@@ -240,8 +241,7 @@ TEST_F(Http, MetricsCountLeaseOutcomesAndShowRunningJobs) {
                m.find("leasehold_job_loss" + labels) != std::string::npos &&
                m.find("leasehold_job_test_accuracy_ratio" + labels) != std::string::npos &&
                m.find("leasehold_job_leased_bytes" + labels) != std::string::npos &&
-               m.find("leasehold_jobs{gpu=\"host\",UUID=\"\",state=\"running\"} 1\n") !=
-                   std::string::npos;
+               m.find("leasehold_jobs{state=\"running\"} 1\n") != std::string::npos;
       },
       30s))
       << metrics();
@@ -250,7 +250,7 @@ TEST_F(Http, MetricsCountLeaseOutcomesAndShowRunningJobs) {
       [&] {
         auto m = metrics();
         return m.find("leasehold_job_loss{") == std::string::npos &&
-               m.find("leasehold_jobs{gpu=\"host\",UUID=\"\",state=\"cancelled\"} 1\n") !=
+               m.find("leasehold_jobs{state=\"cancelled\"} 1\n") !=
                    std::string::npos;
       },
       10s))
@@ -294,7 +294,7 @@ TEST_F(Http, IsReadOnlyAndNamesBadRequests) {
   // Nothing changed, and the coordinator answers.
   auto status = c.status();
   ASSERT_TRUE(status);
-  EXPECT_EQ((*status)["pool"]["used_bytes"], 0);
+  EXPECT_EQ((*status)["devices"][0]["used_bytes"], 0);
   EXPECT_EQ(client({"jobs", "-o", "json"}).second, "[]\n");
 }
 

@@ -22,19 +22,18 @@ class CudaCluster : public ::testing::Test {
 };
 
 TEST_F(CudaCluster, TwoAgentsShareOneCudaMallocPool) {
-  auto& coordinator =
-      cluster.start_coordinator({"--backend", "cuda", "--pool-size", "1GiB", "--heartbeat-interval",
-                                 "200ms"});
+  auto& coordinator = cluster.start_coordinator(
+      {"--backend", "cuda", "--pool-size", "1GiB", "--heartbeat-interval", "200ms"});
   auto s = *cluster.status();
-  EXPECT_EQ(s["pool"]["backend"], "cuda");
-  EXPECT_EQ(s["pool"]["size_bytes"], 1ull << 30);
+  EXPECT_EQ(s["devices"][0]["backend"], "cuda");
+  EXPECT_EQ(s["devices"][0]["size_bytes"], 1ull << 30);
   run_isolation_scenario(cluster, 2, "64MiB");
   EXPECT_TRUE(coordinator.running());
 }
 
 TEST_F(CudaCluster, KilledCudaAgentIsReclaimed) {
-  cluster.start_coordinator({"--backend", "cuda", "--pool-size", "256MiB",
-                             "--heartbeat-interval", "200ms"});
+  cluster.start_coordinator(
+      {"--backend", "cuda", "--pool-size", "256MiB", "--heartbeat-interval", "200ms"});
   auto& doomed = cluster.start_agent("doomed", {"--exercise", "--leases", "2", "--lease-size",
                                                 "16MiB", "--rounds", "0", "--interval", "20ms"});
   ASSERT_TRUE(cluster.wait_for([](const auto& st) { return leased_by(st, "doomed") > 0; }, 20s))

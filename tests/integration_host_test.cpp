@@ -1,13 +1,12 @@
 // Multi-process integration tests on the host backend: a real coordinator,
 // real agent processes, and raw ZeroMQ peers.
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <random>
 #include <thread>
-
 #include <zmq.hpp>
 
 #include "lease_client/session.h"
@@ -27,8 +26,9 @@ constexpr auto kHeartbeat = 200ms;
 class HostCluster : public ::testing::Test {
  protected:
   std::vector<std::string> coordinator_args() const {
-    return {"--backend", "host", "--pool-size", "64MiB", "--alignment", "64KiB",
-            "--heartbeat-interval", "200ms", "--log-level", "debug"};
+    return {"--backend",   "host",  "--pool-size",          "64MiB",
+            "--alignment", "64KiB", "--heartbeat-interval", "200ms",
+            "--log-level", "debug"};
   }
   AgentOptions session_options(const std::string& name) const {
     AgentOptions o;
@@ -48,9 +48,8 @@ TEST_F(HostCluster, VerificationDetectsAForeignWrite) {
   // The isolation check must be able to fail: write into an agent's lease
   // from outside and see the agent report it.
   cluster.start_coordinator(coordinator_args());
-  auto& victim = cluster.start_agent(
-      "victim", {"--exercise", "--leases", "1", "--lease-size", "256KiB", "--rounds", "0",
-                 "--interval", "50ms"});
+  auto& victim = cluster.start_agent("victim", {"--exercise", "--leases", "1", "--lease-size",
+                                                "256KiB", "--rounds", "0", "--interval", "50ms"});
   ASSERT_TRUE(cluster.wait_for([](const auto& s) { return leased_by(s, "victim") > 0; }, 5s));
   auto s = *cluster.status();
   uint64_t offset = s["leases"][0]["offset"];
@@ -68,8 +67,8 @@ TEST_F(HostCluster, KilledAgentIsReclaimedPromptly) {
   auto& coordinator = cluster.start_coordinator(coordinator_args());
   auto& doomed = cluster.start_agent("doomed", {"--exercise", "--leases", "2", "--lease-size",
                                                 "1MiB", "--rounds", "0", "--interval", "20ms"});
-  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return leased_by(s, "doomed") == 2u << 20; },
-                               5s));
+  ASSERT_TRUE(
+      cluster.wait_for([](const auto& s) { return leased_by(s, "doomed") == 2u << 20; }, 5s));
   doomed.signal(SIGKILL);
   auto killed = std::chrono::steady_clock::now();
   ASSERT_TRUE(doomed.wait(2s));
@@ -80,12 +79,11 @@ TEST_F(HostCluster, KilledAgentIsReclaimedPromptly) {
   // The exact rule (purged within 2.25 intervals) is checked with a fake
   // clock in CoreAgents.SilentAgentIsPurgedAfterTwoIntervalsAndItsLeasesReclaimed;
   // here, with real processes on busy cores, only that it happens promptly.
-  EXPECT_LT(took, 10 * kHeartbeat) << "reclaim took "
-                                  << std::chrono::duration_cast<std::chrono::milliseconds>(took)
-                                         .count()
-                                  << " ms";
+  EXPECT_LT(took, 10 * kHeartbeat)
+      << "reclaim took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+      << " ms";
   auto s = *cluster.status();
-  EXPECT_EQ(s["pool"]["used_bytes"], 0);
+  EXPECT_EQ(s["devices"][0]["used_bytes"], 0);
   EXPECT_NE(coordinator.log().find("'doomed'"), std::string::npos);
   EXPECT_NE(coordinator.log().find("reclaimed 2 leases"), std::string::npos) << coordinator.log();
 }
@@ -154,7 +152,8 @@ TEST_F(HostCluster, QueuedRequestIsGrantedWhenMemoryFrees) {
     got = b.acquire(8ull << 20, LeaseEnd::High, 10s);
     waited = std::chrono::steady_clock::now() - t0;
   });
-  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["pending_requests"] == 1; }, 5s));
+  ASSERT_TRUE(
+      cluster.wait_for([](const auto& s) { return s["devices"][0]["pending_requests"] == 1; }, 5s));
   std::this_thread::sleep_for(100ms);
   a.release(big);
   t.join();
@@ -182,7 +181,7 @@ TEST_F(HostCluster, QueuedRequestFailsAtItsDeadline) {
   EXPECT_GE(took, 300ms);
   EXPECT_LT(took, 5s);
   auto s = *cluster.status();
-  EXPECT_EQ(s["pending_requests"], 0);
+  EXPECT_EQ(s["devices"][0]["pending_requests"], 0);
   EXPECT_EQ(leased_by(s, "holder"), 60ull << 20) << "the holder's lease is untouched";
   // Fail-now requests are refused with NoSpace rather than queued.
   try {
@@ -202,7 +201,8 @@ TEST_F(HostCluster, SigtermEndsAnAgentWaitingForMemoryCleanly) {
   Lease big = holder.acquire(60ull << 20);
   auto& waiter = cluster.start_agent(
       "waiter", {"--exercise", "--leases", "1", "--lease-size", "8MiB", "--rounds", "1"});
-  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["pending_requests"] == 1; }, 10s))
+  ASSERT_TRUE(
+      cluster.wait_for([](const auto& s) { return s["devices"][0]["pending_requests"] == 1; }, 10s))
       << waiter.log();
   waiter.signal(SIGTERM);
   auto rc = waiter.wait(10s);
@@ -212,7 +212,10 @@ TEST_F(HostCluster, SigtermEndsAnAgentWaitingForMemoryCleanly) {
   EXPECT_EQ(waiter.log().find("Interrupted system call"), std::string::npos) << waiter.log();
   EXPECT_NE(waiter.log().find("stopping"), std::string::npos) << waiter.log();
   EXPECT_TRUE(cluster.wait_for(
-      [](const auto& s) { return s["pending_requests"] == 0 && !has_agent(s, "waiter"); }, 10s))
+      [](const auto& s) {
+        return s["devices"][0]["pending_requests"] == 0 && !has_agent(s, "waiter");
+      },
+      10s))
       << coordinator.log();
 }
 
@@ -381,13 +384,13 @@ TEST_F(HostCluster, ClientPrintsStatusAsJsonAndTable) {
   cluster.start_coordinator(coordinator_args());
   AgentSession a(session_options("cli-agent"));
   Lease l = a.acquire(2ull << 20, LeaseEnd::High);
-  auto [rc, out] = cluster.run("leasehold", {"--endpoint", cluster.endpoint(), "status",
-                                             "--output", "json"});
+  auto [rc, out] =
+      cluster.run("leasehold", {"--endpoint", cluster.endpoint(), "status", "--output", "json"});
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out);
-  EXPECT_EQ(j["pool"]["backend"], "host");
-  EXPECT_EQ(j["pool"]["size_bytes"], 64ull << 20);
-  EXPECT_EQ(j["pool"]["used_bytes"], 2ull << 20);
+  EXPECT_EQ(j["devices"][0]["backend"], "host");
+  EXPECT_EQ(j["devices"][0]["size_bytes"], 64ull << 20);
+  EXPECT_EQ(j["devices"][0]["used_bytes"], 2ull << 20);
   ASSERT_EQ(j["agents"].size(), 1u);
   EXPECT_EQ(j["agents"][0]["name"], "cli-agent");
   EXPECT_EQ(j["agents"][0]["pid"], getpid());
@@ -458,9 +461,9 @@ TEST_F(HostCluster, BadOptionsAreRefusedWithTheirName) {
                                {"--endpoint", cluster.endpoint(), "--pool-size", "12 parsecs"});
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("parsecs"), std::string::npos) << out;
-  auto [rc2, out2] = cluster.run("leasehold-coordinator", {"--endpoint", cluster.endpoint(),
-                                                           "--backend", "host", "--pool-size",
-                                                           "100000TiB"});
+  auto [rc2, out2] = cluster.run(
+      "leasehold-coordinator",
+      {"--endpoint", cluster.endpoint(), "--backend", "host", "--pool-size", "100000TiB"});
   EXPECT_EQ(rc2, 1);
   EXPECT_NE(out2.find("exceeds"), std::string::npos) << out2;
 }

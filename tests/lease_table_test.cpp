@@ -8,42 +8,47 @@ namespace {
 constexpr uint64_t kAlign = 4096;
 const auto t0 = Clock::now();
 
+LeaseOwner agent(const char* name) { return LeaseOwner::agent(name); }
+
 PendingRequest req(const std::string& owner, uint64_t size, int deadline_ms = 1000,
                    uint64_t request_id = 1) {
-  return PendingRequest{owner, size, PoolAllocator::End::Low,
-                        t0 + std::chrono::milliseconds(deadline_ms), {"rid-" + owner, request_id}};
+  return PendingRequest{LeaseOwner::agent(owner),
+                        size,
+                        PoolAllocator::End::Low,
+                        t0 + std::chrono::milliseconds(deadline_ms),
+                        {"rid-" + owner, request_id}};
 }
 
 TEST(LeaseTable, GrantRefuseAndOwnership) {
   LeaseTable t(16 * kAlign, kAlign);
   auto a = std::get<LeaseRecord>(t.request(req("a", 3 * kAlign), true));
-  EXPECT_EQ(a.owner, "a");
+  EXPECT_EQ(a.owner.name, "a");
   EXPECT_EQ(a.generation, 1u);
   auto too_big = std::get<Refusal>(t.request(req("b", 17 * kAlign), true));
   EXPECT_EQ(too_big.code, ErrorCode::TooLarge);
   EXPECT_NE(too_big.message.find("can never fit"), std::string::npos);
   EXPECT_EQ(std::get<Refusal>(t.request(req("b", 0), true)).code, ErrorCode::InvalidArgument);
 
-  auto not_owner = t.release("b", a.id);
+  auto not_owner = t.release(agent("b"), a.id);
   ASSERT_TRUE(not_owner);
   EXPECT_EQ(not_owner->code, ErrorCode::NotOwner);
   EXPECT_EQ(t.leases().size(), 1u) << "a refused release changes nothing";
-  EXPECT_EQ(std::get<Refusal>(t.resize("b", a.id, kAlign)).code, ErrorCode::NotOwner);
-  EXPECT_EQ(t.release("a", 999)->code, ErrorCode::NoSuchLease);
-  EXPECT_FALSE(t.release("a", a.id));
+  EXPECT_EQ(std::get<Refusal>(t.resize(agent("b"), a.id, kAlign)).code, ErrorCode::NotOwner);
+  EXPECT_EQ(t.release(agent("a"), 999)->code, ErrorCode::NoSuchLease);
+  EXPECT_FALSE(t.release(agent("a"), a.id));
   EXPECT_EQ(t.allocator().free_bytes(), 16 * kAlign);
 }
 
 TEST(LeaseTable, ResizeBumpsGeneration) {
   LeaseTable t(16 * kAlign, kAlign);
   auto a = std::get<LeaseRecord>(t.request(req("a", kAlign), true));
-  auto grown = std::get<LeaseRecord>(t.resize("a", a.id, 4 * kAlign));
+  auto grown = std::get<LeaseRecord>(t.resize(agent("a"), a.id, 4 * kAlign));
   EXPECT_EQ(grown.size, 4 * kAlign);
   EXPECT_EQ(grown.offset, a.offset);
   EXPECT_EQ(grown.generation, 2u);
   auto b = std::get<LeaseRecord>(t.request(req("b", kAlign), true));
   (void)b;
-  EXPECT_EQ(std::get<Refusal>(t.resize("a", a.id, 8 * kAlign)).code, ErrorCode::NoSpace);
+  EXPECT_EQ(std::get<Refusal>(t.resize(agent("a"), a.id, 8 * kAlign)).code, ErrorCode::NoSpace);
   EXPECT_EQ(t.leases().at(a.id).size, 4 * kAlign) << "failed grow leaves the lease as it was";
 }
 
@@ -55,7 +60,7 @@ TEST(LeaseTable, ARequestOnlyTheRequestersOwnLeasesBlockIsRefusedAtOnce) {
   auto a1 = std::get<LeaseRecord>(t.request(req("a", 2 * kAlign), true));  // [0,2)
   auto a2 = std::get<LeaseRecord>(t.request(req("a", 2 * kAlign), true));  // [2,4)
   auto a3 = std::get<LeaseRecord>(t.request(req("a", 2 * kAlign), true));  // [4,6)
-  ASSERT_FALSE(t.release("a", a2.id));  // free [2,4) and [6,8): 4 pages in pieces
+  ASSERT_FALSE(t.release(agent("a"), a2.id));  // free [2,4) and [6,8): 4 pages in pieces
   auto self = std::get<Refusal>(t.request(req("a", 3 * kAlign), true));
   EXPECT_EQ(self.code, ErrorCode::NoSpace);
   EXPECT_NE(self.message.find("only agent 'a''s own leases (16.00 KiB) stand in the way"),
@@ -66,7 +71,7 @@ TEST(LeaseTable, ARequestOnlyTheRequestersOwnLeasesBlockIsRefusedAtOnce) {
   EXPECT_TRUE(std::holds_alternative<LeaseTable::Queued>(t.request(req("b", 3 * kAlign), true)));
   // Once someone else holds memory, a waits too (it may come back) unless
   // even all of it could not make room.
-  ASSERT_FALSE(t.release("a", a3.id));
+  ASSERT_FALSE(t.release(agent("a"), a3.id));
   auto c = std::get<LeaseRecord>(t.request(req("c", kAlign), true));
   (void)c;
   (void)a1;
@@ -85,18 +90,18 @@ TEST(LeaseTable, WaitingRequestsGrantedInOrderWithoutHeadOfLineBlocking) {
   EXPECT_EQ(t.waiting(), 2u);
   EXPECT_TRUE(t.grant_waiting().empty());
 
-  ASSERT_FALSE(t.release("x", x.id));  // free: [4,8)
+  ASSERT_FALSE(t.release(agent("x"), x.id));  // free: [4,8)
   auto granted = t.grant_waiting();
   ASSERT_EQ(granted.size(), 1u) << "b (5) still does not fit; c (3) behind it does";
-  EXPECT_EQ(granted[0].lease.owner, "c");
+  EXPECT_EQ(granted[0].lease.owner.name, "c");
   EXPECT_EQ(granted[0].reply_to.routing_id, "rid-c");
   EXPECT_EQ(t.waiting(), 1u);
 
-  ASSERT_FALSE(t.release("a", a.id));
-  ASSERT_FALSE(t.release("c", granted[0].lease.id));
+  ASSERT_FALSE(t.release(agent("a"), a.id));
+  ASSERT_FALSE(t.release(agent("c"), granted[0].lease.id));
   granted = t.grant_waiting();
   ASSERT_EQ(granted.size(), 1u);
-  EXPECT_EQ(granted[0].lease.owner, "b");
+  EXPECT_EQ(granted[0].lease.owner.name, "b");
   EXPECT_EQ(t.waiting(), 0u);
 }
 
@@ -111,10 +116,10 @@ TEST(LeaseTable, DeadlinesExpireAndOwnersDropTheirRequests) {
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0].refusal.code, ErrorCode::Timeout);
   EXPECT_EQ(expired[0].reply_to.request_id, 7u);
-  auto [count, bytes] = t.release_all("c");
+  auto [count, bytes] = t.release_all(agent("c"));
   EXPECT_EQ(count, 0u);
   EXPECT_EQ(t.waiting(), 0u) << "a departed agent's waiting requests go with it";
-  auto [ca, ba] = t.release_all("a");
+  auto [ca, ba] = t.release_all(agent("a"));
   EXPECT_EQ(ca, 1u);
   EXPECT_EQ(ba, 4 * kAlign);
 }

@@ -1,6 +1,8 @@
 // /metrics as rendered from a snapshot (coordinator/metrics.h), and the
 // Grafana dashboard's queries checked against it: every Leasehold series a
 // panel asks for exists.
+#include "coordinator/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,29 +13,37 @@
 #include <set>
 #include <sstream>
 
-#include "coordinator/metrics.h"
-
 namespace leasehold::testing {
 namespace {
 
 MetricsSnapshot busy_snapshot() {
   MetricsSnapshot s;
-  s.gpu = "0";
-  s.uuid = "GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6";
-  s.pool_bytes = 8ull << 30;
-  s.used_bytes = 3ull << 30;
-  s.free_bytes = 5ull << 30;
-  s.largest_free_bytes = 4ull << 30;
-  s.occupancy = 0.375;
-  s.leases_held = 3;
-  s.agents_by_state = {{"idle", 1}, {"running", 2}};
+  s.devices.reserve(2);
+  DeviceSeries& d = s.devices.emplace_back();
+  d.gpu = "0";
+  d.uuid = "GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6";
+  d.pool_bytes = 8ull << 30;
+  d.used_bytes = 3ull << 30;
+  d.free_bytes = 5ull << 30;
+  d.largest_free_bytes = 4ull << 30;
+  d.occupancy = 0.375;
+  d.leases_held = 3;
+  d.agents_by_state = {{"idle", 1}, {"running", 2}};
+  d.lease_stats.granted(0);
+  d.lease_stats.granted(0.004);
+  d.lease_stats.granted(90);  // past every bound
+  d.lease_stats.refusals = 2;
+  // A second GPU, idle.
+  DeviceSeries& idle = s.devices.emplace_back();
+  idle.gpu = "1";
+  idle.uuid = "GPU-00000000-1111-2222-3333-444444444444";
+  idle.pool_bytes = idle.free_bytes = idle.largest_free_bytes = 8ull << 30;
+  idle.agents_by_state = {{"idle", 1}};
   s.jobs_by_state = {{"queued", 4}, {"running", 2}};
   s.interruptions = {{"agent_died", 1}, {"coordinator_restart", 0}};
-  s.lease_stats.granted(0);
-  s.lease_stats.granted(0.004);
-  s.lease_stats.granted(90);  // past every bound
-  s.lease_stats.refusals = 2;
   JobSeries j;
+  j.gpu = "0";
+  j.uuid = s.devices[0].uuid;
   j.id = 7;
   j.name = "mlp \"quoted\"";
   j.agent = "a1";
@@ -69,27 +79,40 @@ TEST(Metrics, SeriesCarryDcgmLabelsAndBaseUnits) {
   EXPECT_TRUE(has_line(m, "leasehold_pool_used_bytes{" + gpu + "} 3221225472")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_pool_occupancy_ratio{" + gpu + "} 0.375")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_agents{" + gpu + R"(,state="running"} 2)")) << m;
-  EXPECT_TRUE(has_line(m, "leasehold_jobs{" + gpu + R"(,state="queued"} 4)")) << m;
   EXPECT_TRUE(has_line(m, "# TYPE leasehold_lease_grants_total counter")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_lease_grants_total{" + gpu + "} 3")) << m;
   EXPECT_TRUE(has_line(m, "leasehold_lease_refusals_total{" + gpu + "} 2")) << m;
+  // Every device has its series, under the family's one TYPE line.
+  const std::string gpu1 = R"(gpu="1",UUID="GPU-00000000-1111-2222-3333-444444444444")";
+  EXPECT_TRUE(has_line(m, "leasehold_pool_used_bytes{" + gpu1 + "} 0")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_pool_size_bytes{" + gpu1 + "} 8589934592")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_agents{" + gpu1 + R"(,state="idle"} 1)")) << m;
+  EXPECT_TRUE(has_line(m, "leasehold_lease_grants_total{" + gpu1 + "} 0")) << m;
+  size_t types = 0;
+  for (size_t at = m.find("# TYPE leasehold_pool_used_bytes "); at != std::string::npos;
+       at = m.find("# TYPE leasehold_pool_used_bytes ", at + 1)) {
+    ++types;
+  }
+  EXPECT_EQ(types, 1u) << m;
+  // The coordinator's own series belong to no one device.
+  EXPECT_TRUE(has_line(m, R"(leasehold_jobs{state="queued"} 4)")) << m;
   EXPECT_TRUE(has_line(m, "# TYPE leasehold_job_interruptions_total counter")) << m;
-  EXPECT_TRUE(has_line(m, "leasehold_job_interruptions_total{" + gpu + R"(,cause="agent_died"} 1)"))
-      << m;
-  EXPECT_TRUE(
-      has_line(m, "leasehold_job_interruptions_total{" + gpu + R"(,cause="coordinator_restart"} 0)"))
+  EXPECT_TRUE(has_line(m, R"(leasehold_job_interruptions_total{cause="agent_died"} 1)")) << m;
+  EXPECT_TRUE(has_line(m, R"(leasehold_job_interruptions_total{cause="coordinator_restart"} 0)"))
       << m;
 }
 
 TEST(Metrics, GrantLatencyIsACumulativeHistogram) {
   const std::string m = render_metrics(busy_snapshot());
-  const std::string b = R"(leasehold_lease_grant_latency_seconds_bucket{gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",le=)";
+  const std::string b =
+      R"(leasehold_lease_grant_latency_seconds_bucket{gpu="0",UUID="GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6",le=)";
   EXPECT_TRUE(has_line(m, "# TYPE leasehold_lease_grant_latency_seconds histogram")) << m;
   EXPECT_TRUE(has_line(m, b + R"("0.001"} 1)")) << m;
   EXPECT_TRUE(has_line(m, b + R"("0.005"} 2)")) << m;
   EXPECT_TRUE(has_line(m, b + R"("30"} 2)")) << m;
   EXPECT_TRUE(has_line(m, b + R"("+Inf"} 3)")) << m;
-  EXPECT_NE(m.find("leasehold_lease_grant_latency_seconds_sum{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\"} 90.004"),
+  EXPECT_NE(m.find("leasehold_lease_grant_latency_seconds_sum{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-"
+                   "3d4e-5f60-718293a4b5c6\"} 90.004"),
             std::string::npos)
       << m;
 }
@@ -104,9 +127,11 @@ TEST(Metrics, RunningJobsHaveLabelledSeriesWithNamesEscaped) {
   EXPECT_DOUBLE_EQ(value_of(m, "leasehold_job_test_accuracy_ratio" + labels), 0.8916) << m;
   EXPECT_TRUE(has_line(m, "leasehold_job_leased_bytes" + labels + " 1073741824")) << m;
   // Job 8 has no test accuracy yet: no series rather than a made-up value.
-  EXPECT_NE(m.find("leasehold_job_loss{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job_id=\"8\""),
+  EXPECT_NE(m.find("leasehold_job_loss{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\","
+                   "job_id=\"8\""),
             std::string::npos);
-  EXPECT_EQ(m.find("leasehold_job_test_accuracy_ratio{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-718293a4b5c6\",job_id=\"8\""),
+  EXPECT_EQ(m.find("leasehold_job_test_accuracy_ratio{gpu=\"0\",UUID=\"GPU-8d6cf2a1-1b2c-3d4e-5f60-"
+                   "718293a4b5c6\",job_id=\"8\""),
             std::string::npos)
       << m;
   // Each family's series are together, under one TYPE line.
@@ -120,11 +145,11 @@ TEST(Metrics, RunningJobsHaveLabelledSeriesWithNamesEscaped) {
 
 TEST(Metrics, LabelValuesAreValidUtf8) {
   auto s = busy_snapshot();
-  s.running[0].name = "bad\xff\xc0\xafname \xe2\x9c\x93";  // stray byte, overlong '/', then a check mark
+  s.running[0].name =
+      "bad\xff\xc0\xafname \xe2\x9c\x93";  // stray byte, overlong '/', then a check mark
   const std::string m = render_metrics(s);
   // Escaped as \xNN (the serializer then doubles the backslash).
-  EXPECT_NE(m.find("name=\"bad\\\\xff\\\\xc0\\\\xafname \xe2\x9c\x93\""), std::string::npos)
-      << m;
+  EXPECT_NE(m.find("name=\"bad\\\\xff\\\\xc0\\\\xafname \xe2\x9c\x93\""), std::string::npos) << m;
 }
 
 // Every leasehold_* name in a panel's query is a family /metrics serves

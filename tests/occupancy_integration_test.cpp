@@ -1,8 +1,7 @@
 // The occupancy policy end to end, with real processes (on the host
-// backend; $LEASEHOLD_TEST_BACKEND=cuda on a GPU host): three jobs whose unconstrained peaks add up to twice the pool,
-// submitted at once to three agents, all finish with the accuracy each
-// reaches alone; an agent that never answers Shrink does not wedge the
-// coordinator.
+// backend; $LEASEHOLD_TEST_BACKEND=cuda on a GPU host): three jobs whose unconstrained peaks add up
+// to twice the pool, submitted at once to three agents, all finish with the accuracy each reaches
+// alone; an agent that never answers Shrink does not wedge the coordinator.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -27,8 +26,7 @@ std::string job_json(const std::string& data_dir, const std::string& name, int e
   for (int i = 0; i < 4; ++i) model += R"(, {"type": "ReLU"}, {"type": "Dropout", "p": 0.1})";
   model += R"(, {"type": "Linear", "in": 1024, "out": 3}],)";
   std::string json = synthetic_job_json(
-      data_dir, name,
-      R"(, "batch_size": 600, "epochs": )" + std::to_string(epochs) + memory);
+      data_dir, name, R"(, "batch_size": 600, "epochs": )" + std::to_string(epochs) + memory);
   size_t a = json.find(R"("model")"), b = json.find(R"("dataset")");
   json.replace(a, b - a, model + " ");
   size_t s = json.find(R"("seed": 3)");
@@ -84,8 +82,8 @@ class Oversubscribed : public ::testing::Test {
                             "1MiB", "--heartbeat-interval", "200ms"});
     solo.start_agent("solo", {});
     for (const Job& j : jobs_to_run()) {
-      auto [rc, out] = client(solo, {"submit", write_job(solo, j, R"(, "memory_budget": "256MiB")"),
-                                     "--follow"});
+      auto [rc, out] = client(
+          solo, {"submit", write_job(solo, j, R"(, "memory_budget": "256MiB")"), "--follow"});
       ASSERT_EQ(rc, 0) << out;
     }
     for (const auto& j : jobs(solo)) {
@@ -103,8 +101,8 @@ class Oversubscribed : public ::testing::Test {
     peak_mib = (peak + MiB - 1) / MiB;
     pool_mib = (3 * peak_mib + 1) / 2;
     c.start_coordinator({"--backend", test_backend(), "--pool-size",
-                         std::to_string(pool_mib) + "MiB", "--alignment", "1MiB", "--heartbeat-interval", "200ms",
-                         "--shrink-timeout", "500ms"});
+                         std::to_string(pool_mib) + "MiB", "--alignment", "1MiB",
+                         "--heartbeat-interval", "200ms", "--shrink-timeout", "500ms"});
     for (const auto& [name, ignores] : agents) {
       std::vector<std::string> args;
       if (ignores) args.push_back("--test-ignore-shrinks");
@@ -146,8 +144,8 @@ class Oversubscribed : public ::testing::Test {
         ++w.unanswered;
         continue;
       }
-      w.max_used = std::max(w.max_used, (*s)["pool"]["used_bytes"].get<uint64_t>());
-      w.pool_size = (*s)["pool"]["size_bytes"];
+      w.max_used = std::max(w.max_used, (*s)["devices"][0]["used_bytes"].get<uint64_t>());
+      w.pool_size = (*s)["devices"][0]["size_bytes"];
       w.jobs = jobs(c);
       if (w.jobs.size() == 3 && done(w.jobs)) return true;
       std::this_thread::sleep_for(50ms);
@@ -178,19 +176,23 @@ TEST_F(Oversubscribed, EveryJobFinishesWithItsAloneAccuracyAndSomeoneShrank) {
   ASSERT_NO_FATAL_FAILURE(start_oversubscribed(c, {{"a1", false}, {"a2", false}, {"a3", false}}));
   ASSERT_NO_FATAL_FAILURE(submit_all(c));
   // C waits for memory, and says so.
-  ASSERT_TRUE(c.wait_for([&](const auto&) {
-    for (const auto& j : jobs(c)) {
-      if (j["name"] == "c" && j["waiting_for"].get<std::string>().rfind("waiting for ", 0) == 0) {
-        return true;
-      }
-    }
-    return false;
-  }, 10s)) << jobs(c).dump(2);
+  ASSERT_TRUE(c.wait_for(
+      [&](const auto&) {
+        for (const auto& j : jobs(c)) {
+          if (j["name"] == "c" &&
+              j["waiting_for"].get<std::string>().rfind("waiting for ", 0) == 0) {
+            return true;
+          }
+        }
+        return false;
+      },
+      10s))
+      << jobs(c).dump(2);
 
   Watch w;
-  ASSERT_TRUE(watch(c, [](const auto& list) {
-    return ended(list[0]) && ended(list[1]) && ended(list[2]);
-  }, w)) << w.jobs.dump(2);
+  ASSERT_TRUE(watch(
+      c, [](const auto& list) { return ended(list[0]) && ended(list[1]) && ended(list[2]); }, w))
+      << w.jobs.dump(2);
   EXPECT_EQ(w.unanswered, 0);
   EXPECT_LE(w.max_used, w.pool_size);
   uint32_t shrinks = 0;
@@ -223,9 +225,13 @@ TEST_F(Oversubscribed, AnAgentIgnoringShrinkDoesNotWedgeTheCoordinator) {
   // C needs memory B grew into; B is asked, does not answer, is skipped,
   // then dropped as unresponsive and its job requeued; C gets the memory.
   Watch w;
-  ASSERT_TRUE(watch(c, [](const auto& list) {
-    return ended(list[0]) && ended(list[2]) && list[1]["attempts"].template get<int>() >= 2;
-  }, w)) << w.jobs.dump(2);
+  ASSERT_TRUE(watch(
+      c,
+      [](const auto& list) {
+        return ended(list[0]) && ended(list[2]) && list[1]["attempts"].template get<int>() >= 2;
+      },
+      w))
+      << w.jobs.dump(2);
   EXPECT_EQ(w.unanswered, 0) << "the coordinator kept answering";
   EXPECT_LE(w.max_used, w.pool_size);
   const nlohmann::json& list = w.jobs;

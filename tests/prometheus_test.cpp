@@ -62,8 +62,8 @@ TEST(Prometheus, ScrapesPoolUsageThatMatchesTheClient) {
   }
   Cluster c;
   const int http = free_port();
-  c.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--alignment", "1MiB",
-                       "--http", "127.0.0.1:" + std::to_string(http)});
+  c.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--alignment", "1MiB", "--http",
+                       "127.0.0.1:" + std::to_string(http)});
   AgentOptions o;
   o.endpoint = c.endpoint();
   o.name = "holder";
@@ -104,22 +104,25 @@ TEST(Prometheus, ScrapesPoolUsageThatMatchesTheClient) {
         return sample.has_value();
       },
       90s))
-      << "no sample within 90 s:\n" << prom.log();
+      << "no sample within 90 s:\n"
+      << prom.log();
   ASSERT_TRUE(prom.running()) << prom.log();
   ASSERT_TRUE(sample);
 
   auto [rc, out] = c.run("leasehold", {"--endpoint", c.endpoint(), "status", "-o", "json"});
   ASSERT_EQ(rc, 0) << out;
   const auto status = nlohmann::json::parse(out);
-  const auto used = status["pool"]["used_bytes"].get<uint64_t>();
+  const auto used = status["devices"][0]["used_bytes"].get<uint64_t>();
   EXPECT_EQ(used, 8ull << 20);
   EXPECT_EQ(std::stoull(sample->at("value").at(1).get<std::string>()), used);
-  EXPECT_EQ(sample->at("metric").at("gpu"), "host");
+  EXPECT_EQ(sample->at("metric").at("gpu"), "0") << "the device's ordinal, as DCGM writes it";
+  EXPECT_EQ(sample->at("metric").at("UUID"), "host-0");
   EXPECT_EQ(sample->at("metric").at("server"), "test") << "the file-discovery label";
   EXPECT_EQ(sample->at("metric").at("job"), "leasehold");
   // For the record (the note quotes it).
-  std::cout << "prometheus " << prometheus << " answered leasehold_pool_used_bytes = "
-            << sample->dump() << "\nleasehold status -o json: pool.used_bytes = " << used << "\n";
+  std::cout << "prometheus " << prometheus
+            << " answered leasehold_pool_used_bytes = " << sample->dump()
+            << "\nleasehold status -o json: devices[0].used_bytes = " << used << "\n";
   auto up = query(web, "up{job=\"leasehold\"}");
   ASSERT_TRUE(up);
   EXPECT_EQ(up->at("value").at(1), "1");

@@ -6,7 +6,7 @@
 
 const state = {
   status: null,
-  history: [],          // [unix_ms, occupancy]
+  history: [],          // [unix_ms, [occupancy of each device]]
   jobs: new Map(),      // id -> summary (as /api/jobs lists it)
   selected: 0,          // job id whose curves are shown (0: pick one)
   userSelected: false,
@@ -23,13 +23,17 @@ function fmtBytes(b) {
 }
 function fmtRate(x) { return x >= 1e6 ? (x / 1e6).toFixed(2) + "M" : x >= 1e3 ? (x / 1e3).toFixed(1) + "k" : x.toFixed(0); }
 function fmtAge(ms) { return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(1) + " s"; }
-function colorOf(name) {
+function colorOf(name, region) {
   let h = 0;
   for (const c of name) h = (h * 31 + c.codePointAt(0)) >>> 0;
   h = Math.round(h * 137.508);  // golden angle: names one letter apart get far-apart hues
-  const region = name.startsWith("region/");
   return `hsl(${h % 360}, ${region ? 45 : 65}%, ${region ? 62 : 50}%)`;
 }
+// What a lease's holder is called in the map and its legend.
+function holderName(l) {
+  return l.holder === "region" ? "region " + l.agent : l.holder === "fenced" ? l.agent + " (fenced)" : l.agent;
+}
+const kDeviceColors = ["#1f6fd1", "#d1591f", "#2a9d4b", "#9b3fc4", "#c4a000", "#1fa5b5", "#b5314f", "#6b6b6b"];
 function el(tag, text, cls) {
   const e = document.createElement(tag);
   if (text !== undefined) e.textContent = text;
@@ -53,8 +57,7 @@ async function pollStatus() {
   try {
     state.status = await getJSON("/api/status");
     connected(true);
-    const p = state.status.pool;
-    state.history.push([Date.now(), p.occupancy]);
+    state.history.push([Date.now(), state.status.devices.map(d => d.occupancy)]);
     const cutoff = Date.now() - 10 * 60 * 1000;
     while (state.history.length && state.history[0][0] < cutoff) state.history.shift();
     renderStatus();
@@ -66,7 +69,7 @@ async function pollStatus() {
 async function loadHistory() {
   try {
     const h = await getJSON("/api/history");
-    state.history = h.samples.map(s => [s[0], s[1]]).concat(state.history);
+    state.history = h.samples.map(s => [s[0], s[1]]).concat(state.history);  // [t, [occupancy...]]
   } catch (e) { /* the live samples still come */ }
 }
 
@@ -132,38 +135,56 @@ async function refreshDetail() {
 
 // ---- rendering ----
 function renderStatus() {
-  const s = state.status, p = s.pool;
+  const s = state.status, devices = s.devices;
+  const names = [...new Set(devices.map(d => d.device_name))].join(", ");
   document.getElementById("device").textContent =
-    `${p.device_name} (${p.backend}, device ${p.device})`;
+    `${devices.length} device${devices.length === 1 ? "" : "s"} (${devices.length ? devices[0].backend : "?"}: ${names})`;
   const running = [...state.jobs.values()].filter(j => j.state === "running").length;
   document.getElementById("summary").textContent =
     `${s.agents.length} agents · ${s.leases.length} leases · ${running} jobs running · up ${Math.round(s.uptime_seconds)} s`;
+  const used = devices.reduce((n, d) => n + d.used_bytes, 0), size = devices.reduce((n, d) => n + d.size_bytes, 0);
   document.getElementById("pool-figures").textContent =
-    `${fmtBytes(p.used_bytes)} of ${fmtBytes(p.size_bytes)} leased (${(100 * p.occupancy).toFixed(1)}%), ` +
-    `${p.free_blocks} free blocks, largest ${fmtBytes(p.largest_free_bytes)}`;
-  document.getElementById("pool-end").textContent = fmtBytes(p.size_bytes);
+    `${fmtBytes(used)} of ${fmtBytes(size)} leased` + (devices.length > 1 ? ` on ${devices.length} devices` : "");
 
-  const pool = document.getElementById("pool");
-  pool.replaceChildren();
+  // One map per device: its leases and regions from offset 0 to its end.
+  const pools = document.getElementById("pool");
+  pools.replaceChildren();
   const owners = new Map();
-  for (const l of s.leases) {
-    const d = el("div", undefined, "lease" + (l.agent.startsWith("region/") ? " region" : ""));
-    d.style.left = (100 * l.offset / p.size_bytes) + "%";
-    d.style.width = (100 * l.size / p.size_bytes) + "%";
-    d.style.background = colorOf(l.agent);
-    d.title = `${l.agent}: lease ${l.id}, ${fmtBytes(l.size)} at ${fmtBytes(l.offset)}`;
-    pool.appendChild(d);
-    owners.set(l.agent, (owners.get(l.agent) || 0) + l.size);
+  for (const p of devices) {
+    const block = el("div", undefined, "device-pool");
+    block.append(el("div",
+      `device ${p.device} · ${p.device_name}${p.uuid ? " · " + p.uuid : ""} — ` +
+      `${fmtBytes(p.used_bytes)} of ${fmtBytes(p.size_bytes)} leased (${(100 * p.occupancy).toFixed(1)}%), ` +
+      `${p.free_blocks} free blocks, largest ${fmtBytes(p.largest_free_bytes)}, ${p.agents} agents`,
+      "device-title"));
+    const bar = el("div", undefined, "pool-bar");
+    bar.dataset.device = p.device;
+    for (const l of s.leases.filter(l => l.device === p.device)) {
+      const region = l.holder === "region", name = holderName(l);
+      const d = el("div", undefined, "lease" + (region ? " region" : ""));
+      d.style.left = (100 * l.offset / p.size_bytes) + "%";
+      d.style.width = (100 * l.size / p.size_bytes) + "%";
+      d.style.background = colorOf(l.agent, region);
+      d.title = `${name}: lease ${l.id}, ${fmtBytes(l.size)} at ${fmtBytes(l.offset)} of device ${p.device}`;
+      bar.appendChild(d);
+      const o = owners.get(name) || { bytes: 0, color: colorOf(l.agent, region) };
+      o.bytes += l.size;
+      owners.set(name, o);
+    }
+    const scale = el("div", undefined, "pool-scale");
+    scale.append(el("span", "0"), el("span", fmtBytes(p.size_bytes)));
+    block.append(bar, scale);
+    pools.appendChild(block);
   }
-  pool.dataset.leases = s.leases.length;
+  pools.dataset.leases = s.leases.length;
   const legend = document.getElementById("legend");
   legend.replaceChildren();
-  for (const [name, bytes] of [...owners].sort()) {
-    const item = el("span", `${name} ${fmtBytes(bytes)}`);
-    item.style.setProperty("--c", colorOf(name));
+  for (const [name, o] of [...owners].sort()) {
+    const item = el("span", `${name} ${fmtBytes(o.bytes)}`);
+    item.style.setProperty("--c", o.color);
     legend.appendChild(item);
   }
-  const free = el("span", `free ${fmtBytes(p.free_bytes)}`);
+  const free = el("span", `free ${fmtBytes(devices.reduce((n, d) => n + d.free_bytes, 0))}`);
   free.style.setProperty("--c", "#dfe3ea");
   legend.appendChild(free);
 
@@ -171,13 +192,16 @@ function renderStatus() {
   body.replaceChildren();
   for (const a of s.agents) {
     const tr = el("tr");
-    tr.append(el("td", a.name), el("td", a.state, "state-" + a.state), el("td", fmtBytes(a.leased_bytes)),
+    tr.append(el("td", a.name), el("td", a.device), el("td", a.state, "state-" + a.state), el("td", fmtBytes(a.leased_bytes)),
               el("td", a.lease_count), el("td", a.job_id ? "#" + a.job_id : "–"),
               el("td", fmtAge(a.last_heartbeat_ms_ago)));
     body.appendChild(tr);
   }
   drawChart(document.getElementById("occupancy"),
-            [{ points: state.history.map(([t, o]) => [t, 100 * o]), color: "#1f6fd1" }],
+            devices.map((d, i) => ({
+              points: state.history.filter(([t, o]) => Array.isArray(o) && i < o.length).map(([t, o]) => [t, 100 * o[i]]),
+              color: kDeviceColors[i % kDeviceColors.length],
+            })),
             { ymin: 0, ymax: 100, yfmt: v => v.toFixed(0) + "%", xfmt: t => new Date(t).toLocaleTimeString() });
 }
 

@@ -5,7 +5,7 @@
 
 namespace leasehold::detail {
 
-std::unique_ptr<DevicePool> create_host_pool(uint64_t size, uint64_t alignment,
+std::unique_ptr<DevicePool> create_host_pool(int device, uint64_t size, uint64_t alignment,
                                              std::string_view name);
 std::unique_ptr<PoolMapping> map_host_pool(const PoolDescriptor& desc);
 DeviceMemory query_host_memory();

@@ -61,7 +61,8 @@ int worker(const std::string& endpoint, const std::string& name, int iterations,
     s.release(l);
   }
   std::ofstream(dir + "/" + name + ".ready") << "ready";
-  while (!std::filesystem::exists(dir + "/go")) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (!std::filesystem::exists(dir + "/go"))
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   std::vector<double> grant, cycle;
   grant.reserve(iterations);
   cycle.reserve(iterations);
@@ -229,7 +230,7 @@ int main(int argc, char** argv) {
     auto status = *cluster.status();
     nlohmann::json out;
     out["backend"] = lh::backend_name(backend);
-    out["device"] = status["pool"]["device_name"];
+    out["device"] = status["devices"][0]["device_name"];
     out["pool_bytes"] = pool;
     out["sizes"] = sizes_text;
     out["iterations_per_agent"] = iterations;

@@ -37,6 +37,7 @@ step agent_protocol_test "$bin/agent_protocol_test"
 step durability_test "$bin/durability_test"
 # The job tests again with their coordinator and agents on the CUDA backend.
 step job_integration_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/job_integration_test"
+step devices_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/devices_integration_test"
 step durability_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/durability_test"
 # Agents stopped with SIGSTOP while neighbours lease what the pool frees:
 # on CUDA the neighbours' patterns are written and checked by kernels.

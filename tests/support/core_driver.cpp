@@ -31,6 +31,10 @@ class FakeProcess final : public AgentProcess {
 
 CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
                        std::unique_ptr<SchedulingPolicy> policy)
+    : CoreDriver(std::move(options), std::vector<uint64_t>{pool_bytes}, std::move(policy)) {}
+
+CoreDriver::CoreDriver(CoreOptions options, std::vector<uint64_t> pools,
+                       std::unique_ptr<SchedulingPolicy> policy)
     : opts_(std::move(options)) {
   // Far from the epoch, so "older than" arithmetic never underflows.
   now_.steady = Clock::time_point{} + std::chrono::hours(1000);
@@ -43,16 +47,20 @@ CoreDriver::CoreDriver(CoreOptions options, uint64_t pool_bytes,
   opts_.follow_process = [this](const Peer& p) -> std::shared_ptr<AgentProcess> {
     return std::make_shared<FakeProcess>(*this, p.pid);
   };
-  PoolDescriptor pool;
-  pool.backend = Backend::Host;
-  pool.device = 0;
-  pool.device_name = "test pool";
-  pool.size = pool_bytes;
-  pool.alignment = 1ull << 20;
-  pool.handle = {'p'};
-  pool.epoch = 7;
+  std::vector<PoolDescriptor> descriptors;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    PoolDescriptor& pool = descriptors.emplace_back();
+    pool.backend = Backend::Host;
+    pool.device = static_cast<int>(i);
+    pool.device_name = "test pool";
+    pool.uuid = "host-" + std::to_string(i);
+    pool.size = pools[i];
+    pool.alignment = 1ull << 20;
+    pool.handle = {'p', static_cast<uint8_t>('0' + i)};
+    pool.epoch = 7 + i;
+  }
   if (!policy) policy = std::make_unique<FifoPolicy>();
-  core_ = std::make_unique<CoordinatorCore>(opts_, pool, std::move(policy), now_);
+  core_ = std::make_unique<CoordinatorCore>(opts_, std::move(descriptors), std::move(policy), now_);
 }
 
 void CoreDriver::advance(std::chrono::milliseconds d) {
@@ -97,8 +105,8 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<proto::AgentJob>>> l
 }  // namespace
 
 FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
-                                     const std::vector<Listed>& jobs, Effects* out,
-                                     bool takes_jobs) {
+                                     const std::vector<Listed>& jobs, Effects* out, bool takes_jobs,
+                                     int device) {
   FakeAgent a{name, pid, "rid-" + name + "-" + std::to_string(pid), {}};
   // The same fake process (name and pid) keeps its instance, as a real
   // agent does across its own registrations.
@@ -107,7 +115,7 @@ FakeAgent CoreDriver::register_agent(const std::string& name, int pid,
   const Peer as_user = peer;
   if (peer.known) peer.pid = pid;
   Effects e = request(a.rid, name, {}, proto::Body::Register, [&](auto& fbb) {
-    return proto::CreateRegister(fbb, fbb.CreateString(name), pid, -1, listed(fbb, jobs),
+    return proto::CreateRegister(fbb, fbb.CreateString(name), pid, device, listed(fbb, jobs),
                                  takes_jobs, true, 0, 0, instance, uint64_t(pid), stale_holds)
         .Union();
   });
@@ -219,9 +227,8 @@ Effects CoreDriver::lease(const FakeAgent& a, uint64_t bytes, int wait_ms, bool 
 }
 
 Effects CoreDriver::release(const FakeAgent& a, uint64_t lease_id) {
-  return request(a.rid, a.name, a.session, proto::Body::LeaseRelease, [&](auto& fbb) {
-    return proto::CreateLeaseRelease(fbb, lease_id).Union();
-  });
+  return request(a.rid, a.name, a.session, proto::Body::LeaseRelease,
+                 [&](auto& fbb) { return proto::CreateLeaseRelease(fbb, lease_id).Union(); });
 }
 
 Effects CoreDriver::shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t released) {
@@ -235,8 +242,8 @@ Effects CoreDriver::status() {
                  [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
 }
 
-Effects CoreDriver::attach(const FakeAgent& a, const std::string& name, uint64_t bytes,
-                          bool create, int wait_ms, bool replace) {
+Effects CoreDriver::attach(const FakeAgent& a, const std::string& name, uint64_t bytes, bool create,
+                           int wait_ms, bool replace) {
   return request(a.rid, a.name, a.session, proto::Body::AttachRegion, [&](auto& fbb) {
     return proto::CreateAttachRegion(fbb, fbb.CreateString(name), bytes, create, replace, wait_ms)
         .Union();
@@ -306,7 +313,8 @@ CoreOptions job_options() {
 
 std::vector<JobRecord> stored_rows(CoreDriver& d) {
   std::vector<JobRecord> rows;
-  for (const auto& [id, job] : d.core().jobs().all()) rows.push_back(decode_job(id, encode_job(job)));
+  for (const auto& [id, job] : d.core().jobs().all())
+    rows.push_back(decode_job(id, encode_job(job)));
   return rows;
 }
 

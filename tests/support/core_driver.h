@@ -35,6 +35,9 @@ class CoreDriver {
   // `policy`: null for FifoPolicy.
   explicit CoreDriver(CoreOptions options = {}, uint64_t pool_bytes = 64ull << 20,
                       std::unique_ptr<SchedulingPolicy> policy = nullptr);
+  // A device per entry of `pools` (ordinals 0, 1, ...), of that many bytes.
+  CoreDriver(CoreOptions options, std::vector<uint64_t> pools,
+             std::unique_ptr<SchedulingPolicy> policy = nullptr);
 
   CoordinatorCore& core() { return *core_; }
   Now now() const { return now_; }
@@ -59,10 +62,9 @@ class CoreDriver {
   Effects tick();
 
   // Registers (expects a RegisterAck) and returns the agent; a standby
-  // worker unless `takes_jobs` is false.
-  FakeAgent register_agent(const std::string& name, int pid,
-                           const std::vector<Listed>& jobs = {}, Effects* out = nullptr,
-                           bool takes_jobs = true);
+  // worker unless `takes_jobs` is false; on `device` (-1: the core picks).
+  FakeAgent register_agent(const std::string& name, int pid, const std::vector<Listed>& jobs = {},
+                           Effects* out = nullptr, bool takes_jobs = true, int device = -1);
   Effects heartbeat(const FakeAgent& a, const std::vector<Listed>& jobs = {});
   // Submits a small valid job; the file check passes at once. Returns the
   // effects of the check (with the JobAccepted reply) and sets `id`.
