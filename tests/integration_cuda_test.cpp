@@ -22,12 +22,28 @@ class CudaCluster : public ::testing::Test {
 };
 
 TEST_F(CudaCluster, TwoAgentsShareOneCudaMallocPool) {
-  auto& coordinator = cluster.start_coordinator(
-      {"--backend", "cuda", "--pool-size", "1GiB", "--heartbeat-interval", "200ms"});
+  auto& coordinator = cluster.start_coordinator({"--backend", "cuda", "--devices", "0",
+                                                 "--pool-size", "1GiB", "--heartbeat-interval",
+                                                 "200ms"});
   auto s = *cluster.status();
   EXPECT_EQ(s["devices"][0]["backend"], "cuda");
   EXPECT_EQ(s["devices"][0]["size_bytes"], 1ull << 30);
   run_isolation_scenario(cluster, 2, "64MiB");
+  EXPECT_TRUE(coordinator.running());
+}
+
+// Every GPU's pool under one coordinator: agents without --device spread
+// over the GPUs, two per GPU, each writing and checking its pattern in its
+// leases; offsets never overlap within a device, and no agent's writes
+// reach another's memory on either GPU.
+TEST_F(CudaCluster, AgentsOnEveryGpuKeepTheirPatternsIntact) {
+  const int gpus = cuda_device_count();
+  if (gpus < 2) GTEST_SKIP() << "fewer than 2 GPUs visible";
+  auto& coordinator = cluster.start_coordinator(
+      {"--backend", "cuda", "--pool-size", "1GiB", "--heartbeat-interval", "200ms"});
+  auto s = *cluster.status();
+  ASSERT_EQ(s["devices"].size(), size_t(gpus)) << "devices = all by default";
+  run_isolation_scenario(cluster, 2 * gpus, "64MiB");
   EXPECT_TRUE(coordinator.running());
 }
 

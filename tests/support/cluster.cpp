@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include <zmq.hpp>
 
@@ -279,11 +280,14 @@ uint64_t leased_by(const nlohmann::json& status, const std::string& agent) {
 }
 
 bool leases_disjoint(const nlohmann::json& status) {
-  std::vector<std::pair<uint64_t, uint64_t>> r;
-  for (const auto& l : status["leases"]) r.emplace_back(l["offset"], l["size"]);
+  // (device, offset, size): each device's pool has offsets of its own.
+  std::vector<std::tuple<int, uint64_t, uint64_t>> r;
+  for (const auto& l : status["leases"]) r.emplace_back(l["device"], l["offset"], l["size"]);
   std::sort(r.begin(), r.end());
   for (size_t i = 1; i < r.size(); ++i) {
-    if (r[i - 1].first + r[i - 1].second > r[i].first) return false;
+    const auto& [dev0, off0, size0] = r[i - 1];
+    const auto& [dev1, off1, size1] = r[i];
+    if (dev0 == dev1 && off0 + size0 > off1) return false;
   }
   return true;
 }
