@@ -91,8 +91,11 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
   env["LEASEHOLD_JOB_NAME"] = a.name;
   env["LEASEHOLD_JOB_TOKEN"] = a.job_token;
   env["LEASEHOLD_BUDGET"] = std::to_string(job_memory_budget(job, pool.size));
-  env["LEASEHOLD_DEVICE"] =
-      pool.backend == Backend::Cuda ? "cuda:" + std::to_string(pool.device) : "cpu";
+  // The program sees its job's GPU only, as cuda:0 (an unmodified script
+  // uses "cuda" and lands on it); its lease client finds the pool on it by
+  // UUID.
+  env["LEASEHOLD_DEVICE"] = pool.backend == Backend::Cuda ? "cuda:0" : "cpu";
+  if (pool.backend == Backend::Cuda && !pool.uuid.empty()) env["CUDA_VISIBLE_DEVICES"] = pool.uuid;
   env["LEASEHOLD_REPORT_FD"] = "3";
   if (!options_.curve_key.empty()) env["LEASEHOLD_CURVE_KEY"] = options_.curve_key;
   if (!options_.curve_server_key.empty()) {

@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
   run->add_option("--min", run_options.min,
                   "memory_min: the part of the budget it is guaranteed; the rest the occupancy "
                   "policy may ask back (default: the whole budget)");
-  run->add_option("--device", run_options.device, "auto, cuda or cpu (default auto)");
+  run->add_option("--device", run_options.device,
+                 "auto, cuda or cpu, or cuda:N / cpu:N pinning device N (default auto)");
   run->add_option("--name", run_options.name, "the job's name (default: from the command)");
   run->add_option("command", run_options.command, "the program and its arguments, after --")
       ->required();

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <stdexcept>
 
 #include "shared/protocol.h"
 
@@ -133,6 +134,17 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
     // call (mapping the pool creates its context); the driver reads the
     // folder only then, so a later change needs the process restarted.
     check_mps(std::string(str(ack->mps_pipe_directory())), desc);
+    if (desc.backend == Backend::Cuda && !desc.uuid.empty()) {
+      // The coordinator's ordinal is its own numbering: this process may
+      // see the GPU under another (a program job sees only its GPU, as 0).
+      const int local = cuda_ordinal_of(desc.uuid);
+      if (local < 0) {
+        throw std::runtime_error("the coordinator's pool is on GPU " + desc.uuid +
+                                 " (its device " + std::to_string(desc.device) +
+                                 "), which this process cannot see (CUDA_VISIBLE_DEVICES?)");
+      }
+      desc.device = local;
+    }
     m = map_pool(desc);
     if (desc.backend == Backend::Cuda) {
       MpsState& state = mps_state();

@@ -185,6 +185,17 @@ std::unique_ptr<PoolMapping> map_cuda_pool(const PoolDescriptor& desc) {
   return std::make_unique<CudaMapping>(desc);
 }
 
+int cuda_ordinal_of(std::string_view uuid) {
+  const int count = cuda_visible_devices();
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cleared(cudaGetDeviceProperties(&prop, i)) == cudaSuccess && uuid_text(prop.uuid) == uuid) {
+      return i;
+    }
+  }
+  return -1;
+}
+
 DeviceMemory query_cuda_memory(int device) {
   LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
   size_t free_b = 0, total_b = 0;

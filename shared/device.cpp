@@ -23,6 +23,15 @@ bool cuda_built() {
 #endif
 }
 
+int cuda_ordinal_of(std::string_view uuid) {
+#ifdef LEASEHOLD_HAVE_CUDA
+  return detail::cuda_ordinal_of(uuid);
+#else
+  (void)uuid;
+  return -1;
+#endif
+}
+
 int cuda_device_count() {
 #ifdef LEASEHOLD_HAVE_CUDA
   return detail::cuda_visible_devices();

@@ -31,6 +31,10 @@ Backend resolve_backend(std::string_view text);
 bool cuda_built();
 // Visible CUDA devices; 0 when none or when built without CUDA.
 int cuda_device_count();
+// This process's ordinal of the GPU whose UUID is `uuid` ("GPU-8d6c..."):
+// what another process calls device 1 may be this one's 0
+// (CUDA_VISIBLE_DEVICES). -1 when no visible GPU has it.
+int cuda_ordinal_of(std::string_view uuid);
 
 struct DeviceMemory {
   uint64_t free_bytes = 0;

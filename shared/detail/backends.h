@@ -15,6 +15,7 @@ std::unique_ptr<DevicePool> create_cuda_pool(int device, uint64_t size, uint64_t
 std::unique_ptr<PoolMapping> map_cuda_pool(const PoolDescriptor& desc);
 DeviceMemory query_cuda_memory(int device);
 int cuda_visible_devices();
+int cuda_ordinal_of(std::string_view uuid);
 #endif
 
 uint64_t random_epoch();

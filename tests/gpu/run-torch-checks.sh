@@ -52,7 +52,7 @@ start_cluster() {
   local pool=$1 agents=$2; shift 2
   run=$(mktemp -d /tmp/lh-torch.XXXXXX)
   export LEASEHOLD_ENDPOINT="ipc://$run/c.sock"
-  "$bin/leasehold-coordinator" --backend cuda --pool-size "$pool" --state-dir "$run/state" \
+  "$bin/leasehold-coordinator" --backend cuda --devices 0 --pool-size "$pool" --state-dir "$run/state" \
     "$@" > "$run/coordinator.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do lh --timeout 200ms status > /dev/null 2>&1 && break; sleep 0.1; done
