@@ -68,7 +68,7 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
       j["agents"].push_back({{"name", std::string(str(a->name()))},
                              {"pid", a->pid()},
                              {"device", a->device()},
-                             {"state", std::string(str(a->state()))},
+                             {"state", agent_state_name(a->state())},
                              {"leased_bytes", a->leased_bytes()},
                              {"lease_count", a->lease_count()},
                              {"last_heartbeat_ms_ago", a->last_heartbeat_ms_ago()},

@@ -86,6 +86,15 @@ struct AgentRecord {
     }
     return false;
   }
+  // What it is doing, as status and the metrics say; `leases`: how many it
+  // holds.
+  proto::AgentState state(size_t leases) const {
+    if (program_job) return proto::AgentState::Program;
+    if (job_id || reports_busy()) return proto::AgentState::Running;
+    if (context_lost) return proto::AgentState::Restarting;
+    if (takes_jobs && !ready) return proto::AgentState::Warming;
+    return leases ? proto::AgentState::Leasing : proto::AgentState::Idle;
+  }
   bool idle() const {
     // A late agent (silent past two heartbeats) keeps its session but gets
     // no new job until it is heard again: it may be hung.

@@ -366,12 +366,7 @@ proto::StatusReplyT CoordinatorCore::status(Now now) const {
     a->name = name;
     a->pid = agent.pid;
     a->device = agent.device;
-    a->state = agent.program_job                      ? "program"
-               : agent.job_id || agent.reports_busy() ? "running"
-               : agent.context_lost                   ? "restarting"
-               : agent.takes_jobs && !agent.ready     ? "warming"
-               : count                                ? "leasing"
-                                                      : "idle";
+    a->state = agent.state(count);
     a->outside_pool_bytes = agent.outside_pool_bytes;
     a->mps_thread_percentage = agent.mps_thread_percentage;
     a->leased_bytes = bytes;

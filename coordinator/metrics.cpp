@@ -8,13 +8,16 @@
 
 #include "coordinator/core.h"
 #include "shared/printable.h"
+#include "shared/protocol.h"
 
 namespace leasehold {
 namespace {
 
 // States that always have a series (at 0 when empty), so a panel or an
 // alert on one does not see it vanish.
-constexpr const char* kAgentStates[] = {"idle", "leasing", "running", "warming", "restarting"};
+constexpr proto::AgentState kAgentStates[] = {
+    proto::AgentState::Idle, proto::AgentState::Leasing, proto::AgentState::Running,
+    proto::AgentState::Warming, proto::AgentState::Restarting, proto::AgentState::Program};
 
 using Labels = std::vector<prometheus::ClientMetric::Label>;
 
@@ -93,7 +96,7 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
                    : ds.pool_bytes ? double(ds.used_bytes) / double(ds.pool_bytes)
                                    : 0;
     ds.requests_waiting = d->pending_requests;
-    for (const char* state : kAgentStates) ds.agents_by_state[state] = 0;
+    for (proto::AgentState state : kAgentStates) ds.agents_by_state[agent_state_name(state)] = 0;
     for (const auto& [name, region] : dev.regions.all()) {
       if (region.lease_id == 0) continue;
       ++ds.regions_resident;
@@ -118,7 +121,7 @@ MetricsSnapshot take_metrics_snapshot(const CoordinatorCore& core,
   for (const auto& a : status.agents) {
     device_of_agent[a->name] = a->device;
     if (auto it = index.find(a->device); it != index.end()) {
-      ++s.devices[it->second].agents_by_state[a->state];
+      ++s.devices[it->second].agents_by_state[agent_state_name(a->state)];
     }
     if (a->job_id) leased_by_job[a->job_id] += a->leased_bytes;
   }

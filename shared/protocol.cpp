@@ -1,5 +1,6 @@
 #include "shared/protocol.h"
 
+#include <cctype>
 #include <cstring>
 
 namespace leasehold {
@@ -61,6 +62,12 @@ std::variant<const proto::Envelope*, DecodeError> decode(std::span<const uint8_t
     return DecodeError{ErrorCode::Malformed, "message has no body"};
   }
   return env;
+}
+
+std::string agent_state_name(proto::AgentState state) {
+  std::string name = proto::EnumNameAgentState(state);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name.empty() ? "unknown" : name;
 }
 
 }  // namespace leasehold

@@ -72,6 +72,10 @@ struct DecodeError {
 // (use AlignedBytes for received messages).
 std::variant<const proto::Envelope*, DecodeError> decode(std::span<const uint8_t> data);
 
+// An agent's state as status, the metrics and JSON name it: "idle",
+// "leasing", "running", "warming", "restarting", "program".
+std::string agent_state_name(proto::AgentState state);
+
 // Convenience: flatbuffers string or "" when absent.
 inline std::string_view str(const flatbuffers::String* s) {
   return s ? std::string_view(s->data(), s->size()) : std::string_view();

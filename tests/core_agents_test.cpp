@@ -278,7 +278,7 @@ TEST(CoreAgents, AnAgentThatTakesNoJobsIsNeverGivenOne) {
   Effects e = d.request("cli", "cli", {}, proto::Body::StatusRequest,
                         [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
   EXPECT_EQ(messages(e, proto::Body::StatusReply)[0]->body.AsStatusReply()->agents[0]->state,
-            "idle");
+            proto::AgentState::Idle);
 }
 
 TEST(CoreAgents, NewAgentHasAGraceUntilItsFirstHeartbeat) {
@@ -438,7 +438,7 @@ TEST(CoreAgents, StatusListsAgentsLeasesAndUptime) {
   ASSERT_EQ(replies.size(), 1u);
   const auto* s = replies[0]->body.AsStatusReply();
   ASSERT_EQ(s->agents.size(), 1u);
-  EXPECT_EQ(s->agents[0]->state, "leasing");
+  EXPECT_EQ(s->agents[0]->state, proto::AgentState::Leasing);
   EXPECT_EQ(s->agents[0]->leased_bytes, 2u << 20);
   EXPECT_EQ(s->leases.size(), 1u);
   EXPECT_EQ(s->uptime_ms, 1500u);

@@ -285,7 +285,7 @@ TEST(CoreFaults, UnderMpsEveryAgentRestartsBeforeItsNextJob) {
   auto reply = messages(st, proto::Body::StatusReply);
   ASSERT_EQ(reply.size(), 1u);
   for (const auto& agent : reply[0]->body.AsStatusReply()->agents) {
-    EXPECT_EQ(agent->state, "restarting") << agent->name;
+    EXPECT_EQ(agent->state, proto::AgentState::Restarting) << agent->name;
   }
   b = d.register_agent("b", 12);  // restarted (same process) and registered afresh
   EXPECT_EQ(d.job(j).state, JobState::Running);

@@ -7,6 +7,7 @@
 #include "coordinator/access.h"
 #include "coordinator/job_codec.h"
 #include "coordinator/metrics.h"
+#include "shared/protocol.h"
 #include "tests/support/core_driver.h"
 
 namespace leasehold::testing {
@@ -104,7 +105,7 @@ TEST(CorePrograms, AProgramsSessionIsBoundToItsAttemptByTheToken) {
   FakeAgent session = session_of(ok, name, "rid-" + name);
   const auto st = d.core().status(d.now());
   std::map<std::string, std::pair<std::string, uint64_t>> agents;
-  for (const auto& a : st.agents) agents[a->name] = {a->state, a->job_id};
+  for (const auto& a : st.agents) agents[a->name] = {agent_state_name(a->state), a->job_id};
   EXPECT_EQ(agents[name], (std::pair<std::string, uint64_t>{"program", p.job}));
   EXPECT_EQ(agents["a"].second, p.job);
   // It takes no job itself.
