@@ -94,8 +94,11 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
   // The program sees its job's GPU only, as cuda:0 (an unmodified script
   // uses "cuda" and lands on it); its lease client finds the pool on it by
   // UUID.
-  env["LEASEHOLD_DEVICE"] = pool.backend == Backend::Cuda ? "cuda:0" : "cpu";
-  if (pool.backend == Backend::Cuda && !pool.uuid.empty()) env["CUDA_VISIBLE_DEVICES"] = pool.uuid;
+  const bool only_its_gpu = pool.backend == Backend::Cuda && !pool.uuid.empty();
+  env["LEASEHOLD_DEVICE"] = pool.backend != Backend::Cuda ? "cpu"
+                            : only_its_gpu                ? "cuda:0"
+                                                          : "cuda:" + std::to_string(pool.device);
+  if (only_its_gpu) env["CUDA_VISIBLE_DEVICES"] = pool.uuid;
   env["LEASEHOLD_REPORT_FD"] = "3";
   if (!options_.curve_key.empty()) env["LEASEHOLD_CURVE_KEY"] = options_.curve_key;
   if (!options_.curve_server_key.empty()) {

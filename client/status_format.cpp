@@ -114,7 +114,7 @@ nlohmann::json status_to_json(const proto::StatusReply& s) {
 std::string status_to_table(const proto::StatusReply& s) {
   auto j = status_to_json(s);
   std::ostringstream os;
-  char line[256];
+  char line[512];  // an agent row with a 128-character name fits
   std::snprintf(line, sizeof line, "Up %.0f s, %zu device(s)\n", j["uptime_seconds"].get<double>(),
                 j["devices"].size());
   os << line;

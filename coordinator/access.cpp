@@ -107,8 +107,8 @@ std::optional<std::string> AccessPolicy::check(Role role, const Peer& peer) cons
                      : role == Role::Client  ? "submit jobs or drop regions"
                      : role == Role::Program ? "submit program jobs"
                                              : "act on other users' jobs";
-  const std::string who = peer.known ? user_name(peer) + " (uid " + std::to_string(peer.uid) + ")"
-                                     : peer.key_user();
+  const std::string who =
+      peer.known ? user_name(peer) + " (uid " + std::to_string(peer.uid) + ")" : peer.key_user();
   if (!group && role == Role::Agent) {
     return (who.empty() ? std::string("an unknown user") : who) + " may not " + what +
            ": only root and the coordinator's user may (agent_group is not set; set it to a "

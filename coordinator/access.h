@@ -74,7 +74,7 @@ class AccessPolicy {
   bool member(const Peer& peer, const Group& group) const;
 
   std::optional<Group> agent_, client_, admin_, program_;
-  bool anyone_registers_ = false;  // agent_group = "*"
+  bool anyone_registers_ = false;      // agent_group = "*"
   bool anyone_runs_programs_ = false;  // program_group = "*"
   uid_t self_ = 0;
   struct Cached {

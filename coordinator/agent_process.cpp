@@ -71,9 +71,8 @@ class PidfdProcess final : public AgentProcess {
   std::string end() override {
     if (gone()) return "";
     if (uid_ != ::geteuid()) {
-      return "its process (pid " + std::to_string(pid_) + ") runs as uid " +
-             std::to_string(uid_) + ", not the coordinator's uid " +
-             std::to_string(::geteuid());
+      return "its process (pid " + std::to_string(pid_) + ") runs as uid " + std::to_string(uid_) +
+             ", not the coordinator's uid " + std::to_string(::geteuid());
     }
     int rc = fd_ >= 0 ? send_signal(fd_, SIGKILL) : ::kill(pid_, SIGKILL);
     if (rc == 0 || errno == ESRCH) return "";

@@ -18,7 +18,7 @@ namespace leasehold {
 
 struct AgentRecord {
   std::string name;
-  int pid = 0;        // as it declared (shown; its own PID namespace's)
+  int pid = 0;  // as it declared (shown; its own PID namespace's)
   // Its process as the kernel named it on ipc:// (SO_PEERCRED), followed
   // from registration on. Only this is asked whether it still lives; null
   // for a network peer, whose pid says nothing about this host, so it is

@@ -161,9 +161,11 @@ void Broker::create_pools(Backend backend) {
     for (int i = 0; i < opts_.host_devices; ++i) ordinals.push_back(i);
   } else if (ordinals.empty()) {
     for (int i = 0; i < cuda_device_count(); ++i) ordinals.push_back(i);
+    if (ordinals.empty()) throw std::runtime_error("the cuda backend sees no CUDA device");
   } else {
     const int visible = cuda_device_count();
     for (int ordinal : ordinals) {
+      if (visible == 0) throw std::runtime_error("devices: no CUDA device is visible");
       if (ordinal >= visible) {
         throw std::runtime_error("devices: device " + std::to_string(ordinal) +
                                  " is not visible (" + std::to_string(visible) +

@@ -50,13 +50,15 @@ void private_folder(const std::string& dir, mode_t mode, gid_t group) {
   if (st.st_uid != ::geteuid()) {
     // Made by someone else (an installer as root): its mode is theirs to set.
     if (st.st_mode & 07777 & ~mode) {
-      spdlog::warn("{} belongs to uid {} and has mode {:04o}: other users may read what is in "
-                   "it; make it {:04o} and this coordinator's user's",
-                   dir, st.st_uid, st.st_mode & 07777, mode);
+      spdlog::warn(
+          "{} belongs to uid {} and has mode {:04o}: other users may read what is in "
+          "it; make it {:04o} and this coordinator's user's",
+          dir, st.st_uid, st.st_mode & 07777, mode);
     }
     return;
   }
-  if (group != static_cast<gid_t>(-1) && st.st_gid != group && ::chown(dir.c_str(), -1, group) != 0) {
+  if (group != static_cast<gid_t>(-1) && st.st_gid != group &&
+      ::chown(dir.c_str(), -1, group) != 0) {
     throw std::runtime_error("cannot give " + dir + " to group " + std::to_string(group) + ": " +
                              std::strerror(errno));
   }
@@ -65,9 +67,10 @@ void private_folder(const std::string& dir, mode_t mode, gid_t group) {
       throw std::runtime_error("cannot set the mode of " + dir + ": " + std::strerror(errno));
     }
     if ((st.st_mode & 07777 & ~mode) != 0) {
-      spdlog::info("narrowed {} from mode {:04o} to {:04o}: jobs, checkpoints and keys are "
-                   "nobody else's to read",
-                   dir, st.st_mode & 07777, mode);
+      spdlog::info(
+          "narrowed {} from mode {:04o} to {:04o}: jobs, checkpoints and keys are "
+          "nobody else's to read",
+          dir, st.st_mode & 07777, mode);
     }
   }
 }

@@ -429,6 +429,7 @@ class CoordinatorCore {
   void reconcile(AgentRecord& agent, const proto::Register* reg, const proto::Heartbeat* hb,
                  Now now, Effects& out);
   void schedule(Now now, Effects& out);
+  struct FaultRules;  // below (device faults)
   // Where `job` starts now: an idle agent on a device it may run on, not
   // in `blocked`, where the policy admits it with the most room left; or
   // none, with the policy's refusal if one was asked.
@@ -436,7 +437,11 @@ class CoordinatorCore {
     AgentRecord* agent = nullptr;
     Pick refused;
   };
-  Placement place(JobRecord& job, const std::set<int>& blocked);
+  Placement place(JobRecord& job, const std::set<int>& blocked, const FaultRules& rules);
+  // Whether `job` could ever run on `dev`: its `device`, its budget and
+  // guaranteed share resolved against that pool (set in `job`), and a
+  // parameter region it starts from, if resident somewhere.
+  bool could_run_on(JobRecord& job, const DeviceState& dev) const;
   void assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out);
   void push_assign(const JobRecord& job, const AgentRecord& agent, Effects& out);
   // `cancel`: the user's cancel (else the coordinator wants it stopped, for
@@ -456,15 +461,22 @@ class CoordinatorCore {
   void on_device_fault(JobRecord& job, AgentRecord& agent, const std::string& reason, Now now,
                        Effects& out);
   // What the suspects allow the scheduler now (taken once per schedule()).
+  // A fault under MPS ends the contexts on its GPU only, so the rules are
+  // per device.
   struct FaultRules {
-    bool active = false;  // under MPS
-    bool running = false, suspect_running = false, suspect_queued = false;
-    // A suspect starts only when nothing runs, nothing starts beside one,
-    // and while one waits nothing else starts (the GPU drains for it).
-    bool allow(const JobRecord& job) const;
-    void started(const JobRecord& job);  // `job` was just assigned
+    bool active = false;                     // under MPS
+    std::set<int> running, suspect_running;  // devices
+    bool suspect_queued = false;
+    // A suspect starts only on a device where nothing runs, nothing starts
+    // beside one, and while one waits nothing else starts (the GPUs drain
+    // for it).
+    bool allow(const JobRecord& job, int device) const;
+    bool allow_anywhere(const JobRecord& job, const std::map<int, DeviceState>& devices) const;
+    void started(const JobRecord& job, int device);  // `job` was just assigned there
   };
   FaultRules fault_rules() const;
+  // The device `job` runs on (its agent's); nullopt when its agent is gone.
+  std::optional<int> device_of(const JobRecord& job) const;
   // Marks `job` a suspect of a shared fault, or clears it (suspects_).
   void set_suspect(JobRecord& job, bool suspect);
   // A suspect that ran for fault_probation is cleared; so is an agent
@@ -518,14 +530,14 @@ class CoordinatorCore {
   Now now_;
   Clock::time_point started_;
   std::optional<Clock::time_point> last_prune_;
-  // The latest device fault: when its first report came, and the jobs that
-  // were running then, with their attempts (its later reports come from
-  // those attempts).
+  // The latest device fault of each device: when its first report came,
+  // and the jobs that were running on the device then, with their attempts
+  // (its later reports come from those attempts).
   struct FaultIncident {
     Clock::time_point opened;
     std::map<uint64_t, uint32_t> jobs;
   };
-  std::optional<FaultIncident> incident_;
+  std::map<int, FaultIncident> incidents_;  // by device
   // The job note_waiting found first in line (0: none).
   uint64_t head_ = 0;
   // Jobs that are fault suspects (JobRecord::fault_suspect), by id.

@@ -135,6 +135,10 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
     }
     wanted_device = f->second.device;
   }
+  // An agent registering again without --device goes back to its device.
+  if (wanted_device == -1 && devices_.count(r->preferred_device())) {
+    wanted_device = r->preferred_device();
+  }
   auto bound = bind_device(wanted_device, r->takes_jobs() && r->job_id() == 0);
   if (auto* no = std::get_if<std::string>(&bound)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument, *no);

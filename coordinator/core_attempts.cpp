@@ -141,17 +141,19 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       if (waiting.empty()) waiting.push_back(job);
       break;
     }
-    if (!rules.allow(*job)) {
+    if (!rules.allow_anywhere(*job, devices_)) {
       // The fault rules hold it back (and say which others may start).
       waiting.push_back(job);
       continue;
     }
-    auto placed = place(*job, blocked);
+    auto placed = place(*job, blocked, rules);
     if (!placed.agent) {
       if (waiting.empty() && !placed.refused.waiting_for.empty()) refused = placed.refused;
-      for (const auto& [ordinal, dev] : devices_) {
-        if (device_fits(job->device, dev)) blocked.insert(ordinal);
+      for (auto& [ordinal, dev] : devices_) {
+        if (could_run_on(*job, dev)) blocked.insert(ordinal);
       }
+      // Until it is placed, its shares are of the largest pool.
+      note_shares(*job, largest_pool());
       waiting.push_back(job);
       continue;
     }
@@ -160,12 +162,12 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     note_shares(*job, dev.pool.size);
     evict_for_admission(dev, *job, now);
     assign(*job, *placed.agent, now, out);
-    rules.started(*job);
+    rules.started(*job, dev.ordinal());
     --idle;
   }
   note_waiting(waiting.empty() ? nullptr : waiting.front(), refused, now, out);
   for (JobRecord* job : waiting) {
-    if (rules.allow(*job)) continue;
+    if (rules.allow_anywhere(*job, devices_)) continue;
     std::string why = job->fault_suspect
                           ? "runs alone on the GPU after a shared device fault; waiting for "
                             "the running jobs to end"
@@ -177,17 +179,41 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
   }
 }
 
-CoordinatorCore::Placement CoordinatorCore::place(JobRecord& job, const std::set<int>& blocked) {
-  // Of the devices the job may run on (its pin, the backend) and not held
-  // for a job before it, with an idle agent: the one where the policy
-  // admits it with the most room left afterwards, so that jobs spread
-  // over the GPUs (coordinator/occupancy.md says why); the fewest running
-  // jobs, then the lowest ordinal, on a tie.
+bool CoordinatorCore::could_run_on(JobRecord& job, const DeviceState& dev) const {
+  if (!device_fits(job.device, dev)) return false;
+  // Its budget and guaranteed share, resolved against this pool, fit it
+  // (a job validated against a larger device may not fit a smaller one).
+  note_shares(job, dev.pool.size);
+  if (job.budget_bytes > dev.pool.size || job.guaranteed_bytes > dev.pool.size) return false;
+  // A job starting from a parameter region that is resident goes where
+  // it is: regions are per device.
+  if (job.spec && !job.spec->init_from.empty()) {
+    const std::string region = "params/" + job.spec->init_from;
+    bool elsewhere = false;
+    for (const auto& [ordinal, other] : devices_) {
+      const RegionRecord* r = other.regions.find(region);
+      const bool ready = r && r->state == RegionState::Ready;
+      if (ready && ordinal == dev.ordinal()) return true;
+      elsewhere |= ready;
+    }
+    if (elsewhere) return false;
+  }
+  return true;
+}
+
+CoordinatorCore::Placement CoordinatorCore::place(JobRecord& job, const std::set<int>& blocked,
+                                                  const FaultRules& rules) {
+  // Of the devices the job may run on (its pin, the backend, its sizes, a
+  // region it starts from; the fault rules) and not held for a job before
+  // it, with an idle agent: the one where the policy admits it with the
+  // most room left afterwards, so that jobs spread over the GPUs
+  // (coordinator/occupancy.md says why); the fewest running jobs, then the
+  // lowest ordinal, on a tie.
   Placement best;
   uint64_t best_room = 0;
   size_t best_running = 0;
   for (auto& [ordinal, dev] : devices_) {
-    if (blocked.count(ordinal) || !device_fits(job.device, dev)) continue;
+    if (blocked.count(ordinal) || !rules.allow(job, ordinal) || !could_run_on(job, dev)) continue;
     AgentRecord* agent = nullptr;
     size_t running = 0;
     for (auto& [name, a] : agents_) {

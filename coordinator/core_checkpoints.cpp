@@ -12,8 +12,8 @@
 
 namespace leasehold {
 
-void CoordinatorCore::on_get_checkpoint(const std::string& rid, const proto::Envelope& env,
-                                        Now now, Effects& out, const Peer& peer) {
+void CoordinatorCore::on_get_checkpoint(const std::string& rid, const proto::Envelope& env, Now now,
+                                        Effects& out, const Peer& peer) {
   const uint64_t req = env.header()->request_id();
   const auto* g = env.body_as_GetCheckpoint();
   const JobRecord* job = jobs_.find(g->job_id());
@@ -31,8 +31,9 @@ void CoordinatorCore::on_get_checkpoint(const std::string& rid, const proto::Env
                           "wrote there (LEASEHOLD_CHECKPOINT_DIR); read it as the program does");
   }
   if (job->checkpoint.empty()) {
-    return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "job " + std::to_string(job->id) + " keeps no checkpoint (checkpoints are off)");
+    return send_error(
+        out, rid, req, ErrorCode::InvalidArgument,
+        "job " + std::to_string(job->id) + " keeps no checkpoint (checkpoints are off)");
   }
   const std::filesystem::path file(job->checkpoint);
   CheckpointRead read;
@@ -42,8 +43,12 @@ void CoordinatorCore::on_get_checkpoint(const std::string& rid, const proto::Env
   read.owner = CheckpointOwner{read.dir == private_checkpoint_dir(job->id),
                                job->submitted_uid ? int64_t(*job->submitted_uid) : -1};
   read.offset = g->offset();
-  pending_reads_[read.token] = PendingRead{rid, req, job->id, read.name,
-                                           job->last_checkpoint_epoch(), read.offset,
+  pending_reads_[read.token] = PendingRead{rid,
+                                           req,
+                                           job->id,
+                                           read.name,
+                                           job->last_checkpoint_epoch(),
+                                           read.offset,
                                            now.steady + opts_.file_check_timeout};
   out.checkpoint_reads.push_back(std::move(read));
 }

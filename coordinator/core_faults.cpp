@@ -17,8 +17,8 @@
 
 namespace leasehold {
 
-void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
-                                      const std::string& reason, Now now, Effects& out) {
+void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent, const std::string& reason,
+                                      Now now, Effects& out) {
   ++device_faults_;
   const bool mps = !opts_.mps_pipe_directory.empty();
   // The reporting agent restarts; it gets no job meanwhile.
@@ -28,19 +28,29 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
   // other: the first report opens an incident holding the jobs that were
   // running then; a report of one of those (the same attempt) within
   // fault_window belongs to it. Anything else is a new fault.
+  // Under MPS a fault ends the contexts of every client on its GPU (not on
+  // the others): incidents are per device.
+  const int device = agent.device;
+  auto incident = incidents_.find(device);
   bool in_incident = false;
-  if (incident_ && now.steady - incident_->opened <= opts_.fault_window) {
-    auto it = incident_->jobs.find(job.id);
-    in_incident = it != incident_->jobs.end() && it->second == job.attempt_number();
+  if (incident != incidents_.end() && now.steady - incident->second.opened <= opts_.fault_window) {
+    auto it = incident->second.jobs.find(job.id);
+    in_incident = it != incident->second.jobs.end() && it->second == job.attempt_number();
   }
   if (!in_incident) {
-    incident_ = FaultIncident{now.steady, {}};
-    for (uint64_t id : jobs_.running()) incident_->jobs[id] = jobs_.find(id)->attempt_number();
+    FaultIncident fresh{now.steady, {}};
+    for (uint64_t id : jobs_.running()) {
+      const JobRecord& other = *jobs_.find(id);
+      if (id == job.id || device_of(other) == device) fresh.jobs[id] = other.attempt_number();
+    }
+    incident = incidents_.insert_or_assign(device, std::move(fresh)).first;
     if (mps) {
-      // Under MPS every client's context ended with it, busy or idle: none
-      // gets a job until it has restarted (or, if it never does, for
-      // twice fault_window: its context was not in this server after all).
+      // Under MPS every client's context on this GPU ended with it, busy or
+      // idle: none gets a job until it has restarted (or, if it never
+      // does, for twice fault_window: its context was not in this server
+      // after all).
       for (auto& [name, a] : agents_) {
+        if (a.device != device) continue;
         a.context_lost = true;
         a.context_lost_since = now.steady;
       }
@@ -48,7 +58,7 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
   }
   std::vector<uint64_t> beside;
   if (mps) {
-    for (const auto& [id, attempt] : incident_->jobs) {
+    for (const auto& [id, attempt] : incident->second.jobs) {
       if (id != job.id) beside.push_back(id);
     }
   }
@@ -59,23 +69,26 @@ void CoordinatorCore::on_device_fault(JobRecord& job, AgentRecord& agent,
     const bool was_suspect = job.fault_suspect;
     set_suspect(job, mps);
     job.probation_since.reset();
-    spdlog::warn("{}: device fault while it ran {}; counted against max_attempts",
-                 job_label(job), mps ? "alone on the GPU" : "in its own GPU context");
+    spdlog::warn("{}: device fault while it ran {}; counted against max_attempts", job_label(job),
+                 mps ? "alone on the GPU" : "in its own GPU context");
     requeue(job, Interruption::DeviceFault,
             what + (was_suspect ? " (while it ran alone after a shared fault: its own)"
-                                : mps ? " (while it ran alone on the GPU)" : ""),
+                    : mps       ? " (while it ran alone on the GPU)"
+                                : ""),
             true, now, out, "device fault");
     return;
   }
   std::string others;
   for (uint64_t id : beside) others += (others.empty() ? "" : ", ") + std::to_string(id);
-  spdlog::warn("{}: device fault shared under MPS with job(s) {}; not counted, it runs alone "
-               "next until it has run cleanly",
-               job_label(job), others);
+  spdlog::warn(
+      "{}: device fault shared under MPS with job(s) {}; not counted, it runs alone "
+      "next until it has run cleanly",
+      job_label(job), others);
   set_suspect(job, true);
   job.probation_since.reset();
-  requeue(job, Interruption::DeviceFault, what + " (under MPS, with job(s) " + others + " on the GPU: not counted)", false,
-          now, out);
+  requeue(job, Interruption::DeviceFault,
+          what + " (under MPS, with job(s) " + others + " on the GPU: not counted)", false, now,
+          out);
 }
 
 void CoordinatorCore::set_suspect(JobRecord& job, bool suspect) {
@@ -87,29 +100,48 @@ void CoordinatorCore::set_suspect(JobRecord& job, bool suspect) {
   }
 }
 
+std::optional<int> CoordinatorCore::device_of(const JobRecord& job) const {
+  auto it = agents_.find(job.agent);
+  if (it == agents_.end() || it->second.job_id != job.id) return std::nullopt;
+  return it->second.device;
+}
+
 CoordinatorCore::FaultRules CoordinatorCore::fault_rules() const {
   FaultRules r;
   if (opts_.mps_pipe_directory.empty()) return r;
-  r.running = !jobs_.running().empty();
-  for (uint64_t id : suspects_) {
+  for (uint64_t id : jobs_.running()) {
     const JobRecord& job = *jobs_.find(id);
-    r.suspect_running |= job.state == JobState::Running;
-    r.suspect_queued |= job.state == JobState::Queued;
+    // A running job whose agent is away (orphaned) may still be on any GPU.
+    const std::optional<int> device = device_of(job);
+    for (const auto& [ordinal, dev] : devices_) {
+      if (device && *device != ordinal) continue;
+      r.running.insert(ordinal);
+      if (job.fault_suspect) r.suspect_running.insert(ordinal);
+    }
   }
+  for (uint64_t id : suspects_) r.suspect_queued |= jobs_.find(id)->state == JobState::Queued;
   r.active = true;
   return r;
 }
 
-bool CoordinatorCore::FaultRules::allow(const JobRecord& job) const {
+bool CoordinatorCore::FaultRules::allow(const JobRecord& job, int device) const {
   if (!active) return true;
-  if (suspect_running) return false;             // nothing starts beside a suspect
-  if (job.fault_suspect) return !running;        // a suspect starts only alone
-  return !suspect_queued;  // the GPU drains for waiting suspects (else they could starve)
+  if (suspect_running.count(device)) return false;       // nothing starts beside a suspect
+  if (job.fault_suspect) return !running.count(device);  // a suspect starts only alone
+  return !suspect_queued;  // the GPUs drain for waiting suspects (else they could starve)
 }
 
-void CoordinatorCore::FaultRules::started(const JobRecord& job) {
-  running = true;
-  suspect_running |= job.fault_suspect;
+bool CoordinatorCore::FaultRules::allow_anywhere(const JobRecord& job,
+                                                 const std::map<int, DeviceState>& devices) const {
+  for (const auto& [ordinal, dev] : devices) {
+    if (allow(job, ordinal)) return true;
+  }
+  return false;
+}
+
+void CoordinatorCore::FaultRules::started(const JobRecord& job, int device) {
+  running.insert(device);
+  if (job.fault_suspect) suspect_running.insert(device);
 }
 
 void CoordinatorCore::end_probations(Now now, Effects& out) {

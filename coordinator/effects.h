@@ -76,8 +76,7 @@ struct Effects {
   bool writes_store() const { return !store_puts.empty() || !store_deletes.empty(); }
   bool empty() const {
     return messages.empty() && events.empty() && !writes_store() && file_checks.empty() &&
-           checkpoint_reads.empty() &&
-           remove_dirs.empty() && notices.empty();
+           checkpoint_reads.empty() && remove_dirs.empty() && notices.empty();
   }
 };
 

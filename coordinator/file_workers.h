@@ -38,8 +38,8 @@ class FileWorkers {
   struct ReadResult {
     uint64_t token = 0;
     bool ok = false;
-    bool missing = false;   // no file (or folder) of that name yet
-    bool refused = false;   // the folder breaks the rules (a link, another owner)
+    bool missing = false;  // no file (or folder) of that name yet
+    bool refused = false;  // the folder breaks the rules (a link, another owner)
     std::string error;
     std::string data;
     uint64_t total = 0, version = 0;

@@ -1,5 +1,7 @@
 // The HTTP endpoint's server: the acceptor, the connections' counts and
 // bounds, the thread's io_context (coordinator/http_server.h).
+#include "coordinator/http_server.h"
+
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -9,8 +11,6 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
-
-#include "coordinator/http_server.h"
 
 namespace leasehold {
 
@@ -195,6 +195,5 @@ void HttpEndpoint::Server::forget(Connection* c, const net::ip::address& peer) {
     accept();
   }
 }
-
 
 }  // namespace leasehold

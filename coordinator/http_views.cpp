@@ -38,24 +38,27 @@ JobViews job_views(const JobRecord& job) {
 }
 
 std::string render_job_json(const proto::JobInfoT& info) {
-  return dump(via_table<proto::JobInfo>(info, [](const proto::JobInfo& j) { return job_to_json(j); }));
+  return dump(
+      via_table<proto::JobInfo>(info, [](const proto::JobInfo& j) { return job_to_json(j); }));
 }
 
 std::string render_job_event(const JobRecord& job) {
   // As the PUB socket's events: progress, not the whole record.
-  return dump({{"topic", "job." + std::to_string(job.id) + "."},
-               {"job", via_table<proto::JobInfo>(*job_info(job, kEventDetail),
-                                                 [](const proto::JobInfo& j) {
-                                                   return job_to_json(j);
-                                                 })}});
+  return dump(
+      {{"topic", "job." + std::to_string(job.id) + "."},
+       {"job", via_table<proto::JobInfo>(*job_info(job, kEventDetail),
+                                         [](const proto::JobInfo& j) { return job_to_json(j); })}});
 }
 
 std::string render_notice_event(const Notice& notice) {
   nlohmann::json out{{"topic", notice.topic}};
   if (const auto* s = notice.body.AsShrink()) {
-    out["shrink"] = {{"id", s->id},         {"agent", s->agent},
-                     {"job_id", s->job_id}, {"bytes", s->bytes},
-                     {"deadline_ms", s->deadline_ms}, {"reason", s->reason}};
+    out["shrink"] = {{"id", s->id},
+                     {"agent", s->agent},
+                     {"job_id", s->job_id},
+                     {"bytes", s->bytes},
+                     {"deadline_ms", s->deadline_ms},
+                     {"reason", s->reason}};
   } else if (const auto* d = notice.body.AsShrinkDone()) {
     out["shrink_done"] = {
         {"id", d->id}, {"released", d->released}, {"leased", d->leased}, {"reason", d->reason}};

@@ -1,8 +1,8 @@
 #include "coordinator/job_store.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sqlite3.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -8,11 +8,16 @@ namespace leasehold {
 
 const char* job_state_name(JobState s) {
   switch (s) {
-    case JobState::Queued: return "queued";
-    case JobState::Running: return "running";
-    case JobState::Succeeded: return "succeeded";
-    case JobState::Failed: return "failed";
-    case JobState::Cancelled: return "cancelled";
+    case JobState::Queued:
+      return "queued";
+    case JobState::Running:
+      return "running";
+    case JobState::Succeeded:
+      return "succeeded";
+    case JobState::Failed:
+      return "failed";
+    case JobState::Cancelled:
+      return "cancelled";
   }
   return "?";
 }

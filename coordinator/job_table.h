@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "shared/interruption.h"
 #include "schemas/leasehold_generated.h"
+#include "shared/interruption.h"
 #include "shared/session_token.h"
 
 namespace leasehold {
@@ -123,8 +123,8 @@ struct JobRecord {
   std::string waiting_for;
   std::optional<Clock::time_point> waiting_since;
   // The conversation with the agent running it:
-  bool assign_acked = false;     // the agent's heartbeat showed the assignment
-  bool stop_wanted = false;      // StopJob is due for a reason other than a cancel
+  bool assign_acked = false;  // the agent's heartbeat showed the assignment
+  bool stop_wanted = false;   // StopJob is due for a reason other than a cancel
   Clock::time_point assign_sent{};
   // When this coordinator assigned the current attempt (unset for one
   // recovered from the store).

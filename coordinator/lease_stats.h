@@ -15,9 +15,9 @@ struct LeaseStats {
   static constexpr std::array<double, 12> kBounds{0.001, 0.005, 0.01, 0.05, 0.1, 0.25,
                                                   0.5,   1,     2.5,  5,    10,  30};
 
-  uint64_t grants = 0;     // granted, at once or after waiting
-  uint64_t refusals = 0;   // refused (too large, no memory and no wait, policy)
-  uint64_t timeouts = 0;   // waited until their deadline and were refused then
+  uint64_t grants = 0;    // granted, at once or after waiting
+  uint64_t refusals = 0;  // refused (too large, no memory and no wait, policy)
+  uint64_t timeouts = 0;  // waited until their deadline and were refused then
   // buckets[i]: grants that waited at most kBounds[i] (not cumulative);
   // the last slot counts the ones above every bound.
   std::array<uint64_t, kBounds.size() + 1> buckets{};

@@ -73,8 +73,7 @@ class LeaseTable {
   // Lease ids are unique across the tables of one coordinator (one per
   // device): table `id_offset` of `id_stride` hands out offset+1,
   // offset+1+stride, ... (1, 2, 3, ... for a single table).
-  LeaseTable(uint64_t pool_size, uint64_t alignment, uint64_t id_stride = 1,
-             uint64_t id_offset = 0)
+  LeaseTable(uint64_t pool_size, uint64_t alignment, uint64_t id_stride = 1, uint64_t id_offset = 0)
       : allocator_(pool_size, alignment), next_id_(id_offset + 1), id_stride_(id_stride) {}
 
   struct Queued {};

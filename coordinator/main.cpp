@@ -2,12 +2,12 @@
 // the job queue in its store, and reports to systemd (Type=notify: READY,
 // STATUS, WATCHDOG, STOPPING).
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
 #include <atomic>
 #include <cstdio>
 #include <exception>
-#include <spdlog/spdlog.h>
 #include <string>
 #include <thread>
 

@@ -32,10 +32,10 @@ std::string MalformedPeers::reject(const std::string& peer, const std::string& w
 std::string MalformedPeers::take_log_line(Clock::time_point now, bool force) {
   if (since_log_ == 0 && dropped_ == 0) return "";
   if (!force && now - logged_ < kLogInterval) return "";
-  std::string line = "rejected " + std::to_string(since_log_) + " malformed messages (latest: " +
-                     latest_ + "); " + std::to_string(peers_ignored_) +
-                     " connections ignored so far, " + std::to_string(dropped_) +
-                     " of their messages dropped";
+  std::string line = "rejected " + std::to_string(since_log_) +
+                     " malformed messages (latest: " + latest_ + "); " +
+                     std::to_string(peers_ignored_) + " connections ignored so far, " +
+                     std::to_string(dropped_) + " of their messages dropped";
   since_log_ = 0;
   dropped_ = 0;
   logged_ = now;

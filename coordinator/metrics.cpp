@@ -16,7 +16,7 @@ namespace {
 // States that always have a series (at 0 when empty), so a panel or an
 // alert on one does not see it vanish.
 constexpr proto::AgentState kAgentStates[] = {
-    proto::AgentState::Idle, proto::AgentState::Leasing, proto::AgentState::Running,
+    proto::AgentState::Idle,    proto::AgentState::Leasing,    proto::AgentState::Running,
     proto::AgentState::Warming, proto::AgentState::Restarting, proto::AgentState::Program};
 
 using Labels = std::vector<prometheus::ClientMetric::Label>;

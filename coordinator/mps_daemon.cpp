@@ -6,12 +6,11 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-
-#include <csignal>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -136,8 +135,8 @@ std::unique_ptr<MpsDaemon> MpsDaemon::start(const std::string& control, const st
   int rc = run_control(control, {"-d"}, pipe_dir, log_dir, "", std::chrono::seconds(30));
   if (rc == kCannotRun) throw std::runtime_error("cannot run " + control);
   if (rc != 0) {
-    throw std::runtime_error(control + " -d failed (exit status " + std::to_string(rc) +
-                             "); see " + log_dir + "/control.log, or set mps = off");
+    throw std::runtime_error(control + " -d failed (exit status " + std::to_string(rc) + "); see " +
+                             log_dir + "/control.log, or set mps = off");
   }
   bool up = false;
   for (int i = 0; i < 200 && !up; ++i) {
@@ -149,9 +148,10 @@ std::unique_ptr<MpsDaemon> MpsDaemon::start(const std::string& control, const st
                              " does not answer on " + pipe_dir + " (see " + log_dir +
                              "/control.log)");
   }
-  spdlog::info("MPS control daemon started (pipe {}, log {}); it outlives this coordinator: "
-               "stop it with 'echo quit | CUDA_MPS_PIPE_DIRECTORY={} {}'",
-               pipe_dir, log_dir, pipe_dir, control);
+  spdlog::info(
+      "MPS control daemon started (pipe {}, log {}); it outlives this coordinator: "
+      "stop it with 'echo quit | CUDA_MPS_PIPE_DIRECTORY={} {}'",
+      pipe_dir, log_dir, pipe_dir, control);
   return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir, control, dir));
 }
 
@@ -159,7 +159,8 @@ std::unique_ptr<MpsDaemon> MpsDaemon::attach(const std::string& pipe_dir) {
   if (!fs::exists(pipe_dir + "/control")) {
     throw std::runtime_error("mps_directory " + pipe_dir +
                              " has no MPS control pipe (is the daemon running with "
-                             "CUDA_MPS_PIPE_DIRECTORY=" + pipe_dir + "?)");
+                             "CUDA_MPS_PIPE_DIRECTORY=" +
+                             pipe_dir + "?)");
   }
   spdlog::info("using the MPS control daemon of {}", pipe_dir);
   return std::unique_ptr<MpsDaemon>(new MpsDaemon(pipe_dir, "", ""));

@@ -26,8 +26,7 @@ Peer parse_peer_address(std::string_view address) {
   if (c1 == std::string_view::npos) return p;
   if (address.substr(0, c1) != "localhost") return p;  // what libzmq writes for ipc
   if (number(address.substr(c1 + 1, c2 - c1 - 1), p.uid) &&
-      number(address.substr(c2 + 1, c3 - c2 - 1), p.gid) &&
-      number(address.substr(c3 + 1), p.pid)) {
+      number(address.substr(c2 + 1, c3 - c2 - 1), p.gid) && number(address.substr(c3 + 1), p.pid)) {
     p.known = true;
   }
   return p;

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 #include <optional>
-#include <vector>
 #include <string>
 #include <string_view>
+#include <vector>
 #include <zmq.hpp>
 
 namespace leasehold {
@@ -36,7 +36,7 @@ struct Peer {
   bool known = false;  // uid/gid/pid come from the kernel
   uint32_t uid = 0, gid = 0;
   int32_t pid = 0;
-  std::string key;  // CURVE key name ("User-Id"); empty on ipc://
+  std::string key;                             // CURVE key name ("User-Id"); empty on ipc://
   bool key_client = false, key_agent = false;  // its roles ("X-Roles")
   // On ipc://, the user's name and groups as the ZAP handler looked them up
   // when the peer connected (coordinator/zap_handler.h); empty and nullopt

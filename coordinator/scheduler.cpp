@@ -48,8 +48,7 @@ double PoolView::occupancy_future(uint64_t bytes) const {
                    : 0;
 }
 
-Pick FifoPolicy::pick_job(const AgentRecord&, std::span<JobRecord* const> queued,
-                          const PoolView&) {
+Pick FifoPolicy::pick_job(const AgentRecord&, std::span<JobRecord* const> queued, const PoolView&) {
   // Every agent maps the same pool, so any queued job suits any agent; the
   // core has already left out jobs whose device does not match the pool.
   return Pick{queued.empty() ? nullptr : queued.front(), ""};

@@ -29,7 +29,9 @@ SocketAccess socket_access(uint32_t mode, const std::string& group) {
   return a;
 }
 
-bool owned_by_us_or_root(const struct stat& st) { return st.st_uid == 0 || st.st_uid == ::geteuid(); }
+bool owned_by_us_or_root(const struct stat& st) {
+  return st.st_uid == 0 || st.st_uid == ::geteuid();
+}
 
 void prepare_socket_directory(std::string_view endpoint, const SocketAccess& access) {
   auto path = ipc_path(endpoint);
@@ -44,8 +46,8 @@ void prepare_socket_directory(std::string_view endpoint, const SocketAccess& acc
     if (::chmod(dir.c_str(), mode) != 0 ||
         (access.group != static_cast<gid_t>(-1) &&
          ::chown(dir.c_str(), static_cast<uid_t>(-1), access.group) != 0)) {
-      throw std::runtime_error("cannot set the mode or group of the socket folder " +
-                               dir.string() + ": " + std::strerror(errno));
+      throw std::runtime_error("cannot set the mode or group of the socket folder " + dir.string() +
+                               ": " + std::strerror(errno));
     }
   }
   if (!std::filesystem::is_directory(dir)) {
@@ -55,7 +57,8 @@ void prepare_socket_directory(std::string_view endpoint, const SocketAccess& acc
   // Whoever may remove or rename entries in the folder may put their own
   // socket in ours' place (libzmq removes the path before it binds, too);
   // whoever owns a link to it may point it elsewhere.
-  struct stat link {}, st {};
+  struct stat link {
+  }, st{};
   if (::lstat(dir.c_str(), &link) != 0 || ::stat(dir.c_str(), &st) != 0) {
     throw std::runtime_error("cannot examine the socket folder " + dir.string() + ": " +
                              std::strerror(errno));
@@ -102,8 +105,8 @@ void bind_socket(zmq::socket_t& socket, const std::string& endpoint, const Socke
   }
   if (access.group != static_cast<gid_t>(-1) &&
       ::lchown(path->c_str(), static_cast<uid_t>(-1), access.group) != 0) {
-    throw std::runtime_error("cannot give socket " + *path + " its socket_group: " +
-                             std::strerror(errno) +
+    throw std::runtime_error("cannot give socket " + *path +
+                             " its socket_group: " + std::strerror(errno) +
                              " (the coordinator's user must be a member of that group)");
   }
 }

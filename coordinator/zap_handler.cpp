@@ -51,9 +51,10 @@ ZapHandler::ZapHandler(zmq::context_t& ctx, std::optional<std::string> allowed_d
     }
     keys_ = read_directory(true);
     if (keys_.empty()) {
-      spdlog::warn("curve_allowed_keys {} holds no *.pub file: no client or agent can connect "
-                   "over the network until one is added",
-                   *dir_);
+      spdlog::warn(
+          "curve_allowed_keys {} holds no *.pub file: no client or agent can connect "
+          "over the network until one is added",
+          *dir_);
     }
   }
   socket_.set(zmq::sockopt::linger, 0);
@@ -228,9 +229,9 @@ ZapHandler::Answer ZapHandler::curve_peer(const zmq::message_t& key_frame) {
     a.status = "200";
     a.text = "OK";
     a.user_id = k.name;
-    a.metadata = zap_metadata({{"X-Roles", std::string(k.client ? "client" : "") +
-                                               (k.client && k.agent ? "," : "") +
-                                               (k.agent ? "agent" : "")}});
+    a.metadata = zap_metadata(
+        {{"X-Roles", std::string(k.client ? "client" : "") + (k.client && k.agent ? "," : "") +
+                         (k.agent ? "agent" : "")}});
   } else {
     a.text = "key " + key + " is not in curve_allowed_keys";
   }

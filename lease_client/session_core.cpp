@@ -85,9 +85,11 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   bool is_ready;
   uint64_t outside;
   uint32_t stale = 0;
+  int preferred = -1;
   {
     std::lock_guard lock(mu);
     is_ready = ready;
+    preferred = bound_device;
     outside = outside_pool_bytes;
     // Everything held now was granted before this registration.
     for (const auto& [e, n] : holds) stale += n;
@@ -102,7 +104,7 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
             proto::CreateRegister(fbb, name, getpid(), opts.device, list, opts.takes_jobs, is_ready,
                                   outside, static_cast<uint8_t>(opts.mps_thread_percentage),
                                   instance.lo, instance.hi, stale, opts.job_id, opts.attempt,
-                                  opts.job_token.lo, opts.job_token.hi)
+                                  opts.job_token.lo, opts.job_token.hi, preferred)
                 .Union()};
       },
       timeout);
@@ -121,6 +123,16 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   desc.handle.assign(p->handle()->begin(), p->handle()->end());
   desc.epoch = p->epoch();
   desc.uuid = std::string(str(p->uuid()));
+  {
+    std::lock_guard lock(mu);
+    if (bound_device >= 0 && bound_device != p->device()) {
+      spdlog::warn(
+          "the coordinator bound this process to device {}, not device {} as before (it "
+          "no longer serves that one?): restart it to work on the new device alone",
+          p->device(), bound_device);
+    }
+    bound_device = p->device();
+  }
 
   std::shared_ptr<PoolMapping> m;
   {
@@ -139,8 +151,8 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
       // see the GPU under another (a program job sees only its GPU, as 0).
       const int local = cuda_ordinal_of(desc.uuid);
       if (local < 0) {
-        throw std::runtime_error("the coordinator's pool is on GPU " + desc.uuid +
-                                 " (its device " + std::to_string(desc.device) +
+        throw std::runtime_error("the coordinator's pool is on GPU " + desc.uuid + " (its device " +
+                                 std::to_string(desc.device) +
                                  "), which this process cannot see (CUDA_VISIBLE_DEVICES?)");
       }
       desc.device = local;

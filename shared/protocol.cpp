@@ -53,10 +53,10 @@ std::variant<const proto::Envelope*, DecodeError> decode(std::span<const uint8_t
   const proto::Envelope* env = proto::GetEnvelope(data.data());
   if (!env->header()) return DecodeError{ErrorCode::Malformed, "message has no header"};
   if (env->header()->version() != kProtocolVersion) {
-    return DecodeError{ErrorCode::BadVersion,
-                       "protocol version " + std::to_string(env->header()->version()) +
-                           " is not supported (this side speaks version " +
-                           std::to_string(kProtocolVersion) + ")"};
+    return DecodeError{ErrorCode::BadVersion, "protocol version " +
+                                                  std::to_string(env->header()->version()) +
+                                                  " is not supported (this side speaks version " +
+                                                  std::to_string(kProtocolVersion) + ")"};
   }
   if (env->body_type() == proto::Body::NONE || !env->body()) {
     return DecodeError{ErrorCode::Malformed, "message has no body"};

@@ -292,5 +292,85 @@ TEST_F(DevicesTest, MetricsHaveASeriesPerDeviceAndJobsCarryTheirs) {
   EXPECT_NE(m.find("leasehold_jobs{state=\"running\"} 1\n"), std::string::npos) << m;
 }
 
+TEST(DevicesOfDifferentSizes, AJobTooLargeForADeviceNeitherGoesThereNorHoldsItBack) {
+  CoreDriver d(job_options(), std::vector<uint64_t>{32 * MiB, 128 * MiB},
+               std::make_unique<OccupancyPolicy>(OccupancyOptions{}));
+  FakeAgent w0 = d.register_agent("w0", 100, {}, nullptr, true, 0);
+  // 64 MiB fits only device 1, which has no worker yet: it waits, and a
+  // small job behind it still starts on device 0.
+  uint64_t large = 0, small = 0;
+  d.submit(large, [](proto::JobSpecT& s) { s.memory_budget = "64MiB"; });
+  d.submit(small, [](proto::JobSpecT& s) { s.memory_budget = "8MiB"; });
+  EXPECT_EQ(d.job(large).state, JobState::Queued);
+  EXPECT_EQ(d.core().agents().at("w0").job_id, small)
+      << "device 0 was held for a job it cannot take";
+  EXPECT_EQ(d.job(large).budget_bytes, 64 * MiB);
+  FakeAgent w1 = d.register_agent("w1", 101, {}, nullptr, true, 1);
+  EXPECT_EQ(d.core().agents().at("w1").job_id, large);
+}
+
+TEST_F(DevicesTest, AnAgentRegisteringAgainGoesBackToItsDevice) {
+  FakeAgent w0 = worker("w0", 100, -1), w1 = worker("w1", 101, -1), w2 = worker("w2", 102, -1);
+  ASSERT_EQ(device_of(w2), 2);
+  // w0 leaves; w2 registers again without --device, naming the device it
+  // had: it gets it back though device 0 now has the fewest agents.
+  d.request(w0.rid, w0.name, w0.session, proto::Body::Unregister,
+            [](auto& fbb) { return proto::CreateUnregister(fbb).Union(); });
+  Effects e = d.request("rid-w2-again", "w2", w2.session, proto::Body::Register, [](auto& fbb) {
+    return proto::CreateRegister(fbb, fbb.CreateString("w2"), 102, -1, 0, true, true, 0, 0, 0, 0, 0,
+                                 0, 0, 0, 0, /*preferred_device=*/2)
+        .Union();
+  });
+  ASSERT_EQ(errors(e), "");
+  EXPECT_EQ(d.core().agents().at("w2").device, 2);
+  // A preferred device that is not served is no error: the core picks.
+  e = d.request("rid-w3", "w3", {}, proto::Body::Register, [](auto& fbb) {
+    return proto::CreateRegister(fbb, fbb.CreateString("w3"), 103, -1, 0, true, true, 0, 0, 0, 0, 0,
+                                 0, 0, 0, 0, /*preferred_device=*/9)
+        .Union();
+  });
+  ASSERT_EQ(errors(e), "");
+  EXPECT_EQ(d.core().agents().at("w3").device, 0);
+}
+
+TEST_F(DevicesTest, AJobStartingFromParametersGoesToTheDeviceThatHasThem) {
+  FakeAgent l1 = leaser("l1", 100, 1);
+  Effects e = d.attach(l1, "params/base", 2 * MiB, true);
+  ASSERT_NE(region_grant(e, l1), nullptr) << errors(e);
+  d.region_ready(l1, "params/base");
+  d.detach(l1, "params/base");
+  FakeAgent w0 = worker("w0", 101, 0), w1 = worker("w1", 102, 1);
+  uint64_t id = 0;
+  d.submit(id, [](proto::JobSpecT& s) {
+    s.memory_budget = "8MiB";
+    s.init_from = "base";
+  });
+  EXPECT_EQ(job_on(w1), id) << "device 0 has more room, but the parameters are on device 1";
+  EXPECT_EQ(job_on(w0), 0u);
+}
+
+TEST(DevicesUnderMps, AFaultOnOneGpuEndsNothingOnAnother) {
+  CoreOptions o = job_options();
+  o.mps_pipe_directory = "/run/leasehold/mps-pipe";
+  CoreDriver d(o, std::vector<uint64_t>{64 * MiB, 64 * MiB});
+  FakeAgent a = d.register_agent("a", 100, {}, nullptr, true, 0);
+  FakeAgent b = d.register_agent("b", 101, {}, nullptr, true, 1);
+  uint64_t ja = 0, jb = 0;
+  d.submit(ja, [](proto::JobSpecT& s) { s.device = "cpu:0"; });
+  d.submit(jb, [](proto::JobSpecT& s) { s.device = "cpu:1"; });
+  ASSERT_EQ(d.core().agents().at("a").job_id, ja);
+  ASSERT_EQ(d.core().agents().at("b").job_id, jb);
+  d.heartbeat(a, {{ja, 1, proto::JobPhase::Running}});
+  d.heartbeat(b, {{jb, 1, proto::JobPhase::Running}});
+  // Job a faults on GPU 0 while job b runs on GPU 1: alone on its GPU, the
+  // fault is its own (counted), and GPU 1's agent keeps its context.
+  d.device_fault(a, ja, 1, "illegal memory access");
+  EXPECT_EQ(d.job(ja).agent_failures, 1u);
+  EXPECT_EQ(d.job(ja).state, JobState::Queued) << "its agent restarts";
+  EXPECT_TRUE(d.core().agents().at("a").context_lost);
+  EXPECT_FALSE(d.core().agents().at("b").context_lost);
+  EXPECT_EQ(d.job(jb).state, JobState::Running);
+}
+
 }  // namespace
 }  // namespace leasehold::testing
