@@ -89,7 +89,10 @@ curve = lambda ls: {l["step"]: l["loss"] for l in ls if "step" in l and "loss" i
 a, b = curve(plain), curve(lease)
 common = sorted(set(a) & set(b))
 assert common, "no common logged steps"
-worst = max(abs(a[s] - b[s]) / max(abs(a[s]), 1e-6) for s in common)
+# Relative, but losses below 0.01 compared absolutely: cuDNN's training
+# kernels are not deterministic, and two plain LeNet runs differ by 1.5% at
+# a loss of 0.0014 (measured on an H100); wrong memory shows as far more.
+worst = max(abs(a[s] - b[s]) / max(abs(a[s]), 1e-2) for s in common)
 sa = [l for l in plain if l.get("type") == "summary"][-1]
 sb = [l for l in lease if l.get("type") == "summary"][-1]
 m = job.get("program_memory", {})
