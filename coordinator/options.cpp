@@ -323,6 +323,9 @@ void apply_toml(CoordinatorOptions& opts, std::string_view text, const std::stri
     throw std::invalid_argument(source + ": " + std::string(e.description()) + " at line " +
                                 std::to_string(e.source().begin.line));
   }
+  if (doc.contains("device") && doc.contains("devices")) {
+    throw std::invalid_argument(source + ": give devices or device (one device), not both");
+  }
   for (const auto& [k, node] : doc) {
     const std::string key(k.str());
     const std::string value = as_text(node, key, source);
@@ -488,6 +491,15 @@ CoordinatorOptions parse_coordinator_options(int argc, char** argv) {
       apply_toml(opts, text.str(), *config);
       // The environment overrides the file's endpoint.
       if (const char* env = std::getenv(kEndpointEnv); env && *env) opts.endpoint = env;
+    }
+    auto given_key = [&](std::string_view key) {
+      for (size_t i = 0; i < options().size(); ++i) {
+        if (options()[i].key == key) return given[i].has_value();
+      }
+      return false;
+    };
+    if (given_key("device") && given_key("devices")) {
+      throw std::invalid_argument("give --devices or --device (one device), not both");
     }
     for (size_t i = 0; i < options().size(); ++i) {
       if (!given[i]) continue;

@@ -114,6 +114,8 @@ TEST(Config, DevicesAndPerDevicePoolSizes) {
     EXPECT_THROW(apply_toml(o, bad, "lh.toml"), std::invalid_argument) << bad;
     EXPECT_EQ(o.devices, before.devices) << "a refused value changes nothing: " << bad;
   }
+  EXPECT_THROW(apply_toml(o, "device = 1\ndevices = [0, 1]\n", "lh.toml"), std::invalid_argument)
+      << "device and devices together";
   // As many sizes as devices, or one for all.
   o.endpoint = "ipc:///tmp/x.sock";
   o.events_endpoint = default_events_endpoint(o.endpoint);

@@ -87,7 +87,9 @@ TEST_F(Devices, AgentsBindToDevicesAndJobsGoWhereTheyAreIdleOrPinned) {
   ASSERT_EQ((*s)["devices"].size(), 2u) << s->dump();
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ((*s)["devices"][i]["device"], i);
-    if (!cuda) EXPECT_EQ((*s)["devices"][i]["uuid"], "host-" + std::to_string(i));
+    if (!cuda) {
+      EXPECT_EQ((*s)["devices"][i]["uuid"], "host-" + std::to_string(i));
+    }
     EXPECT_EQ((*s)["devices"][i]["size_bytes"], parse_bytes(pool));
   }
   c.start_agent("w0", {"--device", "0"});
@@ -116,7 +118,9 @@ TEST_F(Devices, AgentsBindToDevicesAndJobsGoWhereTheyAreIdleOrPinned) {
       },
       10s))
       << c.status().value_or(nlohmann::json{}).dump();
-  for (const auto& l : (*c.status())["leases"]) EXPECT_EQ(l["device"], 1) << l.dump();
+  const auto after = c.status();
+  ASSERT_TRUE(after);
+  for (const auto& l : (*after)["leases"]) EXPECT_EQ(l["device"], 1) << l.dump();
 
   // The table names every device.
   auto [rc, table] = client({"status"});
