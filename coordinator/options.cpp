@@ -45,14 +45,6 @@ int64_t parse_count(const std::string& text, int64_t max = 100000000) {
   return *v;
 }
 
-int parse_int(const std::string& text) {
-  auto v = whole_number(text);
-  if (!v || *v < INT_MIN || *v > INT_MAX) {
-    throw std::invalid_argument("'" + text + "' is not an integer");
-  }
-  return static_cast<int>(*v);
-}
-
 uint32_t parse_mode(const std::string& text) {
   size_t used = 0;
   unsigned long v = 0;
