@@ -118,8 +118,8 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
   // Jobs start strictly in queue order per device: a job that waits (for
   // memory or an idle agent) blocks the devices it could run on for the
   // jobs behind it, so small jobs never starve a large one; a job for
-  // other devices goes on. The first few jobs that may start are all it
-  // needs (one per idle agent), however long the queue.
+  // other devices goes on. With no idle agent only the first in line is
+  // looked at (to say why it waits).
   size_t idle = 0;
   for (const auto& [name, agent] : agents_) idle += agent.idle();
   // (Collected first: assigning a job takes it out of the queue.)
