@@ -64,12 +64,7 @@ class OccupancyTest : public ::testing::Test {
     return granted_lease(e, a);
   }
 
-  proto::StatusReplyT status() {
-    Effects e = d.status();
-    auto m = messages(e, proto::Body::StatusReply, "client");
-    EXPECT_EQ(m.size(), 1u);
-    return *m[0]->body.AsStatusReply();
-  }
+  proto::StatusReplyT status() { return d.status_reply(); }
 
   CoreDriver d;
   std::vector<FakeAgent> agents;

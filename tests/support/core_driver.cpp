@@ -242,6 +242,13 @@ Effects CoreDriver::status() {
                  [](auto& fbb) { return proto::CreateStatusRequest(fbb).Union(); });
 }
 
+proto::StatusReplyT CoreDriver::status_reply() {
+  Effects e = status();
+  auto m = messages(e, proto::Body::StatusReply, "client");
+  if (m.size() != 1) throw std::logic_error("no StatusReply: " + errors(e));
+  return *m[0]->body.AsStatusReply();
+}
+
 Effects CoreDriver::attach(const FakeAgent& a, const std::string& name, uint64_t bytes, bool create,
                            int wait_ms, bool replace) {
   return request(a.rid, a.name, a.session, proto::Body::AttachRegion, [&](auto& fbb) {

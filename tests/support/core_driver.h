@@ -83,6 +83,8 @@ class CoreDriver {
   Effects release(const FakeAgent& a, uint64_t lease_id);
   Effects shrink_done(const FakeAgent& a, uint64_t shrink_id, uint64_t released);
   Effects status();
+  // The StatusReply a client gets now.
+  proto::StatusReplyT status_reply();
   // Shared cache regions.
   Effects attach(const FakeAgent& a, const std::string& name, uint64_t bytes, bool create,
                  int wait_ms = -1, bool replace = false);
