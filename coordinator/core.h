@@ -164,6 +164,10 @@ struct CoreOptions {
   // user's. Otherwise (or for another user's or a network agent) its leases
   // stay fenced until it exits or registers again, and status says so.
   bool end_silent_agents = true;
+  // A TCP port free on this host, where a data-parallel job's rank 0 serves
+  // its replicas' rendezvous (the broker asks the kernel for one, as
+  // torchrun does). Null: 29500 plus the job id modulo 1000 (tests).
+  std::function<uint16_t()> free_port;
 };
 
 class CoordinatorCore {
@@ -431,10 +435,11 @@ class CoordinatorCore {
   void schedule(Now now, Effects& out);
   struct FaultRules;  // below (device faults)
   // Where `job` starts now: an idle agent on a device it may run on, not
-  // in `blocked`, where the policy admits it with the most room left; or
-  // none, with the policy's refusal if one was asked.
+  // in `blocked`, where the policy admits it with the most room left (for
+  // a data-parallel job, one on each of the best `replicas` devices, by
+  // rank); or none, with the policy's refusal if one was asked.
   struct Placement {
-    AgentRecord* agent = nullptr;
+    std::vector<AgentRecord*> agents;
     Pick refused;
   };
   Placement place(JobRecord& job, const std::set<int>& blocked, const FaultRules& rules);
@@ -442,8 +447,13 @@ class CoordinatorCore {
   // guaranteed share resolved against that pool (set in `job`), and a
   // parameter region it starts from, if resident somewhere.
   bool could_run_on(JobRecord& job, const DeviceState& dev) const;
-  void assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out);
+  // Starts the next attempt of `job` on `agents` (one per replica, by rank).
+  void assign(JobRecord& job, const std::vector<AgentRecord*>& agents, Now now, Effects& out);
+  // AssignJob for the replica of `job` that `agent` runs.
   void push_assign(const JobRecord& job, const AgentRecord& agent, Effects& out);
+  // A data-parallel job's attempt ends: StopJob (for `reason`) to the
+  // replicas still running it, so the gang stops as one.
+  void stop_replicas(const JobRecord& job, const std::string& reason, Effects& out);
   // `cancel`: the user's cancel (else the coordinator wants it stopped, for
   // `reason`). After the store when it acts on a stored state.
   void push_stop(uint64_t job_id, uint32_t attempt, bool cancel, const std::string& reason,
@@ -519,8 +529,9 @@ class CoordinatorCore {
   std::map<uint64_t, PendingRead> pending_reads_;  // by CheckpointRead::token
   // Jobs by their submitter's identity and SubmitJob.key (submit_key_of).
   std::map<std::string, uint64_t> submit_keys_;
-  // Program jobs' sessions: job id -> the session's agent name.
-  std::map<uint64_t, std::string> program_sessions_;
+  // Program jobs' sessions: job id -> the sessions' agent names (one per
+  // replica).
+  std::multimap<uint64_t, std::string> program_sessions_;
   std::map<std::string, Fence> fences_;  // by agent name
   const SessionToken instance_ = SessionToken::random();
   std::map<Interruption, uint64_t> interruptions_;

@@ -72,10 +72,12 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
     }
     // A program's memory is its job's, on the device its agent works on.
     const JobRecord& job = *jobs_.find(r->job_id());
-    auto runner = agents_.find(job.agent);
+    // (The session is named after the agent running its replica.)
+    const std::string runner_name = name.substr(0, name.rfind(":job"));
+    auto runner = agents_.find(runner_name);
     if (runner == agents_.end()) {
       return send_error(out, rid, req, ErrorCode::UnknownSender,
-                        "program job " + std::to_string(job.id) + "'s agent '" + job.agent +
+                        "program job " + std::to_string(job.id) + "'s agent '" + runner_name +
                             "' is not registered (yet): register again once it is");
     }
     const int job_device = runner->second.device;
@@ -156,7 +158,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   rec.takes_jobs = r->takes_jobs() && r->job_id() == 0;
   rec.program_job = r->job_id();
   rec.program_attempt = r->attempt();
-  if (rec.program_job) program_sessions_[rec.program_job] = name;
+  if (rec.program_job) program_sessions_.emplace(rec.program_job, name);
   rec.ready = r->ready();
   rec.outside_pool_bytes = r->outside_pool_bytes();
   rec.mps_thread_percentage = r->mps_thread_percentage();
@@ -216,10 +218,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   uint64_t job_id = it->second.job_id;
   const int pid = it->second.pid;
   const std::shared_ptr<AgentProcess> process = it->second.process;
-  if (auto p = program_sessions_.find(it->second.program_job);
-      p != program_sessions_.end() && p->second == name) {
-    program_sessions_.erase(p);
-  }
+  std::erase_if(program_sessions_, [&](const auto& kv) { return kv.second == name; });
   bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
   DeviceState& dev = device_of(it->second);
   agents_.erase(it);
@@ -249,7 +248,21 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     discard_region(dev, region, "its filler, agent '" + name + "', " + why, now, out);
   }
   JobRecord* job = job_id ? jobs_.find(job_id) : nullptr;
-  if (!job || job->state != JobState::Running || job->agent != name) return;
+  const int rank = job ? job->rank_on(name) : -1;
+  if (!job || job->state != JobState::Running || rank < 0) return;
+  if (job->replicas() > 1) {
+    // One replica lost is the whole gang's attempt: the others cannot go
+    // on without it (their collectives would wait for it), so they stop
+    // and the job resumes from its checkpoint as one attempt.
+    const bool counts = fate == JobFate::AgentLost || fate == JobFate::Silent;
+    const Interruption cause = fate == JobFate::AgentLost ? Interruption::AgentDied
+                               : fate == JobFate::Silent  ? Interruption::AgentSilent
+                               : fate == JobFate::Orphan  ? Interruption::SessionLost
+                                                          : Interruption::AgentLeft;
+    requeue(*job, cause, "agent '" + name + "' of replica " + std::to_string(rank) + " " + why,
+            counts, now, out);
+    return;
+  }
   if (fence) {
     // Its report on registering again decides (reconcile), or the wait ends.
     job->orphaned_since = now.steady;

@@ -34,8 +34,18 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
   bool lists_its_job = false;
   for (const auto& r : agent.reported) {
     JobRecord* job = jobs_.find(r.job_id);
-    bool ours = job && job->state == JobState::Running && job->agent == agent.name &&
+    const int rank = job ? job->rank_on(agent.name) : -1;
+    bool ours = job && job->state == JobState::Running && rank >= 0 &&
                 job->attempt_number() == r.attempt && runs_as(*job, agent);
+    if (ours && rank > 0) {
+      // A replica of a data-parallel job (which never waits as an orphan:
+      // its gang stops when one of them is lost).
+      if (static_cast<size_t>(rank) <= job->replicas_acked.size()) {
+        job->replicas_acked[rank - 1] = true;
+      }
+      lists_its_job |= job->id == agent.job_id;
+      continue;
+    }
     if (ours) {
       if (job->orphaned_since) {
         // Back and still holding it: the old session's leases are void, so
@@ -107,13 +117,18 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
 
 // ---- Assignment and the agents' acknowledgements ----
 
-void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effects& out) {
+void CoordinatorCore::assign(JobRecord& job, const std::vector<AgentRecord*>& agents, Now now,
+                             Effects& out) {
+  AgentRecord& agent = *agents.front();  // rank 0
   end_memory_wait(job, now);
   AttemptRecord attempt;
   attempt.number = job.attempt_number() + 1;
   attempt.agent = agent.name;
   attempt.agent_identity = agent.identity;
   attempt.started_ms = now.unix_ms;
+  for (size_t rank = 1; rank < agents.size(); ++rank) {
+    attempt.replica_agents.push_back(agents[rank]->name);
+  }
   job.attempts.push_back(attempt);
   // The latest attempts are kept, as many as state changes (each number
   // says how many came before).
@@ -123,6 +138,12 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   }
   job.agent = agent.name;
   job.assign_acked = false;
+  job.replicas_acked.assign(agents.size() - 1, false);
+  job.master_port = 0;
+  if (agents.size() > 1) {
+    job.master_port =
+        opts_.free_port ? opts_.free_port() : static_cast<uint16_t>(29500 + job.id % 1000);
+  }
   job.stop_wanted = false;
   job.assign_sent = now.steady;
   job.assigned_steady = now.steady;
@@ -132,21 +153,23 @@ void CoordinatorCore::assign(JobRecord& job, AgentRecord& agent, Now now, Effect
   // A program's session proves its attempt with this (AssignJob only).
   job.program_token = job.is_program() ? SessionToken::random() : SessionToken{};
   job.attempt_log_bytes = 0;
+  std::string where = "agent '" + agent.name + "'";
+  for (size_t rank = 1; rank < agents.size(); ++rank) {
+    where += (rank + 1 == agents.size() ? " and '" : ", '") + agents[rank]->name + "'";
+  }
+  if (agents.size() > 1) where = std::to_string(agents.size()) + " replicas on agents " + where.substr(6);
   if (job.is_program() && job.attempts.size() > 1) {
-    append_log(job,
-               "[leasehold: attempt " + std::to_string(attempt.number) + " on agent '" +
-                   agent.name + "']\n",
+    append_log(job, "[leasehold: attempt " + std::to_string(attempt.number) + " on " + where + "]\n",
                0);
     job.attempt_log_bytes = 0;
   }
-  agent.job_id = job.id;
+  for (AgentRecord* a : agents) a->job_id = job.id;
   jobs_.set_state(job, JobState::Running, now.unix_ms,
-                  "attempt " + std::to_string(attempt.number) + " on agent '" + agent.name + "'");
-  // The push leaves once the assignment is stored: after a crash the job is
-  // known to be on this agent, never on one that does not know it.
-  push_assign(job, agent, out);
-  spdlog::info("{} assigned to agent '{}' (attempt {})", job_label(job), agent.name,
-               attempt.number);
+                  "attempt " + std::to_string(attempt.number) + " on " + where);
+  // The pushes leave once the assignment is stored: after a crash the job
+  // is known to be on these agents, never on one that does not know it.
+  for (AgentRecord* a : agents) push_assign(job, *a, out);
+  spdlog::info("{} assigned to {} (attempt {})", job_label(job), where, attempt.number);
   changed(job, out);
 }
 
@@ -160,11 +183,29 @@ void CoordinatorCore::push_assign(const JobRecord& job, const AgentRecord& agent
   a.submitter_uid = job.submitted_uid ? static_cast<int64_t>(*job.submitted_uid) : -1;
   a.job_token_lo = job.program_token.lo;
   a.job_token_hi = job.program_token.hi;
+  a.rank = std::max(0, job.rank_on(agent.name));
+  a.world_size = job.replicas();
+  if (a.world_size > 1) {
+    // Agents share the coordinator's host: its devices are theirs.
+    a.master_addr = "127.0.0.1";
+    a.master_port = job.master_port;
+  }
   // Every socket of the agent gets it; the agent's heartbeat thread acts on
   // it and ignores duplicates. It leaves once the assignment is stored, so
   // after a crash the job is never on an agent the store does not name.
   out.store_puts.insert(job.id);
   for (const auto& rid : agent.routing_ids) send(out, rid, 0, proto::AssignJobT(a), true, job.id);
+}
+
+void CoordinatorCore::stop_replicas(const JobRecord& job, const std::string& reason,
+                                    Effects& out) {
+  if (job.replicas() == 1) return;
+  for (const std::string& name : job.gang()) {
+    auto it = agents_.find(name);
+    if (it == agents_.end() || it->second.job_id != job.id) continue;
+    push_stop(job.id, job.attempt_number(), false, "its data-parallel gang stopped: " + reason,
+              it->second, out, false);
+  }
 }
 
 void CoordinatorCore::push_stop(uint64_t job_id, uint32_t attempt, bool cancel,
@@ -183,12 +224,17 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
   for (auto& [name, agent] : agents_) {
     if (!agent.job_id) continue;
     JobRecord* job = jobs_.find(agent.job_id);
-    if (!job || job->state != JobState::Running || job->agent != name) {
+    const int rank = job ? job->rank_on(name) : -1;
+    if (!job || job->state != JobState::Running || rank < 0) {
       agent.job_id = 0;  // defensive: nothing of ours runs there
       continue;
     }
+    const bool acked = rank == 0 ? job->assign_acked
+                       : static_cast<size_t>(rank) <= job->replicas_acked.size()
+                           ? static_cast<bool>(job->replicas_acked[rank - 1])
+                           : true;
     const auto ack_within = std::max(opts_.assign_timeout, 3 * opts_.heartbeat_interval);
-    if (!job->assign_acked && job->assigned_steady &&
+    if (!acked && job->assigned_steady &&
         now.steady - *job->assigned_steady >= ack_within) {
       // Never acknowledged: the agent does not run it (a fake agent, or one
       // stuck). The job goes back uncharged (a cancelled one ends), and
@@ -216,7 +262,7 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
       continue;
     }
     bool stop = job->cancel_requested || job->stop_wanted;
-    if (!stop && !job->assign_acked && now.steady - job->assign_sent >= opts_.heartbeat_interval) {
+    if (!stop && !acked && now.steady - job->assign_sent >= opts_.heartbeat_interval) {
       spdlog::debug("{}: assignment to '{}' not acknowledged yet; sending it again",
                     job_label(*job), name);
       push_assign(*job, agent, out);
@@ -248,10 +294,12 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
     a->outcome = outcome;
     a->reason = printable(reason, kReasonBytes);
   }
-  if (auto it = agents_.find(job.agent); it != agents_.end() && it->second.job_id == job.id) {
-    it->second.job_id = 0;
-    // Its memory goes with the job; a late answer is acknowledged and ignored.
-    it->second.shrink.reset();
+  for (const std::string& name : job.gang()) {
+    if (auto it = agents_.find(name); it != agents_.end() && it->second.job_id == job.id) {
+      it->second.job_id = 0;
+      // Its memory goes with the job; a late answer is acknowledged and ignored.
+      it->second.shrink.reset();
+    }
   }
   job.orphaned_since.reset();
   job.orphan_counts = false;
@@ -264,6 +312,9 @@ void CoordinatorCore::end_attempt(JobRecord& job, const std::string& outcome,
 
 void CoordinatorCore::finish(JobRecord& job, JobState state, const std::string& reason, Now now,
                              Effects& out) {
+  // Replicas still at work when the job fails (one of them failed) stop;
+  // after a success they are ending by themselves.
+  if (state != JobState::Succeeded) stop_replicas(job, reason, out);
   end_attempt(job, job_state_name(state), reason, now);
   end_program_session(job, "ended with its job", now, out);
   jobs_.set_state(job, state, now.unix_ms, reason);
@@ -282,6 +333,7 @@ void CoordinatorCore::requeue(JobRecord& job, Interruption cause, const std::str
   }
   ++job.interruptions[std::string(interruption_name(cause))];
   ++interruptions_[cause];
+  stop_replicas(job, why, out);
   end_attempt(job, counts ? outcome : "interrupted", why, now);
   end_program_session(job, "outlived its job's attempt", now, out);
   if (job.cancel_requested) return finish(job, JobState::Cancelled, "cancelled: " + why, now, out);
@@ -347,8 +399,14 @@ void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now
                               Effects& out) {
   now_ = now;
   size_t queued = 0, orphaned = 0;
+  std::vector<uint64_t> gangs;
   for (auto& job : jobs) {
-    if (job.state == JobState::Running) {
+    if (job.state == JobState::Running && job.replicas() > 1) {
+      // Replicas cannot be taken back one by one: the gang starts again
+      // from its checkpoint (below), and agents that still run a replica
+      // are told to stop when they register.
+      gangs.push_back(job.id);
+    } else if (job.state == JobState::Running) {
       job.orphaned_since = now.steady;
       job.orphan_kind = Interruption::CoordinatorRestart;
       ++orphaned;
@@ -363,6 +421,10 @@ void CoordinatorCore::recover(std::vector<JobRecord> jobs, uint64_t next_id, Now
     jobs_.restore(std::move(job));
   }
   jobs_.raise_next_id(next_id);
+  for (uint64_t id : gangs) {
+    requeue(*jobs_.find(id), Interruption::CoordinatorRestart,
+            "the coordinator restarted under its data-parallel replicas", false, now, out);
+  }
   spdlog::info(
       "job store: {} jobs ({} queued, {} were running and wait for their agent); next "
       "id {}",

@@ -78,9 +78,11 @@ bool CoordinatorCore::withdraw_submission(uint64_t job_id, Now now, Effects& out
   if (!job) return false;
   // An agent it was assigned to never heard of it: the assignment waited
   // for the same commit.
-  if (auto it = agents_.find(job->agent); it != agents_.end() && it->second.job_id == job_id) {
-    it->second.job_id = 0;
-    it->second.shrink.reset();
+  for (const std::string& name : job->gang()) {
+    if (auto it = agents_.find(name); it != agents_.end() && it->second.job_id == job_id) {
+      it->second.job_id = 0;
+      it->second.shrink.reset();
+    }
   }
   if (!job->submit_key.empty()) submit_keys_.erase(job->submit_key);
   suspects_.erase(job_id);
@@ -179,6 +181,18 @@ void CoordinatorCore::on_submit(const std::string& rid, const proto::Envelope& e
                       "device: job wants '" + spec->device + "' but this coordinator serves " +
                           backend_name(devices_.begin()->second.pool.backend) + " device" +
                           (devices_.size() > 1 ? "s " : " ") + served);
+  }
+  if (spec->replicas > 1) {
+    // One replica per device: more than the devices it may use never start.
+    size_t fit = 0;
+    for (const auto& [ordinal, dev] : devices_) fit += device_fits(device, dev);
+    if (static_cast<size_t>(spec->replicas) > fit) {
+      return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                        "replicas: " + std::to_string(spec->replicas) +
+                            " replicas need as many devices, one each, and this coordinator "
+                            "serves " +
+                            std::to_string(fit) + " that device '" + device + "' allows");
+    }
   }
   uint64_t token = next_check_token_++;
   pending_submits_[token] =
@@ -313,11 +327,14 @@ void CoordinatorCore::on_cancel(const std::string& rid, const proto::Envelope& e
     // The agent stops between steps, releases its leases and reports; until
     // its heartbeat shows it stopping, StopJob is sent again.
     job->cancel_requested = true;
-    auto agent = agents_.find(job->agent);
-    if (!job->orphaned_since && agent != agents_.end() && agent->second.job_id == id) {
-      push_stop(id, job->attempt_number(), true, "cancelled by " + who, agent->second, out, true);
-      job->stop_sent = now.steady;
-      job->cancel_since = now.steady;  // its agent has stop_timeout from now
+    for (const std::string& name : job->gang()) {  // every replica's agent
+      auto agent = agents_.find(name);
+      if (!job->orphaned_since && agent != agents_.end() && agent->second.job_id == id) {
+        push_stop(id, job->attempt_number(), true, "cancelled by " + who, agent->second, out,
+                  true);
+        job->stop_sent = now.steady;
+        job->cancel_since = now.steady;  // its agents have stop_timeout from now
+      }
     }
     changed(*job, out);
   }
@@ -343,8 +360,8 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   }
   bool final_report = interrupted || is_terminal(*state);
   JobRecord* job = jobs_.find(u->job_id());
-  bool ours = job && job->agent == agent.name && job->attempt_number() == u->attempt() &&
-              runs_as(*job, agent);
+  const int rank = job ? job->rank_on(agent.name) : -1;
+  bool ours = job && rank >= 0 && job->attempt_number() == u->attempt() && runs_as(*job, agent);
   std::string what =
       "job " + std::to_string(u->job_id()) + " attempt " + std::to_string(u->attempt());
   if (!ours) {
@@ -373,6 +390,31 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   }
 
   // Running, on this agent, this attempt.
+  if (rank > 0) {
+    // A replica of a data-parallel job: rank 0 reports progress, epochs
+    // and the result. Another replica's end matters only when it is not a
+    // success: then the gang stops (a failure fails the job; anything else
+    // requeues it).
+    if (static_cast<size_t>(rank) <= job->replicas_acked.size()) {
+      job->replicas_acked[rank - 1] = true;
+    }
+    const std::string replica = "replica " + std::to_string(rank) + " on agent '" + agent.name + "'";
+    if (!final_report || (state && *state == JobState::Succeeded)) {
+      return send_ack(out, rid, req, false);
+    }
+    if (interrupted && u->device_fault()) {
+      on_device_fault(*job, agent, reason, now, out);
+    } else if (state && *state == JobState::Failed) {
+      finish(*job, JobState::Failed, replica + " failed: " + reason, now, out);
+    } else if (state && *state == JobState::Cancelled && job->cancel_requested) {
+      finish(*job, JobState::Cancelled, reason, now, out);
+    } else {
+      requeue(*job, Interruption::AgentStopped,
+              replica + (reason.empty() ? " was interrupted" : ": " + reason), false, now, out);
+    }
+    send_ack(out, rid, req, true);
+    return schedule(now, out);
+  }
   job->assign_acked = true;
   if (job->orphaned_since) {
     job->orphaned_since.reset();

@@ -1,6 +1,8 @@
 // Which queued job starts where: queue order per device, the devices a job
 // could ever run on, and the one the policy leaves the most room on
 // (coordinator/occupancy.md, "Placement over several devices").
+#include <algorithm>
+
 #include "coordinator/core.h"
 
 namespace leasehold {
@@ -45,7 +47,7 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       continue;
     }
     auto placed = place(*job, blocked, rules);
-    if (!placed.agent) {
+    if (placed.agents.empty()) {
       if (waiting.empty() && !placed.refused.waiting_for.empty()) refused = placed.refused;
       for (auto& [ordinal, dev] : devices_) {
         if (could_run_on(*job, dev)) blocked.insert(ordinal);
@@ -56,12 +58,16 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
       continue;
     }
     if (waiting.empty()) refused = Pick{};
-    DeviceState& dev = device_of(*placed.agent);
-    note_shares(*job, dev.pool.size);
-    evict_for_admission(dev, *job, now);
-    assign(*job, *placed.agent, now, out);
-    rules.started(*job, dev.ordinal());
-    --idle;
+    // Every replica of a data-parallel job starts in this same turn, or
+    // none does (place() found them all): nothing is held while waiting.
+    for (AgentRecord* agent : placed.agents) {
+      DeviceState& dev = device_of(*agent);
+      note_shares(*job, dev.pool.size);
+      evict_for_admission(dev, *job, now);
+      rules.started(*job, dev.ordinal());
+    }
+    assign(*job, placed.agents, now, out);
+    idle -= std::min(idle, placed.agents.size());
   }
   note_waiting(waiting.empty() ? nullptr : waiting.front(), refused, now, out);
   for (JobRecord* job : waiting) {
@@ -106,10 +112,16 @@ CoordinatorCore::Placement CoordinatorCore::place(JobRecord& job, const std::set
   // it, with an idle agent: the one where the policy admits it with the
   // most room left afterwards, so that jobs spread over the GPUs
   // (coordinator/occupancy.md says why); the fewest running jobs, then the
-  // lowest ordinal, on a tie.
+  // lowest ordinal, on a tie. A data-parallel job takes the best `replicas`
+  // such devices, one replica each, or none at all.
+  struct Candidate {
+    AgentRecord* agent;
+    uint64_t room;
+    size_t running;
+    int ordinal;
+  };
+  std::vector<Candidate> candidates;
   Placement best;
-  uint64_t best_room = 0;
-  size_t best_running = 0;
   for (auto& [ordinal, dev] : devices_) {
     if (blocked.count(ordinal) || !rules.allow(job, ordinal) || !could_run_on(job, dev)) continue;
     AgentRecord* agent = nullptr;
@@ -125,17 +137,33 @@ CoordinatorCore::Placement CoordinatorCore::place(JobRecord& job, const std::set
     JobRecord* one[] = {&job};
     Pick pick = policy_->pick_job(*agent, one, view);
     if (!pick.job) {
-      if (!best.agent) best.refused = std::move(pick);
+      if (best.refused.waiting_for.empty()) best.refused = std::move(pick);
       continue;
     }
     const uint64_t committed = view.used + view.reserved() + job.guaranteed_bytes;
     const uint64_t room = view.pool_size > committed ? view.pool_size - committed : 0;
-    if (!best.agent || room > best_room || (room == best_room && running < best_running)) {
-      best.agent = agent;
-      best_room = room;
-      best_running = running;
-    }
+    candidates.push_back({agent, room, running, ordinal});
   }
+  const size_t wanted = static_cast<size_t>(job.replicas());
+  if (candidates.size() < wanted) {
+    if (wanted > 1 && best.refused.waiting_for.empty()) {
+      best.refused.waiting_for = "waiting for " + std::to_string(wanted) +
+                                 " devices with an idle agent and room for a replica (" +
+                                 std::to_string(candidates.size()) + " now)";
+    }
+    return best;
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.room != b.room) return a.room > b.room;
+    if (a.running != b.running) return a.running < b.running;
+    return a.ordinal < b.ordinal;
+  });
+  candidates.resize(wanted);
+  // Ranks follow the device ordinals.
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.ordinal < b.ordinal; });
+  for (const auto& c : candidates) best.agents.push_back(c.agent);
+  best.refused = Pick{};
   return best;
 }
 

@@ -25,11 +25,20 @@ std::optional<std::string> CoordinatorCore::program_session_refusal(
       job->program_token != SessionToken{r.job_token_lo(), r.job_token_hi()}) {
     return "the session token of " + what + " attempt " + std::to_string(r.attempt()) + " is wrong";
   }
-  const std::string expected = job->agent + ":job" + std::to_string(job->id);
-  if (name != expected) {
-    return what + "'s session must be named '" + expected + "', not '" + name + "'";
+  // Each replica's process registers its own session, named after the
+  // agent that runs it.
+  const std::string suffix = ":job" + std::to_string(job->id);
+  const bool named = name.size() > suffix.size() && name.ends_with(suffix) &&
+                     job->rank_on(name.substr(0, name.size() - suffix.size())) >= 0;
+  if (!named) {
+    return what + "'s session must be named '" + job->agent + suffix + "', not '" + name + "'";
   }
-  const std::string& agent_identity = job->attempts.back().agent_identity;
+  const std::string runner = name.substr(0, name.size() - suffix.size());
+  std::string agent_identity = job->attempts.back().agent_identity;
+  if (runner != job->agent) {
+    auto it = agents_.find(runner);
+    agent_identity = it == agents_.end() ? "" : it->second.identity;
+  }
   if (!agent_identity.empty() && agent_identity != identity) {
     return what + "'s session must run as its agent does (" + agent_identity + ")";
   }
@@ -67,13 +76,13 @@ bool CoordinatorCore::is_current(const JobRecord& job, const AgentRecord& sessio
 
 void CoordinatorCore::end_program_session(const JobRecord& job, const std::string& why, Now now,
                                           Effects& out) {
-  auto it = program_sessions_.find(job.id);
-  if (it == program_sessions_.end()) return;
-  // Its process may still run (its agent was lost, or it outlives its
-  // attempt): its leases are fenced until it exits, as a silent agent's, and
-  // the next attempt's session starts afresh within the budget.
-  const std::string name = it->second;
-  drop_agent(name, why, JobFate::Silent, now, out);
+  // Its processes may still run (an agent was lost, or they outlive their
+  // attempt): their leases are fenced until they exit, as a silent agent's,
+  // and the next attempt's sessions start afresh within the budget.
+  std::vector<std::string> names;
+  auto [from, to] = program_sessions_.equal_range(job.id);
+  for (auto it = from; it != to; ++it) names.push_back(it->second);
+  for (const auto& name : names) drop_agent(name, why, JobFate::Silent, now, out);
 }
 
 const JobRecord* CoordinatorCore::managed_job(const AgentRecord& agent) const {
@@ -82,7 +91,11 @@ const JobRecord* CoordinatorCore::managed_job(const AgentRecord& agent) const {
   if (agent.program_job) return is_current(*job, agent) ? job : nullptr;
   // An agent running a program job whose session is registered holds none
   // of its memory: the session does.
-  if (job->agent != agent.name || program_sessions_.count(job->id)) return nullptr;
+  if (job->rank_on(agent.name) < 0) return nullptr;
+  auto [from, to] = program_sessions_.equal_range(job->id);
+  for (auto it = from; it != to; ++it) {
+    if (it->second == agent.name + ":job" + std::to_string(job->id)) return nullptr;
+  }
   return job;
 }
 

@@ -52,6 +52,7 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
     t->resumed_from_epoch = a.resumed_from_epoch;
     t->agent_identity = a.agent_identity;
     t->cause = a.cause;
+    t->replica_agents = a.replica_agents;
     info->attempts.push_back(std::move(t));
   }
   info->max_attempts = job.max_attempts;
@@ -138,7 +139,7 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   for (auto& a : info->attempts) {
     job.attempts.push_back(AttemptRecord{a->number, a->agent, a->started_ms, a->ended_ms,
                                          a->outcome, a->reason, a->resumed_from_epoch,
-                                         a->agent_identity, a->cause});
+                                         a->agent_identity, a->cause, a->replica_agents});
   }
   for (auto& c : info->interruptions) {
     if (c) job.interruptions[c->cause] += c->count;

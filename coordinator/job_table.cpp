@@ -37,6 +37,24 @@ int32_t JobRecord::last_checkpoint_epoch() const {
   return 0;
 }
 
+int JobRecord::rank_on(const std::string& name) const {
+  if (name.empty()) return -1;
+  if (agent == name) return 0;
+  if (attempts.empty()) return -1;
+  const auto& r = attempts.back().replica_agents;
+  auto it = std::find(r.begin(), r.end(), name);
+  return it == r.end() ? -1 : static_cast<int>(it - r.begin()) + 1;
+}
+
+std::vector<std::string> JobRecord::gang() const {
+  std::vector<std::string> all{agent};
+  if (!attempts.empty()) {
+    const auto& r = attempts.back().replica_agents;
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  return all;
+}
+
 JobRecord& JobTable::add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t now_ms,
                          std::optional<uint32_t> submitted_uid, std::string submitted_by) {
   JobRecord rec;

@@ -55,6 +55,8 @@ struct AttemptRecord {
   int32_t resumed_from_epoch = 0;
   std::string agent_identity;  // see Attempt in schemas/leasehold.fbs
   std::string cause;           // an interrupted attempt's (interruption_name)
+  // A data-parallel job's agents of ranks 1, 2, ... (`agent` runs rank 0).
+  std::vector<std::string> replica_agents;
 };
 
 struct JobRecord {
@@ -124,6 +126,10 @@ struct JobRecord {
   std::optional<Clock::time_point> waiting_since;
   // The conversation with the agent running it:
   bool assign_acked = false;  // the agent's heartbeat showed the assignment
+  // A data-parallel job: the same for ranks 1, 2, ... (rank - 1 indexes it).
+  std::vector<bool> replicas_acked;
+  // Where its rank 0 serves the replicas' rendezvous (AssignJob.master_port).
+  uint16_t master_port = 0;
   bool stop_wanted = false;   // StopJob is due for a reason other than a cancel
   Clock::time_point assign_sent{};
   // When this coordinator assigned the current attempt (unset for one
@@ -158,6 +164,12 @@ struct JobRecord {
     return submitted_uid ? "uid " + std::to_string(*submitted_uid) : submitted_by;
   }
   uint32_t attempt_number() const { return attempts.empty() ? 0 : attempts.back().number; }
+  // Data-parallel replicas it runs as (JobSpec.replicas; 1: a plain job).
+  int replicas() const { return spec && spec->replicas > 1 ? spec->replicas : 1; }
+  // The rank the latest attempt runs on agent `name` (0: `agent`), or -1.
+  int rank_on(const std::string& name) const;
+  // The agents of the latest attempt, by rank.
+  std::vector<std::string> gang() const;
   // The latest epoch whose checkpoint was written; 0 when none.
   int32_t last_checkpoint_epoch() const;
 };

@@ -489,6 +489,15 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
       p.push_back("spill.directory: empty (leave it out for the agent's spill_dir)");
     }
   }
+  if (job.replicas() < 1 || job.replicas() > kMaxReplicas) {
+    p.push_back("replicas: " + std::to_string(job.replicas()) + " is not in [1, " +
+                std::to_string(kMaxReplicas) + "]");
+  } else if (job.replicas() > 1) {
+    if (auto pin = parse_job_device(device); pin && pin->ordinal) {
+      p.push_back("replicas: " + std::to_string(job.replicas()) + " replicas cannot all run on " +
+                  in_quotes(device) + ", one device (leave device as auto, cuda or cpu)");
+    }
+  }
   if (job.max_attempts() < 0 || job.max_attempts() > 100) {
     p.push_back("max_attempts: " + std::to_string(job.max_attempts()) + " is not in [0, 100]");
   }

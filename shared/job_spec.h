@@ -112,6 +112,9 @@ struct JobDevice {
 };
 std::optional<JobDevice> parse_job_device(std::string_view text);
 
+// A data-parallel job's replicas (JobSpec.replicas): at most this many.
+inline constexpr int kMaxReplicas = 64;
+
 // spill.host_bytes: the most of the agent's spill host tier the job may use
 // (0 when absent, meaning all of it; an explicit "0" means none).
 uint64_t job_spill_host_bytes(const proto::JobSpec& job);
