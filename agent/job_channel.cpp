@@ -1,5 +1,6 @@
 #include "agent/job_channel.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -58,6 +59,10 @@ std::optional<JobAssignment> JobChannel::parse_assignment(const proto::AssignJob
   job.spec.assign(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
   job.checkpoint_owner = CheckpointOwner{a.private_checkpoint(), a.submitter_uid()};
   job.job_token = token_text(a.job_token_lo(), a.job_token_hi());
+  job.replica.rank = a.rank();
+  job.replica.world_size = std::max(1, a.world_size());
+  job.replica.master_addr = a.master_addr() ? a.master_addr()->str() : "";
+  job.replica.master_port = a.master_port();
   return job;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/replica.h"
 #include "lease_client/session.h"
 #include "shared/checkpoint_folder.h"
 
@@ -31,6 +32,8 @@ struct JobAssignment {
   // Secret: its process presents it when it registers a session of its own
   // (LEASEHOLD_JOB_TOKEN, lease_client/leasehold.h).
   std::string job_token;
+  // Its replica, for a data-parallel job.
+  Replica replica;
 };
 
 class JobChannel {

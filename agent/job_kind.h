@@ -15,6 +15,7 @@
 #include "agent/job_reporter.h"
 #include "agent/job_runner.h"
 #include "agent/lease_allocator.h"
+#include "agent/replica.h"
 #include "shared/checkpoint_folder.h"
 
 namespace leasehold {
@@ -27,6 +28,7 @@ struct JobAttempt {
   std::string name;
   CheckpointOwner checkpoint_owner;
   std::string job_token;  // AssignJob's, for a program's session
+  Replica replica;        // which replica of a data-parallel job it runs
   // True: end the job now (throw JobCancelled). While the coordinator has
   // been silent too long, it first pauses (the self-fence). Cheap.
   std::function<bool()> should_stop;

@@ -96,7 +96,8 @@ void JobWorker::on_assign(JobAssignment job) {
     return;
   }
   queue_.push_back(Assigned{key, std::move(job.spec), job.checkpoint_owner,
-                            std::move(job.job_token), std::chrono::steady_clock::now()});
+                            std::move(job.job_token), job.replica,
+                            std::chrono::steady_clock::now()});
   cv_.notify_all();
 }
 
@@ -338,6 +339,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     a.name = name;
     a.checkpoint_owner = assigned.checkpoint_owner;
     a.job_token = assigned.job_token;
+    a.replica = assigned.replica;
     a.reporter = &reporter_;
     const bool fault_here = !options_.test_fault_job.empty() && name == options_.test_fault_job;
     a.at_step_boundary = [this, fault_here, steps = int64_t{0}](

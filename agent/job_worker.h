@@ -94,6 +94,7 @@ class JobWorker {
     std::vector<uint8_t> spec;
     CheckpointOwner checkpoint_owner;
     std::string job_token;
+    Replica replica;
     std::chrono::steady_clock::time_point received;  // when the push arrived
   };
   // Why the running job is stopping: a user's cancel, the coordinator

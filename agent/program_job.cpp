@@ -100,6 +100,20 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
                                                           : "cuda:" + std::to_string(pool.device);
   if (only_its_gpu) env["CUDA_VISIBLE_DEVICES"] = pool.uuid;
   env["LEASEHOLD_REPORT_FD"] = "3";
+  if (a.replica.data_parallel()) {
+    // What torchrun gives each process, so that an unmodified DDP script
+    // (init_process_group with the env:// rendezvous) runs: one process per
+    // replica, each seeing its own GPU only, as device 0.
+    env["RANK"] = std::to_string(a.replica.rank);
+    env["WORLD_SIZE"] = std::to_string(a.replica.world_size);
+    env["LOCAL_RANK"] = "0";
+    env["LOCAL_WORLD_SIZE"] = "1";
+    env["GROUP_RANK"] = std::to_string(a.replica.rank);
+    env["MASTER_ADDR"] = a.replica.master_addr;
+    env["MASTER_PORT"] = std::to_string(a.replica.master_port);
+    // NVLink multicast stays off: several tenants share these GPUs.
+    env["NCCL_NVLS_ENABLE"] = "0";
+  }
   if (!options_.curve_key.empty()) env["LEASEHOLD_CURVE_KEY"] = options_.curve_key;
   if (!options_.curve_server_key.empty()) {
     env["LEASEHOLD_CURVE_SERVER_KEY"] = options_.curve_server_key;

@@ -141,7 +141,12 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
   out["attempt_history"] = nlohmann::json::array();
   if (j.attempts()) {
     for (const auto* a : *j.attempts()) {
+      nlohmann::json replicas = nlohmann::json::array();
+      if (a->replica_agents()) {
+        for (const auto* r : *a->replica_agents()) replicas.push_back(r->str());
+      }
       out["attempt_history"].push_back({{"number", a->number()},
+                                        {"replica_agents", std::move(replicas)},
                                         {"agent", std::string(str(a->agent()))},
                                         {"started_ms", a->started_ms()},
                                         {"ended_ms", a->ended_ms()},

@@ -1,7 +1,10 @@
 #include "coordinator/broker_setup.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -149,8 +152,29 @@ std::unique_ptr<MpsDaemon> start_mps(const CoordinatorOptions& o) {
   }
 }
 
+uint16_t free_tcp_port() {
+  // As torchrun does: the kernel picks a port free now; rank 0 binds it
+  // moments later (another process could take it in between, which the
+  // replicas then report as a failed rendezvous).
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
 CoreOptions core_options(const CoordinatorOptions& o) {
   CoreOptions c;
+  c.free_port = free_tcp_port;
   c.follow_process = [](const Peer& p) { return follow_process(p.pid, p.uid); };
   c.end_silent_agents = o.end_silent_agents;
   c.heartbeat_interval = o.heartbeat_interval;

@@ -166,7 +166,7 @@ struct CoreOptions {
   bool end_silent_agents = true;
   // A TCP port free on this host, where a data-parallel job's rank 0 serves
   // its replicas' rendezvous (the broker asks the kernel for one, as
-  // torchrun does). Null: 29500 plus the job id modulo 1000 (tests).
+  // torchrun does). Null, or 0 returned: 29500 plus the job id modulo 1000.
   std::function<uint16_t()> free_port;
 };
 

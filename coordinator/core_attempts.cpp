@@ -141,8 +141,8 @@ void CoordinatorCore::assign(JobRecord& job, const std::vector<AgentRecord*>& ag
   job.replicas_acked.assign(agents.size() - 1, false);
   job.master_port = 0;
   if (agents.size() > 1) {
-    job.master_port =
-        opts_.free_port ? opts_.free_port() : static_cast<uint16_t>(29500 + job.id % 1000);
+    job.master_port = opts_.free_port ? opts_.free_port() : 0;
+    if (job.master_port == 0) job.master_port = static_cast<uint16_t>(29500 + job.id % 1000);
   }
   job.stop_wanted = false;
   job.assign_sent = now.steady;

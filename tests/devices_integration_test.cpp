@@ -188,5 +188,73 @@ TEST_F(Devices, SizesForDevicesThatAreNotThereAreRefused) {
   EXPECT_NE(why.find("2 devices"), std::string::npos) << why;
 }
 
+// An unmodified DDP script (torch.distributed's env:// rendezvous, gloo on
+// the host backend, NCCL on GPUs) as a program job of 2 replicas: one
+// process per replica, each on its own device with torchrun's variables,
+// their weights identical after training; rank 0's reports are the job's.
+TEST_F(Devices, ADataParallelPyTorchProgramRunsAReplicaPerDevice) {
+  const char* env_python = std::getenv("LEASEHOLD_TEST_PYTHON");
+  const std::string python = env_python ? env_python : "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch.distributed' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << python << " has no torch.distributed";
+  }
+  if (!start(2, cuda ? "2GiB" : pool)) GTEST_SKIP() << "fewer than 2 GPUs visible";
+  c.start_agent("w0", {"--device", "0"});
+  c.start_agent("w1", {"--device", "1"});
+  const std::string script = c.dir() + "/ddp.py";
+  std::ofstream(script) << R"(
+import os, torch, torch.distributed as dist, leasehold
+cuda = torch.cuda.is_available()
+dist.init_process_group("nccl" if cuda else "gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+assert rank == int(os.environ["RANK"]) and world == 2 and os.environ["LOCAL_RANK"] == "0"
+device = torch.device("cuda:0" if cuda else "cpu")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)).to(device)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.2)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(512, 8, generator=g)
+y = (x.sum(dim=1) > 0).long()
+shard_x, shard_y = x[rank::world].to(device), y[rank::world].to(device)
+for step in range(1, 61):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(ddp(shard_x), shard_y)
+    loss.backward()
+    opt.step()
+w = torch.cat([p.detach().flatten() for p in model.parameters()])
+every = [torch.zeros_like(w) for _ in range(world)]
+dist.all_gather(every, w)
+assert all(torch.equal(every[0], other) for other in every), "replicas diverged"
+acc = (model(x.to(device)).argmax(dim=1) == y.to(device)).float().mean().item()
+if rank == 0:
+    leasehold.report(epoch=1, loss=loss.item(), test_accuracy=acc)
+print("rank", rank, "of", world, "weights equal, accuracy", acc, flush=True)
+dist.destroy_process_group()
+)";
+  nlohmann::json spec{{"name", "ddp"},
+                      {"replicas", 2},
+                      {"memory_budget", cuda ? "1GiB" : "16MiB"},
+                      {"program", {{"command", {python, script}}, {"directory", c.dir()}}}};
+  const std::string file = c.dir() + "/ddp.json";
+  std::ofstream(file) << spec.dump();
+  auto [rc, out] = client({"submit", file, "-o", "json"});
+  ASSERT_EQ(rc, 0) << out;
+  const uint64_t id = nlohmann::json::parse(out).at("id").get<uint64_t>();
+  ASSERT_TRUE(c.wait_job(
+      id, [](const auto& j) { return j["state"] != "queued" && j["state"] != "running"; }, 120s))
+      << coordinator->log();
+  const nlohmann::json j = c.job(id);
+  ASSERT_EQ(j["state"], "succeeded") << j.dump(1) << client({"logs", std::to_string(id)}).second;
+  const auto& attempt = j["attempt_history"].back();
+  EXPECT_EQ(attempt["agent"], "w0");
+  ASSERT_EQ(attempt["replica_agents"].size(), 1u) << j.dump(1);
+  EXPECT_EQ(attempt["replica_agents"][0], "w1");
+  ASSERT_EQ(j["epochs"].size(), 1u) << j.dump(1);
+  EXPECT_GT(j["epochs"][0]["test_accuracy"].get<double>(), 0.9) << j.dump(1);
+  auto [lrc, log] = client({"logs", std::to_string(id)});
+  EXPECT_NE(log.find("rank 0 of 2 weights equal"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace leasehold::testing
