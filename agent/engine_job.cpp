@@ -57,6 +57,9 @@ JobEnd EngineJob::run(const proto::JobSpec& job, JobAttempt& a) {
   }
   opts.at_step_boundary = [&, spill = opts.spill.get()] { a.at_step_boundary(leases.get(), spill); };
   opts.should_stop = a.should_stop;
+  opts.replica = a.replica;
+  opts.replica_token = a.job_token;
+  opts.stopping = a.stopping;
   opts.on_resume = [&](int64_t epoch) {
     a.resumed(epoch);
     a.reporter->reliable(a.update());

@@ -32,6 +32,9 @@ struct JobAttempt {
   // True: end the job now (throw JobCancelled). While the coordinator has
   // been silent too long, it first pauses (the self-fence). Cheap.
   std::function<bool()> should_stop;
+  // True once the job is being stopped; unlike should_stop, safe to ask
+  // from any thread (a wait on another replica asks it).
+  std::function<bool()> stopping;
   // Where the worker answers Shrinks and injects test faults: call between
   // steps, with the job's allocator and spill manager (null: none).
   std::function<void(LeaseAllocator*, spill::SpillManager*)> at_step_boundary;

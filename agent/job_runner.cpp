@@ -12,9 +12,11 @@
 #include "agent/engine/data.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
+#include "agent/gradient_reducer.h"
 #include "agent/job_data.h"
 #include "agent/model_builder.h"
 #include "agent/parameter_regions.h"
+#include "agent/replica_store.h"
 #include "shared/checkpoint_folder.h"
 #include "shared/job_spec.h"
 #include "shared/region_names.h"
@@ -59,6 +61,21 @@ uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
   return z ^ (z >> 31);
 }
 
+// Every replica's parameters at the end of epoch `epoch` are the same, or
+// the job fails: the replicas must never silently train apart.
+void check_replicas_agree(ReplicaStore& replicas, const std::vector<E::Tensor>& parameters,
+                          int64_t epoch) {
+  const std::string mine = GradientReducer::digest(parameters);
+  const auto all = replicas.all_gather("digest/" + std::to_string(epoch), mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != all[0]) {
+      throw std::runtime_error("the replicas' weights differ after epoch " +
+                               std::to_string(epoch) + ": rank 0 has digest " + all[0] +
+                               ", rank " + std::to_string(r) + " " + all[r]);
+    }
+  }
+}
+
 }  // namespace
 
 JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
@@ -84,6 +101,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   uint64_t first_step_leases = 0;  // leases its allocator held by then
 
   E::data::BatchIterator batches(train, job.batch_size(), true, job.seed());
+  // A data-parallel replica trains on its slice of each global batch; rank
+  // 0 alone evaluates, checkpoints, reports and publishes.
+  const Replica& replica = options.replica;
+  const bool lead = replica.rank == 0;
+  if (replica.data_parallel()) batches.shard(replica.rank, replica.world_size);
   const int64_t per_epoch = batches.batches_per_epoch();
   const int64_t total_steps = job.steps() > 0 ? job.steps() : job.epochs() * per_epoch;
   const int64_t epochs = (total_steps + per_epoch - 1) / per_epoch;
@@ -155,6 +177,17 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     options.spill->keep_resident(model->parameters());
     spill_hooks.emplace(options.spill);
   }
+  // The replicas meet (rank 0 serves the rendezvous) and connect, and from
+  // here on every step's gradients are averaged over them.
+  std::unique_ptr<ReplicaStore> replicas;
+  std::unique_ptr<GradientReducer> reducer;
+  if (replica.data_parallel()) {
+    replicas = std::make_unique<ReplicaStore>(replica, options.replica_token, options.stopping);
+    reducer = GradientReducer::connect(*replicas, options.device, model->parameters(),
+                                       options.stopping);
+    spdlog::info("job '{}': replica {} of {} connected", job.name()->str(), replica.rank,
+                 replica.world_size);
+  }
   auto allocator = E::current_allocator(options.device);
   auto fill_memory = [&](JobProgress& p) {
     E::AllocatorStats a = allocator->stats();
@@ -180,7 +213,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     auto t_epoch = Clock::now();
     auto last_report = t_epoch;
     batches.start_epoch(epoch);
-    E::manual_seed(epoch_seed(job.seed(), epoch));
+    // (Each replica its own dropout masks; rank 0 those of a single run.)
+    E::manual_seed(epoch_seed(job.seed(), epoch) ^
+                   (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(replica.rank)));
     E::Tensor x, y;
     int64_t step = 0, since_report = 0, samples_since = 0;
     double reported_sum = 0, epoch_loss = 0;
@@ -199,7 +234,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       }
       optimizer->zero_grad();
       E::Tensor loss = E::cross_entropy((*model)(x), y);
-      loss.backward();
+      if (reducer) {
+        // Buckets of gradients are averaged while backward goes on.
+        E::GradientReadyGuard reduce(reducer->hook());
+        loss.backward();
+        reducer->end_step();
+      } else {
+        loss.backward();
+      }
       optimizer->step();
       {
         E::NoGradGuard ng;
@@ -208,11 +250,13 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       ++step;
       ++global;
       ++since_report;
-      samples_since += x.size(0);
-      samples += x.size(0);
+      // (Every replica trains as many samples a step.)
+      samples_since += x.size(0) * replica.world_size;
+      samples += x.size(0) * replica.world_size;
       bool epoch_end = step == per_epoch || global == total_steps;
       auto now = Clock::now();
-      if (options.on_progress && (now - last_report >= options.progress_interval || epoch_end)) {
+      if (lead && options.on_progress &&
+          (now - last_report >= options.progress_interval || epoch_end)) {
         if (label_check) label_check->check();
         double sum = loss_acc.item();
         double acc = sum - reported_sum;
@@ -243,10 +287,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     epoch_loss = step ? loss_acc.item() / step : 0;
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     train_seconds += epoch_seconds;
-    EpochReport report{epoch + 1, epoch_loss, evaluate(*model, test, options.device),
+    if (replicas) check_replicas_agree(*replicas, model->parameters(), epoch + 1);
+    EpochReport report{epoch + 1, epoch_loss, lead ? evaluate(*model, test, options.device) : 0,
                        epoch_seconds, false};
-    if (!ckpt.empty() && ((epoch + 1) % job.checkpoint()->every_epochs() == 0 ||
-                          epoch + 1 == epochs)) {
+    if (lead && !ckpt.empty() &&
+        ((epoch + 1) % job.checkpoint()->every_epochs() == 0 || epoch + 1 == epochs)) {
       FileSystem& fs = *checkpoint_fs(true);
       if (Status st = fs.create_dirs(job.checkpoint()->directory()->str()); !st.ok()) {
         throw std::runtime_error("cannot write checkpoint " + ckpt + ": " + st.to_string());
@@ -262,17 +307,19 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       report.checkpointed = true;
     }
     result.epochs.push_back(report);
-    if (options.on_epoch) options.on_epoch(report);
+    if (lead && options.on_epoch) options.on_epoch(report);
   }
-  if (job.publish_parameters()) {
+  if (replicas) replicas->finish();
+  if (lead && job.publish_parameters()) {
     publish_parameters(*options.session, parameters_region(job.publish_parameters()->str()),
                        model->named_parameters(), job.name()->str());
   }
   result.steps = global;
   result.memory = last_progress;
   fill_memory(result.memory);
-  result.test_accuracy = result.epochs.empty() ? evaluate(*model, test, options.device)
-                                               : result.epochs.back().test_accuracy;
+  result.test_accuracy = !lead                 ? 0
+                         : result.epochs.empty() ? evaluate(*model, test, options.device)
+                                                 : result.epochs.back().test_accuracy;
   result.samples_per_second = train_seconds > 0 ? samples / train_seconds : 0;
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   // Where a job's start goes: the dataset (decoded, or resident in its

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "agent/engine/allocator.h"
+#include "agent/replica.h"
 #include "agent/spill/spill_manager.h"
 #include "lease_client/session.h"
 #include "shared/checkpoint_folder.h"
@@ -68,6 +69,14 @@ class JobCancelled : public std::runtime_error {
   JobCancelled() : std::runtime_error("job cancelled") {}
 };
 
+// Another replica of a data-parallel job is gone (its rendezvous or a
+// collective failed or timed out): this replica's attempt is interrupted,
+// not failed; the coordinator restarts the gang from its checkpoint.
+class ReplicaLost : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct JobRunOptions {
   engine::Device device;
   // Where checkpoints are written and read (null: the real file system,
@@ -103,6 +112,14 @@ struct JobRunOptions {
   bool dataset_regions = true;
   // Called once, when the first training step begins (Unix microseconds).
   std::function<void(uint64_t unix_us)> on_first_step;
+  // A data-parallel job: this replica (rank 0 evaluates, checkpoints,
+  // reports and publishes; every replica trains on its shard of each
+  // global batch, gradients averaged over all of them), the attempt's
+  // secret for the replicas' rendezvous, and a thread-safe "the job is
+  // being stopped" for waits on other replicas.
+  Replica replica;
+  std::string replica_token;
+  std::function<bool()> stopping;
 };
 
 // Throws JobSpecError for a bad spec (or a model that does not fit the

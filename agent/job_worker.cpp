@@ -364,6 +364,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       }
       return stop_requested_.load();
     };
+    a.stopping = [&] { return stop.load() || stop_requested_.load(); };
     a.update = [&] {
       proto::JobUpdateT u;
       u.job_id = id;
@@ -397,6 +398,11 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       state = "failed";
       reason = std::move(end.failure);
     }
+  } catch (const ReplicaLost& e) {
+    // Another replica of its gang is gone: the coordinator restarts the
+    // gang (it learns of the loss from that replica's agent too).
+    state = "interrupted";
+    reason = e.what();
   } catch (const JobCancelled&) {
     std::lock_guard lock(mu_);
     switch (stop_cause_) {

@@ -150,8 +150,10 @@ void CoordinatorCore::assign(JobRecord& job, const std::vector<AgentRecord*>& ag
   job.assigned_at_us = now.unix_us ? now.unix_us : now.unix_ms * 1000;
   job.first_step_at_us = 0;
   job.probation_since.reset();  // from this attempt's first step
-  // A program's session proves its attempt with this (AssignJob only).
-  job.program_token = job.is_program() ? SessionToken::random() : SessionToken{};
+  // A program's session proves its attempt with this, and a gang's
+  // replicas their rendezvous (AssignJob only).
+  job.program_token =
+      job.is_program() || agents.size() > 1 ? SessionToken::random() : SessionToken{};
   job.attempt_log_bytes = 0;
   std::string where = "agent '" + agent.name + "'";
   for (size_t rank = 1; rank < agents.size(); ++rank) {

@@ -10,6 +10,7 @@ namespace {
 
 thread_local bool t_grad_enabled = true;
 thread_local std::shared_ptr<SavedTensorHooks> t_hooks;
+thread_local GradientReadyHook t_gradient_ready;
 
 // Adds a gradient into a leaf's .grad.
 class AccumulateGrad final : public Node {
@@ -29,6 +30,7 @@ class AccumulateGrad final : public Node {
     } else {
       leaf.set_grad(add(leaf.grad(), incoming).detach());
     }
+    if (t_gradient_ready) t_gradient_ready(leaf);
     return {};
   }
 
@@ -52,6 +54,12 @@ SavedTensorHooksGuard::SavedTensorHooksGuard(std::shared_ptr<SavedTensorHooks> h
     : previous_(std::move(t_hooks)) {
   t_hooks = std::move(hooks);
 }
+GradientReadyGuard::GradientReadyGuard(GradientReadyHook hook)
+    : previous_(std::move(t_gradient_ready)) {
+  t_gradient_ready = std::move(hook);
+}
+GradientReadyGuard::~GradientReadyGuard() { t_gradient_ready = std::move(previous_); }
+
 SavedTensorHooksGuard::~SavedTensorHooksGuard() { t_hooks = std::move(previous_); }
 
 SavedTensor::SavedTensor(const Tensor& t) : saved_(true) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <any>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,23 @@ class SavedTensorHooksGuard {
 
  private:
   std::shared_ptr<SavedTensorHooks> previous_;
+};
+
+// Called on the thread running backward as soon as a gradient has been
+// accumulated into a leaf's .grad, so that work on it (a data-parallel
+// job's all-reduce, agent/gradient_reducer.h) starts while the rest of
+// backward runs.
+using GradientReadyHook = std::function<void(const Tensor& leaf)>;
+// Installs `hook` for backward passes run on this thread while it lives.
+class GradientReadyGuard {
+ public:
+  explicit GradientReadyGuard(GradientReadyHook hook);
+  ~GradientReadyGuard();
+  GradientReadyGuard(const GradientReadyGuard&) = delete;
+  GradientReadyGuard& operator=(const GradientReadyGuard&) = delete;
+
+ private:
+  GradientReadyHook previous_;
 };
 
 // A tensor kept for backward (detached, so the graph has no cycles).

@@ -65,6 +65,22 @@ BatchIterator::BatchIterator(const Dataset& data, int64_t batch_size, bool shuff
 
 BatchIterator::~BatchIterator() = default;
 
+void BatchIterator::shard(int rank, int world) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw std::invalid_argument("replica " + std::to_string(rank) + " of " +
+                                std::to_string(world) + " is not a replica");
+  }
+  if (data_.size() < batch_ * world) {
+    throw std::invalid_argument(
+        "the dataset's " + std::to_string(data_.size()) + " samples are fewer than one global "
+        "batch (batch_size " + std::to_string(batch_) + " × " + std::to_string(world) +
+        " replicas)");
+  }
+  rank_ = rank;
+  world_ = world;
+  started_ = false;
+}
+
 void BatchIterator::start_epoch(int64_t epoch) {
   order_.resize(data_.size());
   std::iota(order_.begin(), order_.end(), 0);
@@ -72,28 +88,43 @@ void BatchIterator::start_epoch(int64_t epoch) {
     std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
     std::shuffle(order_.begin(), order_.end(), rng);
   }
+  if (world_ > 1) {
+    // This replica's slice of each whole global batch, in step order.
+    const int64_t global = batch_ * world_;
+    const int64_t steps = data_.size() / global;
+    std::vector<int64_t> mine;
+    mine.reserve(static_cast<size_t>(steps * batch_));
+    for (int64_t g = 0; g < steps; ++g) {
+      auto first = order_.begin() + g * global + rank_ * batch_;
+      mine.insert(mine.end(), first, first + batch_);
+    }
+    order_ = std::move(mine);
+  }
+  started_ = true;
   device_order_ = Tensor();
   pos_ = 0;
   if (host_batches_) host_batches_->start_epoch(order_);
 }
 
 int64_t BatchIterator::batches_per_epoch() const {
+  if (world_ > 1) return data_.size() / (batch_ * world_);
   return (data_.size() + batch_ - 1) / batch_;
 }
 
 bool BatchIterator::next(Tensor& images, Tensor& labels, Device device) {
-  if (order_.size() != static_cast<size_t>(data_.size())) start_epoch(0);
-  int64_t n = std::min<int64_t>(batch_, data_.size() - pos_);
+  if (!started_) start_epoch(0);
+  const int64_t samples = static_cast<int64_t>(order_.size());
+  int64_t n = std::min<int64_t>(batch_, samples - pos_);
   if (n <= 0) return false;
   const Device home = data_.images.device();
   if (home != Device::cpu() || home == device) {
     // Resident where the batches go (or on another device: gathered there,
     // then moved).
-    if (!shuffle_) {
+    if (!shuffle_ && world_ == 1) {
       images = data_.images.narrow(0, pos_, n);
       labels = data_.labels.narrow(0, pos_, n);
     } else {
-      if (!device_order_.defined()) device_order_ = from_vector(order_, {data_.size()}, home);
+      if (!device_order_.defined()) device_order_ = from_vector(order_, {samples}, home);
       Tensor index = device_order_.narrow(0, pos_, n);
       images = take_rows(data_.images, index);
       labels = take_rows(data_.labels, index);

@@ -55,6 +55,14 @@ class BatchIterator {
  public:
   BatchIterator(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);
   ~BatchIterator();
+  // Makes this the iterator of replica `rank` of `world` data-parallel
+  // replicas: each step of the epoch takes the next global batch of
+  // batch_size × world samples of the epoch's order (the order one
+  // iterator with the same seed has) and yields this replica's slice of it,
+  // batch_size samples; a last global batch that is not whole is left out,
+  // so every replica takes the same number of steps. Call before the first
+  // epoch.
+  void shard(int rank, int world);
   // Starts epoch `epoch` (0-based).
   void start_epoch(int64_t epoch);
   // Next batch on `device`; false at the end of the epoch.
@@ -66,7 +74,9 @@ class BatchIterator {
   int64_t batch_;
   bool shuffle_;
   uint64_t seed_;
-  std::vector<int64_t> order_;  // empty until an epoch starts
+  int rank_ = 0, world_ = 1;
+  bool started_ = false;
+  std::vector<int64_t> order_;  // this replica's samples of the epoch, in order
   Tensor device_order_;  // order_ on the dataset's device, for this epoch
   int64_t pos_ = 0;
   std::unique_ptr<HostBatches> host_batches_;  // host dataset, CUDA batches
