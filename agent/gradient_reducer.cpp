@@ -167,6 +167,12 @@ class NcclReducer final : public GradientReducer {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    // NCCL connects the replicas' GPUs at the first collective (a few
+    // hundred ms): done here, as part of connecting, not in the first step.
+    E::Tensor warm = E::zeros({1}, {E::DType::Float32, E::Device::cuda(device_)});
+    E::synchronize(device_);
+    check(ncclAllReduce(warm.raw_data(), warm.raw_data(), 1, ncclFloat, ncclSum, comm_, stream_));
+    check_cuda(cudaStreamSynchronize(stream_), "the first all-reduce");
     // A replica blocked in a collective whose peer is gone would wait
     // forever: once the job is being stopped, the watchdog aborts the
     // communicator, which ends its kernels.
@@ -347,7 +353,7 @@ std::string GradientReducer::digest(const std::vector<E::Tensor>& parameters) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   for (const auto& p : parameters) {
-    E::Tensor host = p.to(E::Device::cpu()).contiguous();
+    E::Tensor host = p.detach().to(E::Device::cpu()).contiguous();
     XXH3_64bits_update(state, host.raw_data(),
                        static_cast<size_t>(host.numel()) * E::dtype_size(host.dtype()));
   }

@@ -86,7 +86,14 @@ void CoordinatorCore::reconcile(AgentRecord& agent, const proto::Register* reg,
   // it (its final report was lost): back to the queue.
   if (hb && agent.job_id && !lists_its_job) {
     JobRecord* job = jobs_.find(agent.job_id);
-    if (job && job->assign_acked) {
+    const int rank = job ? job->rank_on(agent.name) : -1;
+    const bool replica_done = rank > 0 &&
+                              static_cast<size_t>(rank) <= job->replicas_succeeded.size() &&
+                              job->replicas_succeeded[rank - 1];
+    const bool acked = rank > 0 ? static_cast<size_t>(rank) <= job->replicas_acked.size() &&
+                                      job->replicas_acked[rank - 1]
+                                : job && job->assign_acked;
+    if (job && acked && !replica_done) {
       requeue(*job, Interruption::SessionLost,
               "agent '" + agent.name + "' no longer has it (its report was lost)", false, now, out);
     }
@@ -139,6 +146,7 @@ void CoordinatorCore::assign(JobRecord& job, const std::vector<AgentRecord*>& ag
   job.agent = agent.name;
   job.assign_acked = false;
   job.replicas_acked.assign(agents.size() - 1, false);
+  job.replicas_succeeded.assign(agents.size() - 1, false);
   job.master_port = 0;
   if (agents.size() > 1) {
     job.master_port = opts_.free_port ? opts_.free_port() : 0;

@@ -399,9 +399,14 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
       job->replicas_acked[rank - 1] = true;
     }
     const std::string replica = "replica " + std::to_string(rank) + " on agent '" + agent.name + "'";
-    if (!final_report || (state && *state == JobState::Succeeded)) {
+    if (state && *state == JobState::Succeeded) {
+      // Its part is done; the gang goes on until rank 0 reports.
+      if (static_cast<size_t>(rank) <= job->replicas_succeeded.size()) {
+        job->replicas_succeeded[rank - 1] = true;
+      }
       return send_ack(out, rid, req, false);
     }
+    if (!final_report) return send_ack(out, rid, req, false);
     if (interrupted && u->device_fault()) {
       on_device_fault(*job, agent, reason, now, out);
     } else if (state && *state == JobState::Failed) {

@@ -126,8 +126,10 @@ struct JobRecord {
   std::optional<Clock::time_point> waiting_since;
   // The conversation with the agent running it:
   bool assign_acked = false;  // the agent's heartbeat showed the assignment
-  // A data-parallel job: the same for ranks 1, 2, ... (rank - 1 indexes it).
-  std::vector<bool> replicas_acked;
+  // A data-parallel job: the same for ranks 1, 2, ... (rank - 1 indexes
+  // them), and which of those reported their success (and so stop listing
+  // the job while the gang goes on).
+  std::vector<bool> replicas_acked, replicas_succeeded;
   // Where its rank 0 serves the replicas' rendezvous (AssignJob.master_port).
   uint16_t master_port = 0;
   bool stop_wanted = false;   // StopJob is due for a reason other than a cancel

@@ -16,6 +16,7 @@ packages=(
   libsystemd-dev libgtest-dev libopenblas-dev zlib1g-dev libsqlite3-dev
   libxxhash-dev liburing-dev fio
   libcpp-httplib-dev prometheus-cpp-dev
+  libgloo-dev
   systemd
   dataset-fashion-mnist
 )

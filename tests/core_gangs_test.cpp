@@ -80,6 +80,12 @@ TEST_F(GangsTest, ReplicasStartTogetherOnDistinctDevicesWithTheirRanks) {
   e = d.update(w1, job, 1, "succeeded");
   EXPECT_EQ(errors(e), "");
   EXPECT_EQ(d.job(job).state, JobState::Running);
+  // Its report delivered, rank 1's agent lists the job no more: that is
+  // no lost job while rank 0 still trains (it evaluates, checkpoints).
+  d.heartbeat(w1, {});
+  d.heartbeat(w0, {{job, 1, proto::JobPhase::Running}});
+  EXPECT_EQ(d.job(job).state, JobState::Running) << d.job(job).reason;
+  EXPECT_EQ(job_on(w1), job) << "rank 1's agent is the gang's until it ends";
   e = d.update(w0, job, 1, "succeeded");
   EXPECT_EQ(d.job(job).state, JobState::Succeeded);
   EXPECT_FALSE(stops(e, w1, job)) << "a gang that succeeded is not stopped";
