@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/time.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
@@ -149,6 +150,12 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
     a.reporter->reliable(std::move(u));
   };
   run.on_output = [&](std::string_view chunk, uint64_t offset) {
+    if (a.replica.rank > 0) {
+      // The job's log is rank 0's output; another replica's goes to its
+      // agent's own output (the journal, under systemd).
+      std::fwrite(chunk.data(), 1, chunk.size(), stderr);
+      return;
+    }
     if (pending.empty()) {
       pending_offset = offset;
       pending_since = Clock::now();

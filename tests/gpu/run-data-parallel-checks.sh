@@ -10,7 +10,7 @@
 #
 #   bash tests/gpu/run-data-parallel-checks.sh BUNDLE_DIR
 #
-# LEASEHOLD_BENCH=none skips the benchmarks; LEASEHOLD_DP_EPOCHS (4),
+# LEASEHOLD_BENCH=none skips the benchmarks, LEASEHOLD_DP_TESTS=none the tests; LEASEHOLD_DP_EPOCHS (4),
 # LEASEHOLD_DP_BATCH (256: samples per replica and step).
 set -uo pipefail
 bundle=$(cd "${1:?usage: run-data-parallel-checks.sh BUNDLE_DIR}" && pwd)
@@ -25,11 +25,13 @@ epochs=${LEASEHOLD_DP_EPOCHS:-4}
 batch=${LEASEHOLD_DP_BATCH:-256}
 
 nvidia-smi -L | tee "$out/summary.txt"
-step data_parallel_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/data_parallel_test"
-step data_parallel_host "$bin/data_parallel_test"
-step core_gangs "$bin/core_test" --gtest_filter='Gangs*'
-step ddp_program_cuda env LEASEHOLD_TEST_BACKEND=cuda LEASEHOLD_TEST_PYTHON="$(command -v python3)" \
-  "$bin/devices_integration_test" --gtest_filter='*DataParallel*'
+if [ "${LEASEHOLD_DP_TESTS:-all}" != none ]; then
+  step data_parallel_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/data_parallel_test"
+  step data_parallel_host "$bin/data_parallel_test"
+  step core_gangs "$bin/core_test" --gtest_filter='Gangs*'
+  step ddp_program_cuda env LEASEHOLD_TEST_BACKEND=cuda LEASEHOLD_TEST_PYTHON="$(command -v python3)" \
+    "$bin/devices_integration_test" --gtest_filter='*DataParallel*'
+fi
 
 if [ "${LEASEHOLD_BENCH:-all}" != none ]; then
   counts=1
