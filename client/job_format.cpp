@@ -250,6 +250,13 @@ std::string job_to_text(const proto::JobInfo& j) {
   std::ostringstream os;
   os << "Job " << j.id() << " '" << str(j.name()) << "': " << str(j.state());
   if (j.agent() && j.agent()->size()) os << " on agent '" << str(j.agent()) << "'";
+  if (const auto* last = j.attempts() && j.attempts()->size()
+                             ? j.attempts()->Get(j.attempts()->size() - 1)
+                             : nullptr;
+      last && last->replica_agents() && last->replica_agents()->size()) {
+    os << " and " << last->replica_agents()->size() << " more replica"
+       << (last->replica_agents()->size() > 1 ? "s" : "");
+  }
   os << "\n";
   if (j.reason() && j.reason()->size()) os << "  reason: " << str(j.reason()) << "\n";
   os << "  submitted by " << (j.submitted_by() && j.submitted_by()->size() ? str(j.submitted_by())
@@ -344,7 +351,11 @@ std::string job_to_text(const proto::JobInfo& j) {
     os << "; " << j.agent_failures() << " of " << j.max_attempts()
        << " allowed failures used (a dead agent or the job's own device fault counts):\n";
     for (const auto* a : *j.attempts()) {
-      os << "    " << a->number() << "  on '" << str(a->agent()) << "' from " << when(a->started_ms());
+      os << "    " << a->number() << "  on '" << str(a->agent()) << "'";
+      if (a->replica_agents()) {  // a data-parallel job: its other replicas' agents
+        for (const auto* r : *a->replica_agents()) os << ", '" << r->str() << "'";
+      }
+      os << " from " << when(a->started_ms());
       if (a->ended_ms()) os << " to " << when(a->ended_ms());
       if (a->resumed_from_epoch()) os << ", resumed from epoch " << a->resumed_from_epoch();
       os << ": " << (a->outcome() && a->outcome()->size() ? str(a->outcome()) : "running");

@@ -94,6 +94,8 @@ TEST_F(DataParallel, TwoReplicasReachTheWeightsOfOneAtTheSameGlobalBatch) {
   ASSERT_EQ(j["attempt_history"].back()["replica_agents"].size(), 1u) << j.dump(1);
   EXPECT_NE(j["attempt_history"].back()["agent"], j["attempt_history"].back()["replica_agents"][0]);
   ASSERT_EQ(j["epochs"].size(), 3u) << j.dump(1);
+  auto [trc, text] = client({"job", std::to_string(two)});
+  EXPECT_NE(text.find("and 1 more replica"), std::string::npos) << text;
 
   const auto a = weights(one), b = weights(two);
   size_t compared = 0;
