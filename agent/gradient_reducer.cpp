@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -60,11 +61,17 @@ class GlooReducer final : public GradientReducer {
     worker_ = std::thread([this] { work(); });
   }
   ~GlooReducer() override {
+    bool busy;
     {
       std::lock_guard lock(mu_);
       closing_ = true;
+      busy = busy_;
     }
     cv_.notify_all();
+    // Ending while an all-reduce waits for the others (the job stops, a
+    // replica is gone): closing the connections ends it now, not at its
+    // timeout.
+    if (busy) context_->closeConnections();
     worker_.join();
   }
 
@@ -157,34 +164,34 @@ class NcclReducer final : public GradientReducer {
       if (v.size() != sizeof id.internal) throw ReplicaLost("rank 0 sent a malformed NCCL id");
       std::memcpy(id.internal, v.data(), v.size());
     }
-    // Every replica is there before NCCL's (blocking) initialisation, so
-    // it does not wait on one that never comes.
-    store.all_gather("nccl/ready", "1");
-    if (ncclResult_t e = ncclCommInitRank(&comm_, r.world_size, id, r.rank); e != ncclSuccess) {
-      throw ReplicaLost(std::string("replica ") + std::to_string(r.rank) +
-                        " could not join the others (NCCL): " + ncclGetErrorString(e));
-    }
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    // A non-blocking communicator: its set-up, and any wait on another
+    // replica, can be given up (the job stops, a replica never comes).
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t e = ncclCommInitRankConfig(&comm_, r.world_size, id, r.rank, &config);
+    if (e != ncclSuccess && e != ncclInProgress) {
+      throw ReplicaLost("replica " + std::to_string(r.rank) +
+                        " could not join the others (NCCL): " + ncclGetErrorString(e));
+    }
+    settle("joining the other replicas");
     // NCCL connects the replicas' GPUs at the first collective (a few
     // hundred ms): done here, as part of connecting, not in the first step.
     E::Tensor warm = E::zeros({1}, {E::DType::Float32, E::Device::cuda(device_)});
     E::synchronize(device_);
     check(ncclAllReduce(warm.raw_data(), warm.raw_data(), 1, ncclFloat, ncclSum, comm_, stream_));
-    check_cuda(cudaStreamSynchronize(stream_), "the first all-reduce");
-    // A replica blocked in a collective whose peer is gone would wait
-    // forever: once the job is being stopped, the watchdog aborts the
-    // communicator, which ends its kernels.
+    settle("the first all-reduce");
+    wait_stream("the first all-reduce", kCollectiveTimeout);
+    // From here on a replica blocked in a collective whose peer is gone
+    // would wait forever: once the job is being stopped, the watchdog
+    // aborts the communicator, which ends its kernels.
     watchdog_ = std::thread([this] {
       std::unique_lock lock(mu_);
       while (!closing_) {
         cv_.wait_for(lock, std::chrono::milliseconds(100));
-        if (!closing_ && !aborted_ && stopping_ && stopping_()) {
-          spdlog::warn("data-parallel job stopping: aborting its NCCL communicator");
-          ncclCommAbort(comm_);
-          aborted_ = true;
-        }
+        if (!closing_ && !aborted_ && stopping_ && stopping_()) abort_locked("the job is stopping");
       }
     });
   }
@@ -194,14 +201,30 @@ class NcclReducer final : public GradientReducer {
       closing_ = true;
     }
     cv_.notify_all();
-    watchdog_.join();
-    if (!aborted_) {
-      cudaStreamSynchronize(stream_);
-      ncclCommDestroy(comm_);
+    if (watchdog_.joinable()) watchdog_.join();
+    // Ending in an exception (a stop, a lost replica) or with work still
+    // queued: the other replicas may never take part, so the communicator
+    // is aborted, not waited for.
+    bool clean = !aborted_ && comm_ && std::uncaught_exceptions() == 0 &&
+                 !(stopping_ && stopping_());
+    if (clean) {
+      try {
+        wait_stream("the last all-reduce", std::chrono::seconds(60));
+      } catch (const std::exception& e) {
+        spdlog::warn("data-parallel job: {}; aborting its NCCL communicator", e.what());
+        clean = false;
+      }
     }
-    cudaEventDestroy(ready_);
-    cudaEventDestroy(done_);
-    cudaStreamDestroy(stream_);
+    if (comm_) {
+      if (clean) {
+        ncclCommDestroy(comm_);
+      } else if (!aborted_) {
+        ncclCommAbort(comm_);
+      }
+    }
+    if (ready_) cudaEventDestroy(ready_);
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
   }
 
  protected:
@@ -213,13 +236,15 @@ class NcclReducer final : public GradientReducer {
     // starts after them, on its own stream, while backward goes on.
     check_cuda(cudaEventRecord(ready_, compute), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-    check(ncclGroupStart());
-    for (const E::Tensor& g : grads) {
-      void* p = g.raw_data();
-      check(ncclAllReduce(p, p, static_cast<size_t>(g.numel()), ncclFloat, ncclAvg, comm_,
-                          stream_));
+    {
+      Group group(*this);
+      for (const E::Tensor& g : grads) {
+        void* p = g.raw_data();
+        check(ncclAllReduce(p, p, static_cast<size_t>(g.numel()), ncclFloat, ncclAvg, comm_,
+                            stream_));
+      }
     }
-    check(ncclGroupEnd());
+    settle_locked("an all-reduce");
   }
   void join() override {
     std::lock_guard lock(mu_);
@@ -228,18 +253,85 @@ class NcclReducer final : public GradientReducer {
     check_cuda(cudaStreamWaitEvent(E::compute_stream(device_), done_, 0), "cudaStreamWaitEvent");
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
-    if (async != ncclSuccess) {
+    if (async != ncclSuccess && async != ncclInProgress) {
       throw ReplicaLost(std::string("an all-reduce with the other replicas failed (NCCL): ") +
                         ncclGetErrorString(async));
     }
   }
 
  private:
+  // ncclGroupStart/End, ended however the block is left (a group left open
+  // would take in this thread's next NCCL calls).
+  struct Group {
+    explicit Group(NcclReducer& r) : r_(r) { r_.check(ncclGroupStart()); }
+    ~Group() noexcept(false) {
+      const ncclResult_t e = ncclGroupEnd();
+      if (std::uncaught_exceptions() == 0) r_.check(e);
+    }
+    NcclReducer& r_;
+  };
+
   void check(ncclResult_t e) {
-    if (e != ncclSuccess) {
+    if (e != ncclSuccess && e != ncclInProgress) {
       throw ReplicaLost(std::string("an all-reduce with the other replicas failed (NCCL): ") +
                         ncclGetErrorString(e));
     }
+  }
+  // A non-blocking communicator's last call is done (for a collective:
+  // queued on the stream), or fails; given up when the job stops or after
+  // kCollectiveTimeout.
+  void settle(const char* what) {
+    std::lock_guard lock(mu_);
+    settle_locked(what);
+  }
+  void settle_locked(const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + kCollectiveTimeout;
+    while (true) {
+      ncclResult_t state = ncclInProgress;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        abort_locked("NCCL failed");
+        throw ReplicaLost(std::string(what) + " with the other replicas failed (NCCL): " +
+                          ncclGetErrorString(state));
+      }
+      if (stopping_ && stopping_()) {
+        abort_locked("the job is stopping");
+        throw JobCancelled();
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        abort_locked("a replica did not come");
+        throw ReplicaLost(std::string(what) + ": another replica did not take part within " +
+                          std::to_string(kCollectiveTimeout.count() / 60) + " min");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // Waits until the reduction stream is idle, the same way.
+  void wait_stream(const char* what, std::chrono::milliseconds limit) {
+    std::lock_guard lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (true) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, what);
+      if (stopping_ && stopping_()) {
+        abort_locked("the job is stopping");
+        throw JobCancelled();
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        abort_locked("a replica did not take part");
+        throw ReplicaLost(std::string(what) + ": another replica did not take part within " +
+                          std::to_string(limit.count() / 1000) + " s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void abort_locked(const char* why) {
+    if (aborted_ || !comm_) return;
+    spdlog::warn("data-parallel job: aborting its NCCL communicator ({})", why);
+    ncclCommAbort(comm_);
+    aborted_ = true;
   }
 
   const int device_;

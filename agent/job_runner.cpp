@@ -66,7 +66,8 @@ uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
 void check_replicas_agree(ReplicaStore& replicas, const std::vector<E::Tensor>& parameters,
                           int64_t epoch) {
   const std::string mine = GradientReducer::digest(parameters);
-  const auto all = replicas.all_gather("digest/" + std::to_string(epoch), mine);
+  const auto all =
+      replicas.all_gather("digest/" + std::to_string(epoch), mine, std::chrono::hours(1));
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r] != all[0]) {
       throw std::runtime_error("the replicas' weights differ after epoch " +
@@ -87,6 +88,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   if (wants_regions && !options.session) {
     throw JobSpecError({"publish_parameters/init_from: shared cache regions need an agent with a "
                         "coordinator session"});
+  }
+  // A data-parallel job's rank 0 serves the replicas' rendezvous before
+  // anything slow (the data, the model), so that it holds its port before
+  // the others come asking.
+  std::unique_ptr<ReplicaStore> replicas;
+  if (options.replica.data_parallel()) {
+    replicas = std::make_unique<ReplicaStore>(options.replica, options.replica_token,
+                                              options.stopping);
   }
   JobData data = load_job_data(job, options.dataset_regions ? options.session : nullptr);
   const E::data::Dataset& train = data.train;
@@ -177,12 +186,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     options.spill->keep_resident(model->parameters());
     spill_hooks.emplace(options.spill);
   }
-  // The replicas meet (rank 0 serves the rendezvous) and connect, and from
-  // here on every step's gradients are averaged over them.
-  std::unique_ptr<ReplicaStore> replicas;
+  // The replicas connect, and from here on every step's gradients are
+  // averaged over them.
   std::unique_ptr<GradientReducer> reducer;
-  if (replica.data_parallel()) {
-    replicas = std::make_unique<ReplicaStore>(replica, options.replica_token, options.stopping);
+  if (replicas) {
     reducer = GradientReducer::connect(*replicas, options.device, model->parameters(),
                                        options.stopping);
     spdlog::info("job '{}': replica {} of {} connected", job.name()->str(), replica.rank,
@@ -287,7 +294,6 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     epoch_loss = step ? loss_acc.item() / step : 0;
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     train_seconds += epoch_seconds;
-    if (replicas) check_replicas_agree(*replicas, model->parameters(), epoch + 1);
     EpochReport report{epoch + 1, epoch_loss, lead ? evaluate(*model, test, options.device) : 0,
                        epoch_seconds, false};
     if (lead && !ckpt.empty() &&
@@ -306,6 +312,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       E::checkpoint::save(ckpt, state, fs);
       report.checkpointed = true;
     }
+    // (After rank 0's evaluation and checkpoint, so that this is also where
+    // the others wait for them, in the rendezvous rather than in an
+    // all-reduce with a timeout.)
+    if (replicas) check_replicas_agree(*replicas, model->parameters(), epoch + 1);
     result.epochs.push_back(report);
     if (lead && options.on_epoch) options.on_epoch(report);
   }

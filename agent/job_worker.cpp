@@ -326,7 +326,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
   const uint64_t registrations = session_.registrations();
   std::string name = "?";
   std::string state, reason;
-  bool device_fault = false;
+  bool device_fault = false, replica_lost = false;
   int exit_code = -1;
   JobResult result;
   try {
@@ -399,10 +399,22 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       reason = std::move(end.failure);
     }
   } catch (const ReplicaLost& e) {
-    // Another replica of its gang is gone: the coordinator restarts the
-    // gang (it learns of the loss from that replica's agent too).
+    // Another replica of its gang is gone (the coordinator restarts the
+    // gang; it may learn of the loss from that replica's agent first), or
+    // this one's GPU faulted under the collective.
     state = "interrupted";
-    reason = e.what();
+    std::optional<std::string> context_lost =
+        engine::device_context_lost(pool_device(session_.pool()));
+    std::lock_guard lock(mu_);
+    if (context_lost) {
+      device_fault = true;
+      device_lost_ = *context_lost;
+      reason = "device fault on agent '" + session_.name() + "': " + *context_lost +
+               "; the agent restarts";
+    } else {
+      replica_lost = true;
+      reason = e.what();
+    }
   } catch (const JobCancelled&) {
     std::lock_guard lock(mu_);
     switch (stop_cause_) {
@@ -454,6 +466,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
   }
   proto::JobUpdateT final = final_update(assigned.key, state, reason);
   final.device_fault = device_fault;
+  final.replica_lost = replica_lost;
   final.exit_code = exit_code;
   final.test_accuracy = result.test_accuracy;
   final.samples_per_second = result.samples_per_second;

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <optional>
 
 #include "agent/job_runner.h"
 
@@ -39,9 +40,13 @@ ReplicaStore::ReplicaStore(const Replica& replica, std::string token,
                                 ": the assignment names no rendezvous address");
   }
   client_.set(zmq::sockopt::linger, 0);
+  client_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxValueBytes + 1024));
   if (replica_.rank == 0) {
     server_ = zmq::socket_t(ctx_, zmq::socket_type::router);
     server_.set(zmq::sockopt::linger, 0);
+    // Anyone on this host can reach the port: a frame past this is dropped
+    // with its sender's connection, before it is buffered.
+    server_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxValueBytes + 1024));
     try {
       server_.bind(endpoint_of(replica_));
     } catch (const zmq::error_t& e) {
@@ -60,24 +65,31 @@ ReplicaStore::~ReplicaStore() {
 
 void ReplicaStore::serve() {
   std::map<std::string, std::string> keys;
+  std::optional<Clock::time_point> last_refusal_logged;
   zmq::pollitem_t item{server_.handle(), 0, ZMQ_POLLIN, 0};
   while (!closing_.load()) {
     try {
       if (zmq::poll(&item, 1, kPollSlice) <= 0) continue;
+      // identity, sequence, token, op, key, value; frames past those are
+      // read and dropped, and so is a request of another shape.
       std::vector<zmq::message_t> parts;
+      size_t frames = 0;
       zmq::message_t part;
       do {
         if (!server_.recv(part, zmq::recv_flags::dontwait)) break;
-        parts.push_back(std::move(part));
+        if (++frames <= 6) parts.push_back(std::move(part));
         part = zmq::message_t();
       } while (server_.get(zmq::sockopt::rcvmore));
-      // identity, sequence, token, op, key, value
-      if (parts.size() != 6) continue;
+      if (frames != 6 || parts.size() != 6) continue;
       std::string status = "ok", value;
       const std::string op = text(parts[3]), key = text(parts[4]);
       if (text(parts[2]) != token_) {
         status = "denied";
-        spdlog::warn("replica rendezvous: a request with a wrong token was refused");
+        if (!last_refusal_logged || Clock::now() - *last_refusal_logged > std::chrono::seconds(10)) {
+          spdlog::warn("replica rendezvous: refused a request with a wrong token (logged at most "
+                       "every 10 s)");
+          last_refusal_logged = Clock::now();
+        }
       } else if (key.size() > kMaxKeyBytes || parts[5].size() > kMaxValueBytes) {
         status = "too large";
       } else if (op == "set") {
@@ -173,11 +185,12 @@ void ReplicaStore::wait(const std::vector<std::string>& keys,
 }
 
 std::vector<std::string> ReplicaStore::all_gather(const std::string& name,
-                                                  const std::string& value) {
+                                                  const std::string& value,
+                                                  std::chrono::milliseconds timeout) {
   ask("set", name + "/" + std::to_string(replica_.rank), value);
   std::vector<std::string> all;
   for (int r = 0; r < replica_.world_size; ++r) {
-    auto v = get(name + "/" + std::to_string(r));
+    auto v = get(name + "/" + std::to_string(r), timeout.count() > 0 ? timeout : timeout_);
     all.emplace_back(v.begin(), v.end());
   }
   return all;

@@ -41,8 +41,10 @@ class ReplicaStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
-  // Every replica's `value` under `name` (by rank), once all have set theirs.
-  std::vector<std::string> all_gather(const std::string& name, const std::string& value);
+  // Every replica's `value` under `name` (by rank), once all have set
+  // theirs (waiting up to `timeout`, default the rendezvous timeout).
+  std::vector<std::string> all_gather(const std::string& name, const std::string& value,
+                                      std::chrono::milliseconds timeout = {});
   // The end of a successful run: rank 0 keeps serving until every replica
   // has said it is done with the store (or the timeout).
   void finish();

@@ -250,6 +250,10 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   JobRecord* job = job_id ? jobs_.find(job_id) : nullptr;
   const int rank = job ? job->rank_on(name) : -1;
   if (!job || job->state != JobState::Running || rank < 0) return;
+  if (rank > 0 && static_cast<size_t>(rank) <= job->replicas_succeeded.size() &&
+      job->replicas_succeeded[rank - 1]) {
+    return;  // its part was done and reported: the gang does not need it any more
+  }
   if (job->replicas() > 1) {
     // One replica lost is the whole gang's attempt: the others cannot go
     // on without it (their collectives would wait for it), so they stop

@@ -231,6 +231,9 @@ void CoordinatorCore::push_stop(uint64_t job_id, uint32_t attempt, bool cancel,
 }
 
 void CoordinatorCore::resend_pushes(Now now, Effects& out) {
+  // A job's resend clocks are restarted once every agent of it had its turn
+  // (a data-parallel job's replicas each get the push again).
+  std::set<JobRecord*> assign_resent, stop_resent;
   for (auto& [name, agent] : agents_) {
     if (!agent.job_id) continue;
     JobRecord* job = jobs_.find(agent.job_id);
@@ -272,13 +275,15 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
       continue;
     }
     bool stop = job->cancel_requested || job->stop_wanted;
-    if (!stop && !acked && now.steady - job->assign_sent >= opts_.heartbeat_interval) {
+    if (!stop && !acked &&
+        (assign_resent.count(job) || now.steady - job->assign_sent >= opts_.heartbeat_interval)) {
       spdlog::debug("{}: assignment to '{}' not acknowledged yet; sending it again",
                     job_label(*job), name);
       push_assign(*job, agent, out);
-      job->assign_sent = now.steady;
+      assign_resent.insert(job);
     }
-    if (stop && now.steady - job->stop_sent >= opts_.heartbeat_interval) {
+    if (stop &&
+        (stop_resent.count(job) || now.steady - job->stop_sent >= opts_.heartbeat_interval)) {
       // Until the agent shows it stopping (or has never shown it at all).
       auto r = std::find_if(agent.reported.begin(), agent.reported.end(),
                             [&](const proto::AgentJobT& x) { return x.job_id == job->id; });
@@ -289,10 +294,12 @@ void CoordinatorCore::resend_pushes(Now now, Effects& out) {
           push_stop(job->id, job->attempt_number(), false, "its coordinator session was lost",
                     agent, out, false);
         }
-        job->stop_sent = now.steady;
+        stop_resent.insert(job);
       }
     }
   }
+  for (JobRecord* job : assign_resent) job->assign_sent = now.steady;
+  for (JobRecord* job : stop_resent) job->stop_sent = now.steady;
 }
 
 // ---- Ends and requeues ----

@@ -409,6 +409,8 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
     if (!final_report) return send_ack(out, rid, req, false);
     if (interrupted && u->device_fault()) {
       on_device_fault(*job, agent, reason, now, out);
+    } else if (interrupted && u->replica_lost()) {
+      requeue(*job, Interruption::ReplicaLost, replica + ": " + reason, true, now, out);
     } else if (state && *state == JobState::Failed) {
       finish(*job, JobState::Failed, replica + " failed: " + reason, now, out);
     } else if (state && *state == JobState::Cancelled && job->cancel_requested) {
@@ -476,6 +478,12 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
   }
   if (interrupted && u->device_fault()) {
     on_device_fault(*job, agent, reason, now, out);
+  } else if (interrupted && u->replica_lost()) {
+    // Counted: a gang that cannot connect (or keep connected) must not
+    // retry forever. When a replica's agent died, its loss usually reaches
+    // the coordinator first and this report then comes too late to count.
+    requeue(*job, Interruption::ReplicaLost,
+            "rank 0 on agent '" + agent.name + "': " + reason, true, now, out);
   } else if (interrupted) {
     // An orphan's agent came back to report the end its loss caused.
     requeue(*job, job->orphaned_since ? job->orphan_kind : Interruption::AgentStopped,

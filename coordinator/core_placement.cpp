@@ -48,9 +48,22 @@ void CoordinatorCore::schedule(Now now, Effects& out) {
     }
     auto placed = place(*job, blocked, rules);
     if (placed.agents.empty()) {
-      if (waiting.empty() && !placed.refused.waiting_for.empty()) refused = placed.refused;
+      std::vector<int> usable;
       for (auto& [ordinal, dev] : devices_) {
-        if (could_run_on(*job, dev)) blocked.insert(ordinal);
+        if (could_run_on(*job, dev)) usable.push_back(ordinal);
+      }
+      if (usable.size() >= static_cast<size_t>(job->replicas())) {
+        if (waiting.empty() && !placed.refused.waiting_for.empty()) refused = placed.refused;
+        blocked.insert(usable.begin(), usable.end());
+      } else if (waiting.empty()) {
+        // A gang that fits fewer devices than it has replicas (its budget
+        // is larger than some pools, its parameters are resident on one
+        // device) cannot start as things are: it holds no device for
+        // itself, and says why it waits.
+        refused = Pick{};
+        refused.waiting_for = "waiting for " + std::to_string(job->replicas()) +
+                              " devices it fits (memory_budget, device, init_from); " +
+                              std::to_string(usable.size()) + " of this coordinator's do";
       }
       // Until it is placed, its shares are of the largest pool.
       note_shares(*job, largest_pool());

@@ -12,6 +12,7 @@ std::string_view interruption_name(Interruption i) {
     case Interruption::CoordinatorRestart: return "coordinator_restart";
     case Interruption::DeviceFault: return "device_fault";
     case Interruption::Unacknowledged: return "unacknowledged";
+    case Interruption::ReplicaLost: return "replica_lost";
   }
   return "unknown";
 }
@@ -26,6 +27,7 @@ std::string_view interruption_words(Interruption i) {
     case Interruption::CoordinatorRestart: return "coordinator restarted";
     case Interruption::DeviceFault: return "device fault";
     case Interruption::Unacknowledged: return "assignment not acknowledged";
+    case Interruption::ReplicaLost: return "a replica lost the others";
   }
   return "unknown";
 }

@@ -19,12 +19,13 @@ enum class Interruption {
   CoordinatorRestart,  // the coordinator restarted and its agent did not come back with it
   DeviceFault,         // a GPU fault on its agent (its own, or shared under MPS)
   Unacknowledged,      // its agent never acknowledged the assignment
+  ReplicaLost,         // a data-parallel replica lost the others (a collective or the rendezvous failed)
 };
 
-inline constexpr std::array<Interruption, 8> kInterruptions{
-    Interruption::AgentDied,   Interruption::AgentSilent,        Interruption::AgentLeft,
-    Interruption::AgentStopped, Interruption::SessionLost,       Interruption::CoordinatorRestart,
-    Interruption::DeviceFault, Interruption::Unacknowledged};
+inline constexpr std::array<Interruption, 9> kInterruptions{
+    Interruption::AgentDied,    Interruption::AgentSilent,        Interruption::AgentLeft,
+    Interruption::AgentStopped, Interruption::SessionLost,        Interruption::CoordinatorRestart,
+    Interruption::DeviceFault,  Interruption::Unacknowledged,     Interruption::ReplicaLost};
 
 // The label value in /metrics and the key in job JSON ("agent_died").
 std::string_view interruption_name(Interruption i);

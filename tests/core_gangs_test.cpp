@@ -246,5 +246,88 @@ TEST_F(GangsTest, ACoordinatorRestartRequeuesARunningGangAndStopsItsReplicas) {
   EXPECT_EQ(after.job(job).attempt_number(), 2u);
 }
 
+TEST_F(GangsTest, EveryUnacknowledgedReplicaGetsItsAssignmentAgain) {
+  FakeAgent w0 = worker("w0", 100, 0), w1 = worker("w1", 101, 1);
+  const uint64_t job = submit(8, 2);
+  // Neither push arrived: one heartbeat interval later both are sent again,
+  // not only the first agent's (the resend clock is the job's).
+  d.advance(std::chrono::milliseconds(1100));
+  Effects e = d.tick();
+  EXPECT_EQ(assigned(e, w0).size(), 1u);
+  EXPECT_EQ(assigned(e, w1).size(), 1u);
+  // w0 acknowledges; w1 still does not: only w1 gets it again.
+  d.heartbeat(w0, {{job, 1, proto::JobPhase::Running}});
+  d.advance(std::chrono::milliseconds(1100));
+  e = d.tick();
+  EXPECT_EQ(assigned(e, w0).size(), 0u);
+  EXPECT_EQ(assigned(e, w1).size(), 1u);
+}
+
+TEST_F(GangsTest, AReplicaThatFinishedMayLeaveWhileRankZeroEnds) {
+  FakeAgent w0 = worker("w0", 100, 0), w1 = worker("w1", 101, 1);
+  const uint64_t job = submit(8, 2);
+  for (const FakeAgent* w : {&w0, &w1}) d.heartbeat(*w, {{job, 1, proto::JobPhase::Running}});
+  d.update(w1, job, 1, "succeeded");
+  d.gone.insert(101);  // its agent exits after reporting
+  d.tick();
+  EXPECT_EQ(d.job(job).state, JobState::Running) << d.job(job).reason;
+  EXPECT_EQ(d.job(job).agent_failures, 0u);
+  d.update(w0, job, 1, "succeeded");
+  EXPECT_EQ(d.job(job).state, JobState::Succeeded);
+}
+
+TEST_F(GangsTest, AReplicaLosingTheOthersRequeuesTheGangAndCounts) {
+  FakeAgent w0 = worker("w0", 100, 0), w1 = worker("w1", 101, 1);
+  uint64_t job = 0;
+  d.submit(job, [](proto::JobSpecT& s) {
+    s.memory_budget = "8MiB";
+    s.replicas = 2;
+    s.max_attempts = 1;
+  });
+  auto lost = [&](const FakeAgent& a, uint32_t attempt) {
+    return d.request(a.rid, a.name, a.session, proto::Body::JobUpdate, [&](auto& fbb) {
+      proto::JobUpdateT u;
+      u.job_id = job;
+      u.attempt = attempt;
+      u.state = "interrupted";
+      u.reason = "the replicas' rendezvous did not answer";
+      u.replica_lost = true;
+      return proto::JobUpdate::Pack(fbb, &u).Union();
+    });
+  };
+  // A gang that cannot connect is retried within max_attempts, then fails.
+  for (uint32_t attempt = 1; attempt <= 2; ++attempt) {
+    for (const FakeAgent* w : {&w0, &w1}) {
+      d.heartbeat(*w, {{job, attempt, proto::JobPhase::Running}});
+    }
+    Effects e = lost(w1, attempt);
+    EXPECT_TRUE(stops(e, w0, job));
+    d.update(w0, job, attempt, "interrupted");
+    d.heartbeat(w0, {});
+    d.heartbeat(w1, {});
+  }
+  EXPECT_EQ(d.job(job).state, JobState::Failed);
+  EXPECT_EQ(d.job(job).interruptions.at("replica_lost"), 2u);
+  EXPECT_NE(d.job(job).reason.find("gave up after 2 attempts"), std::string::npos)
+      << d.job(job).reason;
+}
+
+TEST(GangsOfDifferentSizes, AGangThatFitsTooFewDevicesHoldsNoneOfThem) {
+  CoreDriver d(job_options(), std::vector<uint64_t>{32 * MiB, 128 * MiB},
+               std::make_unique<OccupancyPolicy>(OccupancyOptions{}));
+  FakeAgent w0 = d.register_agent("w0", 100, {}, nullptr, true, 0);
+  FakeAgent w1 = d.register_agent("w1", 101, {}, nullptr, true, 1);
+  uint64_t gang = 0, single = 0;
+  d.submit(gang, [](proto::JobSpecT& s) {
+    s.memory_budget = "64MiB";  // only device 1 holds it
+    s.replicas = 2;
+  });
+  d.submit(single, [](proto::JobSpecT& s) { s.memory_budget = "8MiB"; });
+  EXPECT_EQ(d.job(gang).state, JobState::Queued);
+  EXPECT_NE(d.job(gang).waiting_for.find("1 of this coordinator's do"), std::string::npos)
+      << d.job(gang).waiting_for;
+  EXPECT_EQ(d.job(single).state, JobState::Running) << "the gang held a device it cannot use";
+}
+
 }  // namespace
 }  // namespace leasehold::testing

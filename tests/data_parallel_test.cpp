@@ -145,5 +145,27 @@ TEST_F(DataParallel, AGangResumesFromItsCheckpointAfterAReplicasAgentIsKilled) {
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.9);
 }
 
+TEST_F(DataParallel, CancelStopsEveryReplicaMidEpoch) {
+  if (!start()) GTEST_SKIP() << "fewer than 2 GPUs visible";
+  c.start_agent("w0", {"--device", "0"});
+  c.start_agent("w1", {"--device", "1"});
+  const uint64_t id = submit("cancelled", R"(, "epochs": 1000, "batch_size": 30, "replicas": 2)", 64);
+  ASSERT_TRUE(c.wait_job(
+      id, [](const auto& j) { return j["epochs"].size() >= 1; }, 120s))
+      << c.job(id).dump(1) << coordinator->log();
+  auto [rc, out] = client({"cancel", std::to_string(id)});
+  ASSERT_EQ(rc, 0) << out;
+  // Both replicas stop (wherever each was: a collective, the rendezvous)
+  // and both agents stand by again, with nothing leased.
+  ASSERT_TRUE(ends(id, "cancelled", 60s)) << c.job(id).dump(1) << coordinator->log();
+  EXPECT_TRUE(c.wait_for(
+      [](const auto& s) {
+        return idle_agents(s) == 2 && s["devices"][0]["used_bytes"] == 0 &&
+               s["devices"][1]["used_bytes"] == 0;
+      },
+      60s))
+      << c.status().value_or(nlohmann::json{}).dump(1);
+}
+
 }  // namespace
 }  // namespace leasehold::testing
