@@ -2,10 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "shared/protocol.h"
+
 namespace leasehold {
 namespace {
 
-bool is_final(const proto::JobUpdateT& u) { return u.state != "running"; }
+bool is_final(const proto::JobUpdateT& u) { return u.status != proto::JobStatus::Running; }
 
 // Refusals that sending again cannot change: the job or attempt is not this
 // agent's any more, or the report itself is wrong.
@@ -27,7 +29,7 @@ void JobReporter::stop(std::chrono::milliseconds drain) {
     std::lock_guard lock(mu_);
     for (const auto& u : reliable_) {
       spdlog::error("could not deliver the {} report of job {} attempt {} before stopping",
-                    u.state, u.job_id, u.attempt);
+                    job_status_name(u.status), u.job_id, u.attempt);
     }
   }
   {
@@ -109,8 +111,8 @@ void JobReporter::loop() {
       if (is_final(update)) jobs_.jobs_changed();
     } catch (const Error& e) {
       if (permanent(e.code())) {
-        spdlog::warn("coordinator refused the {} report of job {} attempt {}: {}", update.state,
-                     update.job_id, update.attempt, e.what());
+        spdlog::warn("coordinator refused the {} report of job {} attempt {}: {}",
+                     job_status_name(update.status), update.job_id, update.attempt, e.what());
         delivered = true;  // dropped: it can never be taken
       } else {
         // Away, restarting, or failing inside: the report goes again.

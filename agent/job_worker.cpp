@@ -11,6 +11,7 @@
 #include "agent/job_runner.h"
 #include "agent/lease_allocator.h"
 #include "shared/job_spec.h"
+#include "shared/protocol.h"
 #include "shared/units.h"
 
 namespace leasehold {
@@ -71,7 +72,8 @@ proto::JobUpdateT JobWorker::final_update(const Key& key, const std::string& sta
   proto::JobUpdateT u;
   u.job_id = key.first;
   u.attempt = key.second;
-  u.state = state;
+  // (The worker's words for an outcome are the statuses' names.)
+  u.status = parse_job_status(state).value_or(proto::JobStatus::Unset);
   u.reason = reason;
   return u;
 }
@@ -369,7 +371,7 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
       proto::JobUpdateT u;
       u.job_id = id;
       u.attempt = attempt;
-      u.state = "running";
+      u.status = proto::JobStatus::Running;
       std::lock_guard lock(mu_);
       u.resumed_from_epoch = resumed_from_epoch_;
       return u;

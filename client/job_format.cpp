@@ -70,7 +70,7 @@ std::string when(uint64_t at_ms) {
 
 std::string short_progress(const proto::JobInfo& j) {
   const auto* p = j.progress();
-  std::string state(str(j.state()));
+  std::string state(job_state_text(j));
   char buf[64];
   if (state == "succeeded") {
     // A program job (it has an exit status) may report no accuracy at all.
@@ -109,7 +109,7 @@ std::string result_summary(const proto::JobInfo& j) {
 nlohmann::json job_to_json(const proto::JobInfo& j) {
   nlohmann::json out{{"id", j.id()},
                      {"name", std::string(str(j.name()))},
-                     {"state", std::string(str(j.state()))},
+                     {"state", job_state_text(j)},
                      {"agent", std::string(str(j.agent()))},
                      {"priority", j.priority()},
                      {"submitted_ms", j.submitted_ms()},
@@ -159,7 +159,7 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
   out["history"] = nlohmann::json::array();
   if (j.history()) {
     for (const auto* h : *j.history()) {
-      out["history"].push_back({{"state", std::string(str(h->state()))},
+      out["history"].push_back({{"state", job_state_text(*h)},
                                 {"at_ms", h->at_ms()},
                                 {"reason", std::string(str(h->reason()))}});
     }
@@ -237,7 +237,7 @@ std::string jobs_to_table(const std::vector<const proto::JobInfo*>& jobs) {
                   (unsigned long long)j->id(), std::string(str(j->name())).c_str(),
                   j->submitted_by() && j->submitted_by()->size() ? j->submitted_by()->c_str()
                                                                  : "-",
-                  std::string(str(j->state())).c_str(), attempt_count(*j),
+                  job_state_text(*j).c_str(), attempt_count(*j),
                   interruption_count(*j),
                   j->agent() && j->agent()->size() ? j->agent()->c_str() : "-",
                   short_progress(*j).c_str(), age(j->submitted_ms()).c_str());
@@ -248,7 +248,7 @@ std::string jobs_to_table(const std::vector<const proto::JobInfo*>& jobs) {
 
 std::string job_to_text(const proto::JobInfo& j) {
   std::ostringstream os;
-  os << "Job " << j.id() << " '" << str(j.name()) << "': " << str(j.state());
+  os << "Job " << j.id() << " '" << str(j.name()) << "': " << job_state_text(j);
   if (j.agent() && j.agent()->size()) os << " on agent '" << str(j.agent()) << "'";
   if (const auto* last = j.attempts() && j.attempts()->size()
                              ? j.attempts()->Get(j.attempts()->size() - 1)
@@ -333,7 +333,7 @@ std::string job_to_text(const proto::JobInfo& j) {
   os << "  history:\n";
   if (j.history()) {
     for (const auto* h : *j.history()) {
-      os << "    " << when(h->at_ms()) << "  " << str(h->state());
+      os << "    " << when(h->at_ms()) << "  " << job_state_text(*h);
       if (h->reason() && h->reason()->size()) os << " (" << str(h->reason()) << ")";
       os << "\n";
     }
@@ -397,7 +397,7 @@ std::string job_to_text(const proto::JobInfo& j) {
                   j.memory_wait_ms() / 1000.0, j.shrinks(), format_bytes(j.shrunk_bytes()).c_str());
     os << buf;
   }
-  if (std::string(str(j.state())) == "succeeded") {
+  if (job_state_text(j) == "succeeded") {
     os << "  result: " << result_summary(j) << "\n";
   } else if (j.progress() && j.progress()->total_steps()) {
     os << "  progress: " << progress_line(j, false) << "\n";
@@ -407,7 +407,7 @@ std::string job_to_text(const proto::JobInfo& j) {
 
 std::string progress_line(const proto::JobInfo& j, bool bar) {
   const auto* p = j.progress();
-  if (!p || p->total_steps() == 0) return std::string(str(j.state()));
+  if (!p || p->total_steps() == 0) return job_state_text(j);
   char buf[256];
   std::string b;
   if (bar) {

@@ -19,6 +19,7 @@
 #include "client/requests.h"
 #include "shared/connection.h"
 #include "shared/job_spec.h"
+#include "shared/protocol.h"
 #include "shared/safetensors.h"
 #include "shared/units.h"
 
@@ -62,7 +63,7 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
                     e->seconds());
       }
     }
-    std::string state(str(j.state()));
+    std::string state(job_state_text(j));
     int code = outcome(state);
     if (code >= 0) {
       if (bar_shown) std::printf("\r\033[K");

@@ -15,6 +15,7 @@
 
 #include "client/exit_codes.h"
 #include "client/requests.h"
+#include "shared/protocol.h"
 
 namespace leasehold::client {
 namespace {
@@ -189,7 +190,7 @@ int run_program(const Context& ctx, const RunOptions& options) {
     });
     Reply r = get_job(ctx, zctx, id);
     const auto* j = r->body_as_JobInfo();
-    const std::string state(str(j->state()));
+    const std::string state(job_state_text(*j));
     const std::string reason(str(j->reason()));
     if (state == "succeeded") return 0;
     std::fprintf(stderr, "leasehold: job %llu '%s' %s%s%s\n", (unsigned long long)id,

@@ -234,7 +234,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     auto [count, bytes] =
         dev.leases.transfer_all(LeaseOwner::agent(name), LeaseOwner::fenced(name));
     if (count > 0 && !fences_.count(name)) {
-      fences_[name] = Fence{dev.ordinal(), process, pid, now.steady};
+      fences_[name] = Fence{dev.ordinal(), process, pid, now.steady, Fence::End::Waiting, {}};
     }
     spdlog::info("agent '{}' (pid {}) {}; {} leases ({}) fenced until it stops", name, pid, why,
                  count, format_bytes(bytes));

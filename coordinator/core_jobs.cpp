@@ -348,15 +348,17 @@ void CoordinatorCore::on_job_update(const std::string& rid, AgentRecord& agent,
                                     const proto::Envelope& env, Now now, Effects& out) {
   uint64_t req = env.header()->request_id();
   const auto* u = env.body_as_JobUpdate();
-  std::string state_text(u->state() ? str(u->state()) : "running");
+  const proto::JobStatus status = u->status();
+  const std::string state_text = job_status_name(status);
   // An agent's words: logged, stored and shown in JSON.
   const std::string reason = printable(str(u->reason()), kAgentReasonBytes);
-  bool interrupted = state_text == "interrupted";
-  auto state = parse_job_state(state_text);
+  bool interrupted = status == proto::JobStatus::Interrupted;
+  auto state = job_state_of(status);
   if (!interrupted && (!state || *state == JobState::Queued)) {
     return send_error(out, rid, req, ErrorCode::InvalidArgument,
-                      "job update state '" + printable(state_text, 32) +
-                          "' is not running, succeeded, failed, cancelled or interrupted");
+                      "job update status " + std::to_string(static_cast<int>(status)) + " (" +
+                          (state_text.empty() ? "none" : state_text) +
+                          ") is not running, succeeded, failed, cancelled or interrupted");
   }
   bool final_report = interrupted || is_terminal(*state);
   JobRecord* job = jobs_.find(u->job_id());

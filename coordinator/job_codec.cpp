@@ -3,6 +3,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "shared/protocol.h"
+
 namespace leasehold {
 namespace {
 
@@ -19,7 +21,7 @@ std::unique_ptr<proto::JobInfoT> job_info(const JobRecord& job, const InfoDetail
   auto info = std::make_unique<proto::JobInfoT>();
   info->id = job.id;
   info->name = job.name;
-  info->state = job_state_name(job.state);
+  info->status = job_status(job.state);
   info->agent = job.agent;
   info->priority = job.priority;
   info->submitted_ms = job.submitted_ms;
@@ -109,8 +111,21 @@ JobRecord decode_job(uint64_t id, std::span<const uint8_t> bytes) {
   if (!v.VerifyBuffer<proto::JobInfo>(nullptr)) throw bad("it fails FlatBuffers verification");
   std::unique_ptr<proto::JobInfoT> info(flatbuffers::GetRoot<proto::JobInfo>(data)->UnPack());
   if (info->id != id) throw bad("it holds job " + std::to_string(info->id));
-  auto state = parse_job_state(info->state);
-  if (!state) throw bad("unknown state '" + info->state + "'");
+  // Its state, or for a job stored before protocol version 6 its state's
+  // text (and its history's: made statuses here, so that they go out so).
+  auto state = info->status != proto::JobStatus::Unset ? job_state_of(info->status)
+                                                       : parse_job_state(info->state);
+  if (!state) {
+    throw bad("unknown state '" +
+              (info->status != proto::JobStatus::Unset ? job_status_name(info->status)
+                                                       : info->state) +
+              "'");
+  }
+  for (auto& h : info->history) {
+    if (!h || h->status != proto::JobStatus::Unset) continue;
+    if (auto old = parse_job_state(h->state)) h->status = job_status(*old);
+    h->state.clear();
+  }
   if (!info->spec) throw bad("it has no job specification");
 
   JobRecord job;

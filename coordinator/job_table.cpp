@@ -30,6 +30,39 @@ std::optional<JobState> parse_job_state(std::string_view s) {
   return std::nullopt;
 }
 
+proto::JobStatus job_status(JobState s) {
+  switch (s) {
+    case JobState::Queued:
+      return proto::JobStatus::Queued;
+    case JobState::Running:
+      return proto::JobStatus::Running;
+    case JobState::Succeeded:
+      return proto::JobStatus::Succeeded;
+    case JobState::Failed:
+      return proto::JobStatus::Failed;
+    case JobState::Cancelled:
+      return proto::JobStatus::Cancelled;
+  }
+  return proto::JobStatus::Unset;
+}
+
+std::optional<JobState> job_state_of(proto::JobStatus s) {
+  switch (s) {
+    case proto::JobStatus::Queued:
+      return JobState::Queued;
+    case proto::JobStatus::Running:
+      return JobState::Running;
+    case proto::JobStatus::Succeeded:
+      return JobState::Succeeded;
+    case proto::JobStatus::Failed:
+      return JobState::Failed;
+    case proto::JobStatus::Cancelled:
+      return JobState::Cancelled;
+    default:
+      return std::nullopt;
+  }
+}
+
 int32_t JobRecord::last_checkpoint_epoch() const {
   for (auto it = epochs.rbegin(); it != epochs.rend(); ++it) {
     if (it->checkpointed) return it->epoch;
@@ -69,7 +102,7 @@ JobRecord& JobTable::add(std::shared_ptr<const proto::JobSpecT> spec, uint64_t n
   rec.spec = std::move(spec);
   rec.submitted_ms = now_ms;
   proto::StateChangeT change;
-  change.state = "queued";
+  change.status = proto::JobStatus::Queued;
   change.at_ms = now_ms;
   rec.history.push_back(change);
   uint64_t id = rec.id;
@@ -147,7 +180,7 @@ void JobTable::set_state(JobRecord& job, JobState state, uint64_t now_ms,
   if (!bounded.empty() && state != JobState::Running) job.reason = bounded;
   if (is_terminal(state)) job.finished_ms = now_ms;
   proto::StateChangeT change;
-  change.state = job_state_name(state);
+  change.status = job_status(state);
   change.at_ms = now_ms;
   change.reason = bounded;
   job.history.push_back(change);

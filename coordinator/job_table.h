@@ -42,6 +42,10 @@ inline constexpr size_t kAgentReasonBytes = 512;
 enum class JobState { Queued, Running, Succeeded, Failed, Cancelled };
 const char* job_state_name(JobState s);
 std::optional<JobState> parse_job_state(std::string_view s);
+// On the wire (JobInfo.status, StateChange.status); Interrupted and Unset
+// are no job's state.
+proto::JobStatus job_status(JobState s);
+std::optional<JobState> job_state_of(proto::JobStatus s);
 inline bool is_terminal(JobState s) { return s != JobState::Queued && s != JobState::Running; }
 
 // One run of a job on an agent.

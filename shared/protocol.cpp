@@ -70,4 +70,28 @@ std::string agent_state_name(proto::AgentState state) {
   return name.empty() ? "unknown" : name;
 }
 
+std::string job_status_name(proto::JobStatus status) {
+  if (status == proto::JobStatus::Unset) return "";
+  std::string name = proto::EnumNameJobStatus(status);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name.empty() ? "unknown" : name;
+}
+
+std::optional<proto::JobStatus> parse_job_status(std::string_view name) {
+  for (auto s : proto::EnumValuesJobStatus()) {
+    if (s != proto::JobStatus::Unset && job_status_name(s) == name) return s;
+  }
+  return std::nullopt;
+}
+
+std::string job_state_text(const proto::JobInfo& job) {
+  return job.status() != proto::JobStatus::Unset ? job_status_name(job.status())
+                                                 : std::string(str(job.state()));
+}
+
+std::string job_state_text(const proto::StateChange& change) {
+  return change.status() != proto::JobStatus::Unset ? job_status_name(change.status())
+                                                    : std::string(str(change.state()));
+}
+
 }  // namespace leasehold

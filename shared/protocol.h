@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <optional>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -76,9 +77,19 @@ std::variant<const proto::Envelope*, DecodeError> decode(std::span<const uint8_t
 // "leasing", "running", "warming", "restarting", "program".
 std::string agent_state_name(proto::AgentState state);
 
+// A job status's name in JSON, tables and logs: "queued", "running",
+// "succeeded", "failed", "cancelled", "interrupted" ("" for Unset); and back.
+std::string job_status_name(proto::JobStatus status);
+std::optional<proto::JobStatus> parse_job_status(std::string_view name);
+
 // Convenience: flatbuffers string or "" when absent.
 inline std::string_view str(const flatbuffers::String* s) {
   return s ? std::string_view(s->data(), s->size()) : std::string_view();
 }
+
+// A job's (or a history entry's) state as text: its status, or the text
+// of one stored before protocol version 6.
+std::string job_state_text(const proto::JobInfo& job);
+std::string job_state_text(const proto::StateChange& change);
 
 }  // namespace leasehold

@@ -226,7 +226,7 @@ class FakeCoordinator {
         const auto* u = env.body_as_JobUpdate();
         {
           std::lock_guard lock(mu_);
-          reports_.push_back({u->job_id(), u->attempt(), std::string(str(u->state())),
+          reports_.push_back({u->job_id(), u->attempt(), job_status_name(u->status()),
                               std::string(str(u->reason()))});
         }
         if (unanswered_updates.load() > 0) {

@@ -117,7 +117,7 @@ Connection::BodyBuilder forged_success(uint64_t job, uint32_t attempt) {
     proto::JobUpdateT u;
     u.job_id = job;
     u.attempt = attempt;
-    u.state = "succeeded";
+    u.status = proto::JobStatus::Succeeded;
     u.test_accuracy = 0.999;
     return std::pair{proto::Body::JobUpdate, proto::JobUpdate::Pack(fbb, &u).Union()};
   };

@@ -289,7 +289,7 @@ TEST_F(GangsTest, AReplicaLosingTheOthersRequeuesTheGangAndCounts) {
       proto::JobUpdateT u;
       u.job_id = job;
       u.attempt = attempt;
-      u.state = "interrupted";
+      u.status = proto::JobStatus::Interrupted;
       u.reason = "the replicas' rendezvous did not answer";
       u.replica_lost = true;
       return proto::JobUpdate::Pack(fbb, &u).Union();

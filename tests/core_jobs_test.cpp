@@ -326,5 +326,43 @@ TEST(CoreJobs, StoredRowsRoundTripEverything) {
   EXPECT_THROW(decode_job(id + 1, encode_job(j)), std::runtime_error) << "the row of another job";
 }
 
+// A job stored before protocol version 6 kept its state, and its history's,
+// as text: it reads back with statuses, which go out from then on.
+TEST(CoreJobs, ARowStoredWithStatesAsTextReadsBack) {
+  proto::JobInfoT old;
+  old.id = 4;
+  old.name = "old";
+  old.state = "succeeded";
+  old.spec = std::make_unique<proto::JobSpecT>(CoreDriver::small_job("old"));
+  for (const char* s : {"queued", "running", "succeeded"}) {
+    auto h = std::make_unique<proto::StateChangeT>();
+    h->state = s;
+    old.history.push_back(std::move(h));
+  }
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(proto::JobInfo::Pack(fbb, &old));
+  const std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  JobRecord back = decode_job(4, bytes);
+  EXPECT_EQ(back.state, JobState::Succeeded);
+  ASSERT_EQ(back.history.size(), 3u);
+  EXPECT_EQ(states(back), (std::vector<std::string>{"queued", "running", "succeeded"}));
+  EXPECT_EQ(back.history[2].status, proto::JobStatus::Succeeded);
+  EXPECT_TRUE(back.history[2].state.empty());
+  // Written again, with its status.
+  const auto again = encode_job(back);
+  const auto* info = flatbuffers::GetRoot<proto::JobInfo>(again.data());
+  EXPECT_EQ(info->status(), proto::JobStatus::Succeeded);
+  // A text that names no state is refused, naming it.
+  old.state = "finished";
+  flatbuffers::FlatBufferBuilder bad;
+  bad.Finish(proto::JobInfo::Pack(bad, &old));
+  try {
+    decode_job(4, std::vector<uint8_t>(bad.GetBufferPointer(), bad.GetBufferPointer() + bad.GetSize()));
+    ADD_FAILURE() << "a row in state 'finished' was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'finished'"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace leasehold::testing

@@ -152,7 +152,7 @@ TEST(CorePrograms, OutputBecomesTheJobsLogBoundedAndOnlyItsOwnerReadsIt) {
                        proto::JobUpdateT u;
                        u.job_id = p.job;
                        u.attempt = 1;
-                       u.state = "running";
+                       u.status = proto::JobStatus::Running;
                        u.log = chunk;
                        u.log_offset = offset;
                        return proto::JobUpdate::Pack(fbb, &u).Union();
@@ -197,7 +197,7 @@ TEST(CorePrograms, OutputBecomesTheJobsLogBoundedAndOnlyItsOwnerReadsIt) {
         proto::JobUpdateT u;
         u.job_id = p.job;
         u.attempt = 1;
-        u.state = "failed";
+        u.status = proto::JobStatus::Failed;
         u.reason = "exit status 3";
         u.exit_code = 3;
         return proto::JobUpdate::Pack(fbb, &u).Union();
@@ -219,7 +219,7 @@ TEST(CorePrograms, APluginsFiguresAndItsSessionsLeasesAreTheJobsInMetrics) {
         proto::JobUpdateT u;
         u.job_id = p.job;
         u.attempt = 1;
-        u.state = "running";
+        u.status = proto::JobStatus::Running;
         u.memory = std::make_unique<proto::ProgramMemoryT>();
         u.memory->leased_bytes = 6 << 20;
         u.memory->in_use_bytes = 5 << 20;
@@ -277,7 +277,7 @@ TEST(CorePrograms, AProgramsSessionAndOutputSurviveACoordinatorRestart) {
                    proto::JobUpdateT u;
                    u.job_id = p.job;
                    u.attempt = 1;
-                   u.state = "running";
+                   u.status = proto::JobStatus::Running;
                    u.log = "before the restart\n";
                    u.epoch = std::make_unique<proto::EpochStatT>();  // a stored write
                    u.epoch->epoch = 1;
@@ -298,7 +298,7 @@ TEST(CorePrograms, AProgramsSessionAndOutputSurviveACoordinatorRestart) {
     proto::JobUpdateT u;
     u.job_id = p.job;
     u.attempt = 1;
-    u.state = "running";
+    u.status = proto::JobStatus::Running;
     u.log = "after\n";
     u.log_offset = 19;
     return proto::JobUpdate::Pack(fbb, &u).Union();

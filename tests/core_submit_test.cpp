@@ -72,7 +72,7 @@ TEST(CoreSubmit, KeysAreEachSubmittersOwnAndMustBePlain) {
   Effects theirs = submit_keyed(d, "c2", "same");
   EXPECT_EQ(theirs.file_checks.size(), 1u) << "another user's key names another job";
   EXPECT_EQ(accepted_id(theirs, "c2"), 0u) << "never someone else's job " << mine;
-  for (const std::string bad : {std::string(65, 'a'), std::string("a b"), std::string("ü"),
+  for (const std::string& bad : {std::string(65, 'a'), std::string("a b"), std::string("ü"),
                                 std::string("a\nb")}) {
     Effects e = submit_keyed(d, "c3", bad);
     EXPECT_EQ(error_code(e, "c3"), ErrorCode::InvalidArgument) << bad;

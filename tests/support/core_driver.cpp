@@ -178,7 +178,7 @@ Effects CoreDriver::update(const FakeAgent& a, uint64_t job, uint32_t attempt,
     proto::JobUpdateT u;
     u.job_id = job;
     u.attempt = attempt;
-    u.state = state;
+    u.status = parse_job_status(state).value_or(proto::JobStatus::Unset);
     u.reason = reason;
     u.resumed_from_epoch = resumed_from;
     if (epoch) {
@@ -197,7 +197,7 @@ Effects CoreDriver::device_fault(const FakeAgent& a, uint64_t job, uint32_t atte
     proto::JobUpdateT u;
     u.job_id = job;
     u.attempt = attempt;
-    u.state = "interrupted";
+    u.status = proto::JobStatus::Interrupted;
     u.reason = reason;
     u.device_fault = true;
     return proto::JobUpdate::Pack(fbb, &u).Union();
@@ -209,7 +209,7 @@ Effects CoreDriver::first_step(const FakeAgent& a, uint64_t job, uint32_t attemp
     proto::JobUpdateT u;
     u.job_id = job;
     u.attempt = attempt;
-    u.state = "running";
+    u.status = proto::JobStatus::Running;
     u.first_step_at_us = now_.unix_us ? now_.unix_us : now_.unix_ms * 1000 + 1;
     return proto::JobUpdate::Pack(fbb, &u).Union();
   });
@@ -342,7 +342,7 @@ const proto::StopJobT* stop_of(const Effects& e, const FakeAgent& a, uint64_t jo
 
 std::vector<std::string> states(const JobRecord& j) {
   std::vector<std::string> s;
-  for (const auto& h : j.history) s.push_back(h.state);
+  for (const auto& h : j.history) s.push_back(job_status_name(h.status));
   return s;
 }
 

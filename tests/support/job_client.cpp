@@ -51,7 +51,7 @@ std::map<uint64_t, JobEnd> JobClient::wait_ends(const std::vector<uint64_t>& ids
     auto* env = std::get_if<const proto::Envelope*>(&decoded);
     if (!env || (*env)->body_type() != proto::Body::JobInfo) continue;
     const auto* job = (*env)->body_as_JobInfo();
-    const std::string state(str(job->state()));
+    const std::string state(job_state_text(*job));
     if (!left.count(job->id()) || state == "queued" || state == "running") continue;
     JobEnd e;
     e.id = job->id();
