@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_train import build_model, dataset_files, read_idx  # noqa: E402
+from torch_train import build_model, dataset_files, make_optimizer, read_idx  # noqa: E402
 
 
 def load(job, dev, which):
@@ -50,11 +50,7 @@ def replica(job, epochs, batch):
     model = build_model(job["model"]).to(dev)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[rank], gradient_as_bucket_view=True, static_graph=True)
-    o = job.get("optimizer", {})
-    if o.get("type", "Adam") == "SGD":
-        opt = torch.optim.SGD(ddp.parameters(), lr=o.get("lr", 1e-3), momentum=o.get("momentum", 0))
-    else:
-        opt = torch.optim.Adam(ddp.parameters(), lr=o.get("lr", 1e-3))
+    opt = make_optimizer(job, ddp.parameters())
     n = x.shape[0]
     steps = n // (batch * world)
     # One step first (cuBLAS, cuDNN and NCCL warm up), as a standby agent has.

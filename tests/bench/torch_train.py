@@ -61,6 +61,18 @@ def build_model(layers):
     return nn.Sequential(*out)
 
 
+def make_optimizer(job, parameters):
+    """The job file's optimiser (Adam or SGD with its fields and defaults)."""
+    import torch
+    o = job.get("optimizer", {})
+    if o.get("type", "Adam") == "SGD":
+        return torch.optim.SGD(parameters, lr=o.get("lr", 1e-3), momentum=o.get("momentum", 0),
+                               weight_decay=o.get("weight_decay", 0))
+    return torch.optim.Adam(parameters, lr=o.get("lr", 1e-3),
+                            betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+                            eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0))
+
+
 def train(job, epochs, start_at=0.0):
     import torch
     dev = torch.device("cuda")
@@ -76,14 +88,7 @@ def train(job, epochs, start_at=0.0):
     if limit:
         x, y = x[:limit], y[:limit]
     model = build_model(job["model"]).to(dev)
-    o = job.get("optimizer", {})
-    if o.get("type", "Adam") == "SGD":
-        opt = torch.optim.SGD(model.parameters(), lr=o.get("lr", 1e-3),
-                              momentum=o.get("momentum", 0), weight_decay=o.get("weight_decay", 0))
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=o.get("lr", 1e-3),
-                               betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
-                               eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0))
+    opt = make_optimizer(job, model.parameters())
     batch = job.get("batch_size", 64)
     n = x.shape[0]
     # One step first (cuBLAS and the kernels load), as a warmed-up standby
