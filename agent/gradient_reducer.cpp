@@ -1,7 +1,5 @@
 #include "agent/gradient_reducer.h"
 
-#include <gloo/allreduce.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
@@ -18,6 +16,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "agent/gloo_ring.h"
 #include "agent/job_runner.h"
 
 #ifdef LEASEHOLD_HAVE_NCCL
@@ -52,6 +51,7 @@ class GlooReducer final : public GradientReducer {
       context_->setTimeout(kCollectiveTimeout);
       gloo::rendezvous::PrefixStore prefix("gloo", store);
       context_->connectFullMesh(prefix, device);
+      ring_ = std::make_unique<GlooRing>(context_, kCollectiveTimeout);
     } catch (const JobCancelled&) {
       throw;
     } catch (const std::exception& e) {
@@ -61,17 +61,14 @@ class GlooReducer final : public GradientReducer {
     worker_ = std::thread([this] { work(); });
   }
   ~GlooReducer() override {
-    bool busy;
     {
       std::lock_guard lock(mu_);
       closing_ = true;
-      busy = busy_;
     }
     cv_.notify_all();
     // Ending while an all-reduce waits for the others (the job stops, a
-    // replica is gone): closing the connections ends it now, not at its
-    // timeout.
-    if (busy) context_->closeConnections();
+    // replica is gone): the abort ends the wait now, not at its timeout.
+    ring_->abort();
     worker_.join();
   }
 
@@ -108,12 +105,7 @@ class GlooReducer final : public GradientReducer {
         for (const E::Tensor& g : grads) {
           float* data = g.data<float>();
           const auto n = static_cast<size_t>(g.numel());
-          gloo::AllreduceOptions opts(context_);
-          opts.setOutput(data, n);
-          opts.setReduceFunction(
-              static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-          opts.setTimeout(kCollectiveTimeout);
-          gloo::allreduce(opts);
+          if (!ring_->allreduce(data, n)) break;  // aborted: the reducer is closing
           const float scale = 1.0f / static_cast<float>(world_size_);
           for (size_t i = 0; i < n; ++i) data[i] *= scale;
         }
@@ -129,6 +121,7 @@ class GlooReducer final : public GradientReducer {
 
   std::function<bool()> stopping_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::unique_ptr<GlooRing> ring_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::vector<E::Tensor>> tasks_;
