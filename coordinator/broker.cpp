@@ -91,6 +91,7 @@ Broker::Broker(const CoordinatorOptions& opts)
   files_ = std::make_unique<FileWorkers>(kFileWorkers, wake);
   CoreOptions core_opts = core_options(opts_);
   if (mps_) core_opts.mps_pipe_directory = mps_->pipe_directory();
+  core_opts.chunk_socket = chunk_socket_path(opts_.endpoint, opts_.state_dir);
   std::vector<PoolDescriptor> pools;
   for (const auto& pool : device_pools_) pools.push_back(pool->descriptor());
   core_ = std::make_unique<CoordinatorCore>(std::move(core_opts), std::move(pools),
@@ -135,6 +136,11 @@ Broker::Broker(const CoordinatorOptions& opts)
   }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxMessageBytes));
+  // The chunk socket before the endpoint: a registered agent asks it at once.
+  chunks_ = std::make_unique<ChunkServer>(
+      chunk_socket_path(opts_.endpoint, opts_.state_dir),
+      [&](const std::string& path) { secure_socket_file(path, socket_files); },
+      [this](const ChunkRequest& req, pid_t pid, uid_t) { return decide_chunks(req, pid); });
   bind_socket(router_, opts_.endpoint, socket_files, "");
   pub_.set(zmq::sockopt::linger, 0);
   prepare_socket_directory(opts_.events_endpoint, socket_files);
@@ -199,7 +205,7 @@ void Broker::create_pools(Backend backend) {
                                format_bytes(free) + " free on " + where);
     }
     try {
-      device_pools_.push_back(create_pool(backend, ordinal, size, opts_.alignment, opts_.endpoint));
+      device_pools_.push_back(create_pool(backend, ordinal, size, opts_.alignment));
     } catch (const std::exception& e) {
       if (!mps_) throw;
       throw std::runtime_error(std::string(e.what()) +
@@ -220,6 +226,22 @@ Broker::~Broker() {
   store_.reset();
   files_.reset();
   // ZeroMQ's ipc listener unlinks its socket file when the socket closes.
+}
+
+ChunkServer::Decision Broker::decide_chunks(const ChunkRequest& req, pid_t peer_pid) const {
+  ChunkServer::Decision d;
+  auto answer = core_->chunks_for(req, peer_pid);
+  if (auto* why = std::get_if<std::string>(&answer)) {
+    d.refusal = *why;
+    return d;
+  }
+  const ChunkGrant& grant = std::get<ChunkGrant>(answer);
+  for (const auto& pool : device_pools_) {
+    if (pool->descriptor().device == grant.device) d.pool = pool.get();
+  }
+  if (d.pool) d.grant = grant;
+  else d.refusal = "device " + std::to_string(grant.device) + " has no pool";
+  return d;
 }
 
 std::string Broker::summary() const {
@@ -244,15 +266,22 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
       timeout =
           std::clamp(until + std::chrono::milliseconds(1), std::chrono::milliseconds(0), tick);
     }
-    zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                               {nullptr, wake_fd_.get(), ZMQ_POLLIN, 0}};
+    std::vector<zmq::pollitem_t> items = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                          {nullptr, wake_fd_.get(), ZMQ_POLLIN, 0},
+                                          {nullptr, chunks_->listen_fd(), ZMQ_POLLIN, 0}};
+    for (int fd : chunks_->connections()) items.push_back({nullptr, fd, ZMQ_POLLIN, 0});
     try {
-      zmq::poll(items, 2, timeout);
+      zmq::poll(items.data(), items.size(), timeout);
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
     }
     if (items[1].revents & ZMQ_POLLIN) wake_fd_drain();
     if (items[0].revents & ZMQ_POLLIN) receive_requests();
+    // After the requests: a grant the agent just received is in the core.
+    for (size_t i = 3; i < items.size(); ++i) {
+      if (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) chunks_->serve(items[i].fd);
+    }
+    if (items[2].revents & ZMQ_POLLIN) chunks_->accept_pending();
 
     Effects effects;
     for (auto& r : files_->take_results()) {

@@ -32,6 +32,8 @@
 #include "coordinator/malformed_peers.h"
 #include "coordinator/options.h"
 #include "coordinator/peer.h"
+#include "shared/chunk_channel.h"
+#include "shared/unique_fd.h"
 
 namespace leasehold {
 
@@ -95,6 +97,9 @@ class Broker {
   // and their held messages dropped.
   void withdraw_unstored(Effects& effects);
   void wake_fd_drain();
+  // The chunk socket's decision: the core says which chunks, the pools
+  // provide them.
+  ChunkServer::Decision decide_chunks(const ChunkRequest& req, pid_t peer_pid) const;
   // Hands the HTTP endpoint the status, the metrics and the jobs that
   // changed; note_for_http collects those and streams the events.
   void publish_http();
@@ -104,30 +109,18 @@ class Broker {
   // and every kMpsCheckInterval, and starts one of ours again if it is gone.
   void check_mps();
 
-  // A file descriptor closed with its owner, also when the constructor
-  // throws half-way.
-  class Fd {
-   public:
-    ~Fd() { reset(-1); }
-    void reset(int fd) {
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = fd;
-    }
-    int get() const { return fd_; }
-
-   private:
-    int fd_ = -1;
-  };
-
   CoordinatorOptions opts_;
-  Fd lock_fd_;                      // flock on STATE_DIR/coordinator.lock
-  Fd wake_fd_;                      // eventfd: the store writer or a file worker finished something
+  UniqueFd lock_fd_;                // flock on STATE_DIR/coordinator.lock
+  UniqueFd wake_fd_;                // eventfd: the store writer or a file worker finished something
   std::unique_ptr<MpsDaemon> mps_;  // null: no MPS
   Clock::time_point mps_checked_{};
   uint64_t mps_faults_seen_ = 0;  // core's device_faults() at the last check
   bool mps_down_reported_ = false;
   // A pool per device served (create_pools), freed last but the store.
   std::vector<std::unique_ptr<DevicePool>> device_pools_;
+  // Hands agents the descriptors of their chunks (after the pools: it
+  // shares theirs; closed before them).
+  std::unique_ptr<ChunkServer> chunks_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<StoreWriter> store_;
   std::unique_ptr<FileWorkers> files_;

@@ -71,6 +71,7 @@
 #include "coordinator/file_workers.h"
 #include "coordinator/job_table.h"
 #include "coordinator/scheduler.h"
+#include "shared/chunk_channel.h"
 #include "shared/device.h"
 
 namespace leasehold {
@@ -102,9 +103,9 @@ struct CoreOptions {
   std::chrono::milliseconds silence_limit{10000};
   // How long a lease request that does not fit may wait by default.
   std::chrono::milliseconds lease_wait_timeout{30000};
-  // Time a newly registered agent has before its first heartbeat: it maps
-  // the pool first, and creating a CUDA context plus cudaIpcOpenMemHandle can
-  // take seconds when many agents start at once (seen: 32 agents on one H200).
+  // Time a newly registered agent has before its first heartbeat: it
+  // reserves the pool's range first, and creating a CUDA context can take
+  // seconds when many agents start at once (seen: 32 agents on one H200).
   std::chrono::milliseconds first_heartbeat_grace{30000};
   // After a restart, how long a job found running waits for its agent to
   // come back before it is requeued anyway.
@@ -126,6 +127,9 @@ struct CoreOptions {
   std::chrono::milliseconds file_check_timeout{10000};
   // The MPS daemon's pipe folder agents join (empty: no MPS).
   std::string mps_pipe_directory;
+  // The chunk socket agents are told to fetch their memory from
+  // (shared/chunk_channel.h); the broker serves it.
+  std::string chunk_socket;
   // Device-fault reports this close together are one fault (agents notice
   // a lost context at their next wait for the device: within about a second).
   std::chrono::milliseconds fault_window{5000};
@@ -228,6 +232,12 @@ class CoordinatorCore {
   const DeviceState& device(int ordinal) const { return devices_.at(ordinal); }
   // Device `dev`'s pool as the policy sees it now.
   PoolView pool_view(const DeviceState& dev) const;
+  // Which chunks the chunk socket may hand `req`'s asker (core_chunks.cpp):
+  // those of a lease its session holds, read-write, or of a region it is
+  // attached to, read-write for the filler and read-only for the others.
+  // `peer_pid`: the asking process as the kernel named it; it must be the
+  // agent's, where the coordinator follows its process. Else why not.
+  std::variant<ChunkGrant, std::string> chunks_for(const ChunkRequest& req, int peer_pid) const;
   // "3 agents, 5 leases, 1.00 GiB of 4.00 GiB leased, 2 jobs queued, 1 running"
   std::string summary() const;
   // What a Status request is answered with (also the HTTP endpoint's

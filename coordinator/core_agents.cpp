@@ -176,6 +176,7 @@ void CoordinatorCore::on_register(const std::string& rid, const proto::Envelope&
   ack.silence_limit_ms = static_cast<uint32_t>(silence_limit().count());
   ack.coordinator_instance_lo = instance_.lo;
   ack.coordinator_instance_hi = instance_.hi;
+  ack.chunk_socket = opts_.chunk_socket;
   send(out, rid, req, std::move(ack));
   // What it still runs from an earlier session; then it may take a job.
   reconcile(rec, r, nullptr, now, out);

@@ -2,6 +2,7 @@
 // the job queue in its store, and reports to systemd (Type=notify: READY,
 // STATUS, WATCHDOG, STOPPING).
 #include <signal.h>
+#include <sys/prctl.h>
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
@@ -32,6 +33,15 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leasehold-coordinator: %s\n", e.what());
     return 2;
+  }
+
+  // Every chunk of every pool is a descriptor of this process: nobody may
+  // take them through /proc/PID/fd or ptrace, not even processes of our
+  // own user (agents usually are). No core dumps either, which would hold
+  // no pool memory anyway.
+  if (::prctl(PR_SET_DUMPABLE, 0) != 0) {
+    std::fprintf(stderr, "leasehold-coordinator: cannot make the process non-dumpable\n");
+    return 1;
   }
 
   const std::atomic<bool>& stop = leasehold::install_stop_signals();

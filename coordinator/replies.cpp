@@ -32,7 +32,6 @@ std::unique_ptr<proto::PoolInfoT> pool_info_object(const PoolDescriptor& desc) {
   p->device_name = desc.device_name;
   p->size = desc.size;
   p->alignment = desc.alignment;
-  p->handle = desc.handle;
   p->epoch = desc.epoch;
   p->uuid = desc.uuid;
   return p;

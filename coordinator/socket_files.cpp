@@ -95,17 +95,21 @@ void bind_socket(zmq::socket_t& socket, const std::string& endpoint, const Socke
   }
   if (!path) return;
   ::umask(before);
+  secure_socket_file(*path, access);
+}
+
+void secure_socket_file(const std::string& path, const SocketAccess& access) {
   struct stat st {};
-  if (::lstat(path->c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid()) {
-    throw std::runtime_error("socket " + *path + " is not a socket this process owns after bind");
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid()) {
+    throw std::runtime_error("socket " + path + " is not a socket this process owns after bind");
   }
-  if (::fchmodat(AT_FDCWD, path->c_str(), access.mode, AT_SYMLINK_NOFOLLOW) != 0) {
-    throw std::runtime_error("cannot set the mode of socket " + *path + ": " +
+  if (::fchmodat(AT_FDCWD, path.c_str(), access.mode, AT_SYMLINK_NOFOLLOW) != 0) {
+    throw std::runtime_error("cannot set the mode of socket " + path + ": " +
                              std::strerror(errno));
   }
   if (access.group != static_cast<gid_t>(-1) &&
-      ::lchown(path->c_str(), static_cast<uid_t>(-1), access.group) != 0) {
-    throw std::runtime_error("cannot give socket " + *path +
+      ::lchown(path.c_str(), static_cast<uid_t>(-1), access.group) != 0) {
+    throw std::runtime_error("cannot give socket " + path +
                              " its socket_group: " + std::strerror(errno) +
                              " (the coordinator's user must be a member of that group)");
   }

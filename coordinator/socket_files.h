@@ -44,4 +44,8 @@ void prepare_socket_directory(std::string_view endpoint, const SocketAccess& acc
 void bind_socket(zmq::socket_t& socket, const std::string& endpoint, const SocketAccess& access,
                  const std::string& what);
 
+// Gives the socket file at `path`, just bound by this process with no
+// permission for others, `access`. Throws std::runtime_error naming it.
+void secure_socket_file(const std::string& path, const SocketAccess& access);
+
 }  // namespace leasehold

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <mutex>
+#include <stdexcept>
+#include <utility>
 #include <thread>
 
 #include "lease_client/session_core.h"
@@ -26,13 +28,71 @@ PoolHold& PoolHold::operator=(PoolHold&& o) noexcept {
     core = std::move(o.core);
     mapping = std::move(o.mapping);
     epoch = o.epoch;
+    first_chunk = o.first_chunk;
+    chunk_count = std::exchange(o.chunk_count, 0);
+    access = o.access;
     o.core.reset();
     o.mapping.reset();
   }
   return *this;
 }
 
+void PoolHold::map(ChunkRequest req, uint64_t first, uint64_t count, ErrorCode code,
+                   const std::string& what) {
+  std::shared_ptr<ChunkClient> client;
+  {
+    std::lock_guard lock(core->mu);
+    client = core->chunks;
+    req.session = core->session;
+  }
+  req.agent = core->opts.name;
+  if (chunk_count == 0) first_chunk = first;
+  if (chunk_count > 0 && first == first_chunk && chunk_count == count) return;  // all mapped
+  req.from_chunk = first_chunk + chunk_count;
+  const uint64_t mapped_before = chunk_count;
+  try {
+    if (!client) throw std::runtime_error("no chunk socket (not registered)");
+    if (first != first_chunk) throw std::runtime_error("a grant that moved");
+    const ChunkGrant grant =
+        client->fetch(req, [&](uint64_t at, std::vector<UniqueFd> fds, const ChunkGrant& g) {
+          if (g.first != first || g.count != count || at != first_chunk + chunk_count) {
+            throw std::runtime_error("the coordinator sent chunks " + std::to_string(g.first) +
+                                     "+" + std::to_string(g.count) + ", not " +
+                                     std::to_string(first) + "+" + std::to_string(count));
+          }
+          if (chunk_count > mapped_before && g.access != access) {
+            throw std::runtime_error("the coordinator changed the access mid-answer");
+          }
+          access = g.access;
+          const uint64_t n = fds.size();
+          mapping->map(at, std::move(fds), g.access);
+          chunk_count += n;
+        });
+    if (grant.first != first || grant.count != count || first_chunk + chunk_count != first + count) {
+      throw std::runtime_error("the coordinator granted chunks " + std::to_string(grant.first) +
+                               "+" + std::to_string(grant.count) + ", not " +
+                               std::to_string(first) + "+" + std::to_string(count));
+    }
+  } catch (const std::exception& e) {
+    unmap(mapped_before);
+    throw Error(code, "cannot map " + what + ": " + e.what());
+  }
+}
+
+void PoolHold::narrow() noexcept {
+  if (!mapping || chunk_count == 0 || access == Access::ReadOnly) return;
+  mapping->narrow(first_chunk, chunk_count);
+  access = Access::ReadOnly;
+}
+
+void PoolHold::unmap(uint64_t keep) noexcept {
+  if (!mapping || chunk_count <= keep) return;
+  mapping->unmap(first_chunk + keep, chunk_count - keep, access);
+  chunk_count = keep;
+}
+
 void PoolHold::clear() noexcept {
+  unmap();
   if (!core) return;
   {
     std::lock_guard lock(core->mu);
@@ -82,6 +142,7 @@ Lease::~Lease() { reset(); }
 
 void Lease::reset() noexcept {
   if (!hold_.held()) return;
+  hold_.unmap();
   if (!hold_.lost()) {
     try {
       detail::release_lease(*hold_.core, id_);
@@ -101,6 +162,7 @@ void Lease::release() {
   // Given up whatever the answer: releasing twice could take a lease that
   // the coordinator handed out again under the same id.
   detail::PoolHold hold = std::move(hold_);
+  hold.unmap();
   if (!hold.lost()) detail::release_lease(*hold.core, id_);
 }
 
@@ -124,6 +186,7 @@ RegionAttachment::~RegionAttachment() { reset(); }
 
 void RegionAttachment::reset() noexcept {
   if (!hold_.held()) return;
+  hold_.unmap();
   if (!hold_.lost()) {
     try {
       detail::control_request(*hold_.core, detail::detach_body(name_),
@@ -151,6 +214,8 @@ void RegionAttachment::mark_ready() {
       },
       hold_.core->opts.request_timeout, nullptr);
   must_fill_ = false;
+  // Filled: from now on nobody writes it, its filler neither.
+  hold_.narrow();
 }
 
 void RegionAttachment::detach() {
@@ -158,6 +223,7 @@ void RegionAttachment::detach() {
   // Given up whatever the answer: detaching twice could take another
   // attachment of this agent to the same region.
   detail::PoolHold hold = std::move(hold_);
+  hold.unmap();
   if (!hold.lost()) {
     detail::control_request(*hold.core, detail::detach_body(name_),
                             hold.core->opts.request_timeout, nullptr);
@@ -193,9 +259,9 @@ AgentSession::AgentSession(AgentOptions opts)
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     } catch (const std::exception& e) {
-      // The pool could not be mapped. A coordinator that died between its
-      // answer and our mapping (opening a CUDA IPC handle takes a while the
-      // first time) takes its handle with it: ask the next one.
+      // The pool's range could not be reserved (the device's context
+      // could not be made, say, as when the coordinator's GPU is not
+      // visible yet): ask again until the deadline.
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(ErrorCode::Internal,
                     "agent '" + c.opts.name + "' could not register: " + e.what());
@@ -258,9 +324,17 @@ Lease AgentSession::acquire(uint64_t size, LeaseEnd end, std::optional<std::chro
   lease.size_ = grant->lease()->size();
   lease.generation_ = grant->lease()->generation();
   lease.end_ = end;
-  if (lease.offset_ + lease.size_ > lease.hold_.mapping->descriptor().size || lease.size_ < size) {
+  const uint64_t chunk = lease.hold_.mapping->descriptor().alignment;
+  if (lease.offset_ + lease.size_ > lease.hold_.mapping->descriptor().size || lease.size_ < size ||
+      lease.offset_ % chunk != 0 || lease.size_ % chunk != 0) {
     throw Error(ErrorCode::Malformed, "coordinator granted a lease outside the pool");
   }
+  ChunkRequest req;
+  req.kind = ChunkRequest::Kind::Lease;
+  req.lease_id = lease.id_;
+  // On failure the Lease's destructor gives it back.
+  lease.hold_.map(req, lease.offset_ / chunk, lease.size_ / chunk, ErrorCode::Internal,
+                  "lease " + std::to_string(lease.id_));
   return lease;
 }
 
@@ -295,10 +369,18 @@ RegionAttachment AgentSession::attach_region(const std::string& name, uint64_t s
   a.offset_ = grant->region()->offset();
   a.size_ = grant->region()->size();
   a.must_fill_ = grant->fill();
-  if (a.offset_ + a.size_ > a.hold_.mapping->descriptor().size || (size && a.size_ != size)) {
+  const uint64_t chunk = a.hold_.mapping->descriptor().alignment;
+  if (a.offset_ + a.size_ > a.hold_.mapping->descriptor().size || (size && a.size_ != size) ||
+      a.offset_ % chunk != 0) {
     throw Error(ErrorCode::Malformed, "coordinator granted region '" + name +
                                           "' outside the pool or of another size");
   }
+  ChunkRequest req;
+  req.kind = ChunkRequest::Kind::Region;
+  req.region = name;
+  // On failure the attachment's destructor detaches.
+  a.hold_.map(req, a.offset_ / chunk, (a.size_ + chunk - 1) / chunk, ErrorCode::Internal,
+              "region '" + name + "'");
   return a;
 }
 
@@ -313,17 +395,41 @@ void AgentSession::set_ready(bool ready, uint64_t outside_pool_bytes) {
 
 void AgentSession::resize(Lease& lease, uint64_t size) {
   if (!lease.held()) throw Error(ErrorCode::NoSuchLease, "lease is not held");
-  uint64_t id = lease.id_;
-  Reply r = detail::control_request(
-      *core_,
-      [&](flatbuffers::FlatBufferBuilder& fbb) {
-        return std::pair{proto::Body::LeaseResize, proto::CreateLeaseResize(fbb, id, size).Union()};
-      },
-      core_->opts.request_timeout, nullptr);
+  const uint64_t id = lease.id_;
+  const uint64_t chunk = lease.hold_.mapping->descriptor().alignment;
+  ChunkRequest req;
+  req.kind = ChunkRequest::Kind::Lease;
+  req.lease_id = id;
+  const std::string what = "lease " + std::to_string(id);
+  // A shrink gives up the tail: out of reach before the coordinator hears.
+  const uint64_t keep = std::min(lease.hold_.chunk_count, (size + chunk - 1) / chunk);
+  lease.hold_.unmap(keep);
+  Reply r;
+  try {
+    r = detail::control_request(
+        *core_,
+        [&](flatbuffers::FlatBufferBuilder& fbb) {
+          return std::pair{proto::Body::LeaseResize,
+                           proto::CreateLeaseResize(fbb, id, size).Union()};
+        },
+        core_->opts.request_timeout, nullptr);
+  } catch (const Error&) {
+    // Refused: the lease is as it was; its tail back in reach.
+    if (!lease.lost()) {
+      lease.hold_.map(req, lease.offset_ / chunk, lease.size_ / chunk, ErrorCode::Internal, what);
+    }
+    throw;
+  }
   const auto* grant = r->body_as_LeaseGrant();
   if (!grant || !grant->lease()) throw Error(ErrorCode::Malformed, "expected LeaseGrant");
+  if (grant->lease()->offset() != lease.offset_ || grant->lease()->size() % chunk != 0) {
+    throw Error(ErrorCode::Malformed, "coordinator moved " + what + " when resizing it");
+  }
   lease.size_ = grant->lease()->size();
   lease.generation_ = grant->lease()->generation();
+  lease.hold_.unmap(lease.size_ / chunk);
+  // Grown in place: the new chunks.
+  lease.hold_.map(req, lease.offset_ / chunk, lease.size_ / chunk, ErrorCode::Internal, what);
 }
 
 void AgentSession::release(Lease& lease) {
@@ -352,6 +458,11 @@ uint64_t AgentSession::registrations() const {
 bool AgentSession::connected() const {
   std::lock_guard lock(core_->mu);
   return core_->connected;
+}
+
+SessionToken AgentSession::session_token() const {
+  std::lock_guard lock(core_->mu);
+  return core_->connected ? core_->session : SessionToken{};
 }
 
 std::shared_ptr<PoolMapping> AgentSession::current_mapping() const {

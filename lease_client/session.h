@@ -1,6 +1,6 @@
 // The lease client: a process's session with the coordinator (registration,
-// heart-beats, the pool mapping, leases, shared cache regions, Shrink
-// requests). The agent asks an AgentSession for leases and gets usable
+// heart-beats, the pool's address range and the chunks of each lease and
+// region mapped into it, leases, shared cache regions, Shrink requests). The agent asks an AgentSession for leases and gets usable
 // memory (a device pointer on cuda, a host pointer on host) for each; the C
 // interface of libleasehold.so (lease_client/leasehold.h) wraps the same
 // classes for other programs (the PyTorch plug-in).
@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/chunk_channel.h"
 #include "shared/connection.h"
 #include "shared/curve_keys.h"
 #include "shared/device.h"
@@ -81,6 +82,10 @@ struct PoolHold {
   std::shared_ptr<SessionCore> core;
   std::shared_ptr<PoolMapping> mapping;
   uint64_t epoch = 0;  // the session's registration that granted it
+  // The chunks of the pool it mapped (its lease's or region's, from the
+  // chunk socket), and how.
+  uint64_t first_chunk = 0, chunk_count = 0;
+  Access access = Access::ReadWrite;
 
   bool held() const { return core != nullptr; }
   // True when the session that granted it is gone (coordinator restart).
@@ -90,7 +95,19 @@ struct PoolHold {
   // The pool's memory at `offset`. Throws Error{code} with `what` when not
   // held, and saying so when lost.
   std::byte* at(uint64_t offset, ErrorCode code, const std::string& what) const;
-  // Not held any more (no longer counted).
+  // Asks the chunk socket for `req`'s chunks and maps them, from chunk
+  // first_chunk + chunk_count on (a lease grown in place), so that
+  // [first, first + count) is mapped; the coordinator must grant exactly
+  // that range. Throws Error{code} with `what`; what this call mapped is
+  // unmapped again then.
+  void map(ChunkRequest req, uint64_t first, uint64_t count, ErrorCode code,
+           const std::string& what);
+  // Read-only from now on (a region this process filled).
+  void narrow() noexcept;
+  // Unmaps chunks from `keep` on (all by default): the memory is out of
+  // this process's reach before the coordinator hears it is given up.
+  void unmap(uint64_t keep = 0) noexcept;
+  // Not held any more (unmapped, no longer counted).
   void clear() noexcept;
 };
 }  // namespace detail
@@ -333,9 +350,15 @@ class AgentSession {
   Reply request(const Connection::BodyBuilder& build,
                 std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
- private:
+  // The secret the coordinator knows the current registration by (empty
+  // while not registered): what the chunk socket's requests carry. Never
+  // log or pass it on.
+  SessionToken session_token() const;
+  // The pool's range in this process as this registration sees it, with
+  // what is mapped into it (PoolMapping::access).
   std::shared_ptr<PoolMapping> current_mapping() const;
 
+ private:
   std::shared_ptr<detail::SessionCore> core_;
 };
 

@@ -110,8 +110,9 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
       timeout);
   r.throw_if_error();
   const auto* ack = r->body_as_RegisterAck();
-  if (!ack || !ack->pool() || !ack->pool()->handle()) {
-    throw Error(ErrorCode::Malformed, "coordinator answered Register without a pool");
+  if (!ack || !ack->pool() || !ack->chunk_socket() || ack->chunk_socket()->size() == 0) {
+    throw Error(ErrorCode::Malformed,
+                "coordinator answered Register without a pool or its chunk socket");
   }
   const auto* p = ack->pool();
   PoolDescriptor desc;
@@ -120,7 +121,6 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
   desc.device_name = std::string(str(p->device_name()));
   desc.size = p->size();
   desc.alignment = p->alignment();
-  desc.handle.assign(p->handle()->begin(), p->handle()->end());
   desc.epoch = p->epoch();
   desc.uuid = std::string(str(p->uuid()));
   {
@@ -139,8 +139,8 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
     std::lock_guard lock(mu);
     if (mapping && mapping->descriptor().epoch == desc.epoch) m = mapping;
   }
-  // The same pool is mapped only once per process (CUDA refuses to open one
-  // IPC handle twice); a new pool means the coordinator restarted.
+  // The same pool's range is reserved only once per process; a new pool
+  // means the coordinator restarted.
   if (!m) {
     // The coordinator's MPS daemon, joined before this process's first CUDA
     // call (mapping the pool creates its context); the driver reads the
@@ -174,6 +174,8 @@ void SessionCore::register_with(Connection& conn, std::chrono::milliseconds time
     ++epoch;
     connected = true;
     mapping = std::move(m);
+    const std::string chunk_socket(str(ack->chunk_socket()));
+    if (!chunks || chunks->path() != chunk_socket) chunks = std::make_shared<ChunkClient>(chunk_socket);
     heartbeat_interval =
         std::chrono::milliseconds(std::max<uint32_t>(ack->heartbeat_interval_ms(), 10));
     default_wait = std::chrono::milliseconds(ack->default_wait_ms());

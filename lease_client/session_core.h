@@ -64,6 +64,8 @@ struct SessionCore {
   bool ready = true;                 // see AgentOptions::ready
   uint64_t outside_pool_bytes = 0;   // reported with it
   std::shared_ptr<PoolMapping> mapping;
+  // The coordinator's chunk socket (RegisterAck.chunk_socket).
+  std::shared_ptr<ChunkClient> chunks;
   // The coordinator's ordinal of the device it was first bound to (-1:
   // none yet): asked for again at every registration.
   int bound_device = -1;

@@ -1,5 +1,8 @@
-// CUDA backend: the pool is one cudaMalloc; agents open it through its CUDA
-// IPC handle. Only built when the CUDA toolkit is found.
+// CUDA backend: the pool is chunks of physical memory (the CUDA virtual
+// memory API), each shared as a POSIX file descriptor; a process maps the
+// chunks it was granted into a range it reserved for the whole pool. Only
+// built when the CUDA toolkit is found.
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -7,6 +10,7 @@
 #include <stdexcept>
 
 #include "shared/cuda_check.h"
+#include "shared/cuda_vmm.h"
 #include "shared/detail/backends.h"
 #include "shared/units.h"
 
@@ -15,59 +19,6 @@ namespace leasehold::detail {
 std::string uuid_text(const cudaUUID_t& uuid);
 
 namespace {
-
-class CudaPool final : public DevicePool {
- public:
-  CudaPool(int device, uint64_t size, uint64_t alignment) : device_(device) {
-    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
-    cudaError_t err = cudaMalloc(&ptr_, size);
-    if (err != cudaSuccess) {
-      size_t free_b = 0, total_b = 0;
-      cudaGetLastError();
-      cudaMemGetInfo(&free_b, &total_b);
-      throw std::runtime_error("cudaMalloc of a " + format_bytes(size) + " pool on device " +
-                               std::to_string(device) + " failed: " + cudaGetErrorString(err) +
-                               " (free " + format_bytes(free_b) + " of " + format_bytes(total_b) +
-                               ")");
-    }
-    try {
-      // cudaMalloc's base alignment is far below the 2 MiB lease alignment, but
-      // lease offsets are relative to this base, so only relative alignment
-      // matters; warn if the base is not even 256-byte aligned.
-      if (reinterpret_cast<uintptr_t>(ptr_) % 256 != 0) {
-        spdlog::warn("cudaMalloc returned a pool base that is not 256-byte aligned");
-      }
-      cudaIpcMemHandle_t handle;
-      LEASEHOLD_CUDA_CHECK(cudaIpcGetMemHandle(&handle, ptr_));
-      cudaDeviceProp prop{};
-      LEASEHOLD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-      desc_.backend = Backend::Cuda;
-      desc_.device = device;
-      desc_.device_name = prop.name;
-      desc_.size = size;
-      desc_.alignment = alignment;
-      desc_.handle.resize(sizeof handle);
-      std::memcpy(desc_.handle.data(), &handle, sizeof handle);
-      desc_.epoch = random_epoch();
-      desc_.uuid = uuid_text(prop.uuid);
-    } catch (...) {
-      cudaFree(ptr_);
-      throw;
-    }
-  }
-  ~CudaPool() override {
-    // Never throws; tolerates the runtime being unloaded at process exit.
-    cudaError_t err = cudaFree(ptr_);
-    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
-      spdlog::error("cudaFree of the pool on device {} failed: {}", device_,
-                    cudaGetErrorString(err));
-    }
-  }
-
- private:
-  int device_;
-  void* ptr_ = nullptr;
-};
 
 // A failed call's error is also the thread's "last error" until someone
 // takes it: inside another program (the PyTorch plug-in) it would surface
@@ -113,53 +64,163 @@ class DeviceSwitch {
   bool restored_ = false;
 };
 
-// The pool opened through its IPC handle on the pool's device. The calling
-// thread's current device is the same afterwards, whatever happens.
+CUmemAllocationProp chunk_properties(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// The chunks: physical memory made once at start (cuMemCreate), each
+// exported as a POSIX file descriptor ahead (exporting costs most of a
+// millisecond: never on a grant's path).
+class CudaPool final : public DevicePool {
+ public:
+  CudaPool(int device, uint64_t size, uint64_t alignment) : device_(device) {
+    const CudaVmm& vmm = cuda_vmm();
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+    LEASEHOLD_CUDA_CHECK(cudaFree(nullptr));  // the primary context, for the driver calls
+    const uint64_t chunks = size / alignment;
+    reserve_descriptors(chunks, "a CUDA pool of " + format_bytes(size) + " in chunks of " +
+                                    format_bytes(alignment));
+    const CUmemAllocationProp prop = chunk_properties(device);
+    handles_.reserve(chunks);
+    chunk_fds_.reserve(chunks);
+    try {
+      for (uint64_t i = 0; i < chunks; ++i) {
+        CUmemGenericAllocationHandle h{};
+        if (CUresult r = vmm.mem_create(&h, alignment, &prop, 0); r != CUDA_SUCCESS) {
+          size_t free_b = 0, total_b = 0;
+          cleared(cudaMemGetInfo(&free_b, &total_b));
+          throw std::runtime_error(vmm_error("cuMemCreate", r) + " for chunk " + std::to_string(i) +
+                                   " of a " + format_bytes(size) + " pool on device " +
+                                   std::to_string(device) + " (free " + format_bytes(free_b) +
+                                   " of " + format_bytes(total_b) + ")");
+        }
+        handles_.push_back(h);
+        int fd = -1;
+        if (CUresult r = vmm.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            r != CUDA_SUCCESS) {
+          throw std::runtime_error(vmm_error("cuMemExportToShareableHandle", r) + " for chunk " +
+                                   std::to_string(i) + " on device " + std::to_string(device));
+        }
+        chunk_fds_.emplace_back(fd);
+        // Not inherited by what the coordinator starts (the MPS daemon).
+        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      }
+      cudaDeviceProp dev{};
+      LEASEHOLD_CUDA_CHECK(cudaGetDeviceProperties(&dev, device));
+      desc_.backend = Backend::Cuda;
+      desc_.device = device;
+      desc_.device_name = dev.name;
+      desc_.size = size;
+      desc_.alignment = alignment;
+      desc_.epoch = random_epoch();
+      desc_.uuid = uuid_text(dev.uuid);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaPool() override { release(); }
+
+ private:
+  // Never throws; tolerates the driver being gone at process exit.
+  void release() noexcept {
+    chunk_fds_.clear();
+    for (CUmemGenericAllocationHandle h : handles_) {
+      if (CUresult r = cuda_vmm().mem_release(h);
+          r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+        spdlog::error("{} on device {}", vmm_error("cuMemRelease", r), device_);
+      }
+    }
+    handles_.clear();
+  }
+
+  int device_;
+  std::vector<CUmemGenericAllocationHandle> handles_;
+};
+
+// The pool's range reserved on the pool's device; chunks imported from
+// their descriptors and mapped into it. The calling thread's current
+// device is the same afterwards, whatever happens.
 class CudaMapping final : public PoolMapping {
  public:
   explicit CudaMapping(const PoolDescriptor& desc) {
-    cudaIpcMemHandle_t handle;
-    if (desc.handle.size() != sizeof handle) {
-      throw std::runtime_error("CUDA IPC handle has " + std::to_string(desc.handle.size()) +
-                               " bytes, expected " + std::to_string(sizeof handle));
-    }
-    std::memcpy(&handle, desc.handle.data(), sizeof handle);
+    const CudaVmm& vmm = cuda_vmm();
     DeviceSwitch on(desc.device);
-    void* ptr = nullptr;
-    cudaError_t err = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      throw std::runtime_error("cannot map CUDA pool on device " + std::to_string(desc.device) +
-                               ": cudaIpcOpenMemHandle failed: " + cudaGetErrorString(err));
+    LEASEHOLD_CUDA_CHECK(cleared(cudaFree(nullptr)));  // the primary context
+    CUdeviceptr ptr = 0;
+    if (CUresult r = vmm.address_reserve(&ptr, desc.size, desc.alignment, 0, 0);
+        r != CUDA_SUCCESS) {
+      throw std::runtime_error("cannot reserve " + format_bytes(desc.size) +
+                               " of address space for the pool on device " +
+                               std::to_string(desc.device) + ": " +
+                               vmm_error("cuMemAddressReserve", r));
     }
-    try {
-      on.restore();
-    } catch (...) {
-      if (cudaError_t close = cleared(cudaIpcCloseMemHandle(ptr)); close != cudaSuccess) {
-        spdlog::warn("cudaIpcCloseMemHandle failed: {}", cudaGetErrorString(close));
-      }
-      throw;
-    }
+    on.restore();
     desc_ = desc;
-    base_ = static_cast<std::byte*>(ptr);
+    base_ = reinterpret_cast<std::byte*>(ptr);
   }
   ~CudaMapping() override {
-    // Never throws; tolerates the runtime being unloaded at process exit.
-    // Closed on the device it was opened on, and the caller's device again
-    // afterwards.
-    auto check = [](cudaError_t err, const char* what) {
-      cleared(err);
-      if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
-        spdlog::warn("{} failed: {}", what, cudaGetErrorString(err));
-      }
-      return err == cudaSuccess;
-    };
-    int previous = -1;
-    if (!check(cudaGetDevice(&previous), "cudaGetDevice")) previous = -1;
-    const bool switched =
-        previous != desc_.device && check(cudaSetDevice(desc_.device), "cudaSetDevice");
-    check(cudaIpcCloseMemHandle(base_), "cudaIpcCloseMemHandle");
-    if (switched && previous >= 0) check(cudaSetDevice(previous), "cudaSetDevice (back)");
+    unmap_all();
+    CUresult r = cuda_vmm().address_free(address(0), desc_.size);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+      spdlog::warn("{}", vmm_error("cuMemAddressFree", r));
+    }
+  }
+
+ protected:
+  void map_chunk(uint64_t i, int fd, Access access) override {
+    const CudaVmm& vmm = cuda_vmm();
+    DeviceSwitch on(desc_.device);
+    CUmemGenericAllocationHandle h{};
+    if (CUresult r = vmm.import_handle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        r != CUDA_SUCCESS) {
+      throw std::runtime_error("cannot import chunk " + std::to_string(i) + ": " +
+                               vmm_error("cuMemImportFromShareableHandle", r));
+    }
+    // The mapping keeps the memory; the handle is not needed past it.
+    CUresult r = vmm.map(address(i), desc_.alignment, 0, h, 0);
+    vmm.mem_release(h);
+    if (r != CUDA_SUCCESS) {
+      throw std::runtime_error("cannot map chunk " + std::to_string(i) + ": " +
+                               vmm_error("cuMemMap", r));
+    }
+    try {
+      protect_chunk(i, access);
+    } catch (...) {
+      vmm.unmap(address(i), desc_.alignment);
+      throw;
+    }
+    on.restore();
+  }
+  void protect_chunk(uint64_t i, Access access) override {
+    CUmemAccessDesc a{};
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = desc_.device;
+    a.flags = access == Access::ReadWrite ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                          : CU_MEM_ACCESS_FLAGS_PROT_READ;
+    if (CUresult r = cuda_vmm().set_access(address(i), desc_.alignment, &a, 1);
+        r != CUDA_SUCCESS) {
+      throw std::runtime_error("cannot make chunk " + std::to_string(i) + " " +
+                               access_name(access) + " on device " + std::to_string(desc_.device) +
+                               ": " + vmm_error("cuMemSetAccess", r));
+    }
+  }
+  void unmap_chunk(uint64_t i) noexcept override {
+    CUresult r = cuda_vmm().unmap(address(i), desc_.alignment);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+      spdlog::error("chunk {}: {}", i, vmm_error("cuMemUnmap", r));
+    }
+  }
+
+ private:
+  CUdeviceptr address(uint64_t i) const {
+    return reinterpret_cast<CUdeviceptr>(base_) + i * desc_.alignment;
   }
 };
 
@@ -175,6 +236,18 @@ std::string uuid_text(const cudaUUID_t& uuid) {
     out += hex;
   }
   return out;
+}
+
+uint64_t cuda_granularity(int device) {
+  const CUmemAllocationProp prop = chunk_properties(device);
+  size_t g = 0;
+  if (CUresult r = cuda_vmm().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      r != CUDA_SUCCESS || g == 0) {
+    throw std::runtime_error("cannot read the mapping granularity of device " +
+                             std::to_string(device) + ": " +
+                             vmm_error("cuMemGetAllocationGranularity", r));
+  }
+  return g;
 }
 
 std::unique_ptr<DevicePool> create_cuda_pool(int device, uint64_t size, uint64_t alignment) {

@@ -1,9 +1,16 @@
 #include "shared/device.h"
 
+#include <spdlog/spdlog.h>
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 
 #include "shared/detail/backends.h"
+#include "shared/units.h"
 
 namespace leasehold {
 
@@ -68,24 +75,149 @@ DeviceMemory query_device_memory(Backend backend, int device) {
 #endif
 }
 
+uint64_t chunk_granularity(Backend backend, int device) {
+  if (backend == Backend::Host) return detail::host_granularity();
+#ifdef LEASEHOLD_HAVE_CUDA
+  return detail::cuda_granularity(device);
+#else
+  (void)device;
+  throw std::runtime_error("this build has no CUDA support");
+#endif
+}
+
 std::unique_ptr<DevicePool> create_pool(Backend backend, int device, uint64_t size,
-                                        uint64_t alignment, std::string_view name) {
-  if (backend == Backend::Host) return detail::create_host_pool(device, size, alignment, name);
+                                        uint64_t alignment) {
+  const uint64_t granularity = chunk_granularity(backend, device);
+  if (alignment == 0 || alignment % granularity != 0) {
+    throw std::invalid_argument("alignment " + format_bytes(alignment) +
+                                " is not a whole number of the " + backend_name(backend) +
+                                " backend's mapping granularity (" + format_bytes(granularity) +
+                                " on device " + std::to_string(device) +
+                                "): every lease is mapped as whole chunks of the alignment");
+  }
+  size -= size % alignment;
+  if (size == 0) {
+    throw std::invalid_argument("a pool smaller than one chunk of " + format_bytes(alignment));
+  }
+  if (backend == Backend::Host) return detail::create_host_pool(device, size, alignment);
 #ifdef LEASEHOLD_HAVE_CUDA
   return detail::create_cuda_pool(device, size, alignment);
 #else
-  (void)device;
   throw std::runtime_error("cannot create a CUDA pool: this build has no CUDA support");
 #endif
 }
 
 std::unique_ptr<PoolMapping> map_pool(const PoolDescriptor& desc) {
+  if (desc.alignment == 0 || desc.size % desc.alignment != 0) {
+    throw std::runtime_error("pool of " + std::to_string(desc.size) +
+                             " bytes is not whole chunks of " + std::to_string(desc.alignment));
+  }
   if (desc.backend == Backend::Host) return detail::map_host_pool(desc);
 #ifdef LEASEHOLD_HAVE_CUDA
   return detail::map_cuda_pool(desc);
 #else
   throw std::runtime_error("cannot map a CUDA pool: this build has no CUDA support");
 #endif
+}
+
+UniqueFd DevicePool::share(uint64_t i, Access) const {
+  UniqueFd fd(::fcntl(chunk_fd(i), F_DUPFD_CLOEXEC, 0));
+  if (!fd.valid()) {
+    throw std::runtime_error("cannot share chunk " + std::to_string(i) + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
+const char* access_name(Access a) { return a == Access::ReadWrite ? "read-write" : "read-only"; }
+
+// ---- PoolMapping: the counting; the backends map ----
+
+void PoolMapping::map(uint64_t first, std::vector<UniqueFd> fds, Access access) {
+  const uint64_t count = fds.size();
+  const uint64_t chunks = desc_.chunk_count();
+  if (first > chunks || count > chunks - first) {
+    throw std::out_of_range("chunks " + std::to_string(first) + "+" + std::to_string(count) +
+                            " are outside the pool's " + std::to_string(chunks));
+  }
+  std::lock_guard lock(mu_);
+  if (maps_.empty()) maps_.resize(chunks);
+  auto widest = [](const Maps& m) {
+    return m.read_write ? std::optional(Access::ReadWrite)
+                        : m.read_only ? std::optional(Access::ReadOnly) : std::nullopt;
+  };
+  uint64_t done = 0;
+  try {
+    for (; done < count; ++done) {
+      const uint64_t i = first + done;
+      Maps& m = maps_[i];
+      const std::optional<Access> before = widest(m);
+      if (!before) {
+        map_chunk(i, fds[done].get(), access);
+      } else if (access == Access::ReadWrite && *before == Access::ReadOnly) {
+        widen_chunk(i, fds[done].get());
+      }
+      ++(access == Access::ReadWrite ? m.read_write : m.read_only);
+      fds[done].reset();
+    }
+  } catch (...) {
+    unmap_locked(first, done, access);
+    throw;
+  }
+}
+
+void PoolMapping::unmap(uint64_t first, uint64_t count, Access access) noexcept {
+  std::lock_guard lock(mu_);
+  unmap_locked(first, count, access);
+}
+
+void PoolMapping::unmap_locked(uint64_t first, uint64_t count, Access access) noexcept {
+  for (uint64_t i = first; i < first + count && i < maps_.size(); ++i) {
+    Maps& m = maps_[i];
+    uint32_t& n = access == Access::ReadWrite ? m.read_write : m.read_only;
+    if (n == 0) continue;  // not mapped with this access: nothing to undo
+    --n;
+    if (m.read_write == 0 && m.read_only == 0) {
+      unmap_chunk(i);
+    } else if (access == Access::ReadWrite && m.read_write == 0) {
+      try {
+        protect_chunk(i, Access::ReadOnly);
+      } catch (const std::exception& e) {
+        spdlog::error("cannot make chunk {} read-only again: {}", i, e.what());
+      }
+    }
+  }
+}
+
+void PoolMapping::narrow(uint64_t first, uint64_t count) noexcept {
+  std::lock_guard lock(mu_);
+  for (uint64_t i = first; i < first + count && i < maps_.size(); ++i) {
+    Maps& m = maps_[i];
+    if (m.read_write == 0) continue;
+    --m.read_write;
+    ++m.read_only;
+    if (m.read_write > 0) continue;
+    try {
+      protect_chunk(i, Access::ReadOnly);
+    } catch (const std::exception& e) {
+      spdlog::error("cannot make chunk {} read-only: {}", i, e.what());
+    }
+  }
+}
+
+void PoolMapping::unmap_all() noexcept {
+  std::lock_guard lock(mu_);
+  for (uint64_t i = 0; i < maps_.size(); ++i) {
+    if (maps_[i].read_only || maps_[i].read_write) unmap_chunk(i);
+    maps_[i] = Maps{};
+  }
+}
+
+std::optional<Access> PoolMapping::access(uint64_t i) const {
+  std::lock_guard lock(mu_);
+  if (i >= maps_.size()) return std::nullopt;
+  if (maps_[i].read_write) return Access::ReadWrite;
+  if (maps_[i].read_only) return Access::ReadOnly;
+  return std::nullopt;
 }
 
 namespace detail {

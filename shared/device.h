@@ -1,19 +1,23 @@
 // The device layer: the only code that differs between the host and CUDA
 // backends. The coordinator creates one DevicePool per device it serves at
-// start; each agent maps its device's once through a PoolMapping.
-// Everything above works on offsets.
+// start, as chunks of physical memory; each process reserves its device's
+// pool range once through a PoolMapping and maps into it exactly the
+// chunks of its leases and regions. Everything above works on offsets.
 //
-// Thread safety: objects are not shared between threads without external
-// locking; the free functions are thread-safe.
+// Thread safety: a DevicePool is not shared between threads without
+// external locking; a PoolMapping and the free functions are thread-safe.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "shared/unique_fd.h"
 
 namespace leasehold {
 
@@ -47,38 +51,69 @@ struct DeviceMemory {
 // smaller of MemAvailable and the free space of /dev/shm.
 DeviceMemory query_device_memory(Backend backend, int device);
 
-// Everything needed to map a pool from another process.
+// What a process needs to map chunks of a pool. The memory itself reaches
+// a process only as the file descriptors of the chunks it was granted
+// (shared/chunk_channel.h): nobody maps the whole pool.
 struct PoolDescriptor {
   Backend backend = Backend::Host;
   int device = 0;
   std::string device_name;
-  uint64_t size = 0;
-  uint64_t alignment = 0;
-  std::vector<uint8_t> handle;  // cudaIpcMemHandle_t bytes, or the segment name
-  uint64_t epoch = 0;           // random per pool; tells pools apart
-  // The GPU's UUID ("GPU-8d6c..."); "host-N" for the host backend's segment N.
+  uint64_t size = 0;       // a whole number of chunks
+  uint64_t alignment = 0;  // the chunk size: every lease and region is whole chunks
+  uint64_t epoch = 0;      // random per pool; tells pools apart
+  // The GPU's UUID ("GPU-8d6c..."); "host-N" for the host backend's device N.
   std::string uuid;
+
+  uint64_t chunk_count() const { return alignment ? size / alignment : 0; }
 };
 
-// The pool, owned by the coordinator. Allocated in the constructor of the
-// backend, freed in the destructor (which never throws).
+// How a process may touch the chunks it maps: a region's filler and a
+// lease's holder write, every other attacher of a region only reads.
+enum class Access : uint8_t { ReadOnly = 1, ReadWrite = 2 };
+const char* access_name(Access a);
+
+// The pool, owned by the coordinator: physical memory allocated once at
+// start as `size / alignment` chunks, each shareable through a file
+// descriptor (host: a sealed memfd; cuda: cuMemCreate memory exported as a
+// POSIX file descriptor). Freed in the destructor (which never throws).
 class DevicePool {
  public:
   virtual ~DevicePool() = default;
   const PoolDescriptor& descriptor() const { return desc_; }
+  uint64_t chunk_count() const { return chunk_fds_.size(); }
+  // The descriptor that shares chunk `i` (owned by the pool: a receiver of
+  // SCM_RIGHTS gets a copy of its own). Throws std::out_of_range past the
+  // last chunk.
+  int chunk_fd(uint64_t i) const { return chunk_fds_.at(i).get(); }
+  // A descriptor to hand a process granted chunk `i` with `access` (the
+  // caller closes it once sent). On host a read-only grant gets the chunk
+  // opened read-only, which mmap refuses to map for writing; a CUDA handle
+  // carries no access of its own (the importer sets it). Throws
+  // std::runtime_error when the process is out of descriptors.
+  virtual UniqueFd share(uint64_t i, Access access) const;
 
  protected:
   PoolDescriptor desc_;
+  std::vector<UniqueFd> chunk_fds_;
 };
 
-// Allocates a pool of `size` bytes on `device`. `name` makes the host
-// segment's name unique per coordinator (derive it from the endpoint) so that
-// a stale segment left by a crashed coordinator is found and replaced.
-// Throws std::runtime_error naming the size and the backend on failure.
-std::unique_ptr<DevicePool> create_pool(Backend backend, int device, uint64_t size,
-                                        uint64_t alignment, std::string_view name);
+// The smallest chunk `backend` can map on `device`: the page size on host,
+// cuMemGetAllocationGranularity on cuda. Throws std::runtime_error when the
+// backend is not built or the device cannot say.
+uint64_t chunk_granularity(Backend backend, int device);
 
-// A pool mapped into this process (agent side).
+// Allocates a pool of `size` bytes (rounded down to whole chunks of
+// `alignment`) on `device`. Throws std::invalid_argument when `alignment`
+// is not a multiple of chunk_granularity, and std::runtime_error naming
+// the size and the backend when the memory cannot be had (or the process
+// may not hold one file descriptor per chunk).
+std::unique_ptr<DevicePool> create_pool(Backend backend, int device, uint64_t size,
+                                        uint64_t alignment);
+
+// A pool's address range in this process (agent side): reserved whole at
+// construction, with only the chunks this process was granted mapped into
+// it. Chunk i is at base() + i * alignment while it is mapped; every other
+// address of the range faults. Thread-safe.
 class PoolMapping {
  public:
   virtual ~PoolMapping() = default;
@@ -86,14 +121,57 @@ class PoolMapping {
   // Base address: a device pointer on cuda, a host pointer on host.
   std::byte* base() const { return base_; }
 
+  // Maps chunks [first, first + fds.size()) from their descriptors, which
+  // it consumes (the mapping keeps the memory). Maps are counted per chunk
+  // and access: a chunk mapped again is not mapped twice, and it is
+  // writable while any of its maps is. Throws std::out_of_range outside
+  // the pool and std::runtime_error when the backend refuses (nothing of
+  // this call stays mapped then).
+  void map(uint64_t first, std::vector<UniqueFd> fds, Access access);
+  // Undoes one map of chunks [first, first + count) with `access`: a chunk
+  // whose last map this was becomes unreachable. Never throws (a failure
+  // is logged).
+  void unmap(uint64_t first, uint64_t count, Access access) noexcept;
+  // Turns one read-write map of chunks [first, first + count) into a
+  // read-only one (a filled region): a chunk no other map writes becomes
+  // read-only. Never throws (a failure is logged).
+  void narrow(uint64_t first, uint64_t count) noexcept;
+  // How chunk `i` is mapped now (nullopt: it is not).
+  std::optional<Access> access(uint64_t i) const;
+
  protected:
+  PoolMapping() = default;
+  // Backend work, called with the mapping's lock held.
+  virtual void map_chunk(uint64_t i, int fd, Access access) = 0;
+  virtual void protect_chunk(uint64_t i, Access access) = 0;
+  // A chunk mapped read-only becomes writable through `fd` (a read-write
+  // grant). By default the access is changed in place.
+  virtual void widen_chunk(uint64_t i, int fd) {
+    (void)fd;
+    protect_chunk(i, Access::ReadWrite);
+  }
+  virtual void unmap_chunk(uint64_t i) noexcept = 0;
+  // Unmaps every chunk still mapped: a backend's destructor calls it
+  // before it frees the range.
+  void unmap_all() noexcept;
+
   PoolDescriptor desc_;
   std::byte* base_ = nullptr;
+
+ private:
+  struct Maps {
+    uint32_t read_only = 0, read_write = 0;
+  };
+  // unmap()'s work. REQUIRES: mu_ held.
+  void unmap_locked(uint64_t first, uint64_t count, Access access) noexcept;
+
+  mutable std::mutex mu_;
+  std::vector<Maps> maps_;  // per chunk; sized on the first map
 };
 
-// Maps the pool that `desc` describes. Throws std::runtime_error naming the
-// pool and the reason when it cannot (segment gone, IPC handle refused,
-// backend not built).
+// Reserves the address range of the pool that `desc` describes, with no
+// chunk mapped. Throws std::runtime_error naming the pool and the reason
+// (backend not built, device not visible, no address space).
 std::unique_ptr<PoolMapping> map_pool(const PoolDescriptor& desc);
 
 }  // namespace leasehold

@@ -1,51 +1,47 @@
-// Host backend: the pool is a POSIX shared memory segment, created by the
-// coordinator and mapped by each agent. The segment's name is derived from the
-// coordinator's name hint, so a segment left behind by a crashed coordinator
-// is found and removed at the next start instead of leaking.
+// Host backend: each chunk of the pool is a memfd the coordinator creates
+// at start, its size sealed (nobody who is handed it can shrink it under
+// the other mappers' feet). A process maps the chunks it was granted into
+// a range it reserved (PROT_NONE) for the whole pool; a read-only grant
+// comes as a descriptor opened read-only, which mmap refuses to map for
+// writing. The memfds live as long as someone holds or maps them: nothing
+// is left behind by a crashed coordinator.
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
-#include <functional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "shared/detail/backends.h"
 #include "shared/units.h"
 
-namespace bip = boost::interprocess;
-
 namespace leasehold::detail {
 namespace {
 
-std::string segment_name(std::string_view hint) {
-  std::ostringstream os;
-  os << "leasehold-" << getuid() << "-" << std::hex << std::hash<std::string_view>{}(hint);
-  return os.str();
-}
+std::string errno_text() { return std::strerror(errno); }
 
 class HostPool final : public DevicePool {
  public:
-  HostPool(int device, uint64_t size, uint64_t alignment, std::string name)
-      : name_(std::move(name)) {
-    if (bip::shared_memory_object::remove(name_.c_str())) {
-      spdlog::warn("removed stale shared memory segment /dev/shm/{} left by an earlier run", name_);
-    }
-    try {
-      // Owner only (Boost's default is 0644: every local user could read
-      // and map the pool). Agents run as the coordinator's user.
-      segment_ = bip::shared_memory_object(bip::create_only, name_.c_str(), bip::read_write,
-                                           bip::permissions(0600));
-      segment_.truncate(static_cast<bip::offset_t>(size));
-      region_ = bip::mapped_region(segment_, bip::read_write, 0, size);
-    } catch (const bip::interprocess_exception& e) {
-      bip::shared_memory_object::remove(name_.c_str());
-      throw std::runtime_error("cannot create a host pool of " + format_bytes(size) +
-                               " in shared memory segment " + name_ + ": " + e.what());
+  HostPool(int device, uint64_t size, uint64_t alignment) {
+    const uint64_t chunks = size / alignment;
+    reserve_descriptors(chunks, "a host pool of " + format_bytes(size) + " in chunks of " +
+                                    format_bytes(alignment));
+    chunk_fds_.reserve(chunks);
+    for (uint64_t i = 0; i < chunks; ++i) {
+      UniqueFd fd(::memfd_create("leasehold-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(alignment)) != 0 ||
+          ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        throw std::runtime_error("cannot create chunk " + std::to_string(i) + " of a host pool of " +
+                                 format_bytes(size) + ": " + errno_text());
+      }
+      chunk_fds_.push_back(std::move(fd));
     }
     desc_.backend = Backend::Host;
     desc_.device = device;
@@ -53,43 +49,77 @@ class HostPool final : public DevicePool {
     desc_.uuid = "host-" + std::to_string(device);
     desc_.size = size;
     desc_.alignment = alignment;
-    desc_.handle.assign(name_.begin(), name_.end());
     desc_.epoch = random_epoch();
   }
-  ~HostPool() override {
-    // Agents that still have the segment mapped keep their mapping; removing
-    // the name only stops new mappings.
-    region_ = bip::mapped_region();
-    bip::shared_memory_object::remove(name_.c_str());
-  }
 
- private:
-  std::string name_;
-  bip::shared_memory_object segment_;
-  bip::mapped_region region_;
+  UniqueFd share(uint64_t i, Access access) const override {
+    if (access == Access::ReadWrite) return DevicePool::share(i, access);
+    // A new open file description, read-only: what the receiver may do
+    // with it is the file's mode, not ours.
+    const std::string path = "/proc/self/fd/" + std::to_string(chunk_fd(i));
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
+      throw std::runtime_error("cannot open chunk " + std::to_string(i) + " read-only: " +
+                               errno_text());
+    }
+    return fd;
+  }
 };
 
 class HostMapping final : public PoolMapping {
  public:
   explicit HostMapping(const PoolDescriptor& desc) {
-    std::string name(desc.handle.begin(), desc.handle.end());
-    try {
-      bip::shared_memory_object segment(bip::open_only, name.c_str(), bip::read_write);
-      bip::offset_t actual = 0;
-      if (!segment.get_size(actual) || static_cast<uint64_t>(actual) < desc.size) {
-        throw std::runtime_error("segment is " + std::to_string(actual) + " bytes, expected " +
-                                 std::to_string(desc.size));
-      }
-      region_ = bip::mapped_region(segment, bip::read_write, 0, desc.size);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("cannot map host pool segment /dev/shm/" + name + ": " + e.what());
+    void* p = ::mmap(nullptr, desc.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (p == MAP_FAILED) {
+      throw std::runtime_error("cannot reserve " + format_bytes(desc.size) +
+                               " of address space for the host pool: " + errno_text());
     }
     desc_ = desc;
-    base_ = static_cast<std::byte*>(region_.get_address());
+    base_ = static_cast<std::byte*>(p);
+  }
+  ~HostMapping() override {
+    unmap_all();
+    if (::munmap(base_, desc_.size) != 0) spdlog::warn("munmap of the pool range: {}", errno_text());
+  }
+
+ protected:
+  void map_chunk(uint64_t i, int fd, Access access) override {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < desc_.alignment) {
+      throw std::runtime_error("chunk " + std::to_string(i) + "'s descriptor is not a chunk of " +
+                               format_bytes(desc_.alignment));
+    }
+    void* p = ::mmap(at(i), desc_.alignment, prot(access), MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+      const std::string why = errno_text();
+      unmap_chunk(i);  // MAP_FIXED may have replaced the reservation already
+      throw std::runtime_error("cannot map chunk " + std::to_string(i) + " " + access_name(access) +
+                               ": " + why);
+    }
+  }
+  void protect_chunk(uint64_t i, Access access) override {
+    if (::mprotect(at(i), desc_.alignment, prot(access)) != 0) {
+      throw std::runtime_error("cannot make chunk " + std::to_string(i) + " " +
+                               access_name(access) + ": " + errno_text());
+    }
+  }
+  void widen_chunk(uint64_t i, int fd) override {
+    // Mapped from a descriptor opened read-only, which mprotect cannot
+    // widen: mapped again (the same memory) from the read-write one.
+    map_chunk(i, fd, Access::ReadWrite);
+  }
+  void unmap_chunk(uint64_t i) noexcept override {
+    // Back to a reservation: the address stays this pool's, and faults.
+    if (::mmap(at(i), desc_.alignment, PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+      spdlog::error("cannot unmap chunk {} of the host pool: {}", i, errno_text());
+    }
   }
 
  private:
-  bip::mapped_region region_;
+  static int prot(Access a) { return a == Access::ReadWrite ? PROT_READ | PROT_WRITE : PROT_READ; }
+  std::byte* at(uint64_t i) const { return base_ + i * desc_.alignment; }
 };
 
 uint64_t meminfo_available() {
@@ -105,12 +135,13 @@ uint64_t meminfo_available() {
 
 }  // namespace
 
-std::unique_ptr<DevicePool> create_host_pool(int device, uint64_t size, uint64_t alignment,
-                                             std::string_view name) {
-  // Device 0 keeps the name it always had; the others' differ by their ordinal.
-  const std::string hint =
-      device == 0 ? std::string(name) : std::string(name) + "#device" + std::to_string(device);
-  return std::make_unique<HostPool>(device, size, alignment, segment_name(hint));
+uint64_t host_granularity() {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<uint64_t>(page) : 4096;
+}
+
+std::unique_ptr<DevicePool> create_host_pool(int device, uint64_t size, uint64_t alignment) {
+  return std::make_unique<HostPool>(device, size, alignment);
 }
 
 std::unique_ptr<PoolMapping> map_host_pool(const PoolDescriptor& desc) {
@@ -118,6 +149,8 @@ std::unique_ptr<PoolMapping> map_host_pool(const PoolDescriptor& desc) {
 }
 
 DeviceMemory query_host_memory() {
+  // The chunks are shared memory (shmem) like /dev/shm's files, limited by
+  // what the host has available.
   DeviceMemory m;
   m.name = "host shared memory";
   struct statvfs vfs {};
@@ -130,6 +163,29 @@ DeviceMemory query_host_memory() {
   m.free_bytes = (avail && shm_free) ? std::min(avail, shm_free) : std::max(avail, shm_free);
   m.total_bytes = shm_total;
   return m;
+}
+
+void reserve_descriptors(uint64_t needed, const std::string& what) {
+  // Room for what the process opens besides (sockets, files, the store).
+  constexpr uint64_t kHeadroom = 1024;
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const uint64_t want = needed + kHeadroom;
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur >= want) return;
+  if (lim.rlim_cur == RLIM_INFINITY) return;
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want) {
+    throw std::runtime_error(what + " needs " + std::to_string(needed) +
+                             " file descriptors (one per chunk) and this process may open at "
+                             "most " +
+                             std::to_string(lim.rlim_max) +
+                             ": raise the limit (ulimit -Hn; LimitNOFILE= in a systemd unit) or "
+                             "use a larger alignment (fewer, larger chunks)");
+  }
+  lim.rlim_cur = want;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    throw std::runtime_error("cannot raise the open-file limit to " + std::to_string(want) +
+                             " for " + what + ": " + errno_text());
+  }
 }
 
 }  // namespace leasehold::detail

@@ -21,7 +21,7 @@
 namespace leasehold {
 
 // Bumped whenever schemas/leasehold.fbs changes incompatibly.
-inline constexpr uint16_t kProtocolVersion = 6;
+inline constexpr uint16_t kProtocolVersion = 7;
 // Largest message anyone may send. Status replies for thousands of leases fit
 // well inside; anything bigger is refused before verification.
 inline constexpr size_t kMaxMessageBytes = 4u << 20;

@@ -106,9 +106,8 @@ TEST_F(Access, OnlyTheCoordinatorsUserRegistersAgentsUnlessOpenedUp) {
 
 TEST_F(Access, AgentGroupStarLetsAnyoneWhoReachesTheSocketRegister) {
   start({"--agent-group", "*"});
-  // Registered; it then cannot map the pool (the segment is the
-  // coordinator's user's alone, as CUDA IPC handles are), which is
-  // another matter.
+  // Registered; whether it can then fetch its leases' chunks is up to the
+  // chunk socket's file mode, as the endpoint's is.
   auto [rc, agent] = as_nobody("leasehold-agent", {"--endpoint", c.endpoint(), "--name",
                                                    "guest", "--exercise", "--rounds", "1",
                                                    "--register-timeout", "2s"});

@@ -15,6 +15,7 @@
 #include "agent/job_channel.h"
 #include "agent/job_worker.h"
 #include "lease_client/session.h"
+#include "shared/chunk_channel.h"
 #include "shared/device.h"
 #include "shared/job_spec.h"
 #include "shared/protocol.h"
@@ -30,11 +31,24 @@ class FakeCoordinator {
  public:
   explicit FakeCoordinator(const std::string& dir)
       : endpoint_("ipc://" + dir + "/fake.sock"),
-        pool_(create_pool(Backend::Host, 0, 8ull << 20, 1ull << 20,
-                          "leasehold-fake-" + std::to_string(getpid()))),
+        pool_(create_pool(Backend::Host, 0, 8ull << 20, 1ull << 20)),
         router_(ctx_, zmq::socket_type::router) {
     router_.set(zmq::sockopt::linger, 0);
     router_.bind(endpoint_);
+    // Any lease it granted, whole, from offset 0 (its leases overlap).
+    chunks_ = std::make_unique<ChunkServer>(
+        dir + "/fake.chunks", nullptr, [this](const ChunkRequest& req, pid_t, uid_t) {
+          ChunkServer::Decision d;
+          auto it = lease_sizes_.find(req.lease_id);
+          if (req.kind != ChunkRequest::Kind::Lease || it == lease_sizes_.end()) {
+            d.refusal = "no such lease";
+            return d;
+          }
+          const uint64_t chunk = pool_->descriptor().alignment;
+          d.grant = ChunkGrant{0, 0, (it->second + chunk - 1) / chunk, Access::ReadWrite};
+          d.pool = pool_.get();
+          return d;
+        });
     thread_ = std::thread([this] { loop(); });
   }
   ~FakeCoordinator() {
@@ -45,7 +59,7 @@ class FakeCoordinator {
 
   std::atomic<int> grant_delay_ms{0};  // lease grants wait this long
   std::atomic<int> unanswered_updates{0};  // this many JobUpdates get no reply
-  std::atomic<int> unmappable_pools{0};  // this many RegisterAcks name a pool that is gone
+  std::atomic<bool> chunk_socket_gone{false};  // RegisterAcks name a chunk socket that is gone
   std::atomic<int> registrations{0};
   std::atomic<bool> forget_lessees{false};  // answer lease requests as a restarted coordinator
   std::atomic<bool> forget_sessions{false};  // answer heartbeats as a restarted coordinator
@@ -106,8 +120,15 @@ class FakeCoordinator {
 
   void loop() {
     while (!stop_.load()) {
-      zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, 10ms);
+      std::vector<zmq::pollitem_t> items = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                            {nullptr, chunks_->listen_fd(), ZMQ_POLLIN, 0}};
+      for (int fd : chunks_->connections()) items.push_back({nullptr, fd, ZMQ_POLLIN, 0});
+      zmq::poll(items.data(), items.size(), 10ms);
+      if (items[1].revents & ZMQ_POLLIN) chunks_->accept_pending();
+      for (size_t i = 2; i < items.size(); ++i) {
+        if (items[i].revents) chunks_->serve(items[i].fd);
+      }
+      const auto& item = items[0];
       if (item.revents & ZMQ_POLLIN) {
         zmq::message_t rid, payload;
         (void)router_.recv(rid);
@@ -140,6 +161,7 @@ class FakeCoordinator {
 
   void grant(const std::string& rid, uint64_t req, uint64_t size) {
     uint64_t id = next_lease_++;
+    lease_sizes_[id] = size;
     send(rid, req, proto::Body::LeaseGrant, [&](auto& fbb) {
       auto lease = proto::CreateLease(fbb, id, fbb.CreateString("agent"), 0, size);
       return proto::CreateLeaseGrant(fbb, lease).Union();
@@ -158,18 +180,16 @@ class FakeCoordinator {
         const auto& d = pool_->descriptor();
         ++registrations;
         stale_holds = static_cast<int>(env.body_as_Register()->stale_holds());
-        // A coordinator that died right after answering took its pool along.
-        bool gone = unmappable_pools.load() > 0;
-        if (gone) --unmappable_pools;
-        std::string missing = "leasehold-gone-" + std::to_string(getpid());
-        std::vector<uint8_t> handle = gone ? std::vector<uint8_t>(missing.begin(), missing.end())
-                                           : d.handle;
+        // A coordinator that died right after answering took its chunk
+        // socket along.
+        const std::string socket =
+            chunk_socket_gone.load() ? chunks_->path() + ".gone" : chunks_->path();
         send(rid, req, proto::Body::RegisterAck, [&](auto& fbb) {
           auto info = proto::CreatePoolInfo(fbb, proto::Backend::Host, 0,
                                             fbb.CreateString(d.device_name), d.size, d.alignment,
-                                            fbb.CreateVector(handle), d.epoch + (gone ? 1 : 0));
+                                            d.epoch);
           return proto::CreateRegisterAck(fbb, 42, 100, info, 1000, 0, 0, silence_limit_ms.load(),
-                                          instance.load(), 0)
+                                          instance.load(), 0, fbb.CreateString(socket))
               .Union();
         });
         break;
@@ -252,6 +272,8 @@ class FakeCoordinator {
 
   std::string endpoint_;
   std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<ChunkServer> chunks_;
+  std::map<uint64_t, uint64_t> lease_sizes_;  // granted: id -> size (loop thread only)
   zmq::context_t ctx_{1};
   zmq::socket_t router_;
   std::thread thread_;
@@ -300,12 +322,37 @@ class AgentProtocol : public ::testing::Test {
   std::unique_ptr<FakeCoordinator> fake;
 };
 
-TEST_F(AgentProtocol, AnAgentStartingWhileItsCoordinatorDiesRegistersWithTheNext) {
-  fake->unmappable_pools = 2;
-  AgentSession session(options());  // would throw if a failed mapping were final
-  EXPECT_EQ(fake->registrations.load(), 3);
-  EXPECT_TRUE(session.connected());
-  EXPECT_EQ(session.pool().size, 8u << 20);
+// The memory of a grant comes over the chunk socket: when that is gone
+// (the coordinator died after answering), the lease is refused with the
+// reason and given back, not kept unmapped.
+TEST_F(AgentProtocol, ALeaseWhoseChunksCannotBeFetchedIsGivenBack) {
+  fake->chunk_socket_gone = true;
+  AgentSession session(options());
+  try {
+    session.acquire(1u << 20);
+    FAIL() << "a lease without its memory was handed out";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk socket"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(eventually([&] { return fake->released().size() == 1; }, 5s));
+  // With the socket back (the next registration names it), leases map.
+  fake->chunk_socket_gone = false;
+}
+
+// A lease's memory is mapped into the session's process; released, it is
+// out of its reach again.
+TEST_F(AgentProtocol, ALeaseIsMappedWhileHeldAndUnmappedWhenReleased) {
+  AgentSession session(options());
+  Lease lease = session.acquire(2u << 20);
+  auto* bytes = reinterpret_cast<volatile unsigned char*>(lease.data());
+  bytes[0] = 0x5a;
+  bytes[lease.size() - 1] = 0xa5;
+  EXPECT_EQ(bytes[0], 0x5a);
+  auto mapping = session.current_mapping();
+  const uint64_t first = lease.offset() / mapping->descriptor().alignment;
+  EXPECT_EQ(mapping->access(first), Access::ReadWrite);
+  lease.release();
+  EXPECT_EQ(mapping->access(first), std::nullopt);
 }
 
 // A coordinator that restarted answers the old token with UnknownSender: the

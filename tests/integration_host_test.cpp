@@ -2,19 +2,27 @@
 // real agent processes, and raw ZeroMQ peers.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <zmq.hpp>
 
 #include "lease_client/session.h"
+#include "shared/chunk_channel.h"
 #include "shared/connection.h"
 #include "shared/device.h"
 #include "shared/protocol.h"
 #include "tests/support/cluster.h"
 #include "tests/support/isolation.h"
+#include "tests/support/net.h"
 
 namespace leasehold::testing {
 namespace {
@@ -44,19 +52,44 @@ TEST_F(HostCluster, ThreeAgentsKeepTheirPatternsIntact) {
   run_isolation_scenario(cluster, 3, "1MiB");
 }
 
+// The first chunk of the pool mapped read-write into process `pid`, from
+// its /proc/PID/maps (the host backend's chunks are memfds named
+// "leasehold-chunk"); 0 when none is.
+uintptr_t first_mapped_chunk(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("leasehold-chunk") == std::string::npos) continue;
+    std::istringstream fields(line);
+    std::string range, perms;
+    fields >> range >> perms;
+    if (perms.rfind("rw", 0) != 0) continue;
+    return static_cast<uintptr_t>(std::stoull(range.substr(0, range.find('-')), nullptr, 16));
+  }
+  return 0;
+}
+
 TEST_F(HostCluster, VerificationDetectsAForeignWrite) {
   // The isolation check must be able to fail: write into an agent's lease
-  // from outside and see the agent report it.
+  // from outside and see the agent report it. No session can map another's
+  // lease any more, so the write goes where a debugger's would: through
+  // /proc/PID/mem of the agent (our child), at its mapping of the chunk.
   cluster.start_coordinator(coordinator_args());
   auto& victim = cluster.start_agent("victim", {"--exercise", "--leases", "1", "--lease-size",
                                                 "256KiB", "--rounds", "0", "--interval", "50ms"});
   ASSERT_TRUE(cluster.wait_for([](const auto& s) { return leased_by(s, "victim") > 0; }, 5s));
-  auto s = *cluster.status();
-  uint64_t offset = s["leases"][0]["offset"];
-  AgentSession intruder(session_options("intruder"));
-  auto mapping = map_pool(intruder.pool());
-  auto* word = reinterpret_cast<volatile uint64_t*>(mapping->base() + offset) + 3;
-  *word = *word ^ 1;
+  uintptr_t chunk = 0;
+  ASSERT_TRUE(eventually([&] { return (chunk = first_mapped_chunk(victim.pid())) != 0; }, 5s));
+  std::fstream mem("/proc/" + std::to_string(victim.pid()) + "/mem",
+                   std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(mem.is_open()) << "cannot open the agent's memory (ptrace rules)";
+  uint64_t word = 0;
+  mem.seekg(static_cast<std::streamoff>(chunk + 3 * sizeof word));
+  mem.read(reinterpret_cast<char*>(&word), sizeof word);
+  word ^= 1;
+  mem.seekp(static_cast<std::streamoff>(chunk + 3 * sizeof word));
+  mem.write(reinterpret_cast<const char*>(&word), sizeof word);
+  mem.flush();
   auto rc = victim.wait(5s);
   ASSERT_TRUE(rc) << victim.log();
   EXPECT_EQ(*rc, 3);
@@ -434,7 +467,7 @@ TEST_F(HostCluster, SecondCoordinatorOnSameEndpointIsRefused) {
   EXPECT_TRUE(cluster.status()) << "the first coordinator keeps serving";
 }
 
-TEST_F(HostCluster, RestartAfterCrashReplacesStaleSegmentAndSocket) {
+TEST_F(HostCluster, RestartAfterCrashReplacesStaleSockets) {
   auto& crashed = cluster.start_coordinator(coordinator_args());
   crashed.signal(SIGKILL);
   ASSERT_TRUE(crashed.wait(2s));
@@ -444,16 +477,184 @@ TEST_F(HostCluster, RestartAfterCrashReplacesStaleSegmentAndSocket) {
   EXPECT_TRUE(a.acquire(1ull << 20).held());
 }
 
-// The pool's shared-memory segment is the coordinator user's alone: no
-// other local user can map it and read or write the jobs' memory.
-TEST_F(HostCluster, PoolSegmentIsReadableByItsOwnerOnly) {
+// What a forked child of this process dies of when it runs `touch`: the
+// signal number, or 0 when it exits normally.
+int dies_of(const std::function<void()>& touch) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    touch();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
+
+// Asks the coordinator's chunk socket for `req` as whoever calls it; the
+// refusal, or "" when descriptors came.
+std::string ask_for_chunks(const std::string& socket, const ChunkRequest& req) {
+  try {
+    ChunkClient client(socket);
+    client.fetch(req, [](uint64_t, std::vector<UniqueFd>, const ChunkGrant&) {});
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// A lease's memory is its holder's alone: another session (here in the
+// same process, with its own range) has nothing mapped there, cannot get
+// the chunks under its own name or the holder's, and no other process can
+// get them with the holder's own secret.
+TEST_F(HostCluster, ALeaseIsReachableOnlyByItsHolder) {
+  auto& coordinator = cluster.start_coordinator(coordinator_args());
+  AgentSession holder(session_options("holder"));
+  AgentSession intruder(session_options("intruder"));
+  Lease lease = holder.acquire(1ull << 20);
+  std::memset(lease.data(), 0x5a, lease.size());
+  const uint64_t chunk = lease.offset() / holder.pool().alignment;
+  const std::string socket = cluster.endpoint().substr(6) + ".chunks";
+
+  // Nothing of it in the intruder's range: reading there faults.
+  auto range = intruder.current_mapping();
+  EXPECT_EQ(range->access(chunk), std::nullopt);
+  EXPECT_EQ(dies_of([&] {
+              volatile auto* p = reinterpret_cast<volatile unsigned char*>(range->base() + lease.offset());
+              (void)*p;
+            }),
+            SIGSEGV);
+
+  // The chunk socket refuses every way round.
+  ChunkRequest req;
+  req.kind = ChunkRequest::Kind::Lease;
+  req.lease_id = lease.id();
+  req.agent = "intruder";
+  req.session = SessionToken::random();  // it does not know its own token either way
+  EXPECT_NE(ask_for_chunks(socket, req).find("not registered"), std::string::npos);
+  req.agent = "holder";
+  EXPECT_NE(ask_for_chunks(socket, req).find("not registered"), std::string::npos);
+  // Even with the holder's secret (read from the holder's own process, as
+  // a hostile program in it could), another process is refused: the
+  // kernel names the asker.
+  ASSERT_FALSE(holder.session_token().empty());
+  req.session = holder.session_token();
+  EXPECT_EQ(ask_for_chunks(socket, req), "") << "the holder itself may ask";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const std::string why = ask_for_chunks(socket, req);
+    ::_exit(why.find("is not agent 'holder'") != std::string::npos ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "another process got the chunks";
+
+  // The coordinator's own descriptors are out of reach of its user's other
+  // processes (it is not dumpable); only root passes that rule.
+  const std::string fd_dir = "/proc/" + std::to_string(coordinator.pid()) + "/fd";
+  if (::geteuid() != 0) {
+    EXPECT_EQ(::access(fd_dir.c_str(), R_OK), -1) << fd_dir << " is readable";
+  }
+  EXPECT_EQ(static_cast<unsigned char>(lease.data()[lease.size() - 1]), 0x5a);
+}
+
+// A region is written by its filler only, and by nobody once it is ready;
+// every other attacher maps it read-only, and its descriptors too are
+// read-only (mmap refuses to map them for writing).
+TEST_F(HostCluster, ARegionIsReadOnlyForAllButItsFillerWhileItFills) {
   cluster.start_coordinator(coordinator_args());
-  AgentSession a(session_options("reader"));
-  const auto& handle = a.pool().handle;
-  const std::string path = "/dev/shm/" + std::string(handle.begin(), handle.end());
-  struct stat st {};
-  ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
-  EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
+  AgentSession filler(session_options("filler"));
+  AgentSession reader(session_options("reader"));
+  RegionAttachment mine = filler.attach_region("data/shared", 1ull << 20, true);
+  ASSERT_TRUE(mine.must_fill());
+  const uint64_t chunk = mine.offset() / filler.pool().alignment;
+  EXPECT_EQ(filler.current_mapping()->access(chunk), Access::ReadWrite);
+  std::memset(mine.data(), 0x42, mine.size());
+  mine.mark_ready();
+  EXPECT_EQ(filler.current_mapping()->access(chunk), Access::ReadOnly) << "ready: nobody writes";
+
+  RegionAttachment theirs = reader.attach_region("data/shared", 1ull << 20, false);
+  EXPECT_EQ(reader.current_mapping()->access(chunk), Access::ReadOnly);
+  EXPECT_EQ(static_cast<unsigned char>(theirs.data()[12345]), 0x42) << "the filler's bytes";
+  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile std::byte*>(theirs.data()) = std::byte{1}; }),
+            SIGSEGV);
+  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile std::byte*>(mine.data()) = std::byte{1}; }),
+            SIGSEGV);
+
+  // The descriptors the reader is handed cannot be mapped for writing.
+  ChunkRequest req;
+  req.kind = ChunkRequest::Kind::Region;
+  req.region = "data/shared";
+  req.agent = "reader";
+  req.session = reader.session_token();
+  ChunkClient client(cluster.endpoint().substr(6) + ".chunks");
+  int refused = 0, fds = 0;
+  const ChunkGrant grant = client.fetch(req, [&](uint64_t, std::vector<UniqueFd> got, const ChunkGrant&) {
+    for (const auto& fd : got) {
+      ++fds;
+      void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+      if (p == MAP_FAILED && errno == EACCES) ++refused;
+      if (p != MAP_FAILED) ::munmap(p, 4096);
+    }
+  });
+  EXPECT_EQ(grant.access, Access::ReadOnly);
+  EXPECT_GT(fds, 0);
+  EXPECT_EQ(refused, fds);
+  EXPECT_EQ(static_cast<unsigned char>(theirs.data()[0]), 0x42) << "nothing was written";
+}
+
+// Open descriptors of process `pid` (-1: none readable: the coordinator is
+// not dumpable, so only root reads its /proc/PID/fd).
+int open_descriptors(pid_t pid) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec);
+  if (ec) return -1;
+  int n = 0;
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) ++n;
+  return n;
+}
+
+// Every chunk handed out is a descriptor on both sides for a moment: after
+// many grants and releases, and agents killed while they hold leases,
+// neither side keeps one.
+TEST_F(HostCluster, GrantsReleasesAndKilledAgentsLeakNoDescriptors) {
+  auto& coordinator = cluster.start_coordinator(coordinator_args());
+  AgentSession session(session_options("churn"));
+  session.acquire(64u << 10).release();  // the chunk socket's connection, opened once
+  const int ours = open_descriptors(::getpid());
+  const int theirs = open_descriptors(coordinator.pid());
+  for (int i = 0; i < 10000; ++i) {
+    Lease lease = session.acquire((1 + i % 4) * (64u << 10));
+    lease.data()[0] = std::byte{1};
+    lease.release();
+  }
+  for (int round = 0; round < 10; ++round) {
+    std::vector<Process*> doomed;
+    for (int k = 0; k < 10; ++k) {
+      const std::string name = "doomed-" + std::to_string(round) + "-" + std::to_string(k);
+      doomed.push_back(&cluster.start_agent(
+          name, {"--exercise", "--leases", "2", "--lease-size", "128KiB", "--rounds", "0",
+                 "--interval", "20ms"}));
+    }
+    ASSERT_TRUE(cluster.wait_for(
+        [&](const auto& s) {
+          uint64_t leased = 0;
+          for (int k = 0; k < 10; ++k) {
+            leased += leased_by(s, "doomed-" + std::to_string(round) + "-" + std::to_string(k));
+          }
+          return leased == 10 * (256u << 10);
+        },
+        30s));
+    for (Process* p : doomed) p->signal(SIGKILL);
+    for (Process* p : doomed) ASSERT_TRUE(p->wait(10s));
+  }
+  ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["agents"].size() == 1; }, 30s));
+  EXPECT_EQ(open_descriptors(::getpid()), ours) << "the agent side kept descriptors";
+  if (theirs < 0) {
+    GTEST_SKIP() << "the coordinator's descriptors are readable by root only (it is not "
+                    "dumpable); the agent side was checked";
+  }
+  EXPECT_TRUE(eventually([&] { return open_descriptors(coordinator.pid()) == theirs; }, 10s))
+      << open_descriptors(coordinator.pid()) << " descriptors open, " << theirs << " at the start";
 }
 
 TEST_F(HostCluster, BadOptionsAreRefusedWithTheirName) {

@@ -5,12 +5,13 @@
 
 namespace leasehold::detail {
 
-std::unique_ptr<DevicePool> create_host_pool(int device, uint64_t size, uint64_t alignment,
-                                             std::string_view name);
+uint64_t host_granularity();
+std::unique_ptr<DevicePool> create_host_pool(int device, uint64_t size, uint64_t alignment);
 std::unique_ptr<PoolMapping> map_host_pool(const PoolDescriptor& desc);
 DeviceMemory query_host_memory();
 
 #ifdef LEASEHOLD_HAVE_CUDA
+uint64_t cuda_granularity(int device);
 std::unique_ptr<DevicePool> create_cuda_pool(int device, uint64_t size, uint64_t alignment);
 std::unique_ptr<PoolMapping> map_cuda_pool(const PoolDescriptor& desc);
 DeviceMemory query_cuda_memory(int device);
@@ -19,5 +20,10 @@ int cuda_ordinal_of(std::string_view uuid);
 #endif
 
 uint64_t random_epoch();
+
+// Makes sure this process may hold `needed` more file descriptors (one per
+// chunk of a pool), raising its soft limit up to the hard one when it must.
+// Throws std::runtime_error naming both numbers and what to change.
+void reserve_descriptors(uint64_t needed, const std::string& what);
 
 }  // namespace leasehold::detail

@@ -56,7 +56,6 @@ CoreDriver::CoreDriver(CoreOptions options, std::vector<uint64_t> pools,
     pool.uuid = "host-" + std::to_string(i);
     pool.size = pools[i];
     pool.alignment = 1ull << 20;
-    pool.handle = {'p', static_cast<uint8_t>('0' + i)};
     pool.epoch = 7 + i;
   }
   if (!policy) policy = std::make_unique<FifoPolicy>();

@@ -1,0 +1,228 @@
+// The device layer's chunks on the host backend, and the chunk socket that
+// hands them out: what a process can reach is what it mapped.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "shared/chunk_channel.h"
+#include "shared/device.h"
+
+namespace leasehold {
+namespace {
+
+constexpr uint64_t kChunk = 64 << 10;
+
+int dies_of(const std::function<void()>& touch) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    touch();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
+
+std::vector<UniqueFd> shares(const DevicePool& pool, uint64_t first, uint64_t count, Access a) {
+  std::vector<UniqueFd> fds;
+  for (uint64_t i = first; i < first + count; ++i) fds.push_back(pool.share(i, a));
+  return fds;
+}
+
+TEST(DeviceChunks, APoolIsWholeChunksEachItsOwnSealedMemory) {
+  auto pool = create_pool(Backend::Host, 0, 10 * kChunk + 123, kChunk);
+  EXPECT_EQ(pool->descriptor().size, 10 * kChunk) << "rounded down to whole chunks";
+  EXPECT_EQ(pool->chunk_count(), 10u);
+  EXPECT_EQ(pool->descriptor().chunk_count(), 10u);
+  // Nobody handed a chunk can shrink it under the others' feet.
+  UniqueFd fd = pool->share(3, Access::ReadWrite);
+  EXPECT_NE(::ftruncate(fd.get(), 0), 0);
+  EXPECT_THROW(create_pool(Backend::Host, 0, 10 * kChunk, 1000), std::invalid_argument)
+      << "not whole pages";
+  EXPECT_THROW(create_pool(Backend::Host, 0, kChunk / 2, kChunk), std::invalid_argument)
+      << "less than a chunk";
+}
+
+TEST(DeviceChunks, OnlyMappedChunksAreReachableAndTwoMappingsShareTheMemory) {
+  auto pool = create_pool(Backend::Host, 0, 8 * kChunk, kChunk);
+  auto a = map_pool(pool->descriptor());
+  auto b = map_pool(pool->descriptor());
+  a->map(2, shares(*pool, 2, 2, Access::ReadWrite), Access::ReadWrite);
+  b->map(3, shares(*pool, 3, 1, Access::ReadWrite), Access::ReadWrite);
+  std::memset(a->base() + 2 * kChunk, 7, 2 * kChunk);
+  EXPECT_EQ(static_cast<int>(b->base()[3 * kChunk + 17]), 7) << "the same physical chunk";
+  EXPECT_EQ(dies_of([&] { (void)*reinterpret_cast<volatile char*>(b->base() + 2 * kChunk); }), SIGSEGV)
+      << "chunk 2 is not b's";
+  EXPECT_EQ(dies_of([&] { (void)*reinterpret_cast<volatile char*>(a->base()); }), SIGSEGV);
+  a->unmap(2, 2, Access::ReadWrite);
+  EXPECT_EQ(a->access(2), std::nullopt);
+  EXPECT_EQ(dies_of([&] { (void)*reinterpret_cast<volatile char*>(a->base() + 3 * kChunk); }), SIGSEGV)
+      << "unmapped: out of reach again";
+  EXPECT_EQ(static_cast<int>(b->base()[3 * kChunk]), 7) << "b keeps its chunk";
+}
+
+TEST(DeviceChunks, ReadOnlyMapsAndDescriptorsCannotWrite) {
+  auto pool = create_pool(Backend::Host, 0, 4 * kChunk, kChunk);
+  auto m = map_pool(pool->descriptor());
+  m->map(1, shares(*pool, 1, 1, Access::ReadOnly), Access::ReadOnly);
+  EXPECT_EQ(m->access(1), Access::ReadOnly);
+  EXPECT_EQ(static_cast<int>(m->base()[kChunk]), 0);
+  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile char*>(m->base() + kChunk) = 1; }), SIGSEGV);
+  // The descriptor itself refuses a writable mapping.
+  UniqueFd ro = pool->share(1, Access::ReadOnly);
+  EXPECT_EQ(::mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_SHARED, ro.get(), 0), MAP_FAILED);
+  EXPECT_EQ(errno, EACCES);
+  EXPECT_NE(::mprotect(m->base() + kChunk, kChunk, PROT_READ | PROT_WRITE), 0)
+      << "nor can the mapping be widened in place";
+}
+
+TEST(DeviceChunks, MapsAreCountedPerAccessAndNarrowed) {
+  auto pool = create_pool(Backend::Host, 0, 4 * kChunk, kChunk);
+  auto m = map_pool(pool->descriptor());
+  m->map(0, shares(*pool, 0, 1, Access::ReadOnly), Access::ReadOnly);
+  m->map(0, shares(*pool, 0, 1, Access::ReadWrite), Access::ReadWrite);
+  EXPECT_EQ(m->access(0), Access::ReadWrite) << "writable while any map writes";
+  m->base()[5] = std::byte{9};
+  m->unmap(0, 1, Access::ReadWrite);
+  EXPECT_EQ(m->access(0), Access::ReadOnly);
+  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile char*>(m->base()) = 1; }), SIGSEGV);
+  EXPECT_EQ(static_cast<int>(m->base()[5]), 9);
+  m->map(1, shares(*pool, 1, 1, Access::ReadWrite), Access::ReadWrite);
+  m->narrow(1, 1);
+  EXPECT_EQ(m->access(1), Access::ReadOnly);
+  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile char*>(m->base() + kChunk) = 1; }), SIGSEGV);
+  m->unmap(0, 2, Access::ReadOnly);
+  EXPECT_EQ(m->access(0), std::nullopt);
+  EXPECT_EQ(m->access(1), std::nullopt);
+  // Undoing a map that was never made changes nothing.
+  m->unmap(2, 1, Access::ReadWrite);
+  EXPECT_EQ(m->access(2), std::nullopt);
+  std::vector<UniqueFd> two = shares(*pool, 2, 2, Access::ReadWrite);
+  EXPECT_THROW(m->map(3, std::move(two), Access::ReadWrite), std::out_of_range) << "past the end";
+  EXPECT_EQ(m->access(3), std::nullopt);
+  EXPECT_THROW(pool->share(4, Access::ReadWrite), std::out_of_range);
+}
+
+// A chunk server on a thread of its own, deciding with `decide`.
+class ServedPool {
+ public:
+  explicit ServedPool(ChunkServer::Decide decide)
+      : dir_(std::filesystem::temp_directory_path() / ("lh-chunks-" + std::to_string(::getpid()))),
+        pool_(create_pool(Backend::Host, 0, 300 * kChunk, kChunk)) {
+    std::filesystem::create_directories(dir_);
+    server_ = std::make_unique<ChunkServer>((dir_ / "c.sock").string(), nullptr,
+                                            [this, decide](const ChunkRequest& r, pid_t p, uid_t u) {
+                                              auto d = decide(r, p, u);
+                                              if (d.grant) d.pool = pool_.get();
+                                              return d;
+                                            });
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        std::vector<pollfd> fds{{server_->listen_fd(), POLLIN, 0}};
+        for (int fd : server_->connections()) fds.push_back({fd, POLLIN, 0});
+        ::poll(fds.data(), fds.size(), 20);
+        if (fds[0].revents) server_->accept_pending();
+        for (size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents) server_->serve(fds[i].fd);
+        }
+      }
+    });
+  }
+  ~ServedPool() {
+    stop_ = true;
+    thread_.join();
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string path() const { return server_->path(); }
+  const DevicePool& pool() const { return *pool_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<ChunkServer> server_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(ChunkChannel, AGrantComesInBatchesAndAskingAgainFromAChunkOnGetsTheRest) {
+  ServedPool served([](const ChunkRequest& r, pid_t pid, uid_t) {
+    ChunkServer::Decision d;
+    if (r.agent == "a" && pid == ::getpid()) d.grant = ChunkGrant{0, 10, 290, Access::ReadWrite};
+    else d.refusal = "not yours";
+    return d;
+  });
+  ChunkClient client(served.path());
+  ChunkRequest req;
+  req.agent = "a";
+  req.lease_id = 1;
+  uint64_t got = 0, batches = 0, next = 10;
+  ChunkGrant g = client.fetch(req, [&](uint64_t first, std::vector<UniqueFd> fds, const ChunkGrant&) {
+    EXPECT_EQ(first, next);
+    next += fds.size();
+    got += fds.size();
+    ++batches;
+  });
+  EXPECT_EQ(g.first, 10u);
+  EXPECT_EQ(g.count, 290u);
+  EXPECT_EQ(got, 290u);
+  EXPECT_EQ(batches, (290 + kChunkBatch - 1) / kChunkBatch);
+  req.from_chunk = 250;
+  got = 0;
+  client.fetch(req, [&](uint64_t first, std::vector<UniqueFd> fds, const ChunkGrant&) {
+    EXPECT_EQ(first, 250u);
+    got += fds.size();
+  });
+  EXPECT_EQ(got, 50u);
+  req.agent = "b";
+  try {
+    client.fetch(req, [](uint64_t, std::vector<UniqueFd>, const ChunkGrant&) {});
+    FAIL() << "b got a's chunks";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "not yours");
+  }
+}
+
+TEST(ChunkChannel, MalformedRequestsAreRefusedAndTheServerKeepsServing) {
+  ServedPool served([](const ChunkRequest&, pid_t, uid_t) {
+    ChunkServer::Decision d;
+    d.grant = ChunkGrant{0, 0, 1, Access::ReadOnly};
+    return d;
+  });
+  for (size_t size : {size_t{0}, size_t{1}, size_t{64}, size_t{4096}}) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, served.path().c_str(), sizeof addr.sun_path - 1);
+    ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    std::vector<char> junk(size, '\x7f');
+    ::send(fd.get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+    char answer[1024];
+    timeval tv{5, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const ssize_t n = ::recv(fd.get(), answer, sizeof answer, 0);
+    if (size > 0) {
+      EXPECT_GT(n, 0) << "a refusal for " << size << " bytes";
+    }
+  }
+  ChunkClient client(served.path());
+  ChunkRequest req;
+  req.agent = "a";
+  uint64_t got = 0;
+  client.fetch(req, [&](uint64_t, std::vector<UniqueFd> fds, const ChunkGrant&) { got += fds.size(); });
+  EXPECT_EQ(got, 1u) << "still serving";
+}
+
+}  // namespace
+}  // namespace leasehold
