@@ -45,7 +45,20 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
   std::vector<Held> held;
   for (int round = 1; !stop.load() && (opts.rounds == 0 || round <= opts.rounds);) {
     try {
-      if (held.empty()) held = acquire_all(session, opts, base_seed + round);
+      if (held.empty()) {
+        held = acquire_all(session, opts, base_seed + round);
+        if (opts.stray_write_offset) {
+          std::printf("test: writing %llu bytes at pool offset %llu, outside this agent's leases\n",
+                      static_cast<unsigned long long>(opts.stray_write_bytes),
+                      static_cast<unsigned long long>(*opts.stray_write_offset));
+          std::fflush(stdout);
+          const PoolDescriptor pool = session.pool();
+          fill_pool_pattern(pool.backend, pool.device, session.pool_base() + *opts.stray_write_offset,
+                            opts.stray_write_bytes, 0x5eed);
+          std::printf("test: the stray write went through\n");
+          std::fflush(stdout);
+        }
+      }
       std::this_thread::sleep_for(opts.interval);
       // The self-fence (lease_client/session.h): no lease is touched while the
       // coordinator may have fenced them.

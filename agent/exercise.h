@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 
 #include "lease_client/session.h"
 
@@ -21,6 +22,11 @@ struct ExerciseOptions {
   // agent keeps taking whatever memory the pool frees (a neighbour that
   // would notice memory handed out while its old owner still writes).
   bool churn = false;
+  // Fault injection for tests: once its leases are held, write a pattern
+  // over this many bytes at this pool offset, outside its leases (what a
+  // buggy kernel does). With isolation it faults in this process alone.
+  std::optional<uint64_t> stray_write_offset;
+  uint64_t stray_write_bytes = 1ull << 20;
 };
 
 // Exit status: 0 when every round verified, 3 when a lease's content changed

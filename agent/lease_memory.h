@@ -11,6 +11,10 @@ namespace leasehold {
 
 // Fills the whole lease with the pattern of `seed`. Throws on CUDA errors.
 void fill_lease_pattern(const Lease& lease, uint64_t seed);
+// Fills `bytes` at `at`, an address in the pool's range of `backend` on
+// `device`, with the pattern of `seed`, whatever is mapped there (the
+// agent's stray-write fault injection). Throws on CUDA errors.
+void fill_pool_pattern(Backend backend, int device, std::byte* at, size_t bytes, uint64_t seed);
 // Words of the lease that differ from the pattern of `seed`.
 size_t count_lease_mismatches(const Lease& lease, uint64_t seed);
 

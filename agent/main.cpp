@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
   app.add_option("--interval", interval, "exercise: time between rounds")->capture_default_str();
   app.add_flag("--churn", ex.churn,
                "exercise: release the leases after every round and lease anew");
+  app.add_option("--test-stray-write", ex.stray_write_offset,
+                 "fault injection for tests: exercise writes 1 MiB at this pool offset, outside "
+                 "its leases")
+      ->group("");
   std::string job_file;
   leasehold::RunJobOverrides overrides;
   app.add_option("--run-job", job_file,

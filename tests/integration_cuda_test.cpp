@@ -1,5 +1,5 @@
-// The integration scenario on the CUDA backend: one cudaMalloc pool, agent
-// processes mapping it through CUDA IPC and running kernels in their leases.
+// The integration scenario on the CUDA backend: one pool of chunks, agent
+// processes mapping their own leases' chunks and running kernels in them.
 // Skipped (with a message) where no GPU is visible.
 #include <gtest/gtest.h>
 
@@ -21,7 +21,7 @@ class CudaCluster : public ::testing::Test {
   Cluster cluster;
 };
 
-TEST_F(CudaCluster, TwoAgentsShareOneCudaMallocPool) {
+TEST_F(CudaCluster, TwoAgentsShareOneChunkedPool) {
   auto& coordinator = cluster.start_coordinator({"--backend", "cuda", "--devices", "0",
                                                  "--pool-size", "1GiB", "--heartbeat-interval",
                                                  "200ms"});
@@ -30,6 +30,14 @@ TEST_F(CudaCluster, TwoAgentsShareOneCudaMallocPool) {
   EXPECT_EQ(s["devices"][0]["size_bytes"], 1ull << 30);
   run_isolation_scenario(cluster, 2, "64MiB");
   EXPECT_TRUE(coordinator.running());
+}
+
+// A kernel writing outside its agent's leases faults in that agent's own
+// context (the address is not mapped there); nobody else's memory changes.
+TEST_F(CudaCluster, AStrayKernelWriteFaultsInItsAgentAloneAndNoPatternChanges) {
+  cluster.start_coordinator({"--backend", "cuda", "--devices", "0", "--pool-size", "1GiB",
+                             "--heartbeat-interval", "200ms", "--mps", "off"});
+  run_stray_write_scenario(cluster, "64MiB");
 }
 
 // Every GPU's pool under one coordinator: agents without --device spread

@@ -69,6 +69,11 @@ uintptr_t first_mapped_chunk(pid_t pid) {
   return 0;
 }
 
+TEST_F(HostCluster, AStrayWriteFaultsInItsWriterAloneAndNoPatternChanges) {
+  cluster.start_coordinator(coordinator_args());
+  run_stray_write_scenario(cluster, "1MiB");
+}
+
 TEST_F(HostCluster, VerificationDetectsAForeignWrite) {
   // The isolation check must be able to fail: write into an agent's lease
   // from outside and see the agent report it. No session can map another's

@@ -38,4 +38,36 @@ void run_isolation_scenario(Cluster& cluster, int agents, const std::string& lea
       << "leases left behind after the agents finished";
 }
 
+void run_stray_write_scenario(Cluster& cluster, const std::string& lease_size) {
+  const int rounds = 15;
+  std::vector<Process*> victims;
+  for (int i = 0; i < 2; ++i) {
+    victims.push_back(&cluster.start_agent(
+        "victim-" + std::to_string(i),
+        {"--exercise", "--leases", "2", "--lease-size", lease_size, "--rounds",
+         std::to_string(rounds), "--interval", "100ms"}));
+  }
+  ASSERT_TRUE(cluster.wait_for(
+      [](const nlohmann::json& s) { return s["leases"].size() == 4; }, std::chrono::seconds(20)));
+  auto s = cluster.status();
+  ASSERT_TRUE(s);
+  const uint64_t target = (*s)["leases"][0]["offset"];
+  auto& rogue = cluster.start_agent(
+      "rogue", {"--exercise", "--leases", "1", "--lease-size", lease_size, "--rounds", "1",
+                "--test-stray-write", std::to_string(target)});
+  auto rc = rogue.wait(std::chrono::seconds(60));
+  ASSERT_TRUE(rc) << "the writer still runs:\n" << rogue.log();
+  EXPECT_NE(*rc, 0) << rogue.log();
+  EXPECT_NE(rogue.log().find("outside this agent's leases"), std::string::npos) << rogue.log();
+  EXPECT_EQ(rogue.log().find("the stray write went through"), std::string::npos) << rogue.log();
+  for (auto* v : victims) {
+    auto vrc = v->wait(std::chrono::seconds(60));
+    ASSERT_TRUE(vrc) << "victim still running:\n" << v->log();
+    EXPECT_EQ(*vrc, 0) << v->log();
+    EXPECT_EQ(v->log().find("CORRUPTION"), std::string::npos) << v->log();
+    EXPECT_NE(v->log().find("verified round=" + std::to_string(rounds)), std::string::npos)
+        << v->log();
+  }
+}
+
 }  // namespace leasehold::testing
