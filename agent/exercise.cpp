@@ -53,8 +53,17 @@ int run_exercise(AgentSession& session, const ExerciseOptions& opts,
                       static_cast<unsigned long long>(*opts.stray_write_offset));
           std::fflush(stdout);
           const PoolDescriptor pool = session.pool();
-          fill_pool_pattern(pool.backend, pool.device, session.pool_base() + *opts.stray_write_offset,
-                            opts.stray_write_bytes, 0x5eed);
+          try {
+            fill_pool_pattern(pool.backend, pool.device,
+                              session.pool_base() + *opts.stray_write_offset,
+                              opts.stray_write_bytes, 0x5eed);
+          } catch (const std::exception& e) {
+            // On CUDA the fault ends this process's context; reported here
+            // rather than as a device fault to restart from.
+            std::printf("test: the stray write faulted in this agent: %s\n", e.what());
+            std::fflush(stdout);
+            return 4;
+          }
           std::printf("test: the stray write went through\n");
           std::fflush(stdout);
         }

@@ -30,7 +30,7 @@ struct ExerciseOptions {
 };
 
 // Exit status: 0 when every round verified, 3 when a lease's content changed
-// under it. Leases lost to a coordinator restart are acquired again.
+// under it, 4 when the stray write of the fault injection faulted. Leases lost to a coordinator restart are acquired again.
 int run_exercise(AgentSession& session, const ExerciseOptions& opts,
                  const std::atomic<bool>& stop);
 

@@ -194,18 +194,29 @@ void Broker::create_pools(Backend backend) {
         backend == Backend::Host ? mem.free_bytes / ordinals.size() : mem.free_bytes;
     const std::string where =
         mem.name + (backend == Backend::Cuda ? " (device " + std::to_string(ordinal) + ")" : "");
-    uint64_t size = align_down(spec.resolve(free), opts_.alignment);
+    // Leases are mapped as whole chunks of the alignment: it is at least
+    // the backend's mapping granularity (2 MiB on current GPUs).
+    uint64_t alignment = opts_.alignment;
+    const uint64_t granularity = chunk_granularity(backend, ordinal);
+    if (alignment % granularity != 0) {
+      alignment = align_up(alignment, granularity);
+      spdlog::warn(
+          "device {}: alignment {} raised to {}, the {} backend's mapping granularity (each "
+          "lease is mapped as whole chunks of the alignment)",
+          ordinal, format_bytes(opts_.alignment), format_bytes(alignment), backend_name(backend));
+    }
+    uint64_t size = align_down(spec.resolve(free), alignment);
     if (size == 0) {
       throw std::runtime_error("pool size " + spec.to_string() + " of " + format_bytes(free) +
                                " free on " + where + " is less than one aligned block of " +
-                               format_bytes(opts_.alignment));
+                               format_bytes(alignment));
     }
     if (spec.percent == 0 && size > free) {
       throw std::runtime_error("pool size " + format_bytes(size) + " exceeds the " +
                                format_bytes(free) + " free on " + where);
     }
     try {
-      device_pools_.push_back(create_pool(backend, ordinal, size, opts_.alignment));
+      device_pools_.push_back(create_pool(backend, ordinal, size, alignment));
     } catch (const std::exception& e) {
       if (!mps_) throw;
       throw std::runtime_error(std::string(e.what()) +

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -173,52 +174,81 @@ class CudaMapping final : public PoolMapping {
   }
 
  protected:
-  void map_chunk(uint64_t i, int fd, Access access) override {
+  void map_chunks(uint64_t first, const std::vector<int>& fds, Access access) override {
     const CudaVmm& vmm = cuda_vmm();
     DeviceSwitch on(desc_.device);
-    CUmemGenericAllocationHandle h{};
-    if (CUresult r = vmm.import_handle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        r != CUDA_SUCCESS) {
-      throw std::runtime_error("cannot import chunk " + std::to_string(i) + ": " +
-                               vmm_error("cuMemImportFromShareableHandle", r));
-    }
-    // The mapping keeps the memory; the handle is not needed past it.
-    CUresult r = vmm.map(address(i), desc_.alignment, 0, h, 0);
-    vmm.mem_release(h);
-    if (r != CUDA_SUCCESS) {
-      throw std::runtime_error("cannot map chunk " + std::to_string(i) + ": " +
-                               vmm_error("cuMemMap", r));
-    }
+    uint64_t mapped = 0;
     try {
-      protect_chunk(i, access);
+      for (; mapped < fds.size(); ++mapped) {
+        const uint64_t i = first + mapped;
+        CUmemGenericAllocationHandle h{};
+        if (CUresult r = vmm.import_handle(
+                &h, reinterpret_cast<void*>(static_cast<intptr_t>(fds[mapped])),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            r != CUDA_SUCCESS) {
+          throw std::runtime_error("cannot import chunk " + std::to_string(i) + ": " +
+                                   vmm_error("cuMemImportFromShareableHandle", r));
+        }
+        // The mapping keeps the memory; the handle is not needed past it.
+        CUresult r = vmm.map(address(i), desc_.alignment, 0, h, 0);
+        vmm.mem_release(h);
+        if (r != CUDA_SUCCESS) {
+          throw std::runtime_error("cannot map chunk " + std::to_string(i) + ": " +
+                                   vmm_error("cuMemMap", r));
+        }
+      }
+      // One access change for the whole run.
+      set_access(first, fds.size(), access);
     } catch (...) {
-      vmm.unmap(address(i), desc_.alignment);
+      if (mapped) unmap_chunks(first, mapped);
       throw;
     }
     on.restore();
   }
-  void protect_chunk(uint64_t i, Access access) override {
+  void protect_chunk(uint64_t i, Access access) override { set_access(i, 1, access); }
+  void unmap_chunks(uint64_t first, uint64_t count) noexcept override {
+    const CudaVmm& vmm = cuda_vmm();
+    CUresult r = vmm.unmap(address(first), count * desc_.alignment);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) return;
+    // A run the driver will not unmap at once: chunk by chunk.
+    for (uint64_t i = first; i < first + count; ++i) {
+      r = vmm.unmap(address(i), desc_.alignment);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+        spdlog::error("chunk {}: {}", i, vmm_error("cuMemUnmap", r));
+      }
+    }
+  }
+
+ private:
+  void set_access(uint64_t first, uint64_t count, Access access) {
     CUmemAccessDesc a{};
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     a.location.id = desc_.device;
     a.flags = access == Access::ReadWrite ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                                           : CU_MEM_ACCESS_FLAGS_PROT_READ;
-    if (CUresult r = cuda_vmm().set_access(address(i), desc_.alignment, &a, 1);
-        r != CUDA_SUCCESS) {
-      throw std::runtime_error("cannot make chunk " + std::to_string(i) + " " +
-                               access_name(access) + " on device " + std::to_string(desc_.device) +
-                               ": " + vmm_error("cuMemSetAccess", r));
+    CUresult r = cuda_vmm().set_access(address(first), count * desc_.alignment, &a, 1);
+    if (r != CUDA_SUCCESS && access == Access::ReadOnly) {
+      // A driver or GPU that cannot map device memory read-only: readable
+      // and writable then, said once (read-only regions are not enforced
+      // on it).
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      if (cuda_vmm().set_access(address(first), count * desc_.alignment, &a, 1) == CUDA_SUCCESS) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true)) {
+          spdlog::warn("device {} cannot map memory read-only ({}): regions are mapped "
+                       "read-write for every attacher on it",
+                       desc_.device, vmm_error("cuMemSetAccess", r));
+        }
+        return;
+      }
+    }
+    if (r != CUDA_SUCCESS) {
+      throw std::runtime_error("cannot make chunks " + std::to_string(first) + "+" +
+                               std::to_string(count) + " " + access_name(access) + " on device " +
+                               std::to_string(desc_.device) + ": " +
+                               vmm_error("cuMemSetAccess", r));
     }
   }
-  void unmap_chunk(uint64_t i) noexcept override {
-    CUresult r = cuda_vmm().unmap(address(i), desc_.alignment);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
-      spdlog::error("chunk {}: {}", i, vmm_error("cuMemUnmap", r));
-    }
-  }
-
- private:
   CUdeviceptr address(uint64_t i) const {
     return reinterpret_cast<CUdeviceptr>(base_) + i * desc_.alignment;
   }

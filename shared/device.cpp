@@ -132,6 +132,12 @@ const char* access_name(Access a) { return a == Access::ReadWrite ? "read-write"
 
 // ---- PoolMapping: the counting; the backends map ----
 
+namespace {
+uint32_t& counter(uint32_t& read_only, uint32_t& read_write, Access access) {
+  return access == Access::ReadWrite ? read_write : read_only;
+}
+}  // namespace
+
 void PoolMapping::map(uint64_t first, std::vector<UniqueFd> fds, Access access) {
   const uint64_t count = fds.size();
   const uint64_t chunks = desc_.chunk_count();
@@ -141,28 +147,41 @@ void PoolMapping::map(uint64_t first, std::vector<UniqueFd> fds, Access access) 
   }
   std::lock_guard lock(mu_);
   if (maps_.empty()) maps_.resize(chunks);
-  auto widest = [](const Maps& m) {
-    return m.read_write ? std::optional(Access::ReadWrite)
-                        : m.read_only ? std::optional(Access::ReadOnly) : std::nullopt;
-  };
-  uint64_t done = 0;
-  try {
-    for (; done < count; ++done) {
-      const uint64_t i = first + done;
-      Maps& m = maps_[i];
-      const std::optional<Access> before = widest(m);
-      if (!before) {
-        map_chunk(i, fds[done].get(), access);
-      } else if (access == Access::ReadWrite && *before == Access::ReadOnly) {
-        widen_chunk(i, fds[done].get());
-      }
-      ++(access == Access::ReadWrite ? m.read_write : m.read_only);
-      fds[done].reset();
+  std::vector<uint64_t> counted;  // what this call counted: undone if it fails
+  std::vector<int> run;           // chunks not mapped yet, from run_first on
+  uint64_t run_first = 0;
+  // Runs of new chunks go to the backend whole (one access change, not one
+  // per chunk).
+  auto flush = [&] {
+    if (run.empty()) return;
+    map_chunks(run_first, run, access);
+    for (uint64_t k = 0; k < run.size(); ++k) {
+      Maps& m = maps_[run_first + k];
+      ++counter(m.read_only, m.read_write, access);
+      counted.push_back(run_first + k);
     }
+    run.clear();
+  };
+  try {
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t i = first + k;
+      Maps& m = maps_[i];
+      if (m.read_only == 0 && m.read_write == 0) {
+        if (run.empty()) run_first = i;
+        run.push_back(fds[k].get());
+        continue;
+      }
+      flush();
+      if (access == Access::ReadWrite && m.read_write == 0) widen_chunk(i, fds[k].get());
+      ++counter(m.read_only, m.read_write, access);
+      counted.push_back(i);
+    }
+    flush();
   } catch (...) {
-    unmap_locked(first, done, access);
+    for (uint64_t i : counted) unmap_locked(i, 1, access);
     throw;
   }
+  // `fds` closes as it goes: a mapping keeps its memory.
 }
 
 void PoolMapping::unmap(uint64_t first, uint64_t count, Access access) noexcept {
@@ -171,14 +190,26 @@ void PoolMapping::unmap(uint64_t first, uint64_t count, Access access) noexcept 
 }
 
 void PoolMapping::unmap_locked(uint64_t first, uint64_t count, Access access) noexcept {
+  uint64_t run_first = 0, run = 0;  // chunks whose last map this was
+  auto flush = [&] {
+    if (run) unmap_chunks(run_first, run);
+    run = 0;
+  };
   for (uint64_t i = first; i < first + count && i < maps_.size(); ++i) {
     Maps& m = maps_[i];
-    uint32_t& n = access == Access::ReadWrite ? m.read_write : m.read_only;
-    if (n == 0) continue;  // not mapped with this access: nothing to undo
+    uint32_t& n = counter(m.read_only, m.read_write, access);
+    if (n == 0) {  // not mapped with this access: nothing to undo
+      flush();
+      continue;
+    }
     --n;
     if (m.read_write == 0 && m.read_only == 0) {
-      unmap_chunk(i);
-    } else if (access == Access::ReadWrite && m.read_write == 0) {
+      if (run == 0) run_first = i;
+      ++run;
+      continue;
+    }
+    flush();
+    if (access == Access::ReadWrite && m.read_write == 0) {
       try {
         protect_chunk(i, Access::ReadOnly);
       } catch (const std::exception& e) {
@@ -186,6 +217,7 @@ void PoolMapping::unmap_locked(uint64_t first, uint64_t count, Access access) no
       }
     }
   }
+  flush();
 }
 
 void PoolMapping::narrow(uint64_t first, uint64_t count) noexcept {
@@ -207,7 +239,7 @@ void PoolMapping::narrow(uint64_t first, uint64_t count) noexcept {
 void PoolMapping::unmap_all() noexcept {
   std::lock_guard lock(mu_);
   for (uint64_t i = 0; i < maps_.size(); ++i) {
-    if (maps_[i].read_only || maps_[i].read_write) unmap_chunk(i);
+    if (maps_[i].read_only || maps_[i].read_write) unmap_chunks(i, 1);
     maps_[i] = Maps{};
   }
 }

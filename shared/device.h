@@ -141,8 +141,10 @@ class PoolMapping {
 
  protected:
   PoolMapping() = default;
-  // Backend work, called with the mapping's lock held.
-  virtual void map_chunk(uint64_t i, int fd, Access access) = 0;
+  // Backend work, called with the mapping's lock held. Maps the run of
+  // chunks [first, first + fds.size()), none of them mapped now, with
+  // `access`: all or nothing (on failure none of them stays mapped).
+  virtual void map_chunks(uint64_t first, const std::vector<int>& fds, Access access) = 0;
   virtual void protect_chunk(uint64_t i, Access access) = 0;
   // A chunk mapped read-only becomes writable through `fd` (a read-write
   // grant). By default the access is changed in place.
@@ -150,7 +152,8 @@ class PoolMapping {
     (void)fd;
     protect_chunk(i, Access::ReadWrite);
   }
-  virtual void unmap_chunk(uint64_t i) noexcept = 0;
+  // The run [first, first + count) becomes unreachable.
+  virtual void unmap_chunks(uint64_t first, uint64_t count) noexcept = 0;
   // Unmaps every chunk still mapped: a backend's destructor calls it
   // before it frees the range.
   void unmap_all() noexcept;

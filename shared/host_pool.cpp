@@ -84,18 +84,14 @@ class HostMapping final : public PoolMapping {
   }
 
  protected:
-  void map_chunk(uint64_t i, int fd, Access access) override {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < desc_.alignment) {
-      throw std::runtime_error("chunk " + std::to_string(i) + "'s descriptor is not a chunk of " +
-                               format_bytes(desc_.alignment));
-    }
-    void* p = ::mmap(at(i), desc_.alignment, prot(access), MAP_SHARED | MAP_FIXED, fd, 0);
-    if (p == MAP_FAILED) {
-      const std::string why = errno_text();
-      unmap_chunk(i);  // MAP_FIXED may have replaced the reservation already
-      throw std::runtime_error("cannot map chunk " + std::to_string(i) + " " + access_name(access) +
-                               ": " + why);
+  void map_chunks(uint64_t first, const std::vector<int>& fds, Access access) override {
+    for (uint64_t k = 0; k < fds.size(); ++k) {
+      try {
+        map_one(first + k, fds[k], access);
+      } catch (...) {
+        unmap_chunks(first, k + 1);  // MAP_FIXED may have replaced the reservation already
+        throw;
+      }
     }
   }
   void protect_chunk(uint64_t i, Access access) override {
@@ -107,17 +103,28 @@ class HostMapping final : public PoolMapping {
   void widen_chunk(uint64_t i, int fd) override {
     // Mapped from a descriptor opened read-only, which mprotect cannot
     // widen: mapped again (the same memory) from the read-write one.
-    map_chunk(i, fd, Access::ReadWrite);
+    map_one(i, fd, Access::ReadWrite);
   }
-  void unmap_chunk(uint64_t i) noexcept override {
-    // Back to a reservation: the address stays this pool's, and faults.
-    if (::mmap(at(i), desc_.alignment, PROT_NONE,
+  void unmap_chunks(uint64_t first, uint64_t count) noexcept override {
+    // Back to a reservation: the addresses stay this pool's, and fault.
+    if (::mmap(at(first), count * desc_.alignment, PROT_NONE,
                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
-      spdlog::error("cannot unmap chunk {} of the host pool: {}", i, errno_text());
+      spdlog::error("cannot unmap chunks {}+{} of the host pool: {}", first, count, errno_text());
     }
   }
 
  private:
+  void map_one(uint64_t i, int fd, Access access) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < desc_.alignment) {
+      throw std::runtime_error("chunk " + std::to_string(i) + "'s descriptor is not a chunk of " +
+                               format_bytes(desc_.alignment));
+    }
+    if (::mmap(at(i), desc_.alignment, prot(access), MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+      throw std::runtime_error("cannot map chunk " + std::to_string(i) + " " + access_name(access) +
+                               ": " + errno_text());
+    }
+  }
   static int prot(Access a) { return a == Access::ReadWrite ? PROT_READ | PROT_WRITE : PROT_READ; }
   std::byte* at(uint64_t i) const { return base_ + i * desc_.alignment; }
 };
@@ -169,22 +176,20 @@ void reserve_descriptors(uint64_t needed, const std::string& what) {
   // Room for what the process opens besides (sockets, files, the store).
   constexpr uint64_t kHeadroom = 1024;
   struct rlimit lim {};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
   const uint64_t want = needed + kHeadroom;
-  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur >= want) return;
-  if (lim.rlim_cur == RLIM_INFINITY) return;
-  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want) {
+  if (lim.rlim_cur >= want) return;
+  const uint64_t hard = lim.rlim_max;
+  lim.rlim_cur = want;
+  // Past the hard limit only with CAP_SYS_RESOURCE (root, usually).
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want) lim.rlim_max = want;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
     throw std::runtime_error(what + " needs " + std::to_string(needed) +
                              " file descriptors (one per chunk) and this process may open at "
                              "most " +
-                             std::to_string(lim.rlim_max) +
+                             std::to_string(hard) +
                              ": raise the limit (ulimit -Hn; LimitNOFILE= in a systemd unit) or "
                              "use a larger alignment (fewer, larger chunks)");
-  }
-  lim.rlim_cur = want;
-  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
-    throw std::runtime_error("cannot raise the open-file limit to " + std::to_string(want) +
-                             " for " + what + ": " + errno_text());
   }
 }
 

@@ -653,7 +653,11 @@ TEST_F(HostCluster, GrantsReleasesAndKilledAgentsLeakNoDescriptors) {
     for (Process* p : doomed) ASSERT_TRUE(p->wait(10s));
   }
   ASSERT_TRUE(cluster.wait_for([](const auto& s) { return s["agents"].size() == 1; }, 30s));
-  EXPECT_EQ(open_descriptors(::getpid()), ours) << "the agent side kept descriptors";
+  // ZeroMQ closes the status requests' sockets off its reaper thread: the
+  // count settles, it does not have to be exact at once.
+  EXPECT_TRUE(eventually([&] { return open_descriptors(::getpid()) <= ours; }, 10s))
+      << open_descriptors(::getpid()) << " descriptors open here, " << ours
+      << " at the start: the agent side kept some";
   if (theirs < 0) {
     GTEST_SKIP() << "the coordinator's descriptors are readable by root only (it is not "
                     "dumpable); the agent side was checked";
