@@ -5,7 +5,8 @@
 # that agent's context alone, without MPS), the same stray write under MPS
 # (the fault machinery handles it; no pattern anywhere changes), and the
 # suites whose memory now comes chunk by chunk (lease client, engine, lease
-# allocator, jobs, devices, durability, paused agents) on the CUDA backend.
+# allocator, jobs, devices, durability, paused agents, regions, spilling) on
+# the CUDA backend.
 # Benchmarks, side by side with OLD_BUNDLE (built before the chunked pool:
 # one cudaMalloc shared whole through CUDA IPC) when given: the lease grant
 # round trip at 2 MiB, 64 MiB and 1 GiB, and the coordinator's start with
@@ -90,6 +91,8 @@ if [ "${LEASEHOLD_ISO_TESTS:-all}" != none ]; then
   step devices_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/devices_integration_test"
   step durability_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/durability_test"
   step paused_agent_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/paused_agent_test"
+  step regions_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/regions_integration_test"
+  step spill_training_cuda env LEASEHOLD_TEST_BACKEND=cuda "$bin/spill_training_test"
 fi
 if [ "${LEASEHOLD_BENCH:-all}" != none ]; then
   for size in 2MiB 64MiB 1GiB; do
