@@ -215,6 +215,7 @@ void Broker::create_pools(Backend backend) {
       throw std::runtime_error("pool size " + format_bytes(size) + " exceeds the " +
                                format_bytes(free) + " free on " + where);
     }
+    const auto made = Clock::now();
     try {
       device_pools_.push_back(create_pool(backend, ordinal, size, alignment));
     } catch (const std::exception& e) {
@@ -224,8 +225,9 @@ void Broker::create_pools(Backend backend) {
                                "be in the Default compute mode, not Exclusive-process)");
     }
     const PoolDescriptor& pool = device_pools_.back()->descriptor();
-    spdlog::info("device {}: pool of {} of {} free on {} ({})", ordinal, format_bytes(size),
-                 format_bytes(free), where, pool.uuid);
+    spdlog::info("device {}: pool of {} of {} free on {} ({}), {} chunks of {} made in {} ms",
+                 ordinal, format_bytes(size), format_bytes(free), where, pool.uuid,
+                 pool.chunk_count(), format_bytes(alignment), ms_between(made, Clock::now()));
   }
 }
 
