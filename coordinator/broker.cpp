@@ -281,7 +281,8 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     }
     std::vector<zmq::pollitem_t> items = {{router_.handle(), 0, ZMQ_POLLIN, 0},
                                           {nullptr, wake_fd_.get(), ZMQ_POLLIN, 0},
-                                          {nullptr, chunks_->listen_fd(), ZMQ_POLLIN, 0}};
+                                          {nullptr, chunks_->listen_fd(),
+                                           static_cast<short>(chunks_->accepting() ? ZMQ_POLLIN : 0), 0}};
     for (int fd : chunks_->connections()) items.push_back({nullptr, fd, ZMQ_POLLIN, 0});
     try {
       zmq::poll(items.data(), items.size(), timeout);

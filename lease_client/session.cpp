@@ -42,6 +42,9 @@ void PoolHold::map(ChunkRequest req, uint64_t first, uint64_t count, ErrorCode c
   std::shared_ptr<ChunkClient> client;
   {
     std::lock_guard lock(core->mu);
+    if (!core->connected || core->epoch != epoch) {
+      throw Error(code, "cannot map " + what + ": it was lost with the coordinator session");
+    }
     client = core->chunks;
     req.session = core->session;
   }
@@ -280,6 +283,14 @@ AgentSession::~AgentSession() {
   c.stop.store(true);
   c.cv.notify_all();
   if (c.heartbeat.joinable()) c.heartbeat.join();
+  // Leases and attachments that outlive the session lose their memory
+  // first: once unregistered, the coordinator hands it to others.
+  std::shared_ptr<PoolMapping> mapping;
+  {
+    std::lock_guard lock(c.mu);
+    if (auto it = c.holds.find(c.epoch); it != c.holds.end() && it->second > 0) mapping = c.mapping;
+  }
+  if (mapping) mapping->unmap_all();
   try {
     detail::control_request(
         c,
@@ -413,11 +424,17 @@ void AgentSession::resize(Lease& lease, uint64_t size) {
                            proto::CreateLeaseResize(fbb, id, size).Union()};
         },
         core_->opts.request_timeout, nullptr);
-  } catch (const Error&) {
-    // Refused: the lease is as it was; its tail back in reach.
+  } catch (...) {
+    // Refused (or no answer): the lease is as it was; its tail back in
+    // reach where it can be, and the size what is mapped.
     if (!lease.lost()) {
-      lease.hold_.map(req, lease.offset_ / chunk, lease.size_ / chunk, ErrorCode::Internal, what);
+      try {
+        lease.hold_.map(req, lease.offset_ / chunk, lease.size_ / chunk, ErrorCode::Internal, what);
+      } catch (const std::exception& e) {
+        spdlog::warn("{}: {}", what, e.what());
+      }
     }
+    lease.size_ = std::min(lease.size_, lease.hold_.chunk_count * chunk);
     throw;
   }
   const auto* grant = r->body_as_LeaseGrant();
@@ -425,18 +442,18 @@ void AgentSession::resize(Lease& lease, uint64_t size) {
   if (grant->lease()->offset() != lease.offset_ || grant->lease()->size() % chunk != 0) {
     throw Error(ErrorCode::Malformed, "coordinator moved " + what + " when resizing it");
   }
-  lease.size_ = grant->lease()->size();
+  const uint64_t granted = grant->lease()->size();
   lease.generation_ = grant->lease()->generation();
-  lease.hold_.unmap(lease.size_ / chunk);
-  // Grown in place: the new chunks.
-  lease.hold_.map(req, lease.offset_ / chunk, lease.size_ / chunk, ErrorCode::Internal, what);
+  lease.hold_.unmap(granted / chunk);
+  lease.size_ = lease.hold_.chunk_count * chunk;
+  // Grown in place: the new chunks. The size counts them once mapped (a
+  // failure leaves the lease as large as what this process can reach; the
+  // coordinator's larger lease goes back whole on release).
+  lease.hold_.map(req, lease.offset_ / chunk, granted / chunk, ErrorCode::Internal, what);
+  lease.size_ = granted;
 }
 
-void AgentSession::release(Lease& lease) {
-  if (!lease.held()) throw Error(ErrorCode::NoSuchLease, "lease is not held");
-  if (!lease.lost()) detail::release_lease(*core_, lease.id_);
-  lease.hold_.clear();
-}
+void AgentSession::release(Lease& lease) { lease.release(); }
 
 PoolDescriptor AgentSession::pool() const {
   std::lock_guard lock(core_->mu);

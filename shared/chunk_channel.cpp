@@ -41,6 +41,8 @@ struct ReplyWire {
   uint8_t ok;
   uint8_t access;
   int32_t device;
+  uint8_t last;                // the last datagram of this answer
+  uint8_t reserved[3];
   uint64_t first, count;       // the grant
   uint64_t batch_first;        // pool index of this datagram's first descriptor
   uint32_t batch_count;
@@ -83,10 +85,12 @@ bool send_reply(int sock, const ReplyWire& reply, const std::vector<UniqueFd>& f
 }
 
 ReplyWire refusal(const std::string& why) {
-  ReplyWire r{};
+  ReplyWire r;
+  std::memset(&r, 0, sizeof r);  // padding included: nothing of ours goes out by chance
   r.magic = kMagic;
   r.version = kVersion;
   r.ok = 0;
+  r.last = 1;
   r.message_len = static_cast<uint32_t>(std::min(why.size(), sizeof r.message));
   std::memcpy(r.message, why.data(), r.message_len);
   return r;
@@ -135,14 +139,15 @@ void ChunkServer::accept_pending() {
   while (true) {
     UniqueFd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd.valid()) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // The connection stays queued and the listener readable: not
+        // polled again for a while rather than spun on.
+        accept_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        spdlog::warn("chunk socket: out of descriptors; accepting again in 100 ms");
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         spdlog::warn("chunk socket: accept: {}", errno_text());
       }
       return;
-    }
-    if (peers_.size() >= kMaxConnections) {
-      spdlog::warn("chunk socket: {} connections open; refusing another", peers_.size());
-      continue;
     }
     ucred cred{};
     socklen_t len = sizeof cred;
@@ -150,8 +155,19 @@ void ChunkServer::accept_pending() {
       spdlog::warn("chunk socket: no peer credentials: {}", errno_text());
       continue;
     }
+    const size_t of_user = static_cast<size_t>(std::count_if(
+        peers_.begin(), peers_.end(), [&](const Peer& p) { return p.uid == cred.uid; }));
+    if (peers_.size() >= kMaxConnections || of_user >= kMaxConnectionsPerUser) {
+      spdlog::warn("chunk socket: refusing a connection from uid {} (pid {}): {} open, {} of its user's",
+                   cred.uid, cred.pid, peers_.size(), of_user);
+      continue;
+    }
     peers_.push_back(Peer{std::move(fd), cred.pid, cred.uid});
   }
+}
+
+bool ChunkServer::accepting() const {
+  return std::chrono::steady_clock::now() >= accept_paused_until_;
 }
 
 void ChunkServer::drop(int fd, const std::string& why) {
@@ -171,21 +187,16 @@ void ChunkServer::serve(int fd) {
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  char control[CMSG_SPACE(sizeof(int) * 4)];
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  // No control buffer: descriptors a client sends are discarded by the
+  // kernel, never installed here (closing one could block this loop: a
+  // FUSE file's flush waits on its daemon).
+  msg.msg_control = nullptr;
+  msg.msg_controllen = 0;
+  const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
   if (n == 0) return drop(fd, "");
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
     return drop(fd, errno_text());
-  }
-  // Descriptors sent to us are closed, never kept.
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; ++i) ::close(reinterpret_cast<int*>(CMSG_DATA(c))[i]);
-    }
   }
   if (static_cast<size_t>(n) != sizeof wire || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
     ++refused_;
@@ -223,7 +234,14 @@ bool ChunkServer::answer(Peer& peer, const ChunkRequest& req) {
     return send_reply(peer.fd.get(), refusal(d.refusal.empty() ? "refused" : d.refusal), {});
   }
   const ChunkGrant& g = *d.grant;
-  ReplyWire r{};
+  const uint64_t end = g.first + g.count;
+  if (req.from_chunk > end) {
+    ++refused_;
+    return send_reply(peer.fd.get(), refusal("chunk " + std::to_string(req.from_chunk) +
+                                             " is past the grant's end"), {});
+  }
+  ReplyWire r;
+  std::memset(&r, 0, sizeof r);
   r.magic = kMagic;
   r.version = kVersion;
   r.ok = 1;
@@ -232,18 +250,21 @@ bool ChunkServer::answer(Peer& peer, const ChunkRequest& req) {
   r.first = g.first;
   r.count = g.count;
   uint64_t next = std::max(g.first, req.from_chunk);
-  const uint64_t end = g.first + g.count;
+  // At most kAnswerChunks per answer, so an answer always fits the
+  // socket's buffer while the asker maps; it asks again for the rest.
+  const uint64_t stop = std::min(end, next + kAnswerChunks);
   try {
     do {
-      const uint64_t batch_end = std::min(end, next + kChunkBatch);
+      const uint64_t batch_end = std::min(stop, next + kChunkBatch);
       std::vector<UniqueFd> fds;
       fds.reserve(batch_end - next);
       for (uint64_t i = next; i < batch_end; ++i) fds.push_back(d.pool->share(i, g.access));
       r.batch_first = next;
       r.batch_count = static_cast<uint32_t>(fds.size());
+      r.last = batch_end == stop;
       if (!send_reply(peer.fd.get(), r, fds)) return false;
       next = batch_end;
-    } while (next < end);
+    } while (next < stop);
   } catch (const std::exception& e) {
     // Out of descriptors, most likely: the asker learns why and may ask again.
     ++refused_;
@@ -276,7 +297,8 @@ ChunkGrant ChunkClient::fetch(
   if (req.agent.empty() || req.agent.size() > kNameMax || req.region.size() > kNameMax) {
     throw std::invalid_argument("chunk request: agent or region name of the wrong length");
   }
-  RequestWire wire{};
+  RequestWire wire;
+  std::memset(&wire, 0, sizeof wire);  // padding included
   wire.magic = kMagic;
   wire.version = kVersion;
   wire.kind = static_cast<uint8_t>(req.kind);
@@ -290,68 +312,89 @@ ChunkGrant ChunkClient::fetch(
   std::memcpy(wire.region, req.region.data(), req.region.size());
 
   std::lock_guard lock(mu_);
+  ChunkGrant grant;
+  uint64_t next = req.from_chunk;
+  bool first_answer = true;
+  while (true) {
+    wire.from_chunk = next;
+    send_locked(&wire, sizeof wire);
+    // One answer: datagrams up to the one marked last.
+    bool last = false;
+    while (!last) {
+      ReplyWire r;
+      std::memset(&r, 0, sizeof r);
+      iovec iov{&r, sizeof r};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      std::vector<char> control(CMSG_SPACE(sizeof(int) * kChunkBatch));
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      ssize_t n;
+      do {
+        n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC);
+      } while (n < 0 && errno == EINTR);
+      std::vector<UniqueFd> fds;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < k; ++i) fds.emplace_back(reinterpret_cast<int*>(CMSG_DATA(c))[i]);
+        }
+      }
+      if (n != static_cast<ssize_t>(sizeof r) || r.magic != kMagic || r.version != kVersion ||
+          (msg.msg_flags & MSG_CTRUNC)) {
+        const std::string why =
+            n < 0 ? errno_text() : n == 0 ? "the coordinator closed it" : "a malformed answer";
+        fd_.reset();
+        throw std::runtime_error("chunk socket " + path_ + ": " + why);
+      }
+      if (!r.ok) {
+        // A refusal ends its answer; the connection is good for the next.
+        throw std::runtime_error(
+            std::string(r.message, std::min<size_t>(r.message_len, sizeof r.message)));
+      }
+      const ChunkGrant g{r.device, r.first, r.count,
+                         r.access == static_cast<uint8_t>(Access::ReadOnly) ? Access::ReadOnly
+                                                                            : Access::ReadWrite};
+      if (first_answer) {
+        grant = g;
+        next = std::max(next, g.first);
+        first_answer = false;
+      }
+      if (g.first != grant.first || g.count != grant.count || g.access != grant.access ||
+          fds.size() != r.batch_count || r.batch_first != next ||
+          next + fds.size() > grant.first + grant.count) {
+        fd_.reset();
+        throw std::runtime_error("chunk socket " + path_ + ": an answer with the wrong descriptors");
+      }
+      next += fds.size();
+      last = r.last;
+      if (fds.empty()) continue;
+      try {
+        take(r.batch_first, std::move(fds), grant);
+      } catch (...) {
+        fd_.reset();  // the rest of the answer is not read: a new connection next time
+        throw;
+      }
+    }
+    if (next >= grant.first + grant.count) return grant;
+  }
+}
+
+void ChunkClient::send_locked(const void* bytes, size_t size) {
   // A connection the coordinator closed (it restarted, or dropped us)
   // shows on the send: connect again once.
   for (int attempt = 0;; ++attempt) {
     if (!fd_.valid()) connect_locked();
-    if (::send(fd_.get(), &wire, sizeof wire, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof wire)) break;
+    ssize_t sent;
+    do {
+      sent = ::send(fd_.get(), bytes, size, MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent == static_cast<ssize_t>(size)) return;
     const std::string why = errno_text();
     fd_.reset();
     if (attempt == 1) throw std::runtime_error("cannot send to the chunk socket " + path_ + ": " + why);
   }
-  ChunkGrant grant;
-  uint64_t received = 0, expected = 0;
-  bool first_reply = true;
-  uint64_t from = 0;
-  do {
-    ReplyWire r{};
-    iovec iov{&r, sizeof r};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * kChunkBatch));
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    const ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC);
-    std::vector<UniqueFd> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k; ++i) fds.emplace_back(reinterpret_cast<int*>(CMSG_DATA(c))[i]);
-      }
-    }
-    if (n != static_cast<ssize_t>(sizeof r) || r.magic != kMagic || r.version != kVersion ||
-        (msg.msg_flags & MSG_CTRUNC)) {
-      const std::string why = n < 0 ? errno_text() : n == 0 ? "the coordinator closed it" : "a malformed answer";
-      fd_.reset();
-      throw std::runtime_error("chunk socket " + path_ + ": " + why);
-    }
-    if (!r.ok) {
-      throw std::runtime_error(std::string(r.message, std::min<size_t>(r.message_len, sizeof r.message)));
-    }
-    if (first_reply) {
-      grant = ChunkGrant{r.device, r.first, r.count,
-                         r.access == static_cast<uint8_t>(Access::ReadOnly) ? Access::ReadOnly
-                                                                            : Access::ReadWrite};
-      from = std::max(r.first, req.from_chunk);
-      expected = r.first + r.count > from ? r.first + r.count - from : 0;
-      first_reply = false;
-    }
-    if (fds.size() != r.batch_count || r.batch_first != from + received ||
-        received + fds.size() > expected) {
-      fd_.reset();
-      throw std::runtime_error("chunk socket " + path_ + ": an answer with the wrong descriptors");
-    }
-    received += fds.size();
-    if (fds.empty()) continue;
-    try {
-      take(r.batch_first, std::move(fds), grant);
-    } catch (...) {
-      fd_.reset();  // the rest of the answer is not read: a new connection next time
-      throw;
-    }
-  } while (received < expected);
-  return grant;
 }
 
 std::string chunk_socket_path(const std::string& endpoint, const std::string& state_dir) {

@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -51,6 +52,9 @@ struct ChunkGrant {
 };
 
 inline constexpr size_t kChunkBatch = 128;  // descriptors per datagram (SCM_MAX_FD is 253)
+// Descriptors per answer: its datagrams fit a socket's send buffer while the
+// asker maps the previous ones; a larger grant takes several answers.
+inline constexpr size_t kAnswerChunks = 32 * kChunkBatch;
 
 // Coordinator side. Single-threaded: the broker's loop polls listen_fd()
 // and connections() and calls accept_pending() and serve().
@@ -78,13 +82,19 @@ class ChunkServer {
   const std::string& path() const { return path_; }
   int listen_fd() const { return listen_.get(); }
   std::vector<int> connections() const;
-  // Accepts every pending connection (up to kMaxConnections at once).
+  // Accepts every pending connection: up to kMaxConnections at once, and
+  // kMaxConnectionsPerUser of one user (one per agent and per program
+  // process is the use; more is someone hoarding them).
   void accept_pending();
+  // False for a moment after the process ran out of descriptors: poll
+  // listen_fd() only when this holds.
+  bool accepting() const;
   // Reads and answers what connection `fd` sent; closes it when its peer
   // left, sent something malformed, or does not take its answer.
   void serve(int fd);
 
-  static constexpr size_t kMaxConnections = 4096;
+  static constexpr size_t kMaxConnections = 1024;
+  static constexpr size_t kMaxConnectionsPerUser = 256;
   uint64_t served() const { return served_; }
   uint64_t refused() const { return refused_; }
 
@@ -101,6 +111,7 @@ class ChunkServer {
   UniqueFd listen_;
   Decide decide_;
   std::vector<Peer> peers_;
+  std::chrono::steady_clock::time_point accept_paused_until_{};
   uint64_t served_ = 0, refused_ = 0;
 };
 
@@ -119,6 +130,7 @@ class ChunkClient {
 
  private:
   void connect_locked();
+  void send_locked(const void* bytes, size_t size);
   std::string path_;
   std::mutex mu_;
   UniqueFd fd_;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <optional>
 #include <cstring>
 #include <stdexcept>
 
@@ -205,8 +206,20 @@ class CudaMapping final : public PoolMapping {
     }
     on.restore();
   }
-  void protect_chunk(uint64_t i, Access access) override { set_access(i, 1, access); }
+  void protect_chunk(uint64_t i, Access access) override {
+    DeviceSwitch on(desc_.device);
+    set_access(i, 1, access);
+    on.restore();
+  }
   void unmap_chunks(uint64_t first, uint64_t count) noexcept override {
+    // Called from destructors on any thread: the pool's device current
+    // while it runs, and never a throw.
+    std::optional<DeviceSwitch> on;
+    try {
+      on.emplace(desc_.device);
+    } catch (const std::exception& e) {
+      spdlog::warn("unmapping chunks {}+{}: {}", first, count, e.what());
+    }
     const CudaVmm& vmm = cuda_vmm();
     CUresult r = vmm.unmap(address(first), count * desc_.alignment);
     if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) return;

@@ -136,6 +136,10 @@ class PoolMapping {
   // read-only one (a filled region): a chunk no other map writes becomes
   // read-only. Never throws (a failure is logged).
   void narrow(uint64_t first, uint64_t count) noexcept;
+  // Unmaps every chunk still mapped, whoever mapped it (a session that
+  // ends while leases of it live; a backend's destructor). Later unmaps of
+  // those maps find nothing to undo.
+  void unmap_all() noexcept;
   // How chunk `i` is mapped now (nullopt: it is not).
   std::optional<Access> access(uint64_t i) const;
 
@@ -154,9 +158,6 @@ class PoolMapping {
   }
   // The run [first, first + count) becomes unreachable.
   virtual void unmap_chunks(uint64_t first, uint64_t count) noexcept = 0;
-  // Unmaps every chunk still mapped: a backend's destructor calls it
-  // before it frees the range.
-  void unmap_all() noexcept;
 
   PoolDescriptor desc_;
   std::byte* base_ = nullptr;

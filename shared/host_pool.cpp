@@ -36,7 +36,10 @@ class HostPool final : public DevicePool {
     chunk_fds_.reserve(chunks);
     for (uint64_t i = 0; i < chunks; ++i) {
       UniqueFd fd(::memfd_create("leasehold-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      // Owner read only: a process handed a read-only descriptor cannot
+      // open it again for writing through /proc/self/fd (root aside).
       if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(alignment)) != 0 ||
+          ::fchmod(fd.get(), 0400) != 0 ||
           ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         throw std::runtime_error("cannot create chunk " + std::to_string(i) + " of a host pool of " +
                                  format_bytes(size) + ": " + errno_text());
@@ -124,6 +127,11 @@ class HostMapping final : public PoolMapping {
       throw std::runtime_error("cannot map chunk " + std::to_string(i) + " " + access_name(access) +
                                ": " + errno_text());
     }
+    // A child forked without exec (a data loader's worker) does not keep
+    // the chunk once this process gives it back.
+    if (::madvise(at(i), desc_.alignment, MADV_DONTFORK) != 0) {
+      spdlog::warn("madvise(MADV_DONTFORK) on chunk {}: {}", i, errno_text());
+    }
   }
   static int prot(Access a) { return a == Access::ReadWrite ? PROT_READ | PROT_WRITE : PROT_READ; }
   std::byte* at(uint64_t i) const { return base_ + i * desc_.alignment; }
@@ -173,8 +181,9 @@ DeviceMemory query_host_memory() {
 }
 
 void reserve_descriptors(uint64_t needed, const std::string& what) {
-  // Room for what the process opens besides (sockets, files, the store).
-  constexpr uint64_t kHeadroom = 1024;
+  // Room for what the process opens besides: the chunk socket's
+  // connections, ZeroMQ's sockets, the store, files.
+  constexpr uint64_t kHeadroom = 2048;
   struct rlimit lim {};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
   const uint64_t want = needed + kHeadroom;

@@ -85,6 +85,10 @@ TEST(DeviceChunks, ReadOnlyMapsAndDescriptorsCannotWrite) {
   EXPECT_EQ(errno, EACCES);
   EXPECT_NE(::mprotect(m->base() + kChunk, kChunk, PROT_READ | PROT_WRITE), 0)
       << "nor can the mapping be widened in place";
+  if (::geteuid() != 0) {  // root passes file modes
+    const std::string again = "/proc/self/fd/" + std::to_string(ro.get());
+    EXPECT_EQ(::open(again.c_str(), O_RDWR), -1) << "nor opened again for writing";
+  }
 }
 
 TEST(DeviceChunks, MapsAreCountedPerAccessAndNarrowed) {
@@ -117,9 +121,9 @@ TEST(DeviceChunks, MapsAreCountedPerAccessAndNarrowed) {
 // A chunk server on a thread of its own, deciding with `decide`.
 class ServedPool {
  public:
-  explicit ServedPool(ChunkServer::Decide decide)
+  explicit ServedPool(ChunkServer::Decide decide, uint64_t chunks = 300, uint64_t chunk = kChunk)
       : dir_(std::filesystem::temp_directory_path() / ("lh-chunks-" + std::to_string(::getpid()))),
-        pool_(create_pool(Backend::Host, 0, 300 * kChunk, kChunk)) {
+        pool_(create_pool(Backend::Host, 0, chunks * chunk, chunk)) {
     std::filesystem::create_directories(dir_);
     server_ = std::make_unique<ChunkServer>((dir_ / "c.sock").string(), nullptr,
                                             [this, decide](const ChunkRequest& r, pid_t p, uid_t u) {
@@ -192,6 +196,30 @@ TEST(ChunkChannel, AGrantComesInBatchesAndAskingAgainFromAChunkOnGetsTheRest) {
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "not yours");
   }
+}
+
+// More chunks than one answer carries: the client asks again from where the
+// answer stopped, and nothing is dropped for not keeping up.
+TEST(ChunkChannel, AGrantLargerThanOneAnswerComesInSeveral) {
+  const uint64_t chunks = kAnswerChunks + 904;
+  ServedPool served(
+      [&](const ChunkRequest&, pid_t, uid_t) {
+        ChunkServer::Decision d;
+        d.grant = ChunkGrant{0, 0, chunks, Access::ReadWrite};
+        return d;
+      },
+      chunks, 4096);
+  ChunkClient client(served.path());
+  ChunkRequest req;
+  req.agent = "a";
+  uint64_t got = 0, next = 0;
+  client.fetch(req, [&](uint64_t first, std::vector<UniqueFd> fds, const ChunkGrant&) {
+    EXPECT_EQ(first, next);
+    next += fds.size();
+    got += fds.size();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // an asker that maps as it goes
+  });
+  EXPECT_EQ(got, chunks);
 }
 
 TEST(ChunkChannel, MalformedRequestsAreRefusedAndTheServerKeepsServing) {
