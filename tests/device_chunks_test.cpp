@@ -23,7 +23,7 @@ namespace {
 
 constexpr uint64_t kChunk = 64 << 10;
 
-int dies_of(const std::function<void()>& touch) {
+bool faults(const std::function<void()>& touch) {
   const pid_t child = ::fork();
   if (child == 0) {
     touch();
@@ -31,7 +31,9 @@ int dies_of(const std::function<void()>& touch) {
   }
   int status = 0;
   ::waitpid(child, &status, 0);
-  return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  // Killed by the fault, or (under AddressSanitizer, whose handler reports
+  // it) exited with a failure: the touch alone cannot fail otherwise.
+  return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
 }
 
 std::vector<UniqueFd> shares(const DevicePool& pool, uint64_t first, uint64_t count, Access a) {
@@ -62,12 +64,12 @@ TEST(DeviceChunks, OnlyMappedChunksAreReachableAndTwoMappingsShareTheMemory) {
   b->map(3, shares(*pool, 3, 1, Access::ReadWrite), Access::ReadWrite);
   std::memset(a->base() + 2 * kChunk, 7, 2 * kChunk);
   EXPECT_EQ(static_cast<int>(b->base()[3 * kChunk + 17]), 7) << "the same physical chunk";
-  EXPECT_EQ(dies_of([&] { (void)*reinterpret_cast<volatile char*>(b->base() + 2 * kChunk); }), SIGSEGV)
+  EXPECT_TRUE(faults([&] { (void)*reinterpret_cast<volatile char*>(b->base() + 2 * kChunk); }))
       << "chunk 2 is not b's";
-  EXPECT_EQ(dies_of([&] { (void)*reinterpret_cast<volatile char*>(a->base()); }), SIGSEGV);
+  EXPECT_TRUE(faults([&] { (void)*reinterpret_cast<volatile char*>(a->base()); }));
   a->unmap(2, 2, Access::ReadWrite);
   EXPECT_EQ(a->access(2), std::nullopt);
-  EXPECT_EQ(dies_of([&] { (void)*reinterpret_cast<volatile char*>(a->base() + 3 * kChunk); }), SIGSEGV)
+  EXPECT_TRUE(faults([&] { (void)*reinterpret_cast<volatile char*>(a->base() + 3 * kChunk); }))
       << "unmapped: out of reach again";
   EXPECT_EQ(static_cast<int>(b->base()[3 * kChunk]), 7) << "b keeps its chunk";
 }
@@ -78,7 +80,7 @@ TEST(DeviceChunks, ReadOnlyMapsAndDescriptorsCannotWrite) {
   m->map(1, shares(*pool, 1, 1, Access::ReadOnly), Access::ReadOnly);
   EXPECT_EQ(m->access(1), Access::ReadOnly);
   EXPECT_EQ(static_cast<int>(m->base()[kChunk]), 0);
-  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile char*>(m->base() + kChunk) = 1; }), SIGSEGV);
+  EXPECT_TRUE(faults([&] { *reinterpret_cast<volatile char*>(m->base() + kChunk) = 1; }));
   // The descriptor itself refuses a writable mapping.
   UniqueFd ro = pool->share(1, Access::ReadOnly);
   EXPECT_EQ(::mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_SHARED, ro.get(), 0), MAP_FAILED);
@@ -100,12 +102,12 @@ TEST(DeviceChunks, MapsAreCountedPerAccessAndNarrowed) {
   m->base()[5] = std::byte{9};
   m->unmap(0, 1, Access::ReadWrite);
   EXPECT_EQ(m->access(0), Access::ReadOnly);
-  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile char*>(m->base()) = 1; }), SIGSEGV);
+  EXPECT_TRUE(faults([&] { *reinterpret_cast<volatile char*>(m->base()) = 1; }));
   EXPECT_EQ(static_cast<int>(m->base()[5]), 9);
   m->map(1, shares(*pool, 1, 1, Access::ReadWrite), Access::ReadWrite);
   m->narrow(1, 1);
   EXPECT_EQ(m->access(1), Access::ReadOnly);
-  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile char*>(m->base() + kChunk) = 1; }), SIGSEGV);
+  EXPECT_TRUE(faults([&] { *reinterpret_cast<volatile char*>(m->base() + kChunk) = 1; }));
   m->unmap(0, 2, Access::ReadOnly);
   EXPECT_EQ(m->access(0), std::nullopt);
   EXPECT_EQ(m->access(1), std::nullopt);

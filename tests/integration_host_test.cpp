@@ -482,9 +482,8 @@ TEST_F(HostCluster, RestartAfterCrashReplacesStaleSockets) {
   EXPECT_TRUE(a.acquire(1ull << 20).held());
 }
 
-// What a forked child of this process dies of when it runs `touch`: the
-// signal number, or 0 when it exits normally.
-int dies_of(const std::function<void()>& touch) {
+// Whether a forked child of this process faults when it runs `touch`.
+bool faults(const std::function<void()>& touch) {
   const pid_t child = ::fork();
   if (child == 0) {
     touch();
@@ -492,7 +491,9 @@ int dies_of(const std::function<void()>& touch) {
   }
   int status = 0;
   ::waitpid(child, &status, 0);
-  return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  // Killed by the fault, or (under AddressSanitizer, whose handler reports
+  // it) exited with a failure: the touch alone cannot fail otherwise.
+  return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
 }
 
 // Asks the coordinator's chunk socket for `req` as whoever calls it; the
@@ -523,11 +524,10 @@ TEST_F(HostCluster, ALeaseIsReachableOnlyByItsHolder) {
   // Nothing of it in the intruder's range: reading there faults.
   auto range = intruder.current_mapping();
   EXPECT_EQ(range->access(chunk), std::nullopt);
-  EXPECT_EQ(dies_of([&] {
+  EXPECT_TRUE(faults([&] {
               volatile auto* p = reinterpret_cast<volatile unsigned char*>(range->base() + lease.offset());
               (void)*p;
-            }),
-            SIGSEGV);
+            }));
 
   // The chunk socket refuses every way round.
   ChunkRequest req;
@@ -580,10 +580,8 @@ TEST_F(HostCluster, ARegionIsReadOnlyForAllButItsFillerWhileItFills) {
   RegionAttachment theirs = reader.attach_region("data/shared", 1ull << 20, false);
   EXPECT_EQ(reader.current_mapping()->access(chunk), Access::ReadOnly);
   EXPECT_EQ(static_cast<unsigned char>(theirs.data()[12345]), 0x42) << "the filler's bytes";
-  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile std::byte*>(theirs.data()) = std::byte{1}; }),
-            SIGSEGV);
-  EXPECT_EQ(dies_of([&] { *reinterpret_cast<volatile std::byte*>(mine.data()) = std::byte{1}; }),
-            SIGSEGV);
+  EXPECT_TRUE(faults([&] { *reinterpret_cast<volatile std::byte*>(theirs.data()) = std::byte{1}; }));
+  EXPECT_TRUE(faults([&] { *reinterpret_cast<volatile std::byte*>(mine.data()) = std::byte{1}; }));
 
   // The descriptors the reader is handed cannot be mapped for writing.
   ChunkRequest req;
