@@ -17,24 +17,14 @@
 
 #include "shared/chunk_channel.h"
 #include "shared/device.h"
+#include "tests/support/faults.h"
 
 namespace leasehold {
 namespace {
 
-constexpr uint64_t kChunk = 64 << 10;
+using testing::faults;
 
-bool faults(const std::function<void()>& touch) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    touch();
-    ::_exit(0);
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  // Killed by the fault, or (under AddressSanitizer, whose handler reports
-  // it) exited with a failure: the touch alone cannot fail otherwise.
-  return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
-}
+constexpr uint64_t kChunk = 64 << 10;
 
 std::vector<UniqueFd> shares(const DevicePool& pool, uint64_t first, uint64_t count, Access a) {
   std::vector<UniqueFd> fds;

@@ -19,6 +19,7 @@
 #include "shared/chunk_channel.h"
 #include "shared/connection.h"
 #include "shared/device.h"
+#include "tests/support/faults.h"
 #include "shared/protocol.h"
 #include "tests/support/cluster.h"
 #include "tests/support/isolation.h"
@@ -480,20 +481,6 @@ TEST_F(HostCluster, RestartAfterCrashReplacesStaleSockets) {
   EXPECT_NE(next.log().find("stale"), std::string::npos) << next.log();
   AgentSession a(session_options("after-crash"));
   EXPECT_TRUE(a.acquire(1ull << 20).held());
-}
-
-// Whether a forked child of this process faults when it runs `touch`.
-bool faults(const std::function<void()>& touch) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    touch();
-    ::_exit(0);
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  // Killed by the fault, or (under AddressSanitizer, whose handler reports
-  // it) exited with a failure: the touch alone cannot fail otherwise.
-  return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
 }
 
 // Asks the coordinator's chunk socket for `req` as whoever calls it; the
