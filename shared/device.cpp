@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstring>
@@ -109,8 +110,9 @@ std::unique_ptr<DevicePool> create_pool(Backend backend, int device, uint64_t si
 
 std::unique_ptr<PoolMapping> map_pool(const PoolDescriptor& desc) {
   if (desc.alignment == 0 || desc.size % desc.alignment != 0) {
-    throw std::runtime_error("pool of " + std::to_string(desc.size) +
-                             " bytes is not whole chunks of " + std::to_string(desc.alignment));
+    throw std::runtime_error("the pool of device " + std::to_string(desc.device) + " (" +
+                             std::to_string(desc.size) + " bytes) is not whole chunks of " +
+                             std::to_string(desc.alignment) + " bytes, as the coordinator said");
   }
   if (desc.backend == Backend::Host) return detail::map_host_pool(desc);
 #ifdef LEASEHOLD_HAVE_CUDA
@@ -253,6 +255,29 @@ std::optional<Access> PoolMapping::access(uint64_t i) const {
 }
 
 namespace detail {
+
+void reserve_descriptors(uint64_t needed, const std::string& what) {
+  // Room for what the process opens besides: the chunk socket's
+  // connections, ZeroMQ's sockets, the store, files.
+  constexpr uint64_t kHeadroom = 2048;
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
+  const uint64_t want = needed + kHeadroom;
+  if (lim.rlim_cur >= want) return;
+  const uint64_t hard = lim.rlim_max;
+  lim.rlim_cur = want;
+  // Past the hard limit only with CAP_SYS_RESOURCE (root, usually).
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want) lim.rlim_max = want;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    throw std::runtime_error(what + " needs " + std::to_string(needed) +
+                             " file descriptors (one per chunk) and this process may open at "
+                             "most " +
+                             std::to_string(hard) +
+                             ": raise the limit (ulimit -Hn; LimitNOFILE= in a systemd unit) or "
+                             "use a larger alignment (fewer, larger chunks)");
+  }
+}
+
 uint64_t random_epoch() {
   std::random_device rd;
   uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();

@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -178,28 +177,6 @@ DeviceMemory query_host_memory() {
   m.free_bytes = (avail && shm_free) ? std::min(avail, shm_free) : std::max(avail, shm_free);
   m.total_bytes = shm_total;
   return m;
-}
-
-void reserve_descriptors(uint64_t needed, const std::string& what) {
-  // Room for what the process opens besides: the chunk socket's
-  // connections, ZeroMQ's sockets, the store, files.
-  constexpr uint64_t kHeadroom = 2048;
-  struct rlimit lim {};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
-  const uint64_t want = needed + kHeadroom;
-  if (lim.rlim_cur >= want) return;
-  const uint64_t hard = lim.rlim_max;
-  lim.rlim_cur = want;
-  // Past the hard limit only with CAP_SYS_RESOURCE (root, usually).
-  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want) lim.rlim_max = want;
-  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
-    throw std::runtime_error(what + " needs " + std::to_string(needed) +
-                             " file descriptors (one per chunk) and this process may open at "
-                             "most " +
-                             std::to_string(hard) +
-                             ": raise the limit (ulimit -Hn; LimitNOFILE= in a systemd unit) or "
-                             "use a larger alignment (fewer, larger chunks)");
-  }
 }
 
 }  // namespace leasehold::detail
