@@ -267,6 +267,82 @@ class CudaMapping final : public PoolMapping {
   }
 };
 
+// A window's pages show chunks by mapping the physical memory behind the
+// chunk's address in the pool range (cuMemRetainAllocationHandle) once more
+// at the page: no descriptor, no import, the same memory.
+class CudaWindow final : public ChunkWindow {
+ public:
+  CudaWindow(std::shared_ptr<PoolMapping> source, std::byte* base, uint64_t pages,
+             uint64_t page_size)
+      : ChunkWindow(std::move(source), base, pages, page_size),
+        device_(source_->descriptor().device) {}
+  ~CudaWindow() override {
+    hide_all();
+    CUresult r = cuda_vmm().address_free(reinterpret_cast<CUdeviceptr>(base()),
+                                         page_count() * page_size());
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+      spdlog::warn("{}", vmm_error("cuMemAddressFree", r));
+    }
+  }
+
+ protected:
+  void show_pages(uint64_t first, const std::vector<std::byte*>& sources) override {
+    const CudaVmm& vmm = cuda_vmm();
+    DeviceSwitch on(device_);
+    uint64_t mapped = 0;
+    try {
+      for (; mapped < sources.size(); ++mapped) {
+        CUmemGenericAllocationHandle h{};
+        if (CUresult r = vmm.retain_handle(&h, sources[mapped]); r != CUDA_SUCCESS) {
+          throw std::runtime_error("cannot show a chunk in a window: " +
+                                   vmm_error("cuMemRetainAllocationHandle", r));
+        }
+        CUresult r = vmm.map(address(first + mapped), page_size(), 0, h, 0);
+        vmm.mem_release(h);  // the mapping keeps the memory
+        if (r != CUDA_SUCCESS) {
+          throw std::runtime_error("cannot show a chunk at page " + std::to_string(first + mapped) +
+                                   " of a window: " + vmm_error("cuMemMap", r));
+        }
+      }
+      CUmemAccessDesc a{};
+      a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      a.location.id = device_;
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      if (CUresult r = vmm.set_access(address(first), sources.size() * page_size(), &a, 1);
+          r != CUDA_SUCCESS) {
+        throw std::runtime_error("cannot make window pages " + std::to_string(first) + "+" +
+                                 std::to_string(sources.size()) + " read-write: " +
+                                 vmm_error("cuMemSetAccess", r));
+      }
+    } catch (...) {
+      if (mapped) hide_pages(first, mapped);
+      throw;
+    }
+    on.restore();
+  }
+  void hide_pages(uint64_t first, uint64_t count) noexcept override {
+    std::optional<DeviceSwitch> on;
+    try {
+      on.emplace(device_);
+    } catch (const std::exception& e) {
+      spdlog::warn("hiding window pages {}+{}: {}", first, count, e.what());
+    }
+    const CudaVmm& vmm = cuda_vmm();
+    CUresult r = vmm.unmap(address(first), count * page_size());
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) return;
+    for (uint64_t p = first; p < first + count; ++p) {  // page by page, as the pool's unmap
+      r = vmm.unmap(address(p), page_size());
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+        spdlog::error("window page {}: {}", p, vmm_error("cuMemUnmap", r));
+      }
+    }
+  }
+
+ private:
+  CUdeviceptr address(uint64_t p) const { return reinterpret_cast<CUdeviceptr>(page(p)); }
+  int device_;
+};
+
 }  // namespace
 
 // The 16 bytes as nvidia-smi -L and NVML print them: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
@@ -299,6 +375,26 @@ std::unique_ptr<DevicePool> create_cuda_pool(int device, uint64_t size, uint64_t
 
 std::unique_ptr<PoolMapping> map_cuda_pool(const PoolDescriptor& desc) {
   return std::make_unique<CudaMapping>(desc);
+}
+
+std::unique_ptr<ChunkWindow> open_cuda_window(std::shared_ptr<PoolMapping> source, uint64_t pages) {
+  const PoolDescriptor& desc = source->descriptor();
+  if (pages > UINT64_MAX / desc.alignment) {
+    throw std::invalid_argument("a window past the address space");
+  }
+  const CudaVmm& vmm = cuda_vmm();
+  DeviceSwitch on(desc.device);
+  CUdeviceptr ptr = 0;
+  if (CUresult r = vmm.address_reserve(&ptr, pages * desc.alignment, desc.alignment, 0, 0);
+      r != CUDA_SUCCESS) {
+    throw std::runtime_error("cannot reserve " + format_bytes(pages * desc.alignment) +
+                             " of address space for a chunk window on device " +
+                             std::to_string(desc.device) + ": " +
+                             vmm_error("cuMemAddressReserve", r));
+  }
+  on.restore();
+  return std::make_unique<CudaWindow>(std::move(source), reinterpret_cast<std::byte*>(ptr), pages,
+                                      desc.alignment);
 }
 
 int cuda_ordinal_of(std::string_view uuid) {

@@ -33,6 +33,7 @@ CudaVmm load_all() {
   load(v.map, "cuMemMap");
   load(v.unmap, "cuMemUnmap");
   load(v.set_access, "cuMemSetAccess");
+  load(v.retain_handle, "cuMemRetainAllocationHandle");
   load(v.granularity, "cuMemGetAllocationGranularity");
   load(v.error_name, "cuGetErrorName");
   return v;

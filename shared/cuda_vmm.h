@@ -22,6 +22,7 @@ struct CudaVmm {
   CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   CUresult (*unmap)(CUdeviceptr, size_t);
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  CUresult (*retain_handle)(CUmemGenericAllocationHandle*, void*);
   CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
   CUresult (*error_name)(CUresult, const char**);
 };

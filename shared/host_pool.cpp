@@ -136,6 +136,45 @@ class HostMapping final : public PoolMapping {
   std::byte* at(uint64_t i) const { return base_ + i * desc_.alignment; }
 };
 
+// A window's pages show chunks through mremap with an old size of 0, which
+// maps the pages of a shared mapping (the chunk's, in the pool range) once
+// more at another address: no descriptor is needed, and the memfd's pages
+// are the same.
+class HostWindow final : public ChunkWindow {
+ public:
+  HostWindow(std::shared_ptr<PoolMapping> source, std::byte* base, uint64_t pages,
+             uint64_t page_size)
+      : ChunkWindow(std::move(source), base, pages, page_size) {}
+  ~HostWindow() override {
+    hide_all();
+    if (::munmap(base(), page_count() * page_size()) != 0) {
+      spdlog::warn("munmap of a chunk window: {}", errno_text());
+    }
+  }
+
+ protected:
+  void show_pages(uint64_t first, const std::vector<std::byte*>& sources) override {
+    for (uint64_t k = 0; k < sources.size(); ++k) {
+      void* at = page(first + k);
+      if (::mremap(sources[k], 0, page_size(), MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
+        const std::string why = errno_text();
+        if (k) hide_pages(first, k);
+        throw std::runtime_error("cannot show a chunk at page " + std::to_string(first + k) +
+                                 " of a window: " + why);
+      }
+      if (::madvise(at, page_size(), MADV_DONTFORK) != 0) {
+        spdlog::warn("madvise(MADV_DONTFORK) on a window page: {}", errno_text());
+      }
+    }
+  }
+  void hide_pages(uint64_t first, uint64_t count) noexcept override {
+    if (::mmap(page(first), count * page_size(), PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+      spdlog::error("cannot hide pages {}+{} of a window: {}", first, count, errno_text());
+    }
+  }
+};
+
 uint64_t meminfo_available() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -152,6 +191,19 @@ uint64_t meminfo_available() {
 uint64_t host_granularity() {
   const long page = ::sysconf(_SC_PAGESIZE);
   return page > 0 ? static_cast<uint64_t>(page) : 4096;
+}
+
+std::unique_ptr<ChunkWindow> open_host_window(std::shared_ptr<PoolMapping> source, uint64_t pages) {
+  const uint64_t page_size = source->descriptor().alignment;
+  if (pages > UINT64_MAX / page_size) throw std::invalid_argument("a window past the address space");
+  void* p = ::mmap(nullptr, pages * page_size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    throw std::runtime_error("cannot reserve " + format_bytes(pages * page_size) +
+                             " of address space for a chunk window: " + errno_text());
+  }
+  return std::make_unique<HostWindow>(std::move(source), static_cast<std::byte*>(p), pages,
+                                      page_size);
 }
 
 std::unique_ptr<DevicePool> create_host_pool(int device, uint64_t size, uint64_t alignment) {

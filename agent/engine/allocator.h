@@ -27,14 +27,18 @@ struct AllocatorStats {
 };
 
 // Thrown when an allocation cannot be served; the message names the sizes.
+// `permanent`: no memory freed elsewhere would make it fit (one tensor
+// larger than the whole budget or pool), so nothing is spilled for it.
 class OutOfMemoryError : public std::runtime_error {
  public:
-  OutOfMemoryError(const std::string& what, uint64_t requested)
-      : std::runtime_error(what), requested_(requested) {}
+  OutOfMemoryError(const std::string& what, uint64_t requested, bool permanent = false)
+      : std::runtime_error(what), requested_(requested), permanent_(permanent) {}
   uint64_t requested() const { return requested_; }
+  bool permanent() const { return permanent_; }
 
  private:
   uint64_t requested_;
+  bool permanent_;
 };
 
 // Frees memory for an allocation that would not fit the allocator's

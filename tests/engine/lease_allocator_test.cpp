@@ -3,6 +3,9 @@
 // reused without new leases, and running out names the sizes.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
+
 #include "agent/engine/autograd.h"
 #include "agent/engine/cuda_context.h"
 #include "agent/engine/nn.h"
@@ -10,6 +13,7 @@
 #include "agent/engine/optim.h"
 #include "agent/lease_allocator.h"
 #include "shared/device.h"
+#include "shared/units.h"
 #include "tests/support/cluster.h"
 
 namespace leasehold::testing {
@@ -78,21 +82,22 @@ TEST_F(LeaseAllocatorTest, TensorsInAHostLeaseBehaveLikeCpuTensors) {
       << "empty_cache hands the leases back";
 }
 
-TEST_F(LeaseAllocatorTest, ReusesCachedBlocksWithoutNewLeases) {
+TEST_F(LeaseAllocatorTest, ReusesCachedMemoryWithoutNewLeases) {
   LeaseAllocator alloc(*session);
-  std::vector<void*> ptrs;
-  for (size_t size : {size_t(1000), size_t(4096), size_t(300000), size_t(5) << 20, size_t(777)}) ptrs.push_back(alloc.allocate(size));
-  auto after_first = alloc.stats();
-  EXPECT_EQ(after_first.leases, 2u) << "one small and one large segment";
-  for (size_t i = 0; i < ptrs.size(); ++i) {
-    alloc.deallocate(ptrs[i], 0);
+  std::vector<std::pair<void*, size_t>> ptrs;
+  for (size_t size : {size_t(1000), size_t(4096), size_t(300000), size_t(5) << 20, size_t(777)}) {
+    ptrs.emplace_back(alloc.allocate(size), size);
   }
+  auto after_first = alloc.stats();
+  EXPECT_EQ(after_first.leases, 1u) << "one lease's pages back both windows";
+  for (auto [p, size] : ptrs) alloc.deallocate(p, size);
   for (int round = 0; round < 1000; ++round) {
     void* a = alloc.allocate(1000 + round);
     void* b = alloc.allocate(6u << 20);
     std::memset(a, 1, 1000);
-    alloc.deallocate(a, 0);
-    alloc.deallocate(b, 0);
+    std::memset(b, 2, 6u << 20);
+    alloc.deallocate(a, 1000 + round);
+    alloc.deallocate(b, 6u << 20);
   }
   auto s = alloc.stats();
   EXPECT_EQ(s.leases, after_first.leases) << "no new lease for memory that was cached";
@@ -102,8 +107,8 @@ TEST_F(LeaseAllocatorTest, ReusesCachedBlocksWithoutNewLeases) {
   void* x = alloc.allocate(100000);
   void* y = alloc.allocate(100000);
   EXPECT_GE(std::abs(static_cast<char*>(x) - static_cast<char*>(y)), 100000);
-  alloc.deallocate(x, 0);
-  alloc.deallocate(y, 0);
+  alloc.deallocate(x, 100000);
+  alloc.deallocate(y, 100000);
 }
 
 TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
@@ -130,8 +135,8 @@ TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
   }
   void* more = alloc.allocate(1ull << 20);
   EXPECT_NE(more, nullptr) << "the allocator still serves after refusing";
-  alloc.deallocate(more, 0);
-  alloc.deallocate(keep, 0);
+  alloc.deallocate(more, 1ull << 20);
+  alloc.deallocate(keep, 20ull << 20);
 }
 
 // Growth past the guaranteed share that the pool has no room for: the
@@ -165,53 +170,105 @@ TEST_F(LeaseAllocatorTest, NeededGrowthTheCoordinatorCannotGiveSaysRaiseMemoryMi
   other.release(hog);
 }
 
-// The defect found measuring spilling: cached free space in a large segment
-// counted against the budget and a small tensor failed although 30 MiB of
-// the 32 MiB budget were free.
-TEST_F(LeaseAllocatorTest, SmallTensorsUseLargeSegmentsUnderBudgetPressure) {
+// The defect found measuring spilling: cached free space counted against
+// the budget and a small tensor failed although 30 MiB of the 32 MiB budget
+// were free. Pages a large tensor freed back small tensors now.
+TEST_F(LeaseAllocatorTest, PagesFreedByLargeTensorsBackSmallOnesUnderBudgetPressure) {
   LeaseAllocatorOptions o;
   o.budget_bytes = 32ull << 20;
   LeaseAllocator alloc(*session, o);
   void* big = alloc.allocate(20ull << 20);
-  void* pinned = alloc.allocate(1536ull << 10);  // large pool: the same segment
-  alloc.deallocate(big, 0);
+  void* pinned = alloc.allocate(1536ull << 10);
+  alloc.deallocate(big, 20ull << 20);
   std::vector<void*> small;
   for (int i = 0; i < 20; ++i) small.push_back(alloc.allocate(784ull << 10));
+  for (void* p : small) std::memset(p, 3, 784ull << 10);
   auto s = alloc.stats();
   EXPECT_LE(s.in_use_bytes + s.cached_bytes, o.budget_bytes);
-  EXPECT_EQ(s.leases, 1u) << "the small tensors live in the large segment";
-  for (void* p : small) alloc.deallocate(p, 0);
-  alloc.deallocate(pinned, 0);
+  EXPECT_LE(s.peak_leased_bytes, o.budget_bytes);
+  for (void* p : small) alloc.deallocate(p, 784ull << 10);
+  alloc.deallocate(pinned, 1536ull << 10);
 }
 
-TEST_F(LeaseAllocatorTest, FreeSegmentsGoBackAndALeaseOfTheNeededSizeComes) {
+// What the issue measured: a budget counted cached fragments, and a request
+// that fitted beside the live tensors failed. Every other tensor freed
+// leaves the free half of the budget in holes none of which is large
+// enough; the request still fits, in pages the holes give up.
+TEST_F(LeaseAllocatorTest, AFragmentedBudgetStillServesWhatFits) {
   LeaseAllocatorOptions o;
   o.budget_bytes = 32ull << 20;
-  o.large_segment = 8ull << 20;
+  o.lease_bytes = 4ull << 20;
+  LeaseAllocator alloc(*session, o);
+  std::vector<void*> parts;
+  for (int i = 0; i < 8; ++i) parts.push_back(alloc.allocate(4ull << 20));
+  for (int i = 0; i < 8; ++i) std::memset(parts[i], i + 1, 4ull << 20);
+  for (int i = 0; i < 8; i += 2) alloc.deallocate(parts[i], 4ull << 20);
+  void* whole = alloc.allocate(16ull << 20);  // live 16 MiB + 16 MiB = the budget
+  std::memset(whole, 0x5a, 16ull << 20);
+  for (int i = 1; i < 8; i += 2) {
+    const auto* bytes = static_cast<const unsigned char*>(parts[i]);
+    EXPECT_EQ(bytes[0], i + 1) << "a live tensor was overwritten";
+    EXPECT_EQ(bytes[(4ull << 20) - 1], i + 1) << "a live tensor was overwritten";
+  }
+  auto s = alloc.stats();
+  EXPECT_EQ(s.in_use_bytes, 32ull << 20);
+  EXPECT_LE(s.peak_leased_bytes, o.budget_bytes) << "the budget was never exceeded";
+  // One byte more does not fit, and says so.
+  EXPECT_THROW(alloc.allocate(1), E::OutOfMemoryError);
+  alloc.deallocate(whole, 16ull << 20);
+  for (int i = 1; i < 8; i += 2) alloc.deallocate(parts[i], 4ull << 20);
+  // Many rounds of tensors of whole pages (1 MiB here) in any order: as long
+  // as the live ones and the request fit the budget, nothing fails.
+  std::mt19937 gen(5);
+  std::vector<std::pair<void*, uint64_t>> live;
+  uint64_t live_bytes = 0;
+  for (int round = 0; round < 2000; ++round) {
+    const uint64_t size = (gen() % 8 + 1) << 20;
+    if (live_bytes + size <= o.budget_bytes && gen() % 3) {
+      live.emplace_back(alloc.allocate(size), size);
+      live_bytes += size;
+    } else if (!live.empty()) {
+      const size_t k = gen() % live.size();
+      alloc.deallocate(live[k].first, live[k].second);
+      live_bytes -= live[k].second;
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  EXPECT_LE(alloc.stats().peak_leased_bytes, o.budget_bytes);
+  for (auto [p, size] : live) alloc.deallocate(p, size);
+}
+
+TEST_F(LeaseAllocatorTest, MemoryFreedAnywhereBacksALargerTensorWithoutNewLeases) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 32ull << 20;
+  o.lease_bytes = 8ull << 20;
   LeaseAllocator alloc(*session, o);
   std::vector<void*> parts;
   for (int i = 0; i < 4; ++i) parts.push_back(alloc.allocate(8ull << 20));
   EXPECT_EQ(alloc.stats().leases, 4u);
-  for (void* p : parts) alloc.deallocate(p, 0);
+  for (void* p : parts) alloc.deallocate(p, 8ull << 20);
   void* whole = alloc.allocate(20ull << 20);
   auto s = alloc.stats();
-  EXPECT_EQ(s.leases, 1u);
-  EXPECT_EQ(s.in_use_bytes + s.cached_bytes, 20ull << 20);
+  EXPECT_EQ(s.leases, 4u) << "the four leases' pages back it";
+  EXPECT_EQ(s.in_use_bytes, 20ull << 20);
   EXPECT_LE(s.peak_leased_bytes, o.budget_bytes);
-  alloc.deallocate(whole, 0);
+  alloc.deallocate(whole, 20ull << 20);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().leases, 0u) << "empty_cache gives every lease back";
 }
 
 TEST_F(LeaseAllocatorTest, TheReclaimerIsAskedBeforeAnAllocationFails) {
   LeaseAllocatorOptions o;
   o.budget_bytes = 16ull << 20;
-  o.large_segment = 8ull << 20;
+  o.lease_bytes = 8ull << 20;
   LeaseAllocator alloc(*session, o);
   void* a = alloc.allocate(12ull << 20);
   std::vector<uint64_t> asked;
   alloc.set_reclaimer([&](uint64_t bytes) -> uint64_t {
     asked.push_back(bytes);
     if (!a) return 0;
-    alloc.deallocate(a, 0);  // what the spill manager does: free a cold tensor
+    alloc.deallocate(a, 12ull << 20);  // what the spill manager does: free a cold tensor
     a = nullptr;
     return 12ull << 20;
   });
@@ -228,7 +285,7 @@ TEST_F(LeaseAllocatorTest, TheReclaimerIsAskedBeforeAnAllocationFails) {
         << e.what();
   }
   alloc.set_reclaimer({});
-  alloc.deallocate(b, 0);
+  alloc.deallocate(b, 12ull << 20);
 }
 
 TEST_F(LeaseAllocatorTest, ATensorLargerThanTheBudgetFailsWithoutSpillingAnything) {
@@ -262,10 +319,11 @@ TEST_F(LeaseAllocatorTest, LeasesGoBackOnlyAfterTheFence) {
     E::Tensor big = E::zeros({4 << 20});
     E::Tensor small = E::zeros({100});
   }
-  ASSERT_EQ((*cluster.status())["leases"].size(), 2u);
+  const size_t held = (*cluster.status())["leases"].size();
+  ASSERT_GE(held, 1u);
   alloc->empty_cache();
   ASSERT_EQ(held_at_fence.size(), 1u);
-  EXPECT_EQ(held_at_fence[0], 2u) << "the fence ran before the leases were released";
+  EXPECT_EQ(held_at_fence[0], held) << "the fence ran before the leases were released";
   EXPECT_TRUE((*cluster.status())["leases"].empty());
   {
     E::AllocatorGuard guard(alloc);
@@ -277,8 +335,8 @@ TEST_F(LeaseAllocatorTest, LeasesGoBackOnlyAfterTheFence) {
   EXPECT_TRUE((*cluster.status())["leases"].empty());
 }
 
-// The same on a GPU: the model trains inside leases of the coordinator's
-// cudaMalloc pool, mapped through CUDA IPC, and matches the run that uses
+// The same on a GPU: the model trains inside pages of the coordinator's
+// pool, shown in the allocator's windows, and matches the run that uses
 // the engine's own CUDA allocator.
 TEST(CudaLeaseAllocator, TensorsInACudaLeaseTrainLikeOrdinaryCudaTensors) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: test skipped";

@@ -1,0 +1,207 @@
+#include "agent/memory/leased_pages.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "shared/units.h"
+
+namespace leasehold {
+
+LeasedPages::LeasedPages(AgentSession& session, LeasedPagesOptions options)
+    : session_(session), opt_(options) {}
+
+LeasedPages::~LeasedPages() {
+  for (Held& h : leases_) {
+    if (!h.lease.held() || h.lease.lost()) continue;
+    try {
+      h.lease.release();
+    } catch (const std::exception& e) {
+      spdlog::warn("giving back lease {}: {}", h.lease.id(), e.what());
+    }
+  }
+}
+
+bool LeasedPages::bind(std::string& why) {
+  std::shared_ptr<PoolMapping> now = session_.current_mapping();
+  if (!mapping_) {
+    if (!now) {
+      why = "the agent is not registered with the coordinator";
+      return false;
+    }
+    mapping_ = std::move(now);
+    page_size_ = mapping_->descriptor().alignment;
+    return true;
+  }
+  if (now != mapping_) {
+    why = "the coordinator session was lost, and the job's memory with it";
+    return false;
+  }
+  return true;
+}
+
+std::optional<std::vector<uint64_t>> LeasedPages::take(uint64_t n, std::string& why) {
+  if (!bind(why)) return std::nullopt;
+  if (free_ < n && !grow(n - free_, why)) return std::nullopt;
+  return pop(n);
+}
+
+std::optional<std::vector<uint64_t>> LeasedPages::take_free(uint64_t n) {
+  if (free_ < n) return std::nullopt;
+  std::string why;
+  if (!bind(why)) return std::nullopt;
+  return pop(n);
+}
+
+std::vector<uint64_t> LeasedPages::pop(uint64_t n) {
+  std::vector<uint64_t> out;
+  out.reserve(n);
+  while (out.size() < n) {
+    // From the lease with the fewest free pages, its lowest first: the
+    // others (and the tails) stay free, to be given back whole.
+    Held* from = nullptr;
+    for (Held& h : leases_) {
+      if (h.free && (!from || h.free < from->free)) from = &h;
+    }
+    for (uint64_t i = 0; i < from->taken.size() && out.size() < n; ++i) {
+      if (from->taken[i]) continue;
+      from->taken[i] = true;
+      --from->free;
+      --free_;
+      out.push_back(from->first + i);
+    }
+  }
+  return out;
+}
+
+void LeasedPages::give(uint64_t chunk) {
+  for (Held& h : leases_) {
+    if (chunk < h.first || chunk - h.first >= h.taken.size()) continue;
+    if (!h.taken[chunk - h.first]) {
+      spdlog::error("page {} given back twice", chunk);
+      return;
+    }
+    h.taken[chunk - h.first] = false;
+    ++h.free;
+    ++free_;
+    return;
+  }
+  spdlog::error("page {} given back is in none of the job's leases", chunk);
+}
+
+bool LeasedPages::growth_held() const {
+  return opt_.guaranteed_bytes && std::chrono::steady_clock::now() < no_growth_until_;
+}
+
+bool LeasedPages::grow(uint64_t pages, std::string& why) {
+  const uint64_t need = pages * page_size_;
+  // While the coordinator holds growth back, the budget is what is held
+  // (at least the guaranteed share) — unless this is the last resort.
+  const bool patient = patience_ == Patience::Armed;
+  const bool held_back = !patient && growth_held();
+  uint64_t budget = opt_.budget_bytes;
+  if (held_back) {
+    const uint64_t allowed = std::max(opt_.guaranteed_bytes, held_);
+    budget = budget ? std::min(budget, allowed) : allowed;
+  }
+  if (budget && (held_ > budget || need > budget - held_)) {
+    why = held_back ? "growth past the job's guaranteed share is held back by the coordinator"
+                    : "the job's memory budget is exhausted";
+    return false;
+  }
+  // The last resort asks for what it needs, not a usual lease: that request
+  // may make others give growth back.
+  uint64_t usual = patient ? need : align_up(std::max(opt_.lease_bytes, need), page_size_);
+  if (budget) usual = std::min(usual, align_down(budget - held_, page_size_));
+  if (lease(usual, patient, why)) return true;
+  // The pool may have room for what is needed, if not for a usual lease.
+  const bool no_room = last_refusal_ == ErrorCode::NoSpace || last_refusal_ == ErrorCode::TooLarge;
+  return usual > need && no_room && !growth_held() && lease(need, patient, why);
+}
+
+bool LeasedPages::lease(uint64_t bytes, bool patient, std::string& why) {
+  const bool growth = opt_.guaranteed_bytes && held_ + bytes > opt_.guaranteed_bytes;
+  std::optional<std::chrono::milliseconds> wait = opt_.lease_wait;
+  if (opt_.guaranteed_bytes && (!growth || patient)) wait = opt_.guaranteed_wait;
+  if (growth && patient) patience_ = Patience::Used;
+  try {
+    Lease l = session_.acquire(bytes, LeaseEnd::High, wait, growth && patient);
+    if (session_.current_mapping() != mapping_) {
+      // Granted by a session that began after this one was lost.
+      why = "the coordinator session was lost, and the job's memory with it";
+      return false;  // ~Lease gives it back
+    }
+    Held h;
+    h.first = l.offset() / page_size_;
+    h.taken.assign(l.size() / page_size_, false);
+    h.free = h.taken.size();
+    h.lease = std::move(l);
+    held_ += h.lease.size();
+    peak_held_ = std::max(peak_held_, held_);
+    free_ += h.free;
+    leases_.push_back(std::move(h));
+    last_refusal_.reset();
+    return true;
+  } catch (const Error& e) {
+    why = std::string("the coordinator refused a lease of ") + format_bytes(bytes) + ": " +
+          e.what();
+    last_refusal_ = e.code();
+    if (growth && !patient) no_growth_until_ = std::chrono::steady_clock::now() + opt_.growth_backoff;
+    patient_refused_ = growth && patient &&
+                       (e.code() == ErrorCode::NoSpace || e.code() == ErrorCode::Timeout);
+    return false;
+  }
+}
+
+uint64_t LeasedPages::release_free() {
+  uint64_t released = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    Held& h = *it;
+    const uint64_t count = h.taken.size();
+    if (h.free == count) {
+      try {
+        h.lease.release();
+      } catch (const std::exception& e) {
+        // Not held any more either way (Lease::release).
+        spdlog::warn("giving back lease {}: {}", h.lease.id(), e.what());
+      }
+      held_ -= count * page_size_;
+      free_ -= count;
+      released += count * page_size_;
+      it = leases_.erase(it);
+      continue;
+    }
+    uint64_t tail = 0;
+    while (tail < count && !h.taken[count - 1 - tail]) ++tail;
+    if (tail) {
+      try {
+        session_.resize(h.lease, (count - tail) * page_size_);
+        h.taken.resize(count - tail);
+        h.free -= tail;
+        free_ -= tail;
+        held_ -= tail * page_size_;
+        released += tail * page_size_;
+      } catch (const std::exception& e) {
+        spdlog::warn("shrinking lease {}: {}", h.lease.id(), e.what());
+      }
+    }
+    ++it;
+  }
+  return released;
+}
+
+bool LeasedPages::allow_patient_growth() {
+  if (!opt_.guaranteed_bytes || patience_ != Patience::Off) return false;
+  patience_ = Patience::Armed;
+  return true;
+}
+
+std::string LeasedPages::advice(uint64_t need) const {
+  if (!patient_refused_ || held_ + need <= opt_.guaranteed_bytes) return "";
+  // What it cannot spill does not fit its guaranteed share, and the pool
+  // had no room past it: only a larger share makes this sure.
+  return "the job needs more than its guaranteed share (memory_min " +
+         format_bytes(opt_.guaranteed_bytes) + ") here: raise memory_min";
+}
+
+}  // namespace leasehold

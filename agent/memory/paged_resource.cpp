@@ -1,0 +1,231 @@
+#include "agent/memory/paged_resource.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "shared/units.h"
+
+namespace leasehold {
+
+namespace {
+// Each window spans this many times the most the job may hold: addresses
+// cost nothing, and best fit over that much room does not run out of
+// ranges before the pages run out.
+constexpr uint64_t kWindowSpan = 4;
+}  // namespace
+
+PagedResource::Window::Window(std::unique_ptr<ChunkWindow> w, uint64_t granularity)
+    : pages(std::move(w)),
+      blocks(pages->page_count() * pages->page_size(), granularity),
+      touching(pages->page_count(), 0),
+      chunk(pages->page_count(), 0) {}
+
+PagedResource::PagedResource(AgentSession& session, PagedResourceOptions options)
+    : session_(session),
+      opt_(std::move(options)),
+      device_(pool_device(session.pool())),
+      pages_(session, opt_.pages) {
+  if (!is_power_of_two(opt_.granularity) || opt_.granularity < 256) {
+    throw std::invalid_argument("the allocation granularity must be a power of two >= 256");
+  }
+}
+
+PagedResource::~PagedResource() {
+  std::lock_guard lock(mu_);
+  if (!placements_.empty()) {
+    spdlog::error("a job's memory resource destroyed with {} allocations ({}) still in use",
+                  placements_.size(), format_bytes(live_));
+  }
+  if (pages_.lease_count() > 0) {
+    try {
+      fence();
+    } catch (const std::exception& e) {
+      // The device faulted; nothing queued will run any more.
+      spdlog::error("waiting for device work before giving leases back: {}", e.what());
+    }
+  }
+  // The windows first: no page shows a chunk once its lease goes.
+  small_.reset();
+  large_.reset();
+}
+
+void PagedResource::fence() {
+  std::vector<StreamRef> streams(freed_on_.begin(), freed_on_.end());
+  if (opt_.fence) opt_.fence(streams);
+  freed_on_.clear();
+}
+
+bool PagedResource::open_windows(std::string& why) {
+  if (large_) return true;
+  if (!pages_.bind(why)) return false;
+  const PoolDescriptor& pool = pages_.mapping()->descriptor();
+  const uint64_t cap = pages_.budget() ? std::min(pages_.budget(), pool.size) : pool.size;
+  const uint64_t pages = kWindowSpan * ((cap + pool.alignment - 1) / pool.alignment) + 2;
+  try {
+    small_ = std::make_unique<Window>(open_window(pages_.mapping(), pages), opt_.granularity);
+    large_ = std::make_unique<Window>(open_window(pages_.mapping(), pages), opt_.granularity);
+  } catch (const std::exception& e) {
+    small_.reset();
+    why = e.what();
+    return false;
+  }
+  return true;
+}
+
+void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
+  Window& w = need <= opt_.small_limit ? *small_ : *large_;
+  const auto block = w.blocks.allocate(need, PoolAllocator::End::Low);
+  if (!block) {
+    why = "no free range of " + format_bytes(need) + " is left in the job's window of " +
+          format_bytes(w.blocks.pool_size());
+    return nullptr;
+  }
+  const uint64_t page = w.pages->page_size();
+  const uint64_t first = block->offset / page, last = (block->offset + block->size - 1) / page;
+  // The range's pages are taken before any page is hidden to make room, so
+  // none of them is.
+  std::vector<uint64_t> missing;
+  for (uint64_t p = first; p <= last; ++p) {
+    if (w.touching[p]++ == 0 && w.chunk[p]) --idle_shown_;
+    if (!w.chunk[p]) missing.push_back(p);
+  }
+  auto undo = [&] {
+    for (uint64_t p = first; p <= last; ++p) {
+      if (--w.touching[p] == 0 && w.chunk[p]) ++idle_shown_;
+    }
+    w.blocks.free(block->offset);
+  };
+  if (!missing.empty()) {
+    std::optional<std::vector<uint64_t>> chunks =
+        free_only ? pages_.take_free(missing.size()) : pages_.take(missing.size(), why);
+    if (!chunks && !free_only && idle_shown_ > 0 && !pages_.refused_for_good()) {
+      hide_idle();
+      chunks = pages_.take(missing.size(), why);
+    }
+    if (!chunks) {
+      undo();
+      return nullptr;
+    }
+    size_t k = 0;
+    try {
+      while (k < missing.size()) {  // runs of adjacent pages: one mapping call each
+        size_t end = k + 1;
+        while (end < missing.size() && missing[end] == missing[end - 1] + 1) ++end;
+        w.pages->show(missing[k], std::vector<uint64_t>(chunks->begin() + k, chunks->begin() + end));
+        for (size_t j = k; j < end; ++j) w.chunk[missing[j]] = (*chunks)[j] + 1;
+        shown_ += end - k;
+        k = end;
+      }
+    } catch (...) {
+      for (size_t j = k; j < chunks->size(); ++j) pages_.give((*chunks)[j]);
+      undo();
+      throw;
+    }
+  }
+  void* ptr = w.pages->base() + block->offset;
+  placements_.emplace(ptr, Placement{&w, block->offset, block->size});
+  live_ += block->size;
+  pages_.settle();
+  return ptr;
+}
+
+uint64_t PagedResource::hide_idle() {
+  if (idle_shown_ == 0) return 0;
+  fence();
+  uint64_t hidden = 0;
+  for (Window* w : {small_.get(), large_.get()}) {
+    const uint64_t pages = w->chunk.size();
+    for (uint64_t p = 0; p < pages;) {
+      if (!w->chunk[p] || w->touching[p]) {
+        ++p;
+        continue;
+      }
+      const uint64_t run = p;
+      for (; p < pages && w->chunk[p] && !w->touching[p]; ++p) {
+        pages_.give(w->chunk[p] - 1);
+        w->chunk[p] = 0;
+      }
+      w->pages->hide(run, p - run);
+      hidden += p - run;
+    }
+  }
+  shown_ -= hidden;
+  idle_shown_ -= hidden;
+  return hidden;
+}
+
+[[noreturn]] void PagedResource::out_of_memory(uint64_t bytes, const std::string& why,
+                                                bool permanent) {
+  const uint64_t held = pages_.held_bytes();
+  throw OutOfMemoryError("out of memory: cannot allocate " + format_bytes(bytes) + ": " + why +
+                             " (in use " + format_bytes(live_) + ", cached " +
+                             format_bytes(held - std::min(held, live_)) + ", budget " +
+                             (pages_.budget() ? format_bytes(pages_.budget()) : "none") + ")",
+                         bytes, permanent);
+}
+
+void* PagedResource::allocate(uint64_t bytes, StreamRef) {
+  if (bytes == 0) throw std::invalid_argument("allocation of 0 bytes");
+  const uint64_t need = align_up(bytes, opt_.granularity);
+  std::lock_guard lock(mu_);
+  if (need == 0) out_of_memory(bytes, "the size overflows", true);
+  std::string why;
+  if (!open_windows(why)) out_of_memory(bytes, why, false);
+  if (void* p = place(need, false, why)) return p;
+  const std::string advice = pages_.advice(need);
+  out_of_memory(bytes, advice.empty() ? why : why + "; " + advice, pages_.refused_for_good());
+}
+
+void* PagedResource::allocate_if_free(uint64_t bytes, StreamRef) {
+  const uint64_t need = align_up(bytes, opt_.granularity);
+  if (bytes == 0 || need == 0) return nullptr;
+  std::lock_guard lock(mu_);
+  if (!large_) return nullptr;
+  std::string why;
+  return place(need, true, why);
+}
+
+void PagedResource::deallocate(void* ptr, uint64_t, StreamRef stream) noexcept {
+  std::lock_guard lock(mu_);
+  auto it = placements_.find(ptr);
+  if (it == placements_.end()) {
+    spdlog::error("a job's memory resource: free of unknown pointer {}", ptr);
+    return;
+  }
+  const Placement pl = it->second;
+  placements_.erase(it);
+  Window& w = *pl.window;
+  w.blocks.free(pl.offset);
+  const uint64_t page = w.pages->page_size();
+  for (uint64_t p = pl.offset / page; p <= (pl.offset + pl.size - 1) / page; ++p) {
+    if (--w.touching[p] == 0 && w.chunk[p]) ++idle_shown_;
+  }
+  live_ -= pl.size;
+  freed_on_.insert(stream);
+}
+
+uint64_t PagedResource::release_cached() {
+  std::lock_guard lock(mu_);
+  if (large_) hide_idle();
+  return pages_.release_free();
+}
+
+bool PagedResource::allow_patient_growth() {
+  std::lock_guard lock(mu_);
+  return pages_.allow_patient_growth();
+}
+
+PagedResource::Stats PagedResource::stats() const {
+  std::lock_guard lock(mu_);
+  Stats s;
+  s.held_bytes = pages_.held_bytes();
+  s.peak_held_bytes = pages_.peak_held_bytes();
+  s.live_bytes = live_;
+  s.shown_pages = shown_;
+  s.leases = pages_.lease_count();
+  return s;
+}
+
+}  // namespace leasehold

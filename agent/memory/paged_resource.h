@@ -1,0 +1,116 @@
+// The memory resource a job's tensors come from: leased pages (chunks of
+// the pool, leased_pages.h) shown in two windows of this process's
+// address space (shared/chunk_window.h), one for small tensors (up to
+// `small_limit`) and one for the rest, so small tensors do not pin pages
+// among large ones. Inside a window tensors are placed best fit on
+// addresses; a page is shown while a live tensor touches it.
+//
+// Why it cannot fragment: addresses are plentiful (each window spans four
+// times the most the job may hold) and pages are interchangeable. A tensor
+// needs pages only for the part of its range that shows none; when no
+// page is free and the budget allows no lease, pages that no live tensor
+// touches are hidden (after the device is done with them) and shown where
+// they are needed. So an allocation fails only when the pages its range
+// needs and the pages live tensors touch exceed the budget; the cached
+// fragments of a caching allocator never count. PyTorch's expandable
+// segments grow one range the same way.
+//
+// Pages stay shown when their tensors go (the next tensor there needs no
+// mapping call); release_cached() hides them and gives the coordinator
+// back whole leases and free lease tails. Before pages are hidden or
+// leases given back the resource waits for the device (`fence`).
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "agent/memory/leased_pages.h"
+#include "agent/memory/memory_resource.h"
+#include "shared/chunk_window.h"
+#include "shared/pool_allocator.h"
+
+namespace leasehold {
+
+struct PagedResourceOptions {
+  LeasedPagesOptions pages;
+  uint64_t small_limit = 1ull << 20;  // allocations up to this go to the small window
+  uint64_t granularity = 512;         // tensor addresses and sizes are multiples of this
+  // Waits until the device finished with memory freed on `streams` (and
+  // any other work of this process on it): before pages are hidden or
+  // leases given back. Empty: nothing to wait for (host memory).
+  std::function<void(const std::vector<StreamRef>& streams)> fence;
+};
+
+class PagedResource final : public MemoryResource {
+ public:
+  // `session` must outlive the resource and all memory it hands out.
+  PagedResource(AgentSession& session, PagedResourceOptions options);
+  // Fences, hides every page and gives every lease back. Logs, never throws.
+  ~PagedResource() override;
+
+  void* allocate(uint64_t bytes, StreamRef stream) override;
+  void deallocate(void* p, uint64_t bytes, StreamRef stream) noexcept override;
+  void* allocate_if_free(uint64_t bytes, StreamRef stream) override;
+
+  // Hides pages no live tensor touches (after the fence) and gives back
+  // whole free leases and free lease tails. Returns the bytes given back.
+  // Throws what the fence throws (a device fault).
+  uint64_t release_cached();
+  // The last resort before an allocation fails (LeasedPages).
+  bool allow_patient_growth();
+
+  struct Stats {
+    uint64_t held_bytes = 0;       // leased now
+    uint64_t peak_held_bytes = 0;
+    uint64_t live_bytes = 0;       // of live tensors, rounded to the granularity
+    uint64_t shown_pages = 0;      // pages shown in the windows
+    uint64_t leases = 0;
+  };
+  Stats stats() const;
+  engine::Device device() const { return device_; }
+
+ private:
+  struct Window {
+    std::unique_ptr<ChunkWindow> pages;
+    PoolAllocator blocks;  // address ranges inside it
+    std::vector<uint32_t> touching;  // per page: live tensors touching it
+    std::vector<uint64_t> chunk;     // per page: the chunk it shows + 1; 0: none
+    Window(std::unique_ptr<ChunkWindow> w, uint64_t granularity);
+  };
+  struct Placement {
+    Window* window;
+    uint64_t offset, size;
+  };
+
+  // Opens the windows on the first allocation. REQUIRES: mu_ held.
+  bool open_windows(std::string& why);
+  // Places `need` bytes: the range, then pages for its unshown part. nullptr
+  // when there is no room (why in `why`); `free_only`: pages already held
+  // only, nothing hidden. REQUIRES: mu_ held.
+  void* place(uint64_t need, bool free_only, std::string& why);
+  // Hides the pages no live tensor touches, after the fence; their chunks
+  // are free again. Returns how many. REQUIRES: mu_ held.
+  uint64_t hide_idle();
+  void fence();  // REQUIRES: mu_ held
+  [[noreturn]] void out_of_memory(uint64_t bytes, const std::string& why, bool permanent);
+
+  AgentSession& session_;
+  PagedResourceOptions opt_;
+  engine::Device device_;
+  mutable std::mutex mu_;
+  LeasedPages pages_;                                // GUARDED_BY(mu_); outlives the windows
+  std::unique_ptr<Window> small_, large_;            // GUARDED_BY(mu_)
+  std::unordered_map<void*, Placement> placements_;  // GUARDED_BY(mu_)
+  std::set<StreamRef> freed_on_;                     // GUARDED_BY(mu_): since the last fence
+  uint64_t live_ = 0, shown_ = 0, idle_shown_ = 0;   // GUARDED_BY(mu_)
+};
+
+}  // namespace leasehold
