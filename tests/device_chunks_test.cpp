@@ -11,11 +11,14 @@
 
 #include <atomic>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
 #include "shared/chunk_channel.h"
+#include "shared/chunk_window.h"
 #include "shared/device.h"
 #include "tests/support/faults.h"
 
@@ -151,6 +154,74 @@ class ServedPool {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// The permissions /proc/self/maps gives the page at `p` ("rw-s", "---p");
+// empty when nothing is mapped there. (A forked child cannot tell: chunks
+// and window pages are not inherited by children at all.)
+std::string perms_at(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && lo <= at && at < hi) {
+      return perms;
+    }
+  }
+  return "";
+}
+
+TEST(ChunkWindows, AWindowShowsHeldChunksAtAnyPageAndTheMemoryIsTheSame) {
+  auto pool = create_pool(Backend::Host, 0, 8 * kChunk, kChunk);
+  std::shared_ptr<PoolMapping> m = map_pool(pool->descriptor());
+  m->map(2, shares(*pool, 2, 4, Access::ReadWrite), Access::ReadWrite);
+  auto w = open_window(m, 6);
+  EXPECT_EQ(w->page_count(), 6u);
+  EXPECT_EQ(w->page_size(), kChunk);
+  EXPECT_EQ(perms_at(w->base()), "---p") << "a new window shows nothing";
+  w->show(4, {3, 2});  // two chunks that are far apart in the pool, side by side
+  EXPECT_EQ(w->shown(4), 3u);
+  EXPECT_EQ(w->shown(5), 2u);
+  EXPECT_EQ(w->shown(0), std::nullopt);
+  EXPECT_EQ(w->shown_count(), 2u);
+  std::memset(w->base() + 4 * kChunk, 0x11, 2 * kChunk);  // one write across both pages
+  EXPECT_EQ(static_cast<int>(m->base()[3 * kChunk + 5]), 0x11) << "page 4 is chunk 3";
+  EXPECT_EQ(static_cast<int>(m->base()[2 * kChunk + kChunk - 1]), 0x11) << "page 5 is chunk 2";
+  m->base()[2 * kChunk] = std::byte{0x22};
+  EXPECT_EQ(static_cast<int>(w->base()[5 * kChunk]), 0x22);
+  w->hide(4, 1);
+  EXPECT_EQ(perms_at(w->base() + 4 * kChunk), "---p") << "a hidden page shows nothing";
+  EXPECT_EQ(perms_at(w->base() + 5 * kChunk).substr(0, 2), "rw");
+  EXPECT_EQ(static_cast<int>(m->base()[3 * kChunk + 5]), 0x11) << "hiding keeps the memory";
+  w->show(0, {3});  // a chunk hidden in one place backs another
+  EXPECT_EQ(static_cast<int>(w->base()[5]), 0x11);
+  w->hide(0, 6);
+  EXPECT_EQ(w->shown_count(), 0u);
+  EXPECT_EQ(perms_at(w->base() + 5 * kChunk), "---p");
+}
+
+TEST(ChunkWindows, OnlyChunksThisProcessMayWriteAreShownAndBadPagesAreRefused) {
+  auto pool = create_pool(Backend::Host, 0, 8 * kChunk, kChunk);
+  std::shared_ptr<PoolMapping> m = map_pool(pool->descriptor());
+  m->map(1, shares(*pool, 1, 1, Access::ReadWrite), Access::ReadWrite);
+  m->map(2, shares(*pool, 2, 1, Access::ReadOnly), Access::ReadOnly);
+  auto w = open_window(m, 4);
+  EXPECT_THROW(w->show(0, {2}), std::logic_error) << "a read-only region's chunk";
+  EXPECT_THROW(w->show(0, {5}), std::logic_error) << "a chunk not mapped here";
+  EXPECT_THROW(w->show(0, {8}), std::out_of_range) << "past the pool";
+  EXPECT_THROW(w->show(4, {1}), std::out_of_range) << "past the window";
+  EXPECT_THROW(w->show(3, {1, 1}), std::out_of_range) << "a run past the window";
+  EXPECT_THROW(w->show(UINT64_MAX, {1}), std::out_of_range);
+  EXPECT_EQ(w->shown_count(), 0u) << "nothing of a refused call stays";
+  w->show(1, {1});
+  EXPECT_THROW(w->show(0, {1, 1}), std::logic_error) << "page 1 shows a chunk already";
+  EXPECT_EQ(w->shown(0), std::nullopt) << "all or nothing";
+  EXPECT_THROW(open_window(m, 0), std::invalid_argument);
+  EXPECT_THROW(open_window(nullptr, 4), std::invalid_argument);
+  w->hide(0, 100);  // pages past the window and pages showing nothing are skipped
+  EXPECT_EQ(w->shown_count(), 0u);
+}
 
 TEST(ChunkChannel, AGrantComesInBatchesAndAskingAgainFromAChunkOnGetsTheRest) {
   ServedPool served([](const ChunkRequest& r, pid_t pid, uid_t) {
