@@ -150,9 +150,14 @@ Broker::Broker(const CoordinatorOptions& opts)
     for (const auto& [id, job] : core_->jobs().all()) http_jobs_changed_.insert(id);
     publish_http();
   }
+  // The alignment in force: the configured one, or the mapping granularity
+  // it was raised to.
   spdlog::info("{} device{} ({}), alignment {}; jobs in {}; listening on {}{}",
                device_pools_.size(), device_pools_.size() > 1 ? "s" : "", backend_name(backend),
-               format_bytes(opts_.alignment), opts_.state_dir, opts_.endpoint,
+               format_bytes(device_pools_.empty() ? opts_.alignment
+                                                  : device_pools_.front()->descriptor().alignment),
+               opts_.state_dir,
+               opts_.endpoint,
                http_ ? "; HTTP on " + http_address() : std::string());
 }
 
@@ -342,6 +347,11 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
     Outgoing o{false, m.to, encode_message(m)};
     send(o);
   }
+  // The Shutdowns are only queued: a moment for them to leave before the
+  // socket closes (linger was 0 so that a dead peer never holds up a stop).
+  // An agent that misses its Shutdown takes the coordinator for paused
+  // and waits, instead of registering with the next one at once.
+  router_.set(zmq::sockopt::linger, 500);
 }
 
 void Broker::check_mps() {
