@@ -93,6 +93,8 @@ engine::AllocatorStats LeaseAllocator::stats() const {
   s.cached_bytes = p.held_bytes - std::min(p.held_bytes, p.live_bytes);
   s.leases = p.leases;
   s.peak_leased_bytes = p.peak_held_bytes;
+  s.pages_mapped = p.pages_mapped;
+  s.trims = p.trims;
   return s;
 }
 

@@ -1,6 +1,6 @@
 // The lease allocator: where a job's tensors come from while it runs in an
 // agent. It is the engine's Allocator over a stack of memory resources
-// (agent/memory/): leased pages shown in growing windows (PagedResource),
+// (agent/memory/): leased pages shown in a window of addresses (PagedResource),
 // under the job's budget (BudgetAdaptor), asking the spill manager's
 // reclaimer before an allocation fails (ReclaimingAdaptor), counted
 // (StatisticsAdaptor). No message goes to the coordinator for memory the
@@ -35,7 +35,7 @@ namespace leasehold {
 struct LeaseAllocatorOptions {
   // Most bytes this allocator may hold at once (0: as much as the pool gives).
   uint64_t budget_bytes = 0;
-  uint64_t small_limit = 1ull << 20;  // allocations up to this go to the small window
+  uint64_t small_limit = 1ull << 20;  // allocations up to this are placed from the window's top
   uint64_t lease_bytes = 32ull << 20; // the usual lease (larger when a tensor needs more)
   uint64_t granularity = 512;         // tensor offsets and sizes are multiples of this
   // How long a new lease may wait for the coordinator to find memory.

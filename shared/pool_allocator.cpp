@@ -73,6 +73,26 @@ std::optional<PoolAllocator::Block> PoolAllocator::allocate(uint64_t size, End e
   return Block{offset, need};
 }
 
+std::optional<PoolAllocator::Block> PoolAllocator::allocate_at(uint64_t offset, uint64_t size) {
+  if (size == 0) throw std::invalid_argument("allocation of 0 bytes");
+  const uint64_t need = round_up(size);
+  if (need == 0 || offset % alignment_ != 0 || offset > pool_size_ || need > pool_size_ - offset) {
+    return std::nullopt;
+  }
+  auto it = blocks_.upper_bound(offset);
+  if (it == blocks_.begin()) return std::nullopt;
+  --it;
+  const uint64_t block_offset = it->first, block_size = it->second.size;
+  if (!it->second.free || offset + need > block_offset + block_size) return std::nullopt;
+  erase_free(it);
+  if (offset > block_offset) insert_free(block_offset, offset - block_offset);
+  if (const uint64_t tail = block_offset + block_size - (offset + need)) {
+    insert_free(offset + need, tail);
+  }
+  blocks_[offset] = Info{need, false};
+  return Block{offset, need};
+}
+
 PoolAllocator::BlockMap::iterator PoolAllocator::coalesce(BlockMap::iterator it) {
   uint64_t offset = it->first;
   uint64_t size = it->second.size;

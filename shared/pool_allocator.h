@@ -46,6 +46,11 @@ class PoolAllocator {
   // std::invalid_argument for size 0.
   std::optional<Block> allocate(uint64_t size, End end);
 
+  // Allocates exactly [offset, offset + size rounded up) when that range is
+  // free (inside one free block); nullopt otherwise, or when `offset` is not
+  // a multiple of the alignment. Throws std::invalid_argument for size 0.
+  std::optional<Block> allocate_at(uint64_t offset, uint64_t size);
+
   // Frees the block that starts at `offset`. Throws std::invalid_argument when
   // no allocated block starts there.
   void free(uint64_t offset);

@@ -68,6 +68,32 @@ TEST(PoolAllocator, LowAndHighEnds) {
   EXPECT_EQ(hi->offset + hi->size, a.pool_size());
 }
 
+TEST(PoolAllocator, AllocateAtTakesExactlyAFreeRange) {
+  PoolAllocator a(16 * 4096, 4096);
+  std::map<uint64_t, uint64_t> model;
+  auto mid = a.allocate_at(5 * 4096, 3 * 4096);
+  ASSERT_TRUE(mid);
+  EXPECT_EQ(mid->offset, 5u * 4096);
+  model[mid->offset] = mid->size;
+  check_invariants(a, model);
+  EXPECT_FALSE(a.allocate_at(6 * 4096, 4096)) << "inside a used block";
+  EXPECT_FALSE(a.allocate_at(3 * 4096, 3 * 4096)) << "runs into a used block";
+  EXPECT_FALSE(a.allocate_at(4096 + 1, 4096)) << "not aligned";
+  EXPECT_FALSE(a.allocate_at(15 * 4096, 2 * 4096)) << "past the end";
+  EXPECT_FALSE(a.allocate_at(UINT64_MAX - 4095, 4096)) << "an offset near 2^64";
+  auto at_end = a.allocate_at(15 * 4096, 1);
+  ASSERT_TRUE(at_end);
+  model[at_end->offset] = at_end->size;
+  auto at_start = a.allocate_at(0, 5 * 4096);
+  ASSERT_TRUE(at_start) << "the whole free block before the middle one";
+  model[at_start->offset] = at_start->size;
+  check_invariants(a, model);
+  EXPECT_THROW(a.allocate_at(0, 0), std::invalid_argument);
+  for (auto [offset, size] : model) a.free(offset);
+  EXPECT_EQ(a.free_block_count(), 1u) << "everything merged again";
+  EXPECT_EQ(a.free_bytes(), a.pool_size());
+}
+
 TEST(PoolAllocator, BestFitPicksSmallestHole) {
   PoolAllocator a(32 * 4096, 4096);
   // Layout: [A:1][h1:4][B:1][h2:2][C:1][rest]

@@ -24,6 +24,8 @@ struct AllocatorStats {
   uint64_t allocations = 0;        // calls to allocate() so far
   uint64_t leases = 0;             // coordinator leases held (lease allocators)
   uint64_t peak_leased_bytes = 0;  // most bytes leased at once (lease allocators)
+  uint64_t pages_mapped = 0;       // pages shown in its window so far (lease allocators)
+  uint64_t trims = 0;              // times idle pages were hidden, each after a fence (same)
 };
 
 // Thrown when an allocation cannot be served; the message names the sizes.

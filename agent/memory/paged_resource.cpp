@@ -10,7 +10,7 @@
 namespace leasehold {
 
 namespace {
-// Each window spans this many times the most the job may hold: addresses
+// The window spans this many times the most the job may hold: addresses
 // cost nothing, and best fit over that much room does not run out of
 // ranges before the pages run out.
 constexpr uint64_t kWindowSpan = 4;
@@ -46,9 +46,8 @@ PagedResource::~PagedResource() {
       spdlog::error("waiting for device work before giving leases back: {}", e.what());
     }
   }
-  // The windows first: no page shows a chunk once its lease goes.
-  small_.reset();
-  large_.reset();
+  // The window first: no page shows a chunk once its lease goes.
+  window_.reset();
 }
 
 void PagedResource::fence() {
@@ -57,33 +56,68 @@ void PagedResource::fence() {
   freed_on_.clear();
 }
 
-bool PagedResource::open_windows(std::string& why) {
-  if (large_) return true;
+bool PagedResource::open_window(std::string& why) {
+  if (window_) return true;
   if (!pages_.bind(why)) return false;
   const PoolDescriptor& pool = pages_.mapping()->descriptor();
   const uint64_t cap = pages_.budget() ? std::min(pages_.budget(), pool.size) : pool.size;
   const uint64_t pages = kWindowSpan * ((cap + pool.alignment - 1) / pool.alignment) + 2;
   try {
-    small_ = std::make_unique<Window>(open_window(pages_.mapping(), pages), opt_.granularity);
-    large_ = std::make_unique<Window>(open_window(pages_.mapping(), pages), opt_.granularity);
+    window_ = std::make_unique<Window>(leasehold::open_window(pages_.mapping(), pages),
+                                       opt_.granularity);
   } catch (const std::exception& e) {
-    small_.reset();
     why = e.what();
     return false;
   }
   return true;
 }
 
+std::pair<uint64_t, uint64_t> PagedResource::pages_of(uint64_t offset, uint64_t size) const {
+  const uint64_t page = window_->pages->page_size();
+  return {offset / page, (offset + size - 1) / page};
+}
+
+uint64_t PagedResource::unshown(uint64_t offset, uint64_t size) const {
+  const auto [first, last] = pages_of(offset, size);
+  uint64_t n = 0;
+  for (uint64_t p = first; p <= last; ++p) n += window_->chunk[p] == 0;
+  return n;
+}
+
+std::optional<uint64_t> PagedResource::fewer_unshown(uint64_t need, uint64_t than) const {
+  std::optional<uint64_t> best;
+  for (const PoolAllocator::Block& b : window_->blocks.free_blocks()) {
+    if (b.size < need) continue;
+    for (uint64_t at : {b.offset, b.offset + b.size - need}) {
+      const uint64_t n = unshown(at, need);
+      if (n >= than) continue;
+      best = at;
+      than = n;
+      if (n == 0) return best;
+    }
+  }
+  return best;
+}
+
 void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
-  Window& w = need <= opt_.small_limit ? *small_ : *large_;
-  const auto block = w.blocks.allocate(need, PoolAllocator::End::Low);
+  Window& w = *window_;
+  const auto end = need <= opt_.small_limit ? PoolAllocator::End::High : PoolAllocator::End::Low;
+  auto block = w.blocks.allocate(need, end);
   if (!block) {
     why = "no free range of " + format_bytes(need) + " is left in the job's window of " +
           format_bytes(w.blocks.pool_size());
     return nullptr;
   }
-  const uint64_t page = w.pages->page_size();
-  const uint64_t first = block->offset / page, last = (block->offset + block->size - 1) / page;
+  // Best fit on addresses may land where no page shows; another free range
+  // may be a hole whose pages still show (no mapping call, no page taken).
+  if (const uint64_t n = unshown(block->offset, block->size); n > 0) {
+    if (auto at = fewer_unshown(block->size, n)) {
+      w.blocks.free(block->offset);
+      auto there = w.blocks.allocate_at(*at, need);  // free a moment ago: it is there
+      block = there ? there : w.blocks.allocate(need, end);
+    }
+  }
+  const auto [first, last] = pages_of(block->offset, block->size);
   // The range's pages are taken before any page is hidden to make room, so
   // none of them is.
   std::vector<uint64_t> missing;
@@ -101,7 +135,8 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
     std::optional<std::vector<uint64_t>> chunks =
         free_only ? pages_.take_free(missing.size()) : pages_.take(missing.size(), why);
     if (!chunks && !free_only && idle_shown_ > 0 && !pages_.refused_for_good()) {
-      hide_idle();
+      hide_idle(missing.size() - std::min<uint64_t>(missing.size(), pages_.free_pages()), first,
+                last);
       chunks = pages_.take(missing.size(), why);
     }
     if (!chunks) {
@@ -116,6 +151,7 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
         w.pages->show(missing[k], std::vector<uint64_t>(chunks->begin() + k, chunks->begin() + end));
         for (size_t j = k; j < end; ++j) w.chunk[missing[j]] = (*chunks)[j] + 1;
         shown_ += end - k;
+        pages_mapped_ += end - k;
         k = end;
       }
     } catch (...) {
@@ -125,35 +161,46 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
     }
   }
   void* ptr = w.pages->base() + block->offset;
-  placements_.emplace(ptr, Placement{&w, block->offset, block->size});
+  placements_.emplace(ptr, Placement{block->offset, block->size});
   live_ += block->size;
   pages_.settle();
   return ptr;
 }
 
-uint64_t PagedResource::hide_idle() {
+uint64_t PagedResource::hide_idle(uint64_t want, uint64_t near_first, uint64_t near_last) {
   if (idle_shown_ == 0) return 0;
   fence();
-  uint64_t hidden = 0;
-  for (Window* w : {small_.get(), large_.get()}) {
-    const uint64_t pages = w->chunk.size();
-    for (uint64_t p = 0; p < pages;) {
-      if (!w->chunk[p] || w->touching[p]) {
-        ++p;
-        continue;
-      }
-      const uint64_t run = p;
-      for (; p < pages && w->chunk[p] && !w->touching[p]; ++p) {
-        pages_.give(w->chunk[p] - 1);
-        w->chunk[p] = 0;
-      }
-      w->pages->hide(run, p - run);
-      hidden += p - run;
-    }
+  ++trims_;
+  Window& w = *window_;
+  std::vector<uint64_t> idle;
+  idle.reserve(idle_shown_);
+  for (uint64_t p = 0; p < w.chunk.size(); ++p) {
+    if (w.chunk[p] && !w.touching[p]) idle.push_back(p);
   }
-  shown_ -= hidden;
-  idle_shown_ -= hidden;
-  return hidden;
+  const uint64_t rest = idle.size() - std::min<uint64_t>(want, idle.size());
+  const uint64_t n = std::min<uint64_t>(idle.size(), want + rest / 2);
+  if (n < idle.size()) {
+    auto distance = [&](uint64_t p) {
+      return p < near_first ? near_first - p : p > near_last ? p - near_last : 0;
+    };
+    std::nth_element(idle.begin(), idle.begin() + n, idle.end(),
+                     [&](uint64_t a, uint64_t b) { return distance(a) > distance(b); });
+    idle.resize(n);
+    std::sort(idle.begin(), idle.end());
+  }
+  for (size_t k = 0; k < idle.size();) {  // runs of adjacent pages: one unmapping call each
+    size_t end = k + 1;
+    while (end < idle.size() && idle[end] == idle[end - 1] + 1) ++end;
+    for (size_t j = k; j < end; ++j) {
+      pages_.give(w.chunk[idle[j]] - 1);
+      w.chunk[idle[j]] = 0;
+    }
+    w.pages->hide(idle[k], end - k);
+    k = end;
+  }
+  shown_ -= idle.size();
+  idle_shown_ -= idle.size();
+  return idle.size();
 }
 
 [[noreturn]] void PagedResource::out_of_memory(uint64_t bytes, const std::string& why,
@@ -172,7 +219,7 @@ void* PagedResource::allocate(uint64_t bytes, StreamRef) {
   std::lock_guard lock(mu_);
   if (need == 0) out_of_memory(bytes, "the size overflows", true);
   std::string why;
-  if (!open_windows(why)) out_of_memory(bytes, why, false);
+  if (!open_window(why)) out_of_memory(bytes, why, false);
   if (void* p = place(need, false, why)) return p;
   const std::string advice = pages_.advice(need);
   out_of_memory(bytes, advice.empty() ? why : why + "; " + advice, pages_.refused_for_good());
@@ -182,7 +229,7 @@ void* PagedResource::allocate_if_free(uint64_t bytes, StreamRef) {
   const uint64_t need = align_up(bytes, opt_.granularity);
   if (bytes == 0 || need == 0) return nullptr;
   std::lock_guard lock(mu_);
-  if (!large_) return nullptr;
+  if (!window_) return nullptr;
   std::string why;
   return place(need, true, why);
 }
@@ -196,10 +243,10 @@ void PagedResource::deallocate(void* ptr, uint64_t, StreamRef stream) noexcept {
   }
   const Placement pl = it->second;
   placements_.erase(it);
-  Window& w = *pl.window;
+  Window& w = *window_;
   w.blocks.free(pl.offset);
-  const uint64_t page = w.pages->page_size();
-  for (uint64_t p = pl.offset / page; p <= (pl.offset + pl.size - 1) / page; ++p) {
+  const auto [first, last] = pages_of(pl.offset, pl.size);
+  for (uint64_t p = first; p <= last; ++p) {
     if (--w.touching[p] == 0 && w.chunk[p]) ++idle_shown_;
   }
   live_ -= pl.size;
@@ -208,7 +255,7 @@ void PagedResource::deallocate(void* ptr, uint64_t, StreamRef stream) noexcept {
 
 uint64_t PagedResource::release_cached() {
   std::lock_guard lock(mu_);
-  if (large_) hide_idle();
+  if (window_) hide_idle(UINT64_MAX);
   return pages_.release_free();
 }
 
@@ -225,6 +272,8 @@ PagedResource::Stats PagedResource::stats() const {
   s.live_bytes = live_;
   s.shown_pages = shown_;
   s.leases = pages_.lease_count();
+  s.pages_mapped = pages_mapped_;
+  s.trims = trims_;
   return s;
 }
 

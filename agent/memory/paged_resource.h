@@ -1,11 +1,12 @@
 // The memory resource a job's tensors come from: leased pages (chunks of
-// the pool, leased_pages.h) shown in two windows of this process's
-// address space (shared/chunk_window.h), one for small tensors (up to
-// `small_limit`) and one for the rest, so small tensors do not pin pages
-// among large ones. Inside a window tensors are placed best fit on
-// addresses; a page is shown while a live tensor touches it.
+// the pool, leased_pages.h) shown in a window of this process's address
+// space (shared/chunk_window.h). Tensors are placed best fit on its
+// addresses, small ones (up to `small_limit`) from the top end and the
+// rest from the bottom, as the pool places regions and scratch, so small
+// tensors do not pin pages among large ones. A page is shown while a live
+// tensor touches it.
 //
-// Why it cannot fragment: addresses are plentiful (each window spans four
+// Why it cannot fragment: addresses are plentiful (the window spans four
 // times the most the job may hold) and pages are interchangeable. A tensor
 // needs pages only for the part of its range that shows none; when no
 // page is free and the budget allows no lease, pages that no live tensor
@@ -27,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -41,7 +43,7 @@ namespace leasehold {
 
 struct PagedResourceOptions {
   LeasedPagesOptions pages;
-  uint64_t small_limit = 1ull << 20;  // allocations up to this go to the small window
+  uint64_t small_limit = 1ull << 20;  // allocations up to this are placed from the top
   uint64_t granularity = 512;         // tensor addresses and sizes are multiples of this
   // Waits until the device finished with memory freed on `streams` (and
   // any other work of this process on it): before pages are hidden or
@@ -71,8 +73,10 @@ class PagedResource final : public MemoryResource {
     uint64_t held_bytes = 0;       // leased now
     uint64_t peak_held_bytes = 0;
     uint64_t live_bytes = 0;       // of live tensors, rounded to the granularity
-    uint64_t shown_pages = 0;      // pages shown in the windows
+    uint64_t shown_pages = 0;      // pages shown in the window
     uint64_t leases = 0;
+    uint64_t pages_mapped = 0;     // pages shown so far (mapping calls' pages)
+    uint64_t trims = 0;            // times idle pages were hidden (each after a fence)
   };
   Stats stats() const;
   engine::Device device() const { return device_; }
@@ -86,19 +90,30 @@ class PagedResource final : public MemoryResource {
     Window(std::unique_ptr<ChunkWindow> w, uint64_t granularity);
   };
   struct Placement {
-    Window* window;
     uint64_t offset, size;
   };
 
-  // Opens the windows on the first allocation. REQUIRES: mu_ held.
-  bool open_windows(std::string& why);
+  // Opens the window on the first allocation. REQUIRES: mu_ held.
+  bool open_window(std::string& why);
   // Places `need` bytes: the range, then pages for its unshown part. nullptr
   // when there is no room (why in `why`); `free_only`: pages already held
   // only, nothing hidden. REQUIRES: mu_ held.
   void* place(uint64_t need, bool free_only, std::string& why);
-  // Hides the pages no live tensor touches, after the fence; their chunks
-  // are free again. Returns how many. REQUIRES: mu_ held.
-  uint64_t hide_idle();
+  // The pages [first, last] a range touches.
+  std::pair<uint64_t, uint64_t> pages_of(uint64_t offset, uint64_t size) const;
+  // Pages of [offset, offset + size) that show nothing. REQUIRES: mu_ held.
+  uint64_t unshown(uint64_t offset, uint64_t size) const;
+  // A free range of `need` bytes that needs fewer than `than` pages shown
+  // (a hole whose pages still show), at either end of a free block; nullopt
+  // when there is none. REQUIRES: mu_ held.
+  std::optional<uint64_t> fewer_unshown(uint64_t need, uint64_t than) const;
+  // Hides pages no live tensor touches, after the fence, so their chunks
+  // are free again: at least `want` (when there are), and half of the rest
+  // with them, so the next shortage does not wait for the device again;
+  // the farthest from pages [near_first, near_last] first (what is placed
+  // next tends to go near what was placed last). Returns how many.
+  // REQUIRES: mu_ held.
+  uint64_t hide_idle(uint64_t want, uint64_t near_first = 0, uint64_t near_last = 0);
   void fence();  // REQUIRES: mu_ held
   [[noreturn]] void out_of_memory(uint64_t bytes, const std::string& why, bool permanent);
 
@@ -106,11 +121,12 @@ class PagedResource final : public MemoryResource {
   PagedResourceOptions opt_;
   engine::Device device_;
   mutable std::mutex mu_;
-  LeasedPages pages_;                                // GUARDED_BY(mu_); outlives the windows
-  std::unique_ptr<Window> small_, large_;            // GUARDED_BY(mu_)
+  LeasedPages pages_;                                // GUARDED_BY(mu_); outlives the window
+  std::unique_ptr<Window> window_;                   // GUARDED_BY(mu_)
   std::unordered_map<void*, Placement> placements_;  // GUARDED_BY(mu_)
   std::set<StreamRef> freed_on_;                     // GUARDED_BY(mu_): since the last fence
   uint64_t live_ = 0, shown_ = 0, idle_shown_ = 0;   // GUARDED_BY(mu_)
+  uint64_t pages_mapped_ = 0, trims_ = 0;            // GUARDED_BY(mu_)
 };
 
 }  // namespace leasehold

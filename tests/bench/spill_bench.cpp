@@ -56,6 +56,7 @@ struct Run {
   std::vector<double> step_ms;
   std::vector<float> weights;
   uint64_t peak_leased = 0, budget = 0;
+  uint64_t pages_mapped = 0, trims = 0;  // the lease allocator's, warm-up included
   S::SpillStats stats;
   S::SpillCounters counters;
   double seconds = 0;
@@ -158,6 +159,8 @@ class Bench {
       }
     }
     r.peak_leased = alloc->stats().peak_leased_bytes;
+    r.pages_mapped = alloc->stats().pages_mapped;
+    r.trims = alloc->stats().trims;
     return r;
   }
 
@@ -311,6 +314,8 @@ int main(int argc, char** argv) {
                          {"restores", r.counters.restores},
                          {"prefetched", r.counters.prefetched},
                          {"peak_device_bytes", r.peak_leased},
+                         {"pages_mapped", r.pages_mapped},
+                         {"trims", r.trims},
                          {"within_budget", r.peak_leased <= budget},
                          {"weights_identical", r.weights == base.weights}};
         std::fprintf(stderr, "%s\n", j.dump().c_str());
