@@ -239,6 +239,72 @@ TEST_F(LeaseAllocatorTest, AFragmentedBudgetStillServesWhatFits) {
   for (auto [p, size] : live) alloc.deallocate(p, size);
 }
 
+// Tensors of every size, small and large, allocated and freed at random
+// under a budget, with pages hidden and shown elsewhere as it runs short:
+// every tensor keeps its bytes until it is freed (no two share memory, no
+// page shows the wrong chunk), a refusal is an OutOfMemoryError and never
+// anything else, and afterwards the budget held, the counts are back to
+// zero and every lease goes back.
+TEST_F(LeaseAllocatorTest, RandomTensorsKeepTheirBytesWhilePagesMoveUnderThem) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 24ull << 20;
+  o.lease_bytes = 3ull << 20;
+  LeaseAllocator alloc(*session, o);
+  struct Live {
+    unsigned char* p;
+    uint64_t size;
+    unsigned char mark;
+  };
+  auto intact = [](const Live& t) {
+    for (uint64_t at : {uint64_t(0), t.size / 2, t.size - 1}) {
+      if (t.p[at] != t.mark) return false;
+    }
+    return true;
+  };
+  std::mt19937 gen(11);
+  std::vector<Live> live;
+  int refused = 0, served = 0;
+  for (int round = 0; round < 3000; ++round) {
+    if (live.empty() || gen() % 5 < 3) {
+      const uint64_t size = gen() % 2 ? gen() % (1u << 20) + 1 : gen() % (5u << 20) + 1;
+      try {
+        auto* p = static_cast<unsigned char*>(alloc.allocate(size));
+        const auto mark = static_cast<unsigned char>(round % 251 + 1);
+        std::memset(p, mark, size);
+        live.push_back({p, size, mark});
+        ++served;
+      } catch (const E::OutOfMemoryError&) {
+        ++refused;  // the budget is full of live tensors: free some
+        for (int k = 0; k < 4 && !live.empty(); ++k) {
+          ASSERT_TRUE(intact(live.back())) << "round " << round;
+          alloc.deallocate(live.back().p, live.back().size);
+          live.pop_back();
+        }
+      }
+    } else {
+      const size_t k = gen() % live.size();
+      ASSERT_TRUE(intact(live[k])) << "round " << round << ": a tensor lost its bytes";
+      alloc.deallocate(live[k].p, live[k].size);
+      live[k] = live.back();
+      live.pop_back();
+    }
+    if (round % 500 == 499) alloc.empty_cache();  // hides idle pages, gives leases back
+  }
+  EXPECT_GT(served, 1000);
+  EXPECT_GT(refused, 0) << "the budget was never reached: the test proves little";
+  for (const Live& t : live) {
+    EXPECT_TRUE(intact(t));
+    alloc.deallocate(t.p, t.size);
+  }
+  auto s = alloc.stats();
+  EXPECT_LE(s.peak_leased_bytes, o.budget_bytes);
+  EXPECT_EQ(s.in_use_bytes, 0u);
+  EXPECT_GT(s.trims, 0u) << "pages were hidden and shown elsewhere";
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().leases, 0u);
+  EXPECT_TRUE(cluster.wait_for([](const auto& st) { return st["leases"].empty(); }, 2s));
+}
+
 TEST_F(LeaseAllocatorTest, MemoryFreedAnywhereBacksALargerTensorWithoutNewLeases) {
   LeaseAllocatorOptions o;
   o.budget_bytes = 32ull << 20;
