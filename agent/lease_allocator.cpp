@@ -53,29 +53,43 @@ bool LeaseAllocator::reclaim(uint64_t bytes, std::string& why_not) {
   }
   if (spill && spill(bytes) > 0) return true;
   // Nothing (more) to spill: growth past the guaranteed share may wait for
-  // the coordinator rather than the job failing.
-  if (paged_.allow_patient_growth()) return true;
+  // the coordinator rather than the job failing, unless what is live
+  // leaves no room for the request within the budget anyway.
+  const uint64_t budget = budget_.budget();
+  const bool fits = !budget || budget_.live_bytes() + align_up(bytes, 512) <= budget;
+  if (fits && paged_.allow_patient_growth()) return true;
   if (spill) why_not = "nothing more could be spilled";
   return false;
 }
 
-StreamRef LeaseAllocator::stream() const {
+StreamRef LeaseAllocator::stream(bool make) const {
 #ifdef LEASEHOLD_HAVE_CUDA
   const engine::Device d = paged_.device();
-  if (d.is_cuda()) return engine::compute_stream(d.index);
+  if (d.is_cuda()) {
+    return make ? engine::compute_stream(d.index) : engine::existing_compute_stream(d.index);
+  }
+#else
+  (void)make;
 #endif
   return nullptr;
 }
 
-void* LeaseAllocator::allocate(size_t bytes) { return counted_.allocate(bytes, stream()); }
+void* LeaseAllocator::allocate(size_t bytes) {
+  try {
+    return counted_.allocate(bytes, stream(true));
+  } catch (const OutOfMemoryError&) {
+    paged_.disarm_patient_growth();  // armed for this allocation only
+    throw;
+  }
+}
 
 void* LeaseAllocator::allocate_if_free(size_t bytes) {
   if (bytes == 0) return nullptr;
-  return counted_.allocate_if_free(bytes, stream());
+  return counted_.allocate_if_free(bytes, stream(true));
 }
 
 void LeaseAllocator::deallocate(void* ptr, size_t bytes) noexcept {
-  counted_.deallocate(ptr, bytes, stream());
+  counted_.deallocate(ptr, bytes, stream(false));
 }
 
 void LeaseAllocator::set_reclaimer(engine::Reclaimer reclaimer) {

@@ -6,8 +6,10 @@
 // (StatisticsAdaptor). No message goes to the coordinator for memory the
 // job holds already.
 //
-// A job whose live bytes plus a request fit its budget gets the memory: free
-// space is never stranded in fragments (paged_resource.h says why). A
+// Free space is never stranded in fragments: a request fails only when the
+// pages its live tensors touch and the pages the request needs exceed the
+// budget (paged_resource.h says why; tensors of whole pages need exactly
+// their size, others at most the partly used pages at their ends). A
 // lease lost to a coordinator restart is never allocated from again; the
 // tensors in it are void (the job running on them must be abandoned).
 //
@@ -79,7 +81,9 @@ class LeaseAllocator final : public engine::Allocator {
   // The reclaiming adaptor's question: spill, else (once) let growth past
   // the guaranteed share wait.
   bool reclaim(uint64_t bytes, std::string& why_not);
-  StreamRef stream() const;
+  // This thread's compute stream on the pool's device (nullptr on host);
+  // `make`: create it when the thread has none yet (not for frees).
+  StreamRef stream(bool make) const;
 
   PagedResource paged_;
   BudgetAdaptor budget_;

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -50,11 +51,17 @@ void ChunkWindow::show(uint64_t first, const std::vector<uint64_t>& chunks) {
   for (uint64_t k = 0; k < chunks.size(); ++k) shown_[first + k] = chunks[k] + 1;
 }
 
-void ChunkWindow::hide(uint64_t first, uint64_t count) noexcept {
+bool ChunkWindow::hide(uint64_t first, uint64_t count) noexcept {
   std::lock_guard lock(mu_);
   uint64_t run_first = 0, run = 0;
+  bool ok = true;
   auto flush = [&] {
-    if (run) hide_pages(run_first, run);
+    if (!run) return;
+    const std::vector<uint64_t> stuck = hide_pages(run_first, run);
+    for (uint64_t p = run_first; p < run_first + run; ++p) {
+      if (std::find(stuck.begin(), stuck.end(), p) == stuck.end()) shown_[p] = 0;
+    }
+    ok = ok && stuck.empty();
     run = 0;
   };
   for (uint64_t p = first; p < first + count && p < page_count_; ++p) {
@@ -62,11 +69,11 @@ void ChunkWindow::hide(uint64_t first, uint64_t count) noexcept {
       flush();
       continue;
     }
-    shown_[p] = 0;
     if (run == 0) run_first = p;
     ++run;
   }
   flush();
+  return ok;
 }
 
 void ChunkWindow::hide_all() noexcept { hide(0, page_count_); }

@@ -47,8 +47,10 @@ class ChunkWindow {
   // when the backend refuses.
   void show(uint64_t first, const std::vector<uint64_t>& chunks);
   // Pages [first, first + count) show nothing any more; pages that showed
-  // nothing are skipped. Never throws (a failure is logged).
-  void hide(uint64_t first, uint64_t count) noexcept;
+  // nothing are skipped. Never throws: false when the backend failed to
+  // unmap some page (logged), which then still counts as showing its chunk
+  // (whoever owns the chunk must not give it away while it may be mapped).
+  bool hide(uint64_t first, uint64_t count) noexcept;
   // The chunk page `page` shows; nullopt: none (or past the window).
   std::optional<uint64_t> shown(uint64_t page) const;
   // How many pages show a chunk.
@@ -62,7 +64,8 @@ class ChunkWindow {
   // every k, read-write; all or nothing.
   virtual void show_pages(uint64_t first, const std::vector<std::byte*>& sources) = 0;
   // The run [first, first + count), all showing a chunk now, faults again.
-  virtual void hide_pages(uint64_t first, uint64_t count) noexcept = 0;
+  // Returns the pages that may still show their chunk (a failure).
+  virtual std::vector<uint64_t> hide_pages(uint64_t first, uint64_t count) noexcept = 0;
   // Hides every page still showing a chunk (for the backends' destructors).
   void hide_all() noexcept;
   std::byte* page(uint64_t i) const { return base_ + i * page_size_; }

@@ -315,12 +315,19 @@ class CudaWindow final : public ChunkWindow {
                                  vmm_error("cuMemSetAccess", r));
       }
     } catch (...) {
-      if (mapped) hide_pages(first, mapped);
+      if (mapped && !hide_pages(first, mapped).empty()) {
+        spdlog::error("a window's pages {}+{} may stay mapped", first, mapped);
+      }
       throw;
     }
-    on.restore();
+    try {
+      on.restore();
+    } catch (...) {  // the pages are mapped but the call fails: not shown
+      hide_pages(first, sources.size());
+      throw;
+    }
   }
-  void hide_pages(uint64_t first, uint64_t count) noexcept override {
+  std::vector<uint64_t> hide_pages(uint64_t first, uint64_t count) noexcept override {
     std::optional<DeviceSwitch> on;
     try {
       on.emplace(device_);
@@ -329,13 +336,16 @@ class CudaWindow final : public ChunkWindow {
     }
     const CudaVmm& vmm = cuda_vmm();
     CUresult r = vmm.unmap(address(first), count * page_size());
-    if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) return;
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED) return {};
+    std::vector<uint64_t> stuck;
     for (uint64_t p = first; p < first + count; ++p) {  // page by page, as the pool's unmap
       r = vmm.unmap(address(p), page_size());
       if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
         spdlog::error("window page {}: {}", p, vmm_error("cuMemUnmap", r));
+        stuck.push_back(p);
       }
     }
+    return stuck;
   }
 
  private:

@@ -158,7 +158,9 @@ class HostWindow final : public ChunkWindow {
       void* at = page(first + k);
       if (::mremap(sources[k], 0, page_size(), MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
         const std::string why = errno_text();
-        if (k) hide_pages(first, k);
+        if (k && !hide_pages(first, k).empty()) {
+          spdlog::error("a window's pages {}+{} may stay mapped", first, k);
+        }
         throw std::runtime_error("cannot show a chunk at page " + std::to_string(first + k) +
                                  " of a window: " + why);
       }
@@ -167,11 +169,16 @@ class HostWindow final : public ChunkWindow {
       }
     }
   }
-  void hide_pages(uint64_t first, uint64_t count) noexcept override {
+  std::vector<uint64_t> hide_pages(uint64_t first, uint64_t count) noexcept override {
     if (::mmap(page(first), count * page_size(), PROT_NONE,
-               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
-      spdlog::error("cannot hide pages {}+{} of a window: {}", first, count, errno_text());
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
+      return {};
     }
+    // What the range holds now is unknown: all of it counts as shown.
+    spdlog::error("cannot hide pages {}+{} of a window: {}", first, count, errno_text());
+    std::vector<uint64_t> stuck;
+    for (uint64_t p = first; p < first + count; ++p) stuck.push_back(p);
+    return stuck;
   }
 };
 

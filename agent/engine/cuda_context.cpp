@@ -81,6 +81,10 @@ void check_device(int device) {
 }
 }  // namespace
 
+cudaStream_t existing_compute_stream(int device) noexcept {
+  return device >= 0 && device < kMaxDevices ? t_state.streams[device] : nullptr;
+}
+
 cudaStream_t compute_stream(int device) {
   check_device(device);
   cudaStream_t& s = t_state.streams[device];

@@ -51,6 +51,9 @@ bool allow_tf32();
 #ifdef LEASEHOLD_HAVE_CUDA
 // This thread's compute stream on `device` (created on first use, non-blocking).
 cudaStream_t compute_stream(int device);
+// The same if this thread made one already; nullptr otherwise. Creates
+// nothing and never throws (for frees, which may come from any thread).
+cudaStream_t existing_compute_stream(int device) noexcept;
 // This thread's cuBLAS handle on `device`, bound to compute_stream(device).
 cublasHandle_t cublas_handle(int device);
 // Waits for this thread's work on `device`.

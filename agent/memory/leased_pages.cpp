@@ -41,6 +41,8 @@ bool LeasedPages::bind(std::string& why) {
 }
 
 std::optional<std::vector<uint64_t>> LeasedPages::take(uint64_t n, std::string& why) {
+  last_refusal_.reset();  // what this call is refused, not an earlier one
+  patient_refused_ = false;
   if (!bind(why)) return std::nullopt;
   if (free_ < n && !grow(n - free_, why)) return std::nullopt;
   return pop(n);
@@ -113,10 +115,17 @@ bool LeasedPages::grow(uint64_t pages, std::string& why) {
   // may make others give growth back.
   uint64_t usual = patient ? need : align_up(std::max(opt_.lease_bytes, need), page_size_);
   if (budget) usual = std::min(usual, align_down(budget - held_, page_size_));
+  // What fits the guaranteed share is asked for within it: a usual lease
+  // reaching past it would be growth, refused at once when the pool is full.
+  const uint64_t share = opt_.guaranteed_bytes;
+  if (share && held_ + need <= share) {
+    usual = std::min(usual, std::max(need, align_down(share - held_, page_size_)));
+  }
   if (lease(usual, patient, why)) return true;
-  // The pool may have room for what is needed, if not for a usual lease.
+  // The pool may have room for what is needed, if not for a usual lease
+  // (unless growth was held back before this call).
   const bool no_room = last_refusal_ == ErrorCode::NoSpace || last_refusal_ == ErrorCode::TooLarge;
-  return usual > need && no_room && !growth_held() && lease(need, patient, why);
+  return usual > need && no_room && !held_back && lease(need, patient, why);
 }
 
 bool LeasedPages::lease(uint64_t bytes, bool patient, std::string& why) {
@@ -191,7 +200,9 @@ uint64_t LeasedPages::release_free() {
 }
 
 bool LeasedPages::allow_patient_growth() {
-  if (!opt_.guaranteed_bytes || patience_ != Patience::Off) return false;
+  // Growth past the share is possible only below the budget.
+  const bool room = !opt_.budget_bytes || opt_.guaranteed_bytes < opt_.budget_bytes;
+  if (!opt_.guaranteed_bytes || !room || patience_ != Patience::Off) return false;
   patience_ = Patience::Armed;
   return true;
 }

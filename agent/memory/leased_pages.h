@@ -1,6 +1,6 @@
 // The physical pages a job holds: the chunks of its leases. Pages are
 // leased from the coordinator a lease at a time and handed one by one to
-// the job's windows (paged_resource.h), which may show any of them at any
+// the job's window (paged_resource.h), which may show any of them at any
 // address: which lease a page came from does not matter to where tensors
 // go. Leases go back whole, or their free tail, when memory is given back.
 //
@@ -81,8 +81,9 @@ class LeasedPages {
   // Advice for an error after a patient request the pool had no room for
   // (empty when there is none).
   std::string advice(uint64_t need) const;
-  // The coordinator said a lease this size can never fit the pool.
-  bool refused_for_good() const { return last_refusal_ == ErrorCode::TooLarge; }
+  // True once the session the pages were bound to is gone (a coordinator
+  // restart): no page will be handed out again.
+  bool lost() const { return mapping_ && session_.current_mapping() != mapping_; }
 
   uint64_t held_bytes() const { return held_; }
   uint64_t peak_held_bytes() const { return peak_held_; }

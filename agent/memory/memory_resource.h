@@ -1,14 +1,17 @@
 // Where a job's device memory comes from, in RMM's shape: one resource that
-// owns memory (paged_resource.h: leased pages mapped into growing windows)
+// owns memory (paged_resource.h: leased pages shown in a window of addresses)
 // and adaptors around it that each add one thing (resource_adaptors.h: the
 // budget, the reclaimer, the statistics). The lease allocator
 // (agent/lease_allocator.h) stacks them and is what the engine sees.
 //
 // Every allocation names the stream its memory is used on; a deallocation,
-// the stream its last use was queued on: the memory may be handed out
-// again at once to work queued after it on that stream, and before it
+// the stream its last use was queued on (nullptr: not known). Before memory
 // leaves the job (pages hidden, leases given back) the resource waits for
-// the streams it was freed on.
+// the streams it was freed on; the engine's fence waits for the whole
+// device, which covers its copy streams too. Memory freed is handed out
+// again at once, on any stream: the engine queues all of a job's work in
+// order on its thread's compute stream, and its copy streams order
+// themselves against it with events (agent/spill).
 #pragma once
 
 #include <cstdint>

@@ -131,20 +131,20 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
     }
     w.blocks.free(block->offset);
   };
-  if (!missing.empty()) {
-    std::optional<std::vector<uint64_t>> chunks =
-        free_only ? pages_.take_free(missing.size()) : pages_.take(missing.size(), why);
-    if (!chunks && !free_only && idle_shown_ > 0 && !pages_.refused_for_good()) {
-      hide_idle(missing.size() - std::min<uint64_t>(missing.size(), pages_.free_pages()), first,
-                last);
-      chunks = pages_.take(missing.size(), why);
-    }
-    if (!chunks) {
-      undo();
-      return nullptr;
-    }
-    size_t k = 0;
-    try {
+  std::optional<std::vector<uint64_t>> chunks;
+  size_t k = 0;  // chunks[k..] are not shown yet
+  try {
+    if (!missing.empty()) {
+      chunks = free_only ? pages_.take_free(missing.size()) : pages_.take(missing.size(), why);
+      if (!chunks && !free_only && idle_shown_ > 0 && !pages_.lost()) {
+        hide_idle(missing.size() - std::min<uint64_t>(missing.size(), pages_.free_pages()),
+                  first, last);
+        chunks = pages_.take(missing.size(), why);
+      }
+      if (!chunks) {
+        undo();
+        return nullptr;
+      }
       while (k < missing.size()) {  // runs of adjacent pages: one mapping call each
         size_t end = k + 1;
         while (end < missing.size() && missing[end] == missing[end - 1] + 1) ++end;
@@ -154,17 +154,21 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
         pages_mapped_ += end - k;
         k = end;
       }
-    } catch (...) {
-      for (size_t j = k; j < chunks->size(); ++j) pages_.give((*chunks)[j]);
-      undo();
-      throw;
     }
+    void* ptr = w.pages->base() + block->offset;
+    placements_.emplace(ptr, Placement{block->offset, block->size});
+    live_ += block->size;
+    pages_.settle();
+    return ptr;
+  } catch (...) {
+    // A fence that reports a device fault, a mapping call refused: the
+    // range and its pages as before (pages shown meanwhile stay, idle).
+    if (chunks) {
+      for (size_t j = k; j < chunks->size(); ++j) pages_.give((*chunks)[j]);
+    }
+    undo();
+    throw;
   }
-  void* ptr = w.pages->base() + block->offset;
-  placements_.emplace(ptr, Placement{block->offset, block->size});
-  live_ += block->size;
-  pages_.settle();
-  return ptr;
 }
 
 uint64_t PagedResource::hide_idle(uint64_t want, uint64_t near_first, uint64_t near_last) {
@@ -188,26 +192,36 @@ uint64_t PagedResource::hide_idle(uint64_t want, uint64_t near_first, uint64_t n
     idle.resize(n);
     std::sort(idle.begin(), idle.end());
   }
+  uint64_t hidden = 0;
   for (size_t k = 0; k < idle.size();) {  // runs of adjacent pages: one unmapping call each
     size_t end = k + 1;
     while (end < idle.size() && idle[end] == idle[end - 1] + 1) ++end;
+    const bool all = w.pages->hide(idle[k], end - k);
     for (size_t j = k; j < end; ++j) {
+      // A page the backend could not unmap keeps its chunk: never given
+      // away while this process may still reach it.
+      if (!all && w.pages->shown(idle[j])) continue;
       pages_.give(w.chunk[idle[j]] - 1);
       w.chunk[idle[j]] = 0;
+      ++hidden;
     }
-    w.pages->hide(idle[k], end - k);
     k = end;
   }
-  shown_ -= idle.size();
-  idle_shown_ -= idle.size();
-  return idle.size();
+  shown_ -= hidden;
+  idle_shown_ -= hidden;
+  return hidden;
 }
 
 [[noreturn]] void PagedResource::out_of_memory(uint64_t bytes, const std::string& why,
                                                 bool permanent) {
   const uint64_t held = pages_.held_bytes();
+  std::string where;
+  if (window_) {
+    where = " on " + std::to_string(shown_ - idle_shown_) + " pages of " +
+            format_bytes(window_->pages->page_size());
+  }
   throw OutOfMemoryError("out of memory: cannot allocate " + format_bytes(bytes) + ": " + why +
-                             " (in use " + format_bytes(live_) + ", cached " +
+                             " (in use " + format_bytes(live_) + where + ", cached " +
                              format_bytes(held - std::min(held, live_)) + ", budget " +
                              (pages_.budget() ? format_bytes(pages_.budget()) : "none") + ")",
                          bytes, permanent);
@@ -219,10 +233,24 @@ void* PagedResource::allocate(uint64_t bytes, StreamRef) {
   std::lock_guard lock(mu_);
   if (need == 0) out_of_memory(bytes, "the size overflows", true);
   std::string why;
-  if (!open_window(why)) out_of_memory(bytes, why, false);
+  if (!open_window(why)) out_of_memory(bytes, why, pages_.lost());
+  // A range of `need` bytes touches at least this many pages: more than the
+  // budget or the pool holds never fits, whatever is freed.
+  const PoolDescriptor& pool = pages_.mapping()->descriptor();
+  const uint64_t pages = (need - 1) / pool.alignment + 1;
+  if (pages > pool.chunk_count()) {
+    out_of_memory(bytes, "larger than the device's whole pool (" + format_bytes(pool.size) + ")",
+                  true);
+  }
+  if (pages_.budget() && pages > pages_.budget() / pool.alignment) {
+    out_of_memory(bytes, "it needs " + std::to_string(pages) + " pages of " +
+                             format_bytes(pool.alignment) + " and the budget holds " +
+                             std::to_string(pages_.budget() / pool.alignment),
+                  true);
+  }
   if (void* p = place(need, false, why)) return p;
   const std::string advice = pages_.advice(need);
-  out_of_memory(bytes, advice.empty() ? why : why + "; " + advice, pages_.refused_for_good());
+  out_of_memory(bytes, advice.empty() ? why : why + "; " + advice, pages_.lost());
 }
 
 void* PagedResource::allocate_if_free(uint64_t bytes, StreamRef) {
@@ -262,6 +290,11 @@ uint64_t PagedResource::release_cached() {
 bool PagedResource::allow_patient_growth() {
   std::lock_guard lock(mu_);
   return pages_.allow_patient_growth();
+}
+
+void PagedResource::disarm_patient_growth() {
+  std::lock_guard lock(mu_);
+  pages_.settle();
 }
 
 PagedResource::Stats PagedResource::stats() const {

@@ -3,8 +3,9 @@
 // space (shared/chunk_window.h). Tensors are placed best fit on its
 // addresses, small ones (up to `small_limit`) from the top end and the
 // rest from the bottom, as the pool places regions and scratch, so small
-// tensors do not pin pages among large ones. A page is shown while a live
-// tensor touches it.
+// tensors do not pin pages among large ones; a tensor whose best fit lands
+// on pages that show nothing goes instead to a hole whose pages still show,
+// when there is one. A page is shown while a live tensor touches it.
 //
 // Why it cannot fragment: addresses are plentiful (the window spans four
 // times the most the job may hold) and pages are interchangeable. A tensor
@@ -66,8 +67,10 @@ class PagedResource final : public MemoryResource {
   // whole free leases and free lease tails. Returns the bytes given back.
   // Throws what the fence throws (a device fault).
   uint64_t release_cached();
-  // The last resort before an allocation fails (LeasedPages).
+  // The last resort before an allocation fails (LeasedPages), and its end
+  // when that allocation failed all the same.
   bool allow_patient_growth();
+  void disarm_patient_growth();
 
   struct Stats {
     uint64_t held_bytes = 0;       // leased now

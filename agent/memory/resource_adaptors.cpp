@@ -1,6 +1,7 @@
 #include "agent/memory/resource_adaptors.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "shared/units.h"
 
@@ -23,6 +24,7 @@ bool BudgetAdaptor::fits(uint64_t bytes, uint64_t need) const {
 }
 
 void* BudgetAdaptor::allocate(uint64_t bytes, StreamRef stream) {
+  if (bytes == 0) throw std::invalid_argument("allocation of 0 bytes");
   const uint64_t need = align_up(bytes, granularity_);
   {
     std::lock_guard lock(mu_);

@@ -14,9 +14,9 @@
 namespace leasehold {
 
 // Refuses an allocation that would take the live bytes (each allocation
-// rounded up to `granularity`) past `budget`: what a job may hold at once.
-// The upstream holds its memory without fragments (paged_resource.h), so
-// within the budget the upstream can serve what is asked. budget 0: none.
+// rounded up to `granularity`) past `budget`: what a job may hold at once,
+// said in the job's terms before the upstream is asked (which counts pages:
+// paged_resource.h). budget 0: none.
 class BudgetAdaptor final : public MemoryResource {
  public:
   BudgetAdaptor(MemoryResource& upstream, uint64_t budget, uint64_t granularity);

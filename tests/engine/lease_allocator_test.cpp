@@ -125,13 +125,16 @@ TEST_F(LeaseAllocatorTest, OutOfMemoryNamesTheSizesAndKeepsServing) {
     EXPECT_NE(msg.find("budget 40.00 MiB"), std::string::npos) << msg;
     EXPECT_EQ(e.requested(), 30ull << 20);
   }
-  // Larger than the whole pool: the coordinator's refusal is in the message.
+  // Larger than the whole pool: said so, and nothing can make it fit.
   LeaseAllocator unlimited(*session);
   try {
     unlimited.allocate(300ull << 20);
     FAIL();
   } catch (const E::OutOfMemoryError& e) {
-    EXPECT_NE(std::string(e.what()).find("can never fit"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("larger than the device's whole pool (256.00 MiB)"),
+              std::string::npos)
+        << e.what();
+    EXPECT_TRUE(e.permanent());
   }
   void* more = alloc.allocate(1ull << 20);
   EXPECT_NE(more, nullptr) << "the allocator still serves after refusing";
