@@ -124,14 +124,56 @@ bool LeasedPages::grow(uint64_t pages, std::string& why) {
   if (lease(usual, patient, why)) return true;
   // The pool may have room for what is needed, if not for a usual lease
   // (unless growth was held back before this call).
-  const bool no_room = last_refusal_ == ErrorCode::NoSpace || last_refusal_ == ErrorCode::TooLarge;
-  return usual > need && no_room && !held_back && lease(need, patient, why);
+  auto no_room = [&] {
+    return last_refusal_ == ErrorCode::NoSpace || last_refusal_ == ErrorCode::TooLarge;
+  };
+  if (!no_room() || held_back) return false;
+  if (usual > need) {
+    if (lease(need, patient, why)) return true;
+    if (!no_room()) return false;
+  }
+  return lease_pieces(need, patient, why);
 }
 
-bool LeasedPages::lease(uint64_t bytes, bool patient, std::string& why) {
+bool LeasedPages::lease_pieces(uint64_t need, bool patient, std::string& why) {
+  // Pages need not be contiguous in the pool: free chunks scattered between
+  // other tenants' leases serve as well, asked for in halves, then quarters,
+  // down to single pages, without waiting. All or nothing.
+  const size_t before = leases_.size();
+  uint64_t got = 0;
+  uint64_t piece = std::max(page_size_, align_down(need / 2, page_size_));
+  std::string refusal;
+  while (got < need) {
+    const uint64_t ask = std::min(piece, align_up(need - got, page_size_));
+    if (lease(ask, patient, refusal, std::chrono::milliseconds(0))) {
+      got += ask;
+      continue;
+    }
+    if (last_refusal_ != ErrorCode::NoSpace || piece == page_size_) break;
+    piece = std::max(page_size_, align_down(piece / 2, page_size_));
+  }
+  if (got >= need) return true;
+  while (leases_.size() > before) {  // nothing of them was taken yet
+    Held& h = leases_.back();
+    held_ -= h.lease.size();
+    free_ -= h.free;
+    try {
+      h.lease.release();
+    } catch (const std::exception& e) {
+      spdlog::warn("giving back lease {}: {}", h.lease.id(), e.what());
+    }
+    leases_.pop_back();
+  }
+  why += "; " + format_bytes(got) + " of it was free in pieces";
+  return false;
+}
+
+bool LeasedPages::lease(uint64_t bytes, bool patient, std::string& why,
+                        std::optional<std::chrono::milliseconds> wait_for) {
   const bool growth = opt_.guaranteed_bytes && held_ + bytes > opt_.guaranteed_bytes;
   std::optional<std::chrono::milliseconds> wait = opt_.lease_wait;
   if (opt_.guaranteed_bytes && (!growth || patient)) wait = opt_.guaranteed_wait;
+  if (wait_for) wait = wait_for;
   if (growth && patient) patience_ = Patience::Used;
   try {
     Lease l = session_.acquire(bytes, LeaseEnd::High, wait, growth && patient);

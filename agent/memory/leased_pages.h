@@ -2,7 +2,9 @@
 // leased from the coordinator a lease at a time and handed one by one to
 // the job's window (paged_resource.h), which may show any of them at any
 // address: which lease a page came from does not matter to where tensors
-// go. Leases go back whole, or their free tail, when memory is given back.
+// go, and a request the pool has no contiguous run for is leased in
+// pieces. Leases go back whole, or their free tail, when memory is given
+// back.
 //
 // The occupancy policy's rules for growing live here: within the budget,
 // within the guaranteed share a lease may wait (the policy makes room);
@@ -102,8 +104,12 @@ class LeasedPages {
 
   // Leases `pages` pages (at least), within the rules above.
   bool grow(uint64_t pages, std::string& why);
-  // A lease of `bytes`; false when refused (why in `why`).
-  bool lease(uint64_t bytes, bool patient, std::string& why);
+  // `need` bytes in several leases where the pool has no run that long.
+  bool lease_pieces(uint64_t need, bool patient, std::string& why);
+  // A lease of `bytes`; false when refused (why in `why`). `wait_for`: how
+  // long it may wait, instead of what the rules above say.
+  bool lease(uint64_t bytes, bool patient, std::string& why,
+             std::optional<std::chrono::milliseconds> wait_for = std::nullopt);
   bool growth_held() const;
   std::vector<uint64_t> pop(uint64_t n);
 

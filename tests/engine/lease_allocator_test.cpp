@@ -308,6 +308,35 @@ TEST_F(LeaseAllocatorTest, RandomTensorsKeepTheirBytesWhilePagesMoveUnderThem) {
   EXPECT_TRUE(cluster.wait_for([](const auto& st) { return st["leases"].empty(); }, 2s));
 }
 
+// The pool itself in pieces: another tenant holds every other chunk, so no
+// free run is longer than one chunk. A tensor of 64 MiB still gets its
+// pages, leased in pieces, and keeps its bytes; when the pieces cannot add
+// up, nothing of them stays leased.
+TEST_F(LeaseAllocatorTest, ATensorLongerThanAnyFreeRunOfThePoolIsServedFromScatteredPages) {
+  AgentOptions o;
+  o.endpoint = cluster.endpoint();
+  o.name = "checkerboard";
+  AgentSession other(o);
+  std::vector<Lease> held;
+  for (int i = 0; i < 256; ++i) held.push_back(other.acquire(1ull << 20));
+  for (size_t i = 0; i < held.size(); i += 2) other.release(held[i]);
+  LeaseAllocator alloc(*session);
+  auto* p = static_cast<unsigned char*>(alloc.allocate(64ull << 20));
+  std::memset(p, 0x3c, 64ull << 20);
+  EXPECT_EQ(p[0], 0x3c);
+  EXPECT_EQ(p[(64ull << 20) - 1], 0x3c);
+  EXPECT_GE(alloc.stats().leases, 64u) << "no run of the pool was longer than a chunk";
+  // 100 MiB more do not fit the 64 MiB left: refused, and no piece stays.
+  const uint64_t leased_before = alloc.stats().cached_bytes + alloc.stats().in_use_bytes;
+  EXPECT_THROW(alloc.allocate(100ull << 20), E::OutOfMemoryError);
+  EXPECT_EQ(alloc.stats().cached_bytes + alloc.stats().in_use_bytes, leased_before);
+  auto s = cluster.status();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(leased_by(*s, "engine"), leased_before) << "the coordinator agrees";
+  alloc.deallocate(p, 64ull << 20);
+  for (size_t i = 1; i < held.size(); i += 2) other.release(held[i]);
+}
+
 TEST_F(LeaseAllocatorTest, MemoryFreedAnywhereBacksALargerTensorWithoutNewLeases) {
   LeaseAllocatorOptions o;
   o.budget_bytes = 32ull << 20;
