@@ -149,7 +149,8 @@ bool LeasedPages::lease_pieces(uint64_t need, bool patient, std::string& why) {
       got += ask;
       continue;
     }
-    if (last_refusal_ != ErrorCode::NoSpace || piece == page_size_) break;
+    // Growth the coordinator holds back is held back in pieces too.
+    if (last_refusal_ != ErrorCode::NoSpace || piece == page_size_ || growth_held()) break;
     piece = std::max(page_size_, align_down(piece / 2, page_size_));
   }
   if (got >= need) return true;
