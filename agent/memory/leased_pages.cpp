@@ -145,8 +145,9 @@ bool LeasedPages::lease_pieces(uint64_t need, bool patient, std::string& why) {
   std::string refusal;
   while (got < need) {
     const uint64_t ask = std::min(piece, align_up(need - got, page_size_));
+    const uint64_t held_before = held_;
     if (lease(ask, patient, refusal, std::chrono::milliseconds(0))) {
-      got += ask;
+      got += held_ - held_before;
       continue;
     }
     // Growth the coordinator holds back is held back in pieces too.

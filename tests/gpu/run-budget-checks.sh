@@ -5,8 +5,10 @@
 # then, side by side with OLD_BUNDLE (built before the paged allocator:
 # segments of one lease each) when given, the spill benchmark at 50% and
 # 25% of the CNN's peak with the host tier (step time, bytes moved, pages
-# mapped; and at 20%, which neither can train in, why) and the sharing benchmark's MLP
-# jobs alone and eight at once (steady-state samples/s). Logs go to $OUT.
+# mapped; and at 20%, which neither can train in, why), the sharing
+# benchmark's MLP jobs alone and eight at once and its LeNet and CNN jobs
+# alone (steady-state samples/s), and the fragmentation benchmark (the
+# pool's occupancy when a mix of jobs is first refused). Logs go to $OUT.
 #
 #   bash tests/gpu/run-budget-checks.sh BUNDLE_DIR [OLD_BUNDLE_DIR]
 #
@@ -39,6 +41,12 @@ if [ "${LEASEHOLD_BENCH:-all}" != none ]; then
     echo "spill_bench_20_$b: rc=$? $(grep -h 'leasehold-bench-spill:' "$out/spill_bench_20_$b.log")"
     step "share_bench_$b" "$dir/bin/leasehold-bench-share" --job deploy/jobs/fashion-mnist-mlp.json \
       --jobs-at-once 1,8 --epochs 2
+    for job in lenet cnn; do
+      step "share_bench_${job}_$b" "$dir/bin/leasehold-bench-share" \
+        --job "deploy/jobs/fashion-mnist-$job.json" --jobs-at-once 1 --epochs 1
+    done
+    step "fragmentation_bench_$b" "$dir/bin/leasehold-bench-fragmentation" --backend cuda \
+      --pool-size 4GiB --seeds 7
   done
   rm -rf "$spill_dir"
   for f in "$out"/spill_bench_new.log "$out"/spill_bench_old.log; do
@@ -51,6 +59,10 @@ if [ "${LEASEHOLD_BENCH:-all}" != none ]; then
   for f in "$out"/share_bench_*.log; do
     echo "== $(basename "$f")" | tee -a "$out/summary.txt"
     grep -E '^ +[0-9]+ ' "$f" | tee -a "$out/summary.txt"
+  done
+  for f in "$out"/fragmentation_bench_*.log; do
+    echo "== $(basename "$f")" | tee -a "$out/summary.txt"
+    grep -E '"occupancy_' "$f" | tee -a "$out/summary.txt"
   done
 fi
 finish
