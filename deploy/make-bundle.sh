@@ -19,7 +19,7 @@ out=${1:?usage: make-bundle.sh [--with-tests] OUT_DIR}
 
 programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease leasehold-bench-engine
   leasehold-bench-spill leasehold-bench-occupancy leasehold-bench-start leasehold-bench-share
-  leasehold-bench-data-parallel)
+  leasehold-bench-data-parallel leasehold-bench-fragmentation)
 if [ $with_tests -eq 1 ]; then
   for t in "$build"/bin/*_test "$build"/bin/*_tests; do [ -x "$t" ] && programs+=("$(basename "$t")"); done
 fi
