@@ -55,9 +55,7 @@ bool LeaseAllocator::reclaim(uint64_t bytes, std::string& why_not) {
   // Nothing (more) to spill: growth past the guaranteed share may wait for
   // the coordinator rather than the job failing, unless what is live
   // leaves no room for the request within the budget anyway.
-  const uint64_t budget = budget_.budget();
-  const bool fits = !budget || budget_.live_bytes() + align_up(bytes, 512) <= budget;
-  if (fits && paged_.allow_patient_growth()) return true;
+  if (budget_.has_room_for(bytes) && paged_.allow_patient_growth()) return true;
   if (spill) why_not = "nothing more could be spilled";
   return false;
 }

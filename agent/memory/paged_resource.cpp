@@ -115,6 +115,10 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
       w.blocks.free(block->offset);
       auto there = w.blocks.allocate_at(*at, need);  // free a moment ago: it is there
       block = there ? there : w.blocks.allocate(need, end);
+      if (!block) {  // cannot be: the range it left is free again
+        why = "the job's window lost a range it had just freed";
+        return nullptr;
+      }
     }
   }
   const auto [first, last] = pages_of(block->offset, block->size);

@@ -71,6 +71,12 @@ void BudgetAdaptor::deallocate(void* p, uint64_t bytes, StreamRef stream) noexce
   live_ -= std::min(live_, align_up(bytes, granularity_));
 }
 
+bool BudgetAdaptor::has_room_for(uint64_t bytes) const {
+  const uint64_t need = align_up(bytes, granularity_);
+  std::lock_guard lock(mu_);
+  return !budget_ || (need != 0 && need <= budget_ && live_ <= budget_ - need);
+}
+
 uint64_t BudgetAdaptor::live_bytes() const {
   std::lock_guard lock(mu_);
   return live_;

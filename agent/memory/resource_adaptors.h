@@ -25,6 +25,9 @@ class BudgetAdaptor final : public MemoryResource {
   void* allocate_if_free(uint64_t bytes, StreamRef stream) override;
   uint64_t budget() const { return budget_; }
   uint64_t live_bytes() const;
+  // Whether `bytes` more would fit beside what is live now (always, without
+  // a budget).
+  bool has_room_for(uint64_t bytes) const;
 
  private:
   // Whether `need` more fits; throws OutOfMemoryError when it never can.
