@@ -20,8 +20,11 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lease_client/session.h"
+#include "shared/chunk_window.h"
+#include "shared/device.h"
 #include "shared/curve_keys.h"
 #include "shared/endpoint.h"
 
@@ -162,6 +165,17 @@ struct lh_session {
 struct lh_lease {
   Lease lease;
   std::shared_ptr<LeaseSet> set;  // the granting session's
+  // Pages of it shown in windows now: it is not released while any is.
+  std::atomic<uint64_t> shown{0};
+};
+
+// A ChunkWindow and which lease each page shows (so that hiding counts the
+// lease's shown pages down; a lease is never released while it has any,
+// so the pointers stay valid).
+struct lh_window {
+  std::unique_ptr<leasehold::ChunkWindow> pages;
+  std::mutex mu;
+  std::vector<lh_lease*> shown_by;  // GUARDED_BY(mu); per page
 };
 
 extern "C" {
@@ -392,6 +406,11 @@ int lh_lease_lost(const lh_lease* lease) noexcept {
 
 lh_status lh_lease_release(lh_lease* lease) noexcept {
   if (!lease) return LH_OK;
+  if (const uint64_t shown = lease->shown.load()) {
+    return fail(LH_ERR_INVALID_ARGUMENT,
+                "lh_lease_release: lease " + std::to_string(lease->lease.id()) + " has " +
+                    std::to_string(shown) + " pages shown in a window; hide them first");
+  }
   return guarded([&] {
     {
       std::lock_guard lock(lease->set->mu);
@@ -403,6 +422,136 @@ lh_status lh_lease_release(lh_lease* lease) noexcept {
     if (owned->lease.held()) owned->lease.release();
     return LH_OK;
   });
+}
+
+lh_status lh_window_open(lh_session* session, uint64_t size, lh_window** window) noexcept {
+  if (!window) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_open: window is NULL");
+  *window = nullptr;
+  if (!session) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_open: session is NULL");
+  if (size == 0) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_open: size is 0");
+  return guarded([&] {
+    std::shared_ptr<leasehold::PoolMapping> mapping = session->session->current_mapping();
+    if (!mapping) {
+      return fail(LH_ERR_SESSION_LOST, "lh_window_open: the session is not registered now");
+    }
+    const uint64_t page = mapping->descriptor().alignment;
+    const uint64_t pages = size / page + (size % page ? 1 : 0);
+    auto w = std::make_unique<lh_window>();
+    w->pages = leasehold::open_window(std::move(mapping), pages);
+    w->shown_by.assign(pages, nullptr);
+    *window = w.release();
+    return LH_OK;
+  });
+}
+
+void* lh_window_base(const lh_window* window) noexcept {
+  return window ? static_cast<void*>(window->pages->base()) : nullptr;
+}
+
+uint64_t lh_window_size(const lh_window* window) noexcept {
+  return window ? window->pages->page_count() * window->pages->page_size() : 0;
+}
+
+uint64_t lh_window_page_size(const lh_window* window) noexcept {
+  return window ? window->pages->page_size() : 0;
+}
+
+lh_status lh_window_show(lh_window* window, uint64_t offset, const lh_lease* lease,
+                         uint64_t lease_offset, uint64_t bytes) noexcept {
+  if (!window || !lease) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: a NULL argument");
+  return guarded([&] {
+    const leasehold::ChunkWindow& w = *window->pages;
+    const uint64_t page = w.page_size();
+    const uint64_t window_bytes = w.page_count() * page;
+    if (offset % page || lease_offset % page || bytes % page || bytes == 0) {
+      return fail(LH_ERR_INVALID_ARGUMENT,
+                  "lh_window_show: offsets and size must be multiples of the page size, " +
+                      std::to_string(page) + " bytes, and the size not 0");
+    }
+    if (offset > window_bytes || bytes > window_bytes - offset) {
+      return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: [" + std::to_string(offset) + ", +" +
+                                               std::to_string(bytes) + ") is outside the window of " +
+                                               std::to_string(window_bytes) + " bytes");
+    }
+    const Lease& l = lease->lease;
+    if (!l.held() || l.lost()) {
+      return fail(LH_ERR_SESSION_LOST, "lh_window_show: lease " + std::to_string(l.id()) +
+                                           " is lost (its session registered again or closed)");
+    }
+    if (lease_offset > l.size() || bytes > l.size() - lease_offset) {
+      return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: [" + std::to_string(lease_offset) +
+                                               ", +" + std::to_string(bytes) +
+                                               ") is outside lease " + std::to_string(l.id()) +
+                                               " of " + std::to_string(l.size()) + " bytes");
+    }
+    if (l.mapping() != w.source()) {
+      return fail(LH_ERR_SESSION_LOST, "lh_window_show: lease " + std::to_string(l.id()) +
+                                           " is of another registration than the window");
+    }
+    const uint64_t first = offset / page, count = bytes / page;
+    std::vector<uint64_t> chunks(count);
+    for (uint64_t k = 0; k < count; ++k) chunks[k] = (l.offset() + lease_offset) / page + k;
+    std::lock_guard lock(window->mu);
+    for (uint64_t k = 0; k < count; ++k) {
+      if (window->shown_by[first + k]) {
+        return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: page " + std::to_string(first + k) +
+                                                 " of the window shows a lease's memory already");
+      }
+    }
+    window->pages->show(first, chunks);
+    auto* owner = const_cast<lh_lease*>(lease);
+    for (uint64_t k = 0; k < count; ++k) window->shown_by[first + k] = owner;
+    owner->shown += count;
+    return LH_OK;
+  });
+}
+
+lh_status lh_window_hide(lh_window* window, uint64_t offset, uint64_t bytes) noexcept {
+  if (!window) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_hide: window is NULL");
+  return guarded([&] {
+    leasehold::ChunkWindow& w = *window->pages;
+    const uint64_t page = w.page_size();
+    const uint64_t window_bytes = w.page_count() * page;
+    if (offset % page || bytes % page) {
+      return fail(LH_ERR_INVALID_ARGUMENT,
+                  "lh_window_hide: offset and size must be multiples of the page size, " +
+                      std::to_string(page) + " bytes");
+    }
+    if (offset > window_bytes || bytes > window_bytes - offset) {
+      return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_hide: [" + std::to_string(offset) + ", +" +
+                                               std::to_string(bytes) + ") is outside the window of " +
+                                               std::to_string(window_bytes) + " bytes");
+    }
+    std::lock_guard lock(window->mu);
+    const uint64_t first = offset / page, count = bytes / page;
+    const bool ok = w.hide(first, count);
+    for (uint64_t p = first; p < first + count; ++p) {
+      if (window->shown_by[p] && !w.shown(p)) {
+        --window->shown_by[p]->shown;
+        window->shown_by[p] = nullptr;
+      }
+    }
+    if (!ok) {
+      return fail(LH_ERR_INTERNAL,
+                  "lh_window_hide: the backend failed to unmap some page (see the log); it "
+                  "still shows its lease's memory");
+    }
+    return LH_OK;
+  });
+}
+
+void lh_window_close(lh_window* window) noexcept {
+  if (!window) return;
+  (void)lh_window_hide(window, 0, lh_window_size(window));
+  // A page the backend could not unmap keeps its lease from being
+  // released: the address space is not freed under it either.
+  bool stuck = false;
+  for (lh_lease* l : window->shown_by) stuck = stuck || l != nullptr;
+  if (stuck) {
+    (void)fail(LH_ERR_INTERNAL, "lh_window_close: pages still shown; the window is kept");
+    return;
+  }
+  delete window;
 }
 
 void lh_session_set_shrink_handler(lh_session* session, lh_shrink_fn fn, void* user) noexcept {

@@ -157,10 +157,50 @@ uint64_t lh_lease_id(const lh_lease* lease) LH_NOEXCEPT;
  * not be used. 1 for NULL. */
 int lh_lease_lost(const lh_lease* lease) LH_NOEXCEPT;
 /* Gives the lease back and frees the handle (also when the answer is an
- * error: the handle is gone either way). A lost lease has nothing to give
- * back (the coordinator took it): LH_OK. The caller must have finished
- * every use of the memory, on the device too. NULL is ignored. */
+ * error: the handle is gone either way), except for a lease with pages
+ * shown in a window: LH_ERR_INVALID_ARGUMENT, and nothing changes. A lost
+ * lease has nothing to give back (the coordinator took it): LH_OK. The
+ * caller must have finished every use of the memory, on the device too.
+ * NULL is ignored. */
 lh_status lh_lease_release(lh_lease* lease) LH_NOEXCEPT;
+
+/* A window: address space of this process, reserved apart from the pool,
+ * in which pages of the session's leases are shown again at whatever
+ * offset the caller chooses (a page is the pool's alignment). Memory that
+ * grows and shrinks by pages without fragmenting: a range of the window
+ * may show pages of several leases, and a page freed in one place may back
+ * another (PyTorch's expandable segments, with the pool's memory). The
+ * window only shows pages; the leases hold them. A lease with pages shown
+ * in a window cannot be released (hide them first), so no page of this
+ * process's window ever shows memory the coordinator has handed on. */
+typedef struct lh_window lh_window;
+
+/* Reserves a window of at least `size` bytes (rounded up to pages) for
+ * the leases of `session`'s current registration. LH_ERR_SESSION_LOST when
+ * the session is not registered now; LH_ERR_INTERNAL naming the size when
+ * the address space cannot be had. */
+lh_status lh_window_open(lh_session* session, uint64_t size, lh_window** window) LH_NOEXCEPT;
+/* The window's first byte (a device pointer for a CUDA pool), its size and
+ * its page size; NULL and 0 for NULL. */
+void* lh_window_base(const lh_window* window) LH_NOEXCEPT;
+uint64_t lh_window_size(const lh_window* window) LH_NOEXCEPT;
+uint64_t lh_window_page_size(const lh_window* window) LH_NOEXCEPT;
+/* Shows `bytes` of `lease`, from `lease_offset` on, at `offset` of the
+ * window, read-write: all or nothing. Offsets and size are multiples of
+ * the page size. LH_ERR_INVALID_ARGUMENT for a range outside the window or
+ * the lease, or a page of the range that shows something already;
+ * LH_ERR_SESSION_LOST for a lost lease or one of another registration than
+ * the window's. */
+lh_status lh_window_show(lh_window* window, uint64_t offset, const lh_lease* lease,
+                         uint64_t lease_offset, uint64_t bytes) LH_NOEXCEPT;
+/* The pages of [offset, offset + bytes) (multiples of the page size) show
+ * nothing any more; pages that showed nothing are skipped. The caller must
+ * have finished every use of them, on the device too. LH_ERR_INTERNAL when
+ * the backend failed to unmap a page: that page still shows its lease's
+ * memory (and keeps the lease from being released). */
+lh_status lh_window_hide(lh_window* window, uint64_t offset, uint64_t bytes) LH_NOEXCEPT;
+/* Hides every page and frees the address space. NULL is ignored. */
+void lh_window_close(lh_window* window) LH_NOEXCEPT;
 
 /* Installs (NULL: removes) the Shrink handler; waits for a call of the old
  * one in progress. */

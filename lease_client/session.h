@@ -174,6 +174,9 @@ class Lease {
   bool held() const { return hold_.held(); }
   // True when the session that granted it is gone (coordinator restart).
   bool lost() const { return hold_.lost(); }
+  // The mapping of the pool its chunks are mapped in (null when not held):
+  // a chunk window (shared/chunk_window.h) shows them only from there.
+  const std::shared_ptr<PoolMapping>& mapping() const { return hold_.mapping; }
   // The lease's memory. Throws Error{NoSuchLease} when the lease is not held
   // or was lost.
   std::byte* data() const;

@@ -38,6 +38,8 @@ class ChunkWindow {
   uint64_t page_count() const { return page_count_; }
   // The pool's chunk size.
   uint64_t page_size() const { return page_size_; }
+  // The mapping whose chunks it shows.
+  const std::shared_ptr<PoolMapping>& source() const { return source_; }
 
   // Shows chunk chunks[k] at page first + k, read-write, for every k: all
   // or nothing. Throws std::out_of_range for pages past the window or a

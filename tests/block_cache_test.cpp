@@ -9,8 +9,11 @@
 #include "torch_plugin/block_cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -114,6 +117,137 @@ class FakeLeases : public LeaseSource {
   uintptr_t next_addr_ = 0x7f0000000000;
   bool lost_ = false;
   int acquires_ = 0, releases_ = 0, last_resorts_ = 0, bad_releases_ = 0;
+};
+
+// Leases whose pages are real memory shown in a window, as the plug-in's
+// are (lh_window_*): `pages` pages of `page` bytes in a memfd stand for the
+// pool, and a lease is a run of the window's addresses whose pages show
+// any free pages of it. unback() hides pages and frees them for the next
+// lease, so what the source holds is what the cache's segments show.
+class PagedLeases : public LeaseSource {
+ public:
+  PagedLeases(uint64_t page, uint64_t pages) : page_(page), free_(pages), va_(4 * pages, false) {
+    fd_ = memfd_create("paged-leases", MFD_CLOEXEC);
+    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(page * pages)) != 0) std::abort();
+    void* w = mmap(nullptr, page * va_.size(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (w == MAP_FAILED) std::abort();
+    window_ = static_cast<std::byte*>(w);
+    for (uint64_t i = 0; i < pages; ++i) free_[i] = pages - 1 - i;
+  }
+  ~PagedLeases() override {
+    munmap(window_, page_ * va_.size());
+    close(fd_);
+  }
+  Result acquire(uint64_t bytes, bool, Lease* lease, std::string* why) override {
+    std::lock_guard lk(mu_);
+    const uint64_t n = bytes / page_;
+    if (bytes % page_ != 0 || n == 0) {
+      *why = "not whole pages";
+      return Result::kFailed;
+    }
+    if (n > free_.size()) {
+      *why = "the pool is full";
+      return Result::kRefused;
+    }
+    uint64_t first = 0, run = 0;
+    for (uint64_t i = 0; i < va_.size() && run < n; ++i) {
+      run = va_[i] ? 0 : run + 1;
+      if (run == 1) first = i;
+    }
+    if (run < n) {
+      *why = "the window is full";
+      return Result::kRefused;
+    }
+    Seg seg{first, std::vector<int64_t>(n)};
+    for (uint64_t k = 0; k < n; ++k) {
+      seg.phys[k] = static_cast<int64_t>(free_.back());
+      free_.pop_back();
+      va_[first + k] = true;
+      show(first + k, static_cast<uint64_t>(seg.phys[k]));
+    }
+    const uint64_t id = next_id_++;
+    segs_[id] = seg;
+    *lease = {window_ + first * page_, bytes, id};
+    return Result::kGranted;
+  }
+  void release(uint64_t id) noexcept override {
+    std::lock_guard lk(mu_);
+    auto it = segs_.find(id);
+    if (it == segs_.end()) {
+      ++bad_calls_;
+      return;
+    }
+    hide_range(it->second, 0, it->second.phys.size());
+    for (uint64_t k = 0; k < it->second.phys.size(); ++k) va_[it->second.first + k] = false;
+    segs_.erase(it);
+  }
+  uint64_t page_size() const override { return page_; }
+  bool unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept override {
+    std::lock_guard lk(mu_);
+    auto it = segs_.find(id);
+    if (it == segs_.end() || offset % page_ || bytes % page_ ||
+        (offset + bytes) / page_ > it->second.phys.size()) {
+      ++bad_calls_;
+      return false;
+    }
+    for (uint64_t k = offset / page_; k < (offset + bytes) / page_; ++k) {
+      if (it->second.phys[k] < 0) ++bad_calls_;  // unbacked twice
+    }
+    hide_range(it->second, offset / page_, bytes / page_);
+    ++unbacks_;
+    return true;
+  }
+  // Pages showing memory now (the pool's pages in use).
+  uint64_t shown_bytes() {
+    std::lock_guard lk(mu_);
+    uint64_t n = 0;
+    for (auto& [id, seg] : segs_) {
+      for (int64_t p : seg.phys) n += p >= 0;
+    }
+    return n * page_;
+  }
+  int bad_calls() {
+    std::lock_guard lk(mu_);
+    return bad_calls_;
+  }
+  int unbacks() {
+    std::lock_guard lk(mu_);
+    return unbacks_;
+  }
+
+ private:
+  struct Seg {
+    uint64_t first;
+    std::vector<int64_t> phys;  // per page: the memfd page it shows, -1: none
+  };
+  void show(uint64_t va_page, uint64_t phys) {
+    if (mmap(window_ + va_page * page_, page_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
+             static_cast<off_t>(phys * page_)) == MAP_FAILED) {
+      std::abort();
+    }
+  }
+  void hide_range(Seg& seg, uint64_t first, uint64_t count) {
+    for (uint64_t k = first; k < first + count; ++k) {
+      if (seg.phys[k] < 0) continue;
+      if (mmap(window_ + (seg.first + k) * page_, page_, PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+        std::abort();
+      }
+      free_.push_back(static_cast<uint64_t>(seg.phys[k]));
+      seg.phys[k] = -1;
+    }
+  }
+
+  std::mutex mu_;
+  const uint64_t page_;
+  int fd_ = -1;
+  std::byte* window_ = nullptr;
+  std::vector<uint64_t> free_;  // free memfd pages
+  std::vector<bool> va_;        // window pages in some lease
+  std::map<uint64_t, Seg> segs_;
+  uint64_t next_id_ = 1;
+  int bad_calls_ = 0, unbacks_ = 0;
 };
 
 // Streams whose work completes when the test says so (complete(s): every
@@ -640,6 +774,168 @@ TEST(BlockCache, DestructionReleasesEveryLease) {
 // Trim and empty_cache from one thread while another allocates and frees on
 // two streams: no block handed out twice, nothing overlapping, every
 // allocation's bytes intact until its free.
+// Fills [p, p + size) with bytes derived from `seed`; holds() checks them.
+void paint(void* p, uint64_t size, uint8_t seed) {
+  auto* b = static_cast<uint8_t*>(p);
+  for (uint64_t i = 0; i < size; i += 4096) b[i] = static_cast<uint8_t>(seed + i / 4096);
+  b[size - 1] = seed;
+}
+bool painted(const void* p, uint64_t size, uint8_t seed) {
+  auto* b = static_cast<const uint8_t*>(p);
+  for (uint64_t i = 0; i < size; i += 4096) {
+    if (b[i] != static_cast<uint8_t>(seed + i / 4096)) return false;
+  }
+  return b[size - 1] == seed;
+}
+
+// The defect expandable segments fix: half of a 64 MiB budget is free, in
+// 4 MiB holes between live blocks, and a 24 MiB request fails although it
+// fits beside the live bytes. A paging source serves it from the holes'
+// pages, and the live blocks keep their bytes.
+TEST(BlockCachePaging, FreePagesBetweenLiveBlocksBackANewSegment) {
+  constexpr uint64_t kPage = 64 * kKiB, kBudget = 64 * kMiB;
+  BlockCacheOptions o = small_options(kBudget);
+  o.lease_alignment = kPage;
+  FakeStreams streams;
+  std::vector<void*> blocks;
+  {
+    // Without paging: the request fails, naming the cached fragments.
+    FakeLeases plain;
+    BlockCache cache(plain, streams, o);
+    for (int i = 0; i < 16; ++i) blocks.push_back(cache.allocate(4 * kMiB, kS1));
+    for (int i = 0; i < 16; i += 2) cache.free(blocks[i]);
+    EXPECT_THROW(cache.allocate(24 * kMiB, kS1), OutOfMemory);
+    for (int i = 1; i < 16; i += 2) cache.free(blocks[i]);
+  }
+  blocks.clear();
+  PagedLeases paged(kPage, kBudget / kPage);
+  {
+    BlockCache cache(paged, streams, o);
+    for (int i = 0; i < 16; ++i) {
+      blocks.push_back(cache.allocate(4 * kMiB, kS1));
+      paint(blocks.back(), 4 * kMiB, static_cast<uint8_t>(i));
+    }
+    for (int i = 0; i < 16; i += 2) cache.free(blocks[i]);
+    void* big = cache.allocate(24 * kMiB, kS1);
+    paint(big, 24 * kMiB, 99);
+    for (int i = 1; i < 16; i += 2) {
+      EXPECT_TRUE(painted(blocks[i], 4 * kMiB, static_cast<uint8_t>(i))) << "block " << i;
+    }
+    EXPECT_TRUE(painted(big, 24 * kMiB, 99));
+    BlockCacheStats st = cache.stats();
+    EXPECT_GE(st.unbacked_bytes, 24 * kMiB - (kBudget - 64 * kMiB));
+    EXPECT_GE(st.unbacks, 1u);
+    EXPECT_LE(st.leased_bytes, kBudget);
+    EXPECT_EQ(st.leased_bytes, paged.shown_bytes());
+    EXPECT_EQ(cache.check_invariants(), "");
+    // Unbacked ranges are never handed out; their segments go back whole
+    // once free.
+    for (int i = 1; i < 16; i += 2) cache.free(blocks[i]);
+    cache.free(big);
+    EXPECT_EQ(cache.check_invariants(), "");
+    cache.empty_cache();
+    EXPECT_EQ(cache.stats().leased_bytes, 0u);
+    EXPECT_EQ(cache.stats().unbacked_bytes, 0u);
+    EXPECT_EQ(paged.shown_bytes(), 0u);
+  }
+  EXPECT_EQ(paged.bad_calls(), 0);
+}
+
+// Trim (a Shrink) unbacks free pages of partly used segments when fully
+// free segments are not enough.
+TEST(BlockCachePaging, TrimUnbacksFreePagesOfPartlyUsedSegments) {
+  constexpr uint64_t kPage = 64 * kKiB;
+  BlockCacheOptions o = small_options(0);
+  o.lease_alignment = kPage;
+  FakeStreams streams;
+  PagedLeases paged(kPage, 1024);
+  BlockCache cache(paged, streams, o);
+  void* a = cache.allocate(8 * kMiB, kS1);  // one 20 MiB segment: a, b, rest
+  void* b = cache.allocate(8 * kMiB, kS1);
+  paint(b, 8 * kMiB, 7);
+  cache.free(a);
+  void* c = cache.allocate(kKiB, kS2);  // a small segment
+  // a's pages may still be in use by S1's queued work: trim waits for an
+  // event on S1 before it unbacks them (and never for a whole device).
+  const int waits = streams.waits();
+  const uint64_t got = cache.trim(12 * kMiB);
+  EXPECT_GT(streams.waits(), waits);
+  EXPECT_GE(got, 12 * kMiB);
+  EXPECT_TRUE(painted(b, 8 * kMiB, 7));
+  EXPECT_EQ(cache.stats().leased_bytes, paged.shown_bytes());
+  EXPECT_EQ(cache.check_invariants(), "");
+  cache.free(b);
+  cache.free(c);
+  EXPECT_EQ(cache.check_invariants(), "");
+}
+
+// Random allocations and frees on a budget with a paging source: an
+// allocation fails only when the live blocks, the pages at their edges and
+// the request exceed the budget, never because of cached fragments; no two
+// live blocks share memory (each keeps its bytes); the source never holds
+// more than the budget.
+TEST(BlockCachePaging, RandomTensorsFailOnlyWhenLiveBytesAndRequestExceedTheBudget) {
+  constexpr uint64_t kPage = 64 * kKiB, kBudget = 96 * kMiB;
+  BlockCacheOptions o = small_options(kBudget);
+  o.lease_alignment = kPage;
+  o.small_segment = 2 * kMiB;
+  FakeStreams streams;
+  streams.set_auto(true);
+  PagedLeases paged(kPage, kBudget / kPage);
+  BlockCache cache(paged, streams, o);
+  std::mt19937 gen(2028);
+  struct Held {
+    void* p;
+    uint64_t size;
+    uint8_t seed;
+  };
+  std::vector<Held> held;
+  int failures = 0, served = 0;
+  for (int i = 0; i < 4000; ++i) {
+    if (gen() % 100 < 55) {
+      const uint64_t size =
+          gen() % 4 == 0 ? gen() % (24 * kMiB) + 1 : gen() % (768 * kKiB) + 1;
+      const BlockCacheStats before = cache.stats();
+      try {
+        void* p = cache.allocate(size, kS1);
+        const auto seed = static_cast<uint8_t>(gen());
+        paint(p, size, seed);
+        held.push_back({p, size, seed});
+        ++served;
+      } catch (const OutOfMemory& e) {
+        ++failures;
+        // What live blocks may pin besides their bytes: the pages at both
+        // edges, a large block's unsplit rest (up to small_limit), and the
+        // small pool's 2 MiB segments.
+        const uint64_t slack = held.size() * (2 * kPage + o.small_limit) + 2 * kMiB;
+        ASSERT_GT(before.in_use_bytes + size + slack, kBudget)
+            << "failed with " << before.in_use_bytes << " in use for " << size << ": "
+            << e.what();
+      }
+    } else if (!held.empty()) {
+      const size_t k = gen() % held.size();
+      ASSERT_TRUE(painted(held[k].p, held[k].size, held[k].seed)) << "operation " << i;
+      cache.free(held[k].p);
+      held[k] = held.back();
+      held.pop_back();
+    }
+    if (i % 500 == 0) {
+      ASSERT_EQ(cache.check_invariants(), "") << "after operation " << i;
+      ASSERT_LE(paged.shown_bytes(), kBudget);
+    }
+  }
+  for (const Held& h : held) {
+    ASSERT_TRUE(painted(h.p, h.size, h.seed));
+    cache.free(h.p);
+  }
+  EXPECT_GT(served, 1000);
+  EXPECT_GT(cache.stats().unbacks, 0u);
+  EXPECT_EQ(cache.check_invariants(), "");
+  cache.empty_cache();
+  EXPECT_EQ(paged.shown_bytes(), 0u);
+  EXPECT_EQ(paged.bad_calls(), 0);
+}
+
 TEST(BlockCacheThreads, TrimWhileAnotherThreadAllocates) {
   FakeLeases leases;
   FakeStreams streams;

@@ -285,6 +285,74 @@ TEST_F(LeaseClient, LeasesAreUsableMemory) {
   lh_session_close(s);
 }
 
+TEST_F(LeaseClient, WindowsShowPagesOfLeasesWhereAsked) {
+  cluster.start_coordinator(coordinator_args());
+  lh_session* s = open("plugin-window");
+  ASSERT_NE(s, nullptr);
+  lh_lease* a = nullptr;
+  lh_lease* b = nullptr;
+  ASSERT_EQ(lh_lease_acquire(s, 2 * kAlignment, 0, 0, &a), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_lease_acquire(s, 3 * kAlignment, 0, 0, &b), LH_OK) << lh_last_error();
+  fill(a, 1);
+  fill(b, 2);
+  lh_window* w = nullptr;
+  ASSERT_EQ(lh_window_open(s, 8 * kAlignment - 1, &w), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_window_size(w), 8 * kAlignment);
+  ASSERT_EQ(lh_window_page_size(w), kAlignment);
+  auto* base = static_cast<std::byte*>(lh_window_base(w));
+  ASSERT_NE(base, nullptr);
+  // Page 0 shows a's second page; pages 1-3 show all of b: one range of
+  // the window backed by two leases.
+  ASSERT_EQ(lh_window_show(w, 0, a, kAlignment, kAlignment), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_window_show(w, kAlignment, b, 0, 3 * kAlignment), LH_OK) << lh_last_error();
+  auto* pa = static_cast<std::byte*>(lh_lease_data(a));
+  auto* pb = static_cast<std::byte*>(lh_lease_data(b));
+  EXPECT_EQ(std::memcmp(base, pa + kAlignment, kAlignment), 0);
+  EXPECT_EQ(std::memcmp(base + kAlignment, pb, 3 * kAlignment), 0);
+  // The same memory: a write through the window shows in the lease.
+  const std::byte was = pb[5];
+  base[kAlignment + 5] = ~was;
+  EXPECT_EQ(pb[5], ~was);
+  base[kAlignment + 5] = was;
+
+  // Misuse is refused, naming what was wrong; nothing changes.
+  EXPECT_EQ(lh_window_show(w, 1, a, 0, kAlignment), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lh_last_error()).find("multiples of the page size"), std::string::npos);
+  EXPECT_EQ(lh_window_show(w, 8 * kAlignment, a, 0, kAlignment), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lh_last_error()).find("outside the window"), std::string::npos);
+  EXPECT_EQ(lh_window_show(w, 4 * kAlignment, a, kAlignment, 2 * kAlignment),
+            LH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lh_last_error()).find("outside lease"), std::string::npos);
+  EXPECT_EQ(lh_window_show(w, 3 * kAlignment, a, 0, 2 * kAlignment), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lh_last_error()).find("shows a lease's memory already"),
+            std::string::npos);
+  EXPECT_EQ(lh_window_show(nullptr, 0, a, 0, kAlignment), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lh_window_hide(w, 0, 1), LH_ERR_INVALID_ARGUMENT);
+  lh_window* none = nullptr;
+  EXPECT_EQ(lh_window_open(s, 0, &none), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(none, nullptr);
+
+  // A lease with pages shown stays: releasing it is refused until they are
+  // hidden, so the window never shows memory the coordinator handed on.
+  EXPECT_EQ(lh_lease_release(a), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(lh_last_error()).find("shown in a window"), std::string::npos);
+  EXPECT_TRUE(holds(a, 1));
+  ASSERT_EQ(lh_window_hide(w, 0, 2 * kAlignment), LH_OK) << lh_last_error();
+  EXPECT_EQ(lh_lease_release(a), LH_OK) << lh_last_error();
+  // Page 1 (b's first) went with the hide; b's other pages still show.
+  EXPECT_EQ(std::memcmp(base + 2 * kAlignment, pb + kAlignment, 2 * kAlignment), 0);
+  EXPECT_EQ(lh_lease_release(b), LH_ERR_INVALID_ARGUMENT);
+  // A hidden page may show another page.
+  ASSERT_EQ(lh_window_show(w, kAlignment, b, 2 * kAlignment, kAlignment), LH_OK)
+      << lh_last_error();
+  EXPECT_EQ(std::memcmp(base + kAlignment, pb + 2 * kAlignment, kAlignment), 0);
+  lh_window_close(w);  // hides the rest
+  EXPECT_TRUE(holds(b, 2));
+  EXPECT_EQ(lh_lease_release(b), LH_OK) << lh_last_error();
+  lh_window_close(nullptr);
+  lh_session_close(s);
+}
+
 TEST_F(LeaseClient, RefusalsSayWhy) {
   cluster.start_coordinator(coordinator_args());
   lh_session* s = open("plugin-refused");

@@ -52,7 +52,7 @@ void* BlockCache::State::hand_out(Block* b, uint64_t size, StreamId stream, bool
 // Cheapest first: a cached block; blocks other streams freed, once a fresh
 // event shows their work done (an idle stream's completes at once); a new
 // lease; waiting for every stream's free blocks; giving cached segments back
-// to make room for a lease. A capture tries only the first and the lease:
+// and unbacking free pages to make room for a lease. A capture tries only the first and the lease:
 // it must not record events nor wait. After each step that released the
 // lock the cache is searched again: other threads may have freed meanwhile.
 void* BlockCache::State::allocate(std::unique_lock<std::mutex>& lk, uint64_t bytes, uint64_t size,
@@ -90,13 +90,20 @@ void* BlockCache::State::allocate(std::unique_lock<std::mutex>& lk, uint64_t byt
       }
     }
     // Give back cached segments: enough for the budget to admit the
-    // lease, or (the source refused) everything.
+    // lease, or (the source refused) everything. Then, a paging source,
+    // free pages of partly used segments: enough for the budget, or (the
+    // source refused) the whole request, which they then back.
     uint64_t give_back = UINT64_MAX;
     if (refusal.empty()) {
       uint64_t r = leases.room();
       give_back = need > r ? need - r : 0;
     }
     leases.release_segments(lk, give_back);
+    if (uint64_t r = leases.room(); leases.page_size() && (!refusal.empty() || need > r)) {
+      order.drain_all(lk);  // the device must be done with pages before they go
+      const uint64_t room = leases.room();  // others may have freed meanwhile
+      leases.unback_free(!refusal.empty() ? need : need > room ? need - room : 0);
+    }
     if (Block* b = leases.lease_segment(lk, size, small, pool.free_segments().empty(),
                                         !refusal.empty(), &refusal)) {
       return hand_out(b, size, stream, capturing, false);
@@ -225,16 +232,34 @@ void BlockCache::record_stream(void* ptr, StreamId stream) {
 }
 
 uint64_t BlockCache::trim(uint64_t bytes) {
-  std::unique_lock lk(mu_);
-  if (s_->order.has_pending()) s_->order.process_events();
-  return s_->leases.release_segments(lk, bytes);
+  uint64_t done = 0;
+  {
+    std::unique_lock lk(mu_);
+    if (s_->order.has_pending()) s_->order.process_events();
+    done = s_->leases.release_segments(lk, bytes);
+    if (done < bytes && s_->leases.page_size()) {
+      s_->order.drain_all(lk);
+      done += s_->leases.unback_free(bytes - done);
+    }
+  }
+  leases_.give_back_unused();
+  return done;
 }
 
 uint64_t BlockCache::empty_cache() {
-  std::unique_lock lk(mu_);
-  if (s_->order.has_pending()) s_->order.process_events();
-  s_->graphs.return_held(lk);
-  return s_->leases.release_segments(lk, UINT64_MAX);
+  uint64_t done = 0;
+  {
+    std::unique_lock lk(mu_);
+    if (s_->order.has_pending()) s_->order.process_events();
+    s_->graphs.return_held(lk);
+    done = s_->leases.release_segments(lk, UINT64_MAX);
+    if (s_->leases.page_size()) {
+      s_->order.drain_all(lk);
+      done += s_->leases.unback_free(UINT64_MAX);
+    }
+  }
+  leases_.give_back_unused();
+  return done;
 }
 
 // ---- statistics and inspection ----------------------------------------------------
@@ -253,6 +278,8 @@ BlockCacheStats BlockCache::stats() const {
   st.failed_allocations = s.failed_allocations;
   st.segments = s.pool.segments().size();
   st.held_bytes = s.graphs.held_bytes();
+  st.unbacked_bytes = s.leases.unbacked_bytes();
+  st.unbacks = s.leases.unbacks();
   st.budget_bytes = opt_.budget_bytes;
   return st;
 }

@@ -26,9 +26,17 @@
 //   no block: leases a new segment if the budget allows; otherwise (or when
 //   the lease source refuses) it waits for the streams holding free blocks
 //   of its pool to reach the events that make those blocks reusable, then
-//   releases fully free segments (their events completed first) and leases
-//   again; then it fails with OutOfMemory naming the request, the bytes in
-//   use, the bytes cached and the budget.
+//   releases fully free segments (their events completed first), then,
+//   where the lease source pages its leases (LeaseSource::page_size), takes
+//   the whole pages of free blocks inside partly used segments back
+//   ("unbacks" them: their addresses stay in the segment, marked kUnbacked,
+//   and their memory backs the new segment), and leases again; then it
+//   fails with OutOfMemory naming the request, the bytes in use, the bytes
+//   cached and the budget. With a paging source cached fragments never
+//   make an allocation fail: it fails only when the pages live blocks
+//   touch and the request exceed the budget (expandable segments, in
+//   PyTorch's words). An unbacked range is not backed again; its addresses
+//   come back when its segment is free and goes back.
 // - CUDA graphs. During stream capture no event is recorded or queried on
 //   the capturing stream, only blocks whose stream work is known complete
 //   ("ready") or fresh leases are handed out, and every block allocated or
@@ -85,6 +93,29 @@ class LeaseSource {
   // Gives lease `id` back; every use of its memory has completed. Must not
   // throw.
   virtual void release(uint64_t id) noexcept = 0;
+
+  // Paging: a source whose leases are pages shown in a window (the
+  // plug-in's: lease_client/leasehold.h, lh_window_*) can take single pages
+  // of a lease back, so that free memory inside a partly used segment
+  // backs other segments. The size of such a page; 0 (the default): leases
+  // are not paged. Otherwise every lease's size is a multiple of it, and
+  // its pages start at its base.
+  virtual uint64_t page_size() const { return 0; }
+  // Pages [offset, offset + bytes) of lease `id` (multiples of the page
+  // size, relative to its base) show nothing any more, and their memory
+  // may back other leases; every use of them completed. False when they
+  // could not be taken back (they still show their memory). Called with
+  // the cache's lock held: it must be quick (no coordinator round trip)
+  // and must not throw.
+  virtual bool unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept {
+    (void)id, (void)offset, (void)bytes;
+    return false;
+  }
+  // Gives the coordinator back what no lease of the cache shows any more
+  // (unback leaves it for the next lease, which then needs no new
+  // memory). Returns the bytes given back. Called without the cache's
+  // lock. Must not throw.
+  virtual uint64_t give_back_unused() noexcept { return 0; }
 };
 
 class StreamOps {
@@ -122,7 +153,9 @@ struct BlockCacheOptions {
 };
 
 struct BlockCacheStats {
-  uint64_t leased_bytes = 0;  // leased now (including segments being released)
+  // Leased now (including segments being released), less the unbacked
+  // pages of segments: what counts against the budget.
+  uint64_t leased_bytes = 0;
   uint64_t peak_leased_bytes = 0;
   uint64_t in_use_bytes = 0;  // in blocks handed out now (rounded sizes)
   uint64_t peak_in_use_bytes = 0;
@@ -132,6 +165,8 @@ struct BlockCacheStats {
   uint64_t failed_allocations = 0;  // OutOfMemory thrown
   uint64_t segments = 0;            // leases held now
   uint64_t held_bytes = 0;          // freed blocks kept aside for CUDA graphs
+  uint64_t unbacked_bytes = 0;      // pages of segments unbacked now (paging sources)
+  uint64_t unbacks = 0;             // times free pages were unbacked
   uint64_t budget_bytes = 0;        // the option (0: none)
 };
 
@@ -151,7 +186,7 @@ class LeaseFailure : public std::runtime_error {
 
 // What a segment holds, for tests and debugging.
 struct BlockInfo {
-  enum class State { kLive, kFree, kWaiting, kHeld, kReleasing };
+  enum class State { kLive, kFree, kWaiting, kHeld, kReleasing, kUnbacked };
   uintptr_t addr = 0;
   uint64_t size = 0;
   State state = State::kFree;
@@ -185,11 +220,12 @@ class BlockCache {
   void record_stream(void* ptr, StreamId stream);
   // Releases fully free cached segments until at least `bytes` were
   // released (or none is left), waiting only for the events their blocks
-  // need. Returns the bytes released.
+  // need, then unbacks free pages of partly used ones (a paging source)
+  // for the rest. Returns the bytes released and unbacked.
   uint64_t trim(uint64_t bytes);
   // Returns blocks kept aside for CUDA graphs to the cache when no capture
   // seen is still under way, then trims everything. Returns the bytes
-  // released.
+  // released and unbacked.
   uint64_t empty_cache();
 
   BlockCacheStats stats() const;

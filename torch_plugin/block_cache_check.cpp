@@ -16,10 +16,14 @@ using detail::Segment;
 std::string BlockCache::State::check() const {
   std::ostringstream err;
   uint64_t leased = 0, in_use = 0, held_bytes = 0, free_blocks = 0, live_blocks = 0;
+  uint64_t unbacked_total = 0;
+  const uint64_t page = leases.page_size();
   for (Segment* seg : pool.segments()) {
-    leased += seg->lease.size;
-    uintptr_t at = reinterpret_cast<uintptr_t>(seg->lease.base);
-    uint64_t busy = 0;
+    leased += seg->lease.size - seg->unbacked;
+    unbacked_total += seg->unbacked;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(seg->lease.base);
+    uintptr_t at = base;
+    uint64_t busy = 0, unbacked = 0;
     const Block* prev = nullptr;
     for (const Block* b = seg->first; b; prev = b, b = b->next) {
       if (b->seg != seg || b->prev != prev || b->addr != at || b->size == 0) {
@@ -27,8 +31,8 @@ std::string BlockCache::State::check() const {
         break;
       }
       at += b->size;
-      if (b->state != BState::kFree) ++busy;
-      if (seg->releasing != (b->state == BState::kReleasing)) {
+      if (b->state != BState::kFree && b->state != BState::kUnbacked) ++busy;
+      if (b->state != BState::kUnbacked && seg->releasing != (b->state == BState::kReleasing)) {
         err << "block " << b->addr << ": releasing state differs from its segment; ";
       }
       switch (b->state) {
@@ -56,7 +60,18 @@ std::string BlockCache::State::check() const {
           break;
         case BState::kReleasing:
           break;
+        case BState::kUnbacked:
+          unbacked += b->size;
+          if (page == 0 || (b->addr - base) % page != 0 || b->size % page != 0) {
+            err << "unbacked block " << b->addr << " is not whole pages; ";
+          }
+          if (pool.in_free_set(b)) err << "unbacked block " << b->addr << " is in a free set; ";
+          break;
       }
+    }
+    if (unbacked != seg->unbacked) {
+      err << "segment " << seg->lease.id << ": unbacked " << unbacked << " != " << seg->unbacked
+          << "; ";
     }
     if (at != reinterpret_cast<uintptr_t>(seg->lease.base) + seg->lease.size) {
       err << "segment " << seg->lease.id << ": blocks do not cover it; ";
@@ -76,6 +91,8 @@ std::string BlockCache::State::check() const {
   if (in_use != in_use_bytes) err << "in use " << in_use << " != " << in_use_bytes << "; ";
   const uint64_t leased_now = leases.leased_bytes();
   if (leased != leased_now) err << "leased " << leased << " != " << leased_now << "; ";
+  if (unbacked_total != leases.unbacked_bytes())
+    err << "unbacked " << unbacked_total << " != " << leases.unbacked_bytes() << "; ";
   if (held_bytes != graphs.held_bytes())
     err << "held " << held_bytes << " != " << graphs.held_bytes() << "; ";
   if (!order.pending_count_consistent()) err << "pending count wrong; ";

@@ -37,6 +37,7 @@ void BlockPool::begin_release(Segment* seg) {
   seg->releasing = true;
   free_segments_.erase(seg);
   for (Block* b = seg->first; b; b = b->next) {
+    if (b->state == BState::kUnbacked) continue;
     erase_free(b);
     b->state = BState::kReleasing;
   }
@@ -46,6 +47,7 @@ void BlockPool::cancel_release(Segment* seg) {
   seg->releasing = false;
   free_segments_.insert(seg);
   for (Block* b = seg->first; b; b = b->next) {
+    if (b->state == BState::kUnbacked) continue;
     b->state = BState::kFree;
     insert_free(b);
   }
@@ -140,6 +142,32 @@ void BlockPool::promote(StreamId s, uint64_t watermark) {
       merge_and_insert(b);
     }
   }
+}
+
+void BlockPool::unback(Block* b, uint64_t offset, uint64_t bytes) {
+  erase_free(b);
+  // Splits off [at, end) of `x` as a new block after it, alike in all else.
+  auto split = [](Block* x, uint64_t at) {
+    auto* r = new Block(*x);
+    r->addr = x->addr + at;
+    r->size = x->size - at;
+    r->prev = x;
+    r->next = x->next;
+    if (x->next) x->next->prev = r;
+    x->next = r;
+    x->size = at;
+    return r;
+  };
+  Block* mid = b;
+  if (offset > 0) {
+    mid = split(b, offset);
+    insert_free(b);  // the head: its neighbours are not mergeable with it
+  }
+  if (mid->size > bytes) insert_free(split(mid, bytes));  // the tail
+  mid->state = BState::kUnbacked;
+  mid->ready = false;
+  mid->uses.clear();
+  mid->seg->unbacked += bytes;
 }
 
 // ---- placement ------------------------------------------------------------------

@@ -33,7 +33,9 @@ struct Segment;
 
 // One block of a segment: live (handed out), free (in a free set), waiting
 // (freed, events of record_stream users outstanding), held (kept aside for
-// CUDA graphs) or releasing (its segment goes back).
+// CUDA graphs), releasing (its segment goes back) or unbacked (whole pages
+// whose memory the lease source took back: addresses only, never handed
+// out, never merged).
 struct Block {
   uintptr_t addr = 0;
   uint64_t size = 0;
@@ -59,7 +61,8 @@ struct Block {
 struct Segment {
   Lease lease;
   bool small = false;
-  uint64_t busy = 0;       // blocks not kFree
+  uint64_t busy = 0;       // blocks neither kFree nor kUnbacked
+  uint64_t unbacked = 0;   // bytes in kUnbacked blocks
   bool releasing = false;  // going back to the lease source
   Block* first = nullptr;
 };
@@ -106,6 +109,10 @@ class BlockPool {
   // A live, waiting or held block becomes free: reusable at once by its
   // stream, or by any stream when `ready`. It merges with free neighbours.
   void make_free(Block* b, bool ready);
+  // Free block `b`, ready, gives up [offset, offset + bytes) of its range
+  // (the lease source unbacked those pages): that part becomes a kUnbacked
+  // block, the rest before and after stays free.
+  void unback(Block* b, uint64_t offset, uint64_t bytes);
   // Every block `s` freed up to `watermark` (the cache's free counter, once
   // all the stream's work up to then is known complete) becomes ready.
   void promote(StreamId s, uint64_t watermark);

@@ -139,6 +139,8 @@ int leasehold_torch_stats(struct leasehold_torch_stats* out) {
   out->cache_hits = st.cache_hits;
   out->lease_requests = st.lease_requests;
   out->budget_bytes = p.budget;
+  out->unbacked_bytes = st.unbacked_bytes;
+  out->unbacks = st.unbacks;
   return 0;
 }
 

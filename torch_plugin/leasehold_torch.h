@@ -31,7 +31,7 @@ extern "C" {
 
 /* The version of this interface (the functions and the stats struct); the
  * Python side refuses a plug-in of another. */
-#define LEASEHOLD_TORCH_ABI_VERSION 1
+#define LEASEHOLD_TORCH_ABI_VERSION 2
 
 /* cudaStream_t, without the CUDA headers. */
 struct CUstream_st;
@@ -48,7 +48,7 @@ struct CUstream_st;
  * no typedef, as POSIX's struct stat and stat(): the function of the same
  * name fills it. */
 struct leasehold_torch_stats {
-  uint64_t leased_bytes; /* leased from the pool now */
+  uint64_t leased_bytes; /* leased from the pool now (pages that show memory) */
   uint64_t peak_leased_bytes;
   uint64_t in_use_bytes; /* handed to PyTorch now (rounded block sizes) */
   uint64_t peak_in_use_bytes;
@@ -56,6 +56,8 @@ struct leasehold_torch_stats {
   uint64_t cache_hits;     /* ... of them without a new lease */
   uint64_t lease_requests; /* leases asked of the coordinator */
   uint64_t budget_bytes;   /* the job's budget (0: none known) */
+  uint64_t unbacked_bytes; /* free pages inside segments given back now (version 2) */
+  uint64_t unbacks;        /* times free pages were given back so (version 2) */
 };
 
 /* PyTorch's allocation: `size` bytes for `device` (which must be the job's,

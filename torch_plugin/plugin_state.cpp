@@ -1,5 +1,6 @@
 #include "torch_plugin/plugin_state.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -121,7 +122,10 @@ BlockCache* open_cache(Plugin& p) {
     if (info.alignment) o.lease_alignment = info.alignment;
     // Never deleted, as the Plugin that points to them.
     auto* streams = new CudaStreams(info.device);
-    auto* leases = new SessionLeases(session, p);
+    // Address space for the segments, unbacked holes included: four times
+    // the most the job may hold (addresses are plentiful; memory is not).
+    auto* leases = new SessionLeases(session, p, o.lease_alignment,
+                                     4 * (budget ? std::min(budget, info.size) : info.size));
     auto* cache = new BlockCache(*leases, *streams, o);
     p.session = session;
     p.device = info.device;

@@ -51,9 +51,11 @@ Block* SegmentLeases::lease_segment(std::unique_lock<std::mutex>& lk, uint64_t s
     *refusal = why.empty() ? "refused" : why;
     return nullptr;
   }
+  const uint64_t page = source_.page_size();
   if (r == LeaseSource::Result::kGranted &&
       (lease.base == nullptr || lease.size < size ||
-       reinterpret_cast<uintptr_t>(lease.base) % opt_.granularity != 0)) {
+       reinterpret_cast<uintptr_t>(lease.base) % opt_.granularity != 0 ||
+       (page && lease.size % page != 0))) {
     source_.release(lease.id);
     why = "the lease source granted " + format_bytes(lease.size) + " at " +
           std::to_string(reinterpret_cast<uintptr_t>(lease.base)) + " for " + format_bytes(want) +
@@ -90,7 +92,7 @@ uint64_t SegmentLeases::release_segments(std::unique_lock<std::mutex>& lk, uint6
   }
   std::sort(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) {
     if (x.owners.empty() != y.owners.empty()) return x.owners.empty();
-    return x.seg->lease.size > y.seg->lease.size;
+    return x.seg->lease.size - x.seg->unbacked > y.seg->lease.size - y.seg->unbacked;
   });
   std::vector<Segment*> chosen;
   std::set<StreamId> owners;
@@ -99,7 +101,7 @@ uint64_t SegmentLeases::release_segments(std::unique_lock<std::mutex>& lk, uint6
     if (total >= bytes) break;
     chosen.push_back(c.seg);
     owners.insert(c.owners.begin(), c.owners.end());
-    total += c.seg->lease.size;
+    total += c.seg->lease.size - c.seg->unbacked;
   }
   if (chosen.empty()) return 0;
   for (Segment* seg : chosen) pool_.begin_release(seg);
@@ -127,11 +129,48 @@ uint64_t SegmentLeases::release_segments(std::unique_lock<std::mutex>& lk, uint6
   destroy_all(streams_, evs);
   uint64_t released = 0;
   for (Segment* seg : chosen) {
-    leased_bytes_ -= seg->lease.size;
-    released += seg->lease.size;
+    const uint64_t backed = seg->lease.size - seg->unbacked;
+    leased_bytes_ -= backed;
+    unbacked_bytes_ -= seg->unbacked;
+    released += backed;
     pool_.remove_segment(seg);
   }
   return released;
+}
+
+uint64_t SegmentLeases::unback_free(uint64_t bytes) {
+  const uint64_t page = source_.page_size();
+  if (page == 0 || bytes == 0) return 0;
+  struct Candidate {
+    Block* block;
+    uint64_t offset, size;  // the whole pages inside it, relative to it
+  };
+  std::vector<Candidate> cands;
+  for (Segment* seg : pool_.segments()) {
+    if (seg->releasing) continue;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(seg->lease.base);
+    for (Block* b = seg->first; b; b = b->next) {
+      if (b->state != BState::kFree || !b->ready) continue;
+      const uint64_t first = round_up(b->addr - base, page);
+      const uint64_t end = round_down(b->addr - base + b->size, page);
+      if (end > first) cands.push_back({b, base + first - b->addr, end - first});
+    }
+  }
+  std::sort(cands.begin(), cands.end(),
+            [](const Candidate& x, const Candidate& y) { return x.size > y.size; });
+  uint64_t done = 0;
+  for (const Candidate& c : cands) {
+    if (done >= bytes) break;
+    Segment* seg = c.block->seg;
+    const uint64_t at = c.block->addr + c.offset - reinterpret_cast<uintptr_t>(seg->lease.base);
+    if (!source_.unback(seg->lease.id, at, c.size)) continue;
+    pool_.unback(c.block, c.offset, c.size);
+    leased_bytes_ -= c.size;
+    unbacked_bytes_ += c.size;
+    done += c.size;
+  }
+  if (done) ++unbacks_;
+  return done;
 }
 
 void SegmentLeases::release_all() noexcept {

@@ -4,7 +4,10 @@
 // segment size where the budget leaves room (fewer leases for a run of
 // requests, at the cost of holding some memory more). Giving back picks
 // fully free segments, first those no stream's work may still touch, then
-// the largest, and waits only for the events their blocks need.
+// the largest, and waits only for the events their blocks need. Where the
+// source pages its leases, the whole pages inside free blocks of partly
+// used segments can be given back too (unback_free); the budget counts
+// what the segments still show.
 //
 // The lease source is never called with the cache's lock held: asking the
 // coordinator for memory can take long (a queue), and frees and trims of
@@ -50,11 +53,20 @@ class SegmentLeases {
   // stream being captured stay. Returns the bytes released. Throws what
   // StreamOps throws, every segment kept.
   uint64_t release_segments(std::unique_lock<std::mutex>& lk, uint64_t bytes);
+  // Where the source pages its leases: unbacks the whole pages of ready
+  // free blocks (largest first) until `bytes` were unbacked or none is
+  // left. The source's work is quick and the lock stays held. Returns the
+  // bytes unbacked.
+  uint64_t unback_free(uint64_t bytes);
   // Gives every segment's lease back, blocks in use included: the cache
   // goes away. Never throws.
   void release_all() noexcept;
 
+  // Leased now, less unbacked pages: what counts against the budget.
   uint64_t leased_bytes() const { return leased_bytes_; }
+  uint64_t unbacked_bytes() const { return unbacked_bytes_; }
+  uint64_t page_size() const { return source_.page_size(); }
+  uint64_t unbacks() const { return unbacks_; }
   uint64_t peak_leased_bytes() const { return peak_leased_bytes_; }
   uint64_t lease_requests() const { return lease_requests_; }
 
@@ -68,7 +80,9 @@ class SegmentLeases {
   BlockPool& pool_;
   const BlockCacheOptions& opt_;
   uint64_t reserved_ = 0;      // bytes being leased (counted against the budget)
-  uint64_t leased_bytes_ = 0;  // leased now (including segments being released)
+  uint64_t leased_bytes_ = 0;  // leased now (including segments being released), less unbacked
+  uint64_t unbacked_bytes_ = 0;
+  uint64_t unbacks_ = 0;
   uint64_t peak_leased_bytes_ = 0;
   uint64_t lease_requests_ = 0;  // acquire() calls, granted or not
 };

@@ -1,28 +1,22 @@
 #include "torch_plugin/session_leases.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <iterator>
+
 #include "torch_plugin/plugin_state.h"
 
 namespace leasehold::torch_plugin {
 
-LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lease* out,
+SessionLeases::SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes)
+    : session_(session),
+      plugin_(p),
+      page_(page),
+      window_bytes_((window_bytes + page - 1) / page * page) {}
+
+LeaseSource::Result SessionLeases::failure(lh_status st, const std::string& what,
                                            std::string* why) {
-  lh_lease* lease = nullptr;
-  // -1: the coordinator's default wait when the pool is short.
-  lh_status st = lh_lease_acquire(session_, bytes, -1, last_resort ? 1 : 0, &lease);
-  if (st == LH_OK) {
-    void* data = lh_lease_data(lease);
-    if (data == nullptr) {
-      (void)lh_lease_release(lease);
-      *why = "the session was lost as the lease was granted";
-      plugin_.note_lost(*why);
-      return Result::kFailed;
-    }
-    out->base = data;
-    out->size = lh_lease_size(lease);
-    out->id = reinterpret_cast<uintptr_t>(lease);
-    return Result::kGranted;
-  }
-  *why = std::string(lh_status_name(st)) + ": " + last_error();
+  *why = what + std::string(lh_status_name(st)) + ": " + last_error();
   switch (st) {
     case LH_ERR_NO_SPACE:
     case LH_ERR_TIMEOUT:
@@ -36,14 +30,223 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
   }
 }
 
-void SessionLeases::release(uint64_t id) noexcept {
-  lh_status st = lh_lease_release(reinterpret_cast<lh_lease*>(id));
-  if (st == LH_ERR_SESSION_LOST) {
-    plugin_.note_lost("giving a lease back: " + last_error());
-  } else if (st != LH_OK) {
-    print_line(std::string("leasehold: giving a lease back: ") + lh_status_name(st) + ": " +
-               last_error());
+LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lease* out,
+                                           std::string* why) {
+  const uint64_t n = (bytes + page_ - 1) / page_;
+  uint64_t first = 0;
+  std::vector<PageRef> pages;
+  {
+    std::lock_guard lk(mu_);
+    if (!window_) {
+      lh_status st = lh_window_open(session_, window_bytes_, &window_);
+      if (st != LH_OK) {
+        window_ = nullptr;
+        return failure(st, "reserving the allocator's address space: ", why);
+      }
+      free_runs_[0] = window_bytes_ / page_;
+    }
+    if (!take_addresses(n, &first)) {
+      *why = "the allocator's " + format_bytes(window_bytes_) + " of address space have no " +
+             format_bytes(n * page_) + " run left (it is cut by unbacked pages of live segments)";
+      return Result::kRefused;
+    }
+    // Free pages first: memory the job holds already.
+    while (pages.size() < n && !stock_.empty()) {
+      pages.push_back(*stock_.begin());
+      stock_.erase(stock_.begin());
+      Held& h = held_.at(pages.back().first);
+      h.shown[pages.back().second] = true;
+      ++h.shown_count;
+    }
   }
+  lh_lease* lease = nullptr;
+  if (pages.size() < n) {
+    // -1: the coordinator's default wait when the pool is short.
+    lh_status st = lh_lease_acquire(session_, (n - pages.size()) * page_, -1, last_resort ? 1 : 0,
+                                    &lease);
+    if (st != LH_OK) {
+      Result r = failure(st, "", why);
+      std::lock_guard lk(mu_);
+      for (const PageRef& ref : pages) to_stock(ref);
+      give_addresses(first, n);
+      return r;
+    }
+  }
+  std::vector<lh_lease*> unused;
+  lh_status st = LH_OK;
+  {
+    std::lock_guard lk(mu_);
+    if (lease) {
+      const uint64_t key = next_key_++;
+      Held& h = held_[key];
+      h.lease = lease;
+      h.shown.assign(lh_lease_size(lease) / page_, false);
+      for (uint64_t k = 0; k < h.shown.size(); ++k) {
+        if (pages.size() < n) {
+          pages.emplace_back(key, k);
+          h.shown[k] = true;
+          ++h.shown_count;
+        } else {
+          stock_.emplace(key, k);
+        }
+      }
+    }
+    st = show(first, pages);
+    if (st == LH_OK) {
+      const uint64_t id = next_id_++;
+      segments_[id] = Segment{first, pages};
+      out->base = static_cast<std::byte*>(lh_window_base(window_)) + first * page_;
+      out->size = n * page_;
+      out->id = id;
+      return Result::kGranted;
+    }
+    for (const PageRef& ref : pages) to_stock(ref);
+    give_addresses(first, n);
+    unused = take_unused();
+  }
+  Result r = failure(st, "showing a lease's pages: ", why);
+  release_leases(unused);
+  return r;
+}
+
+void SessionLeases::release(uint64_t id) noexcept {
+  std::vector<lh_lease*> unused;
+  {
+    std::lock_guard lk(mu_);
+    auto it = segments_.find(id);
+    if (it == segments_.end()) {
+      print_line("leasehold: giving back segment " + std::to_string(id) + ", which is not held");
+      return;
+    }
+    Segment& seg = it->second;
+    if (lh_window_hide(window_, seg.first * page_, seg.pages.size() * page_) != LH_OK) {
+      // Its pages may still show their memory: they and their leases stay.
+      print_line("leasehold: giving a segment back: " + last_error());
+      return;
+    }
+    for (const PageRef& ref : seg.pages) {
+      if (ref != kNone) to_stock(ref);
+    }
+    give_addresses(seg.first, seg.pages.size());
+    segments_.erase(it);
+    unused = take_unused();
+  }
+  release_leases(unused);
+}
+
+bool SessionLeases::unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept {
+  std::lock_guard lk(mu_);
+  auto it = segments_.find(id);
+  if (it == segments_.end() || offset % page_ || bytes % page_ ||
+      (offset + bytes) / page_ > it->second.pages.size()) {
+    return false;
+  }
+  Segment& seg = it->second;
+  if (lh_window_hide(window_, seg.first * page_ + offset, bytes) != LH_OK) {
+    print_line("leasehold: unbacking free pages: " + last_error());
+    return false;
+  }
+  for (uint64_t k = offset / page_; k < (offset + bytes) / page_; ++k) {
+    if (seg.pages[k] != kNone) to_stock(seg.pages[k]);
+    seg.pages[k] = kNone;
+  }
+  return true;
+}
+
+uint64_t SessionLeases::give_back_unused() noexcept {
+  std::vector<lh_lease*> unused;
+  {
+    std::lock_guard lk(mu_);
+    unused = take_unused();
+  }
+  return release_leases(unused);
+}
+
+// ---- pages, leases and addresses -------------------------------------------------
+
+lh_status SessionLeases::show(uint64_t first, const std::vector<PageRef>& pages) {
+  uint64_t k = 0;
+  while (k < pages.size()) {
+    uint64_t run = 1;
+    while (k + run < pages.size() && pages[k + run].first == pages[k].first &&
+           pages[k + run].second == pages[k].second + run) {
+      ++run;
+    }
+    lh_status st = lh_window_show(window_, (first + k) * page_, held_.at(pages[k].first).lease,
+                                  pages[k].second * page_, run * page_);
+    if (st != LH_OK) {
+      if (k) (void)lh_window_hide(window_, first * page_, k * page_);
+      return st;
+    }
+    k += run;
+  }
+  return LH_OK;
+}
+
+void SessionLeases::to_stock(const PageRef& ref) {
+  Held& h = held_.at(ref.first);
+  h.shown[ref.second] = false;
+  --h.shown_count;
+  stock_.insert(ref);
+}
+
+std::vector<lh_lease*> SessionLeases::take_unused() {
+  std::vector<lh_lease*> out;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.shown_count != 0) {
+      ++it;
+      continue;
+    }
+    const uint64_t key = it->first;
+    stock_.erase(stock_.lower_bound({key, 0}), stock_.lower_bound({key + 1, 0}));
+    out.push_back(it->second.lease);
+    it = held_.erase(it);
+  }
+  return out;
+}
+
+uint64_t SessionLeases::release_leases(const std::vector<lh_lease*>& leases) noexcept {
+  uint64_t bytes = 0;
+  for (lh_lease* l : leases) {
+    const uint64_t size = lh_lease_size(l);
+    lh_status st = lh_lease_release(l);
+    if (st == LH_OK) {
+      bytes += size;
+    } else if (st == LH_ERR_SESSION_LOST) {
+      plugin_.note_lost("giving a lease back: " + last_error());
+    } else {
+      print_line(std::string("leasehold: giving a lease back: ") + lh_status_name(st) + ": " +
+                 last_error());
+    }
+  }
+  return bytes;
+}
+
+bool SessionLeases::take_addresses(uint64_t n, uint64_t* first) {
+  for (auto it = free_runs_.begin(); it != free_runs_.end(); ++it) {
+    if (it->second < n) continue;
+    *first = it->first;
+    if (it->second > n) free_runs_[it->first + n] = it->second - n;
+    free_runs_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void SessionLeases::give_addresses(uint64_t first, uint64_t n) {
+  auto next = free_runs_.lower_bound(first);
+  if (next != free_runs_.end() && next->first == first + n) {
+    n += next->second;
+    next = free_runs_.erase(next);
+  }
+  if (next != free_runs_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == first) {
+      prev->second += n;
+      return;
+    }
+  }
+  free_runs_[first] = n;
 }
 
 }  // namespace leasehold::torch_plugin

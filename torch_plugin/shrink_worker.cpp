@@ -20,21 +20,30 @@ void shrink_worker(Plugin* p) {
       p->shrinks.pop_front();
     }
     BlockCache* cache = p->cache.load(std::memory_order_acquire);
-    uint64_t released = 0;
+    // What went back is what the session holds less: trimming unbacks
+    // pages of leases that stay held while other pages of them show.
+    lh_session_stats before{}, after{};
+    const bool counted = lh_session_stats_get(p->session, &before) == LH_OK;
     std::string reason;
     try {
-      released = cache->trim(req.second);
+      cache->trim(req.second);
     } catch (const std::exception& e) {
       reason = one_line(e.what());
     }
+    uint64_t released = 0;
+    if (counted && lh_session_stats_get(p->session, &after) == LH_OK &&
+        before.leased_bytes > after.leased_bytes) {
+      released = before.leased_bytes - after.leased_bytes;
+    }
     BlockCacheStats st = cache->stats();
+    const uint64_t still = counted ? after.leased_bytes : st.leased_bytes;
     if (released < req.second && reason.empty()) {
       reason = "PyTorch holds " + format_bytes(st.in_use_bytes) + " in use; the other " +
-               format_bytes(st.leased_bytes - st.in_use_bytes) +
-               " leased are in partly used leases, awaited by other streams or kept for CUDA "
-               "graphs";
+               format_bytes(still > st.in_use_bytes ? still - st.in_use_bytes : 0) +
+               " leased are pages live blocks share, free pages of leases partly in use, and "
+               "blocks awaited by other streams or kept for CUDA graphs";
     }
-    lh_status s = lh_session_shrink_done(p->session, req.first, released, st.leased_bytes,
+    lh_status s = lh_session_shrink_done(p->session, req.first, released, still,
                                          reason.empty() ? nullptr : reason.c_str());
     if (s == LH_ERR_SESSION_LOST) {
       p->note_lost("answering a Shrink: " + last_error());

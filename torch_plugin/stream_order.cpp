@@ -92,6 +92,18 @@ bool StreamOrder::drain(std::unique_lock<std::mutex>& lk, bool small, StreamId s
   for (StreamId s : pool_.owners(small)) {
     if (s != stream) wanted.insert(s);
   }
+  return reach(lk, std::move(wanted));
+}
+
+bool StreamOrder::drain_all(std::unique_lock<std::mutex>& lk) {
+  std::set<StreamId> wanted;
+  for (bool small : {false, true}) {
+    for (StreamId s : pool_.owners(small)) wanted.insert(s);
+  }
+  return reach(lk, std::move(wanted));
+}
+
+bool StreamOrder::reach(std::unique_lock<std::mutex>& lk, std::set<StreamId> wanted) {
   for (auto& [s, q] : pending_) wanted.insert(s);
   std::vector<StreamId> targets;
   for (StreamId s : wanted) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -79,6 +80,11 @@ class StreamOrder {
   // until every free block of the pool, other streams' and waiting ones, is
   // reusable. Returns whether it waited for anything.
   bool drain(std::unique_lock<std::mutex>& lk, bool small, StreamId stream);
+  // Before pages are unbacked: waits (with `lk` released) until every free
+  // block of both pools is ready, the streams' own included (their queued
+  // work may still touch them). Streams being captured are left alone.
+  // Returns whether it waited for anything.
+  bool drain_all(std::unique_lock<std::mutex>& lk);
   // Freed block `b`, used on `uses` too (record_stream; its own stream not
   // among them), becomes kWaiting until an event recorded now on each of
   // them completed. Throws what StreamOps::record throws, `b` untouched.
@@ -90,6 +96,10 @@ class StreamOrder {
   bool pending_count_consistent() const;
 
  private:
+  // drain's work: waits until the streams `wanted` and those with events
+  // pending reached an event recorded now, and promotes what they freed.
+  bool reach(std::unique_lock<std::mutex>& lk, std::set<StreamId> wanted);
+
   // An event outstanding on a stream: a record_stream user's (for `block`)
   // or a migration's (every block the stream freed up to `watermark`
   // becomes ready).

@@ -22,10 +22,11 @@ __all__ = ["AllocatorTooLate", "install", "install_status", "stats"]
 log = logging.getLogger("leasehold.torch")
 
 # LEASEHOLD_TORCH_ABI_VERSION of torch_plugin/leasehold_torch.h.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _STATS_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
-                 "allocations", "cache_hits", "lease_requests", "budget_bytes")
+                 "allocations", "cache_hits", "lease_requests", "budget_bytes",
+                 "unbacked_bytes", "unbacks")
 
 
 class _Stats(ctypes.Structure):

@@ -13,6 +13,11 @@ torch.OutOfMemoryError, then checks that
   - torch.cuda.empty_cache() then gives the leases back (leased_bytes near 0,
     at most --empty-tolerance-mib: cuBLAS keeps its workspace where PyTorch
     offers no public way to drop it).
+Phase "fragments": caches one segment of 3/4 of the budget, cuts it into
+chunks, frees every other one (holes between live tensors) and allocates a
+tensor larger than any hole and than the budget's room, which fits beside the
+live bytes: the plug-in serves it from the holes' pages (expandable segments),
+the live chunks keep their bytes, and leased_bytes stays within the budget.
 Phase "shrink": allocates about half the budget and frees it, so the plug-in
 caches it, prints {"phase": "cached", "leased_bytes": N}, then with
 --wait-shrink S > 0 polls the plug-in's statistics for up to S seconds and
@@ -170,6 +175,49 @@ def phase_oom(leasehold, torch, device, budget, args, checks, summary):
                  "leased %d after empty_cache (tolerance %d)" % (after_clear, tolerance))
 
 
+def phase_fragments(leasehold, torch, device, budget, args, checks, summary):
+    chunk = args.chunk_mib * MIB
+    torch.cuda.synchronize(device)
+    clear_cublas_workspaces(torch)
+    torch.cuda.empty_cache()
+    n = (budget * 3 // 4) // chunk
+    whole = torch.empty(n * chunk, dtype=torch.uint8, device=device)
+    del whole  # cached: one segment of n chunks
+    chunks = [torch.full((chunk,), i % 251, dtype=torch.uint8, device=device) for i in range(n)]
+    kept = chunks[1::2]
+    chunks.clear()  # every other chunk freed: holes of one chunk between live ones
+    live = len(kept) * chunk
+    want = budget - live - 4 * chunk  # beside the live bytes, with room to spare
+    before = leasehold.torch.stats()
+    try:
+        big = torch.ones(want, dtype=torch.uint8, device=device)
+        ok = int(big.sum().item()) == want
+        detail = "%d bytes beside %d live in %d-byte holes, budget %d" % (want, live, chunk, budget)
+        del big
+    except RuntimeError as e:
+        ok, detail = False, "%s: %s" % (type(e).__name__, e)
+    after = leasehold.torch.stats()
+    intact = all(int(t.min().item()) == int(t.max().item()) == (2 * k + 1) % 251
+                 for k, t in enumerate(kept))
+    kept.clear()
+    summary.update(fragments_request_bytes=want, fragments_live_bytes=live,
+                   fragments_stats_before=before, fragments_stats_after=after)
+    emit({"phase": "fragments", "request_bytes": want, "live_bytes": live,
+          "unbacked_bytes": after.get("unbacked_bytes"), "unbacks": after.get("unbacks"),
+          "leased_bytes": after["leased_bytes"]})
+    checks.check("fragments_request_needs_the_holes",
+                 want > budget - before["leased_bytes"] and want > chunk,
+                 "request %d, room %d, hole %d" % (want, budget - before["leased_bytes"], chunk))
+    checks.check("fragments_served", ok, detail)
+    checks.check("fragments_unbacked", after.get("unbacks", 0) > before.get("unbacks", 0),
+                 "unbacks %s -> %s" % (before.get("unbacks"), after.get("unbacks")))
+    checks.check("fragments_live_intact", intact, "every kept chunk holds its value")
+    checks.check("fragments_within_budget", after["peak_leased_bytes"] <= budget,
+                 "peak leased %d, budget %d" % (after["peak_leased_bytes"], budget))
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+
+
 def phase_shrink(leasehold, torch, device, budget, args, checks, summary):
     chunk = args.chunk_mib * MIB
     try:
@@ -215,6 +263,7 @@ def main(argv=None):
                                  "job_id": job.id}
 
     phase_oom(leasehold, torch, device, budget, args, checks, summary)
+    phase_fragments(leasehold, torch, device, budget, args, checks, summary)
     phase_shrink(leasehold, torch, device, budget, args, checks, summary)
 
     failed = checks.failed()
