@@ -17,6 +17,8 @@ const char* holder_text(proto::LeaseHolder h) {
       return "fenced";
     case proto::LeaseHolder::Region:
       return "region";
+    case proto::LeaseHolder::Renewing:
+      return "renewing";
     default:
       return "agent";
   }

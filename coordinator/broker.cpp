@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "coordinator/broker_setup.h"
+#include "coordinator/chunk_renewer.h"
 #include "coordinator/file_workers.h"
 #include "coordinator/http_endpoint.h"
 #include "coordinator/job_codec.h"
@@ -89,6 +90,14 @@ Broker::Broker(const CoordinatorOptions& opts)
   };
   store_ = std::make_unique<StoreWriter>(std::move(store), wake);
   files_ = std::make_unique<FileWorkers>(kFileWorkers, wake);
+  renewer_ = std::make_unique<ChunkRenewer>(
+      [this](int device) -> DevicePool* {
+        for (const auto& pool : device_pools_) {
+          if (pool->descriptor().device == device) return pool.get();
+        }
+        return nullptr;
+      },
+      wake);
   CoreOptions core_opts = core_options(opts_);
   if (mps_) core_opts.mps_pipe_directory = mps_->pipe_directory();
   core_opts.chunk_socket = chunk_socket_path(opts_.endpoint, opts_.state_dir);
@@ -168,6 +177,7 @@ Broker::~Broker() {
   // The workers go before the eventfd they wake (a member declared earlier).
   store_.reset();
   files_.reset();
+  renewer_.reset();
   // ZeroMQ's ipc listener unlinks its socket file when the socket closes.
 }
 
@@ -232,6 +242,9 @@ void Broker::run(const std::atomic<bool>& stop, const std::function<void()>& tic
       core_->file_check_done(r.token, r.problems, now(), effects);
     }
     for (auto& r : files_->take_reads()) core_->checkpoint_read_done(r, effects);
+    for (auto& d : renewer_->take_done()) {
+      core_->chunks_renewed(d.device, d.lease_id, d.error, effects);
+    }
     std::string error = store_->error();
     if (error != store_error_) {
       if (error.empty()) {
@@ -395,6 +408,7 @@ void Broker::apply(Effects& effects) {
   for (const auto& dir : effects.remove_dirs) files_->remove_dir(dir);
   for (auto& check : effects.file_checks) files_->check(std::move(check));
   for (auto& read : effects.checkpoint_reads) files_->read(std::move(read));
+  for (const auto& r : core_->take_chunk_renewals()) renewer_->renew(r);
   if (!writes) return;
 
   std::vector<StoredJob> puts;

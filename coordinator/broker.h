@@ -39,6 +39,7 @@ namespace leasehold {
 
 class StoreWriter;
 class FileWorkers;
+class ChunkRenewer;
 class MpsDaemon;
 class HttpEndpoint;
 class ZapHandler;
@@ -124,6 +125,7 @@ class Broker {
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<StoreWriter> store_;
   std::unique_ptr<FileWorkers> files_;
+  std::unique_ptr<ChunkRenewer> renewer_;  // uses device_pools_ and wake_fd_
   std::unique_ptr<HttpEndpoint> http_;  // null: http_listen = off
   Clock::time_point http_published_{};
   std::set<uint64_t> http_jobs_changed_;  // since the last publish_http

@@ -185,6 +185,14 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
           return send_error(out, rid, req, ErrorCode::NoSpace, "resize refused: " + *no);
         }
       }
+      if (auto held = dev.leases.leases().find(r->lease_id());
+          agent.program_job != 0 && held != dev.leases.leases().end() &&
+          held->second.owner == owner && r->size() < held->second.size) {
+        // What it gives back must get new memory first, which is done
+        // per lease (core_renewals.cpp): it releases a lease instead.
+        return send_error(out, rid, req, ErrorCode::InvalidArgument,
+                          "a program job's session cannot shrink a lease; release it instead");
+      }
       auto result = dev.leases.resize(owner, r->lease_id(), r->size());
       if (auto* refusal = std::get_if<Refusal>(&result)) {
         return send_error(out, rid, req, refusal->code, refusal->message);
@@ -197,7 +205,9 @@ void CoordinatorCore::dispatch(const std::string& rid, const proto::Envelope& en
     case proto::Body::LeaseRelease: {
       const auto* r = env.body_as_LeaseRelease();
       DeviceState& dev = device_of(agent);
-      if (auto refusal = dev.leases.release(LeaseOwner::agent(name), r->lease_id())) {
+      auto given = give_back(dev, LeaseOwner::agent(name), agent.program_job != 0, name,
+                             r->lease_id());
+      if (auto* refusal = std::get_if<Refusal>(&given)) {
         return send_error(out, rid, req, refusal->code, refusal->message);
       }
       send_ack(out, rid, req);

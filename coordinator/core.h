@@ -58,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <set>
 #include <string>
 #include <variant>
@@ -192,6 +193,12 @@ class CoordinatorCore {
                        Effects& out);
   // A piece of a checkpoint the file workers read (Effects::checkpoint_reads).
   void checkpoint_read_done(const FileWorkers::ReadResult& result, Effects& out);
+  // Memory a program job's session had goes to nobody else before its
+  // chunks have new memory (core_renewals.cpp): the renewals to run since
+  // the last call, and the end of one (an empty `error`: the lease's memory
+  // is free again; otherwise its chunks stay out of service, logged).
+  std::vector<ChunkRenewal> take_chunk_renewals() { return std::exchange(renewals_, {}); }
+  void chunks_renewed(int device, uint64_t lease_id, const std::string& error, Effects& out);
   // The caller's loop did not run for `gap` (the process was stopped or
   // starved, a disk stalled it): nobody could be heard then, so agents'
   // silence clocks and fences' grace are moved on by `gap`. Call before the
@@ -274,6 +281,7 @@ class CoordinatorCore {
     enum class End { Waiting, Killed, Held };
     End end = End::Waiting;
     std::string why_held;
+    bool renew = false;  // a program job's session: its chunks get new memory first
   };
 
   void dispatch(const std::string& rid, const proto::Envelope& env, Now now, Effects& out,
@@ -299,6 +307,16 @@ class CoordinatorCore {
   void drop_agent(const std::string& name, const std::string& why, JobFate fate, Now now,
                   Effects& out);
   void release_fence(const std::string& agent, const std::string& why, Effects& out);
+  // Gives `owner`'s leases on `dev` back (all, or `lease_id`'s, checked as
+  // LeaseTable::release checks): free at once, or, `renew`, held by
+  // LeaseOwner::renewing(`who`) until their chunks have new memory
+  // (core_renewals.cpp). Returns the count and bytes, or the refusal.
+  std::variant<std::pair<size_t, uint64_t>, Refusal> give_back(
+      DeviceState& dev, const LeaseOwner& owner, bool renew, const std::string& who,
+      std::optional<uint64_t> lease_id = std::nullopt);
+  // Lease `lease_id` of `dev` (held by LeaseOwner::renewing) has its chunks
+  // renewed off the loop (take_chunk_renewals).
+  void renew_later(const DeviceState& dev, uint64_t lease_id);
   // Releases fences whose process exited; ends (end_silent_agents) the
   // processes silent past recovery_grace.
   void check_fences(Now now, Effects& out);
@@ -543,6 +561,7 @@ class CoordinatorCore {
   // replica).
   std::multimap<uint64_t, std::string> program_sessions_;
   std::map<std::string, Fence> fences_;  // by agent name
+  std::vector<ChunkRenewal> renewals_;   // to run (take_chunk_renewals)
   const SessionToken instance_ = SessionToken::random();
   std::map<Interruption, uint64_t> interruptions_;
   uint64_t next_check_token_ = 1;

@@ -219,6 +219,7 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
   uint64_t job_id = it->second.job_id;
   const int pid = it->second.pid;
   const std::shared_ptr<AgentProcess> process = it->second.process;
+  const bool renew = it->second.program_job != 0;
   std::erase_if(program_sessions_, [&](const auto& kv) { return kv.second == name; });
   bool fence = fate == JobFate::Orphan || fate == JobFate::Silent;
   DeviceState& dev = device_of(it->second);
@@ -235,14 +236,17 @@ void CoordinatorCore::drop_agent(const std::string& name, const std::string& why
     auto [count, bytes] =
         dev.leases.transfer_all(LeaseOwner::agent(name), LeaseOwner::fenced(name));
     if (count > 0 && !fences_.count(name)) {
-      fences_[name] = Fence{dev.ordinal(), process, pid, now.steady, Fence::End::Waiting, {}};
+      fences_[name] = Fence{dev.ordinal(), process, pid, now.steady, Fence::End::Waiting, {}, renew};
+    } else if (count > 0) {
+      fences_[name].renew = fences_[name].renew || renew;
     }
     spdlog::info("agent '{}' (pid {}) {}; {} leases ({}) fenced until it stops", name, pid, why,
                  count, format_bytes(bytes));
   } else {
-    auto [count, bytes] = dev.leases.release_all(LeaseOwner::agent(name));
-    spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({})", name, pid, why, count,
-                 format_bytes(bytes));
+    auto [count, bytes] =
+        std::get<std::pair<size_t, uint64_t>>(give_back(dev, LeaseOwner::agent(name), renew, name));
+    spdlog::info("agent '{}' (pid {}) {}; reclaimed {} leases ({}){}", name, pid, why, count,
+                 format_bytes(bytes), renew && count ? ", free once their chunks have new memory" : "");
     release_fence(name, "the agent is gone", out);
   }
   for (const auto& region : discarded) {
@@ -286,7 +290,8 @@ void CoordinatorCore::release_fence(const std::string& agent, const std::string&
   auto it = fences_.find(agent);
   if (it == fences_.end()) return;
   DeviceState& dev = devices_.at(it->second.device);
-  auto [count, bytes] = dev.leases.release_all(LeaseOwner::fenced(agent));
+  auto [count, bytes] = std::get<std::pair<size_t, uint64_t>>(
+      give_back(dev, LeaseOwner::fenced(agent), it->second.renew, agent));
   spdlog::info("released {} fenced leases ({}) of agent '{}': {}", count, format_bytes(bytes),
                agent, why);
   fences_.erase(it);

@@ -227,6 +227,9 @@ std::string CoordinatorCore::place_region(DeviceState& dev, RegionRecord& rec, u
 void CoordinatorCore::grant_region(RegionRecord& rec, const std::string& agent, const ReplyTo& to,
                                    bool fill, Now now, Effects& out) {
   ++rec.attached[agent];
+  if (auto a = agents_.find(agent); a != agents_.end() && a->second.program_job != 0) {
+    rec.exposed = true;
+  }
   touch(rec, now);
   proto::RegionGrantT g;
   g.region = region_object(rec);
@@ -236,12 +239,13 @@ void CoordinatorCore::grant_region(RegionRecord& rec, const std::string& agent, 
 
 void CoordinatorCore::free_region_memory(RegionRecord& rec, const std::string& to_agent) {
   if (rec.lease_id == 0) return;
-  LeaseTable& leases = devices_.at(rec.device).leases;
-  if (to_agent.empty()) {
-    leases.release(LeaseOwner::region(rec.name), rec.lease_id);
+  DeviceState& dev = devices_.at(rec.device);
+  if (!to_agent.empty()) {
+    dev.leases.reassign(rec.lease_id, LeaseOwner::agent(to_agent));
   } else {
-    leases.reassign(rec.lease_id, LeaseOwner::agent(to_agent));
+    (void)give_back(dev, LeaseOwner::region(rec.name), rec.exposed, rec.name, rec.lease_id);
   }
+  rec.exposed = false;
   rec.lease_id = 0;
   rec.offset = 0;
   rec.lease_bytes = 0;

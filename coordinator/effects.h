@@ -56,6 +56,16 @@ struct CheckpointRead {
   uint64_t offset = 0;
 };
 
+// Chunks of a device's pool to give new memory (DevicePool::renew) off the
+// loop's thread (CoordinatorCore::take_chunk_renewals): lease `lease_id`,
+// held by LeaseOwner::renewing, covers them until
+// CoordinatorCore::chunks_renewed hears they are done.
+struct ChunkRenewal {
+  int device = 0;  // the device's ordinal
+  uint64_t lease_id = 0;
+  uint64_t first = 0, count = 0;  // chunks
+};
+
 struct Effects {
   std::vector<OutMessage> messages;
   // Jobs whose state is published (their state at the end of the call).

@@ -1,7 +1,9 @@
 // Who holds a lease in the coordinator's lease table: an agent, an agent's
 // leases fenced after it fell silent or lost its session (held back from
-// everyone until its process has exited), or a shared cache region's
-// memory. A kind and a name, never one string parsed apart again.
+// everyone until its process has exited), a shared cache region's memory,
+// or memory a program job's session gave back, held back until its chunks
+// have new memory (renewing: that process may have kept the old). A kind
+// and a name, never one string parsed apart again.
 #pragma once
 
 #include <compare>
@@ -10,13 +12,14 @@
 namespace leasehold {
 
 struct LeaseOwner {
-  enum class Kind : uint8_t { Agent, Fenced, Region };
+  enum class Kind : uint8_t { Agent, Fenced, Region, Renewing };
   Kind kind = Kind::Agent;
   std::string name;  // the agent's or the region's
 
   static LeaseOwner agent(std::string name) { return {Kind::Agent, std::move(name)}; }
   static LeaseOwner fenced(std::string name) { return {Kind::Fenced, std::move(name)}; }
   static LeaseOwner region(std::string name) { return {Kind::Region, std::move(name)}; }
+  static LeaseOwner renewing(std::string name) { return {Kind::Renewing, std::move(name)}; }
 
   bool is_agent() const { return kind == Kind::Agent; }
   auto operator<=>(const LeaseOwner&) const = default;
@@ -28,6 +31,8 @@ struct LeaseOwner {
         return "agent '" + name + "' (fenced)";
       case Kind::Region:
         return "region '" + name + "'";
+      case Kind::Renewing:
+        return "memory agent '" + name + "' gave back (renewing)";
       case Kind::Agent:
         break;
     }

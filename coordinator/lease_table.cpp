@@ -93,7 +93,7 @@ std::variant<LeaseRecord, Refusal> LeaseTable::resize(const LeaseOwner& owner, u
   return rec;
 }
 
-std::optional<Refusal> LeaseTable::release(const LeaseOwner& owner, uint64_t lease_id) {
+std::optional<Refusal> LeaseTable::check_owner(const LeaseOwner& owner, uint64_t lease_id) const {
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     return Refusal{ErrorCode::NoSuchLease, "no lease with id " + std::to_string(lease_id)};
@@ -102,8 +102,21 @@ std::optional<Refusal> LeaseTable::release(const LeaseOwner& owner, uint64_t lea
     return Refusal{ErrorCode::NotOwner, "lease " + std::to_string(lease_id) + " belongs to " +
                                             it->second.owner.describe()};
   }
+  return std::nullopt;
+}
+
+std::optional<Refusal> LeaseTable::release(const LeaseOwner& owner, uint64_t lease_id) {
+  if (auto refusal = check_owner(owner, lease_id)) return refusal;
+  auto it = leases_.find(lease_id);
   allocator_.free(it->second.offset);
   leases_.erase(it);
+  return std::nullopt;
+}
+
+std::optional<Refusal> LeaseTable::hand_over(const LeaseOwner& owner, uint64_t lease_id,
+                                             const LeaseOwner& to) {
+  if (auto refusal = check_owner(owner, lease_id)) return refusal;
+  leases_.at(lease_id).owner = to;
   return std::nullopt;
 }
 

@@ -93,6 +93,10 @@ class LeaseTable {
   std::variant<LeaseRecord, Refusal> resize(const LeaseOwner& owner, uint64_t lease_id,
                                             uint64_t size);
   std::optional<Refusal> release(const LeaseOwner& owner, uint64_t lease_id);
+  // Gives lease `lease_id` of `owner` to `to` (memory held back, as
+  // transfer_all), with release's checks and errors.
+  std::optional<Refusal> hand_over(const LeaseOwner& owner, uint64_t lease_id,
+                                   const LeaseOwner& to);
 
   // Releases every lease of `owner` and drops its waiting requests. Returns
   // the number of leases and bytes reclaimed.
@@ -128,6 +132,8 @@ class LeaseTable {
 
  private:
   LeaseRecord record(const LeaseOwner& owner, PoolAllocator::Block block, PoolAllocator::End end);
+  // NoSuchLease or NotOwner, as release says them; nullopt: `owner`'s.
+  std::optional<Refusal> check_owner(const LeaseOwner& owner, uint64_t lease_id) const;
   std::string space_summary() const;
 
   PoolAllocator allocator_;

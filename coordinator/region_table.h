@@ -40,6 +40,9 @@ struct RegionRecord {
   uint64_t last_used_ms = 0;                 // the same, as Unix ms
   uint64_t hits = 0, misses = 0;
   uint32_t evictions = 0;
+  // A program job's session attached it since its memory was leased: its
+  // chunks get new memory before anyone else has them (core_renewals.cpp).
+  bool exposed = false;
 
   uint32_t refcount() const;
   bool resident() const { return state != RegionState::Evicted; }

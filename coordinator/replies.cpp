@@ -16,6 +16,9 @@ std::unique_ptr<proto::LeaseT> lease_object(const LeaseRecord& rec, int device) 
     case LeaseOwner::Kind::Region:
       l->holder = proto::LeaseHolder::Region;
       break;
+    case LeaseOwner::Kind::Renewing:
+      l->holder = proto::LeaseHolder::Renewing;
+      break;
   }
   l->device = device;
   l->offset = rec.offset;

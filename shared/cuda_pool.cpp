@@ -80,37 +80,19 @@ CUmemAllocationProp chunk_properties(int device) {
 // millisecond: never on a grant's path).
 class CudaPool final : public DevicePool {
  public:
-  CudaPool(int device, uint64_t size, uint64_t alignment) : device_(device) {
-    const CudaVmm& vmm = cuda_vmm();
+  CudaPool(int device, uint64_t size, uint64_t alignment) : device_(device), alignment_(alignment) {
     LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
     LEASEHOLD_CUDA_CHECK(cudaFree(nullptr));  // the primary context, for the driver calls
     const uint64_t chunks = size / alignment;
     reserve_descriptors(chunks, "a CUDA pool of " + format_bytes(size) + " in chunks of " +
                                     format_bytes(alignment));
-    const CUmemAllocationProp prop = chunk_properties(device);
     handles_.reserve(chunks);
     chunk_fds_.reserve(chunks);
     try {
       for (uint64_t i = 0; i < chunks; ++i) {
-        CUmemGenericAllocationHandle h{};
-        if (CUresult r = vmm.mem_create(&h, alignment, &prop, 0); r != CUDA_SUCCESS) {
-          size_t free_b = 0, total_b = 0;
-          cleared(cudaMemGetInfo(&free_b, &total_b));
-          throw std::runtime_error(vmm_error("cuMemCreate", r) + " for chunk " + std::to_string(i) +
-                                   " of a " + format_bytes(size) + " pool on device " +
-                                   std::to_string(device) + " (free " + format_bytes(free_b) +
-                                   " of " + format_bytes(total_b) + ")");
-        }
-        handles_.push_back(h);
-        int fd = -1;
-        if (CUresult r = vmm.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-            r != CUDA_SUCCESS) {
-          throw std::runtime_error(vmm_error("cuMemExportToShareableHandle", r) + " for chunk " +
-                                   std::to_string(i) + " on device " + std::to_string(device));
-        }
-        chunk_fds_.emplace_back(fd);
-        // Not inherited by what the coordinator starts (the MPS daemon).
-        ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+        handles_.push_back(0);
+        chunk_fds_.emplace_back();
+        make_chunk(i, " of a " + format_bytes(size) + " pool");
       }
       cudaDeviceProp dev{};
       LEASEHOLD_CUDA_CHECK(cudaGetDeviceProperties(&dev, device));
@@ -128,11 +110,54 @@ class CudaPool final : public DevicePool {
   }
   ~CudaPool() override { release(); }
 
+ protected:
+  // New physical memory: the old handle released (its memory is freed
+  // unless some process kept it mapped or imported), a new one made and
+  // exported.
+  void renew_chunk(uint64_t i) override {
+    DeviceSwitch on(device_);
+    chunk_fds_[i].reset();
+    if (handles_[i] != 0) {
+      if (CUresult r = cuda_vmm().mem_release(handles_[i]); r != CUDA_SUCCESS) {
+        spdlog::error("{} on device {}", vmm_error("cuMemRelease", r), device_);
+      }
+      handles_[i] = 0;
+    }
+    make_chunk(i, " (renewing it)");
+    on.restore();
+  }
+
  private:
+  // Makes chunk i's memory and descriptor (handles_[i], chunk_fds_[i]).
+  // Throws naming the chunk and `what`, and the device's free memory.
+  void make_chunk(uint64_t i, const std::string& what) {
+    const CudaVmm& vmm = cuda_vmm();
+    const CUmemAllocationProp prop = chunk_properties(device_);
+    CUmemGenericAllocationHandle h{};
+    if (CUresult r = vmm.mem_create(&h, alignment_, &prop, 0); r != CUDA_SUCCESS) {
+      size_t free_b = 0, total_b = 0;
+      cleared(cudaMemGetInfo(&free_b, &total_b));
+      throw std::runtime_error(vmm_error("cuMemCreate", r) + " for chunk " + std::to_string(i) +
+                               what + " on device " + std::to_string(device_) + " (free " +
+                               format_bytes(free_b) + " of " + format_bytes(total_b) + ")");
+    }
+    handles_[i] = h;
+    int fd = -1;
+    if (CUresult r = vmm.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        r != CUDA_SUCCESS) {
+      throw std::runtime_error(vmm_error("cuMemExportToShareableHandle", r) + " for chunk " +
+                               std::to_string(i) + " on device " + std::to_string(device_));
+    }
+    chunk_fds_[i] = UniqueFd(fd);
+    // Not inherited by what the coordinator starts (the MPS daemon).
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+
   // Never throws; tolerates the driver being gone at process exit.
   void release() noexcept {
     chunk_fds_.clear();
     for (CUmemGenericAllocationHandle h : handles_) {
+      if (h == 0) continue;
       if (CUresult r = cuda_vmm().mem_release(h);
           r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
         spdlog::error("{} on device {}", vmm_error("cuMemRelease", r), device_);
@@ -142,7 +167,8 @@ class CudaPool final : public DevicePool {
   }
 
   int device_;
-  std::vector<CUmemGenericAllocationHandle> handles_;
+  uint64_t alignment_;  // the chunk size
+  std::vector<CUmemGenericAllocationHandle> handles_;  // 0: none (a renewal failed)
 };
 
 // The pool's range reserved on the pool's device; chunks imported from

@@ -122,7 +122,23 @@ std::unique_ptr<PoolMapping> map_pool(const PoolDescriptor& desc) {
 #endif
 }
 
-UniqueFd DevicePool::share(uint64_t i, Access) const {
+UniqueFd DevicePool::share(uint64_t i, Access access) const {
+  std::lock_guard lock(fds_mu_);
+  if (!chunk_fds_.at(i).valid()) {
+    throw std::runtime_error("chunk " + std::to_string(i) + " has no memory (its renewal failed)");
+  }
+  return share_chunk(i, access);
+}
+
+void DevicePool::renew(uint64_t first, uint64_t count) {
+  for (uint64_t i = first; i < first + count; ++i) {
+    std::lock_guard lock(fds_mu_);
+    if (i >= chunk_fds_.size()) throw std::out_of_range("chunk " + std::to_string(i));
+    renew_chunk(i);
+  }
+}
+
+UniqueFd DevicePool::share_chunk(uint64_t i, Access) const {
   UniqueFd fd(::fcntl(chunk_fd(i), F_DUPFD_CLOEXEC, 0));
   if (!fd.valid()) {
     throw std::runtime_error("cannot share chunk " + std::to_string(i) + ": " + std::strerror(errno));

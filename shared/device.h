@@ -81,20 +81,40 @@ class DevicePool {
   virtual ~DevicePool() = default;
   const PoolDescriptor& descriptor() const { return desc_; }
   uint64_t chunk_count() const { return chunk_fds_.size(); }
-  // The descriptor that shares chunk `i` (owned by the pool: a receiver of
-  // SCM_RIGHTS gets a copy of its own). Throws std::out_of_range past the
-  // last chunk.
+  // The descriptor that shares chunk `i` now (owned by the pool: a receiver
+  // of SCM_RIGHTS gets a copy of its own; renew() replaces it). Throws
+  // std::out_of_range past the last chunk.
   int chunk_fd(uint64_t i) const { return chunk_fds_.at(i).get(); }
   // A descriptor to hand a process granted chunk `i` with `access` (the
   // caller closes it once sent). On host a read-only grant gets the chunk
   // opened read-only, which mmap refuses to map for writing; a CUDA handle
   // carries no access of its own (the importer sets it). Throws
-  // std::runtime_error when the process is out of descriptors.
-  virtual UniqueFd share(uint64_t i, Access access) const;
+  // std::runtime_error when the process is out of descriptors, or the
+  // chunk has no memory (a renewal failed). Thread-safe.
+  UniqueFd share(uint64_t i, Access access) const;
+  // Gives chunks [first, first + count) new memory: whoever kept a map or a
+  // descriptor of the old memory (a process that gave its lease back but
+  // not the memory) keeps only that, out of everyone else's reach; memory
+  // nobody kept is freed. Nobody may be granted these chunks meanwhile.
+  // Thread-safe against share(). Throws std::runtime_error naming the
+  // chunk when new memory cannot be had (the old was kept, and the device
+  // is full): the chunks before it are renewed, it and the rest must not
+  // be handed out again.
+  void renew(uint64_t first, uint64_t count);
 
  protected:
+  // Backend work, with the descriptors' lock held: share()'s (by default a
+  // duplicate of the chunk's descriptor), and renew()'s for one chunk,
+  // which leaves chunk_fds_[i] the new memory's descriptor (or invalid when
+  // it throws).
+  virtual UniqueFd share_chunk(uint64_t i, Access access) const;
+  virtual void renew_chunk(uint64_t i) = 0;
+
   PoolDescriptor desc_;
-  std::vector<UniqueFd> chunk_fds_;
+  std::vector<UniqueFd> chunk_fds_;  // GUARDED_BY(fds_mu_) once the pool is made
+
+ private:
+  mutable std::mutex fds_mu_;
 };
 
 // The smallest chunk `backend` can map on `device`: the page size on host,

@@ -26,6 +26,19 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// One chunk's memory: a memfd of `bytes`, its size sealed. Owner read
+// only: a process handed a read-only descriptor cannot open it again for
+// writing through /proc/self/fd (root aside). Invalid on failure (errno).
+UniqueFd make_chunk(uint64_t bytes) {
+  UniqueFd fd(::memfd_create("leasehold-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      ::fchmod(fd.get(), 0400) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return UniqueFd();
+  }
+  return fd;
+}
+
 class HostPool final : public DevicePool {
  public:
   HostPool(int device, uint64_t size, uint64_t alignment) {
@@ -34,12 +47,8 @@ class HostPool final : public DevicePool {
                                     format_bytes(alignment));
     chunk_fds_.reserve(chunks);
     for (uint64_t i = 0; i < chunks; ++i) {
-      UniqueFd fd(::memfd_create("leasehold-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-      // Owner read only: a process handed a read-only descriptor cannot
-      // open it again for writing through /proc/self/fd (root aside).
-      if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(alignment)) != 0 ||
-          ::fchmod(fd.get(), 0400) != 0 ||
-          ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      UniqueFd fd = make_chunk(alignment);
+      if (!fd.valid()) {
         throw std::runtime_error("cannot create chunk " + std::to_string(i) + " of a host pool of " +
                                  format_bytes(size) + ": " + errno_text());
       }
@@ -54,8 +63,9 @@ class HostPool final : public DevicePool {
     desc_.epoch = random_epoch();
   }
 
-  UniqueFd share(uint64_t i, Access access) const override {
-    if (access == Access::ReadWrite) return DevicePool::share(i, access);
+ protected:
+  UniqueFd share_chunk(uint64_t i, Access access) const override {
+    if (access == Access::ReadWrite) return DevicePool::share_chunk(i, access);
     // A new open file description, read-only: what the receiver may do
     // with it is the file's mode, not ours.
     const std::string path = "/proc/self/fd/" + std::to_string(chunk_fd(i));
@@ -65,6 +75,16 @@ class HostPool final : public DevicePool {
                                errno_text());
     }
     return fd;
+  }
+  // A new memfd: the old one's memory lives on only where somebody kept it.
+  void renew_chunk(uint64_t i) override {
+    chunk_fds_[i].reset();
+    UniqueFd fd = make_chunk(desc_.alignment);
+    if (!fd.valid()) {
+      throw std::runtime_error("cannot give chunk " + std::to_string(i) + " new memory: " +
+                               errno_text());
+    }
+    chunk_fds_[i] = std::move(fd);
   }
 };
 

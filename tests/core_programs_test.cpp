@@ -269,6 +269,82 @@ TEST(CorePrograms, AProgramsSessionEndsWithItsAttempt) {
   EXPECT_TRUE(fenced) << "its leases went back while its process may still write";
 }
 
+// The holder of lease `id` as status shows it (`found`: whether it does).
+proto::LeaseHolder holder_of(CoreDriver& d, uint64_t id, bool* found) {
+  *found = false;
+  for (const auto& l : d.core().status(d.now()).leases) {
+    if (l->id == id) {
+      *found = true;
+      return l->holder;
+    }
+  }
+  return proto::LeaseHolder::Agent;
+}
+
+// A program job's process runs somebody else's code, which may keep the
+// memory of a lease it gave back (a map of its own); the next holder's
+// tensors would be in its reach. So what its session gives back, released
+// or reclaimed, goes to nobody before the chunks have new memory.
+TEST(CorePrograms, MemoryAProgramsSessionGaveBackGoesToNobodyBeforeItsChunksAreRenewed) {
+  CoreDriver d(job_options(), 16ull << 20);
+  Program p = start_program(d);  // memory_budget 8 MiB
+  const std::string name = "a:job" + std::to_string(p.job);
+  FakeAgent session = session_of(register_session(d, p, p.token), name, "rid-" + name);
+  d.heartbeat(session);
+  FakeAgent other = d.register_agent("b", 12);
+  const uint64_t l1 = granted_lease(d.lease(session, 4 << 20, 0), session);
+  const uint64_t l2 = granted_lease(d.lease(session, 4 << 20, 0), session);
+  ASSERT_NE(l1, 0u);
+  ASSERT_NE(l2, 0u);
+  EXPECT_TRUE(d.core().take_chunk_renewals().empty());
+
+  // It cannot hand memory back by shrinking a lease (that bypasses renewal).
+  Effects shrink = d.request(session.rid, session.name, session.session, proto::Body::LeaseResize,
+                             [&](auto& fbb) { return proto::CreateLeaseResize(fbb, l1, 2 << 20).Union(); });
+  EXPECT_EQ(error_code(shrink, session.rid), ErrorCode::InvalidArgument);
+  EXPECT_NE(errors(shrink).find("release it instead"), std::string::npos) << errors(shrink);
+
+  // Released: held as renewing, its chunks queued for new memory.
+  d.release(session, l1);
+  bool found = false;
+  EXPECT_EQ(holder_of(d, l1, &found), proto::LeaseHolder::Renewing);
+  EXPECT_TRUE(found);
+  std::vector<ChunkRenewal> r = d.core().take_chunk_renewals();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].lease_id, l1);
+  EXPECT_EQ(r[0].count * d.core().device(0).pool.alignment, 4u << 20);
+  // Nobody else gets that memory meanwhile: the whole pool is not free.
+  Effects all = d.lease(other, 16 << 20, 0);
+  EXPECT_EQ(error_code(all, other.rid), ErrorCode::NoSpace) << errors(all);
+  // A renewal that failed keeps the chunks out of service.
+  Effects none;
+  d.core().chunks_renewed(0, l1, "cuMemCreate: out of memory", none);
+  EXPECT_EQ(holder_of(d, l1, &found), proto::LeaseHolder::Renewing);
+  // Another session's release, or an engine agent's, is free at once.
+  const uint64_t mine = granted_lease(d.lease(other, 2 << 20, 0), other);
+  d.release(other, mine);
+  EXPECT_TRUE(d.core().take_chunk_renewals().empty());
+
+  // The attempt ends while its process may live on: l2 is fenced; once the
+  // process exited it is renewed rather than freed.
+  d.update(p.agent, p.job, 1, "interrupted", "the agent is shutting down");
+  EXPECT_TRUE(d.core().take_chunk_renewals().empty()) << "fenced first";
+  d.gone.insert(21);
+  d.tick();
+  EXPECT_EQ(holder_of(d, l2, &found), proto::LeaseHolder::Renewing);
+  r = d.core().take_chunk_renewals();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].lease_id, l2);
+
+  // Renewed: free again, and a waiting request gets them.
+  Effects waiting = d.lease(other, 12 << 20, 5000);
+  EXPECT_EQ(granted_lease(waiting, other), 0u) << "4 MiB are still renewing";
+  Effects done;
+  d.core().chunks_renewed(0, l2, "", done);
+  EXPECT_FALSE(holder_of(d, l2, &found) == proto::LeaseHolder::Renewing && found);
+  EXPECT_NE(granted_lease(done, other), 0u) << "the renewed memory served the waiting request";
+}
+
 TEST(CorePrograms, AProgramsSessionAndOutputSurviveACoordinatorRestart) {
   CoreDriver before(job_options(), 64ull << 20);
   Program p = start_program(before);

@@ -67,6 +67,36 @@ TEST(DeviceChunks, OnlyMappedChunksAreReachableAndTwoMappingsShareTheMemory) {
   EXPECT_EQ(static_cast<int>(b->base()[3 * kChunk]), 7) << "b keeps its chunk";
 }
 
+// A hostile holder keeps the memory of a chunk it gave back (a map of its
+// own, here of the descriptor it was sent): once the chunk is renewed, the
+// next holder's bytes are out of its reach, and its writes out of theirs.
+TEST(DeviceChunks, ARenewedChunkIsNewMemoryAndWhatWasKeptOfTheOldReachesNothing) {
+  auto pool = create_pool(Backend::Host, 0, 4 * kChunk, kChunk);
+  UniqueFd kept_fd = pool->share(1, Access::ReadWrite);
+  void* kept = ::mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_SHARED, kept_fd.get(), 0);
+  ASSERT_NE(kept, MAP_FAILED);
+  std::memset(kept, 1, kChunk);
+  pool->renew(1, 1);
+  EXPECT_GE(pool->chunk_fd(1), 0);
+  auto next = map_pool(pool->descriptor());
+  next->map(1, shares(*pool, 1, 1, Access::ReadWrite), Access::ReadWrite);
+  std::byte* mine = next->base() + kChunk;
+  EXPECT_EQ(static_cast<int>(mine[5]), 0) << "new memory, not the old holder's bytes";
+  std::memset(mine, 9, kChunk);
+  EXPECT_EQ(static_cast<const char*>(kept)[5], 1) << "the kept map does not see the new holder";
+  static_cast<char*>(kept)[6] = 3;
+  EXPECT_EQ(static_cast<int>(mine[6]), 9) << "nor write into it";
+  // Read-only shares are of the new memory too; the other chunks are as
+  // they were.
+  UniqueFd ro = pool->share(1, Access::ReadOnly);
+  void* r = ::mmap(nullptr, kChunk, PROT_READ, MAP_SHARED, ro.get(), 0);
+  ASSERT_NE(r, MAP_FAILED);
+  EXPECT_EQ(static_cast<const char*>(r)[7], 9);
+  EXPECT_THROW(pool->renew(3, 2), std::out_of_range);
+  ::munmap(r, kChunk);
+  ::munmap(kept, kChunk);
+}
+
 TEST(DeviceChunks, ReadOnlyMapsAndDescriptorsCannotWrite) {
   auto pool = create_pool(Backend::Host, 0, 4 * kChunk, kChunk);
   auto m = map_pool(pool->descriptor());

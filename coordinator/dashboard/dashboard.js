@@ -31,7 +31,7 @@ function colorOf(name, region) {
 }
 // What a lease's holder is called in the map and its legend.
 function holderName(l) {
-  return l.holder === "region" ? "region " + l.agent : l.holder === "fenced" ? l.agent + " (fenced)" : l.agent;
+  return l.holder === "region" ? "region " + l.agent : l.holder === "fenced" ? l.agent + " (fenced)" : l.holder === "renewing" ? l.agent + " (renewing)" : l.agent;
 }
 const kDeviceColors = ["#1f6fd1", "#d1591f", "#2a9d4b", "#9b3fc4", "#c4a000", "#1fa5b5", "#b5314f", "#6b6b6b"];
 function el(tag, text, cls) {
