@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <cstdio>
@@ -20,6 +21,11 @@
 #include "shared/chunk_channel.h"
 #include "shared/chunk_window.h"
 #include "shared/device.h"
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "shared/cuda_check.h"
+#endif
 #include "tests/support/faults.h"
 
 namespace leasehold {
@@ -344,6 +350,35 @@ TEST(ChunkChannel, MalformedRequestsAreRefusedAndTheServerKeepsServing) {
   client.fetch(req, [&](uint64_t, std::vector<UniqueFd> fds, const ChunkGrant&) { got += fds.size(); });
   EXPECT_EQ(got, 1u) << "still serving";
 }
+
+#ifdef LEASEHOLD_HAVE_CUDA
+// The same on CUDA: a holder that kept its import of a chunk (its mapping
+// stays) reaches only the old memory once the chunk is renewed.
+TEST(DeviceChunks, ARenewedCudaChunkIsNewMemoryAndAKeptImportReachesNothing) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: test skipped";
+  const uint64_t chunk = chunk_granularity(Backend::Cuda, 0);
+  auto pool = create_pool(Backend::Cuda, 0, 4 * chunk, chunk);
+  auto kept = map_pool(pool->descriptor());
+  kept->map(1, shares(*pool, 1, 1, Access::ReadWrite), Access::ReadWrite);
+  void* old_mem = kept->base() + chunk;
+  LEASEHOLD_CUDA_CHECK(cudaMemset(old_mem, 0x11, chunk));
+  LEASEHOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  pool->renew(1, 1);
+  auto next = map_pool(pool->descriptor());
+  next->map(1, shares(*pool, 1, 1, Access::ReadWrite), Access::ReadWrite);
+  void* new_mem = next->base() + chunk;
+  LEASEHOLD_CUDA_CHECK(cudaMemset(new_mem, 0x22, chunk));
+  LEASEHOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned char> a(chunk), b(chunk);
+  LEASEHOLD_CUDA_CHECK(cudaMemcpy(a.data(), old_mem, chunk, cudaMemcpyDeviceToHost));
+  LEASEHOLD_CUDA_CHECK(cudaMemcpy(b.data(), new_mem, chunk, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::count(a.begin(), a.end(), 0x11), static_cast<std::ptrdiff_t>(chunk))
+      << "the kept import sees none of the new holder's writes";
+  EXPECT_EQ(std::count(b.begin(), b.end(), 0x22), static_cast<std::ptrdiff_t>(chunk));
+  kept->unmap(1, 1, Access::ReadWrite);
+  next->unmap(1, 1, Access::ReadWrite);
+}
+#endif
 
 }  // namespace
 }  // namespace leasehold
