@@ -309,7 +309,8 @@ class CoordinatorCore {
   void release_fence(const std::string& agent, const std::string& why, Effects& out);
   // Gives `owner`'s leases on `dev` back (all, or `lease_id`'s, checked as
   // LeaseTable::release checks): free at once, or, `renew`, held by
-  // LeaseOwner::renewing(`who`) until their chunks have new memory
+  // LeaseOwner::renewing(`who`: the agent's name, or "region NAME") until
+  // their chunks have new memory
   // (core_renewals.cpp). Returns the count and bytes, or the refusal.
   std::variant<std::pair<size_t, uint64_t>, Refusal> give_back(
       DeviceState& dev, const LeaseOwner& owner, bool renew, const std::string& who,

@@ -243,7 +243,8 @@ void CoordinatorCore::free_region_memory(RegionRecord& rec, const std::string& t
   if (!to_agent.empty()) {
     dev.leases.reassign(rec.lease_id, LeaseOwner::agent(to_agent));
   } else {
-    (void)give_back(dev, LeaseOwner::region(rec.name), rec.exposed, rec.name, rec.lease_id);
+    (void)give_back(dev, LeaseOwner::region(rec.name), rec.exposed, "region " + rec.name,
+                    rec.lease_id);
   }
   rec.exposed = false;
   rec.lease_id = 0;

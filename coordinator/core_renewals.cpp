@@ -63,13 +63,12 @@ void CoordinatorCore::chunks_renewed(int device, uint64_t lease_id, const std::s
   const LeaseRecord rec = it->second;
   if (!error.empty()) {
     spdlog::error(
-        "{}: {} at offset {} that agent '{}' had cannot get new memory, and stays out of "
-        "service: {}",
+        "{}: {} at offset {} that '{}' had cannot get new memory, and stays out of service: {}",
         dev.label(), format_bytes(rec.size), rec.offset, rec.owner.name, error);
     return;
   }
   dev.leases.release(rec.owner, lease_id);
-  spdlog::debug("{}: {} that agent '{}' had has new memory", dev.label(), format_bytes(rec.size),
+  spdlog::debug("{}: {} that '{}' had has new memory", dev.label(), format_bytes(rec.size),
                 rec.owner.name);
   serve_waiting(dev, out);
 }

@@ -32,7 +32,7 @@ struct LeaseOwner {
       case Kind::Region:
         return "region '" + name + "'";
       case Kind::Renewing:
-        return "memory agent '" + name + "' gave back (renewing)";
+        return "memory of '" + name + "' (renewing)";
       case Kind::Agent:
         break;
     }

@@ -98,6 +98,7 @@ T guarded_or(T otherwise, Body&& body) noexcept {
 struct LeaseSet {
   std::mutex mu;
   std::set<const lh_lease*> leases;  // GUARDED_BY(mu)
+  std::set<lh_window*> windows;      // GUARDED_BY(mu): open, of its registrations
 };
 
 // Strict decimal, no sign, no spaces; nullopt when not that or too large.
@@ -173,6 +174,7 @@ struct lh_lease {
 // lease's shown pages down; a lease is never released while it has any,
 // so the pointers stay valid).
 struct lh_window {
+  std::shared_ptr<LeaseSet> set;  // the session's
   std::unique_ptr<leasehold::ChunkWindow> pages;
   std::mutex mu;
   std::vector<lh_lease*> shown_by;  // GUARDED_BY(mu); per page
@@ -315,6 +317,17 @@ lh_status lh_session_open(const lh_session_options* options, lh_session** sessio
 }
 
 void lh_session_close(lh_session* session) noexcept {
+  if (!session) return;
+  // Its leases go back as it unregisters: no window may show their pages
+  // any more (a CUDA window holds the memory itself).
+  {
+    std::lock_guard lock(session->leases->mu);
+    for (lh_window* w : session->leases->windows) {
+      if (lh_window_hide(w, 0, lh_window_size(w)) != LH_OK) {
+        std::fprintf(stderr, "leasehold: closing a session: %s\n", lh_last_error());
+      }
+    }
+  }
   // Unregistering is best effort (logged); the destructor never throws.
   delete session;
 }
@@ -439,6 +452,9 @@ lh_status lh_window_open(lh_session* session, uint64_t size, lh_window** window)
     auto w = std::make_unique<lh_window>();
     w->pages = leasehold::open_window(std::move(mapping), pages);
     w->shown_by.assign(pages, nullptr);
+    w->set = session->leases;
+    std::lock_guard lock(w->set->mu);
+    w->set->windows.insert(w.get());
     *window = w.release();
     return LH_OK;
   });
@@ -550,6 +566,10 @@ void lh_window_close(lh_window* window) noexcept {
   if (stuck) {
     (void)fail(LH_ERR_INTERNAL, "lh_window_close: pages still shown; the window is kept");
     return;
+  }
+  {
+    std::lock_guard lock(window->set->mu);
+    window->set->windows.erase(window);
   }
   delete window;
 }

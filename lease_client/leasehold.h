@@ -127,7 +127,9 @@ lh_status lh_session_options_from_env(lh_session_options* options) LH_NOEXCEPT;
 lh_status lh_session_open(const lh_session_options* options, lh_session** session) LH_NOEXCEPT;
 /* Unregisters (its leases go back) and unmaps once the last lease is gone;
  * leases still held are lost, and must still be released (which frees
- * them). REQUIRES: no other thread uses the session. NULL is ignored. */
+ * them). The session's windows show nothing any more (they stay open, to
+ * be closed). REQUIRES: no other thread uses the session or its windows.
+ * NULL is ignored. */
 void lh_session_close(lh_session* session) LH_NOEXCEPT;
 
 lh_status lh_session_pool(lh_session* session, lh_pool_info* info) LH_NOEXCEPT;

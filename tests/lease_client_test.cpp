@@ -350,7 +350,16 @@ TEST_F(LeaseClient, WindowsShowPagesOfLeasesWhereAsked) {
   EXPECT_TRUE(holds(b, 2));
   EXPECT_EQ(lh_lease_release(b), LH_OK) << lh_last_error();
   lh_window_close(nullptr);
+
+  // Closing the session (its leases go back) hides what its windows show:
+  // the lease is then released as any lost one, and the window closes.
+  lh_lease* c = nullptr;
+  ASSERT_EQ(lh_lease_acquire(s, kAlignment, 0, 0, &c), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_window_open(s, 4 * kAlignment, &w), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_window_show(w, 2 * kAlignment, c, 0, kAlignment), LH_OK) << lh_last_error();
   lh_session_close(s);
+  EXPECT_EQ(lh_lease_release(c), LH_OK) << lh_last_error();
+  lh_window_close(w);
 }
 
 TEST_F(LeaseClient, RefusalsSayWhy) {

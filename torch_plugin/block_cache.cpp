@@ -117,7 +117,7 @@ void* BlockCache::State::allocate(std::unique_lock<std::mutex>& lk, uint64_t byt
                     format_bytes(in_use_bytes) + " in use, " +
                     format_bytes(leases.leased_bytes() - in_use_bytes) + " cached, budget " +
                     (opt.budget_bytes ? format_bytes(opt.budget_bytes) : std::string("none"));
-  if (!refusal.empty()) msg += "; the coordinator refused a lease: " + refusal;
+  if (!refusal.empty()) msg += "; a lease was refused: " + refusal;
   if (capturing) msg += "; during CUDA graph capture cached blocks are not reused";
   throw OutOfMemory(msg);
 }
@@ -167,7 +167,15 @@ void* BlockCache::allocate(uint64_t bytes, StreamId stream) {
     ++s_->failed_allocations;
     throw OutOfMemory("leasehold: cannot allocate " + std::to_string(bytes) + " bytes");
   }
-  return s_->allocate(lk, bytes, size, small, stream, capturing);
+  try {
+    return s_->allocate(lk, bytes, size, small, stream, capturing);
+  } catch (const OutOfMemory&) {
+    // Pages unbacked for it and not used hold no segment's memory: the
+    // coordinator gets them back rather than the job keeping them.
+    if (lk.owns_lock()) lk.unlock();
+    leases_.give_back_unused();
+    throw;
+  }
 }
 
 // A block freed on its own stream is reusable by that stream at once; kept

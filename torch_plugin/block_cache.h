@@ -103,13 +103,13 @@ class LeaseSource {
   virtual uint64_t page_size() const { return 0; }
   // Pages [offset, offset + bytes) of lease `id` (multiples of the page
   // size, relative to its base) show nothing any more, and their memory
-  // may back other leases; every use of them completed. False when they
-  // could not be taken back (they still show their memory). Called with
-  // the cache's lock held: it must be quick (no coordinator round trip)
-  // and must not throw.
-  virtual bool unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept {
+  // may back other leases; every use of them completed. The cache never
+  // uses the range again, whatever happens here: a source that could not
+  // hide some page keeps that page's memory held (and says so) until the
+  // lease is released. Called with the cache's lock held: it must be quick
+  // (no coordinator round trip) and must not throw.
+  virtual void unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept {
     (void)id, (void)offset, (void)bytes;
-    return false;
   }
   // Gives the coordinator back what no lease of the cache shows any more
   // (unback leaves it for the next lease, which then needs no new

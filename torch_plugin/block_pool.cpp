@@ -165,7 +165,7 @@ void BlockPool::unback(Block* b, uint64_t offset, uint64_t bytes) {
   }
   if (mid->size > bytes) insert_free(split(mid, bytes));  // the tail
   mid->state = BState::kUnbacked;
-  mid->ready = false;
+  mid->ready = true;  // no stream's work is on it any more (the pages are gone)
   mid->uses.clear();
   mid->seg->unbacked += bytes;
 }

@@ -122,10 +122,11 @@ BlockCache* open_cache(Plugin& p) {
     if (info.alignment) o.lease_alignment = info.alignment;
     // Never deleted, as the Plugin that points to them.
     auto* streams = new CudaStreams(info.device);
-    // Address space for the segments, unbacked holes included: four times
-    // the most the job may hold (addresses are plentiful; memory is not).
+    // Address space for the segments, unbacked holes included: eight
+    // times the most the job may hold (addresses are plentiful; memory is
+    // not, and holes are backed again only when their segment goes).
     auto* leases = new SessionLeases(session, p, o.lease_alignment,
-                                     4 * (budget ? std::min(budget, info.size) : info.size));
+                                     8 * (budget ? std::min(budget, info.size) : info.size));
     auto* cache = new BlockCache(*leases, *streams, o);
     p.session = session;
     p.device = info.device;

@@ -82,7 +82,7 @@ uint64_t SegmentLeases::release_segments(std::unique_lock<std::mutex>& lk, uint6
     Candidate c{seg, {}};
     bool skip = false;
     for (Block* b = seg->first; b; b = b->next) {
-      if (b->ready) continue;
+      if (b->ready || b->state == BState::kUnbacked) continue;
       if (std::find(c.owners.begin(), c.owners.end(), b->stream) == c.owners.end()) {
         c.owners.push_back(b->stream);
       }
@@ -163,7 +163,7 @@ uint64_t SegmentLeases::unback_free(uint64_t bytes) {
     if (done >= bytes) break;
     Segment* seg = c.block->seg;
     const uint64_t at = c.block->addr + c.offset - reinterpret_cast<uintptr_t>(seg->lease.base);
-    if (!source_.unback(seg->lease.id, at, c.size)) continue;
+    source_.unback(seg->lease.id, at, c.size);
     pool_.unback(c.block, c.offset, c.size);
     leased_bytes_ -= c.size;
     unbacked_bytes_ += c.size;

@@ -15,8 +15,8 @@ SessionLeases::SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint
       window_bytes_((window_bytes + page - 1) / page * page) {}
 
 LeaseSource::Result SessionLeases::failure(lh_status st, const std::string& what,
-                                           std::string* why) {
-  *why = what + std::string(lh_status_name(st)) + ": " + last_error();
+                                           std::string* why, const std::string& detail) {
+  *why = what + std::string(lh_status_name(st)) + ": " + (detail.empty() ? last_error() : detail);
   switch (st) {
     case LH_ERR_NO_SPACE:
     case LH_ERR_TIMEOUT:
@@ -74,6 +74,7 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
   }
   std::vector<lh_lease*> unused;
   lh_status st = LH_OK;
+  std::string show_error;
   {
     std::lock_guard lk(mu_);
     if (lease) {
@@ -91,7 +92,8 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
         }
       }
     }
-    st = show(first, pages);
+    bool hidden = true;
+    st = show(first, pages, &hidden, &show_error);
     if (st == LH_OK) {
       const uint64_t id = next_id_++;
       segments_[id] = Segment{first, pages};
@@ -100,11 +102,17 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
       out->id = id;
       return Result::kGranted;
     }
-    for (const PageRef& ref : pages) to_stock(ref);
-    give_addresses(first, n);
-    unused = take_unused();
+    if (hidden) {
+      for (const PageRef& ref : pages) to_stock(ref);
+      give_addresses(first, n);
+      unused = take_unused();
+    } else {
+      // Some page may still show: the pages and the addresses stay out of
+      // use (a segment nobody has), and their leases held.
+      segments_[next_id_++] = Segment{first, pages};
+    }
   }
-  Result r = failure(st, "showing a lease's pages: ", why);
+  Result r = failure(st, "showing a lease's pages: ", why, show_error);
   release_leases(unused);
   return r;
 }
@@ -134,23 +142,27 @@ void SessionLeases::release(uint64_t id) noexcept {
   release_leases(unused);
 }
 
-bool SessionLeases::unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept {
+void SessionLeases::unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept {
   std::lock_guard lk(mu_);
   auto it = segments_.find(id);
   if (it == segments_.end() || offset % page_ || bytes % page_ ||
       (offset + bytes) / page_ > it->second.pages.size()) {
-    return false;
+    print_line("leasehold: unbacking pages the allocator does not hold (segment " +
+               std::to_string(id) + ")");
+    return;
   }
   Segment& seg = it->second;
   if (lh_window_hide(window_, seg.first * page_ + offset, bytes) != LH_OK) {
-    print_line("leasehold: unbacking free pages: " + last_error());
-    return false;
+    // Which pages still show is not known: they all stay the segment's,
+    // held, until it is released (whose hide tries them all again).
+    print_line("leasehold: unbacking free pages: " + last_error() +
+               "; their memory stays held until the segment goes");
+    return;
   }
   for (uint64_t k = offset / page_; k < (offset + bytes) / page_; ++k) {
     if (seg.pages[k] != kNone) to_stock(seg.pages[k]);
     seg.pages[k] = kNone;
   }
-  return true;
 }
 
 uint64_t SessionLeases::give_back_unused() noexcept {
@@ -164,7 +176,9 @@ uint64_t SessionLeases::give_back_unused() noexcept {
 
 // ---- pages, leases and addresses -------------------------------------------------
 
-lh_status SessionLeases::show(uint64_t first, const std::vector<PageRef>& pages) {
+lh_status SessionLeases::show(uint64_t first, const std::vector<PageRef>& pages, bool* hidden,
+                              std::string* error) {
+  *hidden = true;
   uint64_t k = 0;
   while (k < pages.size()) {
     uint64_t run = 1;
@@ -175,7 +189,8 @@ lh_status SessionLeases::show(uint64_t first, const std::vector<PageRef>& pages)
     lh_status st = lh_window_show(window_, (first + k) * page_, held_.at(pages[k].first).lease,
                                   pages[k].second * page_, run * page_);
     if (st != LH_OK) {
-      if (k) (void)lh_window_hide(window_, first * page_, k * page_);
+      *error = last_error();  // before the hide's own message
+      if (k) *hidden = lh_window_hide(window_, first * page_, k * page_) == LH_OK;
       return st;
     }
     k += run;

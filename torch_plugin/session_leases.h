@@ -47,7 +47,7 @@ class SessionLeases final : public LeaseSource {
   // A failure is printed on standard error (a lost session is noted).
   void release(uint64_t id) noexcept override;
   uint64_t page_size() const override { return page_; }
-  bool unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept override;
+  void unback(uint64_t id, uint64_t offset, uint64_t bytes) noexcept override;
   uint64_t give_back_unused() noexcept override;
 
  private:
@@ -66,9 +66,12 @@ class SessionLeases final : public LeaseSource {
   static constexpr PageRef kNone{0, 0};
 
   // Shows `pages` at window page `first` on, in runs of consecutive pages
-  // of one lease. On failure hides what it showed and returns the status.
+  // of one lease. On failure hides what it showed and returns the status,
+  // its message in `error`; `*hidden` false when even the hide failed (the
+  // pages may still show).
   // REQUIRES: mu_ held.
-  lh_status show(uint64_t first, const std::vector<PageRef>& pages);
+  lh_status show(uint64_t first, const std::vector<PageRef>& pages, bool* hidden,
+                 std::string* error);
   // Page `ref` shows nowhere any more: back into the stock. REQUIRES: mu_.
   void to_stock(const PageRef& ref);
   // Takes the leases none of whose pages shows out of the books; the
@@ -80,8 +83,10 @@ class SessionLeases final : public LeaseSource {
   // REQUIRES: mu_ held.
   bool take_addresses(uint64_t n, uint64_t* first);
   void give_addresses(uint64_t first, uint64_t n);  // REQUIRES: mu_ held
-  // A refusal or failure of the session, as acquire reports it.
-  Result failure(lh_status st, const std::string& what, std::string* why);
+  // A refusal or failure of the session, as acquire reports it: `what`,
+  // the status and `detail` (empty: lh_last_error()).
+  Result failure(lh_status st, const std::string& what, std::string* why,
+                 const std::string& detail = "");
 
   lh_session* const session_;
   Plugin& plugin_;

@@ -30,13 +30,14 @@ void shrink_worker(Plugin* p) {
     } catch (const std::exception& e) {
       reason = one_line(e.what());
     }
+    const bool counted_after = counted && lh_session_stats_get(p->session, &after) == LH_OK;
+    // (Approximate while other threads lease: they may move either figure.)
     uint64_t released = 0;
-    if (counted && lh_session_stats_get(p->session, &after) == LH_OK &&
-        before.leased_bytes > after.leased_bytes) {
+    if (counted_after && before.leased_bytes > after.leased_bytes) {
       released = before.leased_bytes - after.leased_bytes;
     }
     BlockCacheStats st = cache->stats();
-    const uint64_t still = counted ? after.leased_bytes : st.leased_bytes;
+    const uint64_t still = counted_after ? after.leased_bytes : st.leased_bytes;
     if (released < req.second && reason.empty()) {
       reason = "PyTorch holds " + format_bytes(st.in_use_bytes) + " in use; the other " +
                format_bytes(still > st.in_use_bytes ? still - st.in_use_bytes : 0) +
