@@ -78,6 +78,10 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--warmup", type=int, default=20, help="steps excluded from the timing")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels (cuDNN, cuBLAS, PyTorch's own where it has them): "
+                        "two runs give the same losses, so a comparison sees memory, not "
+                        "atomics' order")
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="let cuDNN time its algorithms (PyTorch's fastest convolutions; under "
                         "Leasehold the plug-in keeps it off)")
@@ -268,6 +272,11 @@ def main(argv=None):
     # Off unless asked: through a pluggable allocator the search would raise
     # (Leasehold's install keeps it off and says so).
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    if args.deterministic:
+        # Read when cuBLAS makes its handle (the first matmul), so not too late here.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(args.seed)
     job = leasehold_job()
 
