@@ -73,7 +73,8 @@ class Cluster {
   // added) and waits until it answers a status request.
   Process& start_coordinator(std::vector<std::string> args);
   Process& start_agent(const std::string& name, std::vector<std::string> args);
-  // Runs a program to completion; returns {exit code, output}.
+  // Runs a program to completion (throwing after 180 s, a hang); returns
+  // {exit code, output}.
   std::pair<int, std::string> run(const std::string& program, std::vector<std::string> args);
   // The same for any program, by path.
   std::pair<int, std::string> run_path(const std::string& program, std::vector<std::string> args);
