@@ -155,6 +155,13 @@ const char* keep_name(std::string name) {
   return names->insert(std::move(name)).first->c_str();
 }
 
+// A range a window call was given that is not inside the window.
+lh_status outside_window(const char* fn, uint64_t offset, uint64_t bytes, uint64_t window_bytes) {
+  return fail(LH_ERR_INVALID_ARGUMENT, std::string(fn) + ": [" + std::to_string(offset) + ", +" +
+                                           std::to_string(bytes) + ") is outside the window of " +
+                                           std::to_string(window_bytes) + " bytes");
+}
+
 }  // namespace
 
 struct lh_session {
@@ -485,9 +492,7 @@ lh_status lh_window_show(lh_window* window, uint64_t offset, const lh_lease* lea
                       std::to_string(page) + " bytes, and the size not 0");
     }
     if (offset > window_bytes || bytes > window_bytes - offset) {
-      return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: [" + std::to_string(offset) + ", +" +
-                                               std::to_string(bytes) + ") is outside the window of " +
-                                               std::to_string(window_bytes) + " bytes");
+      return outside_window("lh_window_show", offset, bytes, window_bytes);
     }
     const Lease& l = lease->lease;
     if (!l.held() || l.lost()) {
@@ -534,9 +539,7 @@ lh_status lh_window_hide(lh_window* window, uint64_t offset, uint64_t bytes) noe
                       std::to_string(page) + " bytes");
     }
     if (offset > window_bytes || bytes > window_bytes - offset) {
-      return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_hide: [" + std::to_string(offset) + ", +" +
-                                               std::to_string(bytes) + ") is outside the window of " +
-                                               std::to_string(window_bytes) + " bytes");
+      return outside_window("lh_window_hide", offset, bytes, window_bytes);
     }
     std::lock_guard lock(window->mu);
     const uint64_t first = offset / page, count = bytes / page;
