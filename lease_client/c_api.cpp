@@ -1,8 +1,8 @@
-// The C interface of libleasehold.so (lease_client/leasehold.h): opaque
-// handles around AgentSession and Lease. No exception leaves this file:
-// every entry point is noexcept, and whatever may throw runs inside
-// `guarded` (or `guarded_or`), which turns it into an lh_status (or a
-// fallback value) and a message in this thread's buffer.
+// The C interface of libleasehold.so (lease_client/leasehold.h): sessions
+// and leases, opaque handles around AgentSession and Lease (windows are in
+// c_api_window.cpp; the handles and the error plumbing both use, in
+// c_api_handles.h). No exception leaves this file: every entry point is
+// noexcept, and whatever may throw runs inside `guarded`.
 #include "lease_client/leasehold.h"
 
 #include <unistd.h>
@@ -22,22 +22,19 @@
 #include <string_view>
 #include <vector>
 
+#include "lease_client/c_api_handles.h"
 #include "lease_client/session.h"
-#include "shared/chunk_window.h"
-#include "shared/device.h"
 #include "shared/curve_keys.h"
 #include "shared/endpoint.h"
 
-namespace {
-
-using leasehold::AgentSession;
-using leasehold::ErrorCode;
-using leasehold::Lease;
+namespace leasehold::c_api {
 
 // The latest failure's message, per thread. A plain buffer: nothing to
 // destroy when a thread ends or the library is unloaded.
+namespace {
 constexpr size_t kErrorBytes = 4096;
 thread_local char t_error[kErrorBytes];
+}  // namespace
 
 lh_status fail(lh_status status, std::string_view message) {
   const size_t n = std::min(message.size(), kErrorBytes - 1);
@@ -46,60 +43,37 @@ lh_status fail(lh_status status, std::string_view message) {
   return status;
 }
 
-lh_status status_of(ErrorCode code) {
+const char* last_error() { return t_error; }
+
+lh_status status_of(leasehold::ErrorCode code) {
   switch (code) {
-    case ErrorCode::UnknownSender:
+    case leasehold::ErrorCode::UnknownSender:
       return LH_ERR_SESSION_LOST;
-    case ErrorCode::TooLarge:
+    case leasehold::ErrorCode::TooLarge:
       return LH_ERR_TOO_LARGE;
-    case ErrorCode::NoSpace:
+    case leasehold::ErrorCode::NoSpace:
       return LH_ERR_NO_SPACE;
-    case ErrorCode::Timeout:
+    case leasehold::ErrorCode::Timeout:
       return LH_ERR_TIMEOUT;
-    case ErrorCode::PermissionDenied:
+    case leasehold::ErrorCode::PermissionDenied:
       return LH_ERR_PERMISSION;
-    case ErrorCode::InvalidArgument:
+    case leasehold::ErrorCode::InvalidArgument:
       return LH_ERR_INVALID_ARGUMENT;
     default:
       return LH_ERR_INTERNAL;
   }
 }
 
-// Runs `body`, turning whatever it throws into a status and a message.
-template <typename Body>
-lh_status guarded(Body&& body) noexcept {
-  try {
-    return body();
-  } catch (const leasehold::Error& e) {
-    return fail(status_of(e.code()), e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(LH_ERR_INTERNAL, "out of host memory");
-  } catch (const std::exception& e) {
-    return fail(LH_ERR_INTERNAL, e.what());
-  } catch (...) {
-    return fail(LH_ERR_INTERNAL, "unknown exception");
-  }
-}
+}  // namespace leasehold::c_api
 
-// For the entry points that return a value rather than a status: `body`'s
-// result, or `otherwise` (and guarded's message) when it throws.
-template <typename T, typename Body>
-T guarded_or(T otherwise, Body&& body) noexcept {
-  T result = otherwise;
-  guarded([&] {
-    result = body();
-    return LH_OK;
-  });
-  return result;
-}
+namespace {
 
-// The leases a session handed out and not yet released: its statistics.
-// Shared with the leases, which may outlive the session's handle.
-struct LeaseSet {
-  std::mutex mu;
-  std::set<const lh_lease*> leases;  // GUARDED_BY(mu)
-  std::set<lh_window*> windows;      // GUARDED_BY(mu): open, of its registrations
-};
+using namespace leasehold::c_api;
+using leasehold::AgentSession;
+using leasehold::ErrorCode;
+using leasehold::Lease;
+
+
 
 // Strict decimal, no sign, no spaces; nullopt when not that or too large.
 std::optional<uint64_t> parse_u64(const char* text, uint64_t max) {
@@ -155,41 +129,11 @@ const char* keep_name(std::string name) {
   return names->insert(std::move(name)).first->c_str();
 }
 
-// A range a window call was given that is not inside the window.
-lh_status outside_window(const char* fn, uint64_t offset, uint64_t bytes, uint64_t window_bytes) {
-  return fail(LH_ERR_INVALID_ARGUMENT, std::string(fn) + ": [" + std::to_string(offset) + ", +" +
-                                           std::to_string(bytes) + ") is outside the window of " +
-                                           std::to_string(window_bytes) + " bytes");
-}
-
 }  // namespace
-
-struct lh_session {
-  std::unique_ptr<AgentSession> session;
-  std::shared_ptr<LeaseSet> leases = std::make_shared<LeaseSet>();
-  uint64_t budget_bytes = 0;
-};
-
-struct lh_lease {
-  Lease lease;
-  std::shared_ptr<LeaseSet> set;  // the granting session's
-  // Pages of it shown in windows now: it is not released while any is.
-  std::atomic<uint64_t> shown{0};
-};
-
-// A ChunkWindow and which lease each page shows (so that hiding counts the
-// lease's shown pages down; a lease is never released while it has any,
-// so the pointers stay valid).
-struct lh_window {
-  std::shared_ptr<LeaseSet> set;  // the session's
-  std::unique_ptr<leasehold::ChunkWindow> pages;
-  std::mutex mu;
-  std::vector<lh_lease*> shown_by;  // GUARDED_BY(mu); per page
-};
 
 extern "C" {
 
-const char* lh_last_error(void) noexcept { return t_error; }
+const char* lh_last_error(void) noexcept { return leasehold::c_api::last_error(); }
 
 const char* lh_status_name(lh_status status) noexcept {
   switch (status) {
@@ -442,139 +386,6 @@ lh_status lh_lease_release(lh_lease* lease) noexcept {
     if (owned->lease.held()) owned->lease.release();
     return LH_OK;
   });
-}
-
-lh_status lh_window_open(lh_session* session, uint64_t size, lh_window** window) noexcept {
-  if (!window) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_open: window is NULL");
-  *window = nullptr;
-  if (!session) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_open: session is NULL");
-  if (size == 0) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_open: size is 0");
-  return guarded([&] {
-    std::shared_ptr<leasehold::PoolMapping> mapping = session->session->current_mapping();
-    if (!mapping) {
-      return fail(LH_ERR_SESSION_LOST, "lh_window_open: the session is not registered now");
-    }
-    const uint64_t page = mapping->descriptor().alignment;
-    const uint64_t pages = size / page + (size % page ? 1 : 0);
-    auto w = std::make_unique<lh_window>();
-    w->pages = leasehold::open_window(std::move(mapping), pages);
-    w->shown_by.assign(pages, nullptr);
-    w->set = session->leases;
-    std::lock_guard lock(w->set->mu);
-    w->set->windows.insert(w.get());
-    *window = w.release();
-    return LH_OK;
-  });
-}
-
-void* lh_window_base(const lh_window* window) noexcept {
-  return window ? static_cast<void*>(window->pages->base()) : nullptr;
-}
-
-uint64_t lh_window_size(const lh_window* window) noexcept {
-  return window ? window->pages->page_count() * window->pages->page_size() : 0;
-}
-
-uint64_t lh_window_page_size(const lh_window* window) noexcept {
-  return window ? window->pages->page_size() : 0;
-}
-
-lh_status lh_window_show(lh_window* window, uint64_t offset, const lh_lease* lease,
-                         uint64_t lease_offset, uint64_t bytes) noexcept {
-  if (!window || !lease) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: a NULL argument");
-  return guarded([&] {
-    const leasehold::ChunkWindow& w = *window->pages;
-    const uint64_t page = w.page_size();
-    const uint64_t window_bytes = w.page_count() * page;
-    if (offset % page || lease_offset % page || bytes % page || bytes == 0) {
-      return fail(LH_ERR_INVALID_ARGUMENT,
-                  "lh_window_show: offsets and size must be multiples of the page size, " +
-                      std::to_string(page) + " bytes, and the size not 0");
-    }
-    if (offset > window_bytes || bytes > window_bytes - offset) {
-      return outside_window("lh_window_show", offset, bytes, window_bytes);
-    }
-    const Lease& l = lease->lease;
-    if (!l.held() || l.lost()) {
-      return fail(LH_ERR_SESSION_LOST, "lh_window_show: lease " + std::to_string(l.id()) +
-                                           " is lost (its session registered again or closed)");
-    }
-    if (lease_offset > l.size() || bytes > l.size() - lease_offset) {
-      return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: [" + std::to_string(lease_offset) +
-                                               ", +" + std::to_string(bytes) +
-                                               ") is outside lease " + std::to_string(l.id()) +
-                                               " of " + std::to_string(l.size()) + " bytes");
-    }
-    if (l.mapping() != w.source()) {
-      return fail(LH_ERR_SESSION_LOST, "lh_window_show: lease " + std::to_string(l.id()) +
-                                           " is of another registration than the window");
-    }
-    const uint64_t first = offset / page, count = bytes / page;
-    std::vector<uint64_t> chunks(count);
-    for (uint64_t k = 0; k < count; ++k) chunks[k] = (l.offset() + lease_offset) / page + k;
-    std::lock_guard lock(window->mu);
-    for (uint64_t k = 0; k < count; ++k) {
-      if (window->shown_by[first + k]) {
-        return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_show: page " + std::to_string(first + k) +
-                                                 " of the window shows a lease's memory already");
-      }
-    }
-    window->pages->show(first, chunks);
-    auto* owner = const_cast<lh_lease*>(lease);
-    for (uint64_t k = 0; k < count; ++k) window->shown_by[first + k] = owner;
-    owner->shown += count;
-    return LH_OK;
-  });
-}
-
-lh_status lh_window_hide(lh_window* window, uint64_t offset, uint64_t bytes) noexcept {
-  if (!window) return fail(LH_ERR_INVALID_ARGUMENT, "lh_window_hide: window is NULL");
-  return guarded([&] {
-    leasehold::ChunkWindow& w = *window->pages;
-    const uint64_t page = w.page_size();
-    const uint64_t window_bytes = w.page_count() * page;
-    if (offset % page || bytes % page) {
-      return fail(LH_ERR_INVALID_ARGUMENT,
-                  "lh_window_hide: offset and size must be multiples of the page size, " +
-                      std::to_string(page) + " bytes");
-    }
-    if (offset > window_bytes || bytes > window_bytes - offset) {
-      return outside_window("lh_window_hide", offset, bytes, window_bytes);
-    }
-    std::lock_guard lock(window->mu);
-    const uint64_t first = offset / page, count = bytes / page;
-    const bool ok = w.hide(first, count);
-    for (uint64_t p = first; p < first + count; ++p) {
-      if (window->shown_by[p] && !w.shown(p)) {
-        --window->shown_by[p]->shown;
-        window->shown_by[p] = nullptr;
-      }
-    }
-    if (!ok) {
-      return fail(LH_ERR_INTERNAL,
-                  "lh_window_hide: the backend failed to unmap some page (see the log); it "
-                  "still shows its lease's memory");
-    }
-    return LH_OK;
-  });
-}
-
-void lh_window_close(lh_window* window) noexcept {
-  if (!window) return;
-  (void)lh_window_hide(window, 0, lh_window_size(window));
-  // A page the backend could not unmap keeps its lease from being
-  // released: the address space is not freed under it either.
-  bool stuck = false;
-  for (lh_lease* l : window->shown_by) stuck = stuck || l != nullptr;
-  if (stuck) {
-    (void)fail(LH_ERR_INTERNAL, "lh_window_close: pages still shown; the window is kept");
-    return;
-  }
-  {
-    std::lock_guard lock(window->set->mu);
-    window->set->windows.erase(window);
-  }
-  delete window;
 }
 
 void lh_session_set_shrink_handler(lh_session* session, lh_shrink_fn fn, void* user) noexcept {
