@@ -281,9 +281,10 @@ void JobWorker::run(const std::atomic<bool>& stop) {
       cv_.wait_for(lock, std::chrono::milliseconds(100),
                    [&] { return !queue_.empty() || shrink_.has_value(); });
       if (queue_.empty()) {
+        lock.unlock();
+        program_->idle();  // its Python standbys
         // Idle: is the context still there (a fault beside us, under MPS)?
         if (device.is_cuda() && std::chrono::steady_clock::now() - checked >= kIdleDeviceCheck) {
-          lock.unlock();
           checked = std::chrono::steady_clock::now();
           if (auto lost = engine::device_context_lost(device)) {
             spdlog::critical("this agent's GPU context is lost while idle: {}", *lost);

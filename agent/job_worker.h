@@ -126,7 +126,8 @@ class JobWorker {
   AgentSession& session_;
   spill::AgentSpill* spill_;
   // The kinds of job it runs (agent/job_kind.h).
-  std::unique_ptr<JobKind> engine_, program_;
+  std::unique_ptr<JobKind> engine_;
+  std::unique_ptr<ProgramJob> program_;
   JobChannel jobs_;  // before reporter_, which uses it
   JobReporter reporter_;
   mutable std::mutex mu_;

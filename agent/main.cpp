@@ -107,6 +107,21 @@ int main(int argc, char** argv) {
   app.add_option("--torch-plugin", programs.torch_plugin,
                  "the PyTorch plug-in (libleasehold_torch.so) program jobs load (env "
                  "LEASEHOLD_TORCH_PLUGIN; default: found beside the agent)");
+  app.add_option("--python-standby", programs.standby.count,
+                 "Python standbys kept warm for program jobs that run a Python script (torch "
+                 "imported, the plug-in installed, the CUDA context made): such a job starts in "
+                 "milliseconds (0: none; each holds a CUDA context outside the pool)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  app.add_option("--python-standby-mode", programs.standby.mode,
+                 "process: a job runs in its standby, warm to the CUDA context; fork: in a "
+                 "child forked from it (torch imported, no CUDA context yet)")
+      ->check(CLI::IsMember({"process", "fork"}))
+      ->capture_default_str();
+  app.add_option("--python-standby-python", programs.standby.python,
+                 "the standbys' interpreter (a path, or a name on the agent's PATH); jobs whose "
+                 "command names the same one run warm")
+      ->capture_default_str();
   std::string program_stop_grace = "10s";
   app.add_option("--program-stop-grace", program_stop_grace,
                  "how long a program job has after SIGTERM before SIGKILL")

@@ -23,6 +23,9 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kChunkBytes = 64 << 10;
 constexpr auto kChunkAge = std::chrono::milliseconds(250);
 constexpr auto kOutsidePoolEvery = std::chrono::seconds(2);
+// A job that has not reported its first step by then has its standby
+// replaced anyway.
+constexpr auto kRefillAfter = std::chrono::seconds(1);
 
 uint64_t unix_us() {
   timeval tv{};
@@ -81,17 +84,22 @@ void find_program_support(ProgramJobOptions& o, const char* argv0) {
                o.torch_plugin.empty() ? "none" : o.torch_plugin, argv0);
 }
 
-JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
+ProgramJob::ProgramJob(AgentSession& session, ProgramJobOptions options)
+    : session_(session),
+      options_(std::move(options)),
+      standbys_(options_.python_dir.empty() ? PythonStandbyOptions{0} : options_.standby,
+                agent_run()) {
+  standbys_.fill();
+}
+
+void ProgramJob::idle() { standbys_.fill(); }
+
+ProgramRun ProgramJob::agent_run() const {
   const PoolDescriptor pool = session_.pool();
   ProgramRun run;
   auto& env = run.environment;
   env["LEASEHOLD_ENDPOINT"] = options_.endpoint;
   env["LEASEHOLD_AGENT"] = session_.name();
-  env["LEASEHOLD_JOB_ID"] = std::to_string(a.id);
-  env["LEASEHOLD_JOB_ATTEMPT"] = std::to_string(a.attempt);
-  env["LEASEHOLD_JOB_NAME"] = a.name;
-  env["LEASEHOLD_JOB_TOKEN"] = a.job_token;
-  env["LEASEHOLD_BUDGET"] = std::to_string(job_memory_budget(job, pool.size));
   // The program sees its job's GPU only, as cuda:0 (an unmodified script
   // uses "cuda" and lands on it); its lease client finds the pool on it by
   // UUID.
@@ -101,6 +109,33 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
                                                           : "cuda:" + std::to_string(pool.device);
   if (only_its_gpu) env["CUDA_VISIBLE_DEVICES"] = pool.uuid;
   env["LEASEHOLD_REPORT_FD"] = "3";
+  if (!options_.curve_key.empty()) env["LEASEHOLD_CURVE_KEY"] = options_.curve_key;
+  if (!options_.curve_server_key.empty()) {
+    env["LEASEHOLD_CURVE_SERVER_KEY"] = options_.curve_server_key;
+  }
+  if (!options_.torch_plugin.empty() && pool.backend == Backend::Cuda) {
+    env["LEASEHOLD_TORCH_PLUGIN"] = options_.torch_plugin;
+  }
+  // The MPS daemon the agent joined (it set this before its first CUDA call).
+  if (const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY")) {
+    env["CUDA_MPS_PIPE_DIRECTORY"] = mps;
+  }
+  if (!options_.python_dir.empty()) {
+    run.python_path = {options_.python_dir + "/leasehold_site", options_.python_dir};
+  }
+  run.stop_grace = options_.stop_grace;
+  return run;
+}
+
+JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
+  const PoolDescriptor pool = session_.pool();
+  ProgramRun run = agent_run();
+  auto& env = run.environment;
+  env["LEASEHOLD_JOB_ID"] = std::to_string(a.id);
+  env["LEASEHOLD_JOB_ATTEMPT"] = std::to_string(a.attempt);
+  env["LEASEHOLD_JOB_NAME"] = a.name;
+  env["LEASEHOLD_JOB_TOKEN"] = a.job_token;
+  env["LEASEHOLD_BUDGET"] = std::to_string(job_memory_budget(job, pool.size));
   if (a.replica.data_parallel()) {
     // What torchrun gives each process, so that an unmodified DDP script
     // (init_process_group with the env:// rendezvous) runs: one process per
@@ -115,27 +150,12 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
     // NVLink multicast stays off: several tenants share these GPUs.
     env["NCCL_NVLS_ENABLE"] = "0";
   }
-  if (!options_.curve_key.empty()) env["LEASEHOLD_CURVE_KEY"] = options_.curve_key;
-  if (!options_.curve_server_key.empty()) {
-    env["LEASEHOLD_CURVE_SERVER_KEY"] = options_.curve_server_key;
-  }
-  if (!options_.torch_plugin.empty() && pool.backend == Backend::Cuda) {
-    env["LEASEHOLD_TORCH_PLUGIN"] = options_.torch_plugin;
-  }
-  // The MPS daemon the agent joined (it set this before its first CUDA call).
-  if (const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY")) {
-    env["CUDA_MPS_PIPE_DIRECTORY"] = mps;
-  }
   // Its checkpoint folder, checked (and the private one made, 0700) as an
   // engine job's is at every write: the program writes there itself.
   if (const auto* c = job.checkpoint(); c && c->enabled() && c->directory()) {
     CheckpointFolder folder(c->directory()->str(), a.checkpoint_owner, true);
     env["LEASEHOLD_CHECKPOINT_DIR"] = folder.path();
   }
-  if (!options_.python_dir.empty()) {
-    run.python_path = {options_.python_dir + "/leasehold_site", options_.python_dir};
-  }
-  run.stop_grace = options_.stop_grace;
 
   // Output, gathered into chunks.
   std::string pending;
@@ -172,14 +192,18 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
       }
     }
   };
+  // Reports: progress, the first step, epochs.
+  bool first = true;
+  const auto started = Clock::now();
   run.should_stop = [&] {
     if (!pending.empty() && Clock::now() - pending_since >= kChunkAge) flush_output();
     a.at_step_boundary(nullptr, nullptr);  // a Shrink to the agent: it holds none of it
+    // A standby taken is replaced once the job is under way: its warm-up
+    // (import torch: seconds of a core) does not compete with the job's
+    // own start.
+    if (!first || Clock::now() - started >= kRefillAfter) standbys_.fill();
     return a.should_stop();
   };
-
-  // Reports: progress, the first step, epochs.
-  bool first = true;
   std::optional<proto::ProgramMemoryT> memory;
   std::optional<std::pair<Clock::time_point, int64_t>> last_samples;
   double samples_per_second = 0, last_accuracy = 0;
@@ -248,7 +272,14 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
     send_progress();
   };
 
-  const ProgramOutcome out = run_program(*job.program(), run);
+  std::string cold;
+  ProgramChild warm = standbys_.take(*job.program(), run, cold);
+  if (warm) {
+    say("job %llu runs warm in Python standby pid %d\n", (unsigned long long)a.id, warm.pid());
+  } else if (standbys_.python().size()) {
+    spdlog::info("job {} starts cold: {}", a.id, cold);
+  }
+  const ProgramOutcome out = warm ? supervise(warm, run) : run_program(*job.program(), run);
   flush_output();
   if (out.stopped) throw JobCancelled();
   JobEnd end;

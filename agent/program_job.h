@@ -9,6 +9,7 @@
 #include <string>
 
 #include "agent/job_kind.h"
+#include "agent/python_standby.h"
 #include "lease_client/session.h"
 
 namespace leasehold {
@@ -25,6 +26,8 @@ struct ProgramJobOptions {
   std::string torch_plugin;
   // How long after SIGTERM a stopped program's group gets SIGKILL.
   std::chrono::milliseconds stop_grace{10000};
+  // Warm standbys for Python scripts (agent/python_standby.h).
+  PythonStandbyOptions standby;
 };
 
 // Fills what `options` leaves empty of the Python package's folder and the
@@ -37,14 +40,21 @@ void find_program_support(ProgramJobOptions& options, const char* argv0);
 
 class ProgramJob final : public JobKind {
  public:
-  // `session` outlives the object.
-  ProgramJob(AgentSession& session, ProgramJobOptions options)
-      : session_(session), options_(std::move(options)) {}
+  // `session` outlives the object. Starts the Python standbys asked for.
+  ProgramJob(AgentSession& session, ProgramJobOptions options);
   JobEnd run(const proto::JobSpec& job, JobAttempt& attempt) override;
+  // Between jobs (the worker calls it often): keeps the standbys filled.
+  void idle();
 
  private:
+  // What every program job of this agent gets: the environment naming the
+  // coordinator, the agent, the device, the plug-in and the MPS daemon,
+  // and the Python path; none of a job's own.
+  ProgramRun agent_run() const;
+
   AgentSession& session_;
   const ProgramJobOptions options_;
+  PythonStandbys standbys_;
 };
 
 }  // namespace leasehold

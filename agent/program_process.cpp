@@ -15,6 +15,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "shared/printable.h"
 #include "shared/program_spec.h"
@@ -67,70 +69,6 @@ std::pair<Fd, Fd> make_pipe() {
   return {Fd(fds[0]), Fd(fds[1])};
 }
 
-bool executable_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
-// The program's path, found before the fork (the child may call only what
-// is async-signal-safe): a name with a '/' is taken relative to the job's
-// folder; a bare name is looked up on `path_var`.
-std::string resolve_program(const std::string& name, const std::string& dir,
-                            const std::string& path_var) {
-  if (name.find('/') != std::string::npos) {
-    const std::string path = name.front() == '/' ? name : dir + "/" + name;
-    if (!executable_file(path)) {
-      throw std::runtime_error("program.command[0]: " + printable(path) +
-                               " is not an executable file");
-    }
-    return path;
-  }
-  size_t start = 0;
-  while (start <= path_var.size()) {
-    size_t end = path_var.find(':', start);
-    if (end == std::string::npos) end = path_var.size();
-    std::string entry = path_var.substr(start, end - start);
-    if (entry.empty()) entry = ".";
-    if (entry.front() != '/') entry = dir + "/" + entry;
-    const std::string candidate = entry + "/" + name;
-    if (executable_file(candidate)) return candidate;
-    start = end + 1;
-  }
-  throw std::runtime_error("program.command[0]: '" + printable(name) +
-                           "' was not found on the PATH (" + printable(path_var, 512) +
-                           "); give its full path");
-}
-
-// The child's environment: the agent's, without what the agent reserves
-// for itself, then the job's, then the agent's own settings.
-std::vector<std::string> child_environment(const proto::ProgramSpec& program,
-                                           const ProgramRun& run, std::string& path_var) {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view entry(*e);
-    const auto eq = entry.find('=');
-    if (eq == std::string_view::npos) continue;
-    std::string name(entry.substr(0, eq));
-    if (reserved_environment_name(name)) continue;
-    env[name] = std::string(entry.substr(eq + 1));
-  }
-  if (const auto* vars = program.environment()) {
-    for (const auto* v : *vars) env[v->name()->str()] = v->value() ? v->value()->str() : "";
-  }
-  for (const auto& [name, value] : run.environment) env[name] = value;
-  std::string python_path;
-  for (const auto& dir : run.python_path) python_path += (python_path.empty() ? "" : ":") + dir;
-  if (auto it = env.find("PYTHONPATH"); it != env.end() && !it->second.empty()) {
-    python_path += (python_path.empty() ? "" : ":") + it->second;
-  }
-  if (!python_path.empty()) env["PYTHONPATH"] = python_path;
-  path_var = env.count("PATH") ? env["PATH"] : "/usr/local/bin:/usr/bin:/bin";
-  std::vector<std::string> out;
-  out.reserve(env.size());
-  for (const auto& [name, value] : env) out.push_back(name + "=" + value);
-  return out;
-}
-
 int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 // Reads what is there (never blocks: the pipes are non-blocking); false at
@@ -174,6 +112,70 @@ std::optional<double> real_field(const nlohmann::json& j, const char* name, std:
 
 }  // namespace
 
+namespace {
+
+bool executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+// Found before the fork: the child may call only what is async-signal-safe.
+std::string find_program(const std::string& name, const std::string& dir,
+                            const std::string& path_var) {
+  if (name.find('/') != std::string::npos) {
+    const std::string path = name.front() == '/' ? name : dir + "/" + name;
+    if (!executable_file(path)) {
+      throw std::runtime_error("program.command[0]: " + printable(path) +
+                               " is not an executable file");
+    }
+    return path;
+  }
+  size_t start = 0;
+  while (start <= path_var.size()) {
+    size_t end = path_var.find(':', start);
+    if (end == std::string::npos) end = path_var.size();
+    std::string entry = path_var.substr(start, end - start);
+    if (entry.empty()) entry = ".";
+    if (entry.front() != '/') entry = dir + "/" + entry;
+    const std::string candidate = entry + "/" + name;
+    if (executable_file(candidate)) return candidate;
+    start = end + 1;
+  }
+  throw std::runtime_error("program.command[0]: '" + printable(name) +
+                           "' was not found on the PATH (" + printable(path_var, 512) +
+                           "); give its full path");
+}
+
+std::vector<std::string> program_environment(const proto::ProgramSpec* program,
+                                             const ProgramRun& run, std::string& path_var) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view entry(*e);
+    const auto eq = entry.find('=');
+    if (eq == std::string_view::npos) continue;
+    std::string name(entry.substr(0, eq));
+    if (reserved_environment_name(name)) continue;
+    env[name] = std::string(entry.substr(eq + 1));
+  }
+  if (const auto* vars = program ? program->environment() : nullptr) {
+    for (const auto* v : *vars) env[v->name()->str()] = v->value() ? v->value()->str() : "";
+  }
+  for (const auto& [name, value] : run.environment) env[name] = value;
+  std::string python_path;
+  for (const auto& dir : run.python_path) python_path += (python_path.empty() ? "" : ":") + dir;
+  if (auto it = env.find("PYTHONPATH"); it != env.end() && !it->second.empty()) {
+    python_path += (python_path.empty() ? "" : ":") + it->second;
+  }
+  if (!python_path.empty()) env["PYTHONPATH"] = python_path;
+  path_var = env.count("PATH") ? env["PATH"] : "/usr/local/bin:/usr/bin:/bin";
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [name, value] : env) out.push_back(name + "=" + value);
+  return out;
+}
+
 std::optional<ProgramReport> parse_report_line(std::string_view line, std::string& why,
                                                std::optional<proto::ProgramMemoryT>& memory) {
   why.clear();
@@ -212,30 +214,85 @@ std::optional<ProgramReport> parse_report_line(std::string_view line, std::strin
   return r;
 }
 
-ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& run) {
-  const std::string dir = program.directory()->str();
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw std::runtime_error("program.directory: " + printable(dir) + " is not a folder here (" +
-                             errno_text(errno) + ")");
+// ---- ProgramChild ------------------------------------------------------------------
+
+ProgramChild& ProgramChild::operator=(ProgramChild&& o) noexcept {
+  if (this != &o) {
+    kill_and_reap();
+    pid_ = std::exchange(o.pid_, -1);
+    pidfd_ = std::exchange(o.pidfd_, -1);
+    out_ = std::exchange(o.out_, -1);
+    err_ = std::exchange(o.err_, -1);
+    rep_ = std::exchange(o.rep_, -1);
+    ctl_ = std::exchange(o.ctl_, -1);
+    reaped_ = std::exchange(o.reaped_, false);
+    status_ = std::exchange(o.status_, 0);
   }
-  std::string path_var;
-  const std::vector<std::string> env = child_environment(program, run, path_var);
-  const std::string exe = resolve_program(program.command()->Get(0)->str(), dir, path_var);
+  return *this;
+}
+
+void ProgramChild::close_fds() {
+  for (int* fd : {&pidfd_, &out_, &err_, &rep_, &ctl_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+void ProgramChild::kill_and_reap() {
+  if (pid_ > 0 && !reaped_) {
+    ::kill(-pid_, SIGKILL);
+    while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+  }
+  close_fds();
+  pid_ = -1;
+}
+
+void ProgramChild::close_control() {
+  if (ctl_ >= 0) ::close(ctl_);
+  ctl_ = -1;
+}
+
+bool ProgramChild::exited() {
+  if (pid_ <= 0 || reaped_) return true;
+  // Exited, but not reaped yet (WNOWAIT): its pid, the group's id, is not
+  // free for reuse while whatever it left running in its group is killed.
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid_) {
+    return false;
+  }
+  ::kill(-pid_, SIGKILL);
+  while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+  }
+  reaped_ = true;
+  return true;
+}
+
+int ProgramChild::exit_code() const {
+  if (WIFEXITED(status_)) return WEXITSTATUS(status_);
+  if (WIFSIGNALED(status_)) return 128 + WTERMSIG(status_);
+  return 0;
+}
+
+ProgramChild start_program(const ProgramLaunch& launch) {
   // Everything the child needs, made before the fork.
-  std::vector<std::string> args;
-  for (const auto* a : *program.command()) args.push_back(a->str());
+  std::vector<std::string> args = launch.argv, env = launch.env;
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::vector<std::string> env_copy = env;
-  for (auto& e : env_copy) envp.push_back(e.data());
+  for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
+  const std::string exe = launch.exe, dir = launch.dir;
   Fd null_in(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (null_in.fd < 0) throw std::runtime_error("cannot open /dev/null: " + errno_text(errno));
   auto [out_r, out_w] = make_pipe();
   auto [err_r, err_w] = make_pipe();
   auto [rep_r, rep_w] = make_pipe();
+  Fd ctl_r, ctl_w;
+  if (launch.control_pipe) std::tie(ctl_r, ctl_w) = make_pipe();
+  const int targets = launch.control_pipe ? 5 : 4;
   const pid_t parent = ::getpid();
   const long open_max = ::sysconf(_SC_OPEN_MAX);  // for the child, where sysconf is not safe
   const pid_t pid = ::fork();
@@ -245,14 +302,18 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the agent died before the prctl
-    // Out of the way of the targets first (fds 0-3 may be any of them).
-    int fds[4] = {::fcntl(null_in.fd, F_DUPFD, 10), ::fcntl(out_w.fd, F_DUPFD, 10),
-                  ::fcntl(err_w.fd, F_DUPFD, 10), ::fcntl(rep_w.fd, F_DUPFD, 10)};
-    for (int i = 0; i < 4; ++i) {
+    // Out of the way of the targets first (fds 0-4 may be any of them).
+    int fds[5] = {::fcntl(null_in.fd, F_DUPFD, 10), ::fcntl(out_w.fd, F_DUPFD, 10),
+                  ::fcntl(err_w.fd, F_DUPFD, 10), ::fcntl(rep_w.fd, F_DUPFD, 10),
+                  targets == 5 ? ::fcntl(ctl_r.fd, F_DUPFD, 10) : -1};
+    for (int i = 0; i < targets; ++i) {
       if (fds[i] < 0 || ::dup2(fds[i], i) < 0) ::_exit(127);
     }
-    if (::syscall(SYS_close_range, 4u, ~0u, 0u) != 0) {  // before Linux 5.9: one by one
-      for (long fd = 4; fd < (open_max > 0 ? open_max : 65536); ++fd) ::close(static_cast<int>(fd));
+    const unsigned first = static_cast<unsigned>(targets);
+    if (::syscall(SYS_close_range, first, ~0u, 0u) != 0) {  // before Linux 5.9: one by one
+      for (long fd = first; fd < (open_max > 0 ? open_max : 65536); ++fd) {
+        ::close(static_cast<int>(fd));
+      }
     }
     // The agent's handlers are the agent's: a SIGTERM (a cancel) arriving
     // before execve must end the child, not set a flag in its copy.
@@ -275,30 +336,23 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
     ::_exit(127);
   }
   // The parent.
-  ::setpgid(pid, pid);  // also here: no race with the kill below
-  out_w.reset();
-  err_w.reset();
-  rep_w.reset();
-  null_in.reset();
-  set_nonblocking(out_r.fd);
-  set_nonblocking(err_r.fd);
-  set_nonblocking(rep_r.fd);
-  Fd exited(open_pidfd(pid));
-  // Should anything below throw (a callback, an allocation), the program
-  // and its group end with it: a child never outlives the run that owns it.
-  bool reaped = false;
-  struct Reaper {
-    pid_t pid;
-    const bool& reaped;
-    ~Reaper() {
-      if (reaped) return;
-      ::kill(-pid, SIGKILL);
-      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
-    }
-  } reaper{pid, reaped};
+  ::setpgid(pid, pid);  // also here: no race with a kill of the group
+  ProgramChild child;
+  child.pid_ = pid;
+  child.pidfd_ = open_pidfd(pid);
+  child.out_ = std::exchange(out_r.fd, -1);
+  child.err_ = std::exchange(err_r.fd, -1);
+  child.rep_ = std::exchange(rep_r.fd, -1);
+  child.ctl_ = std::exchange(ctl_w.fd, -1);
+  for (int fd : {child.out_, child.err_, child.rep_}) set_nonblocking(fd);
+  return child;
+}
+
+// ---- supervising ---------------------------------------------------------------------
+
+ProgramOutcome supervise(ProgramChild& child, const ProgramRun& run) {
+  const pid_t pid = child.pid();
   if (run.on_start) run.on_start(pid);
-  spdlog::info("program started: pid {}, {} in {}", pid, printable(exe), printable(dir));
 
   ProgramOutcome outcome;
   std::string report_buf;
@@ -352,46 +406,36 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
 
   std::optional<Clock::time_point> term_sent, exited_at;
   bool out_open = true, err_open = true, rep_open = true, killed = false;
-  int status = 0;
+  bool ended = false;
   while (true) {
     pollfd fds[4];
     nfds_t n = 0;
     auto add = [&](int fd, bool open) {
-      if (open) fds[n++] = pollfd{fd, POLLIN, 0};
+      if (open && fd >= 0) fds[n++] = pollfd{fd, POLLIN, 0};
     };
-    add(out_r.fd, out_open);
-    add(err_r.fd, err_open);
-    add(rep_r.fd, rep_open);
-    add(exited.fd, !reaped && exited.fd >= 0);
+    add(child.out_, out_open);
+    add(child.err_, err_open);
+    add(child.rep_, rep_open);
+    add(child.pidfd_, !ended);
     ::poll(fds, n, 100);
     std::string chunk;
     if (out_open) {
-      out_open = read_some(out_r.fd, chunk);
+      out_open = read_some(child.out_, chunk);
       take_output(chunk, false);
     }
     if (err_open) {
-      err_open = read_some(err_r.fd, chunk);
+      err_open = read_some(child.err_, chunk);
       take_output(chunk, true);
     }
     if (rep_open) {
-      rep_open = read_some(rep_r.fd, chunk);
+      rep_open = read_some(child.rep_, chunk);
       take_reports(chunk);
     }
-    if (!reaped) {
-      // Exited, but not reaped yet (WNOWAIT): its pid, the group's id, is
-      // not free for reuse while whatever it left running in its group is
-      // killed.
-      siginfo_t info{};
-      if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-          info.si_pid == pid) {
-        ::kill(-pid, SIGKILL);
-        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        reaped = true;
-        exited_at = Clock::now();
-      }
+    if (!ended && child.exited()) {
+      ended = true;
+      exited_at = Clock::now();
     }
-    if (!reaped) {
+    if (!ended) {
       if (!outcome.stopped && run.should_stop && run.should_stop()) {
         outcome.stopped = true;
         term_sent = Clock::now();
@@ -411,14 +455,28 @@ ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& 
       break;
     }
   }
-  if (WIFEXITED(status)) {
-    outcome.exit_code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    outcome.exit_code = 128 + WTERMSIG(status);
-  }
+  outcome.exit_code = child.exit_code();
   spdlog::info("program pid {} ended with status {}{}", pid, outcome.exit_code,
                outcome.stopped ? " (stopped)" : "");
   return outcome;
+}
+
+ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& run) {
+  ProgramLaunch launch;
+  launch.dir = program.directory()->str();
+  struct stat st {};
+  if (::stat(launch.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw std::runtime_error("program.directory: " + printable(launch.dir) +
+                             " is not a folder here (" + errno_text(errno) + ")");
+  }
+  std::string path_var;
+  launch.env = program_environment(&program, run, path_var);
+  launch.exe = find_program(program.command()->Get(0)->str(), launch.dir, path_var);
+  for (const auto* a : *program.command()) launch.argv.push_back(a->str());
+  ProgramChild child = start_program(launch);
+  spdlog::info("program started: pid {}, {} in {}", child.pid(), printable(launch.exe),
+               printable(launch.dir));
+  return supervise(child, run);
 }
 
 }  // namespace leasehold

@@ -8,8 +8,13 @@
 // agent dies first (PR_SET_PDEATHSIG). A grandchild that leaves the group
 // (setsid) escapes that last kill; docs/program-jobs.md says so.
 //
-// Thread safety: run_program blocks its caller until the program has ended;
-// the callbacks run on that thread.
+// A program is started (start_program) and then supervised until it ends
+// (supervise); run_program does both. A warm standby (agent/python_standby.h)
+// is started long before its job and supervised once it has one.
+//
+// Thread safety: supervise and run_program block their caller until the
+// program has ended; the callbacks run on that thread. A ProgramChild
+// belongs to one thread at a time.
 #pragma once
 
 #include <chrono>
@@ -19,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "schemas/leasehold_generated.h"
@@ -61,9 +67,81 @@ struct ProgramOutcome {
   uint64_t output_bytes = 0;  // of standard output and error together
 };
 
-// Starts `job`'s program and waits for it. Throws std::runtime_error when
-// it cannot be started (a command that is not found or not executable, a
-// directory that cannot be entered: the message names it).
+// What start_program runs: `exe` (a path) with `argv` and `env` in `dir`.
+struct ProgramLaunch {
+  std::string exe, dir;
+  std::vector<std::string> argv, env;
+  bool control_pipe = false;  // give the child a pipe to read on its fd 4
+};
+
+// A started program: its process (the leader of its own group) and the
+// agent's ends of its pipes. Destroying one that has not been reaped kills
+// its group with SIGKILL and reaps it: a child never outlives its owner.
+class ProgramChild {
+ public:
+  ProgramChild() = default;
+  ProgramChild(ProgramChild&& o) noexcept { *this = std::move(o); }
+  ProgramChild& operator=(ProgramChild&& o) noexcept;
+  ProgramChild(const ProgramChild&) = delete;
+  ProgramChild& operator=(const ProgramChild&) = delete;
+  ~ProgramChild() { kill_and_reap(); }
+
+  explicit operator bool() const { return pid_ > 0; }
+  int pid() const { return pid_; }
+  // The agent's ends (non-blocking): standard output, standard error, the
+  // report pipe (the child's fd 3) and, when asked for, the control pipe
+  // the agent writes to (the child's fd 4); -1 where there is none.
+  int output_fd() const { return out_; }
+  int error_fd() const { return err_; }
+  int report_fd() const { return rep_; }
+  int control_fd() const { return ctl_; }
+  // Closes the control pipe (the child sees its end of file).
+  void close_control();
+  // True once the process has exited (it is reaped then, and its group
+  // killed); never blocks.
+  bool exited();
+  // Its exit status once exited(): the program's, or 128 + the signal.
+  int exit_code() const;
+
+ private:
+  friend ProgramChild start_program(const ProgramLaunch&);
+  friend ProgramOutcome supervise(ProgramChild&, const ProgramRun&);
+  void kill_and_reap();
+  void close_fds();
+  int pid_ = -1, pidfd_ = -1, out_ = -1, err_ = -1, rep_ = -1, ctl_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+// Starts a program: its own process group, standard input /dev/null,
+// standard output and error and fd 3 on pipes, SIGKILL when the agent
+// dies. Throws std::runtime_error when it cannot (fork, pipes; a folder
+// that cannot be entered ends the child with status 127 and a line on its
+// standard error).
+ProgramChild start_program(const ProgramLaunch& launch);
+
+// The environment a program gets, as NAME=VALUE: the agent's own without
+// the names it reserves (shared/program_spec.h), then the job's variables
+// (`program`; may be null), then `run.environment`; PYTHONPATH led by
+// `run.python_path`. `path_var` gets the PATH in it.
+std::vector<std::string> program_environment(const proto::ProgramSpec* program,
+                                             const ProgramRun& run, std::string& path_var);
+
+// The path of the program `name`: one with a '/' relative to `dir`, a bare
+// name looked up on `path_var`. Throws std::runtime_error naming it when it
+// is not an executable file.
+std::string find_program(const std::string& name, const std::string& dir,
+                         const std::string& path_var);
+
+// Reads a started program's output and reports, stops it when
+// run.should_stop asks, and returns once it has ended (its group killed,
+// its pipes drained).
+ProgramOutcome supervise(ProgramChild& child, const ProgramRun& run);
+
+// Starts `program` (find_program, program_environment, start_program) and
+// supervises it. Throws std::runtime_error when it cannot be started (a
+// command that is not found or not executable, a directory that cannot be
+// entered: the message names it).
 ProgramOutcome run_program(const proto::ProgramSpec& program, const ProgramRun& run);
 
 // Parses one report line; nullopt (with the reason in `why`) for one that

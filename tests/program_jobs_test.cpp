@@ -284,3 +284,92 @@ print("accuracy", acc)
 
 }  // namespace
 }  // namespace leasehold::testing
+
+namespace leasehold::testing {
+namespace {
+
+// How many times `text` is in `log`.
+size_t count_in(const std::string& log, const std::string& text) {
+  size_t n = 0;
+  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(ProgramJobs, PythonScriptsRunWarmInAStandbyAndEverythingElseCold) {
+  if (!fs::exists(kPython)) GTEST_SKIP() << kPython << " is missing";
+  Process& w = cluster.start_agent("w1", {"--program-stop-grace", "1s", "--python-standby", "1",
+                                          "--python-standby-python", kPython});
+  auto ready = [&](size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (count_in(w.log(), "is ready after") >= n) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  };
+  ASSERT_TRUE(ready(1)) << w.log();
+  script("show.py", R"(
+import os, sys, leasehold
+leasehold.report(step=1, loss=0.5)
+print("warm=%s argv=%s cwd=%s foo=%s name=%s job=%s" % (
+    os.environ.get("LEASEHOLD_WARM"), sys.argv, os.getcwd(), os.environ.get("FOO"), __name__,
+    leasehold.job().id))
+sys.exit(int(os.environ.get("STATUS", "0")))
+)");
+  // A script, with its arguments, folder and environment.
+  const std::string file = work + "/warm.json";
+  std::ofstream(file) << nlohmann::json{
+      {"name", "warm"},
+      {"program",
+       {{"command", {kPython, "show.py", "a", "b c"}},
+        {"directory", work},
+        {"environment", {{{"name", "FOO"}, {"value", "bar"}}, {{"name", "STATUS"}, {"value", "3"}}}}}}}
+                             .dump();
+  auto [src, sout] = client({"submit", file});
+  ASSERT_EQ(src, 0) << sout;
+  const uint64_t id = std::stoull(sout);
+  ASSERT_TRUE(wait_job(id, [](const nlohmann::json& j) { return j["state"] == "failed"; }, 120s))
+      << job(id).dump(1) << w.log();
+  EXPECT_EQ(job(id)["exit_code"], 3);
+  auto [lrc, log] = client({"logs", std::to_string(id)});
+  EXPECT_EQ(log, "warm=process argv=['show.py', 'a', 'b c'] cwd=" + work +
+                     " foo=bar name=__main__ job=" + std::to_string(id) + "\n")
+      << w.log();
+  EXPECT_EQ(job(id)["progress"]["step"], 1) << job(id).dump(1);
+  EXPECT_TRUE(w.wait_for_log("runs warm in Python standby", 1s)) << w.log();
+
+  // A module, once a new standby is ready.
+  ASSERT_TRUE(ready(2)) << w.log();
+  script("mod_x.py", "import sys, os\nprint('module', os.path.basename(sys.argv[0]), sys.argv[1:], "
+                     "os.environ.get('LEASEHOLD_WARM'), __name__)\n");
+  auto [mrc, mout] = run({kPython, "-m", "mod_x", "-v"});
+  EXPECT_EQ(mrc, 0) << mout;
+  EXPECT_NE(mout.find("module mod_x.py ['-v'] process __main__"), std::string::npos) << mout;
+
+  // An uncaught exception: status 1 and its traceback's last line.
+  ASSERT_TRUE(ready(3)) << w.log();
+  script("boom.py", "def f():\n    raise ValueError('boom in the script')\nf()\n");
+  auto [brc, bout] = run({kPython, "boom.py"});
+  EXPECT_EQ(brc, 1) << bout;
+  const auto failed = job(3);
+  EXPECT_NE(failed["reason"].get<std::string>().find("ValueError: boom in the script"),
+            std::string::npos)
+      << failed.dump(1);
+  EXPECT_EQ(count_in(w.log(), "runs warm in Python standby"), 3u) << w.log();
+
+  // Interpreter options and start-up variables run cold, with the reason.
+  ASSERT_TRUE(ready(4)) << w.log();
+  auto [crc, cout] = run({kPython, "-u", "show.py"});
+  EXPECT_EQ(crc, 0) << cout;
+  EXPECT_NE(cout.find("warm=None"), std::string::npos) << cout;
+  EXPECT_TRUE(w.wait_for_log("starts cold: it gives the interpreter options", 1s)) << w.log();
+  EXPECT_EQ(count_in(w.log(), "runs warm in Python standby"), 3u) << w.log();
+  // A missing script: Python's own words and status.
+  auto [nrc, nout] = run({kPython, "missing.py"});
+  EXPECT_EQ(nrc, 2) << nout;
+  EXPECT_NE(nout.find("can't open file"), std::string::npos) << nout;
+  EXPECT_EQ(count_in(w.log(), "runs warm in Python standby"), 4u) << w.log();
+}
+
+}  // namespace
+}  // namespace leasehold::testing

@@ -86,7 +86,7 @@ fi
 # The plug-in's sources, then the block cache's (CMakeLists.txt lists the
 # same files: LEASEHOLD_BLOCK_CACHE_SOURCES and the leasehold_torch target).
 sources=(
-  leasehold_torch.cpp plugin_state.cpp session_leases.cpp shrink_worker.cpp cuda_streams.cpp
+  leasehold_torch.cpp plugin_state.cpp session_leases.cpp shrink_worker.cpp cuda_streams.cpp standby_arena.cpp
   block_cache.cpp block_cache_check.cpp block_pool.cpp stream_order.cpp graph_holds.cpp
   segment_leases.cpp
 )

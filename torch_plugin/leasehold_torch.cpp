@@ -18,6 +18,7 @@
 #include "torch_plugin/block_cache.h"
 #include "torch_plugin/cuda_streams.h"
 #include "torch_plugin/plugin_state.h"
+#include "torch_plugin/standby_arena.h"
 
 using namespace leasehold::torch_plugin;
 
@@ -32,6 +33,7 @@ void* leasehold_torch_alloc(ssize_t size, int device, struct CUstream_st* stream
   } else {
     Plugin& p = plugin();
     try {
+      if (standby_arena_active()) return standby_arena_allocate(static_cast<uint64_t>(size), device);
       BlockCache* cache = open_cache(p);
       if (device != p.device) {
         const char* want = std::getenv("LEASEHOLD_DEVICE");
@@ -77,6 +79,7 @@ void leasehold_torch_free(void* ptr, ssize_t /*size*/, int /*device*/,
   // The block's own size and stream are the cache's: PyTorch has been seen
   // to pass another size than it allocated (pytorch issue 153109).
   if (ptr == nullptr) return;
+  if (standby_arena_free(ptr)) return;
   BlockCache* cache = plugin().cache.load(std::memory_order_acquire);
   if (cache == nullptr) {
     char buf[96];
@@ -143,6 +146,10 @@ int leasehold_torch_stats(struct leasehold_torch_stats* out) {
   out->unbacks = st.unbacks;
   return 0;
 }
+
+int leasehold_torch_standby_begin(void) { return standby_arena_open() ? 0 : -1; }
+
+uint64_t leasehold_torch_standby_end(void) { return standby_arena_close(); }
 
 int leasehold_torch_abi_version(void) { return LEASEHOLD_TORCH_ABI_VERSION; }
 

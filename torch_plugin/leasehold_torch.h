@@ -31,7 +31,7 @@ extern "C" {
 
 /* The version of this interface (the functions and the stats struct); the
  * Python side refuses a plug-in of another. */
-#define LEASEHOLD_TORCH_ABI_VERSION 2
+#define LEASEHOLD_TORCH_ABI_VERSION 3
 
 /* cudaStream_t, without the CUDA headers. */
 struct CUstream_st;
@@ -83,6 +83,15 @@ LEASEHOLD_TORCH_API void leasehold_torch_record_stream(void* ptr, struct CUstrea
 LEASEHOLD_TORCH_API void leasehold_torch_empty_cache(void);
 /* Fills *out (zeros before the first allocation). 0; -1 when out is NULL. */
 LEASEHOLD_TORCH_API int leasehold_torch_stats(struct leasehold_torch_stats* out);
+/* A Python standby's warm-up (version 3; agent/python_standby.h): between
+ * begin and end, allocations are the standby's own cudaMalloc's, made
+ * before it has a job (and so a session); they are freed with cudaFree
+ * whenever PyTorch frees them. begin: 0, or -1 once the job's session is
+ * open or when called twice. end: the bytes still allocated that way (the
+ * standby must see 0 before it takes a job); later allocations come from
+ * the job's leases. */
+LEASEHOLD_TORCH_API int leasehold_torch_standby_begin(void);
+LEASEHOLD_TORCH_API uint64_t leasehold_torch_standby_end(void);
 /* LEASEHOLD_TORCH_ABI_VERSION of the loaded plug-in. */
 LEASEHOLD_TORCH_API int leasehold_torch_abi_version(void);
 

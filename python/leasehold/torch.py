@@ -19,10 +19,12 @@ import threading
 
 __all__ = ["AllocatorTooLate", "install", "install_status", "stats"]
 
+# leasehold.standby uses install(standby=True), standby_begin() and standby_end().
+
 log = logging.getLogger("leasehold.torch")
 
 # LEASEHOLD_TORCH_ABI_VERSION of torch_plugin/leasehold_torch.h.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _STATS_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
                  "allocations", "cache_hits", "lease_requests", "budget_bytes",
@@ -52,12 +54,15 @@ _allocator = None  # the CUDAPluggableAllocator, kept alive for the process
 _status = {"attempted": False, "installed": False, "reason": "not attempted"}
 
 
-def install():
+def install(standby=False):
     """Makes the plug-in PyTorch's CUDA allocator. Idempotent.
 
     Returns True when it is PyTorch's allocator now; False, logging why at
     debug level, when this is not a program job on a CUDA device, the agent
-    named no plug-in, or torch is built without CUDA. Raises AllocatorTooLate
+    named no plug-in, or torch is built without CUDA. `standby`: installs it
+    in a warm standby that has no job yet (leasehold.standby): the device
+    comes from LEASEHOLD_DEVICE alone, the session opens at the first
+    allocation after standby_end(), once the job's environment is set. Raises AllocatorTooLate
     (a RuntimeError) when PyTorch's CUDA allocator is initialized already,
     and RuntimeError when the plug-in cannot be loaded or installed.
     """
@@ -67,7 +72,7 @@ def install():
             return True
         _status["attempted"] = True
         try:
-            lib, allocator, reason = _install()
+            lib, allocator, reason = _install(standby)
         except Exception as e:
             _status["reason"] = str(e)
             raise
@@ -83,16 +88,20 @@ def install():
         return True
 
 
-def _install():
+def _install(standby):
     """(plug-in, allocator, why) when installed; (None, None, why) when not
     applicable. Raises on failures."""
     import leasehold
 
-    job = leasehold.job()
-    if job is None:
-        return None, None, "not a Leasehold program job (LEASEHOLD_JOB_ID is not set)"
-    if not job.device.startswith("cuda"):
-        return None, None, "the job's device is %s" % job.device
+    if standby:
+        device = leasehold._env_device()
+    else:
+        job = leasehold.job()
+        if job is None:
+            return None, None, "not a Leasehold program job (LEASEHOLD_JOB_ID is not set)"
+        device = job.device
+    if not device.startswith("cuda"):
+        return None, None, "the job's device is %s" % device
     path = os.environ.get("LEASEHOLD_TORCH_PLUGIN")
     if not path:
         return None, None, "LEASEHOLD_TORCH_PLUGIN is not set"
@@ -121,6 +130,8 @@ def _install():
         empty_cache = lib.leasehold_torch_empty_cache
         lib.leasehold_torch_stats.argtypes = [ctypes.POINTER(_Stats)]
         lib.leasehold_torch_stats.restype = ctypes.c_int
+        lib.leasehold_torch_standby_begin.restype = ctypes.c_int
+        lib.leasehold_torch_standby_end.restype = ctypes.c_uint64
     except AttributeError as e:
         raise RuntimeError("leasehold: %s is not the Leasehold plug-in (%s)" % (path, e)) from None
     version.restype = ctypes.c_int
@@ -183,6 +194,29 @@ def _keep_cudnn_benchmark_off(torch):
     getter = getattr(native, "_get_cudnn_benchmark", None)
     if getter is not None and getter():
         set_cudnn_benchmark(True)  # set before install: turned off, said once
+
+
+def standby_begin():
+    """Opens the plug-in's standby arena (leasehold_torch.h): until
+    standby_end(), allocations are a standby's own warm-up memory, made
+    before it has a job. Raises RuntimeError when the plug-in is not
+    installed or refuses (a session is open already, or it was opened
+    before)."""
+    lib = _plugin
+    if lib is None:
+        raise RuntimeError("leasehold: the plug-in is not installed: no standby arena")
+    if lib.leasehold_torch_standby_begin() != 0:
+        raise RuntimeError("leasehold: the plug-in refused to open its standby arena (a job's "
+                           "session is open, or the arena was opened before)")
+
+
+def standby_end():
+    """Closes the standby arena: the bytes still allocated from it (0: all
+    the warm-up's memory is freed)."""
+    lib = _plugin
+    if lib is None:
+        raise RuntimeError("leasehold: the plug-in is not installed: no standby arena")
+    return int(lib.leasehold_torch_standby_end())
 
 
 def install_status():
