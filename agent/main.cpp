@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
                  "child forked from it (torch imported, no CUDA context yet)")
       ->check(CLI::IsMember({"process", "fork"}))
       ->capture_default_str();
+  app.add_option("--python-standby-preload", programs.standby.preload,
+                 "modules the standbys import while warming up, comma-separated (such as "
+                 "torchvision,transformers): jobs that import them start that much sooner");
   app.add_option("--python-standby-python", programs.standby.python,
                  "the standbys' interpreter (a path, or a name on the agent's PATH); jobs whose "
                  "command names the same one run warm")

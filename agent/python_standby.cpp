@@ -181,6 +181,7 @@ void PythonStandbys::fill() {
     launch.argv = {python_, "-m", "leasehold.standby"};
     ProgramRun run = base_;
     run.environment["LEASEHOLD_STANDBY_MODE"] = options_.mode;
+    if (!options_.preload.empty()) run.environment["LEASEHOLD_STANDBY_PRELOAD"] = options_.preload;
     std::string path_var;
     launch.env = program_environment(nullptr, run, path_var);
     launch.control_pipe = true;

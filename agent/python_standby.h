@@ -29,6 +29,7 @@ struct PythonStandbyOptions {
   int count = 0;                   // standbys kept ready; 0: none
   std::string python = "python3";  // the interpreter: a path, or a name on the agent's PATH
   std::string mode = "process";    // "process" (the job runs in the standby) or "fork"
+  std::string preload;             // modules imported while warming up (comma-separated)
 };
 
 // A job's command as a standby runs it.

@@ -27,7 +27,8 @@ LEASEHOLD_STANDBY_MODE says how the job runs:
   fork, so the warm-up stops after ``import torch`` and installing the
   plug-in; the child creates its context itself.
 
-The job sees LEASEHOLD_WARM set to the mode. An end of file on fd 4 ends a
+Either way, the modules named in LEASEHOLD_STANDBY_PRELOAD (comma-separated)
+are imported during the warm-up. The job sees LEASEHOLD_WARM set to the mode. An end of file on fd 4 ends a
 standby quietly (status 0).
 """
 
@@ -67,6 +68,23 @@ def _warm_step(torch, device):
     del model, optimiser, x, y, loss
 
 
+def preload(names):
+    """Imports the modules named (comma-separated; the agent's
+    --python-standby-preload), such as torchvision or transformers, whose
+    import would otherwise be a job's first seconds. One that cannot be
+    imported is left out, with its reason; the standby goes on."""
+    done = {}
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        t = time.perf_counter()
+        try:
+            __import__(name)
+            done[name] = round(time.perf_counter() - t, 4)
+        except Exception as e:  # noqa: BLE001  (any import error: not preloaded)
+            done[name] = "not importable: %s" % (str(e).splitlines() or [type(e).__name__])[0]
+            sys.stderr.write("leasehold.standby: %s is not preloaded: %s\n" % (name, done[name]))
+    return done
+
+
 def warm_up(mode):
     """Everything a job would otherwise do first; returns what was done."""
     done = {}
@@ -84,6 +102,7 @@ def warm_up(mode):
     cuda = device.startswith("cuda") and bool(getattr(torch.version, "cuda", None))
     installed = plugin.install(standby=True) if cuda else False
     done["plugin"] = installed
+    done["preloaded"] = preload(os.environ.get("LEASEHOLD_STANDBY_PRELOAD", ""))
     if mode == "fork":
         return done  # no context, no threads: the job's child is forked from here
     t = time.perf_counter()
