@@ -204,6 +204,42 @@ lh_status lh_window_hide(lh_window* window, uint64_t offset, uint64_t bytes) LH_
 /* Hides every page and frees the address space. NULL is ignored. */
 void lh_window_close(lh_window* window) LH_NOEXCEPT;
 
+/* ---- shared cache regions ----
+ *
+ * A region (coordinator/regions.md) is named memory of the pool that
+ * outlives the jobs using it: a decoded dataset, published parameters. The
+ * first attacher of a new region fills it and marks it ready; every later
+ * attacher, on any agent of the device, gets the same memory, mapped
+ * read-only, and the coordinator never evicts a region while anyone is
+ * attached. */
+typedef struct lh_region lh_region;
+
+/* Attaches region `name` (1-128 letters, digits, '.', '_', '-', ':' and
+ * '/', not starting with '/'). When it does not exist and `create` is set, it is created with
+ * `size` bytes and this attacher must fill it (lh_region_must_fill) and
+ * then call lh_region_mark_ready; while another attacher fills it this
+ * waits, up to `wait_ms` (-1: the coordinator's default). `size` 0 without
+ * `create`: whatever size it has. LH_ERR_NOT_FOUND when it does not exist
+ * (or was evicted, or its filler died) and `create` is 0; LH_ERR_NO_SPACE
+ * when there is no room for it; LH_ERR_INVALID_ARGUMENT for a bad name or
+ * a size other than the region's; LH_ERR_TIMEOUT. */
+lh_status lh_region_attach(lh_session* session, const char* name, uint64_t size, int create,
+                           int64_t wait_ms, lh_region** region) LH_NOEXCEPT;
+/* Its memory (a device pointer for a CUDA pool; read-only unless this
+ * attacher fills it and has not marked it ready), its size, and whether
+ * this attacher must fill it; NULL and 0 for NULL or a detached region. */
+void* lh_region_data(const lh_region* region) LH_NOEXCEPT;
+uint64_t lh_region_size(const lh_region* region) LH_NOEXCEPT;
+int lh_region_must_fill(const lh_region* region) LH_NOEXCEPT;
+/* The filler's writes are done (on the device too: synchronize first):
+ * other attachers get the region now, and this attacher's mapping turns
+ * read-only. */
+lh_status lh_region_mark_ready(lh_region* region) LH_NOEXCEPT;
+/* Gives the attachment back and frees the handle (whatever the answer; a
+ * region left unfilled is discarded). NULL is ignored. Memory of it must
+ * not be used afterwards. */
+lh_status lh_region_detach(lh_region* region) LH_NOEXCEPT;
+
 /* Installs (NULL: removes) the Shrink handler; waits for a call of the old
  * one in progress. */
 void lh_session_set_shrink_handler(lh_session* session, lh_shrink_fn fn, void* user) LH_NOEXCEPT;

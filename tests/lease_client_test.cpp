@@ -362,6 +362,68 @@ TEST_F(LeaseClient, WindowsShowPagesOfLeasesWhereAsked) {
   lh_window_close(w);
 }
 
+TEST_F(LeaseClient, RegionsAreFilledOnceAndAttachedInPlace) {
+  cluster.start_coordinator(coordinator_args());
+  lh_session* filler = open("plugin-filler");
+  lh_session* reader = open("plugin-reader");
+  ASSERT_NE(filler, nullptr);
+  ASSERT_NE(reader, nullptr);
+  lh_region* missing = nullptr;
+  EXPECT_EQ(lh_region_attach(reader, "ds/none", 0, 0, 0, &missing), LH_ERR_NOT_FOUND);
+  EXPECT_EQ(missing, nullptr);
+  EXPECT_TRUE(contains(lh_last_error(), "ds/none")) << lh_last_error();
+
+  lh_region* r = nullptr;
+  ASSERT_EQ(lh_region_attach(filler, "ds/mnist", 3 * kAlignment, 1, -1, &r), LH_OK)
+      << lh_last_error();
+  ASSERT_EQ(lh_region_must_fill(r), 1);
+  EXPECT_GE(lh_region_size(r), 3 * kAlignment);
+  auto* bytes = static_cast<unsigned char*>(lh_region_data(r));
+  ASSERT_NE(bytes, nullptr);
+  for (uint64_t i = 0; i < lh_region_size(r); ++i) bytes[i] = static_cast<unsigned char>(i * 7);
+  ASSERT_EQ(lh_region_mark_ready(r), LH_OK) << lh_last_error();
+  EXPECT_EQ(lh_region_must_fill(r), 0);
+  EXPECT_EQ(lh_region_mark_ready(r), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(lh_last_error(), "marked ready already")) << lh_last_error();
+
+  // Another session gets the same bytes, in place, whatever size it asks
+  // with 0; a different size is refused.
+  lh_region* again = nullptr;
+  ASSERT_EQ(lh_region_attach(reader, "ds/mnist", 0, 0, -1, &again), LH_OK) << lh_last_error();
+  EXPECT_EQ(lh_region_must_fill(again), 0);
+  ASSERT_EQ(lh_region_size(again), lh_region_size(r));
+  const auto* seen = static_cast<const unsigned char*>(lh_region_data(again));
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(std::memcmp(seen, bytes, lh_region_size(r)), 0);
+  lh_region* other = nullptr;
+  EXPECT_EQ(lh_region_attach(reader, "ds/mnist", 5 * kAlignment, 1, -1, &other),
+            LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(other, nullptr);
+
+  // Bad arguments name what was wrong.
+  EXPECT_EQ(lh_region_attach(reader, "/abs", 1, 1, -1, &other), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lh_region_attach(reader, "x", 0, 1, -1, &other), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(lh_last_error(), "0 bytes")) << lh_last_error();
+  EXPECT_EQ(lh_region_attach(reader, "x", 1, 1, -2, &other), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lh_region_attach(nullptr, "x", 1, 1, -1, &other), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lh_region_mark_ready(nullptr), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lh_region_data(nullptr), nullptr);
+  EXPECT_EQ(lh_region_detach(nullptr), LH_OK);
+
+  // Detached by both, it stays resident for the next attacher.
+  EXPECT_EQ(lh_region_detach(r), LH_OK) << lh_last_error();
+  EXPECT_EQ(lh_region_detach(again), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_region_attach(reader, "ds/mnist", 0, 0, 0, &again), LH_OK) << lh_last_error();
+  seen = static_cast<const unsigned char*>(lh_region_data(again));
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(seen[11], static_cast<unsigned char>(77));
+  // A region outlives the session's handle: its handle is void, then freed.
+  lh_session_close(reader);
+  EXPECT_EQ(lh_region_data(again), nullptr);
+  EXPECT_EQ(lh_region_detach(again), LH_OK) << lh_last_error();
+  lh_session_close(filler);
+}
+
 TEST_F(LeaseClient, RefusalsSayWhy) {
   cluster.start_coordinator(coordinator_args());
   lh_session* s = open("plugin-refused");
