@@ -17,7 +17,7 @@ struct lh_region {
 
 extern "C" {
 
-lh_status lh_region_attach(lh_session* session, const char* name, uint64_t size, int create,
+lh_status lh_region_attach(lh_session* session, const char* name, uint64_t size, int flags,
                            int64_t wait_ms, lh_region** region) noexcept {
   if (!session || !name || !region) {
     return fail(LH_ERR_INVALID_ARGUMENT, "lh_region_attach: a NULL argument");
@@ -26,6 +26,15 @@ lh_status lh_region_attach(lh_session* session, const char* name, uint64_t size,
   if (wait_ms < -1) {
     return fail(LH_ERR_INVALID_ARGUMENT,
                 "lh_region_attach: wait_ms " + std::to_string(wait_ms) + " (-1, 0 or more)");
+  }
+  if (flags & ~(LH_REGION_CREATE | LH_REGION_REPLACE)) {
+    return fail(LH_ERR_INVALID_ARGUMENT,
+                "lh_region_attach: unknown flags " + std::to_string(flags));
+  }
+  const bool create = (flags & LH_REGION_CREATE) != 0;
+  const bool replace = (flags & LH_REGION_REPLACE) != 0;
+  if (replace && !create) {
+    return fail(LH_ERR_INVALID_ARGUMENT, "lh_region_attach: LH_REGION_REPLACE without CREATE");
   }
   if (create && size == 0) {
     return fail(LH_ERR_INVALID_ARGUMENT,
@@ -36,7 +45,7 @@ lh_status lh_region_attach(lh_session* session, const char* name, uint64_t size,
     if (wait_ms >= 0) wait = std::chrono::milliseconds(wait_ms);
     auto handle = std::make_unique<lh_region>();
     try {
-      handle->attachment = session->session->attach_region(name, size, create != 0, wait);
+      handle->attachment = session->session->attach_region(name, size, create, wait, replace);
     } catch (const leasehold::Error& e) {
       if (e.code() == leasehold::ErrorCode::NoSuchRegion) return fail(LH_ERR_NOT_FOUND, e.what());
       throw;

@@ -215,15 +215,19 @@ void lh_window_close(lh_window* window) LH_NOEXCEPT;
 typedef struct lh_region lh_region;
 
 /* Attaches region `name` (1-128 letters, digits, '.', '_', '-', ':' and
- * '/', not starting with '/'). When it does not exist and `create` is set, it is created with
- * `size` bytes and this attacher must fill it (lh_region_must_fill) and
+ * '/', not starting with '/'). When it does not exist and `flags` has
+ * LH_REGION_CREATE, it is created with `size` bytes and this attacher must fill it (lh_region_must_fill) and
  * then call lh_region_mark_ready; while another attacher fills it this
- * waits, up to `wait_ms` (-1: the coordinator's default). `size` 0 without
- * `create`: whatever size it has. LH_ERR_NOT_FOUND when it does not exist
- * (or was evicted, or its filler died) and `create` is 0; LH_ERR_NO_SPACE
+ * waits, up to `wait_ms` (-1: the coordinator's default). With
+ * LH_REGION_REPLACE too, a region of that name nobody is attached to is
+ * discarded and created anew (publishing new contents). `size` 0 without
+ * CREATE: whatever size it has. LH_ERR_NOT_FOUND when it does not exist
+ * (or was evicted, or its filler died) and CREATE is not given; LH_ERR_NO_SPACE
  * when there is no room for it; LH_ERR_INVALID_ARGUMENT for a bad name or
  * a size other than the region's; LH_ERR_TIMEOUT. */
-lh_status lh_region_attach(lh_session* session, const char* name, uint64_t size, int create,
+#define LH_REGION_CREATE 1  /* create it when it does not exist */
+#define LH_REGION_REPLACE 2 /* with CREATE: discard an unattached one and create it anew */
+lh_status lh_region_attach(lh_session* session, const char* name, uint64_t size, int flags,
                            int64_t wait_ms, lh_region** region) LH_NOEXCEPT;
 /* Its memory (a device pointer for a CUDA pool; read-only unless this
  * attacher fills it and has not marked it ready), its size, and whether

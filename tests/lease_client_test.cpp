@@ -405,6 +405,9 @@ TEST_F(LeaseClient, RegionsAreFilledOnceAndAttachedInPlace) {
   EXPECT_EQ(lh_region_attach(reader, "x", 0, 1, -1, &other), LH_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(lh_last_error(), "0 bytes")) << lh_last_error();
   EXPECT_EQ(lh_region_attach(reader, "x", 1, 1, -2, &other), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lh_region_attach(reader, "x", 1, 8, -1, &other), LH_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(lh_region_attach(reader, "x", 1, LH_REGION_REPLACE, -1, &other),
+            LH_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(lh_region_attach(nullptr, "x", 1, 1, -1, &other), LH_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(lh_region_mark_ready(nullptr), LH_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(lh_region_data(nullptr), nullptr);
@@ -417,6 +420,22 @@ TEST_F(LeaseClient, RegionsAreFilledOnceAndAttachedInPlace) {
   seen = static_cast<const unsigned char*>(lh_region_data(again));
   ASSERT_NE(seen, nullptr);
   EXPECT_EQ(seen[11], static_cast<unsigned char>(77));
+  // Replaced while attached: refused; once nobody is, new contents.
+  lh_region* newer = nullptr;
+  EXPECT_NE(lh_region_attach(filler, "ds/mnist", lh_region_size(again),
+                             LH_REGION_CREATE | LH_REGION_REPLACE, 0, &newer),
+            LH_OK);
+  EXPECT_EQ(lh_region_detach(again), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_region_attach(filler, "ds/mnist", 3 * kAlignment,
+                             LH_REGION_CREATE | LH_REGION_REPLACE, 0, &newer),
+            LH_OK)
+      << lh_last_error();
+  EXPECT_EQ(lh_region_must_fill(newer), 1);
+  EXPECT_EQ(lh_region_detach(newer), LH_OK) << lh_last_error();
+  ASSERT_EQ(lh_region_attach(reader, "ds/mnist", 0, 0, 0, &again), LH_ERR_NOT_FOUND)
+      << "left unfilled, it is discarded";
+  ASSERT_EQ(lh_region_attach(reader, "ds/mnist", kAlignment, LH_REGION_CREATE, 0, &again), LH_OK)
+      << lh_last_error();
   // A region outlives the session's handle: its handle is void, then freed.
   lh_session_close(reader);
   EXPECT_EQ(lh_region_data(again), nullptr);
