@@ -1,5 +1,6 @@
 #include "agent/program_job.h"
 
+#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 #include <sys/time.h>
 
@@ -10,6 +11,7 @@
 
 #include "agent/device_footprint.h"
 #include "agent/program_process.h"
+#include "lease_client/leasehold.h"
 #include "shared/job_spec.h"
 #include "shared/printable.h"
 
@@ -115,6 +117,13 @@ ProgramRun ProgramJob::agent_run() const {
   }
   if (!options_.torch_plugin.empty() && pool.backend == Backend::Cuda) {
     env["LEASEHOLD_TORCH_PLUGIN"] = options_.torch_plugin;
+  }
+  // The lease client this agent runs on, for a program that opens the
+  // job's session without the plug-in (python/leasehold/regions.py on the
+  // host backend).
+  if (Dl_info info{}; ::dladdr(reinterpret_cast<void*>(&lh_session_open), &info) &&
+                      info.dli_fname && info.dli_fname[0] == '/') {
+    env["LEASEHOLD_CLIENT_LIB"] = info.dli_fname;
   }
   // The MPS daemon the agent joined (it set this before its first CUDA call).
   if (const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY")) {

@@ -373,3 +373,106 @@ sys.exit(int(os.environ.get("STATUS", "0")))
 
 }  // namespace
 }  // namespace leasehold::testing
+
+namespace leasehold::testing {
+namespace {
+
+TEST_F(ProgramJobs, TwoPyTorchJobsOnTwoAgentsTrainOnOneDatasetRegion) {
+  if (std::system((std::string(kPython) + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "python3-torch is not installed";
+  }
+  Process& w1 = agent("w1");
+  Process& w2 = agent("w2");
+  // Trains on the dataset (from the region, or built privately), prints its
+  // losses, then holds on until the gate file exists.
+  script("ds_train.py", R"(
+import json, os, sys, time, torch, leasehold
+from leasehold.torch import cached_dataset
+mode, gate = sys.argv[1], sys.argv[2]
+built = []
+def build():
+    built.append(True)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 16, generator=g)
+    return {"x": x, "y": (x[:, :4].sum(1) > 0).long()}
+data = cached_dataset("toy/train", build) if mode == "region" else build()
+x, y = data["x"], data["y"]
+torch.manual_seed(1)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.2)
+losses = []
+for step in range(40):
+    i = (step * 256) % 4096
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x[i:i + 256]), y[i:i + 256])
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+    leasehold.report(step=step + 1, loss=loss.item())
+print(json.dumps({"built": bool(built), "losses": losses}), flush=True)
+while not os.path.exists(gate):
+    time.sleep(0.05)
+)");
+  const std::string gate = work + "/gate";
+  // Within budgets, the jobs leave the region its room in the pool.
+  const std::string kBudget = R"({"memory_budget": "32MiB"})";
+  auto result_of = [&](uint64_t id) -> nlohmann::json {
+    auto [rc, log] = client({"logs", std::to_string(id)});
+    const auto at = log.find("{\"built\"");
+    if (rc != 0 || at == std::string::npos) return nullptr;
+    return nlohmann::json::parse(log.substr(at, log.find('\n', at) - at), nullptr, false);
+  };
+  auto trained = [&](uint64_t id) {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto r = result_of(id); r.is_object()) return r;
+      if (job(id)["state"] == "failed") break;
+      std::this_thread::sleep_for(100ms);
+    }
+    return nlohmann::json();
+  };
+  // Private data first: the reference curve.
+  std::ofstream(gate) << "open";
+  const uint64_t alone = submit({kPython, "ds_train.py", "private", gate}, kBudget);
+  const auto reference = trained(alone);
+  ASSERT_TRUE(reference.is_object()) << job(alone).dump(1) << w1.log() << w2.log();
+  ASSERT_TRUE(wait_job(alone, [](const auto& j) { return j["state"] == "succeeded"; }, 60s));
+  fs::remove(gate);
+
+  // Two jobs at once, each on its own agent, on one region.
+  const uint64_t first = submit({kPython, "ds_train.py", "region", gate}, kBudget);
+  const auto a = trained(first);
+  ASSERT_TRUE(a.is_object()) << job(first).dump(1) << w1.log() << w2.log();
+  const uint64_t second = submit({kPython, "ds_train.py", "region", gate}, kBudget);
+  const auto b = trained(second);
+  ASSERT_TRUE(b.is_object()) << job(second).dump(1) << w1.log() << w2.log();
+  EXPECT_NE(job(first)["agent"], job(second)["agent"]);
+  EXPECT_TRUE(a["built"].get<bool>());
+  EXPECT_FALSE(b["built"].get<bool>()) << "the second job decoded nothing";
+  EXPECT_EQ(a["losses"], reference["losses"]);
+  EXPECT_EQ(b["losses"], reference["losses"]);
+  auto [rrc, regions] = client({"regions", "-o", "json"});
+  ASSERT_EQ(rrc, 0) << regions;
+  const auto listed = nlohmann::json::parse(regions);
+  ASSERT_EQ(listed["regions"].size(), 1u) << listed.dump(1);
+  const auto& r = listed["regions"][0];
+  EXPECT_EQ(r["name"], "datasets/toy/train");
+  EXPECT_EQ(r["state"], "ready");
+  EXPECT_EQ(r["refcount"], 2) << r.dump(1);
+  EXPECT_EQ(r["hits"], 1) << r.dump(1);
+  EXPECT_EQ(r["agents"].size(), 2u) << r.dump(1);
+
+  std::ofstream(gate) << "open";
+  for (uint64_t id : {first, second}) {
+    EXPECT_TRUE(wait_job(id, [](const auto& j) { return j["state"] == "succeeded"; }, 60s))
+        << job(id).dump(1);
+  }
+  // Detached when they ended; still resident for the next job.
+  auto [rrc2, after] = client({"regions", "-o", "json"});
+  const auto later = nlohmann::json::parse(after);
+  ASSERT_EQ(later["regions"].size(), 1u) << after;
+  EXPECT_EQ(later["regions"][0]["refcount"], 0) << after;
+}
+
+}  // namespace
+}  // namespace leasehold::testing

@@ -147,6 +147,23 @@ int leasehold_torch_stats(struct leasehold_torch_stats* out) {
   return 0;
 }
 
+struct lh_session* leasehold_torch_session(void) {
+  if (standby_arena_active()) {
+    print_line("leasehold: a standby has no job, and so no session, before its job starts");
+    return nullptr;
+  }
+  Plugin& p = plugin();
+  try {
+    open_cache(p);
+    return p.session;
+  } catch (const std::exception& e) {
+    print_line(e.what());
+  } catch (...) {
+    print_line("leasehold: the job's session cannot be opened (unknown exception)");
+  }
+  return nullptr;
+}
+
 int leasehold_torch_standby_begin(void) { return standby_arena_open() ? 0 : -1; }
 
 uint64_t leasehold_torch_standby_end(void) { return standby_arena_close(); }

@@ -35,6 +35,8 @@ extern "C" {
 
 /* cudaStream_t, without the CUDA headers. */
 struct CUstream_st;
+/* The lease client's session (lease_client/leasehold.h). */
+struct lh_session;
 
 /* The plug-in is built with hidden visibility: these are its only exports. */
 #if defined(__GNUC__)
@@ -92,6 +94,12 @@ LEASEHOLD_TORCH_API int leasehold_torch_stats(struct leasehold_torch_stats* out)
  * the job's leases. */
 LEASEHOLD_TORCH_API int leasehold_torch_standby_begin(void);
 LEASEHOLD_TORCH_API uint64_t leasehold_torch_standby_end(void);
+/* The job's session (version 3), opened now if no allocation has opened it
+ * yet: for the lease client's calls that need one (lh_region_* for shared
+ * regions; python/leasehold/regions.py). NULL, after one "leasehold: ..."
+ * line on standard error, when it cannot be opened. Closed only when the
+ * process ends. */
+LEASEHOLD_TORCH_API struct lh_session* leasehold_torch_session(void);
 /* LEASEHOLD_TORCH_ABI_VERSION of the loaded plug-in. */
 LEASEHOLD_TORCH_API int leasehold_torch_abi_version(void);
 

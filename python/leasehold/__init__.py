@@ -8,6 +8,10 @@ reads that and talks back:
 - ``report(step=..., loss=..., ...)``: progress for the agent (and, when the
   PyTorch plug-in is installed, its memory statistics), one JSON line at a
   time on the pipe the agent passed as LEASEHOLD_REPORT_FD.
+- ``region(name, nbytes, fill)``: a shared cache region's bytes as a tensor,
+  filled by the first job that asks and attached in place by the next
+  (leasehold.regions; ``leasehold.torch.cached_dataset``,
+  ``publish_parameters`` and ``init_from`` build on it).
 - ``leasehold.torch.install()``: Leasehold's leases as PyTorch's CUDA
   allocator. The agent's sitecustomize (python/leasehold_site) calls it
   right after ``import torch``; scripts need not.
@@ -24,7 +28,7 @@ import threading
 import time
 import warnings
 
-__all__ = ["Job", "job", "report"]
+__all__ = ["Job", "job", "region", "report"]
 
 # The pipe's atomic write size (PIPE_BUF on Linux): a line no longer than
 # this never interleaves with another writer's.
@@ -232,6 +236,15 @@ def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):
                 sys.stderr.write(message + "\n")
             return False
     return True
+
+
+def region(name, nbytes=None, fill=None, wait=None):
+    """The bytes of the shared cache region `name` as a uint8 tensor on the
+    job's device, created and filled by ``fill(tensor)`` when it does not
+    exist (leasehold.regions.region says the rest). Imports torch."""
+    from . import regions
+
+    return regions.region(name, nbytes=nbytes, fill=fill, wait=wait)
 
 
 from . import torch  # noqa: E402  (leasehold.torch.install(); imports no torch itself)

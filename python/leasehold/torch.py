@@ -17,7 +17,10 @@ import os
 import sys
 import threading
 
-__all__ = ["AllocatorTooLate", "install", "install_status", "stats"]
+from .regions import RegionError, cached_dataset, init_from, publish_parameters  # noqa: E402,F401
+
+__all__ = ["AllocatorTooLate", "RegionError", "cached_dataset", "init_from", "install",
+           "install_status", "publish_parameters", "stats"]
 
 # leasehold.standby uses install(standby=True), standby_begin() and standby_end().
 

@@ -429,7 +429,9 @@ int leasehold_torch_stats(struct leasehold_torch_stats* out) {
   for (int i = 0; i < 10; ++i) out->v[i] = 1000 + i;
   return 0;
 }
-int leasehold_torch_abi_version(void) { return 2; }
+int leasehold_torch_standby_begin(void) { return 0; }
+uint64_t leasehold_torch_standby_end(void) { return 0; }
+int leasehold_torch_abi_version(void) { return 3; }
 """
 
 
@@ -576,6 +578,88 @@ class FakeCudaTorchTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(json.loads(proc.stdout.strip().splitlines()[-1]),
                          {"first": True, "changes": 1})
+
+
+try:
+    import torch as _torch
+except ImportError:
+    _torch = None
+
+
+@unittest.skipIf(_torch is None, "torch is not importable here")
+class RegionLayoutTest(unittest.TestCase):
+    """Tensors laid out in a region's bytes (leasehold.regions), as engine
+    jobs lay theirs out, without a coordinator: a CPU byte tensor stands in
+    for the region."""
+
+    def layout(self, items):
+        from leasehold import regions
+
+        specs = [(n, t.dtype, tuple(t.shape), t.numel() * t.element_size()) for n, t in items]
+        _, total = regions._layout(specs)
+        memory = _torch.zeros(total, dtype=_torch.uint8)
+        regions._write(memory, items)
+        return memory
+
+    def test_tensors_of_every_kept_dtype_come_back_in_place(self):
+        from leasehold import regions
+
+        g = _torch.Generator().manual_seed(3)
+        items = [("images", (_torch.rand(5, 1, 4, 4, generator=g) * 255).to(_torch.uint8)),
+                 ("labels", _torch.arange(5)),
+                 ("w", _torch.randn(3, 7, generator=g)),
+                 ("half", _torch.randn(9, generator=g).to(_torch.bfloat16)),
+                 ("mask", _torch.tensor([True, False, True])),
+                 ("scalar", _torch.tensor(2.5, dtype=_torch.float64))]
+        memory = self.layout(items)
+        back = regions._read("t", memory)
+        self.assertEqual([n for n, _ in back], [n for n, _ in items])
+        for (_, want), (_, got) in zip(items, back):
+            self.assertEqual(got.dtype, want.dtype)
+            self.assertEqual(tuple(got.shape), tuple(want.shape))
+            self.assertTrue(_torch.equal(got, want))
+            self.assertEqual(got.data_ptr() % regions.ALIGN, memory.data_ptr() % regions.ALIGN)
+        # Views, not copies: the region's bytes are the tensors' bytes.
+        memory[back[1][1].data_ptr() - memory.data_ptr()] = 9
+        self.assertEqual(int(back[1][1][0]), 9)
+        self.assertEqual(regions.digest(back), regions.digest(back))
+        self.assertNotEqual(regions.digest(back[:2]), regions.digest(back[1:3]))
+
+    def test_the_engine_layout_is_kept(self):
+        from leasehold import regions
+
+        memory = self.layout([("fc.weight", _torch.ones(2, 3))])
+        head = bytes(memory[:24].numpy().tobytes())
+        self.assertEqual(head[:8], b"LHREGN1\n")
+        # One entry (136 bytes) after the 24-byte head, then the CRC; the
+        # tensor at the first 256-byte boundary; dtype 0 is the engine's float32.
+        self.assertEqual(int(memory[24 + 64]), 0)
+        self.assertEqual(int.from_bytes(bytes(memory[24 + 120:24 + 128].numpy()), "little"), 256)
+        self.assertEqual(memory.numel(), 512)
+
+    def test_a_damaged_header_or_an_odd_dtype_is_refused_by_name(self):
+        from leasehold import regions
+
+        memory = self.layout([("x", _torch.ones(4))])
+        memory[30] ^= 1
+        with self.assertRaisesRegex(regions.RegionError, "'ds'.*checksum"):
+            regions._read("ds", memory)
+        with self.assertRaisesRegex(regions.RegionError, "does not hold tensors"):
+            regions._read("ds", _torch.zeros(1024, dtype=_torch.uint8))
+        with self.assertRaisesRegex(TypeError, "complex64"):
+            self.layout([("z", _torch.zeros(2, dtype=_torch.complex64))])
+        with self.assertRaisesRegex(ValueError, "longer than 63"):
+            self.layout([("n" * 64, _torch.zeros(2))])
+        with self.assertRaisesRegex(TypeError, "dict of tensors"):
+            regions._named(_torch.zeros(2), "build()")
+
+    def test_outside_a_job_regions_say_so(self):
+        from leasehold import regions
+
+        with mock.patch.dict(os.environ, {}, clear=False):
+            os.environ.pop("LEASEHOLD_JOB_ID", None)
+            with self.assertRaisesRegex(regions.RegionError, "only inside a Leasehold program job"):
+                leasehold.region("x", 16, fill=lambda t: None)
 
 
 if __name__ == "__main__":
