@@ -476,3 +476,73 @@ while not os.path.exists(gate):
 
 }  // namespace
 }  // namespace leasehold::testing
+
+namespace leasehold::testing {
+namespace {
+
+TEST_F(ProgramJobs, PublishedParametersStartTheNextPyTorchJobAndRegionsAreReadOnly) {
+  if (std::system((std::string(kPython) + " -c 'import torch' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "python3-torch is not installed";
+  }
+  agent("w1");
+  const std::string budget = R"({"memory_budget": "32MiB"})";
+  script("params.py", R"(
+import sys, torch, leasehold
+from leasehold.torch import publish_parameters, init_from, RegionError
+def net(width, seed=None):
+    torch.manual_seed(int(sys.argv[2]) if seed is None else seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+if sys.argv[1] == "publish":
+    print("published", publish_parameters(net(16), "toy"))
+elif sys.argv[1] == "init":
+    m = net(16)
+    print("initialized", init_from(m, "toy"))
+    print("weight", float(m[0].weight.sum()))
+    print("expected", float(net(16, 7)[0].weight.sum()))
+    try:
+        init_from(net(12), "toy")
+    except RegionError as e:
+        print("refused:", e)
+else:
+    x = leasehold.region("params/toy")
+    print("writing", int(x[0]), flush=True)
+    x[0] = 1  # read-only: this faults
+    print("wrote")
+)");
+  const uint64_t pub = submit({kPython, "params.py", "publish", "7"}, budget);
+  ASSERT_TRUE(wait_job(pub, [](const auto& j) { return j["state"] == "succeeded"; }, 120s))
+      << job(pub).dump(1) << client({"logs", std::to_string(pub)}).second;
+  const std::string published = client({"logs", std::to_string(pub)}).second;
+  const auto digest = published.substr(published.find("published ") + 10, 16);
+
+  const uint64_t init = submit({kPython, "params.py", "init", "1"}, budget);
+  ASSERT_TRUE(wait_job(init, [](const auto& j) { return j["state"] == "succeeded"; }, 120s))
+      << job(init).dump(1) << client({"logs", std::to_string(init)}).second;
+  const std::string log = client({"logs", std::to_string(init)}).second;
+  EXPECT_NE(log.find("initialized " + digest), std::string::npos) << log << published;
+  // The seed-7 weights, not the seed-1 ones the module was built with.
+  const auto weight = log.substr(log.find("weight ") + 7, log.find('\n', log.find("weight ")) -
+                                                              log.find("weight ") - 7);
+  EXPECT_NE(log.find("expected " + weight + "\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("refused: leasehold: region 'params/toy' does not fit the module: "
+                     "0.weight: (16, 8) float32 in the region, (12, 8) float32 in the module"),
+            std::string::npos)
+      << log;
+
+  // A write into a ready region faults in the writer alone.
+  const uint64_t writer = submit({kPython, "params.py", "write", "0"}, budget);
+  ASSERT_TRUE(wait_job(writer, [](const auto& j) { return j["state"] == "failed"; }, 120s))
+      << job(writer).dump(1);
+  EXPECT_EQ(job(writer)["exit_code"], 128 + SIGSEGV) << job(writer).dump(1);
+  const std::string wlog = client({"logs", std::to_string(writer)}).second;
+  EXPECT_NE(wlog.find("writing"), std::string::npos) << wlog;
+  EXPECT_EQ(wlog.find("wrote"), std::string::npos) << wlog;
+  // And the region is intact for the next job.
+  const uint64_t again = submit({kPython, "params.py", "init", "2"}, budget);
+  ASSERT_TRUE(wait_job(again, [](const auto& j) { return j["state"] == "succeeded"; }, 120s));
+  EXPECT_NE(client({"logs", std::to_string(again)}).second.find("initialized " + digest),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace leasehold::testing
