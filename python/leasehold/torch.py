@@ -20,7 +20,7 @@ import threading
 from .regions import RegionError, cached_dataset, init_from, publish_parameters  # noqa: E402,F401
 
 __all__ = ["AllocatorTooLate", "RegionError", "cached_dataset", "init_from", "install",
-           "install_status", "publish_parameters", "stats"]
+           "install_status", "publish_parameters", "spill", "spill_stats", "stats"]
 
 # leasehold.standby uses install(standby=True), standby_begin() and standby_end().
 
@@ -158,6 +158,8 @@ def _install(standby):
             raise AllocatorTooLate(TOO_LATE) from e
         raise
     _keep_cudnn_benchmark_off(torch)
+    if not standby:
+        _spill_by_default()
     return lib, allocator, "the plug-in %s is PyTorch's CUDA allocator" % path
 
 
@@ -220,6 +222,63 @@ def standby_end():
     if lib is None:
         raise RuntimeError("leasehold: the plug-in is not installed: no standby arena")
     return int(lib.leasehold_torch_standby_end())
+
+
+# ---- spilling saved activations (leasehold/spill.py) ---------------------------------
+
+_spiller = None
+SPILL_HOST_DEFAULT = 4 << 30  # the host tier's default cap (bytes)
+
+
+def _spill_by_default():
+    """A program job with a budget spills when it nears it, unless
+    LEASEHOLD_SPILL=off; the host tier is LEASEHOLD_SPILL_HOST_BYTES or the
+    budget, at most SPILL_HOST_DEFAULT."""
+    import leasehold
+
+    setting = os.environ.get("LEASEHOLD_SPILL", "on")
+    if setting not in ("on", "off"):
+        raise RuntimeError("leasehold: LEASEHOLD_SPILL=%r is neither on nor off" % setting)
+    job = leasehold.job()
+    if setting == "off" or job is None or not job.budget_bytes:
+        return
+    host = leasehold._env_int("LEASEHOLD_SPILL_HOST_BYTES", minimum=1)
+    spill(True, host_bytes=host or min(job.budget_bytes, SPILL_HOST_DEFAULT))
+
+
+def spill(enabled=True, host_bytes=None, **options):
+    """Spills saved activations to a pinned host tier of `host_bytes` when
+    the job nears its budget (leasehold.spill says how), or, with
+    enabled=False, stops doing so. Program jobs with a budget start with it
+    on. `options`: min_bytes, lookahead, high_water (a fraction of the
+    budget). Installs the hooks as the process's default saved-tensor
+    hooks; a script's own torch.autograd.graph.saved_tensors_hooks still
+    take precedence inside their block. Returns the Spiller (None when
+    disabled)."""
+    global _spiller
+    import torch
+
+    from .spill import Spiller
+
+    with _lock:
+        if _spiller is not None:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            _spiller = None
+        if not enabled:
+            return None
+        if host_bytes is None:
+            host_bytes = SPILL_HOST_DEFAULT
+        spiller = Spiller(host_bytes, **options)
+        torch._C._autograd._push_saved_tensors_default_hooks(spiller.pack, spiller.unpack)
+        _spiller = spiller
+        return spiller
+
+
+def spill_stats():
+    """What spilling did (tensors and bytes spilled and restored, prefetches,
+    tensors kept for want of host room), or None when it is off."""
+    spiller = _spiller
+    return spiller.stats() if spiller is not None else None
 
 
 def install_status():

@@ -1,0 +1,252 @@
+"""Spilling a PyTorch job's saved activations to host memory when its budget
+is short (``leasehold.torch.spill``).
+
+Autograd keeps the tensors a backward pass needs ("saved tensors") from the
+forward pass until the backward pass uses them; they are most of a training
+step's peak. Through ``torch.autograd.graph`` saved-tensor hooks installed
+as the process's defaults, every saved tensor passes through ``pack`` when
+it is saved and ``unpack`` when backward needs it:
+
+- pack: a saved CUDA tensor that owns its memory (not a view, not a
+  parameter or anything else that requires grad as a leaf: parameters and
+  optimiser state stay resident), of at least ``min_bytes``, is copied to
+  the host tier while the plug-in's bytes in use would pass ``high_water``
+  of the job's budget. The copy runs on a copy stream after the work that
+  produced the tensor; the tensor's block is handed back to the allocator at
+  once, to be reused only after the copy (record_stream).
+- unpack: a spilled tensor comes back on the copy stream into new device
+  memory, and the next ``lookahead`` spilled tensors in backward order
+  (the reverse of the saving order) are brought back behind it, so copies
+  overlap the backward's kernels; the compute stream waits only for the one
+  it needs.
+
+The host tier is one pinned buffer of ``host_bytes``, allocated once at the
+first spill and carved into 256-byte aligned ranges. When it is full a
+tensor stays on the device (counted in ``stats()["host_full"]``). Copies are
+exact: gradients are bit-identical with and without spilling.
+
+Saved tensors only: a script that keeps activations alive itself, or whose
+parameters and optimiser state alone pass the budget, still runs out of
+memory, with the plug-in's message naming the numbers.
+"""
+
+import bisect
+import threading
+import weakref
+
+__all__ = ["Spiller"]
+
+ALIGN = 256
+
+
+class _HostRanges:
+    """First-fit ranges of the host tier, merged again when freed."""
+
+    def __init__(self, size):
+        self.size = size
+        self.free = [(0, size)]  # sorted (offset, bytes)
+
+    def take(self, nbytes):
+        need = (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        for i, (offset, size) in enumerate(self.free):
+            if size >= need:
+                if size == need:
+                    del self.free[i]
+                else:
+                    self.free[i] = (offset + need, size - need)
+                return offset, need
+        return None
+
+    def give(self, offset, size):
+        free = self.free
+        lo, hi = 0, len(free)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if free[mid][0] < offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        free.insert(lo, (offset, size))
+        # Merge with the neighbours.
+        if lo + 1 < len(free) and free[lo][0] + free[lo][1] == free[lo + 1][0]:
+            free[lo] = (free[lo][0], free[lo][1] + free[lo + 1][1])
+            del free[lo + 1]
+        if lo > 0 and free[lo - 1][0] + free[lo - 1][1] == free[lo][0]:
+            free[lo - 1] = (free[lo - 1][0], free[lo - 1][1] + free[lo][1])
+            del free[lo]
+
+    def free_bytes(self):
+        return sum(size for _, size in self.free)
+
+
+class _Spilled:
+    """A saved tensor in the host tier (or on its way back)."""
+
+    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "offset", "span", "back",
+                 "ready", "seq", "__weakref__")
+
+    def __init__(self, owner, t, offset, span, seq):
+        self.owner, self.shape, self.dtype, self.device = owner, t.shape, t.dtype, t.device
+        self.nbytes, self.offset, self.span, self.seq = t.numel() * t.element_size(), offset, \
+            span, seq
+        self.back = None   # the device copy once brought back
+        self.ready = None  # its copy's event
+
+    def __del__(self):
+        owner = self.owner
+        if owner is not None and self.offset is not None:
+            owner._release(self)
+
+
+class Spiller:
+    """Saved-tensor hooks that spill to a pinned host tier (module notes).
+
+    `pressure(nbytes)` says whether saving `nbytes` more on the device
+    would pass the budget (None: the plug-in's statistics against
+    `high_water` of the job's budget). `device_types` are the tensors'
+    device types considered ("cuda"; tests add "cpu")."""
+
+    def __init__(self, host_bytes, min_bytes=1 << 20, lookahead=2, high_water=0.8,
+                 pressure=None, device_types=("cuda",)):
+        import torch
+
+        if host_bytes <= 0:
+            raise ValueError("leasehold.torch.spill: host_bytes must be > 0")
+        self.torch = torch
+        self.host_bytes, self.min_bytes, self.lookahead = int(host_bytes), min_bytes, lookahead
+        self.high_water, self.device_types = high_water, tuple(device_types)
+        self.pressure = pressure or self._budget_pressure
+        self.host = None  # the pinned tier, at the first spill
+        self.ranges = _HostRanges(self.host_bytes)
+        self.streams = {}
+        # Spilled and not yet brought back: their numbers in saving order, and
+        # weak references (a record dies with the graph that saved it).
+        self.pending = []
+        self.records = {}
+        self.lock = threading.RLock()  # __del__ may run inside a locked section
+        self.seq = 0
+        self.counts = {"spilled_tensors": 0, "spilled_bytes": 0, "restored_bytes": 0,
+                       "prefetched": 0, "host_full": 0, "kept": 0}
+
+    # ---- policy -----------------------------------------------------------------
+
+    def _budget_pressure(self, nbytes):
+        from . import torch as plugin
+
+        s = plugin.stats()
+        if not s or not s.get("budget_bytes"):
+            return False
+        return s["in_use_bytes"] + nbytes > self.high_water * s["budget_bytes"]
+
+    def _eligible(self, t):
+        torch = self.torch
+        if t.device.type not in self.device_types or t.layout != torch.strided:
+            return False
+        if isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad):
+            return False
+        if t._base is not None or not t.is_contiguous():
+            return False
+        nbytes = t.numel() * t.element_size()
+        if nbytes < self.min_bytes:
+            return False
+        return t.untyped_storage().nbytes() == nbytes if hasattr(t, "untyped_storage") \
+            else t.storage().nbytes() == nbytes
+
+    # ---- hooks ------------------------------------------------------------------
+
+    def pack(self, t):
+        if not self._eligible(t):
+            return t
+        nbytes = t.numel() * t.element_size()
+        if not self.pressure(nbytes):
+            self.counts["kept"] += 1
+            return t
+        with self.lock:
+            got = self.ranges.take(nbytes)
+            if got is None:
+                self.counts["host_full"] += 1
+                return t
+            if self.host is None:
+                self.host = self.torch.empty(self.host_bytes, dtype=self.torch.uint8,
+                                             pin_memory=t.is_cuda)
+            self.seq += 1
+            rec = _Spilled(self, t, got[0], got[1], self.seq)
+            self.pending.append(rec.seq)
+            self.records[rec.seq] = weakref.ref(rec)
+        dst = self.host[rec.offset:rec.offset + nbytes]
+        src = t.detach().reshape(-1).view(self.torch.uint8)
+        if t.is_cuda:
+            stream = self._stream(t.device)
+            stream.wait_stream(self.torch.cuda.current_stream(t.device))
+            with self.torch.cuda.stream(stream):
+                dst.copy_(src, non_blocking=True)
+            t.record_stream(stream)  # its block waits for the copy before reuse
+        else:
+            dst.copy_(src)
+        self.counts["spilled_tensors"] += 1
+        self.counts["spilled_bytes"] += nbytes
+        return rec
+
+    def unpack(self, rec):
+        if not isinstance(rec, _Spilled):
+            return rec
+        with self.lock:
+            at = bisect.bisect_left(self.pending, rec.seq)
+            ahead = [self.records[seq]() for seq in self.pending[max(0, at - self.lookahead):at]]
+        self._bring_back(rec)
+        for other in reversed(ahead):
+            if other is not None and other.back is None:
+                self._bring_back(other)
+                self.counts["prefetched"] += 1
+        t = rec.back
+        if rec.ready is not None:
+            current = self.torch.cuda.current_stream(rec.device)
+            current.wait_event(rec.ready)
+            t.record_stream(current)
+        return t.view(rec.dtype).view(rec.shape)
+
+    # ---- internals --------------------------------------------------------------
+
+    def _stream(self, device):
+        stream = self.streams.get(device)
+        if stream is None:
+            stream = self.streams[device] = self.torch.cuda.Stream(device)
+        return stream
+
+    def _bring_back(self, rec):
+        if rec.back is not None:
+            return
+        torch = self.torch
+        src = self.host[rec.offset:rec.offset + rec.nbytes]
+        if rec.device.type == "cuda":
+            stream = self._stream(rec.device)
+            with torch.cuda.stream(stream):
+                back = torch.empty(rec.nbytes, dtype=torch.uint8, device=rec.device)
+                back.copy_(src, non_blocking=True)
+                rec.ready = torch.cuda.Event()
+                rec.ready.record(stream)
+        else:
+            back = src.clone()
+        rec.back = back
+        self.counts["restored_bytes"] += rec.nbytes
+        self._release(rec)
+
+    def _release(self, rec):
+        """Its host range is free again: a later copy into it is ordered
+        after this one's on the copy stream."""
+        with self.lock:
+            if rec.offset is None:
+                return
+            self.ranges.give(rec.offset, rec.span)
+            rec.offset = None
+            at = bisect.bisect_left(self.pending, rec.seq)
+            if at < len(self.pending) and self.pending[at] == rec.seq:
+                del self.pending[at]
+            self.records.pop(rec.seq, None)
+
+    def stats(self):
+        out = dict(self.counts)
+        out["host_bytes"] = self.host_bytes
+        out["host_allocated"] = self.host is not None
+        out["host_free_bytes"] = self.ranges.free_bytes()
+        return out
