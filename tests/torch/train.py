@@ -23,6 +23,7 @@ logged step; outside it never touches Leasehold.
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -61,9 +62,10 @@ try:
 except ImportError:
     leasehold = None
 
-DEFAULT_BATCH = {"lenet": 256, "resnet18": 64, "gpt2": 8}
+DEFAULT_BATCH = {"lenet": 256, "resnet18": 64, "gpt2": 8, "gpt2-small": 8}
 DATA_BATCHES = 16  # distinct batches kept on the device, cycled through
 GPT2_SEQ = 256
+SEQ = [GPT2_SEQ]  # --seq, set in main()
 GPT2_VOCAB = 8192
 
 
@@ -78,6 +80,13 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--warmup", type=int, default=20, help="steps excluded from the timing")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--seq", type=int, default=GPT2_SEQ,
+                   help="sequence length of the GPT models (default %d)" % GPT2_SEQ)
+    p.add_argument("--save-on-cpu", action="store_true",
+                   help="PyTorch's own activation offload: the forward pass inside "
+                        "torch.autograd.graph.save_on_cpu(pin_memory=True)")
+    p.add_argument("--grad-digest", action="store_true",
+                   help="put a digest of the last step's gradients in the summary")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels (cuDNN, cuBLAS, PyTorch's own where it has them): "
                         "two runs give the same losses, so a comparison sees memory, not "
@@ -117,19 +126,25 @@ def resnet18():
     return torchvision.models.resnet18(num_classes=10)
 
 
-def gpt2():
+def gpt2(layers=6, width=512, heads=8):
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
         sys.exit("train.py: --model gpt2 needs transformers, which is not installed")
-    config = GPT2Config(n_layer=6, n_embd=512, n_head=8, n_positions=GPT2_SEQ,
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, n_positions=SEQ[0],
                         vocab_size=GPT2_VOCAB, use_cache=False)  # no KV cache in training
     return GPT2LMHeadModel(config)
 
 
+def gpt2_small():
+    """GPT-2 small's shape (12 layers, width 768, 12 heads)."""
+    return gpt2(12, 768, 12)
+
+
 def build(name, device):
     """(model, optimizer, loss function of (model, batch))."""
-    model = {"lenet": lenet, "resnet18": resnet18, "gpt2": gpt2}[name]().to(device)
+    model = {"lenet": lenet, "resnet18": resnet18, "gpt2": gpt2,
+             "gpt2-small": gpt2_small}[name]().to(device)
     model.train()
     if name == "lenet":
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # the job file's optimizer
@@ -137,7 +152,7 @@ def build(name, device):
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    if name == "gpt2":
+    if name.startswith("gpt2"):
         def loss_fn(m, batch):
             return m(input_ids=batch, labels=batch).loss
     else:
@@ -161,10 +176,10 @@ def class_images(gen, n, shape):
 def token_sequences(gen, n):
     """Sequences where each token is 5*previous + 17 + r (mod vocab), r in 0..3:
     learnable down to a loss of ln 4."""
-    seq = torch.empty(n, GPT2_SEQ, dtype=torch.long)
+    seq = torch.empty(n, SEQ[0], dtype=torch.long)
     seq[:, 0] = torch.randint(0, GPT2_VOCAB, (n,), generator=gen)
-    noise = torch.randint(0, 4, (n, GPT2_SEQ), generator=gen)
-    for t in range(1, GPT2_SEQ):
+    noise = torch.randint(0, 4, (n, SEQ[0]), generator=gen)
+    for t in range(1, SEQ[0]):
         seq[:, t] = (seq[:, t - 1] * 5 + 17 + noise[:, t]) % GPT2_VOCAB
     return seq
 
@@ -209,9 +224,9 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def train_step(model, opt, loss_fn, batch, autocast):
+def train_step(model, opt, loss_fn, batch, autocast, offload):
     opt.zero_grad(set_to_none=True)
-    with autocast():
+    with autocast(), offload():
         loss = loss_fn(model, batch)
     loss.backward()
     opt.step()
@@ -256,6 +271,24 @@ def allocator_summary(device, stats_at_warmup, timed_steps):
     return out
 
 
+def grad_digest(model):
+    """BLAKE2b-64 of the last step's gradients, in parameter order: equal
+    digests, bit-identical gradients."""
+    h = hashlib.blake2b(digest_size=8)
+    for p in model.parameters():
+        if p.grad is not None:
+            h.update(p.grad.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+                     .tobytes())
+    return h.hexdigest()
+
+
+def spill_stats():
+    """What Leasehold's activation spilling did (None outside Leasehold)."""
+    if not plugin_installed():
+        return None
+    return leasehold.torch.spill_stats()
+
+
 def peak_device_bytes(device):
     if device.type != "cuda":
         return None
@@ -268,6 +301,7 @@ def main(argv=None):
     startup = {"interpreter": _AGE_AT_TOP, "import_torch": _IMPORT_TORCH_S,
                "interpreter_to_main": process_age()}
     args = parse_args(argv)
+    SEQ[0] = args.seq
     device = torch.device(args.device)
     # Off unless asked: through a pluggable allocator the search would raise
     # (Leasehold's install keeps it off and says so).
@@ -295,10 +329,16 @@ def main(argv=None):
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
+    def offload():
+        if not args.save_on_cpu:
+            return contextlib.nullcontext()
+        return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+
     t_start = time.perf_counter()
     t_timed, stats_at_warmup, loss = t_start, plugin_stats(), None
     for step in range(1, args.steps + 1):
-        loss = train_step(model, opt, loss_fn, batches[(step - 1) % DATA_BATCHES], autocast)
+        loss = train_step(model, opt, loss_fn, batches[(step - 1) % DATA_BATCHES], autocast,
+                          offload)
         if step == 1:
             sync(device)
             startup["first_step"] = time.perf_counter() - t_start
@@ -320,7 +360,9 @@ def main(argv=None):
           "amp": args.amp, "torch": torch.__version__, "steps": args.steps,
           "warmup": args.warmup, "steps_per_second": timed_steps / timed_seconds,
           "final_loss": loss.item(), "peak_device_bytes": peak_device_bytes(device),
-          "startup": startup,
+          "startup": startup, "seq": args.seq, "save_on_cpu": args.save_on_cpu,
+          "grad_digest": grad_digest(model) if args.grad_digest else None,
+          "spill": spill_stats(),
           "allocator": allocator_summary(device, stats_at_warmup, timed_steps)})
 
 
