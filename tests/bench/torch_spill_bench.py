@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--fractions", default="0.5,0.25")
-    p.add_argument("--pool-size", default="60GiB")
+    p.add_argument("--pool-size", default="30GiB")
     p.add_argument("--run-timeout", type=float, default=600)
     args = p.parse_args(argv)
     args.fractions = [float(f) for f in args.fractions.split(",") if f]
