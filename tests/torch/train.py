@@ -190,7 +190,7 @@ def make_batches(name, batch, seed, device):
     initialization, then moved once."""
     gen = torch.Generator().manual_seed(seed + 1)
     n = batch * DATA_BATCHES
-    if name == "gpt2":
+    if name.startswith("gpt2"):
         seq = token_sequences(gen, n).to(device)
         return [seq[i * batch:(i + 1) * batch] for i in range(DATA_BATCHES)]
     shape = (1, 28, 28) if name == "lenet" else (3, 64, 64)
