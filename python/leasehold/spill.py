@@ -7,9 +7,9 @@ step's peak. Through ``torch.autograd.graph`` saved-tensor hooks installed
 as the process's defaults, every saved tensor passes through ``pack`` when
 it is saved and ``unpack`` when backward needs it:
 
-- pack: a saved CUDA tensor that owns its memory (not a view, not a
-  parameter or anything else that requires grad as a leaf: parameters and
-  optimiser state stay resident), of at least ``min_bytes``, is copied to
+- pack: a saved CUDA tensor of at least ``min_bytes`` that is not a
+  parameter, a view of one, or anything else that requires grad as a leaf
+  (parameters and optimiser state stay resident), is copied to
   the host tier while the plug-in's bytes in use would pass ``high_water``
   of the job's budget. The copy runs on a copy stream after the work that
   produced the tensor; the tensor's block is handed back to the allocator at
@@ -107,7 +107,7 @@ class Spiller:
     device types considered ("cuda"; tests add "cpu")."""
 
     def __init__(self, host_bytes, min_bytes=1 << 20, lookahead=2, high_water=0.8,
-                 pressure=None, device_types=("cuda",)):
+                 pressure=None, device_types=("cuda",), max_in_flight=256 << 20):
         import torch
 
         if host_bytes <= 0:
@@ -125,8 +125,15 @@ class Spiller:
         self.records = {}
         self.lock = threading.RLock()  # __del__ may run inside a locked section
         self.seq = 0
+        # Copies to the host not known to be done: (event, bytes). A forward
+        # pass makes activations faster than a host link takes them; past
+        # max_in_flight it waits for the oldest, so the memory of spilled
+        # tensors comes back before more is asked for.
+        self.max_in_flight = max_in_flight
+        self.in_flight = []
+        self.in_flight_bytes = 0
         self.counts = {"spilled_tensors": 0, "spilled_bytes": 0, "restored_bytes": 0,
-                       "prefetched": 0, "host_full": 0, "kept": 0}
+                       "prefetched": 0, "host_full": 0, "kept": 0, "waits": 0}
 
     # ---- policy -----------------------------------------------------------------
 
@@ -142,15 +149,12 @@ class Spiller:
         torch = self.torch
         if t.device.type not in self.device_types or t.layout != torch.strided:
             return False
-        if isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad):
+        # Parameters (and views of them, such as a weight's transpose that a
+        # matmul saves) stay resident: spilling them would free nothing.
+        base = t._base if t._base is not None else t
+        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
             return False
-        if t._base is not None or not t.is_contiguous():
-            return False
-        nbytes = t.numel() * t.element_size()
-        if nbytes < self.min_bytes:
-            return False
-        return t.untyped_storage().nbytes() == nbytes if hasattr(t, "untyped_storage") \
-            else t.storage().nbytes() == nbytes
+        return t.numel() * t.element_size() >= self.min_bytes
 
     # ---- hooks ------------------------------------------------------------------
 
@@ -173,14 +177,20 @@ class Spiller:
             rec = _Spilled(self, t, got[0], got[1], self.seq)
             self.pending.append(rec.seq)
             self.records[rec.seq] = weakref.ref(rec)
-        dst = self.host[rec.offset:rec.offset + nbytes]
-        src = t.detach().reshape(-1).view(self.torch.uint8)
+        # A view (of an activation autograd saves several views of, such as
+        # attention's q, k and v) is copied alone; its memory is free once
+        # every view of it and its base are gone.
+        dst = self.host[rec.offset:rec.offset + nbytes].view(t.dtype).view(t.shape)
+        src = t.detach()
         if t.is_cuda:
             stream = self._stream(t.device)
             stream.wait_stream(self.torch.cuda.current_stream(t.device))
             with self.torch.cuda.stream(stream):
                 dst.copy_(src, non_blocking=True)
+                done = self.torch.cuda.Event()
+                done.record(stream)
             t.record_stream(stream)  # its block waits for the copy before reuse
+            self._throttle(done, nbytes)
         else:
             dst.copy_(src)
         self.counts["spilled_tensors"] += 1
@@ -206,6 +216,17 @@ class Spiller:
         return t.view(rec.dtype).view(rec.shape)
 
     # ---- internals --------------------------------------------------------------
+
+    def _throttle(self, done, nbytes):
+        self.in_flight.append((done, nbytes))
+        self.in_flight_bytes += nbytes
+        while self.in_flight and (self.in_flight_bytes > self.max_in_flight
+                                  or self.in_flight[0][0].query()):
+            event, size = self.in_flight.pop(0)
+            if self.in_flight_bytes > self.max_in_flight:
+                event.synchronize()
+                self.counts["waits"] += 1
+            self.in_flight_bytes -= size
 
     def _stream(self, device):
         stream = self.streams.get(device)

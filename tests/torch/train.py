@@ -337,8 +337,14 @@ def main(argv=None):
     t_start = time.perf_counter()
     t_timed, stats_at_warmup, loss = t_start, plugin_stats(), None
     for step in range(1, args.steps + 1):
-        loss = train_step(model, opt, loss_fn, batches[(step - 1) % DATA_BATCHES], autocast,
-                          offload)
+        try:
+            loss = train_step(model, opt, loss_fn, batches[(step - 1) % DATA_BATCHES], autocast,
+                              offload)
+        except torch.OutOfMemoryError:
+            # The numbers at the failure, then the error as it was.
+            emit({"type": "oom", "step": step, "spill": spill_stats(),
+                  "allocator": plugin_stats()})
+            raise
         if step == 1:
             sync(device)
             startup["first_step"] = time.perf_counter() - t_start
