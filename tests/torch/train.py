@@ -62,6 +62,9 @@ try:
 except ImportError:
     leasehold = None
 
+# torch.OutOfMemoryError (2.x); older torch has it under torch.cuda only.
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", None) or getattr(
+    getattr(torch, "cuda", None), "OutOfMemoryError", MemoryError)
 DEFAULT_BATCH = {"lenet": 256, "resnet18": 64, "gpt2": 8, "gpt2-small": 8}
 DATA_BATCHES = 16  # distinct batches kept on the device, cycled through
 GPT2_SEQ = 256
@@ -340,7 +343,7 @@ def main(argv=None):
         try:
             loss = train_step(model, opt, loss_fn, batches[(step - 1) % DATA_BATCHES], autocast,
                               offload)
-        except torch.OutOfMemoryError:
+        except OUT_OF_MEMORY:
             # The numbers at the failure, then the error as it was.
             emit({"type": "oom", "step": step, "spill": spill_stats(),
                   "allocator": plugin_stats()})
