@@ -227,13 +227,27 @@ def standby_end():
 # ---- spilling saved activations (leasehold/spill.py) ---------------------------------
 
 _spiller = None
-SPILL_HOST_DEFAULT = 4 << 30  # the host tier's default cap (bytes)
+SPILL_HOST_DEFAULT = 4 << 30  # spill()'s host tier when none is given (bytes)
+
+
+def _host_available():
+    """MemAvailable of /proc/meminfo in bytes (None where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _spill_by_default():
     """A program job with a budget spills when it nears it, unless
-    LEASEHOLD_SPILL=off; the host tier is LEASEHOLD_SPILL_HOST_BYTES or the
-    budget, at most SPILL_HOST_DEFAULT."""
+    LEASEHOLD_SPILL=off (the agent's environment). Its host tier is
+    LEASEHOLD_SPILL_HOST_BYTES, else four times the budget (a step's
+    activations may be several budgets), at most half the host memory
+    available now; pinned only at the first spill."""
     import leasehold
 
     setting = os.environ.get("LEASEHOLD_SPILL", "on")
@@ -243,7 +257,12 @@ def _spill_by_default():
     if setting == "off" or job is None or not job.budget_bytes:
         return
     host = leasehold._env_int("LEASEHOLD_SPILL_HOST_BYTES", minimum=1)
-    spill(True, host_bytes=host or min(job.budget_bytes, SPILL_HOST_DEFAULT))
+    if host is None:
+        host = 4 * job.budget_bytes
+        available = _host_available()
+        if available:
+            host = min(host, available // 2)
+    spill(True, host_bytes=host)
 
 
 def spill(enabled=True, host_bytes=None, **options):
