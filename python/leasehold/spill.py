@@ -83,12 +83,13 @@ class _Spilled:
     """A saved tensor in the host tier (or on its way back)."""
 
     __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "offset", "span", "back",
-                 "ready", "seq", "__weakref__")
+                 "ready", "seq", "key", "__weakref__")
 
     def __init__(self, owner, t, offset, span, seq):
         self.owner, self.shape, self.dtype, self.device = owner, t.shape, t.dtype, t.device
         self.nbytes, self.offset, self.span, self.seq = t.numel() * t.element_size(), offset, \
             span, seq
+        self.key = None    # Spiller.by_tensor's
         self.back = None   # the device copy once brought back
         self.ready = None  # its copy's event
 
@@ -123,6 +124,9 @@ class Spiller:
         # weak references (a record dies with the graph that saved it).
         self.pending = []
         self.records = {}
+        # The same tensor saved again (a layer's input saved by two ops) is
+        # the same record: copied once, brought back once.
+        self.by_tensor = {}
         self.lock = threading.RLock()  # __del__ may run inside a locked section
         self.seq = 0
         # Copies to the host not known to be done: (event, bytes). A forward
@@ -133,7 +137,7 @@ class Spiller:
         self.in_flight = []
         self.in_flight_bytes = 0
         self.counts = {"spilled_tensors": 0, "spilled_bytes": 0, "restored_bytes": 0,
-                       "prefetched": 0, "host_full": 0, "kept": 0, "waits": 0}
+                       "prefetched": 0, "host_full": 0, "kept": 0, "waits": 0, "deduplicated": 0}
 
     # ---- policy -----------------------------------------------------------------
 
@@ -161,6 +165,17 @@ class Spiller:
     def pack(self, t):
         if not self._eligible(t):
             return t
+        # The same tensor object, unchanged since (its memory may be reused
+        # by a new tensor once it is gone: addresses are no identity).
+        key = id(t)
+        known = self.by_tensor.get(key)
+        if known is not None:
+            tensor_ref, rec_ref, version = known
+            rec = rec_ref()
+            if tensor_ref() is t and t._version == version and rec is not None \
+                    and rec.offset is not None and rec.back is None:
+                self.counts["deduplicated"] += 1
+                return rec
         nbytes = t.numel() * t.element_size()
         if not self.pressure(nbytes):
             self.counts["kept"] += 1
@@ -177,6 +192,8 @@ class Spiller:
             rec = _Spilled(self, t, got[0], got[1], self.seq)
             self.pending.append(rec.seq)
             self.records[rec.seq] = weakref.ref(rec)
+            self.by_tensor[key] = (weakref.ref(t), self.records[rec.seq], t._version)
+            rec.key = key
         # A view (of an activation autograd saves several views of, such as
         # attention's q, k and v) is copied alone; its memory is free once
         # every view of it and its base are gone.
@@ -264,6 +281,9 @@ class Spiller:
             if at < len(self.pending) and self.pending[at] == rec.seq:
                 del self.pending[at]
             self.records.pop(rec.seq, None)
+            known = self.by_tensor.get(rec.key)
+            if known is not None and known[1]() in (rec, None):
+                del self.by_tensor[rec.key]
 
     def stats(self):
         out = dict(self.counts)

@@ -731,6 +731,21 @@ class SpillTest(unittest.TestCase):
         gc.collect()
         self.assertEqual(spiller.stats()["host_free_bytes"], 8 << 20)
 
+    def test_a_tensor_saved_twice_is_spilled_once(self):
+        from leasehold.spill import Spiller
+
+        spiller = Spiller(8 << 20, min_bytes=1, pressure=lambda n: True, device_types=("cpu",))
+        x = _torch.randn(64, 32, requires_grad=True)
+        with _torch.autograd.graph.saved_tensors_hooks(spiller.pack, spiller.unpack):
+            h = _torch.tanh(x)
+            y = (h * h).sum() + (h @ h.t()).sum()
+        y.backward()
+        self.assertGreater(spiller.stats()["deduplicated"], 0)
+        x2 = x.detach().clone().requires_grad_()
+        h2 = _torch.tanh(x2)
+        ((h2 * h2).sum() + (h2 @ h2.t()).sum()).backward()
+        self.assertTrue(_torch.equal(x.grad, x2.grad))
+
     def test_host_ranges_merge_when_freed(self):
         from leasehold.spill import _HostRanges
 
