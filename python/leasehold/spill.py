@@ -20,8 +20,9 @@ it is saved and ``unpack`` when backward needs it:
   overlap the backward's kernels; the compute stream waits only for the one
   it needs.
 
-The host tier is one pinned buffer of ``host_bytes``, allocated once at the
-first spill and carved into 256-byte aligned ranges. When it is full a
+The host tier holds up to ``host_bytes`` in pinned slabs of ``slab_bytes``,
+allocated as spills first need them and then kept, carved into 256-byte
+aligned ranges. When it is full a
 tensor stays on the device (counted in ``stats()["host_full"]``). Copies are
 exact: gradients are bit-identical with and without spilling.
 
@@ -79,16 +80,55 @@ class _HostRanges:
         return sum(size for _, size in self.free)
 
 
+class _HostTier:
+    """The host tier: pinned slabs of `slab_bytes` (a tensor larger than
+    that gets a slab of its own size), allocated as spills need them up to
+    `capacity` and then kept. Pinning is done slab by slab: pinning many
+    GiB at once holds the process's memory-map lock for seconds, and every
+    other thread that faults a page waits (the session's heartbeats too)."""
+
+    def __init__(self, torch, capacity, slab_bytes, pinned):
+        self.torch, self.capacity, self.slab_bytes, self.pinned = torch, capacity, slab_bytes, \
+            pinned
+        self.slabs = []  # (tensor, _HostRanges)
+        self.allocated = 0
+
+    def take(self, nbytes):
+        """(slab, offset, span) of a range for nbytes, or None."""
+        for i, (_, ranges) in enumerate(self.slabs):
+            got = ranges.take(nbytes)
+            if got is not None:
+                return (i,) + got
+        size = max(self.slab_bytes, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+        if self.allocated + size > self.capacity:
+            size = self.capacity - self.allocated
+            if size < nbytes:
+                return None
+        slab = self.torch.empty(size, dtype=self.torch.uint8, pin_memory=self.pinned)
+        self.slabs.append((slab, _HostRanges(size)))
+        self.allocated += size
+        return (len(self.slabs) - 1,) + self.slabs[-1][1].take(nbytes)
+
+    def give(self, slab, offset, span):
+        self.slabs[slab][1].give(offset, span)
+
+    def view(self, slab, offset, nbytes):
+        return self.slabs[slab][0][offset:offset + nbytes]
+
+    def free_bytes(self):
+        return self.capacity - self.allocated + sum(r.free_bytes() for _, r in self.slabs)
+
+
 class _Spilled:
     """A saved tensor in the host tier (or on its way back)."""
 
-    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "offset", "span", "back",
+    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "slab", "offset", "span", "back",
                  "ready", "seq", "key", "__weakref__")
 
-    def __init__(self, owner, t, offset, span, seq):
+    def __init__(self, owner, t, where, seq):
         self.owner, self.shape, self.dtype, self.device = owner, t.shape, t.dtype, t.device
-        self.nbytes, self.offset, self.span, self.seq = t.numel() * t.element_size(), offset, \
-            span, seq
+        self.nbytes, self.seq = t.numel() * t.element_size(), seq
+        self.slab, self.offset, self.span = where
         self.key = None    # Spiller.by_tensor's
         self.back = None   # the device copy once brought back
         self.ready = None  # its copy's event
@@ -108,7 +148,8 @@ class Spiller:
     device types considered ("cuda"; tests add "cpu")."""
 
     def __init__(self, host_bytes, min_bytes=1 << 20, lookahead=2, high_water=0.8,
-                 pressure=None, device_types=("cuda",), max_in_flight=256 << 20):
+                 pressure=None, device_types=("cuda",), max_in_flight=256 << 20,
+                 slab_bytes=256 << 20):
         import torch
 
         if host_bytes <= 0:
@@ -117,8 +158,8 @@ class Spiller:
         self.host_bytes, self.min_bytes, self.lookahead = int(host_bytes), min_bytes, lookahead
         self.high_water, self.device_types = high_water, tuple(device_types)
         self.pressure = pressure or self._budget_pressure
-        self.host = None  # the pinned tier, at the first spill
-        self.ranges = _HostRanges(self.host_bytes)
+        self.slab_bytes = slab_bytes
+        self.host = None  # the _HostTier, at the first spill
         self.streams = {}
         # Spilled and not yet brought back: their numbers in saving order, and
         # weak references (a record dies with the graph that saved it).
@@ -181,15 +222,14 @@ class Spiller:
             self.counts["kept"] += 1
             return t
         with self.lock:
-            got = self.ranges.take(nbytes)
+            if self.host is None:
+                self.host = _HostTier(self.torch, self.host_bytes, self.slab_bytes, t.is_cuda)
+            got = self.host.take(nbytes)
             if got is None:
                 self.counts["host_full"] += 1
                 return t
-            if self.host is None:
-                self.host = self.torch.empty(self.host_bytes, dtype=self.torch.uint8,
-                                             pin_memory=t.is_cuda)
             self.seq += 1
-            rec = _Spilled(self, t, got[0], got[1], self.seq)
+            rec = _Spilled(self, t, got, self.seq)
             self.pending.append(rec.seq)
             self.records[rec.seq] = weakref.ref(rec)
             self.by_tensor[key] = (weakref.ref(t), self.records[rec.seq], t._version)
@@ -197,7 +237,7 @@ class Spiller:
         # A view (of an activation autograd saves several views of, such as
         # attention's q, k and v) is copied alone; its memory is free once
         # every view of it and its base are gone.
-        dst = self.host[rec.offset:rec.offset + nbytes].view(t.dtype).view(t.shape)
+        dst = self.host.view(rec.slab, rec.offset, nbytes).view(t.dtype).view(t.shape)
         src = t.detach()
         if t.is_cuda:
             stream = self._stream(t.device)
@@ -255,7 +295,7 @@ class Spiller:
         if rec.back is not None:
             return
         torch = self.torch
-        src = self.host[rec.offset:rec.offset + rec.nbytes]
+        src = self.host.view(rec.slab, rec.offset, rec.nbytes)
         if rec.device.type == "cuda":
             stream = self._stream(rec.device)
             with torch.cuda.stream(stream):
@@ -275,7 +315,7 @@ class Spiller:
         with self.lock:
             if rec.offset is None:
                 return
-            self.ranges.give(rec.offset, rec.span)
+            self.host.give(rec.slab, rec.offset, rec.span)
             rec.offset = None
             at = bisect.bisect_left(self.pending, rec.seq)
             if at < len(self.pending) and self.pending[at] == rec.seq:
@@ -288,6 +328,6 @@ class Spiller:
     def stats(self):
         out = dict(self.counts)
         out["host_bytes"] = self.host_bytes
-        out["host_allocated"] = self.host is not None
-        out["host_free_bytes"] = self.ranges.free_bytes()
+        out["host_allocated_bytes"] = self.host.allocated if self.host else 0
+        out["host_free_bytes"] = self.host.free_bytes() if self.host else self.host_bytes
         return out

@@ -692,7 +692,8 @@ class SpillTest(unittest.TestCase):
         from leasehold.spill import Spiller
 
         plain = self.train(None)
-        spiller = Spiller(8 << 20, min_bytes=1, pressure=lambda n: True, device_types=("cpu",))
+        spiller = Spiller(8 << 20, min_bytes=1, pressure=lambda n: True, device_types=("cpu",),
+                          slab_bytes=64 << 10)
         spilled = self.train(spiller)
         for a, b in zip(plain, spilled):
             for ga, gb in zip(a, b):
@@ -703,6 +704,8 @@ class SpillTest(unittest.TestCase):
         self.assertGreater(stats["prefetched"], 0)
         self.assertEqual(stats["host_free_bytes"], 8 << 20)  # every range given back
         self.assertEqual(spiller.pending, [])
+        # Pinned in slabs as needed, not all at once.
+        self.assertGreater(stats["host_allocated_bytes"], 0)
 
     def test_no_pressure_or_no_room_keeps_tensors_where_they_are(self):
         from leasehold.spill import Spiller
@@ -711,7 +714,8 @@ class SpillTest(unittest.TestCase):
         self.train(calm, steps=1)
         self.assertEqual(calm.stats()["spilled_tensors"], 0)
         self.assertGreater(calm.stats()["kept"], 0)
-        tight = Spiller(1024, min_bytes=1, pressure=lambda n: True, device_types=("cpu",))
+        tight = Spiller(1024, min_bytes=1, pressure=lambda n: True, device_types=("cpu",),
+                        slab_bytes=512)
         plain = self.train(None, steps=1)
         got = self.train(tight, steps=1)
         self.assertGreater(tight.stats()["host_full"], 0)
