@@ -89,9 +89,10 @@ void find_program_support(ProgramJobOptions& o, const char* argv0) {
 ProgramJob::ProgramJob(AgentSession& session, ProgramJobOptions options)
     : session_(session),
       options_(std::move(options)),
-      standbys_(options_.python_dir.empty() ? PythonStandbyOptions{0} : options_.standby,
+      standbys_(options_.python_dir.empty() ? PythonStandbyOptions{} : options_.standby,
                 agent_run()) {
-  standbys_.fill();
+  // The first standbys start at the worker's first idle moment, after the
+  // agent's own warm-up has measured its footprint.
 }
 
 void ProgramJob::idle() { standbys_.fill(); }
@@ -124,6 +125,11 @@ ProgramRun ProgramJob::agent_run() const {
   if (Dl_info info{}; ::dladdr(reinterpret_cast<void*>(&lh_session_open), &info) &&
                       info.dli_fname && info.dli_fname[0] == '/') {
     env["LEASEHOLD_CLIENT_LIB"] = info.dli_fname;
+  }
+  // Spilling's settings for PyTorch jobs (docs/program-jobs.md), as the
+  // agent's environment gives them: LEASEHOLD_* names are the agent's.
+  for (const char* name : {"LEASEHOLD_SPILL", "LEASEHOLD_SPILL_HOST_BYTES"}) {
+    if (const char* v = std::getenv(name)) env[name] = v;
   }
   // The MPS daemon the agent joined (it set this before its first CUDA call).
   if (const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY")) {

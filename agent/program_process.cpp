@@ -184,7 +184,12 @@ std::optional<ProgramReport> parse_report_line(std::string_view line, std::strin
     why = "not a JSON object";
     return std::nullopt;
   }
-  const std::string type = j.value("type", std::string());
+  const auto type_at = j.find("type");
+  if (type_at == j.end() || !type_at->is_string()) {
+    why = "its type is not a string";
+    return std::nullopt;
+  }
+  const std::string type = type_at->get<std::string>();
   if (type == "memory") {
     proto::ProgramMemoryT m;
     const std::pair<const char*, uint64_t*> fields[] = {

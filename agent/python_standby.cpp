@@ -1,6 +1,8 @@
 #include "agent/python_standby.h"
 
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +22,8 @@ namespace {
 // loop); jobs run cold meanwhile.
 constexpr auto kPauseAfterFailure = std::chrono::seconds(60);
 constexpr size_t kMaxReadyLine = 4096;
+// How long a ready standby has to read its job line.
+constexpr auto kJobLineLimit = std::chrono::seconds(5);
 
 bool starts_with(const std::string& s, const char* prefix) {
   return s.rfind(prefix, 0) == 0;
@@ -40,13 +44,29 @@ bool read_available(int fd, std::string& into) {
   }
 }
 
-bool write_all(int fd, const std::string& data) {
+// Writes all of `data` to the pipe `fd` (made non-blocking), waiting at
+// most `limit` for a reader that does not read: a stopped or wedged standby
+// must not hold the job worker.
+bool write_all(int fd, const std::string& data, std::chrono::milliseconds limit) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(left.count()));
   }
   return true;
 }
@@ -54,13 +74,18 @@ bool write_all(int fd, const std::string& data) {
 }  // namespace
 
 bool startup_variable(const std::string& name) {
-  static const char* const kPrefixes[] = {"PYTHON", "LD_",     "CUDA_",   "TORCH",  "PYTORCH_",
-                                          "NCCL_",  "OMP_",    "MKL_",    "KMP_",   "GOMP_",
-                                          "OPENBLAS_", "MALLOC_", "CUBLAS", "CUDNN", "NVIDIA_"};
+  // Read by the interpreter (PYTHON*, HOME for the user's site folder,
+  // the locale for its encodings, TMPDIR), the loader, CUDA and the
+  // libraries torch loads, and by modules a standby may preload (HF_*,
+  // TRITON_*, XDG_* caches).
+  static const char* const kPrefixes[] = {
+      "PYTHON", "LD_",    "CUDA_", "TORCH",   "PYTORCH_",  "NCCL_",   "OMP_",   "MKL_",
+      "KMP_",   "GOMP_",  "OPENBLAS_", "MALLOC_", "CUBLAS", "CUDNN", "NVIDIA_", "LC_",
+      "HF_",    "TRITON_", "XDG_"};
   for (const char* p : kPrefixes) {
     if (starts_with(name, p)) return true;
   }
-  return false;
+  return name == "HOME" || name == "LANG" || name == "LANGUAGE" || name == "TMPDIR";
 }
 
 std::optional<WarmCommand> warm_command(const std::vector<std::string>& command,
@@ -132,7 +157,9 @@ bool PythonStandbys::poll(Standby& s) {
     const auto nl = s.reports.find('\n');
     if (nl != std::string::npos) {
       const auto line = nlohmann::json::parse(s.reports.substr(0, nl), nullptr, false);
-      if (line.is_object() && line.value("type", "") == "standby-ready") {
+      const auto type = line.is_object() ? line.find("type") : line.end();
+      if (line.is_object() && type != line.end() && type->is_string() &&
+          type->get<std::string>() == "standby-ready") {
         s.ready = true;
         spdlog::info("python standby pid {} is ready after {:.2f} s: {}", pid,
                      std::chrono::duration<double>(Clock::now() - s.started).count(),
@@ -247,7 +274,7 @@ ProgramChild PythonStandbys::take(const proto::ProgramSpec& program, const Progr
     // One line; invalid UTF-8 in a value is replaced rather than thrown on.
     const std::string line =
         job.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (!write_all(s.child.control_fd(), line)) {
+    if (!write_all(s.child.control_fd(), line, kJobLineLimit)) {
       spdlog::warn("python standby pid {} did not take its job ({}); trying another",
                    s.child.pid(), std::strerror(errno));
       continue;  // s is killed and reaped here

@@ -546,3 +546,39 @@ else:
 
 }  // namespace
 }  // namespace leasehold::testing
+
+namespace leasehold::testing {
+namespace {
+
+TEST_F(ProgramJobs, AJobInAForkStandbyHasItsGraceWhenCancelled) {
+  if (!fs::exists(kPython)) GTEST_SKIP() << kPython << " is missing";
+  Process& w = cluster.start_agent(
+      "w1", {"--program-stop-grace", "20s", "--python-standby", "1", "--python-standby-mode",
+             "fork", "--python-standby-python", kPython});
+  ASSERT_TRUE(w.wait_for_log("is ready after", 120s)) << w.log();
+  // Saves its work on SIGTERM, slowly, then ends.
+  script("graceful.py", R"(
+import os, signal, sys, time
+def stop(*_):
+    time.sleep(0.5)
+    open("saved", "w").write(os.environ.get("LEASEHOLD_WARM", "cold"))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open("started", "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+)");
+  const uint64_t id = submit({kPython, "graceful.py"});
+  ASSERT_GT(read_pid(work + "/started", 60s), 0) << w.log();
+  auto [rc, out] = client({"cancel", std::to_string(id)});
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(wait_job(id, [](const auto& j) { return j["state"] == "cancelled"; }, 30s))
+      << job(id).dump(1);
+  std::string saved;
+  std::ifstream(work + "/saved") >> saved;
+  EXPECT_EQ(saved, "fork") << "the job ran warm and saved its work within its grace";
+  EXPECT_TRUE(w.wait_for_log("runs warm in Python standby", 1s)) << w.log();
+}
+
+}  // namespace
+}  // namespace leasehold::testing

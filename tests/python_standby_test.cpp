@@ -52,7 +52,10 @@ TEST(PythonStandby, EverythingElseRunsColdWithItsReason) {
     EXPECT_NE(why.find(name), std::string::npos) << why;
   }
   EXPECT_FALSE(startup_variable("DATA_DIR"));
-  EXPECT_FALSE(startup_variable("HOME"));
+  EXPECT_FALSE(startup_variable("WANDB_MODE"));
+  for (const char* name : {"HOME", "LANG", "LC_ALL", "TMPDIR", "HF_HOME", "XDG_CACHE_HOME"}) {
+    EXPECT_TRUE(startup_variable(name)) << name;
+  }
 }
 
 TEST(ProgramChildren, AProgramReadsItsJobFromTheControlPipeAndIsSupervisedAfterwards) {

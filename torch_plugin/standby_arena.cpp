@@ -45,6 +45,8 @@ uint64_t standby_arena_close() {
   Arena& a = arena();
   std::lock_guard lk(a.mu);
   a.active.store(false, std::memory_order_release);
+  // Nothing left: the job's frees need not look here any more.
+  if (a.live.empty()) a.any.store(false, std::memory_order_release);
   return a.live_bytes;
 }
 

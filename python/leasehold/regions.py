@@ -232,12 +232,17 @@ def _take(name, got, fill, replace=False):
     if not data:
         lib.lh_region_detach(handle)
         raise RegionError("leasehold: region '%s' is not mapped: %s" % (name, _error(lib)))
-    tensor = _as_tensor(data, size, device)
+    try:
+        tensor = _as_tensor(data, size, device)
+    except BaseException:
+        lib.lh_region_detach(handle)
+        raise
     if lib.lh_region_must_fill(handle):
         try:
             fill(tensor)
             _synchronize(device)
         except BaseException:
+            del tensor  # views of memory about to be detached
             lib.lh_region_detach(handle)  # left unfilled: discarded
             raise
         if lib.lh_region_mark_ready(handle) != LH_OK:
@@ -340,14 +345,31 @@ def _read(name, region_bytes):
     (stored,) = struct.unpack("<I", raw[crc_at:])
     if zlib.crc32(raw[:crc_at]) & 0xFFFFFFFF != stored:
         raise RegionError("leasehold: region '%s': its header's checksum does not match" % name)
-    out = []
+    out, seen = [], set()
     for i in range(count):
         fields = _ENTRY.unpack_from(raw, _HEAD.size + i * _ENTRY.size)
         tname = fields[0].rstrip(b"\0").decode("utf-8", "replace")
         code, ndim, dims, offset, nbytes = fields[1], fields[2], fields[3:9], fields[9], fields[10]
-        if code >= len(_DTYPE_NAMES) or ndim > MAX_DIMS or offset + nbytes > size:
-            raise RegionError("leasehold: region '%s': entry '%s' is not valid" % (name, tname))
-        dtype = getattr(torch, _DTYPE_NAMES[code])
+        why = None
+        if code >= len(_DTYPE_NAMES):
+            why = "dtype code %d" % code
+        elif ndim > MAX_DIMS or any(d < 0 for d in dims[:ndim]):
+            why = "%d dimensions %s" % (ndim, dims[:ndim])
+        elif offset % ALIGN or offset < _HEAD.size or offset + nbytes > size:
+            why = "bytes %d+%d outside the region's %d or unaligned" % (offset, nbytes, size)
+        elif tname in seen:
+            why = "a second entry of that name"
+        if why is None:
+            dtype = getattr(torch, _DTYPE_NAMES[code])
+            numel = 1
+            for d in dims[:ndim]:
+                numel *= d
+            if numel * torch.empty((), dtype=dtype).element_size() != nbytes:
+                why = "%d bytes for shape %s of %s" % (nbytes, dims[:ndim], _DTYPE_NAMES[code])
+        if why is not None:
+            raise RegionError("leasehold: region '%s': entry '%s' is not valid (%s)"
+                              % (name, tname, why))
+        seen.add(tname)
         shape = tuple(dims[:ndim])
         view = region_bytes[offset:offset + nbytes].view(dtype).view(shape)
         out.append((tname, view))

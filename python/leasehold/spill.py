@@ -32,6 +32,7 @@ memory, with the plug-in's message naming the numbers.
 """
 
 import bisect
+import collections
 import threading
 import weakref
 
@@ -99,12 +100,17 @@ class _HostTier:
             got = ranges.take(nbytes)
             if got is not None:
                 return (i,) + got
-        size = max(self.slab_bytes, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+        need = (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        size = max(self.slab_bytes, need)
         if self.allocated + size > self.capacity:
-            size = self.capacity - self.allocated
-            if size < nbytes:
+            size = (self.capacity - self.allocated) // ALIGN * ALIGN
+            if size < need:
                 return None
-        slab = self.torch.empty(size, dtype=self.torch.uint8, pin_memory=self.pinned)
+        try:
+            slab = self.torch.empty(size, dtype=self.torch.uint8, pin_memory=self.pinned)
+        except RuntimeError:  # no more pinned memory: the tier is as large as it gets
+            self.capacity = self.allocated
+            return None
         self.slabs.append((slab, _HostRanges(size)))
         self.allocated += size
         return (len(self.slabs) - 1,) + self.slabs[-1][1].take(nbytes)
@@ -134,9 +140,13 @@ class _Spilled:
         self.ready = None  # its copy's event
 
     def __del__(self):
+        # Garbage collection may run this on a thread that is inside the
+        # Spiller's own bookkeeping: only queue the range; the next hook call
+        # gives it back.
         owner = self.owner
         if owner is not None and self.offset is not None:
-            owner._release(self)
+            owner.dead.append((self.slab, self.offset, self.span, self.seq, self.key))
+            self.offset = None
 
 
 class Spiller:
@@ -168,7 +178,8 @@ class Spiller:
         # The same tensor saved again (a layer's input saved by two ops) is
         # the same record: copied once, brought back once.
         self.by_tensor = {}
-        self.lock = threading.RLock()  # __del__ may run inside a locked section
+        self.lock = threading.Lock()
+        self.dead = collections.deque()  # ranges of records that died (see _Spilled.__del__)
         self.seq = 0
         # Copies to the host not known to be done: (event, bytes). A forward
         # pass makes activations faster than a host link takes them; past
@@ -204,6 +215,7 @@ class Spiller:
     # ---- hooks ------------------------------------------------------------------
 
     def pack(self, t):
+        self._reap()
         if not self._eligible(t):
             return t
         # The same tensor object, unchanged since (its memory may be reused
@@ -257,6 +269,7 @@ class Spiller:
     def unpack(self, rec):
         if not isinstance(rec, _Spilled):
             return rec
+        self._reap()
         with self.lock:
             at = bisect.bisect_left(self.pending, rec.seq)
             ahead = [self.records[seq]() for seq in self.pending[max(0, at - self.lookahead):at]]
@@ -315,17 +328,32 @@ class Spiller:
         with self.lock:
             if rec.offset is None:
                 return
-            self.host.give(rec.slab, rec.offset, rec.span)
+            self._forget(rec.slab, rec.offset, rec.span, rec.seq, rec.key)
             rec.offset = None
-            at = bisect.bisect_left(self.pending, rec.seq)
-            if at < len(self.pending) and self.pending[at] == rec.seq:
-                del self.pending[at]
-            self.records.pop(rec.seq, None)
-            known = self.by_tensor.get(rec.key)
-            if known is not None and known[1]() in (rec, None):
-                del self.by_tensor[rec.key]
+
+    def _reap(self):
+        """Gives back the ranges of records that died."""
+        if not self.dead:
+            return
+        with self.lock:
+            while self.dead:
+                self._forget(*self.dead.popleft())
+
+    def _forget(self, slab, offset, span, seq, key):
+        # Under self.lock.
+        self.host.give(slab, offset, span)
+        at = bisect.bisect_left(self.pending, seq)
+        if at < len(self.pending) and self.pending[at] == seq:
+            del self.pending[at]
+        self.records.pop(seq, None)
+        known = self.by_tensor.get(key)
+        if known is not None:
+            alive = known[1]()
+            if alive is None or alive.seq == seq:
+                del self.by_tensor[key]
 
     def stats(self):
+        self._reap()
         out = dict(self.counts)
         out["host_bytes"] = self.host_bytes
         out["host_allocated_bytes"] = self.host.allocated if self.host else 0

@@ -51,7 +51,15 @@ def _fail(message, status=3):
 
 def _warm_step(torch, device):
     """One small training step of a convolution and an MLP on `device`,
-    everything it allocated freed afterwards."""
+    everything it allocated freed afterwards. The random number generators
+    are put back as they were: an unseeded script must see what a cold
+    start's would."""
+    devices = [torch.device(device).index or 0] if str(device).startswith("cuda") else []
+    with torch.random.fork_rng(devices=devices):
+        _warm_step_body(torch, device)
+
+
+def _warm_step_body(torch, device):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
@@ -154,6 +162,30 @@ def _read_job():
     return argv, module, cwd, environ
 
 
+def _start_spilling():
+    """What the plug-in's install does for a cold job once it knows the job
+    (the standby installed it before there was one): spilling by default."""
+    plugin = sys.modules.get("leasehold.torch")
+    if plugin is not None and plugin._plugin is not None:
+        plugin._spill_by_default()
+
+
+def _die_with_parent():
+    """The forked job ends when its standby parent does (the parent gets
+    SIGKILL when the agent dies): prctl(PR_SET_PDEATHSIG, SIGKILL)."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(137)
+
+
 def run_job(argv, module, cwd, environ, mode):
     """Runs the job's script in this process; returns only through
     SystemExit (or by the script's own os._exit)."""
@@ -165,6 +197,7 @@ def run_job(argv, module, cwd, environ, mode):
     except OSError as e:
         _fail("cannot enter the job's folder %s: %s" % (cwd, e), 127)
     sys.argv = list(argv)
+    _start_spilling()
     try:
         if module is not None:
             sys.path[0] = os.getcwd()
@@ -204,8 +237,16 @@ def main():
     os.write(report_fd, (json.dumps(ready) + "\n").encode())
     argv, module, cwd, environ = _read_job()
     if mode == "fork":
+        import signal
+
         pid = os.fork()
-        if pid != 0:
+        if pid == 0:
+            _die_with_parent()
+        else:
+            # The agent stops a job by signalling its group: the job handles
+            # that (its grace period), and this parent waits for it.
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
             os.close(CONTROL_FD)
             while True:
                 try:

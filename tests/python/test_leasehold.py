@@ -644,6 +644,16 @@ class RegionLayoutTest(unittest.TestCase):
         memory[30] ^= 1
         with self.assertRaisesRegex(regions.RegionError, "'ds'.*checksum"):
             regions._read("ds", memory)
+        good = self.layout([("x", _torch.ones(4))])
+        import struct
+        import zlib
+        header = bytearray(good[:24 + 136].numpy().tobytes())
+        header[24 + 72:24 + 80] = struct.pack("<q", 5)  # dims[0] = 5: 20 bytes, not 16
+        crc = struct.pack("<I", zlib.crc32(bytes(header)))
+        good[:24 + 136] = _torch.frombuffer(bytearray(header), dtype=_torch.uint8)
+        good[24 + 136:24 + 140] = _torch.frombuffer(bytearray(crc), dtype=_torch.uint8)
+        with self.assertRaisesRegex(regions.RegionError, "entry 'x' is not valid .*16 bytes"):
+            regions._read("ds", good)
         with self.assertRaisesRegex(regions.RegionError, "does not hold tensors"):
             regions._read("ds", _torch.zeros(1024, dtype=_torch.uint8))
         with self.assertRaisesRegex(TypeError, "complex64"):
