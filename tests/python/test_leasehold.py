@@ -760,6 +760,20 @@ class SpillTest(unittest.TestCase):
         ((h2 * h2).sum() + (h2 @ h2.t()).sum()).backward()
         self.assertTrue(_torch.equal(x.grad, x2.grad))
 
+    def test_the_budget_check_reads_the_plug_ins_figures(self):
+        from leasehold.spill import Spiller
+
+        spiller = Spiller(1 << 20, device_types=("cpu",))
+        self.assertFalse(spiller.pressure(1))  # no plug-in here: never
+        figures = leasehold.torch._Stats()
+        spiller._stats = (lambda ref: 0, None, figures)
+        self.assertFalse(spiller.pressure(1 << 30))  # no budget known
+        figures.budget_bytes, figures.in_use_bytes = 1000, 700
+        self.assertFalse(spiller.pressure(100))  # 800 = 80%: not past it
+        self.assertTrue(spiller.pressure(101))
+        spiller._stats = (lambda ref: -1, None, figures)
+        self.assertFalse(spiller.pressure(1 << 30))  # no figures: no spilling
+
     def test_host_ranges_merge_when_freed(self):
         from leasehold.spill import _HostRanges
 
