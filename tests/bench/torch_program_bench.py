@@ -362,14 +362,32 @@ def print_table(models):
 # ---- main -------------------------------------------------------------------------
 
 
-def start_leasehold(args, env, tmp, daemons):
-    """Starts the coordinator and the agent, adding each to daemons (in the
-    order to stop them) as soon as it runs, so a failure still stops it."""
+def bench_environment(prefix):
+    """(environment, temporary folder) of a benchmark run: NVLink multicast
+    off, unbuffered Python output, the coordinator's socket in the folder."""
+    env = dict(os.environ)
+    env["NCCL_NVLS_ENABLE"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"  # output lines arrive when printed
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    env["LEASEHOLD_ENDPOINT"] = "ipc://" + os.path.join(tmp, "c.sock")
+    return env, tmp
+
+
+def start_coordinator(args, env, tmp, daemons):
+    """Starts a coordinator (CUDA pool of args.pool_size, MPS off), adding it
+    to daemons as soon as it runs, and waits until it answers."""
     coordinator = Daemon("coordinator", [
         os.path.join(args.bin, "leasehold-coordinator"), "--backend", "cuda", "--mps", "off",
         "--pool-size", args.pool_size, "--state-dir", os.path.join(tmp, "state")], env, tmp)
     daemons.append(coordinator)
     wait_for("the coordinator", lambda: coordinator_up(args, env), coordinator, 30)
+    return coordinator
+
+
+def start_leasehold(args, env, tmp, daemons):
+    """Starts the coordinator and the agent, adding each to daemons (in the
+    order to stop them) as soon as it runs, so a failure still stops it."""
+    coordinator = start_coordinator(args, env, tmp, daemons)
     agent = Daemon("agent", [
         os.path.join(args.bin, "leasehold-agent"), "--name", "bench",
         "--python-dir", args.python_dir, "--torch-plugin", args.torch_plugin], env, tmp)
@@ -405,11 +423,7 @@ def bench(args, env, coordinator, agent):
 
 def main(argv=None):
     args = parse_args(argv)
-    env = dict(os.environ)
-    env["NCCL_NVLS_ENABLE"] = "0"
-    env["PYTHONUNBUFFERED"] = "1"  # output lines arrive when printed
-    tmp = tempfile.mkdtemp(prefix="lh-torch-bench-")
-    env["LEASEHOLD_ENDPOINT"] = "ipc://" + os.path.join(tmp, "c.sock")
+    env, tmp = bench_environment("lh-torch-bench-")
     daemons = []
     try:
         info = device_info()

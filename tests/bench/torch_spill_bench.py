@@ -32,7 +32,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -99,24 +98,12 @@ def row(s, steps):
 
 def main(argv=None):
     args = parse_args(argv)
-    env = dict(os.environ)
-    env["NCCL_NVLS_ENABLE"] = "0"
-    env["PYTHONUNBUFFERED"] = "1"
-    tmp = tempfile.mkdtemp(prefix="lh-spill-bench-")
-    env["LEASEHOLD_ENDPOINT"] = "ipc://" + os.path.join(tmp, "c.sock")
+    env, tmp = tpb.bench_environment("lh-spill-bench-")
     daemons = []
     failed = []
     try:
         info = tpb.device_info()
-        coordinator = tpb.Daemon("coordinator", [
-            os.path.join(args.bin, "leasehold-coordinator"), "--backend", "cuda", "--mps", "off",
-            "--pool-size", args.pool_size, "--state-dir", os.path.join(tmp, "state")], env, tmp)
-        daemons.append(coordinator)
-        tpb.wait_for("the coordinator", lambda: tpb.coordinator_up(args, env), coordinator, 30)
-        agent = tpb.Daemon("agent", [
-            os.path.join(args.bin, "leasehold-agent"), "--name", "bench", "--python-dir",
-            args.python_dir, "--torch-plugin", args.torch_plugin], env, tmp)
-        daemons.insert(0, agent)
+        _, agent = tpb.start_leasehold(args, env, tmp, daemons)
         tpb.wait_for("the agent", lambda: tpb.agent_registered(args, env, "bench"), agent, 60)
         steps = args.steps
         rows = {}

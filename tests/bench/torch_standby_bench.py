@@ -34,7 +34,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -208,19 +207,11 @@ def print_table(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    env = dict(os.environ)
-    env["NCCL_NVLS_ENABLE"] = "0"
-    env["PYTHONUNBUFFERED"] = "1"
-    tmp = tempfile.mkdtemp(prefix="lh-standby-bench-")
-    env["LEASEHOLD_ENDPOINT"] = "ipc://" + os.path.join(tmp, "c.sock")
+    env, tmp = tpb.bench_environment("lh-standby-bench-")
     daemons = []
     try:
         info = tpb.device_info()
-        coordinator = tpb.Daemon("coordinator", [
-            os.path.join(args.bin, "leasehold-coordinator"), "--backend", "cuda", "--mps", "off",
-            "--pool-size", args.pool_size, "--state-dir", os.path.join(tmp, "state")], env, tmp)
-        daemons.append(coordinator)
-        tpb.wait_for("the coordinator", lambda: tpb.coordinator_up(args, env), coordinator, 30)
+        tpb.start_coordinator(args, env, tmp, daemons)
         modes = {}
         for mode in args.modes:
             modes[mode] = run_mode(args, env, tmp, mode, daemons)
