@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
 
 #include "torch_plugin/block_cache.h"
@@ -21,6 +22,30 @@
 #include "torch_plugin/standby_arena.h"
 
 using namespace leasehold::torch_plugin;
+
+namespace {
+
+// How many times one allocation asks the pressure handler before it fails.
+constexpr int kPressureRounds = 4;
+
+// The cache's allocation, with the pressure handler's help when it finds no
+// room: the handler frees tensors (spills them) and the allocation is tried
+// again, as long as the handler freed something. Not during a capture: the
+// handler's copies would be captured too.
+void* allocate_relieved(Plugin& p, BlockCache& cache, uint64_t size, StreamId stream) {
+  for (int round = 0;; ++round) {
+    try {
+      return cache.allocate(size, stream);
+    } catch (const OutOfMemory&) {
+      if (round == kPressureRounds || p.streams->capturing(stream) ||
+          relieve_pressure(p, size) == 0) {
+        throw;
+      }
+    }
+  }
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -47,7 +72,8 @@ void* leasehold_torch_alloc(ssize_t size, int device, struct CUstream_st* stream
         error = p.lost_message();
         printed = true;
       } else {
-        return cache->allocate(static_cast<uint64_t>(size), reinterpret_cast<StreamId>(stream));
+        return allocate_relieved(p, *cache, static_cast<uint64_t>(size),
+                                 reinterpret_cast<StreamId>(stream));
       }
     } catch (const OutOfMemory& e) {
       error = e.what();
@@ -167,6 +193,13 @@ struct lh_session* leasehold_torch_session(void) {
 int leasehold_torch_standby_begin(void) { return standby_arena_open() ? 0 : -1; }
 
 uint64_t leasehold_torch_standby_end(void) { return standby_arena_close(); }
+
+void leasehold_torch_set_pressure_handler(leasehold_torch_pressure_fn fn, void* ctx) {
+  Plugin& p = plugin();
+  std::lock_guard lk(p.pressure_mu);
+  p.pressure_fn = fn;
+  p.pressure_ctx = fn ? ctx : nullptr;
+}
 
 int leasehold_torch_abi_version(void) { return LEASEHOLD_TORCH_ABI_VERSION; }
 

@@ -31,7 +31,7 @@ extern "C" {
 
 /* The version of this interface (the functions and the stats struct); the
  * Python side refuses a plug-in of another. */
-#define LEASEHOLD_TORCH_ABI_VERSION 3
+#define LEASEHOLD_TORCH_ABI_VERSION 4
 
 /* cudaStream_t, without the CUDA headers. */
 struct CUstream_st;
@@ -100,6 +100,22 @@ LEASEHOLD_TORCH_API uint64_t leasehold_torch_standby_end(void);
  * line on standard error, when it cannot be opened. Closed only when the
  * process ends. */
 LEASEHOLD_TORCH_API struct lh_session* leasehold_torch_session(void);
+/* Memory pressure (version 4). `fn(bytes, ctx)` is asked to free about
+ * `bytes` of device memory (python/leasehold/spill.py spills saved
+ * activations) and returns the bytes it freed, 0 when it could free
+ * nothing. The plug-in calls it
+ * - when an allocation finds no room within the budget after the cache gave
+ *   back what it could; the allocation is then retried (the freed blocks
+ *   are reused once the work that frees them, a copy, has completed);
+ * - when the coordinator's Shrink asks for more than the cache holds free;
+ *   the cache is then trimmed again before the answer.
+ * It is called on the allocating thread (or the shrink worker's), never
+ * during a CUDA graph capture, never within itself on one thread, and
+ * without any lock of the plug-in held: it may free and allocate tensors.
+ * fn NULL removes the handler. */
+typedef uint64_t (*leasehold_torch_pressure_fn)(uint64_t bytes, void* ctx);
+LEASEHOLD_TORCH_API void leasehold_torch_set_pressure_handler(leasehold_torch_pressure_fn fn,
+                                                              void* ctx);
 /* LEASEHOLD_TORCH_ABI_VERSION of the loaded plug-in. */
 LEASEHOLD_TORCH_API int leasehold_torch_abi_version(void);
 

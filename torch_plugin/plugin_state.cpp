@@ -129,6 +129,7 @@ BlockCache* open_cache(Plugin& p) {
                                      8 * (budget ? std::min(budget, info.size) : info.size));
     auto* cache = new BlockCache(*leases, *streams, o);
     p.session = session;
+    p.streams = streams;
     p.device = info.device;
     p.budget = budget;
     start_shrink_worker(p);
@@ -140,6 +141,25 @@ BlockCache* open_cache(Plugin& p) {
     p.init_error = one_line(e.what());
     throw std::runtime_error(p.init_error);
   }
+}
+
+uint64_t relieve_pressure(Plugin& p, uint64_t bytes) {
+  // The handler frees tensors, whose frees and the allocations of its own
+  // copies come back here: those must fail or succeed plainly.
+  thread_local bool inside = false;
+  if (inside) return 0;
+  uint64_t (*fn)(uint64_t, void*);
+  void* ctx;
+  {
+    std::lock_guard lk(p.pressure_mu);
+    fn = p.pressure_fn;
+    ctx = p.pressure_ctx;
+  }
+  if (fn == nullptr) return 0;
+  inside = true;
+  uint64_t freed = fn(bytes, ctx);
+  inside = false;
+  return freed;
 }
 
 bool wait_may_touch(Plugin& p) {

@@ -40,6 +40,7 @@ struct Plugin {
 
   // Set once before `cache` is published; read-only afterwards.
   lh_session* session = nullptr;
+  StreamOps* streams = nullptr;  // the cache's
   int device = -1;
   uint64_t budget = 0;
 
@@ -47,6 +48,11 @@ struct Plugin {
   std::mutex lost_mu;
   std::string lost_reason;    // GUARDED_BY(lost_mu)
   bool lost_printed = false;  // GUARDED_BY(lost_mu)
+
+  // The pressure handler (leasehold_torch_set_pressure_handler).
+  std::mutex pressure_mu;
+  uint64_t (*pressure_fn)(uint64_t, void*) = nullptr;  // GUARDED_BY(pressure_mu)
+  void* pressure_ctx = nullptr;                         // GUARDED_BY(pressure_mu)
 
   // Shrink requests waiting for the shrink worker (shrink_worker.h).
   std::mutex shrink_mu;
@@ -73,6 +79,11 @@ uint64_t budget_from_env();
 // when the session cannot be had; that failure is sticky (every later call
 // throws it again, without retrying).
 BlockCache* open_cache(Plugin& p);
+
+// Asks the pressure handler, if one is set, to free about `bytes`; the
+// bytes it says it freed (0: none, no handler, or called from within the
+// handler on this thread). Never throws: a handler's failure is printed.
+uint64_t relieve_pressure(Plugin& p, uint64_t bytes);
 
 // The self-fence (lease_client/leasehold.h): while the coordinator has not
 // answered recently enough, nothing new is handed out of the leases; the

@@ -26,7 +26,13 @@ void shrink_worker(Plugin* p) {
     const bool counted = lh_session_stats_get(p->session, &before) == LH_OK;
     std::string reason;
     try {
-      cache->trim(req.second);
+      // Free cached memory first; when that is not enough, spilled
+      // activations free blocks (the pressure handler), which are trimmed
+      // in turn once their copies completed.
+      uint64_t trimmed = cache->trim(req.second);
+      if (trimmed < req.second && relieve_pressure(*p, req.second - trimmed) > 0) {
+        cache->trim(req.second - trimmed);
+      }
     } catch (const std::exception& e) {
       reason = one_line(e.what());
     }

@@ -5,26 +5,33 @@ Autograd keeps the tensors a backward pass needs ("saved tensors") from the
 forward pass until the backward pass uses them; they are most of a training
 step's peak. Through ``torch.autograd.graph`` saved-tensor hooks installed
 as the process's defaults, every saved tensor passes through ``pack`` when
-it is saved and ``unpack`` when backward needs it:
+it is saved and ``unpack`` when backward needs it. A saved CUDA tensor of at
+least ``min_bytes`` that is not a parameter, a view of one, or anything else
+that requires grad as a leaf (parameters and optimiser state stay resident)
+is held by a record, on the device at first:
 
-- pack: a saved CUDA tensor of at least ``min_bytes`` that is not a
-  parameter, a view of one, or anything else that requires grad as a leaf
-  (parameters and optimiser state stay resident), is copied to
-  the host tier while the plug-in's bytes in use would pass ``high_water``
-  of the job's budget. The copy runs on a copy stream after the work that
-  produced the tensor; the tensor's block is handed back to the allocator at
-  once, to be reused only after the copy (record_stream).
+- Coldest first. The record saved first is needed last in backward. When
+  the plug-in's bytes in use pass ``high_water`` of the job's budget at a
+  save, the oldest records still on the device are spilled until they are
+  back under it: each is copied to the host tier on a copy stream after
+  the work that produced it, and its device memory is handed back to the
+  allocator at once, reused only after the copy (record_stream).
+- Pressure. The plug-in calls ``relieve(bytes)`` (its pressure handler)
+  when an allocation finds no room within the budget, a peak of the
+  backward pass for example, and when the coordinator's Shrink asks for
+  more than its cache holds free; the oldest records on the device are
+  spilled then too, and the allocation is retried.
 - unpack: a spilled tensor comes back on the copy stream into new device
-  memory, and the next ``lookahead`` spilled tensors in backward order
-  (the reverse of the saving order) are brought back behind it, so copies
-  overlap the backward's kernels; the compute stream waits only for the one
-  it needs.
+  memory, and the next ``lookahead`` spilled tensors in backward order are
+  brought back behind it while the budget has room for them, so copies
+  overlap the backward's kernels; the compute stream waits only for the
+  one it needs.
 
 The host tier holds up to ``host_bytes`` in pinned slabs of ``slab_bytes``,
 allocated as spills first need them and then kept, carved into 256-byte
-aligned ranges. When it is full a
-tensor stays on the device (counted in ``stats()["host_full"]``). Copies are
-exact: gradients are bit-identical with and without spilling.
+aligned ranges. When it is full a tensor stays on the device (counted in
+``stats()["host_full"]``). Copies are exact: gradients are bit-identical
+with and without spilling.
 
 Saved tensors only: a script that keeps activations alive itself, or whose
 parameters and optimiser state alone pass the budget, still runs out of
@@ -125,26 +132,30 @@ class _HostTier:
         return self.capacity - self.allocated + sum(r.free_bytes() for _, r in self.slabs)
 
 
-class _Spilled:
-    """A saved tensor in the host tier (or on its way back)."""
+class _Saved:
+    """A saved tensor under the Spiller: on the device (`dev`), in the host
+    tier (`offset` set), or back on the device (`back`)."""
 
-    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "slab", "offset", "span", "back",
-                 "ready", "seq", "key", "__weakref__")
+    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "dev", "stream", "slab", "offset",
+                 "span", "back", "ready", "seq", "key", "__weakref__")
 
-    def __init__(self, owner, t, where, seq):
+    def __init__(self, owner, t, stream, seq, key):
         self.owner, self.shape, self.dtype, self.device = owner, t.shape, t.dtype, t.device
-        self.nbytes, self.seq = t.numel() * t.element_size(), seq
-        self.slab, self.offset, self.span = where
-        self.key = None    # Spiller.by_tensor's
+        self.nbytes, self.seq, self.key = t.numel() * t.element_size(), seq, key
+        # Detached: the saved output of an op holding its own grad_fn would
+        # be a reference cycle through C++ that no collector sees.
+        self.dev = t.detach()
+        self.stream = stream  # the stream that produced it (CUDA)
+        self.slab = self.offset = self.span = None
         self.back = None   # the device copy once brought back
         self.ready = None  # its copy's event
 
     def __del__(self):
         # Garbage collection may run this on a thread that is inside the
-        # Spiller's own bookkeeping: only queue the range; the next hook call
-        # gives it back.
+        # Spiller's own bookkeeping: only queue what to forget; the next
+        # hook call does.
         owner = self.owner
-        if owner is not None and self.offset is not None:
+        if owner is not None:
             owner.dead.append((self.slab, self.offset, self.span, self.seq, self.key))
             self.offset = None
 
@@ -152,13 +163,14 @@ class _Spilled:
 class Spiller:
     """Saved-tensor hooks that spill to a pinned host tier (module notes).
 
-    `pressure(nbytes)` says whether saving `nbytes` more on the device
-    would pass the budget (None: the plug-in's statistics against
-    `high_water` of the job's budget). `device_types` are the tensors'
-    device types considered ("cuda"; tests add "cpu")."""
+    `pressure(nbytes)` says whether the device holds `nbytes` more than
+    it should: None, the plug-in's statistics against `high_water` of
+    the job's budget. `in_use()`: the bytes the allocator has handed out
+    (None: the plug-in's; returning None, unknown). `device_types` are the
+    tensors' device types considered ("cuda"; tests add "cpu")."""
 
     def __init__(self, host_bytes, min_bytes=1 << 20, lookahead=2, high_water=0.8,
-                 pressure=None, device_types=("cuda",), max_in_flight=256 << 20,
+                 pressure=None, in_use=None, device_types=("cuda",), max_in_flight=256 << 20,
                  slab_bytes=256 << 20):
         import torch
 
@@ -168,19 +180,24 @@ class Spiller:
         self.host_bytes, self.min_bytes, self.lookahead = int(host_bytes), min_bytes, lookahead
         self.high_water, self.device_types = high_water, tuple(device_types)
         self.pressure = pressure or self._budget_pressure
+        self.in_use = in_use or self._plugin_in_use
         self._stats = None  # (leasehold_torch_stats, its argument, the struct) once known
         self.slab_bytes = slab_bytes
         self.host = None  # the _HostTier, at the first spill
         self.streams = {}
-        # Spilled and not yet brought back: their numbers in saving order, and
-        # weak references (a record dies with the graph that saved it).
+        # Records on the device, oldest (coldest) first, and records in the
+        # host tier by number (sorted): weak references, a record dies with
+        # the graph that saved it.
+        self.resident = collections.OrderedDict()
         self.pending = []
         self.records = {}
         # The same tensor saved again (a layer's input saved by two ops) is
         # the same record: copied once, brought back once.
         self.by_tensor = {}
-        self.lock = threading.Lock()
-        self.dead = collections.deque()  # ranges of records that died (see _Spilled.__del__)
+        # Re-entrant: the plug-in's pressure handler runs on whichever
+        # thread allocates, this one's copies included.
+        self.lock = threading.RLock()
+        self.dead = collections.deque()  # records that died (see _Saved.__del__)
         self.seq = 0
         # Copies to the host not known to be done: (event, bytes). A forward
         # pass makes activations faster than a host link takes them; past
@@ -189,12 +206,13 @@ class Spiller:
         self.max_in_flight = max_in_flight
         self.in_flight = []
         self.in_flight_bytes = 0
-        self.counts = {"spilled_tensors": 0, "spilled_bytes": 0, "restored_bytes": 0,
-                       "prefetched": 0, "host_full": 0, "kept": 0, "waits": 0, "deduplicated": 0}
+        self.counts = {"saved_tensors": 0, "spilled_tensors": 0, "spilled_bytes": 0,
+                       "restored_bytes": 0, "prefetched": 0, "host_full": 0, "waits": 0,
+                       "deduplicated": 0, "relieved": 0, "relieved_bytes": 0}
 
     # ---- policy -----------------------------------------------------------------
 
-    def _budget_pressure(self, nbytes):
+    def _plugin_stats(self):
         # Called for every saved tensor: the plug-in's statistics straight
         # into one reused struct (a microsecond), not through stats()'s dict.
         if self._stats is None:
@@ -203,13 +221,21 @@ class Spiller:
             from . import torch as plugin
 
             if plugin._plugin is None:
-                return False
+                return None
             struct = plugin._Stats()
             self._stats = (plugin._plugin.leasehold_torch_stats, ctypes.byref(struct), struct)
         fill, ref, s = self._stats
-        if fill(ref) != 0 or not s.budget_bytes:
+        return s if fill(ref) == 0 else None
+
+    def _budget_pressure(self, nbytes):
+        s = self._plugin_stats()
+        if s is None or not s.budget_bytes:
             return False
         return s.in_use_bytes + nbytes > self.high_water * s.budget_bytes
+
+    def _plugin_in_use(self):
+        s = self._plugin_stats()
+        return s.in_use_bytes if s is not None else None
 
     def _eligible(self, t):
         torch = self.torch
@@ -231,63 +257,46 @@ class Spiller:
         # The same tensor object, unchanged since (its memory may be reused
         # by a new tensor once it is gone: addresses are no identity).
         key = id(t)
-        known = self.by_tensor.get(key)
-        if known is not None:
-            tensor_ref, rec_ref, version = known
-            rec = rec_ref()
-            if tensor_ref() is t and t._version == version and rec is not None \
-                    and rec.offset is not None and rec.back is None:
-                self.counts["deduplicated"] += 1
-                return rec
-        nbytes = t.numel() * t.element_size()
-        if not self.pressure(nbytes):
-            self.counts["kept"] += 1
-            return t
         with self.lock:
-            if self.host is None:
-                self.host = _HostTier(self.torch, self.host_bytes, self.slab_bytes, t.is_cuda)
-            got = self.host.take(nbytes)
-            if got is None:
-                self.counts["host_full"] += 1
-                return t
+            known = self.by_tensor.get(key)
+            if known is not None:
+                tensor_ref, rec_ref, version = known
+                rec = rec_ref()
+                if tensor_ref() is t and t._version == version and rec is not None \
+                        and rec.back is None:
+                    self.counts["deduplicated"] += 1
+                    return rec
             self.seq += 1
-            rec = _Spilled(self, t, got, self.seq)
-            self.pending.append(rec.seq)
-            self.records[rec.seq] = weakref.ref(rec)
-            self.by_tensor[key] = (weakref.ref(t), self.records[rec.seq], t._version)
-            rec.key = key
-        # A view (of an activation autograd saves several views of, such as
-        # attention's q, k and v) is copied alone; its memory is free once
-        # every view of it and its base are gone.
-        dst = self.host.view(rec.slab, rec.offset, nbytes).view(t.dtype).view(t.shape)
-        src = t.detach()
-        if t.is_cuda:
-            stream = self._stream(t.device)
-            stream.wait_stream(self.torch.cuda.current_stream(t.device))
-            with self.torch.cuda.stream(stream):
-                dst.copy_(src, non_blocking=True)
-                done = self.torch.cuda.Event()
-                done.record(stream)
-            t.record_stream(stream)  # its block waits for the copy before reuse
-            self._throttle(done, nbytes)
-        else:
-            dst.copy_(src)
-        self.counts["spilled_tensors"] += 1
-        self.counts["spilled_bytes"] += nbytes
+            stream = self.torch.cuda.current_stream(t.device) if t.is_cuda else None
+            rec = _Saved(self, t, stream, self.seq, key)
+            ref = weakref.ref(rec)
+            self.records[rec.seq] = ref
+            self.resident[rec.seq] = ref
+            self.by_tensor[key] = (weakref.ref(t), ref, t._version)
+            self.counts["saved_tensors"] += 1
+            if self.pressure(0):
+                # Back under the high-water mark, oldest first; the tensor
+                # just saved is needed first in backward and goes last.
+                self._evict(lambda freed: not self.pressure(0))
         return rec
 
     def unpack(self, rec):
-        if not isinstance(rec, _Spilled):
+        if not isinstance(rec, _Saved):
             return rec
         self._reap()
         with self.lock:
+            if rec.dev is not None:
+                # Needed now: no longer a candidate to spill.
+                self.resident.pop(rec.seq, None)
+                return rec.dev
             at = bisect.bisect_left(self.pending, rec.seq)
             ahead = [self.records[seq]() for seq in self.pending[max(0, at - self.lookahead):at]]
-        self._bring_back(rec)
-        for other in reversed(ahead):
-            if other is not None and other.back is None:
-                self._bring_back(other)
-                self.counts["prefetched"] += 1
+            self._bring_back(rec)
+            for other in reversed(ahead):
+                if other is not None and other.back is None and other.offset is not None \
+                        and not self.pressure(other.nbytes):
+                    self._bring_back(other)
+                    self.counts["prefetched"] += 1
         t = rec.back
         if rec.ready is not None:
             current = self.torch.cuda.current_stream(rec.device)
@@ -295,7 +304,73 @@ class Spiller:
             t.record_stream(current)
         return t.view(rec.dtype).view(rec.shape)
 
+    def relieve(self, nbytes):
+        """The plug-in's pressure handler: spills records on the device,
+        oldest first, until the allocator has about `nbytes` more free (or
+        none is left). Returns the bytes spilled (0: nothing could be)."""
+        self._reap()
+        with self.lock:
+            before = self.in_use()
+            if before is None:
+                spilled = self._evict(lambda freed: freed >= nbytes)
+            else:
+                spilled = self._evict(lambda freed: before - (self.in_use() or before) >= nbytes)
+            self.counts["relieved"] += 1
+            self.counts["relieved_bytes"] += spilled
+            return spilled
+
     # ---- internals --------------------------------------------------------------
+
+    def _evict(self, enough):
+        """Spills records on the device, oldest first, until enough(bytes
+        spilled so far). Under self.lock. Returns the bytes spilled."""
+        spilled = 0
+        while self.resident and not enough(spilled):
+            seq, ref = self.resident.popitem(last=False)
+            rec = ref()
+            if rec is None or rec.dev is None:
+                continue
+            if not self._spill(rec):
+                self.resident[seq] = ref  # no host room: it stays, and so do the rest
+                self.resident.move_to_end(seq, last=False)
+                break
+            spilled += rec.nbytes
+        return spilled
+
+    def _spill(self, rec):
+        """Copies a record's tensor to the host tier and lets go of its
+        device memory. False when the host tier has no room for it."""
+        t = rec.dev
+        if self.host is None:
+            self.host = _HostTier(self.torch, self.host_bytes, self.slab_bytes, t.is_cuda)
+        got = self.host.take(rec.nbytes)
+        if got is None:
+            self.counts["host_full"] += 1
+            return False
+        rec.slab, rec.offset, rec.span = got
+        # A view (of an activation autograd saves several views of, such as
+        # attention's q, k and v) is copied alone; its memory is free once
+        # every view of it and its base are gone.
+        dst = self.host.view(rec.slab, rec.offset, rec.nbytes).view(t.dtype).view(t.shape)
+        if t.is_cuda:
+            stream = self._stream(t.device)
+            stream.wait_stream(rec.stream)
+            with self.torch.cuda.stream(stream):
+                dst.copy_(t, non_blocking=True)
+                done = self.torch.cuda.Event()
+                done.record(stream)
+            t.record_stream(stream)  # its block waits for the copy before reuse
+        else:
+            dst.copy_(t)
+            done = None
+        rec.dev = None
+        del t
+        bisect.insort(self.pending, rec.seq)
+        self.counts["spilled_tensors"] += 1
+        self.counts["spilled_bytes"] += rec.nbytes
+        if done is not None:
+            self._throttle(done, rec.nbytes)
+        return True
 
     def _throttle(self, done, nbytes):
         self.in_flight.append((done, nbytes))
@@ -315,6 +390,7 @@ class Spiller:
         return stream
 
     def _bring_back(self, rec):
+        # Under self.lock.
         if rec.back is not None:
             return
         torch = self.torch
@@ -330,19 +406,13 @@ class Spiller:
             back = src.clone()
         rec.back = back
         self.counts["restored_bytes"] += rec.nbytes
-        self._release(rec)
-
-    def _release(self, rec):
-        """Its host range is free again: a later copy into it is ordered
-        after this one's on the copy stream."""
-        with self.lock:
-            if rec.offset is None:
-                return
-            self._forget(rec.slab, rec.offset, rec.span, rec.seq, rec.key)
-            rec.offset = None
+        # Its host range is free again: a later copy into it is ordered
+        # after this one's on the copy stream.
+        self._forget(rec.slab, rec.offset, rec.span, rec.seq, None)
+        rec.offset = None
 
     def _reap(self):
-        """Gives back the ranges of records that died."""
+        """Forgets the records that died, giving their host ranges back."""
         if not self.dead:
             return
         with self.lock:
@@ -350,12 +420,16 @@ class Spiller:
                 self._forget(*self.dead.popleft())
 
     def _forget(self, slab, offset, span, seq, key):
-        # Under self.lock.
-        self.host.give(slab, offset, span)
-        at = bisect.bisect_left(self.pending, seq)
-        if at < len(self.pending) and self.pending[at] == seq:
-            del self.pending[at]
+        # Under self.lock. `offset` None: the record had no host range.
+        if offset is not None:
+            self.host.give(slab, offset, span)
+            at = bisect.bisect_left(self.pending, seq)
+            if at < len(self.pending) and self.pending[at] == seq:
+                del self.pending[at]
+        if key is None:
+            return  # brought back: the record lives on
         self.records.pop(seq, None)
+        self.resident.pop(seq, None)
         known = self.by_tensor.get(key)
         if known is not None:
             alive = known[1]()
@@ -364,8 +438,10 @@ class Spiller:
 
     def stats(self):
         self._reap()
-        out = dict(self.counts)
-        out["host_bytes"] = self.host_bytes
-        out["host_allocated_bytes"] = self.host.allocated if self.host else 0
-        out["host_free_bytes"] = self.host.free_bytes() if self.host else self.host_bytes
+        with self.lock:
+            out = dict(self.counts)
+            out["resident_tensors"] = len(self.resident)
+            out["host_bytes"] = self.host_bytes
+            out["host_allocated_bytes"] = self.host.allocated if self.host else 0
+            out["host_free_bytes"] = self.host.free_bytes() if self.host else self.host_bytes
         return out

@@ -27,7 +27,7 @@ __all__ = ["AllocatorTooLate", "RegionError", "cached_dataset", "init_from", "in
 log = logging.getLogger("leasehold.torch")
 
 # LEASEHOLD_TORCH_ABI_VERSION of torch_plugin/leasehold_torch.h.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 _STATS_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
                  "allocations", "cache_hits", "lease_requests", "budget_bytes",
@@ -87,6 +87,8 @@ def install(standby=False):
             return False
         _plugin, _allocator = lib, allocator
         _status["installed"] = True
+        if _spiller is not None:  # spill() ran inside _install, before the plug-in was known
+            _set_pressure_handler(_spiller.relieve)
         log.debug("leasehold: %s", reason)
         return True
 
@@ -135,6 +137,8 @@ def _install(standby):
         lib.leasehold_torch_stats.restype = ctypes.c_int
         lib.leasehold_torch_standby_begin.restype = ctypes.c_int
         lib.leasehold_torch_standby_end.restype = ctypes.c_uint64
+        lib.leasehold_torch_set_pressure_handler.argtypes = [_PRESSURE_FN, ctypes.c_void_p]
+        lib.leasehold_torch_set_pressure_handler.restype = None
     except AttributeError as e:
         raise RuntimeError("leasehold: %s is not the Leasehold plug-in (%s)" % (path, e)) from None
     version.restype = ctypes.c_int
@@ -227,6 +231,10 @@ def standby_end():
 # ---- spilling saved activations (leasehold/spill.py) ---------------------------------
 
 _spiller = None
+# The plug-in's pressure handler (leasehold_torch_set_pressure_handler): the
+# ctypes function object must live as long as the plug-in may call it.
+_PRESSURE_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
+_pressure_handler = None
 SPILL_HOST_DEFAULT = 4 << 30  # spill()'s host tier when none is given (bytes)
 
 
@@ -281,6 +289,7 @@ def spill(enabled=True, host_bytes=None, **options):
 
     with _lock:
         if _spiller is not None:
+            _set_pressure_handler(None)
             torch._C._autograd._pop_saved_tensors_default_hooks()
             _spiller = None
         if not enabled:
@@ -290,7 +299,31 @@ def spill(enabled=True, host_bytes=None, **options):
         spiller = Spiller(host_bytes, **options)
         torch._C._autograd._push_saved_tensors_default_hooks(spiller.pack, spiller.unpack)
         _spiller = spiller
+        _set_pressure_handler(spiller.relieve)
         return spiller
+
+
+def _set_pressure_handler(relieve):
+    """Makes relieve(bytes) -> bytes spilled the plug-in's pressure
+    handler (None: removes it). A failure inside it counts as nothing
+    freed: the allocation then fails as it would have."""
+    global _pressure_handler
+    if _plugin is None:
+        return
+    if relieve is None:
+        _plugin.leasehold_torch_set_pressure_handler(_PRESSURE_FN(), None)
+        _pressure_handler = None
+        return
+
+    def handler(nbytes, _ctx):
+        try:
+            return relieve(nbytes)
+        except Exception as e:  # the plug-in's allocation must not see it
+            log.warning("leasehold: spilling to make room for %d bytes failed: %s", nbytes, e)
+            return 0
+
+    _pressure_handler = _PRESSURE_FN(handler)
+    _plugin.leasehold_torch_set_pressure_handler(_pressure_handler, None)
 
 
 def spill_stats():
