@@ -170,7 +170,7 @@ class Spiller:
     tensors' device types considered ("cuda"; tests add "cpu")."""
 
     def __init__(self, host_bytes, min_bytes=1 << 20, lookahead=2, high_water=0.8,
-                 pressure=None, in_use=None, device_types=("cuda",), max_in_flight=256 << 20,
+                 pressure=None, in_use=None, device_types=("cuda",), max_in_flight=None,
                  slab_bytes=256 << 20):
         import torch
 
@@ -201,8 +201,11 @@ class Spiller:
         self.seq = 0
         # Copies to the host not known to be done: (event, bytes). A forward
         # pass makes activations faster than a host link takes them; past
-        # max_in_flight it waits for the oldest, so the memory of spilled
-        # tensors comes back before more is asked for.
+        # max_in_flight (None: a quarter of the budget, 256 MiB when none is
+        # known) it waits for the oldest, so the memory of spilled tensors
+        # comes back before more is asked for. Waiting earlier only stalls
+        # the forward: the allocator itself waits for the copies that hold
+        # the blocks it needs.
         self.max_in_flight = max_in_flight
         self.in_flight = []
         self.in_flight_bytes = 0
@@ -373,6 +376,10 @@ class Spiller:
         return True
 
     def _throttle(self, done, nbytes):
+        if self.max_in_flight is None:
+            s = self._plugin_stats()
+            self.max_in_flight = s.budget_bytes // 4 if s is not None and s.budget_bytes \
+                else 256 << 20
         self.in_flight.append((done, nbytes))
         self.in_flight_bytes += nbytes
         while self.in_flight and (self.in_flight_bytes > self.max_in_flight

@@ -88,6 +88,9 @@ def parse_args(argv=None):
     p.add_argument("--save-on-cpu", action="store_true",
                    help="PyTorch's own activation offload: the forward pass inside "
                         "torch.autograd.graph.save_on_cpu(pin_memory=True)")
+    p.add_argument("--no-spill", action="store_true",
+                   help="under Leasehold, turn its activation spilling off "
+                        "(leasehold.torch.spill(False)): the plug-in alone")
     p.add_argument("--grad-digest", action="store_true",
                    help="put a digest of the last step's gradients in the summary")
     p.add_argument("--deterministic", action="store_true",
@@ -316,6 +319,8 @@ def main(argv=None):
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(args.seed)
     job = leasehold_job()
+    if args.no_spill and plugin_installed():
+        leasehold.torch.spill(False)
 
     start_device(device, startup)
     t = time.perf_counter()
