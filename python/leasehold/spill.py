@@ -136,16 +136,17 @@ class _Saved:
     """A saved tensor under the Spiller: on the device (`dev`), in the host
     tier (`offset` set), or back on the device (`back`)."""
 
-    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "dev", "stream", "slab", "offset",
-                 "span", "back", "ready", "seq", "key", "__weakref__")
+    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "dev", "slab", "offset", "span",
+                 "back", "ready", "seq", "key", "__weakref__")
 
-    def __init__(self, owner, t, stream, seq, key):
-        self.owner, self.shape, self.dtype, self.device = owner, t.shape, t.dtype, t.device
-        self.nbytes, self.seq, self.key = t.numel() * t.element_size(), seq, key
+    def __init__(self, owner, t, nbytes, seq, key):
+        # Every saved activation passes here, most never spilled: the
+        # least work (shape, dtype and device are taken when spilled).
+        self.owner, self.nbytes, self.seq, self.key = owner, nbytes, seq, key
         # Detached: the saved output of an op holding its own grad_fn would
         # be a reference cycle through C++ that no collector sees.
         self.dev = t.detach()
-        self.stream = stream  # the stream that produced it (CUDA)
+        self.shape = self.dtype = self.device = None
         self.slab = self.offset = self.span = None
         self.back = None   # the device copy once brought back
         self.ready = None  # its copy's event
@@ -240,22 +241,26 @@ class Spiller:
         s = self._plugin_stats()
         return s.in_use_bytes if s is not None else None
 
-    def _eligible(self, t):
+    def _eligible(self, t, nbytes):
+        if nbytes < self.min_bytes:
+            return False  # first: most saved tensors are small
         torch = self.torch
         if t.device.type not in self.device_types or t.layout != torch.strided:
             return False
         # Parameters (and views of them, such as a weight's transpose that a
         # matmul saves) stay resident: spilling them would free nothing.
-        base = t._base if t._base is not None else t
-        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
-            return False
-        return t.numel() * t.element_size() >= self.min_bytes
+        base = t._base
+        if base is None:
+            base = t
+        return not (isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad))
 
     # ---- hooks ------------------------------------------------------------------
 
     def pack(self, t):
-        self._reap()
-        if not self._eligible(t):
+        if self.dead:
+            self._reap()
+        nbytes = t.numel() * t.element_size()
+        if not self._eligible(t, nbytes):
             return t
         # The same tensor object, unchanged since (its memory may be reused
         # by a new tensor once it is gone: addresses are no identity).
@@ -270,8 +275,7 @@ class Spiller:
                     self.counts["deduplicated"] += 1
                     return rec
             self.seq += 1
-            stream = self.torch.cuda.current_stream(t.device) if t.is_cuda else None
-            rec = _Saved(self, t, stream, self.seq, key)
+            rec = _Saved(self, t, nbytes, self.seq, key)
             ref = weakref.ref(rec)
             self.records[rec.seq] = ref
             self.resident[rec.seq] = ref
@@ -286,7 +290,8 @@ class Spiller:
     def unpack(self, rec):
         if not isinstance(rec, _Saved):
             return rec
-        self._reap()
+        if self.dead:
+            self._reap()
         with self.lock:
             if rec.dev is not None:
                 # Needed now: no longer a candidate to spill.
@@ -344,6 +349,7 @@ class Spiller:
         """Copies a record's tensor to the host tier and lets go of its
         device memory. False when the host tier has no room for it."""
         t = rec.dev
+        rec.shape, rec.dtype, rec.device = t.shape, t.dtype, t.device
         if self.host is None:
             self.host = _HostTier(self.torch, self.host_bytes, self.slab_bytes, t.is_cuda)
         got = self.host.take(rec.nbytes)
@@ -356,8 +362,12 @@ class Spiller:
         # every view of it and its base are gone.
         dst = self.host.view(rec.slab, rec.offset, rec.nbytes).view(t.dtype).view(t.shape)
         if t.is_cuda:
+            # After the work queued so far on this thread's stream: the
+            # program's, which produced the tensor (a program that computes
+            # on side streams of its own is not covered when a Shrink
+            # spills from the plug-in's thread).
             stream = self._stream(t.device)
-            stream.wait_stream(rec.stream)
+            stream.wait_stream(self.torch.cuda.current_stream(t.device))
             with self.torch.cuda.stream(stream):
                 dst.copy_(t, non_blocking=True)
                 done = self.torch.cuda.Event()
