@@ -24,7 +24,8 @@ plug-in's peak leased) and the bytes spilled per step. Then the gradients:
 the digest of the last step's gradients (deterministic kernels) of
 LeNet and of the GPT, unconstrained and spilled (the GPT at the smallest
 fraction, LeNet at --lenet-fraction), must be equal (spilling is exact).
-Prints one JSON object on stdout, a table on stderr; exit status 1 when a run fails or a digest differs.
+Prints one JSON object on stdout, a table on stderr; exit status 1 when a
+run fails or a digest differs.
 """
 
 import argparse
