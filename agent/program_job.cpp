@@ -284,6 +284,7 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
     }
     memory->outside_pool_bytes = outside_pool;
     progress.peak_device_bytes = m.peak_leased_bytes;
+    progress.spilled_bytes = m.spilled_bytes;
     send_progress();
   };
 

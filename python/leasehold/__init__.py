@@ -125,7 +125,7 @@ def job():
 _INT_FIELDS = ("step", "epoch", "samples")
 _FLOAT_FIELDS = ("loss", "test_accuracy")
 _MEMORY_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
-                  "allocations", "cache_hits", "lease_requests")
+                  "allocations", "cache_hits", "lease_requests", "spilled_bytes")
 
 _lock = threading.Lock()
 _broken = False          # the pipe failed: nothing more is written
@@ -178,7 +178,13 @@ def _write_line(fd, obj):
 
 def _memory_stats():
     plugin = sys.modules.get("leasehold.torch")
-    return plugin.stats() if plugin is not None else None
+    if plugin is None:
+        return None
+    stats = plugin.stats()
+    if stats is None:
+        return None
+    spilled = plugin.spill_stats()
+    return dict(stats, spilled_bytes=spilled["spilled_bytes"] if spilled else 0)
 
 
 def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):

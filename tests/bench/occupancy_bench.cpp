@@ -22,6 +22,10 @@
 // memory, and per job the time it was queued and the time it ran; then the
 // policy runs' times against the sequential one. JSON lines, then a table.
 //
+// A job file may be a program job's (tests/bench/torch-lenet-program.json:
+// PyTorch's LeNet through the plug-in, spilling past its share); it runs in
+// the current folder, which must then be the source tree.
+//
 //   leasehold-bench-occupancy [--jobs A.json,B.json] [--copies 2]
 //                             [--factors 2,4] [--train-limit 10240] [--epochs N]
 //                             [--test-limit 2000] [--backend auto|host|cuda]
@@ -30,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -74,15 +79,21 @@ json read_json(const std::string& path) {
 }
 
 // One job to submit: its file's contents, shortened, with memory settings.
+// A program job (tests/bench/torch-lenet-program.json) runs as its file
+// says, in this folder.
 json prepare(json job, const Options& o, const std::string& name, uint64_t budget, uint64_t min) {
   job["name"] = name;
-  if (o.epochs > 0) job["epochs"] = o.epochs;
-  job.erase("steps");
-  job["dataset"]["train_limit"] = o.train_limit;
-  job["dataset"]["test_limit"] = o.test_limit;
+  if (job.contains("program")) {
+    job["program"]["directory"] = std::filesystem::current_path().string();
+  } else {
+    if (o.epochs > 0) job["epochs"] = o.epochs;
+    job.erase("steps");
+    job["dataset"]["train_limit"] = o.train_limit;
+    job["dataset"]["test_limit"] = o.test_limit;
+    job["checkpoint"] = {{"enabled", false}};
+  }
   job["memory_budget"] = mib(budget);
   if (min) job["memory_min"] = mib(min);
-  job["checkpoint"] = {{"enabled", false}};
   return job;
 }
 

@@ -223,7 +223,7 @@ class ReportTest(unittest.TestCase):
         lines = [json.loads(x) for x in self.read_lines()]
         self.assertEqual([d["type"] for d in lines],
                          ["report", "memory", "report", "report", "memory"])
-        memory = dict(stats)
+        memory = dict(stats, spilled_bytes=0)  # spilling is off
         del memory["budget_bytes"]
         memory["type"] = "memory"
         self.assertEqual(lines[1], memory)
@@ -511,7 +511,7 @@ class FakeCudaTorchTest(unittest.TestCase):
             {"type": "report", "step": 5},
             {"type": "memory", "leased_bytes": 1000, "peak_leased_bytes": 1001,
              "in_use_bytes": 1002, "peak_in_use_bytes": 1003, "allocations": 1004,
-             "cache_hits": 1005, "lease_requests": 1006},
+             "cache_hits": 1005, "lease_requests": 1006, "spilled_bytes": 0},
         ])
 
     def test_cudnn_benchmark_stays_off_and_says_so_once(self):
