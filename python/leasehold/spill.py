@@ -8,7 +8,10 @@ as the process's defaults, every saved tensor passes through ``pack`` when
 it is saved and ``unpack`` when backward needs it. A saved CUDA tensor of at
 least ``min_bytes`` that is not a parameter, a view of one, or anything else
 that requires grad as a leaf (parameters and optimiser state stay resident)
-is held by a record, on the device at first:
+is held by a record of its root (a view's base, whose memory it is), on the
+device at first. Views of one root share its record, and a root is copied
+as its bytes lie in memory, so everything comes back with the strides it
+had (kernels given another layout may round differently):
 
 - Coldest first. The record saved first is needed last in backward. When
   the plug-in's bytes in use pass ``high_water`` of the job's budget at a
@@ -133,22 +136,25 @@ class _HostTier:
 
 
 class _Saved:
-    """A saved tensor under the Spiller: on the device (`dev`), in the host
-    tier (`offset` set), or back on the device (`back`)."""
+    """A saved tensor's memory under the Spiller: the root tensor that owns
+    it (a view's base; the tensor itself otherwise), on the device (`dev`),
+    in the host tier (`offset` set), or back on the device (`back`). Its
+    bytes are copied as they lie in memory, and it comes back with the same
+    strides: kernels given another layout may round differently."""
 
-    __slots__ = ("owner", "shape", "dtype", "device", "nbytes", "dev", "slab", "offset", "span",
-                 "back", "ready", "seq", "key", "__weakref__")
+    __slots__ = ("owner", "shape", "stride", "dtype", "device", "nbytes", "dev", "slab",
+                 "offset", "span", "back", "ready", "seq", "key", "__weakref__")
 
-    def __init__(self, owner, t, nbytes, seq, key):
+    def __init__(self, owner, root, nbytes, seq, key):
         # Every saved activation passes here, most never spilled: the
-        # least work (shape, dtype and device are taken when spilled).
+        # least work (its geometry is taken when it is spilled).
         self.owner, self.nbytes, self.seq, self.key = owner, nbytes, seq, key
         # Detached: the saved output of an op holding its own grad_fn would
         # be a reference cycle through C++ that no collector sees.
-        self.dev = t.detach()
-        self.shape = self.dtype = self.device = None
+        self.dev = root.detach()
+        self.shape = self.stride = self.dtype = self.device = None
         self.slab = self.offset = self.span = None
-        self.back = None   # the device copy once brought back
+        self.back = None   # the root once brought back
         self.ready = None  # its copy's event
 
     def __del__(self):
@@ -159,6 +165,18 @@ class _Saved:
         if owner is not None:
             owner.dead.append((self.slab, self.offset, self.span, self.seq, self.key))
             self.offset = None
+
+
+class _View:
+    """A saved view of a record's root: its geometry, relative to the
+    root's first element. Views of one root (attention's q, k and v of
+    one projection) share the record: copied once, brought back once."""
+
+    __slots__ = ("rec", "size", "stride", "offset")
+
+    def __init__(self, rec, t, root):
+        self.rec, self.size, self.stride = rec, t.size(), t.stride()
+        self.offset = t.storage_offset() - root.storage_offset()
 
 
 class Spiller:
@@ -262,41 +280,67 @@ class Spiller:
         nbytes = t.numel() * t.element_size()
         if not self._eligible(t, nbytes):
             return t
-        # The same tensor object, unchanged since (its memory may be reused
-        # by a new tensor once it is gone: addresses are no identity).
-        key = id(t)
+        root = t._base
+        if root is None:
+            root = t
+        # A root whose elements fill one range of memory (any dense layout:
+        # contiguous, channels-last, ...): that range is what is copied.
+        if not self._dense(root):
+            return t
+        # The same root object, unchanged since (its memory may be reused by
+        # a new tensor once it is gone: addresses are no identity).
+        key = id(root)
         with self.lock:
             known = self.by_tensor.get(key)
+            rec = None
             if known is not None:
                 tensor_ref, rec_ref, version = known
                 rec = rec_ref()
-                if tensor_ref() is t and t._version == version and rec is not None \
+                if tensor_ref() is root and root._version == version and rec is not None \
                         and rec.back is None:
                     self.counts["deduplicated"] += 1
-                    return rec
-            self.seq += 1
-            rec = _Saved(self, t, nbytes, self.seq, key)
-            ref = weakref.ref(rec)
-            self.records[rec.seq] = ref
-            self.resident[rec.seq] = ref
-            self.by_tensor[key] = (weakref.ref(t), ref, t._version)
-            self.counts["saved_tensors"] += 1
-            if self.pressure(0):
-                # Back under the high-water mark, oldest first; the tensor
-                # just saved is needed first in backward and goes last.
-                self._evict(lambda freed: not self.pressure(0))
-        return rec
+                else:
+                    rec = None
+            if rec is None:
+                self.seq += 1
+                rec = _Saved(self, root, root.numel() * root.element_size(), self.seq, key)
+                ref = weakref.ref(rec)
+                self.records[rec.seq] = ref
+                self.resident[rec.seq] = ref
+                self.by_tensor[key] = (weakref.ref(root), ref, root._version)
+                self.counts["saved_tensors"] += 1
+                if self.pressure(0):
+                    # Back under the high-water mark, oldest first; the
+                    # tensor just saved is needed first in backward and
+                    # goes last.
+                    self._evict(lambda freed: not self.pressure(0))
+        return rec if root is t else _View(rec, t, root)
 
-    def unpack(self, rec):
-        if not isinstance(rec, _Saved):
-            return rec
+    def unpack(self, packed):
+        if isinstance(packed, _View):
+            rec = packed.rec
+        elif isinstance(packed, _Saved):
+            rec = packed
+        else:
+            return packed
         if self.dead:
             self._reap()
         with self.lock:
             if rec.dev is not None:
                 # Needed now: no longer a candidate to spill.
                 self.resident.pop(rec.seq, None)
-                return rec.dev
+                root = rec.dev
+            else:
+                root = self._restored(rec)
+        if packed is rec:
+            return root
+        return root.as_strided(packed.size, packed.stride,
+                               root.storage_offset() + packed.offset)
+
+    def _restored(self, rec):
+        """The root of a spilled record on the device again, with the next
+        spilled ones in backward order on their way. Under self.lock."""
+        if rec.back is None:
             at = bisect.bisect_left(self.pending, rec.seq)
             ahead = [self.records[seq]() for seq in self.pending[max(0, at - self.lookahead):at]]
             self._bring_back(rec)
@@ -310,7 +354,17 @@ class Spiller:
             current = self.torch.cuda.current_stream(rec.device)
             current.wait_event(rec.ready)
             t.record_stream(current)
-        return t.view(rec.dtype).view(rec.shape)
+        return t.view(rec.dtype).as_strided(rec.shape, rec.stride, 0)
+
+    def _dense(self, t):
+        torch = self.torch
+        if t.is_contiguous():
+            return True
+        if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+            return True
+        if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+            return True
+        return False
 
     def relieve(self, nbytes):
         """The plug-in's pressure handler: spills records on the device,
@@ -349,7 +403,7 @@ class Spiller:
         """Copies a record's tensor to the host tier and lets go of its
         device memory. False when the host tier has no room for it."""
         t = rec.dev
-        rec.shape, rec.dtype, rec.device = t.shape, t.dtype, t.device
+        rec.shape, rec.stride, rec.dtype, rec.device = t.shape, t.stride(), t.dtype, t.device
         if self.host is None:
             self.host = _HostTier(self.torch, self.host_bytes, self.slab_bytes, t.is_cuda)
         got = self.host.take(rec.nbytes)
@@ -357,10 +411,9 @@ class Spiller:
             self.counts["host_full"] += 1
             return False
         rec.slab, rec.offset, rec.span = got
-        # A view (of an activation autograd saves several views of, such as
-        # attention's q, k and v) is copied alone; its memory is free once
-        # every view of it and its base are gone.
-        dst = self.host.view(rec.slab, rec.offset, rec.nbytes).view(t.dtype).view(t.shape)
+        # Its elements as they lie in memory (a dense root: one range).
+        dst = self.host.view(rec.slab, rec.offset, rec.nbytes).view(t.dtype)
+        t = t.as_strided((t.numel(),), (1,), t.storage_offset())
         if t.is_cuda:
             # After the work queued so far on this thread's stream: the
             # program's, which produced the tensor (a program that computes

@@ -818,6 +818,27 @@ class SpillTest(unittest.TestCase):
         self.assertEqual(spiller.stats()["restored_bytes"], freed)
         self.assertEqual(spiller.relieve(1 << 20), 0)  # nothing left on the device
 
+    def test_views_come_back_with_their_strides_and_share_their_root(self):
+        from leasehold.spill import Spiller
+
+        spiller = Spiller(8 << 20, min_bytes=1, pressure=lambda n: False, device_types=("cpu",))
+        qkv = _torch.randn(4, 8, 3 * 16)
+        q, k = qkv[..., :16].transpose(0, 1), qkv[..., 16:32].transpose(0, 1)
+        pq, pk = spiller.pack(q), spiller.pack(k)
+        self.assertIs(pq.rec, pk.rec)  # one record: the root's
+        self.assertEqual(spiller.relieve(1), qkv.numel() * qkv.element_size())
+        for view, packed in ((q, pq), (k, pk)):
+            back = spiller.unpack(packed)
+            self.assertEqual(back.stride(), view.stride())
+            self.assertTrue(_torch.equal(back, view))
+        # A channels-last root comes back channels-last.
+        nhwc = _torch.randn(2, 3, 4, 5).to(memory_format=_torch.channels_last)
+        packed = spiller.pack(nhwc)
+        spiller.relieve(1)
+        back = spiller.unpack(packed)
+        self.assertEqual(back.stride(), nhwc.stride())
+        self.assertTrue(_torch.equal(back, nhwc))
+
     def test_the_budget_check_reads_the_plug_ins_figures(self):
         from leasehold.spill import Spiller
 
