@@ -142,16 +142,21 @@ class _Saved:
     bytes are copied as they lie in memory, and it comes back with the same
     strides: kernels given another layout may round differently."""
 
-    __slots__ = ("owner", "shape", "stride", "dtype", "device", "nbytes", "dev", "slab",
-                 "offset", "span", "back", "ready", "seq", "key", "__weakref__")
+    __slots__ = ("owner", "shape", "stride", "dtype", "device", "nbytes", "dev", "stream",
+                 "slab", "offset", "span", "back", "ready", "seq", "key", "__weakref__")
 
-    def __init__(self, owner, root, nbytes, seq, key):
+    def __init__(self, owner, root, nbytes, seq, key, stream):
         # Every saved activation passes here, most never spilled: the
         # least work (its geometry is taken when it is spilled).
         self.owner, self.nbytes, self.seq, self.key = owner, nbytes, seq, key
         # Detached: the saved output of an op holding its own grad_fn would
         # be a reference cycle through C++ that no collector sees.
         self.dev = root.detach()
+        # The stream that produced it (a raw cudaStream_t: cheaper than a
+        # torch.cuda.Stream): its copy out waits for that stream, whichever
+        # thread or stream spills it (a Shrink's thread, an allocation
+        # on the copy stream).
+        self.stream = stream
         self.shape = self.stride = self.dtype = self.device = None
         self.slab = self.offset = self.span = None
         self.back = None   # the root once brought back
@@ -204,6 +209,7 @@ class Spiller:
         self.slab_bytes = slab_bytes
         self.host = None  # the _HostTier, at the first spill
         self.streams = {}
+        self._current_raw = None  # torch._C._cuda_getCurrentRawStream, once needed
         # Records on the device, oldest (coldest) first, and records in the
         # host tier by number (sorted): weak references, a record dies with
         # the graph that saved it.
@@ -303,7 +309,9 @@ class Spiller:
                     rec = None
             if rec is None:
                 self.seq += 1
-                rec = _Saved(self, root, root.numel() * root.element_size(), self.seq, key)
+                stream = self._raw_stream(root.device.index) if root.is_cuda else None
+                rec = _Saved(self, root, root.numel() * root.element_size(), self.seq, key,
+                             stream)
                 ref = weakref.ref(rec)
                 self.records[rec.seq] = ref
                 self.resident[rec.seq] = ref
@@ -415,12 +423,8 @@ class Spiller:
         dst = self.host.view(rec.slab, rec.offset, rec.nbytes).view(t.dtype)
         t = t.as_strided((t.numel(),), (1,), t.storage_offset())
         if t.is_cuda:
-            # After the work queued so far on this thread's stream: the
-            # program's, which produced the tensor (a program that computes
-            # on side streams of its own is not covered when a Shrink
-            # spills from the plug-in's thread).
             stream = self._stream(t.device)
-            stream.wait_stream(self.torch.cuda.current_stream(t.device))
+            stream.wait_stream(self.torch.cuda.ExternalStream(rec.stream, device=t.device))
             with self.torch.cuda.stream(stream):
                 dst.copy_(t, non_blocking=True)
                 done = self.torch.cuda.Event()
@@ -452,6 +456,11 @@ class Spiller:
                 event.synchronize()
                 self.counts["waits"] += 1
             self.in_flight_bytes -= size
+
+    def _raw_stream(self, index):
+        if self._current_raw is None:
+            self._current_raw = self.torch._C._cuda_getCurrentRawStream
+        return self._current_raw(index)
 
     def _stream(self, device):
         stream = self.streams.get(device)

@@ -57,6 +57,8 @@ def parse_args(argv=None):
                         "peak: at 70%% its backward (restored tensors, gradients, cuBLAS's "
                         "deterministic 32 MiB workspaces) did not fit")
     p.add_argument("--pool-size", default="30GiB")
+    p.add_argument("--digest-models", default="lenet,gpt2-small",
+                   help="the models whose gradients are compared")
     p.add_argument("--parts", default="runs,gradients",
                    help="runs (the speed table), gradients (the digests), or both")
     p.add_argument("--run-timeout", type=float, default=600)
@@ -151,6 +153,8 @@ def main(argv=None):
                     ("lenet", ["--batch", "1024"], args.lenet_fraction),
                     ("gpt2-small", ["--amp", "--seq", str(args.seq), "--batch", str(args.batch)],
                      smallest)):
+                if model not in args.digest_models.split(","):
+                    continue
                 log("gradients of %s" % model)
                 cmd = digest_args(model, extra)
                 whole = in_leasehold(args, env, cmd, args.pool_size, model + " unconstrained")
