@@ -130,18 +130,12 @@ def _install(standby):
     except OSError as e:
         raise RuntimeError("leasehold: cannot load the plug-in %s: %s" % (path, e)) from None
     try:
-        version = lib.leasehold_torch_abi_version
-        record_stream = lib.leasehold_torch_record_stream
-        empty_cache = lib.leasehold_torch_empty_cache
-        lib.leasehold_torch_stats.argtypes = [ctypes.POINTER(_Stats)]
-        lib.leasehold_torch_stats.restype = ctypes.c_int
-        lib.leasehold_torch_standby_begin.restype = ctypes.c_int
-        lib.leasehold_torch_standby_end.restype = ctypes.c_uint64
-        lib.leasehold_torch_set_pressure_handler.argtypes = [_PRESSURE_FN, ctypes.c_void_p]
-        lib.leasehold_torch_set_pressure_handler.restype = None
+        _declare(lib)
     except AttributeError as e:
         raise RuntimeError("leasehold: %s is not the Leasehold plug-in (%s)" % (path, e)) from None
-    version.restype = ctypes.c_int
+    version = lib.leasehold_torch_abi_version
+    record_stream = lib.leasehold_torch_record_stream
+    empty_cache = lib.leasehold_torch_empty_cache
     if version() != ABI_VERSION:
         raise RuntimeError("leasehold: the plug-in %s has interface version %d, this package %d"
                            % (path, version(), ABI_VERSION))
@@ -165,6 +159,20 @@ def _install(standby):
     if not standby:
         _spill_by_default()
     return lib, allocator, "the plug-in %s is PyTorch's CUDA allocator" % path
+
+
+def _declare(lib):
+    """The C signatures of the plug-in's functions (leasehold_torch.h) on
+    the loaded library. AttributeError when one is missing."""
+    lib.leasehold_torch_abi_version.restype = ctypes.c_int
+    lib.leasehold_torch_record_stream.restype = None
+    lib.leasehold_torch_empty_cache.restype = None
+    lib.leasehold_torch_stats.argtypes = [ctypes.POINTER(_Stats)]
+    lib.leasehold_torch_stats.restype = ctypes.c_int
+    lib.leasehold_torch_standby_begin.restype = ctypes.c_int
+    lib.leasehold_torch_standby_end.restype = ctypes.c_uint64
+    lib.leasehold_torch_set_pressure_handler.argtypes = [_PRESSURE_FN, ctypes.c_void_p]
+    lib.leasehold_torch_set_pressure_handler.restype = None
 
 
 CUDNN_BENCHMARK_OFF = (

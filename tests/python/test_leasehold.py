@@ -431,7 +431,14 @@ int leasehold_torch_stats(struct leasehold_torch_stats* out) {
 }
 int leasehold_torch_standby_begin(void) { return 0; }
 uint64_t leasehold_torch_standby_end(void) { return 0; }
-void leasehold_torch_set_pressure_handler(void* fn, void* ctx) {}
+static uint64_t (*pressure_fn)(uint64_t, void*);
+static void* pressure_ctx;
+void leasehold_torch_set_pressure_handler(uint64_t (*fn)(uint64_t, void*), void* ctx) {
+  pressure_fn = fn;
+  pressure_ctx = ctx;
+}
+/* What the plug-in does when an allocation finds no room (tests only). */
+uint64_t fake_relieve(uint64_t bytes) { return pressure_fn ? pressure_fn(bytes, pressure_ctx) : 0; }
 int leasehold_torch_abi_version(void) { return 4; }
 """
 
@@ -627,8 +634,6 @@ class RegionLayoutTest(unittest.TestCase):
         self.assertNotEqual(regions.digest(back[:2]), regions.digest(back[1:3]))
 
     def test_the_engine_layout_is_kept(self):
-        from leasehold import regions
-
         memory = self.layout([("fc.weight", _torch.ones(2, 3))])
         head = bytes(memory[:24].numpy().tobytes())
         self.assertEqual(head[:8], b"LHREGN1\n")
@@ -838,6 +843,36 @@ class SpillTest(unittest.TestCase):
         back = spiller.unpack(packed)
         self.assertEqual(back.stride(), nhwc.stride())
         self.assertTrue(_torch.equal(back, nhwc))
+
+    def test_the_plug_ins_pressure_handler_reaches_relieve(self):
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            self.skipTest("no C compiler to build the fake plug-in")
+        tmp = tempfile.mkdtemp(prefix="leasehold-fake-plugin-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        src, so = os.path.join(tmp, "fake.c"), os.path.join(tmp, "libfake.so")
+        with open(src, "w") as f:
+            f.write(FAKE_PLUGIN_C)
+        self.assertEqual(subprocess.run([cc, "-shared", "-fPIC", "-o", so, src]).returncode, 0)
+        lib = ctypes.CDLL(so)
+        leasehold.torch._declare(lib)
+        lib.fake_relieve.argtypes, lib.fake_relieve.restype = [ctypes.c_uint64], ctypes.c_uint64
+        asked = []
+
+        def relieve(nbytes):
+            asked.append(nbytes)
+            if nbytes == 13:
+                raise RuntimeError("cannot spill")
+            return 2 * nbytes
+
+        with mock.patch.object(leasehold.torch, "_plugin", lib):
+            leasehold.torch._set_pressure_handler(relieve)
+            self.assertEqual(lib.fake_relieve(1 << 40), 2 << 40)  # 64-bit both ways
+            with self.assertLogs("leasehold.torch", "WARNING"):
+                self.assertEqual(lib.fake_relieve(13), 0)  # a failure frees nothing
+            leasehold.torch._set_pressure_handler(None)
+            self.assertEqual(lib.fake_relieve(5), 0)  # removed
+        self.assertEqual(asked, [1 << 40, 13])
 
     def test_the_budget_check_reads_the_plug_ins_figures(self):
         from leasehold.spill import Spiller
