@@ -156,10 +156,12 @@ uint64_t relieve_pressure(Plugin& p, uint64_t bytes) {
     ctx = p.pressure_ctx;
   }
   if (fn == nullptr) return 0;
-  inside = true;
-  uint64_t freed = fn(bytes, ctx);
-  inside = false;
-  return freed;
+  struct Inside {  // reset however fn returns
+    bool& flag;
+    explicit Inside(bool& f) : flag(f) { flag = true; }
+    ~Inside() { flag = false; }
+  } guard(inside);
+  return fn(bytes, ctx);
 }
 
 bool wait_may_touch(Plugin& p) {

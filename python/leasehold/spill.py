@@ -290,8 +290,12 @@ class Spiller:
         if root is None:
             root = t
         # A root whose elements fill one range of memory (any dense layout:
-        # contiguous, channels-last, ...): that range is what is copied.
+        # contiguous, channels-last, ...): that range is what is copied. A
+        # view that reads it as another type (view(dtype), view_as_real, a
+        # conjugate) or reaches outside it stays as it is.
         if not self._dense(root):
+            return t
+        if root is not t and not self._plain_view(t, root):
             return t
         # The same root object, unchanged since (its memory may be reused by
         # a new tensor once it is gone: addresses are no identity).
@@ -317,7 +321,7 @@ class Spiller:
                 self.resident[rec.seq] = ref
                 self.by_tensor[key] = (weakref.ref(root), ref, root._version)
                 self.counts["saved_tensors"] += 1
-                if self.pressure(0):
+                if self.pressure(0) and not self._capturing():
                     # Back under the high-water mark, oldest first; the
                     # tensor just saved is needed first in backward and
                     # goes last.
@@ -350,7 +354,9 @@ class Spiller:
         spilled ones in backward order on their way. Under self.lock."""
         if rec.back is None:
             at = bisect.bisect_left(self.pending, rec.seq)
-            ahead = [self.records[seq]() for seq in self.pending[max(0, at - self.lookahead):at]]
+            ahead = [self.records.get(seq) for seq in
+                     self.pending[max(0, at - self.lookahead):at]]
+            ahead = [ref() for ref in ahead if ref is not None]
             self._bring_back(rec)
             for other in reversed(ahead):
                 if other is not None and other.back is None and other.offset is not None \
@@ -363,6 +369,16 @@ class Spiller:
             current.wait_event(rec.ready)
             t.record_stream(current)
         return t.view(rec.dtype).as_strided(rec.shape, rec.stride, 0)
+
+    def _plain_view(self, t, root):
+        if t.dtype != root.dtype or t.is_conj() != root.is_conj() or \
+                t.is_neg() != root.is_neg():
+            return False
+        offset = t.storage_offset() - root.storage_offset()
+        if offset < 0 or any(st < 0 for st in t.stride()):
+            return False
+        last = offset + sum((n - 1) * st for n, st in zip(t.size(), t.stride()) if n > 0)
+        return t.numel() == 0 or last < root.numel()
 
     def _dense(self, t):
         torch = self.torch
@@ -377,14 +393,21 @@ class Spiller:
     def relieve(self, nbytes):
         """The plug-in's pressure handler: spills records on the device,
         oldest first, until the allocator has about `nbytes` more free (or
-        none is left). Returns the bytes spilled (0: nothing could be)."""
+        none is left). Returns the bytes spilled (0: nothing could be, or
+        a CUDA graph is being captured: copies would join it)."""
         self._reap()
+        if self._capturing():
+            return 0
         with self.lock:
             before = self.in_use()
             if before is None:
                 spilled = self._evict(lambda freed: freed >= nbytes)
             else:
-                spilled = self._evict(lambda freed: before - (self.in_use() or before) >= nbytes)
+                # Freed, by the allocator's count; or twice the bytes asked
+                # spilled (other threads allocate meanwhile, and a record
+                # whose tensor is held elsewhere frees nothing yet).
+                spilled = self._evict(lambda freed: freed >= 2 * nbytes or
+                                      before - (self.in_use() or before) >= nbytes)
             self.counts["relieved"] += 1
             self.counts["relieved_bytes"] += spilled
             return spilled
@@ -456,6 +479,13 @@ class Spiller:
                 event.synchronize()
                 self.counts["waits"] += 1
             self.in_flight_bytes -= size
+
+    def _capturing(self):
+        """Whether this thread's stream is being captured into a CUDA graph
+        (nothing may be copied, waited for or pinned then)."""
+        torch = self.torch
+        return "cuda" in self.device_types and torch.cuda.is_available() and \
+            torch.cuda.is_current_stream_capturing()
 
     def _raw_stream(self, index):
         if self._current_raw is None:

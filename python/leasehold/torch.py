@@ -243,6 +243,10 @@ _spiller = None
 # ctypes function object must live as long as the plug-in may call it.
 _PRESSURE_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
 _pressure_handler = None
+# Every handler ever given to the plug-in, kept: the plug-in's threads may be
+# inside one while another replaces it, and a freed ctypes thunk is a jump
+# into freed memory.
+_pressure_handlers = []
 SPILL_HOST_DEFAULT = 4 << 30  # spill()'s host tier when none is given (bytes)
 
 
@@ -326,11 +330,12 @@ def _set_pressure_handler(relieve):
     def handler(nbytes, _ctx):
         try:
             return relieve(nbytes)
-        except Exception as e:  # the plug-in's allocation must not see it
+        except BaseException as e:  # ctypes would return garbage to the plug-in
             log.warning("leasehold: spilling to make room for %d bytes failed: %s", nbytes, e)
             return 0
 
     _pressure_handler = _PRESSURE_FN(handler)
+    _pressure_handlers.append(_pressure_handler)
     _plugin.leasehold_torch_set_pressure_handler(_pressure_handler, None)
 
 

@@ -64,6 +64,11 @@ def parse_args(argv=None):
     p.add_argument("--run-timeout", type=float, default=600)
     args = p.parse_args(argv)
     args.fractions = [float(f) for f in args.fractions.split(",") if f]
+    if not args.fractions:
+        p.error("--fractions: at least one")
+    unknown = set(args.digest_models.split(",")) - {"lenet", "gpt2-small"}
+    if unknown:
+        p.error("--digest-models: unknown %s (lenet, gpt2-small)" % ", ".join(sorted(unknown)))
     args.parts = set(args.parts.split(","))
     if not args.parts or not args.parts <= {"runs", "gradients"}:
         p.error("--parts: runs, gradients or both")

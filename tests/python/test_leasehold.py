@@ -836,6 +836,12 @@ class SpillTest(unittest.TestCase):
             back = spiller.unpack(packed)
             self.assertEqual(back.stride(), view.stride())
             self.assertTrue(_torch.equal(back, view))
+        # A view that reads its root as another type, or as its conjugate,
+        # stays as it is.
+        c = _torch.randn(4, 8, 16, dtype=_torch.cfloat)
+        for other in (_torch.view_as_real(c)[1:], c.conj()[1:]):
+            self.assertIs(other._base, c)
+            self.assertIs(spiller.pack(other), other)
         # A channels-last root comes back channels-last.
         nhwc = _torch.randn(2, 3, 4, 5).to(memory_format=_torch.channels_last)
         packed = spiller.pack(nhwc)
