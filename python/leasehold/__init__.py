@@ -183,8 +183,7 @@ def _memory_stats():
     stats = plugin.stats()
     if stats is None:
         return None
-    spilled = plugin.spill_stats()
-    return dict(stats, spilled_bytes=spilled["spilled_bytes"] if spilled else 0)
+    return dict(stats, spilled_bytes=plugin.spilled_bytes_total())
 
 
 def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):

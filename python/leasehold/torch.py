@@ -20,7 +20,8 @@ import threading
 from .regions import RegionError, cached_dataset, init_from, publish_parameters  # noqa: E402,F401
 
 __all__ = ["AllocatorTooLate", "RegionError", "cached_dataset", "init_from", "install",
-           "install_status", "publish_parameters", "spill", "spill_stats", "stats"]
+           "install_status", "publish_parameters", "spill", "spill_stats", "spilled_bytes_total",
+           "stats"]
 
 # leasehold.standby uses install(standby=True), standby_begin() and standby_end().
 
@@ -239,6 +240,7 @@ def standby_end():
 # ---- spilling saved activations (leasehold/spill.py) ---------------------------------
 
 _spiller = None
+_spilled_before = 0  # bytes spilled by spillers replaced since (spilled_bytes_total)
 # The plug-in's pressure handler (leasehold_torch_set_pressure_handler): the
 # ctypes function object must live as long as the plug-in may call it.
 _PRESSURE_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
@@ -294,7 +296,7 @@ def spill(enabled=True, host_bytes=None, **options):
     hooks; a script's own torch.autograd.graph.saved_tensors_hooks still
     take precedence inside their block. Returns the Spiller (None when
     disabled)."""
-    global _spiller
+    global _spiller, _spilled_before
     import torch
 
     from .spill import Spiller
@@ -303,6 +305,7 @@ def spill(enabled=True, host_bytes=None, **options):
         if _spiller is not None:
             _set_pressure_handler(None)
             torch._C._autograd._pop_saved_tensors_default_hooks()
+            _spilled_before += _spiller.counts["spilled_bytes"]
             _spiller = None
         if not enabled:
             return None
@@ -337,6 +340,13 @@ def _set_pressure_handler(relieve):
     _pressure_handler = _PRESSURE_FN(handler)
     _pressure_handlers.append(_pressure_handler)
     _plugin.leasehold_torch_set_pressure_handler(_pressure_handler, None)
+
+
+def spilled_bytes_total():
+    """Bytes spilled in this process so far, by every spiller it had: what
+    the job's progress counts (it never goes down)."""
+    spiller = _spiller
+    return _spilled_before + (spiller.counts["spilled_bytes"] if spiller is not None else 0)
 
 
 def spill_stats():

@@ -880,6 +880,18 @@ class SpillTest(unittest.TestCase):
             self.assertEqual(lib.fake_relieve(5), 0)  # removed
         self.assertEqual(asked, [1 << 40, 13])
 
+    def test_the_bytes_spilled_in_all_never_go_down_when_spilling_restarts(self):
+        lt = leasehold.torch
+        self.addCleanup(lt.spill, False)
+        before = lt.spilled_bytes_total()
+        first = lt.spill(True, host_bytes=1 << 20)
+        first.counts["spilled_bytes"] += 100  # as if it had spilled
+        self.assertEqual(lt.spilled_bytes_total(), before + 100)
+        lt.spill(True, host_bytes=1 << 20)  # a script turning it on again
+        self.assertEqual(lt.spilled_bytes_total(), before + 100)
+        lt.spill(False)
+        self.assertEqual(lt.spilled_bytes_total(), before + 100)
+
     def test_the_budget_check_reads_the_plug_ins_figures(self):
         from leasehold.spill import Spiller
 
