@@ -241,10 +241,8 @@ def standby_end():
 
 _spiller = None
 _spilled_before = 0  # bytes spilled by spillers replaced since (spilled_bytes_total)
-# The plug-in's pressure handler (leasehold_torch_set_pressure_handler): the
-# ctypes function object must live as long as the plug-in may call it.
+# The plug-in's pressure handler (leasehold_torch_set_pressure_handler).
 _PRESSURE_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
-_pressure_handler = None
 # Every handler ever given to the plug-in, kept: the plug-in's threads may be
 # inside one while another replaces it, and a freed ctypes thunk is a jump
 # into freed memory.
@@ -322,12 +320,10 @@ def _set_pressure_handler(relieve):
     """Makes relieve(bytes) -> bytes spilled the plug-in's pressure
     handler (None: removes it). A failure inside it counts as nothing
     freed: the allocation then fails as it would have."""
-    global _pressure_handler
     if _plugin is None:
         return
     if relieve is None:
         _plugin.leasehold_torch_set_pressure_handler(_PRESSURE_FN(), None)
-        _pressure_handler = None
         return
 
     def handler(nbytes, _ctx):
@@ -337,9 +333,8 @@ def _set_pressure_handler(relieve):
             log.warning("leasehold: spilling to make room for %d bytes failed: %s", nbytes, e)
             return 0
 
-    _pressure_handler = _PRESSURE_FN(handler)
-    _pressure_handlers.append(_pressure_handler)
-    _plugin.leasehold_torch_set_pressure_handler(_pressure_handler, None)
+    _pressure_handlers.append(_PRESSURE_FN(handler))
+    _plugin.leasehold_torch_set_pressure_handler(_pressure_handlers[-1], None)
 
 
 def spilled_bytes_total():
@@ -350,8 +345,9 @@ def spilled_bytes_total():
 
 
 def spill_stats():
-    """What spilling did (tensors and bytes spilled and restored, prefetches,
-    tensors kept for want of host room), or None when it is off."""
+    """What spilling did (tensors saved, spilled and restored, prefetches,
+    relief asked by the plug-in, tensors left on the device for want of
+    host room), or None when it is off."""
     spiller = _spiller
     return spiller.stats() if spiller is not None else None
 
