@@ -19,6 +19,7 @@
 #include "torch_plugin/block_cache.h"
 #include "torch_plugin/cuda_streams.h"
 #include "torch_plugin/plugin_state.h"
+#include "torch_plugin/session_leases.h"
 #include "torch_plugin/standby_arena.h"
 
 using namespace leasehold::torch_plugin;
@@ -31,18 +32,25 @@ constexpr int kPressureRounds = 4;
 // The cache's allocation, with the pressure handler's help when it finds no
 // room: the handler frees tensors (spills them) and the allocation is tried
 // again, as long as the handler freed something. Not during a capture: the
-// handler's copies would be captured too.
+// handler's copies would be captured too. Growth past the job's guaranteed
+// share is opportunistic until then (session_leases.h); once there is
+// nothing more to spill, the last try asks for it as needed.
 void* allocate_relieved(Plugin& p, BlockCache& cache, uint64_t size, StreamId stream) {
+  const bool may_grow = p.guaranteed != 0 && (p.budget == 0 || p.guaranteed < p.budget);
   for (int round = 0;; ++round) {
     try {
       return cache.allocate(size, stream);
     } catch (const OutOfMemory&) {
-      if (round == kPressureRounds || p.streams->capturing(stream) ||
-          relieve_pressure(p, size) == 0) {
-        throw;
+      if (round < kPressureRounds && !p.streams->capturing(stream) &&
+          relieve_pressure(p, size) != 0) {
+        continue;
       }
+      if (!may_grow) throw;
     }
+    break;
   }
+  NeededGrowth needed;
+  return cache.allocate(size, stream);
 }
 
 }  // namespace
@@ -78,6 +86,7 @@ void* leasehold_torch_alloc(ssize_t size, int device, struct CUstream_st* stream
     } catch (const OutOfMemory& e) {
       error = e.what();
       oom = true;
+      p.refused.fetch_add(1, std::memory_order_relaxed);
     } catch (const LeaseFailure& e) {
       if (p.lost.load(std::memory_order_acquire)) {
         error = p.lost_message();
@@ -170,6 +179,7 @@ int leasehold_torch_stats(struct leasehold_torch_stats* out) {
   out->budget_bytes = p.budget;
   out->unbacked_bytes = st.unbacked_bytes;
   out->unbacks = st.unbacks;
+  out->refused_allocations = p.refused.load(std::memory_order_relaxed);
   return 0;
 }
 

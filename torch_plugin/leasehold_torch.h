@@ -60,6 +60,9 @@ struct leasehold_torch_stats {
   uint64_t budget_bytes;   /* the job's budget (0: none known) */
   uint64_t unbacked_bytes; /* free pages inside segments given back now (version 2) */
   uint64_t unbacks;        /* times free pages were given back so (version 2) */
+  uint64_t refused_allocations; /* PyTorch's requests answered out of memory, after
+                                   the pressure handler's help (version 4): PyTorch
+                                   may then choose a kernel with a smaller workspace */
 };
 
 /* PyTorch's allocation: `size` bytes for `device` (which must be the job's,

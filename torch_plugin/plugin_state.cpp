@@ -62,19 +62,27 @@ namespace {
 
 }  // namespace
 
-uint64_t budget_from_env() {
-  const char* v = std::getenv("LEASEHOLD_BUDGET");
+namespace {
+
+uint64_t bytes_from_env(const char* name) {
+  const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return 0;
   uint64_t n = 0;
   for (const char* c = v; *c; ++c) {
     if (*c < '0' || *c > '9' || n > (UINT64_MAX - 9) / 10) {
-      fail_open(std::string("leasehold: LEASEHOLD_BUDGET=") + v +
+      fail_open(std::string("leasehold: ") + name + "=" + v +
                 " is not a byte count (decimal digits)");
     }
     n = n * 10 + static_cast<uint64_t>(*c - '0');
   }
   return n;
 }
+
+}  // namespace
+
+uint64_t budget_from_env() { return bytes_from_env("LEASEHOLD_BUDGET"); }
+
+uint64_t guaranteed_from_env() { return bytes_from_env("LEASEHOLD_GUARANTEED"); }
 
 BlockCache* open_cache(Plugin& p) {
   if (BlockCache* c = p.cache.load(std::memory_order_acquire)) return c;
@@ -125,13 +133,16 @@ BlockCache* open_cache(Plugin& p) {
     // Address space for the segments, unbacked holes included: eight
     // times the most the job may hold (addresses are plentiful; memory is
     // not, and holes are backed again only when their segment goes).
+    const uint64_t guaranteed = guaranteed_from_env();
     auto* leases = new SessionLeases(session, p, o.lease_alignment,
-                                     8 * (budget ? std::min(budget, info.size) : info.size));
+                                     8 * (budget ? std::min(budget, info.size) : info.size),
+                                     guaranteed);
     auto* cache = new BlockCache(*leases, *streams, o);
     p.session = session;
     p.streams = streams;
     p.device = info.device;
     p.budget = budget;
+    p.guaranteed = guaranteed;
     start_shrink_worker(p);
     p.cache.store(cache, std::memory_order_release);
     lh_session_set_shrink_handler(session, on_shrink, &p);

@@ -43,8 +43,11 @@ struct Plugin {
   StreamOps* streams = nullptr;  // the cache's
   int device = -1;
   uint64_t budget = 0;
+  uint64_t guaranteed = 0;  // the job's guaranteed share (0: none known)
 
   std::atomic<bool> lost{false};
+  // Allocations answered out of memory (leasehold_torch_stats).
+  std::atomic<uint64_t> refused{0};
   std::mutex lost_mu;
   std::string lost_reason;    // GUARDED_BY(lost_mu)
   bool lost_printed = false;  // GUARDED_BY(lost_mu)
@@ -71,6 +74,8 @@ Plugin& plugin();
 // LEASEHOLD_BUDGET: decimal bytes; 0 when unset. Throws std::runtime_error
 // naming the variable when it is not a byte count.
 uint64_t budget_from_env();
+// LEASEHOLD_GUARANTEED (the job's guaranteed share, memory_min), the same way.
+uint64_t guaranteed_from_env();
 
 // The cache, opening the job's session at the first call: its settings
 // from the environment the agent sets, its pool (which must be the CUDA

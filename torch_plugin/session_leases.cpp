@@ -8,11 +8,21 @@
 
 namespace leasehold::torch_plugin {
 
-SessionLeases::SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes)
+namespace {
+thread_local bool needed_growth = false;
+}  // namespace
+
+NeededGrowth::NeededGrowth() : was_(needed_growth) { needed_growth = true; }
+NeededGrowth::~NeededGrowth() { needed_growth = was_; }
+bool NeededGrowth::active() { return needed_growth; }
+
+SessionLeases::SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes,
+                             uint64_t guaranteed)
     : session_(session),
       plugin_(p),
       page_(page),
-      window_bytes_((window_bytes + page - 1) / page * page) {}
+      window_bytes_((window_bytes + page - 1) / page * page),
+      guaranteed_(guaranteed) {}
 
 LeaseSource::Result SessionLeases::failure(lh_status st, const std::string& what,
                                            std::string* why, const std::string& detail) {
@@ -61,12 +71,29 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
   }
   lh_lease* lease = nullptr;
   if (pages.size() < n) {
-    // -1: the coordinator's default wait when the pool is short.
-    lh_status st = lh_lease_acquire(session_, (n - pages.size()) * page_, -1, last_resort ? 1 : 0,
-                                    &lease);
-    if (st != LH_OK) {
-      Result r = failure(st, "", why);
+    const uint64_t ask = (n - pages.size()) * page_;
+    const bool needed = last_resort && NeededGrowth::active();
+    lh_session_stats ss{};
+    const bool growth = guaranteed_ && !needed && lh_session_stats_get(session_, &ss) == LH_OK &&
+                        ss.leased_bytes + ask > guaranteed_;
+    const auto now = std::chrono::steady_clock::now();
+    bool held_back = false;
+    if (growth) {
       std::lock_guard lk(mu_);
+      held_back = now < no_growth_until_;
+    }
+    // Growth: not queued (0); otherwise -1, the coordinator's default wait.
+    lh_status st = held_back ? LH_ERR_NO_SPACE
+                             : lh_lease_acquire(session_, ask, growth ? 0 : -1, needed ? 1 : 0,
+                                                &lease);
+    if (st != LH_OK) {
+      Result r = failure(st, "", why,
+                         held_back ? "growth past the guaranteed share " +
+                                         format_bytes(guaranteed_) + " was refused less than " +
+                                         std::to_string(kGrowthBackoff.count()) + " ms ago"
+                                   : std::string());
+      std::lock_guard lk(mu_);
+      if (growth && !held_back && r == Result::kRefused) no_growth_until_ = now + kGrowthBackoff;
       for (const PageRef& ref : pages) to_stock(ref);
       give_addresses(first, n);
       return r;

@@ -11,7 +11,17 @@
 //
 // A full pool, a queue that timed out, a request too large and a window
 // with no run of free addresses left are refusals: the cache may give
-// memory back and ask again. A lost session is a failure, and noted in the
+// memory back and ask again.
+//
+// The occupancy policy's growth rules, as the agent's engine jobs follow
+// them (agent/memory/leased_pages.h): within the job's guaranteed share
+// (memory_min) a lease may wait while the policy makes room; past it
+// growth is opportunistic: asked for without waiting and, once refused,
+// not asked for again for a second, so that the allocation goes to the
+// pressure handler (spilling) at once rather than after the coordinator's
+// lease wait. Only a last-resort lease asked for inside a NeededGrowth
+// scope (the handler had nothing left to spill) says it is needed: it
+// waits, and may have others shrink. A lost session is a failure, and noted in the
 // Plugin (plugin_state.h) so that every later allocation reports it.
 //
 // Thread safety: any thread; one mutex guards the pages, and it is not
@@ -19,6 +29,7 @@
 // Never throws.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -35,13 +46,29 @@ namespace leasehold::torch_plugin {
 
 struct Plugin;
 
+// While one lives, this thread's last-resort leases are needed ones.
+class NeededGrowth {
+ public:
+  NeededGrowth();
+  ~NeededGrowth();
+  NeededGrowth(const NeededGrowth&) = delete;
+  NeededGrowth& operator=(const NeededGrowth&) = delete;
+  static bool active();
+
+ private:
+  bool was_;
+};
+
 class SessionLeases final : public LeaseSource {
  public:
   // `session` and `p` must outlive it. `page` is the pool's alignment;
   // `window_bytes` the address space reserved (at the first lease) for all
   // segments together, unbacked holes included: several times the most
-  // the job may hold.
-  SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes);
+  // the job may hold. `guaranteed`: the job's guaranteed share (0: none
+  // known, every lease may wait).
+  SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes,
+                uint64_t guaranteed = 0);
+  static constexpr std::chrono::milliseconds kGrowthBackoff{1000};
 
   Result acquire(uint64_t bytes, bool last_resort, Lease* out, std::string* why) override;
   // A failure is printed on standard error (a lost session is noted).
@@ -92,6 +119,7 @@ class SessionLeases final : public LeaseSource {
   Plugin& plugin_;
   const uint64_t page_;
   const uint64_t window_bytes_;
+  const uint64_t guaranteed_;
   std::mutex mu_;
   lh_window* window_ = nullptr;              // GUARDED_BY(mu_); opened at the first lease
   std::map<uint64_t, uint64_t> free_runs_;   // GUARDED_BY(mu_); first page -> count
@@ -99,6 +127,8 @@ class SessionLeases final : public LeaseSource {
   std::set<PageRef> stock_;                  // GUARDED_BY(mu_); free pages of held leases
   std::unordered_map<uint64_t, Segment> segments_;  // GUARDED_BY(mu_)
   uint64_t next_key_ = 1, next_id_ = 1;      // GUARDED_BY(mu_)
+  // Opportunistic growth was refused: not asked for again before this.
+  std::chrono::steady_clock::time_point no_growth_until_{};  // GUARDED_BY(mu_)
 };
 
 }  // namespace leasehold::torch_plugin

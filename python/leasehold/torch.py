@@ -32,7 +32,7 @@ ABI_VERSION = 4
 
 _STATS_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
                  "allocations", "cache_hits", "lease_requests", "budget_bytes",
-                 "unbacked_bytes", "unbacks")
+                 "unbacked_bytes", "unbacks", "refused_allocations")
 
 
 class _Stats(ctypes.Structure):
@@ -289,8 +289,9 @@ def spill(enabled=True, host_bytes=None, **options):
     """Spills saved activations to a pinned host tier of `host_bytes` when
     the job nears its budget (leasehold.spill says how), or, with
     enabled=False, stops doing so. Program jobs with a budget start with it
-    on. `options`: min_bytes, lookahead, high_water (a fraction of the
-    budget). Installs the hooks as the process's default saved-tensor
+    on. `host_bytes` None keeps the size of the tier in use (the program
+    job's default), else SPILL_HOST_DEFAULT. `options`: min_bytes,
+    lookahead, high_water (a fraction of the budget), max_in_flight. Installs the hooks as the process's default saved-tensor
     hooks; a script's own torch.autograd.graph.saved_tensors_hooks still
     take precedence inside their block. Returns the Spiller (None when
     disabled)."""
@@ -300,6 +301,8 @@ def spill(enabled=True, host_bytes=None, **options):
     from .spill import Spiller
 
     with _lock:
+        if host_bytes is None:
+            host_bytes = _spiller.host_bytes if _spiller is not None else SPILL_HOST_DEFAULT
         if _spiller is not None:
             _set_pressure_handler(None)
             torch._C._autograd._pop_saved_tensors_default_hooks()
@@ -307,8 +310,6 @@ def spill(enabled=True, host_bytes=None, **options):
             _spiller = None
         if not enabled:
             return None
-        if host_bytes is None:
-            host_bytes = SPILL_HOST_DEFAULT
         spiller = Spiller(host_bytes, **options)
         torch._C._autograd._push_saved_tensors_default_hooks(spiller.pack, spiller.unpack)
         _spiller = spiller

@@ -17,13 +17,23 @@ that make activations most of its peak. It runs:
 - leasehold: as a program job with a budget the size of the pool
   (unconstrained), with and without the spilling hooks (what recording
   the saved tensors costs), then at each fraction of that run's peak leased bytes,
-  where the plug-in's spilling (leasehold.torch.spill) keeps it within.
+  where the plug-in's spilling (leasehold.torch.spill) keeps it within,
+  and at save_on_cpu's peak (equal peak memory: the comparison that counts).
+
+The host link's bandwidth (pinned memory, 1 GiB copies each way, outside
+Leasehold) is measured first; each spilling row shows the seconds per step
+its traffic alone takes over that link (bytes spilled / device-to-host +
+bytes restored / host-to-device). Spilling overlaps those copies with
+compute, so 1 / max(that, an unconstrained step) bounds its steps/s.
 
 Steps/s after the warm-up, peak device memory (PyTorch's max reserved; the
 plug-in's peak leased) and the bytes spilled per step. Then the gradients:
 the digest of the last step's gradients (deterministic kernels) of
 LeNet and of the GPT, unconstrained and spilled (the GPT at the smallest
-fraction, LeNet at --lenet-fraction), must be equal (spilling is exact).
+fraction; LeNet at a budget of its peak, spilling past --lenet-high-water
+of it), must be equal (spilling is exact). The plug-in's refused
+allocations are counted beside them: a refused workspace makes cuDNN or
+cuBLAS take another kernel, which rounds differently.
 Prints one JSON object on stdout, a table on stderr; exit status 1 when a
 run fails or a digest differs.
 """
@@ -52,10 +62,15 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--fractions", default="0.5,0.25")
-    p.add_argument("--lenet-fraction", type=float, default=0.85,
-                   help="LeNet's budget for the gradient check (batch 1024), a fraction of its "
-                        "peak: at 70%% its backward (restored tensors, gradients, cuBLAS's "
-                        "deterministic 32 MiB workspaces) did not fit")
+    p.add_argument("--lenet-high-water", type=float, default=0.5,
+                   help="LeNet's gradient check (batch 1024) runs with a budget of its peak and "
+                        "spills past this fraction of it: below its peak, cuDNN's preferred "
+                        "convolution's workspace is refused and cuDNN takes another "
+                        "algorithm, which rounds differently (PyTorch's own allocator under a "
+                        "memory limit does the same)")
+    p.add_argument("--variants", default="",
+                   help="extra runs at the smallest fraction with options of "
+                        "leasehold.torch.spill: 'lookahead=6;high_water=0.9,lookahead=4'")
     p.add_argument("--pool-size", default="30GiB")
     p.add_argument("--digest-models", default="lenet,gpt2-small",
                    help="the models whose gradients are compared")
@@ -64,6 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--run-timeout", type=float, default=600)
     args = p.parse_args(argv)
     args.fractions = [float(f) for f in args.fractions.split(",") if f]
+    args.variants = [v.split(",") for v in args.variants.split(";") if v]
     if not args.fractions:
         p.error("--fractions: at least one")
     unknown = set(args.digest_models.split(",")) - {"lenet", "gpt2-small"}
@@ -105,13 +121,48 @@ def in_leasehold(args, env, cmd, budget, what):
     return s
 
 
-def row(s, steps):
+LINK_CODE = """
+import json, torch
+n = 1 << 30
+host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+def rate(dst, src):
+    dst.copy_(src, non_blocking=True)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(4):
+        dst.copy_(src, non_blocking=True)
+    end.record()
+    end.synchronize()
+    return 4 * n / (start.elapsed_time(end) / 1e3)
+print(json.dumps({"d2h_bytes_per_s": rate(host, dev), "h2d_bytes_per_s": rate(dev, host)}))
+"""
+
+
+def link_bandwidth():
+    """Pinned copies' bytes/s each way over the GPU's host link, from a
+    child (this process never initializes CUDA)."""
+    r = subprocess.run([sys.executable, "-c", LINK_CODE], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    if r.returncode != 0:
+        raise tpb.BenchError("cannot measure the host link", tpb.tail(r.stdout))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def row(s, steps, link=None):
+    """A run's figures; with `link`, the seconds per step its spilling
+    traffic alone takes over the host link. Per step: the counts are the
+    whole run's, warm-up included, over all its steps."""
     spill = s.get("spill") or {}
-    timed = max(1, steps)
-    return {"steps_per_second": s["steps_per_second"], "peak_device_bytes": s["peak_device_bytes"],
-            "peak_in_use_bytes": (s.get("allocator") or {}).get("peak_in_use_bytes"),
-            "spilled_bytes_per_step": spill.get("spilled_bytes", 0) / timed if spill else 0,
-            "spill": spill or None, "final_loss": s["final_loss"]}
+    out = {"steps_per_second": s["steps_per_second"], "peak_device_bytes": s["peak_device_bytes"],
+           "peak_in_use_bytes": (s.get("allocator") or {}).get("peak_in_use_bytes"),
+           "spilled_bytes_per_step": spill.get("spilled_bytes", 0) / max(1, steps),
+           "restored_bytes_per_step": spill.get("restored_bytes", 0) / max(1, steps),
+           "spill": spill or None, "final_loss": s["final_loss"]}
+    if link:
+        out["link_seconds_per_step"] = (out["spilled_bytes_per_step"] / link["d2h_bytes_per_s"]
+                                        + out["restored_bytes_per_step"] / link["h2d_bytes_per_s"])
+    return out
 
 
 def main(argv=None):
@@ -121,6 +172,7 @@ def main(argv=None):
     failed = []
     try:
         info = tpb.device_info()
+        link = link_bandwidth() if "runs" in args.parts else None
         _, agent = tpb.start_leasehold(args, env, tmp, daemons)
         tpb.wait_for("the agent", lambda: tpb.agent_registered(args, env, "bench"), agent, 60)
         steps = args.steps
@@ -134,8 +186,9 @@ def main(argv=None):
             log("pytorch")
             done("pytorch", row(plain(args, env, gpt_args(args), "pytorch"), steps))
             log("save_on_cpu")
-            done("save_on_cpu", row(plain(args, env, gpt_args(args, ["--save-on-cpu"]),
-                                          "save_on_cpu"), steps))
+            offload = row(plain(args, env, gpt_args(args, ["--save-on-cpu"]), "save_on_cpu"),
+                          steps)
+            done("save_on_cpu", offload)
             log("leasehold unconstrained")
             full = in_leasehold(args, env, gpt_args(args), args.pool_size, "leasehold unconstrained")
             done("leasehold 100%", row(full, steps))
@@ -144,18 +197,24 @@ def main(argv=None):
                 args, env, gpt_args(args, ["--no-spill"]), args.pool_size,
                 "leasehold unconstrained without spilling"), steps))
             peak = full["peak_device_bytes"]
-            for f in args.fractions:
-                budget = int(peak * f)
-                log("leasehold at %d%% (%d bytes)" % (100 * f, budget))
-                done("leasehold %d%%" % (100 * f), dict(
-                    row(in_leasehold(args, env, gpt_args(args), budget, "leasehold %g" % f), steps),
-                    budget_bytes=budget))
+            budgets = [("leasehold %d%%" % (100 * f), int(peak * f)) for f in args.fractions]
+            budgets.append(("leasehold at save_on_cpu's", offload["peak_device_bytes"]))
+            smallest = int(peak * min(args.fractions))
+            for options in args.variants:
+                budgets.append(("leasehold %d%% %s" % (100 * min(args.fractions), ",".join(options)),
+                                smallest, options))
+            for name, budget, *options in budgets:
+                extra = ["--spill-option=" + o for o in (options[0] if options else [])]
+                log("%s (%d bytes)" % (name, budget))
+                done(name, dict(row(in_leasehold(args, env, gpt_args(args, extra), budget, name),
+                                    steps, link), budget_bytes=budget))
         # Gradients, spilled or not: bit for bit.
         digests = {}
         if "gradients" in args.parts:
             smallest = min(args.fractions)
             for model, extra, fraction in (
-                    ("lenet", ["--batch", "1024"], args.lenet_fraction),
+                    ("lenet", ["--batch", "1024",
+                               "--spill-option=high_water=%g" % args.lenet_high_water], 1.0),
                     ("gpt2-small", ["--amp", "--seq", str(args.seq), "--batch", str(args.batch)],
                      smallest)):
                 if model not in args.digest_models.split(","):
@@ -168,29 +227,42 @@ def main(argv=None):
                 again = in_leasehold(args, env, cmd, args.pool_size, model + " unconstrained")
                 budget = int(whole["peak_device_bytes"] * fraction)
                 tight = in_leasehold(args, env, cmd, budget, model + " spilled")
+                refused = (tight.get("allocator") or {}).get("refused_allocations", 0)
                 digests[model] = {"unconstrained": whole["grad_digest"],
                                   "unconstrained_again": again["grad_digest"],
                                   "spilled": tight["grad_digest"], "budget_bytes": budget,
-                                  "spilled_bytes": (tight.get("spill") or {}).get("spilled_bytes")}
+                                  "spilled_bytes": (tight.get("spill") or {}).get("spilled_bytes"),
+                                  "refused_allocations": refused}
                 if whole["grad_digest"] != again["grad_digest"]:
                     failed.append("%s: two unconstrained runs' gradients differ" % model)
                 if whole["grad_digest"] != tight["grad_digest"]:
-                    failed.append("%s: gradients differ with spilling" % model)
+                    # A refused allocation makes cuDNN or cuBLAS take a kernel
+                    # with a smaller workspace, which rounds differently.
+                    failed.append("%s: gradients differ with spilling%s" % (
+                        model, " (%d allocations refused at %d bytes: a kernel with less "
+                        "workspace was chosen)" % (refused, budget)
+                        if refused else ""))
                 if not (tight.get("spill") or {}).get("spilled_bytes"):
                     failed.append("%s: nothing was spilled at %d bytes" % (model, budget))
         result = {"device": info["device"], "torch": info["torch"], "batch": args.batch,
-                  "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "runs": rows,
-                  "gradients": digests, "failed": failed}
+                  "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "link": link,
+                  "runs": rows, "gradients": digests, "failed": failed}
         print(json.dumps(result, indent=1), flush=True)
         base = rows["leasehold 100%"]["steps_per_second"] if rows else 1
         gib = 1 << 30
-        print("\n%-26s %9s %9s %10s %14s" % ("run", "steps/s", "vs 100%", "peak GiB",
-                                              "spilled GiB/step"), file=sys.stderr)
+        if link:
+            print("\nhost link: %.1f GB/s device to host, %.1f GB/s host to device" % (
+                link["d2h_bytes_per_s"] / 1e9, link["h2d_bytes_per_s"] / 1e9), file=sys.stderr)
+        print("\n%-28s %8s %8s %9s %10s %10s %9s" % (
+            "run", "steps/s", "vs 100%", "peak GiB", "out GiB/st", "in GiB/st", "link s/st"),
+            file=sys.stderr)
         for name, r in rows.items():
-            print("%-26s %9.2f %8.0f%% %10.2f %14.2f" % (
+            linked = r.get("link_seconds_per_step")
+            print("%-28s %8.2f %7.0f%% %9.2f %10.2f %10.2f %9s" % (
                 name, r["steps_per_second"], 100 * r["steps_per_second"] / base,
-                (r["peak_device_bytes"] or 0) / gib, r["spilled_bytes_per_step"] / gib),
-                file=sys.stderr)
+                (r["peak_device_bytes"] or 0) / gib, r["spilled_bytes_per_step"] / gib,
+                r["restored_bytes_per_step"] / gib,
+                "%.3f" % linked if linked is not None else "-"), file=sys.stderr)
         for model, d in digests.items():
             print("gradients %s: %s unconstrained (%s again), %s spilled (%s)" % (
                 model, d["unconstrained"], d["unconstrained_again"], d["spilled"],

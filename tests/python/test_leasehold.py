@@ -420,13 +420,13 @@ FAKE_TORCH = {
 FAKE_PLUGIN_C = r"""
 #include <stdint.h>
 #include <stddef.h>
-struct leasehold_torch_stats { uint64_t v[10]; };
+struct leasehold_torch_stats { uint64_t v[11]; };
 void* leasehold_torch_alloc(long size, int device, void* stream) { return NULL; }
 void leasehold_torch_free(void* p, long size, int device, void* stream) {}
 void leasehold_torch_record_stream(void* p, void* stream) {}
 void leasehold_torch_empty_cache(void) {}
 int leasehold_torch_stats(struct leasehold_torch_stats* out) {
-  for (int i = 0; i < 10; ++i) out->v[i] = 1000 + i;
+  for (int i = 0; i < 11; ++i) out->v[i] = 1000 + i;
   return 0;
 }
 int leasehold_torch_standby_begin(void) { return 0; }
@@ -514,6 +514,7 @@ class FakeCudaTorchTest(unittest.TestCase):
         self.assertEqual(out["stats"]["leased_bytes"], 1000)
         self.assertEqual(out["stats"]["budget_bytes"], 1007)
         self.assertEqual(out["stats"]["unbacks"], 1009)
+        self.assertEqual(out["stats"]["refused_allocations"], 1010)
         self.assertEqual(lines, [
             {"type": "report", "step": 5},
             {"type": "memory", "leased_bytes": 1000, "peak_leased_bytes": 1001,

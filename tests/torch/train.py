@@ -91,18 +91,31 @@ def parse_args(argv=None):
     p.add_argument("--no-spill", action="store_true",
                    help="under Leasehold, turn its activation spilling off "
                         "(leasehold.torch.spill(False)): the plug-in alone")
+    p.add_argument("--spill-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="under Leasehold, spill with this option of leasehold.torch.spill "
+                        "(high_water=0.5, lookahead=4, ...); repeatable")
     p.add_argument("--grad-digest", action="store_true",
                    help="put a digest of the last step's gradients in the summary")
     p.add_argument("--deterministic", action="store_true",
-                   help="deterministic kernels (cuDNN, cuBLAS, PyTorch's own where it has them): "
-                        "two runs give the same losses, so a comparison sees memory, not "
-                        "atomics' order")
+                   help="deterministic kernels (cuDNN, cuBLAS, PyTorch's own where it has them, "
+                        "the math path of attention): two runs give the same losses, so a "
+                        "comparison sees memory, not atomics' order")
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="let cuDNN time its algorithms (PyTorch's fastest convolutions; under "
                         "Leasehold the plug-in keeps it off)")
     args = p.parse_args(argv)
     if args.batch is None:
         args.batch = DEFAULT_BATCH[args.model]
+    options = {}
+    for item in args.spill_option:
+        name, _, value = item.partition("=")
+        try:
+            options[name] = float(value) if "." in value else int(value)
+        except ValueError:
+            p.error("--spill-option %r: NAME=NUMBER" % item)
+    args.spill_option = options
+    if args.no_spill and options:
+        p.error("--no-spill and --spill-option contradict each other")
     if args.steps < 1 or args.batch < 1 or args.log_every < 1:
         p.error("--steps, --batch and --log-every must be at least 1")
     if not 0 <= args.warmup < args.steps:
@@ -317,10 +330,19 @@ def main(argv=None):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
+        if device.type == "cuda":
+            # Flash and memory-efficient attention accumulate their backward
+            # with atomics: the GPT's attention takes the math path instead.
+            for backend in ("flash", "mem_efficient", "cudnn"):
+                enable = getattr(torch.backends.cuda, "enable_%s_sdp" % backend, None)
+                if enable is not None:
+                    enable(False)
     torch.manual_seed(args.seed)
     job = leasehold_job()
     if args.no_spill and plugin_installed():
         leasehold.torch.spill(False)
+    if args.spill_option and plugin_installed():
+        leasehold.torch.spill(True, **args.spill_option)  # the job's host tier, these options
 
     start_device(device, startup)
     t = time.perf_counter()
