@@ -28,10 +28,17 @@ void shrink_worker(Plugin* p) {
     try {
       // Free cached memory first; when that is not enough, spilled
       // activations free blocks (the pressure handler), which are trimmed
-      // in turn once their copies completed.
+      // in turn once their copies completed. Enough is what the session
+      // holds less, not what the trim freed: free pages of a lease that
+      // other pages of still show stay leased (session_leases.h).
       uint64_t trimmed = cache->trim(req.second);
-      if (trimmed < req.second && relieve_pressure(*p, req.second - trimmed) > 0) {
-        cache->trim(req.second - trimmed);
+      lh_session_stats now{};
+      uint64_t gone = trimmed;
+      if (counted && lh_session_stats_get(p->session, &now) == LH_OK) {
+        gone = before.leased_bytes > now.leased_bytes ? before.leased_bytes - now.leased_bytes : 0;
+      }
+      if (gone < req.second && relieve_pressure(*p, req.second - gone) > 0) {
+        cache->trim(req.second - gone);
       }
     } catch (const std::exception& e) {
       reason = one_line(e.what());
