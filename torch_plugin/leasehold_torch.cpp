@@ -45,7 +45,7 @@ void* allocate_relieved(Plugin& p, BlockCache& cache, uint64_t size, StreamId st
           relieve_pressure(p, size) != 0) {
         continue;
       }
-      if (!may_grow) throw;
+      if (!may_grow || p.streams->capturing(stream)) throw;
     }
     break;
   }

@@ -31,7 +31,7 @@ extern "C" {
 
 /* The version of this interface (the functions and the stats struct); the
  * Python side refuses a plug-in of another. */
-#define LEASEHOLD_TORCH_ABI_VERSION 4
+#define LEASEHOLD_TORCH_ABI_VERSION 5
 
 /* cudaStream_t, without the CUDA headers. */
 struct CUstream_st;
@@ -61,7 +61,7 @@ struct leasehold_torch_stats {
   uint64_t unbacked_bytes; /* free pages inside segments given back now (version 2) */
   uint64_t unbacks;        /* times free pages were given back so (version 2) */
   uint64_t refused_allocations; /* PyTorch's requests answered out of memory, after
-                                   the pressure handler's help (version 4): PyTorch
+                                   the pressure handler's help (version 5): PyTorch
                                    may then choose a kernel with a smaller workspace */
 };
 

@@ -72,7 +72,8 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
   lh_lease* lease = nullptr;
   if (pages.size() < n) {
     const uint64_t ask = (n - pages.size()) * page_;
-    const bool needed = last_resort && NeededGrowth::active();
+    // With no share known, every last resort is needed (as before shares).
+    const bool needed = last_resort && (guaranteed_ == 0 || NeededGrowth::active());
     lh_session_stats ss{};
     const bool growth = guaranteed_ && !needed && lh_session_stats_get(session_, &ss) == LH_OK &&
                         ss.leased_bytes + ask > guaranteed_;
@@ -93,7 +94,7 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
                                          std::to_string(kGrowthBackoff.count()) + " ms ago"
                                    : std::string());
       std::lock_guard lk(mu_);
-      if (growth && !held_back && r == Result::kRefused) no_growth_until_ = now + kGrowthBackoff;
+      if (growth && !held_back && st == LH_ERR_NO_SPACE) no_growth_until_ = now + kGrowthBackoff;
       for (const PageRef& ref : pages) to_stock(ref);
       give_addresses(first, n);
       return r;

@@ -201,7 +201,7 @@ class Spiller:
         if host_bytes <= 0:
             raise ValueError("leasehold.torch.spill: host_bytes must be > 0")
         self.torch = torch
-        self._parameter = torch.nn.Parameter
+        self._parameter, self._tensor = torch.nn.Parameter, torch.Tensor
         self.host_bytes, self.min_bytes, self.lookahead = int(host_bytes), min_bytes, lookahead
         self.high_water, self.device_types = high_water, tuple(device_types)
         self.pressure = pressure or self._budget_pressure
@@ -274,12 +274,17 @@ class Spiller:
             return False
         # Parameters (and views of them, such as a weight's transpose that a
         # matmul saves) stay resident: spilling them would free nothing.
-        # type(), not isinstance(): Parameter's metaclass makes isinstance
-        # cost more than the rest of a save together.
+        # A plain tensor's type first: Parameter's metaclass makes
+        # isinstance cost more than the rest of a save together. Its
+        # subclasses (frozen quantized weights) stay resident too.
         base = t._base
         if base is None:
             base = t
-        return not (base.is_leaf and (base.requires_grad or type(base) is self._parameter))
+        if not base.is_leaf:
+            return True
+        kind = type(base)
+        return not (base.requires_grad or kind is self._parameter or
+                    (kind is not self._tensor and isinstance(base, self._parameter)))
 
     # ---- hooks ------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ __all__ = ["AllocatorTooLate", "RegionError", "cached_dataset", "init_from", "in
 log = logging.getLogger("leasehold.torch")
 
 # LEASEHOLD_TORCH_ABI_VERSION of torch_plugin/leasehold_torch.h.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _STATS_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
                  "allocations", "cache_hits", "lease_requests", "budget_bytes",
@@ -291,8 +291,9 @@ def spill(enabled=True, host_bytes=None, **options):
     enabled=False, stops doing so. Program jobs with a budget start with it
     on. `host_bytes` None keeps the size of the tier in use (the program
     job's default), else SPILL_HOST_DEFAULT. `options`: min_bytes,
-    lookahead, high_water (a fraction of the budget), max_in_flight. Installs the hooks as the process's default saved-tensor
-    hooks; a script's own torch.autograd.graph.saved_tensors_hooks still
+    lookahead, high_water (a fraction of the budget), max_in_flight.
+    Installs the hooks as the process's default saved-tensor hooks; a
+    script's own torch.autograd.graph.saved_tensors_hooks still
     take precedence inside their block. Returns the Spiller (None when
     disabled)."""
     global _spiller, _spilled_before

@@ -190,7 +190,8 @@ def main(argv=None):
                           steps)
             done("save_on_cpu", offload)
             log("leasehold unconstrained")
-            full = in_leasehold(args, env, gpt_args(args), args.pool_size, "leasehold unconstrained")
+            full = in_leasehold(args, env, gpt_args(args), args.pool_size,
+                                "leasehold unconstrained")
             done("leasehold 100%", row(full, steps))
             log("leasehold unconstrained, spilling off")
             done("leasehold 100%, no hooks", row(in_leasehold(
@@ -201,8 +202,8 @@ def main(argv=None):
             budgets.append(("leasehold at save_on_cpu's", offload["peak_device_bytes"]))
             smallest = int(peak * min(args.fractions))
             for options in args.variants:
-                budgets.append(("leasehold %d%% %s" % (100 * min(args.fractions), ",".join(options)),
-                                smallest, options))
+                name = "leasehold %d%% %s" % (100 * min(args.fractions), ",".join(options))
+                budgets.append((name, smallest, options))
             for name, budget, *options in budgets:
                 extra = ["--spill-option=" + o for o in (options[0] if options else [])]
                 log("%s (%d bytes)" % (name, budget))

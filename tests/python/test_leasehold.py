@@ -439,7 +439,7 @@ void leasehold_torch_set_pressure_handler(uint64_t (*fn)(uint64_t, void*), void*
 }
 /* What the plug-in does when an allocation finds no room (tests only). */
 uint64_t fake_relieve(uint64_t bytes) { return pressure_fn ? pressure_fn(bytes, pressure_ctx) : 0; }
-int leasehold_torch_abi_version(void) { return 4; }
+int leasehold_torch_abi_version(void) { return 5; }
 """
 
 

@@ -70,6 +70,8 @@ DATA_BATCHES = 16  # distinct batches kept on the device, cycled through
 GPT2_SEQ = 256
 SEQ = [GPT2_SEQ]  # --seq, set in main()
 GPT2_VOCAB = 8192
+# leasehold.torch.spill's options that --spill-option may set.
+SPILL_OPTIONS = ("min_bytes", "lookahead", "high_water", "max_in_flight", "slab_bytes")
 
 
 def parse_args(argv=None):
@@ -109,10 +111,15 @@ def parse_args(argv=None):
     options = {}
     for item in args.spill_option:
         name, _, value = item.partition("=")
+        if name not in SPILL_OPTIONS:
+            p.error("--spill-option %r: NAME is one of %s" % (item, ", ".join(SPILL_OPTIONS)))
         try:
-            options[name] = float(value) if "." in value else int(value)
+            options[name] = int(value)
         except ValueError:
-            p.error("--spill-option %r: NAME=NUMBER" % item)
+            try:
+                options[name] = float(value)
+            except ValueError:
+                p.error("--spill-option %r: NAME=NUMBER" % item)
     args.spill_option = options
     if args.no_spill and options:
         p.error("--no-spill and --spill-option contradict each other")
