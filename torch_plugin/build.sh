@@ -87,7 +87,7 @@ fi
 # same files: LEASEHOLD_BLOCK_CACHE_SOURCES and the leasehold_torch target).
 sources=(
   leasehold_torch.cpp plugin_state.cpp session_leases.cpp shrink_worker.cpp cuda_streams.cpp standby_arena.cpp
-  block_cache.cpp block_cache_check.cpp block_pool.cpp stream_order.cpp graph_holds.cpp
+  block_cache.cpp block_cache_check.cpp block_pool.cpp stream_order.cpp graph_holds.cpp growth_rule.cpp
   segment_leases.cpp
 )
 source_paths=("${sources[@]/#/$here/}")

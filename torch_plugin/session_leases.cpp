@@ -22,7 +22,7 @@ SessionLeases::SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint
       plugin_(p),
       page_(page),
       window_bytes_((window_bytes + page - 1) / page * page),
-      guaranteed_(guaranteed) {}
+      growth_(guaranteed) {}
 
 LeaseSource::Result SessionLeases::failure(lh_status st, const std::string& what,
                                            std::string* why, const std::string& detail) {
@@ -71,30 +71,28 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
   }
   lh_lease* lease = nullptr;
   if (pages.size() < n) {
-    const uint64_t ask = (n - pages.size()) * page_;
-    // With no share known, every last resort is needed (as before shares).
-    const bool needed = last_resort && (guaranteed_ == 0 || NeededGrowth::active());
+    const uint64_t bytes = (n - pages.size()) * page_;
     lh_session_stats ss{};
-    const bool growth = guaranteed_ && !needed && lh_session_stats_get(session_, &ss) == LH_OK &&
-                        ss.leased_bytes + ask > guaranteed_;
-    const auto now = std::chrono::steady_clock::now();
-    bool held_back = false;
-    if (growth) {
+    const bool known = lh_session_stats_get(session_, &ss) == LH_OK;
+    const auto now = GrowthRule::Clock::now();
+    GrowthRule::Ask ask;
+    {
       std::lock_guard lk(mu_);
-      held_back = now < no_growth_until_;
+      ask = growth_.ask(ss.leased_bytes, known, bytes, last_resort, NeededGrowth::active(), now);
     }
-    // Growth: not queued (0); otherwise -1, the coordinator's default wait.
-    lh_status st = held_back ? LH_ERR_NO_SPACE
-                             : lh_lease_acquire(session_, ask, growth ? 0 : -1, needed ? 1 : 0,
-                                                &lease);
+    lh_status st = ask.held_back ? LH_ERR_NO_SPACE
+                                 : lh_lease_acquire(session_, bytes, ask.wait_ms,
+                                                    ask.needed ? 1 : 0, &lease);
     if (st != LH_OK) {
       Result r = failure(st, "", why,
-                         held_back ? "growth past the guaranteed share " +
-                                         format_bytes(guaranteed_) + " was refused less than " +
-                                         std::to_string(kGrowthBackoff.count()) + " ms ago"
-                                   : std::string());
+                         ask.held_back ? "growth past the guaranteed share " +
+                                             format_bytes(growth_.guaranteed()) +
+                                             " was refused less than " +
+                                             std::to_string(GrowthRule::kBackoff.count()) +
+                                             " ms ago"
+                                       : std::string());
       std::lock_guard lk(mu_);
-      if (growth && !held_back && st == LH_ERR_NO_SPACE) no_growth_until_ = now + kGrowthBackoff;
+      if (st == LH_ERR_NO_SPACE) growth_.refused_for_space(ask, now);
       for (const PageRef& ref : pages) to_stock(ref);
       give_addresses(first, n);
       return r;

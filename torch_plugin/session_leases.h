@@ -13,15 +13,10 @@
 // with no run of free addresses left are refusals: the cache may give
 // memory back and ask again.
 //
-// The occupancy policy's growth rules, as the agent's engine jobs follow
-// them (agent/memory/leased_pages.h): within the job's guaranteed share
-// (memory_min) a lease may wait while the policy makes room; past it
-// growth is opportunistic: asked for without waiting and, once refused,
-// not asked for again for a second, so that the allocation goes to the
-// pressure handler (spilling) at once rather than after the coordinator's
-// lease wait. Only a last-resort lease asked for inside a NeededGrowth
-// scope (the handler had nothing left to spill) says it is needed: it
-// waits, and may have others shrink. A lost session is a failure, and noted in the
+// Leases follow the occupancy policy's growth rules (growth_rule.h): past
+// the job's guaranteed share they are asked for without waiting, and a
+// last-resort lease asked for inside a NeededGrowth scope (the pressure
+// handler had nothing left to spill) says it is needed. A lost session is a failure, and noted in the
 // Plugin (plugin_state.h) so that every later allocation reports it.
 //
 // Thread safety: any thread; one mutex guards the pages, and it is not
@@ -29,7 +24,6 @@
 // Never throws.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -41,6 +35,7 @@
 
 #include "leasehold.h"
 #include "torch_plugin/block_cache.h"
+#include "torch_plugin/growth_rule.h"
 
 namespace leasehold::torch_plugin {
 
@@ -68,7 +63,6 @@ class SessionLeases final : public LeaseSource {
   // known, every lease may wait).
   SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes,
                 uint64_t guaranteed = 0);
-  static constexpr std::chrono::milliseconds kGrowthBackoff{1000};
 
   Result acquire(uint64_t bytes, bool last_resort, Lease* out, std::string* why) override;
   // A failure is printed on standard error (a lost session is noted).
@@ -119,7 +113,7 @@ class SessionLeases final : public LeaseSource {
   Plugin& plugin_;
   const uint64_t page_;
   const uint64_t window_bytes_;
-  const uint64_t guaranteed_;
+
   std::mutex mu_;
   lh_window* window_ = nullptr;              // GUARDED_BY(mu_); opened at the first lease
   std::map<uint64_t, uint64_t> free_runs_;   // GUARDED_BY(mu_); first page -> count
@@ -127,8 +121,7 @@ class SessionLeases final : public LeaseSource {
   std::set<PageRef> stock_;                  // GUARDED_BY(mu_); free pages of held leases
   std::unordered_map<uint64_t, Segment> segments_;  // GUARDED_BY(mu_)
   uint64_t next_key_ = 1, next_id_ = 1;      // GUARDED_BY(mu_)
-  // Opportunistic growth was refused: not asked for again before this.
-  std::chrono::steady_clock::time_point no_growth_until_{};  // GUARDED_BY(mu_)
+  GrowthRule growth_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace leasehold::torch_plugin
