@@ -151,7 +151,7 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
   env["LEASEHOLD_JOB_NAME"] = a.name;
   env["LEASEHOLD_JOB_TOKEN"] = a.job_token;
   env["LEASEHOLD_BUDGET"] = std::to_string(job_memory_budget(job, pool.size));
-  // Past it, the plug-in's growth is opportunistic (torch_plugin/session_leases.h).
+  // Past it, the plug-in's growth is opportunistic (torch_plugin/growth_rule.h).
   env["LEASEHOLD_GUARANTEED"] = std::to_string(job_memory_min(job, pool.size));
   if (a.replica.data_parallel()) {
     // What torchrun gives each process, so that an unmodified DDP script

@@ -33,7 +33,7 @@ constexpr int kPressureRounds = 4;
 // room: the handler frees tensors (spills them) and the allocation is tried
 // again, as long as the handler freed something. Not during a capture: the
 // handler's copies would be captured too. Growth past the job's guaranteed
-// share is opportunistic until then (session_leases.h); once there is
+// share is opportunistic until then (growth_rule.h); once there is
 // nothing more to spill, the last try asks for it as needed.
 void* allocate_relieved(Plugin& p, BlockCache& cache, uint64_t size, StreamId stream) {
   const bool may_grow = p.guaranteed != 0 && (p.budget == 0 || p.guaranteed < p.budget);

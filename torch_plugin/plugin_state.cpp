@@ -60,10 +60,6 @@ namespace {
 
 [[noreturn]] void fail_open(const std::string& msg) { throw std::runtime_error(msg); }
 
-}  // namespace
-
-namespace {
-
 uint64_t bytes_from_env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return 0;

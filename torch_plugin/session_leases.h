@@ -11,13 +11,13 @@
 //
 // A full pool, a queue that timed out, a request too large and a window
 // with no run of free addresses left are refusals: the cache may give
-// memory back and ask again.
+// memory back and ask again. A lost session is a failure, and noted in the
+// Plugin (plugin_state.h) so that every later allocation reports it.
 //
 // Leases follow the occupancy policy's growth rules (growth_rule.h): past
 // the job's guaranteed share they are asked for without waiting, and a
 // last-resort lease asked for inside a NeededGrowth scope (the pressure
-// handler had nothing left to spill) says it is needed. A lost session is a failure, and noted in the
-// Plugin (plugin_state.h) so that every later allocation reports it.
+// handler had nothing left to spill) says it is needed.
 //
 // Thread safety: any thread; one mutex guards the pages, and it is not
 // held while the coordinator is asked for a lease or given one back.
@@ -113,7 +113,6 @@ class SessionLeases final : public LeaseSource {
   Plugin& plugin_;
   const uint64_t page_;
   const uint64_t window_bytes_;
-
   std::mutex mu_;
   lh_window* window_ = nullptr;              // GUARDED_BY(mu_); opened at the first lease
   std::map<uint64_t, uint64_t> free_runs_;   // GUARDED_BY(mu_); first page -> count

@@ -199,7 +199,8 @@ def main(argv=None):
                 "leasehold unconstrained without spilling"), steps))
             peak = full["peak_device_bytes"]
             budgets = [("leasehold %d%%" % (100 * f), int(peak * f)) for f in args.fractions]
-            budgets.append(("leasehold at save_on_cpu's", offload["peak_device_bytes"]))
+            if offload["peak_device_bytes"]:  # None where PyTorch could not say
+                budgets.append(("leasehold at save_on_cpu's", offload["peak_device_bytes"]))
             smallest = int(peak * min(args.fractions))
             for options in args.variants:
                 name = "leasehold %d%% %s" % (100 * min(args.fractions), ",".join(options))
