@@ -287,6 +287,7 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
     memory->outside_pool_bytes = outside_pool;
     progress.peak_device_bytes = m.peak_leased_bytes;
     progress.spilled_bytes = m.spilled_bytes;
+    progress.restored_bytes = m.restored_bytes;
     send_progress();
   };
 
@@ -311,6 +312,8 @@ JobEnd ProgramJob::run(const proto::JobSpec& job, JobAttempt& a) {
   end.result.memory.loss = progress.loss;
   end.result.memory.samples_per_second = progress.samples_per_second;
   end.result.memory.peak_device_bytes = progress.peak_device_bytes;
+  end.result.memory.spilled_bytes = progress.spilled_bytes;
+  end.result.memory.restored_bytes = progress.restored_bytes;
   if (out.exit_code != 0) {
     const std::string tail = last_lines(out.stderr_tail, 5);
     end.failure = "exit status " + std::to_string(out.exit_code) +

@@ -196,7 +196,8 @@ std::optional<ProgramReport> parse_report_line(std::string_view line, std::strin
         {"leased_bytes", &m.leased_bytes},   {"peak_leased_bytes", &m.peak_leased_bytes},
         {"in_use_bytes", &m.in_use_bytes},   {"peak_in_use_bytes", &m.peak_in_use_bytes},
         {"allocations", &m.allocations},     {"cache_hits", &m.cache_hits},
-        {"lease_requests", &m.lease_requests}, {"spilled_bytes", &m.spilled_bytes}};
+        {"lease_requests", &m.lease_requests}, {"spilled_bytes", &m.spilled_bytes},
+        {"restored_bytes", &m.restored_bytes}};
     for (const auto& [name, into] : fields) {
       auto v = count_field(j, name, why);
       if (!why.empty()) return std::nullopt;

@@ -174,11 +174,14 @@ TEST_F(ProgramJobs, ReportsBecomeProgressAndEpochs) {
   if (!fs::exists(kPython)) GTEST_SKIP() << kPython << " is missing";
   agent("w1");
   script("report.py", R"(
-import leasehold
+import os, leasehold
 j = leasehold.job()
 assert j is not None and j.id == 1, j
 for step in range(1, 4):
     assert leasehold.report(step=step, epoch=1, loss=1.0 / step, samples=32 * step)
+    # The plug-in's memory line, as a spilling PyTorch job sends it.
+    os.write(int(os.environ["LEASEHOLD_REPORT_FD"]), b'{"type": "memory", "peak_leased_bytes": %d,'
+             b' "spilled_bytes": %d, "restored_bytes": %d}\n' % (step << 20, 1000 * step, 900 * step))
 assert leasehold.report(epoch=1, loss=0.25, test_accuracy=0.75)
 print("done", j.checkpoint_dir)
 )");
@@ -189,6 +192,10 @@ print("done", j.checkpoint_dir)
   ASSERT_EQ(j["epochs"].size(), 1u) << j.dump(1);
   EXPECT_DOUBLE_EQ(j["epochs"][0]["test_accuracy"].get<double>(), 0.75);
   EXPECT_EQ(j["progress"]["global_step"], 3);
+  // The last memory line's figures outlive the program.
+  EXPECT_EQ(j["progress"]["peak_device_bytes"], 3 << 20) << j.dump(1);
+  EXPECT_EQ(j["progress"]["spilled_bytes"], 3000) << j.dump(1);
+  EXPECT_EQ(j["progress"]["restored_bytes"], 2700) << j.dump(1);
   EXPECT_GT(j["first_step_at_us"].get<uint64_t>(), 0u) << "the first report stamps the start";
   EXPECT_NE(out.find("done " + cluster.state_dir() + "/checkpoints/1"), std::string::npos) << out;
 }

@@ -18,7 +18,8 @@ TEST(ProgramReportLine, AMemoryLineFillsEveryField) {
   auto r = parse_report_line(
       R"({"type": "memory", "leased_bytes": 1000, "peak_leased_bytes": 1001,)"
       R"( "in_use_bytes": 1002, "peak_in_use_bytes": 1003, "allocations": 1004,)"
-      R"( "cache_hits": 1005, "lease_requests": 1006, "spilled_bytes": 1007})",
+      R"( "cache_hits": 1005, "lease_requests": 1006, "spilled_bytes": 1007,)"
+      R"( "restored_bytes": 1008})",
       why, memory);
   ASSERT_TRUE(r.has_value()) << why;
   ASSERT_TRUE(memory.has_value());
@@ -30,6 +31,7 @@ TEST(ProgramReportLine, AMemoryLineFillsEveryField) {
   EXPECT_EQ(memory->cache_hits, 1005u);
   EXPECT_EQ(memory->lease_requests, 1006u);
   EXPECT_EQ(memory->spilled_bytes, 1007u);
+  EXPECT_EQ(memory->restored_bytes, 1008u);
 }
 
 TEST(ProgramReportLine, AMemoryLineWithoutSpillingCountsNone) {
@@ -41,6 +43,7 @@ TEST(ProgramReportLine, AMemoryLineWithoutSpillingCountsNone) {
   ASSERT_TRUE(memory.has_value());
   EXPECT_EQ(memory->leased_bytes, 5u);
   EXPECT_EQ(memory->spilled_bytes, 0u);
+  EXPECT_EQ(memory->restored_bytes, 0u);
 }
 
 TEST(ProgramReportLine, BadMemoryFieldsAreRefusedByNameAndKeepWhatWasRead) {

@@ -125,7 +125,8 @@ def job():
 _INT_FIELDS = ("step", "epoch", "samples")
 _FLOAT_FIELDS = ("loss", "test_accuracy")
 _MEMORY_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_use_bytes",
-                  "allocations", "cache_hits", "lease_requests", "spilled_bytes")
+                  "allocations", "cache_hits", "lease_requests", "spilled_bytes",
+                  "restored_bytes")
 
 _lock = threading.Lock()
 _broken = False          # the pipe failed: nothing more is written
@@ -183,7 +184,8 @@ def _memory_stats():
     stats = plugin.stats()
     if stats is None:
         return None
-    return dict(stats, spilled_bytes=plugin.spilled_bytes_total())
+    return dict(stats, spilled_bytes=plugin.spilled_bytes_total(),
+                restored_bytes=plugin.restored_bytes_total())
 
 
 def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):

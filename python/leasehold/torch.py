@@ -20,8 +20,8 @@ import threading
 from .regions import RegionError, cached_dataset, init_from, publish_parameters  # noqa: E402,F401
 
 __all__ = ["AllocatorTooLate", "RegionError", "cached_dataset", "init_from", "install",
-           "install_status", "publish_parameters", "spill", "spill_stats", "spilled_bytes_total",
-           "stats"]
+           "install_status", "publish_parameters", "restored_bytes_total", "spill", "spill_stats",
+           "spilled_bytes_total", "stats"]
 
 # leasehold.standby uses install(standby=True), standby_begin() and standby_end().
 
@@ -240,7 +240,8 @@ def standby_end():
 # ---- spilling saved activations (leasehold/spill.py) ---------------------------------
 
 _spiller = None
-_spilled_before = 0  # bytes spilled by spillers replaced since (spilled_bytes_total)
+# Bytes spilled and restored by spillers replaced since (spilled_bytes_total).
+_moved_before = {"spilled_bytes": 0, "restored_bytes": 0}
 # The plug-in's pressure handler (leasehold_torch_set_pressure_handler).
 _PRESSURE_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
 # Every handler ever given to the plug-in, kept: the plug-in's threads may be
@@ -296,7 +297,7 @@ def spill(enabled=True, host_bytes=None, **options):
     script's own torch.autograd.graph.saved_tensors_hooks still
     take precedence inside their block. Returns the Spiller (None when
     disabled)."""
-    global _spiller, _spilled_before
+    global _spiller
     import torch
 
     from .spill import Spiller
@@ -307,7 +308,8 @@ def spill(enabled=True, host_bytes=None, **options):
         if _spiller is not None:
             _set_pressure_handler(None)
             torch._C._autograd._pop_saved_tensors_default_hooks()
-            _spilled_before += _spiller.counts["spilled_bytes"]
+            for key in _moved_before:
+                _moved_before[key] += _spiller.counts[key]
             _spiller = None
         if not enabled:
             return None
@@ -342,8 +344,18 @@ def _set_pressure_handler(relieve):
 def spilled_bytes_total():
     """Bytes spilled in this process so far, by every spiller it had: what
     the job's progress counts (it never goes down)."""
+    return _moved_total("spilled_bytes")
+
+
+def restored_bytes_total():
+    """Bytes brought back to the device in this process so far, by every
+    spiller it had (the job's progress counts it too)."""
+    return _moved_total("restored_bytes")
+
+
+def _moved_total(key):
     spiller = _spiller
-    return _spilled_before + (spiller.counts["spilled_bytes"] if spiller is not None else 0)
+    return _moved_before[key] + (spiller.counts[key] if spiller is not None else 0)
 
 
 def spill_stats():

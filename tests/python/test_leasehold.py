@@ -223,7 +223,7 @@ class ReportTest(unittest.TestCase):
         lines = [json.loads(x) for x in self.read_lines()]
         self.assertEqual([d["type"] for d in lines],
                          ["report", "memory", "report", "report", "memory"])
-        memory = dict(stats, spilled_bytes=0)  # spilling is off
+        memory = dict(stats, spilled_bytes=0, restored_bytes=0)  # spilling is off
         del memory["budget_bytes"]
         memory["type"] = "memory"
         self.assertEqual(lines[1], memory)
@@ -519,7 +519,8 @@ class FakeCudaTorchTest(unittest.TestCase):
             {"type": "report", "step": 5},
             {"type": "memory", "leased_bytes": 1000, "peak_leased_bytes": 1001,
              "in_use_bytes": 1002, "peak_in_use_bytes": 1003, "allocations": 1004,
-             "cache_hits": 1005, "lease_requests": 1006, "spilled_bytes": 0},
+             "cache_hits": 1005, "lease_requests": 1006, "spilled_bytes": 0,
+             "restored_bytes": 0},
         ])
 
     def test_cudnn_benchmark_stays_off_and_says_so_once(self):
@@ -881,17 +882,53 @@ class SpillTest(unittest.TestCase):
             self.assertEqual(lib.fake_relieve(5), 0)  # removed
         self.assertEqual(asked, [1 << 40, 13])
 
+    def test_copies_go_in_the_computes_order_once_the_forward_waited_for_them(self):
+        from leasehold.spill import Spiller
+
+        class Event:
+            def __init__(self):
+                self.waited = False
+
+            def query(self):
+                return False  # still copying
+
+            def synchronize(self):
+                self.waited = True
+
+        chosen = Spiller(1 << 20, max_in_flight=100, overlap=True)
+        auto = Spiller(1 << 20, max_in_flight=100)
+        copy_stream = object()
+        auto.streams["cuda:0"] = copy_stream
+        for spiller in (auto, chosen):
+            self.assertTrue(spiller.stats()["overlap"])
+            first = Event()
+            spiller._throttle(first, 60)
+            spiller._throttle(Event(), 30)  # 90 in flight: room still
+            self.assertFalse(first.waited)
+            self.assertTrue(spiller.stats()["overlap"])
+            spiller._throttle(Event(), 30)  # 120: the oldest is waited for
+            self.assertTrue(first.waited)
+            self.assertEqual(spiller.stats()["waits"], 1)
+            self.assertEqual(spiller.in_flight_bytes, 60)
+        self.assertFalse(auto.stats()["overlap"])
+        # The first copy in order waits for those queued on the copy stream.
+        self.assertIs(auto._last_copy["cuda:0"], copy_stream)
+        self.assertTrue(chosen.stats()["overlap"], "overlap=True is kept")
+        self.assertFalse(Spiller(1 << 20, overlap=False).stats()["overlap"])
+
     def test_the_bytes_spilled_in_all_never_go_down_when_spilling_restarts(self):
         lt = leasehold.torch
         self.addCleanup(lt.spill, False)
-        before = lt.spilled_bytes_total()
+        before = lt.spilled_bytes_total(), lt.restored_bytes_total()
         first = lt.spill(True, host_bytes=1 << 20)
         first.counts["spilled_bytes"] += 100  # as if it had spilled
-        self.assertEqual(lt.spilled_bytes_total(), before + 100)
+        first.counts["restored_bytes"] += 60  # and brought some back
+        expected = (before[0] + 100, before[1] + 60)
+        self.assertEqual((lt.spilled_bytes_total(), lt.restored_bytes_total()), expected)
         lt.spill(True, host_bytes=1 << 20)  # a script turning it on again
-        self.assertEqual(lt.spilled_bytes_total(), before + 100)
+        self.assertEqual((lt.spilled_bytes_total(), lt.restored_bytes_total()), expected)
         lt.spill(False)
-        self.assertEqual(lt.spilled_bytes_total(), before + 100)
+        self.assertEqual((lt.spilled_bytes_total(), lt.restored_bytes_total()), expected)
 
     def test_the_budget_check_reads_the_plug_ins_figures(self):
         from leasehold.spill import Spiller

@@ -71,7 +71,7 @@ GPT2_SEQ = 256
 SEQ = [GPT2_SEQ]  # --seq, set in main()
 GPT2_VOCAB = 8192
 # leasehold.torch.spill's options that --spill-option may set.
-SPILL_OPTIONS = ("min_bytes", "lookahead", "high_water", "max_in_flight", "slab_bytes")
+SPILL_OPTIONS = ("min_bytes", "lookahead", "high_water", "max_in_flight", "slab_bytes", "overlap")
 
 
 def parse_args(argv=None):
