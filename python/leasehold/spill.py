@@ -153,7 +153,8 @@ class _Saved:
     strides: kernels given another layout may round differently."""
 
     __slots__ = ("owner", "shape", "stride", "dtype", "device", "nbytes", "dev", "stream",
-                 "slab", "offset", "span", "back", "ready", "seq", "key", "__weakref__")
+                 "slab", "offset", "span", "back", "ready", "ready_on", "seq", "key",
+                 "__weakref__")
 
     def __init__(self, owner, root, nbytes, seq, key, stream):
         # Every saved activation passes here, most never spilled: the
@@ -171,6 +172,7 @@ class _Saved:
         self.slab = self.offset = self.span = None
         self.back = None   # the root once brought back
         self.ready = None  # its copy's event
+        self.ready_on = None  # the raw stream of that copy
 
     def __del__(self):
         # Garbage collection may run this on a thread that is inside the
@@ -227,7 +229,10 @@ class Spiller:
         self.overlap = True if overlap is None else bool(overlap)
         self._overlap_chosen = overlap is not None
         self._externals = {}  # (raw stream, device index) -> torch.cuda.ExternalStream
-        self._last_copy = {}  # device -> the stream of the last in-order copy
+        # The streams the next in-order copy waits for (_in_order): one
+        # chain for every device, since they share the host tier.
+        self._chain = []
+        self._saving = False  # inside pack's spilling (a forward pass)
         self.host = None  # the _HostTier, at the first spill
         self.streams = {}
         self._current_raw = None  # torch._C._cuda_getCurrentRawStream, once needed
@@ -353,7 +358,11 @@ class Spiller:
                     # Back under the high-water mark, oldest first; the
                     # tensor just saved is needed first in backward and
                     # goes last.
-                    self._evict(lambda freed: not self.pressure(0))
+                    self._saving = True
+                    try:
+                        self._evict(lambda freed: not self.pressure(0))
+                    finally:
+                        self._saving = False
         return rec if root is t else _View(rec, t, root)
 
     def unpack(self, packed):
@@ -395,9 +404,12 @@ class Spiller:
                     self.counts["prefetched"] += 1
         t = rec.back
         if rec.ready is not None:
+            # Used on another stream than its copy's (the copy stream, or a
+            # root brought back in order for a use on another stream).
             current = self.torch.cuda.current_stream(rec.device)
-            current.wait_event(rec.ready)
-            t.record_stream(current)
+            if current.cuda_stream != rec.ready_on:
+                current.wait_event(rec.ready)
+                t.record_stream(current)
         return t.view(rec.dtype).as_strided(rec.shape, rec.stride, 0)
 
     def _plain_view(self, t, root):
@@ -454,7 +466,9 @@ class Spiller:
             if rec is None or rec.dev is None:
                 continue
             if not self._spill(rec):
-                self.resident[seq] = ref  # no host room: it stays, and so do the rest
+                # No host room, or its stream is capturing a CUDA graph: it
+                # stays, and so do the rest.
+                self.resident[seq] = ref
                 self.resident.move_to_end(seq, last=False)
                 break
             spilled += rec.nbytes
@@ -462,8 +476,17 @@ class Spiller:
 
     def _spill(self, rec):
         """Copies a record's tensor to the host tier and lets go of its
-        device memory. False when the host tier has no room for it."""
+        device memory. False when the host tier has no room for it, or
+        the stream that made it captures a CUDA graph."""
         t = rec.dev
+        producer = None
+        if t.is_cuda:
+            producer = self._external(rec.stream, t.device)
+            # Spilled from another stream (a Shrink's thread, an allocation
+            # on the copy stream): the caller's capture check did not see
+            # the producer's, and a copy after it would join the graph.
+            if rec.stream != self._raw_stream(t.device.index) and self._captures(producer):
+                return False
         rec.shape, rec.stride, rec.dtype, rec.device = t.shape, t.stride(), t.dtype, t.device
         if self.host is None:
             self.host = _HostTier(self.torch, self.host_bytes, self.slab_bytes, t.is_cuda)
@@ -478,14 +501,14 @@ class Spiller:
         if t.is_cuda and not self.overlap:
             # After the work that made it, on its stream: its block is free
             # in that stream's order once the copy is queued.
-            stream = self._in_order(self._external(rec.stream, t.device))
+            stream = self._in_order(producer)
             with self.torch.cuda.stream(stream):
                 dst.copy_(t, non_blocking=True)
             t.record_stream(stream)  # nothing, unless it was allocated on another
             done = None
         elif t.is_cuda:
             stream = self._stream(t.device)
-            stream.wait_stream(self._external(rec.stream, t.device))
+            stream.wait_stream(producer)
             with self.torch.cuda.stream(stream):
                 dst.copy_(t, non_blocking=True)
                 done = self.torch.cuda.Event()
@@ -516,7 +539,7 @@ class Spiller:
             if self.in_flight_bytes > self.max_in_flight:
                 event.synchronize()
                 self.counts["waits"] += 1
-                if not self._overlap_chosen and self.overlap:
+                if self._saving and self.overlap and not self._overlap_chosen:
                     self._stop_overlapping()
             self.in_flight_bytes -= size
 
@@ -526,8 +549,7 @@ class Spiller:
         self.lock. Every copy queued on a copy stream comes before the
         first in-order one (_in_order waits for it)."""
         self.overlap = False
-        for device, stream in self.streams.items():
-            self._last_copy[device] = stream
+        self._chain = list(self.streams.values())
 
     def _capturing(self):
         """Whether this thread's stream is being captured into a CUDA graph
@@ -535,6 +557,10 @@ class Spiller:
         torch = self.torch
         return "cuda" in self.device_types and torch.cuda.is_available() and \
             torch.cuda.is_current_stream_capturing()
+
+    def _captures(self, stream):
+        with self.torch.cuda.stream(stream):
+            return self.torch.cuda.is_current_stream_capturing()
 
     def _raw_stream(self, index):
         if self._current_raw is None:
@@ -555,14 +581,16 @@ class Spiller:
         return stream
 
     def _in_order(self, stream):
-        """`stream`, for a copy in the compute's order (overlap off). Host
-        ranges are reused in the order copies are queued, so a copy on
-        another stream than the last one waits for that one's work first
-        (a script with several streams; one stream never waits)."""
-        last = self._last_copy.get(stream.device)
-        if last is not None and last.cuda_stream != stream.cuda_stream:
-            stream.wait_stream(last)
-        self._last_copy[stream.device] = stream
+        """`stream`, for a copy in the compute's order (overlap off), queued
+        next. Host ranges are reused in the order copies are queued, so a
+        copy on another stream than the last one waits for that one's work
+        first (a script with several streams or devices; one stream never
+        waits). Call it after any allocation for the copy: an allocation
+        may spill (the pressure handler), and those copies come first."""
+        for last in self._chain:
+            if last.cuda_stream != stream.cuda_stream:
+                stream.wait_stream(last)
+        self._chain = [stream]
         return stream
 
     def _bring_back(self, rec):
@@ -571,20 +599,18 @@ class Spiller:
             return
         torch = self.torch
         src = self.host.view(rec.slab, rec.offset, rec.nbytes)
-        if rec.device.type == "cuda" and not self.overlap:
-            # On the stream that needs it, in its order.
-            stream = self._in_order(torch.cuda.current_stream(rec.device))
+        if rec.device.type == "cuda":
+            # On the copy stream, or in order on the stream that needs it.
+            stream = self._stream(rec.device) if self.overlap else \
+                torch.cuda.current_stream(rec.device)
             with torch.cuda.stream(stream):
                 back = torch.empty(rec.nbytes, dtype=torch.uint8, device=rec.device)
-                back.copy_(src, non_blocking=True)
-            rec.ready = None
-        elif rec.device.type == "cuda":
-            stream = self._stream(rec.device)
-            with torch.cuda.stream(stream):
-                back = torch.empty(rec.nbytes, dtype=torch.uint8, device=rec.device)
+                if not self.overlap:  # also when the allocation switched it
+                    self._in_order(stream)
                 back.copy_(src, non_blocking=True)
                 rec.ready = torch.cuda.Event()
                 rec.ready.record(stream)
+            rec.ready_on = stream.cuda_stream
         else:
             back = src.clone()
         rec.back = back

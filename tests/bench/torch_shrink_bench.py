@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -66,21 +67,36 @@ def job_spec(name, steps, memory_min, budget):
                         "directory": tpb.REPO}}
 
 
+def cli(args, env, *words):
+    """`leasehold WORDS`: its output, or BenchError naming what failed."""
+    try:
+        r = tpb.leasehold_cli(args, env, *words)
+    except subprocess.TimeoutExpired:
+        raise tpb.BenchError("leasehold %s did not answer in 30 s" % " ".join(words))
+    if r.returncode != 0:
+        raise tpb.BenchError("leasehold %s failed" % " ".join(words), r.stdout + r.stderr)
+    return r.stdout
+
+
 def submit(args, env, tmp, spec):
     path = os.path.join(tmp, spec["name"] + ".json")
     with open(path, "w") as f:
         json.dump(spec, f)
-    r = tpb.leasehold_cli(args, env, "submit", path)
-    if r.returncode != 0:
-        raise tpb.BenchError("submitting %s failed" % spec["name"], r.stdout + r.stderr)
-    return int(r.stdout.strip())
+    out = cli(args, env, "submit", path)
+    try:
+        return int(out.strip())
+    except ValueError:
+        raise tpb.BenchError("submitting %s printed no job id" % spec["name"], out)
 
 
-def jobs(args, env):
-    r = tpb.leasehold_cli(args, env, "jobs", "-o", "json")
-    if r.returncode != 0:
-        raise tpb.BenchError("leasehold jobs failed", r.stdout + r.stderr)
-    return {j["id"]: j for j in json.loads(r.stdout)}
+def jobs(args, env, daemons):
+    for d in daemons:  # a dead agent or coordinator fails now, not at the timeout
+        d.check_alive()
+    out = cli(args, env, "jobs", "-o", "json")
+    try:
+        return {j["id"]: j for j in json.loads(out)}
+    except (ValueError, TypeError, KeyError):
+        raise tpb.BenchError("leasehold jobs -o json printed no list of jobs", out)
 
 
 def scenario(args, env, tmp, daemons):
@@ -90,7 +106,7 @@ def scenario(args, env, tmp, daemons):
     deadline = time.monotonic() + args.timeout
     grower = submit(args, env, tmp, job_spec("grower", args.grower_steps, "1536MiB", "4GiB"))
     while True:  # the grower at its peak, past its share
-        j = jobs(args, env)[grower]
+        j = jobs(args, env, daemons)[grower]
         if j["state"] in TERMINAL:
             raise tpb.BenchError("the grower ended %s before step 20: %s"
                                  % (j["state"], j.get("reason")))
@@ -101,7 +117,7 @@ def scenario(args, env, tmp, daemons):
         time.sleep(0.2)
     needy = submit(args, env, tmp, job_spec("needy", 100, "2560MiB", "2560MiB"))
     while True:
-        all_jobs = jobs(args, env)
+        all_jobs = jobs(args, env, daemons)
         if all(all_jobs[i]["state"] in TERMINAL for i in (grower, needy)):
             break
         if time.monotonic() > deadline:
@@ -110,7 +126,7 @@ def scenario(args, env, tmp, daemons):
     result = {}
     for name, i in (("grower", grower), ("needy", needy)):
         j = all_jobs[i]
-        logs = tpb.leasehold_cli(args, env, "logs", str(i)).stdout
+        logs = cli(args, env, "logs", str(i))
         summaries = [o for o in tpb.json_lines(logs) if o.get("type") == "summary"]
         last = summaries[-1] if summaries else {}
         result[name] = {
@@ -123,6 +139,13 @@ def scenario(args, env, tmp, daemons):
         if j["state"] != "succeeded":
             raise tpb.BenchError("%s ended %s: %s" % (name, j["state"], j.get("reason")),
                                  tpb.tail(logs))
+    # What the scenario is for: a miss here is a regression, not a figure.
+    if not result["grower"]["shrinks"]:
+        raise tpb.BenchError("the grower was never asked to Shrink (is the pool larger than "
+                             "both jobs' peaks?)")
+    if not result["grower"]["spilled_bytes"]:
+        raise tpb.BenchError("the grower, shrunk, spilled nothing, or its progress lost the "
+                             "figure")
     return result
 
 

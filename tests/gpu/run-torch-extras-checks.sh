@@ -4,9 +4,9 @@
 # host's torch, runs tests/torch/regions_probe.py twice as program jobs (the
 # second attaches the first's dataset and parameters on the GPU, in place),
 # then tests/bench/torch_spill_bench.py (GPT-2 small's shape at 100/50/25%
-# of its peak, beside save_on_cpu; gradients bit-identical with spilling)
-# and tests/bench/torch_shrink_bench.py (a PyTorch job shrunk for another's
-# guarantee).
+# of its peak, beside save_on_cpu; gradients bit-identical with spilling,
+# also with in-order copies) and tests/bench/torch_shrink_bench.py (a
+# PyTorch job shrunk for another's guarantee).
 # Logs to $OUT (or ./gpu-logs).
 #
 #   bash tests/gpu/run-torch-extras-checks.sh BUNDLE_DIR [spill bench options...]
@@ -68,6 +68,15 @@ python3 "$root/tests/bench/torch_spill_bench.py" --bin "$bin" \
 rc=$?
 grep -v "^torch_spill_bench: [a-z]" "$out/spill-bench.log" | tail -n 30
 [ $rc -eq 0 ] && echo "PASS spill bench" || { echo "FAIL spill bench"; tail -n 30 "$out/spill-bench.log"; fail=1; }
+
+# The gradients again with copies in the compute's order (spill.py's other mode).
+python3 "$root/tests/bench/torch_spill_bench.py" --bin "$bin" \
+  --python-dir "$bundle/share/leasehold/python" --torch-plugin "$bundle/lib/libleasehold_torch.so" \
+  --parts gradients --gradient-options overlap=0 \
+  > "$out/spill-in-order.json" 2> "$out/spill-in-order.log"
+rc=$?
+grep "^gradients" "$out/spill-in-order.log"
+[ $rc -eq 0 ] && echo "PASS gradients with in-order copies" || { echo "FAIL gradients with in-order copies"; tail -n 30 "$out/spill-in-order.log"; fail=1; }
 
 python3 "$root/tests/bench/torch_shrink_bench.py" --bin "$bin" \
   --python-dir "$bundle/share/leasehold/python" --torch-plugin "$bundle/lib/libleasehold_torch.so" \

@@ -901,6 +901,13 @@ class SpillTest(unittest.TestCase):
         auto.streams["cuda:0"] = copy_stream
         for spiller in (auto, chosen):
             self.assertTrue(spiller.stats()["overlap"])
+            # A wait outside a save (a Shrink's relief, a backward) is no
+            # forward short of room: nothing changes.
+            spiller._throttle(Event(), 150)
+            self.assertEqual(spiller.stats()["waits"], 1)
+            self.assertTrue(spiller.stats()["overlap"])
+            self.assertEqual(spiller.in_flight_bytes, 0)
+            spiller._saving = True  # inside pack's spilling
             first = Event()
             spiller._throttle(first, 60)
             spiller._throttle(Event(), 30)  # 90 in flight: room still
@@ -908,13 +915,36 @@ class SpillTest(unittest.TestCase):
             self.assertTrue(spiller.stats()["overlap"])
             spiller._throttle(Event(), 30)  # 120: the oldest is waited for
             self.assertTrue(first.waited)
-            self.assertEqual(spiller.stats()["waits"], 1)
+            self.assertEqual(spiller.stats()["waits"], 2)
             self.assertEqual(spiller.in_flight_bytes, 60)
         self.assertFalse(auto.stats()["overlap"])
         # The first copy in order waits for those queued on the copy stream.
-        self.assertIs(auto._last_copy["cuda:0"], copy_stream)
+        self.assertEqual(auto._chain, [copy_stream])
         self.assertTrue(chosen.stats()["overlap"], "overlap=True is kept")
         self.assertFalse(Spiller(1 << 20, overlap=False).stats()["overlap"])
+
+    def test_copies_in_order_on_several_streams_wait_for_the_one_before(self):
+        from leasehold.spill import Spiller
+
+        class Stream:
+            def __init__(self, raw):
+                self.cuda_stream, self.waited_for = raw, []
+
+            def wait_stream(self, other):
+                self.waited_for.append(other.cuda_stream)
+
+        spiller = Spiller(1 << 20, overlap=False)
+        copy0, copy1, a, b = Stream(10), Stream(11), Stream(1), Stream(2)
+        spiller._chain = [copy0, copy1]  # as _stop_overlapping leaves it
+        self.assertIs(spiller._in_order(a), a)
+        self.assertEqual(a.waited_for, [10, 11])  # every copy stream's copies
+        spiller._in_order(a)
+        spiller._in_order(a)
+        self.assertEqual(a.waited_for, [10, 11], "one stream never waits for itself")
+        spiller._in_order(b)
+        self.assertEqual(b.waited_for, [1])
+        spiller._in_order(a)
+        self.assertEqual(a.waited_for, [10, 11, 2])
 
     def test_the_bytes_spilled_in_all_never_go_down_when_spilling_restarts(self):
         lt = leasehold.torch
