@@ -19,6 +19,7 @@ reads that and talks back:
 Standard library only. Importing it is cheap and never imports torch.
 """
 
+import atexit
 import json
 import math
 import numbers
@@ -131,6 +132,7 @@ _MEMORY_FIELDS = ("leased_bytes", "peak_leased_bytes", "in_use_bytes", "peak_in_
 _lock = threading.Lock()
 _broken = False          # the pipe failed: nothing more is written
 _last_memory = None      # time.monotonic() of the last memory line
+_exit_line = False       # _last_memory_line is registered to run at exit
 _monotonic = time.monotonic  # tests replace it
 
 
@@ -188,6 +190,30 @@ def _memory_stats():
                 restored_bytes=plugin.restored_bytes_total())
 
 
+def _memory_line(stats):
+    line = {"type": "memory"}
+    line.update((k, int(stats.get(k, 0))) for k in _MEMORY_FIELDS)
+    return line
+
+
+def _last_memory_line():
+    """At the program's exit: the plug-in's figures once more, so that the
+    job's progress keeps everything spilled up to the end, not only up to
+    the last memory line (at most one a second). Never raises."""
+    fd = _report_fd()
+    if fd is None or os.environ.get("LEASEHOLD_JOB_ID") is None:
+        return
+    with _lock:
+        if _broken:
+            return
+        try:
+            stats = _memory_stats()
+            if stats is not None:
+                _write_line(fd, _memory_line(stats))
+        except Exception:  # at exit: the pipe or the plug-in may be gone
+            pass
+
+
 def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):
     """Reports progress to the agent: one JSON line
     ``{"type": "report", "step": .., "epoch": .., "loss": .., "samples": ..,
@@ -203,7 +229,7 @@ def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):
     RuntimeWarning is issued, once: training goes on). Raises TypeError or
     ValueError naming a bad argument (also outside a job). Thread-safe.
     """
-    global _broken, _last_memory
+    global _broken, _last_memory, _exit_line
     fields = {}
     for name, value in (("step", step), ("epoch", epoch), ("samples", samples)):
         if value is not None:
@@ -229,10 +255,11 @@ def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):
             stats = _memory_stats()
             now = _monotonic()
             if stats is not None and (_last_memory is None or now - _last_memory >= MEMORY_INTERVAL):
-                memory = {"type": "memory"}
-                memory.update((k, int(stats.get(k, 0))) for k in _MEMORY_FIELDS)
-                _write_line(fd, memory)
+                _write_line(fd, _memory_line(stats))
                 _last_memory = now
+                if not _exit_line:  # the figures of the last second too
+                    atexit.register(_last_memory_line)
+                    _exit_line = True
         except OSError as e:
             _broken = True
             message = ("leasehold.report: the agent's report pipe (fd %d) failed (%s); progress "

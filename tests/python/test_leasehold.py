@@ -228,6 +228,26 @@ class ReportTest(unittest.TestCase):
         memory["type"] = "memory"
         self.assertEqual(lines[1], memory)
 
+    def test_the_last_memory_line_goes_out_at_exit(self):
+        stats = {"leased_bytes": 64 << 20, "allocations": 1000}
+        clock = [100.0]
+        registered = []
+        with job_env(JOB_ID=1, REPORT_FD=self.w), \
+                mock.patch.object(leasehold.torch, "stats", side_effect=lambda: dict(stats)), \
+                mock.patch.object(leasehold, "_monotonic", side_effect=lambda: clock[0]), \
+                mock.patch.object(leasehold, "_exit_line", False), \
+                mock.patch("atexit.register", side_effect=registered.append):
+            leasehold.report(step=1)
+            clock[0] += 0.5
+            stats["leased_bytes"] = 80 << 20  # within the second: no line yet
+            leasehold.report(step=2)
+            self.assertEqual(registered, [leasehold._last_memory_line])  # once
+            registered[0]()  # what exit runs
+        lines = [json.loads(x) for x in self.read_lines()]
+        self.assertEqual([d["type"] for d in lines], ["report", "memory", "report", "memory"])
+        self.assertEqual(lines[1]["leased_bytes"], 64 << 20)
+        self.assertEqual(lines[3]["leased_bytes"], 80 << 20)
+
 
 def child_python_has_torch():
     if not os.access(CHILD_PYTHON, os.X_OK):
@@ -515,13 +535,12 @@ class FakeCudaTorchTest(unittest.TestCase):
         self.assertEqual(out["stats"]["budget_bytes"], 1007)
         self.assertEqual(out["stats"]["unbacks"], 1009)
         self.assertEqual(out["stats"]["refused_allocations"], 1010)
-        self.assertEqual(lines, [
-            {"type": "report", "step": 5},
-            {"type": "memory", "leased_bytes": 1000, "peak_leased_bytes": 1001,
-             "in_use_bytes": 1002, "peak_in_use_bytes": 1003, "allocations": 1004,
-             "cache_hits": 1005, "lease_requests": 1006, "spilled_bytes": 0,
-             "restored_bytes": 0},
-        ])
+        memory = {"type": "memory", "leased_bytes": 1000, "peak_leased_bytes": 1001,
+                  "in_use_bytes": 1002, "peak_in_use_bytes": 1003, "allocations": 1004,
+                  "cache_hits": 1005, "lease_requests": 1006, "spilled_bytes": 0,
+                  "restored_bytes": 0}
+        # The memory line after the report, and the last one at exit.
+        self.assertEqual(lines, [{"type": "report", "step": 5}, memory, memory])
 
     def test_cudnn_benchmark_stays_off_and_says_so_once(self):
         proc = run_child("""
