@@ -222,7 +222,8 @@ def report(step=None, epoch=None, loss=None, samples=None, test_accuracy=None):
     ``test_accuracy`` is a fraction in [0, 1].
 
     When the PyTorch plug-in is installed, a ``{"type": "memory", ...}`` line
-    of its statistics follows, at most once a second.
+    of its statistics follows, at most once a second, and once more at the
+    program's exit.
 
     Returns True when the line was written; False outside a program job,
     when the agent gave no report pipe, or once the pipe broke (then a
