@@ -229,9 +229,9 @@ class Spiller:
         self.overlap = True if overlap is None else bool(overlap)
         self._overlap_chosen = overlap is not None
         self._externals = {}  # (raw stream, device index) -> torch.cuda.ExternalStream
-        # The streams the next in-order copy waits for (_in_order): one
-        # chain for every device, since they share the host tier.
-        self._chain = []
+        # The stream of the last copy to or from the host tier (_in_order):
+        # one for every stream and device, since they share the tier.
+        self._last_copy = None
         self._saving = False  # inside pack's spilling (a forward pass)
         self.host = None  # the _HostTier, at the first spill
         self.streams = {}
@@ -507,7 +507,7 @@ class Spiller:
             t.record_stream(stream)  # nothing, unless it was allocated on another
             done = None
         elif t.is_cuda:
-            stream = self._stream(t.device)
+            stream = self._in_order(self._stream(t.device))  # one device: no wait
             stream.wait_stream(producer)
             with self.torch.cuda.stream(stream):
                 dst.copy_(t, non_blocking=True)
@@ -547,9 +547,8 @@ class Spiller:
         """The budget has no room for copies in flight beside the compute:
         from now on they go in the compute's order (module notes). Under
         self.lock. Every copy queued on a copy stream comes before the
-        first in-order one (_in_order waits for it)."""
+        first in-order one (_in_order: the last copy's stream was one)."""
         self.overlap = False
-        self._chain = list(self.streams.values())
 
     def _capturing(self):
         """Whether this thread's stream is being captured into a CUDA graph
@@ -581,16 +580,17 @@ class Spiller:
         return stream
 
     def _in_order(self, stream):
-        """`stream`, for a copy in the compute's order (overlap off), queued
-        next. Host ranges are reused in the order copies are queued, so a
-        copy on another stream than the last one waits for that one's work
-        first (a script with several streams or devices; one stream never
-        waits). Call it after any allocation for the copy: an allocation
-        may spill (the pressure handler), and those copies come first."""
-        for last in self._chain:
-            if last.cuda_stream != stream.cuda_stream:
-                stream.wait_stream(last)
-        self._chain = [stream]
+        """`stream`, for the next copy to or from the host tier. Host ranges
+        are reused in the order copies are queued, so a copy on another
+        stream than the last one waits for that one's work first (in order
+        with several streams, or copy streams of several devices; one
+        stream never waits). Call it after any allocation for the copy: an
+        allocation may spill (the pressure handler), and those copies come
+        first."""
+        last = self._last_copy
+        if last is not None and last.cuda_stream != stream.cuda_stream:
+            stream.wait_stream(last)
+        self._last_copy = stream
         return stream
 
     def _bring_back(self, rec):
@@ -605,8 +605,7 @@ class Spiller:
                 torch.cuda.current_stream(rec.device)
             with torch.cuda.stream(stream):
                 back = torch.empty(rec.nbytes, dtype=torch.uint8, device=rec.device)
-                if not self.overlap:  # also when the allocation switched it
-                    self._in_order(stream)
+                self._in_order(stream)
                 back.copy_(src, non_blocking=True)
                 rec.ready = torch.cuda.Event()
                 rec.ready.record(stream)
