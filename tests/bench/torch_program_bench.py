@@ -373,6 +373,29 @@ def bench_environment(prefix):
     return env, tmp
 
 
+def run_bench(name, prefix, body):
+    """body(env, tmp, daemons) -> exit status, in a benchmark environment
+    (bench_environment): a BenchError, or a process that ran past its
+    timeout, prints "NAME: FAILED: why" and gives 1; the daemons body
+    added are stopped, in order, and the folder removed, whatever happens."""
+    env, tmp = bench_environment(prefix)
+    daemons = []
+    try:
+        return body(env, tmp, daemons)
+    except BenchError as e:
+        if e.output:
+            print(e.output, file=sys.stderr)
+        print("%s: FAILED: %s" % (name, e), file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired as e:
+        print("%s: FAILED: %s" % (name, e), file=sys.stderr)
+        return 1
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def start_coordinator(args, env, tmp, daemons):
     """Starts a coordinator (CUDA pool of args.pool_size, MPS off), adding it
     to daemons as soon as it runs, and waits until it answers."""
@@ -423,9 +446,8 @@ def bench(args, env, coordinator, agent):
 
 def main(argv=None):
     args = parse_args(argv)
-    env, tmp = bench_environment("lh-torch-bench-")
-    daemons = []
-    try:
+
+    def body(env, tmp, daemons):
         info = device_info()
         coordinator, agent = start_leasehold(args, env, tmp, daemons)
         models = bench(args, env, coordinator, agent)
@@ -434,19 +456,9 @@ def main(argv=None):
                   "pool_size": args.pool_size, "amp": args.amp, "models": models}
         print(json.dumps(result, indent=1), flush=True)  # first: the results matter most
         print_table(models)
-    except BenchError as e:
-        if e.output:
-            print(e.output, file=sys.stderr)
-        print("torch_program_bench: FAILED: %s" % e, file=sys.stderr)
-        return 1
-    except subprocess.TimeoutExpired as e:
-        print("torch_program_bench: FAILED: %s" % e, file=sys.stderr)
-        return 1
-    finally:
-        for d in daemons:
-            d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+        return 0
+
+    return run_bench("torch_program_bench", "lh-torch-bench-", body)
 
 
 if __name__ == "__main__":

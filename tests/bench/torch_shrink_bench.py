@@ -23,7 +23,6 @@ spill statistics; JSON on stdout, a summary on stderr.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -151,41 +150,35 @@ def scenario(args, env, tmp, daemons):
 
 def main(argv=None):
     args = parse_args(argv)
-    env, tmp = tpb.bench_environment("lh-shrink-bench-")
-    daemons = []
-    try:
-        info = tpb.device_info()
-        coordinator = tpb.Daemon("coordinator", [
-            os.path.join(args.bin, "leasehold-coordinator"), "--backend", "cuda", "--mps", "off",
-            "--policy", "occupancy", "--pool-size", args.pool_size,
-            "--state-dir", os.path.join(tmp, "state")], env, tmp)
-        daemons.append(coordinator)
-        tpb.wait_for("the coordinator", lambda: tpb.coordinator_up(args, env), coordinator, 30)
-        for name in ("a1", "a2"):  # stopped before the coordinator
-            daemons.insert(0, tpb.Daemon(name, [
-                os.path.join(args.bin, "leasehold-agent"), "--name", name,
-                "--python-dir", args.python_dir, "--torch-plugin", args.torch_plugin], env, tmp))
-        result = scenario(args, env, tmp, daemons)
-        result.update(device=info["device"], torch=info["torch"], pool=args.pool_size)
-        print(json.dumps(result, indent=1), flush=True)
-        mib = 1 << 20
-        for name in ("grower", "needy"):
-            r = result[name]
-            print("%-6s %s: %s Shrinks, %.0f MiB given back, spilled %.1f GiB, peak %.0f MiB, "
-                  "waited %.1f s for memory, %.1f steps/s" % (
-                      name, r["state"], r["shrinks"], (r["shrunk_bytes"] or 0) / mib,
-                      (r["spilled_bytes"] or 0) / (1 << 30), (r["peak_device_bytes"] or 0) / mib,
-                      (r["memory_wait_ms"] or 0) / 1e3, r["steps_per_second"] or 0),
-                  file=sys.stderr)
-    except tpb.BenchError as e:
-        if e.output:
-            print(e.output, file=sys.stderr)
-        print("torch_shrink_bench: FAILED: %s" % e, file=sys.stderr)
-        return 1
-    finally:
-        for d in daemons:
-            d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    return tpb.run_bench("torch_shrink_bench", "lh-shrink-bench-",
+                         lambda env, tmp, daemons: bench(args, env, tmp, daemons))
+
+
+def bench(args, env, tmp, daemons):
+    """The daemons, the scenario and its report; the exit status."""
+    info = tpb.device_info()
+    coordinator = tpb.Daemon("coordinator", [
+        os.path.join(args.bin, "leasehold-coordinator"), "--backend", "cuda", "--mps", "off",
+        "--policy", "occupancy", "--pool-size", args.pool_size,
+        "--state-dir", os.path.join(tmp, "state")], env, tmp)
+    daemons.append(coordinator)
+    tpb.wait_for("the coordinator", lambda: tpb.coordinator_up(args, env), coordinator, 30)
+    for name in ("a1", "a2"):  # stopped before the coordinator
+        daemons.insert(0, tpb.Daemon(name, [
+            os.path.join(args.bin, "leasehold-agent"), "--name", name,
+            "--python-dir", args.python_dir, "--torch-plugin", args.torch_plugin], env, tmp))
+    result = scenario(args, env, tmp, daemons)
+    result.update(device=info["device"], torch=info["torch"], pool=args.pool_size)
+    print(json.dumps(result, indent=1), flush=True)
+    mib = 1 << 20
+    for name in ("grower", "needy"):
+        r = result[name]
+        print("%-6s %s: %s Shrinks, %.0f MiB given back, spilled %.1f GiB, peak %.0f MiB, "
+              "waited %.1f s for memory, %.1f steps/s" % (
+                  name, r["state"], r["shrinks"], (r["shrunk_bytes"] or 0) / mib,
+                  (r["spilled_bytes"] or 0) / (1 << 30), (r["peak_device_bytes"] or 0) / mib,
+                  (r["memory_wait_ms"] or 0) / 1e3, r["steps_per_second"] or 0),
+              file=sys.stderr)
     return 0
 
 

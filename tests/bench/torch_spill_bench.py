@@ -41,7 +41,6 @@ run fails or a digest differs.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -103,6 +102,11 @@ def gpt_args(args, extra=()):
     return [sys.executable, TRAIN, "--model", "gpt2-small", "--amp", "--batch", str(args.batch),
             "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--log-every", "1000"] + list(extra)
+
+
+def spill_options(options):
+    """train.py's arguments for options of leasehold.torch.spill ("NAME=VALUE")."""
+    return ["--spill-option=" + o for o in options if o]
 
 
 def digest_args(model, extra=()):
@@ -172,125 +176,115 @@ def row(s, steps, link=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    env, tmp = tpb.bench_environment("lh-spill-bench-")
-    daemons = []
-    failed = []
-    try:
-        info = tpb.device_info()
-        link = link_bandwidth() if "runs" in args.parts else None
-        _, agent = tpb.start_leasehold(args, env, tmp, daemons)
-        tpb.wait_for("the agent", lambda: tpb.agent_registered(args, env, "bench"), agent, 60)
-        steps = args.steps
-        rows = {}
-        log = lambda m: print("torch_spill_bench: " + m, file=sys.stderr, flush=True)  # noqa
-        def done(name, r):  # each row as it comes: a later failure keeps the earlier ones
-            rows[name] = r
-            log("%s: %s" % (name, json.dumps(r)))
+    return tpb.run_bench("torch_spill_bench", "lh-spill-bench-",
+                         lambda env, tmp, daemons: bench(args, env, tmp, daemons))
 
-        if "runs" in args.parts:
-            log("pytorch")
-            done("pytorch", row(plain(args, env, gpt_args(args), "pytorch"), steps))
-            log("save_on_cpu")
-            offload = row(plain(args, env, gpt_args(args, ["--save-on-cpu"]), "save_on_cpu"),
-                          steps)
-            done("save_on_cpu", offload)
-            log("leasehold unconstrained")
-            full = in_leasehold(args, env, gpt_args(args), args.pool_size,
-                                "leasehold unconstrained")
-            done("leasehold 100%", row(full, steps))
-            log("leasehold unconstrained, spilling off")
-            done("leasehold 100%, no hooks", row(in_leasehold(
-                args, env, gpt_args(args, ["--no-spill"]), args.pool_size,
-                "leasehold unconstrained without spilling"), steps))
-            peak = full["peak_device_bytes"]
-            budgets = [("leasehold %d%%" % (100 * f), int(peak * f)) for f in args.fractions]
-            if offload["peak_device_bytes"]:  # None where PyTorch could not say
-                budgets.append(("leasehold at save_on_cpu's", offload["peak_device_bytes"]))
-            at = list(budgets)
-            if args.variants_at == "smallest":
-                at = [min(budgets, key=lambda b: b[1])]
-            for label, budget in at:
-                for options in args.variants:
-                    budgets.append(("%s %s" % (label, ",".join(options)), budget, options))
-            for name, budget, *options in budgets:
-                extra = ["--spill-option=" + o for o in (options[0] if options else [])]
-                log("%s (%d bytes)" % (name, budget))
-                done(name, dict(row(in_leasehold(args, env, gpt_args(args, extra), budget, name),
-                                    steps, link), budget_bytes=budget))
-        # Gradients, spilled or not: bit for bit.
-        digests = {}
-        if "gradients" in args.parts:
-            smallest = min(args.fractions)
-            for model, extra, fraction in (
-                    ("lenet", ["--batch", "1024",
-                               "--spill-option=high_water=%g" % args.lenet_high_water], 1.0),
-                    ("gpt2-small", ["--amp", "--seq", str(args.seq), "--batch", str(args.batch)],
-                     smallest)):
-                if model not in args.digest_models.split(","):
-                    continue
-                log("gradients of %s" % model)
-                cmd = digest_args(model, extra + ["--spill-option=" + o for o in
-                                                  args.gradient_options.split(",") if o])
-                whole = in_leasehold(args, env, cmd, args.pool_size, model + " unconstrained")
-                # Twice: a digest that differs between two plain runs would
-                # make the comparison meaningless (a nondeterministic kernel).
-                again = in_leasehold(args, env, cmd, args.pool_size, model + " unconstrained")
-                budget = int(whole["peak_device_bytes"] * fraction)
-                tight = in_leasehold(args, env, cmd, budget, model + " spilled")
-                refused = (tight.get("allocator") or {}).get("refused_allocations", 0)
-                digests[model] = {"unconstrained": whole["grad_digest"],
-                                  "unconstrained_again": again["grad_digest"],
-                                  "spilled": tight["grad_digest"], "budget_bytes": budget,
-                                  "spilled_bytes": (tight.get("spill") or {}).get("spilled_bytes"),
-                                  "refused_allocations": refused}
-                if whole["grad_digest"] != again["grad_digest"]:
-                    failed.append("%s: two unconstrained runs' gradients differ" % model)
-                if whole["grad_digest"] != tight["grad_digest"]:
-                    # A refused allocation makes cuDNN or cuBLAS take a kernel
-                    # with a smaller workspace, which rounds differently.
-                    failed.append("%s: gradients differ with spilling%s" % (
-                        model, " (%d allocations refused at %d bytes: a kernel with less "
-                        "workspace was chosen)" % (refused, budget)
-                        if refused else ""))
-                if not (tight.get("spill") or {}).get("spilled_bytes"):
-                    failed.append("%s: nothing was spilled at %d bytes" % (model, budget))
-        result = {"device": info["device"], "torch": info["torch"], "batch": args.batch,
-                  "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "link": link,
-                  "runs": rows, "gradients": digests, "failed": failed}
-        print(json.dumps(result, indent=1), flush=True)
-        base = rows["leasehold 100%"]["steps_per_second"] if rows else 1
-        gib = 1 << 30
-        if link:
-            print("\nhost link: %.1f GB/s device to host, %.1f GB/s host to device" % (
-                link["d2h_bytes_per_s"] / 1e9, link["h2d_bytes_per_s"] / 1e9), file=sys.stderr)
-        print("\n%-28s %8s %8s %9s %10s %10s %9s" % (
-            "run", "steps/s", "vs 100%", "peak GiB", "out GiB/st", "in GiB/st", "link s/st"),
-            file=sys.stderr)
-        for name, r in rows.items():
-            linked = r.get("link_seconds_per_step")
-            print("%-28s %8.2f %7.0f%% %9.2f %10.2f %10.2f %9s" % (
-                name, r["steps_per_second"], 100 * r["steps_per_second"] / base,
-                (r["peak_device_bytes"] or 0) / gib, r["spilled_bytes_per_step"] / gib,
-                r["restored_bytes_per_step"] / gib,
-                "%.3f" % linked if linked is not None else "-"), file=sys.stderr)
-        for model, d in digests.items():
-            print("gradients %s: %s unconstrained (%s again), %s spilled (%s)" % (
-                model, d["unconstrained"], d["unconstrained_again"], d["spilled"],
-                "equal" if d["unconstrained"] == d["spilled"] else "DIFFERENT"), file=sys.stderr)
-        print("targets: >= 90% at 50%, >= 75% at 25%; faster than save_on_cpu at its peak",
-              file=sys.stderr)
-    except tpb.BenchError as e:
-        if e.output:
-            print(e.output, file=sys.stderr)
-        print("torch_spill_bench: FAILED: %s" % e, file=sys.stderr)
-        return 1
-    except subprocess.TimeoutExpired as e:
-        print("torch_spill_bench: FAILED: %s" % e, file=sys.stderr)
-        return 1
-    finally:
-        for d in daemons:
-            d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+
+def bench(args, env, tmp, daemons):
+    """The runs and the gradient check; the exit status."""
+    failed = []
+    info = tpb.device_info()
+    link = link_bandwidth() if "runs" in args.parts else None
+    _, agent = tpb.start_leasehold(args, env, tmp, daemons)
+    tpb.wait_for("the agent", lambda: tpb.agent_registered(args, env, "bench"), agent, 60)
+    steps = args.steps
+    rows = {}
+    log = lambda m: print("torch_spill_bench: " + m, file=sys.stderr, flush=True)  # noqa
+    def done(name, r):  # each row as it comes: a later failure keeps the earlier ones
+        rows[name] = r
+        log("%s: %s" % (name, json.dumps(r)))
+
+    if "runs" in args.parts:
+        log("pytorch")
+        done("pytorch", row(plain(args, env, gpt_args(args), "pytorch"), steps))
+        log("save_on_cpu")
+        offload = row(plain(args, env, gpt_args(args, ["--save-on-cpu"]), "save_on_cpu"),
+                      steps)
+        done("save_on_cpu", offload)
+        log("leasehold unconstrained")
+        full = in_leasehold(args, env, gpt_args(args), args.pool_size,
+                            "leasehold unconstrained")
+        done("leasehold 100%", row(full, steps))
+        log("leasehold unconstrained, spilling off")
+        done("leasehold 100%, no hooks", row(in_leasehold(
+            args, env, gpt_args(args, ["--no-spill"]), args.pool_size,
+            "leasehold unconstrained without spilling"), steps))
+        peak = full["peak_device_bytes"]
+        budgets = [("leasehold %d%%" % (100 * f), int(peak * f)) for f in args.fractions]
+        if offload["peak_device_bytes"]:  # None where PyTorch could not say
+            budgets.append(("leasehold at save_on_cpu's", offload["peak_device_bytes"]))
+        at = list(budgets)
+        if args.variants_at == "smallest":
+            at = [min(budgets, key=lambda b: b[1])]
+        for label, budget in at:
+            for options in args.variants:
+                budgets.append(("%s %s" % (label, ",".join(options)), budget, options))
+        for name, budget, *options in budgets:
+            extra = spill_options(options[0] if options else [])
+            log("%s (%d bytes)" % (name, budget))
+            done(name, dict(row(in_leasehold(args, env, gpt_args(args, extra), budget, name),
+                                steps, link), budget_bytes=budget))
+    # Gradients, spilled or not: bit for bit.
+    digests = {}
+    if "gradients" in args.parts:
+        smallest = min(args.fractions)
+        for model, extra, fraction in (
+                ("lenet", ["--batch", "1024",
+                           "--spill-option=high_water=%g" % args.lenet_high_water], 1.0),
+                ("gpt2-small", ["--amp", "--seq", str(args.seq), "--batch", str(args.batch)],
+                 smallest)):
+            if model not in args.digest_models.split(","):
+                continue
+            log("gradients of %s" % model)
+            cmd = digest_args(model, extra + spill_options(args.gradient_options.split(",")))
+            whole = in_leasehold(args, env, cmd, args.pool_size, model + " unconstrained")
+            # Twice: a digest that differs between two plain runs would
+            # make the comparison meaningless (a nondeterministic kernel).
+            again = in_leasehold(args, env, cmd, args.pool_size, model + " unconstrained")
+            budget = int(whole["peak_device_bytes"] * fraction)
+            tight = in_leasehold(args, env, cmd, budget, model + " spilled")
+            refused = (tight.get("allocator") or {}).get("refused_allocations", 0)
+            digests[model] = {"unconstrained": whole["grad_digest"],
+                              "unconstrained_again": again["grad_digest"],
+                              "spilled": tight["grad_digest"], "budget_bytes": budget,
+                              "spilled_bytes": (tight.get("spill") or {}).get("spilled_bytes"),
+                              "refused_allocations": refused}
+            if whole["grad_digest"] != again["grad_digest"]:
+                failed.append("%s: two unconstrained runs' gradients differ" % model)
+            if whole["grad_digest"] != tight["grad_digest"]:
+                # A refused allocation makes cuDNN or cuBLAS take a kernel
+                # with a smaller workspace, which rounds differently.
+                failed.append("%s: gradients differ with spilling%s" % (
+                    model, " (%d allocations refused at %d bytes: a kernel with less "
+                    "workspace was chosen)" % (refused, budget)
+                    if refused else ""))
+            if not (tight.get("spill") or {}).get("spilled_bytes"):
+                failed.append("%s: nothing was spilled at %d bytes" % (model, budget))
+    result = {"device": info["device"], "torch": info["torch"], "batch": args.batch,
+              "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "link": link,
+              "runs": rows, "gradients": digests, "failed": failed}
+    print(json.dumps(result, indent=1), flush=True)
+    base = rows["leasehold 100%"]["steps_per_second"] if rows else 1
+    gib = 1 << 30
+    if link:
+        print("\nhost link: %.1f GB/s device to host, %.1f GB/s host to device" % (
+            link["d2h_bytes_per_s"] / 1e9, link["h2d_bytes_per_s"] / 1e9), file=sys.stderr)
+    print("\n%-28s %8s %8s %9s %10s %10s %9s" % (
+        "run", "steps/s", "vs 100%", "peak GiB", "out GiB/st", "in GiB/st", "link s/st"),
+        file=sys.stderr)
+    for name, r in rows.items():
+        linked = r.get("link_seconds_per_step")
+        print("%-28s %8.2f %7.0f%% %9.2f %10.2f %10.2f %9s" % (
+            name, r["steps_per_second"], 100 * r["steps_per_second"] / base,
+            (r["peak_device_bytes"] or 0) / gib, r["spilled_bytes_per_step"] / gib,
+            r["restored_bytes_per_step"] / gib,
+            "%.3f" % linked if linked is not None else "-"), file=sys.stderr)
+    for model, d in digests.items():
+        print("gradients %s: %s unconstrained (%s again), %s spilled (%s)" % (
+            model, d["unconstrained"], d["unconstrained_again"], d["spilled"],
+            "equal" if d["unconstrained"] == d["spilled"] else "DIFFERENT"), file=sys.stderr)
+    print("targets: >= 90% at 50%, >= 75% at 25%; faster than save_on_cpu at its peak",
+          file=sys.stderr)
     if failed:
         print("torch_spill_bench: FAILED: %s" % "; ".join(failed), file=sys.stderr)
         return 1

@@ -30,7 +30,6 @@ workload, and each warm mode's speed-up over cold at the p50.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -206,9 +205,8 @@ def print_table(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    env, tmp = tpb.bench_environment("lh-standby-bench-")
-    daemons = []
-    try:
+
+    def body(env, tmp, daemons):
         info = tpb.device_info()
         tpb.start_coordinator(args, env, tmp, daemons)
         modes = {}
@@ -218,16 +216,9 @@ def main(argv=None):
                   "budget": args.budget, "workloads": args.workloads, "modes": modes}
         print(json.dumps(result, indent=1), flush=True)
         print_table(result)
-    except tpb.BenchError as e:
-        if e.output:
-            print(e.output, file=sys.stderr)
-        print("torch_standby_bench: FAILED: %s" % e, file=sys.stderr)
-        return 1
-    finally:
-        for d in daemons:
-            d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+        return 0
+
+    return tpb.run_bench("torch_standby_bench", "lh-standby-bench-", body)
 
 
 if __name__ == "__main__":
