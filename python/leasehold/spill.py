@@ -224,13 +224,13 @@ class Spiller:
         # compute streams' own order, as save_on_cpu does: device memory
         # then goes back to the allocator in stream order at once, which a
         # budget with little room past the parameters needs more than the
-        # overlap (see _in_order). None: overlapping until the forward
-        # first waits for its copies (_throttle), in order from then on.
+        # overlap. None: overlapping until the forward first waits for its
+        # copies (_throttle), in order from then on.
         self.overlap = True if overlap is None else bool(overlap)
         self._overlap_chosen = overlap is not None
         self._externals = {}  # (raw stream, device index) -> torch.cuda.ExternalStream
-        # The stream of the last copy to or from the host tier (_in_order):
-        # one for every stream and device, since they share the tier.
+        # The stream of the last copy to or from the host tier, one for all
+        # streams and devices, since they share the tier (_after_last_copy).
         self._last_copy = None
         self._saving = False  # inside pack's spilling (a forward pass)
         self.host = None  # the _HostTier, at the first spill
@@ -501,13 +501,13 @@ class Spiller:
         if t.is_cuda and not self.overlap:
             # After the work that made it, on its stream: its block is free
             # in that stream's order once the copy is queued.
-            stream = self._in_order(producer)
+            stream = self._after_last_copy(producer)
             with self.torch.cuda.stream(stream):
                 dst.copy_(t, non_blocking=True)
             t.record_stream(stream)  # nothing, unless it was allocated on another
             done = None
         elif t.is_cuda:
-            stream = self._in_order(self._stream(t.device))  # one device: no wait
+            stream = self._after_last_copy(self._stream(t.device))  # one device: no wait
             stream.wait_stream(producer)
             with self.torch.cuda.stream(stream):
                 dst.copy_(t, non_blocking=True)
@@ -547,7 +547,7 @@ class Spiller:
         """The budget has no room for copies in flight beside the compute:
         from now on they go in the compute's order (module notes). Under
         self.lock. Every copy queued on a copy stream comes before the
-        first in-order one (_in_order: the last copy's stream was one)."""
+        first in-order one (_after_last_copy: the last copy's stream was one)."""
         self.overlap = False
 
     def _capturing(self):
@@ -579,7 +579,7 @@ class Spiller:
             stream = self._externals[key] = self.torch.cuda.ExternalStream(raw, device=device)
         return stream
 
-    def _in_order(self, stream):
+    def _after_last_copy(self, stream):
         """`stream`, for the next copy to or from the host tier. Host ranges
         are reused in the order copies are queued, so a copy on another
         stream than the last one waits for that one's work first (in order
@@ -605,7 +605,7 @@ class Spiller:
                 torch.cuda.current_stream(rec.device)
             with torch.cuda.stream(stream):
                 back = torch.empty(rec.nbytes, dtype=torch.uint8, device=rec.device)
-                self._in_order(stream)
+                self._after_last_copy(stream)
                 back.copy_(src, non_blocking=True)
                 rec.ready = torch.cuda.Event()
                 rec.ready.record(stream)

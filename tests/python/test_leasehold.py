@@ -953,17 +953,17 @@ class SpillTest(unittest.TestCase):
         # two compute streams.
         spiller = Spiller(1 << 20)
         copy0, copy1, a, b = Stream(10), Stream(11), Stream(1), Stream(2)
-        self.assertIs(spiller._in_order(copy0), copy0)
-        spiller._in_order(copy0)
+        self.assertIs(spiller._after_last_copy(copy0), copy0)
+        spiller._after_last_copy(copy0)
         self.assertEqual(copy0.waited_for, [], "one stream never waits for itself")
-        spiller._in_order(copy1)
+        spiller._after_last_copy(copy1)
         self.assertEqual(copy1.waited_for, [10])
-        spiller._in_order(a)  # the first copy in order, after the switch
+        spiller._after_last_copy(a)  # the first copy in order, after the switch
         self.assertEqual(a.waited_for, [11])  # and through it, copy0's
-        spiller._in_order(a)
-        spiller._in_order(b)
+        spiller._after_last_copy(a)
+        spiller._after_last_copy(b)
         self.assertEqual(b.waited_for, [1])
-        spiller._in_order(a)
+        spiller._after_last_copy(a)
         self.assertEqual(a.waited_for, [11, 2])
 
     def test_the_bytes_spilled_in_all_never_go_down_when_spilling_restarts(self):
