@@ -83,10 +83,12 @@ if [[ $((cudart_version / 1000)) != "${torch_cuda%%.*}" ]]; then
     "uses CUDA $torch_cuda: set CUDA_HOME to a CUDA ${torch_cuda%%.*} toolkit"
 fi
 
-# The plug-in's sources, then the block cache's (CMakeLists.txt lists the
-# same files: LEASEHOLD_BLOCK_CACHE_SOURCES and the leasehold_torch target).
+# The plug-in's sources, then the session leases' and the block cache's
+# (CMakeLists.txt lists the same files: the leasehold_torch target,
+# LEASEHOLD_SESSION_LEASES_SOURCES and LEASEHOLD_BLOCK_CACHE_SOURCES).
 sources=(
-  leasehold_torch.cpp plugin_state.cpp session_leases.cpp shrink_worker.cpp cuda_streams.cpp standby_arena.cpp
+  leasehold_torch.cpp plugin_state.cpp shrink_worker.cpp cuda_streams.cpp standby_arena.cpp
+  session_leases.cpp messages.cpp
   block_cache.cpp block_cache_check.cpp block_pool.cpp stream_order.cpp graph_holds.cpp growth_rule.cpp
   segment_leases.cpp
 )

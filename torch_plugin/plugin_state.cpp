@@ -13,25 +13,6 @@
 
 namespace leasehold::torch_plugin {
 
-// ---- messages on standard error ---------------------------------------------------
-
-std::string one_line(std::string s) {
-  for (char& c : s) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return s;
-}
-
-void print_line(const std::string& msg) {
-  std::string line = one_line(msg) + "\n";
-  (void)!std::fwrite(line.data(), 1, line.size(), stderr);
-}
-
-std::string last_error() {
-  const char* m = lh_last_error();
-  return m && *m ? one_line(m) : std::string("no details");
-}
-
 // ---- the state ------------------------------------------------------------------
 
 void Plugin::note_lost(const std::string& reason) {
@@ -130,9 +111,9 @@ BlockCache* open_cache(Plugin& p) {
     // times the most the job may hold (addresses are plentiful; memory is
     // not, and holes are backed again only when their segment goes).
     const uint64_t guaranteed = guaranteed_from_env();
-    auto* leases = new SessionLeases(session, p, o.lease_alignment,
-                                     8 * (budget ? std::min(budget, info.size) : info.size),
-                                     guaranteed);
+    auto* leases = new SessionLeases(
+        session, o.lease_alignment, 8 * (budget ? std::min(budget, info.size) : info.size),
+        guaranteed, kLeasePiece, [&p](const std::string& why) { p.note_lost(why); });
     auto* cache = new BlockCache(*leases, *streams, o);
     p.session = session;
     p.streams = streams;

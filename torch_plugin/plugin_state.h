@@ -18,18 +18,9 @@
 
 #include "leasehold.h"
 #include "torch_plugin/block_cache.h"
+#include "torch_plugin/messages.h"
 
 namespace leasehold::torch_plugin {
-
-// ---- messages on standard error ---------------------------------------------------
-
-// `s` with its line breaks turned into spaces: one message, one line.
-std::string one_line(std::string s);
-// Writes `msg` as one line on standard error.
-void print_line(const std::string& msg);
-// The lease client's latest error on this thread, as one line ("no details"
-// when it has none).
-std::string last_error();
 
 // ---- the state ------------------------------------------------------------------
 
@@ -76,6 +67,10 @@ Plugin& plugin();
 uint64_t budget_from_env();
 // LEASEHOLD_GUARANTEED (the job's guaranteed share, memory_min), the same way.
 uint64_t guaranteed_from_env();
+// The most one lease of the job holds (session_leases.h): small enough that
+// free stretches of a partly used segment go back at a Shrink, large
+// enough that a segment of a few GiB takes tens of requests, not thousands.
+inline constexpr uint64_t kLeasePiece = uint64_t{64} << 20;
 
 // The cache, opening the job's session at the first call: its settings
 // from the environment the agent sets, its pool (which must be the CUDA

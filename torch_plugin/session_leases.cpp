@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <iterator>
+#include <utility>
 
-#include "torch_plugin/plugin_state.h"
+#include "torch_plugin/messages.h"
 
 namespace leasehold::torch_plugin {
 
@@ -16,13 +17,21 @@ NeededGrowth::NeededGrowth() : was_(needed_growth) { needed_growth = true; }
 NeededGrowth::~NeededGrowth() { needed_growth = was_; }
 bool NeededGrowth::active() { return needed_growth; }
 
-SessionLeases::SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes,
-                             uint64_t guaranteed)
+SessionLeases::SessionLeases(lh_session* session, uint64_t page, uint64_t window_bytes,
+                             uint64_t guaranteed, uint64_t piece_bytes, LostFn on_lost)
     : session_(session),
-      plugin_(p),
       page_(page),
       window_bytes_((window_bytes + page - 1) / page * page),
+      piece_(piece_bytes == 0 ? UINT64_MAX / page * page : std::max(page, piece_bytes / page * page)),
+      on_lost_(std::move(on_lost)),
       growth_(guaranteed) {}
+
+SessionLeases::~SessionLeases() {
+  if (window_) lh_window_close(window_);  // hides every page it shows
+  std::vector<lh_lease*> all;
+  for (auto& [key, h] : held_) all.push_back(h.lease);
+  release_leases(all);
+}
 
 LeaseSource::Result SessionLeases::failure(lh_status st, const std::string& what,
                                            std::string* why, const std::string& detail) {
@@ -33,7 +42,7 @@ LeaseSource::Result SessionLeases::failure(lh_status st, const std::string& what
     case LH_ERR_TOO_LARGE:
       return Result::kRefused;
     case LH_ERR_SESSION_LOST:
-      plugin_.note_lost(*why);
+      if (on_lost_) on_lost_(*why);
       return Result::kFailed;
     default:
       return Result::kFailed;
@@ -61,15 +70,10 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
       return Result::kRefused;
     }
     // Free pages first: memory the job holds already.
-    while (pages.size() < n && !stock_.empty()) {
-      pages.push_back(*stock_.begin());
-      stock_.erase(stock_.begin());
-      Held& h = held_.at(pages.back().first);
-      h.shown[pages.back().second] = true;
-      ++h.shown_count;
-    }
+    take_from_stock(n, &pages);
   }
-  lh_lease* lease = nullptr;
+  // The rest in pieces, each its own lease (see the header).
+  std::vector<lh_lease*> granted;
   if (pages.size() < n) {
     const uint64_t bytes = (n - pages.size()) * page_;
     lh_session_stats ss{};
@@ -80,17 +84,31 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
       std::lock_guard lk(mu_);
       ask = growth_.ask(ss.leased_bytes, known, bytes, last_resort, NeededGrowth::active(), now);
     }
-    lh_status st = ask.held_back ? LH_ERR_NO_SPACE
-                                 : lh_lease_acquire(session_, bytes, ask.wait_ms,
-                                                    ask.needed ? 1 : 0, &lease);
+    lh_status st = ask.held_back ? LH_ERR_NO_SPACE : LH_OK;
+    std::string detail;
+    if (ask.held_back) {
+      detail = "growth past the guaranteed share " + format_bytes(growth_.guaranteed()) +
+               " was refused less than " + std::to_string(GrowthRule::kBackoff.count()) +
+               " ms ago";
+    }
+    for (uint64_t left = bytes; st == LH_OK && left > 0;) {
+      lh_lease* lease = nullptr;
+      const uint64_t piece = std::min(left, piece_);
+      st = lh_lease_acquire(session_, piece, ask.wait_ms, ask.needed ? 1 : 0, &lease);
+      if (st != LH_OK) break;
+      granted.push_back(lease);
+      const uint64_t size = lh_lease_size(lease);
+      if (size < piece || size % page_ != 0) {
+        st = LH_ERR_INTERNAL;
+        detail = "the coordinator granted " + std::to_string(size) + " bytes for " +
+                 std::to_string(piece) + " (pages of " + std::to_string(page_) + ")";
+        break;
+      }
+      left -= std::min(left, size);
+    }
     if (st != LH_OK) {
-      Result r = failure(st, "", why,
-                         ask.held_back ? "growth past the guaranteed share " +
-                                             format_bytes(growth_.guaranteed()) +
-                                             " was refused less than " +
-                                             std::to_string(GrowthRule::kBackoff.count()) +
-                                             " ms ago"
-                                       : std::string());
+      Result r = failure(st, "", why, detail);
+      release_leases(granted);  // the pieces granted before the refusal
       std::lock_guard lk(mu_);
       if (st == LH_ERR_NO_SPACE) growth_.refused_for_space(ask, now);
       for (const PageRef& ref : pages) to_stock(ref);
@@ -103,7 +121,7 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
   std::string show_error;
   {
     std::lock_guard lk(mu_);
-    if (lease) {
+    for (lh_lease* lease : granted) {
       const uint64_t key = next_key_++;
       Held& h = held_[key];
       h.lease = lease;
@@ -224,6 +242,29 @@ lh_status SessionLeases::show(uint64_t first, const std::vector<PageRef>& pages,
   return LH_OK;
 }
 
+void SessionLeases::take_from_stock(uint64_t n, std::vector<PageRef>* pages) {
+  while (pages->size() < n && !stock_.empty()) {
+    // The lease with the fewest free pages: one mostly free is left to
+    // become wholly free and go back.
+    uint64_t best = 0, best_free = UINT64_MAX;
+    for (const auto& [key, h] : held_) {
+      const uint64_t free = h.shown.size() - h.shown_count;
+      if (free != 0 && free < best_free) {
+        best = key;
+        best_free = free;
+      }
+    }
+    Held& h = held_.at(best);
+    for (auto it = stock_.lower_bound({best, 0});
+         pages->size() < n && it != stock_.end() && it->first == best;) {
+      pages->push_back(*it);
+      h.shown[it->second] = true;
+      ++h.shown_count;
+      it = stock_.erase(it);
+    }
+  }
+}
+
 void SessionLeases::to_stock(const PageRef& ref) {
   Held& h = held_.at(ref.first);
   h.shown[ref.second] = false;
@@ -254,7 +295,7 @@ uint64_t SessionLeases::release_leases(const std::vector<lh_lease*>& leases) noe
     if (st == LH_OK) {
       bytes += size;
     } else if (st == LH_ERR_SESSION_LOST) {
-      plugin_.note_lost("giving a lease back: " + last_error());
+      if (on_lost_) on_lost_("giving a lease back: " + last_error());
     } else {
       print_line(std::string("leasehold: giving a lease back: ") + lh_status_name(st) + ": " +
                  last_error());

@@ -9,15 +9,24 @@
 // holds what its segments show, and free memory is never stranded between
 // live tensors (block_cache.h, "Budget").
 //
+// Memory goes back to the coordinator a whole lease at a time, so the
+// memory a segment needs is leased in pieces of at most `piece_bytes`: a
+// free stretch of a partly used segment goes back once it covers whole
+// pieces, rather than only when the whole segment is free (a Shrink then
+// returns what the cache unbacked, not what happens to fill whole
+// segments). The stock backs new segments from the leases with the fewest
+// free pages first, so that leases mostly free become wholly free.
+//
 // A full pool, a queue that timed out, a request too large and a window
 // with no run of free addresses left are refusals: the cache may give
-// memory back and ask again. A lost session is a failure, and noted in the
-// Plugin (plugin_state.h) so that every later allocation reports it.
+// memory back and ask again. A lost session is a failure, and `on_lost` is
+// told (the plug-in then reports it at every later allocation).
 //
 // Leases follow the occupancy policy's growth rules (growth_rule.h): past
 // the job's guaranteed share they are asked for without waiting, and a
 // last-resort lease asked for inside a NeededGrowth scope (the pressure
-// handler had nothing left to spill) says it is needed.
+// handler had nothing left to spill) says it is needed. The pieces of one
+// segment are asked for alike, and all go back if one is refused.
 //
 // Thread safety: any thread; one mutex guards the pages, and it is not
 // held while the coordinator is asked for a lease or given one back.
@@ -25,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -38,8 +48,6 @@
 #include "torch_plugin/growth_rule.h"
 
 namespace leasehold::torch_plugin {
-
-struct Plugin;
 
 // While one lives, this thread's last-resort leases are needed ones.
 class NeededGrowth {
@@ -56,13 +64,23 @@ class NeededGrowth {
 
 class SessionLeases final : public LeaseSource {
  public:
-  // `session` and `p` must outlive it. `page` is the pool's alignment;
+  // Called with the reason when the session is found lost.
+  using LostFn = std::function<void(const std::string&)>;
+
+  // `session` must outlive it. `page` is the pool's alignment;
   // `window_bytes` the address space reserved (at the first lease) for all
   // segments together, unbacked holes included: several times the most
   // the job may hold. `guaranteed`: the job's guaranteed share (0: none
-  // known, every lease may wait).
-  SessionLeases(lh_session* session, Plugin& p, uint64_t page, uint64_t window_bytes,
-                uint64_t guaranteed = 0);
+  // known, every lease may wait). `piece_bytes`: the most one lease holds,
+  // rounded down to whole pages, at least one (0: a segment's memory in
+  // one lease).
+  SessionLeases(lh_session* session, uint64_t page, uint64_t window_bytes, uint64_t guaranteed,
+                uint64_t piece_bytes, LostFn on_lost);
+  // Closes the window and gives every lease back: segments still held are
+  // void. (The plug-in never destroys its one; tests do.)
+  ~SessionLeases() override;
+  SessionLeases(const SessionLeases&) = delete;
+  SessionLeases& operator=(const SessionLeases&) = delete;
 
   Result acquire(uint64_t bytes, bool last_resort, Lease* out, std::string* why) override;
   // A failure is printed on standard error (a lost session is noted).
@@ -98,6 +116,10 @@ class SessionLeases final : public LeaseSource {
   // Takes the leases none of whose pages shows out of the books; the
   // caller releases them without the lock. REQUIRES: mu_ held.
   std::vector<lh_lease*> take_unused();
+  // Takes `n` pages out of the stock into `pages`, marked shown, from the
+  // leases with the fewest free pages first; fewer where the stock has
+  // fewer. REQUIRES: mu_ held.
+  void take_from_stock(uint64_t n, std::vector<PageRef>* pages);
   // Releases leases taken out of the books. Returns their bytes.
   uint64_t release_leases(const std::vector<lh_lease*>& leases) noexcept;
   // A run of `n` free window pages (first fit); false when there is none.
@@ -110,9 +132,10 @@ class SessionLeases final : public LeaseSource {
                  const std::string& detail = "");
 
   lh_session* const session_;
-  Plugin& plugin_;
   const uint64_t page_;
   const uint64_t window_bytes_;
+  const uint64_t piece_;  // bytes, whole pages
+  const LostFn on_lost_;
   std::mutex mu_;
   lh_window* window_ = nullptr;              // GUARDED_BY(mu_); opened at the first lease
   std::map<uint64_t, uint64_t> free_runs_;   // GUARDED_BY(mu_); first page -> count

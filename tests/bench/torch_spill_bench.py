@@ -168,6 +168,12 @@ def row(s, steps, link=None):
            "spilled_bytes_per_step": spill.get("spilled_bytes", 0) / max(1, steps),
            "restored_bytes_per_step": spill.get("restored_bytes", 0) / max(1, steps),
            "spill": spill or None, "final_loss": s["final_loss"]}
+    alloc = s.get("allocator") or {}
+    if alloc.get("name") == "leasehold":
+        # How often the cache went to its lease source once warm: segments
+        # leased (each one or more leases) and times it unbacked free pages.
+        out["lease_requests_per_step"] = alloc.get("lease_requests_per_step")
+        out["unbacks"] = alloc.get("unbacks")
     if link:
         out["link_seconds_per_step"] = (out["spilled_bytes_per_step"] / link["d2h_bytes_per_s"]
                                         + out["restored_bytes_per_step"] / link["h2d_bytes_per_s"])
