@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,7 @@ class SessionLeasesOnHost : public ::testing::Test {
  protected:
   void SetUp() override {
     cluster.start_coordinator({"--backend", "host", "--pool-size", "64MiB", "--alignment", "64KiB",
-                               "--heartbeat-interval", "200ms", "--lease-wait-timeout", "300ms"});
+                               "--lease-wait-timeout", "300ms"});
     lh_session_options o;
     lh_session_options_init(&o);
     o.endpoint = cluster.endpoint().c_str();
@@ -52,6 +53,8 @@ class SessionLeasesOnHost : public ::testing::Test {
     EXPECT_EQ(lh_session_stats_get(session, &st), LH_OK) << lh_last_error();
     return st;
   }
+  // A segment of `pages`; base nullptr when it was not granted (a test
+  // failure already).
   Lease acquire(uint64_t pages) {
     Lease l;
     std::string why;
@@ -62,8 +65,8 @@ class SessionLeasesOnHost : public ::testing::Test {
 
   Cluster cluster;
   lh_session* session = nullptr;
+  std::vector<std::string> lost;  // before `leases`, whose callback writes it
   std::unique_ptr<SessionLeases> leases;
-  std::vector<std::string> lost;
 };
 
 // Page k of a segment holds bytes of value `seed + k`.
@@ -116,6 +119,7 @@ TEST_F(SessionLeasesOnHost, FreeStretchesGoBackAWholePieceAtATime) {
 TEST_F(SessionLeasesOnHost, WithoutPiecesASegmentIsOneLease) {
   make(0);
   Lease seg = acquire(8);
+  ASSERT_NE(seg.base, nullptr);
   EXPECT_EQ(stats().leases, 1u);
   // Half of it free: nothing can go back while the rest shows.
   leases->unback(seg.id, 0, 4 * kPage);
@@ -128,6 +132,7 @@ TEST_F(SessionLeasesOnHost, WithoutPiecesASegmentIsOneLease) {
 TEST_F(SessionLeasesOnHost, TheStockBacksNewSegmentsFromItsFullestLeaseFirst) {
   make(4);
   Lease a = acquire(8);  // pages 0-3: one lease, 4-7: another
+  ASSERT_NE(a.base, nullptr);
   ASSERT_EQ(stats().leases, 2u);
   fill(a, 0, 8, 10);
   leases->unback(a.id, 0, 3 * kPage);  // the first lease: 3 of 4 pages free
@@ -137,6 +142,7 @@ TEST_F(SessionLeasesOnHost, TheStockBacksNewSegmentsFromItsFullestLeaseFirst) {
   // A page from the stock, no new lease: from the second lease, whose
   // pages are mostly in use.
   Lease b = acquire(1);
+  ASSERT_NE(b.base, nullptr);
   EXPECT_EQ(stats().leases, 2u);
   fill(b, 0, 1, 50);
   // So freeing the first lease's last page in use frees it whole.
@@ -158,6 +164,7 @@ TEST_F(SessionLeasesOnHost, ASegmentWhosePieceIsRefusedKeepsNoneOfItsPieces) {
   lh_lease* filler = nullptr;
   ASSERT_EQ(lh_lease_acquire(session, kPoolBytes - 3 * kPage, 0, 0, &filler), LH_OK)
       << lh_last_error();
+  std::unique_ptr<lh_lease, lh_status (*)(lh_lease*)> filler_held(filler, lh_lease_release);
   Lease l;
   std::string why;
   EXPECT_EQ(leases->acquire(4 * kPage, false, &l, &why), LeaseSource::Result::kRefused);
@@ -166,16 +173,30 @@ TEST_F(SessionLeasesOnHost, ASegmentWhosePieceIsRefusedKeepsNoneOfItsPieces) {
   EXPECT_EQ(stats().leased_bytes, kPoolBytes - 3 * kPage);
   EXPECT_EQ(leases->give_back_unused(), 0u);  // no piece was kept in the stock
 
-  // With the room back the same segment comes, and its addresses were
-  // given back too.
-  ASSERT_EQ(lh_lease_release(filler), LH_OK) << lh_last_error();
+  // With the room back the same segment comes.
+  ASSERT_EQ(lh_lease_release(filler_held.release()), LH_OK) << lh_last_error();
   Lease seg = acquire(4);
+  ASSERT_NE(seg.base, nullptr);
   EXPECT_EQ(seg.size, 4 * kPage);
   EXPECT_EQ(stats().leases, 2u);
   fill(seg, 0, 4, 3);
   EXPECT_TRUE(holds(seg, 0, 4, 3));
   leases->release(seg.id);
   EXPECT_EQ(stats().leases, 0u);
+  EXPECT_TRUE(lost.empty());
+}
+
+TEST_F(SessionLeasesOnHost, DestroyedItGivesEveryLeaseBackSegmentsInUseIncluded) {
+  make(2);
+  Lease a = acquire(5);
+  Lease b = acquire(3);
+  ASSERT_NE(a.base, nullptr);
+  ASSERT_NE(b.base, nullptr);
+  leases->unback(a.id, 0, kPage);  // a page in the stock as well
+  EXPECT_EQ(stats().leases, 5u);   // 2+2+1 and 2+1 pages
+  leases.reset();
+  EXPECT_EQ(stats().leases, 0u);
+  EXPECT_EQ(stats().leased_bytes, 0u);
   EXPECT_TRUE(lost.empty());
 }
 

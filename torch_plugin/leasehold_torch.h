@@ -56,7 +56,7 @@ struct leasehold_torch_stats {
   uint64_t peak_in_use_bytes;
   uint64_t allocations;    /* PyTorch's requests served (size 0 not counted) */
   uint64_t cache_hits;     /* ... of them without a new lease */
-  uint64_t lease_requests; /* leases asked of the coordinator */
+  uint64_t lease_requests; /* segments asked of the lease source (from its stock or new leases) */
   uint64_t budget_bytes;   /* the job's budget (0: none known) */
   uint64_t unbacked_bytes; /* free pages inside segments given back now (version 2) */
   uint64_t unbacks;        /* times free pages were given back so (version 2) */

@@ -1,6 +1,7 @@
 #include "torch_plugin/session_leases.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <iterator>
 #include <utility>
@@ -91,10 +92,20 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
                " was refused less than " + std::to_string(GrowthRule::kBackoff.count()) +
                " ms ago";
     }
+    // A wait the rule sets is one deadline for all the pieces; the
+    // coordinator's default (-1) applies to each, as the client cannot
+    // know it.
+    const auto deadline = now + std::chrono::milliseconds(std::max<int64_t>(ask.wait_ms, 0));
     for (uint64_t left = bytes; st == LH_OK && left > 0;) {
       lh_lease* lease = nullptr;
       const uint64_t piece = std::min(left, piece_);
-      st = lh_lease_acquire(session_, piece, ask.wait_ms, ask.needed ? 1 : 0, &lease);
+      int64_t wait_ms = ask.wait_ms;
+      if (wait_ms > 0) {
+        wait_ms = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           deadline - GrowthRule::Clock::now())
+                                           .count());
+      }
+      st = lh_lease_acquire(session_, piece, wait_ms, ask.needed ? 1 : 0, &lease);
       if (st != LH_OK) break;
       granted.push_back(lease);
       const uint64_t size = lh_lease_size(lease);
@@ -254,7 +265,10 @@ void SessionLeases::take_from_stock(uint64_t n, std::vector<PageRef>* pages) {
         best_free = free;
       }
     }
-    Held& h = held_.at(best);
+    auto found = held_.find(best);
+    if (found == held_.end()) break;  // no lease has free pages: the stock is out of step
+    Held& h = found->second;
+    const size_t had = pages->size();
     for (auto it = stock_.lower_bound({best, 0});
          pages->size() < n && it != stock_.end() && it->first == best;) {
       pages->push_back(*it);
@@ -262,6 +276,7 @@ void SessionLeases::take_from_stock(uint64_t n, std::vector<PageRef>* pages) {
       ++h.shown_count;
       it = stock_.erase(it);
     }
+    if (pages->size() == had) break;  // its free pages are not in the stock: as above
   }
 }
 

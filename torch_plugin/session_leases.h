@@ -10,12 +10,12 @@
 // live tensors (block_cache.h, "Budget").
 //
 // Memory goes back to the coordinator a whole lease at a time, so the
-// memory a segment needs is leased in pieces of at most `piece_bytes`: a
-// free stretch of a partly used segment goes back once it covers whole
-// pieces, rather than only when the whole segment is free (a Shrink then
-// returns what the cache unbacked, not what happens to fill whole
-// segments). The stock backs new segments from the leases with the fewest
-// free pages first, so that leases mostly free become wholly free.
+// memory a segment needs is leased in pieces of at most `piece_bytes`: the
+// pages the cache unbacks go back once they cover a whole piece, rather
+// than only when the whole segment is free. Unbacked pages of a piece
+// other pages of which still show stay in the stock. The stock backs new
+// segments from the leases with the fewest free pages first, so that
+// leases mostly free become wholly free.
 //
 // A full pool, a queue that timed out, a request too large and a window
 // with no run of free addresses left are refusals: the cache may give
@@ -26,7 +26,10 @@
 // the job's guaranteed share they are asked for without waiting, and a
 // last-resort lease asked for inside a NeededGrowth scope (the pressure
 // handler had nothing left to spill) says it is needed. The pieces of one
-// segment are asked for alike, and all go back if one is refused.
+// segment are asked for one after the other, alike, within one deadline
+// where the rule sets a wait (the coordinator's default wait applies to
+// each piece); those granted are held while the next waits, and all go
+// back if one is refused.
 //
 // Thread safety: any thread; one mutex guards the pages, and it is not
 // held while the coordinator is asked for a lease or given one back.
@@ -64,7 +67,9 @@ class NeededGrowth {
 
 class SessionLeases final : public LeaseSource {
  public:
-  // Called with the reason when the session is found lost.
+  // Called with the reason when the session is found lost: from any
+  // thread, possibly several at once, and possibly with the pages' lock
+  // held, so it must not call back into the SessionLeases.
   using LostFn = std::function<void(const std::string&)>;
 
   // `session` must outlive it. `page` is the pool's alignment;
