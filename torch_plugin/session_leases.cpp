@@ -1,7 +1,6 @@
 #include "torch_plugin/session_leases.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <iterator>
 #include <utility>
@@ -92,20 +91,12 @@ LeaseSource::Result SessionLeases::acquire(uint64_t bytes, bool last_resort, Lea
                " was refused less than " + std::to_string(GrowthRule::kBackoff.count()) +
                " ms ago";
     }
-    // A wait the rule sets is one deadline for all the pieces; the
-    // coordinator's default (-1) applies to each, as the client cannot
-    // know it.
-    const auto deadline = now + std::chrono::milliseconds(std::max<int64_t>(ask.wait_ms, 0));
+    // Each piece waits as the rule says: the coordinator's default wait
+    // (within the share, or a needed lease) or not at all (growth).
     for (uint64_t left = bytes; st == LH_OK && left > 0;) {
       lh_lease* lease = nullptr;
       const uint64_t piece = std::min(left, piece_);
-      int64_t wait_ms = ask.wait_ms;
-      if (wait_ms > 0) {
-        wait_ms = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           deadline - GrowthRule::Clock::now())
-                                           .count());
-      }
-      st = lh_lease_acquire(session_, piece, wait_ms, ask.needed ? 1 : 0, &lease);
+      st = lh_lease_acquire(session_, piece, ask.wait_ms, ask.needed ? 1 : 0, &lease);
       if (st != LH_OK) break;
       granted.push_back(lease);
       const uint64_t size = lh_lease_size(lease);

@@ -26,10 +26,11 @@
 // the job's guaranteed share they are asked for without waiting, and a
 // last-resort lease asked for inside a NeededGrowth scope (the pressure
 // handler had nothing left to spill) says it is needed. The pieces of one
-// segment are asked for one after the other, alike, within one deadline
-// where the rule sets a wait (the coordinator's default wait applies to
-// each piece); those granted are held while the next waits, and all go
-// back if one is refused.
+// segment are asked for one after the other, alike: each may wait the
+// coordinator's default where the rule lets leases wait, so a segment of k
+// pieces may wait up to k times that while the policy makes room; those
+// granted are held while the next waits, and all go back if one is
+// refused.
 //
 // Thread safety: any thread; one mutex guards the pages, and it is not
 // held while the coordinator is asked for a lease or given one back.
