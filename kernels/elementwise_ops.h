@@ -23,6 +23,7 @@ enum class UnaryOp : int {
   MulScalar,  // x * s
   AddScalar,  // x + s
   GtScalar,   // x > s ? 1 : 0
+  Gelu,       // GELU, tanh form: x/2 (1 + tanh(√(2/π) (x + 0.044715 x³)))
 };
 
 enum class BinaryOp : int {
@@ -35,7 +36,22 @@ enum class BinaryOp : int {
   TanhGrad,      // a = grad, b = output:  a * (1 - b^2)
   PowScalarGrad, // a = grad, b = input:   a * s * b^(s-1)
   Eq,            // a == b ? 1 : 0
+  GeluGrad,      // a = grad, b = input:   a * gelu'(b)
 };
+
+// GELU's tanh form and its derivative (PyTorch's approximate="tanh").
+template <class T>
+LEASEHOLD_HOST_DEVICE inline T gelu_tanh(T x) {
+  const T k = T(0.7978845608028654);  // √(2/π)
+  return T(0.5) * x * (T(1) + tanh(k * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+LEASEHOLD_HOST_DEVICE inline T gelu_tanh_grad(T x) {
+  const T k = T(0.7978845608028654);
+  const T th = tanh(k * (x + T(0.044715) * x * x * x));
+  return T(0.5) * (T(1) + th) +
+         T(0.5) * x * (T(1) - th * th) * k * (T(1) + T(3 * 0.044715) * x * x);
+}
 
 template <class T>
 LEASEHOLD_HOST_DEVICE inline T apply_unary(UnaryOp op, T x, T s) {
@@ -53,6 +69,7 @@ LEASEHOLD_HOST_DEVICE inline T apply_unary(UnaryOp op, T x, T s) {
     case UnaryOp::MulScalar: return x * s;
     case UnaryOp::AddScalar: return x + s;
     case UnaryOp::GtScalar: return x > s ? T(1) : T(0);
+    case UnaryOp::Gelu: return gelu_tanh(x);
   }
   return x;
 }
@@ -69,6 +86,7 @@ LEASEHOLD_HOST_DEVICE inline T apply_binary(BinaryOp op, T a, T b, T s) {
     case BinaryOp::TanhGrad: return a * (T(1) - b * b);
     case BinaryOp::PowScalarGrad: return a * s * pow(b, s - T(1));
     case BinaryOp::Eq: return a == b ? T(1) : T(0);
+    case BinaryOp::GeluGrad: return a * gelu_tanh_grad(b);
   }
   return a;
 }

@@ -1,6 +1,8 @@
 // Fused optimiser updates, one pass over a parameter and its state. They
 // follow PyTorch's torch.optim.SGD and torch.optim.Adam (L2 weight decay added
-// to the gradient, no dampening, no Nesterov, no amsgrad).
+// to the gradient, no dampening, no Nesterov, no amsgrad), and AdamW
+// (torch.optim.AdamW: the parameter shrinks by lr × weight_decay first, the
+// gradient stays as it is).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@ struct SgdParams {
 struct AdamParams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;  // 1 on the first update (bias correction)
+  bool decoupled = false;  // AdamW's weight decay
 };
 
 // Several parameters updated by one launch: a small model's step is short,
@@ -51,7 +54,12 @@ LEASEHOLD_HOST_DEVICE inline void sgd_at(T* p, const T* g, T* buf, const SgdPara
 template <class T>
 LEASEHOLD_HOST_DEVICE inline void adam_at(T* p, const T* g, T* m, T* v, const AdamParams& a,
                                           double bc1, double bc2, int64_t i) {
-  T d = g[i] + T(a.weight_decay) * p[i];
+  T d = g[i];
+  if (a.decoupled) {
+    p[i] *= T(1 - a.lr * a.weight_decay);
+  } else {
+    d += T(a.weight_decay) * p[i];
+  }
   m[i] = T(a.beta1) * m[i] + T(1 - a.beta1) * d;
   v[i] = T(a.beta2) * v[i] + T(1 - a.beta2) * d * d;
   T denom = sqrt(v[i] / T(bc2)) + T(a.eps);

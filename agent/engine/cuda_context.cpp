@@ -1,5 +1,7 @@
 #include "agent/engine/cuda_context.h"
 
+#include "agent/engine/kernel_table.h"
+
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -55,6 +57,13 @@ void inject_device_fault(Device device) {
 #ifdef LEASEHOLD_HAVE_CUDA
   kernels::cuda::write_to_unmapped_address(compute_stream(device.index));
 #endif
+}
+
+kernels::Stream stream_for(Device d) {
+#ifdef LEASEHOLD_HAVE_CUDA
+  if (d.is_cuda()) return compute_stream(d.index);
+#endif
+  return nullptr;
 }
 
 #ifdef LEASEHOLD_HAVE_CUDA

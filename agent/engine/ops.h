@@ -28,6 +28,8 @@ Tensor abs(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
+// GELU in its tanh form (PyTorch's gelu(x, approximate="tanh"), GPT-2's).
+Tensor gelu(const Tensor& x);
 // Not differentiable: 1 where equal, else 0 (same dtype as the inputs).
 Tensor eq(const Tensor& a, const Tensor& b);
 
@@ -107,6 +109,22 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when
 // `training`; identity otherwise. The mask comes from the engine generator.
 Tensor dropout(const Tensor& x, double p, bool training);
+
+// Transformer layers (ops_transformer.cpp). float32 and float64.
+// Rows of `weight` [vocab, dim] at `index` (int64, any shape on weight's
+// device): [index sizes..., dim]. Differentiable in `weight`; its gradient
+// is a deterministic scatter-add (the same bits every run). An index out of
+// [0, vocab) throws on the CPU; on CUDA the caller guarantees them.
+Tensor embedding(const Tensor& weight, const Tensor& index);
+// (x - mean) / sqrt(var + eps) * weight + bias over the last dimension of
+// x (biased variance, as PyTorch); weight and bias [C] (C = x's last size).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// softmax(q kᵀ / sqrt(D)) v for q, k, v [B, H, T, D]; query i sees keys
+// j <= i when `causal`. One fused kernel (the FlashAttention algorithm):
+// nothing of size T × T is stored, forward or backward. CUDA takes head
+// sizes up to 128.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal);
 
 // Rows of `x` along dimension 0 at `index` (int64 [k] on x's device):
 // shape [k, x.sizes()[1:]...]. Not differentiable (the data loader's

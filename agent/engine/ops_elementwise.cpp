@@ -243,6 +243,9 @@ Tensor sigmoid(const Tensor& x) {
 Tensor tanh(const Tensor& x) {
   return unary_with_grad(UnaryOp::Tanh, x, 0, "tanh", BinaryOp::TanhGrad, true);
 }
+Tensor gelu(const Tensor& x) {
+  return unary_with_grad(UnaryOp::Gelu, x, 0, "gelu", BinaryOp::GeluGrad, /*save_output=*/false);
+}
 Tensor abs(const Tensor& x) {
   // d|x|/dx = sign(x): g * sign(x).
   Tensor out = mul(x, unary_raw(UnaryOp::Sign, x, 0, "abs"));

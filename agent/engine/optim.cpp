@@ -1,10 +1,12 @@
 #include "agent/engine/optim.h"
 
+#include <cmath>
 #include <map>
 #include <stdexcept>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
+#include "agent/engine/ops.h"
 #include "kernels/optim.h"
 
 namespace leasehold::engine::optim {
@@ -100,6 +102,16 @@ void SGD::load_state(const nn::NamedTensors& state) {
   }
 }
 
+void SGD::set_lr(double lr) {
+  check_options(lr, "SGD");
+  opt_.lr = lr;
+}
+
+void Adam::set_lr(double lr) {
+  check_options(lr, "Adam");
+  opt_.lr = lr;
+}
+
 Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params)), opt_(o) {
   check_options(o.lr, "Adam");
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1 || o.eps <= 0 ||
@@ -113,9 +125,15 @@ Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params)
 void Adam::step() {
   NoGradGuard no_grad;
   ++step_;
-  kernels::AdamParams a{opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, step_};
-  // CUDA parameters of one dtype and device go together, up to
-  // kMaxFusedTensors per launch (kernels/optim.h).
+  const kernels::AdamParams decays{opt_.lr,           opt_.beta1, opt_.beta2, opt_.eps,
+                                   opt_.weight_decay, step_,      opt_.decoupled};
+  kernels::AdamParams no_decay = decays;
+  no_decay.weight_decay = 0;
+  auto params_of = [&](const Tensor& p) -> const kernels::AdamParams& {
+    return opt_.decay_matrices_only && p.dim() < 2 ? no_decay : decays;
+  };
+  // CUDA parameters of one dtype, device and weight decay go together, up
+  // to kMaxFusedTensors per launch (kernels/optim.h).
   std::vector<Tensor> grads;  // alive until their launch is queued
   std::vector<size_t> pending;
   auto flush = [&] {
@@ -136,7 +154,8 @@ void Adam::step() {
         t.end[j] = total;
       }
       t.count = static_cast<int>(pending.size());
-      LEASEHOLD_CUDA_OR("Adam", kernels::cuda::adam_step_fused<T>(t, a, detail::stream_of(first)));
+      LEASEHOLD_CUDA_OR("Adam", kernels::cuda::adam_step_fused<T>(t, params_of(first),
+                                                                  detail::stream_of(first)));
     });
     pending.clear();
     grads.clear();
@@ -153,6 +172,7 @@ void Adam::step() {
       if (!pending.empty()) {
         const Tensor& first = params_[pending[0]].second;
         if (first.dtype() != p.dtype() || first.device() != p.device() ||
+            &params_of(first) != &params_of(p) ||
             pending.size() == static_cast<size_t>(kernels::kMaxFusedTensors)) {
           flush();
         }
@@ -164,7 +184,7 @@ void Adam::step() {
     detail::dispatch_floating(p.dtype(), "Adam", [&](auto tag) {
       using T = decltype(tag);
       kernels::cpu::adam_step<T>(p.data<T>(), g.data<T>(), m_[i].data<T>(), v_[i].data<T>(),
-                                 p.numel(), a);
+                                 p.numel(), params_of(p));
     });
   }
   flush();
@@ -195,6 +215,45 @@ void Adam::load_state(const nn::NamedTensors& state) {
     m_[i].copy_(lookup(m, mk, p));
     v_[i].copy_(lookup(m, vk, p));
   }
+}
+
+Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm) {
+  if (!(max_norm > 0)) throw std::invalid_argument("clip_grad_norm: max_norm must be positive");
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : params) {
+    if (!p.grad().defined()) continue;
+    if (!grads.empty() && (p.grad().device() != grads[0].device() ||
+                           p.grad().dtype() != grads[0].dtype())) {
+      throw std::invalid_argument("clip_grad_norm: gradient of '" + name + "' is " +
+                                  dtype_name(p.grad().dtype()) + " on " +
+                                  p.grad().device().str() + ", the first was " +
+                                  dtype_name(grads[0].dtype()) + " on " +
+                                  grads[0].device().str());
+    }
+    grads.push_back(p.grad());
+  }
+  if (grads.empty()) return Tensor();
+  Tensor squares;
+  for (const Tensor& g : grads) {
+    Tensor s = sum(mul(g, g));
+    squares = squares.defined() ? add(squares, s) : s;
+  }
+  const Tensor norm = sqrt(squares);
+  // min(1, max_norm / (norm + eps)) without a comparison op or a host read:
+  // max_norm / (max_norm + relu(norm + eps - max_norm)).
+  const Tensor coef = div(full({}, max_norm, norm.options()),
+                          add(relu(add(norm, 1e-6 - max_norm)), max_norm));
+  for (Tensor& g : grads) g.copy_(mul(g, coef));
+  return norm;
+}
+
+double CosineSchedule::at(int64_t step) const {
+  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (step >= total) return min_lr;
+  const double ratio =
+      static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  return min_lr + 0.5 * (1 + std::cos(M_PI * ratio)) * (lr - min_lr);
 }
 
 }  // namespace leasehold::engine::optim

@@ -17,6 +17,7 @@
 #include "kernels/conv.h"
 #include "shared/device.h"
 #include "tests/engine/gradcheck.h"
+#include "tests/engine/op_registry.h"
 
 namespace leasehold::engine::testing {
 namespace {
@@ -73,6 +74,90 @@ class CudaOps : public ::testing::Test {
     }
   }
 };
+
+// Every operator of the shared list (op_registry.h), float32, CUDA against
+// the CPU, forward and every input's gradient.
+TEST_F(CudaOps, RegisteredOperatorsMatchTheCpu) {
+  for (const OpCase& c : op_cases()) {
+    SCOPED_TRACE(c.name);
+    manual_seed(31);
+    std::vector<Tensor> cpu, gpu;
+    for (const Tensor& x : c.inputs()) {
+      Tensor x32 = x.to(DType::Float32);
+      cpu.push_back(x32.clone().set_requires_grad(true));
+      gpu.push_back(x32.to(Device::cuda()).set_requires_grad(true));
+    }
+    Tensor out_c = c.fn(cpu), out_g = c.fn(gpu);
+    ASSERT_EQ(out_g.device(), Device::cuda());
+    ASSERT_EQ(out_c.sizes(), out_g.sizes());
+    EXPECT_LE(max_rel_diff(out_g, out_c), c.cuda_tolerance) << "forward";
+    Tensor r = randn(out_c.sizes());
+    sum(mul(out_c, r)).backward();
+    sum(mul(out_g, r.to(Device::cuda()))).backward();
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      ASSERT_TRUE(cpu[i].grad().defined() && gpu[i].grad().defined()) << "input " << i;
+      EXPECT_LE(max_rel_diff(gpu[i].grad(), cpu[i].grad()), c.cuda_tolerance)
+          << "gradient of input " << i;
+    }
+  }
+}
+
+// The layer norm's and the embedding's gradients are summed in a fixed order
+// on the device: two runs give the same bits.
+TEST_F(CudaOps, TransformerGradientsAreDeterministic) {
+  manual_seed(32);
+  Tensor x = randn({1000, 96}).to(Device::cuda());
+  Tensor w = randn({96}).to(Device::cuda()).set_requires_grad(true);
+  Tensor b = randn({96}).to(Device::cuda()).set_requires_grad(true);
+  Tensor table = randn({256, 96}).to(Device::cuda()).set_requires_grad(true);
+  std::vector<int64_t> tokens(5000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 31) % 7);
+  Tensor index = from_vector(tokens, {50, 100}, Device::cuda());
+  std::vector<std::vector<float>> first;
+  for (int run = 0; run < 2; ++run) {
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+    table.set_grad(Tensor());
+    sum(layer_norm(x, w, b)).backward();
+    sum(mul(embedding(table, index), 1.5)).backward();
+    std::vector<std::vector<float>> got = {w.grad().to_vector<float>(),
+                                           b.grad().to_vector<float>(),
+                                           table.grad().to_vector<float>()};
+    if (run == 0) {
+      first = got;
+    } else {
+      EXPECT_EQ(got, first);
+    }
+  }
+}
+
+TEST_F(CudaOps, AttentionRejectsHeadSizesOverTheKernels) {
+  Tensor q = zeros({1, 1, 4, 129}, TensorOptions{}.on(Device::cuda()));
+  EXPECT_THROW(scaled_dot_product_attention(q, q, q, true), std::invalid_argument);
+}
+
+TEST_F(CudaOps, ClipGradNormAndAdamWMatchTheCpu) {
+  manual_seed(33);
+  Tensor w0 = randn({33, 7}), b0 = randn({7});
+  Tensor wc = w0.clone().set_requires_grad(true), bc = b0.clone().set_requires_grad(true);
+  Tensor wg = w0.to(Device::cuda()).set_requires_grad(true);
+  Tensor bg = b0.to(Device::cuda()).set_requires_grad(true);
+  optim::AdamOptions o{.lr = 0.01, .weight_decay = 0.1, .decoupled = true,
+                       .decay_matrices_only = true};
+  optim::Adam cpu_opt({{"w", wc}, {"b", bc}}, o), gpu_opt({{"w", wg}, {"b", bg}}, o);
+  for (int step = 0; step < 3; ++step) {
+    for (auto* opt : {&cpu_opt, &gpu_opt}) opt->zero_grad();
+    sum(mul(add(wc, bc), 3.0)).backward();
+    sum(mul(add(wg, bg), 3.0)).backward();
+    Tensor nc = optim::clip_grad_norm({{"w", wc}, {"b", bc}}, 1.0);
+    Tensor ng = optim::clip_grad_norm({{"w", wg}, {"b", bg}}, 1.0);
+    EXPECT_NEAR(ng.item(), nc.item(), 1e-3);
+    cpu_opt.step();
+    gpu_opt.step();
+  }
+  EXPECT_LE(max_rel_diff(wg, wc), 1e-5);
+  EXPECT_LE(max_rel_diff(bg, bc), 1e-5);
+}
 
 TEST_F(CudaOps, Elementwise) {
   manual_seed(1);

@@ -7,6 +7,7 @@
 
 #include "agent/engine/ops.h"
 #include "tests/engine/gradcheck.h"
+#include "tests/engine/op_registry.h"
 
 namespace leasehold::engine::testing {
 namespace {
@@ -128,6 +129,67 @@ TEST(Gradcheck, ViewsAndDropout) {
         return dropout(v[0], 0.4, true);
       },
       {x});
+}
+
+// Every operator of the shared list (op_registry.h) small enough for finite
+// differences.
+TEST(Gradcheck, RegisteredOperators) {
+  for (const OpCase& c : op_cases()) {
+    if (!c.gradcheck) continue;
+    SCOPED_TRACE(c.name);
+    manual_seed(21);
+    EXPECT_GRAD_OK(c.fn, c.inputs());
+  }
+}
+
+// The fused attention kernel against softmax(q kᵀ / √d) v computed with its
+// scores in memory: the same values and the same gradients.
+TEST(Attention, FusedMatchesThePlainFormula) {
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    manual_seed(22);
+    std::vector<Tensor> fused, plain;
+    for (int i = 0; i < 3; ++i) {
+      Tensor x = randn({2, 3, 9, 5}, f64);
+      fused.push_back(x.clone().set_requires_grad(true));
+      plain.push_back(x.clone().set_requires_grad(true));
+    }
+    Tensor a = scaled_dot_product_attention(fused[0], fused[1], fused[2], causal);
+    Tensor b = reference_attention(plain[0], plain[1], plain[2], causal);
+    EXPECT_LE(max_rel_diff(a, b), 1e-12);
+    Tensor r = randn(a.sizes(), f64);
+    sum(mul(a, r)).backward();
+    sum(mul(b, r)).backward();
+    for (int i = 0; i < 3; ++i) EXPECT_LE(max_rel_diff(fused[i].grad(), plain[i].grad()), 1e-12);
+  }
+}
+
+TEST(TransformerOps, RejectBadInputs) {
+  EXPECT_THROW(embedding(ones({4}), from_vector<int64_t>({0}, {1})), std::invalid_argument);
+  EXPECT_THROW(embedding(ones({4, 2}), ones({3})), std::invalid_argument) << "float index";
+  try {
+    embedding(ones({4, 2}), from_vector<int64_t>({1, 4}, {2}));
+    ADD_FAILURE() << "an index past the vocabulary was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("index 4 out of range for a vocabulary of 4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(embedding(ones({4, 2}), from_vector<int64_t>({-1}, {1})), std::invalid_argument);
+  EXPECT_THROW(layer_norm(ones({2, 3}), ones({2}), ones({3})), std::invalid_argument);
+  EXPECT_THROW(layer_norm(ones({2, 3}), ones({3}), ones({3}), 0.0), std::invalid_argument);
+  EXPECT_THROW(layer_norm(ones({2, 3}), ones({3}, f64), ones({3})), std::invalid_argument);
+  EXPECT_THROW(scaled_dot_product_attention(ones({2, 3, 4}), ones({2, 3, 4}), ones({2, 3, 4}),
+                                            true),
+               std::invalid_argument)
+      << "three dimensions";
+  EXPECT_THROW(scaled_dot_product_attention(ones({1, 1, 3, 4}), ones({1, 1, 2, 4}),
+                                            ones({1, 1, 3, 4}), true),
+               std::invalid_argument)
+      << "mismatched key";
+  EXPECT_THROW(scaled_dot_product_attention(ones({1, 1, 3, 0}), ones({1, 1, 3, 0}),
+                                            ones({1, 1, 3, 0}), true),
+               std::invalid_argument);
 }
 
 }  // namespace

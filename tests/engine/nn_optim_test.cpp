@@ -172,6 +172,82 @@ TEST(Optim, AdamMatchesTheFormulaAndRestoresState) {
   EXPECT_EQ(p.to_vector<double>(), q.to_vector<double>());
 }
 
+TEST(Optim, AdamWDecaysMatricesOnlyAndMatchesTheFormula) {
+  // A matrix decays (AdamW: p *= 1 - lr·wd before the Adam update); a vector
+  // does not when decay_matrices_only.
+  Tensor w = from_vector<double>({0.5, -1.5, 3.0, 2.0}, {2, 2}).set_requires_grad(true);
+  Tensor b = from_vector<double>({1.0, -1.0}, {2}).set_requires_grad(true);
+  optim::AdamOptions o{.lr = 0.01, .weight_decay = 0.1, .decoupled = true,
+                       .decay_matrices_only = true};
+  optim::Adam opt({{"w", w}, {"b", b}}, o);
+  std::vector<double> rw = {0.5, -1.5, 3.0, 2.0}, rb = {1.0, -1.0};
+  std::vector<double> mw(4), vw(4), mb(2), vb(2);
+  auto update = [](std::vector<double>& p, std::vector<double>& m, std::vector<double>& v,
+                   double wd, int t) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      double g = 2 * p[i];
+      p[i] *= 1 - 0.01 * wd;
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.999, t));
+      p[i] -= 0.01 * mh / (std::sqrt(vh) + 1e-8);
+    }
+  };
+  for (int t = 1; t <= 3; ++t) {
+    opt.zero_grad();
+    add(sum(pow(w, 2.0)), sum(pow(b, 2.0))).backward();
+    opt.step();
+    update(rw, mw, vw, 0.1, t);
+    update(rb, mb, vb, 0.0, t);
+  }
+  auto gw = w.to_vector<double>(), gb = b.to_vector<double>();
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(gw[i], rw[i], 1e-12);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(gb[i], rb[i], 1e-12);
+}
+
+TEST(Optim, ClipGradNormScalesOnlyWhenOverTheLimit) {
+  Tensor a = from_vector<double>({3.0, 0.0}, {2}).set_requires_grad(true);
+  Tensor b = from_vector<double>({0.0, 4.0}, {1, 2}).set_requires_grad(true);
+  Tensor unused = ones({3}, {DType::Float64}).set_requires_grad(true);
+  NamedTensors params = {{"a", a}, {"b", b}, {"unused", unused}};
+  auto run_backward = [&] {
+    a.set_grad(Tensor());
+    b.set_grad(Tensor());
+    add(sum(mul(a, a.detach())), sum(mul(b, b.detach()))).backward();  // grads = a, b: norm 5
+  };
+  run_backward();
+  Tensor norm = optim::clip_grad_norm(params, 10.0);
+  EXPECT_DOUBLE_EQ(norm.item(), 5.0);
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{3.0, 0.0})) << "under the limit";
+  run_backward();
+  norm = optim::clip_grad_norm(params, 1.0);
+  EXPECT_DOUBLE_EQ(norm.item(), 5.0);
+  auto ga = a.grad().to_vector<double>(), gb = b.grad().to_vector<double>();
+  EXPECT_NEAR(ga[0], 3.0 / (5.0 + 1e-6), 1e-12);
+  EXPECT_NEAR(gb[1], 4.0 / (5.0 + 1e-6), 1e-12);
+  EXPECT_FALSE(unused.grad().defined());
+  EXPECT_THROW(optim::clip_grad_norm(params, 0.0), std::invalid_argument);
+  EXPECT_FALSE(optim::clip_grad_norm({{"unused", unused}}, 1.0).defined());
+}
+
+TEST(Optim, CosineScheduleWarmsUpThenDecaysToTheFloor) {
+  optim::CosineSchedule s{.lr = 1e-3, .min_lr = 1e-4, .warmup = 10, .total = 110};
+  EXPECT_DOUBLE_EQ(s.at(0), 1e-4);
+  EXPECT_DOUBLE_EQ(s.at(9), 1e-3);
+  EXPECT_DOUBLE_EQ(s.at(10), 1e-3);
+  EXPECT_NEAR(s.at(60), 0.5 * (1e-3 + 1e-4), 1e-15);
+  EXPECT_NEAR(s.at(109), 1e-4, 3e-7);  // 0.9e-3 · (1 + cos(0.99π)) / 2 above the floor
+  EXPECT_DOUBLE_EQ(s.at(110), 1e-4);
+  EXPECT_DOUBLE_EQ(s.at(1000), 1e-4);
+  for (int64_t i = 10; i < 110; ++i) EXPECT_LE(s.at(i + 1), s.at(i)) << i;
+
+  Tensor p = ones({2}).set_requires_grad(true);
+  optim::Adam opt({{"p", p}}, {});
+  opt.set_lr(s.at(3));
+  EXPECT_DOUBLE_EQ(opt.lr(), s.at(3));
+  EXPECT_THROW(opt.set_lr(0), std::invalid_argument);
+}
+
 TEST(Optim, RejectsBadHyperParameters) {
   Tensor p = ones({2}).set_requires_grad(true);
   EXPECT_THROW(optim::SGD({{"p", p}}, {.lr = -1}), std::invalid_argument);

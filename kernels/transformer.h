@@ -1,0 +1,74 @@
+// Kernels of the transformer layers: layer norm, embedding gradients and
+// fused causal attention. Every kernel has one signature on both backends
+// (the first argument is the stream, ignored on the CPU), so the engine
+// lists each in one KernelTable (agent/engine/kernel_table.h) instead of
+// branching on the device. All tensors are contiguous; T is float or
+// double, and statistics (mean, 1/std, log-sum-exp) are kept in T.
+#pragma once
+
+#include <cstdint>
+
+namespace leasehold::kernels {
+
+// cudaStream_t on CUDA (the device's compute stream); unused on the CPU.
+using Stream = void*;
+
+// Layer norm's weight and bias gradients are summed over the rows in this
+// many chunks of rows, then over the chunks: a count fixed by the shape, so
+// the order of the sums (and the bits) never depends on the device.
+inline int64_t layer_norm_row_chunks(int64_t rows) {
+  const int64_t chunks = (rows + 63) / 64;
+  return chunks < 1 ? 1 : (chunks > 256 ? 256 : chunks);
+}
+// Working memory a backward kernel needs beyond its outputs, in elements of
+// T; the caller allocates it on the kernel's device.
+inline int64_t layer_norm_backward_workspace(int64_t rows, int64_t cols) {
+  return 2 * layer_norm_row_chunks(rows) * cols;
+}
+inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return heads * t; }
+
+#define LEASEHOLD_TRANSFORMER_KERNELS(NS)                                                      \
+  namespace NS {                                                                              \
+  /* y = (x - mean) * rstd * w + b over the last dimension of x [rows, cols];                 \
+     mean and rstd [rows] are kept for backward. */                                           \
+  template <class T>                                                                          \
+  void layer_norm_forward(Stream s, T* y, T* mean, T* rstd, const T* x, const T* w,           \
+                          const T* b, int64_t rows, int64_t cols, double eps);                \
+  /* dx [rows, cols], dw and db [cols] (overwritten, summed in a fixed order: the same        \
+     bits every run). */                                                                      \
+  template <class T>                                                                          \
+  void layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const T* dy,          \
+                           const T* x, const T* w, const T* mean, const T* rstd,              \
+                           int64_t rows, int64_t cols);                                       \
+  /* out[i] = weight[index[i]] for rows of `dim`. REQUIRES: indices in [0, vocab)             \
+     (the engine checks on the CPU; on CUDA the caller guarantees them). */                   \
+  template <class T>                                                                          \
+  void embedding_forward(Stream s, T* out, const T* weight, const int64_t* index, int64_t n,  \
+                         int64_t dim);                                                        \
+  /* dweight [vocab, dim] = sum over i with index[i] == v of g[i], in the order of i          \
+     (deterministic, no atomics). */                                                          \
+  template <class T>                                                                          \
+  void embedding_backward(Stream s, T* dweight, const T* g, const int64_t* index, int64_t n,  \
+                          int64_t vocab, int64_t dim);                                        \
+  /* Scaled dot-product attention over [heads, t, d] (heads = batch x heads), causal          \
+     (query i sees keys j <= i) or not: o = softmax(q kᵀ · scale) v, and lse [heads, t]       \
+     the log-sum-exp of each row of scores. No [t, t] matrix is stored. */                    \
+  template <class T>                                                                          \
+  void attention_forward(Stream s, T* o, T* lse, const T* q, const T* k, const T* v,          \
+                         int64_t heads, int64_t t, int64_t d, double scale, bool causal);     \
+  /* dq, dk, dv (overwritten) from do, recomputing the scores from q, k and lse. */           \
+  template <class T>                                                                          \
+  void attention_backward(Stream s, T* dq, T* dk, T* dv, T* workspace, const T* dout,         \
+                          const T* q, const T* k, const T* v, const T* o, const T* lse,       \
+                          int64_t heads, int64_t t, int64_t d, double scale, bool causal);    \
+  }
+
+LEASEHOLD_TRANSFORMER_KERNELS(cpu)
+#ifdef LEASEHOLD_HAVE_CUDA
+LEASEHOLD_TRANSFORMER_KERNELS(cuda)
+// The largest head size the CUDA attention kernels take.
+inline constexpr int64_t kMaxCudaHeadSize = 128;
+#endif
+#undef LEASEHOLD_TRANSFORMER_KERNELS
+
+}  // namespace leasehold::kernels

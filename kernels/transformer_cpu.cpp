@@ -1,0 +1,160 @@
+// CPU transformer kernels: plain loops, the reference the CUDA kernels are
+// tested against. Attention keeps one row of scores (t values) at a time.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/transformer.h"
+
+namespace leasehold::kernels {
+
+namespace cpu {
+
+template <class T>
+void layer_norm_forward(Stream, T* y, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                        int64_t rows, int64_t cols, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += xr[c];
+    const T mu = sum / T(cols);
+    T sq = 0;
+    for (int64_t c = 0; c < cols; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
+    const T rs = T(1) / std::sqrt(sq / T(cols) + T(eps));
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = (xr[c] - mu) * rs * w[c] + b[c];
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+template <class T>
+void layer_norm_backward(Stream, T* dx, T* dw, T* db, T*, const T* dy, const T* x, const T* w,
+                         const T* mean, const T* rstd, int64_t rows, int64_t cols) {
+  std::fill(dw, dw + cols, T(0));
+  std::fill(db, db + cols, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    const T* gr = dy + r * cols;
+    T a = 0, bsum = 0;  // sums of dy·w and dy·w·x̂ over the row
+    for (int64_t c = 0; c < cols; ++c) {
+      const T xhat = (xr[c] - mean[r]) * rstd[r];
+      a += gr[c] * w[c];
+      bsum += gr[c] * w[c] * xhat;
+      dw[c] += gr[c] * xhat;
+      db[c] += gr[c];
+    }
+    a /= T(cols);
+    bsum /= T(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const T xhat = (xr[c] - mean[r]) * rstd[r];
+      dx[r * cols + c] = rstd[r] * (gr[c] * w[c] - a - xhat * bsum);
+    }
+  }
+}
+
+template <class T>
+void embedding_forward(Stream, T* out, const T* weight, const int64_t* index, int64_t n,
+                       int64_t dim) {
+  for (int64_t i = 0; i < n; ++i) std::copy_n(weight + index[i] * dim, dim, out + i * dim);
+}
+
+template <class T>
+void embedding_backward(Stream, T* dweight, const T* g, const int64_t* index, int64_t n,
+                        int64_t vocab, int64_t dim) {
+  std::fill(dweight, dweight + vocab * dim, T(0));
+  for (int64_t i = 0; i < n; ++i) {
+    T* row = dweight + index[i] * dim;
+    for (int64_t c = 0; c < dim; ++c) row[c] += g[i * dim + c];
+  }
+}
+
+template <class T>
+void attention_forward(Stream, T* o, T* lse, const T* q, const T* k, const T* v, int64_t heads,
+                       int64_t t, int64_t d, double scale, bool causal) {
+  std::vector<T> p(static_cast<size_t>(t));
+  for (int64_t h = 0; h < heads; ++h) {
+    const T *qh = q + h * t * d, *kh = k + h * t * d, *vh = v + h * t * d;
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t keys = causal ? i + 1 : t;
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < keys; ++j) {
+        T s = 0;
+        for (int64_t c = 0; c < d; ++c) s += qh[i * d + c] * kh[j * d + c];
+        p[j] = s * T(scale);
+        m = std::max(m, p[j]);
+      }
+      T l = 0;
+      for (int64_t j = 0; j < keys; ++j) l += (p[j] = std::exp(p[j] - m));
+      T* oi = o + (h * t + i) * d;
+      std::fill(oi, oi + d, T(0));
+      for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t c = 0; c < d; ++c) oi[c] += p[j] * vh[j * d + c];
+      }
+      for (int64_t c = 0; c < d; ++c) oi[c] /= l;
+      lse[h * t + i] = m + std::log(l);
+    }
+  }
+}
+
+// With p_ij = exp(s_ij - lse_i): dv_j = Σ_i p_ij do_i; ds_ij = p_ij (do_i·v_j - δ_i) where
+// δ_i = do_i·o_i; dq_i = scale Σ_j ds_ij k_j; dk_j = scale Σ_i ds_ij q_i.
+template <class T>
+void attention_backward(Stream, T* dq, T* dk, T* dv, T* workspace, const T* dout, const T* q,
+                        const T* k, const T* v, const T* o, const T* lse, int64_t heads,
+                        int64_t t, int64_t d, double scale, bool causal) {
+  const int64_t n = heads * t * d;
+  std::fill(dq, dq + n, T(0));
+  std::fill(dk, dk + n, T(0));
+  std::fill(dv, dv + n, T(0));
+  T* delta = workspace;
+  for (int64_t r = 0; r < heads * t; ++r) {
+    T s = 0;
+    for (int64_t c = 0; c < d; ++c) s += dout[r * d + c] * o[r * d + c];
+    delta[r] = s;
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t base = h * t * d;
+    for (int64_t i = 0; i < t; ++i) {
+      const T* qi = q + base + i * d;
+      const T* doi = dout + base + i * d;
+      const int64_t keys = causal ? i + 1 : t;
+      for (int64_t j = 0; j < keys; ++j) {
+        const T* kj = k + base + j * d;
+        const T* vj = v + base + j * d;
+        T s = 0, dp = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          s += qi[c] * kj[c];
+          dp += doi[c] * vj[c];
+        }
+        const T p = std::exp(s * T(scale) - lse[h * t + i]);
+        const T ds = p * (dp - delta[h * t + i]) * T(scale);
+        for (int64_t c = 0; c < d; ++c) {
+          dv[base + j * d + c] += p * doi[c];
+          dq[base + i * d + c] += ds * kj[c];
+          dk[base + j * d + c] += ds * qi[c];
+        }
+      }
+    }
+  }
+}
+
+#define LEASEHOLD_INSTANTIATE(T)                                                                \
+  template void layer_norm_forward<T>(Stream, T*, T*, T*, const T*, const T*, const T*, int64_t, \
+                                      int64_t, double);                                         \
+  template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
+                                       const T*, const T*, int64_t, int64_t);                   \
+  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t);    \
+  template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
+                                      int64_t);                                                 \
+  template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*, int64_t,      \
+                                     int64_t, int64_t, double, bool);                           \
+  template void attention_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,      \
+                                      const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
+                                      double, bool);
+LEASEHOLD_INSTANTIATE(float)
+LEASEHOLD_INSTANTIATE(double)
+#undef LEASEHOLD_INSTANTIATE
+
+}  // namespace cpu
+}  // namespace leasehold::kernels
