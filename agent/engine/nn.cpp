@@ -18,6 +18,27 @@ Tensor uniform_init(const Shape& shape, int64_t fan_in, TensorOptions options) {
   return rand(shape, options, -bound, bound);
 }
 
+// GPT-2's initialisation: weights normal(0, std), biases zero.
+void init_gpt(Module& m, double std) {
+  NoGradGuard no_grad;
+  for (auto& [name, t] : m.named_parameters()) {
+    if (t.dim() >= 2) {
+      t.copy_(randn(t.sizes(), t.options(), 0, std));
+    } else {
+      t.fill_(0);
+    }
+  }
+}
+
+// [..., in] as [N, in] for one GEMM (a view when the layout allows).
+Tensor rows_of(const Tensor& x, int64_t in) { return x.dim() == 2 ? x : x.reshape({-1, in}); }
+Tensor unrows(const Tensor& y, const Tensor& x) {
+  if (x.dim() == 2) return y;
+  Shape s(x.sizes().begin(), x.sizes().end() - 1);
+  s.push_back(y.size(1));
+  return y.reshape(s);
+}
+
 }  // namespace
 
 Tensor Module::forward_then_relu(const Tensor& x) { return relu(forward(x)); }
@@ -81,17 +102,18 @@ Linear::Linear(int64_t in, int64_t out, bool bias, TensorOptions options)
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  if (x.dim() != 2 || x.size(1) != in_) {
+  if (x.dim() < 2 || x.size(-1) != in_) {
     throw std::invalid_argument("Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) +
-                                "): input " + x.shape_str() + " is not [N, " +
+                                "): input " + x.shape_str() + " is not [..., " +
                                 std::to_string(in_) + "]");
   }
-  return linear(x, param(0), bias_ ? param(1) : Tensor());
+  return unrows(linear(rows_of(x, in_), param(0), bias_ ? param(1) : Tensor()), x);
 }
 
 Tensor Linear::forward_then_relu(const Tensor& x) {
-  if (x.dim() != 2 || x.size(1) != in_) return relu(forward(x));  // forward names the problem
-  return linear(x, param(0), bias_ ? param(1) : Tensor(), /*then_relu=*/true);
+  if (x.dim() < 2 || x.size(-1) != in_) return relu(forward(x));  // forward names the problem
+  return unrows(linear(rows_of(x, in_), param(0), bias_ ? param(1) : Tensor(), /*then_relu=*/true),
+                x);
 }
 
 std::string Linear::describe() const {
@@ -136,6 +158,113 @@ Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training());
 std::string Dropout::describe() const {
   std::ostringstream os;
   os << "Dropout(" << p_ << ")";
+  return os.str();
+}
+
+Embedding::Embedding(int64_t vocab, int64_t dim, int64_t context, TensorOptions options)
+    : vocab_(vocab), dim_(dim), context_(context) {
+  if (vocab <= 0 || dim <= 0 || context < 0) {
+    throw std::invalid_argument("Embedding: vocabulary and width must be positive and the "
+                                "context non-negative");
+  }
+  add_parameter("weight", randn({vocab, dim}, options, 0, 0.02));
+  if (context > 0) add_parameter("position", randn({context, dim}, options, 0, 0.02));
+}
+
+Tensor Embedding::forward(const Tensor& tokens) {
+  Tensor h = embedding(param(0), tokens);
+  if (context_ == 0) return h;
+  const int64_t t = tokens.dim() ? tokens.size(-1) : 1;
+  if (tokens.dim() < 1 || t > context_) {
+    throw std::invalid_argument("Embedding: " + tokens.shape_str() + " tokens, at most " +
+                                std::to_string(context_) + " a sequence");
+  }
+  return add(h, param(1).narrow(0, 0, t));
+}
+
+std::string Embedding::describe() const {
+  return "Embedding(" + std::to_string(vocab_) + " -> " + std::to_string(dim_) +
+         (context_ ? ", context " + std::to_string(context_) : std::string()) + ")";
+}
+
+TiedOutput::TiedOutput(std::shared_ptr<Embedding> embedding) : embedding_(std::move(embedding)) {
+  if (!embedding_) throw std::invalid_argument("TiedOutput: no embedding to tie to");
+}
+
+Tensor TiedOutput::forward(const Tensor& x) {
+  const int64_t dim = embedding_->dim();
+  if (x.dim() < 2 || x.size(-1) != dim) {
+    throw std::invalid_argument("TiedOutput(" + std::to_string(dim) + " -> " +
+                                std::to_string(embedding_->vocab()) + "): input " +
+                                x.shape_str() + " is not [..., " + std::to_string(dim) + "]");
+  }
+  return unrows(linear(rows_of(x, dim), embedding_->weight(), Tensor()), x);
+}
+
+std::string TiedOutput::describe() const {
+  return "Linear(" + std::to_string(embedding_->dim()) + " -> " +
+         std::to_string(embedding_->vocab()) + ", tied to the embedding)";
+}
+
+LayerNorm::LayerNorm(int64_t dim, double eps, TensorOptions options) : dim_(dim), eps_(eps) {
+  if (dim <= 0 || !(eps > 0)) {
+    throw std::invalid_argument("LayerNorm: width and eps must be positive");
+  }
+  add_parameter("weight", ones({dim}, options));
+  add_parameter("bias", zeros({dim}, options));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, param(0), param(1), eps_); }
+std::string LayerNorm::describe() const { return "LayerNorm(" + std::to_string(dim_) + ")"; }
+
+Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+
+TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, double p, int64_t layers,
+                                   TensorOptions options)
+    : dim_(dim), heads_(heads), p_(p) {
+  if (dim <= 0 || heads <= 0 || dim % heads != 0) {
+    throw std::invalid_argument("TransformerBlock: width " + std::to_string(dim) +
+                                " must be a positive multiple of the " + std::to_string(heads) +
+                                " heads");
+  }
+  if (p < 0 || p >= 1) throw std::invalid_argument("TransformerBlock: dropout must be in [0, 1)");
+  if (layers <= 0) throw std::invalid_argument("TransformerBlock: layers must be positive");
+  ln1_ = std::make_shared<LayerNorm>(dim, 1e-5, options);
+  qkv_ = std::make_shared<Linear>(dim, 3 * dim, true, options);
+  proj_ = std::make_shared<Linear>(dim, dim, true, options);
+  ln2_ = std::make_shared<LayerNorm>(dim, 1e-5, options);
+  fc1_ = std::make_shared<Linear>(dim, 4 * dim, true, options);
+  fc2_ = std::make_shared<Linear>(4 * dim, dim, true, options);
+  for (auto& m : {ln1_, ln2_}) add_child(m);
+  for (auto& m : {qkv_, proj_, fc1_, fc2_}) {
+    add_child(m);
+    init_gpt(*m, 0.02);
+  }
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+  init_gpt(*proj_, residual_std);
+  init_gpt(*fc2_, residual_std);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  if (x.dim() != 3 || x.size(2) != dim_) {
+    throw std::invalid_argument("TransformerBlock(" + std::to_string(dim_) + "): input " +
+                                x.shape_str() + " is not [batch, tokens, " +
+                                std::to_string(dim_) + "]");
+  }
+  const int64_t b = x.size(0), t = x.size(1), hd = dim_ / heads_;
+  // [B, T, 3, H, hd] -> [3, B, H, T, hd]: q, k and v of every head.
+  Tensor qkv = (*qkv_)((*ln1_)(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
+  auto part = [&](int64_t i) { return qkv.narrow(0, i, 1).reshape({b, heads_, t, hd}); };
+  Tensor att = scaled_dot_product_attention(part(0), part(1), part(2), /*causal=*/true);
+  Tensor merged = att.transpose(1, 2).reshape({b, t, dim_});
+  Tensor h = add(x, dropout((*proj_)(merged), p_, is_training()));
+  Tensor mlp = (*fc2_)(gelu((*fc1_)((*ln2_)(h))));
+  return add(h, dropout(mlp, p_, is_training()));
+}
+
+std::string TransformerBlock::describe() const {
+  std::ostringstream os;
+  os << "TransformerBlock(" << dim_ << ", " << heads_ << " heads, dropout " << p_ << ")";
   return os.str();
 }
 

@@ -51,7 +51,8 @@ class Linear final : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true,
          TensorOptions options = {});
-  Tensor forward(const Tensor& x) override;  // x [N, in] -> [N, out]
+  // x [..., in] -> [..., out] (leading dimensions flattened for one GEMM).
+  Tensor forward(const Tensor& x) override;
   Tensor forward_then_relu(const Tensor& x) override;
   std::string describe() const override;
   Tensor& weight() { return param(0); }  // [out, in]
@@ -108,6 +109,73 @@ class Dropout final : public Module {
 
  private:
   double p_;
+};
+
+// Transformer layers (GPT-2's, as nanoGPT writes them). Their weights start
+// as GPT-2's: normal(0, 0.02), biases zero, norm gains one.
+
+// Token embedding [vocab, dim] plus, when context > 0, a learned position
+// embedding [context, dim]: int64 tokens [B, T] (T <= context) -> [B, T, dim].
+class Embedding final : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim, int64_t context = 0, TensorOptions options = {});
+  Tensor forward(const Tensor& tokens) override;
+  std::string describe() const override;
+  const Tensor& weight() const { return param(0); }
+  int64_t vocab() const { return vocab_; }
+  int64_t dim() const { return dim_; }
+
+ private:
+  int64_t vocab_, dim_, context_;
+};
+
+// The output projection that reuses an embedding's table as its weight
+// (weight tying): [..., dim] -> [..., vocab] logits, no bias. It has no
+// parameters of its own, so the table is trained (and checkpointed) once.
+class TiedOutput final : public Module {
+ public:
+  explicit TiedOutput(std::shared_ptr<Embedding> embedding);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  std::shared_ptr<Embedding> embedding_;
+};
+
+class LayerNorm final : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;  // over the last dimension
+  std::string describe() const override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+};
+
+class GELU final : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override { return "GELU"; }
+};
+
+// A pre-norm GPT block on [B, T, dim]:
+//   x + dropout(proj(attention(ln1(x)))), then + dropout(fc2(gelu(fc1(ln2(x))))),
+// attention causal over `heads` heads (fused kernel, no dropout inside it),
+// the MLP 4 × dim wide. The two output projections start at normal(0,
+// 0.02 / sqrt(2 × layers)) (GPT-2's scaling by depth).
+class TransformerBlock final : public Module {
+ public:
+  TransformerBlock(int64_t dim, int64_t heads, double dropout, int64_t layers,
+                   TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  int64_t dim_, heads_;
+  double p_;
+  std::shared_ptr<LayerNorm> ln1_, ln2_;
+  std::shared_ptr<Linear> qkv_, proj_, fc1_, fc2_;
 };
 
 class Sequential final : public Module {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/op_registry.h"
@@ -162,6 +163,15 @@ TEST(Attention, FusedMatchesThePlainFormula) {
     sum(mul(b, r)).backward();
     for (int i = 0; i < 3; ++i) EXPECT_LE(max_rel_diff(fused[i].grad(), plain[i].grad()), 1e-12);
   }
+}
+
+// A whole pre-norm block (layer norms, the fused attention, GELU MLP and
+// both residual paths) in float64, with respect to its input.
+TEST(Gradcheck, TransformerBlock) {
+  manual_seed(23);
+  nn::TransformerBlock block(8, 2, 0.0, 1, f64);
+  EXPECT_GRAD_OK([&](auto& v) { return block.forward(v[0]); }, {randn({2, 5, 8}, f64)}, 1e-6,
+                 1e-5);
 }
 
 TEST(TransformerOps, RejectBadInputs) {
