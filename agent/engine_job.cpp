@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+
 #include "agent/engine/allocator.h"
 #include "agent/lease_allocator.h"
 #include "shared/job_spec.h"
@@ -84,9 +86,16 @@ JobEnd EngineJob::run(const proto::JobSpec& job, JobAttempt& a) {
     u.epoch->test_accuracy = e.test_accuracy;
     u.epoch->seconds = e.seconds;
     u.epoch->checkpointed = e.checkpointed;
+    u.epoch->validation_loss = e.validation_loss;
     a.reporter->reliable(std::move(u));
-    say("job %llu epoch %lld: test accuracy %.2f%%\n", (unsigned long long)a.id,
-        (long long)e.epoch, 100 * e.test_accuracy);
+    if (e.validation_loss > 0) {
+      say("job %llu epoch %lld: validation loss %.4f (%.3f bits/byte)\n",
+          (unsigned long long)a.id, (long long)e.epoch, e.validation_loss,
+          e.validation_loss / std::log(2.0));
+    } else {
+      say("job %llu epoch %lld: test accuracy %.2f%%\n", (unsigned long long)a.id,
+          (long long)e.epoch, 100 * e.test_accuracy);
+    }
   };
   JobEnd end;
   end.result = run_job(job, opts);

@@ -191,7 +191,32 @@ std::string dataset_region_name(const proto::JobSpec& job) {
   return "dataset/" + (label.empty() ? "" : label + "/") + hex;
 }
 
+// A text corpus: read whole, its last validation_fraction held out, both
+// parts cut into samples (small next to a GPU: a few bytes per token).
+JobData load_text(const proto::JobSpec& job) {
+  const auto* ds = job.dataset();
+  std::vector<std::string> paths;
+  for (const auto* f : *ds->files()) paths.push_back(f->str());
+  E::AllocatorGuard host(E::cpu_allocator());
+  const std::vector<uint8_t> bytes = E::data::read_text_files(paths);
+  const auto total = static_cast<int64_t>(bytes.size());
+  const auto held =
+      static_cast<int64_t>(static_cast<double>(total) * ds->validation_fraction());
+  JobData d;
+  d.train = E::data::text_windows(bytes.data(), total - held, ds->context());
+  d.test = E::data::text_windows(bytes.data() + (total - held), held, ds->context());
+  if (d.train.size() == 0 || d.test.size() == 0) {
+    throw std::runtime_error("dataset.files: " + std::to_string(total) +
+                             " bytes make no training or no validation sample of " +
+                             std::to_string(ds->context()) + " tokens");
+  }
+  d.decoded = true;
+  d.private_because = "text datasets are read by each job";
+  return d;
+}
+
 JobData load_job_data(const proto::JobSpec& job, AgentSession* session) {
+  if (is_text_dataset(job)) return load_text(job);
   const DatasetFiles files = dataset_files(job);
   if (!session) {
     JobData d = decode_private(job, files);

@@ -37,18 +37,57 @@ std::unique_ptr<E::optim::Optimizer> make_optimizer(const proto::JobSpec& job,
   }
   E::optim::AdamOptions a;
   if (o) a = {o->lr(), o->beta1(), o->beta2(), o->eps(), o->weight_decay()};
+  if (o && o->type() == proto::OptimizerType::AdamW) {
+    a.decoupled = true;
+    a.decay_matrices_only = true;
+  }
   return std::make_unique<E::optim::Adam>(params, a);
 }
 
-double evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Device device) {
+// The learning rate of each step, when the job sets a schedule.
+std::optional<E::optim::CosineSchedule> make_schedule(const proto::JobSpec& job,
+                                                      int64_t total_steps) {
+  const auto* o = job.optimizer();
+  if (!o || o->schedule() != proto::LrSchedule::Cosine) return std::nullopt;
+  return E::optim::CosineSchedule{o->lr(), o->min_lr(), o->warmup_steps(), total_steps};
+}
+
+// The loss of a batch: cross-entropy over classes, or over every position's
+// next token for a text model (logits [B, T, V], targets [B, T]).
+E::Tensor batch_loss(const E::Tensor& logits, const E::Tensor& targets) {
+  if (logits.dim() == 3) {
+    return E::cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
+  }
+  return E::cross_entropy(logits, targets);
+}
+
+struct Evaluation {
+  double accuracy = 0;  // of the class (or next token) predicted
+  double loss = 0;      // mean cross-entropy; text jobs only
+};
+
+Evaluation evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Device device,
+                    bool text) {
   E::NoGradGuard no_grad;
   model.eval();
-  E::data::BatchIterator it(test, 1000, false, 0);
+  // Text samples are whole sequences: fewer at a time.
+  E::data::BatchIterator it(test, text ? 16 : 1000, false, 0);
   E::Tensor x, y;
-  double correct = 0;
-  while (it.next(x, y, device)) correct += E::sum(E::eq(E::argmax(model(x), 1), y)).item();
+  E::Tensor correct = E::zeros({}, {E::DType::Float32, device});
+  E::Tensor loss_sum = E::zeros({}, {E::DType::Float32, device});
+  double predictions = 0;
+  while (it.next(x, y, device)) {
+    E::Tensor out = model(x);
+    const int64_t classes = out.size(-1);
+    E::Tensor flat = out.reshape({-1, classes}), labels = y.reshape({-1});
+    const auto n = static_cast<double>(labels.numel());
+    correct = E::add(correct, E::sum(E::eq(E::argmax(flat, 1), labels)).to(E::DType::Float32));
+    if (text) loss_sum = E::add(loss_sum, E::mul(E::cross_entropy(flat, labels), n));
+    predictions += n;
+  }
   model.train();
-  return test.size() ? correct / double(test.size()) : 0.0;
+  if (predictions == 0) return {};
+  return {correct.item() / predictions, text ? loss_sum.item() / predictions : 0.0};
 }
 
 // The random numbers of epoch `epoch` (dropout masks) come from the job's
@@ -100,7 +139,21 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   JobData data = load_job_data(job, options.dataset_regions ? options.session : nullptr);
   const E::data::Dataset& train = data.train;
   const E::data::Dataset& test = data.test;
-  validate_model(job, {train.images.size(1), train.images.size(2), train.images.size(3)});
+  const bool text = is_text_dataset(job);
+  if (text) {
+    validate_model(job, {train.images.size(1)});
+  } else {
+    validate_model(job, {train.images.size(1), train.images.size(2), train.images.size(3)});
+  }
+  // A text corpus is a few bytes per token: on the GPU in the job's memory,
+  // so that each batch is gathered there.
+  E::data::Dataset text_train, text_test;
+  if (text && options.device.is_cuda()) {
+    text_train = {train.images.to(options.device), train.labels.to(options.device)};
+    text_test = {test.images.to(options.device), test.labels.to(options.device)};
+  }
+  const E::data::Dataset& train_set = text_train.size() ? text_train : train;
+  const E::data::Dataset& test_set = text_test.size() ? text_test : test;
   const auto t_data = Clock::now();
   E::manual_seed(job.seed());
   auto model = build_model(*job.model(), {E::DType::Float32, options.device});
@@ -109,7 +162,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   std::optional<Clock::time_point> t_first_step;
   uint64_t first_step_leases = 0;  // leases its allocator held by then
 
-  E::data::BatchIterator batches(train, job.batch_size(), true, job.seed());
+  E::data::BatchIterator batches(train_set, job.batch_size(), true, job.seed());
   // A data-parallel replica trains on its slice of each global batch; rank
   // 0 alone evaluates, checkpoints, reports and publishes.
   const Replica& replica = options.replica;
@@ -118,6 +171,8 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   const int64_t per_epoch = batches.batches_per_epoch();
   const int64_t total_steps = job.steps() > 0 ? job.steps() : job.epochs() * per_epoch;
   const int64_t epochs = (total_steps + per_epoch - 1) / per_epoch;
+  const auto schedule = make_schedule(job, total_steps);
+  const double clip = job.optimizer() ? job.optimizer()->clip_grad_norm() : 0;
 
   const std::string ckpt = checkpoint_file(job);
   // The checkpoint folder is opened and checked afresh for the resume and
@@ -169,9 +224,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     if (options.on_resume) options.on_resume(first_epoch);
     // The report of the checkpointed epoch again: the run that wrote the
     // checkpoint may have died before its report was delivered.
-    if (auto r = by_name.find("job.last_epoch"); r != by_name.end() && r->second.numel() == 4) {
+    if (auto r = by_name.find("job.last_epoch");
+        r != by_name.end() && (r->second.numel() == 4 || r->second.numel() == 5)) {
       auto v = r->second.to_vector<double>();
-      EpochReport replay{static_cast<int64_t>(v[0]), v[1], v[2], v[3], true};
+      EpochReport replay{static_cast<int64_t>(v[0]), v[1], v[2], v[3], true,
+                         v.size() == 5 ? v[4] : 0.0};
       if (options.on_epoch) options.on_epoch(replay);
     }
   } else if (job.init_from()) {
@@ -240,7 +297,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         if (options.on_first_step) options.on_first_step(unix_time_us());
       }
       optimizer->zero_grad();
-      E::Tensor loss = E::cross_entropy((*model)(x), y);
+      E::Tensor loss = batch_loss((*model)(x), y);
       if (reducer) {
         // Buckets of gradients are averaged while backward goes on.
         E::GradientReadyGuard reduce(reducer->hook());
@@ -249,6 +306,8 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       } else {
         loss.backward();
       }
+      if (clip > 0) E::optim::clip_grad_norm(model->named_parameters(), clip);
+      if (schedule) optimizer->set_lr(schedule->at(global));
       optimizer->step();
       {
         E::NoGradGuard ng;
@@ -257,9 +316,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       ++step;
       ++global;
       ++since_report;
-      // (Every replica trains as many samples a step.)
-      samples_since += x.size(0) * replica.world_size;
-      samples += x.size(0) * replica.world_size;
+      // (Every replica trains as many samples a step; a text job's samples
+      // are its tokens.)
+      const int64_t trained = (text ? x.numel() : x.size(0)) * replica.world_size;
+      samples_since += trained;
+      samples += trained;
       bool epoch_end = step == per_epoch || global == total_steps;
       auto now = Clock::now();
       if (lead && options.on_progress &&
@@ -278,10 +339,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         p.total_steps = total_steps;
         p.loss = acc / since_report;
         p.samples_per_second = secs > 0 ? samples_since / secs : 0;
-        p.eta_seconds = p.samples_per_second > 0
-                            ? (total_steps - global) * double(job.batch_size()) /
-                                  p.samples_per_second
-                            : 0;
+        const double per_step = double(job.batch_size()) * (text ? double(x.size(1)) : 1.0);
+        p.eta_seconds =
+            p.samples_per_second > 0 ? (total_steps - global) * per_step / p.samples_per_second : 0;
         fill_memory(p);
         options.on_progress(p);
         last_progress = p;
@@ -294,8 +354,8 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     epoch_loss = step ? loss_acc.item() / step : 0;
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     train_seconds += epoch_seconds;
-    EpochReport report{epoch + 1, epoch_loss, lead ? evaluate(*model, test, options.device) : 0,
-                       epoch_seconds, false};
+    const Evaluation eval = lead ? evaluate(*model, test_set, options.device, text) : Evaluation{};
+    EpochReport report{epoch + 1, epoch_loss, eval.accuracy, epoch_seconds, false, eval.loss};
     if (lead && !ckpt.empty() &&
         ((epoch + 1) % job.checkpoint()->every_epochs() == 0 || epoch + 1 == epochs)) {
       FileSystem& fs = *checkpoint_fs(true);
@@ -307,8 +367,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       state.emplace_back("job.epoch", E::from_vector<int64_t>({epoch + 1}, {1}));
       state.emplace_back("job.last_epoch",
                          E::from_vector<double>({double(report.epoch), report.train_loss,
-                                                 report.test_accuracy, report.seconds},
-                                                {4}));
+                                                 report.test_accuracy, report.seconds,
+                                                 report.validation_loss},
+                                                {5}));
       E::checkpoint::save(ckpt, state, fs);
       report.checkpointed = true;
     }
@@ -327,9 +388,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.steps = global;
   result.memory = last_progress;
   fill_memory(result.memory);
-  result.test_accuracy = !lead                 ? 0
-                         : result.epochs.empty() ? evaluate(*model, test, options.device)
-                                                 : result.epochs.back().test_accuracy;
+  result.test_accuracy = !lead ? 0
+                         : result.epochs.empty()
+                             ? evaluate(*model, test_set, options.device, text).accuracy
+                             : result.epochs.back().test_accuracy;
   result.samples_per_second = train_seconds > 0 ? samples / train_seconds : 0;
   result.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   // Where a job's start goes: the dataset (decoded, or resident in its

@@ -46,9 +46,12 @@ struct JobProgress {
 struct EpochReport {
   int64_t epoch = 0;
   double train_loss = 0;
-  double test_accuracy = 0;  // fraction in [0, 1]
+  double test_accuracy = 0;  // fraction in [0, 1] (text: next-token accuracy)
   double seconds = 0;
   bool checkpointed = false;  // its checkpoint was written before this report
+  // Text jobs: mean next-token cross-entropy (nats) over the validation
+  // part; 0 for image jobs.
+  double validation_loss = 0;
 };
 
 struct JobResult {

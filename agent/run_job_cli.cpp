@@ -1,5 +1,6 @@
 #include "agent/run_job_cli.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -68,8 +69,13 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
     std::fflush(stdout);
   };
   opts.on_epoch = [](const EpochReport& r) {
-    std::printf("epoch %lld: train_loss=%.4f test_accuracy=%.2f%% seconds=%.1f\n",
-                (long long)r.epoch, r.train_loss, 100 * r.test_accuracy, r.seconds);
+    std::printf("epoch %lld: train_loss=%.4f test_accuracy=%.2f%% seconds=%.1f", (long long)r.epoch,
+                r.train_loss, 100 * r.test_accuracy, r.seconds);
+    if (r.validation_loss > 0) {
+      std::printf(" validation_loss=%.4f bits_per_byte=%.3f", r.validation_loss,
+                  r.validation_loss / std::log(2.0));
+    }
+    std::printf("\n");
     std::fflush(stdout);
   };
   try {

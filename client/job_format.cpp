@@ -1,6 +1,7 @@
 #include "client/job_format.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -187,6 +188,10 @@ nlohmann::json job_to_json(const proto::JobInfo& j) {
                                {"train_loss", e->train_loss()},
                                {"test_accuracy", e->test_accuracy()},
                                {"seconds", e->seconds()}});
+      if (e->validation_loss() > 0) {
+        out["epochs"].back()["validation_loss"] = e->validation_loss();
+        out["epochs"].back()["validation_bits_per_byte"] = e->validation_loss() / std::log(2.0);
+      }
     }
   }
   if (const auto* s = j.spec(); s && s->program()) {
@@ -374,9 +379,10 @@ std::string job_to_text(const proto::JobInfo& j) {
     }
     os << ":\n";
     for (const auto* e : *j.epochs()) {
-      char buf[128];
-      std::snprintf(buf, sizeof buf, "    %3d  train loss %.4f  test accuracy %6.2f%%  %.1f s\n",
-                    e->epoch(), e->train_loss(), 100 * e->test_accuracy(), e->seconds());
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "    %3d  ", e->epoch());
+      os << buf << epoch_figures(*e);
+      std::snprintf(buf, sizeof buf, ", %.1f s\n", e->seconds());
       os << buf;
     }
   }
@@ -419,6 +425,21 @@ std::string progress_line(const proto::JobInfo& j, bool bar) {
                 p->epoch(), p->epochs(), b.c_str(), (long long)p->step(),
                 (long long)p->steps_in_epoch(), p->loss(), p->samples_per_second(),
                 p->eta_seconds());
+  return buf;
+}
+
+std::string epoch_figures(const proto::EpochStat& e) {
+  char buf[160];
+  if (e.validation_loss() > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "train loss %.4f, validation loss %.4f (%.3f bits/byte), next-token accuracy "
+                  "%.2f%%",
+                  e.train_loss(), e.validation_loss(), e.validation_loss() / std::log(2.0),
+                  100 * e.test_accuracy());
+  } else {
+    std::snprintf(buf, sizeof buf, "train loss %.4f, test accuracy %.2f%%", e.train_loss(),
+                  100 * e.test_accuracy());
+  }
   return buf;
 }
 

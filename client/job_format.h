@@ -23,5 +23,9 @@ std::string progress_line(const proto::JobInfo& job, bool bar);
 // A succeeded job's result: its test accuracy and throughput, or a program's
 // exit status where it reported no accuracy.
 std::string result_summary(const proto::JobInfo& job);
+// An epoch's figures: "train loss 1.2345, test accuracy 91.20%", or for a
+// text job "train loss 1.2345, validation loss 1.3012 (1.877 bits/byte),
+// next-token accuracy 61.50%".
+std::string epoch_figures(const proto::EpochStat& epoch);
 
 }  // namespace leasehold

@@ -58,9 +58,8 @@ int follow_job(const Context& ctx, zmq::context_t& zctx, uint64_t id) {
         last_epoch = e->epoch();
         if (bar_shown) std::printf("\r\033[K");
         bar_shown = false;
-        std::printf("job %llu epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n",
-                    (unsigned long long)id, e->epoch(), e->train_loss(), 100 * e->test_accuracy(),
-                    e->seconds());
+        std::printf("job %llu epoch %d: %s, %.1f s\n", (unsigned long long)id, e->epoch(),
+                    epoch_figures(*e).c_str(), e->seconds());
       }
     }
     std::string state(job_state_text(j));
@@ -265,9 +264,8 @@ int logs(const Context& ctx, uint64_t id, bool follow) {
     }
     if (j->epochs()) {
       for (const auto* e : *j->epochs()) {
-        std::printf("job %llu epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s\n",
-                    (unsigned long long)id, e->epoch(), e->train_loss(), 100 * e->test_accuracy(),
-                    e->seconds());
+        std::printf("job %llu epoch %d: %s, %.1f s\n", (unsigned long long)id, e->epoch(),
+                    epoch_figures(*e).c_str(), e->seconds());
       }
     }
     std::printf("job %llu %s\n", (unsigned long long)id, progress_line(*j, false).c_str());

@@ -18,7 +18,7 @@ packages=(
   libcpp-httplib-dev prometheus-cpp-dev
   libgloo-dev
   systemd
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
 )
 if [ "${1:-}" = --with-test-tools ]; then
   packages+=(chromium fonts-dejavu-core prometheus clang-14 libclang-rt-14-dev python3-torch)

@@ -121,7 +121,20 @@ std::string str_or(const flatbuffers::String* s, const std::string& fallback = "
 void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input, int64_t classes,
                  const std::string& labels, std::vector<std::string>& p) {
   auto shapes = infer_layer_shapes(*job.model(), input, p);
-  if (shapes.size() == job.model()->size()) {
+  if (shapes.size() == job.model()->size() && is_text_dataset(job)) {
+    const auto& last = shapes.back();
+    if (last.size() != 2 || last[0] != input[0] || last[1] < kTextVocabulary) {
+      p.push_back("model: the last layer must produce next-token scores [tokens, " +
+                  std::to_string(kTextVocabulary) + "] (one per byte value), not " +
+                  "[" + [&] {
+                    std::string t;
+                    for (size_t i = 0; i < last.size(); ++i) {
+                      t += (i ? ", " : "") + std::to_string(last[i]);
+                    }
+                    return t;
+                  }() + "]");
+    }
+  } else if (shapes.size() == job.model()->size()) {
     const auto& last = shapes.back();
     if (last.size() != 1) {
       p.push_back("model: the last layer must produce class scores [classes], not a shape of " +
@@ -183,6 +196,11 @@ std::vector<std::pair<std::string, const flatbuffers::String*>> text_fields(
                        {"dataset.train_labels", d->train_labels()},
                        {"dataset.test_images", d->test_images()},
                        {"dataset.test_labels", d->test_labels()}});
+    if (d->files()) {
+      for (flatbuffers::uoffset_t i = 0; i < d->files()->size(); ++i) {
+        f.emplace_back("dataset.files[" + std::to_string(i) + "]", d->files()->Get(i));
+      }
+    }
   }
   if (const auto* c = job.checkpoint()) f.emplace_back("checkpoint.directory", c->directory());
   if (const auto* s = job.spill()) {
@@ -211,6 +229,56 @@ std::vector<std::pair<std::string, const flatbuffers::String*>> text_fields(
 // `text` in quotes, escaped so that a hostile value cannot forge a log
 // line or break a JSON reply.
 std::string in_quotes(const std::string& text) { return "'" + printable(text) + "'"; }
+
+// A text dataset: its files (regular, readable, with checks_files), a
+// context in [1, kMaxTextContext], a held-out fraction in (0, 1) that
+// leaves both parts at least one sample long; no image fields.
+void check_text_dataset(const proto::DatasetSpec& d, bool check_files,
+                        std::vector<std::string>& p) {
+  if (d.train_images() || d.train_labels() || d.test_images() || d.test_labels() ||
+      d.directory()) {
+    p.push_back("dataset: a text dataset reads `files`, not directory or IDX images and labels");
+  }
+  if (d.context() < 1 || d.context() > kMaxTextContext) {
+    p.push_back("dataset.context: " + std::to_string(d.context()) + " is not in [1, " +
+                std::to_string(kMaxTextContext) + "] tokens");
+  }
+  if (!(d.validation_fraction() > 0 && d.validation_fraction() < 1)) {
+    p.push_back("dataset.validation_fraction: must be in (0, 1)");
+  }
+  if (!d.files() || d.files()->size() == 0) {
+    p.push_back("dataset.files: a text dataset needs at least one file");
+    return;
+  }
+  if (!check_files) return;
+  uint64_t total = 0;
+  for (flatbuffers::uoffset_t i = 0; i < d.files()->size(); ++i) {
+    const std::string path = d.files()->Get(i)->str();
+    const std::string field = "dataset.files[" + std::to_string(i) + "]: ";
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (ec || !std::filesystem::exists(status)) {
+      p.push_back(field + in_quotes(path) + " does not exist");
+    } else if (!std::filesystem::is_regular_file(status)) {
+      p.push_back(field + in_quotes(path) + " is not a regular file");
+    } else if (std::FILE* f = std::fopen(path.c_str(), "rb"); !f) {
+      p.push_back(field + in_quotes(path) + " cannot be read");
+    } else {
+      std::fclose(f);
+      total += std::filesystem::file_size(path, ec);
+    }
+  }
+  if (!p.empty() || d.context() < 1) return;
+  // Each part needs a sample: context tokens and one more as the target.
+  const uint64_t held = static_cast<uint64_t>(static_cast<double>(total) * d.validation_fraction());
+  const uint64_t need = static_cast<uint64_t>(d.context()) + 1;
+  if (held < need || total - held < need) {
+    p.push_back("dataset.files: " + std::to_string(total) + " bytes in all, too few for a " +
+                "training and a validation sample of " + std::to_string(d.context()) +
+                " tokens each (validation_fraction " + std::to_string(d.validation_fraction()) +
+                ")");
+  }
+}
 
 }  // namespace
 
@@ -290,6 +358,10 @@ DatasetFiles dataset_files(const proto::JobSpec& job) {
   return f;
 }
 
+bool is_text_dataset(const proto::JobSpec& job) {
+  return job.dataset() && job.dataset()->name() && job.dataset()->name()->str() == "text";
+}
+
 uint64_t job_memory_budget(const proto::JobSpec& job, uint64_t pool_bytes) {
   if (job.memory_budget()) return parse_bytes(job.memory_budget()->str());
   uint64_t fallback = 1ull << 30;
@@ -308,14 +380,21 @@ uint64_t job_resident_bytes(const proto::JobSpec& job) {
       // In long double: absurd sizes saturate instead of wrapping around.
       long double in = std::max(0, l->in()), out = std::max(0, l->out());
       long double k = std::max(0, l->kernel());
-      if (l->type() == proto::LayerType::Linear) params += in * out + out;
+      if (l->type() == proto::LayerType::Linear && !l->tied()) params += in * out + out;
       if (l->type() == proto::LayerType::Conv2d) params += out * in * k * k + out;
+      if (l->type() == proto::LayerType::Embedding) {
+        params += (in + std::max(0, l->context())) * out;
+      }
+      // Attention's 3 × out² + out² and the MLP's 8 × out², their biases,
+      // two layer norms.
+      if (l->type() == proto::LayerType::TransformerBlock) params += 12 * out * out + 13 * out;
+      if (l->type() == proto::LayerType::LayerNorm) params += 2 * out;
     }
   }
   // Parameters and gradients, plus Adam's two moments or SGD's momentum.
   int copies = 2;
   const auto* o = job.optimizer();
-  if (!o || o->type() == proto::OptimizerType::Adam) {
+  if (!o || o->type() == proto::OptimizerType::Adam || o->type() == proto::OptimizerType::AdamW) {
     copies += 2;
   } else if (o->momentum() > 0) {
     copies += 1;
@@ -450,6 +529,17 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
       p.push_back("optimizer.beta1/beta2: must be in [0, 1)");
     }
     if (!(o->eps() > 0)) p.push_back("optimizer.eps: must be positive");
+    if (o->warmup_steps() < 0) p.push_back("optimizer.warmup_steps: must not be negative");
+    if (o->min_lr() < 0 || o->min_lr() > o->lr()) {
+      p.push_back("optimizer.min_lr: must be in [0, lr]");
+    }
+    if (o->schedule() == proto::LrSchedule::Cosine && o->min_lr() == 0) {
+      p.push_back("optimizer.min_lr: a cosine schedule needs a positive floor (e.g. lr / 10)");
+    }
+    if (o->clip_grad_norm() < 0) p.push_back("optimizer.clip_grad_norm: must not be negative");
+    if (o->type() == proto::OptimizerType::AdamW && o->lr() * o->weight_decay() >= 1) {
+      p.push_back("optimizer.weight_decay: lr × weight_decay must be under 1 for AdamW");
+    }
   }
   if (const auto* c = job.checkpoint()) {
     if (c->every_epochs() <= 0) p.push_back("checkpoint.every_epochs: must be positive");
@@ -517,8 +607,18 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     if (!(d->std() > 0)) p.push_back("dataset.std: must be positive");
     if (d->train_limit() < 0 || d->test_limit() < 0) p.push_back("dataset limits: negative");
     std::string dname = str_or(d->name());
-    if (!dname.empty() && dname != "fashion-mnist" && dname != "mnist") {
-      p.push_back("dataset.name: " + in_quotes(dname) + " is not fashion-mnist or mnist");
+    if (!dname.empty() && dname != "fashion-mnist" && dname != "mnist" && dname != "text") {
+      p.push_back("dataset.name: " + in_quotes(dname) + " is not fashion-mnist, mnist or text");
+    }
+  }
+  if (d && is_text_dataset(job)) {
+    check_text_dataset(*d, options.check_files, p);
+    // (The model is checked against the context even without the files.)
+    if (d->context() >= 1 && d->context() <= kMaxTextContext) input = {d->context()};
+    classes = kTextVocabulary;
+  } else if (d) {
+    if (d->files() || d->context()) {
+      p.push_back("dataset.files/context: only a text dataset (name \"text\") has them");
     }
     DatasetFiles f = dataset_files(job);
     const std::pair<const char*, std::string> files[] = {{"train_images", f.train_images},

@@ -41,6 +41,12 @@ struct DatasetFiles {
 };
 DatasetFiles dataset_files(const proto::JobSpec& job);
 
+// A language model's corpus: dataset.name "text" (docs/jobs.md).
+bool is_text_dataset(const proto::JobSpec& job);
+// Tokens a text sample holds at most, and the vocabulary (bytes).
+inline constexpr int64_t kMaxTextContext = 8192;
+inline constexpr int64_t kTextVocabulary = 256;
+
 // The coordinator's limits on one job's length (its options max_epochs
 // and max_steps, named in the error a job over them gets).
 struct JobLengthLimits {
@@ -82,7 +88,8 @@ struct ValidationOptions {
 void validate_job(const proto::JobSpec& job, const ValidationOptions& options);
 void validate_job(const proto::JobSpecT& job, const ValidationOptions& options);
 // That the model's layers chain from one example of shape `input` ([C, H,
-// W]) to class scores. Throws JobSpecError naming the layer.
+// W], or [T] tokens of a text dataset) to class scores (next-token scores
+// [T, 256] for text). Throws JobSpecError naming the layer.
 void validate_model(const proto::JobSpec& job, const std::vector<int64_t>& input);
 
 // The checkpoint file of a job: DIRECTORY/NAME.ckpt; empty when checkpoints

@@ -1,6 +1,7 @@
 // The shape each layer of a job's model produces, inferred from the input
-// image size, so that a job whose layers do not chain is refused before it
-// runs (by the client, the coordinator and the agent alike).
+// size (an image's [C, H, W], or a text sample's [T] tokens), so that a job
+// whose layers do not chain is refused before it runs (by the client, the
+// coordinator and the agent alike).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,8 @@
 
 namespace leasehold {
 
-// Shape of one example ([C, H, W] or [F]) after each layer. Problems are
+// Shape of one example ([C, H, W], [F], or [T, F] after an Embedding) after
+// each layer. Problems are
 // appended as "model[i] (Type): ..." and inference stops at the first.
 std::vector<std::vector<int64_t>> infer_layer_shapes(
     const flatbuffers::Vector<flatbuffers::Offset<proto::Layer>>& layers,

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -12,6 +14,36 @@
 #include "shared/idx_file.h"
 
 namespace leasehold::engine::data {
+
+std::vector<uint8_t> read_text_files(const std::vector<std::string>& paths) {
+  std::vector<uint8_t> out;
+  for (const std::string& path : paths) {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    if (!f) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+    uint8_t buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) out.insert(out.end(), buf, buf + n);
+    if (std::ferror(f.get())) throw std::runtime_error(path + ": read failed");
+  }
+  return out;
+}
+
+Dataset text_windows(const uint8_t* bytes, int64_t count, int64_t context) {
+  if (context < 1) throw std::invalid_argument("text_windows: context must be positive");
+  const int64_t n = count > context ? (count - 1) / context : 0;
+  std::vector<int64_t> tokens(static_cast<size_t>(n * context));
+  std::vector<int64_t> next(tokens.size());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t t = 0; t < context; ++t) {
+      tokens[i * context + t] = bytes[i * context + t];
+      next[i * context + t] = bytes[i * context + t + 1];
+    }
+  }
+  Dataset d;
+  d.images = from_vector(tokens, {n, context});
+  d.labels = from_vector(next, {n, context});
+  return d;
+}
 
 IdxArray read_idx(const std::string& path) {
   IdxFile f(path);

@@ -24,7 +24,8 @@ struct IdxArray {
 IdxArray read_idx(const std::string& path);
 
 // Images [N, 1, H, W] float32, scaled to [0, 1] then (x - mean) / std, and
-// labels [N] int64. Throws when the counts of the two files differ.
+// labels [N] int64. Throws when the counts of the two files differ. A text
+// dataset has token samples in `images` instead (see text_windows).
 struct Dataset {
   Tensor images;
   Tensor labels;
@@ -32,6 +33,16 @@ struct Dataset {
 };
 Dataset load_idx_dataset(const std::string& images_path, const std::string& labels_path,
                          double mean, double std, int64_t limit = 0);
+
+// Files read as bytes, one after the other. Throws std::runtime_error
+// naming a file that cannot be opened or read whole.
+std::vector<uint8_t> read_text_files(const std::vector<std::string>& paths);
+
+// Next-token samples of a byte sequence: windows of context + 1 bytes at a
+// stride of `context` (each byte is a target once per epoch): `images`
+// int64 [N, context] the tokens and `labels` int64 [N, context] each
+// token's successor. Fewer than context + 1 bytes make no sample.
+Dataset text_windows(const uint8_t* bytes, int64_t count, int64_t context);
 
 // The normalised value of each pixel byte: (b / 255 - mean) / std, in
 // double, rounded to float (what load_idx_dataset stores).
