@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""The GPT job (deploy/jobs/text-gpt.json) in Leasehold's engine against the
+same model in PyTorch, side by side in one run, on one GPU.
+
+Leasehold: a coordinator (cuda backend) and `leasehold-agent --run-job` on
+the job file, with its steps and corpus as given here. PyTorch: the same
+model (GPT-2's pre-norm blocks, tied output, no attention dropout), data
+(the corpus cut into samples of `context` tokens at a stride of `context`,
+the last 10% held out), optimiser (AdamW on matrices only, cosine schedule,
+clipping) in the configurations asked for: fp32 eager, bf16 autocast eager
+with scaled_dot_product_attention, and the latter under torch.compile.
+
+Each prints tokens/s over the steps after --warmup (Leasehold: its progress
+reports after the first epoch's) and the validation loss at the end. JSON
+on stdout, a table on stderr.
+
+  python3 tests/bench/text_gpt_bench.py --bin BUILD/bin --steps 300 \\
+      [--corpus-dir /usr/share/games/fortunes] [--variants fp32,bf16,compile]
+"""
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bin", required=True, help="folder with leasehold-coordinator and leasehold-agent")
+    p.add_argument("--job", default=os.path.join(ROOT, "deploy/jobs/text-gpt.json"))
+    p.add_argument("--corpus-dir", help="read the job's files from this folder instead (same names)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=30, help="PyTorch steps left out of its rate")
+    p.add_argument("--variants", default="leasehold,fp32,bf16,compile")
+    p.add_argument("--pool-size", default="16GiB")
+    p.add_argument("--seed", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def load_job(args):
+    with open(args.job) as f:
+        job = json.load(f)
+    files = job["dataset"]["files"]
+    if args.corpus_dir:
+        files = [os.path.join(args.corpus_dir, os.path.basename(f)) for f in files]
+    job["dataset"]["files"] = files
+    job["steps"] = args.steps
+    job.pop("epochs", None)
+    job["checkpoint"] = {"enabled": False}
+    job["device"] = "cuda"
+    job["seed"] = args.seed
+    return job
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---- Leasehold ----
+
+def run_leasehold(args, job):
+    tmp = tempfile.mkdtemp(prefix="text-gpt-bench-")
+    path = os.path.join(tmp, "job.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    endpoint = "ipc://" + os.path.join(tmp, "coord.sock")
+    coord = subprocess.Popen(
+        [os.path.join(args.bin, "leasehold-coordinator"), "--backend", "cuda", "--pool-size",
+         args.pool_size, "--endpoint", endpoint, "--state-dir", os.path.join(tmp, "state")],
+        stdout=open(os.path.join(tmp, "coord.log"), "w"), stderr=subprocess.STDOUT)
+    try:
+        time.sleep(2)
+        t0 = time.time()
+        out = subprocess.run(
+            [os.path.join(args.bin, "leasehold-agent"), "--endpoint", endpoint, "--run-job", path],
+            capture_output=True, text=True, timeout=3600)
+        wall = time.time() - t0
+    finally:
+        coord.terminate()
+        coord.wait()
+    text = out.stdout
+    if out.returncode != 0:
+        raise RuntimeError("leasehold run failed:\n" + text[-3000:] + out.stderr[-3000:])
+    rates, losses = [], []
+    for line in text.splitlines():
+        m = re.match(r"progress epoch=(\d+)/\d+ .*samples_per_s=(\d+)", line)
+        if m and int(m.group(1)) > 1:
+            rates.append(float(m.group(2)))
+        m = re.search(r"validation_loss=([\d.]+)", line)
+        if m:
+            losses.append(float(m.group(1)))
+    m = re.search(r"result .*samples_per_s=(\d+)", text)
+    overall = float(m.group(1)) if m else 0.0
+    rates.sort()
+    steady = rates[len(rates) // 2] if rates else overall
+    return {"tokens_per_s": steady, "tokens_per_s_whole_run": overall,
+            "validation_loss": losses[-1] if losses else None, "validation_losses": losses,
+            "wall_s": wall}
+
+
+# ---- PyTorch ----
+
+def torch_model(torch, job):
+    nn = torch.nn
+    F = torch.nn.functional
+    layers = job["model"]
+    emb = layers[0]
+    blocks = [l for l in layers if l["type"] == "TransformerBlock"]
+    vocab, dim, context = emb["in"], emb["out"], emb.get("context", 0)
+    heads = blocks[0]["heads"]
+    p = blocks[0].get("dropout", 0.0)
+    first_dropout = next((l.get("p", 0.5) for l in layers if l["type"] == "Dropout"), 0.0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(dim)
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.ln2 = nn.LayerNorm(dim)
+            self.fc1 = nn.Linear(dim, 4 * dim)
+            self.fc2 = nn.Linear(4 * dim, dim)
+            self.drop = nn.Dropout(p)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.drop(self.proj(a.transpose(1, 2).reshape(b, t, c)))
+            return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh")))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(vocab, dim)
+            self.pos = nn.Parameter(torch.zeros(context, dim))
+            self.drop = nn.Dropout(first_dropout)
+            self.blocks = nn.ModuleList([Block() for _ in blocks])
+            self.ln = nn.LayerNorm(dim)
+            for name, prm in self.named_parameters():
+                if prm.dim() >= 2:
+                    std = 0.02 / math.sqrt(2 * len(blocks)) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                    nn.init.normal_(prm, 0.0, std)
+                elif "ln" not in name:
+                    nn.init.zeros_(prm)
+
+        def forward(self, idx):
+            x = self.drop(self.tok(idx) + self.pos[: idx.shape[1]])
+            for blk in self.blocks:
+                x = blk(x)
+            return F.linear(self.ln(x), self.tok.weight)
+
+    return GPT()
+
+
+def run_torch(args, job, variant):
+    import torch
+    torch.manual_seed(args.seed)
+    dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    data = b"".join(open(f, "rb").read() for f in job["dataset"]["files"])
+    held = int(len(data) * job["dataset"].get("validation_fraction", 0.1))
+    context = job["dataset"]["context"]
+
+    def windows(buf):
+        n = (len(buf) - 1) // context
+        t = torch.frombuffer(bytearray(buf[: n * context + 1]), dtype=torch.uint8).long()
+        x = t[: n * context].view(n, context)
+        y = t[1: n * context + 1].view(n, context)
+        return x.to(dev), y.to(dev)
+
+    xtr, ytr = windows(data[: len(data) - held])
+    xva, yva = windows(data[len(data) - held:])
+    model = torch_model(torch, job).to(dev)
+    o = job["optimizer"]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.get("weight_decay", 0)},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+                            eps=o.get("eps", 1e-8), fused=True)
+    total, warm = job["steps"], o.get("warmup_steps", 0)
+    lr, min_lr = o["lr"], o.get("min_lr", 0.0)
+
+    def lr_at(step):
+        if step < warm:
+            return lr * (step + 1) / warm
+        if step >= total:
+            return min_lr
+        r = (step - warm) / max(1, total - warm)
+        return min_lr + 0.5 * (1 + math.cos(math.pi * r)) * (lr - min_lr)
+
+    bf16 = variant in ("bf16", "compile")
+
+    def step_fn(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.get("clip_grad_norm", 0) or 1e9)
+        return loss
+
+    fn = torch.compile(step_fn) if variant == "compile" else step_fn
+    batch = job["batch_size"]
+    g = torch.Generator(device="cpu").manual_seed(args.seed)
+    order = torch.randperm(xtr.shape[0], generator=g)
+    pos = 0
+    t_start = None
+    for step in range(total):
+        if pos + batch > order.numel():
+            order = torch.randperm(xtr.shape[0], generator=g)
+            pos = 0
+        idx = order[pos: pos + batch].to(dev)
+        pos += batch
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            t_start = time.time()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        fn(xtr[idx], ytr[idx])
+        opt.step()
+    torch.cuda.synchronize()
+    secs = time.time() - t_start
+    tokens = (total - args.warmup) * batch * context
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        s, n = 0.0, 0
+        for i in range(0, xva.shape[0], 16):
+            logits = model(xva[i: i + 16]).float()
+            s += torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), yva[i: i + 16].reshape(-1), reduction="sum").item()
+            n += yva[i: i + 16].numel()
+    return {"tokens_per_s": tokens / secs, "validation_loss": s / n,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated()}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    job = load_job(args)
+    out = {"steps": args.steps, "batch_size": job["batch_size"], "context": job["dataset"]["context"],
+           "runs": {}}
+    try:
+        import torch
+        out["gpu"] = torch.cuda.get_device_name(0)
+        out["torch"] = torch.__version__
+    except Exception:  # noqa: BLE001 - the Leasehold run needs no PyTorch
+        pass
+    for v in args.variants.split(","):
+        log(f"text_gpt_bench: {v} ...")
+        r = run_leasehold(args, job) if v == "leasehold" else run_torch(args, job, v)
+        out["runs"][v] = r
+        log(f"text_gpt_bench: {v}: {r['tokens_per_s']:.0f} tokens/s, validation loss "
+            f"{r['validation_loss']}")
+    names = {"leasehold": "Leasehold engine (fp32)", "fp32": "PyTorch eager fp32",
+             "bf16": "PyTorch eager bf16 autocast + SDPA", "compile": "PyTorch torch.compile bf16"}
+    log("| run | tokens/s | validation loss |")
+    log("| --- | ---: | ---: |")
+    for v, r in out["runs"].items():
+        loss = r["validation_loss"]
+        log(f"| {names.get(v, v)} | {r['tokens_per_s']:.0f} | {loss:.4f} |" if loss else
+            f"| {names.get(v, v)} | {r['tokens_per_s']:.0f} | — |")
+    json.dump(out, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
