@@ -7,6 +7,7 @@
 #include <optional>
 #include <system_error>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/checkpoint.h"
 #include "agent/engine/data.h"
@@ -157,6 +158,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   const auto t_data = Clock::now();
   E::manual_seed(job.seed());
   auto model = build_model(*job.model(), {E::DType::Float32, options.device});
+  // Mixed precision for the whole run (training and evaluation); a no-op
+  // on the CPU.
+  std::optional<E::AutocastGuard> autocast;
+  if (job.precision() == proto::Precision::BFloat16) autocast.emplace(E::DType::BFloat16);
   auto optimizer = make_optimizer(job, model->named_parameters());
   const auto t_model = Clock::now();
   std::optional<Clock::time_point> t_first_step;

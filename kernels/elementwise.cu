@@ -255,6 +255,8 @@ LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 LEASEHOLD_INSTANTIATE(int64_t)
 #undef LEASEHOLD_INSTANTIATE
+template void strided_copy<bfloat16>(bfloat16*, const Strided&, const bfloat16*, const Strided&,
+                                     int64_t, cudaStream_t);
 template void bias_activation<float>(float*, const float*, int64_t, int64_t, bool, cudaStream_t);
 template void bias_activation<double>(double*, const double*, int64_t, int64_t, bool,
                                       cudaStream_t);
@@ -264,6 +266,8 @@ template void uniform_fill<float>(float*, int64_t, double, double, uint64_t, cud
 template void uniform_fill<double>(double*, int64_t, double, double, uint64_t, cudaStream_t);
 #define LEASEHOLD_CONVERT(To, From) \
   template void convert<To, From>(To*, const From*, int64_t, cudaStream_t);
+LEASEHOLD_CONVERT(float, bfloat16)
+LEASEHOLD_CONVERT(bfloat16, float)
 LEASEHOLD_CONVERT(float, double)
 LEASEHOLD_CONVERT(double, float)
 LEASEHOLD_CONVERT(float, int64_t)

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/bfloat16.h"
 #include "kernels/elementwise_ops.h"
 #include "kernels/strided.h"
 

@@ -50,11 +50,15 @@ LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 LEASEHOLD_INSTANTIATE(int64_t)
 #undef LEASEHOLD_INSTANTIATE
+template void strided_copy<bfloat16>(bfloat16*, const Strided&, const bfloat16*, const Strided&,
+                                     int64_t);
 template void dropout_mask<float>(float*, int64_t, double, uint64_t);
 template void dropout_mask<double>(double*, int64_t, double, uint64_t);
 template void uniform_fill<float>(float*, int64_t, double, double, uint64_t);
 template void uniform_fill<double>(double*, int64_t, double, double, uint64_t);
 #define LEASEHOLD_CONVERT(To, From) template void convert<To, From>(To*, const From*, int64_t);
+LEASEHOLD_CONVERT(float, bfloat16)
+LEASEHOLD_CONVERT(bfloat16, float)
 LEASEHOLD_CONVERT(float, double)
 LEASEHOLD_CONVERT(double, float)
 LEASEHOLD_CONVERT(float, int64_t)

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/bfloat16.h"
+
 #ifdef LEASEHOLD_HAVE_CUDA
 #include <cublas_v2.h>
 #endif
@@ -32,6 +34,10 @@ namespace cuda {
 template <class T>
 void gemm(cublasHandle_t handle, const GemmShape& s, T alpha, const T* a, const T* b, T beta,
           T* c, bool tf32);
+// Mixed precision: bfloat16 A and B on tensor cores, float32 accumulation
+// and C (one product: s.batch must be 1).
+void gemm_bf16(cublasHandle_t handle, const GemmShape& s, float alpha, const bfloat16* a,
+               const bfloat16* b, float beta, float* c);
 }
 #endif
 

@@ -193,6 +193,7 @@ const char* dtype_name(DType t) {
     case DType::Float32: return "float32";
     case DType::Float64: return "float64";
     case DType::Int64: return "int64";
+    case DType::BFloat16: return "bfloat16";
   }
   return "?";
 }

@@ -24,7 +24,7 @@ namespace {
 
 // shared/safetensors.cpp reads these bytes as element types.
 static_assert(static_cast<uint8_t>(DType::Float32) == 0 && static_cast<uint8_t>(DType::Float64) == 1 &&
-              static_cast<uint8_t>(DType::Int64) == 2);
+              static_cast<uint8_t>(DType::Int64) == 2 && static_cast<uint8_t>(DType::BFloat16) == 3);
 
 // Appends are at most this large, so that saving holds one chunk and one
 // tensor's host copy in memory rather than a copy of the whole checkpoint.
@@ -188,7 +188,7 @@ nn::NamedTensors load(const std::string& path, FileSystem& fs, size_t max_bytes)
     std::string name(len, '\0');
     r.bytes(name.data(), len, "name");
     uint8_t dt = r.get<uint8_t>("dtype");
-    if (dt > static_cast<uint8_t>(DType::Int64)) throw std::runtime_error(path + ": bad dtype");
+    if (dt > static_cast<uint8_t>(DType::BFloat16)) throw std::runtime_error(path + ": bad dtype");
     uint32_t ndim = r.get<uint32_t>("rank");
     if (ndim > 8) throw std::runtime_error(path + ": implausible rank");
     Shape dims(ndim);

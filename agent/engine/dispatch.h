@@ -22,14 +22,25 @@ decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
   }
 }
 
+// The types operators compute in (bfloat16 is storage only: dtype.h).
 template <class F>
 decltype(auto) dispatch_all(DType t, F&& f) {
   switch (t) {
     case DType::Float32: return f(float{});
     case DType::Float64: return f(double{});
     case DType::Int64: return f(int64_t{});
+    case DType::BFloat16: break;
   }
-  throw std::invalid_argument("unknown dtype");
+  throw std::invalid_argument(std::string("dtype ") + dtype_name(t) +
+                              " is storage only here: convert to float32 with to(), or use "
+                              "it through autocast (agent/engine/autocast.h)");
+}
+
+// Every type, bfloat16 included: for copies, which only move elements.
+template <class F>
+decltype(auto) dispatch_storage(DType t, F&& f) {
+  if (t == DType::BFloat16) return f(bfloat16{});
+  return dispatch_all(t, std::forward<F>(f));
 }
 
 // The tensor's own layout (offset 0: pass data<T>(), which includes it).

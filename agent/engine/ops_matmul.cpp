@@ -1,6 +1,7 @@
 // Matrix products through OpenBLAS (CPU) and cuBLAS (CUDA).
 #include <stdexcept>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
 #include "agent/engine/ops.h"
@@ -47,6 +48,25 @@ Tensor gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t batch, i
   return out;
 }
 
+// out [m, n] (float32) = op(A) op(B) for bfloat16 A and B on tensor cores.
+Tensor gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t m, int64_t n,
+                  int64_t k, Shape out_shape) {
+  kernels::GemmShape s;
+  s.trans_a = ta;
+  s.trans_b = tb;
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  s.lda = ta ? m : k;
+  s.ldb = tb ? k : n;
+  s.ldc = n;
+  Tensor out = empty(out_shape, TensorOptions{}.with(DType::Float32).on(a.device()));
+  LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(cublas_handle(a.device().index), s, 1.0f,
+                                                       a.data<bfloat16>(), b.data<bfloat16>(),
+                                                       0.0f, out.data<float>()));
+  return out;
+}
+
 // Forward and backward both reduce to: 3-D batched x (3-D or shared 2-D).
 struct MatmulBackward final : Node {
   SavedTensor a, b;  // contiguous
@@ -77,9 +97,10 @@ struct MatmulBackward final : Node {
 };
 
 struct LinearBackward final : Node {
-  SavedTensor x, w;  // contiguous
+  SavedTensor x, w;  // contiguous; bfloat16 copies when `mixed`
   SavedTensor y;      // the output, when a ReLU was fused in (its mask)
   bool relu = false;
+  bool mixed = false;  // autocast: bfloat16 GEMMs with float32 results
   const char* name() const override { return "LinearBackward"; }
   std::vector<Tensor> apply(const Tensor& g_in) override {
     Tensor X = x.get(), W = w.get(), g = g_in.contiguous();
@@ -106,6 +127,12 @@ struct LinearBackward final : Node {
       if (!want_b) gb = Tensor();
     } else if (want_b) {
       gb = sum(g, {0});
+    }
+    if (mixed) {
+      const Tensor g16 = g.to(DType::BFloat16);
+      if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, X.sizes());
+      if (next[1].fn) gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes());
+      return {gx, gw, gb};
     }
     if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, X.sizes());
     if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
@@ -143,9 +170,20 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     // On the CPU the bias goes in first and the GEMM adds to it.
     if (b.defined() && !cuda) out.copy_(b.reshape({1, out_features}).expand(out.sizes()));
   }
+  // Autocast: the GEMM in bfloat16 (the copies are what backward keeps).
+  const bool mixed = autocast_dtype(x.device()) == DType::BFloat16 && x.dtype() == DType::Float32;
+  if (mixed) {
+    NoGradGuard no_grad;
+    x = x.to(DType::BFloat16);
+    w = w.to(DType::BFloat16);
+  }
   // out [n, out] = x [n, in] · wᵀ, w read as stored ([out, in]).
-  gemm_into(out, b.defined() && !cuda ? 1.0 : 0.0, x, false, w, true, 1, n, out_features, in,
-            false, false);
+  if (mixed) {
+    out = gemm_mixed(x, false, w, true, n, out_features, in, out.sizes());
+  } else {
+    gemm_into(out, b.defined() && !cuda ? 1.0 : 0.0, x, false, w, true, 1, n, out_features, in,
+              false, false);
+  }
   if (cuda && (b.defined() || then_relu)) {
     detail::dispatch_floating(out.dtype(), "linear", [&](auto tag) {
       using T = decltype(tag);
@@ -158,6 +196,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     auto node = std::make_shared<LinearBackward>();
     node->x = SavedTensor(x);
     node->w = SavedTensor(w);
+    node->mixed = mixed;
     if (then_relu) {
       node->y = SavedTensor(out);
       node->relu = true;

@@ -75,6 +75,7 @@ T* Tensor::data() const {
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
 template int64_t* Tensor::data<int64_t>() const;
+template bfloat16* Tensor::data<bfloat16>() const;
 
 bool Tensor::requires_grad() const { return impl_->requires_grad || impl_->grad_fn != nullptr; }
 
@@ -206,7 +207,7 @@ void Tensor::copy_(const Tensor& src) {
   }
   if (source.impl() == impl_) return;
   Tensor& self = *this;
-  detail::dispatch_all(dtype(), [&](auto tag) {
+  detail::dispatch_storage(dtype(), [&](auto tag) {
     using T = decltype(tag);
     auto dv = detail::strided_of(self), sv = detail::strided_of(source);
     if (device().is_cuda()) {
@@ -235,6 +236,32 @@ Tensor Tensor::to(Device device) const {
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
+  if (target == DType::BFloat16 || dtype() == DType::BFloat16) {
+    // bfloat16 converts to and from float32 only; other types go through it.
+    if (dtype() != DType::Float32 && dtype() != DType::BFloat16) {
+      return to(DType::Float32).to(target);
+    }
+    if (target != DType::Float32 && target != DType::BFloat16) {
+      return to(DType::Float32).to(target);
+    }
+    const Tensor src = contiguous();
+    Tensor out = empty(sizes(), {target, device()});
+    const bool down = target == DType::BFloat16;
+    if (device().is_cuda()) {
+      LEASEHOLD_CUDA_OR(
+          "to(dtype)",
+          down ? kernels::cuda::convert<bfloat16, float>(out.data<bfloat16>(), src.data<float>(),
+                                                         numel(), detail::stream_of(out))
+               : kernels::cuda::convert<float, bfloat16>(out.data<float>(),
+                                                         src.data<bfloat16>(), numel(),
+                                                         detail::stream_of(out)));
+    } else if (down) {
+      kernels::cpu::convert<bfloat16, float>(out.data<bfloat16>(), src.data<float>(), numel());
+    } else {
+      kernels::cpu::convert<float, bfloat16>(out.data<float>(), src.data<bfloat16>(), numel());
+    }
+    return out;
+  }
   Tensor src = contiguous();
   Tensor out = empty(sizes(), {target, device()});
   int64_t n = numel();
@@ -272,6 +299,7 @@ double Tensor::item() const {
     throw std::invalid_argument("item() of a tensor with " + std::to_string(numel()) +
                                 " elements");
   }
+  if (dtype() == DType::BFloat16) return detach().to(DType::Float32).item();
   return detail::dispatch_all(dtype(), [&](auto tag) {
     using T = decltype(tag);
     return static_cast<double>(detach().to_vector<T>()[0]);

@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--corpus-dir", help="read the job's files from this folder instead (same names)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30, help="PyTorch steps left out of its rate")
-    p.add_argument("--variants", default="leasehold,fp32,bf16,compile")
+    p.add_argument("--variants", default="leasehold,leasehold-bf16,fp32,bf16,compile")
     p.add_argument("--pool-size", default="16GiB")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
@@ -64,7 +64,8 @@ def log(*a):
 
 # ---- Leasehold ----
 
-def run_leasehold(args, job):
+def run_leasehold(args, job, precision="Float32"):
+    job = dict(job, precision=precision)
     tmp = tempfile.mkdtemp(prefix="text-gpt-bench-")
     path = os.path.join(tmp, "job.json")
     with open(path, "w") as f:
@@ -254,11 +255,18 @@ def main(argv=None):
         pass
     for v in args.variants.split(","):
         log(f"text_gpt_bench: {v} ...")
-        r = run_leasehold(args, job) if v == "leasehold" else run_torch(args, job, v)
+        if v == "leasehold":
+            r = run_leasehold(args, job)
+        elif v == "leasehold-bf16":
+            r = run_leasehold(args, job, "BFloat16")
+        else:
+            r = run_torch(args, job, v)
         out["runs"][v] = r
         log(f"text_gpt_bench: {v}: {r['tokens_per_s']:.0f} tokens/s, validation loss "
             f"{r['validation_loss']}")
-    names = {"leasehold": "Leasehold engine (fp32)", "fp32": "PyTorch eager fp32",
+    names = {"leasehold": "Leasehold engine (fp32)",
+             "leasehold-bf16": "Leasehold engine (bf16 GEMMs, fp32 rest)",
+             "fp32": "PyTorch eager fp32",
              "bf16": "PyTorch eager bf16 autocast + SDPA", "compile": "PyTorch torch.compile bf16"}
     log("| run | tokens/s | validation loss |")
     log("| --- | ---: | ---: |")

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/cuda_context.h"
 #include "agent/engine/data.h"
@@ -157,6 +158,71 @@ TEST_F(CudaOps, ClipGradNormAndAdamWMatchTheCpu) {
   }
   EXPECT_LE(max_rel_diff(wg, wc), 1e-5);
   EXPECT_LE(max_rel_diff(bg, bc), 1e-5);
+}
+
+// bfloat16 conversions on the device give the CPU's bits.
+TEST_F(CudaOps, BFloat16ConversionsMatchTheCpu) {
+  manual_seed(34);
+  Tensor x = mul(randn({1000, 37}), 100.0);
+  auto host = x.to(DType::BFloat16).to(DType::Float32).to_vector<float>();
+  auto device = x.to(Device::cuda()).to(DType::BFloat16).to(DType::Float32).to_vector<float>();
+  EXPECT_EQ(host, device);
+}
+
+// Autocast: a linear layer's GEMMs in bfloat16 on tensor cores. With inputs
+// (and the incoming gradient) that bfloat16 holds exactly, the products are
+// exact and only the order of float32 sums differs from the CPU: a tight
+// bound, and ReLU masks that agree (with rounded inputs a mask could flip
+// wherever an output is near 0, changing the gradients there by whole
+// values). Then a GPT block on ordinary inputs, within bfloat16's precision.
+TEST_F(CudaOps, AutocastLinearAndBlockTrackFloat32) {
+  for (bool then_relu : {false, true}) {
+    for (bool with_bias : {false, true}) {
+      SCOPED_TRACE(std::string(then_relu ? "relu" : "no relu") + (with_bias ? ", bias" : ""));
+      manual_seed(35);
+      auto exact = [](const Tensor& t) { return t.to(DType::BFloat16).to(DType::Float32); };
+      Tensor x0 = exact(randn({300, 96})), w0 = exact(mul(randn({200, 96}), 0.1));
+      Tensor b0 = randn({200});
+      Tensor xc = x0.clone().set_requires_grad(true), wc = w0.clone().set_requires_grad(true);
+      Tensor bc = b0.clone().set_requires_grad(true);
+      Tensor xg = x0.to(Device::cuda()).set_requires_grad(true);
+      Tensor wg = w0.to(Device::cuda()).set_requires_grad(true);
+      Tensor bg = b0.to(Device::cuda()).set_requires_grad(true);
+      Tensor r = exact(randn({300, 200}));
+      Tensor yc = linear(xc, wc, with_bias ? bc : Tensor(), then_relu);
+      Tensor yg;
+      {
+        AutocastGuard autocast(DType::BFloat16);
+        yg = linear(xg, wg, with_bias ? bg : Tensor(), then_relu);
+      }
+      EXPECT_EQ(yg.dtype(), DType::Float32);
+      EXPECT_LE(max_rel_diff(yg, yc), 1e-5);
+      sum(mul(yc, r)).backward();
+      sum(mul(yg, r.to(Device::cuda()))).backward();  // outside the guard: still mixed
+      EXPECT_LE(max_rel_diff(xg.grad(), xc.grad()), 1e-5);
+      EXPECT_LE(max_rel_diff(wg.grad(), wc.grad()), 1e-5);
+      if (with_bias) EXPECT_LE(max_rel_diff(bg.grad(), bc.grad()), 1e-5);
+    }
+  }
+
+  // The mixed path is taken: a product bfloat16 cannot hold exactly comes
+  // out rounded.
+  {
+    Tensor a = from_vector<float>({1.0f + 0x1p-12f}, {1, 1}).to(Device::cuda());
+    Tensor one = ones({1, 1}).to(Device::cuda());
+    AutocastGuard autocast(DType::BFloat16);
+    EXPECT_EQ(linear(a, one, Tensor()).item(), 1.0);
+  }
+
+  manual_seed(36);
+  nn::TransformerBlock block(64, 4, 0.0, 2);
+  Tensor h = randn({2, 40, 64});
+  Tensor ref = block.forward(h);
+  block.to(Device::cuda());
+  AutocastGuard autocast(DType::BFloat16);
+  Tensor got = block.forward(h.to(Device::cuda()));
+  EXPECT_LE(max_rel_diff(got, ref), 5e-2);
+  EXPECT_THROW(AutocastGuard(DType::Float64), std::invalid_argument);
 }
 
 TEST_F(CudaOps, Elementwise) {

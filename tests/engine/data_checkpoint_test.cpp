@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -169,6 +172,52 @@ TEST_F(TempDir, CheckpointRoundTripAndRestore) {
   EXPECT_EQ(target.to_vector<float>(), saved[0].second.to_vector<float>());
   EXPECT_THROW(checkpoint::restore(loaded, {{"w", zeros({4, 3})}}), std::invalid_argument);
   EXPECT_THROW(checkpoint::restore(loaded, {{"nope", zeros({1})}}), std::invalid_argument);
+}
+
+// bfloat16: conversions round to nearest even and keep NaN and infinities;
+// views copy; checkpoints keep the bits; operators that compute refuse it
+// by name.
+TEST_F(TempDir, BFloat16ConvertsCopiesAndCheckpoints) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: even is 1. 1 + 3·2^-8 lies
+  // halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6.
+  Tensor x = from_vector<float>({1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.5f, 3.0e38f, inf,
+                                 std::nanf(""), 0x1p-130f},
+                                {8});
+  Tensor b = x.to(DType::BFloat16);
+  EXPECT_EQ(b.dtype(), DType::BFloat16);
+  EXPECT_EQ(b.storage_offset(), 0);
+  auto back = b.to(DType::Float32).to_vector<float>();
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], 1.0f);
+  EXPECT_EQ(back[2], 1.0f + 0x1p-6f);
+  EXPECT_EQ(back[3], -2.5f);
+  EXPECT_NEAR(back[4], 3.0e38f, 3.0e38f / 128);
+  EXPECT_EQ(back[5], inf);
+  EXPECT_TRUE(std::isnan(back[6]));
+  EXPECT_EQ(back[7], 0x1p-130f) << "subnormals stay";
+  EXPECT_EQ(b.narrow(0, 3, 1).item(), -2.5);
+  // float64 and int64 go through float32.
+  EXPECT_EQ(from_vector<double>({0.5, 7.0}, {2}).to(DType::BFloat16).to(DType::Int64)
+                .to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 7}));
+  // A strided view copies element by element.
+  Tensor m = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).to(DType::BFloat16);
+  EXPECT_EQ(m.transpose(0, 1).contiguous().to(DType::Float32).to_vector<float>(),
+            (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  checkpoint::save(path("bf"), {{"b", b}});
+  auto loaded = checkpoint::load(path("bf"));
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].second.dtype(), DType::BFloat16);
+  auto again = loaded[0].second.to(DType::Float32).to_vector<float>();
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(again[i], back[i]) << i;
+  try {
+    add(b, b);
+    ADD_FAILURE() << "bfloat16 arithmetic without autocast";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bfloat16 is storage only"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(TempDir, CheckpointSurvivesACrashMidWriteAndDetectsCorruption) {
