@@ -196,7 +196,19 @@ std::string dataset_region_name(const proto::JobSpec& job) {
 JobData load_text(const proto::JobSpec& job) {
   const auto* ds = job.dataset();
   std::vector<std::string> paths;
-  for (const auto* f : *ds->files()) paths.push_back(f->str());
+  uint64_t total_bytes = 0;
+  for (const auto* f : *ds->files()) {
+    paths.push_back(f->str());
+    std::error_code ec;
+    total_bytes += std::filesystem::file_size(paths.back(), ec);
+  }
+  // Checked again here: the files may have grown since the job was queued.
+  const uint64_t budget = job_memory_budget(job);
+  if (total_bytes > budget / (4 * kTextBytesPerToken)) {
+    throw std::runtime_error("dataset.files: " + std::to_string(total_bytes) +
+                             " bytes of text are too many for memory_budget " +
+                             std::to_string(budget) + " (16 bytes a token as samples)");
+  }
   E::AllocatorGuard host(E::cpu_allocator());
   const std::vector<uint8_t> bytes = E::data::read_text_files(paths);
   const auto total = static_cast<int64_t>(bytes.size());

@@ -74,16 +74,19 @@ Evaluation evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Devic
   // Text samples are whole sequences: fewer at a time.
   E::data::BatchIterator it(test, text ? 16 : 1000, false, 0);
   E::Tensor x, y;
-  E::Tensor correct = E::zeros({}, {E::DType::Float32, device});
-  E::Tensor loss_sum = E::zeros({}, {E::DType::Float32, device});
+  // (float64 sums: exact counts and no drift over many tokens)
+  E::Tensor correct = E::zeros({}, {E::DType::Float64, device});
+  E::Tensor loss_sum = E::zeros({}, {E::DType::Float64, device});
   double predictions = 0;
   while (it.next(x, y, device)) {
     E::Tensor out = model(x);
     const int64_t classes = out.size(-1);
     E::Tensor flat = out.reshape({-1, classes}), labels = y.reshape({-1});
     const auto n = static_cast<double>(labels.numel());
-    correct = E::add(correct, E::sum(E::eq(E::argmax(flat, 1), labels)).to(E::DType::Float32));
-    if (text) loss_sum = E::add(loss_sum, E::mul(E::cross_entropy(flat, labels), n));
+    correct = E::add(correct, E::sum(E::eq(E::argmax(flat, 1), labels)).to(E::DType::Float64));
+    if (text) {
+      loss_sum = E::add(loss_sum, E::mul(E::cross_entropy(flat, labels).to(E::DType::Float64), n));
+    }
     predictions += n;
   }
   model.train();

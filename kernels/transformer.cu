@@ -127,12 +127,15 @@ __global__ void layer_norm_dwdb_final_kernel(T* dw, T* db, const T* partial, int
 
 template <class T>
 __global__ void embedding_forward_kernel(T* out, const T* weight, const int64_t* index,
-                                         int64_t n, int64_t dim) {
+                                         int64_t n, int64_t vocab, int64_t dim) {
   const int64_t total = n * dim;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = e / dim, c = e % dim;
-    out[e] = weight[index[i] * dim + c];
+    const int64_t row = index[i];
+    // An index out of range (which the engine cannot check on the device
+    // without waiting) reads no memory outside the table: its row is zeros.
+    out[e] = row >= 0 && row < vocab ? weight[row * dim + c] : T(0);
   }
 }
 
@@ -176,8 +179,8 @@ __global__ void attention_forward_kernel(T* o, T* lse, const T* q, const T* k, c
                                          int t, int d, T scale, bool causal) {
   constexpr int Tile = kTile<T, D>;
   __shared__ T ks[Tile][D], vs[Tile][D];
-  const int64_t head = blockIdx.y;
-  const int row0 = blockIdx.x * kRowsPerBlock;
+  const int64_t head = blockIdx.x;
+  const int row0 = blockIdx.y * kRowsPerBlock;
   const int i = row0 + threadIdx.x;
   const T* qh = q + head * t * d;
   const T* kh = k + head * t * d;
@@ -243,8 +246,8 @@ __global__ void attention_dq_kernel(T* dq, const T* dout, const T* q, const T* k
                                     bool causal) {
   constexpr int Tile = kTile<T, D>;
   __shared__ T ks[Tile][D], vs[Tile][D];
-  const int64_t head = blockIdx.y;
-  const int row0 = blockIdx.x * kRowsPerBlock;
+  const int64_t head = blockIdx.x;
+  const int row0 = blockIdx.y * kRowsPerBlock;
   const int i = row0 + threadIdx.x;
   const int64_t base = head * t * d;
   T qr[D], dor[D], acc[D];
@@ -295,8 +298,8 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
                                       T scale, bool causal) {
   constexpr int Tile = kTile<T, D>;
   __shared__ T qs[Tile][D], dos[Tile][D], ls[Tile], ds_[Tile];
-  const int64_t head = blockIdx.y;
-  const int row0 = blockIdx.x * kRowsPerBlock;
+  const int64_t head = blockIdx.x;
+  const int row0 = blockIdx.y * kRowsPerBlock;
   const int j = row0 + threadIdx.x;
   const int64_t base = head * t * d;
   T kr[D], vr[D], ak[D], av[D];
@@ -363,13 +366,14 @@ void with_head_size(int64_t d, F&& f) {
                               " is over the CUDA kernels' " + std::to_string(kMaxCudaHeadSize));
 }
 
+// Heads in x (up to 2^31 - 1 blocks), row blocks in y (up to 65535).
 dim3 attention_grid(int64_t heads, int64_t t) {
-  if (heads > 65535) {
-    throw std::invalid_argument("attention: " + std::to_string(heads) +
-                                " batch × heads is over the 65535 the CUDA kernels take");
+  const int64_t row_blocks = (t + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (heads > 2147483647 || row_blocks > 65535) {
+    throw std::invalid_argument("attention: " + std::to_string(heads) + " batch × heads of " +
+                                std::to_string(t) + " tokens is over what the CUDA kernels take");
   }
-  return dim3(static_cast<unsigned>((t + kRowsPerBlock - 1) / kRowsPerBlock),
-              static_cast<unsigned>(heads));
+  return dim3(static_cast<unsigned>(heads), static_cast<unsigned>(row_blocks));
 }
 
 }  // namespace
@@ -405,10 +409,10 @@ void layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const T* d
 
 template <class T>
 void embedding_forward(Stream s, T* out, const T* weight, const int64_t* index, int64_t n,
-                       int64_t dim) {
+                       int64_t vocab, int64_t dim) {
   if (n * dim == 0) return;
   embedding_forward_kernel<T><<<grid_for(n * dim), kBlock, 0, as_cuda(s)>>>(out, weight, index,
-                                                                            n, dim);
+                                                                            n, vocab, dim);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -465,7 +469,8 @@ void attention_backward(Stream s, T* dq, T* dk, T* dv, T* workspace, const T* do
                                       int64_t, double);                                         \
   template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
                                        const T*, const T*, int64_t, int64_t);                   \
-  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t);    \
+  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,     \
+                                     int64_t);                                                  \
   template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
                                       int64_t);                                                 \
   template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*, int64_t,      \

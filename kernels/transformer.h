@@ -40,13 +40,13 @@ inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return h
   void layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const T* dy,          \
                            const T* x, const T* w, const T* mean, const T* rstd,              \
                            int64_t rows, int64_t cols);                                       \
-  /* out[i] = weight[index[i]] for rows of `dim`. REQUIRES: indices in [0, vocab)             \
-     (the engine checks on the CPU; on CUDA the caller guarantees them). */                   \
+  /* out[i] = weight[index[i]] for rows of `dim`. The engine checks indices on the CPU;      \
+     on CUDA an index outside [0, vocab) gives a row of zeros and reads nothing. */           \
   template <class T>                                                                          \
   void embedding_forward(Stream s, T* out, const T* weight, const int64_t* index, int64_t n,  \
-                         int64_t dim);                                                        \
+                         int64_t vocab, int64_t dim);                                         \
   /* dweight [vocab, dim] = sum over i with index[i] == v of g[i], in the order of i          \
-     (deterministic, no atomics). */                                                          \
+     (deterministic, no atomics; indices out of range add nowhere). */                       \
   template <class T>                                                                          \
   void embedding_backward(Stream s, T* dweight, const T* g, const int64_t* index, int64_t n,  \
                           int64_t vocab, int64_t dim);                                        \

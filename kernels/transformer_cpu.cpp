@@ -55,7 +55,7 @@ void layer_norm_backward(Stream, T* dx, T* dw, T* db, T*, const T* dy, const T* 
 
 template <class T>
 void embedding_forward(Stream, T* out, const T* weight, const int64_t* index, int64_t n,
-                       int64_t dim) {
+                       int64_t, int64_t dim) {
   for (int64_t i = 0; i < n; ++i) std::copy_n(weight + index[i] * dim, dim, out + i * dim);
 }
 
@@ -144,7 +144,8 @@ void attention_backward(Stream, T* dq, T* dk, T* dv, T* workspace, const T* dout
                                       int64_t, double);                                         \
   template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
                                        const T*, const T*, int64_t, int64_t);                   \
-  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t);    \
+  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,     \
+                                     int64_t);                                                  \
   template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
                                       int64_t);                                                 \
   template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*, int64_t,      \

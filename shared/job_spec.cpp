@@ -121,6 +121,16 @@ std::string str_or(const flatbuffers::String* s, const std::string& fallback = "
 void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input, int64_t classes,
                  const std::string& labels, std::vector<std::string>& p) {
   auto shapes = infer_layer_shapes(*job.model(), input, p);
+  if (is_text_dataset(job) && job.model()->size() > 0) {
+    const proto::Layer& first = *job.model()->Get(0);
+    if (first.type() != proto::LayerType::Embedding) {
+      p.push_back("model[0]: a text model starts with an Embedding of the " +
+                  std::to_string(kTextVocabulary) + " byte values");
+    } else if (first.in() < kTextVocabulary) {
+      p.push_back("model[0] (Embedding): in is " + std::to_string(first.in()) +
+                  ", but the text's tokens are bytes: make it " + std::to_string(kTextVocabulary));
+    }
+  }
   if (shapes.size() == job.model()->size() && is_text_dataset(job)) {
     const auto& last = shapes.back();
     if (last.size() != 2 || last[0] != input[0] || last[1] < kTextVocabulary) {
@@ -233,7 +243,7 @@ std::string in_quotes(const std::string& text) { return "'" + printable(text) + 
 // A text dataset: its files (regular, readable, with checks_files), a
 // context in [1, kMaxTextContext], a held-out fraction in (0, 1) that
 // leaves both parts at least one sample long; no image fields.
-void check_text_dataset(const proto::DatasetSpec& d, bool check_files,
+void check_text_dataset(const proto::DatasetSpec& d, bool check_files, uint64_t budget,
                         std::vector<std::string>& p) {
   if (d.train_images() || d.train_labels() || d.test_images() || d.test_labels() ||
       d.directory()) {
@@ -252,6 +262,7 @@ void check_text_dataset(const proto::DatasetSpec& d, bool check_files,
   }
   if (!check_files) return;
   uint64_t total = 0;
+  bool files_ok = true;
   for (flatbuffers::uoffset_t i = 0; i < d.files()->size(); ++i) {
     const std::string path = d.files()->Get(i)->str();
     const std::string field = "dataset.files[" + std::to_string(i) + "]: ";
@@ -259,16 +270,26 @@ void check_text_dataset(const proto::DatasetSpec& d, bool check_files,
     const auto status = std::filesystem::status(path, ec);
     if (ec || !std::filesystem::exists(status)) {
       p.push_back(field + in_quotes(path) + " does not exist");
+      files_ok = false;
     } else if (!std::filesystem::is_regular_file(status)) {
       p.push_back(field + in_quotes(path) + " is not a regular file");
+      files_ok = false;
     } else if (std::FILE* f = std::fopen(path.c_str(), "rb"); !f) {
       p.push_back(field + in_quotes(path) + " cannot be read");
+      files_ok = false;
     } else {
       std::fclose(f);
       total += std::filesystem::file_size(path, ec);
     }
   }
-  if (!p.empty() || d.context() < 1) return;
+  if (!files_ok || d.context() < 1) return;
+  // Each token is held as an input and a target (8 bytes each), on a GPU in
+  // the job's memory: the corpus must fit the budget with room to train.
+  if (budget && total > budget / (4 * kTextBytesPerToken)) {
+    p.push_back("dataset.files: " + format_bytes(total) + " of text take " +
+                format_bytes(total * kTextBytesPerToken) + " as samples, over a quarter of " +
+                "memory_budget " + format_bytes(budget) + "; raise the budget or use less text");
+  }
   // Each part needs a sample: context tokens and one more as the target.
   const uint64_t held = static_cast<uint64_t>(static_cast<double>(total) * d.validation_fraction());
   const uint64_t need = static_cast<uint64_t>(d.context()) + 1;
@@ -537,6 +558,10 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
       p.push_back("optimizer.min_lr: a cosine schedule needs a positive floor (e.g. lr / 10)");
     }
     if (o->clip_grad_norm() < 0) p.push_back("optimizer.clip_grad_norm: must not be negative");
+    if (job.steps() > 0 && o->warmup_steps() >= job.steps()) {
+      p.push_back("optimizer.warmup_steps: " + std::to_string(o->warmup_steps()) +
+                  " is not fewer than the job's " + std::to_string(job.steps()) + " steps");
+    }
     if (o->type() == proto::OptimizerType::AdamW && o->lr() * o->weight_decay() >= 1) {
       p.push_back("optimizer.weight_decay: lr × weight_decay must be under 1 for AdamW");
     }
@@ -612,7 +637,13 @@ void validate_job(const proto::JobSpec& job, const ValidationOptions& options) {
     }
   }
   if (d && is_text_dataset(job)) {
-    check_text_dataset(*d, options.check_files, p);
+    uint64_t budget = 0;
+    try {
+      budget = job_memory_budget(job, options.pool_bytes);
+    } catch (const std::exception&) {
+      // (named under memory_budget above)
+    }
+    check_text_dataset(*d, options.check_files, budget, p);
     // (The model is checked against the context even without the files.)
     if (d->context() >= 1 && d->context() <= kMaxTextContext) input = {d->context()};
     classes = kTextVocabulary;

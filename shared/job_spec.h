@@ -46,6 +46,9 @@ bool is_text_dataset(const proto::JobSpec& job);
 // Tokens a text sample holds at most, and the vocabulary (bytes).
 inline constexpr int64_t kMaxTextContext = 8192;
 inline constexpr int64_t kTextVocabulary = 256;
+// Bytes a token of a text corpus takes as samples: an int64 input and an
+// int64 target.
+inline constexpr uint64_t kTextBytesPerToken = 16;
 
 // The coordinator's limits on one job's length (its options max_epochs
 // and max_steps, named in the error a job over them gets).

@@ -14,8 +14,8 @@ namespace {
 // values (checked there) are the element-type bytes.
 constexpr char kMagic[8] = {'L', 'H', 'C', 'K', 'P', 'T', '\r', '\n'};
 constexpr uint32_t kVersion = 1;
-constexpr const char* kDTypes[] = {"F32", "F64", "I64"};
-constexpr size_t kDTypeBytes[] = {4, 8, 8};
+constexpr const char* kDTypes[] = {"F32", "F64", "I64", "BF16"};
+constexpr size_t kDTypeBytes[] = {4, 8, 8, 2};
 constexpr uint32_t kMaxDims = 8;
 
 class Reader {

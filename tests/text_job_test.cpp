@@ -197,20 +197,62 @@ TEST_F(TextJobTest, TrainsReportsValidationLossAndResumes) {
   // Samples of a text job are tokens.
   EXPECT_GT(r.samples_per_second, 0);
 
-  // Resumed for a third epoch from the checkpoint, which also replays the
-  // second epoch's report with its validation loss.
-  auto more = make(3);
-  JobRunOptions again;
-  again.device = engine::Device::cpu();
-  std::vector<EpochReport> reported;
-  again.on_epoch = [&](const EpochReport& e) { reported.push_back(e); };
-  JobResult r2 = run_job(*verify_job(more), again);
-  EXPECT_EQ(r2.resumed_from_epoch, 2);
-  ASSERT_EQ(reported.size(), 2u);
-  EXPECT_EQ(reported[0].epoch, 2);
-  EXPECT_DOUBLE_EQ(reported[0].validation_loss, epochs[1].validation_loss);
-  EXPECT_EQ(reported[1].epoch, 3);
-  EXPECT_GT(reported[1].validation_loss, 0);
+}
+
+// A run stopped after its first epoch and resumed from the checkpoint ends
+// exactly as the run that was never stopped: parameters, AdamW's state, the
+// schedule's position and the data order all come back.
+TEST_F(TextJobTest, AResumedRunEndsBitForBitAsAnUninterruptedOne) {
+  auto run = [&](const std::string& ck, bool stop_after_first) {
+    fs::create_directories(ck);
+    auto buf = parse_job_json(
+        job_json(R"(, "epochs": 2, "checkpoint": {"directory": ")" + ck + R"("})"), "t.json");
+    std::vector<EpochReport> epochs;
+    JobRunOptions o;
+    o.device = engine::Device::cpu();
+    o.on_epoch = [&](const EpochReport& e) { epochs.push_back(e); };
+    o.should_stop = [&] { return stop_after_first && !epochs.empty(); };
+    try {
+      run_job(*verify_job(buf), o);
+    } catch (const JobCancelled&) {
+    }
+    return epochs;
+  };
+  const auto straight = run(dir + "/a", false);
+  ASSERT_EQ(straight.size(), 2u);
+  const auto stopped = run(dir + "/b", true);
+  ASSERT_EQ(stopped.size(), 1u);
+  const auto resumed = run(dir + "/b", false);
+  ASSERT_EQ(resumed.size(), 2u) << "the replayed first epoch, then the second";
+  EXPECT_EQ(resumed[0].epoch, 1);
+  EXPECT_EQ(resumed[1].epoch, 2);
+  // Bit for bit: the same losses to the last digit.
+  EXPECT_EQ(resumed[1].train_loss, straight[1].train_loss);
+  EXPECT_EQ(resumed[1].validation_loss, straight[1].validation_loss);
+  EXPECT_EQ(resumed[1].test_accuracy, straight[1].test_accuracy);
+}
+
+TEST_F(TextJobTest, TheEmbeddingCoversEveryByteAndTheCorpusFitsTheBudget) {
+  std::string e = problems(job_json(
+      R"(, "steps": 10)",
+      R"([{"type": "Embedding", "in": 128, "out": 32, "context": 32},
+          {"type": "Linear", "in": 32, "out": 256}])"));
+  EXPECT_NE(e.find("model[0] (Embedding): in is 128, but the text's tokens are bytes: make it 256"),
+            std::string::npos)
+      << e;
+  e = problems(job_json(R"(, "steps": 10)",
+                        R"([{"type": "Linear", "in": 32, "out": 256}])"));
+  EXPECT_NE(e.find("a text model starts with an Embedding"), std::string::npos) << e;
+  // 42,550 bytes of text are 681 kB as samples: over a quarter of 1 MiB.
+  std::string small = job_json(R"(, "steps": 10)");
+  small.replace(small.find(R"("256MiB")"), 8, R"("1MiB")");
+  e = problems(small);
+  EXPECT_NE(e.find("over a quarter of memory_budget"), std::string::npos) << e;
+  std::string warm = job_json(R"(, "steps": 5)");
+  e = problems(warm);
+  EXPECT_NE(e.find("optimizer.warmup_steps: 5 is not fewer than the job's 5 steps"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
   const char* name() const override { return "AccumulateGrad"; }
+  bool saves_tensors() const override { return false; }
   std::vector<Tensor> apply(const Tensor& g) override {
     Tensor leaf(leaf_);
     Tensor incoming = g;
@@ -40,8 +41,13 @@ class AccumulateGrad final : public Node {
 
 Edge gradient_edge(const Tensor& t) {
   if (t.grad_fn()) return {t.grad_fn()};
-  if (t.impl()->requires_grad) return {std::make_shared<AccumulateGrad>(t.impl())};
-  return {};
+  if (!t.impl()->requires_grad) return {};
+  std::shared_ptr<Node> acc = t.impl()->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl());
+    t.impl()->grad_accumulator = acc;
+  }
+  return {acc};
 }
 
 }  // namespace
@@ -159,7 +165,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
             "'s saved tensors were freed); pass retain_graph=true to the first backward");
       }
       grads = node->apply(g);
-      if (!retain_graph) {
+      if (!retain_graph && node->saves_tensors()) {
         node->release_saved();
         node->released = true;
       }

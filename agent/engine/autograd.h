@@ -33,6 +33,9 @@ class Node {
   virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
   // Frees saved tensors once backward has used them.
   virtual void release_saved() {}
+  // Whether it keeps tensors for backward (a second backward through it
+  // then needs retain_graph); a leaf's accumulator keeps none.
+  virtual bool saves_tensors() const { return true; }
   std::vector<Edge> next;
   bool released = false;
 };

@@ -114,7 +114,8 @@ Tensor dropout(const Tensor& x, double p, bool training);
 // Rows of `weight` [vocab, dim] at `index` (int64, any shape on weight's
 // device): [index sizes..., dim]. Differentiable in `weight`; its gradient
 // is a deterministic scatter-add (the same bits every run). An index out of
-// [0, vocab) throws on the CPU; on CUDA the caller guarantees them.
+// [0, vocab) throws on the CPU; on CUDA (where checking would wait for the
+// device) its row is zeros and nothing outside the table is read.
 Tensor embedding(const Tensor& weight, const Tensor& index);
 // (x - mean) / sqrt(var + eps) * weight + bias over the last dimension of
 // x (biased variance, as PyTorch); weight and bias [C] (C = x's last size).

@@ -142,7 +142,8 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   detail::dispatch_floating(weight.dtype(), "embedding", [&](auto tag) {
     using T = decltype(tag);
     kEmbeddingForward<T>(weight.device())(stream_for(weight.device()), out.data<T>(),
-                                          w.data<T>(), idx.data<int64_t>(), idx.numel(), dim);
+                                          w.data<T>(), idx.data<int64_t>(), idx.numel(), vocab,
+                                          dim);
   });
   if (any_requires_grad({&weight})) {
     auto node = std::make_shared<EmbeddingBackward>();

@@ -37,6 +37,10 @@ struct TensorImpl {
   bool requires_grad = false;            // leaves only; results use grad_fn
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<Node> grad_fn;
+  // A leaf's one gradient accumulator while a graph uses it: every use of
+  // the leaf in a graph (a weight tied to two layers) feeds the same node,
+  // so its gradient is summed first and accumulated once.
+  std::weak_ptr<Node> grad_accumulator;
 };
 
 class Tensor {

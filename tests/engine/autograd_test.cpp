@@ -111,6 +111,29 @@ TEST(Autograd, SavedTensorsRoundTripThroughHooks) {
   EXPECT_EQ(plain, hooked) << "gradients must not change when saved tensors leave and return";
 }
 
+// A leaf used twice in one graph (a weight tied to two layers) gets one
+// summed gradient, reported ready once: a data-parallel job all-reduces it
+// once.
+TEST(Autograd, ALeafUsedTwiceAccumulatesOnce) {
+  Tensor w = from_vector<double>({1.0, 2.0}, {2}).set_requires_grad(true);
+  int ready = 0;
+  {
+    GradientReadyGuard hook([&](const Tensor& leaf) {
+      ++ready;
+      EXPECT_EQ(leaf.impl(), w.impl());
+    });
+    add(sum(mul(w, 3.0)), sum(mul(w, w))).backward();  // d/dw = 3 + 2w
+  }
+  EXPECT_EQ(ready, 1);
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{5.0, 7.0}));
+  // A second graph over the same leaf, built while the first is alive,
+  // backpropagates too (the accumulator keeps no tensors to free).
+  Tensor a = sum(mul(w, 2.0)), b = sum(mul(w, 4.0));
+  a.backward();
+  b.backward();
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{11.0, 13.0}));
+}
+
 TEST(Autograd, ErrorsNameTheOperator) {
   try {
     add(ones({2, 3}), ones({4}));
