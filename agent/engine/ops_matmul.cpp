@@ -12,10 +12,8 @@
 namespace leasehold::engine {
 namespace {
 
-// out = op(A) op(B) + beta · out for contiguous row-major operands, batched
-// when batch > 1. A batch stride of 0 reuses one matrix across the batch.
-void gemm_into(Tensor& out, double beta, const Tensor& a, bool ta, const Tensor& b, bool tb,
-               int64_t batch, int64_t m, int64_t n, int64_t k, bool a_batched, bool b_batched) {
+// One product op(A) [m, k] · op(B) [k, n] of contiguous row-major operands.
+kernels::GemmShape gemm_shape(bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
   kernels::GemmShape s;
   s.trans_a = ta;
   s.trans_b = tb;
@@ -25,6 +23,14 @@ void gemm_into(Tensor& out, double beta, const Tensor& a, bool ta, const Tensor&
   s.lda = ta ? m : k;
   s.ldb = tb ? k : n;
   s.ldc = n;
+  return s;
+}
+
+// out = op(A) op(B) + beta · out for contiguous row-major operands, batched
+// when batch > 1. A batch stride of 0 reuses one matrix across the batch.
+void gemm_into(Tensor& out, double beta, const Tensor& a, bool ta, const Tensor& b, bool tb,
+               int64_t batch, int64_t m, int64_t n, int64_t k, bool a_batched, bool b_batched) {
+  kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
   s.batch = batch;
   s.stride_a = a_batched ? m * k : 0;
   s.stride_b = b_batched ? k * n : 0;
@@ -51,15 +57,7 @@ Tensor gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t batch, i
 // out [m, n] (float32) = op(A) op(B) for bfloat16 A and B on tensor cores.
 Tensor gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t m, int64_t n,
                   int64_t k, Shape out_shape) {
-  kernels::GemmShape s;
-  s.trans_a = ta;
-  s.trans_b = tb;
-  s.m = m;
-  s.n = n;
-  s.k = k;
-  s.lda = ta ? m : k;
-  s.ldb = tb ? k : n;
-  s.ldc = n;
+  const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
   Tensor out = empty(out_shape, TensorOptions{}.with(DType::Float32).on(a.device()));
   LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(cublas_handle(a.device().index), s, 1.0f,
                                                        a.data<bfloat16>(), b.data<bfloat16>(),
@@ -161,7 +159,11 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
   if (then_relu && !(cuda && n <= kernels::kMaxColumnRows)) {
     return relu(linear(x_in, w_in, bias));
   }
-  Tensor x, w, b, out = empty({n, out_features}, x_in.options());
+  // Autocast: the GEMM in bfloat16 (the copies are what backward keeps).
+  const bool mixed =
+      autocast_dtype(x_in.device()) == DType::BFloat16 && x_in.dtype() == DType::Float32;
+  // (The mixed GEMM makes its own float32 output.)
+  Tensor x, w, b, out = mixed ? Tensor() : empty({n, out_features}, x_in.options());
   {
     NoGradGuard no_grad;
     x = x_in.contiguous();
@@ -170,8 +172,6 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     // On the CPU the bias goes in first and the GEMM adds to it.
     if (b.defined() && !cuda) out.copy_(b.reshape({1, out_features}).expand(out.sizes()));
   }
-  // Autocast: the GEMM in bfloat16 (the copies are what backward keeps).
-  const bool mixed = autocast_dtype(x.device()) == DType::BFloat16 && x.dtype() == DType::Float32;
   if (mixed) {
     NoGradGuard no_grad;
     x = x.to(DType::BFloat16);
@@ -179,7 +179,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
   }
   // out [n, out] = x [n, in] · wᵀ, w read as stored ([out, in]).
   if (mixed) {
-    out = gemm_mixed(x, false, w, true, n, out_features, in, out.sizes());
+    out = gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features});
   } else {
     gemm_into(out, b.defined() && !cuda ? 1.0 : 0.0, x, false, w, true, 1, n, out_features, in,
               false, false);
