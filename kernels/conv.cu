@@ -117,7 +117,8 @@ __global__ void col2im32_kernel(T* __restrict__ dx, const T* __restrict__ dcol, 
 }  // namespace
 
 template <class T>
-void im2col(T* col, const T* x, const ConvGeometry& g, cudaStream_t stream) {
+void im2col(Stream queue, T* col, const T* x, const ConvGeometry& g) {
+  cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.kh * g.kw * g.oh() * g.ow();
   if (total == 0) return;
   if (total < kFits32 && g.n * g.c * g.h * g.w < kFits32) {
@@ -129,7 +130,8 @@ void im2col(T* col, const T* x, const ConvGeometry& g, cudaStream_t stream) {
 }
 
 template <class T>
-void col2im(T* dx, const T* dcol, const ConvGeometry& g, cudaStream_t stream) {
+void col2im(Stream queue, T* dx, const T* dcol, const ConvGeometry& g) {
+  cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.h * g.w;
   if (total == 0) return;
   if (total < kFits32 && g.n * g.c * g.kh * g.kw * g.oh() * g.ow() < kFits32) {
@@ -141,7 +143,8 @@ void col2im(T* dx, const T* dcol, const ConvGeometry& g, cudaStream_t stream) {
 }
 
 template <class T>
-void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g, cudaStream_t stream) {
+void max_pool(Stream queue, T* out, int64_t* argmax, const T* x, const PoolGeometry& g) {
+  cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.oh() * g.ow();
   if (total == 0) return;
   max_pool_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, g, total);
@@ -149,8 +152,9 @@ void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g, cudaSt
 }
 
 template <class T>
-void max_pool_backward_disjoint(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
-                                cudaStream_t stream) {
+void max_pool_backward_disjoint(Stream queue, T* dx, const T* dout, const int64_t* argmax,
+                                const PoolGeometry& g) {
+  cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.h * g.w;
   if (total == 0) return;
   max_pool_backward_gather_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g,
@@ -159,24 +163,20 @@ void max_pool_backward_disjoint(T* dx, const T* dout, const int64_t* argmax, con
 }
 
 template <class T>
-void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
-                       cudaStream_t stream) {
+void max_pool_backward(Stream queue, T* dx, const T* dout, const int64_t* argmax,
+                       const PoolGeometry& g) {
+  cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.oh() * g.ow();
   if (total == 0) return;
   max_pool_backward_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, total);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                          \
-  template void im2col<T>(T*, const T*, const ConvGeometry&, cudaStream_t);               \
-  template void col2im<T>(T*, const T*, const ConvGeometry&, cudaStream_t);               \
-  template void max_pool<T>(T*, int64_t*, const T*, const PoolGeometry&, cudaStream_t);   \
-  template void max_pool_backward<T>(T*, const T*, const int64_t*, const PoolGeometry&,   \
-                                     cudaStream_t);                                       \
-  template void max_pool_backward_disjoint<T>(T*, const T*, const int64_t*,               \
-                                              const PoolGeometry&, cudaStream_t);
-LEASEHOLD_INSTANTIATE(float)
-LEASEHOLD_INSTANTIATE(double)
-#undef LEASEHOLD_INSTANTIATE
+LEASEHOLD_CONV_INSTANCES_OF(float)
+LEASEHOLD_CONV_INSTANCES_OF(double)
+template void max_pool_backward_disjoint<float>(Stream, float*, const float*, const int64_t*,
+                                                const PoolGeometry&);
+template void max_pool_backward_disjoint<double>(Stream, double*, const double*, const int64_t*,
+                                                 const PoolGeometry&);
 
 }  // namespace leasehold::kernels::cuda

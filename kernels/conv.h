@@ -15,10 +15,8 @@
 #include <cstdint>
 
 #include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
+#include "kernels/stream.h"
 
-#ifdef LEASEHOLD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace leasehold::kernels {
 
@@ -79,55 +77,59 @@ LEASEHOLD_HOST_DEVICE inline int64_t direct_weight_elements(int64_t image, int64
 }
 }  // namespace detail
 
-namespace cpu {
-template <class T>
-void im2col(T* col, const T* x, const ConvGeometry& g);
-// dx = col2im(dcol): sums every column entry back into its input position.
-template <class T>
-void col2im(T* dx, const T* dcol, const ConvGeometry& g);
-template <class T>
-void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g);
-// dx (zeroed by the caller) += gradient routed to each window's argmax.
-template <class T>
-void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g);
-}  // namespace cpu
+#define LEASEHOLD_CONV_KERNELS(NS)                                                            \
+  namespace NS {                                                                             \
+  template <class T>                                                                         \
+  void im2col(Stream s, T* col, const T* x, const ConvGeometry& g);                          \
+  /* dx = col2im(dcol): sums every column entry back into its input position. */            \
+  template <class T>                                                                         \
+  void col2im(Stream s, T* dx, const T* dcol, const ConvGeometry& g);                        \
+  template <class T>                                                                         \
+  void max_pool(Stream s, T* out, int64_t* argmax, const T* x, const PoolGeometry& g);       \
+  /* dx (zeroed by the caller) += gradient routed to each window's argmax. */                \
+  template <class T>                                                                         \
+  void max_pool_backward(Stream s, T* dx, const T* dout, const int64_t* argmax,              \
+                         const PoolGeometry& g);                                             \
+  }
 
+// Explicit instantiations, expanded in conv_cpu.cpp and conv.cu.
+#define LEASEHOLD_CONV_INSTANCES_OF(T)                                                    \
+  template void im2col<T>(Stream, T*, const T*, const ConvGeometry&);                    \
+  template void col2im<T>(Stream, T*, const T*, const ConvGeometry&);                    \
+  template void max_pool<T>(Stream, T*, int64_t*, const T*, const PoolGeometry&);        \
+  template void max_pool_backward<T>(Stream, T*, const T*, const int64_t*, const PoolGeometry&);
+
+LEASEHOLD_CONV_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA
+LEASEHOLD_CONV_KERNELS(cuda)
+// CUDA only: the fast paths the engine picks by plan on a GPU.
 namespace cuda {
+// max_pool_backward for windows that do not overlap (stride >= k), into a
+// dx that needs no zeroing: every element is written.
 template <class T>
-void im2col(T* col, const T* x, const ConvGeometry& g, cudaStream_t stream);
-template <class T>
-void col2im(T* dx, const T* dcol, const ConvGeometry& g, cudaStream_t stream);
-template <class T>
-void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g, cudaStream_t stream);
-template <class T>
-void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
-                       cudaStream_t stream);
-// The same for windows that do not overlap (stride >= k), into a dx that
-// needs no zeroing: every element is written.
-template <class T>
-void max_pool_backward_disjoint(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g,
-                                cudaStream_t stream);
+void max_pool_backward_disjoint(Stream s, T* dx, const T* dout, const int64_t* argmax,
+                                const PoolGeometry& g);
 
 // The direct kernels (plan_direct_conv(...).fits must hold). `w` is
 // [O, C, KH, KW]; `bias` [O] or null. Outputs are written whole (no zeroing
 // needed). `relu`: the output is relu(conv); its backward then passes the
 // forward output as `mask` (dout counts where mask > 0), else null.
 template <class T>
-void conv2d_direct(T* out, const T* x, const T* w, const T* bias, const ConvGeometry& g,
-                   int64_t out_channels, bool relu, cudaStream_t stream);
+void conv2d_direct(Stream s, T* out, const T* x, const T* w, const T* bias,
+                   const ConvGeometry& g, int64_t out_channels, bool relu);
 template <class T>
-void conv2d_direct_backward_input(T* dx, const T* dout, const T* mask, const T* w,
+void conv2d_direct_backward_input(Stream s, T* dx, const T* dout, const T* mask, const T* w,
                                   const ConvGeometry& g, int64_t out_channels,
-                                  const DirectConvPlan& plan, cudaStream_t stream);
+                                  const DirectConvPlan& plan);
 // partial: [plan.partial_rows(), O*C*KH*KW + O]: per row the weight
 // gradient, then the bias's.
 template <class T>
-void conv2d_direct_backward_weight(T* partial, const T* x, const T* dout, const T* mask,
-                                   const ConvGeometry& g, int64_t out_channels,
-                                   const DirectConvPlan& plan, cudaStream_t stream);
+void conv2d_direct_backward_weight(Stream s, T* partial, const T* x, const T* dout,
+                                   const T* mask, const ConvGeometry& g, int64_t out_channels,
+                                   const DirectConvPlan& plan);
 }  // namespace cuda
 #endif
+#undef LEASEHOLD_CONV_KERNELS
 
 // One element of each, shared by the CPU loops and the CUDA kernels.
 namespace detail {

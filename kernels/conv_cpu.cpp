@@ -5,7 +5,7 @@ namespace leasehold::kernels::cpu {
 // The CPU loops walk the col matrix in order with no divisions; they compute
 // what detail::im2col_at / col2im_at (used by the CUDA kernels) define.
 template <class T>
-void im2col(T* col, const T* x, const ConvGeometry& g) {
+void im2col(Stream, T* col, const T* x, const ConvGeometry& g) {
   const int64_t oh = g.oh(), ow = g.ow();
   T* out = col;
   for (int64_t n = 0; n < g.n; ++n) {
@@ -32,7 +32,7 @@ void im2col(T* col, const T* x, const ConvGeometry& g) {
 }
 
 template <class T>
-void col2im(T* dx, const T* dcol, const ConvGeometry& g) {
+void col2im(Stream, T* dx, const T* dcol, const ConvGeometry& g) {
   const int64_t oh = g.oh(), ow = g.ow();
   for (int64_t i = 0; i < g.n * g.c * g.h * g.w; ++i) dx[i] = T(0);
   const T* in = dcol;
@@ -60,25 +60,20 @@ void col2im(T* dx, const T* dcol, const ConvGeometry& g) {
 }
 
 template <class T>
-void max_pool(T* out, int64_t* argmax, const T* x, const PoolGeometry& g) {
+void max_pool(Stream, T* out, int64_t* argmax, const T* x, const PoolGeometry& g) {
   int64_t total = g.n * g.c * g.oh() * g.ow();
   for (int64_t i = 0; i < total; ++i) detail::max_pool_at(out, argmax, x, g, i);
 }
 
 template <class T>
-void max_pool_backward(T* dx, const T* dout, const int64_t* argmax, const PoolGeometry& g) {
+void max_pool_backward(Stream, T* dx, const T* dout, const int64_t* argmax,
+                       const PoolGeometry& g) {
   int64_t per_plane = g.oh() * g.ow();
   int64_t total = g.n * g.c * per_plane;
   for (int64_t i = 0; i < total; ++i) dx[(i / per_plane) * g.h * g.w + argmax[i]] += dout[i];
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                   \
-  template void im2col<T>(T*, const T*, const ConvGeometry&);                      \
-  template void col2im<T>(T*, const T*, const ConvGeometry&);                      \
-  template void max_pool<T>(T*, int64_t*, const T*, const PoolGeometry&);          \
-  template void max_pool_backward<T>(T*, const T*, const int64_t*, const PoolGeometry&);
-LEASEHOLD_INSTANTIATE(float)
-LEASEHOLD_INSTANTIATE(double)
-#undef LEASEHOLD_INSTANTIATE
+LEASEHOLD_CONV_INSTANCES_OF(float)
+LEASEHOLD_CONV_INSTANCES_OF(double)
 
 }  // namespace leasehold::kernels::cpu

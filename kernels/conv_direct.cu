@@ -335,17 +335,19 @@ void launch_convolution(T* out, const T* x, const T* mask, const T* w, const T* 
 }  // namespace
 
 template <class T>
-void conv2d_direct(T* out, const T* x, const T* w, const T* bias, const ConvGeometry& g,
-                   int64_t out_channels, bool relu, cudaStream_t stream) {
+void conv2d_direct(Stream queue, T* out, const T* x, const T* w, const T* bias,
+                   const ConvGeometry& g, int64_t out_channels, bool relu) {
+  cudaStream_t stream = as_cuda(queue);
   Direct d = direct_of(g, out_channels);
   d.relu = relu;
   launch_convolution<T>(out, x, nullptr, w, bias, d, g.n, stream);
 }
 
 template <class T>
-void conv2d_direct_backward_input(T* dx, const T* dout, const T* mask, const T* w,
+void conv2d_direct_backward_input(Stream queue, T* dx, const T* dout, const T* mask, const T* w,
                                   const ConvGeometry& g, int64_t out_channels,
-                                  const DirectConvPlan& plan, cudaStream_t stream) {
+                                  const DirectConvPlan& plan) {
+  cudaStream_t stream = as_cuda(queue);
   if (plan.input_as_convolution) {
     launch_convolution<T>(dx, dout, mask, w, nullptr, input_gradient_of(g, out_channels), g.n,
                           stream);
@@ -359,9 +361,10 @@ void conv2d_direct_backward_input(T* dx, const T* dout, const T* mask, const T* 
 }
 
 template <class T>
-void conv2d_direct_backward_weight(T* partial, const T* x, const T* dout, const T* mask,
-                                   const ConvGeometry& g, int64_t out_channels,
-                                   const DirectConvPlan& plan, cudaStream_t stream) {
+void conv2d_direct_backward_weight(Stream queue, T* partial, const T* x, const T* dout,
+                                   const T* mask, const ConvGeometry& g, int64_t out_channels,
+                                   const DirectConvPlan& plan) {
+  cudaStream_t stream = as_cuda(queue);
   const Direct d = direct_of(g, out_channels);
   const Split s{int(plan.images_per_group), int(plan.rows_per_slice), int(plan.slices)};
   const int64_t items = (d.o + kGradBlock - 1) / kGradBlock * d.ckk();
@@ -376,15 +379,15 @@ void conv2d_direct_backward_weight(T* partial, const T* x, const T* dout, const 
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                                \
-  template void conv2d_direct<T>(T*, const T*, const T*, const T*, const ConvGeometry&, int64_t, \
-                                 bool, cudaStream_t);                                            \
-  template void conv2d_direct_backward_input<T>(T*, const T*, const T*, const T*,                \
-                                                const ConvGeometry&, int64_t,                    \
-                                                const DirectConvPlan&, cudaStream_t);            \
-  template void conv2d_direct_backward_weight<T>(T*, const T*, const T*, const T*,               \
-                                                 const ConvGeometry&, int64_t,                   \
-                                                 const DirectConvPlan&, cudaStream_t);
+#define LEASEHOLD_INSTANTIATE(T)                                                             \
+  template void conv2d_direct<T>(Stream, T*, const T*, const T*, const T*, const ConvGeometry&, \
+                                 int64_t, bool);                                              \
+  template void conv2d_direct_backward_input<T>(Stream, T*, const T*, const T*, const T*,     \
+                                                const ConvGeometry&, int64_t,                 \
+                                                const DirectConvPlan&);                       \
+  template void conv2d_direct_backward_weight<T>(Stream, T*, const T*, const T*, const T*,    \
+                                                 const ConvGeometry&, int64_t,                \
+                                                 const DirectConvPlan&);
 LEASEHOLD_INSTANTIATE(float)
 LEASEHOLD_INSTANTIATE(double)
 #undef LEASEHOLD_INSTANTIATE

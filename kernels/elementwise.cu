@@ -151,8 +151,8 @@ __global__ void convert_kernel(To* out, const From* in, int64_t n) {
 }  // namespace
 
 template <class T>
-void unary(UnaryOp op, T s, T* out, const T* in, const Strided& iv, int64_t n,
-           cudaStream_t stream) {
+void unary(Stream queue, UnaryOp op, T s, T* out, const T* in, const Strided& iv, int64_t n) {
+  cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
   constexpr int kLanes = Word<T>::kLanes;
   if (iv.contiguous && iv.offset == 0 && aligned16(out) && aligned16(in)) {
@@ -174,8 +174,9 @@ void unary(UnaryOp op, T s, T* out, const T* in, const Strided& iv, int64_t n,
 }
 
 template <class T>
-void binary(BinaryOp op, T s, T* out, const T* a, const Strided& av, const T* b,
-            const Strided& bv, int64_t n, cudaStream_t stream) {
+void binary(Stream queue, BinaryOp op, T s, T* out, const T* a, const Strided& av, const T* b,
+            const Strided& bv, int64_t n) {
+  cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
   constexpr int kLanes = Word<T>::kLanes;
   if (av.contiguous && bv.contiguous && av.offset == 0 && bv.offset == 0 && aligned16(out) &&
@@ -200,8 +201,8 @@ void binary(BinaryOp op, T s, T* out, const T* a, const Strided& av, const T* b,
 }
 
 template <class T>
-void bias_activation(T* y, const T* bias, int64_t rows, int64_t columns, bool relu,
-                     cudaStream_t stream) {
+void bias_activation(Stream queue, T* y, const T* bias, int64_t rows, int64_t columns, bool relu) {
+  cudaStream_t stream = as_cuda(queue);
   if (rows * columns == 0) return;
   bias_activation_kernel<T><<<grid_for(rows * columns), kBlock, 0, stream>>>(y, bias, rows,
                                                                              columns, relu);
@@ -209,71 +210,48 @@ void bias_activation(T* y, const T* bias, int64_t rows, int64_t columns, bool re
 }
 
 template <class T>
-void fill(T* out, T value, int64_t n, cudaStream_t stream) {
+void fill(Stream queue, T* out, T value, int64_t n) {
+  cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
   fill_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, value, n);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
-void strided_copy(T* dst, const Strided& dv, const T* src, const Strided& sv, int64_t n,
-                  cudaStream_t stream) {
+void strided_copy(Stream queue, T* dst, const Strided& dv, const T* src, const Strided& sv,
+                  int64_t n) {
+  cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
   strided_copy_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(dst, dv, src, sv, n);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
-void dropout_mask(T* out, int64_t n, double p, uint64_t seed, cudaStream_t stream) {
+void dropout_mask(Stream queue, T* out, int64_t n, double p, uint64_t seed) {
+  cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
   dropout_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, n, p, seed);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
-void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed, cudaStream_t stream) {
+void uniform_fill(Stream queue, T* out, int64_t n, double low, double high, uint64_t seed) {
+  cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
   uniform_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, n, low, high - low, seed);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class To, class From>
-void convert(To* out, const From* in, int64_t n, cudaStream_t stream) {
+void convert(Stream queue, To* out, const From* in, int64_t n) {
+  cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
   convert_kernel<To, From><<<grid_for(n), kBlock, 0, stream>>>(out, in, n);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                              \
-  template void unary<T>(UnaryOp, T, T*, const T*, const Strided&, int64_t, cudaStream_t);    \
-  template void binary<T>(BinaryOp, T, T*, const T*, const Strided&, const T*,                \
-                          const Strided&, int64_t, cudaStream_t);                             \
-  template void fill<T>(T*, T, int64_t, cudaStream_t);                                       \
-  template void strided_copy<T>(T*, const Strided&, const T*, const Strided&, int64_t,        \
-                                cudaStream_t);
-LEASEHOLD_INSTANTIATE(float)
-LEASEHOLD_INSTANTIATE(double)
-LEASEHOLD_INSTANTIATE(int64_t)
-#undef LEASEHOLD_INSTANTIATE
-template void strided_copy<bfloat16>(bfloat16*, const Strided&, const bfloat16*, const Strided&,
-                                     int64_t, cudaStream_t);
-template void bias_activation<float>(float*, const float*, int64_t, int64_t, bool, cudaStream_t);
-template void bias_activation<double>(double*, const double*, int64_t, int64_t, bool,
-                                      cudaStream_t);
-template void dropout_mask<float>(float*, int64_t, double, uint64_t, cudaStream_t);
-template void dropout_mask<double>(double*, int64_t, double, uint64_t, cudaStream_t);
-template void uniform_fill<float>(float*, int64_t, double, double, uint64_t, cudaStream_t);
-template void uniform_fill<double>(double*, int64_t, double, double, uint64_t, cudaStream_t);
-#define LEASEHOLD_CONVERT(To, From) \
-  template void convert<To, From>(To*, const From*, int64_t, cudaStream_t);
-LEASEHOLD_CONVERT(float, bfloat16)
-LEASEHOLD_CONVERT(bfloat16, float)
-LEASEHOLD_CONVERT(float, double)
-LEASEHOLD_CONVERT(double, float)
-LEASEHOLD_CONVERT(float, int64_t)
-LEASEHOLD_CONVERT(double, int64_t)
-LEASEHOLD_CONVERT(int64_t, float)
-LEASEHOLD_CONVERT(int64_t, double)
-#undef LEASEHOLD_CONVERT
+LEASEHOLD_ELEMENTWISE_INSTANCES
+template void bias_activation<float>(Stream, float*, const float*, int64_t, int64_t, bool);
+template void bias_activation<double>(Stream, double*, const double*, int64_t, int64_t, bool);
 
 }  // namespace leasehold::kernels::cuda

@@ -1,69 +1,86 @@
 // Elementwise kernels. `out` is contiguous with `n` elements; inputs are
 // read through Strided views (broadcasting is stride 0). CPU versions run on
-// the calling thread; CUDA versions enqueue on `stream` and check the launch.
+// the calling thread; CUDA versions enqueue on the stream and check the
+// launch.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/bfloat16.h"
 #include "kernels/elementwise_ops.h"
+#include "kernels/stream.h"
 #include "kernels/strided.h"
 
-#ifdef LEASEHOLD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace leasehold::kernels {
 
-namespace cpu {
-template <class T>
-void unary(UnaryOp op, T scalar, T* out, const T* in, const Strided& iv, int64_t n);
-template <class T>
-void binary(BinaryOp op, T scalar, T* out, const T* a, const Strided& av, const T* b,
-            const Strided& bv, int64_t n);
-template <class T>
-void fill(T* out, T value, int64_t n);
-// dst[dv.at(i)] = src[sv.at(i)] for i < n: writes into a view.
-template <class T>
-void strided_copy(T* dst, const Strided& dv, const T* src, const Strided& sv, int64_t n);
-// out[i] = (uniform(seed, i) >= p) / (1 - p): the dropout scale mask.
-template <class T>
-void dropout_mask(T* out, int64_t n, double p, uint64_t seed);
-// out[i] = low + (high - low) * uniform(seed, i), in double, then rounded to
-// T: parameter initialisation, the same values on CPU and GPU.
-template <class T>
-void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed);
-// Converts between element types (float <-> double <-> int64).
-template <class To, class From>
-void convert(To* out, const From* in, int64_t n);
-}  // namespace cpu
+#define LEASEHOLD_ELEMENTWISE_KERNELS(NS)                                                     \
+  namespace NS {                                                                             \
+  template <class T>                                                                         \
+  void unary(Stream s, UnaryOp op, T scalar, T* out, const T* in, const Strided& iv,         \
+             int64_t n);                                                                     \
+  template <class T>                                                                         \
+  void binary(Stream s, BinaryOp op, T scalar, T* out, const T* a, const Strided& av,        \
+              const T* b, const Strided& bv, int64_t n);                                     \
+  template <class T>                                                                         \
+  void fill(Stream s, T* out, T value, int64_t n);                                           \
+  /* dst[dv.at(i)] = src[sv.at(i)] for i < n: writes into a view. */                         \
+  template <class T>                                                                         \
+  void strided_copy(Stream s, T* dst, const Strided& dv, const T* src, const Strided& sv,    \
+                    int64_t n);                                                              \
+  /* out[i] = (uniform(seed, i) >= p) / (1 - p): the dropout scale mask. */                  \
+  template <class T>                                                                         \
+  void dropout_mask(Stream s, T* out, int64_t n, double p, uint64_t seed);                   \
+  /* out[i] = low + (high - low) * uniform(seed, i), in double, then rounded to T:          \
+     parameter initialisation, the same values on CPU and GPU. */                            \
+  template <class T>                                                                         \
+  void uniform_fill(Stream s, T* out, int64_t n, double low, double high, uint64_t seed);    \
+  /* Converts between element types (float <-> double <-> int64, float <-> bfloat16). */    \
+  template <class To, class From>                                                            \
+  void convert(Stream s, To* out, const From* in, int64_t n);                                \
+  }
+
+// Explicit instantiations, expanded in elementwise_cpu.cpp and elementwise.cu.
+#define LEASEHOLD_ELEMENTWISE_INSTANCES_OF(T)                                                 \
+  template void unary<T>(Stream, UnaryOp, T, T*, const T*, const Strided&, int64_t);         \
+  template void binary<T>(Stream, BinaryOp, T, T*, const T*, const Strided&, const T*,       \
+                          const Strided&, int64_t);                                          \
+  template void fill<T>(Stream, T*, T, int64_t);                                             \
+  template void strided_copy<T>(Stream, T*, const Strided&, const T*, const Strided&, int64_t);
+#define LEASEHOLD_ELEMENTWISE_FLOATING_OF(T)                                                  \
+  template void dropout_mask<T>(Stream, T*, int64_t, double, uint64_t);                      \
+  template void uniform_fill<T>(Stream, T*, int64_t, double, double, uint64_t);
+#define LEASEHOLD_CONVERT_OF(To, From) \
+  template void convert<To, From>(Stream, To*, const From*, int64_t);
+#define LEASEHOLD_ELEMENTWISE_INSTANCES                                                        \
+  LEASEHOLD_ELEMENTWISE_INSTANCES_OF(float)                                                  \
+  LEASEHOLD_ELEMENTWISE_INSTANCES_OF(double)                                                 \
+  LEASEHOLD_ELEMENTWISE_INSTANCES_OF(int64_t)                                                \
+  template void strided_copy<bfloat16>(Stream, bfloat16*, const Strided&, const bfloat16*,   \
+                                       const Strided&, int64_t);                             \
+  LEASEHOLD_ELEMENTWISE_FLOATING_OF(float)                                                   \
+  LEASEHOLD_ELEMENTWISE_FLOATING_OF(double)                                                  \
+  LEASEHOLD_CONVERT_OF(float, bfloat16)                                                      \
+  LEASEHOLD_CONVERT_OF(bfloat16, float)                                                      \
+  LEASEHOLD_CONVERT_OF(float, double)                                                        \
+  LEASEHOLD_CONVERT_OF(double, float)                                                        \
+  LEASEHOLD_CONVERT_OF(float, int64_t)                                                       \
+  LEASEHOLD_CONVERT_OF(double, int64_t)                                                      \
+  LEASEHOLD_CONVERT_OF(int64_t, float)                                                       \
+  LEASEHOLD_CONVERT_OF(int64_t, double)
+
+LEASEHOLD_ELEMENTWISE_KERNELS(cpu)
 
 #ifdef LEASEHOLD_HAVE_CUDA
+LEASEHOLD_ELEMENTWISE_KERNELS(cuda)
 namespace cuda {
-template <class T>
-void unary(UnaryOp op, T scalar, T* out, const T* in, const Strided& iv, int64_t n,
-           cudaStream_t stream);
-template <class T>
-void binary(BinaryOp op, T scalar, T* out, const T* a, const Strided& av, const T* b,
-            const Strided& bv, int64_t n, cudaStream_t stream);
-template <class T>
-void fill(T* out, T value, int64_t n, cudaStream_t stream);
-template <class T>
-void strided_copy(T* dst, const Strided& dv, const T* src, const Strided& sv, int64_t n,
-                  cudaStream_t stream);
-template <class T>
-void dropout_mask(T* out, int64_t n, double p, uint64_t seed, cudaStream_t stream);
-template <class T>
-void uniform_fill(T* out, int64_t n, double low, double high, uint64_t seed, cudaStream_t stream);
-template <class To, class From>
-void convert(To* out, const From* in, int64_t n, cudaStream_t stream);
 // y[r, c] = y[r, c] + bias[c] for contiguous [rows, columns], then max(., 0)
 // when `relu`: a fully connected layer's epilogue after its GEMM, in one
-// pass. `bias` may be null.
+// pass (CUDA only: the CPU's GEMM adds the bias itself). `bias` may be null.
 template <class T>
-void bias_activation(T* y, const T* bias, int64_t rows, int64_t columns, bool relu,
-                     cudaStream_t stream);
+void bias_activation(Stream s, T* y, const T* bias, int64_t rows, int64_t columns, bool relu);
 }  // namespace cuda
 #endif
+#undef LEASEHOLD_ELEMENTWISE_KERNELS
 
 }  // namespace leasehold::kernels

@@ -29,8 +29,9 @@ void launch(void* out, const void* src, const int64_t* index, int64_t count, int
 
 }  // namespace
 
-void take_rows(void* out, const void* src, const int64_t* index, int64_t count,
-               int64_t row_bytes, cudaStream_t stream) {
+void take_rows(Stream queue, void* out, const void* src, const int64_t* index, int64_t count,
+               int64_t row_bytes) {
+  cudaStream_t stream = as_cuda(queue);
   if (count == 0 || row_bytes == 0) return;
   const bool wide = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(src) % 16 == 0;

@@ -6,26 +6,23 @@
 
 #include <cstdint>
 
-#ifdef LEASEHOLD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "kernels/stream.h"
 
 namespace leasehold::kernels {
 
-namespace cpu {
-// REQUIRES: every index in [0, rows of src) (the caller checks).
-void take_rows(void* out, const void* src, const int64_t* index, int64_t count,
-               int64_t row_bytes);
-}  // namespace cpu
-
+// REQUIRES: every index in [0, rows of src) (the caller builds or checks
+// them; nothing is checked on the device). `index` lives on the kernel's
+// device. On CUDA, rows move 16 bytes at a time when their size and the
+// pointers allow it.
+#define LEASEHOLD_GATHER_KERNELS(NS)                                                        \
+  namespace NS {                                                                           \
+  void take_rows(Stream s, void* out, const void* src, const int64_t* index, int64_t count, \
+                 int64_t row_bytes);                                                       \
+  }
+LEASEHOLD_GATHER_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA
-namespace cuda {
-// `index` in device memory. REQUIRES: every index in range (not checked on
-// the device: the caller builds the indices). Rows move 16 bytes at a time
-// when their size and the pointers allow it.
-void take_rows(void* out, const void* src, const int64_t* index, int64_t count,
-               int64_t row_bytes, cudaStream_t stream);
-}  // namespace cuda
+LEASEHOLD_GATHER_KERNELS(cuda)
 #endif
+#undef LEASEHOLD_GATHER_KERNELS
 
 }  // namespace leasehold::kernels

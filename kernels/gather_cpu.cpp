@@ -4,7 +4,7 @@
 
 namespace leasehold::kernels::cpu {
 
-void take_rows(void* out, const void* src, const int64_t* index, int64_t count,
+void take_rows(Stream, void* out, const void* src, const int64_t* index, int64_t count,
                int64_t row_bytes) {
   auto* o = static_cast<char*>(out);
   const auto* s = static_cast<const char*>(src);

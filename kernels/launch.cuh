@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <cuda_runtime_api.h>
+
+#include "kernels/stream.h"
 #include "shared/cuda_check.h"
 
 namespace leasehold::kernels {
@@ -26,6 +29,9 @@ struct alignas(16) Word {
   static constexpr int kLanes = 16 / sizeof(T);
   T v[kLanes];
 };
+
+// The CUDA stream behind a kernel's Stream argument.
+inline cudaStream_t as_cuda(Stream s) { return static_cast<cudaStream_t>(s); }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -9,9 +9,7 @@
 
 #include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
 
-#ifdef LEASEHOLD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "kernels/stream.h"
 
 namespace leasehold::kernels {
 
@@ -28,7 +26,8 @@ struct AdamParams {
 
 // Several parameters updated by one launch: a small model's step is short,
 // and a launch per parameter costs more than its update (LeNet: ten Adam
-// launches of about 4 us each on an H100). Passed to the kernel by value.
+// launches of about 4 us each on an H100). Passed to the kernel by value;
+// the CPU walks the same list.
 inline constexpr int kMaxFusedTensors = 16;
 template <class T>
 struct AdamTensors {
@@ -67,25 +66,25 @@ LEASEHOLD_HOST_DEVICE inline void adam_at(T* p, const T* g, T* m, T* v, const Ad
 }
 }  // namespace detail
 
-namespace cpu {
-template <class T>
-void sgd_step(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdParams& s);
-template <class T>
-void adam_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams& a);
-}  // namespace cpu
+#define LEASEHOLD_OPTIM_KERNELS(NS)                                                     \
+  namespace NS {                                                                       \
+  template <class T>                                                                   \
+  void sgd_step(Stream s, T* param, const T* grad, T* momentum_buf, int64_t n,         \
+                const SgdParams& p);                                                   \
+  /* One Adam update of up to kMaxFusedTensors tensors (one launch on CUDA). */        \
+  template <class T>                                                                   \
+  void adam_step_fused(Stream s, const AdamTensors<T>& t, const AdamParams& a);        \
+  }
 
+// Explicit instantiations, expanded in optim_cpu.cpp and optim.cu.
+#define LEASEHOLD_OPTIM_INSTANCES_OF(T)                                               \
+  template void sgd_step<T>(Stream, T*, const T*, T*, int64_t, const SgdParams&); \
+  template void adam_step_fused<T>(Stream, const AdamTensors<T>&, const AdamParams&);
+
+LEASEHOLD_OPTIM_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA
-namespace cuda {
-template <class T>
-void sgd_step(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdParams& s,
-              cudaStream_t stream);
-template <class T>
-void adam_step(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams& a,
-               cudaStream_t stream);
-// The same update for every tensor in `t`, in one launch.
-template <class T>
-void adam_step_fused(const AdamTensors<T>& t, const AdamParams& a, cudaStream_t stream);
-}  // namespace cuda
+LEASEHOLD_OPTIM_KERNELS(cuda)
 #endif
+#undef LEASEHOLD_OPTIM_KERNELS
 
 }  // namespace leasehold::kernels

@@ -291,7 +291,8 @@ __global__ void __launch_bounds__(32 * kColumnLanes) sum_columns_kernel(ColumnSu
 }  // namespace
 
 template <class T>
-void sum_columns(const ColumnSums<T>& s, cudaStream_t stream) {
+void sum_columns(Stream queue, const ColumnSums<T>& s) {
+  cudaStream_t stream = as_cuda(queue);
   if (s.columns == 0) return;
   const int64_t blocks = (s.columns + 31) / 32;
   if (blocks > 0x7fffffff) throw std::invalid_argument("sum_columns: too many columns");
@@ -304,8 +305,8 @@ void sum_columns(const ColumnSums<T>& s, cudaStream_t stream) {
 }
 
 template <class T>
-void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
-              cudaStream_t stream) {
+void sum_rows(Stream queue, T* out, const T* in, int64_t outer, int64_t inner, T* scratch) {
+  cudaStream_t stream = as_cuda(queue);
   if (outer == 0) return;
   const bool words = inner % Word<T>::kLanes == 0 && aligned16(in);
   if (inner <= kShortRow) {
@@ -344,16 +345,18 @@ void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
 }
 
 template <class T>
-void max_rows(T* values, int64_t* indices, const T* in, int64_t outer, int64_t inner,
-              cudaStream_t stream) {
+void max_rows(Stream queue, T* values, int64_t* indices, const T* in, int64_t outer,
+              int64_t inner) {
+  cudaStream_t stream = as_cuda(queue);
   if (outer == 0) return;
   max_rows_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(values, indices, in, outer, inner);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
-void scatter_rows(T* out, const int64_t* indices, const T* values, int64_t outer, int64_t inner,
-                  cudaStream_t stream) {
+void scatter_rows(Stream queue, T* out, const int64_t* indices, const T* values, int64_t outer,
+                  int64_t inner) {
+  cudaStream_t stream = as_cuda(queue);
   if (outer == 0) return;
   scatter_rows_kernel<T><<<grid_for(outer), kBlock, 0, stream>>>(out, indices, values, outer,
                                                                  inner);
@@ -361,16 +364,17 @@ void scatter_rows(T* out, const int64_t* indices, const T* values, int64_t outer
 }
 
 template <class T>
-void softmax_rows(T* out, const T* in, int64_t outer, int64_t inner, bool log,
-                  cudaStream_t stream) {
+void softmax_rows(Stream queue, T* out, const T* in, int64_t outer, int64_t inner, bool log) {
+  cudaStream_t stream = as_cuda(queue);
   if (outer == 0) return;
   softmax_rows_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(out, in, outer, inner, log);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
-void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_t inner,
-                           bool log, cudaStream_t stream) {
+void softmax_backward_rows(Stream queue, T* gin, const T* g, const T* y, int64_t outer,
+                           int64_t inner, bool log) {
+  cudaStream_t stream = as_cuda(queue);
   if (outer == 0) return;
   softmax_backward_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(gin, g, y, outer, inner,
                                                                         log);
@@ -378,8 +382,9 @@ void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_
 }
 
 template <class T>
-void cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels, int64_t outer,
-                        int64_t inner, int64_t* bad, cudaStream_t stream) {
+void cross_entropy_rows(Stream queue, T* loss, T* lse, const T* logits, const int64_t* labels,
+                        int64_t outer, int64_t inner, int64_t* bad) {
+  cudaStream_t stream = as_cuda(queue);
   if (outer == 0) return;
   cross_entropy_kernel<T><<<row_grid(outer), kRowBlock, 0, stream>>>(loss, lse, logits, labels,
                                                                      outer, inner, bad);
@@ -387,33 +392,19 @@ void cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels,
 }
 
 template <class T>
-void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
-                                 T scale, const T* grad, int64_t outer, int64_t inner,
-                                 cudaStream_t stream) {
+void cross_entropy_backward_rows(Stream queue, T* gin, const T* logits, const T* lse,
+                                 const int64_t* labels, T scale, const T* grad, int64_t outer,
+                                 int64_t inner) {
+  cudaStream_t stream = as_cuda(queue);
   if (outer == 0) return;
   cross_entropy_backward_kernel<T><<<grid_for(outer * inner), kBlock, 0, stream>>>(
       gin, logits, lse, labels, scale, grad, outer, inner);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                              \
-  template void sum_rows<T>(T*, const T*, int64_t, int64_t, T*, cudaStream_t);                \
-  template void sum_columns<T>(const ColumnSums<T>&, cudaStream_t);                           \
-  template void max_rows<T>(T*, int64_t*, const T*, int64_t, int64_t, cudaStream_t);          \
-  template void scatter_rows<T>(T*, const int64_t*, const T*, int64_t, int64_t, cudaStream_t); \
-  template void softmax_rows<T>(T*, const T*, int64_t, int64_t, bool, cudaStream_t);          \
-  template void softmax_backward_rows<T>(T*, const T*, const T*, int64_t, int64_t, bool,      \
-                                         cudaStream_t);                                       \
-  template void cross_entropy_rows<T>(T*, T*, const T*, const int64_t*, int64_t, int64_t,     \
-                                      int64_t*,                                               \
-                                      cudaStream_t);                                          \
-  template void cross_entropy_backward_rows<T>(T*, const T*, const T*, const int64_t*, T,      \
-                                               const T*, int64_t, int64_t, cudaStream_t);
-LEASEHOLD_INSTANTIATE(float)
-LEASEHOLD_INSTANTIATE(double)
-#undef LEASEHOLD_INSTANTIATE
-template void sum_rows<int64_t>(int64_t*, const int64_t*, int64_t, int64_t, int64_t*,
-                                cudaStream_t);
-template void sum_columns<int64_t>(const ColumnSums<int64_t>&, cudaStream_t);
+LEASEHOLD_REDUCE_INSTANCES
+template void sum_columns<float>(Stream, const ColumnSums<float>&);
+template void sum_columns<double>(Stream, const ColumnSums<double>&);
+template void sum_columns<int64_t>(Stream, const ColumnSums<int64_t>&);
 
 }  // namespace leasehold::kernels::cuda

@@ -5,9 +5,7 @@
 
 #include <cstdint>
 
-#ifdef LEASEHOLD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "kernels/stream.h"
 
 namespace leasehold::kernels {
 
@@ -33,74 +31,79 @@ struct ColumnSums {
   int64_t tail_from = 0;
 };
 
-namespace cpu {
-// out[r] = sum of row r.
-template <class T>
-void sum_rows(T* out, const T* in, int64_t outer, int64_t inner);
-// values[r], indices[r] = maximum and its first index in row r.
-template <class T>
-void max_rows(T* values, int64_t* indices, const T* in, int64_t outer, int64_t inner);
-// out[r, indices[r]] += values[r], out being [outer, inner].
-template <class T>
-void scatter_rows(T* out, const int64_t* indices, const T* values, int64_t outer, int64_t inner);
-// softmax, or log_softmax when `log`, of each row.
-template <class T>
-void softmax_rows(T* out, const T* in, int64_t outer, int64_t inner, bool log);
-// Gradient from output grad g and forward output y: y * (g - sum(g * y)), or
-// for log_softmax g - exp(y) * sum(g).
-template <class T>
-void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_t inner,
-                           bool log);
-// loss[r] = logsumexp(row r) - logits[r, labels[r]], lse[r] = logsumexp(row r).
-// Returns how many labels lie outside [0, inner) (their loss is NaN), and
-// one of them in *bad_label when there are any.
-template <class T>
-int64_t cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels,
-                           int64_t outer, int64_t inner, int64_t* bad_label);
-// gin[r, c] = (exp(logits[r, c] - lse[r]) - (c == labels[r])) * scale · *grad
-// (the loss's incoming gradient, a scalar in the same memory).
-template <class T>
-void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
-                                 T scale, const T* grad, int64_t outer, int64_t inner);
-}  // namespace cpu
-
-#ifdef LEASEHOLD_HAVE_CUDA
-// The same functions enqueued on `stream`. cross_entropy_rows adds the
-// count of bad labels to bad[0] and stores one of them in bad[1] (two
-// device int64s). sum_rows needs sum_rows_scratch(outer, inner) elements of
-// device scratch (the caller's memory: a job's comes from its leases).
-namespace cuda {
-// Elements of one sum_rows pass over a row; longer rows are summed in two.
+// Elements of one CUDA sum_rows pass over a row; longer rows are summed in
+// two, through sum_rows_scratch(outer, inner) elements of scratch that the
+// caller allocates on the kernel's device (a job's come from its leases).
+// The CPU needs none and ignores it.
 inline constexpr int64_t kSumChunk = 16384;
 inline int64_t sum_rows_scratch(int64_t outer, int64_t inner) {
   const int64_t parts = (inner + kSumChunk - 1) / kSumChunk;
   return parts > 1 ? outer * parts : 0;
 }
+
+#define LEASEHOLD_REDUCE_KERNELS(NS)                                                          \
+  namespace NS {                                                                             \
+  /* out[r] = sum of row r. */                                                               \
+  template <class T>                                                                         \
+  void sum_rows(Stream s, T* out, const T* in, int64_t outer, int64_t inner, T* scratch);    \
+  /* values[r], indices[r] = maximum and its first index in row r. */                        \
+  template <class T>                                                                         \
+  void max_rows(Stream s, T* values, int64_t* indices, const T* in, int64_t outer,           \
+                int64_t inner);                                                              \
+  /* out[r, indices[r]] += values[r], out being [outer, inner]. */                          \
+  template <class T>                                                                         \
+  void scatter_rows(Stream s, T* out, const int64_t* indices, const T* values, int64_t outer, \
+                    int64_t inner);                                                          \
+  /* softmax, or log_softmax when `log`, of each row. */                                     \
+  template <class T>                                                                         \
+  void softmax_rows(Stream s, T* out, const T* in, int64_t outer, int64_t inner, bool log);  \
+  /* Gradient from output grad g and forward output y: y * (g - sum(g * y)), or for         \
+     log_softmax g - exp(y) * sum(g). */                                                     \
+  template <class T>                                                                         \
+  void softmax_backward_rows(Stream s, T* gin, const T* g, const T* y, int64_t outer,        \
+                             int64_t inner, bool log);                                       \
+  /* loss[r] = logsumexp(row r) - logits[r, labels[r]], lse[r] = logsumexp(row r). Labels   \
+     outside [0, inner) get a NaN loss; their count is added to bad[0] and one of them is    \
+     stored in bad[1] (two int64s on the kernel's device, so CUDA never waits for the        \
+     host). */                                                                               \
+  template <class T>                                                                         \
+  void cross_entropy_rows(Stream s, T* loss, T* lse, const T* logits, const int64_t* labels, \
+                          int64_t outer, int64_t inner, int64_t* bad);                       \
+  /* gin[r, c] = (exp(logits[r, c] - lse[r]) - (c == labels[r])) * scale · *grad (the      \
+     loss's incoming gradient, a scalar in the same memory). */                              \
+  template <class T>                                                                         \
+  void cross_entropy_backward_rows(Stream s, T* gin, const T* logits, const T* lse,          \
+                                   const int64_t* labels, T scale, const T* grad,            \
+                                   int64_t outer, int64_t inner);                            \
+  }
+
+// Explicit instantiations, expanded in reduce_cpu.cpp and reduce.cu.
+#define LEASEHOLD_REDUCE_INSTANCES_OF(T)                                                      \
+  template void sum_rows<T>(Stream, T*, const T*, int64_t, int64_t, T*);                     \
+  template void max_rows<T>(Stream, T*, int64_t*, const T*, int64_t, int64_t);               \
+  template void scatter_rows<T>(Stream, T*, const int64_t*, const T*, int64_t, int64_t);     \
+  template void softmax_rows<T>(Stream, T*, const T*, int64_t, int64_t, bool);               \
+  template void softmax_backward_rows<T>(Stream, T*, const T*, const T*, int64_t, int64_t,   \
+                                         bool);                                              \
+  template void cross_entropy_rows<T>(Stream, T*, T*, const T*, const int64_t*, int64_t,     \
+                                      int64_t, int64_t*);                                    \
+  template void cross_entropy_backward_rows<T>(Stream, T*, const T*, const T*,               \
+                                               const int64_t*, T, const T*, int64_t, int64_t);
+#define LEASEHOLD_REDUCE_INSTANCES  \
+  LEASEHOLD_REDUCE_INSTANCES_OF(float)  \
+  LEASEHOLD_REDUCE_INSTANCES_OF(double) \
+  template void sum_rows<int64_t>(Stream, int64_t*, const int64_t*, int64_t, int64_t, int64_t*);
+
+LEASEHOLD_REDUCE_KERNELS(cpu)
+#ifdef LEASEHOLD_HAVE_CUDA
+LEASEHOLD_REDUCE_KERNELS(cuda)
+namespace cuda {
+// Column sums (above), CUDA only: the fast path for sums over leading
+// dimensions, where the CPU transposes and sums rows.
 template <class T>
-void sum_rows(T* out, const T* in, int64_t outer, int64_t inner, T* scratch,
-              cudaStream_t stream);
-template <class T>
-void sum_columns(const ColumnSums<T>& s, cudaStream_t stream);
-template <class T>
-void max_rows(T* values, int64_t* indices, const T* in, int64_t outer, int64_t inner,
-              cudaStream_t stream);
-template <class T>
-void scatter_rows(T* out, const int64_t* indices, const T* values, int64_t outer, int64_t inner,
-                  cudaStream_t stream);
-template <class T>
-void softmax_rows(T* out, const T* in, int64_t outer, int64_t inner, bool log,
-                  cudaStream_t stream);
-template <class T>
-void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_t inner,
-                           bool log, cudaStream_t stream);
-template <class T>
-void cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels, int64_t outer,
-                        int64_t inner, int64_t* bad, cudaStream_t stream);
-template <class T>
-void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
-                                 T scale, const T* grad, int64_t outer, int64_t inner,
-                                 cudaStream_t stream);
+void sum_columns(Stream s, const ColumnSums<T>& sums);
 }  // namespace cuda
 #endif
+#undef LEASEHOLD_REDUCE_KERNELS
 
 }  // namespace leasehold::kernels

@@ -7,7 +7,7 @@
 namespace leasehold::kernels::cpu {
 
 template <class T>
-void sum_rows(T* out, const T* in, int64_t outer, int64_t inner) {
+void sum_rows(Stream, T* out, const T* in, int64_t outer, int64_t inner, T* /*scratch*/) {
   for (int64_t r = 0; r < outer; ++r) {
     // Accumulate in double: rows can be long (a whole tensor) and float
     // accumulation would drift from the GPU's tree order more than needed.
@@ -19,7 +19,7 @@ void sum_rows(T* out, const T* in, int64_t outer, int64_t inner) {
 }
 
 template <class T>
-void max_rows(T* values, int64_t* indices, const T* in, int64_t outer, int64_t inner) {
+void max_rows(Stream, T* values, int64_t* indices, const T* in, int64_t outer, int64_t inner) {
   for (int64_t r = 0; r < outer; ++r) {
     const T* row = in + r * inner;
     int64_t best = 0;
@@ -32,13 +32,13 @@ void max_rows(T* values, int64_t* indices, const T* in, int64_t outer, int64_t i
 }
 
 template <class T>
-void scatter_rows(T* out, const int64_t* indices, const T* values, int64_t outer,
+void scatter_rows(Stream, T* out, const int64_t* indices, const T* values, int64_t outer,
                   int64_t inner) {
   for (int64_t r = 0; r < outer; ++r) out[r * inner + indices[r]] += values[r];
 }
 
 template <class T>
-void softmax_rows(T* out, const T* in, int64_t outer, int64_t inner, bool log) {
+void softmax_rows(Stream, T* out, const T* in, int64_t outer, int64_t inner, bool log) {
   for (int64_t r = 0; r < outer; ++r) {
     const T* x = in + r * inner;
     T* y = out + r * inner;
@@ -56,7 +56,7 @@ void softmax_rows(T* out, const T* in, int64_t outer, int64_t inner, bool log) {
 }
 
 template <class T>
-void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_t inner,
+void softmax_backward_rows(Stream, T* gin, const T* g, const T* y, int64_t outer, int64_t inner,
                            bool log) {
   for (int64_t r = 0; r < outer; ++r) {
     const T* gr = g + r * inner;
@@ -71,9 +71,8 @@ void softmax_backward_rows(T* gin, const T* g, const T* y, int64_t outer, int64_
 }
 
 template <class T>
-int64_t cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labels,
-                           int64_t outer, int64_t inner, int64_t* bad_label) {
-  int64_t bad = 0;
+void cross_entropy_rows(Stream, T* loss, T* lse, const T* logits, const int64_t* labels,
+                        int64_t outer, int64_t inner, int64_t* bad) {
   for (int64_t r = 0; r < outer; ++r) {
     const T* x = logits + r * inner;
     T m = -std::numeric_limits<T>::infinity();
@@ -83,18 +82,19 @@ int64_t cross_entropy_rows(T* loss, T* lse, const T* logits, const int64_t* labe
     lse[r] = m + ::log(s);
     int64_t y = labels[r];
     if (y < 0 || y >= inner) {
-      if (bad++ == 0 && bad_label) *bad_label = y;
+      ++bad[0];
+      bad[1] = y;
       loss[r] = std::numeric_limits<T>::quiet_NaN();
     } else {
       loss[r] = lse[r] - x[y];
     }
   }
-  return bad;
 }
 
 template <class T>
-void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const int64_t* labels,
-                                 T scale, const T* grad, int64_t outer, int64_t inner) {
+void cross_entropy_backward_rows(Stream, T* gin, const T* logits, const T* lse,
+                                 const int64_t* labels, T scale, const T* grad, int64_t outer,
+                                 int64_t inner) {
   scale *= *grad;
   for (int64_t r = 0; r < outer; ++r) {
     for (int64_t i = 0; i < inner; ++i) {
@@ -104,19 +104,6 @@ void cross_entropy_backward_rows(T* gin, const T* logits, const T* lse, const in
   }
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                            \
-  template void sum_rows<T>(T*, const T*, int64_t, int64_t);                                \
-  template void max_rows<T>(T*, int64_t*, const T*, int64_t, int64_t);                      \
-  template void scatter_rows<T>(T*, const int64_t*, const T*, int64_t, int64_t);            \
-  template void softmax_rows<T>(T*, const T*, int64_t, int64_t, bool);                      \
-  template void softmax_backward_rows<T>(T*, const T*, const T*, int64_t, int64_t, bool);   \
-  template int64_t cross_entropy_rows<T>(T*, T*, const T*, const int64_t*, int64_t, int64_t,   \
-                                         int64_t*);                                           \
-  template void cross_entropy_backward_rows<T>(T*, const T*, const T*, const int64_t*, T,    \
-                                               const T*, int64_t, int64_t);
-LEASEHOLD_INSTANTIATE(float)
-LEASEHOLD_INSTANTIATE(double)
-#undef LEASEHOLD_INSTANTIATE
-template void sum_rows<int64_t>(int64_t*, const int64_t*, int64_t, int64_t);
+LEASEHOLD_REDUCE_INSTANCES
 
 }  // namespace leasehold::kernels::cpu

@@ -19,8 +19,6 @@
 namespace leasehold::kernels::cuda {
 namespace {
 
-cudaStream_t as_cuda(Stream s) { return static_cast<cudaStream_t>(s); }
-
 constexpr int kWarpsPerBlock = 8;
 
 unsigned warp_rows_grid(int64_t rows) {
@@ -464,22 +462,7 @@ void attention_backward(Stream s, T* dq, T* dk, T* dv, T* workspace, const T* do
   });
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                                \
-  template void layer_norm_forward<T>(Stream, T*, T*, T*, const T*, const T*, const T*, int64_t, \
-                                      int64_t, double);                                         \
-  template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
-                                       const T*, const T*, int64_t, int64_t);                   \
-  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,     \
-                                     int64_t);                                                  \
-  template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
-                                      int64_t);                                                 \
-  template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*, int64_t,      \
-                                     int64_t, int64_t, double, bool);                           \
-  template void attention_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,      \
-                                      const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
-                                      double, bool);
-LEASEHOLD_INSTANTIATE(float)
-LEASEHOLD_INSTANTIATE(double)
-#undef LEASEHOLD_INSTANTIATE
+LEASEHOLD_TRANSFORMER_INSTANCES(float)
+LEASEHOLD_TRANSFORMER_INSTANCES(double)
 
 }  // namespace leasehold::kernels::cuda

@@ -8,10 +8,9 @@
 
 #include <cstdint>
 
-namespace leasehold::kernels {
+#include "kernels/stream.h"
 
-// cudaStream_t on CUDA (the device's compute stream); unused on the CPU.
-using Stream = void*;
+namespace leasehold::kernels {
 
 // Layer norm's weight and bias gradients are summed over the rows in this
 // many chunks of rows, then over the chunks: a count fixed by the shape, so
@@ -62,6 +61,22 @@ inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return h
                           const T* q, const T* k, const T* v, const T* o, const T* lse,       \
                           int64_t heads, int64_t t, int64_t d, double scale, bool causal);    \
   }
+
+// Explicit instantiations, expanded in transformer_cpu.cpp and transformer.cu.
+#define LEASEHOLD_TRANSFORMER_INSTANCES(T)                                                        \
+  template void layer_norm_forward<T>(Stream, T*, T*, T*, const T*, const T*, const T*, int64_t, \
+                                      int64_t, double);                                         \
+  template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
+                                       const T*, const T*, int64_t, int64_t);                   \
+  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,     \
+                                     int64_t);                                                  \
+  template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
+                                      int64_t);                                                 \
+  template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*, int64_t,      \
+                                     int64_t, int64_t, double, bool);                           \
+  template void attention_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,      \
+                                      const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
+                                      double, bool);
 
 LEASEHOLD_TRANSFORMER_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA

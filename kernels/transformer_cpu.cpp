@@ -139,23 +139,8 @@ void attention_backward(Stream, T* dq, T* dk, T* dv, T* workspace, const T* dout
   }
 }
 
-#define LEASEHOLD_INSTANTIATE(T)                                                                \
-  template void layer_norm_forward<T>(Stream, T*, T*, T*, const T*, const T*, const T*, int64_t, \
-                                      int64_t, double);                                         \
-  template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
-                                       const T*, const T*, int64_t, int64_t);                   \
-  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,     \
-                                     int64_t);                                                  \
-  template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
-                                      int64_t);                                                 \
-  template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*, int64_t,      \
-                                     int64_t, int64_t, double, bool);                           \
-  template void attention_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,      \
-                                      const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
-                                      double, bool);
-LEASEHOLD_INSTANTIATE(float)
-LEASEHOLD_INSTANTIATE(double)
-#undef LEASEHOLD_INSTANTIATE
+LEASEHOLD_TRANSFORMER_INSTANCES(float)
+LEASEHOLD_TRANSFORMER_INSTANCES(double)
 
 }  // namespace cpu
 }  // namespace leasehold::kernels

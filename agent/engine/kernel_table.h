@@ -2,16 +2,18 @@
 // (ggml's shape: the operator is written once, the backends are entries).
 // Kernels listed here share one signature whose first argument is the
 // stream (kernels::Stream: the device's compute stream on CUDA, null on the
-// CPU), so an operator calls table(device)(stream_for(device), ...) and
-// never branches on the device itself.
+// CPU), so an operator calls table.run(device, ...) and never branches on
+// the device itself. (cuBLAS products take the device instead, for its
+// handle: agent/engine/gemm.cpp.)
 #pragma once
 
 #include <array>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "agent/engine/dtype.h"
-#include "kernels/transformer.h"  // kernels::Stream
+#include "kernels/stream.h"
 
 namespace leasehold::engine {
 
@@ -45,12 +47,21 @@ struct KernelTable {
     }
     return *k;
   }
+
+  // Runs the kernel for `d` on d's stream: run(d, args...) is
+  // (*this)(d)(stream_for(d), args...).
+  template <class... Args>
+  void run(Device d, Args&&... args) const {
+    (*this)(d)(stream_for(d), std::forward<Args>(args)...);
+  }
 };
 
-// KernelTable<decltype(cpu::f<T>)>{op, {&cpu::f<T>, LEASEHOLD_CUDA_KERNEL(cuda::f<T>)}}.
-#define LEASEHOLD_KERNEL_TABLE(op, name, T)                                       \
-  ::leasehold::engine::KernelTable<decltype(::leasehold::kernels::cpu::name<T>)>{ \
-      op, {&::leasehold::kernels::cpu::name<T>,                                   \
-           LEASEHOLD_CUDA_KERNEL(::leasehold::kernels::cuda::name<T>)}}
+// KernelTable<decltype(cpu::f<T...>)>{op, {&cpu::f<T...>, LEASEHOLD_CUDA_KERNEL(cuda::f<T...>)}}
+// for the kernels::cpu / kernels::cuda pair `name`, instantiated for the
+// template arguments that follow.
+#define LEASEHOLD_KERNEL_TABLE(op, name, ...)                                               \
+  ::leasehold::engine::KernelTable<decltype(::leasehold::kernels::cpu::name<__VA_ARGS__>)>{ \
+      op, {&::leasehold::kernels::cpu::name<__VA_ARGS__>,                                   \
+           LEASEHOLD_CUDA_KERNEL(::leasehold::kernels::cuda::name<__VA_ARGS__>)}}
 
 }  // namespace leasehold::engine

@@ -68,8 +68,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 class DeferredLabelCheck {
  public:
   // Until destroyed, cross_entropy on `device` on this thread counts bad
-  // labels on the device instead of reading them back at once. The counter
-  // comes from the current allocator.
+  // labels where its kernel runs instead of reading them back at once. The
+  // counter comes from the current allocator.
   explicit DeferredLabelCheck(Device device);
   ~DeferredLabelCheck();
   DeferredLabelCheck(const DeferredLabelCheck&) = delete;
@@ -79,7 +79,7 @@ class DeferredLabelCheck {
   void check();
   // The active check for `device` on this thread, if any.
   static DeferredLabelCheck* current(Device device);
-  // Where the kernel counts (two device int64s), for rows of `classes`.
+  // Where the kernel counts (two int64s on the device), for rows of `classes`.
   int64_t* slots(int64_t classes);
 
  private:

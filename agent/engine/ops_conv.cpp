@@ -5,14 +5,28 @@
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
+#include "agent/engine/gemm.h"
+#include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
-#include "kernels/matmul.h"
 #include "kernels/reduce.h"
 
 namespace leasehold::engine {
 namespace {
+
+// The kernels both backends have; the direct convolution kernels and the
+// disjoint pooling gradient are CUDA's fast paths, chosen by plan.
+template <class T>
+const auto kIm2col = LEASEHOLD_KERNEL_TABLE("conv2d", im2col, T);
+template <class T>
+const auto kCol2im = LEASEHOLD_KERNEL_TABLE("conv2d", col2im, T);
+template <class T>
+const auto kMaxPool = LEASEHOLD_KERNEL_TABLE("max_pool2d", max_pool, T);
+template <class T>
+const auto kMaxPoolBackward = LEASEHOLD_KERNEL_TABLE("max_pool2d", max_pool_backward, T);
+template <class T>
+const auto kDropoutMask = LEASEHOLD_KERNEL_TABLE("dropout", dropout_mask, T);
 
 kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, int64_t stride, int64_t pad) {
   kernels::ConvGeometry g;
@@ -44,23 +58,9 @@ kernels::ConvGeometry chunk_of(kernels::ConvGeometry g, int64_t count) {
 }
 
 template <class T>
-void run_im2col(T* col, const T* x, const Tensor& like, const kernels::ConvGeometry& g) {
-  if (like.device().is_cuda()) {
-    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::im2col<T>(col, x, g, detail::stream_of(like)));
-  } else {
-    kernels::cpu::im2col<T>(col, x, g);
-  }
-}
-
-template <class T>
 void run_gemm(const Tensor& like, const kernels::GemmShape& s, const T* a, const T* b, T* c,
               T beta = T(0)) {
-  if (like.device().is_cuda()) {
-    LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::gemm<T>(cublas_handle(like.device().index), s, T(1),
-                                                       a, b, beta, c, allow_tf32()));
-  } else {
-    kernels::cpu::gemm<T>(s, T(1), a, b, beta, c);
-  }
+  detail::gemm<T>(like.device(), s, T(1), a, b, beta, c);
 }
 
 // The direct kernels' side of conv2d's backward (kernels/conv.h): the input
@@ -77,14 +77,14 @@ void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Te
   if (want_x) {
     gx = empty(X.sizes(), X.options());
     LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct_backward_input<T>(
-                                    gx.data<T>(), g.data<T>(), m, W.data<T>(), geo, O, plan,
-                                    detail::stream_of(X)));
+                                    stream_for(X.device()), gx.data<T>(), g.data<T>(), m,
+                                    W.data<T>(), geo, O, plan));
   }
   if (!want_w && !want_b) return;
   Tensor partial = empty({plan.partial_rows(), O * CKK + O}, X.options());
   LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct_backward_weight<T>(
-                                  partial.data<T>(), X.data<T>(), g.data<T>(), m, geo, O, plan,
-                                  detail::stream_of(X)));
+                                  stream_for(X.device()), partial.data<T>(), X.data<T>(),
+                                  g.data<T>(), m, geo, O, plan));
   gw = empty(W.sizes(), W.options());
   gb = empty({O}, W.options());
   const kernels::ColumnSums<T> s{.out = gw.data<T>(),
@@ -93,7 +93,7 @@ void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Te
                                  .columns = O * CKK + O,
                                  .tail = gb.data<T>(),
                                  .tail_from = O * CKK};
-  LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::sum_columns<T>(s, detail::stream_of(X)));
+  LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::sum_columns<T>(stream_for(X.device()), s));
   if (!want_w) gw = Tensor();
   if (!want_b) gb = Tensor();
 }
@@ -132,7 +132,8 @@ struct Conv2dBackward final : Node {
         Tensor per_image = empty({nb, O, CKK}, X.options());
         for (int64_t n0 = 0; n0 < geo.n; n0 += nb) {
           int64_t count = std::min(nb, geo.n - n0);
-          run_im2col<T>(col.data<T>(), X.data<T>() + n0 * image, X, chunk_of(geo, count));
+          kIm2col<T>.run(X.device(), col.data<T>(), X.data<T>() + n0 * image,
+                         chunk_of(geo, count));
           kernels::GemmShape s;
           s.trans_b = true;
           s.m = O;
@@ -171,13 +172,7 @@ struct Conv2dBackward final : Node {
           s.stride_c = CKK * L;
           run_gemm<T>(X, s, W.data<T>(), g.data<T>() + n0 * O * L, dcol.data<T>());
           T* gx_chunk = gx.data<T>() + n0 * image;
-          if (X.device().is_cuda()) {
-            LEASEHOLD_CUDA_OR(
-                "conv2d", kernels::cuda::col2im<T>(gx_chunk, dcol.data<T>(), chunk_of(geo, count),
-                                                   detail::stream_of(X)));
-          } else {
-            kernels::cpu::col2im<T>(gx_chunk, dcol.data<T>(), chunk_of(geo, count));
-          }
+          kCol2im<T>.run(X.device(), gx_chunk, dcol.data<T>(), chunk_of(geo, count));
         }
       }
     });
@@ -204,14 +199,10 @@ struct MaxPoolBackward final : Node {
       using T = decltype(tag);
       if (disjoint) {
         LEASEHOLD_CUDA_OR("max_pool2d", kernels::cuda::max_pool_backward_disjoint<T>(
-                                            gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo,
-                                            detail::stream_of(g)));
-      } else if (g.device().is_cuda()) {
-        LEASEHOLD_CUDA_OR("max_pool2d", kernels::cuda::max_pool_backward<T>(
-                                            gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo,
-                                            detail::stream_of(g)));
+                                            stream_for(g.device()), gx.data<T>(), g.data<T>(),
+                                            idx.data<int64_t>(), geo));
       } else {
-        kernels::cpu::max_pool_backward<T>(gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo);
+        kMaxPoolBackward<T>.run(g.device(), gx.data<T>(), g.data<T>(), idx.data<int64_t>(), geo);
       }
     });
     return {gx};
@@ -269,9 +260,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
     using T = decltype(tag);
     if (direct) {
       LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct<T>(
-                                      out.data<T>(), x.data<T>(), w.data<T>(),
-                                      b.defined() ? b.data<T>() : nullptr, geo, O, then_relu,
-                                      detail::stream_of(x)));
+                                      stream_for(x.device()), out.data<T>(), x.data<T>(),
+                                      w.data<T>(), b.defined() ? b.data<T>() : nullptr, geo, O,
+                                      then_relu));
       return;
     }
     // The bias goes in first and the GEMM adds to it (beta = 1): no second
@@ -284,7 +275,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
     Tensor col = empty({nb, CKK, L}, x.options());
     for (int64_t n0 = 0; n0 < geo.n; n0 += nb) {
       int64_t count = std::min(nb, geo.n - n0);
-      run_im2col<T>(col.data<T>(), x.data<T>() + n0 * image, x, chunk_of(geo, count));
+      kIm2col<T>.run(x.device(), col.data<T>(), x.data<T>() + n0 * image, chunk_of(geo, count));
       // out[n] = W [O, CKK] · col[n] [CKK, L]; W is shared by the batch.
       kernels::GemmShape s;
       s.m = O;
@@ -334,13 +325,7 @@ Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride) {
   Tensor idx = empty(out.sizes(), {DType::Int64, x.device()});
   detail::dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
-    if (x.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("max_pool2d",
-                        kernels::cuda::max_pool<T>(out.data<T>(), idx.data<int64_t>(), x.data<T>(),
-                                                   geo, detail::stream_of(x)));
-    } else {
-      kernels::cpu::max_pool<T>(out.data<T>(), idx.data<int64_t>(), x.data<T>(), geo);
-    }
+    kMaxPool<T>.run(x.device(), out.data<T>(), idx.data<int64_t>(), x.data<T>(), geo);
   });
   if (any_requires_grad({&x_in})) {
     auto node = std::make_shared<MaxPoolBackward>();
@@ -360,12 +345,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   uint64_t seed = next_random_u64();
   detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
-    if (x.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("dropout", kernels::cuda::dropout_mask<T>(mask.data<T>(), mask.numel(), p,
-                                                                  seed, detail::stream_of(x)));
-    } else {
-      kernels::cpu::dropout_mask<T>(mask.data<T>(), mask.numel(), p, seed);
-    }
+    kDropoutMask<T>.run(x.device(), mask.data<T>(), mask.numel(), p, seed);
   });
   return mul(x, mask);
 }

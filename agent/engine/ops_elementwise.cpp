@@ -1,9 +1,11 @@
-// Elementwise operators and their gradients. Binary operators broadcast;
+// Elementwise operators and their gradients, each kernel looked up in a
+// KernelTable by the tensors' device. Binary operators broadcast;
 // their gradients are summed back to each input's shape (sum_to).
 #include <stdexcept>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
+#include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
 #include "kernels/elementwise.h"
 
@@ -14,6 +16,11 @@ using kernels::UnaryOp;
 
 namespace {
 
+template <class T>
+const auto kUnary = LEASEHOLD_KERNEL_TABLE("unary", unary, T);
+template <class T>
+const auto kBinary = LEASEHOLD_KERNEL_TABLE("binary", binary, T);
+
 // Raw kernel calls (no autograd).
 Tensor unary_raw(UnaryOp op, const Tensor& x, double s, const char* name) {
   detail::check_defined(x, name, "input");
@@ -21,12 +28,7 @@ Tensor unary_raw(UnaryOp op, const Tensor& x, double s, const char* name) {
   auto iv = detail::strided_of(x);
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    if (x.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR(name, kernels::cuda::unary<T>(op, T(s), out.data<T>(), x.data<T>(), iv,
-                                                      x.numel(), detail::stream_of(x)));
-    } else {
-      kernels::cpu::unary<T>(op, T(s), out.data<T>(), x.data<T>(), iv, x.numel());
-    }
+    kUnary<T>.run(x.device(), op, T(s), out.data<T>(), x.data<T>(), iv, x.numel());
   };
   if (op == UnaryOp::Identity || op == UnaryOp::Neg || op == UnaryOp::MulScalar ||
       op == UnaryOp::AddScalar || op == UnaryOp::GtScalar) {
@@ -44,14 +46,8 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, double s, const
   auto av = detail::broadcast_strided(a, shape), bv = detail::broadcast_strided(b, shape);
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    if (a.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR(name, kernels::cuda::binary<T>(op, T(s), out.data<T>(), a.data<T>(), av,
-                                                       b.data<T>(), bv, out.numel(),
-                                                       detail::stream_of(a)));
-    } else {
-      kernels::cpu::binary<T>(op, T(s), out.data<T>(), a.data<T>(), av, b.data<T>(), bv,
-                              out.numel());
-    }
+    kBinary<T>.run(a.device(), op, T(s), out.data<T>(), a.data<T>(), av, b.data<T>(), bv,
+                   out.numel());
   };
   if (op == BinaryOp::Add || op == BinaryOp::Sub || op == BinaryOp::Mul || op == BinaryOp::Eq) {
     detail::dispatch_all(a.dtype(), run);

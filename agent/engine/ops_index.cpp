@@ -3,10 +3,17 @@
 #include <string>
 
 #include "agent/engine/dispatch.h"
+#include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
 #include "kernels/gather.h"
 
 namespace leasehold::engine {
+namespace {
+
+const KernelTable<decltype(kernels::cpu::take_rows)> kTakeRows{
+    "take_rows", {&kernels::cpu::take_rows, LEASEHOLD_CUDA_KERNEL(kernels::cuda::take_rows)}};
+
+}  // namespace
 
 Tensor take_rows(const Tensor& x, const Tensor& index) {
   detail::check_defined(x, "take_rows", "input");
@@ -32,12 +39,9 @@ Tensor take_rows(const Tensor& x, const Tensor& index) {
   out_shape[0] = count;
   Tensor out = empty(out_shape, src.options());
   if (count == 0 || row_bytes == 0) return out;
-  if (x.device().is_cuda()) {
-    LEASEHOLD_CUDA_OR("take_rows",
-                      kernels::cuda::take_rows(out.raw_data(), src.raw_data(),
-                                               idx.data<int64_t>(), count, row_bytes,
-                                               detail::stream_of(out)));
-  } else {
+  // Indices in host memory are checked here; a device's are the caller's
+  // (the data loader builds them), as reading them back would wait.
+  if (!x.device().is_cuda()) {
     const int64_t* p = idx.data<int64_t>();
     for (int64_t i = 0; i < count; ++i) {
       if (p[i] < 0 || p[i] >= rows) {
@@ -45,8 +49,9 @@ Tensor take_rows(const Tensor& x, const Tensor& index) {
                                     " out of range for " + std::to_string(rows) + " rows");
       }
     }
-    kernels::cpu::take_rows(out.raw_data(), src.raw_data(), p, count, row_bytes);
   }
+  kTakeRows.run(x.device(), out.raw_data(), src.raw_data(), idx.data<int64_t>(), count,
+                row_bytes);
   return out;
 }
 

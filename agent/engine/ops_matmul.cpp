@@ -4,6 +4,8 @@
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
+#include "agent/engine/gemm.h"
+#include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
@@ -37,13 +39,7 @@ void gemm_into(Tensor& out, double beta, const Tensor& a, bool ta, const Tensor&
   s.stride_c = m * n;
   detail::dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
     using T = decltype(tag);
-    if (a.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("matmul", kernels::cuda::gemm<T>(cublas_handle(a.device().index), s, T(1),
-                                                         a.data<T>(), b.data<T>(), T(beta),
-                                                         out.data<T>(), allow_tf32()));
-    } else {
-      kernels::cpu::gemm<T>(s, T(1), a.data<T>(), b.data<T>(), T(beta), out.data<T>());
-    }
+    detail::gemm<T>(a.device(), s, T(1), a.data<T>(), b.data<T>(), T(beta), out.data<T>());
   });
 }
 
@@ -119,7 +115,7 @@ struct LinearBackward final : Node {
                                        .columns = out,
                                        .mask = Y.data<T>(),
                                        .masked = masked.data<T>()};
-        LEASEHOLD_CUDA_OR("linear", kernels::cuda::sum_columns<T>(s, detail::stream_of(g)));
+        LEASEHOLD_CUDA_OR("linear", kernels::cuda::sum_columns<T>(stream_for(g.device()), s));
       });
       g = masked;
       if (!want_b) gb = Tensor();
@@ -188,8 +184,9 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     detail::dispatch_floating(out.dtype(), "linear", [&](auto tag) {
       using T = decltype(tag);
       LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<T>(
-                                      out.data<T>(), b.defined() ? b.data<T>() : nullptr, n,
-                                      out_features, then_relu, detail::stream_of(out)));
+                                      stream_for(out.device()), out.data<T>(),
+                                      b.defined() ? b.data<T>() : nullptr, n, out_features,
+                                      then_relu));
     });
   }
   if (any_requires_grad({&x_in, &w_in, &bias})) {

@@ -8,14 +8,28 @@
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
+#include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
 #include "kernels/reduce.h"
-#ifdef LEASEHOLD_HAVE_CUDA
-#include "shared/cuda_check.h"
-#endif
 
 namespace leasehold::engine {
 namespace {
+
+template <class T>
+const auto kSumRows = LEASEHOLD_KERNEL_TABLE("sum", sum_rows, T);
+template <class T>
+const auto kMaxRows = LEASEHOLD_KERNEL_TABLE("max", max_rows, T);
+template <class T>
+const auto kScatterRows = LEASEHOLD_KERNEL_TABLE("max", scatter_rows, T);
+template <class T>
+const auto kSoftmax = LEASEHOLD_KERNEL_TABLE("softmax", softmax_rows, T);
+template <class T>
+const auto kSoftmaxBackward = LEASEHOLD_KERNEL_TABLE("softmax", softmax_backward_rows, T);
+template <class T>
+const auto kCrossEntropy = LEASEHOLD_KERNEL_TABLE("cross_entropy", cross_entropy_rows, T);
+template <class T>
+const auto kCrossEntropyBackward =
+    LEASEHOLD_KERNEL_TABLE("cross_entropy", cross_entropy_backward_rows, T);
 
 struct Rows {
   Tensor data;        // contiguous [outer, inner] (as laid out in memory)
@@ -98,7 +112,7 @@ Tensor sum_leading(const Tensor& x, const Shape& dims, bool keepdim, double scal
                                    .rows = rows,
                                    .columns = columns,
                                    .scale = static_cast<T>(scale)};
-    kernels::cuda::sum_columns<T>(s, detail::stream_of(x));
+    kernels::cuda::sum_columns<T>(stream_for(x.device()), s);
   });
   return out;
 #else
@@ -110,24 +124,15 @@ Tensor sum_leading(const Tensor& x, const Shape& dims, bool keepdim, double scal
 Tensor sum_raw(const Tensor& x, const Shape& dims, bool keepdim) {
   Rows r = to_rows(x, dims);
   Tensor out = empty(keepdim ? r.keepdim_shape : r.kept_shape, x.options());
+  // Scratch for long rows from the current allocator (a job's leases).
+  Tensor scratch;
+  if (int64_t n = kernels::sum_rows_scratch(r.outer, r.inner)) {
+    scratch = empty({n}, x.options());
+  }
   detail::dispatch_all(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if (x.device().is_cuda()) {
-#ifdef LEASEHOLD_HAVE_CUDA
-      // Scratch for long rows from the current allocator (a job's leases).
-      Tensor scratch;
-      if (int64_t n = kernels::cuda::sum_rows_scratch(r.outer, r.inner)) {
-        scratch = empty({n}, x.options());
-      }
-      kernels::cuda::sum_rows<T>(out.data<T>(), r.data.data<T>(), r.outer, r.inner,
-                                 scratch.defined() ? scratch.data<T>() : nullptr,
-                                 detail::stream_of(x));
-#else
-      detail::no_cuda("sum");
-#endif
-    } else {
-      kernels::cpu::sum_rows<T>(out.data<T>(), r.data.data<T>(), r.outer, r.inner);
-    }
+    kSumRows<T>.run(x.device(), out.data<T>(), r.data.data<T>(), r.outer, r.inner,
+                    scratch.defined() ? scratch.data<T>() : nullptr);
   });
   return out;
 }
@@ -183,15 +188,8 @@ struct MaxBackward final : Node {
     Tensor idx = indices.get();
     detail::dispatch_floating(g.dtype(), "max backward", [&](auto tag) {
       using T = decltype(tag);
-      if (g.device().is_cuda()) {
-        LEASEHOLD_CUDA_OR("max", kernels::cuda::scatter_rows<T>(grad_rows.data<T>(),
-                                                                idx.data<int64_t>(), gc.data<T>(),
-                                                                outer, inner,
-                                                                detail::stream_of(g)));
-      } else {
-        kernels::cpu::scatter_rows<T>(grad_rows.data<T>(), idx.data<int64_t>(), gc.data<T>(),
-                                      outer, inner);
-      }
+      kScatterRows<T>.run(g.device(), grad_rows.data<T>(), idx.data<int64_t>(), gc.data<T>(),
+                          outer, inner);
     });
     return {grad_rows.permute(perm_inverse).contiguous()};
   }
@@ -215,14 +213,8 @@ struct SoftmaxBackward final : Node {
     Tensor gin = empty(yl.sizes(), yl.options());
     detail::dispatch_floating(g.dtype(), "softmax backward", [&](auto tag) {
       using T = decltype(tag);
-      if (g.device().is_cuda()) {
-        LEASEHOLD_CUDA_OR("softmax", kernels::cuda::softmax_backward_rows<T>(
-                                         gin.data<T>(), gl.data<T>(), yl.data<T>(), outer, inner,
-                                         log, detail::stream_of(g)));
-      } else {
-        kernels::cpu::softmax_backward_rows<T>(gin.data<T>(), gl.data<T>(), yl.data<T>(), outer,
-                                               inner, log);
-      }
+      kSoftmaxBackward<T>.run(g.device(), gin.data<T>(), gl.data<T>(), yl.data<T>(), outer,
+                              inner, log);
     });
     return {gin.transpose(dim, nd - 1).contiguous()};
   }
@@ -245,12 +237,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   Tensor yl = empty(xl.sizes(), xl.options());
   detail::dispatch_floating(x.dtype(), name, [&](auto tag) {
     using T = decltype(tag);
-    if (x.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR(name, kernels::cuda::softmax_rows<T>(yl.data<T>(), xl.data<T>(), outer,
-                                                             inner, log, detail::stream_of(x)));
-    } else {
-      kernels::cpu::softmax_rows<T>(yl.data<T>(), xl.data<T>(), outer, inner, log);
-    }
+    kSoftmax<T>.run(x.device(), yl.data<T>(), xl.data<T>(), outer, inner, log);
   });
   Tensor out;
   {
@@ -279,16 +266,8 @@ struct CrossEntropyBackward final : Node {
     Tensor gs = g.contiguous();
     detail::dispatch_floating(x.dtype(), "cross_entropy backward", [&](auto tag) {
       using T = decltype(tag);
-      if (x.device().is_cuda()) {
-        LEASEHOLD_CUDA_OR("cross_entropy", kernels::cuda::cross_entropy_backward_rows<T>(
-                                               gin.data<T>(), x.data<T>(), l.data<T>(),
-                                               y.data<int64_t>(), T(scale), gs.data<T>(), n, c,
-                                               detail::stream_of(x)));
-      } else {
-        kernels::cpu::cross_entropy_backward_rows<T>(gin.data<T>(), x.data<T>(), l.data<T>(),
-                                                     y.data<int64_t>(), T(scale), gs.data<T>(),
-                                                     n, c);
-      }
+      kCrossEntropyBackward<T>.run(x.device(), gin.data<T>(), x.data<T>(), l.data<T>(),
+                                   y.data<int64_t>(), T(scale), gs.data<T>(), n, c);
     });
     return {gin, Tensor()};
   }
@@ -310,15 +289,8 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   Tensor indices = empty(out_shape, {DType::Int64, x.device()});
   detail::dispatch_floating(x.dtype(), "max", [&](auto tag) {
     using T = decltype(tag);
-    if (x.device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("max", kernels::cuda::max_rows<T>(values.data<T>(),
-                                                          indices.data<int64_t>(),
-                                                          r.data.data<T>(), r.outer, r.inner,
-                                                          detail::stream_of(x)));
-    } else {
-      kernels::cpu::max_rows<T>(values.data<T>(), indices.data<int64_t>(), r.data.data<T>(),
-                                r.outer, r.inner);
-    }
+    kMaxRows<T>.run(x.device(), values.data<T>(), indices.data<int64_t>(), r.data.data<T>(),
+                    r.outer, r.inner);
   });
   if (any_requires_grad({&x})) {
     auto node = std::make_shared<MaxBackward>();
@@ -407,34 +379,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
     y = labels.contiguous();
   }
   Tensor loss_rows = empty({n}, x.options()), lse = empty({n}, x.options());
-  int64_t bad = 0, bad_label = 0;
+  // Bad labels are counted where the kernel runs: into a deferred check's
+  // slots (read when the check is, so a GPU step never waits here), or
+  // into slots of this call's own, read (and on a GPU waited for) now.
   DeferredLabelCheck* deferred = DeferredLabelCheck::current(x.device());
+  Tensor slots = deferred ? Tensor() : zeros({2}, {DType::Int64, x.device()});
   detail::dispatch_floating(x.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    if (x.device().is_cuda()) {
-#ifdef LEASEHOLD_HAVE_CUDA
-      cudaStream_t s = detail::stream_of(x);
-      if (deferred) {
-        // Counted on the device; read when the check is (no wait here).
-        kernels::cuda::cross_entropy_rows<T>(loss_rows.data<T>(), lse.data<T>(), x.data<T>(),
-                                             y.data<int64_t>(), n, c, deferred->slots(c), s);
-        return;
-      }
-      Tensor slots = zeros({2}, {DType::Int64, x.device()});
-      kernels::cuda::cross_entropy_rows<T>(loss_rows.data<T>(), lse.data<T>(), x.data<T>(),
-                                           y.data<int64_t>(), n, c, slots.data<int64_t>(), s);
-      auto v = slots.to_vector<int64_t>();  // waits for the device
-      bad = v[0];
-      bad_label = v[1];
-#else
-      detail::no_cuda("cross_entropy");
-#endif
-    } else {
-      bad = kernels::cpu::cross_entropy_rows<T>(loss_rows.data<T>(), lse.data<T>(), x.data<T>(),
-                                                y.data<int64_t>(), n, c, &bad_label);
-    }
+    kCrossEntropy<T>.run(x.device(), loss_rows.data<T>(), lse.data<T>(), x.data<T>(),
+                         y.data<int64_t>(), n, c,
+                         deferred ? deferred->slots(c) : slots.data<int64_t>());
   });
-  if (bad) throw_bad_labels(bad, bad_label, c);
+  if (!deferred) {
+    const auto bad = slots.to_vector<int64_t>();
+    if (bad[0]) throw_bad_labels(bad[0], bad[1], c);
+  }
   Tensor out;
   {
     NoGradGuard no_grad;

@@ -8,6 +8,7 @@
 #include "agent/engine/dispatch.h"
 #include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
+#include "kernels/transformer.h"
 
 namespace leasehold::engine {
 namespace {
@@ -39,8 +40,8 @@ struct EmbeddingBackward final : Node {
     Tensor dw = empty({vocab, dim}, g.options());
     detail::dispatch_floating(g.dtype(), "embedding backward", [&](auto tag) {
       using T = decltype(tag);
-      kEmbeddingBackward<T>(g.device())(stream_for(g.device()), dw.data<T>(), gc.data<T>(),
-                                        idx.data<int64_t>(), idx.numel(), vocab, dim);
+      kEmbeddingBackward<T>.run(g.device(), dw.data<T>(), gc.data<T>(), idx.data<int64_t>(),
+                                idx.numel(), vocab, dim);
     });
     return {dw};
   }
@@ -61,9 +62,9 @@ struct LayerNormBackward final : Node {
     Tensor work = empty({kernels::layer_norm_backward_workspace(rows, cols)}, xv.options());
     detail::dispatch_floating(g.dtype(), "layer_norm backward", [&](auto tag) {
       using T = decltype(tag);
-      kLayerNormBackward<T>(g.device())(stream_for(g.device()), dx.data<T>(), dw.data<T>(),
-                                        db.data<T>(), work.data<T>(), gc.data<T>(), xv.data<T>(),
-                                        wv.data<T>(), mv.data<T>(), rv.data<T>(), rows, cols);
+      kLayerNormBackward<T>.run(g.device(), dx.data<T>(), dw.data<T>(), db.data<T>(),
+                                work.data<T>(), gc.data<T>(), xv.data<T>(), wv.data<T>(),
+                                mv.data<T>(), rv.data<T>(), rows, cols);
     });
     return {dx, dw, db};
   }
@@ -90,10 +91,10 @@ struct AttentionBackward final : Node {
     Tensor work = empty({kernels::attention_backward_workspace(heads, t)}, qv.options());
     detail::dispatch_floating(g.dtype(), "scaled_dot_product_attention backward", [&](auto tag) {
       using T = decltype(tag);
-      kAttentionBackward<T>(g.device())(
-          stream_for(g.device()), dq.data<T>(), dk.data<T>(), dv.data<T>(), work.data<T>(),
-          gc.data<T>(), qv.data<T>(), kv.data<T>(), vv.data<T>(), ov.data<T>(), lv.data<T>(),
-          heads, t, d, 1.0 / std::sqrt(static_cast<double>(d)), causal);
+      kAttentionBackward<T>.run(g.device(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
+                                work.data<T>(), gc.data<T>(), qv.data<T>(), kv.data<T>(),
+                                vv.data<T>(), ov.data<T>(), lv.data<T>(), heads, t, d,
+                                1.0 / std::sqrt(static_cast<double>(d)), causal);
     });
     return {dq, dk, dv};
   }
@@ -141,9 +142,8 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   Tensor out = empty(out_shape, weight.options());
   detail::dispatch_floating(weight.dtype(), "embedding", [&](auto tag) {
     using T = decltype(tag);
-    kEmbeddingForward<T>(weight.device())(stream_for(weight.device()), out.data<T>(),
-                                          w.data<T>(), idx.data<int64_t>(), idx.numel(), vocab,
-                                          dim);
+    kEmbeddingForward<T>.run(weight.device(), out.data<T>(), w.data<T>(), idx.data<int64_t>(),
+                             idx.numel(), vocab, dim);
   });
   if (any_requires_grad({&weight})) {
     auto node = std::make_shared<EmbeddingBackward>();
@@ -176,9 +176,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor mean = empty(stat_shape, x.options()), rstd = empty(stat_shape, x.options());
   detail::dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
-    kLayerNormForward<T>(x.device())(stream_for(x.device()), y.data<T>(), mean.data<T>(),
-                                     rstd.data<T>(), xc.data<T>(), wc.data<T>(), bc.data<T>(),
-                                     rows, cols, eps);
+    kLayerNormForward<T>.run(x.device(), y.data<T>(), mean.data<T>(), rstd.data<T>(),
+                             xc.data<T>(), wc.data<T>(), bc.data<T>(), rows, cols, eps);
   });
   if (any_requires_grad({&x, &weight, &bias})) {
     auto node = std::make_shared<LayerNormBackward>();
@@ -219,9 +218,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Tensor lse = empty({q.size(0), q.size(1), t}, q.options());
   detail::dispatch_floating(q.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    kAttentionForward<T>(q.device())(stream_for(q.device()), o.data<T>(), lse.data<T>(),
-                                     qc.data<T>(), kc.data<T>(), vc.data<T>(), heads, t, d,
-                                     1.0 / std::sqrt(static_cast<double>(d)), causal);
+    kAttentionForward<T>.run(q.device(), o.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(),
+                             vc.data<T>(), heads, t, d, 1.0 / std::sqrt(static_cast<double>(d)),
+                             causal);
   });
   if (any_requires_grad({&q, &k, &v})) {
     auto node = std::make_shared<AttentionBackward>();

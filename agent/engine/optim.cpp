@@ -6,11 +6,17 @@
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
+#include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
 #include "kernels/optim.h"
 
 namespace leasehold::engine::optim {
 namespace {
+
+template <class T>
+const auto kSgdStep = LEASEHOLD_KERNEL_TABLE("SGD", sgd_step, T);
+template <class T>
+const auto kAdamStep = LEASEHOLD_KERNEL_TABLE("Adam", adam_step_fused, T);
 
 void check_options(double lr, const char* who) {
   if (!(lr > 0)) throw std::invalid_argument(std::string(who) + ": lr must be positive");
@@ -69,12 +75,7 @@ void SGD::step() {
     detail::dispatch_floating(p.dtype(), "SGD", [&](auto tag) {
       using T = decltype(tag);
       T* buf = momentum_[i].defined() ? momentum_[i].data<T>() : nullptr;
-      if (p.device().is_cuda()) {
-        LEASEHOLD_CUDA_OR("SGD", kernels::cuda::sgd_step<T>(p.data<T>(), g.data<T>(), buf,
-                                                            p.numel(), s, detail::stream_of(p)));
-      } else {
-        kernels::cpu::sgd_step<T>(p.data<T>(), g.data<T>(), buf, p.numel(), s);
-      }
+      kSgdStep<T>.run(p.device(), p.data<T>(), g.data<T>(), buf, p.numel(), s);
     });
     s.first_step = !started_;
   }
@@ -132,8 +133,8 @@ void Adam::step() {
   auto params_of = [&](const Tensor& p) -> const kernels::AdamParams& {
     return opt_.decay_matrices_only && p.dim() < 2 ? no_decay : decays;
   };
-  // CUDA parameters of one dtype, device and weight decay go together, up
-  // to kMaxFusedTensors per launch (kernels/optim.h).
+  // Parameters of one dtype, device and weight decay go together, up to
+  // kMaxFusedTensors per update (one launch on CUDA: kernels/optim.h).
   std::vector<Tensor> grads;  // alive until their launch is queued
   std::vector<size_t> pending;
   auto flush = [&] {
@@ -154,8 +155,7 @@ void Adam::step() {
         t.end[j] = total;
       }
       t.count = static_cast<int>(pending.size());
-      LEASEHOLD_CUDA_OR("Adam", kernels::cuda::adam_step_fused<T>(t, params_of(first),
-                                                                  detail::stream_of(first)));
+      kAdamStep<T>.run(first.device(), t, params_of(first));
     });
     pending.clear();
     grads.clear();
@@ -168,24 +168,16 @@ void Adam::step() {
       m_[i] = zeros(p.sizes(), p.options());
       v_[i] = zeros(p.sizes(), p.options());
     }
-    if (p.device().is_cuda()) {
-      if (!pending.empty()) {
-        const Tensor& first = params_[pending[0]].second;
-        if (first.dtype() != p.dtype() || first.device() != p.device() ||
-            &params_of(first) != &params_of(p) ||
-            pending.size() == static_cast<size_t>(kernels::kMaxFusedTensors)) {
-          flush();
-        }
+    if (!pending.empty()) {
+      const Tensor& first = params_[pending[0]].second;
+      if (first.dtype() != p.dtype() || first.device() != p.device() ||
+          &params_of(first) != &params_of(p) ||
+          pending.size() == static_cast<size_t>(kernels::kMaxFusedTensors)) {
+        flush();
       }
-      pending.push_back(i);
-      grads.push_back(g);
-      continue;
     }
-    detail::dispatch_floating(p.dtype(), "Adam", [&](auto tag) {
-      using T = decltype(tag);
-      kernels::cpu::adam_step<T>(p.data<T>(), g.data<T>(), m_[i].data<T>(), v_[i].data<T>(),
-                                 p.numel(), params_of(p));
-    });
+    pending.push_back(i);
+    grads.push_back(g);
   }
   flush();
 }

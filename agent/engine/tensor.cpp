@@ -8,12 +8,25 @@
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
+#include "agent/engine/kernel_table.h"
 #include "kernels/elementwise.h"
 #ifdef LEASEHOLD_HAVE_CUDA
 #include "shared/cuda_check.h"
 #endif
 
 namespace leasehold::engine {
+namespace {
+
+template <class T>
+const auto kFill = LEASEHOLD_KERNEL_TABLE("fill_", fill, T);
+template <class T>
+const auto kStridedCopy = LEASEHOLD_KERNEL_TABLE("copy_", strided_copy, T);
+template <class To, class From>
+const auto kConvert = LEASEHOLD_KERNEL_TABLE("to(dtype)", convert, To, From);
+template <class T>
+const auto kUniformFill = LEASEHOLD_KERNEL_TABLE("rand", uniform_fill, T);
+
+}  // namespace
 
 int64_t numel_of(const Shape& s) {
   int64_t n = 1;
@@ -123,12 +136,7 @@ void Tensor::fill_(double value) {
   detail::dispatch_all(dtype(), [&](auto tag) {
     using T = decltype(tag);
     Tensor dense = self.is_contiguous() ? self : empty(self.sizes(), self.options());
-    if (device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("fill_", kernels::cuda::fill<T>(dense.data<T>(), T(value), dense.numel(),
-                                                        detail::stream_of(dense)));
-    } else {
-      kernels::cpu::fill<T>(dense.data<T>(), T(value), dense.numel());
-    }
+    kFill<T>.run(device(), dense.data<T>(), T(value), dense.numel());
     if (dense.impl() != self.impl()) self.copy_(dense);
   });
 }
@@ -210,13 +218,7 @@ void Tensor::copy_(const Tensor& src) {
   detail::dispatch_storage(dtype(), [&](auto tag) {
     using T = decltype(tag);
     auto dv = detail::strided_of(self), sv = detail::strided_of(source);
-    if (device().is_cuda()) {
-      LEASEHOLD_CUDA_OR("copy_", kernels::cuda::strided_copy<T>(self.data<T>(), dv,
-                                                                source.data<T>(), sv, numel(),
-                                                                detail::stream_of(self)));
-    } else {
-      kernels::cpu::strided_copy<T>(self.data<T>(), dv, source.data<T>(), sv, numel());
-    }
+    kStridedCopy<T>.run(device(), self.data<T>(), dv, source.data<T>(), sv, numel());
   });
 }
 
@@ -246,19 +248,10 @@ Tensor Tensor::to(DType target) const {
     }
     const Tensor src = contiguous();
     Tensor out = empty(sizes(), {target, device()});
-    const bool down = target == DType::BFloat16;
-    if (device().is_cuda()) {
-      LEASEHOLD_CUDA_OR(
-          "to(dtype)",
-          down ? kernels::cuda::convert<bfloat16, float>(out.data<bfloat16>(), src.data<float>(),
-                                                         numel(), detail::stream_of(out))
-               : kernels::cuda::convert<float, bfloat16>(out.data<float>(),
-                                                         src.data<bfloat16>(), numel(),
-                                                         detail::stream_of(out)));
-    } else if (down) {
-      kernels::cpu::convert<bfloat16, float>(out.data<bfloat16>(), src.data<float>(), numel());
+    if (target == DType::BFloat16) {
+      kConvert<bfloat16, float>.run(device(), out.data<bfloat16>(), src.data<float>(), numel());
     } else {
-      kernels::cpu::convert<float, bfloat16>(out.data<float>(), src.data<bfloat16>(), numel());
+      kConvert<float, bfloat16>.run(device(), out.data<float>(), src.data<bfloat16>(), numel());
     }
     return out;
   }
@@ -270,13 +263,7 @@ Tensor Tensor::to(DType target) const {
     detail::dispatch_all(target, [&](auto to_tag) {
       using To = decltype(to_tag);
       if constexpr (!std::is_same_v<To, From>) {
-        if (device().is_cuda()) {
-          LEASEHOLD_CUDA_OR("to(dtype)", kernels::cuda::convert<To, From>(
-                                             out.data<To>(), src.data<From>(), n,
-                                             detail::stream_of(out)));
-        } else {
-          kernels::cpu::convert<To, From>(out.data<To>(), src.data<From>(), n);
-        }
+        kConvert<To, From>.run(device(), out.data<To>(), src.data<From>(), n);
       }
     });
   });
@@ -343,12 +330,7 @@ Tensor rand(const Shape& sizes, TensorOptions options, double low, double high) 
   const uint64_t seed = next_random_u64();
   detail::dispatch_floating(options.dtype, "rand", [&](auto tag) {
     using T = decltype(tag);
-    if (options.device.is_cuda()) {
-      LEASEHOLD_CUDA_OR("rand", kernels::cuda::uniform_fill<T>(t.data<T>(), t.numel(), low, high,
-                                                               seed, detail::stream_of(t)));
-    } else {
-      kernels::cpu::uniform_fill<T>(t.data<T>(), t.numel(), low, high, seed);
-    }
+    kUniformFill<T>.run(options.device, t.data<T>(), t.numel(), low, high, seed);
   });
   return t;
 }

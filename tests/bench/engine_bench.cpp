@@ -21,6 +21,7 @@
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "shared/device.h"
+#include "tests/engine/op_registry.h"
 #ifdef LEASEHOLD_HAVE_CUDA
 #include <cublas_v2.h>
 
@@ -163,6 +164,40 @@ nlohmann::json bandwidth(int64_t n) {
 }
 #endif
 
+// Every registered operator (tests/engine/op_registry.h) at its test shapes
+// in float32: forward, then forward and backward, in microseconds per call
+// (median; CUDA timed with events on the compute stream, so small shapes
+// show what a launch costs rather than a kernel's bandwidth).
+nlohmann::json registered_ops(E::Device device) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : E::testing::op_cases()) {
+    E::manual_seed(1);
+    std::vector<E::Tensor> inputs;
+    for (const E::Tensor& t : c.inputs()) {
+      inputs.push_back(t.to(E::DType::Float32).to(device).set_requires_grad(true));
+    }
+    auto forward = [&] {
+      E::NoGradGuard no_grad;
+      c.fn(inputs);
+    };
+    auto both = [&] {
+      for (E::Tensor& t : inputs) t.set_grad(E::Tensor());
+      E::sum(c.fn(inputs)).backward();
+    };
+    const int reps = device.is_cuda() ? 200 : 20;
+    auto seconds = [&](const std::function<void()>& fn) {
+#ifdef LEASEHOLD_HAVE_CUDA
+      if (device.is_cuda()) return time_device(fn, 10, reps);
+#endif
+      return time_host(fn, 2, reps);
+    };
+    out.push_back({{"op", c.name},
+                   {"forward_us", seconds(forward) * 1e6},
+                   {"forward_backward_us", seconds(both) * 1e6}});
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,8 +231,10 @@ int main(int argc, char** argv) {
         out["gemm"].push_back(gemm(std::stoll(item)));
       }
       out["bandwidth"] = bandwidth(elements);
+      out["ops_cuda"] = registered_ops(E::Device::cuda(0));
     }
 #endif
+    if (!out.contains("ops_cuda")) out["ops_cpu"] = registered_ops(E::Device::cpu());
     std::printf("%s\n", out.dump(2).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leasehold-bench-engine: %s\n", e.what());

@@ -17,6 +17,29 @@ std::function<std::vector<Tensor>()> normal(std::vector<Shape> shapes) {
   };
 }
 
+// |x| in [0.2, 1.2] with random signs: away from the kinks of relu, abs
+// and division, where the derivative is undefined.
+Tensor away_from_zero(const Shape& s) {
+  auto m = rand(s, f64, 0.2, 1.2).to_vector<double>();
+  auto sign = rand(s, f64, -1, 1).to_vector<double>();
+  for (size_t i = 0; i < m.size(); ++i) m[i] = sign[i] < 0 ? -m[i] : m[i];
+  return from_vector(m, s);
+}
+
+// Values in [low, high) (positive ones for log, sqrt and negative powers).
+std::function<std::vector<Tensor>()> between(Shape shape, double low, double high) {
+  return [=] { return std::vector<Tensor>{rand(shape, f64, low, high)}; };
+}
+
+// Distinct values, so the max of every pooling window is unique.
+Tensor distinct(const Shape& shape) {
+  std::vector<double> v(static_cast<size_t>(numel_of(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(double(i) * 1.7) + double(i) * 1e-3;
+  return from_vector(v, shape);
+}
+
+using Inputs = std::vector<Tensor>;
+
 // Indices with repeats (the embedding gradient sums them) and every end of
 // the range.
 Tensor token_index(const Shape& shape, int64_t vocab, Device device) {
@@ -40,6 +63,89 @@ OpCase attention_case(const std::string& name, Shape shape, bool causal, bool gr
 const std::vector<OpCase>& op_cases() {
   static const std::vector<OpCase> cases = [] {
     std::vector<OpCase> c;
+    // Elementwise, binary ones broadcasting.
+    const auto pair = [] { return Inputs{randn({3, 1, 4}, f64), randn({5, 1}, f64)}; };
+    c.push_back({"add", pair, [](auto& x) { return add(x[0], x[1]); }});
+    c.push_back({"sub", pair, [](auto& x) { return sub(x[0], x[1]); }});
+    c.push_back({"mul", pair, [](auto& x) { return mul(x[0], x[1]); }});
+    c.push_back({"div", [] { return Inputs{randn({3, 1, 4}, f64), away_from_zero({5, 1})}; },
+                 [](auto& x) { return div(x[0], x[1]); }});
+    c.push_back({"scalar ops", normal({{3, 4}}),
+                 [](auto& x) { return add(mul(x[0], 2.5), -1.0); }});
+    const auto signed_values = [] { return Inputs{away_from_zero({2, 3, 5})}; };
+    c.push_back({"neg", signed_values, [](auto& x) { return neg(x[0]); }});
+    c.push_back({"exp", signed_values, [](auto& x) { return exp(x[0]); }});
+    c.push_back({"log", between({7}, 0.5, 3), [](auto& x) { return log(x[0]); }});
+    c.push_back({"pow 3", signed_values, [](auto& x) { return pow(x[0], 3.0); }});
+    c.push_back({"pow -1.5", between({7}, 0.5, 3), [](auto& x) { return pow(x[0], -1.5); }});
+    c.push_back({"sqrt", between({7}, 0.5, 3), [](auto& x) { return sqrt(x[0]); }});
+    c.push_back({"abs", signed_values, [](auto& x) { return abs(x[0]); }});
+    c.push_back({"relu", signed_values, [](auto& x) { return relu(x[0]); }});
+    c.push_back({"sigmoid", signed_values, [](auto& x) { return sigmoid(x[0]); }});
+    c.push_back({"tanh", signed_values, [](auto& x) { return tanh(x[0]); }});
+    // Products.
+    c.push_back({"matmul", normal({{3, 7}, {7, 2}}),
+                 [](auto& x) { return matmul(x[0], x[1]); }});
+    c.push_back({"matmul batched", normal({{2, 3, 4}, {2, 4, 5}}),
+                 [](auto& x) { return matmul(x[0], x[1]); }});
+    c.push_back({"matmul shared right", normal({{2, 3, 4}, {4, 5}}),
+                 [](auto& x) { return matmul(x[0], x[1]); }});
+    c.push_back({"matmul transposed", normal({{7, 3}, {7, 2}}),
+                 [](auto& x) { return matmul(x[0].transpose(0, 1), x[1]); }});
+    c.push_back({"linear", normal({{5, 7}, {3, 7}, {3}}),
+                 [](auto& x) { return linear(x[0], x[1], x[2]); }});
+    c.push_back({"linear no bias", normal({{5, 7}, {3, 7}}),
+                 [](auto& x) { return linear(x[0], x[1], Tensor()); }});
+    c.push_back({"linear views", normal({{7, 5}, {4, 7}, {3}}), [](auto& x) {
+                   return linear(x[0].transpose(0, 1), x[1].narrow(0, 1, 3), x[2]);
+                 }});
+    c.push_back({"linear relu", [] { return Inputs{randn({6, 5}, f64), randn({4, 5}, f64),
+                                                   away_from_zero({4})}; },
+                 [](auto& x) { return linear(x[0], x[1], x[2], true); }});
+    // Reductions, softmax and losses.
+    c.push_back({"sum", normal({{3, 4, 5}}), [](auto& x) { return sum(x[0]); }});
+    c.push_back({"sum dim", normal({{3, 4, 5}}), [](auto& x) { return sum(x[0], {1}); }});
+    c.push_back({"sum keepdim", normal({{3, 4, 5}}),
+                 [](auto& x) { return sum(x[0], {0, 2}, true); }});
+    c.push_back({"mean", normal({{3, 4, 5}}), [](auto& x) { return mean(x[0], {-1}); }});
+    c.push_back({"max", normal({{3, 4, 5}}), [](auto& x) { return max(x[0], 1).first; }});
+    c.push_back({"max keepdim", normal({{3, 4, 5}}),
+                 [](auto& x) { return max(x[0], 2, true).first; }});
+    c.push_back({"softmax", normal({{4, 6}}), [](auto& x) { return softmax(x[0], 1); }});
+    c.push_back({"softmax dim 0", normal({{4, 6}}), [](auto& x) { return softmax(x[0], 0); }});
+    c.push_back({"log_softmax", normal({{4, 6}}), [](auto& x) { return log_softmax(x[0], -1); }});
+    c.push_back({"log_softmax inner", normal({{3, 2, 5}}),
+                 [](auto& x) { return log_softmax(x[0], 0); }});
+    c.push_back({"cross_entropy", normal({{4, 6}}), [](auto& x) {
+                   return cross_entropy(x[0], from_vector<int64_t>({0, 5, 2, 2}, {4},
+                                                                   x[0].device()));
+                 }});
+    c.push_back({"mse_loss", normal({{4, 6}, {4, 6}}),
+                 [](auto& x) { return mse_loss(x[0], x[1]); }});
+    c.push_back({"l1_loss", [] {
+                   Tensor a = randn({4, 6}, f64);
+                   return Inputs{a, add(a, away_from_zero({4, 6}))};
+                 },
+                 [](auto& x) { return l1_loss(x[0], x[1]); }});
+    // Convolution and pooling.
+    c.push_back({"conv2d", normal({{2, 3, 6, 5}, {4, 3, 3, 3}, {4}}),
+                 [](auto& x) { return conv2d(x[0], x[1], x[2], 1, 0); }, true, 1e-4, 1e-5});
+    c.push_back({"conv2d strided padded", normal({{1, 2, 7, 7}, {3, 2, 3, 3}}),
+                 [](auto& x) { return conv2d(x[0], x[1], Tensor(), 2, 1); }, true, 1e-4, 1e-5});
+    c.push_back({"max_pool2d", [] { return Inputs{distinct({2, 2, 6, 6})}; },
+                 [](auto& x) { return max_pool2d(x[0], 2); }});
+    c.push_back({"max_pool2d overlapping", [] { return Inputs{distinct({2, 2, 6, 6})}; },
+                 [](auto& x) { return max_pool2d(x[0], 3, 1); }});
+    // Views and dropout (one mask for every evaluation: the same seed).
+    c.push_back({"permute", normal({{2, 3, 4}}),
+                 [](auto& x) { return x[0].permute({2, 0, 1}).contiguous(); }});
+    c.push_back({"narrow expand", normal({{2, 3, 4}}),
+                 [](auto& x) { return x[0].narrow(0, 1, 1).expand({3, 3, 4}); }});
+    c.push_back({"dropout", normal({{2, 3, 4}}), [](auto& x) {
+                   manual_seed(99);
+                   return dropout(x[0], 0.4, true);
+                 }});
+    // Transformer layers.
     c.push_back({"gelu", normal({{3, 5}}), [](auto& x) { return gelu(x[0]); }});
     c.push_back({"gelu large", normal({{1025, 33}}), [](auto& x) { return gelu(x[0]); }, false});
     c.push_back({"layer_norm", normal({{2, 3, 7}, {7}, {7}}),
