@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/attention_launch.cuh"
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/transformer.h"
@@ -164,9 +165,9 @@ __global__ void embedding_backward_kernel(T* dweight, const T* g, const int64_t*
 
 // ---- attention ----
 
-// Tiles: 64 rows per block on the thread side; the other side's rows staged
-// kTile at a time: two tiles of kTile × D in at most 32 KiB of shared memory.
-constexpr int kRowsPerBlock = 64;
+// Tiles: kRowsPerBlock rows per block on the thread side; the other side's
+// rows staged kTile at a time: two tiles of kTile × D in at most 32 KiB of
+// shared memory.
 template <class T, int D>
 inline constexpr int kTile = 2 * 32 * D * sizeof(T) <= 32768 ? 32 : 16;
 
@@ -220,20 +221,6 @@ __global__ void attention_forward_kernel(T* o, T* lse, const T* q, const T* k, c
     const T inv = T(1) / l;
     for (int c = 0; c < d; ++c) o[(head * t + i) * d + c] = acc[c] * inv;
     lse[head * t + i] = m + log(l);
-  }
-}
-
-// delta[r] = do_r · o_r, a warp per row.
-template <class T>
-__global__ void attention_delta_kernel(T* delta, const T* dout, const T* o, int64_t rows,
-                                       int64_t d) {
-  const int lane = threadIdx.x % 32;
-  for (int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32; r < rows;
-       r += int64_t(gridDim.x) * kWarpsPerBlock) {
-    T s = 0;
-    for (int64_t c = lane; c < d; c += 32) s += dout[r * d + c] * o[r * d + c];
-    s = warp_sum(s);
-    if (lane == 0) delta[r] = s;
   }
 }
 
@@ -353,27 +340,6 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
   }
 }
 
-// Calls f with the smallest padded head size that holds d.
-template <class F>
-void with_head_size(int64_t d, F&& f) {
-  if (d <= 16) return f(std::integral_constant<int, 16>{});
-  if (d <= 32) return f(std::integral_constant<int, 32>{});
-  if (d <= 64) return f(std::integral_constant<int, 64>{});
-  if (d <= kMaxCudaHeadSize) return f(std::integral_constant<int, 128>{});
-  throw std::invalid_argument("attention: head size " + std::to_string(d) +
-                              " is over the CUDA kernels' " + std::to_string(kMaxCudaHeadSize));
-}
-
-// Heads in x (up to 2^31 - 1 blocks), row blocks in y (up to 65535).
-dim3 attention_grid(int64_t heads, int64_t t) {
-  const int64_t row_blocks = (t + kRowsPerBlock - 1) / kRowsPerBlock;
-  if (heads > 2147483647 || row_blocks > 65535) {
-    throw std::invalid_argument("attention: " + std::to_string(heads) + " batch × heads of " +
-                                std::to_string(t) + " tokens is over what the CUDA kernels take");
-  }
-  return dim3(static_cast<unsigned>(heads), static_cast<unsigned>(row_blocks));
-}
-
 }  // namespace
 
 template <class T>
@@ -445,9 +411,7 @@ void attention_backward(Stream s, T* dq, T* dk, T* dv, T* workspace, const T* do
   if (heads * t == 0) return;
   cudaStream_t st = as_cuda(s);
   T* delta = workspace;
-  attention_delta_kernel<T><<<warp_rows_grid(heads * t), kWarpsPerBlock * 32, 0, st>>>(
-      delta, dout, o, heads * t, d);
-  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  launch_attention_delta<T>(delta, dout, o, heads * t, d, st);
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
     const dim3 grid = attention_grid(heads, t);

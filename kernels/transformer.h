@@ -81,8 +81,24 @@ inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return h
 LEASEHOLD_TRANSFORMER_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA
 LEASEHOLD_TRANSFORMER_KERNELS(cuda)
+namespace cuda {
 // The largest head size the CUDA attention kernels take.
 inline constexpr int64_t kMaxCudaHeadSize = 128;
+// attention_forward and attention_backward for float32 tensors under
+// autocast (attention_bf16.cu): the products on tensor cores in bfloat16
+// with float32 accumulation. q, k, v and dout are rounded to bfloat16 as
+// they are read, and so are the probabilities and their gradients before
+// the products that take them; the softmax statistics, lse, the outputs and
+// the gradients are float32, summed in a fixed order (the same bits every
+// run).
+void attention_forward_bf16(Stream s, float* o, float* lse, const float* q, const float* k,
+                            const float* v, int64_t heads, int64_t t, int64_t d, double scale,
+                            bool causal);
+void attention_backward_bf16(Stream s, float* dq, float* dk, float* dv, float* workspace,
+                             const float* dout, const float* q, const float* k, const float* v,
+                             const float* o, const float* lse, int64_t heads, int64_t t,
+                             int64_t d, double scale, bool causal);
+}  // namespace cuda
 #endif
 #undef LEASEHOLD_TRANSFORMER_KERNELS
 

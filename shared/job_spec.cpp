@@ -16,6 +16,7 @@
 #include "shared/printable.h"
 #include "shared/program_spec.h"
 #include "shared/region_names.h"
+#include "shared/text_dataset_checks.h"
 #include "shared/units.h"
 
 namespace leasehold {
@@ -121,29 +122,8 @@ std::string str_or(const flatbuffers::String* s, const std::string& fallback = "
 void check_model(const proto::JobSpec& job, const std::vector<int64_t>& input, int64_t classes,
                  const std::string& labels, std::vector<std::string>& p) {
   auto shapes = infer_layer_shapes(*job.model(), input, p);
-  if (is_text_dataset(job) && job.model()->size() > 0) {
-    const proto::Layer& first = *job.model()->Get(0);
-    if (first.type() != proto::LayerType::Embedding) {
-      p.push_back("model[0]: a text model starts with an Embedding of the " +
-                  std::to_string(kTextVocabulary) + " byte values");
-    } else if (first.in() < kTextVocabulary) {
-      p.push_back("model[0] (Embedding): in is " + std::to_string(first.in()) +
-                  ", but the text's tokens are bytes: make it " + std::to_string(kTextVocabulary));
-    }
-  }
-  if (shapes.size() == job.model()->size() && is_text_dataset(job)) {
-    const auto& last = shapes.back();
-    if (last.size() != 2 || last[0] != input[0] || last[1] < kTextVocabulary) {
-      p.push_back("model: the last layer must produce next-token scores [tokens, " +
-                  std::to_string(kTextVocabulary) + "] (one per byte value), not " +
-                  "[" + [&] {
-                    std::string t;
-                    for (size_t i = 0; i < last.size(); ++i) {
-                      t += (i ? ", " : "") + std::to_string(last[i]);
-                    }
-                    return t;
-                  }() + "]");
-    }
+  if (is_text_dataset(job)) {
+    check_text_model(*job.model(), shapes, input, p);
   } else if (shapes.size() == job.model()->size()) {
     const auto& last = shapes.back();
     if (last.size() != 1) {
@@ -234,71 +214,6 @@ std::vector<std::pair<std::string, const flatbuffers::String*>> text_fields(
     }
   }
   return f;
-}
-
-// `text` in quotes, escaped so that a hostile value cannot forge a log
-// line or break a JSON reply.
-std::string in_quotes(const std::string& text) { return "'" + printable(text) + "'"; }
-
-// A text dataset: its files (regular, readable, with checks_files), a
-// context in [1, kMaxTextContext], a held-out fraction in (0, 1) that
-// leaves both parts at least one sample long; no image fields.
-void check_text_dataset(const proto::DatasetSpec& d, bool check_files, uint64_t budget,
-                        std::vector<std::string>& p) {
-  if (d.train_images() || d.train_labels() || d.test_images() || d.test_labels() ||
-      d.directory()) {
-    p.push_back("dataset: a text dataset reads `files`, not directory or IDX images and labels");
-  }
-  if (d.context() < 1 || d.context() > kMaxTextContext) {
-    p.push_back("dataset.context: " + std::to_string(d.context()) + " is not in [1, " +
-                std::to_string(kMaxTextContext) + "] tokens");
-  }
-  if (!(d.validation_fraction() > 0 && d.validation_fraction() < 1)) {
-    p.push_back("dataset.validation_fraction: must be in (0, 1)");
-  }
-  if (!d.files() || d.files()->size() == 0) {
-    p.push_back("dataset.files: a text dataset needs at least one file");
-    return;
-  }
-  if (!check_files) return;
-  uint64_t total = 0;
-  bool files_ok = true;
-  for (flatbuffers::uoffset_t i = 0; i < d.files()->size(); ++i) {
-    const std::string path = d.files()->Get(i)->str();
-    const std::string field = "dataset.files[" + std::to_string(i) + "]: ";
-    std::error_code ec;
-    const auto status = std::filesystem::status(path, ec);
-    if (ec || !std::filesystem::exists(status)) {
-      p.push_back(field + in_quotes(path) + " does not exist");
-      files_ok = false;
-    } else if (!std::filesystem::is_regular_file(status)) {
-      p.push_back(field + in_quotes(path) + " is not a regular file");
-      files_ok = false;
-    } else if (std::FILE* f = std::fopen(path.c_str(), "rb"); !f) {
-      p.push_back(field + in_quotes(path) + " cannot be read");
-      files_ok = false;
-    } else {
-      std::fclose(f);
-      total += std::filesystem::file_size(path, ec);
-    }
-  }
-  if (!files_ok || d.context() < 1) return;
-  // Each token is held as an input and a target (8 bytes each), on a GPU in
-  // the job's memory: the corpus must fit the budget with room to train.
-  if (budget && total > budget / (4 * kTextBytesPerToken)) {
-    p.push_back("dataset.files: " + format_bytes(total) + " of text take " +
-                format_bytes(total * kTextBytesPerToken) + " as samples, over a quarter of " +
-                "memory_budget " + format_bytes(budget) + "; raise the budget or use less text");
-  }
-  // Each part needs a sample: context tokens and one more as the target.
-  const uint64_t held = static_cast<uint64_t>(static_cast<double>(total) * d.validation_fraction());
-  const uint64_t need = static_cast<uint64_t>(d.context()) + 1;
-  if (held < need || total - held < need) {
-    p.push_back("dataset.files: " + std::to_string(total) + " bytes in all, too few for a " +
-                "training and a validation sample of " + std::to_string(d.context()) +
-                " tokens each (validation_fraction " + std::to_string(d.validation_fraction()) +
-                ")");
-  }
 }
 
 }  // namespace

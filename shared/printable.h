@@ -16,5 +16,10 @@ std::string printable(std::string_view text, size_t max_bytes = kMaxPrintableByt
 // Whether `text` is already printable (nothing would be escaped) and at most
 // kMaxPrintableBytes long: for values that are refused rather than escaped.
 bool is_printable(std::string_view text);
+// printable(text, max_bytes) in single quotes: a peer's value quoted in an
+// error, so that it cannot forge a log line or break a JSON reply.
+inline std::string in_quotes(std::string_view text, size_t max_bytes = kMaxPrintableBytes) {
+  return "'" + printable(text, max_bytes) + "'";
+}
 
 }  // namespace leasehold

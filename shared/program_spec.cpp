@@ -16,7 +16,8 @@
 namespace leasehold {
 namespace {
 
-std::string quoted(std::string_view text) { return "'" + printable(std::string(text), 256) + "'"; }
+// Values quoted in errors are cut to this many bytes.
+constexpr size_t kQuotedBytes = 256;
 
 bool valid_env_name(std::string_view name) {
   if (name.empty() || name.size() > 256 || std::isdigit(static_cast<unsigned char>(name[0]))) {
@@ -134,23 +135,25 @@ void validate_program(const proto::JobSpec& job, const ValidationOptions& option
     p.push_back("program.directory: required (its working folder; `leasehold run` gives the "
                 "current one)");
   } else if (dir.front() != '/') {
-    p.push_back("program.directory: " + quoted(dir) + " is not an absolute path");
+    p.push_back("program.directory: " + in_quotes(dir, kQuotedBytes) + " is not an absolute path");
   } else if (options.check_files) {
     struct stat st {};
     if (options.submitter_uid < 0) {
       p.push_back("program.directory: the submitter's user is not known (a network client): a "
                   "program job is submitted over the local socket");
     } else if (::stat(dir.c_str(), &st) != 0) {
-      p.push_back("program.directory: " + quoted(dir) + ": " + std::strerror(errno));
+      p.push_back("program.directory: " + in_quotes(dir, kQuotedBytes) + ": " +
+                  std::strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
-      p.push_back("program.directory: " + quoted(dir) + " is not a folder");
+      p.push_back("program.directory: " + in_quotes(dir, kQuotedBytes) + " is not a folder");
     } else if (std::string at = submitter_refused_at(dir, options.submitter_uid,
                                                      options.submitter_gid);
                !at.empty()) {
-      p.push_back("program.directory: " + quoted(dir) + " is not readable by its submitter (uid " +
+      p.push_back("program.directory: " + in_quotes(dir, kQuotedBytes) +
+                  " is not readable by its submitter (uid " +
                   std::to_string(options.submitter_uid) + "): " +
                   (at == dir ? std::string("it may not read the folder")
-                             : quoted(at) + " may not be searched"));
+                             : in_quotes(at, kQuotedBytes) + " may not be searched"));
     }
   }
   if (const auto* env = prog.environment()) {
@@ -164,7 +167,7 @@ void validate_program(const proto::JobSpec& job, const ValidationOptions& option
       const std::string at = "program.environment[" + std::to_string(i) + "]";
       const std::string name = v && v->name() ? v->name()->str() : "";
       if (!valid_env_name(name)) {
-        p.push_back(at + ".name: " + quoted(name) +
+        p.push_back(at + ".name: " + in_quotes(name, kQuotedBytes) +
                     " is not a variable name (letters, digits and '_', not starting with a digit)");
       } else if (reserved_environment_name(name)) {
         p.push_back(at + ".name: " + name +

@@ -14,6 +14,7 @@
 
 #include "agent/job_runner.h"
 #include "shared/job_spec.h"
+#include "tests/support/job_problems.h"
 #include "shared/printable.h"
 #include "tests/support/memory_file_system.h"
 #include "tests/support/synthetic_data.h"
@@ -48,14 +49,7 @@ class JobTest : public ::testing::Test {
   std::string dir;
 };
 
-std::string problems_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const JobSpecError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::problems_of;
 
 TEST_F(JobTest, UnknownFieldsAndWrongTypesAreNamed) {
   std::string e = problems_of([&] { parse_job_json(job_json(R"(, "epochs": 1, "epoks": 2)"), "j.json"); });

@@ -11,20 +11,14 @@
 
 #include "agent/job_runner.h"
 #include "shared/job_spec.h"
+#include "tests/support/job_problems.h"
 
 namespace leasehold {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string problems_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const JobSpecError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::problems_of;
 
 class TextJobTest : public ::testing::Test {
  protected:

@@ -1,10 +1,12 @@
 // Mixed precision in the manner of PyTorch's autocast: while an
 // AutocastGuard for bfloat16 lives on a thread, the linear layers it runs
 // on CUDA multiply bfloat16 copies of their input and weight on tensor
-// cores, accumulating and returning float32; parameters, optimiser state,
-// activations, norms, softmax and the loss stay float32. Their backward
-// uses the same bfloat16 copies (which is what they keep for it: half the
-// bytes of the float32 input). On the CPU nothing changes: it computes in
+// cores, accumulating and returning float32, and scaled dot-product
+// attention runs its products in bfloat16 on tensor cores the same way
+// (float32 softmax statistics); parameters, optimiser state, activations,
+// norms, softmax and the loss stay float32. A linear layer's backward uses
+// the same bfloat16 copies (which is what it keeps for it: half the bytes
+// of the float32 input). On the CPU nothing changes: it computes in
 // float32, the reference the CUDA results are checked against.
 #pragma once
 

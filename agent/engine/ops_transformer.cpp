@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
 #include "agent/engine/kernel_table.h"
@@ -81,6 +82,7 @@ struct LayerNormBackward final : Node {
 struct AttentionBackward final : Node {
   SavedTensor q, k, v, o, lse;
   bool causal = true;
+  bool mixed = false;  // autocast: the bfloat16 tensor-core kernels
   const char* name() const override { return "ScaledDotProductAttentionBackward"; }
   std::vector<Tensor> apply(const Tensor& g) override {
     const Tensor qv = q.get(), kv = k.get(), vv = v.get(), ov = o.get(), lv = lse.get();
@@ -89,12 +91,22 @@ struct AttentionBackward final : Node {
     Tensor dq = empty(qv.sizes(), qv.options()), dk = empty(qv.sizes(), qv.options()),
            dv = empty(qv.sizes(), qv.options());
     Tensor work = empty({kernels::attention_backward_workspace(heads, t)}, qv.options());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    if (mixed) {
+      LEASEHOLD_CUDA_OR("scaled_dot_product_attention",
+                        kernels::cuda::attention_backward_bf16(
+                            stream_for(g.device()), dq.data<float>(), dk.data<float>(),
+                            dv.data<float>(), work.data<float>(), gc.data<float>(),
+                            qv.data<float>(), kv.data<float>(), vv.data<float>(),
+                            ov.data<float>(), lv.data<float>(), heads, t, d, scale, causal));
+      return {dq, dk, dv};
+    }
     detail::dispatch_floating(g.dtype(), "scaled_dot_product_attention backward", [&](auto tag) {
       using T = decltype(tag);
       kAttentionBackward<T>.run(g.device(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
                                 work.data<T>(), gc.data<T>(), qv.data<T>(), kv.data<T>(),
-                                vv.data<T>(), ov.data<T>(), lv.data<T>(), heads, t, d,
-                                1.0 / std::sqrt(static_cast<double>(d)), causal);
+                                vv.data<T>(), ov.data<T>(), lv.data<T>(), heads, t, d, scale,
+                                causal);
     });
     return {dq, dk, dv};
   }
@@ -207,21 +219,31 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const int64_t heads = q.size(0) * q.size(1), t = q.size(2), d = q.size(3);
   if (d == 0) throw std::invalid_argument(std::string(op) + ": head size 0");
 #ifdef LEASEHOLD_HAVE_CUDA
-  if (q.device().is_cuda() && d > kernels::kMaxCudaHeadSize) {
+  if (q.device().is_cuda() && d > kernels::cuda::kMaxCudaHeadSize) {
     throw std::invalid_argument(std::string(op) + ": head size " + std::to_string(d) +
-                                " is over the " + std::to_string(kernels::kMaxCudaHeadSize) +
+                                " is over the " + std::to_string(kernels::cuda::kMaxCudaHeadSize) +
                                 " the CUDA kernel takes");
   }
 #endif
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Tensor o = empty(q.sizes(), q.options());
   Tensor lse = empty({q.size(0), q.size(1), t}, q.options());
-  detail::dispatch_floating(q.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    kAttentionForward<T>.run(q.device(), o.data<T>(), lse.data<T>(), qc.data<T>(), kc.data<T>(),
-                             vc.data<T>(), heads, t, d, 1.0 / std::sqrt(static_cast<double>(d)),
-                             causal);
-  });
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // Autocast (CUDA only): the products in bfloat16 on tensor cores.
+  const bool mixed =
+      autocast_dtype(q.device()) == DType::BFloat16 && q.dtype() == DType::Float32;
+  if (mixed) {
+    LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_forward_bf16(
+                              stream_for(q.device()), o.data<float>(), lse.data<float>(),
+                              qc.data<float>(), kc.data<float>(), vc.data<float>(), heads, t, d,
+                              scale, causal));
+  } else {
+    detail::dispatch_floating(q.dtype(), op, [&](auto tag) {
+      using T = decltype(tag);
+      kAttentionForward<T>.run(q.device(), o.data<T>(), lse.data<T>(), qc.data<T>(),
+                               kc.data<T>(), vc.data<T>(), heads, t, d, scale, causal);
+    });
+  }
   if (any_requires_grad({&q, &k, &v})) {
     auto node = std::make_shared<AttentionBackward>();
     node->q = SavedTensor(qc);
@@ -230,6 +252,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     node->o = SavedTensor(o);
     node->lse = SavedTensor(lse);
     node->causal = causal;
+    node->mixed = mixed;
     record(o, node, {&q, &k, &v});
   }
   return o;

@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/cuda_context.h"
 #include "agent/engine/nn.h"
@@ -164,6 +166,40 @@ nlohmann::json bandwidth(int64_t n) {
 }
 #endif
 
+#ifdef LEASEHOLD_HAVE_CUDA
+// Causal attention at the GPT job's shapes (batch × heads × tokens × head
+// size), float32 tensors: the float32 kernels, and the bfloat16 tensor-core
+// ones that autocast picks. Milliseconds per forward and per forward and
+// backward (tests/bench/attention_torch.py times PyTorch's SDPA on the same
+// shapes).
+nlohmann::json attention(const E::Shape& shape) {
+  E::manual_seed(2);
+  const E::Device cuda = E::Device::cuda(0);
+  std::vector<E::Tensor> qkv;
+  for (int i = 0; i < 3; ++i) qkv.push_back(E::randn(shape).to(cuda).set_requires_grad(true));
+  const E::Tensor g = E::randn(shape).to(cuda);
+  nlohmann::json out{{"shape", shape}};
+  for (bool mixed : {false, true}) {
+    std::optional<E::DType> precision;
+    if (mixed) precision = E::DType::BFloat16;
+    auto forward = [&] {
+      E::AutocastGuard autocast(precision);
+      E::NoGradGuard no_grad;
+      E::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true);
+    };
+    auto both = [&] {
+      E::AutocastGuard autocast(precision);
+      for (E::Tensor& t : qkv) t.set_grad(E::Tensor());
+      E::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true).backward(g);
+    };
+    const std::string key = mixed ? "bf16" : "fp32";
+    out[key + "_forward_ms"] = time_device(forward, 5, 30) * 1e3;
+    out[key + "_forward_backward_ms"] = time_device(both, 5, 30) * 1e3;
+  }
+  return out;
+}
+#endif
+
 // Every registered operator (tests/engine/op_registry.h) at its test shapes
 // in float32: forward, then forward and backward, in microseconds per call
 // (median; CUDA timed with events on the compute stream, so small shapes
@@ -231,6 +267,7 @@ int main(int argc, char** argv) {
         out["gemm"].push_back(gemm(std::stoll(item)));
       }
       out["bandwidth"] = bandwidth(elements);
+      out["attention"] = attention({64, 6, 256, 64});
       out["ops_cuda"] = registered_ops(E::Device::cuda(0));
     }
 #endif

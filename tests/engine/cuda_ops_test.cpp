@@ -132,6 +132,78 @@ TEST_F(CudaOps, TransformerGradientsAreDeterministic) {
   }
 }
 
+// Autocast: attention's products in bfloat16 on tensor cores, against the
+// float32 CPU kernels, on shapes across the kernels' tiles and padded head
+// sizes: within bfloat16's precision in norm (1%, gradients 2%) and
+// everywhere (an element's error is a fraction of a unit where outputs are
+// about 1; a gradient that cancels to about 0 within 1e-2 of it); the
+// tensor-core path is taken (its bits differ from the float32 kernels'); and
+// its gradients are the same bits every run.
+TEST_F(CudaOps, AutocastAttentionTracksFloat32OnTensorCores) {
+  struct Shape4 {
+    Shape shape;
+    bool causal;
+  };
+  const std::vector<Shape4> shapes = {{{2, 3, 256, 64}, true},  {{1, 2, 97, 48}, false},
+                                      {{2, 1, 70, 32}, true},   {{1, 2, 200, 128}, true},
+                                      {{3, 2, 1, 16}, true},    {{1, 1, 130, 64}, false}};
+  auto relative = [](const Tensor& a, const Tensor& b) {
+    NoGradGuard no_grad;
+    Tensor d = sub(a.detach().to(Device::cpu()), b);
+    return std::sqrt(sum(mul(d, d)).item() / std::max(sum(mul(b, b)).item(), 1e-30));
+  };
+  for (const auto& [shape, causal] : shapes) {
+    SCOPED_TRACE(shape_to_string(shape) + (causal ? " causal" : " full"));
+    manual_seed(37);
+    std::vector<Tensor> cpu, gpu;
+    for (int i = 0; i < 3; ++i) {
+      Tensor x = randn(shape);
+      cpu.push_back(x.clone().set_requires_grad(true));
+      gpu.push_back(x.to(Device::cuda()).set_requires_grad(true));
+    }
+    Tensor r = randn(shape);
+    Tensor ref = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], causal);
+    sum(mul(ref, r)).backward();
+    std::vector<std::vector<float>> first;
+    for (int run = 0; run < 2; ++run) {
+      for (Tensor& x : gpu) x.set_grad(Tensor());
+      Tensor got;
+      {
+        AutocastGuard autocast(DType::BFloat16);
+        got = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], causal);
+      }
+      sum(mul(got, r.to(Device::cuda()))).backward();
+      std::vector<std::vector<float>> grads;
+      for (Tensor& x : gpu) grads.push_back(x.grad().to_vector<float>());
+      if (run == 1) {
+        EXPECT_EQ(grads, first) << "gradients differ between runs";
+        continue;
+      }
+      first = grads;
+      NoGradGuard no_grad;
+      EXPECT_LE(relative(got, ref), 1e-2) << "forward";
+      EXPECT_LE(max_rel_diff(got, ref), 4e-2) << "forward";
+      if (shape[2] > 1) {
+        Tensor plain = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], causal);
+        EXPECT_GT(max_rel_diff(got, plain), 0.0) << "the float32 kernel ran";
+      }
+      for (int i = 0; i < 3; ++i) {
+        SCOPED_TRACE("gradient of input " + std::to_string(i));
+        const Tensor& want = cpu[i].grad();
+        const double rms = std::sqrt(sum(mul(want, want)).item() / double(want.numel()));
+        if (rms > 1e-3) {
+          EXPECT_LE(relative(gpu[i].grad(), want), 2e-2);
+          EXPECT_LE(max_rel_diff(gpu[i].grad(), want), 1e-1);
+        } else {
+          // A sum that cancels to about 0 (one token: dq = dk = 0): its
+          // error is the terms' rounding, not a fraction of the result.
+          EXPECT_LE(max_rel_diff(gpu[i].grad(), want), 1e-2);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, AttentionRejectsHeadSizesOverTheKernels) {
   Tensor q = zeros({1, 1, 4, 129}, TensorOptions{}.on(Device::cuda()));
   EXPECT_THROW(scaled_dot_product_attention(q, q, q, true), std::invalid_argument);

@@ -1,0 +1,448 @@
+// Attention on tensor cores for float32 tensors under autocast: the
+// FlashAttention-2 scheme with bfloat16 mma.sync products (m16n8k16,
+// float32 accumulation). A block takes 64 rows of one head, 16 per warp;
+// the warp's own rows (queries, or keys in dK/dV) stay in registers as mma
+// A fragments, read straight from global memory, and the other side is
+// staged 64 (32 for head sizes over 64) rows at a time in shared memory as
+// bfloat16, once row-major and, where a product runs along its rows, once
+// transposed. Scores and probabilities never leave registers: a product's
+// float32 accumulators are the next product's bfloat16 A fragment. The
+// softmax runs in base 2 on float32 statistics. No atomics: dQ has a kernel
+// of its own, so every gradient is summed in a fixed order.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/attention_launch.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/transformer.h"
+
+namespace leasehold::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;  // 16 rows each: kRowsPerBlock
+static_assert(kWarps * 16 == kRowsPerBlock);
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Rows of the other side staged per step: register and shared-memory use
+// grow with the head size D.
+template <int D>
+inline constexpr int kCols = D <= 64 ? 64 : 32;
+// Row strides in shared memory, in bfloat16: 8 more than the row (16 bytes)
+// puts the 8 rows an mma fragment load touches in different banks.
+template <int N>
+inline constexpr int kPadded = N + 8;
+
+// Two bfloat16 in one register, the lower index in the low half.
+__device__ inline uint32_t pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// c[16×8] += a[16×16] · b[16×8]. Fragments (lane = 4 g + q):
+//   a: {rows g, g+8} × {cols 2q, 2q+1}, then the same at cols + 8
+//   b: rows {2q, 2q+1} of col g, then rows + 8
+//   c: rows g (c0, c1) and g + 8 (c2, c3), cols 2q, 2q+1
+__device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The B fragment of columns n0..n0+7 and rows k0..k0+15 of a matrix kept
+// as rows of its columns: src[n * ld + k] is element (k, n).
+__device__ inline void load_b(uint32_t& b0, uint32_t& b1, const bf16* src, int ld, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  const bf16* p = src + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
+  b0 = *reinterpret_cast<const uint32_t*>(p);
+  b1 = *reinterpret_cast<const uint32_t*>(p + 8);
+}
+
+// A fragments of this warp's 16 rows (row0 + [0, 16)) of a [t, d] float
+// matrix over D columns, times `mul`, rounded to bfloat16; zeros past t and d.
+template <int D>
+__device__ inline void load_a_rows(uint32_t (&f)[D / 16][4], const float* src, int row0, int t,
+                                   int d, float mul) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = row0 + lane / 4 + 8 * (r % 2);
+      const int col = kk * 16 + 8 * (r / 2) + 2 * (lane % 4);
+      const float* p = src + int64_t(row) * d + col;
+      const float x0 = row < t && col < d ? p[0] * mul : 0.f;
+      const float x1 = row < t && col + 1 < d ? p[1] * mul : 0.f;
+      f[kk][r] = pack(x0, x1);
+    }
+  }
+}
+
+// The A fragment of keys (or queries) 16 kk .. 16 kk + 15 from the float32
+// accumulators of two 16×8 products over them: probabilities to bfloat16.
+__device__ inline void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4],
+                                         const float (&hi)[4]) {
+  a[0] = pack(lo[0], lo[1]);
+  a[1] = pack(lo[2], lo[3]);
+  a[2] = pack(hi[0], hi[1]);
+  a[3] = pack(hi[2], hi[3]);
+}
+
+// Rows r0 .. r0 + R - 1 of a [t, d] float matrix into shared memory as
+// bfloat16, zeros past t and d: row-major (stride ld) into `rows` and/or
+// transposed (stride ldt: element (r, c) at c * ldt + r) into `cols`.
+// Rows whose length is a multiple of 4 (and 16-byte aligned) move as
+// float4: a quarter of the loads.
+template <int R, int D>
+__device__ inline void stage(bf16* rows, int ld, bf16* cols, int ldt, const float* src, int r0,
+                             int t, int d) {
+  if (d % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    for (int e = 4 * threadIdx.x; e < R * D; e += 4 * blockDim.x) {
+      const int r = e / D, c = e % D, row = r0 + r;
+      const float4 x = row < t && c < d
+                           ? *reinterpret_cast<const float4*>(src + int64_t(row) * d + c)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+      if (rows) *reinterpret_cast<uint2*>(rows + r * ld + c) = {pack(x.x, x.y), pack(x.z, x.w)};
+      if (cols) {
+        cols[c * ldt + r] = __float2bfloat16_rn(x.x);
+        cols[(c + 1) * ldt + r] = __float2bfloat16_rn(x.y);
+        cols[(c + 2) * ldt + r] = __float2bfloat16_rn(x.z);
+        cols[(c + 3) * ldt + r] = __float2bfloat16_rn(x.w);
+      }
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
+    const int r = e / D, c = e % D, row = r0 + r;
+    const bf16 x = __float2bfloat16_rn(row < t && c < d ? src[int64_t(row) * d + c] : 0.f);
+    if (rows) rows[r * ld + c] = x;
+    if (cols) cols[c * ldt + r] = x;
+  }
+}
+
+// Writes this warp's 16 rows (row0 + ...) of a [t, d] float result from
+// accumulators over D columns, times `mul`.
+template <int D>
+__device__ inline void store_rows(float* dst, const float (&acc)[D / 8][4], int row0, int t, int d,
+                                  float mul_lo, float mul_hi) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + lane / 4 + 8 * h, col = nd * 8 + 2 * (lane % 4);
+      if (row >= t) continue;
+      const float mul = h ? mul_hi : mul_lo;
+      float* p = dst + int64_t(row) * d + col;
+      if (col < d) p[0] = acc[nd][2 * h] * mul;
+      if (col + 1 < d) p[1] = acc[nd][2 * h + 1] * mul;
+    }
+  }
+}
+
+// ---- forward ----
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_forward_bf16_kernel(float* o, float* lse, const float* q, const float* k,
+                                  const float* v, int t, int d, float scale_log2, bool causal) {
+  constexpr int C = kCols<D>, LDK = kPadded<D>, LDV = kPadded<C>;
+  __shared__ __align__(16) bf16 ks[C * LDK];  // keys, row-major
+  __shared__ __align__(16) bf16 vt[D * LDV];  // values, transposed
+  const int64_t base = int64_t(blockIdx.x) * t * d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int block_row0 = blockIdx.y * kRowsPerBlock, row0 = block_row0 + 16 * warp;
+  const int row[2] = {row0 + lane / 4, row0 + lane / 4 + 8};
+
+  uint32_t qf[D / 16][4];
+  load_a_rows<D>(qf, q + base, row0, t, d, 1.f);
+  float acc[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
+  for (int j0 = 0; j0 < key_end; j0 += C) {
+    __syncthreads();
+    stage<C, D>(ks, LDK, nullptr, 0, k + base, j0, t, d);
+    stage<C, D>(nullptr, 0, vt, LDV, v + base, j0, t, d);
+    __syncthreads();
+    // s = q kᵀ over this tile's keys.
+    float s[C / 8][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t b0, b1;
+        load_b(b0, b1, ks, LDK, nt * 8, kk * 16);
+        mma(s[nt], qf[kk], b0, b1);
+      }
+    }
+    // Online softmax in base 2; masked keys score -inf.
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j0 + nt * 8 + 2 * (lane % 4) + e % 2;
+        const bool seen = key < t && !(causal && key > row[e / 2]);
+        s[nt][e] = seen ? s[nt][e] * scale_log2 : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }
+    }
+    float shift[2], correction[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      shift[h] = mx[h] == -INFINITY ? 0.f : mx[h];  // a row that has seen no key yet
+      correction[h] = exp2f(m[h] - shift[h]);
+      m[h] = mx[h];
+      l[h] *= correction[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - shift[e / 2]);
+        l[e / 2] += s[nt][e];  // this lane's columns; summed over the row at the end
+      }
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      acc[nd][0] *= correction[0];
+      acc[nd][1] *= correction[0];
+      acc[nd][2] *= correction[1];
+      acc[nd][3] *= correction[1];
+    }
+    // acc += p v.
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      uint32_t a[4];
+      accumulators_as_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        uint32_t b0, b1;
+        load_b(b0, b1, vt, LDV, nd * 8, kk * 16);
+        mma(acc[nd], a, b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  store_rows<D>(o + base, acc, row0, t, d, 1.f / l[0], 1.f / l[1]);
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (row[h] < t) lse[int64_t(blockIdx.x) * t + row[h]] = (m[h] + log2f(l[h])) * kLn2;
+    }
+  }
+}
+
+// ---- backward ----
+
+// p and ds of one score (query row `qrow`, key `key`) from s = q·k and
+// dp = do·v: p = exp(s · scale - lse), ds = p (dp - delta); both 0 where the
+// query does not see the key.
+__device__ inline void probability_and_gradient(float& s, float& dp, int qrow, int key, int t,
+                                                bool causal, float scale_log2, float lse2,
+                                                float delta) {
+  const bool seen = qrow < t && key < t && !(causal && key > qrow);
+  const float p = seen ? exp2f(s * scale_log2 - lse2) : 0.f;
+  s = p;
+  dp = p * (dp - delta);
+}
+
+// dq for 64 queries per block: dq = scale · Σ over keys of ds k.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_dq_bf16_kernel(float* dq, const float* dout, const float* q, const float* k,
+                             const float* v, const float* lse, const float* delta, int t, int d,
+                             float scale, bool causal) {
+  constexpr int C = kCols<D>, LD = kPadded<D>, LDT = kPadded<C>;
+  __shared__ __align__(16) bf16 ks[C * LD];   // keys, row-major
+  __shared__ __align__(16) bf16 kt[D * LDT];  // keys, transposed
+  __shared__ __align__(16) bf16 vs[C * LD];   // values, row-major
+  const int64_t head = blockIdx.x, base = head * t * d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int block_row0 = blockIdx.y * kRowsPerBlock, row0 = block_row0 + 16 * warp;
+  const int row[2] = {row0 + lane / 4, row0 + lane / 4 + 8};
+  const float scale_log2 = scale * kLog2e;
+
+  uint32_t qf[D / 16][4], df[D / 16][4];
+  load_a_rows<D>(qf, q + base, row0, t, d, 1.f);
+  load_a_rows<D>(df, dout + base, row0, t, d, 1.f);
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lse2[h] = row[h] < t ? lse[head * t + row[h]] * kLog2e : 0.f;
+    dl[h] = row[h] < t ? delta[head * t + row[h]] : 0.f;
+  }
+  float acc[D / 8][4] = {};
+
+  const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
+  for (int j0 = 0; j0 < key_end; j0 += C) {
+    __syncthreads();
+    stage<C, D>(ks, LD, kt, LDT, k + base, j0, t, d);
+    stage<C, D>(vs, LD, nullptr, 0, v + base, j0, t, d);
+    __syncthreads();
+    float s[C / 8][4] = {}, dp[C / 8][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t b0, b1;
+        load_b(b0, b1, ks, LD, nt * 8, kk * 16);
+        mma(s[nt], qf[kk], b0, b1);
+        load_b(b0, b1, vs, LD, nt * 8, kk * 16);
+        mma(dp[nt], df[kk], b0, b1);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j0 + nt * 8 + 2 * (lane % 4) + e % 2;
+        probability_and_gradient(s[nt][e], dp[nt][e], row[e / 2], key, t, causal, scale_log2,
+                                 lse2[e / 2], dl[e / 2]);
+      }
+    }
+    // acc += ds k.
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      uint32_t a[4];
+      accumulators_as_a(a, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        uint32_t b0, b1;
+        load_b(b0, b1, kt, LDT, nd * 8, kk * 16);
+        mma(acc[nd], a, b0, b1);
+      }
+    }
+  }
+  store_rows<D>(dq + base, acc, row0, t, d, scale, scale);
+}
+
+// dk and dv for 64 keys per block: dv = Σ over queries of p do, dk = scale ·
+// Σ ds q, from sᵀ = k qᵀ and dpᵀ = v doᵀ.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_dkdv_bf16_kernel(float* dk, float* dv, const float* dout, const float* q,
+                               const float* k, const float* v, const float* lse,
+                               const float* delta, int t, int d, float scale, bool causal) {
+  constexpr int C = kCols<D>, LD = kPadded<D>, LDT = kPadded<C>;
+  __shared__ __align__(16) bf16 qs[C * LD];   // queries, row-major
+  __shared__ __align__(16) bf16 qt[D * LDT];  // queries, transposed
+  __shared__ __align__(16) bf16 ds[C * LD];   // output gradients, row-major
+  __shared__ __align__(16) bf16 dt[D * LDT];  // output gradients, transposed
+  __shared__ float lse2s[C], deltas[C];
+  const int64_t head = blockIdx.x, base = head * t * d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int block_key0 = blockIdx.y * kRowsPerBlock, key0 = block_key0 + 16 * warp;
+  const int key[2] = {key0 + lane / 4, key0 + lane / 4 + 8};
+  const float scale_log2 = scale * kLog2e;
+
+  uint32_t kf[D / 16][4], vf[D / 16][4];
+  load_a_rows<D>(kf, k + base, key0, t, d, 1.f);
+  load_a_rows<D>(vf, v + base, key0, t, d, 1.f);
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+
+  // Causal: queries before this block's first key see none of its keys.
+  const int query_begin = causal ? block_key0 / C * C : 0;
+  for (int i0 = query_begin; i0 < t; i0 += C) {
+    __syncthreads();
+    stage<C, D>(qs, LD, qt, LDT, q + base, i0, t, d);
+    stage<C, D>(ds, LD, dt, LDT, dout + base, i0, t, d);
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+      const bool in = i0 + i < t;
+      lse2s[i] = in ? lse[head * t + i0 + i] * kLog2e : 0.f;
+      deltas[i] = in ? delta[head * t + i0 + i] : 0.f;
+    }
+    __syncthreads();
+    // sᵀ = k qᵀ and dpᵀ = v doᵀ over this tile's queries.
+    float s[C / 8][4] = {}, dp[C / 8][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t b0, b1;
+        load_b(b0, b1, qs, LD, nt * 8, kk * 16);
+        mma(s[nt], kf[kk], b0, b1);
+        load_b(b0, b1, ds, LD, nt * 8, kk * 16);
+        mma(dp[nt], vf[kk], b0, b1);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < C / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + 2 * (lane % 4) + e % 2;
+        probability_and_gradient(s[nt][e], dp[nt][e], i0 + col, key[e / 2], t, causal,
+                                 scale_log2, lse2s[col], deltas[col]);
+      }
+    }
+    // dv += pᵀ do, dk += dsᵀ q.
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      uint32_t ap[4], ad[4];
+      accumulators_as_a(ap, s[2 * kk], s[2 * kk + 1]);
+      accumulators_as_a(ad, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        uint32_t b0, b1;
+        load_b(b0, b1, dt, LDT, nd * 8, kk * 16);
+        mma(dv_acc[nd], ap, b0, b1);
+        load_b(b0, b1, qt, LDT, nd * 8, kk * 16);
+        mma(dk_acc[nd], ad, b0, b1);
+      }
+    }
+  }
+  store_rows<D>(dk + base, dk_acc, key0, t, d, scale, scale);
+  store_rows<D>(dv + base, dv_acc, key0, t, d, 1.f, 1.f);
+}
+
+}  // namespace
+
+void attention_forward_bf16(Stream s, float* o, float* lse, const float* q, const float* k,
+                            const float* v, int64_t heads, int64_t t, int64_t d, double scale,
+                            bool causal) {
+  if (heads * t == 0) return;
+  with_head_size(d, [&](auto size) {
+    constexpr int D = decltype(size)::value;
+    attention_forward_bf16_kernel<D><<<attention_grid(heads, t), kWarps * 32, 0, as_cuda(s)>>>(
+        o, lse, q, k, v, static_cast<int>(t), static_cast<int>(d),
+        static_cast<float>(scale) * kLog2e, causal);
+    LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void attention_backward_bf16(Stream s, float* dq, float* dk, float* dv, float* workspace,
+                             const float* dout, const float* q, const float* k, const float* v,
+                             const float* o, const float* lse, int64_t heads, int64_t t,
+                             int64_t d, double scale, bool causal) {
+  if (heads * t == 0) return;
+  cudaStream_t st = as_cuda(s);
+  float* delta = workspace;
+  launch_attention_delta<float>(delta, dout, o, heads * t, d, st);
+  with_head_size(d, [&](auto size) {
+    constexpr int D = decltype(size)::value;
+    const dim3 grid = attention_grid(heads, t);
+    attention_dq_bf16_kernel<D><<<grid, kWarps * 32, 0, st>>>(
+        dq, dout, q, k, v, lse, delta, static_cast<int>(t), static_cast<int>(d),
+        static_cast<float>(scale), causal);
+    LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+    attention_dkdv_bf16_kernel<D><<<grid, kWarps * 32, 0, st>>>(
+        dk, dv, dout, q, k, v, lse, delta, static_cast<int>(t), static_cast<int>(d),
+        static_cast<float>(scale), causal);
+    LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace leasehold::kernels::cuda
