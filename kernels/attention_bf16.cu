@@ -65,10 +65,11 @@ __device__ inline void load_b(uint32_t& b0, uint32_t& b1, const bf16* src, int l
 }
 
 // A fragments of this warp's 16 rows (row0 + [0, 16)) of a [t, d] float
-// matrix over D columns, times `mul`, rounded to bfloat16; zeros past t and d.
+// matrix with rows `ld` apart, over D columns, times `mul`, rounded to
+// bfloat16; zeros past t and d.
 template <int D>
-__device__ inline void load_a_rows(uint32_t (&f)[D / 16][4], const float* src, int row0, int t,
-                                   int d, float mul) {
+__device__ inline void load_a_rows(uint32_t (&f)[D / 16][4], const float* src, int64_t ld,
+                                   int row0, int t, int d, float mul) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -76,7 +77,7 @@ __device__ inline void load_a_rows(uint32_t (&f)[D / 16][4], const float* src, i
     for (int r = 0; r < 4; ++r) {
       const int row = row0 + lane / 4 + 8 * (r % 2);
       const int col = kk * 16 + 8 * (r / 2) + 2 * (lane % 4);
-      const float* p = src + int64_t(row) * d + col;
+      const float* p = src + row * ld + col;
       const float x0 = row < t && col < d ? p[0] * mul : 0.f;
       const float x1 = row < t && col + 1 < d ? p[1] * mul : 0.f;
       f[kk][r] = pack(x0, x1);
@@ -94,19 +95,19 @@ __device__ inline void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack(hi[2], hi[3]);
 }
 
-// Rows r0 .. r0 + R - 1 of a [t, d] float matrix into shared memory as
-// bfloat16, zeros past t and d: row-major (stride ld) into `rows` and/or
-// transposed (stride ldt: element (r, c) at c * ldt + r) into `cols`.
-// Rows whose length is a multiple of 4 (and 16-byte aligned) move as
-// float4: a quarter of the loads.
+// Rows r0 .. r0 + R - 1 of a [t, d] float matrix with rows `lds` apart into
+// shared memory as bfloat16, zeros past t and d: row-major (stride ld) into
+// `rows` and/or transposed (stride ldt: element (r, c) at c * ldt + r) into
+// `cols`. Rows that start 16-byte aligned with a multiple of 4 elements
+// move as float4: a quarter of the loads.
 template <int R, int D>
-__device__ inline void stage(bf16* rows, int ld, bf16* cols, int ldt, const float* src, int r0,
-                             int t, int d) {
-  if (d % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+__device__ inline void stage(bf16* rows, int ld, bf16* cols, int ldt, const float* src,
+                             int64_t lds, int r0, int t, int d) {
+  if (d % 4 == 0 && lds % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
     for (int e = 4 * threadIdx.x; e < R * D; e += 4 * blockDim.x) {
       const int r = e / D, c = e % D, row = r0 + r;
       const float4 x = row < t && c < d
-                           ? *reinterpret_cast<const float4*>(src + int64_t(row) * d + c)
+                           ? *reinterpret_cast<const float4*>(src + row * lds + c)
                            : make_float4(0.f, 0.f, 0.f, 0.f);
       if (rows) *reinterpret_cast<uint2*>(rows + r * ld + c) = {pack(x.x, x.y), pack(x.z, x.w)};
       if (cols) {
@@ -120,17 +121,18 @@ __device__ inline void stage(bf16* rows, int ld, bf16* cols, int ldt, const floa
   }
   for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
     const int r = e / D, c = e % D, row = r0 + r;
-    const bf16 x = __float2bfloat16_rn(row < t && c < d ? src[int64_t(row) * d + c] : 0.f);
+    const bf16 x = __float2bfloat16_rn(row < t && c < d ? src[row * lds + c] : 0.f);
     if (rows) rows[r * ld + c] = x;
     if (cols) cols[c * ldt + r] = x;
   }
 }
 
-// Writes this warp's 16 rows (row0 + ...) of a [t, d] float result from
-// accumulators over D columns, times `mul`.
+// Writes this warp's 16 rows (row0 + ...) of a [t, d] float result with
+// rows `ld` apart from accumulators over D columns, times `mul_lo` (rows
+// row0 + lane / 4) and `mul_hi` (8 further).
 template <int D>
-__device__ inline void store_rows(float* dst, const float (&acc)[D / 8][4], int row0, int t, int d,
-                                  float mul_lo, float mul_hi) {
+__device__ inline void store_rows(float* dst, int64_t ld, const float (&acc)[D / 8][4], int row0,
+                                  int t, int d, float mul_lo, float mul_hi) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd) {
@@ -139,7 +141,7 @@ __device__ inline void store_rows(float* dst, const float (&acc)[D / 8][4], int 
       const int row = row0 + lane / 4 + 8 * h, col = nd * 8 + 2 * (lane % 4);
       if (row >= t) continue;
       const float mul = h ? mul_hi : mul_lo;
-      float* p = dst + int64_t(row) * d + col;
+      float* p = dst + row * ld + col;
       if (col < d) p[0] = acc[nd][2 * h] * mul;
       if (col + 1 < d) p[1] = acc[nd][2 * h + 1] * mul;
     }
@@ -151,25 +153,29 @@ __device__ inline void store_rows(float* dst, const float (&acc)[D / 8][4], int 
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_forward_bf16_kernel(float* o, float* lse, const float* q, const float* k,
-                                  const float* v, int t, int d, float scale_log2, bool causal) {
+                                  const float* v, AttentionLayout at, int t, int d,
+                                  float scale_log2, bool causal) {
   constexpr int C = kCols<D>, LDK = kPadded<D>, LDV = kPadded<C>;
   __shared__ __align__(16) bf16 ks[C * LDK];  // keys, row-major
   __shared__ __align__(16) bf16 vt[D * LDV];  // values, transposed
-  const int64_t base = int64_t(blockIdx.x) * t * d;
+  const int64_t head = blockIdx.x, per = at.heads_per_batch;
+  const float* qh = q + at.q.at(head, 0, per);
+  const float* kh = k + at.k.at(head, 0, per);
+  const float* vh = v + at.v.at(head, 0, per);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int block_row0 = blockIdx.y * kRowsPerBlock, row0 = block_row0 + 16 * warp;
   const int row[2] = {row0 + lane / 4, row0 + lane / 4 + 8};
 
   uint32_t qf[D / 16][4];
-  load_a_rows<D>(qf, q + base, row0, t, d, 1.f);
+  load_a_rows<D>(qf, qh, at.q.row, row0, t, d, 1.f);
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
   for (int j0 = 0; j0 < key_end; j0 += C) {
     __syncthreads();
-    stage<C, D>(ks, LDK, nullptr, 0, k + base, j0, t, d);
-    stage<C, D>(nullptr, 0, vt, LDV, v + base, j0, t, d);
+    stage<C, D>(ks, LDK, nullptr, 0, kh, at.k.row, j0, t, d);
+    stage<C, D>(nullptr, 0, vt, LDV, vh, at.v.row, j0, t, d);
     __syncthreads();
     // s = q kᵀ over this tile's keys.
     float s[C / 8][4] = {};
@@ -237,11 +243,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
-  store_rows<D>(o + base, acc, row0, t, d, 1.f / l[0], 1.f / l[1]);
+  store_rows<D>(o + at.o.at(head, 0, per), at.o.row, acc, row0, t, d, 1.f / l[0], 1.f / l[1]);
   if (lane % 4 == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (row[h] < t) lse[int64_t(blockIdx.x) * t + row[h]] = (m[h] + log2f(l[h])) * kLn2;
+      if (row[h] < t) lse[head * t + row[h]] = (m[h] + log2f(l[h])) * kLn2;
     }
   }
 }
@@ -264,21 +270,23 @@ __device__ inline void probability_and_gradient(float& s, float& dp, int qrow, i
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_dq_bf16_kernel(float* dq, const float* dout, const float* q, const float* k,
-                             const float* v, const float* lse, const float* delta, int t, int d,
-                             float scale, bool causal) {
+                             const float* v, const float* lse, const float* delta,
+                             AttentionLayout at, int t, int d, float scale, bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>, LDT = kPadded<C>;
   __shared__ __align__(16) bf16 ks[C * LD];   // keys, row-major
   __shared__ __align__(16) bf16 kt[D * LDT];  // keys, transposed
   __shared__ __align__(16) bf16 vs[C * LD];   // values, row-major
-  const int64_t head = blockIdx.x, base = head * t * d;
+  const int64_t head = blockIdx.x, per = at.heads_per_batch;
+  const int64_t qb = at.q.at(head, 0, per), kb = at.k.at(head, 0, per),
+                vb = at.v.at(head, 0, per), ob = at.o.at(head, 0, per);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int block_row0 = blockIdx.y * kRowsPerBlock, row0 = block_row0 + 16 * warp;
   const int row[2] = {row0 + lane / 4, row0 + lane / 4 + 8};
   const float scale_log2 = scale * kLog2e;
 
   uint32_t qf[D / 16][4], df[D / 16][4];
-  load_a_rows<D>(qf, q + base, row0, t, d, 1.f);
-  load_a_rows<D>(df, dout + base, row0, t, d, 1.f);
+  load_a_rows<D>(qf, q + qb, at.q.row, row0, t, d, 1.f);
+  load_a_rows<D>(df, dout + ob, at.o.row, row0, t, d, 1.f);
   float lse2[2], dl[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -290,8 +298,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
   for (int j0 = 0; j0 < key_end; j0 += C) {
     __syncthreads();
-    stage<C, D>(ks, LD, kt, LDT, k + base, j0, t, d);
-    stage<C, D>(vs, LD, nullptr, 0, v + base, j0, t, d);
+    stage<C, D>(ks, LD, kt, LDT, k + kb, at.k.row, j0, t, d);
+    stage<C, D>(vs, LD, nullptr, 0, v + vb, at.v.row, j0, t, d);
     __syncthreads();
     float s[C / 8][4] = {}, dp[C / 8][4] = {};
 #pragma unroll
@@ -327,7 +335,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  store_rows<D>(dq + base, acc, row0, t, d, scale, scale);
+  store_rows<D>(dq + qb, at.q.row, acc, row0, t, d, scale, scale);
 }
 
 // dk and dv for 64 keys per block: dv = Σ over queries of p do, dk = scale ·
@@ -336,30 +344,33 @@ template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_dkdv_bf16_kernel(float* dk, float* dv, const float* dout, const float* q,
                                const float* k, const float* v, const float* lse,
-                               const float* delta, int t, int d, float scale, bool causal) {
+                               const float* delta, AttentionLayout at, int t, int d, float scale,
+                               bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>, LDT = kPadded<C>;
   __shared__ __align__(16) bf16 qs[C * LD];   // queries, row-major
   __shared__ __align__(16) bf16 qt[D * LDT];  // queries, transposed
   __shared__ __align__(16) bf16 ds[C * LD];   // output gradients, row-major
   __shared__ __align__(16) bf16 dt[D * LDT];  // output gradients, transposed
   __shared__ float lse2s[C], deltas[C];
-  const int64_t head = blockIdx.x, base = head * t * d;
+  const int64_t head = blockIdx.x, per = at.heads_per_batch;
+  const int64_t qb = at.q.at(head, 0, per), kb = at.k.at(head, 0, per),
+                vb = at.v.at(head, 0, per), ob = at.o.at(head, 0, per);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int block_key0 = blockIdx.y * kRowsPerBlock, key0 = block_key0 + 16 * warp;
   const int key[2] = {key0 + lane / 4, key0 + lane / 4 + 8};
   const float scale_log2 = scale * kLog2e;
 
   uint32_t kf[D / 16][4], vf[D / 16][4];
-  load_a_rows<D>(kf, k + base, key0, t, d, 1.f);
-  load_a_rows<D>(vf, v + base, key0, t, d, 1.f);
+  load_a_rows<D>(kf, k + kb, at.k.row, key0, t, d, 1.f);
+  load_a_rows<D>(vf, v + vb, at.v.row, key0, t, d, 1.f);
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
 
   // Causal: queries before this block's first key see none of its keys.
   const int query_begin = causal ? block_key0 / C * C : 0;
   for (int i0 = query_begin; i0 < t; i0 += C) {
     __syncthreads();
-    stage<C, D>(qs, LD, qt, LDT, q + base, i0, t, d);
-    stage<C, D>(ds, LD, dt, LDT, dout + base, i0, t, d);
+    stage<C, D>(qs, LD, qt, LDT, q + qb, at.q.row, i0, t, d);
+    stage<C, D>(ds, LD, dt, LDT, dout + ob, at.o.row, i0, t, d);
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
       const bool in = i0 + i < t;
       lse2s[i] = in ? lse[head * t + i0 + i] * kLog2e : 0.f;
@@ -404,20 +415,20 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  store_rows<D>(dk + base, dk_acc, key0, t, d, scale, scale);
-  store_rows<D>(dv + base, dv_acc, key0, t, d, 1.f, 1.f);
+  store_rows<D>(dk + kb, at.k.row, dk_acc, key0, t, d, scale, scale);
+  store_rows<D>(dv + vb, at.v.row, dv_acc, key0, t, d, 1.f, 1.f);
 }
 
 }  // namespace
 
 void attention_forward_bf16(Stream s, float* o, float* lse, const float* q, const float* k,
-                            const float* v, int64_t heads, int64_t t, int64_t d, double scale,
-                            bool causal) {
+                            const float* v, const AttentionLayout& at, int64_t heads, int64_t t,
+                            int64_t d, double scale, bool causal) {
   if (heads * t == 0) return;
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
     attention_forward_bf16_kernel<D><<<attention_grid(heads, t), kWarps * 32, 0, as_cuda(s)>>>(
-        o, lse, q, k, v, static_cast<int>(t), static_cast<int>(d),
+        o, lse, q, k, v, at, static_cast<int>(t), static_cast<int>(d),
         static_cast<float>(scale) * kLog2e, causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   });
@@ -425,21 +436,21 @@ void attention_forward_bf16(Stream s, float* o, float* lse, const float* q, cons
 
 void attention_backward_bf16(Stream s, float* dq, float* dk, float* dv, float* workspace,
                              const float* dout, const float* q, const float* k, const float* v,
-                             const float* o, const float* lse, int64_t heads, int64_t t,
-                             int64_t d, double scale, bool causal) {
+                             const float* o, const float* lse, const AttentionLayout& at,
+                             int64_t heads, int64_t t, int64_t d, double scale, bool causal) {
   if (heads * t == 0) return;
   cudaStream_t st = as_cuda(s);
   float* delta = workspace;
-  launch_attention_delta<float>(delta, dout, o, heads * t, d, st);
+  launch_attention_delta<float>(delta, dout, o, at, heads, t, d, st);
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
     const dim3 grid = attention_grid(heads, t);
     attention_dq_bf16_kernel<D><<<grid, kWarps * 32, 0, st>>>(
-        dq, dout, q, k, v, lse, delta, static_cast<int>(t), static_cast<int>(d),
+        dq, dout, q, k, v, lse, delta, at, static_cast<int>(t), static_cast<int>(d),
         static_cast<float>(scale), causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
     attention_dkdv_bf16_kernel<D><<<grid, kWarps * 32, 0, st>>>(
-        dk, dv, dout, q, k, v, lse, delta, static_cast<int>(t), static_cast<int>(d),
+        dk, dv, dout, q, k, v, lse, delta, at, static_cast<int>(t), static_cast<int>(d),
         static_cast<float>(scale), causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   });

@@ -175,19 +175,20 @@ inline constexpr int kTile = 2 * 32 * D * sizeof(T) <= 32768 ? 32 : 16;
 // tiles. q, k, v rows padded with zeros to D (d <= D).
 template <class T, int D>
 __global__ void attention_forward_kernel(T* o, T* lse, const T* q, const T* k, const T* v,
-                                         int t, int d, T scale, bool causal) {
+                                         AttentionLayout at, int t, int d, T scale,
+                                         bool causal) {
   constexpr int Tile = kTile<T, D>;
   __shared__ T ks[Tile][D], vs[Tile][D];
   const int64_t head = blockIdx.x;
   const int row0 = blockIdx.y * kRowsPerBlock;
   const int i = row0 + threadIdx.x;
-  const T* qh = q + head * t * d;
-  const T* kh = k + head * t * d;
-  const T* vh = v + head * t * d;
+  const T* qh = q + at.q.at(head, 0, at.heads_per_batch);
+  const T* kh = k + at.k.at(head, 0, at.heads_per_batch);
+  const T* vh = v + at.v.at(head, 0, at.heads_per_batch);
   T qr[D], acc[D];
 #pragma unroll
   for (int c = 0; c < D; ++c) {
-    qr[c] = (i < t && c < d) ? qh[int64_t(i) * d + c] * scale : T(0);
+    qr[c] = (i < t && c < d) ? qh[i * at.q.row + c] * scale : T(0);
     acc[c] = 0;
   }
   T m = -INFINITY, l = 0;
@@ -197,8 +198,8 @@ __global__ void attention_forward_kernel(T* o, T* lse, const T* q, const T* k, c
     for (int e = threadIdx.x; e < Tile * D; e += blockDim.x) {
       const int jj = e / D, c = e % D, j = j0 + jj;
       const bool in = j < t && c < d;
-      ks[jj][c] = in ? kh[int64_t(j) * d + c] : T(0);
-      vs[jj][c] = in ? vh[int64_t(j) * d + c] : T(0);
+      ks[jj][c] = in ? kh[j * at.k.row + c] : T(0);
+      vs[jj][c] = in ? vh[j * at.v.row + c] : T(0);
     }
     __syncthreads();
     if (i < t) {
@@ -219,7 +220,8 @@ __global__ void attention_forward_kernel(T* o, T* lse, const T* q, const T* k, c
   }
   if (i < t) {
     const T inv = T(1) / l;
-    for (int c = 0; c < d; ++c) o[(head * t + i) * d + c] = acc[c] * inv;
+    T* oi = o + at.o.at(head, i, at.heads_per_batch);
+    for (int c = 0; c < d; ++c) oi[c] = acc[c] * inv;
     lse[head * t + i] = m + log(l);
   }
 }
@@ -227,20 +229,22 @@ __global__ void attention_forward_kernel(T* o, T* lse, const T* q, const T* k, c
 // One thread per query row: dq_i = scale Σ_j p_ij (do_i·v_j - δ_i) k_j.
 template <class T, int D>
 __global__ void attention_dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v,
-                                    const T* lse, const T* delta, int t, int d, T scale,
-                                    bool causal) {
+                                    const T* lse, const T* delta, AttentionLayout at, int t,
+                                    int d, T scale, bool causal) {
   constexpr int Tile = kTile<T, D>;
   __shared__ T ks[Tile][D], vs[Tile][D];
   const int64_t head = blockIdx.x;
   const int row0 = blockIdx.y * kRowsPerBlock;
   const int i = row0 + threadIdx.x;
-  const int64_t base = head * t * d;
+  const int64_t per = at.heads_per_batch;
+  const T* kh = k + at.k.at(head, 0, per);
+  const T* vh = v + at.v.at(head, 0, per);
   T qr[D], dor[D], acc[D];
 #pragma unroll
   for (int c = 0; c < D; ++c) {
     const bool in = i < t && c < d;
-    qr[c] = in ? q[base + int64_t(i) * d + c] * scale : T(0);
-    dor[c] = in ? dout[base + int64_t(i) * d + c] : T(0);
+    qr[c] = in ? q[at.q.at(head, i, per) + c] * scale : T(0);
+    dor[c] = in ? dout[at.o.at(head, i, per) + c] : T(0);
     acc[c] = 0;
   }
   const T li = i < t ? lse[head * t + i] : T(0);
@@ -251,8 +255,8 @@ __global__ void attention_dq_kernel(T* dq, const T* dout, const T* q, const T* k
     for (int e = threadIdx.x; e < Tile * D; e += blockDim.x) {
       const int jj = e / D, c = e % D, j = j0 + jj;
       const bool in = j < t && c < d;
-      ks[jj][c] = in ? k[base + int64_t(j) * d + c] : T(0);
-      vs[jj][c] = in ? v[base + int64_t(j) * d + c] : T(0);
+      ks[jj][c] = in ? kh[j * at.k.row + c] : T(0);
+      vs[jj][c] = in ? vh[j * at.v.row + c] : T(0);
     }
     __syncthreads();
     if (i < t) {
@@ -271,7 +275,8 @@ __global__ void attention_dq_kernel(T* dq, const T* dout, const T* q, const T* k
     }
   }
   if (i < t) {
-    for (int c = 0; c < d; ++c) dq[base + int64_t(i) * d + c] = acc[c] * scale;
+    T* dqi = dq + at.q.at(head, i, per);
+    for (int c = 0; c < d; ++c) dqi[c] = acc[c] * scale;
   }
 }
 
@@ -279,20 +284,22 @@ __global__ void attention_dq_kernel(T* dq, const T* dout, const T* q, const T* k
 // over the queries that see j, staged a tile at a time.
 template <class T, int D>
 __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k,
-                                      const T* v, const T* lse, const T* delta, int t, int d,
-                                      T scale, bool causal) {
+                                      const T* v, const T* lse, const T* delta,
+                                      AttentionLayout at, int t, int d, T scale, bool causal) {
   constexpr int Tile = kTile<T, D>;
   __shared__ T qs[Tile][D], dos[Tile][D], ls[Tile], ds_[Tile];
   const int64_t head = blockIdx.x;
   const int row0 = blockIdx.y * kRowsPerBlock;
   const int j = row0 + threadIdx.x;
-  const int64_t base = head * t * d;
+  const int64_t per = at.heads_per_batch;
+  const T* qh = q + at.q.at(head, 0, per);
+  const T* doh = dout + at.o.at(head, 0, per);
   T kr[D], vr[D], ak[D], av[D];
 #pragma unroll
   for (int c = 0; c < D; ++c) {
     const bool in = j < t && c < d;
-    kr[c] = in ? k[base + int64_t(j) * d + c] * scale : T(0);
-    vr[c] = in ? v[base + int64_t(j) * d + c] : T(0);
+    kr[c] = in ? k[at.k.at(head, j, per) + c] * scale : T(0);
+    vr[c] = in ? v[at.v.at(head, j, per) + c] : T(0);
     ak[c] = 0;
     av[c] = 0;
   }
@@ -303,8 +310,8 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
     for (int e = threadIdx.x; e < Tile * D; e += blockDim.x) {
       const int ii = e / D, c = e % D, i = i0 + ii;
       const bool in = i < t && c < d;
-      qs[ii][c] = in ? q[base + int64_t(i) * d + c] : T(0);
-      dos[ii][c] = in ? dout[base + int64_t(i) * d + c] : T(0);
+      qs[ii][c] = in ? qh[i * at.q.row + c] : T(0);
+      dos[ii][c] = in ? doh[i * at.o.row + c] : T(0);
     }
     for (int ii = threadIdx.x; ii < Tile; ii += blockDim.x) {
       const int i = i0 + ii;
@@ -333,9 +340,11 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
     }
   }
   if (j < t) {
+    T* dkj = dk + at.k.at(head, j, per);
+    T* dvj = dv + at.v.at(head, j, per);
     for (int c = 0; c < d; ++c) {
-      dk[base + int64_t(j) * d + c] = ak[c] * scale;
-      dv[base + int64_t(j) * d + c] = av[c];
+      dkj[c] = ak[c] * scale;
+      dvj[c] = av[c];
     }
   }
 }
@@ -393,35 +402,37 @@ void embedding_backward(Stream s, T* dweight, const T* g, const int64_t* index, 
 }
 
 template <class T>
-void attention_forward(Stream s, T* o, T* lse, const T* q, const T* k, const T* v, int64_t heads,
-                       int64_t t, int64_t d, double scale, bool causal) {
+void attention_forward(Stream s, T* o, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                       double scale, bool causal) {
   if (heads * t == 0) return;
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
     attention_forward_kernel<T, D><<<attention_grid(heads, t), kRowsPerBlock, 0, as_cuda(s)>>>(
-        o, lse, q, k, v, static_cast<int>(t), static_cast<int>(d), T(scale), causal);
+        o, lse, q, k, v, at, static_cast<int>(t), static_cast<int>(d), T(scale), causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   });
 }
 
 template <class T>
 void attention_backward(Stream s, T* dq, T* dk, T* dv, T* workspace, const T* dout, const T* q,
-                        const T* k, const T* v, const T* o, const T* lse, int64_t heads,
-                        int64_t t, int64_t d, double scale, bool causal) {
+                        const T* k, const T* v, const T* o, const T* lse,
+                        const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                        double scale, bool causal) {
   if (heads * t == 0) return;
   cudaStream_t st = as_cuda(s);
   T* delta = workspace;
-  launch_attention_delta<T>(delta, dout, o, heads * t, d, st);
+  launch_attention_delta<T>(delta, dout, o, at, heads, t, d, st);
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
     const dim3 grid = attention_grid(heads, t);
     attention_dq_kernel<T, D><<<grid, kRowsPerBlock, 0, st>>>(
-        dq, dout, q, k, v, lse, delta, static_cast<int>(t), static_cast<int>(d), T(scale),
+        dq, dout, q, k, v, lse, delta, at, static_cast<int>(t), static_cast<int>(d), T(scale),
         causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
     attention_dkdv_kernel<T, D><<<grid, kRowsPerBlock, 0, st>>>(
-        dk, dv, dout, q, k, v, lse, delta, static_cast<int>(t), static_cast<int>(d), T(scale),
-        causal);
+        dk, dv, dout, q, k, v, lse, delta, at, static_cast<int>(t), static_cast<int>(d),
+        T(scale), causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   });
 }

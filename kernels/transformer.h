@@ -2,12 +2,14 @@
 // fused causal attention. Every kernel has one signature on both backends
 // (the first argument is the stream, ignored on the CPU), so the engine
 // lists each in one KernelTable (agent/engine/kernel_table.h) instead of
-// branching on the device. All tensors are contiguous; T is float or
-// double, and statistics (mean, 1/std, log-sum-exp) are kept in T.
+// branching on the device. Tensors are contiguous, but for attention's
+// operands, whose rows an AttentionLayout places; T is float or double, and
+// statistics (mean, 1/std, log-sum-exp) are kept in T.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
 #include "kernels/stream.h"
 
 namespace leasehold::kernels {
@@ -25,6 +27,40 @@ inline int64_t layer_norm_backward_workspace(int64_t rows, int64_t cols) {
   return 2 * layer_norm_row_chunks(rows) * cols;
 }
 inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return heads * t; }
+
+// Where the rows of one attention operand lie: row i of head h, where
+// h = b × heads_per_batch + j (batch entry b, head j), starts at element
+// b × batch + j × head + i × row, and its head-size elements follow it.
+struct HeadRows {
+  int64_t batch = 0, head = 0, row = 0;
+  LEASEHOLD_HOST_DEVICE int64_t at(int64_t h, int64_t i, int64_t heads_per_batch) const {
+    return h / heads_per_batch * batch + h % heads_per_batch * head + i * row;
+  }
+};
+
+// The rows of q, k, v and o (the output, and the layout of its gradient);
+// the gradients of q, k and v are written where q, k and v are read from.
+// log-sum-exp and backward's workspace are always [heads, t].
+struct AttentionLayout {
+  int64_t heads_per_batch = 1;
+  HeadRows q, k, v, o;
+};
+
+// Every operand its own contiguous [batch, heads_per_batch, t, d].
+inline AttentionLayout contiguous_attention(int64_t heads_per_batch, int64_t t, int64_t d) {
+  const HeadRows rows{heads_per_batch * t * d, t * d, d};
+  return {heads_per_batch, rows, rows, rows, rows};
+}
+
+// q, k and v read in place from a fused projection's output [batch, t, 3,
+// heads_per_batch, d] (q starts at its element 0, k at heads_per_batch × d,
+// v at twice that) and the output written with its heads merged, [batch,
+// t, heads_per_batch, d]: no copies in either direction.
+inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int64_t d) {
+  const int64_t c = heads_per_batch * d;
+  const HeadRows in{t * 3 * c, d, 3 * c}, out{t * c, d, c};
+  return {heads_per_batch, in, in, in, out};
+}
 
 #define LEASEHOLD_TRANSFORMER_KERNELS(NS)                                                      \
   namespace NS {                                                                              \
@@ -49,17 +85,19 @@ inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return h
   template <class T>                                                                          \
   void embedding_backward(Stream s, T* dweight, const T* g, const int64_t* index, int64_t n,  \
                           int64_t vocab, int64_t dim);                                        \
-  /* Scaled dot-product attention over [heads, t, d] (heads = batch x heads), causal          \
-     (query i sees keys j <= i) or not: o = softmax(q kᵀ · scale) v, and lse [heads, t]       \
-     the log-sum-exp of each row of scores. No [t, t] matrix is stored. */                    \
+  /* Scaled dot-product attention over `heads` (batch x heads) of t rows of d, laid out as   \
+     `at` says, causal (query i sees keys j <= i) or not: o = softmax(q kᵀ · scale) v, and    \
+     lse [heads, t] the log-sum-exp of each row of scores. No [t, t] matrix is stored. */     \
   template <class T>                                                                          \
   void attention_forward(Stream s, T* o, T* lse, const T* q, const T* k, const T* v,          \
-                         int64_t heads, int64_t t, int64_t d, double scale, bool causal);     \
-  /* dq, dk, dv (overwritten) from do, recomputing the scores from q, k and lse. */           \
+                         const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,      \
+                         double scale, bool causal);                                          \
+  /* dq, dk, dv (every row overwritten) from do, recomputing the scores from q, k and lse. */ \
   template <class T>                                                                          \
   void attention_backward(Stream s, T* dq, T* dk, T* dv, T* workspace, const T* dout,         \
                           const T* q, const T* k, const T* v, const T* o, const T* lse,       \
-                          int64_t heads, int64_t t, int64_t d, double scale, bool causal);    \
+                          const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,     \
+                          double scale, bool causal);                                         \
   }
 
 // Explicit instantiations, expanded in transformer_cpu.cpp and transformer.cu.
@@ -72,11 +110,12 @@ inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return h
                                      int64_t);                                                  \
   template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
                                       int64_t);                                                 \
-  template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*, int64_t,      \
-                                     int64_t, int64_t, double, bool);                           \
+  template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*,              \
+                                     const AttentionLayout&, int64_t, int64_t, int64_t, double,   \
+                                     bool);                                                     \
   template void attention_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,      \
-                                      const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
-                                      double, bool);
+                                      const T*, const T*, const T*, const AttentionLayout&,      \
+                                      int64_t, int64_t, int64_t, double, bool);
 
 LEASEHOLD_TRANSFORMER_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA
@@ -92,12 +131,12 @@ inline constexpr int64_t kMaxCudaHeadSize = 128;
 // the gradients are float32, summed in a fixed order (the same bits every
 // run).
 void attention_forward_bf16(Stream s, float* o, float* lse, const float* q, const float* k,
-                            const float* v, int64_t heads, int64_t t, int64_t d, double scale,
-                            bool causal);
+                            const float* v, const AttentionLayout& at, int64_t heads, int64_t t,
+                            int64_t d, double scale, bool causal);
 void attention_backward_bf16(Stream s, float* dq, float* dk, float* dv, float* workspace,
                              const float* dout, const float* q, const float* k, const float* v,
-                             const float* o, const float* lse, int64_t heads, int64_t t,
-                             int64_t d, double scale, bool causal);
+                             const float* o, const float* lse, const AttentionLayout& at,
+                             int64_t heads, int64_t t, int64_t d, double scale, bool causal);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_TRANSFORMER_KERNELS

@@ -70,26 +70,30 @@ void embedding_backward(Stream, T* dweight, const T* g, const int64_t* index, in
 }
 
 template <class T>
-void attention_forward(Stream, T* o, T* lse, const T* q, const T* k, const T* v, int64_t heads,
-                       int64_t t, int64_t d, double scale, bool causal) {
+void attention_forward(Stream, T* o, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                       double scale, bool causal) {
+  const int64_t per = at.heads_per_batch;
   std::vector<T> p(static_cast<size_t>(t));
   for (int64_t h = 0; h < heads; ++h) {
-    const T *qh = q + h * t * d, *kh = k + h * t * d, *vh = v + h * t * d;
     for (int64_t i = 0; i < t; ++i) {
+      const T* qi = q + at.q.at(h, i, per);
       const int64_t keys = causal ? i + 1 : t;
       T m = -std::numeric_limits<T>::infinity();
       for (int64_t j = 0; j < keys; ++j) {
+        const T* kj = k + at.k.at(h, j, per);
         T s = 0;
-        for (int64_t c = 0; c < d; ++c) s += qh[i * d + c] * kh[j * d + c];
+        for (int64_t c = 0; c < d; ++c) s += qi[c] * kj[c];
         p[j] = s * T(scale);
         m = std::max(m, p[j]);
       }
       T l = 0;
       for (int64_t j = 0; j < keys; ++j) l += (p[j] = std::exp(p[j] - m));
-      T* oi = o + (h * t + i) * d;
+      T* oi = o + at.o.at(h, i, per);
       std::fill(oi, oi + d, T(0));
       for (int64_t j = 0; j < keys; ++j) {
-        for (int64_t c = 0; c < d; ++c) oi[c] += p[j] * vh[j * d + c];
+        const T* vj = v + at.v.at(h, j, per);
+        for (int64_t c = 0; c < d; ++c) oi[c] += p[j] * vj[c];
       }
       for (int64_t c = 0; c < d; ++c) oi[c] /= l;
       lse[h * t + i] = m + std::log(l);
@@ -101,27 +105,34 @@ void attention_forward(Stream, T* o, T* lse, const T* q, const T* k, const T* v,
 // δ_i = do_i·o_i; dq_i = scale Σ_j ds_ij k_j; dk_j = scale Σ_i ds_ij q_i.
 template <class T>
 void attention_backward(Stream, T* dq, T* dk, T* dv, T* workspace, const T* dout, const T* q,
-                        const T* k, const T* v, const T* o, const T* lse, int64_t heads,
-                        int64_t t, int64_t d, double scale, bool causal) {
-  const int64_t n = heads * t * d;
-  std::fill(dq, dq + n, T(0));
-  std::fill(dk, dk + n, T(0));
-  std::fill(dv, dv + n, T(0));
+                        const T* k, const T* v, const T* o, const T* lse,
+                        const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                        double scale, bool causal) {
+  const int64_t per = at.heads_per_batch;
   T* delta = workspace;
-  for (int64_t r = 0; r < heads * t; ++r) {
-    T s = 0;
-    for (int64_t c = 0; c < d; ++c) s += dout[r * d + c] * o[r * d + c];
-    delta[r] = s;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < t; ++i) {
+      std::fill_n(dq + at.q.at(h, i, per), d, T(0));
+      std::fill_n(dk + at.k.at(h, i, per), d, T(0));
+      std::fill_n(dv + at.v.at(h, i, per), d, T(0));
+      const T* doi = dout + at.o.at(h, i, per);
+      const T* oi = o + at.o.at(h, i, per);
+      T s = 0;
+      for (int64_t c = 0; c < d; ++c) s += doi[c] * oi[c];
+      delta[h * t + i] = s;
+    }
   }
   for (int64_t h = 0; h < heads; ++h) {
-    const int64_t base = h * t * d;
     for (int64_t i = 0; i < t; ++i) {
-      const T* qi = q + base + i * d;
-      const T* doi = dout + base + i * d;
+      const T* qi = q + at.q.at(h, i, per);
+      const T* doi = dout + at.o.at(h, i, per);
+      T* dqi = dq + at.q.at(h, i, per);
       const int64_t keys = causal ? i + 1 : t;
       for (int64_t j = 0; j < keys; ++j) {
-        const T* kj = k + base + j * d;
-        const T* vj = v + base + j * d;
+        const T* kj = k + at.k.at(h, j, per);
+        const T* vj = v + at.v.at(h, j, per);
+        T* dkj = dk + at.k.at(h, j, per);
+        T* dvj = dv + at.v.at(h, j, per);
         T s = 0, dp = 0;
         for (int64_t c = 0; c < d; ++c) {
           s += qi[c] * kj[c];
@@ -130,9 +141,9 @@ void attention_backward(Stream, T* dq, T* dk, T* dv, T* workspace, const T* dout
         const T p = std::exp(s * T(scale) - lse[h * t + i]);
         const T ds = p * (dp - delta[h * t + i]) * T(scale);
         for (int64_t c = 0; c < d; ++c) {
-          dv[base + j * d + c] += p * doi[c];
-          dq[base + i * d + c] += ds * kj[c];
-          dk[base + j * d + c] += ds * qi[c];
+          dvj[c] += p * doi[c];
+          dqi[c] += ds * kj[c];
+          dkj[c] += ds * qi[c];
         }
       }
     }

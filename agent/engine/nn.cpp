@@ -251,12 +251,9 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 x.shape_str() + " is not [batch, tokens, " +
                                 std::to_string(dim_) + "]");
   }
-  const int64_t b = x.size(0), t = x.size(1), hd = dim_ / heads_;
-  // [B, T, 3, H, hd] -> [3, B, H, T, hd]: q, k and v of every head.
-  Tensor qkv = (*qkv_)((*ln1_)(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
-  auto part = [&](int64_t i) { return qkv.narrow(0, i, 1).reshape({b, heads_, t, hd}); };
-  Tensor att = scaled_dot_product_attention(part(0), part(1), part(2), /*causal=*/true);
-  Tensor merged = att.transpose(1, 2).reshape({b, t, dim_});
+  // q, k and v of every head read in place from the projection [B, T, 3 × dim]
+  // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
+  Tensor merged = self_attention((*qkv_)((*ln1_)(x)), heads_, /*causal=*/true);
   Tensor h = add(x, dropout((*proj_)(merged), p_, is_training()));
   Tensor mlp = (*fc2_)(gelu((*fc1_)((*ln2_)(h))));
   return add(h, dropout(mlp, p_, is_training()));

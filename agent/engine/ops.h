@@ -126,6 +126,14 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // sizes up to 128.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal);
+// Multi-head self-attention on a fused projection: qkv [batch, tokens,
+// 3 × heads × head size] holds q, k and v (in that order, each [heads, head
+// size] per token); the result is [batch, tokens, heads × head size], the
+// heads merged. The same as splitting qkv into [batch, heads, tokens, head
+// size] tensors, scaled_dot_product_attention, and merging the heads back,
+// without the copies: the kernels read q, k and v in place and write the
+// output, and backward the gradient of qkv, in these layouts.
+Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal);
 
 // Rows of `x` along dimension 0 at `index` (int64 [k] on x's device):
 // shape [k, x.sizes()[1:]...]. Not differentiable (the data loader's

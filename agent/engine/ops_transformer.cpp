@@ -79,35 +79,72 @@ struct LayerNormBackward final : Node {
 
 // ---- attention ----
 
-struct AttentionBackward final : Node {
-  SavedTensor q, k, v, o, lse;
+// Attention's operands: q, k and v at element offsets into the tensors that
+// hold them (one tensor for all three when they are read in place from a
+// fused projection), their rows placed as `layout` says.
+struct AttentionArgs {
+  kernels::AttentionLayout layout;
+  int64_t q_at = 0, k_at = 0, v_at = 0;
+  int64_t heads = 0, t = 0, d = 0;  // heads: batch × heads
   bool causal = true;
   bool mixed = false;  // autocast: the bfloat16 tensor-core kernels
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(d)); }
+};
+
+void attention_forward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                       Tensor& o, Tensor& lse, const char* op) {
+  if (a.mixed) {
+    LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_forward_bf16(
+                              stream_for(q.device()), o.data<float>(), lse.data<float>(),
+                              q.data<float>() + a.q_at, k.data<float>() + a.k_at,
+                              v.data<float>() + a.v_at, a.layout, a.heads, a.t, a.d, a.scale(),
+                              a.causal));
+    return;
+  }
+  detail::dispatch_floating(q.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    kAttentionForward<T>.run(q.device(), o.data<T>(), lse.data<T>(), q.data<T>() + a.q_at,
+                             k.data<T>() + a.k_at, v.data<T>() + a.v_at, a.layout, a.heads, a.t,
+                             a.d, a.scale(), a.causal);
+  });
+}
+
+// dq, dk and dv written at the same offsets into dq_in, dk_in and dv_in as q,
+// k and v have in theirs.
+void attention_backward(const AttentionArgs& a, const Tensor& g, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                        Tensor& dq_in, Tensor& dk_in, Tensor& dv_in, const char* op) {
+  Tensor work = empty({kernels::attention_backward_workspace(a.heads, a.t)}, q.options());
+  if (a.mixed) {
+    LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_backward_bf16(
+                              stream_for(g.device()), dq_in.data<float>() + a.q_at,
+                              dk_in.data<float>() + a.k_at, dv_in.data<float>() + a.v_at,
+                              work.data<float>(), g.data<float>(), q.data<float>() + a.q_at,
+                              k.data<float>() + a.k_at, v.data<float>() + a.v_at,
+                              o.data<float>(), lse.data<float>(), a.layout, a.heads, a.t, a.d,
+                              a.scale(), a.causal));
+    return;
+  }
+  detail::dispatch_floating(g.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    kAttentionBackward<T>.run(g.device(), dq_in.data<T>() + a.q_at, dk_in.data<T>() + a.k_at,
+                              dv_in.data<T>() + a.v_at, work.data<T>(), g.data<T>(),
+                              q.data<T>() + a.q_at, k.data<T>() + a.k_at, v.data<T>() + a.v_at,
+                              o.data<T>(), lse.data<T>(), a.layout, a.heads, a.t, a.d,
+                              a.scale(), a.causal);
+  });
+}
+
+struct AttentionBackward final : Node {
+  SavedTensor q, k, v, o, lse;  // contiguous
+  AttentionArgs args;
   const char* name() const override { return "ScaledDotProductAttentionBackward"; }
   std::vector<Tensor> apply(const Tensor& g) override {
-    const Tensor qv = q.get(), kv = k.get(), vv = v.get(), ov = o.get(), lv = lse.get();
-    const Tensor gc = g.contiguous();
-    const int64_t t = qv.size(2), d = qv.size(3), heads = qv.size(0) * qv.size(1);
+    const Tensor qv = q.get(), kv = k.get(), vv = v.get();
     Tensor dq = empty(qv.sizes(), qv.options()), dk = empty(qv.sizes(), qv.options()),
            dv = empty(qv.sizes(), qv.options());
-    Tensor work = empty({kernels::attention_backward_workspace(heads, t)}, qv.options());
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    if (mixed) {
-      LEASEHOLD_CUDA_OR("scaled_dot_product_attention",
-                        kernels::cuda::attention_backward_bf16(
-                            stream_for(g.device()), dq.data<float>(), dk.data<float>(),
-                            dv.data<float>(), work.data<float>(), gc.data<float>(),
-                            qv.data<float>(), kv.data<float>(), vv.data<float>(),
-                            ov.data<float>(), lv.data<float>(), heads, t, d, scale, causal));
-      return {dq, dk, dv};
-    }
-    detail::dispatch_floating(g.dtype(), "scaled_dot_product_attention backward", [&](auto tag) {
-      using T = decltype(tag);
-      kAttentionBackward<T>.run(g.device(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
-                                work.data<T>(), gc.data<T>(), qv.data<T>(), kv.data<T>(),
-                                vv.data<T>(), ov.data<T>(), lv.data<T>(), heads, t, d, scale,
-                                causal);
-    });
+    attention_backward(args, g.contiguous(), qv, kv, vv, o.get(), lse.get(), dq, dk, dv,
+                       "scaled_dot_product_attention backward");
     return {dq, dk, dv};
   }
   void release_saved() override {
@@ -118,6 +155,44 @@ struct AttentionBackward final : Node {
     lse.reset();
   }
 };
+
+// q, k and v read in place from the fused projection, their gradients
+// written into one tensor of its shape.
+struct SelfAttentionBackward final : Node {
+  SavedTensor qkv, o, lse;  // contiguous
+  AttentionArgs args;
+  const char* name() const override { return "SelfAttentionBackward"; }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    const Tensor x = qkv.get();
+    Tensor dx = empty(x.sizes(), x.options());  // every element written
+    attention_backward(args, g.contiguous(), x, x, x, o.get(), lse.get(), dx, dx, dx,
+                       "self_attention backward");
+    return {dx};
+  }
+  void release_saved() override {
+    qkv.reset();
+    o.reset();
+    lse.reset();
+  }
+};
+
+void check_head_size(const Tensor& like, int64_t d, const char* op) {
+  if (d == 0) throw std::invalid_argument(std::string(op) + ": head size 0");
+#ifdef LEASEHOLD_HAVE_CUDA
+  if (like.device().is_cuda() && d > kernels::cuda::kMaxCudaHeadSize) {
+    throw std::invalid_argument(std::string(op) + ": head size " + std::to_string(d) +
+                                " is over the " + std::to_string(kernels::cuda::kMaxCudaHeadSize) +
+                                " the CUDA kernel takes");
+  }
+#else
+  (void)like;
+#endif
+}
+
+// Autocast (CUDA only): the products in bfloat16 on tensor cores.
+bool autocast_attention(const Tensor& like) {
+  return autocast_dtype(like.device()) == DType::BFloat16 && like.dtype() == DType::Float32;
+}
 
 }  // namespace
 
@@ -216,34 +291,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                 "size] of one shape, got " +
                                 q.shape_str() + ", " + k.shape_str() + " and " + v.shape_str());
   }
-  const int64_t heads = q.size(0) * q.size(1), t = q.size(2), d = q.size(3);
-  if (d == 0) throw std::invalid_argument(std::string(op) + ": head size 0");
-#ifdef LEASEHOLD_HAVE_CUDA
-  if (q.device().is_cuda() && d > kernels::cuda::kMaxCudaHeadSize) {
-    throw std::invalid_argument(std::string(op) + ": head size " + std::to_string(d) +
-                                " is over the " + std::to_string(kernels::cuda::kMaxCudaHeadSize) +
-                                " the CUDA kernel takes");
-  }
-#endif
+  AttentionArgs a;
+  a.heads = q.size(0) * q.size(1);
+  a.t = q.size(2);
+  a.d = q.size(3);
+  check_head_size(q, a.d, op);
+  a.layout = kernels::contiguous_attention(q.size(1), a.t, a.d);
+  a.causal = causal;
+  a.mixed = autocast_attention(q);
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Tensor o = empty(q.sizes(), q.options());
-  Tensor lse = empty({q.size(0), q.size(1), t}, q.options());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  // Autocast (CUDA only): the products in bfloat16 on tensor cores.
-  const bool mixed =
-      autocast_dtype(q.device()) == DType::BFloat16 && q.dtype() == DType::Float32;
-  if (mixed) {
-    LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_forward_bf16(
-                              stream_for(q.device()), o.data<float>(), lse.data<float>(),
-                              qc.data<float>(), kc.data<float>(), vc.data<float>(), heads, t, d,
-                              scale, causal));
-  } else {
-    detail::dispatch_floating(q.dtype(), op, [&](auto tag) {
-      using T = decltype(tag);
-      kAttentionForward<T>.run(q.device(), o.data<T>(), lse.data<T>(), qc.data<T>(),
-                               kc.data<T>(), vc.data<T>(), heads, t, d, scale, causal);
-    });
-  }
+  Tensor lse = empty({q.size(0), q.size(1), a.t}, q.options());
+  attention_forward(a, qc, kc, vc, o, lse, op);
   if (any_requires_grad({&q, &k, &v})) {
     auto node = std::make_shared<AttentionBackward>();
     node->q = SavedTensor(qc);
@@ -251,9 +310,42 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     node->v = SavedTensor(vc);
     node->o = SavedTensor(o);
     node->lse = SavedTensor(lse);
-    node->causal = causal;
-    node->mixed = mixed;
+    node->args = a;
     record(o, node, {&q, &k, &v});
+  }
+  return o;
+}
+
+Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal) {
+  const char* op = "self_attention";
+  detail::check_defined(qkv, op, "qkv");
+  if (qkv.dim() != 3 || heads < 1 || qkv.size(2) % (3 * heads) != 0) {
+    throw std::invalid_argument(std::string(op) + ": qkv must be [batch, tokens, 3 × heads × " +
+                                "head size] for " + std::to_string(heads) + " heads, got " +
+                                qkv.shape_str());
+  }
+  const int64_t b = qkv.size(0), c = qkv.size(2) / 3;
+  AttentionArgs a;
+  a.heads = b * heads;
+  a.t = qkv.size(1);
+  a.d = c / heads;
+  check_head_size(qkv, a.d, op);
+  a.layout = kernels::packed_attention(heads, a.t, a.d);
+  a.k_at = c;
+  a.v_at = 2 * c;
+  a.causal = causal;
+  a.mixed = autocast_attention(qkv);
+  const Tensor x = qkv.contiguous();
+  Tensor o = empty({b, a.t, c}, qkv.options());
+  Tensor lse = empty({b, heads, a.t}, qkv.options());
+  attention_forward(a, x, x, x, o, lse, op);
+  if (any_requires_grad({&qkv})) {
+    auto node = std::make_shared<SelfAttentionBackward>();
+    node->qkv = SavedTensor(x);
+    node->o = SavedTensor(o);
+    node->lse = SavedTensor(lse);
+    node->args = a;
+    record(o, node, {&qkv});
   }
   return o;
 }

@@ -204,6 +204,32 @@ TEST_F(CudaOps, AutocastAttentionTracksFloat32OnTensorCores) {
   }
 }
 
+// The same on a fused projection read in place (self_attention, the
+// transformer block's path).
+TEST_F(CudaOps, AutocastSelfAttentionTracksFloat32OnTensorCores) {
+  manual_seed(38);
+  Tensor x = randn({2, 256, 3 * 3 * 64});
+  Tensor xc = x.clone().set_requires_grad(true);
+  Tensor xg = x.to(Device::cuda()).set_requires_grad(true);
+  Tensor r = randn({2, 256, 3 * 64});
+  Tensor ref = self_attention(xc, 3, true);
+  sum(mul(ref, r)).backward();
+  Tensor got;
+  {
+    AutocastGuard autocast(DType::BFloat16);
+    got = self_attention(xg, 3, true);
+  }
+  sum(mul(got, r.to(Device::cuda()))).backward();
+  auto relative = [](const Tensor& a, const Tensor& b) {
+    NoGradGuard no_grad;
+    Tensor d = sub(a.detach().to(Device::cpu()), b.detach());
+    return std::sqrt(sum(mul(d, d)).item() / sum(mul(b.detach(), b.detach())).item());
+  };
+  EXPECT_LE(relative(got, ref), 1e-2);
+  EXPECT_LE(relative(xg.grad(), xc.grad()), 2e-2);
+  EXPECT_LE(max_rel_diff(xg.grad(), xc.grad()), 1e-1);
+}
+
 TEST_F(CudaOps, AttentionRejectsHeadSizesOverTheKernels) {
   Tensor q = zeros({1, 1, 4, 129}, TensorOptions{}.on(Device::cuda()));
   EXPECT_THROW(scaled_dot_product_attention(q, q, q, true), std::invalid_argument);

@@ -66,6 +66,32 @@ TEST(Attention, FusedMatchesThePlainFormula) {
 
 // A whole pre-norm block (layer norms, the fused attention, GELU MLP and
 // both residual paths) in float64, with respect to its input.
+// self_attention on a fused projection against splitting it into q, k and
+// v, attention on the parts and merging the heads: the same values and
+// gradients, without the copies.
+TEST(Attention, SelfAttentionMatchesSplitAndMerge) {
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    manual_seed(23);
+    Tensor x = randn({2, 7, 3 * 3 * 4}, f64);
+    Tensor a = x.clone().set_requires_grad(true), b = x.clone().set_requires_grad(true);
+    Tensor fused = self_attention(a, 3, causal);
+    Tensor qkv = b.view({2, 7, 3, 3, 4}).permute({2, 0, 3, 1, 4});
+    auto part = [&](int64_t i) { return qkv.narrow(0, i, 1).reshape({2, 3, 7, 4}); };
+    Tensor split = scaled_dot_product_attention(part(0), part(1), part(2), causal)
+                       .transpose(1, 2)
+                       .reshape({2, 7, 12});
+    EXPECT_LE(max_rel_diff(fused, split), 1e-12);
+    Tensor r = randn(fused.sizes(), f64);
+    sum(mul(fused, r)).backward();
+    sum(mul(split, r)).backward();
+    EXPECT_LE(max_rel_diff(a.grad(), b.grad()), 1e-12);
+  }
+  EXPECT_THROW(self_attention(ones({2, 3, 10}), 3, true), std::invalid_argument);
+  EXPECT_THROW(self_attention(ones({2, 9}), 3, true), std::invalid_argument);
+  EXPECT_THROW(self_attention(ones({2, 3, 9}), 0, true), std::invalid_argument);
+}
+
 TEST(Gradcheck, TransformerBlock) {
   manual_seed(23);
   nn::TransformerBlock block(8, 2, 0.0, 1, f64);

@@ -171,6 +171,16 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(attention_case("attention t=129 d=32 2 heads", {2, 2, 129, 32}, true, false));
     c.push_back(attention_case("attention t=97 d=48 full", {1, 3, 97, 48}, false, false));
     c.push_back(attention_case("attention t=200 d=128", {1, 1, 200, 128}, true, false));
+    // The fused projection's layout: q, k and v read in place, heads merged.
+    c.push_back({"self_attention", normal({{2, 5, 3 * 2 * 4}}),
+                 [](auto& x) { return self_attention(x[0], 2, true); }});
+    c.push_back({"self_attention full", normal({{1, 4, 3 * 3 * 2}}),
+                 [](auto& x) { return self_attention(x[0], 3, false); }});
+    c.push_back({"self_attention t=130 d=64", normal({{2, 130, 3 * 3 * 64}}),
+                 [](auto& x) { return self_attention(x[0], 3, true); }, false});
+    c.push_back({"self_attention t=97 d=48 view", normal({{2, 97, 3 * 2 * 48 + 5}}),
+                 [](auto& x) { return self_attention(x[0].narrow(2, 5, 3 * 2 * 48), 2, true); },
+                 false});
     return c;
   }();
   return cases;
