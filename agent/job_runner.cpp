@@ -13,6 +13,7 @@
 #include "agent/engine/data.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
+#include "agent/engine/step_graph.h"
 #include "agent/gradient_reducer.h"
 #include "agent/job_data.h"
 #include "agent/model_builder.h"
@@ -46,11 +47,11 @@ std::unique_ptr<E::optim::Optimizer> make_optimizer(const proto::JobSpec& job,
 }
 
 // The learning rate of each step, when the job sets a schedule.
-std::optional<E::optim::CosineSchedule> make_schedule(const proto::JobSpec& job,
+std::optional<E::optim::LrSchedule> make_schedule(const proto::JobSpec& job,
                                                       int64_t total_steps) {
   const auto* o = job.optimizer();
   if (!o || o->schedule() != proto::LrSchedule::Cosine) return std::nullopt;
-  return E::optim::CosineSchedule{o->lr(), o->min_lr(), o->warmup_steps(), total_steps};
+  return E::optim::LrSchedule{o->lr(), o->min_lr(), o->warmup_steps(), total_steps};
 }
 
 // The loss of a batch: cross-entropy over classes, or over every position's
@@ -94,11 +95,11 @@ Evaluation evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Devic
   return {correct.item() / predictions, text ? loss_sum.item() / predictions : 0.0};
 }
 
-// The random numbers of epoch `epoch` (dropout masks) come from the job's
-// seed and the epoch alone, so a run resumed at an epoch boundary draws the
-// same ones as an uninterrupted run.
-uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(epoch + 1);
+// The seed of a replica's random numbers (dropout masks): with the step's
+// number (StepRandom), all a step's masks depend on. Each replica draws its
+// own; rank 0 those of a single run.
+uint64_t replica_seed(uint64_t seed, int rank) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(rank + 1);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
@@ -179,7 +180,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   const int64_t per_epoch = batches.batches_per_epoch();
   const int64_t total_steps = job.steps() > 0 ? job.steps() : job.epochs() * per_epoch;
   const int64_t epochs = (total_steps + per_epoch - 1) / per_epoch;
-  const auto schedule = make_schedule(job, total_steps);
+  if (const auto schedule = make_schedule(job, total_steps)) optimizer->set_schedule(*schedule);
   const double clip = job.optimizer() ? job.optimizer()->clip_grad_norm() : 0;
 
   const std::string ckpt = checkpoint_file(job);
@@ -228,6 +229,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     }
     first_epoch = static_cast<int64_t>(epoch_it->second.item());
     result.resumed_from_epoch = first_epoch;
+    // (The learning rate and the random numbers of a step come from this
+    // count; a checkpoint's own agrees where it has one.)
+    optimizer->set_steps(first_epoch * per_epoch);
     spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch, ckpt);
     if (options.on_resume) options.on_resume(first_epoch);
     // The report of the checkpointed epoch again: the run that wrote the
@@ -278,6 +282,56 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   // for the device). On the CPU it is caught at once.
   std::optional<E::DeferredLabelCheck> label_check;
   if (options.device.is_cuda()) label_check.emplace(options.device);
+  // One training step on a batch. Its loss stays on the device; nothing
+  // in it waits for the host, so that it can be captured as a CUDA graph.
+  const uint64_t random_seed = replica_seed(job.seed(), replica.rank);
+  auto train_step = [&](const E::Tensor& x, const E::Tensor& y) {
+    E::StepRandom random(random_seed, optimizer->step_counter());
+    optimizer->zero_grad();
+    E::Tensor loss = batch_loss((*model)(x), y);
+    if (reducer) {
+      // Buckets of gradients are averaged while backward goes on.
+      E::GradientReadyGuard reduce(reducer->hook());
+      loss.backward();
+      reducer->end_step();
+    } else {
+      loss.backward();
+    }
+    if (clip > 0) E::optim::clip_grad_norm(model->named_parameters(), clip);
+    optimizer->step();
+    return loss;
+  };
+  // Whole steps as CUDA graphs (step_graph.h): steps of the full batch
+  // shape, copied into the graph's input tensors, once the first step ran
+  // op by op without spilling. Not for data-parallel replicas (their
+  // gradients are averaged by the host's collective as backward runs).
+  const bool graphs_apply = options.cuda_graphs && options.device.is_cuda() && !reducer;
+  std::unique_ptr<E::StepGraph> graph;
+  E::Tensor graph_x, graph_y, graph_loss;  // its inputs and its loss: memory that stays put
+  int64_t steps_run = 0;
+  auto graph_wanted = [&](const E::Tensor& x) {
+    if (!graphs_apply || steps_run == 0 || (graph && !graph->why_not().empty())) return false;
+    if (graph) return x.sizes() == graph_x.sizes();
+    if (options.spill && options.spill->store_stats().bytes_out > 0) return false;
+    return x.size(0) == job.batch_size();
+  };
+  auto run_step = [&](const E::Tensor& x, const E::Tensor& y) -> E::Tensor {
+    if (!graph_wanted(x)) return train_step(x, y);
+    if (!graph) {
+      graph_x = E::empty(x.sizes(), x.options());
+      graph_y = E::empty(y.sizes(), y.options());
+      graph = std::make_unique<E::StepGraph>(options.device, [&] {
+        // (Its saved tensors stay where the graph put them.)
+        E::SavedTensorHooksGuard no_spill(nullptr);
+        graph_loss = train_step(graph_x, graph_y);
+      });
+    }
+    graph_x.copy_(x);
+    graph_y.copy_(y);
+    if (!graph->run()) return train_step(x, y);
+    return graph_loss;
+  };
+
   JobProgress last_progress;  // the last one reported
   int64_t global = first_epoch * per_epoch, samples = 0;
   double train_seconds = 0;
@@ -285,9 +339,6 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     auto t_epoch = Clock::now();
     auto last_report = t_epoch;
     batches.start_epoch(epoch);
-    // (Each replica its own dropout masks; rank 0 those of a single run.)
-    E::manual_seed(epoch_seed(job.seed(), epoch) ^
-                   (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(replica.rank)));
     E::Tensor x, y;
     int64_t step = 0, since_report = 0, samples_since = 0;
     double reported_sum = 0, epoch_loss = 0;
@@ -304,19 +355,8 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         first_step_leases = allocator->stats().leases;
         if (options.on_first_step) options.on_first_step(unix_time_us());
       }
-      optimizer->zero_grad();
-      E::Tensor loss = batch_loss((*model)(x), y);
-      if (reducer) {
-        // Buckets of gradients are averaged while backward goes on.
-        E::GradientReadyGuard reduce(reducer->hook());
-        loss.backward();
-        reducer->end_step();
-      } else {
-        loss.backward();
-      }
-      if (clip > 0) E::optim::clip_grad_norm(model->named_parameters(), clip);
-      if (schedule) optimizer->set_lr(schedule->at(global));
-      optimizer->step();
+      const E::Tensor loss = run_step(x, y);
+      ++steps_run;
       {
         E::NoGradGuard ng;
         loss_acc = E::add(loss_acc, loss.detach());

@@ -6,8 +6,8 @@
 //
 // A resumed run is the uninterrupted run: the checkpoint holds parameters
 // and optimiser state, the data order of an epoch depends only on the seed
-// and the epoch, and the random numbers (dropout) are seeded per epoch from
-// the same two. An epoch's checkpoint is written before the epoch is
+// and the epoch, and the random numbers (dropout) come from the seed and the
+// step's number (engine::StepRandom). An epoch's checkpoint is written before the epoch is
 // reported, so a reported checkpoint always exists.
 #pragma once
 
@@ -123,6 +123,10 @@ struct JobRunOptions {
   Replica replica;
   std::string replica_token;
   std::function<bool()> stopping;
+  // Whether a CUDA job's steps run as one CUDA graph each (engine/
+  // step_graph.h) once its first step ran op by op; false: every step op by
+  // op (the same results, more launches).
+  bool cuda_graphs = true;
 };
 
 // Throws JobSpecError for a bad spec (or a model that does not fit the

@@ -87,6 +87,9 @@ int main(int argc, char** argv) {
                  "with --run-job: train on the first N examples");
   app.add_option("--test-limit", overrides.test_limit,
                  "with --run-job: evaluate on the first N examples");
+  bool op_by_op = false;
+  app.add_flag("--no-cuda-graphs", op_by_op,
+               "with --run-job: run every step op by op instead of as one CUDA graph");
   app.add_option("--mps-thread-percentage", opts.mps_thread_percentage,
                  "under MPS: the share of the GPU's threads this agent's kernels may use "
                  "(1-100; 0: all)")
@@ -168,6 +171,7 @@ int main(int argc, char** argv) {
                  "most bytes one job's spill file may hold (0: until the disk is full)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  overrides.cuda_graphs = !op_by_op;
 
   try {
     leasehold::init_logging(log_level, "agent");

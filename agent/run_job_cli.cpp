@@ -60,6 +60,7 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
   JobRunOptions opts;
   opts.device = leases->device();
   opts.session = &session;
+  opts.cuda_graphs = ov.cuda_graphs;
   if (spill) opts.spill = spill->for_job(job, "run-job", leases);
   opts.should_stop = [&stop] { return stop.load(); };
   opts.on_progress = [](const JobProgress& p) {

@@ -14,6 +14,7 @@ struct RunJobOverrides {
   int64_t epochs = 0;       // > 0: replaces the job's epochs
   int64_t train_limit = -1; // >= 0: replaces dataset.train_limit
   int64_t test_limit = -1;
+  bool cuda_graphs = true;  // false: every step op by op (JobRunOptions::cuda_graphs)
 };
 
 // Exit status: 0 on success, 1 when the job failed (reason printed), 2 for an

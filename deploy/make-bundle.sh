@@ -5,7 +5,10 @@
 # bin/ that set the library path. The lease client's C header goes to
 # include/, for the PyTorch plug-in built on the GPU host against it.
 #
-#   deploy/make-bundle.sh [--with-tests] OUT_DIR      (after deploy/build.sh)
+#   deploy/make-bundle.sh [--with-tests] OUT_DIR [PROGRAM ...]   (after deploy/build.sh)
+#
+# PROGRAM ...: only these programs of build/bin (built or not by `all`),
+# for a bundle that carries what one GPU check needs.
 #
 # Not bundled: the C runtime (glibc, libstdc++, libgcc), which the host has
 # in a compatible or newer version, and the CUDA libraries, which come with
@@ -15,7 +18,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${LEASEHOLD_BUILD_DIR:-$root/build}
 with_tests=0
 if [ "${1:-}" = "--with-tests" ]; then with_tests=1; shift; fi
-out=${1:?usage: make-bundle.sh [--with-tests] OUT_DIR}
+out=${1:?usage: make-bundle.sh [--with-tests] OUT_DIR [PROGRAM ...]}
+shift
 
 programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease leasehold-bench-engine
   leasehold-bench-spill leasehold-bench-occupancy leasehold-bench-start leasehold-bench-share
@@ -23,6 +27,7 @@ programs=(leasehold-coordinator leasehold-agent leasehold leasehold-bench-lease 
 if [ $with_tests -eq 1 ]; then
   for t in "$build"/bin/*_test "$build"/bin/*_tests; do [ -x "$t" ] && programs+=("$(basename "$t")"); done
 fi
+if [ $# -gt 0 ]; then programs=("$@"); fi
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/libexec" "$out/lib"

@@ -53,7 +53,8 @@ __global__ void strided_copy_kernel(T* dst, Strided dv, const T* src, Strided sv
 }
 
 template <class T>
-__global__ void dropout_kernel(T* out, int64_t n, double p, uint64_t seed) {
+__global__ void dropout_kernel(T* out, int64_t n, double p, RandomKey key) {
+  const uint64_t seed = key.resolve();
   const T keep = T(1.0 / (1.0 - p));
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -227,10 +228,10 @@ void strided_copy(Stream queue, T* dst, const Strided& dv, const T* src, const S
 }
 
 template <class T>
-void dropout_mask(Stream queue, T* out, int64_t n, double p, uint64_t seed) {
+void dropout_mask(Stream queue, T* out, int64_t n, double p, RandomKey key) {
   cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
-  dropout_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, n, p, seed);
+  dropout_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, n, p, key);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

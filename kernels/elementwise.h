@@ -28,9 +28,9 @@ namespace leasehold::kernels {
   template <class T>                                                                         \
   void strided_copy(Stream s, T* dst, const Strided& dv, const T* src, const Strided& sv,    \
                     int64_t n);                                                              \
-  /* out[i] = (uniform(seed, i) >= p) / (1 - p): the dropout scale mask. */                  \
+  /* out[i] = (uniform(key.resolve(), i) >= p) / (1 - p): the dropout scale mask. */       \
   template <class T>                                                                         \
-  void dropout_mask(Stream s, T* out, int64_t n, double p, uint64_t seed);                   \
+  void dropout_mask(Stream s, T* out, int64_t n, double p, RandomKey key);                   \
   /* out[i] = low + (high - low) * uniform(seed, i), in double, then rounded to T:          \
      parameter initialisation, the same values on CPU and GPU. */                            \
   template <class T>                                                                         \
@@ -48,7 +48,7 @@ namespace leasehold::kernels {
   template void fill<T>(Stream, T*, T, int64_t);                                             \
   template void strided_copy<T>(Stream, T*, const Strided&, const T*, const Strided&, int64_t);
 #define LEASEHOLD_ELEMENTWISE_FLOATING_OF(T)                                                  \
-  template void dropout_mask<T>(Stream, T*, int64_t, double, uint64_t);                      \
+  template void dropout_mask<T>(Stream, T*, int64_t, double, RandomKey);                     \
   template void uniform_fill<T>(Stream, T*, int64_t, double, double, uint64_t);
 #define LEASEHOLD_CONVERT_OF(To, From) \
   template void convert<To, From>(Stream, To*, const From*, int64_t);

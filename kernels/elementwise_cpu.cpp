@@ -24,7 +24,8 @@ void strided_copy(Stream, T* dst, const Strided& dv, const T* src, const Strided
 }
 
 template <class T>
-void dropout_mask(Stream, T* out, int64_t n, double p, uint64_t seed) {
+void dropout_mask(Stream, T* out, int64_t n, double p, RandomKey key) {
+  const uint64_t seed = key.resolve();
   const T keep = T(1.0 / (1.0 - p));
   for (int64_t i = 0; i < n; ++i) out[i] = uniform01(seed, i) >= p ? keep : T(0);
 }

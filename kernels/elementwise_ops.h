@@ -120,6 +120,19 @@ LEASEHOLD_HOST_DEVICE inline double uniform01(uint64_t seed, uint64_t index) {
   return static_cast<double>(pattern_word(seed, index) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// Where a random stream's seed comes from. `seed` alone, or mixed with the
+// value at `step` (a counter in the kernel's memory) when that is set: a
+// training step captured as a CUDA graph bakes its seeds into the graph, and
+// the step counter the graph advances gives each replay (and each step run
+// op by op) masks of its own.
+struct RandomKey {
+  uint64_t seed = 0;
+  const int64_t* step = nullptr;
+  LEASEHOLD_HOST_DEVICE uint64_t resolve() const {
+    return step ? pattern_word(seed, static_cast<uint64_t>(*step)) : seed;
+  }
+};
+
 // low + span * uniform01(seed, index), rounded the same way on both sides
 // (the device would otherwise fuse it into one multiply-add).
 LEASEHOLD_HOST_DEVICE inline double uniform_between(uint64_t seed, uint64_t index, double low,

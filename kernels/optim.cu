@@ -4,27 +4,36 @@
 namespace leasehold::kernels::cuda {
 namespace {
 
+__global__ void advance_kernel(int64_t* step) { ++*step; }
+
 template <class T>
 __global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, SgdParams s) {
+  const double lr = s.lr.at(*s.step - 1);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    detail::sgd_at(p, g, buf, s, i);
+    detail::sgd_at(p, g, buf, s, lr, i);
   }
 }
 
 template <class T>
-__global__ void adam_fused_kernel(AdamTensors<T> t, AdamParams a, double bc1, double bc2) {
+__global__ void adam_fused_kernel(AdamTensors<T> t, AdamParams a) {
+  const detail::AdamStepScalars c(a);
   const int64_t total = t.end[t.count - 1];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     int k = 0;
     while (i >= t.end[k]) ++k;  // at most kMaxFusedTensors steps
     const int64_t at = i - (k ? t.end[k - 1] : 0);
-    detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], a, bc1, bc2, at);
+    detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], a, c.lr, c.bc1, c.bc2, at);
   }
 }
 
 }  // namespace
+
+void advance_step(Stream queue, int64_t* step) {
+  advance_kernel<<<1, 1, 0, as_cuda(queue)>>>(step);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
 
 template <class T>
 void sgd_step(Stream queue, T* param, const T* grad, T* buf, int64_t n, const SgdParams& s) {
@@ -38,8 +47,7 @@ template <class T>
 void adam_step_fused(Stream queue, const AdamTensors<T>& t, const AdamParams& a) {
   cudaStream_t stream = as_cuda(queue);
   if (t.count == 0 || t.end[t.count - 1] == 0) return;
-  double bc1 = 1 - pow(a.beta1, double(a.step)), bc2 = 1 - pow(a.beta2, double(a.step));
-  adam_fused_kernel<T><<<grid_for(t.end[t.count - 1]), kBlock, 0, stream>>>(t, a, bc1, bc2);
+  adam_fused_kernel<T><<<grid_for(t.end[t.count - 1]), kBlock, 0, stream>>>(t, a);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 // gradient stays as it is).
 #pragma once
 
+#include <math.h>  // cos and pow in host and device code
 #include <cstdint>
 
 #include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
@@ -13,15 +14,43 @@
 
 namespace leasehold::kernels {
 
+// The learning rate of each step: linear warm-up from lr/warmup to lr over
+// the first `warmup` steps, then a cosine from lr down to min_lr at step
+// `total`, min_lr after (nanoGPT's schedule); `lr` throughout when it does
+// not decay. Evaluated where the update runs, from the step counter there,
+// so that a step captured as a CUDA graph follows the schedule as it is
+// replayed.
+struct LrSchedule {
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup = 0, total = 1;
+  bool decays = true;
+  static LrSchedule constant(double lr) { return {lr, lr, 0, 0, false}; }
+  // The rate of step `index` (0-based).
+  LEASEHOLD_HOST_DEVICE double at(int64_t index) const {
+    if (!decays) return lr;
+    if (index < warmup) return lr * static_cast<double>(index + 1) / static_cast<double>(warmup);
+    if (index >= total) return min_lr;
+    const int64_t span = total - warmup > 1 ? total - warmup : 1;
+    const double ratio = static_cast<double>(index - warmup) / static_cast<double>(span);
+    return min_lr + 0.5 * (1 + cos(3.14159265358979323846 * ratio)) * (lr - min_lr);
+  }
+};
+
+// Both updates read the number of the update they make (1-based: the
+// optimizer's step counter, advanced by advance_step just before) from
+// `step`, in the memory they run on.
 struct SgdParams {
-  double lr = 0.01, momentum = 0, weight_decay = 0;
+  LrSchedule lr = LrSchedule::constant(0.01);
+  double momentum = 0, weight_decay = 0;
   bool first_step = true;  // the momentum buffer starts as the gradient
+  const int64_t* step = nullptr;
 };
 
 struct AdamParams {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  int64_t step = 1;  // 1 on the first update (bias correction)
+  LrSchedule lr = LrSchedule::constant(1e-3);
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = false;  // AdamW's weight decay
+  const int64_t* step = nullptr;
 };
 
 // Several parameters updated by one launch: a small model's step is short,
@@ -41,33 +70,48 @@ struct AdamTensors {
 
 namespace detail {
 template <class T>
-LEASEHOLD_HOST_DEVICE inline void sgd_at(T* p, const T* g, T* buf, const SgdParams& s, int64_t i) {
+LEASEHOLD_HOST_DEVICE inline void sgd_at(T* p, const T* g, T* buf, const SgdParams& s, double lr,
+                                         int64_t i) {
   T d = g[i] + T(s.weight_decay) * p[i];
   if (s.momentum != 0) {
     buf[i] = s.first_step ? d : T(s.momentum) * buf[i] + d;
     d = buf[i];
   }
-  p[i] -= T(s.lr) * d;
+  p[i] -= T(lr) * d;
 }
+
+// What every element of one Adam update shares: its learning rate and bias
+// corrections, from the step counter.
+struct AdamStepScalars {
+  double lr, bc1, bc2;
+  LEASEHOLD_HOST_DEVICE explicit AdamStepScalars(const AdamParams& a) {
+    const int64_t step = *a.step;
+    lr = a.lr.at(step - 1);
+    bc1 = 1 - pow(a.beta1, static_cast<double>(step));
+    bc2 = 1 - pow(a.beta2, static_cast<double>(step));
+  }
+};
 
 template <class T>
 LEASEHOLD_HOST_DEVICE inline void adam_at(T* p, const T* g, T* m, T* v, const AdamParams& a,
-                                          double bc1, double bc2, int64_t i) {
+                                          double lr, double bc1, double bc2, int64_t i) {
   T d = g[i];
   if (a.decoupled) {
-    p[i] *= T(1 - a.lr * a.weight_decay);
+    p[i] *= T(1 - lr * a.weight_decay);
   } else {
     d += T(a.weight_decay) * p[i];
   }
   m[i] = T(a.beta1) * m[i] + T(1 - a.beta1) * d;
   v[i] = T(a.beta2) * v[i] + T(1 - a.beta2) * d * d;
   T denom = sqrt(v[i] / T(bc2)) + T(a.eps);
-  p[i] -= T(a.lr / bc1) * m[i] / denom;
+  p[i] -= T(lr / bc1) * m[i] / denom;
 }
 }  // namespace detail
 
 #define LEASEHOLD_OPTIM_KERNELS(NS)                                                     \
   namespace NS {                                                                       \
+  /* *step += 1: the optimizer's step counter, before an update. */                    \
+  void advance_step(Stream s, int64_t* step);                                          \
   template <class T>                                                                   \
   void sgd_step(Stream s, T* param, const T* grad, T* momentum_buf, int64_t n,         \
                 const SgdParams& p);                                                   \

@@ -4,18 +4,21 @@
 
 namespace leasehold::kernels::cpu {
 
+void advance_step(Stream, int64_t* step) { ++*step; }
+
 template <class T>
 void sgd_step(Stream, T* param, const T* grad, T* buf, int64_t n, const SgdParams& s) {
-  for (int64_t i = 0; i < n; ++i) detail::sgd_at(param, grad, buf, s, i);
+  const double lr = s.lr.at(*s.step - 1);
+  for (int64_t i = 0; i < n; ++i) detail::sgd_at(param, grad, buf, s, lr, i);
 }
 
 template <class T>
 void adam_step_fused(Stream, const AdamTensors<T>& t, const AdamParams& a) {
-  double bc1 = 1 - pow(a.beta1, double(a.step)), bc2 = 1 - pow(a.beta2, double(a.step));
+  const detail::AdamStepScalars c(a);
   for (int k = 0; k < t.count; ++k) {
     const int64_t n = t.end[k] - (k ? t.end[k - 1] : 0);
     for (int64_t i = 0; i < n; ++i) {
-      detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], a, bc1, bc2, i);
+      detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], a, c.lr, c.bc1, c.bc2, i);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "agent/job_runner.h"
+#include "shared/device.h"
 #include "shared/job_spec.h"
 #include "tests/support/job_problems.h"
 
@@ -224,6 +225,36 @@ TEST_F(TextJobTest, AResumedRunEndsBitForBitAsAnUninterruptedOne) {
   EXPECT_EQ(resumed[1].train_loss, straight[1].train_loss);
   EXPECT_EQ(resumed[1].validation_loss, straight[1].validation_loss);
   EXPECT_EQ(resumed[1].test_accuracy, straight[1].test_accuracy);
+}
+
+// On a GPU every full batch's step runs as a CUDA graph; the run ends as
+// the run with every step op by op does, bit for bit (dropout, AdamW, the
+// schedule, clipping and the last, smaller batch of each epoch included).
+TEST_F(TextJobTest, OnAGpuStepsAsCudaGraphsEndAsStepsOpByOp) {
+  if (!cuda_built() || cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  auto run = [&](bool graphs) {
+    std::string json = job_json(R"(, "epochs": 2)",
+                 R"([{"type": "Embedding", "in": 256, "out": 32, "context": 32},
+                     {"type": "TransformerBlock", "out": 32, "heads": 2, "dropout": 0.1},
+                     {"type": "LayerNorm", "out": 32},
+                     {"type": "Linear", "in": 32, "out": 256, "tied": true}])");
+    json.replace(json.find(R"("device": "cpu")"), 15, R"("device": "cuda")");
+    auto buf = parse_job_json(json, "t.json");
+    std::vector<EpochReport> epochs;
+    JobRunOptions o;
+    o.device = engine::Device::cuda(0);
+    o.cuda_graphs = graphs;
+    o.on_epoch = [&](const EpochReport& e) { epochs.push_back(e); };
+    run_job(*verify_job(buf), o);
+    return epochs;
+  };
+  const auto graphed = run(true), op_by_op = run(false);
+  ASSERT_EQ(graphed.size(), 2u);
+  ASSERT_EQ(op_by_op.size(), 2u);
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_EQ(graphed[e].train_loss, op_by_op[e].train_loss) << e;
+    EXPECT_EQ(graphed[e].validation_loss, op_by_op[e].validation_loss) << e;
+  }
 }
 
 TEST_F(TextJobTest, TheEmbeddingCoversEveryByteAndTheCorpusFitsTheBudget) {

@@ -96,6 +96,7 @@ class CudaAllocator final : public Allocator {
   }
   Device device() const override { return Device::cuda(device_); }
   AllocatorStats stats() const override { return counter_.stats(); }
+  bool on_stream() const override { return true; }
 
  private:
   int device_;
@@ -123,6 +124,7 @@ class BorrowedMemory final : public Allocator {
 
 thread_local std::shared_ptr<Allocator> t_cpu_override;
 thread_local std::shared_ptr<Allocator> t_cuda_override;
+thread_local DeferFreesGuard* t_defer_frees = nullptr;
 
 }  // namespace
 
@@ -184,8 +186,27 @@ std::shared_ptr<Storage> Storage::borrowed(void* data, size_t bytes, Device devi
       new Storage(data, bytes, std::make_shared<BorrowedMemory>(device, std::move(keepalive))));
 }
 
+DeferFreesGuard::DeferFreesGuard(const Allocator* exempt)
+    : exempt_(exempt), previous_(t_defer_frees) {
+  t_defer_frees = this;
+}
+
+DeferFreesGuard::~DeferFreesGuard() {
+  t_defer_frees = previous_;
+  for (Deferred& d : deferred_) d.allocator->deallocate(d.data, d.bytes);
+}
+
 Storage::~Storage() {
-  if (data_) allocator_->deallocate(data_, bytes_);
+  if (!data_) return;
+  if (DeferFreesGuard* defer = t_defer_frees; defer && allocator_.get() != defer->exempt_) {
+    try {
+      defer->deferred_.push_back({allocator_, data_, bytes_});
+      return;
+    } catch (const std::bad_alloc&) {
+      defer->all_deferred_ = false;  // (freed now rather than leaked)
+    }
+  }
+  allocator_->deallocate(data_, bytes_);
 }
 
 const char* dtype_name(DType t) {

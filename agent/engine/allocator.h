@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "agent/engine/dtype.h"
 
@@ -69,6 +70,10 @@ class Allocator {
   virtual void set_reclaimer(Reclaimer) {}
   // Most bytes this allocator may hold at once; 0: no budget of its own.
   virtual uint64_t budget() const { return 0; }
+  // Whether allocate() and deallocate() are operations on the thread's
+  // compute stream (cudaMallocAsync): while that stream is captured into a
+  // CUDA graph they would be captured too, so a capture asks none of them.
+  virtual bool on_stream() const { return false; }
 };
 
 std::shared_ptr<Allocator> cpu_allocator();
@@ -90,6 +95,37 @@ class AllocatorGuard {
  private:
   DeviceType type_;
   std::shared_ptr<Allocator> previous_;
+};
+
+// While one lives on this thread, memory that Storage frees here goes back
+// to its allocator only when the guard ends, except memory of `exempt`. A
+// CUDA graph's capture holds one: its work is recorded, not run, so
+// memory freed during the capture may still be read when the graph runs,
+// and a stream-ordered free would be captured as well. Memory of the
+// graph's own pool (`exempt`) is reused within the capture, which is safe
+// because the graph runs its work in the order it was captured.
+class DeferFreesGuard {
+ public:
+  explicit DeferFreesGuard(const Allocator* exempt);
+  // Frees what was deferred.
+  ~DeferFreesGuard();
+  // False when a free could not be deferred (no memory for the list) and
+  // was made at once: the capture must be abandoned.
+  bool all_deferred() const { return all_deferred_; }
+  DeferFreesGuard(const DeferFreesGuard&) = delete;
+  DeferFreesGuard& operator=(const DeferFreesGuard&) = delete;
+
+ private:
+  friend class Storage;
+  struct Deferred {
+    std::shared_ptr<Allocator> allocator;
+    void* data;
+    size_t bytes;
+  };
+  const Allocator* exempt_;
+  std::vector<Deferred> deferred_;
+  bool all_deferred_ = true;
+  DeferFreesGuard* previous_;
 };
 
 // Reference-counted memory of one tensor or of several views of it.

@@ -342,10 +342,11 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   }
   if (!training || p == 0) return x;
   Tensor mask = empty(x.sizes(), x.options());
-  uint64_t seed = next_random_u64();
+  const RandomDraw draw = RandomDraw::next(x.device());
   detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
-    kDropoutMask<T>.run(x.device(), mask.data<T>(), mask.numel(), p, seed);
+    kDropoutMask<T>.run(x.device(), mask.data<T>(), mask.numel(), p,
+                        kernels::RandomKey{draw.seed, draw.step});
   });
   return mul(x, mask);
 }

@@ -13,12 +13,15 @@
 namespace leasehold::engine::optim {
 namespace {
 
+const KernelTable<decltype(kernels::cpu::advance_step)> kAdvanceStep{
+    "optimizer step",
+    {&kernels::cpu::advance_step, LEASEHOLD_CUDA_KERNEL(kernels::cuda::advance_step)}};
 template <class T>
 const auto kSgdStep = LEASEHOLD_KERNEL_TABLE("SGD", sgd_step, T);
 template <class T>
 const auto kAdamStep = LEASEHOLD_KERNEL_TABLE("Adam", adam_step_fused, T);
 
-void check_options(double lr, const char* who) {
+void check_lr(double lr, const char* who) {
   if (!(lr > 0)) throw std::invalid_argument(std::string(who) + ": lr must be positive");
 }
 
@@ -40,30 +43,62 @@ const Tensor& lookup(const std::map<std::string, Tensor>& m, const std::string& 
 
 }  // namespace
 
-Optimizer::Optimizer(nn::NamedTensors params) : params_(std::move(params)) {
+Optimizer::Optimizer(nn::NamedTensors params, double lr)
+    : params_(std::move(params)), schedule_(LrSchedule::constant(lr)) {
   for (auto& [name, p] : params_) {
     if (!p.is_leaf() || !p.requires_grad() || !p.is_contiguous()) {
       throw std::invalid_argument("optimizer: parameter '" + name +
                                   "' must be a contiguous leaf that requires grad");
     }
   }
+  steps_ = zeros({}, {DType::Int64, params_.empty() ? Device::cpu() : params_[0].second.device()});
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  kAdvanceStep.run(steps_.device(), steps_.data<int64_t>());
+  update();
 }
 
 void Optimizer::zero_grad() {
   for (auto& [name, p] : params_) p.set_grad(Tensor());
 }
 
-SGD::SGD(nn::NamedTensors params, SgdOptions o) : Optimizer(std::move(params)), opt_(o) {
-  check_options(o.lr, "SGD");
+int64_t Optimizer::steps() const { return static_cast<int64_t>(steps_.item()); }
+
+void Optimizer::set_steps(int64_t n) {
+  if (n < 0) throw std::invalid_argument("optimizer: a step count cannot be negative");
+  steps_.copy_(from_vector<int64_t>({n}, {}));
+}
+
+double Optimizer::lr() const { return schedule_.at(steps()); }
+
+void Optimizer::set_lr(double lr) {
+  check_lr(lr, "optimizer");
+  schedule_ = LrSchedule::constant(lr);
+}
+
+void Optimizer::set_schedule(const LrSchedule& schedule) {
+  check_lr(schedule.lr, "optimizer schedule");
+  if (schedule.decays) {
+    check_lr(schedule.min_lr, "optimizer schedule's floor");
+    if (schedule.warmup < 0 || schedule.total < 1) {
+      throw std::invalid_argument("optimizer schedule: warm-up must be >= 0 and total >= 1");
+    }
+  }
+  schedule_ = schedule;
+}
+
+SGD::SGD(nn::NamedTensors params, SgdOptions o) : Optimizer(std::move(params), o.lr), opt_(o) {
+  check_lr(o.lr, "SGD");
   if (o.momentum < 0 || o.weight_decay < 0) {
     throw std::invalid_argument("SGD: momentum and weight_decay must be non-negative");
   }
   momentum_.resize(params_.size());
 }
 
-void SGD::step() {
-  NoGradGuard no_grad;
-  kernels::SgdParams s{opt_.lr, opt_.momentum, opt_.weight_decay, !started_};
+void SGD::update() {
+  kernels::SgdParams s{schedule(), opt_.momentum, opt_.weight_decay, !started_, step_pointer()};
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i].second;
     if (!p.grad().defined()) continue;
@@ -84,6 +119,7 @@ void SGD::step() {
 
 nn::NamedTensors SGD::state() const {
   nn::NamedTensors out;
+  out.emplace_back("sgd.step", step_counter().reshape({1}));
   for (size_t i = 0; i < params_.size(); ++i) {
     if (momentum_[i].defined()) out.emplace_back("sgd.momentum." + params_[i].first, momentum_[i]);
   }
@@ -92,6 +128,8 @@ nn::NamedTensors SGD::state() const {
 
 void SGD::load_state(const nn::NamedTensors& state) {
   std::map<std::string, Tensor> m(state.begin(), state.end());
+  // (Checkpoints from before the step counter have none: the job sets it.)
+  if (auto it = m.find("sgd.step"); it != m.end()) set_steps(static_cast<int64_t>(it->second.item()));
   for (size_t i = 0; i < params_.size(); ++i) {
     auto key = "sgd.momentum." + params_[i].first;
     if (m.count(key)) {
@@ -103,18 +141,8 @@ void SGD::load_state(const nn::NamedTensors& state) {
   }
 }
 
-void SGD::set_lr(double lr) {
-  check_options(lr, "SGD");
-  opt_.lr = lr;
-}
-
-void Adam::set_lr(double lr) {
-  check_options(lr, "Adam");
-  opt_.lr = lr;
-}
-
-Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params)), opt_(o) {
-  check_options(o.lr, "Adam");
+Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params), o.lr), opt_(o) {
+  check_lr(o.lr, "Adam");
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1 || o.eps <= 0 ||
       o.weight_decay < 0) {
     throw std::invalid_argument("Adam: betas must be in [0, 1), eps positive, weight_decay >= 0");
@@ -123,11 +151,9 @@ Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params)
   v_.resize(params_.size());
 }
 
-void Adam::step() {
-  NoGradGuard no_grad;
-  ++step_;
-  const kernels::AdamParams decays{opt_.lr,           opt_.beta1, opt_.beta2, opt_.eps,
-                                   opt_.weight_decay, step_,      opt_.decoupled};
+void Adam::update() {
+  const kernels::AdamParams decays{schedule(), opt_.beta1,     opt_.beta2,    opt_.eps,
+                                   opt_.weight_decay, opt_.decoupled, step_pointer()};
   kernels::AdamParams no_decay = decays;
   no_decay.weight_decay = 0;
   auto params_of = [&](const Tensor& p) -> const kernels::AdamParams& {
@@ -184,7 +210,7 @@ void Adam::step() {
 
 nn::NamedTensors Adam::state() const {
   nn::NamedTensors out;
-  out.emplace_back("adam.step", from_vector<int64_t>({step_}, {1}));
+  out.emplace_back("adam.step", step_counter().reshape({1}));
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!m_[i].defined()) continue;
     out.emplace_back("adam.m." + params_[i].first, m_[i]);
@@ -197,7 +223,7 @@ void Adam::load_state(const nn::NamedTensors& state) {
   std::map<std::string, Tensor> m(state.begin(), state.end());
   auto it = m.find("adam.step");
   if (it == m.end()) throw std::invalid_argument("optimizer state lacks 'adam.step'");
-  step_ = static_cast<int64_t>(it->second.item());
+  set_steps(static_cast<int64_t>(it->second.item()));
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].second;
     auto mk = "adam.m." + params_[i].first, vk = "adam.v." + params_[i].first;
@@ -238,14 +264,6 @@ Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm) {
                           add(relu(add(norm, 1e-6 - max_norm)), max_norm));
   for (Tensor& g : grads) g.copy_(mul(g, coef));
   return norm;
-}
-
-double CosineSchedule::at(int64_t step) const {
-  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (step >= total) return min_lr;
-  const double ratio =
-      static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
-  return min_lr + 0.5 * (1 + std::cos(M_PI * ratio)) * (lr - min_lr);
 }
 
 }  // namespace leasehold::engine::optim

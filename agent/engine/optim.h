@@ -10,14 +10,23 @@
 #include <vector>
 
 #include "agent/engine/nn.h"
+#include "kernels/optim.h"
 
 namespace leasehold::engine::optim {
 
+// The learning rate of each step (kernels/optim.h): constant, or warm-up
+// then cosine decay.
+using LrSchedule = kernels::LrSchedule;
+
 class Optimizer {
  public:
-  explicit Optimizer(nn::NamedTensors params);
+  // `lr`: the schedule's rate while no schedule is set.
+  Optimizer(nn::NamedTensors params, double lr);
   virtual ~Optimizer() = default;
-  virtual void step() = 0;
+  // One update: advances the step counter, then updates every parameter
+  // that has a gradient. Nothing is read back to the host, so a step
+  // captured as a CUDA graph replays it.
+  void step();
   // Drops every parameter's gradient (the next backward writes fresh ones).
   void zero_grad();
   // State for checkpoints: named tensors on the parameters' devices.
@@ -25,13 +34,34 @@ class Optimizer {
   // Restores state(); throws std::invalid_argument naming a missing or
   // mis-shaped entry.
   virtual void load_state(const nn::NamedTensors& state) = 0;
-  // The learning rate of the next step (a schedule sets it before each).
-  virtual double lr() const = 0;
-  // REQUIRES: lr > 0 (throws std::invalid_argument otherwise).
-  virtual void set_lr(double lr) = 0;
+
+  // The number of updates made so far: one int64 on the parameters'
+  // device, which the update kernels read where they run (the learning
+  // rate and Adam's bias corrections come from it there) and which
+  // StepRandom mixes into a step's random numbers.
+  const Tensor& step_counter() const { return steps_; }
+  // The same, read back (waits for the device).
+  int64_t steps() const;
+  // Sets the count (a run resumed after `n` steps).
+  void set_steps(int64_t n);
+  // The learning rate of the next step (waits for the device).
+  double lr() const;
+  // Sets a constant rate; REQUIRES: lr > 0 (throws std::invalid_argument).
+  void set_lr(double lr);
+  // Sets the rate of every step; REQUIRES: its rates positive.
+  void set_schedule(const LrSchedule& schedule);
 
  protected:
+  virtual void update() = 0;
+  const LrSchedule& schedule() const { return schedule_; }
+  // Where the update kernels read the step's number.
+  const int64_t* step_pointer() const { return steps_.data<int64_t>(); }
+
   nn::NamedTensors params_;
+
+ private:
+  LrSchedule schedule_;
+  Tensor steps_;
 };
 
 struct SgdOptions {
@@ -41,13 +71,11 @@ struct SgdOptions {
 class SGD final : public Optimizer {
  public:
   SGD(nn::NamedTensors params, SgdOptions options);
-  void step() override;
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state) override;
-  double lr() const override { return opt_.lr; }
-  void set_lr(double lr) override;
 
  private:
+  void update() override;
   SgdOptions opt_;
   std::vector<Tensor> momentum_;  // per parameter, allocated on first step
   bool started_ = false;
@@ -67,17 +95,13 @@ struct AdamOptions {
 class Adam final : public Optimizer {
  public:
   Adam(nn::NamedTensors params, AdamOptions options);
-  void step() override;
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state) override;
-  double lr() const override { return opt_.lr; }
-  void set_lr(double lr) override;
-  int64_t steps() const { return step_; }
 
  private:
+  void update() override;
   AdamOptions opt_;
   std::vector<Tensor> m_, v_;
-  int64_t step_ = 0;
 };
 
 // Scales every gradient of `params` by min(1, max_norm / (norm + 1e-6)),
@@ -88,14 +112,5 @@ class Adam final : public Optimizer {
 // returned when none has one. REQUIRES: max_norm > 0; gradients on one
 // device and of one dtype.
 Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm);
-
-// Learning rate at step `step` (0-based): linear warm-up from lr/warmup to
-// lr over the first `warmup` steps, then a cosine from lr down to min_lr at
-// step `total`, min_lr after (nanoGPT's schedule).
-struct CosineSchedule {
-  double lr = 1e-3, min_lr = 1e-4;
-  int64_t warmup = 0, total = 1;
-  double at(int64_t step) const;
-};
 
 }  // namespace leasehold::engine::optim

@@ -310,6 +310,28 @@ uint64_t next_random_u64() {
   return g_rng();
 }
 
+namespace {
+thread_local StepRandom* t_step_random = nullptr;
+}  // namespace
+
+StepRandom::StepRandom(uint64_t seed, Tensor step)
+    : seed_(seed), step_(std::move(step)), previous_(t_step_random) {
+  if (!step_.defined() || step_.dtype() != DType::Int64 || step_.numel() != 1) {
+    throw std::invalid_argument("StepRandom: the step counter must be one int64");
+  }
+  t_step_random = this;
+}
+
+StepRandom::~StepRandom() { t_step_random = previous_; }
+
+RandomDraw RandomDraw::next(Device device) {
+  StepRandom* scope = t_step_random;
+  if (!scope) return {next_random_u64(), nullptr};
+  RandomDraw d{kernels::pattern_word(scope->seed_, scope->drawn_++), nullptr};
+  if (scope->step_.device() == device) d.step = scope->step_.data<int64_t>();
+  return d;
+}
+
 template <class Dist>
 static Tensor random_tensor(const Shape& sizes, TensorOptions options, Dist dist) {
   std::vector<double> v(numel_of(sizes));

@@ -137,6 +137,38 @@ Tensor arange(int64_t n, TensorOptions options = {});
 void manual_seed(uint64_t seed);
 uint64_t next_random_u64();
 
+// The random numbers of one training step. While one lives on this thread,
+// a random op (dropout) takes the seed splitmix(seed, n) for the n-th such
+// op of the scope instead of drawing from the generator, and its kernel
+// mixes in the value of `step` (an int64 scalar on the op's device; the
+// optimizer's step counter) where it runs. So a step's masks depend on the
+// seed, the step's number and the op's place in the step alone: a step
+// captured as a CUDA graph and replayed draws what the same step run op by
+// op draws, and a resumed run what the uninterrupted run drew. Ops on
+// another device than `step`'s use the seed alone.
+class StepRandom {
+ public:
+  StepRandom(uint64_t seed, Tensor step);
+  ~StepRandom();
+  StepRandom(const StepRandom&) = delete;
+  StepRandom& operator=(const StepRandom&) = delete;
+
+ private:
+  friend struct RandomDraw;
+  uint64_t seed_;
+  Tensor step_;
+  uint64_t drawn_ = 0;
+  StepRandom* previous_;
+};
+
+// The seed of the next random op on `device` (see StepRandom) and, inside a
+// StepRandom, its step counter there (null otherwise).
+struct RandomDraw {
+  uint64_t seed = 0;
+  const int64_t* step = nullptr;
+  static RandomDraw next(Device device);
+};
+
 int64_t numel_of(const Shape& s);
 Shape contiguous_strides(const Shape& sizes);
 std::string shape_to_string(const Shape& s);

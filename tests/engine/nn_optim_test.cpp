@@ -232,7 +232,7 @@ TEST(Optim, ClipGradNormScalesOnlyWhenOverTheLimit) {
 }
 
 TEST(Optim, CosineScheduleWarmsUpThenDecaysToTheFloor) {
-  optim::CosineSchedule s{.lr = 1e-3, .min_lr = 1e-4, .warmup = 10, .total = 110};
+  optim::LrSchedule s{.lr = 1e-3, .min_lr = 1e-4, .warmup = 10, .total = 110};
   EXPECT_DOUBLE_EQ(s.at(0), 1e-4);
   EXPECT_DOUBLE_EQ(s.at(9), 1e-3);
   EXPECT_DOUBLE_EQ(s.at(10), 1e-3);

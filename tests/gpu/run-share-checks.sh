@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Many jobs on one GPU: leasehold-bench-share (N copies of a job at once on
-# N standby agents) beside the PyTorch eager reference (N processes, the
-# dataset in device memory), each without and then with MPS, side by side
-# in one run, from a bundle made by deploy/make-bundle.sh --with-tests.
+# N standby agents; each job's step a CUDA graph) beside the PyTorch
+# references (N processes, the dataset in device memory; eager, and with the
+# whole step replayed as a CUDA graph), each without and then with MPS, side
+# by side in one run, from a bundle made by deploy/make-bundle.sh --with-tests.
 # Needs the Fashion-MNIST IDX files in /usr/share/datasets/fashion-mnist
 # and PyTorch. Logs go to $OUT (or ./gpu-logs).
 #
@@ -10,7 +11,8 @@
 #
 # JOB_NAME: fashion-mnist-mlp (default), fashion-mnist-lenet.
 # LEASEHOLD_SHARE_AT_ONCE (1,2,4,8,16), LEASEHOLD_SHARE_EPOCHS (3),
-# LEASEHOLD_SHARE_MPS (both, off, on).
+# LEASEHOLD_SHARE_MPS (both, off, on), LEASEHOLD_SHARE_TORCH (the PyTorch
+# references: "eager graph"), LEASEHOLD_SHARE_MANAGED (1: the MPS set-up check).
 set -uo pipefail
 bundle=$(cd "${1:?usage: run-share-checks.sh BUNDLE_DIR [JOB_NAME ...]}" && pwd)
 shift
@@ -23,6 +25,7 @@ at_once=${LEASEHOLD_SHARE_AT_ONCE:-1,2,4,8,16}
 epochs=${LEASEHOLD_SHARE_EPOCHS:-3}
 which=${LEASEHOLD_SHARE_MPS:-both}
 jobs=("${@:-fashion-mnist-mlp}")
+torch_modes=${LEASEHOLD_SHARE_TORCH:-eager graph}
 coordinator_args=()
 
 nvidia-smi -L | tee "$out/summary.txt"
@@ -31,12 +34,14 @@ share() {  # share LABEL JOB: Leasehold, then PyTorch, for each count
   step "leasehold_$label" "$bin/leasehold-bench-share" --job "$job" --jobs-at-once "$at_once" \
     --epochs "$epochs" "${coordinator_args[@]}"
   sed -n '/^  jobs/,$p' "$out/leasehold_$label.log" | tee -a "$out/summary.txt"
-  local n
-  for n in ${at_once//,/ }; do
-    step "torch_${label}_$n" python3 "$here/../bench/torch_train.py" "$job" --epochs "$epochs" \
-      --processes "$n"
-    python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print("  pytorch %3d at once: total %9.0f samples/s, min %8.0f, max %8.0f" % (r.get("processes", 1), r.get("total_samples_per_second", r.get("samples_per_second")), r.get("min", r.get("samples_per_second")), r.get("max", r.get("samples_per_second"))))' \
-      "$out/torch_${label}_$n.log" | tee -a "$out/summary.txt"
+  local n mode
+  for mode in $torch_modes; do
+    for n in ${at_once//,/ }; do
+      step "torch_${mode}_${label}_$n" python3 "$here/../bench/torch_train.py" "$job" \
+        --epochs "$epochs" --processes "$n" $([ "$mode" = graph ] && echo --cuda-graph)
+      python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print("  pytorch %-5s %3d at once: total %9.0f samples/s, min %8.0f, max %8.0f" % (sys.argv[2], r.get("processes", 1), r.get("total_samples_per_second", r.get("samples_per_second")), r.get("min", r.get("samples_per_second")), r.get("max", r.get("samples_per_second"))))' \
+        "$out/torch_${mode}_${label}_$n.log" "$mode" | tee -a "$out/summary.txt"
+    done
   done
 }
 # The coordinator managing MPS itself (mps = on): it starts the daemon

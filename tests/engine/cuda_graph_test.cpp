@@ -1,0 +1,205 @@
+// Whole training steps as CUDA graphs: a step replayed from a graph ends
+// bit for bit as the same step launched op by op (a GPT with dropout,
+// AdamW, a cosine schedule and clipping, in float32 and under bf16
+// autocast; a CNN with SGD and momentum), replays make the host wait for
+// nothing, and a step that cannot be captured runs op by op with nothing
+// changed. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "agent/engine/autocast.h"
+#include "agent/engine/autograd.h"
+#include "agent/engine/cuda_context.h"
+#include "agent/engine/nn.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/optim.h"
+#include "agent/engine/step_graph.h"
+#include "shared/device.h"
+
+namespace leasehold::engine {
+namespace {
+
+using namespace nn;
+
+class CudaGraphTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_built()) GTEST_SKIP() << "built without CUDA";
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  }
+  const Device gpu = Device::cuda(0);
+};
+
+// A model, its optimizer and where its batches come from.
+struct Trainee {
+  std::shared_ptr<Sequential> model;
+  std::unique_ptr<optim::Optimizer> opt;
+  int64_t classes = 0;
+};
+
+using MakeTrainee = std::function<Trainee(Device)>;
+using MakeBatch = std::function<void(int64_t step, Tensor& x, Tensor& y)>;
+
+Trainee tiny_gpt(Device d) {
+  manual_seed(11);
+  const TensorOptions o{DType::Float32, d};
+  auto emb = std::make_shared<Embedding>(32, 64, 40, o);
+  auto model = std::make_shared<Sequential>();
+  model->push_back(emb);
+  model->push_back(std::make_shared<TransformerBlock>(64, 4, 0.1, 2, o));
+  model->push_back(std::make_shared<TransformerBlock>(64, 4, 0.1, 2, o));
+  model->push_back(std::make_shared<LayerNorm>(64, 1e-5, o));
+  model->push_back(std::make_shared<TiedOutput>(emb));
+  auto opt = std::make_unique<optim::Adam>(
+      model->named_parameters(),
+      optim::AdamOptions{.lr = 3e-3, .weight_decay = 0.1, .decoupled = true,
+                         .decay_matrices_only = true});
+  opt->set_schedule({.lr = 3e-3, .min_lr = 3e-4, .warmup = 2, .total = 8});
+  return {model, std::move(opt), 32};
+}
+
+Trainee small_cnn(Device d) {
+  manual_seed(12);
+  const TensorOptions o{DType::Float32, d};
+  auto model = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+      std::make_shared<Conv2d>(1, 6, 5, 1, 0, true, o), std::make_shared<ReLU>(),
+      std::make_shared<MaxPool2d>(2), std::make_shared<Flatten>(),
+      std::make_shared<Dropout>(0.25), std::make_shared<Linear>(6 * 12 * 12, 10, true, o)});
+  auto opt = std::make_unique<optim::SGD>(model->named_parameters(),
+                                          optim::SgdOptions{.lr = 0.05, .momentum = 0.9});
+  return {model, std::move(opt), 10};
+}
+
+MakeBatch text_batches(Device d) {
+  return [d](int64_t step, Tensor& x, Tensor& y) {
+    std::mt19937_64 rng(100 + step);
+    std::vector<int64_t> xs(16 * 40), ys(16 * 40);
+    for (auto& v : xs) v = static_cast<int64_t>(rng() % 32);
+    for (auto& v : ys) v = static_cast<int64_t>(rng() % 32);
+    x = from_vector(xs, {16, 40}, d);
+    y = from_vector(ys, {16, 40}, d);
+  };
+}
+
+MakeBatch image_batches(Device d) {
+  return [d](int64_t step, Tensor& x, Tensor& y) {
+    std::mt19937_64 rng(200 + step);
+    std::normal_distribution<float> n;
+    std::vector<float> xs(32 * 28 * 28);
+    std::vector<int64_t> ys(32);
+    for (auto& v : xs) v = n(rng);
+    for (auto& v : ys) v = static_cast<int64_t>(rng() % 10);
+    x = from_vector(xs, {32, 1, 28, 28}, d);
+    y = from_vector(ys, {32}, d);
+  };
+}
+
+// One training step as the job runner takes it.
+Tensor train_step(Trainee& t, const Tensor& x, const Tensor& y) {
+  StepRandom random(77, t.opt->step_counter());
+  t.opt->zero_grad();
+  Tensor loss = cross_entropy(t.model->forward(x).reshape({-1, t.classes}), y.reshape({-1}));
+  loss.backward();
+  optim::clip_grad_norm(t.model->named_parameters(), 1.0);
+  t.opt->step();
+  return loss;
+}
+
+std::vector<std::vector<float>> weights(const Trainee& t) {
+  std::vector<std::vector<float>> out;
+  for (const auto& p : t.model->parameters()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+// Trains two copies: one op by op, one through a StepGraph (after a first
+// step op by op, as the job runner does), and compares every step's loss
+// and weights bit for bit.
+void expect_replays_match(Device gpu, const MakeTrainee& make, const MakeBatch& batch) {
+  DeferredLabelCheck labels(gpu);  // (cross_entropy would read its check back)
+  Trainee eager = make(gpu), graphed = make(gpu);
+  Tensor gx, gy, graph_loss;
+  std::optional<StepGraph> graph;
+  constexpr int kSteps = 7;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    Tensor x, y;
+    batch(step, x, y);
+    const Tensor expected = train_step(eager, x, y);
+    Tensor got;
+    if (step == 0) {
+      got = train_step(graphed, x, y);
+      gx = empty(x.sizes(), x.options());
+      gy = empty(y.sizes(), y.options());
+      graph.emplace(gpu, [&] { graph_loss = train_step(graphed, gx, gy); });
+    } else {
+      gx.copy_(x);
+      gy.copy_(y);
+      ASSERT_TRUE(graph->run()) << graph->why_not();
+      got = graph_loss;
+    }
+    EXPECT_EQ(got.to_vector<float>(), expected.to_vector<float>()) << "loss of step " << step;
+    ASSERT_EQ(weights(graphed), weights(eager)) << "weights after step " << step;
+  }
+  EXPECT_TRUE(graph->replaying());
+  EXPECT_EQ(graph->launches(), kSteps - 2) << "recorded once, then launched";
+  EXPECT_GT(graph->pool_bytes(), 0u);
+  EXPECT_EQ(graphed.opt->steps(), kSteps);
+
+  // Replays queue work and return: the host waits for nothing.
+  Tensor x, y;
+  batch(kSteps, x, y);
+  const uint64_t waits = host_waits();
+  for (int i = 0; i < 3; ++i) {
+    gx.copy_(x);
+    gy.copy_(y);
+    ASSERT_TRUE(graph->run());
+  }
+  EXPECT_EQ(host_waits(), waits);
+  labels.check();
+}
+
+TEST_F(CudaGraphTest, AGptStepReplaysBitForBitAsOpByOp) {
+  expect_replays_match(gpu, tiny_gpt, text_batches(gpu));
+}
+
+TEST_F(CudaGraphTest, AGptStepUnderBf16AutocastReplaysBitForBit) {
+  AutocastGuard autocast(DType::BFloat16);
+  expect_replays_match(gpu, tiny_gpt, text_batches(gpu));
+}
+
+TEST_F(CudaGraphTest, ACnnStepWithMomentumReplaysBitForBit) {
+  expect_replays_match(gpu, small_cnn, image_batches(gpu));
+}
+
+// A step that reads a value back cannot be captured: run() says so, runs
+// nothing, and the caller's step op by op is the step as it would be.
+TEST_F(CudaGraphTest, AStepThatWaitsForTheHostRunsOpByOpUnchanged) {
+  DeferredLabelCheck labels(gpu);
+  Trainee a = small_cnn(gpu), b = small_cnn(gpu);
+  MakeBatch batch = image_batches(gpu);
+  Tensor x, y;
+  batch(0, x, y);
+  double read_back = 0;
+  StepGraph graph(gpu, [&] { read_back = train_step(b, x, y).item(); });
+  train_step(a, x, y);
+  ASSERT_TRUE(graph.run()) << "recording runs op by op";
+  EXPECT_GT(read_back, 0);
+  EXPECT_EQ(weights(a), weights(b));
+  EXPECT_FALSE(graph.run()) << "the capture fails";
+  EXPECT_FALSE(graph.replaying());
+  EXPECT_NE(graph.why_not().find("capturing"), std::string::npos) << graph.why_not();
+  EXPECT_EQ(weights(a), weights(b)) << "the failed capture changed nothing";
+  EXPECT_EQ(b.opt->steps(), 1);
+  EXPECT_FALSE(graph.run()) << "and it is not tried again";
+  // The device is usable: the next step op by op matches.
+  train_step(a, x, y);
+  train_step(b, x, y);
+  EXPECT_EQ(weights(a), weights(b));
+  labels.check();
+}
+
+}  // namespace
+}  // namespace leasehold::engine
