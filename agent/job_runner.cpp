@@ -323,6 +323,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       graph = std::make_unique<E::StepGraph>(options.device, [&] {
         // (Its saved tensors stay where the graph put them.)
         E::SavedTensorHooksGuard no_spill(nullptr);
+        graph_loss = E::Tensor();  // (its block is the new loss's)
         graph_loss = train_step(graph_x, graph_y);
       });
     }

@@ -26,12 +26,19 @@ GraphPool::~GraphPool() {
 void* GraphPool::allocate(size_t bytes) {
   std::lock_guard lock(mu_);
   ++stats_.allocations;
+  // A free block of this size; while capturing from an upstream on the
+  // stream, else the smallest larger one (memory the step has, rather than
+  // none).
   auto it = free_.find(bytes);
+  if ((it == free_.end() || it->second.empty()) && capturing_ && upstream_->on_stream()) {
+    it = free_.upper_bound(bytes);
+    while (it != free_.end() && it->second.empty()) ++it;
+  }
   if (it != free_.end() && !it->second.empty()) {
     void* p = it->second.back();
     it->second.pop_back();
-    stats_.cached_bytes -= bytes;
-    stats_.in_use_bytes += bytes;
+    stats_.cached_bytes -= it->first;
+    stats_.in_use_bytes += it->first;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
     return p;
   }
@@ -40,24 +47,26 @@ void* GraphPool::allocate(size_t bytes) {
                              " more than its recording held, from an allocator on the stream");
   }
   blocks_.reserve(blocks_.size() + 1);
+  size_of_.reserve(size_of_.size() + 1);
   void* p = upstream_->allocate(bytes);
   blocks_.emplace_back(p, bytes);
+  size_of_.emplace(p, bytes);
   stats_.in_use_bytes += bytes;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   return p;
 }
 
-void GraphPool::deallocate(void* ptr, size_t bytes) noexcept {
+void GraphPool::deallocate(void* ptr, size_t) noexcept {
   std::lock_guard lock(mu_);
+  const size_t bytes = size_of_.at(ptr);  // (the block's size, which may exceed the request's)
+  stats_.in_use_bytes -= bytes;
   try {
     free_[bytes].push_back(ptr);
   } catch (const std::bad_alloc&) {
     // Kept out of reuse; still returned upstream with the pool.
     spdlog::error("graph pool: no memory to list a free block of {}", format_bytes(bytes));
-    stats_.in_use_bytes -= bytes;
     return;
   }
-  stats_.in_use_bytes -= bytes;
   stats_.cached_bytes += bytes;
 }
 

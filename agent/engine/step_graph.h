@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "agent/engine/allocator.h"
@@ -35,7 +36,8 @@ namespace leasehold::engine {
 // kept, reused by later allocations of the same size, returned upstream
 // when the pool goes (when no tensor it made is alive any more). While
 // `capturing` it takes no new block from an upstream that allocates on the
-// stream being captured (it throws std::runtime_error instead).
+// stream being captured: it hands out the smallest larger free block, or
+// throws std::runtime_error when there is none.
 class GraphPool final : public Allocator {
  public:
   explicit GraphPool(std::shared_ptr<Allocator> upstream);
@@ -54,6 +56,7 @@ class GraphPool final : public Allocator {
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;    // GUARDED_BY(mu_), by size
   std::vector<std::pair<void*, size_t>> blocks_;  // GUARDED_BY(mu_), all taken
+  std::unordered_map<void*, size_t> size_of_;     // GUARDED_BY(mu_), each block's size
   AllocatorStats stats_;                          // GUARDED_BY(mu_)
   bool capturing_ = false;                        // GUARDED_BY(mu_)
 };

@@ -3,12 +3,17 @@
 same model in PyTorch, side by side in one run, on one GPU.
 
 Leasehold: a coordinator (cuda backend) and `leasehold-agent --run-job` on
-the job file, with its steps and corpus as given here. PyTorch: the same
+the job file, with its steps and corpus as given here (variants leasehold
+and leasehold-bf16 run every step as one CUDA graph; with -op-by-op after
+the name, --no-cuda-graphs). PyTorch: the same
 model (GPT-2's pre-norm blocks, tied output, no attention dropout), data
 (the corpus cut into samples of `context` tokens at a stride of `context`,
 the last 10% held out), optimiser (AdamW on matrices only, cosine schedule,
 clipping) in the configurations asked for: fp32 eager, bf16 autocast eager
-with scaled_dot_product_attention, and the latter under torch.compile.
+with scaled_dot_product_attention (bf16), the latter under torch.compile
+(compile) and with its CUDA graphs (compile-graphs: mode reduce-overhead),
+and the whole bf16 step captured as one CUDA graph (graph: capturable fused
+AdamW, the learning rate a device tensor).
 
 Each prints tokens/s over the steps after --warmup (Leasehold: its progress
 reports after the first epoch's) and the validation loss at the end. JSON
@@ -64,7 +69,7 @@ def log(*a):
 
 # ---- Leasehold ----
 
-def run_leasehold(args, job, precision="Float32"):
+def run_leasehold(args, job, precision="Float32", graphs=True):
     job = dict(job, precision=precision)
     tmp = tempfile.mkdtemp(prefix="text-gpt-bench-")
     path = os.path.join(tmp, "job.json")
@@ -79,7 +84,8 @@ def run_leasehold(args, job, precision="Float32"):
         time.sleep(2)
         t0 = time.time()
         out = subprocess.run(
-            [os.path.join(args.bin, "leasehold-agent"), "--endpoint", endpoint, "--run-job", path],
+            [os.path.join(args.bin, "leasehold-agent"), "--endpoint", endpoint, "--run-job", path]
+            + ([] if graphs else ["--no-cuda-graphs"]),
             capture_output=True, text=True, timeout=3600)
         wall = time.time() - t0
     finally:
@@ -183,10 +189,14 @@ def run_torch(args, job, variant):
     o = job["optimizer"]
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
+    # graph: the whole step (forward, backward, clipping, AdamW) replayed as
+    # one CUDA graph, the learning rate a device tensor set before each replay.
+    whole_graph = variant == "graph"
+    lr_arg = torch.tensor(o["lr"], device=dev) if whole_graph else o["lr"]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.get("weight_decay", 0)},
                              {"params": rest, "weight_decay": 0.0}],
-                            lr=o["lr"], betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
-                            eps=o.get("eps", 1e-8), fused=True)
+                            lr=lr_arg, betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+                            eps=o.get("eps", 1e-8), fused=True, capturable=whole_graph)
     total, warm = job["steps"], o.get("warmup_steps", 0)
     lr, min_lr = o["lr"], o.get("min_lr", 0.0)
 
@@ -198,7 +208,7 @@ def run_torch(args, job, variant):
         r = (step - warm) / max(1, total - warm)
         return min_lr + 0.5 * (1 + math.cos(math.pi * r)) * (lr - min_lr)
 
-    bf16 = variant in ("bf16", "compile")
+    bf16 = variant in ("bf16", "compile", "compile-graphs", "graph")
 
     def step_fn(x, y):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
@@ -208,8 +218,30 @@ def run_torch(args, job, variant):
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.get("clip_grad_norm", 0) or 1e9)
         return loss
 
-    fn = torch.compile(step_fn) if variant == "compile" else step_fn
+    if variant == "compile":
+        fn = torch.compile(step_fn)
+    elif variant == "compile-graphs":  # torch.compile's own CUDA graphs (cudagraph trees)
+        fn = torch.compile(step_fn, mode="reduce-overhead")
+    else:
+        fn = step_fn
     batch = job["batch_size"]
+    graph = None
+    if whole_graph:
+        static_x = xtr[:batch].clone()
+        static_y = ytr[:batch].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up as PyTorch's capture recipe asks (not timed)
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                step_fn(static_x, static_y)
+                opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            step_fn(static_x, static_y)
+            opt.step()
     g = torch.Generator(device="cpu").manual_seed(args.seed)
     order = torch.randperm(xtr.shape[0], generator=g)
     pos = 0
@@ -223,6 +255,12 @@ def run_torch(args, job, variant):
         if step == args.warmup:
             torch.cuda.synchronize()
             t_start = time.time()
+        if graph is not None:
+            lr_arg.fill_(lr_at(step))
+            static_x.copy_(xtr[idx])
+            static_y.copy_(ytr[idx])
+            graph.replay()
+            continue
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -255,19 +293,23 @@ def main(argv=None):
         pass
     for v in args.variants.split(","):
         log(f"text_gpt_bench: {v} ...")
-        if v == "leasehold":
-            r = run_leasehold(args, job)
-        elif v == "leasehold-bf16":
-            r = run_leasehold(args, job, "BFloat16")
+        if v.startswith("leasehold"):
+            # leasehold[-bf16][-op-by-op]: every step one CUDA graph, or op by op.
+            r = run_leasehold(args, job, "BFloat16" if "-bf16" in v else "Float32",
+                              graphs=not v.endswith("-op-by-op"))
         else:
             r = run_torch(args, job, v)
         out["runs"][v] = r
         log(f"text_gpt_bench: {v}: {r['tokens_per_s']:.0f} tokens/s, validation loss "
             f"{r['validation_loss']}")
     names = {"leasehold": "Leasehold engine (fp32)",
-             "leasehold-bf16": "Leasehold engine (bf16 GEMMs, fp32 rest)",
+             "leasehold-bf16": "Leasehold engine (bf16 autocast)",
+             "leasehold-op-by-op": "Leasehold engine (fp32), steps op by op",
+             "leasehold-bf16-op-by-op": "Leasehold engine (bf16 autocast), steps op by op",
              "fp32": "PyTorch eager fp32",
-             "bf16": "PyTorch eager bf16 autocast + SDPA", "compile": "PyTorch torch.compile bf16"}
+             "bf16": "PyTorch eager bf16 autocast + SDPA", "compile": "PyTorch torch.compile bf16",
+             "compile-graphs": "PyTorch torch.compile bf16, mode reduce-overhead (CUDA graphs)",
+             "graph": "PyTorch eager bf16, whole step as one CUDA graph"}
     log("| run | tokens/s | validation loss |")
     log("| --- | ---: | ---: |")
     for v, r in out["runs"].items():

@@ -173,8 +173,14 @@ TEST(GraphPool, WhileCapturingItTakesNoBlockFromAnAllocatorOnTheStream) {
   pool.set_capturing(true);
   EXPECT_EQ(pool.allocate(4096), a) << "a block it holds";
   EXPECT_THROW(pool.allocate(8192), std::runtime_error);
+  pool.deallocate(a, 4096);
+  EXPECT_EQ(pool.allocate(100), a) << "a larger free block rather than none";
+  EXPECT_THROW(pool.allocate(100), std::runtime_error) << "none left";
   EXPECT_EQ(on_stream->allocations, 1);
   pool.set_capturing(false);
+  pool.deallocate(a, 100);
+  EXPECT_EQ(pool.stats().cached_bytes, 4096u) << "freed as the block it is";
+  EXPECT_EQ(pool.allocate(4096), a);
   pool.deallocate(a, 4096);
 
   auto off_stream = std::make_shared<Upstream>(false);  // the lease allocator's kind
