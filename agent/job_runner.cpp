@@ -378,6 +378,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         double sum = loss_acc.item();
         double acc = sum - reported_sum;
         reported_sum = sum;
+        // (Timed once the device has finished the steps: the host queues
+        // steps ahead of the device, CUDA graphs far ahead.)
+        now = Clock::now();
         double secs = std::chrono::duration<double>(now - last_report).count();
         JobProgress p;
         p.epoch = epoch + 1;

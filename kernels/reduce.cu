@@ -256,21 +256,23 @@ __global__ void __launch_bounds__(32 * kColumnLanes) sum_columns_kernel(ColumnSu
   const T* __restrict__ mask = s.mask;
   T* __restrict__ masked = s.masked;
   T acc[4] = {0, 0, 0, 0};
+  const int64_t first = s.part_rows ? blockIdx.y * s.part_rows : 0;
+  const int64_t end = s.part_rows ? min(s.rows, first + s.part_rows) : s.rows;
   if (c < s.columns) {
-    for (int64_t r0 = threadIdx.y; r0 < s.rows; r0 += 4 * kColumnLanes) {
+    for (int64_t r0 = first + threadIdx.y; r0 < end; r0 += 4 * kColumnLanes) {
       T v[4], m[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int64_t r = r0 + u * kColumnLanes;
-        v[u] = r < s.rows ? in[r * s.columns + c] : T(0);
-        if constexpr (kMasked) m[u] = r < s.rows ? mask[r * s.columns + c] : T(0);
+        v[u] = r < end ? in[r * s.columns + c] : T(0);
+        if constexpr (kMasked) m[u] = r < end ? mask[r * s.columns + c] : T(0);
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         if constexpr (kMasked) {
           const int64_t r = r0 + u * kColumnLanes;
           v[u] = m[u] > T(0) ? v[u] : T(0);
-          if (masked && r < s.rows) masked[r * s.columns + c] = v[u];
+          if (masked && r < end) masked[r * s.columns + c] = v[u];
         }
         acc[u] += v[u];
       }
@@ -281,7 +283,9 @@ __global__ void __launch_bounds__(32 * kColumnLanes) sum_columns_kernel(ColumnSu
   if (threadIdx.y != 0 || c >= s.columns) return;
   T sum = 0;
   for (int l = 0; l < kColumnLanes; ++l) sum += lanes[l][threadIdx.x];
-  if (s.tail && c >= s.tail_from) {
+  if (s.part_rows) {
+    s.out[blockIdx.y * s.columns + c] = sum;
+  } else if (s.tail && c >= s.tail_from) {
     s.tail[c - s.tail_from] = sum * s.scale;
   } else {
     s.out[c] = sum * s.scale;
@@ -295,11 +299,14 @@ void sum_columns(Stream queue, const ColumnSums<T>& s) {
   cudaStream_t stream = as_cuda(queue);
   if (s.columns == 0) return;
   const int64_t blocks = (s.columns + 31) / 32;
+  const int64_t parts = s.part_rows ? (s.rows + s.part_rows - 1) / s.part_rows : 1;
   if (blocks > 0x7fffffff) throw std::invalid_argument("sum_columns: too many columns");
+  if (parts > 65535) throw std::invalid_argument("sum_columns: too many parts");
+  const dim3 grid{unsigned(blocks), unsigned(parts)};
   if (s.mask) {
-    sum_columns_kernel<T, true><<<unsigned(blocks), dim3(32, kColumnLanes), 0, stream>>>(s);
+    sum_columns_kernel<T, true><<<grid, dim3(32, kColumnLanes), 0, stream>>>(s);
   } else {
-    sum_columns_kernel<T, false><<<unsigned(blocks), dim3(32, kColumnLanes), 0, stream>>>(s);
+    sum_columns_kernel<T, false><<<grid, dim3(32, kColumnLanes), 0, stream>>>(s);
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }

@@ -11,9 +11,8 @@ namespace leasehold::kernels {
 
 // Column sums of a contiguous [rows, columns] (CUDA: cuda::sum_columns): a
 // sum over leading dimensions (a batch's bias gradient, partial sums, a
-// mean) without moving them last first. For up to kMaxColumnRows rows;
-// more are better served by sum_rows over the transposed tensor, which
-// spreads rows over blocks.
+// mean) without moving them last first. One pass for up to kMaxColumnRows
+// rows; more in parts (part_rows), then a pass over the parts.
 inline constexpr int64_t kMaxColumnRows = 4096;
 template <class T>
 struct ColumnSums {
@@ -29,6 +28,10 @@ struct ColumnSums {
   // and a bias gradient from one sum, in buffers of their own).
   T* tail = nullptr;
   int64_t tail_from = 0;
+  // Partial sums (CUDA): when set, rows [p · part_rows, (p + 1) · part_rows)
+  // are summed into out[p · columns + c] for each part p (no tail): many
+  // rows spread over more blocks, the parts then summed in a second pass.
+  int64_t part_rows = 0;
 };
 
 // Elements of one CUDA sum_rows pass over a row; longer rows are summed in

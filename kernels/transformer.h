@@ -7,6 +7,7 @@
 // statistics (mean, 1/std, log-sum-exp) are kept in T.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
@@ -27,6 +28,14 @@ inline int64_t layer_norm_backward_workspace(int64_t rows, int64_t cols) {
   return 2 * layer_norm_row_chunks(rows) * cols;
 }
 inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return heads * t; }
+#ifdef LEASEHOLD_HAVE_CUDA
+namespace cuda {
+// Bytes of working memory cuda::embedding_backward needs for n indices into
+// `vocab` rows of `dim` elements of `element_bytes` (the sort of the
+// indices, and a partial sum per run of equal ones).
+size_t embedding_backward_workspace(int64_t n, int64_t vocab, int64_t dim, size_t element_bytes);
+}  // namespace cuda
+#endif
 
 // Where the rows of one attention operand lie: row i of head h, where
 // h = b × heads_per_batch + j (batch entry b, head j), starts at element
@@ -80,11 +89,12 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
   template <class T>                                                                          \
   void embedding_forward(Stream s, T* out, const T* weight, const int64_t* index, int64_t n,  \
                          int64_t vocab, int64_t dim);                                         \
-  /* dweight [vocab, dim] = sum over i with index[i] == v of g[i], in the order of i          \
-     (deterministic, no atomics; indices out of range add nowhere). */                       \
+  /* dweight [vocab, dim] = sum over i with index[i] == v of g[i], in a fixed order          \
+     (deterministic, no atomics; indices out of range add nowhere). `workspace`: CUDA's      \
+     cuda::embedding_backward_workspace bytes on the device (the CPU needs none). */          \
   template <class T>                                                                          \
   void embedding_backward(Stream s, T* dweight, const T* g, const int64_t* index, int64_t n,  \
-                          int64_t vocab, int64_t dim);                                        \
+                          int64_t vocab, int64_t dim, void* workspace);                       \
   /* Scaled dot-product attention over `heads` (batch x heads) of t rows of d, laid out as   \
      `at` says, causal (query i sees keys j <= i) or not: o = softmax(q kᵀ · scale) v, and    \
      lse [heads, t] the log-sum-exp of each row of scores. No [t, t] matrix is stored. */     \
@@ -109,7 +119,7 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
   template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,     \
                                      int64_t);                                                  \
   template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
-                                      int64_t);                                                 \
+                                      int64_t, void*);                                          \
   template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*,              \
                                      const AttentionLayout&, int64_t, int64_t, int64_t, double,   \
                                      bool);                                                     \

@@ -61,7 +61,7 @@ void embedding_forward(Stream, T* out, const T* weight, const int64_t* index, in
 
 template <class T>
 void embedding_backward(Stream, T* dweight, const T* g, const int64_t* index, int64_t n,
-                        int64_t vocab, int64_t dim) {
+                        int64_t vocab, int64_t dim, void*) {
   std::fill(dweight, dweight + vocab * dim, T(0));
   for (int64_t i = 0; i < n; ++i) {
     T* row = dweight + index[i] * dim;

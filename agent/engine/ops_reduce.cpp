@@ -103,16 +103,29 @@ Tensor sum_leading(const Tensor& x, const Shape& dims, bool keepdim, double scal
       kept.push_back(x.size(d));
     }
   }
-  if (rows > kernels::kMaxColumnRows) return Tensor();
   Tensor out = empty(keepdim ? keepdim_shape : kept, x.options());
+  // Many rows: partial sums of kPartRows rows each (more blocks at work),
+  // then the partial sums', in order (the same bits every run).
+  constexpr int64_t kPartRows = 1024;
+  const int64_t parts = (rows + kPartRows - 1) / kPartRows;
+  if (rows > kernels::kMaxColumnRows && parts > kernels::kMaxColumnRows) return Tensor();
+  Tensor partial = rows > kernels::kMaxColumnRows ? empty({parts, columns}, x.options()) : Tensor();
   detail::dispatch_all(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    const kernels::Stream stream = stream_for(x.device());
+    if (partial.defined()) {
+      kernels::cuda::sum_columns<T>(stream, {.out = partial.data<T>(),
+                                             .in = x.data<T>(),
+                                             .rows = rows,
+                                             .columns = columns,
+                                             .part_rows = kPartRows});
+    }
     const kernels::ColumnSums<T> s{.out = out.data<T>(),
-                                   .in = x.data<T>(),
-                                   .rows = rows,
+                                   .in = partial.defined() ? partial.data<T>() : x.data<T>(),
+                                   .rows = partial.defined() ? parts : rows,
                                    .columns = columns,
                                    .scale = static_cast<T>(scale)};
-    kernels::cuda::sum_columns<T>(stream_for(x.device()), s);
+    kernels::cuda::sum_columns<T>(stream, s);
   });
   return out;
 #else

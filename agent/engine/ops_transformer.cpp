@@ -39,10 +39,19 @@ struct EmbeddingBackward final : Node {
     const Tensor idx = index.get();
     const Tensor gc = g.contiguous();
     Tensor dw = empty({vocab, dim}, g.options());
+    Tensor work;  // (CUDA's sort and partial sums; from the job's memory)
+#ifdef LEASEHOLD_HAVE_CUDA
+    if (g.device().is_cuda()) {
+      const size_t bytes = kernels::cuda::embedding_backward_workspace(idx.numel(), vocab, dim,
+                                                                       dtype_size(g.dtype()));
+      if (bytes) work = empty({static_cast<int64_t>((bytes + 7) / 8)}, {DType::Int64, g.device()});
+    }
+#endif
     detail::dispatch_floating(g.dtype(), "embedding backward", [&](auto tag) {
       using T = decltype(tag);
       kEmbeddingBackward<T>.run(g.device(), dw.data<T>(), gc.data<T>(), idx.data<int64_t>(),
-                                idx.numel(), vocab, dim);
+                                idx.numel(), vocab, dim,
+                                work.defined() ? work.data<int64_t>() : nullptr);
     });
     return {dw};
   }

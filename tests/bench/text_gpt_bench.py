@@ -20,7 +20,7 @@ reports after the first epoch's) and the validation loss at the end. JSON
 on stdout, a table on stderr.
 
   python3 tests/bench/text_gpt_bench.py --bin BUILD/bin --steps 300 \\
-      [--corpus-dir /usr/share/games/fortunes] [--variants fp32,bf16,compile]
+      [--corpus-dir /usr/share/games/fortunes] [--variants fp32,bf16,compile] [--seeds 1,2,3]
 """
 import argparse
 import json
@@ -44,7 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=30, help="PyTorch steps left out of its rate")
     p.add_argument("--variants", default="leasehold,leasehold-bf16,fp32,bf16,compile")
     p.add_argument("--pool-size", default="16GiB")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", default="1",
+                   help="comma-separated: every variant runs once per seed (initialisation, "
+                        "data order, dropout), and the table gives each one's losses")
     return p.parse_args(argv)
 
 
@@ -92,6 +94,9 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
         coord.terminate()
         coord.wait()
     text = out.stdout
+    for line in out.stderr.splitlines():  # whether its steps ran as CUDA graphs, and why not
+        if "CUDA graph" in line or "op by op" in line:
+            log("  agent: " + line)
     if out.returncode != 0:
         raise RuntimeError("leasehold run failed:\n" + text[-3000:] + out.stderr[-3000:])
     rates, losses = [], []
@@ -282,8 +287,10 @@ def run_torch(args, job, variant):
 
 def main(argv=None):
     args = parse_args(argv)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    args.seed = seeds[0]
     job = load_job(args)
-    out = {"steps": args.steps, "batch_size": job["batch_size"], "context": job["dataset"]["context"],
+    out = {"steps": args.steps, "seeds": args.seeds, "batch_size": job["batch_size"], "context": job["dataset"]["context"],
            "runs": {}}
     try:
         import torch
@@ -291,17 +298,21 @@ def main(argv=None):
         out["torch"] = torch.__version__
     except Exception:  # noqa: BLE001 - the Leasehold run needs no PyTorch
         pass
-    for v in args.variants.split(","):
-        log(f"text_gpt_bench: {v} ...")
-        if v.startswith("leasehold"):
-            # leasehold[-bf16][-op-by-op]: every step one CUDA graph, or op by op.
-            r = run_leasehold(args, job, "BFloat16" if "-bf16" in v else "Float32",
-                              graphs=not v.endswith("-op-by-op"))
-        else:
-            r = run_torch(args, job, v)
-        out["runs"][v] = r
-        log(f"text_gpt_bench: {v}: {r['tokens_per_s']:.0f} tokens/s, validation loss "
-            f"{r['validation_loss']}")
+    for seed in seeds:
+        args.seed = seed
+        job = load_job(args)
+        for v in args.variants.split(","):
+            log(f"text_gpt_bench: {v}, seed {seed} ...")
+            if v.startswith("leasehold"):
+                # leasehold[-bf16][-op-by-op]: every step one CUDA graph, or op by op.
+                r = run_leasehold(args, job, "BFloat16" if "-bf16" in v else "Float32",
+                                  graphs=not v.endswith("-op-by-op"))
+            else:
+                r = run_torch(args, job, v)
+            r["seed"] = seed
+            out["runs"].setdefault(v, []).append(r)
+            log(f"text_gpt_bench: {v}, seed {seed}: {r['tokens_per_s']:.0f} tokens/s, "
+                f"validation loss {r['validation_loss']}")
     names = {"leasehold": "Leasehold engine (fp32)",
              "leasehold-bf16": "Leasehold engine (bf16 autocast)",
              "leasehold-op-by-op": "Leasehold engine (fp32), steps op by op",
@@ -310,12 +321,16 @@ def main(argv=None):
              "bf16": "PyTorch eager bf16 autocast + SDPA", "compile": "PyTorch torch.compile bf16",
              "compile-graphs": "PyTorch torch.compile bf16, mode reduce-overhead (CUDA graphs)",
              "graph": "PyTorch eager bf16, whole step as one CUDA graph"}
-    log("| run | tokens/s | validation loss |")
-    log("| --- | ---: | ---: |")
-    for v, r in out["runs"].items():
-        loss = r["validation_loss"]
-        log(f"| {names.get(v, v)} | {r['tokens_per_s']:.0f} | {loss:.4f} |" if loss else
-            f"| {names.get(v, v)} | {r['tokens_per_s']:.0f} | — |")
+    # Tokens/s: the median over the seeds; losses: each seed's, and their mean.
+    log("| run | tokens/s | validation loss (mean) | per seed " + ", ".join(map(str, seeds)) + " |")
+    log("| --- | ---: | ---: | --- |")
+    for v, rs in out["runs"].items():
+        rates = sorted(r["tokens_per_s"] for r in rs)
+        losses = [r["validation_loss"] for r in rs]
+        mean = sum(losses) / len(losses) if all(losses) else None
+        log(f"| {names.get(v, v)} | {rates[len(rates) // 2]:.0f} | "
+            + (f"{mean:.4f} | " + ", ".join(f"{x:.4f}" for x in losses) if mean else "— | —")
+            + " |")
     json.dump(out, sys.stdout, indent=1)
     print()
 

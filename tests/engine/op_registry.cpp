@@ -107,6 +107,15 @@ const std::vector<OpCase>& op_cases() {
     c.push_back({"sum dim", normal({{3, 4, 5}}), [](auto& x) { return sum(x[0], {1}); }});
     c.push_back({"sum keepdim", normal({{3, 4, 5}}),
                  [](auto& x) { return sum(x[0], {0, 2}, true); }});
+    // Column sums over more rows than one pass takes (CUDA: partial sums of
+    // row parts, then theirs): a batch's bias gradient at a GPT's size.
+    c.push_back({"sum many leading rows", normal({{5000, 7}}),
+                 [](auto& x) { return sum(x[0], {0}); }, false});
+    c.push_back({"sum many leading rows keepdim", normal({{3, 2100, 5}}),
+                 [](auto& x) { return sum(x[0], {0, 1}, true); }, false});
+    c.push_back({"linear bias over many rows", [] { return Inputs{randn({4500, 6}, f64),
+                                                              randn({3, 6}, f64), randn({3}, f64)}; },
+                 [](auto& x) { return linear(x[0], x[1], x[2]); }, false});
     c.push_back({"mean", normal({{3, 4, 5}}), [](auto& x) { return mean(x[0], {-1}); }});
     c.push_back({"max", normal({{3, 4, 5}}), [](auto& x) { return max(x[0], 1).first; }});
     c.push_back({"max keepdim", normal({{3, 4, 5}}),
@@ -160,6 +169,18 @@ const std::vector<OpCase>& op_cases() {
     c.push_back({"embedding bytes", normal({{256, 70}}),
                  [](auto& x) {
                    return embedding(x[0], token_index({4, 1100}, 256, x[0].device()));
+                 },
+                 false});
+    // A large vocabulary, most rows unused, one index far more common than
+    // the rest (its run spans many of the sort's chunks) and rows wider
+    // than one block's columns.
+    c.push_back({"embedding skewed", normal({{5000, 130}}),
+                 [](auto& x) {
+                   std::vector<int64_t> v(3000);
+                   for (size_t i = 0; i < v.size(); ++i) {
+                     v[i] = i % 3 ? 17 : static_cast<int64_t>((i * 131) % 5000);
+                   }
+                   return embedding(x[0], from_vector(v, {30, 100}, x[0].device()));
                  },
                  false});
     c.push_back(attention_case("attention causal", {2, 2, 5, 4}, true, true));
