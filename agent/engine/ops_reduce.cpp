@@ -106,7 +106,7 @@ Tensor sum_leading(const Tensor& x, const Shape& dims, bool keepdim, double scal
   Tensor out = empty(keepdim ? keepdim_shape : kept, x.options());
   // Many rows: partial sums of kPartRows rows each (more blocks at work),
   // then the partial sums', in order (the same bits every run).
-  constexpr int64_t kPartRows = 1024;
+  constexpr int64_t kPartRows = 256;
   const int64_t parts = (rows + kPartRows - 1) / kPartRows;
   if (rows > kernels::kMaxColumnRows && parts > kernels::kMaxColumnRows) return Tensor();
   Tensor partial = rows > kernels::kMaxColumnRows ? empty({parts, columns}, x.options()) : Tensor();
