@@ -94,7 +94,14 @@ StepGraph::StepGraph(Device device, std::function<void()> step)
 
 StepGraph::~StepGraph() {
 #ifdef LEASEHOLD_HAVE_CUDA
-  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (!exec_) return;
+  // The last launch finishes before its graph goes (a job stopped between
+  // steps has not waited for it); a fault there is the next call's to report.
+  if (cudaStream_t stream = existing_compute_stream(device_.index)) {
+    note_host_wait();
+    (void)cudaStreamSynchronize(stream);
+  }
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
 #endif
 }
 

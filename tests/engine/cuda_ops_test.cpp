@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <functional>
 
-#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/cuda_context.h"
 #include "agent/engine/data.h"
@@ -132,104 +131,6 @@ TEST_F(CudaOps, TransformerGradientsAreDeterministic) {
   }
 }
 
-// Autocast: attention's products in bfloat16 on tensor cores, against the
-// float32 CPU kernels, on shapes across the kernels' tiles and padded head
-// sizes: within bfloat16's precision in norm (1%, gradients 2%) and
-// everywhere (an element's error is a fraction of a unit where outputs are
-// about 1; a gradient that cancels to about 0 within 1e-2 of it); the
-// tensor-core path is taken (its bits differ from the float32 kernels'); and
-// its gradients are the same bits every run.
-TEST_F(CudaOps, AutocastAttentionTracksFloat32OnTensorCores) {
-  struct Shape4 {
-    Shape shape;
-    bool causal;
-  };
-  const std::vector<Shape4> shapes = {{{2, 3, 256, 64}, true},  {{1, 2, 97, 48}, false},
-                                      {{2, 1, 70, 32}, true},   {{1, 2, 200, 128}, true},
-                                      {{3, 2, 1, 16}, true},    {{1, 1, 130, 64}, false}};
-  auto relative = [](const Tensor& a, const Tensor& b) {
-    NoGradGuard no_grad;
-    Tensor d = sub(a.detach().to(Device::cpu()), b);
-    return std::sqrt(sum(mul(d, d)).item() / std::max(sum(mul(b, b)).item(), 1e-30));
-  };
-  for (const auto& [shape, causal] : shapes) {
-    SCOPED_TRACE(shape_to_string(shape) + (causal ? " causal" : " full"));
-    manual_seed(37);
-    std::vector<Tensor> cpu, gpu;
-    for (int i = 0; i < 3; ++i) {
-      Tensor x = randn(shape);
-      cpu.push_back(x.clone().set_requires_grad(true));
-      gpu.push_back(x.to(Device::cuda()).set_requires_grad(true));
-    }
-    Tensor r = randn(shape);
-    Tensor ref = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], causal);
-    sum(mul(ref, r)).backward();
-    std::vector<std::vector<float>> first;
-    for (int run = 0; run < 2; ++run) {
-      for (Tensor& x : gpu) x.set_grad(Tensor());
-      Tensor got;
-      {
-        AutocastGuard autocast(DType::BFloat16);
-        got = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], causal);
-      }
-      sum(mul(got, r.to(Device::cuda()))).backward();
-      std::vector<std::vector<float>> grads;
-      for (Tensor& x : gpu) grads.push_back(x.grad().to_vector<float>());
-      if (run == 1) {
-        EXPECT_EQ(grads, first) << "gradients differ between runs";
-        continue;
-      }
-      first = grads;
-      NoGradGuard no_grad;
-      EXPECT_LE(relative(got, ref), 1e-2) << "forward";
-      EXPECT_LE(max_rel_diff(got, ref), 4e-2) << "forward";
-      if (shape[2] > 1) {
-        Tensor plain = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], causal);
-        EXPECT_GT(max_rel_diff(got, plain), 0.0) << "the float32 kernel ran";
-      }
-      for (int i = 0; i < 3; ++i) {
-        SCOPED_TRACE("gradient of input " + std::to_string(i));
-        const Tensor& want = cpu[i].grad();
-        const double rms = std::sqrt(sum(mul(want, want)).item() / double(want.numel()));
-        if (rms > 1e-3) {
-          EXPECT_LE(relative(gpu[i].grad(), want), 2e-2);
-          EXPECT_LE(max_rel_diff(gpu[i].grad(), want), 1e-1);
-        } else {
-          // A sum that cancels to about 0 (one token: dq = dk = 0): its
-          // error is the terms' rounding, not a fraction of the result.
-          EXPECT_LE(max_rel_diff(gpu[i].grad(), want), 1e-2);
-        }
-      }
-    }
-  }
-}
-
-// The same on a fused projection read in place (self_attention, the
-// transformer block's path).
-TEST_F(CudaOps, AutocastSelfAttentionTracksFloat32OnTensorCores) {
-  manual_seed(38);
-  Tensor x = randn({2, 256, 3 * 3 * 64});
-  Tensor xc = x.clone().set_requires_grad(true);
-  Tensor xg = x.to(Device::cuda()).set_requires_grad(true);
-  Tensor r = randn({2, 256, 3 * 64});
-  Tensor ref = self_attention(xc, 3, true);
-  sum(mul(ref, r)).backward();
-  Tensor got;
-  {
-    AutocastGuard autocast(DType::BFloat16);
-    got = self_attention(xg, 3, true);
-  }
-  sum(mul(got, r.to(Device::cuda()))).backward();
-  auto relative = [](const Tensor& a, const Tensor& b) {
-    NoGradGuard no_grad;
-    Tensor d = sub(a.detach().to(Device::cpu()), b.detach());
-    return std::sqrt(sum(mul(d, d)).item() / sum(mul(b.detach(), b.detach())).item());
-  };
-  EXPECT_LE(relative(got, ref), 1e-2);
-  EXPECT_LE(relative(xg.grad(), xc.grad()), 2e-2);
-  EXPECT_LE(max_rel_diff(xg.grad(), xc.grad()), 1e-1);
-}
-
 TEST_F(CudaOps, AttentionRejectsHeadSizesOverTheKernels) {
   Tensor q = zeros({1, 1, 4, 129}, TensorOptions{}.on(Device::cuda()));
   EXPECT_THROW(scaled_dot_product_attention(q, q, q, true), std::invalid_argument);
@@ -256,89 +157,6 @@ TEST_F(CudaOps, ClipGradNormAndAdamWMatchTheCpu) {
   }
   EXPECT_LE(max_rel_diff(wg, wc), 1e-5);
   EXPECT_LE(max_rel_diff(bg, bc), 1e-5);
-}
-
-// bfloat16 conversions on the device give the CPU's bits.
-TEST_F(CudaOps, BFloat16ConversionsMatchTheCpu) {
-  manual_seed(34);
-  Tensor x = mul(randn({1000, 37}), 100.0);
-  auto host = x.to(DType::BFloat16).to(DType::Float32).to_vector<float>();
-  auto device = x.to(Device::cuda()).to(DType::BFloat16).to(DType::Float32).to_vector<float>();
-  EXPECT_EQ(host, device);
-}
-
-// Autocast: a linear layer's GEMMs in bfloat16 on tensor cores. With inputs
-// (and the incoming gradient) that bfloat16 holds exactly, the products are
-// exact and only the order of float32 sums differs from the CPU: a tight
-// bound, and ReLU masks that agree (with rounded inputs a mask could flip
-// wherever an output is near 0, changing the gradients there by whole
-// values). Then a GPT block on ordinary inputs, within bfloat16's precision.
-TEST_F(CudaOps, AutocastLinearAndBlockTrackFloat32) {
-  for (bool then_relu : {false, true}) {
-    for (bool with_bias : {false, true}) {
-      SCOPED_TRACE(std::string(then_relu ? "relu" : "no relu") + (with_bias ? ", bias" : ""));
-      manual_seed(35);
-      auto exact = [](const Tensor& t) { return t.to(DType::BFloat16).to(DType::Float32); };
-      Tensor x0 = exact(randn({300, 96})), w0 = exact(mul(randn({200, 96}), 0.1));
-      Tensor b0 = randn({200});
-      Tensor xc = x0.clone().set_requires_grad(true), wc = w0.clone().set_requires_grad(true);
-      Tensor bc = b0.clone().set_requires_grad(true);
-      Tensor xg = x0.to(Device::cuda()).set_requires_grad(true);
-      Tensor wg = w0.to(Device::cuda()).set_requires_grad(true);
-      Tensor bg = b0.to(Device::cuda()).set_requires_grad(true);
-      Tensor r = exact(randn({300, 200}));
-      Tensor yc = linear(xc, wc, with_bias ? bc : Tensor(), then_relu);
-      Tensor yg;
-      {
-        AutocastGuard autocast(DType::BFloat16);
-        yg = linear(xg, wg, with_bias ? bg : Tensor(), then_relu);
-      }
-      EXPECT_EQ(yg.dtype(), DType::Float32);
-      EXPECT_LE(max_rel_diff(yg, yc), 1e-5);
-      sum(mul(yc, r)).backward();
-      sum(mul(yg, r.to(Device::cuda()))).backward();  // outside the guard: still mixed
-      EXPECT_LE(max_rel_diff(xg.grad(), xc.grad()), 1e-5);
-      EXPECT_LE(max_rel_diff(wg.grad(), wc.grad()), 1e-5);
-      if (with_bias) {
-        EXPECT_LE(max_rel_diff(bg.grad(), bc.grad()), 1e-5);
-      }
-    }
-  }
-
-  // The mixed path is taken: a product bfloat16 cannot hold exactly comes
-  // out rounded.
-  {
-    Tensor a = from_vector<float>({1.0f + 0x1p-12f}, {1, 1}).to(Device::cuda());
-    Tensor one = ones({1, 1}).to(Device::cuda());
-    AutocastGuard autocast(DType::BFloat16);
-    EXPECT_EQ(linear(a, one, Tensor()).item(), 1.0);
-  }
-
-  // The block's residual branches alone (its output minus its input: the
-  // residual would hide them), and its input's gradient, within 2% in norm.
-  manual_seed(36);
-  nn::TransformerBlock block(64, 4, 0.0, 2);
-  Tensor h = randn({2, 40, 64});
-  Tensor hc = h.clone().set_requires_grad(true);
-  Tensor ref = block.forward(hc);
-  Tensor rg = randn({2, 40, 64});
-  sum(mul(ref, rg)).backward();
-  block.to(Device::cuda());
-  Tensor hg = h.to(Device::cuda()).set_requires_grad(true);
-  Tensor got;
-  {
-    AutocastGuard autocast(DType::BFloat16);
-    got = block.forward(hg);
-  }
-  sum(mul(got, rg.to(Device::cuda()))).backward();
-  auto relative = [](const Tensor& a, const Tensor& b) {
-    Tensor d = sub(a.to(Device::cpu()), b);
-    return std::sqrt(sum(mul(d, d)).item() / sum(mul(b, b)).item());
-  };
-  NoGradGuard no_grad;
-  EXPECT_LE(relative(sub(got, hg), sub(ref, hc)), 2e-2);
-  EXPECT_LE(relative(sub(hg.grad(), rg.to(Device::cuda())), sub(hc.grad(), rg)), 2e-2);
-  EXPECT_THROW(AutocastGuard(DType::Float64), std::invalid_argument);
 }
 
 TEST_F(CudaOps, Elementwise) {
