@@ -10,7 +10,9 @@
 #include "kernels/bfloat16.h"
 
 #ifdef LEASEHOLD_HAVE_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace leasehold::kernels {
@@ -21,6 +23,15 @@ struct GemmShape {
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+// What a mixed-precision product does as it writes c (cuBLASLt epilogues):
+// c[i, j] += bias[j] and/or max(0, ·); or bias_grad[i] = Σ_k op(a)[i, k]
+// (with c a weight gradient gᵀ x, the bias gradient: the sum of g's rows).
+struct GemmEpilogue {
+  const float* bias = nullptr;
+  bool relu = false;
+  float* bias_grad = nullptr;
 };
 
 namespace cpu {
@@ -38,6 +49,14 @@ void gemm(cublasHandle_t handle, const GemmShape& s, T alpha, const T* a, const 
 // and C (one product: s.batch must be 1).
 void gemm_bf16(cublasHandle_t handle, const GemmShape& s, float alpha, const bfloat16* a,
                const bfloat16* b, float beta, float* c);
+
+// c = op(a) op(b) (bfloat16 in, float32 accumulation and out) with `e`
+// fused, through cuBLASLt on `stream` with `workspace`. False, with
+// nothing launched, when cuBLASLt has no algorithm for it (the caller then
+// takes gemm_bf16 and a pass of its own). Throws on a cuBLASLt failure.
+bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& s,
+                     const bfloat16* a, const bfloat16* b, float* c, const GemmEpilogue& e,
+                     void* workspace, size_t workspace_bytes);
 }
 #endif
 

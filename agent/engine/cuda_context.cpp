@@ -73,9 +73,11 @@ constexpr int kMaxDevices = 64;
 struct ThreadState {
   cudaStream_t streams[kMaxDevices] = {};
   cublasHandle_t handles[kMaxDevices] = {};
+  cublasLtHandle_t lt_handles[kMaxDevices] = {};
   ~ThreadState() {
     // Tolerates the runtime unloading at exit: errors are ignored.
     for (int d = 0; d < kMaxDevices; ++d) {
+      if (lt_handles[d]) cublasLtDestroy(lt_handles[d]);
       if (handles[d]) cublasDestroy(handles[d]);
       if (streams[d]) cudaStreamDestroy(streams[d]);
     }
@@ -117,6 +119,19 @@ cublasHandle_t cublas_handle(int device) {
       cublasDestroy(h);
       h = nullptr;
       throw std::runtime_error("cublasSetStream failed on device " + std::to_string(device));
+    }
+  }
+  return h;
+}
+
+cublasLtHandle_t cublaslt_handle(int device) {
+  check_device(device);
+  cublasLtHandle_t& h = t_state.lt_handles[device];
+  if (!h) {
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+    if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+      h = nullptr;
+      throw std::runtime_error("cublasLtCreate failed on device " + std::to_string(device));
     }
   }
   return h;

@@ -4,6 +4,7 @@
 #pragma once
 
 #ifdef LEASEHOLD_HAVE_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -56,6 +57,8 @@ cudaStream_t compute_stream(int device);
 cudaStream_t existing_compute_stream(int device) noexcept;
 // This thread's cuBLAS handle on `device`, bound to compute_stream(device).
 cublasHandle_t cublas_handle(int device);
+// This thread's cuBLASLt handle on `device` (its calls name their stream).
+cublasLtHandle_t cublaslt_handle(int device);
 // Waits for this thread's work on `device`.
 void synchronize(int device);
 #endif

@@ -50,11 +50,32 @@ Tensor gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t batch, i
   return out;
 }
 
-// out [m, n] (float32) = op(A) op(B) for bfloat16 A and B on tensor cores.
+// out [m, n] (float32) = op(A) op(B) for bfloat16 A and B on tensor cores,
+// with `e` fused into the product where cuBLASLt has an algorithm for it;
+// *fused (when given) says whether it did: if not, the caller does what `e`
+// asked for itself.
 Tensor gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t m, int64_t n,
-                  int64_t k, Shape out_shape) {
+                  int64_t k, Shape out_shape, const kernels::GemmEpilogue& e = {},
+                  bool* fused = nullptr) {
   const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
   Tensor out = empty(out_shape, TensorOptions{}.with(DType::Float32).on(a.device()));
+#ifdef LEASEHOLD_HAVE_CUDA
+  if (fused) {
+    // (cuBLASLt's working memory, from the job's leases: 16 MiB, in the
+    // range NVIDIA suggests for Hopper.)
+    constexpr int64_t kWorkspaceBytes = 16 << 20;
+    const Tensor work = empty({kWorkspaceBytes / 8}, {DType::Int64, a.device()});
+    const int device = a.device().index;
+    *fused = kernels::cuda::gemm_bf16_fused(cublaslt_handle(device), compute_stream(device), s,
+                                            a.data<bfloat16>(), b.data<bfloat16>(),
+                                            out.data<float>(), e, work.data<int64_t>(),
+                                            kWorkspaceBytes);
+    if (*fused) return out;
+  }
+#else
+  (void)e;
+  if (fused) *fused = false;
+#endif
   LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(cublas_handle(a.device().index), s, 1.0f,
                                                        a.data<bfloat16>(), b.data<bfloat16>(),
                                                        0.0f, out.data<float>()));
@@ -119,15 +140,27 @@ struct LinearBackward final : Node {
       });
       g = masked;
       if (!want_b) gb = Tensor();
-    } else if (want_b) {
-      gb = sum(g, {0});
     }
     if (mixed) {
       const Tensor g16 = g.to(DType::BFloat16);
       if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, X.sizes());
-      if (next[1].fn) gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes());
+      if (next[1].fn) {
+        // The bias gradient (the sum of g's rows) summed by the weight
+        // gradient's product itself, when cuBLASLt can.
+        kernels::GemmEpilogue e;
+        Tensor fused_gb;
+        if (want_b && !gb.defined()) {
+          fused_gb = empty({out}, g.options());
+          e.bias_grad = fused_gb.data<float>();
+        }
+        bool fused = false;
+        gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), e, &fused);
+        if (fused) gb = fused_gb.defined() ? fused_gb : gb;
+      }
+      if (want_b && !gb.defined()) gb = sum(g, {0});
       return {gx, gw, gb};
     }
+    if (want_b && !gb.defined()) gb = sum(g, {0});
     if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, X.sizes());
     if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
     return {gx, gw, gb};
@@ -174,13 +207,18 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     w = w.to(DType::BFloat16);
   }
   // out [n, out] = x [n, in] · wᵀ, w read as stored ([out, in]).
+  bool epilogue_done = false;  // the bias and ReLU added by the product itself
   if (mixed) {
-    out = gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features});
+    kernels::GemmEpilogue e;
+    e.bias = b.defined() ? b.data<float>() : nullptr;
+    e.relu = then_relu;
+    out = gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features}, e,
+                     b.defined() || then_relu ? &epilogue_done : nullptr);
   } else {
     gemm_into(out, b.defined() && !cuda ? 1.0 : 0.0, x, false, w, true, 1, n, out_features, in,
               false, false);
   }
-  if (cuda && (b.defined() || then_relu)) {
+  if (cuda && !epilogue_done && (b.defined() || then_relu)) {
     detail::dispatch_floating(out.dtype(), "linear", [&](auto tag) {
       using T = decltype(tag);
       LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<T>(

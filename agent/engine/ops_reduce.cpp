@@ -108,7 +108,11 @@ Tensor sum_leading(const Tensor& x, const Shape& dims, bool keepdim, double scal
   // then the partial sums', in order (the same bits every run).
   constexpr int64_t kPartRows = 256;
   const int64_t parts = (rows + kPartRows - 1) / kPartRows;
-  if (rows > kernels::kMaxColumnRows && parts > kernels::kMaxColumnRows) return Tensor();
+  // (A full sum, or a few columns, of many rows is a row sum's work: one
+  // column of 32 lanes would leave 31 idle.)
+  if (rows > kernels::kMaxColumnRows && (parts > kernels::kMaxColumnRows || columns < 32)) {
+    return Tensor();
+  }
   Tensor partial = rows > kernels::kMaxColumnRows ? empty({parts, columns}, x.options()) : Tensor();
   detail::dispatch_all(x.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -113,6 +113,8 @@ const std::vector<OpCase>& op_cases() {
                  [](auto& x) { return sum(x[0], {0}); }, false});
     c.push_back({"sum many leading rows keepdim", normal({{3, 2100, 5}}),
                  [](auto& x) { return sum(x[0], {0, 1}, true); }, false});
+    c.push_back({"sum of many elements", normal({{5000, 3}}),
+                 [](auto& x) { return sum(x[0]); }, false});
     c.push_back({"linear bias over many rows", [] { return Inputs{randn({4500, 6}, f64),
                                                               randn({3, 6}, f64), randn({3}, f64)}; },
                  [](auto& x) { return linear(x[0], x[1], x[2]); }, false});

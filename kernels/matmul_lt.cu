@@ -1,0 +1,128 @@
+// Mixed-precision products through cuBLASLt with their epilogues fused: a
+// linear layer's bias (and ReLU) added as the product is written, and a
+// weight gradient's bias gradient summed as it is computed, instead of a
+// pass of their own over the [rows, features] result.
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "kernels/matmul.h"
+#include "shared/cuda_check.h"
+
+namespace leasehold::kernels::cuda {
+namespace {
+
+void check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string("cuBLASLt ") + what + " failed: " +
+                             cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")");
+  }
+}
+
+cublasLtEpilogue_t epilogue_of(const GemmEpilogue& e) {
+  if (e.bias_grad) return CUBLASLT_EPILOGUE_BGRADB;
+  if (e.bias) return e.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  return e.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// A product's descriptors and the algorithm the heuristic chose for it, or
+// none (`found` false): made once per shape and epilogue on each thread.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                           size_t, cublasLtHandle_t>;
+
+// Row-major c [m, n] = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: cuBLAS
+// multiplies b by a, and a row of c is a column of its result. So a bias
+// per column of c is a bias per row of cuBLAS's D (EPILOGUE_BIAS), and the
+// sum over k of op(a) [m, k] is the sum over k of cuBLAS's B (BGRADB).
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasLtEpilogue_t ep,
+                                size_t workspace_bytes) {
+  auto p = std::make_unique<Plan>();
+  check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  const cublasOperation_t opa = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A is b
+  const cublasOperation_t opb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
+        "set TRANSA");
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)),
+        "set TRANSB");
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)),
+        "set EPILOGUE");
+  if (ep != CUBLASLT_EPILOGUE_DEFAULT && ep != CUBLASLT_EPILOGUE_RELU) {
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                         sizeof(bias_type)),
+          "set BIAS_DATA_TYPE");
+  }
+  // cuBLAS's A = op(b): stored [k, n] row-major (or [n, k] when trans_b),
+  // which column-major reads as [n, k] (or [k, n]).
+  const uint64_t a_rows = s.trans_b ? s.k : s.n, a_cols = s.trans_b ? s.n : s.k;
+  const uint64_t b_rows = s.trans_a ? s.m : s.k, b_cols = s.trans_a ? s.k : s.m;
+  check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, a_rows, a_cols, s.ldb), "layout A");
+  check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, b_rows, b_cols, s.lda), "layout B");
+  check(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, s.n, s.m, s.ldc), "layout C");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace_bytes, sizeof(workspace_bytes)),
+        "set MAX_WORKSPACE_BYTES");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, p->b, p->c, p->c,
+                                                           pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+    p->algo = result.algo;
+    p->found = true;
+  }
+  return p;
+}
+
+}  // namespace
+
+bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& s,
+                     const bfloat16* a, const bfloat16* b, float* c, const GemmEpilogue& e,
+                     void* workspace, size_t workspace_bytes) {
+  if (s.batch != 1) throw std::invalid_argument("gemm_bf16_fused: one product at a time");
+  if (e.bias_grad && (e.bias || e.relu)) {
+    throw std::invalid_argument("gemm_bf16_fused: a bias gradient alone");
+  }
+  if (s.m == 0 || s.n == 0 || s.k == 0) return false;
+  const cublasLtEpilogue_t ep = epilogue_of(e);
+  thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  const PlanKey key{s.trans_a, s.trans_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(ep),
+                    workspace_bytes, lt};
+  auto it = plans.find(key);
+  if (it == plans.end()) it = plans.emplace(key, make_plan(lt, s, ep, workspace_bytes)).first;
+  Plan& p = *it->second;
+  if (!p.found) return false;
+  if (e.bias || e.bias_grad) {
+    const void* ptr = e.bias_grad ? static_cast<const void*>(e.bias_grad) : e.bias;
+    check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr,
+                                         sizeof(ptr)),
+          "set BIAS_POINTER");
+  }
+  const float one = 1.0f, zero = 0.0f;
+  check(cublasLtMatmul(lt, p.desc, &one, b, p.a, a, p.b, &zero, c, p.c, c, p.c, &p.algo,
+                       workspace, workspace_bytes, stream),
+        "Matmul");
+  return true;
+}
+
+}  // namespace leasehold::kernels::cuda
