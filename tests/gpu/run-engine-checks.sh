@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The engine on a GPU host (issue 30), from a bundle made by
+# deploy/make-bundle.sh (with engine_cuda_test and job_test in it):
+#   tests   engine_cuda_test (every operator against the CPU, autocast, the
+#           step-graph tests) and the text jobs' tests (graphs vs op by op)
+#   gpt     tests/bench/text_gpt_bench.py: Leasehold and PyTorch side by
+#           side (VARIANTS, STEPS; default all the configurations, 300 steps)
+#   seeds   the same for the loss check: 600 steps, seeds 1, 2 and 3
+#   ncu     where a graphed bf16 step's GPU time goes, per kernel (ncu's CSV
+#           in $OUT/ncu.csv; SKIP and COUNT launches)
+#   share   tests/gpu/run-share-checks.sh under MPS, 1 and 8 jobs, LeNet and MLP
+# Logs and results go to $OUT (or ./gpu-logs).
+#
+#   bash tests/gpu/run-engine-checks.sh BUNDLE_DIR MODE [CORPUS_DIR]
+#
+# CORPUS_DIR: the GPT job's text files (default /usr/share/games/fortunes).
+set -uo pipefail
+B=$(cd "${1:?usage: run-engine-checks.sh BUNDLE_DIR MODE [CORPUS_DIR]}" && pwd)
+mode=${2:?usage: run-engine-checks.sh BUNDLE_DIR MODE [CORPUS_DIR]}
+corpus=${3:-/usr/share/games/fortunes}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+OUT=${OUT:-$PWD/gpu-logs}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+nvidia-smi -L
+case $mode in
+  tests)
+    "$B/bin/engine_cuda_test" > "$OUT/engine_cuda.log" 2>&1
+    echo "engine_cuda_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure" "$OUT/engine_cuda.log"
+    "$B/bin/job_test" --gtest_filter='TextJob*' > "$OUT/job_test.log" 2>&1
+    echo "job_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure" "$OUT/job_test.log" ;;
+  gpt)
+    python3 "$here/../bench/text_gpt_bench.py" --bin "$B/bin" --corpus-dir "$corpus" \
+      --steps "${STEPS:-300}" \
+      --variants "${VARIANTS:-leasehold-bf16,leasehold-bf16-op-by-op,bf16,compile,compile-graphs,graph}" \
+      > "$OUT/gpt.json" 2> "$OUT/gpt.log"
+    echo "text_gpt_bench rc=$?"; grep -v "^text_gpt_bench" "$OUT/gpt.log" | tail -10 ;;
+  seeds)
+    python3 "$here/../bench/text_gpt_bench.py" --bin "$B/bin" --corpus-dir "$corpus" \
+      --steps "${STEPS:-600}" --variants "${VARIANTS:-leasehold-bf16,bf16}" --seeds 1,2,3 \
+      > "$OUT/seeds.json" 2> "$OUT/seeds.log"
+    echo "text_gpt_bench rc=$?"; tail -4 "$OUT/seeds.log" ;;
+  ncu)
+    T=$(mktemp -d)
+    python3 - "$B/jobs/text-gpt.json" "$T/job.json" "$corpus" <<'PY'
+import json, os, sys
+j = json.load(open(sys.argv[1]))
+j.update(steps=60, precision="BFloat16", checkpoint={"enabled": False}, device="cuda")
+j.pop("epochs", None)
+j["optimizer"]["warmup_steps"] = 10
+j["dataset"]["files"] = [os.path.join(sys.argv[3], os.path.basename(f)) for f in j["dataset"]["files"]]
+json.dump(j, open(sys.argv[2], "w"))
+PY
+    "$B/bin/leasehold-coordinator" --backend cuda --mps off --pool-size 16GiB \
+      --endpoint "ipc://$T/c.sock" --state-dir "$T/state" > "$T/coord.log" 2>&1 &
+    coord=$!
+    sleep 2
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" "$ncu" --target-processes all \
+      --metrics gpu__time_duration.sum --launch-skip "${SKIP:-3000}" --launch-count "${COUNT:-1300}" \
+      --csv --log-file "$OUT/ncu.csv" \
+      "$B/libexec/leasehold-agent" --endpoint "ipc://$T/c.sock" --run-job "$T/job.json" \
+      > "$OUT/ncu_agent.log" 2>&1
+    echo "ncu rc=$?"
+    kill "$coord"; wait "$coord"; rm -rf "$T" ;;
+  share)
+    LEASEHOLD_SHARE_AT_ONCE=${AT_ONCE:-1,8} LEASEHOLD_SHARE_EPOCHS=${EPOCHS:-2} \
+      LEASEHOLD_SHARE_MPS=on LEASEHOLD_SHARE_MANAGED=0 \
+      bash "$here/run-share-checks.sh" "$B" ${JOBS:-fashion-mnist-lenet fashion-mnist-mlp} \
+      > "$OUT/share.log" 2>&1
+    echo "run-share-checks rc=$?"; cat "$OUT/summary.txt" ;;
+  *) echo "run-engine-checks.sh: unknown mode $mode" >&2; exit 2 ;;
+esac
