@@ -59,6 +59,7 @@ JobEnd EngineJob::run(const proto::JobSpec& job, JobAttempt& a) {
   }
   opts.at_step_boundary = [&, spill = opts.spill.get()] { a.at_step_boundary(leases.get(), spill); };
   opts.should_stop = a.should_stop;
+  opts.memory_wanted = a.shrink_pending;
   opts.replica = a.replica;
   opts.replica_token = a.job_token;
   opts.stopping = a.stopping;

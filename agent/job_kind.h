@@ -38,6 +38,9 @@ struct JobAttempt {
   // Where the worker answers Shrinks and injects test faults: call between
   // steps, with the job's allocator and spill manager (null: none).
   std::function<void(LeaseAllocator*, spill::SpillManager*)> at_step_boundary;
+  // True while a Shrink for this job waits for at_step_boundary's answer:
+  // memory the job holds for speed alone (a CUDA graph's pool) goes first.
+  std::function<bool()> shrink_pending;
   // A "running" update of this attempt (with resumed_from_epoch).
   std::function<proto::JobUpdateT()> update;
   // The attempt resumed after `epoch`: its updates say so from now on.

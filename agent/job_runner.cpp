@@ -309,8 +309,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   std::unique_ptr<E::StepGraph> graph;
   E::Tensor graph_x, graph_y, graph_loss;  // its inputs and its loss: memory that stays put
   int64_t steps_run = 0;
+  bool graph_dropped = false;  // for a Shrink: no graph again in this attempt
   auto graph_wanted = [&](const E::Tensor& x) {
-    if (!graphs_apply || steps_run == 0 || (graph && !graph->why_not().empty())) return false;
+    if (!graphs_apply || graph_dropped || steps_run == 0 || (graph && !graph->why_not().empty())) {
+      return false;
+    }
     if (graph) return x.sizes() == graph_x.sizes();
     if (options.spill && options.spill->store_stats().bytes_out > 0) return false;
     return x.size(0) == job.batch_size();
@@ -332,6 +335,16 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     if (!graph->run()) return train_step(x, y);
     return graph_loss;
   };
+  // The graph's pool (and the gradients in it) back to the allocator.
+  auto drop_graph = [&] {
+    result.graph_steps += graph->launches();
+    graph.reset();  // (waits for its last launch)
+    graph_x = graph_y = graph_loss = E::Tensor();
+    optimizer->zero_grad();
+    graph_dropped = true;
+    spdlog::info("job '{}': the step's CUDA graph dropped to give memory back; steps run op by op "
+                 "from now on", job.name()->str());
+  };
 
   JobProgress last_progress;  // the last one reported
   int64_t global = first_epoch * per_epoch, samples = 0;
@@ -350,6 +363,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     E::Tensor loss_acc = E::zeros({}, {E::DType::Float32, options.device});
     while (global < total_steps && batches.next(x, y, options.device)) {
       if (options.should_stop && options.should_stop()) throw JobCancelled();
+      if (graph && options.memory_wanted && options.memory_wanted()) drop_graph();
       if (options.at_step_boundary) options.at_step_boundary();
       if (!t_first_step) {
         t_first_step = Clock::now();
@@ -438,6 +452,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                        model->named_parameters(), job.name()->str());
   }
   result.steps = global;
+  if (graph) result.graph_steps += graph->launches();
   result.memory = last_progress;
   fill_memory(result.memory);
   result.test_accuracy = !lead ? 0

@@ -61,6 +61,7 @@ struct JobResult {
   int64_t steps = 0;
   double seconds = 0;
   int64_t resumed_from_epoch = 0;  // 0: started fresh
+  int64_t graph_steps = 0;         // steps run as one CUDA graph launch each
   // The last progress reported, with its memory fields as they are at the
   // end (the peak then covers the final evaluation too); epoch 0 when this
   // run reported no progress (it resumed after its last epoch).
@@ -102,6 +103,12 @@ struct JobRunOptions {
   // Called between steps, after should_stop: where the agent gives memory
   // back when the coordinator asks it to shrink. May be empty.
   std::function<void()> at_step_boundary;
+  // Asked between steps, before at_step_boundary: true when the agent is
+  // about to give memory back (a Shrink). The job then drops its step's
+  // CUDA graph, whose pool holds a step's peak memory, so that the memory
+  // can go, and runs its steps op by op for the rest of the attempt. May be
+  // empty.
+  std::function<bool()> memory_wanted;
   // Where saved tensors go when the budget cannot hold them (null: they
   // stay, and a job over its budget fails with out-of-memory).
   std::shared_ptr<spill::SpillManager> spill;

@@ -345,6 +345,10 @@ void JobWorker::run_one(const Assigned& assigned, const std::atomic<bool>& stop)
     a.replica = assigned.replica;
     a.reporter = &reporter_;
     const bool fault_here = !options_.test_fault_job.empty() && name == options_.test_fault_job;
+    a.shrink_pending = [this, id] {
+      std::lock_guard lock(mu_);
+      return shrink_.has_value() && shrink_->job_id == id;
+    };
     a.at_step_boundary = [this, fault_here, steps = int64_t{0}](
                              LeaseAllocator* leases, spill::SpillManager* spill) mutable {
       answer_shrink(leases, spill);

@@ -230,30 +230,47 @@ TEST_F(TextJobTest, AResumedRunEndsBitForBitAsAnUninterruptedOne) {
 // On a GPU every full batch's step runs as a CUDA graph; the run ends as
 // the run with every step op by op does, bit for bit (dropout, AdamW, the
 // schedule, clipping and the last, smaller batch of each epoch included).
+// A Shrink drops the graph (its pool's memory can then go back) and the run
+// goes on op by op, still to the same bits.
 TEST_F(TextJobTest, OnAGpuStepsAsCudaGraphsEndAsStepsOpByOp) {
   if (!cuda_built() || cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
-  auto run = [&](bool graphs) {
+  struct Run {
+    std::vector<EpochReport> epochs;
+    JobResult result;
+  };
+  auto run = [&](bool graphs, int64_t shrink_at_step) {
     std::string json = job_json(R"(, "epochs": 2)",
-                 R"([{"type": "Embedding", "in": 256, "out": 32, "context": 32},
+                                R"([{"type": "Embedding", "in": 256, "out": 32, "context": 32},
                      {"type": "TransformerBlock", "out": 32, "heads": 2, "dropout": 0.1},
                      {"type": "LayerNorm", "out": 32},
                      {"type": "Linear", "in": 32, "out": 256, "tied": true}])");
     json.replace(json.find(R"("device": "cpu")"), 15, R"("device": "cuda")");
     auto buf = parse_job_json(json, "t.json");
-    std::vector<EpochReport> epochs;
+    Run r;
     JobRunOptions o;
     o.device = engine::Device::cuda(0);
     o.cuda_graphs = graphs;
-    o.on_epoch = [&](const EpochReport& e) { epochs.push_back(e); };
-    run_job(*verify_job(buf), o);
-    return epochs;
+    int64_t boundaries = 0;
+    o.memory_wanted = [&] { return ++boundaries == shrink_at_step; };
+    o.on_epoch = [&](const EpochReport& e) { r.epochs.push_back(e); };
+    r.result = run_job(*verify_job(buf), o);
+    return r;
   };
-  const auto graphed = run(true), op_by_op = run(false);
-  ASSERT_EQ(graphed.size(), 2u);
-  ASSERT_EQ(op_by_op.size(), 2u);
+  const Run graphed = run(true, 0), op_by_op = run(false, 0), shrunk = run(true, 10);
+  ASSERT_EQ(graphed.epochs.size(), 2u);
+  ASSERT_EQ(op_by_op.epochs.size(), 2u);
+  ASSERT_EQ(shrunk.epochs.size(), 2u);
+  // 38 steps an epoch, the last smaller: the first op by op, the second
+  // recorded, then graph launches.
+  EXPECT_EQ(graphed.result.graph_steps, 2 * 38 - 2 - 2);
+  EXPECT_EQ(op_by_op.result.graph_steps, 0);
+  EXPECT_GT(shrunk.result.graph_steps, 0);
+  EXPECT_LT(shrunk.result.graph_steps, 10);
   for (int e = 0; e < 2; ++e) {
-    EXPECT_EQ(graphed[e].train_loss, op_by_op[e].train_loss) << e;
-    EXPECT_EQ(graphed[e].validation_loss, op_by_op[e].validation_loss) << e;
+    EXPECT_EQ(graphed.epochs[e].train_loss, op_by_op.epochs[e].train_loss) << e;
+    EXPECT_EQ(graphed.epochs[e].validation_loss, op_by_op.epochs[e].validation_loss) << e;
+    EXPECT_EQ(shrunk.epochs[e].train_loss, op_by_op.epochs[e].train_loss) << e;
+    EXPECT_EQ(shrunk.epochs[e].validation_loss, op_by_op.epochs[e].validation_loss) << e;
   }
 }
 
