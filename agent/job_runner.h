@@ -7,8 +7,8 @@
 // A resumed run is the uninterrupted run: the checkpoint holds parameters
 // and optimiser state, the data order of an epoch depends only on the seed
 // and the epoch, and the random numbers (dropout) come from the seed and the
-// step's number (engine::StepRandom). An epoch's checkpoint is written before the epoch is
-// reported, so a reported checkpoint always exists.
+// step's number (engine::StepRandom). An epoch's checkpoint is written
+// before the epoch is reported, so a reported checkpoint always exists.
 #pragma once
 
 #include <atomic>

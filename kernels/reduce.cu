@@ -1,5 +1,6 @@
 #include <cfloat>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
@@ -301,7 +302,13 @@ void sum_columns(Stream queue, const ColumnSums<T>& s) {
   const int64_t blocks = (s.columns + 31) / 32;
   const int64_t parts = s.part_rows ? (s.rows + s.part_rows - 1) / s.part_rows : 1;
   if (blocks > 0x7fffffff) throw std::invalid_argument("sum_columns: too many columns");
-  if (parts > 65535) throw std::invalid_argument("sum_columns: too many parts");
+  if (parts > 65535) {
+    throw std::invalid_argument("sum_columns: " + std::to_string(parts) + " parts of " +
+                                std::to_string(s.part_rows) + " rows, over the grid's 65535");
+  }
+  if (s.part_rows && (s.mask || s.tail)) {
+    throw std::invalid_argument("sum_columns: partial sums take no mask and no tail");
+  }
   const dim3 grid{unsigned(blocks), unsigned(parts)};
   if (s.mask) {
     sum_columns_kernel<T, true><<<grid, dim3(32, kColumnLanes), 0, stream>>>(s);

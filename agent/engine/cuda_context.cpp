@@ -106,15 +106,23 @@ cudaStream_t compute_stream(int device) {
   return s;
 }
 
+// Creates a cuBLAS or cuBLASLt handle on `device` into `h`; throws naming
+// `what` and the device when the library cannot make one.
+template <class Handle>
+void create_handle(Handle& h, int device, cublasStatus_t (*create)(Handle*), const char* what) {
+  LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+  if (const cublasStatus_t st = create(&h); st != CUBLAS_STATUS_SUCCESS) {
+    h = nullptr;
+    throw std::runtime_error(std::string(what) + " failed on device " + std::to_string(device) +
+                             ": " + cublasGetStatusString(st));
+  }
+}
+
 cublasHandle_t cublas_handle(int device) {
   check_device(device);
   cublasHandle_t& h = t_state.handles[device];
   if (!h) {
-    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-      h = nullptr;
-      throw std::runtime_error("cublasCreate failed on device " + std::to_string(device));
-    }
+    create_handle(h, device, &cublasCreate, "cublasCreate");
     if (cublasSetStream(h, compute_stream(device)) != CUBLAS_STATUS_SUCCESS) {
       cublasDestroy(h);
       h = nullptr;
@@ -127,13 +135,7 @@ cublasHandle_t cublas_handle(int device) {
 cublasLtHandle_t cublaslt_handle(int device) {
   check_device(device);
   cublasLtHandle_t& h = t_state.lt_handles[device];
-  if (!h) {
-    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
-    if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-      h = nullptr;
-      throw std::runtime_error("cublasLtCreate failed on device " + std::to_string(device));
-    }
-  }
+  if (!h) create_handle(h, device, &cublasLtCreate, "cublasLtCreate");
   return h;
 }
 
