@@ -157,11 +157,14 @@ struct LinearBackward final : Node {
         gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), e, &fused);
         if (fused && fused_gb.defined()) gb = fused_gb;
       }
-    } else {
-      if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, X.sizes());
-      if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
+      if (want_b && !gb.defined()) gb = sum(g, {0});
+      return {gx, gw, gb};
     }
+    // (The bias sum first: its scratch is gone before the products' outputs
+    // exist, which keeps the step's peak lower under a tight budget.)
     if (want_b && !gb.defined()) gb = sum(g, {0});
+    if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, X.sizes());
+    if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
     return {gx, gw, gb};
   }
   void release_saved() override { x.reset(); w.reset(); y.reset(); }
