@@ -26,9 +26,9 @@ nvidia-smi -L
 case $mode in
   tests)
     "$B/bin/engine_cuda_test" > "$OUT/engine_cuda.log" 2>&1
-    echo "engine_cuda_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure" "$OUT/engine_cuda.log"
+    echo "engine_cuda_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|Failure" "$OUT/engine_cuda.log"
     "$B/bin/job_test" --gtest_filter='TextJob*' > "$OUT/job_test.log" 2>&1
-    echo "job_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure" "$OUT/job_test.log" ;;
+    echo "job_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|Failure" "$OUT/job_test.log" ;;
   gpt)
     python3 "$here/../bench/text_gpt_bench.py" --bin "$B/bin" --corpus-dir "$corpus" \
       --steps "${STEPS:-300}" \
