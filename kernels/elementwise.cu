@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/elementwise.h"
 #include "kernels/launch.cuh"
@@ -149,6 +150,63 @@ __global__ void convert_kernel(To* out, const From* in, int64_t n) {
   }
 }
 
+// float32 <-> bfloat16 eight elements a thread: one 16-byte access on the
+// bfloat16 side, two on the float32 side (the GEMM inputs autocast makes
+// are a step's largest conversions).
+struct alignas(16) Bf16x8 {
+  bfloat16 v[8];
+};
+struct alignas(16) F32x8 {
+  float4 lo, hi;
+};
+
+__device__ inline Bf16x8 to_bf16x8(const F32x8& x) {
+  const float f[8] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w, x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+  Bf16x8 y;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) y.v[j] = bfloat16(f[j]);
+  return y;
+}
+
+__device__ inline F32x8 to_f32x8(const Bf16x8& x) {
+  F32x8 y;
+  y.lo = make_float4(float(x.v[0]), float(x.v[1]), float(x.v[2]), float(x.v[3]));
+  y.hi = make_float4(float(x.v[4]), float(x.v[5]), float(x.v[6]), float(x.v[7]));
+  return y;
+}
+
+// Eight elements a thread where all three are 16-byte aligned (`groups` of
+// eight), then one a thread for the rest.
+__global__ void gelu_backward_bf16_kernel(bfloat16* dx, const bfloat16* g, const bfloat16* x,
+                                          int64_t n, bool vectors) {
+  const int64_t groups = vectors ? n / 8 : 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < groups;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const Bf16x8 gv = reinterpret_cast<const Bf16x8*>(g)[i];
+    const Bf16x8 xv = reinterpret_cast<const Bf16x8*>(x)[i];
+    Bf16x8 y;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y.v[j] = bfloat16(float(gv.v[j]) * gelu_tanh_grad(float(xv.v[j])));
+    reinterpret_cast<Bf16x8*>(dx)[i] = y;
+  }
+  for (int64_t i = groups * 8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dx[i] = bfloat16(float(g[i]) * gelu_tanh_grad(float(x[i])));
+  }
+}
+
+template <class To, class From>
+__global__ void convert_x8_kernel(To* out, const From* in, int64_t groups) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < groups;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<To, bfloat16>) {
+      reinterpret_cast<Bf16x8*>(out)[i] = to_bf16x8(reinterpret_cast<const F32x8*>(in)[i]);
+    } else {
+      reinterpret_cast<F32x8*>(out)[i] = to_f32x8(reinterpret_cast<const Bf16x8*>(in)[i]);
+    }
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -247,7 +305,31 @@ template <class To, class From>
 void convert(Stream queue, To* out, const From* in, int64_t n) {
   cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
+  constexpr bool kBf16Pair = (std::is_same_v<To, bfloat16> && std::is_same_v<From, float>) ||
+                             (std::is_same_v<To, float> && std::is_same_v<From, bfloat16>);
+  if constexpr (kBf16Pair) {
+    if (aligned16(out) && aligned16(in)) {
+      const int64_t groups = n / 8;
+      if (groups > 0) {
+        convert_x8_kernel<To, From><<<grid_for(groups), kBlock, 0, stream>>>(out, in, groups);
+        LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+      }
+      out += groups * 8;
+      in += groups * 8;
+      n -= groups * 8;
+      if (n == 0) return;
+    }
+  }
   convert_kernel<To, From><<<grid_for(n), kBlock, 0, stream>>>(out, in, n);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+void gelu_backward_bf16(Stream queue, bfloat16* dx, const bfloat16* g, const bfloat16* x,
+                        int64_t n) {
+  if (n == 0) return;
+  const bool vectors = aligned16(dx) && aligned16(g) && aligned16(x);
+  gelu_backward_bf16_kernel<<<grid_for(vectors ? (n + 7) / 8 : n), kBlock, 0, as_cuda(queue)>>>(
+      dx, g, x, n, vectors);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

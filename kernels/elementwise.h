@@ -79,6 +79,10 @@ namespace cuda {
 // pass (CUDA only: the CPU's GEMM adds the bias itself). `bias` may be null.
 template <class T>
 void bias_activation(Stream s, T* y, const T* bias, int64_t rows, int64_t columns, bool relu);
+// dx[i] = g[i] · gelu'(x[i]) (tanh form) in bfloat16, computed in float32:
+// the backward of a product's fused GELU, from the GELU's input that the
+// product kept, straight into the bfloat16 the next products read.
+void gelu_backward_bf16(Stream s, bfloat16* dx, const bfloat16* g, const bfloat16* x, int64_t n);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_ELEMENTWISE_KERNELS

@@ -119,13 +119,14 @@ void gemm(cublasHandle_t handle, const GemmShape& s, T alpha, const T* a, const 
 }
 
 void gemm_bf16(cublasHandle_t handle, const GemmShape& s, float alpha, const bfloat16* a,
-               const bfloat16* b, float beta, float* c) {
+               const bfloat16* b, float beta, void* c, GemmOut out) {
   if (s.batch != 1) throw std::invalid_argument("gemm_bf16: one product at a time");
   if (s.m == 0 || s.n == 0) return;
   const cublasOperation_t opb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opa = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cudaDataType_t c_type = out == GemmOut::BFloat16 ? CUDA_R_16BF : CUDA_R_32F;
   check(cublasGemmEx(handle, opb, opa, s.n, s.m, s.k, &alpha, b, CUDA_R_16BF, s.ldb, a,
-                     CUDA_R_16BF, s.lda, &beta, c, CUDA_R_32F, s.ldc, CUBLAS_COMPUTE_32F,
+                     CUDA_R_16BF, s.lda, &beta, c, c_type, s.ldc, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (bfloat16)");
 }

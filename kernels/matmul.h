@@ -25,12 +25,19 @@ struct GemmShape {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
+// The element type a mixed-precision product writes: float32, or bfloat16
+// when the result only feeds another product (it would be converted anyway).
+enum class GemmOut { Float32, BFloat16 };
+
 // What a mixed-precision product does as it writes c (cuBLASLt epilogues):
-// c[i, j] += bias[j] and/or max(0, ·); or bias_grad[i] = Σ_k op(a)[i, k]
-// (with c a weight gradient gᵀ x, the bias gradient: the sum of g's rows).
+// c[i, j] += bias[j], then max(0, ·) or GELU (tanh form, with the value it
+// was applied to written to gelu_input, bfloat16 like c, for backward); or
+// bias_grad[i] = Σ_k op(a)[i, k] (with c a weight gradient gᵀ x, the bias
+// gradient: the sum of g's rows).
 struct GemmEpilogue {
   const float* bias = nullptr;
   bool relu = false;
+  bfloat16* gelu_input = nullptr;
   float* bias_grad = nullptr;
 };
 
@@ -45,18 +52,18 @@ namespace cuda {
 template <class T>
 void gemm(cublasHandle_t handle, const GemmShape& s, T alpha, const T* a, const T* b, T beta,
           T* c, bool tf32);
-// Mixed precision: bfloat16 A and B on tensor cores, float32 accumulation
-// and C (one product: s.batch must be 1).
+// Mixed precision: bfloat16 A and B on tensor cores, float32 accumulation;
+// C float32 or bfloat16 as `out` says (one product: s.batch must be 1).
 void gemm_bf16(cublasHandle_t handle, const GemmShape& s, float alpha, const bfloat16* a,
-               const bfloat16* b, float beta, float* c);
+               const bfloat16* b, float beta, void* c, GemmOut out);
 
-// c = op(a) op(b) (bfloat16 in, float32 accumulation and out) with `e`
-// fused, through cuBLASLt on `stream` with `workspace`. False, with
+// c = op(a) op(b) (bfloat16 in, float32 accumulation, c as `out` says) with
+// `e` fused, through cuBLASLt on `stream` with `workspace`. False, with
 // nothing launched, when cuBLASLt has no algorithm for it (the caller then
-// takes gemm_bf16 and a pass of its own). Throws on a cuBLASLt failure.
+// takes gemm_bf16 and passes of its own). Throws on a cuBLASLt failure.
 bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& s,
-                     const bfloat16* a, const bfloat16* b, float* c, const GemmEpilogue& e,
-                     void* workspace, size_t workspace_bytes);
+                     const bfloat16* a, const bfloat16* b, void* c, GemmOut out,
+                     const GemmEpilogue& e, void* workspace, size_t workspace_bytes);
 }
 #endif
 

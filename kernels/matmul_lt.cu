@@ -1,7 +1,7 @@
 // Mixed-precision products through cuBLASLt with their epilogues fused: a
-// linear layer's bias (and ReLU) added as the product is written, and a
-// weight gradient's bias gradient summed as it is computed, instead of a
-// pass of their own over the [rows, features] result.
+// linear layer's bias (and ReLU or GELU) added as the product is written,
+// and a weight gradient's bias gradient summed as it is computed, instead
+// of a pass of their own over the [rows, features] result.
 #include <cublasLt.h>
 
 #include <map>
@@ -26,8 +26,18 @@ void check(cublasStatus_t st, const char* what) {
 
 cublasLtEpilogue_t epilogue_of(const GemmEpilogue& e) {
   if (e.bias_grad) return CUBLASLT_EPILOGUE_BGRADB;
+  if (e.gelu_input) return e.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (e.bias) return e.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
   return e.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool has_bias(cublasLtEpilogue_t ep) {
+  return ep == CUBLASLT_EPILOGUE_BIAS || ep == CUBLASLT_EPILOGUE_RELU_BIAS ||
+         ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || ep == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+bool has_aux(cublasLtEpilogue_t ep) {
+  return ep == CUBLASLT_EPILOGUE_GELU_AUX || ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
 
 // A product's descriptors and the algorithm the heuristic chose for it, or
@@ -46,14 +56,16 @@ struct Plan {
 };
 
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                           size_t, cublasLtHandle_t>;
+                           GemmOut, size_t, cublasLtHandle_t>;
 
 // Row-major c [m, n] = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: cuBLAS
 // multiplies b by a, and a row of c is a column of its result. So a bias
 // per column of c is a bias per row of cuBLAS's D (EPILOGUE_BIAS), and the
-// sum over k of op(a) [m, k] is the sum over k of cuBLAS's B (BGRADB).
+// sum over k of op(a) [m, k] is the sum over k of cuBLAS's B (BGRADB). A
+// GELU's input (aux) is laid out as D, in D's type.
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasLtEpilogue_t ep,
-                                size_t workspace_bytes) {
+                                GemmOut out, size_t workspace_bytes) {
+  const cudaDataType_t c_type = out == GemmOut::BFloat16 ? CUDA_R_16BF : CUDA_R_32F;
   auto p = std::make_unique<Plan>();
   check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t opa = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A is b
@@ -64,11 +76,20 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasL
         "set TRANSB");
   check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)),
         "set EPILOGUE");
-  if (ep != CUBLASLT_EPILOGUE_DEFAULT && ep != CUBLASLT_EPILOGUE_RELU) {
+  if (has_bias(ep)) {
     const cudaDataType_t bias_type = CUDA_R_32F;
     check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                          sizeof(bias_type)),
           "set BIAS_DATA_TYPE");
+  }
+  if (has_aux(ep)) {
+    const int64_t aux_ld = s.ldc;
+    check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                         sizeof(aux_ld)),
+          "set EPILOGUE_AUX_LD");
+    check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                         &c_type, sizeof(c_type)),
+          "set EPILOGUE_AUX_DATA_TYPE");
   }
   // cuBLAS's A = op(b): stored [k, n] row-major (or [n, k] when trans_b),
   // which column-major reads as [n, k] (or [k, n]).
@@ -76,7 +97,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasL
   const uint64_t b_rows = s.trans_a ? s.m : s.k, b_cols = s.trans_a ? s.k : s.m;
   check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, a_rows, a_cols, s.ldb), "layout A");
   check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, b_rows, b_cols, s.lda), "layout B");
-  check(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, s.n, s.m, s.ldc), "layout C");
+  check(cublasLtMatrixLayoutCreate(&p->c, c_type, s.n, s.m, s.ldc), "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
   check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
   check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -97,26 +118,36 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasL
 }  // namespace
 
 bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& s,
-                     const bfloat16* a, const bfloat16* b, float* c, const GemmEpilogue& e,
-                     void* workspace, size_t workspace_bytes) {
+                     const bfloat16* a, const bfloat16* b, void* c, GemmOut out,
+                     const GemmEpilogue& e, void* workspace, size_t workspace_bytes) {
   if (s.batch != 1) throw std::invalid_argument("gemm_bf16_fused: one product at a time");
-  if (e.bias_grad && (e.bias || e.relu)) {
+  if (e.bias_grad && (e.bias || e.relu || e.gelu_input)) {
     throw std::invalid_argument("gemm_bf16_fused: a bias gradient alone");
+  }
+  if (e.relu && e.gelu_input) throw std::invalid_argument("gemm_bf16_fused: ReLU or GELU, not both");
+  if (e.gelu_input && out != GemmOut::BFloat16) {
+    throw std::invalid_argument("gemm_bf16_fused: GELU writes a bfloat16 result and input");
   }
   if (s.m == 0 || s.n == 0 || s.k == 0) return false;
   const cublasLtEpilogue_t ep = epilogue_of(e);
   thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
   const PlanKey key{s.trans_a, s.trans_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(ep),
-                    workspace_bytes, lt};
+                    out, workspace_bytes, lt};
   auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(key, make_plan(lt, s, ep, workspace_bytes)).first;
+  if (it == plans.end()) it = plans.emplace(key, make_plan(lt, s, ep, out, workspace_bytes)).first;
   Plan& p = *it->second;
   if (!p.found) return false;
-  if (e.bias || e.bias_grad) {
+  if (has_bias(ep)) {
     const void* ptr = e.bias_grad ? static_cast<const void*>(e.bias_grad) : e.bias;
     check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr,
                                          sizeof(ptr)),
           "set BIAS_POINTER");
+  }
+  if (has_aux(ep)) {
+    void* aux = e.gelu_input;
+    check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                         sizeof(aux)),
+          "set EPILOGUE_AUX_POINTER");
   }
   const float one = 1.0f, zero = 0.0f;
   check(cublasLtMatmul(lt, p.desc, &one, b, p.a, a, p.b, &zero, c, p.c, c, p.c, &p.algo,

@@ -107,18 +107,33 @@ __global__ void layer_norm_dwdb_partial_kernel(T* partial, const T* dy, const T*
   }
 }
 
+// dw and db from the chunks' partial sums: the same block shape, 32 columns
+// × 8 lanes of chunks (a thread per column alone would walk every chunk in
+// sequence, a few hundred dependent loads), lanes summed in a fixed order.
 template <class T>
 __global__ void layer_norm_dwdb_final_kernel(T* dw, T* db, const T* partial, int64_t cols,
                                              int64_t chunks) {
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols;
-       c += int64_t(gridDim.x) * blockDim.x) {
-    T tw = 0, tb = 0;
-    for (int64_t k = 0; k < chunks; ++k) {
-      tw += partial[k * cols + c];
-      tb += partial[(chunks + k) * cols + c];
+  __shared__ T sw[8][33], sb[8][33];
+  const int64_t col = blockIdx.x * 32 + threadIdx.x % 32;
+  const int lane_row = threadIdx.x / 32;
+  T tw = 0, tb = 0;
+  if (col < cols) {
+    for (int64_t k = lane_row; k < chunks; k += 8) {
+      tw += partial[k * cols + col];
+      tb += partial[(chunks + k) * cols + col];
     }
-    dw[c] = tw;
-    db[c] = tb;
+  }
+  sw[lane_row][threadIdx.x % 32] = tw;
+  sb[lane_row][threadIdx.x % 32] = tb;
+  __syncthreads();
+  if (lane_row == 0 && col < cols) {
+    T w = 0, b = 0;
+    for (int i = 0; i < 8; ++i) {
+      w += sw[i][threadIdx.x];
+      b += sb[i][threadIdx.x];
+    }
+    dw[col] = w;
+    db[col] = b;
   }
 }
 
@@ -469,8 +484,7 @@ void layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const T* d
   layer_norm_dwdb_partial_kernel<T><<<grid, 256, 0, st>>>(workspace, dy, x, mean, rstd, rows,
                                                           cols, chunks);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
-  layer_norm_dwdb_final_kernel<T><<<grid_for(cols), kBlock, 0, st>>>(dw, db, workspace, cols,
-                                                                     chunks);
+  layer_norm_dwdb_final_kernel<T><<<grid.x, 256, 0, st>>>(dw, db, workspace, cols, chunks);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

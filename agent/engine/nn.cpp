@@ -116,6 +116,11 @@ Tensor Linear::forward_then_relu(const Tensor& x) {
                 x);
 }
 
+Tensor Linear::forward_then_gelu(const Tensor& x) {
+  if (x.dim() < 2 || x.size(-1) != in_) return gelu(forward(x));  // forward names the problem
+  return unrows(linear_gelu(rows_of(x, in_), param(0), bias_ ? param(1) : Tensor()), x);
+}
+
 std::string Linear::describe() const {
   return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")";
 }
@@ -255,7 +260,9 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   Tensor merged = self_attention((*qkv_)((*ln1_)(x)), heads_, /*causal=*/true);
   Tensor h = add(x, dropout((*proj_)(merged), p_, is_training()));
-  Tensor mlp = (*fc2_)(gelu((*fc1_)((*ln2_)(h))));
+  // (Under autocast the GELU is fc1's epilogue, and its bfloat16 output is
+  // what fc2 multiplies.)
+  Tensor mlp = (*fc2_)(fc1_->forward_then_gelu((*ln2_)(h)));
   return add(h, dropout(mlp, p_, is_training()));
 }
 

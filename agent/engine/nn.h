@@ -54,6 +54,8 @@ class Linear final : public Module {
   // x [..., in] -> [..., out] (leading dimensions flattened for one GEMM).
   Tensor forward(const Tensor& x) override;
   Tensor forward_then_relu(const Tensor& x) override;
+  // gelu(forward(x)), fused under autocast (ops.h: linear_gelu).
+  Tensor forward_then_gelu(const Tensor& x);
   std::string describe() const override;
   Tensor& weight() { return param(0); }  // [out, in]
 

@@ -48,7 +48,20 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // be undefined), then a ReLU when `then_relu`. One GEMM reading w as
 // stored; on CUDA the bias and the ReLU in one pass after it, and in
 // backward the ReLU's mask and the bias gradient in one pass, then two GEMMs.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool then_relu = false);
+//
+// Under bfloat16 autocast on CUDA the product runs in bfloat16 on tensor
+// cores and x may already be bfloat16 (another product's output); the
+// result is float32, or bfloat16 when `out` asks for the lower precision
+// (for a result that only feeds another product; not with a ReLU, whose
+// output is its backward's mask). A gradient has its tensor's type.
+enum class ProductOut { Float32, LowerPrecision };
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool then_relu = false,
+              ProductOut out = ProductOut::Float32);
+// gelu(linear(x, w, bias)). Under bfloat16 autocast on CUDA the bias and
+// GELU are the product's own epilogue (cuBLASLt's GELU_AUX_BIAS) and the
+// result is bfloat16, as is the GELU input backward keeps: the MLP's
+// [N, 4 × dim] activation is written once, in half the bytes.
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // Reductions over `dims` (empty: all dimensions).
 Tensor sum(const Tensor& x, Shape dims = {}, bool keepdim = false);

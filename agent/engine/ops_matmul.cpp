@@ -50,38 +50,85 @@ Tensor gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t batch, i
   return out;
 }
 
-// out [m, n] (float32) = op(A) op(B) for bfloat16 A and B on tensor cores,
-// with `e` fused into the product where cuBLASLt has an algorithm for it;
-// *fused (when given) says whether it did: if not, the caller does what `e`
-// asked for itself.
-Tensor gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t m, int64_t n,
-                  int64_t k, Shape out_shape, const kernels::GemmEpilogue& e = {},
-                  bool* fused = nullptr) {
+// What a mixed-precision product adds as it writes its result (see
+// kernels::GemmEpilogue): a bias (float32 [n]), then ReLU or GELU; or the
+// bias gradient Σ_k op(A)[i, k].
+struct MixedEpilogue {
+  Tensor bias;
+  bool relu = false;
+  bool gelu = false;
+  bool bias_grad = false;
+};
+
+struct MixedProduct {
+  Tensor out;         // [m, n], float32 or bfloat16 as asked
+  Tensor gelu_input;  // bfloat16 [m, n]: what GELU was applied to, when it was
+  Tensor bias_grad;   // float32 [m], when asked for
+};
+
+// out [m, n] = op(A) op(B) for bfloat16 A and B on tensor cores (float32
+// accumulation), written as `out_dtype` (float32 or bfloat16), with `e`
+// fused into the product by cuBLASLt where it has an algorithm for it and
+// done by passes of its own otherwise (the same values up to rounding).
+// CUDA only: autocast never runs on the CPU.
+MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t m, int64_t n,
+                        int64_t k, Shape out_shape, DType out_dtype, const MixedEpilogue& e = {}) {
+  NoGradGuard no_grad;
   const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
-  Tensor out = empty(out_shape, TensorOptions{}.with(DType::Float32).on(a.device()));
+  const auto on = [&](DType d) { return TensorOptions{d, a.device()}; };
+  const kernels::GemmOut gemm_out =
+      out_dtype == DType::BFloat16 ? kernels::GemmOut::BFloat16 : kernels::GemmOut::Float32;
+  MixedProduct r;
+  r.out = empty(out_shape, on(out_dtype));
+  const bool any = e.bias.defined() || e.relu || e.gelu || e.bias_grad;
 #ifdef LEASEHOLD_HAVE_CUDA
-  if (fused) {
+  if (any && (!e.gelu || out_dtype == DType::BFloat16)) {
+    kernels::GemmEpilogue fused;
+    fused.bias = e.bias.defined() ? e.bias.data<float>() : nullptr;
+    fused.relu = e.relu;
+    if (e.gelu) {
+      r.gelu_input = empty(out_shape, on(DType::BFloat16));
+      fused.gelu_input = r.gelu_input.data<bfloat16>();
+    }
+    if (e.bias_grad) {
+      r.bias_grad = empty({m}, on(DType::Float32));
+      fused.bias_grad = r.bias_grad.data<float>();
+    }
     // (cuBLASLt's working memory, from the job's leases: 16 MiB, in the
     // range NVIDIA suggests for Hopper.)
     constexpr int64_t kWorkspaceBytes = 16 << 20;
-    const Tensor work = empty({kWorkspaceBytes / 8}, {DType::Int64, a.device()});
+    const Tensor work = empty({kWorkspaceBytes / 8}, on(DType::Int64));
     const int device = a.device().index;
-    *fused = kernels::cuda::gemm_bf16_fused(cublaslt_handle(device), compute_stream(device), s,
-                                            a.data<bfloat16>(), b.data<bfloat16>(),
-                                            out.data<float>(), e, work.data<int64_t>(),
-                                            kWorkspaceBytes);
-    if (*fused) return out;
+    if (kernels::cuda::gemm_bf16_fused(cublaslt_handle(device), compute_stream(device), s,
+                                       a.data<bfloat16>(), b.data<bfloat16>(), r.out.raw_data(),
+                                       gemm_out, fused, work.data<int64_t>(), kWorkspaceBytes)) {
+      return r;
+    }
   }
-#else
-  (void)e;
-  if (fused) *fused = false;
 #endif
-  LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(cublas_handle(a.device().index), s, 1.0f,
-                                                       a.data<bfloat16>(), b.data<bfloat16>(),
-                                                       0.0f, out.data<float>()));
-  return out;
+  // The product alone, then the epilogue's passes in float32.
+  Tensor out = any && out_dtype != DType::Float32
+                   ? empty(out_shape, on(DType::Float32))
+                   : r.out;
+  const bool to_float = out.dtype() == DType::Float32;
+  LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(
+                                  cublas_handle(a.device().index), s, 1.0f, a.data<bfloat16>(),
+                                  b.data<bfloat16>(), 0.0f, out.raw_data(),
+                                  to_float ? kernels::GemmOut::Float32 : gemm_out));
+  if (e.bias.defined() || e.relu) {
+    LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<float>(
+                                    stream_for(out.device()), out.data<float>(),
+                                    e.bias.defined() ? e.bias.data<float>() : nullptr, m, n,
+                                    e.relu));
+  }
+  if (e.gelu) {
+    r.gelu_input = out.to(DType::BFloat16);
+    out = gelu(out);
+  }
+  if (e.bias_grad) r.bias_grad = sum(a.to(DType::Float32), {ta ? 0 : 1});
+  if (out.raw_data() != r.out.raw_data()) r.out = out.to(out_dtype);
+  return r;
 }
-
 // Forward and backward both reduce to: 3-D batched x (3-D or shared 2-D).
 struct MatmulBackward final : Node {
   SavedTensor a, b;  // contiguous
@@ -114,8 +161,11 @@ struct MatmulBackward final : Node {
 struct LinearBackward final : Node {
   SavedTensor x, w;  // contiguous; bfloat16 copies when `mixed`
   SavedTensor y;      // the output, when a ReLU was fused in (its mask)
+  SavedTensor gelu_input;  // bfloat16, when a GELU was fused in (`gelu`; mixed only)
   bool relu = false;
-  bool mixed = false;  // autocast: bfloat16 GEMMs with float32 results
+  bool gelu = false;
+  bool mixed = false;  // autocast: bfloat16 GEMMs
+  DType x_dtype = DType::Float32;  // the input's own type, its gradient's
   const char* name() const override { return "LinearBackward"; }
   std::vector<Tensor> apply(const Tensor& g_in) override {
     Tensor X = x.get(), W = w.get(), g = g_in.contiguous();
@@ -142,22 +192,28 @@ struct LinearBackward final : Node {
       if (!want_b) gb = Tensor();
     }
     if (mixed) {
-      const Tensor g16 = g.to(DType::BFloat16);
-      if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, X.sizes());
+      // The products read g in bfloat16: GELU's gradient is written so.
+      Tensor g16;
+      if (gelu) {
+        const Tensor a = gelu_input.get(), g_bf = g.to(DType::BFloat16);
+        g16 = empty(a.sizes(), a.options());
+        LEASEHOLD_CUDA_OR("linear", kernels::cuda::gelu_backward_bf16(
+                                        stream_for(a.device()), g16.data<bfloat16>(),
+                                        g_bf.data<bfloat16>(), a.data<bfloat16>(), a.numel()));
+      } else {
+        g16 = g.to(DType::BFloat16);
+      }
+      if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, X.sizes(), x_dtype).out;
       if (next[1].fn) {
         // The bias gradient (the sum of g's rows) summed by the weight
         // gradient's product itself, when cuBLASLt can.
-        kernels::GemmEpilogue e;
-        Tensor fused_gb;
-        if (want_b && !gb.defined()) {
-          fused_gb = empty({out}, g.options());
-          e.bias_grad = fused_gb.data<float>();
-        }
-        bool fused = false;
-        gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), e, &fused);
-        if (fused && fused_gb.defined()) gb = fused_gb;
+        MixedEpilogue e;
+        e.bias_grad = want_b && !gb.defined();
+        MixedProduct p = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), DType::Float32, e);
+        gw = p.out;
+        if (e.bias_grad) gb = p.bias_grad;
       }
-      if (want_b && !gb.defined()) gb = sum(g, {0});
+      if (want_b && !gb.defined()) gb = sum(g16.to(DType::Float32), {0});
       return {gx, gw, gb};
     }
     // (The bias sum first: its scratch is gone before the products' outputs
@@ -167,33 +223,58 @@ struct LinearBackward final : Node {
     if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
     return {gx, gw, gb};
   }
-  void release_saved() override { x.reset(); w.reset(); y.reset(); }
+  void release_saved() override {
+    x.reset();
+    w.reset();
+    y.reset();
+    gelu_input.reset();
+  }
 };
+
+// Under autocast, an input already in bfloat16 (a product's output kept so
+// for the next one) is read as it is; otherwise inputs are float32 and
+// match the weight's type.
+bool autocast_linear(const Tensor& x, const Tensor& w) {
+  return autocast_dtype(x.device()) == DType::BFloat16 && w.dtype() == DType::Float32 &&
+         (x.dtype() == DType::Float32 || x.dtype() == DType::BFloat16);
+}
+
+// The checks every linear layer makes: shapes, and the bias's.
+void check_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, const char* op) {
+  detail::check_defined(x_in, op, "input");
+  detail::check_defined(w_in, op, "weight");
+  if (!(x_in.dtype() == DType::BFloat16 && autocast_linear(x_in, w_in))) {
+    detail::check_same(x_in, w_in, op);
+  } else if (x_in.device() != w_in.device()) {
+    throw std::invalid_argument(std::string(op) + ": devices differ (" + x_in.device().str() +
+                                " and " + w_in.device().str() + ")");
+  }
+  if (x_in.dim() != 2 || w_in.dim() != 2 || x_in.size(1) != w_in.size(1)) {
+    throw std::invalid_argument(std::string(op) + ": input " + x_in.shape_str() + " and weight " +
+                                w_in.shape_str() + " do not fit ([N, in] and [out, in])");
+  }
+  if (bias.defined()) {
+    detail::check_same(w_in, bias, op);
+    if (bias.dim() != 1 || bias.size(0) != w_in.size(0)) {
+      throw std::invalid_argument(std::string(op) + ": bias " + bias.shape_str() + " for " +
+                                  std::to_string(w_in.size(0)) + " outputs");
+    }
+  }
+}
 
 }  // namespace
 
-Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool then_relu) {
-  detail::check_same(x_in, w_in, "linear");
-  if (x_in.dim() != 2 || w_in.dim() != 2 || x_in.size(1) != w_in.size(1)) {
-    throw std::invalid_argument("linear: input " + x_in.shape_str() + " and weight " +
-                                w_in.shape_str() + " do not fit ([N, in] and [out, in])");
-  }
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool then_relu,
+              ProductOut product_out) {
+  check_linear(x_in, w_in, bias, "linear");
   const int64_t n = x_in.size(0), in = x_in.size(1), out_features = w_in.size(0);
-  if (bias.defined()) {
-    detail::check_same(x_in, bias, "linear");
-    if (bias.dim() != 1 || bias.size(0) != out_features) {
-      throw std::invalid_argument("linear: bias " + bias.shape_str() + " for " +
-                                  std::to_string(out_features) + " outputs");
-    }
-  }
   const bool cuda = x_in.device().is_cuda();
   if (then_relu && !(cuda && n <= kernels::kMaxColumnRows)) {
-    return relu(linear(x_in, w_in, bias));
+    return relu(linear(x_in, w_in, bias, false, ProductOut::Float32));
   }
   // Autocast: the GEMM in bfloat16 (the copies are what backward keeps).
-  const bool mixed =
-      autocast_dtype(x_in.device()) == DType::BFloat16 && x_in.dtype() == DType::Float32;
-  // (The mixed GEMM makes its own float32 output.)
+  const bool mixed = autocast_linear(x_in, w_in);
+  // (The mixed GEMM makes its own output.)
   Tensor x, w, b, out = mixed ? Tensor() : empty({n, out_features}, x_in.options());
   {
     NoGradGuard no_grad;
@@ -204,36 +285,36 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     if (b.defined() && !cuda) out.copy_(b.reshape({1, out_features}).expand(out.sizes()));
   }
   if (mixed) {
-    NoGradGuard no_grad;
     x = x.to(DType::BFloat16);
     w = w.to(DType::BFloat16);
-  }
-  // out [n, out] = x [n, in] · wᵀ, w read as stored ([out, in]).
-  bool epilogue_done = false;  // the bias and ReLU added by the product itself
-  if (mixed) {
-    kernels::GemmEpilogue e;
-    e.bias = b.defined() ? b.data<float>() : nullptr;
+    MixedEpilogue e;
+    e.bias = b;
     e.relu = then_relu;
-    out = gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features}, e,
-                     b.defined() || then_relu ? &epilogue_done : nullptr);
+    // A ReLU's output is its backward's mask, kept in float32.
+    const DType out_dtype = product_out == ProductOut::LowerPrecision && !then_relu
+                                ? DType::BFloat16
+                                : DType::Float32;
+    out = gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features}, out_dtype, e).out;
   } else {
+    // out [n, out] = x [n, in] · wᵀ, w read as stored ([out, in]).
     gemm_into(out, b.defined() && !cuda ? 1.0 : 0.0, x, false, w, true, 1, n, out_features, in,
               false, false);
-  }
-  if (cuda && !epilogue_done && (b.defined() || then_relu)) {
-    detail::dispatch_floating(out.dtype(), "linear", [&](auto tag) {
-      using T = decltype(tag);
-      LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<T>(
-                                      stream_for(out.device()), out.data<T>(),
-                                      b.defined() ? b.data<T>() : nullptr, n, out_features,
-                                      then_relu));
-    });
+    if (cuda && (b.defined() || then_relu)) {
+      detail::dispatch_floating(out.dtype(), "linear", [&](auto tag) {
+        using T = decltype(tag);
+        LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<T>(
+                                        stream_for(out.device()), out.data<T>(),
+                                        b.defined() ? b.data<T>() : nullptr, n, out_features,
+                                        then_relu));
+      });
+    }
   }
   if (any_requires_grad({&x_in, &w_in, &bias})) {
     auto node = std::make_shared<LinearBackward>();
     node->x = SavedTensor(x);
     node->w = SavedTensor(w);
     node->mixed = mixed;
+    node->x_dtype = x_in.dtype();
     if (then_relu) {
       node->y = SavedTensor(out);
       node->relu = true;
@@ -241,6 +322,34 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     record(out, node, {&x_in, &w_in, &bias});
   }
   return out;
+}
+
+Tensor linear_gelu(const Tensor& x_in, const Tensor& w_in, const Tensor& bias) {
+  check_linear(x_in, w_in, bias, "linear_gelu");
+  if (!autocast_linear(x_in, w_in)) return gelu(linear(x_in, w_in, bias));
+  const int64_t n = x_in.size(0), in = x_in.size(1), out_features = w_in.size(0);
+  Tensor x, w;
+  MixedEpilogue e;
+  e.gelu = true;
+  {
+    NoGradGuard no_grad;
+    x = x_in.contiguous().to(DType::BFloat16);
+    w = w_in.contiguous().to(DType::BFloat16);
+    if (bias.defined()) e.bias = bias.detach().contiguous();
+  }
+  MixedProduct p =
+      gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features}, DType::BFloat16, e);
+  if (any_requires_grad({&x_in, &w_in, &bias})) {
+    auto node = std::make_shared<LinearBackward>();
+    node->x = SavedTensor(x);
+    node->w = SavedTensor(w);
+    node->gelu_input = SavedTensor(p.gelu_input);
+    node->gelu = true;
+    node->mixed = true;
+    node->x_dtype = x_in.dtype();
+    record(p.out, node, {&x_in, &w_in, &bias});
+  }
+  return p.out;
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {

@@ -202,5 +202,53 @@ TEST_F(CudaAutocast, AutocastLinearAndBlockTrackFloat32) {
   EXPECT_THROW(AutocastGuard(DType::Float64), std::invalid_argument);
 }
 
+// A product whose result feeds the next product keeps it in bfloat16 (the
+// MLP: fc1 with GELU as its epilogue, or a plain lower-precision output),
+// and the next product reads it as it is: values and gradients within
+// bfloat16's precision of float32 on the CPU, the activation bfloat16, the
+// parameters' gradients float32. The widths cover
+// cuBLASLt's fused epilogues (multiples of 8) and the separate passes it
+// leaves to the engine (a width of 7).
+TEST_F(CudaAutocast, ProductsFeedingProductsKeepBFloat16Between) {
+  for (int64_t hidden : {64, 7}) {
+    for (bool gelu_epilogue : {true, false}) {
+      SCOPED_TRACE("hidden " + std::to_string(hidden) + (gelu_epilogue ? ", gelu" : ", plain"));
+      manual_seed(37);
+      Tensor x = randn({130, 48}), w1 = mul(randn({hidden, 48}), 0.2), b1 = randn({hidden});
+      Tensor w2 = mul(randn({24, hidden}), 0.2), b2 = randn({24}), r = randn({130, 24});
+      std::vector<Tensor> cpu{x, w1, b1, w2, b2}, gpu;
+      for (Tensor& t : cpu) {
+        gpu.push_back(t.to(Device::cuda()).set_requires_grad(true));
+        t.set_requires_grad(true);
+      }
+      auto first = [&](const std::vector<Tensor>& p) {
+        return gelu_epilogue ? linear_gelu(p[0], p[1], p[2])
+                             : linear(p[0], p[1], p[2], false, ProductOut::LowerPrecision);
+      };
+      Tensor ref = linear(first(cpu), cpu[3], cpu[4]);
+      sum(mul(ref, r)).backward();
+      Tensor mid, got;
+      {
+        AutocastGuard autocast(DType::BFloat16);
+        mid = first(gpu);
+        got = linear(mid, gpu[3], gpu[4]);
+      }
+      EXPECT_EQ(mid.dtype(), DType::BFloat16);
+      EXPECT_EQ(got.dtype(), DType::Float32);
+      sum(mul(got, r.to(Device::cuda()))).backward();
+      EXPECT_LE(relative_error(got, ref), 2e-2);
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        SCOPED_TRACE("gradient " + std::to_string(i));
+        EXPECT_EQ(gpu[i].grad().dtype(), DType::Float32);
+        EXPECT_LE(relative_error(gpu[i].grad(), cpu[i].grad()), 3e-2);
+      }
+    }
+  }
+  // Without autocast a bfloat16 input is an error that names the types.
+  Tensor x16 = ones({2, 3}).to(Device::cuda()).to(DType::BFloat16);
+  Tensor w = ones({4, 3}).to(Device::cuda());
+  EXPECT_THROW(linear(x16, w, Tensor()), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace leasehold::engine::testing
