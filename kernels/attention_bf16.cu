@@ -4,8 +4,10 @@
 // the warp's own rows (queries, or keys in dK/dV) stay in registers as mma
 // A fragments, read straight from global memory, and the other side is
 // staged 64 (32 for head sizes over 64) rows at a time in shared memory as
-// bfloat16, once row-major and, where a product runs along its rows, once
-// transposed. Scores and probabilities never leave registers: a product's
+// bfloat16, row-major; a product that runs along its rows reads its B
+// fragments transposed with ldmatrix.trans (a transposed copy in shared
+// memory cost a bank-conflicted store per element, and twice the space).
+// Scores and probabilities never leave registers: a product's
 // float32 accumulators are the next product's bfloat16 A fragment. The
 // softmax runs in base 2 on float32 statistics. No atomics: dQ has a kernel
 // of its own, so every gradient is summed in a fixed order.
@@ -64,6 +66,20 @@ __device__ inline void load_b(uint32_t& b0, uint32_t& b1, const bf16* src, int l
   b1 = *reinterpret_cast<const uint32_t*>(p + 8);
 }
 
+// The same fragment from a matrix kept row-major: src[k * ld + n] is element
+// (k, n), and ldmatrix.trans hands each lane its two elements of column
+// n0 + lane / 4 (lanes 0-7 address rows k0..k0+7 for b0, lanes 8-15 the
+// next 8 for b1; rows 16-byte aligned, which the padded strides keep).
+__device__ inline void load_b_trans(uint32_t& b0, uint32_t& b1, const bf16* src, int ld, int n0,
+                                    int k0) {
+  const int lane = threadIdx.x % 32;
+  const bf16* p = src + (k0 + lane % 16) * ld + n0;
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(b0), "=r"(b1)
+               : "r"(addr));
+}
+
 // A fragments of this warp's 16 rows (row0 + [0, 16)) of a [t, d] float
 // matrix with rows `ld` apart, over D columns, times `mul`, rounded to
 // bfloat16; zeros past t and d.
@@ -96,34 +112,25 @@ __device__ inline void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4],
 }
 
 // Rows r0 .. r0 + R - 1 of a [t, d] float matrix with rows `lds` apart into
-// shared memory as bfloat16, zeros past t and d: row-major (stride ld) into
-// `rows` and/or transposed (stride ldt: element (r, c) at c * ldt + r) into
-// `cols`. Rows that start 16-byte aligned with a multiple of 4 elements
-// move as float4: a quarter of the loads.
+// shared memory as bfloat16 (row stride ld), zeros past t and d. Rows that
+// start 16-byte aligned with a multiple of 4 elements move as float4: a
+// quarter of the loads.
 template <int R, int D>
-__device__ inline void stage(bf16* rows, int ld, bf16* cols, int ldt, const float* src,
-                             int64_t lds, int r0, int t, int d) {
+__device__ inline void stage(bf16* rows, int ld, const float* src, int64_t lds, int r0, int t,
+                             int d) {
   if (d % 4 == 0 && lds % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
     for (int e = 4 * threadIdx.x; e < R * D; e += 4 * blockDim.x) {
       const int r = e / D, c = e % D, row = r0 + r;
       const float4 x = row < t && c < d
                            ? *reinterpret_cast<const float4*>(src + row * lds + c)
                            : make_float4(0.f, 0.f, 0.f, 0.f);
-      if (rows) *reinterpret_cast<uint2*>(rows + r * ld + c) = {pack(x.x, x.y), pack(x.z, x.w)};
-      if (cols) {
-        cols[c * ldt + r] = __float2bfloat16_rn(x.x);
-        cols[(c + 1) * ldt + r] = __float2bfloat16_rn(x.y);
-        cols[(c + 2) * ldt + r] = __float2bfloat16_rn(x.z);
-        cols[(c + 3) * ldt + r] = __float2bfloat16_rn(x.w);
-      }
+      *reinterpret_cast<uint2*>(rows + r * ld + c) = {pack(x.x, x.y), pack(x.z, x.w)};
     }
     return;
   }
   for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
     const int r = e / D, c = e % D, row = r0 + r;
-    const bf16 x = __float2bfloat16_rn(row < t && c < d ? src[row * lds + c] : 0.f);
-    if (rows) rows[r * ld + c] = x;
-    if (cols) cols[c * ldt + r] = x;
+    rows[r * ld + c] = __float2bfloat16_rn(row < t && c < d ? src[row * lds + c] : 0.f);
   }
 }
 
@@ -155,9 +162,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     attention_forward_bf16_kernel(float* o, float* lse, const float* q, const float* k,
                                   const float* v, AttentionLayout at, int t, int d,
                                   float scale_log2, bool causal) {
-  constexpr int C = kCols<D>, LDK = kPadded<D>, LDV = kPadded<C>;
-  __shared__ __align__(16) bf16 ks[C * LDK];  // keys, row-major
-  __shared__ __align__(16) bf16 vt[D * LDV];  // values, transposed
+  constexpr int C = kCols<D>, LD = kPadded<D>;
+  __shared__ __align__(16) bf16 ks[C * LD];  // keys
+  __shared__ __align__(16) bf16 vs[C * LD];  // values
   const int64_t head = blockIdx.x, per = at.heads_per_batch;
   const float* qh = q + at.q.at(head, 0, per);
   const float* kh = k + at.k.at(head, 0, per);
@@ -174,8 +181,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
   for (int j0 = 0; j0 < key_end; j0 += C) {
     __syncthreads();
-    stage<C, D>(ks, LDK, nullptr, 0, kh, at.k.row, j0, t, d);
-    stage<C, D>(nullptr, 0, vt, LDV, vh, at.v.row, j0, t, d);
+    stage<C, D>(ks, LD, kh, at.k.row, j0, t, d);
+    stage<C, D>(vs, LD, vh, at.v.row, j0, t, d);
     __syncthreads();
     // s = q kᵀ over this tile's keys.
     float s[C / 8][4] = {};
@@ -184,7 +191,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t b0, b1;
-        load_b(b0, b1, ks, LDK, nt * 8, kk * 16);
+        load_b(b0, b1, ks, LD, nt * 8, kk * 16);
         mma(s[nt], qf[kk], b0, b1);
       }
     }
@@ -233,7 +240,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         uint32_t b0, b1;
-        load_b(b0, b1, vt, LDV, nd * 8, kk * 16);
+        load_b_trans(b0, b1, vs, LD, nd * 8, kk * 16);
         mma(acc[nd], a, b0, b1);
       }
     }
@@ -272,10 +279,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     attention_dq_bf16_kernel(float* dq, const float* dout, const float* q, const float* k,
                              const float* v, const float* lse, const float* delta,
                              AttentionLayout at, int t, int d, float scale, bool causal) {
-  constexpr int C = kCols<D>, LD = kPadded<D>, LDT = kPadded<C>;
-  __shared__ __align__(16) bf16 ks[C * LD];   // keys, row-major
-  __shared__ __align__(16) bf16 kt[D * LDT];  // keys, transposed
-  __shared__ __align__(16) bf16 vs[C * LD];   // values, row-major
+  constexpr int C = kCols<D>, LD = kPadded<D>;
+  __shared__ __align__(16) bf16 ks[C * LD];  // keys
+  __shared__ __align__(16) bf16 vs[C * LD];  // values
   const int64_t head = blockIdx.x, per = at.heads_per_batch;
   const int64_t qb = at.q.at(head, 0, per), kb = at.k.at(head, 0, per),
                 vb = at.v.at(head, 0, per), ob = at.o.at(head, 0, per);
@@ -298,8 +304,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
   for (int j0 = 0; j0 < key_end; j0 += C) {
     __syncthreads();
-    stage<C, D>(ks, LD, kt, LDT, k + kb, at.k.row, j0, t, d);
-    stage<C, D>(vs, LD, nullptr, 0, v + vb, at.v.row, j0, t, d);
+    stage<C, D>(ks, LD, k + kb, at.k.row, j0, t, d);
+    stage<C, D>(vs, LD, v + vb, at.v.row, j0, t, d);
     __syncthreads();
     float s[C / 8][4] = {}, dp[C / 8][4] = {};
 #pragma unroll
@@ -330,7 +336,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         uint32_t b0, b1;
-        load_b(b0, b1, kt, LDT, nd * 8, kk * 16);
+        load_b_trans(b0, b1, ks, LD, nd * 8, kk * 16);
         mma(acc[nd], a, b0, b1);
       }
     }
@@ -346,11 +352,9 @@ __global__ void __launch_bounds__(kWarps * 32)
                                const float* k, const float* v, const float* lse,
                                const float* delta, AttentionLayout at, int t, int d, float scale,
                                bool causal) {
-  constexpr int C = kCols<D>, LD = kPadded<D>, LDT = kPadded<C>;
-  __shared__ __align__(16) bf16 qs[C * LD];   // queries, row-major
-  __shared__ __align__(16) bf16 qt[D * LDT];  // queries, transposed
-  __shared__ __align__(16) bf16 ds[C * LD];   // output gradients, row-major
-  __shared__ __align__(16) bf16 dt[D * LDT];  // output gradients, transposed
+  constexpr int C = kCols<D>, LD = kPadded<D>;
+  __shared__ __align__(16) bf16 qs[C * LD];  // queries
+  __shared__ __align__(16) bf16 ds[C * LD];  // output gradients
   __shared__ float lse2s[C], deltas[C];
   const int64_t head = blockIdx.x, per = at.heads_per_batch;
   const int64_t qb = at.q.at(head, 0, per), kb = at.k.at(head, 0, per),
@@ -369,8 +373,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int query_begin = causal ? block_key0 / C * C : 0;
   for (int i0 = query_begin; i0 < t; i0 += C) {
     __syncthreads();
-    stage<C, D>(qs, LD, qt, LDT, q + qb, at.q.row, i0, t, d);
-    stage<C, D>(ds, LD, dt, LDT, dout + ob, at.o.row, i0, t, d);
+    stage<C, D>(qs, LD, q + qb, at.q.row, i0, t, d);
+    stage<C, D>(ds, LD, dout + ob, at.o.row, i0, t, d);
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
       const bool in = i0 + i < t;
       lse2s[i] = in ? lse[head * t + i0 + i] * kLog2e : 0.f;
@@ -408,9 +412,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         uint32_t b0, b1;
-        load_b(b0, b1, dt, LDT, nd * 8, kk * 16);
+        load_b_trans(b0, b1, ds, LD, nd * 8, kk * 16);
         mma(dv_acc[nd], ap, b0, b1);
-        load_b(b0, b1, qt, LDT, nd * 8, kk * 16);
+        load_b_trans(b0, b1, qs, LD, nd * 8, kk * 16);
         mma(dk_acc[nd], ad, b0, b1);
       }
     }

@@ -33,12 +33,13 @@ enum class GemmOut { Float32, BFloat16 };
 // c[i, j] += bias[j], then max(0, ·) or GELU (tanh form, with the value it
 // was applied to written to gelu_input, bfloat16 like c, for backward); or
 // bias_grad[i] = Σ_k op(a)[i, k] (with c a weight gradient gᵀ x, the bias
-// gradient: the sum of g's rows).
+// gradient: the sum of g's rows). The bias and its gradient have c's type
+// (cuBLASLt's rule for bfloat16 and float32 outputs).
 struct GemmEpilogue {
-  const float* bias = nullptr;
+  const void* bias = nullptr;
   bool relu = false;
   bfloat16* gelu_input = nullptr;
-  float* bias_grad = nullptr;
+  void* bias_grad = nullptr;
 };
 
 namespace cpu {

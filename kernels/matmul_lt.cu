@@ -77,9 +77,8 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasL
   check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)),
         "set EPILOGUE");
   if (has_bias(ep)) {
-    const cudaDataType_t bias_type = CUDA_R_32F;
-    check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                         sizeof(bias_type)),
+    check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c_type,
+                                         sizeof(c_type)),
           "set BIAS_DATA_TYPE");
   }
   if (has_aux(ep)) {
@@ -138,7 +137,7 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
   Plan& p = *it->second;
   if (!p.found) return false;
   if (has_bias(ep)) {
-    const void* ptr = e.bias_grad ? static_cast<const void*>(e.bias_grad) : e.bias;
+    const void* ptr = e.bias_grad ? e.bias_grad : e.bias;
     check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr,
                                          sizeof(ptr)),
           "set BIAS_POINTER");

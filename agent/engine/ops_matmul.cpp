@@ -74,6 +74,9 @@ struct MixedProduct {
 MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t m, int64_t n,
                         int64_t k, Shape out_shape, DType out_dtype, const MixedEpilogue& e = {}) {
   NoGradGuard no_grad;
+  if (e.bias_grad && out_dtype != DType::Float32) {
+    throw std::logic_error("gemm_mixed: a bias gradient is summed into a float32 product");
+  }
   const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
   const auto on = [&](DType d) { return TensorOptions{d, a.device()}; };
   const kernels::GemmOut gemm_out =
@@ -84,7 +87,10 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int6
 #ifdef LEASEHOLD_HAVE_CUDA
   if (any && (!e.gelu || out_dtype == DType::BFloat16)) {
     kernels::GemmEpilogue fused;
-    fused.bias = e.bias.defined() ? e.bias.data<float>() : nullptr;
+    // (The bias in the output's type, as cuBLASLt takes it: PyTorch's
+    // autocast rounds it to bfloat16 too.)
+    const Tensor bias = e.bias.defined() ? e.bias.to(out_dtype) : Tensor();
+    fused.bias = bias.defined() ? bias.raw_data() : nullptr;
     fused.relu = e.relu;
     if (e.gelu) {
       r.gelu_input = empty(out_shape, on(DType::BFloat16));
@@ -92,7 +98,7 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int6
     }
     if (e.bias_grad) {
       r.bias_grad = empty({m}, on(DType::Float32));
-      fused.bias_grad = r.bias_grad.data<float>();
+      fused.bias_grad = r.bias_grad.raw_data();
     }
     // (cuBLASLt's working memory, from the job's leases: 16 MiB, in the
     // range NVIDIA suggests for Hopper.)
