@@ -1,5 +1,5 @@
-// Attention on tensor cores for float32 tensors under autocast: the
-// FlashAttention-2 scheme with bfloat16 mma.sync products (m16n8k16,
+// Attention on tensor cores under autocast, for float32 or bfloat16
+// activations (the element type E below): the FlashAttention-2 scheme with bfloat16 mma.sync products (m16n8k16,
 // float32 accumulation). A block takes 64 rows of one head, 16 per warp;
 // the warp's own rows (queries, or keys in dK/dV) stay in registers as mma
 // A fragments, read straight from global memory, and the other side is
@@ -15,8 +15,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention_launch.cuh"
+#include "kernels/bfloat16.h"
 #include "kernels/launch.cuh"
 #include "kernels/transformer.h"
 
@@ -38,6 +40,20 @@ inline constexpr int kCols = D <= 64 ? 64 : 32;
 // puts the 8 rows an mma fragment load touches in different banks.
 template <int N>
 inline constexpr int kPadded = N + 8;
+
+// An activation element as float32, and back (rounded to nearest even).
+__device__ inline float to_float(float x) { return x; }
+__device__ inline float to_float(bf16 x) { return __bfloat162float(x); }
+template <class E>
+__device__ inline E from_float(float x);
+template <>
+__device__ inline float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ inline bf16 from_float<bf16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // Two bfloat16 in one register, the lower index in the low half.
 __device__ inline uint32_t pack(float lo, float hi) {
@@ -80,12 +96,12 @@ __device__ inline void load_b_trans(uint32_t& b0, uint32_t& b1, const bf16* src,
                : "r"(addr));
 }
 
-// A fragments of this warp's 16 rows (row0 + [0, 16)) of a [t, d] float
-// matrix with rows `ld` apart, over D columns, times `mul`, rounded to
-// bfloat16; zeros past t and d.
-template <int D>
-__device__ inline void load_a_rows(uint32_t (&f)[D / 16][4], const float* src, int64_t ld,
-                                   int row0, int t, int d, float mul) {
+// A fragments of this warp's 16 rows (row0 + [0, 16)) of a [t, d] matrix
+// with rows `ld` apart, over D columns, times `mul`, rounded to bfloat16;
+// zeros past t and d.
+template <int D, class E>
+__device__ inline void load_a_rows(uint32_t (&f)[D / 16][4], const E* src, int64_t ld, int row0,
+                                   int t, int d, float mul) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
@@ -93,9 +109,9 @@ __device__ inline void load_a_rows(uint32_t (&f)[D / 16][4], const float* src, i
     for (int r = 0; r < 4; ++r) {
       const int row = row0 + lane / 4 + 8 * (r % 2);
       const int col = kk * 16 + 8 * (r / 2) + 2 * (lane % 4);
-      const float* p = src + row * ld + col;
-      const float x0 = row < t && col < d ? p[0] * mul : 0.f;
-      const float x1 = row < t && col + 1 < d ? p[1] * mul : 0.f;
+      const E* p = src + row * ld + col;
+      const float x0 = row < t && col < d ? to_float(p[0]) * mul : 0.f;
+      const float x1 = row < t && col + 1 < d ? to_float(p[1]) * mul : 0.f;
       f[kk][r] = pack(x0, x1);
     }
   }
@@ -111,34 +127,39 @@ __device__ inline void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack(hi[2], hi[3]);
 }
 
-// Rows r0 .. r0 + R - 1 of a [t, d] float matrix with rows `lds` apart into
+// Rows r0 .. r0 + R - 1 of a [t, d] matrix with rows `lds` apart into
 // shared memory as bfloat16 (row stride ld), zeros past t and d. Rows that
-// start 16-byte aligned with a multiple of 4 elements move as float4: a
-// quarter of the loads.
-template <int R, int D>
-__device__ inline void stage(bf16* rows, int ld, const float* src, int64_t lds, int r0, int t,
-                             int d) {
-  if (d % 4 == 0 && lds % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-    for (int e = 4 * threadIdx.x; e < R * D; e += 4 * blockDim.x) {
+// start 16-byte aligned with whole 16-byte words move a word at a time:
+// float32 rounded four at a time, bfloat16 copied eight at a time.
+template <int R, int D, class E>
+__device__ inline void stage(bf16* rows, int ld, const E* src, int64_t lds, int r0, int t, int d) {
+  constexpr int kWord = 16 / sizeof(E);
+  if (d % kWord == 0 && lds % kWord == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    for (int e = kWord * threadIdx.x; e < R * D; e += kWord * blockDim.x) {
       const int r = e / D, c = e % D, row = r0 + r;
-      const float4 x = row < t && c < d
-                           ? *reinterpret_cast<const float4*>(src + row * lds + c)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-      *reinterpret_cast<uint2*>(rows + r * ld + c) = {pack(x.x, x.y), pack(x.z, x.w)};
+      const bool in = row < t && c < d;
+      if constexpr (sizeof(E) == 4) {
+        const float4 x = in ? *reinterpret_cast<const float4*>(src + row * lds + c)
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<uint2*>(rows + r * ld + c) = {pack(x.x, x.y), pack(x.z, x.w)};
+      } else {
+        *reinterpret_cast<uint4*>(rows + r * ld + c) =
+            in ? *reinterpret_cast<const uint4*>(src + row * lds + c) : make_uint4(0, 0, 0, 0);
+      }
     }
     return;
   }
   for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
     const int r = e / D, c = e % D, row = r0 + r;
-    rows[r * ld + c] = __float2bfloat16_rn(row < t && c < d ? src[row * lds + c] : 0.f);
+    rows[r * ld + c] = __float2bfloat16_rn(row < t && c < d ? to_float(src[row * lds + c]) : 0.f);
   }
 }
 
-// Writes this warp's 16 rows (row0 + ...) of a [t, d] float result with
-// rows `ld` apart from accumulators over D columns, times `mul_lo` (rows
-// row0 + lane / 4) and `mul_hi` (8 further).
-template <int D>
-__device__ inline void store_rows(float* dst, int64_t ld, const float (&acc)[D / 8][4], int row0,
+// Writes this warp's 16 rows (row0 + ...) of a [t, d] result with rows `ld`
+// apart from accumulators over D columns, times `mul_lo` (rows row0 +
+// lane / 4) and `mul_hi` (8 further).
+template <int D, class E>
+__device__ inline void store_rows(E* dst, int64_t ld, const float (&acc)[D / 8][4], int row0,
                                   int t, int d, float mul_lo, float mul_hi) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -148,27 +169,27 @@ __device__ inline void store_rows(float* dst, int64_t ld, const float (&acc)[D /
       const int row = row0 + lane / 4 + 8 * h, col = nd * 8 + 2 * (lane % 4);
       if (row >= t) continue;
       const float mul = h ? mul_hi : mul_lo;
-      float* p = dst + row * ld + col;
-      if (col < d) p[0] = acc[nd][2 * h] * mul;
-      if (col + 1 < d) p[1] = acc[nd][2 * h + 1] * mul;
+      E* p = dst + row * ld + col;
+      if (col < d) p[0] = from_float<E>(acc[nd][2 * h] * mul);
+      if (col + 1 < d) p[1] = from_float<E>(acc[nd][2 * h + 1] * mul);
     }
   }
 }
 
 // ---- forward ----
 
-template <int D>
+template <int D, class E>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_forward_bf16_kernel(float* o, float* lse, const float* q, const float* k,
-                                  const float* v, AttentionLayout at, int t, int d,
-                                  float scale_log2, bool causal) {
+    attention_forward_bf16_kernel(E* o, float* lse, const E* q, const E* k, const E* v,
+                                  AttentionLayout at, int t, int d, float scale_log2,
+                                  bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>;
   __shared__ __align__(16) bf16 ks[C * LD];  // keys
   __shared__ __align__(16) bf16 vs[C * LD];  // values
   const int64_t head = blockIdx.x, per = at.heads_per_batch;
-  const float* qh = q + at.q.at(head, 0, per);
-  const float* kh = k + at.k.at(head, 0, per);
-  const float* vh = v + at.v.at(head, 0, per);
+  const E* qh = q + at.q.at(head, 0, per);
+  const E* kh = k + at.k.at(head, 0, per);
+  const E* vh = v + at.v.at(head, 0, per);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int block_row0 = blockIdx.y * kRowsPerBlock, row0 = block_row0 + 16 * warp;
   const int row[2] = {row0 + lane / 4, row0 + lane / 4 + 8};
@@ -274,11 +295,11 @@ __device__ inline void probability_and_gradient(float& s, float& dp, int qrow, i
 }
 
 // dq for 64 queries per block: dq = scale · Σ over keys of ds k.
-template <int D>
+template <int D, class E>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_dq_bf16_kernel(float* dq, const float* dout, const float* q, const float* k,
-                             const float* v, const float* lse, const float* delta,
-                             AttentionLayout at, int t, int d, float scale, bool causal) {
+    attention_dq_bf16_kernel(E* dq, const E* dout, const E* q, const E* k, const E* v,
+                             const float* lse, const float* delta, AttentionLayout at, int t,
+                             int d, float scale, bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>;
   __shared__ __align__(16) bf16 ks[C * LD];  // keys
   __shared__ __align__(16) bf16 vs[C * LD];  // values
@@ -346,12 +367,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // dk and dv for 64 keys per block: dv = Σ over queries of p do, dk = scale ·
 // Σ ds q, from sᵀ = k qᵀ and dpᵀ = v doᵀ.
-template <int D>
+template <int D, class E>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_dkdv_bf16_kernel(float* dk, float* dv, const float* dout, const float* q,
-                               const float* k, const float* v, const float* lse,
-                               const float* delta, AttentionLayout at, int t, int d, float scale,
-                               bool causal) {
+    attention_dkdv_bf16_kernel(E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v,
+                               const float* lse, const float* delta, AttentionLayout at, int t,
+                               int d, float scale, bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>;
   __shared__ __align__(16) bf16 qs[C * LD];  // queries
   __shared__ __align__(16) bf16 ds[C * LD];  // output gradients
@@ -423,41 +443,68 @@ __global__ void __launch_bounds__(kWarps * 32)
   store_rows<D>(dv + vb, at.v.row, dv_acc, key0, t, d, 1.f, 1.f);
 }
 
+// The device element type behind a host one.
+template <class T>
+using Device = std::conditional_t<std::is_same_v<T, bfloat16>, bf16, T>;
+template <class T>
+auto dev(T* p) {
+  return reinterpret_cast<Device<std::remove_const_t<T>>*>(p);
+}
+template <class T>
+auto dev(const T* p) {
+  return reinterpret_cast<const Device<T>*>(p);
+}
+
 }  // namespace
 
-void attention_forward_bf16(Stream s, float* o, float* lse, const float* q, const float* k,
-                            const float* v, const AttentionLayout& at, int64_t heads, int64_t t,
-                            int64_t d, double scale, bool causal) {
+template <class T>
+void attention_forward_bf16(Stream s, T* o, float* lse, const T* q, const T* k, const T* v,
+                            const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                            double scale, bool causal) {
   if (heads * t == 0) return;
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
-    attention_forward_bf16_kernel<D><<<attention_grid(heads, t), kWarps * 32, 0, as_cuda(s)>>>(
-        o, lse, q, k, v, at, static_cast<int>(t), static_cast<int>(d),
-        static_cast<float>(scale) * kLog2e, causal);
+    attention_forward_bf16_kernel<D, Device<T>>
+        <<<attention_grid(heads, t), kWarps * 32, 0, as_cuda(s)>>>(
+            dev(o), lse, dev(q), dev(k), dev(v), at, static_cast<int>(t), static_cast<int>(d),
+            static_cast<float>(scale) * kLog2e, causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   });
 }
 
-void attention_backward_bf16(Stream s, float* dq, float* dk, float* dv, float* workspace,
-                             const float* dout, const float* q, const float* k, const float* v,
-                             const float* o, const float* lse, const AttentionLayout& at,
-                             int64_t heads, int64_t t, int64_t d, double scale, bool causal) {
+template <class T>
+void attention_backward_bf16(Stream s, T* dq, T* dk, T* dv, float* workspace, const T* dout,
+                             const T* q, const T* k, const T* v, const T* o, const float* lse,
+                             const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                             double scale, bool causal) {
   if (heads * t == 0) return;
   cudaStream_t st = as_cuda(s);
   float* delta = workspace;
-  launch_attention_delta<float>(delta, dout, o, at, heads, t, d, st);
+  launch_attention_delta<Device<T>, float>(delta, dev(dout), dev(o), at, heads, t, d, st);
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
     const dim3 grid = attention_grid(heads, t);
-    attention_dq_bf16_kernel<D><<<grid, kWarps * 32, 0, st>>>(
-        dq, dout, q, k, v, lse, delta, at, static_cast<int>(t), static_cast<int>(d),
-        static_cast<float>(scale), causal);
+    attention_dq_bf16_kernel<D, Device<T>><<<grid, kWarps * 32, 0, st>>>(
+        dev(dq), dev(dout), dev(q), dev(k), dev(v), lse, delta, at, static_cast<int>(t),
+        static_cast<int>(d), static_cast<float>(scale), causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
-    attention_dkdv_bf16_kernel<D><<<grid, kWarps * 32, 0, st>>>(
-        dk, dv, dout, q, k, v, lse, delta, at, static_cast<int>(t), static_cast<int>(d),
-        static_cast<float>(scale), causal);
+    attention_dkdv_bf16_kernel<D, Device<T>><<<grid, kWarps * 32, 0, st>>>(
+        dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), lse, delta, at,
+        static_cast<int>(t), static_cast<int>(d), static_cast<float>(scale), causal);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   });
 }
+
+#define LEASEHOLD_ATTENTION_BF16_OF(T)                                                        \
+  template void attention_forward_bf16<T>(Stream, T*, float*, const T*, const T*, const T*,  \
+                                          const AttentionLayout&, int64_t, int64_t, int64_t, \
+                                          double, bool);                                     \
+  template void attention_backward_bf16<T>(Stream, T*, T*, T*, float*, const T*, const T*,   \
+                                           const T*, const T*, const T*, const float*,       \
+                                           const AttentionLayout&, int64_t, int64_t,         \
+                                           int64_t, double, bool);
+LEASEHOLD_ATTENTION_BF16_OF(float)
+LEASEHOLD_ATTENTION_BF16_OF(bfloat16)
+#undef LEASEHOLD_ATTENTION_BF16_OF
 
 }  // namespace leasehold::kernels::cuda

@@ -44,16 +44,19 @@ inline dim3 attention_grid(int64_t heads, int64_t t) {
 namespace detail {
 inline constexpr int kDeltaWarps = 8;
 
-// delta[h t + i] = do_hi · o_hi (both laid out as at.o says), a warp per row.
-template <class T>
-__global__ void attention_delta_kernel(T* delta, const T* dout, const T* o, AttentionLayout at,
+// delta[h t + i] = do_hi · o_hi (both laid out as at.o says), a warp per row,
+// summed in Acc.
+template <class T, class Acc>
+__global__ void attention_delta_kernel(Acc* delta, const T* dout, const T* o, AttentionLayout at,
                                        int64_t heads, int64_t t, int64_t d) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = blockIdx.x * int64_t(kDeltaWarps) + threadIdx.x / 32; r < heads * t;
        r += int64_t(gridDim.x) * kDeltaWarps) {
     const int64_t at_row = at.o.at(r / t, r % t, at.heads_per_batch);
-    T s = 0;
-    for (int64_t c = lane; c < d; c += 32) s += dout[at_row + c] * o[at_row + c];
+    Acc s = 0;
+    for (int64_t c = lane; c < d; c += 32) {
+      s += static_cast<Acc>(dout[at_row + c]) * static_cast<Acc>(o[at_row + c]);
+    }
     s = warp_sum(s);
     if (lane == 0) delta[r] = s;
   }
@@ -61,14 +64,15 @@ __global__ void attention_delta_kernel(T* delta, const T* dout, const T* o, Atte
 }  // namespace detail
 
 // delta [heads, t] = the row dot products of dout and o: the softmax
-// gradient's correction term, in backward's workspace.
-template <class T>
-void launch_attention_delta(T* delta, const T* dout, const T* o, const AttentionLayout& at,
+// gradient's correction term, in backward's workspace (in Acc: T's own type,
+// or float32 for bfloat16 activations).
+template <class T, class Acc = T>
+void launch_attention_delta(Acc* delta, const T* dout, const T* o, const AttentionLayout& at,
                             int64_t heads, int64_t t, int64_t d, cudaStream_t stream) {
   const int64_t rows = heads * t;
   const auto blocks = static_cast<unsigned>(
       std::clamp<int64_t>((rows + detail::kDeltaWarps - 1) / detail::kDeltaWarps, 1, 65535));
-  detail::attention_delta_kernel<T><<<blocks, detail::kDeltaWarps * 32, 0, stream>>>(
+  detail::attention_delta_kernel<T, Acc><<<blocks, detail::kDeltaWarps * 32, 0, stream>>>(
       delta, dout, o, at, heads, t, d);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }

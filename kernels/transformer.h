@@ -133,20 +133,24 @@ LEASEHOLD_TRANSFORMER_KERNELS(cuda)
 namespace cuda {
 // The largest head size the CUDA attention kernels take.
 inline constexpr int64_t kMaxCudaHeadSize = 128;
-// attention_forward and attention_backward for float32 tensors under
-// autocast (attention_bf16.cu): the products on tensor cores in bfloat16
-// with float32 accumulation. q, k, v and dout are rounded to bfloat16 as
-// they are read, and so are the probabilities and their gradients before
-// the products that take them; the softmax statistics, lse, the outputs and
-// the gradients are float32, summed in a fixed order (the same bits every
-// run).
-void attention_forward_bf16(Stream s, float* o, float* lse, const float* q, const float* k,
-                            const float* v, const AttentionLayout& at, int64_t heads, int64_t t,
-                            int64_t d, double scale, bool causal);
-void attention_backward_bf16(Stream s, float* dq, float* dk, float* dv, float* workspace,
-                             const float* dout, const float* q, const float* k, const float* v,
-                             const float* o, const float* lse, const AttentionLayout& at,
-                             int64_t heads, int64_t t, int64_t d, double scale, bool causal);
+// attention_forward and attention_backward under autocast
+// (attention_bf16.cu): the products on tensor cores in bfloat16 with
+// float32 accumulation. The activations (q, k, v, o, dout and the
+// gradients) are T: float32, rounded to bfloat16 as they are read, or
+// bfloat16 (a projection's output kept so), read as they are and written
+// rounded once from float32. The probabilities and their gradients are
+// rounded to bfloat16 before the products that take them; the softmax
+// statistics (lse, and the workspace's row dot products) are float32, and
+// every sum runs in a fixed order (the same bits every run).
+template <class T>
+void attention_forward_bf16(Stream s, T* o, float* lse, const T* q, const T* k, const T* v,
+                            const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                            double scale, bool causal);
+template <class T>
+void attention_backward_bf16(Stream s, T* dq, T* dk, T* dv, float* workspace, const T* dout,
+                             const T* q, const T* k, const T* v, const T* o, const float* lse,
+                             const AttentionLayout& at, int64_t heads, int64_t t, int64_t d,
+                             double scale, bool causal);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_TRANSFORMER_KERNELS

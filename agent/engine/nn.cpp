@@ -116,6 +116,13 @@ Tensor Linear::forward_then_relu(const Tensor& x) {
                 x);
 }
 
+Tensor Linear::forward_lower_precision(const Tensor& x) {
+  if (x.dim() < 2 || x.size(-1) != in_) return forward(x);  // forward names the problem
+  return unrows(linear(rows_of(x, in_), param(0), bias_ ? param(1) : Tensor(), false,
+                       ProductOut::LowerPrecision),
+                x);
+}
+
 Tensor Linear::forward_then_gelu(const Tensor& x) {
   if (x.dim() < 2 || x.size(-1) != in_) return gelu(forward(x));  // forward names the problem
   return unrows(linear_gelu(rows_of(x, in_), param(0), bias_ ? param(1) : Tensor()), x);
@@ -258,7 +265,10 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   }
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
-  Tensor merged = self_attention((*qkv_)((*ln1_)(x)), heads_, /*causal=*/true);
+  // Under autocast the projection stays in bfloat16 for the attention's
+  // products, and so does the attention's output for proj's.
+  Tensor merged =
+      self_attention(qkv_->forward_lower_precision((*ln1_)(x)), heads_, /*causal=*/true);
   Tensor h = add(x, dropout((*proj_)(merged), p_, is_training()));
   // (Under autocast the GELU is fc1's epilogue, and its bfloat16 output is
   // what fc2 multiplies.)

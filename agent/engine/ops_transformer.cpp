@@ -100,14 +100,27 @@ struct AttentionArgs {
   double scale() const { return 1.0 / std::sqrt(static_cast<double>(d)); }
 };
 
+// Calls f with a float or bfloat16 tag for the activations of the mixed
+// (autocast) kernels.
+template <class F>
+void dispatch_mixed(DType dtype, F&& f) {
+  if (dtype == DType::BFloat16) {
+    f(bfloat16{});
+  } else {
+    f(float{});
+  }
+}
+
 void attention_forward(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                        Tensor& o, Tensor& lse, const char* op) {
   if (a.mixed) {
-    LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_forward_bf16(
-                              stream_for(q.device()), o.data<float>(), lse.data<float>(),
-                              q.data<float>() + a.q_at, k.data<float>() + a.k_at,
-                              v.data<float>() + a.v_at, a.layout, a.heads, a.t, a.d, a.scale(),
-                              a.causal));
+    dispatch_mixed(q.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_forward_bf16<T>(
+                                stream_for(q.device()), o.data<T>(), lse.data<float>(),
+                                q.data<T>() + a.q_at, k.data<T>() + a.k_at, v.data<T>() + a.v_at,
+                                a.layout, a.heads, a.t, a.d, a.scale(), a.causal));
+    });
     return;
   }
   detail::dispatch_floating(q.dtype(), op, [&](auto tag) {
@@ -123,15 +136,21 @@ void attention_forward(const AttentionArgs& a, const Tensor& q, const Tensor& k,
 void attention_backward(const AttentionArgs& a, const Tensor& g, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                         Tensor& dq_in, Tensor& dk_in, Tensor& dv_in, const char* op) {
-  Tensor work = empty({kernels::attention_backward_workspace(a.heads, a.t)}, q.options());
+  Tensor work = empty({kernels::attention_backward_workspace(a.heads, a.t)}, lse.options());
   if (a.mixed) {
-    LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_backward_bf16(
-                              stream_for(g.device()), dq_in.data<float>() + a.q_at,
-                              dk_in.data<float>() + a.k_at, dv_in.data<float>() + a.v_at,
-                              work.data<float>(), g.data<float>(), q.data<float>() + a.q_at,
-                              k.data<float>() + a.k_at, v.data<float>() + a.v_at,
-                              o.data<float>(), lse.data<float>(), a.layout, a.heads, a.t, a.d,
-                              a.scale(), a.causal));
+    dispatch_mixed(q.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      // (The gradient arrives in the output's type: a product's backward
+      // writes it so.)
+      const Tensor gt = g.to(q.dtype());
+      LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_backward_bf16<T>(
+                                stream_for(g.device()), dq_in.data<T>() + a.q_at,
+                                dk_in.data<T>() + a.k_at, dv_in.data<T>() + a.v_at,
+                                work.data<float>(), gt.data<T>(), q.data<T>() + a.q_at,
+                                k.data<T>() + a.k_at, v.data<T>() + a.v_at, o.data<T>(),
+                                lse.data<float>(), a.layout, a.heads, a.t, a.d, a.scale(),
+                                a.causal));
+    });
     return;
   }
   detail::dispatch_floating(g.dtype(), op, [&](auto tag) {
@@ -198,9 +217,18 @@ void check_head_size(const Tensor& like, int64_t d, const char* op) {
 #endif
 }
 
-// Autocast (CUDA only): the products in bfloat16 on tensor cores.
+// Autocast (CUDA only): the products in bfloat16 on tensor cores, for
+// float32 activations or bfloat16 ones (a projection's output kept so:
+// ProductOut::LowerPrecision), which the output then matches. Without
+// autocast bfloat16 is refused as every operator refuses it.
 bool autocast_attention(const Tensor& like) {
-  return autocast_dtype(like.device()) == DType::BFloat16 && like.dtype() == DType::Float32;
+  return autocast_dtype(like.device()) == DType::BFloat16 &&
+         (like.dtype() == DType::Float32 || like.dtype() == DType::BFloat16);
+}
+
+// The softmax statistics' type: float32 for bfloat16 activations.
+TensorOptions stats_options(const Tensor& like) {
+  return {like.dtype() == DType::BFloat16 ? DType::Float32 : like.dtype(), like.device()};
 }
 
 }  // namespace
@@ -310,7 +338,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   a.mixed = autocast_attention(q);
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Tensor o = empty(q.sizes(), q.options());
-  Tensor lse = empty({q.size(0), q.size(1), a.t}, q.options());
+  Tensor lse = empty({q.size(0), q.size(1), a.t}, stats_options(q));
   attention_forward(a, qc, kc, vc, o, lse, op);
   if (any_requires_grad({&q, &k, &v})) {
     auto node = std::make_shared<AttentionBackward>();
@@ -346,7 +374,7 @@ Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal) {
   a.mixed = autocast_attention(qkv);
   const Tensor x = qkv.contiguous();
   Tensor o = empty({b, a.t, c}, qkv.options());
-  Tensor lse = empty({b, heads, a.t}, qkv.options());
+  Tensor lse = empty({b, heads, a.t}, stats_options(qkv));
   attention_forward(a, x, x, x, o, lse, op);
   if (any_requires_grad({&qkv})) {
     auto node = std::make_shared<SelfAttentionBackward>();

@@ -123,6 +123,41 @@ TEST_F(CudaAutocast, AutocastSelfAttentionTracksFloat32OnTensorCores) {
   EXPECT_LE(max_rel_diff(xg.grad(), xc.grad()), 1e-1);
 }
 
+// bfloat16 activations through the attention (the block's path: the
+// projection kept in bfloat16): the output is the float32 path's output
+// rounded to bfloat16, bit for bit (the kernels read the same bfloat16
+// values either way), on a length across tiles and with a head size the
+// kernels pad; the gradient, bfloat16 like its tensor, within bfloat16's
+// precision of the float32 path's.
+TEST_F(CudaAutocast, BFloat16ActivationsThroughAttentionMatchTheFloat32Path) {
+  for (int64_t d : {64, 40}) {
+    SCOPED_TRACE("head size " + std::to_string(d));
+    manual_seed(39);
+    const int64_t heads = 2, c = heads * d;
+    Tensor x = randn({2, 150, 3 * c}).to(DType::BFloat16).to(Device::cuda());
+    Tensor w = mul(randn({16, c}), 0.1).to(Device::cuda());
+    Tensor x16 = x.clone().set_requires_grad(true);
+    Tensor x32 = x.to(DType::Float32).set_requires_grad(true);
+    Tensor o16, o32, y16, y32;
+    {
+      AutocastGuard autocast(DType::BFloat16);
+      o16 = self_attention(x16, heads, true);
+      o32 = self_attention(x32, heads, true);
+      // A product reads the bfloat16 output (as proj does) for backward.
+      y16 = linear(o16.reshape({-1, c}), w, Tensor());
+      y32 = linear(o32.reshape({-1, c}), w, Tensor());
+    }
+    ASSERT_EQ(o16.dtype(), DType::BFloat16);
+    EXPECT_EQ(relative_error(o16.to(DType::Float32), o32.to(DType::BFloat16).to(DType::Float32)),
+              0.0);
+    Tensor r = randn({2 * 150, 16}).to(Device::cuda());
+    sum(mul(y16, r)).backward();
+    sum(mul(y32, r)).backward();
+    ASSERT_EQ(x16.grad().dtype(), DType::BFloat16);
+    EXPECT_LE(relative_error(x16.grad().to(DType::Float32), x32.grad()), 2e-2);
+  }
+}
+
 // bfloat16 conversions on the device give the CPU's bits.
 TEST_F(CudaAutocast, BFloat16ConversionsMatchTheCpu) {
   manual_seed(34);

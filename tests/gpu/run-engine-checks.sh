@@ -7,7 +7,8 @@
 #           side (VARIANTS, STEPS; default all the configurations, 300 steps)
 #   seeds   the same for the loss check: 600 steps, seeds 1, 2 and 3
 #   ncu     where a graphed bf16 step's GPU time goes, per kernel (ncu's CSV
-#           in $OUT/ncu.csv; SKIP and COUNT launches)
+#           in $OUT/ncu.csv; SKIP and COUNT launches; NCU_ARGS for other
+#           sections, in $OUT/ncu.txt)
 #   share   tests/gpu/run-share-checks.sh under MPS, 1 and 8 jobs, LeNet and MLP
 # Logs and results go to $OUT (or ./gpu-logs).
 #
@@ -56,9 +57,13 @@ PY
     coord=$!
     sleep 2
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    # NCU_ARGS instead of the time per kernel: e.g. "--set detailed -k
+    # regex:attention" (with a COUNT to match), logged to ncu.txt.
+    if [ -n "${NCU_ARGS:-}" ]; then log=$OUT/ncu.txt; else log=$OUT/ncu.csv; fi
+    # shellcheck disable=SC2086
     LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" "$ncu" --target-processes all \
-      --metrics gpu__time_duration.sum --launch-skip "${SKIP:-3000}" --launch-count "${COUNT:-1300}" \
-      --csv --log-file "$OUT/ncu.csv" \
+      ${NCU_ARGS:---metrics gpu__time_duration.sum --csv} \
+      --launch-skip "${SKIP:-3000}" --launch-count "${COUNT:-1300}" --log-file "$log" \
       "$B/libexec/leasehold-agent" --endpoint "ipc://$T/c.sock" --run-job "$T/job.json" \
       > "$OUT/ncu_agent.log" 2>&1
     echo "ncu rc=$?"
