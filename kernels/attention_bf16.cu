@@ -4,9 +4,12 @@
 // the warp's own rows (queries, or keys in dK/dV) stay in registers as mma
 // A fragments, read straight from global memory, and the other side is
 // staged 64 (32 for head sizes over 64) rows at a time in shared memory as
-// bfloat16, row-major; a product that runs along its rows reads its B
-// fragments transposed with ldmatrix.trans (a transposed copy in shared
-// memory cost a bank-conflicted store per element, and twice the space).
+// bfloat16, row-major, in two buffers: bfloat16 activations copy the next
+// tile in with cp.async while the products run on this one (float32 ones
+// are rounded as they are stored, so they are staged in place of it). A
+// product that runs along a tile's rows reads its B fragments transposed
+// with ldmatrix.trans (a transposed copy in shared memory cost a
+// bank-conflicted store per element, and twice the space).
 // Scores and probabilities never leave registers: a product's
 // float32 accumulators are the next product's bfloat16 A fragment. The
 // softmax runs in base 2 on float32 statistics. No atomics: dQ has a kernel
@@ -127,10 +130,22 @@ __device__ inline void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack(hi[2], hi[3]);
 }
 
+// 16 bytes from global to shared memory without passing through registers,
+// or 16 zero bytes when !fill (cp.async's source size 0; src must still be
+// a valid address). Complete once a later cp_async_wait covers its group.
+__device__ inline void cp_async16(void* dst, const void* src, bool fill) {
+  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src),
+               "r"(fill ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
 // Rows r0 .. r0 + R - 1 of a [t, d] matrix with rows `lds` apart into
 // shared memory as bfloat16 (row stride ld), zeros past t and d. Rows that
 // start 16-byte aligned with whole 16-byte words move a word at a time:
-// float32 rounded four at a time, bfloat16 copied eight at a time.
+// float32 rounded four at a time, bfloat16 copied eight at a time by
+// cp.async (in flight until the caller waits for it).
 template <int R, int D, class E>
 __device__ inline void stage(bf16* rows, int ld, const E* src, int64_t lds, int r0, int t, int d) {
   constexpr int kWord = 16 / sizeof(E);
@@ -143,8 +158,7 @@ __device__ inline void stage(bf16* rows, int ld, const E* src, int64_t lds, int 
                             : make_float4(0.f, 0.f, 0.f, 0.f);
         *reinterpret_cast<uint2*>(rows + r * ld + c) = {pack(x.x, x.y), pack(x.z, x.w)};
       } else {
-        *reinterpret_cast<uint4*>(rows + r * ld + c) =
-            in ? *reinterpret_cast<const uint4*>(src + row * lds + c) : make_uint4(0, 0, 0, 0);
+        cp_async16(rows + r * ld + c, in ? src + row * lds + c : src, in);
       }
     }
     return;
@@ -184,8 +198,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                                   AttentionLayout at, int t, int d, float scale_log2,
                                   bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>;
-  __shared__ __align__(16) bf16 ks[C * LD];  // keys
-  __shared__ __align__(16) bf16 vs[C * LD];  // values
+  __shared__ __align__(16) bf16 ks[2][C * LD];  // keys, this tile's and the next's
+  __shared__ __align__(16) bf16 vs[2][C * LD];  // values
   const int64_t head = blockIdx.x, per = at.heads_per_batch;
   const E* qh = q + at.q.at(head, 0, per);
   const E* kh = k + at.k.at(head, 0, per);
@@ -200,11 +214,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
-  for (int j0 = 0; j0 < key_end; j0 += C) {
+  stage<C, D>(ks[0], LD, kh, at.k.row, 0, t, d);
+  stage<C, D>(vs[0], LD, vh, at.v.row, 0, t, d);
+  cp_async_commit();
+  for (int j0 = 0, buf = 0; j0 < key_end; j0 += C, buf ^= 1) {
+    // This tile has landed and every warp is done with the other buffer:
+    // the next tile goes there while this one is multiplied.
+    cp_async_wait_all();
     __syncthreads();
-    stage<C, D>(ks, LD, kh, at.k.row, j0, t, d);
-    stage<C, D>(vs, LD, vh, at.v.row, j0, t, d);
-    __syncthreads();
+    if (j0 + C < key_end) {
+      stage<C, D>(ks[buf ^ 1], LD, kh, at.k.row, j0 + C, t, d);
+      stage<C, D>(vs[buf ^ 1], LD, vh, at.v.row, j0 + C, t, d);
+    }
+    cp_async_commit();
     // s = q kᵀ over this tile's keys.
     float s[C / 8][4] = {};
 #pragma unroll
@@ -212,7 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t b0, b1;
-        load_b(b0, b1, ks, LD, nt * 8, kk * 16);
+        load_b(b0, b1, ks[buf], LD, nt * 8, kk * 16);
         mma(s[nt], qf[kk], b0, b1);
       }
     }
@@ -261,7 +283,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         uint32_t b0, b1;
-        load_b_trans(b0, b1, vs, LD, nd * 8, kk * 16);
+        load_b_trans(b0, b1, vs[buf], LD, nd * 8, kk * 16);
         mma(acc[nd], a, b0, b1);
       }
     }
@@ -301,8 +323,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                              const float* lse, const float* delta, AttentionLayout at, int t,
                              int d, float scale, bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>;
-  __shared__ __align__(16) bf16 ks[C * LD];  // keys
-  __shared__ __align__(16) bf16 vs[C * LD];  // values
+  __shared__ __align__(16) bf16 ks[2][C * LD];  // keys, this tile's and the next's
+  __shared__ __align__(16) bf16 vs[2][C * LD];  // values
   const int64_t head = blockIdx.x, per = at.heads_per_batch;
   const int64_t qb = at.q.at(head, 0, per), kb = at.k.at(head, 0, per),
                 vb = at.v.at(head, 0, per), ob = at.o.at(head, 0, per);
@@ -323,20 +345,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[D / 8][4] = {};
 
   const int key_end = causal ? min(t, block_row0 + kRowsPerBlock) : t;
-  for (int j0 = 0; j0 < key_end; j0 += C) {
+  stage<C, D>(ks[0], LD, k + kb, at.k.row, 0, t, d);
+  stage<C, D>(vs[0], LD, v + vb, at.v.row, 0, t, d);
+  cp_async_commit();
+  for (int j0 = 0, buf = 0; j0 < key_end; j0 += C, buf ^= 1) {
+    cp_async_wait_all();
     __syncthreads();
-    stage<C, D>(ks, LD, k + kb, at.k.row, j0, t, d);
-    stage<C, D>(vs, LD, v + vb, at.v.row, j0, t, d);
-    __syncthreads();
+    if (j0 + C < key_end) {
+      stage<C, D>(ks[buf ^ 1], LD, k + kb, at.k.row, j0 + C, t, d);
+      stage<C, D>(vs[buf ^ 1], LD, v + vb, at.v.row, j0 + C, t, d);
+    }
+    cp_async_commit();
     float s[C / 8][4] = {}, dp[C / 8][4] = {};
 #pragma unroll
     for (int nt = 0; nt < C / 8; ++nt) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t b0, b1;
-        load_b(b0, b1, ks, LD, nt * 8, kk * 16);
+        load_b(b0, b1, ks[buf], LD, nt * 8, kk * 16);
         mma(s[nt], qf[kk], b0, b1);
-        load_b(b0, b1, vs, LD, nt * 8, kk * 16);
+        load_b(b0, b1, vs[buf], LD, nt * 8, kk * 16);
         mma(dp[nt], df[kk], b0, b1);
       }
     }
@@ -357,7 +385,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         uint32_t b0, b1;
-        load_b_trans(b0, b1, ks, LD, nd * 8, kk * 16);
+        load_b_trans(b0, b1, ks[buf], LD, nd * 8, kk * 16);
         mma(acc[nd], a, b0, b1);
       }
     }
@@ -373,9 +401,9 @@ __global__ void __launch_bounds__(kWarps * 32)
                                const float* lse, const float* delta, AttentionLayout at, int t,
                                int d, float scale, bool causal) {
   constexpr int C = kCols<D>, LD = kPadded<D>;
-  __shared__ __align__(16) bf16 qs[C * LD];  // queries
-  __shared__ __align__(16) bf16 ds[C * LD];  // output gradients
-  __shared__ float lse2s[C], deltas[C];
+  __shared__ __align__(16) bf16 qs[2][C * LD];  // queries, this tile's and the next's
+  __shared__ __align__(16) bf16 ds[2][C * LD];  // output gradients
+  __shared__ float lse2s[2][C], deltas[2][C];
   const int64_t head = blockIdx.x, per = at.heads_per_batch;
   const int64_t qb = at.q.at(head, 0, per), kb = at.k.at(head, 0, per),
                 vb = at.v.at(head, 0, per), ob = at.o.at(head, 0, per);
@@ -391,16 +419,23 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   // Causal: queries before this block's first key see none of its keys.
   const int query_begin = causal ? block_key0 / C * C : 0;
-  for (int i0 = query_begin; i0 < t; i0 += C) {
-    __syncthreads();
-    stage<C, D>(qs, LD, q + qb, at.q.row, i0, t, d);
-    stage<C, D>(ds, LD, dout + ob, at.o.row, i0, t, d);
+  // A tile of queries, their output gradients and their statistics.
+  auto stage_queries = [&](int b, int i0) {
+    stage<C, D>(qs[b], LD, q + qb, at.q.row, i0, t, d);
+    stage<C, D>(ds[b], LD, dout + ob, at.o.row, i0, t, d);
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
       const bool in = i0 + i < t;
-      lse2s[i] = in ? lse[head * t + i0 + i] * kLog2e : 0.f;
-      deltas[i] = in ? delta[head * t + i0 + i] : 0.f;
+      lse2s[b][i] = in ? lse[head * t + i0 + i] * kLog2e : 0.f;
+      deltas[b][i] = in ? delta[head * t + i0 + i] : 0.f;
     }
+  };
+  if (query_begin < t) stage_queries(0, query_begin);
+  cp_async_commit();
+  for (int i0 = query_begin, buf = 0; i0 < t; i0 += C, buf ^= 1) {
+    cp_async_wait_all();
     __syncthreads();
+    if (i0 + C < t) stage_queries(buf ^ 1, i0 + C);
+    cp_async_commit();
     // sᵀ = k qᵀ and dpᵀ = v doᵀ over this tile's queries.
     float s[C / 8][4] = {}, dp[C / 8][4] = {};
 #pragma unroll
@@ -408,9 +443,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t b0, b1;
-        load_b(b0, b1, qs, LD, nt * 8, kk * 16);
+        load_b(b0, b1, qs[buf], LD, nt * 8, kk * 16);
         mma(s[nt], kf[kk], b0, b1);
-        load_b(b0, b1, ds, LD, nt * 8, kk * 16);
+        load_b(b0, b1, ds[buf], LD, nt * 8, kk * 16);
         mma(dp[nt], vf[kk], b0, b1);
       }
     }
@@ -420,7 +455,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + 2 * (lane % 4) + e % 2;
         probability_and_gradient(s[nt][e], dp[nt][e], i0 + col, key[e / 2], t, causal,
-                                 scale_log2, lse2s[col], deltas[col]);
+                                 scale_log2, lse2s[buf][col], deltas[buf][col]);
       }
     }
     // dv += pᵀ do, dk += dsᵀ q.
@@ -432,9 +467,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         uint32_t b0, b1;
-        load_b_trans(b0, b1, ds, LD, nd * 8, kk * 16);
+        load_b_trans(b0, b1, ds[buf], LD, nd * 8, kk * 16);
         mma(dv_acc[nd], ap, b0, b1);
-        load_b_trans(b0, b1, qs, LD, nd * 8, kk * 16);
+        load_b_trans(b0, b1, qs[buf], LD, nd * 8, kk * 16);
         mma(dk_acc[nd], ad, b0, b1);
       }
     }

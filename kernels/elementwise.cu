@@ -53,13 +53,25 @@ __global__ void strided_copy_kernel(T* dst, Strided dv, const T* src, Strided sv
   }
 }
 
+// Dropout a 16-byte word at a time (`words` of them; the elements past the
+// words one at a time), the mask drawn as it goes.
 template <class T>
-__global__ void dropout_kernel(T* out, int64_t n, double p, RandomKey key) {
+__global__ void dropout_kernel(T* out, const T* x, int64_t n, int64_t words, uint64_t threshold,
+                               T scale, RandomKey key) {
+  constexpr int kLanes = Word<T>::kLanes;
   const uint64_t seed = key.resolve();
-  const T keep = T(1.0 / (1.0 - p));
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = uniform01(seed, i) >= p ? keep : T(0);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t w = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; w < words; w += stride) {
+    Word<T> v = reinterpret_cast<const Word<T>*>(x)[w];
+#pragma unroll
+    for (int j = 0; j < kLanes; ++j) {
+      v.v[j] = dropout_keeps(seed, w * kLanes + j, threshold) ? v.v[j] * scale : T(0);
+    }
+    reinterpret_cast<Word<T>*>(out)[w] = v;
+  }
+  for (int64_t i = words * kLanes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    out[i] = dropout_keeps(seed, i, threshold) ? x[i] * scale : T(0);
   }
 }
 
@@ -286,10 +298,12 @@ void strided_copy(Stream queue, T* dst, const Strided& dv, const T* src, const S
 }
 
 template <class T>
-void dropout_mask(Stream queue, T* out, int64_t n, double p, RandomKey key) {
+void dropout(Stream queue, T* out, const T* x, int64_t n, double p, RandomKey key) {
   cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
-  dropout_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(out, n, p, key);
+  const int64_t words = aligned16(out) && aligned16(x) ? n / Word<T>::kLanes : 0;
+  dropout_kernel<T><<<grid_for(words > 0 ? words : n), kBlock, 0, stream>>>(
+      out, x, n, words, dropout_threshold(p), T(1.0 / (1.0 - p)), key);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

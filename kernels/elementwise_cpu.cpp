@@ -24,10 +24,10 @@ void strided_copy(Stream, T* dst, const Strided& dv, const T* src, const Strided
 }
 
 template <class T>
-void dropout_mask(Stream, T* out, int64_t n, double p, RandomKey key) {
-  const uint64_t seed = key.resolve();
-  const T keep = T(1.0 / (1.0 - p));
-  for (int64_t i = 0; i < n; ++i) out[i] = uniform01(seed, i) >= p ? keep : T(0);
+void dropout(Stream, T* out, const T* x, int64_t n, double p, RandomKey key) {
+  const uint64_t seed = key.resolve(), threshold = dropout_threshold(p);
+  const T scale = T(1.0 / (1.0 - p));
+  for (int64_t i = 0; i < n; ++i) out[i] = dropout_keeps(seed, i, threshold) ? x[i] * scale : T(0);
 }
 
 template <class T>

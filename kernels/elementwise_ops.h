@@ -133,6 +133,17 @@ struct RandomKey {
   }
 };
 
+// Dropout keeps element `index` when uniform01(seed, index) >= p. That is
+// an integer comparison of the 53 bits uniform01 scales, against
+// ceil(p · 2^53) (exact in double): the same decision without the
+// conversion to double, which dominated the GPU kernel.
+inline uint64_t dropout_threshold(double p) {
+  return static_cast<uint64_t>(::ceil(p * 9007199254740992.0));
+}
+LEASEHOLD_HOST_DEVICE inline bool dropout_keeps(uint64_t seed, uint64_t index, uint64_t threshold) {
+  return (pattern_word(seed, index) >> 11) >= threshold;
+}
+
 // low + span * uniform01(seed, index), rounded the same way on both sides
 // (the device would otherwise fuse it into one multiply-add).
 LEASEHOLD_HOST_DEVICE inline double uniform_between(uint64_t seed, uint64_t index, double low,

@@ -26,7 +26,7 @@ const auto kMaxPool = LEASEHOLD_KERNEL_TABLE("max_pool2d", max_pool, T);
 template <class T>
 const auto kMaxPoolBackward = LEASEHOLD_KERNEL_TABLE("max_pool2d", max_pool_backward, T);
 template <class T>
-const auto kDropoutMask = LEASEHOLD_KERNEL_TABLE("dropout", dropout_mask, T);
+const auto kDropout = LEASEHOLD_KERNEL_TABLE("dropout", dropout, T);
 
 kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, int64_t stride, int64_t pad) {
   kernels::ConvGeometry g;
@@ -210,6 +210,31 @@ struct MaxPoolBackward final : Node {
   void release_saved() override { argmax.reset(); }
 };
 
+// out = dropout(x) (contiguous, of one shape) with draw's mask.
+void apply_dropout(Tensor& out, const Tensor& x, double p, const RandomDraw& draw) {
+  detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    kDropout<T>.run(x.device(), out.data<T>(), x.data<T>(), x.numel(), p,
+                    kernels::RandomKey{draw.seed, draw.step_data()});
+  });
+}
+
+// The gradient through the mask forward drew, drawn again from the same
+// key (the step counter it mixes in only moves with the optimizer, after
+// backward): nothing is saved, and the mask never exists in memory.
+struct DropoutBackward final : Node {
+  double p = 0;
+  RandomDraw draw;
+  const char* name() const override { return "DropoutBackward"; }
+  bool saves_tensors() const override { return false; }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    const Tensor gc = g.contiguous();
+    Tensor gx = empty(gc.sizes(), gc.options());
+    apply_dropout(gx, gc, p, draw);
+    return {gx};
+  }
+};
+
 }  // namespace
 
 void set_conv_workspace_bytes(int64_t bytes) {
@@ -341,14 +366,21 @@ Tensor dropout(const Tensor& x, double p, bool training) {
     throw std::invalid_argument("dropout: p = " + std::to_string(p) + " must be in [0, 1)");
   }
   if (!training || p == 0) return x;
-  Tensor mask = empty(x.sizes(), x.options());
   const RandomDraw draw = RandomDraw::next(x.device());
-  detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
-    using T = decltype(tag);
-    kDropoutMask<T>.run(x.device(), mask.data<T>(), mask.numel(), p,
-                        kernels::RandomKey{draw.seed, draw.step});
-  });
-  return mul(x, mask);
+  Tensor xc;
+  {
+    NoGradGuard no_grad;
+    xc = x.contiguous();
+  }
+  Tensor out = empty(x.sizes(), x.options());
+  apply_dropout(out, xc, p, draw);
+  if (any_requires_grad({&x})) {
+    auto node = std::make_shared<DropoutBackward>();
+    node->p = p;
+    node->draw = draw;
+    record(out, node, {&x});
+  }
+  return out;
 }
 
 }  // namespace leasehold::engine

@@ -326,9 +326,9 @@ StepRandom::~StepRandom() { t_step_random = previous_; }
 
 RandomDraw RandomDraw::next(Device device) {
   StepRandom* scope = t_step_random;
-  if (!scope) return {next_random_u64(), nullptr};
-  RandomDraw d{kernels::pattern_word(scope->seed_, scope->drawn_++), nullptr};
-  if (scope->step_.device() == device) d.step = scope->step_.data<int64_t>();
+  if (!scope) return {next_random_u64(), Tensor()};
+  RandomDraw d{kernels::pattern_word(scope->seed_, scope->drawn_++), Tensor()};
+  if (scope->step_.device() == device) d.step = scope->step_;
   return d;
 }
 

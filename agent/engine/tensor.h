@@ -162,10 +162,12 @@ class StepRandom {
 };
 
 // The seed of the next random op on `device` (see StepRandom) and, inside a
-// StepRandom, its step counter there (null otherwise).
+// StepRandom, its step counter there (undefined otherwise), which the draw
+// holds so that a backward that draws its mask again can read it.
 struct RandomDraw {
   uint64_t seed = 0;
-  const int64_t* step = nullptr;
+  Tensor step;
+  const int64_t* step_data() const { return step.defined() ? step.data<int64_t>() : nullptr; }
   static RandomDraw next(Device device);
 };
 
