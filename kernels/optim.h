@@ -68,6 +68,23 @@ struct AdamTensors {
   int count = 0;
 };
 
+// Gradients for gradient-norm clipping's two fused passes (sum_squares_fused
+// and scale_fused), up to kMaxFusedTensors per launch as in AdamTensors:
+// a launch per gradient, as several small ops each, made most of a GPT
+// step's launches.
+template <class T>
+struct GradTensors {
+  T* g[kMaxFusedTensors];
+  int64_t end[kMaxFusedTensors];  // cumulative element counts
+  int count = 0;
+};
+// The parts each gradient's sum of squares is split into (blocks on CUDA).
+inline constexpr int kNormParts = 8;
+// Part `part` of n elements: [begin, end).
+LEASEHOLD_HOST_DEVICE inline int64_t norm_part_begin(int64_t n, int part) {
+  return n / kNormParts * part + (part < n % kNormParts ? part : n % kNormParts);
+}
+
 namespace detail {
 template <class T>
 LEASEHOLD_HOST_DEVICE inline void sgd_at(T* p, const T* g, T* buf, const SgdParams& s, double lr,
@@ -118,12 +135,22 @@ LEASEHOLD_HOST_DEVICE inline void adam_at(T* p, const T* g, T* m, T* v, const Ad
   /* One Adam update of up to kMaxFusedTensors tensors (one launch on CUDA). */        \
   template <class T>                                                                   \
   void adam_step_fused(Stream s, const AdamTensors<T>& t, const AdamParams& a);        \
+  /* partial[k * kNormParts + part] = the sum of the squares of part `part` of         \
+     gradient k (norm_part_begin), each part summed in a fixed order. */               \
+  template <class T>                                                                   \
+  void sum_squares_fused(Stream s, const GradTensors<T>& t, T* partial);               \
+  /* Every gradient's elements times *coef (one element, in the memory the update      \
+     runs on, so no host read is needed). */                                           \
+  template <class T>                                                                   \
+  void scale_fused(Stream s, const GradTensors<T>& t, const T* coef);                  \
   }
 
 // Explicit instantiations, expanded in optim_cpu.cpp and optim.cu.
 #define LEASEHOLD_OPTIM_INSTANCES_OF(T)                                               \
   template void sgd_step<T>(Stream, T*, const T*, T*, int64_t, const SgdParams&); \
-  template void adam_step_fused<T>(Stream, const AdamTensors<T>&, const AdamParams&);
+  template void adam_step_fused<T>(Stream, const AdamTensors<T>&, const AdamParams&); \
+  template void sum_squares_fused<T>(Stream, const GradTensors<T>&, T*);              \
+  template void scale_fused<T>(Stream, const GradTensors<T>&, const T*);
 
 LEASEHOLD_OPTIM_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA

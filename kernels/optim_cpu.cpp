@@ -23,6 +23,28 @@ void adam_step_fused(Stream, const AdamTensors<T>& t, const AdamParams& a) {
   }
 }
 
+template <class T>
+void sum_squares_fused(Stream, const GradTensors<T>& t, T* partial) {
+  for (int k = 0; k < t.count; ++k) {
+    const int64_t n = t.end[k] - (k ? t.end[k - 1] : 0);
+    for (int part = 0; part < kNormParts; ++part) {
+      T s = 0;
+      for (int64_t i = norm_part_begin(n, part); i < norm_part_begin(n, part + 1); ++i) {
+        s += t.g[k][i] * t.g[k][i];
+      }
+      partial[k * kNormParts + part] = s;
+    }
+  }
+}
+
+template <class T>
+void scale_fused(Stream, const GradTensors<T>& t, const T* coef) {
+  for (int k = 0; k < t.count; ++k) {
+    const int64_t n = t.end[k] - (k ? t.end[k - 1] : 0);
+    for (int64_t i = 0; i < n; ++i) t.g[k][i] *= *coef;
+  }
+}
+
 LEASEHOLD_OPTIM_INSTANCES_OF(float)
 LEASEHOLD_OPTIM_INSTANCES_OF(double)
 

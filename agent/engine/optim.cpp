@@ -1,8 +1,11 @@
 #include "agent/engine/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
@@ -20,6 +23,10 @@ template <class T>
 const auto kSgdStep = LEASEHOLD_KERNEL_TABLE("SGD", sgd_step, T);
 template <class T>
 const auto kAdamStep = LEASEHOLD_KERNEL_TABLE("Adam", adam_step_fused, T);
+template <class T>
+const auto kSumSquares = LEASEHOLD_KERNEL_TABLE("clip_grad_norm", sum_squares_fused, T);
+template <class T>
+const auto kScale = LEASEHOLD_KERNEL_TABLE("clip_grad_norm", scale_fused, T);
 
 void check_lr(double lr, const char* who) {
   if (!(lr > 0)) throw std::invalid_argument(std::string(who) + ": lr must be positive");
@@ -160,7 +167,9 @@ void Adam::update() {
     return opt_.decay_matrices_only && p.dim() < 2 ? no_decay : decays;
   };
   // Parameters of one dtype, device and weight decay go together, up to
-  // kMaxFusedTensors per update (one launch on CUDA: kernels/optim.h).
+  // kMaxFusedTensors per update (one launch on CUDA: kernels/optim.h): the
+  // decaying ones first, then the rest (a model's weights and biases
+  // alternate, and grouping them in order made a launch of each).
   std::vector<Tensor> grads;  // alive until their launch is queued
   std::vector<size_t> pending;
   auto flush = [&] {
@@ -186,26 +195,28 @@ void Adam::update() {
     pending.clear();
     grads.clear();
   };
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i].second;
-    if (!p.grad().defined()) continue;
-    Tensor g = dense_grad(p);
-    if (!m_[i].defined()) {
-      m_[i] = zeros(p.sizes(), p.options());
-      v_[i] = zeros(p.sizes(), p.options());
-    }
-    if (!pending.empty()) {
-      const Tensor& first = params_[pending[0]].second;
-      if (first.dtype() != p.dtype() || first.device() != p.device() ||
-          &params_of(first) != &params_of(p) ||
-          pending.size() == static_cast<size_t>(kernels::kMaxFusedTensors)) {
-        flush();
+  const kernels::AdamParams* const groups[] = {&decays, &no_decay};
+  for (const kernels::AdamParams* group : groups) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor& p = params_[i].second;
+      if (!p.grad().defined() || &params_of(p) != group) continue;
+      Tensor g = dense_grad(p);
+      if (!m_[i].defined()) {
+        m_[i] = zeros(p.sizes(), p.options());
+        v_[i] = zeros(p.sizes(), p.options());
       }
+      if (!pending.empty()) {
+        const Tensor& first = params_[pending[0]].second;
+        if (first.dtype() != p.dtype() || first.device() != p.device() ||
+            pending.size() == static_cast<size_t>(kernels::kMaxFusedTensors)) {
+          flush();
+        }
+      }
+      pending.push_back(i);
+      grads.push_back(g);
     }
-    pending.push_back(i);
-    grads.push_back(g);
+    flush();
   }
-  flush();
 }
 
 nn::NamedTensors Adam::state() const {
@@ -252,17 +263,48 @@ Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm) {
     grads.push_back(p.grad());
   }
   if (grads.empty()) return Tensor();
-  Tensor squares;
-  for (const Tensor& g : grads) {
-    Tensor s = sum(mul(g, g));
-    squares = squares.defined() ? add(squares, s) : s;
+  // The fused passes take dense memory: a strided gradient is scaled in a
+  // dense copy, then copied back.
+  std::vector<std::pair<Tensor, Tensor>> strided;  // (gradient, its dense copy)
+  for (Tensor& g : grads) {
+    if (g.is_contiguous()) continue;
+    strided.emplace_back(g, g.contiguous());
+    g = strided.back().second;
   }
-  const Tensor norm = sqrt(squares);
+  const Device device = grads[0].device();
+  const auto n = static_cast<int64_t>(grads.size());
+  // Each gradient's squares in kNormParts parts (a launch per
+  // kMaxFusedTensors gradients), then their sum: the same order every step.
+  Tensor partial = empty({n * kernels::kNormParts}, grads[0].options());
+  auto each_launch = [&](auto&& launch) {
+    detail::dispatch_floating(grads[0].dtype(), "clip_grad_norm", [&](auto tag) {
+      using T = decltype(tag);
+      for (int64_t first = 0; first < n; first += kernels::kMaxFusedTensors) {
+        kernels::GradTensors<T> t;
+        int64_t total = 0;
+        for (int64_t j = first; j < std::min(n, first + kernels::kMaxFusedTensors); ++j) {
+          t.g[t.count] = grads[j].data<T>();
+          total += grads[j].numel();
+          t.end[t.count++] = total;
+        }
+        launch(t, first);
+      }
+    });
+  };
+  each_launch([&](const auto& t, int64_t first) {
+    using T = std::remove_pointer_t<std::decay_t<decltype(t.g[0])>>;
+    kSumSquares<T>.run(device, t, partial.data<T>() + first * kernels::kNormParts);
+  });
+  const Tensor norm = sqrt(sum(partial));
   // min(1, max_norm / (norm + eps)) without a comparison op or a host read:
   // max_norm / (max_norm + relu(norm + eps - max_norm)).
   const Tensor coef = div(full({}, max_norm, norm.options()),
                           add(relu(add(norm, 1e-6 - max_norm)), max_norm));
-  for (Tensor& g : grads) g.copy_(mul(g, coef));
+  each_launch([&](const auto& t, int64_t) {
+    using T = std::remove_pointer_t<std::decay_t<decltype(t.g[0])>>;
+    kScale<T>.run(device, t, coef.data<T>());
+  });
+  for (auto& [g, dense] : strided) g.copy_(dense);
   return norm;
 }
 

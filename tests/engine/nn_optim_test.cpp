@@ -231,6 +231,34 @@ TEST(Optim, ClipGradNormScalesOnlyWhenOverTheLimit) {
   EXPECT_FALSE(optim::clip_grad_norm({{"unused", unused}}, 1.0).defined());
 }
 
+// More gradients than one fused launch takes (kernels::kMaxFusedTensors),
+// sizes under and over its parts' count, and a strided one: the norm of
+// them all, and each scaled in place, the strided one through its view.
+TEST(Optim, ClipGradNormOverManyGradientsOfEverySize) {
+  NamedTensors params;
+  double squares = 0;
+  std::vector<Tensor> expected;
+  for (int i = 0; i < 21; ++i) {
+    const int64_t n = i % 3 == 0 ? 1 : 5 * i;
+    Tensor p = zeros({n, 1}, {DType::Float64}).set_requires_grad(true);
+    // The last: every other column of [n, 2], rows 2 apart.
+    Tensor g = i == 20 ? randn({n, 2}, {DType::Float64}).narrow(1, 1, 1)
+                       : randn({n, 1}, {DType::Float64});
+    p.set_grad(g);
+    squares += sum(mul(g, g)).item();
+    expected.push_back(g.clone());
+    params.emplace_back("p" + std::to_string(i), p);
+  }
+  ASSERT_FALSE(params.back().second.grad().is_contiguous());
+  const double norm = std::sqrt(squares);
+  EXPECT_NEAR(optim::clip_grad_norm(params, 1.0).item(), norm, 1e-12 * norm);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto got = params[i].second.grad().to_vector<double>();
+    const auto want = expected[i].to_vector<double>();
+    for (size_t j = 0; j < got.size(); ++j) EXPECT_NEAR(got[j], want[j] / (norm + 1e-6), 1e-12);
+  }
+}
+
 TEST(Optim, CosineScheduleWarmsUpThenDecaysToTheFloor) {
   optim::LrSchedule s{.lr = 1e-3, .min_lr = 1e-4, .warmup = 10, .total = 110};
   EXPECT_DOUBLE_EQ(s.at(0), 1e-4);
