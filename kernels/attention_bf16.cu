@@ -1,19 +1,20 @@
 // Attention on tensor cores under autocast, for float32 or bfloat16
-// activations (the element type E below): the FlashAttention-2 scheme with bfloat16 mma.sync products (m16n8k16,
-// float32 accumulation). A block takes 64 rows of one head, 16 per warp;
-// the warp's own rows (queries, or keys in dK/dV) stay in registers as mma
-// A fragments, read straight from global memory, and the other side is
-// staged 64 (32 for head sizes over 64) rows at a time in shared memory as
-// bfloat16, row-major, in two buffers: bfloat16 activations copy the next
-// tile in with cp.async while the products run on this one (float32 ones
-// are rounded as they are stored, so they are staged in place of it). A
-// product that runs along a tile's rows reads its B fragments transposed
-// with ldmatrix.trans (a transposed copy in shared memory cost a
-// bank-conflicted store per element, and twice the space).
-// Scores and probabilities never leave registers: a product's
-// float32 accumulators are the next product's bfloat16 A fragment. The
-// softmax runs in base 2 on float32 statistics. No atomics: dQ has a kernel
-// of its own, so every gradient is summed in a fixed order.
+// activations (the element type E below): the FlashAttention-2 scheme with
+// bfloat16 mma.sync products (m16n8k16, float32 accumulation). A block
+// takes 64 rows of one head, 16 per warp; the warp's own rows (queries, or
+// keys in dK/dV) stay in registers as mma A fragments, read straight from
+// global memory, and the other side is staged 64 (32 for head sizes over
+// 64) rows at a time in shared memory as bfloat16, row-major, in two
+// buffers: bfloat16 activations copy the next tile in with cp.async while
+// the products run on this one (float32 ones are rounded as they are
+// stored, so they are staged in place of it). A product that runs along a
+// tile's rows reads its B fragments transposed with ldmatrix.trans (a
+// transposed copy in shared memory cost a bank-conflicted store per
+// element, and twice the space). Scores and probabilities never leave
+// registers: a product's float32 accumulators are the next product's
+// bfloat16 A fragment. The softmax runs in base 2 on float32 statistics.
+// No atomics: dQ has a kernel of its own, so every gradient is summed in a
+// fixed order.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

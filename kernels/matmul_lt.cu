@@ -123,7 +123,9 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
   if (e.bias_grad && (e.bias || e.relu || e.gelu_input)) {
     throw std::invalid_argument("gemm_bf16_fused: a bias gradient alone");
   }
-  if (e.relu && e.gelu_input) throw std::invalid_argument("gemm_bf16_fused: ReLU or GELU, not both");
+  if (e.relu && e.gelu_input) {
+    throw std::invalid_argument("gemm_bf16_fused: ReLU or GELU, not both");
+  }
   if (e.gelu_input && out != GemmOut::BFloat16) {
     throw std::invalid_argument("gemm_bf16_fused: GELU writes a bfloat16 result and input");
   }

@@ -1,12 +1,16 @@
 // Mixed precision in the manner of PyTorch's autocast: while an
 // AutocastGuard for bfloat16 lives on a thread, the linear layers it runs
 // on CUDA multiply bfloat16 copies of their input and weight on tensor
-// cores, accumulating and returning float32, and scaled dot-product
-// attention runs its products in bfloat16 on tensor cores the same way
-// (float32 softmax statistics); parameters, optimiser state, activations,
-// norms, softmax and the loss stay float32. A linear layer's backward uses
-// the same bfloat16 copies (which is what it keeps for it: half the bytes
-// of the float32 input). On the CPU nothing changes: it computes in
+// cores, accumulating in float32, and scaled dot-product attention runs its
+// products in bfloat16 on tensor cores the same way (float32 softmax
+// statistics). Parameters, optimiser state, norms, softmax, the loss and
+// the residual stream stay float32. A product's result is float32, except
+// where the model asks for bfloat16 because another product reads it next
+// (ops.h: ProductOut, linear_gelu; the GPT block keeps its qkv projection,
+// the attention's output and the MLP's hidden layer so): those operators
+// take bfloat16 inputs as they are, and a gradient has its tensor's type.
+// A linear layer's backward uses the bfloat16 copies it multiplied (half
+// the bytes of float32 to keep). On the CPU nothing changes: it computes in
 // float32, the reference the CUDA results are checked against.
 #pragma once
 

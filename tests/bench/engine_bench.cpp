@@ -27,6 +27,8 @@
 #ifdef LEASEHOLD_HAVE_CUDA
 #include <cublas_v2.h>
 
+#include "kernels/matmul.h"
+
 #include "shared/cuda_check.h"
 #endif
 
@@ -168,18 +170,26 @@ nlohmann::json bandwidth(int64_t n) {
 
 #ifdef LEASEHOLD_HAVE_CUDA
 // Causal attention at the GPT job's shapes (batch × heads × tokens × head
-// size), float32 tensors: the float32 kernels, and the bfloat16 tensor-core
-// ones that autocast picks. Milliseconds per forward and per forward and
-// backward (tests/bench/attention_torch.py times PyTorch's SDPA on the same
-// shapes).
+// size): float32 tensors through the float32 kernels ("fp32") and through
+// the bfloat16 tensor-core ones that autocast picks ("bf16"), and bfloat16
+// tensors (the GPT block's path: its projection kept in bfloat16) through
+// the same ("bf16_io"). Milliseconds per forward and per forward and
+// backward (tests/bench/attention_torch.py times PyTorch's SDPA, bfloat16
+// tensors, on the same shapes).
 nlohmann::json attention(const E::Shape& shape) {
-  E::manual_seed(2);
-  const E::Device cuda = E::Device::cuda(0);
-  std::vector<E::Tensor> qkv;
-  for (int i = 0; i < 3; ++i) qkv.push_back(E::randn(shape).to(cuda).set_requires_grad(true));
-  const E::Tensor g = E::randn(shape).to(cuda);
   nlohmann::json out{{"shape", shape}};
-  for (bool mixed : {false, true}) {
+  for (const char* key : {"fp32", "bf16", "bf16_io"}) {
+    const bool mixed = std::string(key) != "fp32", bf16_io = std::string(key) == "bf16_io";
+    E::manual_seed(2);
+    const E::Device cuda = E::Device::cuda(0);
+    std::vector<E::Tensor> qkv;
+    for (int i = 0; i < 3; ++i) {
+      E::Tensor t = E::randn(shape).to(cuda);
+      if (bf16_io) t = t.to(E::DType::BFloat16);
+      qkv.push_back(t.set_requires_grad(true));
+    }
+    E::Tensor g = E::randn(shape).to(cuda);
+    if (bf16_io) g = g.to(E::DType::BFloat16);
     std::optional<E::DType> precision;
     if (mixed) precision = E::DType::BFloat16;
     auto forward = [&] {
@@ -192,9 +202,78 @@ nlohmann::json attention(const E::Shape& shape) {
       for (E::Tensor& t : qkv) t.set_grad(E::Tensor());
       E::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true).backward(g);
     };
-    const std::string key = mixed ? "bf16" : "fp32";
-    out[key + "_forward_ms"] = time_device(forward, 5, 30) * 1e3;
-    out[key + "_forward_backward_ms"] = time_device(both, 5, 30) * 1e3;
+    out[std::string(key) + "_forward_ms"] = time_device(forward, 5, 30) * 1e3;
+    out[std::string(key) + "_forward_backward_ms"] = time_device(both, 5, 30) * 1e3;
+  }
+  return out;
+}
+
+// The GPT block's linear layers under autocast at its shapes (rows = batch ×
+// context): the engine's forward (linear on a bfloat16 input, its bias
+// fused, a bfloat16 or float32 result as the block asks; fc1 with GELU)
+// against cuBLASLt's plain product of the same operands into the same
+// output type, TFLOP/s. What the layer adds to the product is its bias's
+// conversion and its epilogue.
+nlohmann::json linear_layers(int64_t rows) {
+  struct Layer {
+    const char* name;
+    int64_t in, out;
+    bool gelu, bf16_out;
+  };
+  const Layer layers[] = {{"qkv", 384, 1152, false, true},
+                          {"proj", 384, 384, false, false},
+                          {"fc1_gelu", 384, 1536, true, true},
+                          {"fc2", 1536, 384, false, false}};
+  nlohmann::json out = nlohmann::json::array();
+  const E::Device cuda = E::Device::cuda(0);
+  for (const Layer& l : layers) {
+    E::manual_seed(3);
+    const E::Tensor x = E::randn({rows, l.in}).to(cuda).to(E::DType::BFloat16);
+    const E::Tensor w = E::mul(E::randn({l.out, l.in}), 0.05).to(cuda);
+    const E::Tensor b = E::randn({l.out}).to(cuda);
+    auto layer = [&] {
+      E::AutocastGuard autocast(E::DType::BFloat16);
+      E::NoGradGuard no_grad;
+      if (l.gelu) {
+        E::linear_gelu(x, w, b);
+      } else {
+        E::linear(x, w, b, false,
+                  l.bf16_out ? E::ProductOut::LowerPrecision : E::ProductOut::Float32);
+      }
+    };
+    // cuBLASLt alone: the same product, no epilogue, into a preallocated output.
+    const E::Tensor w16 = w.to(E::DType::BFloat16);
+    const E::DType c_type = l.bf16_out ? E::DType::BFloat16 : E::DType::Float32;
+    const E::Tensor c = E::empty({rows, l.out}, {c_type, cuda});
+    constexpr size_t kWork = 16 << 20;
+    const E::Tensor work = E::empty({static_cast<int64_t>(kWork / 8)}, {E::DType::Int64, cuda});
+    leasehold::kernels::GemmShape gs;
+    gs.trans_b = true;
+    gs.m = rows;
+    gs.n = l.out;
+    gs.k = l.in;
+    gs.lda = l.in;
+    gs.ldb = l.in;
+    gs.ldc = l.out;
+    auto raw = [&] {
+      if (!leasehold::kernels::cuda::gemm_bf16_fused(
+              E::cublaslt_handle(0), E::compute_stream(0), gs, x.data<E::bfloat16>(),
+              w16.data<E::bfloat16>(), c.raw_data(),
+              l.bf16_out ? leasehold::kernels::GemmOut::BFloat16
+                         : leasehold::kernels::GemmOut::Float32,
+              {}, work.raw_data(), kWork)) {
+        throw std::runtime_error("cuBLASLt has no algorithm for the plain product");
+      }
+    };
+    const double flop = 2.0 * rows * l.in * l.out;
+    const double t_layer = time_device(layer, 5, 30), t_raw = time_device(raw, 5, 30);
+    out.push_back({{"layer", l.name},
+                   {"rows", rows},
+                   {"in", l.in},
+                   {"out", l.out},
+                   {"engine_tflops", flop / t_layer / 1e12},
+                   {"cublaslt_tflops", flop / t_raw / 1e12},
+                   {"ratio", t_raw / t_layer}});
   }
   return out;
 }
@@ -268,6 +347,7 @@ int main(int argc, char** argv) {
       }
       out["bandwidth"] = bandwidth(elements);
       out["attention"] = attention({64, 6, 256, 64});
+      out["linear_bf16"] = linear_layers(64 * 256);
       out["ops_cuda"] = registered_ops(E::Device::cuda(0));
     }
 #endif
