@@ -5,7 +5,9 @@ same model in PyTorch, side by side in one run, on one GPU.
 Leasehold: a coordinator (cuda backend) and `leasehold-agent --run-job` on
 the job file, with its steps and corpus as given here (variants leasehold
 and leasehold-bf16 run every step as one CUDA graph; with -op-by-op after
-the name, --no-cuda-graphs). PyTorch: the same
+the name, --no-cuda-graphs; with @SIZE, e.g. leasehold-bf16@800MiB, the
+job's memory_budget, past which its activations spill to the host tier).
+PyTorch: the same
 model (GPT-2's pre-norm blocks, tied output, no attention dropout), data
 (the corpus cut into samples of `context` tokens at a stride of `context`,
 the last 10% held out), optimiser (AdamW on matrices only, cosine schedule,
@@ -109,11 +111,14 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
             losses.append(float(m.group(1)))
     m = re.search(r"result .*samples_per_s=(\d+)", text)
     overall = float(m.group(1)) if m else 0.0
+    memory = dict(re.findall(r"(peak_memory|spilled|restored)=(\S+)", text))
+    if memory:
+        log("  agent: memory " + ", ".join(f"{k} {v}" for k, v in memory.items()))
     rates.sort()
     steady = rates[len(rates) // 2] if rates else overall
     return {"tokens_per_s": steady, "tokens_per_s_whole_run": overall,
             "validation_loss": losses[-1] if losses else None, "validation_losses": losses,
-            "wall_s": wall}
+            "wall_s": wall, "memory": memory}
 
 
 # ---- PyTorch ----
@@ -304,9 +309,12 @@ def main(argv=None):
         for v in args.variants.split(","):
             log(f"text_gpt_bench: {v}, seed {seed} ...")
             if v.startswith("leasehold"):
-                # leasehold[-bf16][-op-by-op]: every step one CUDA graph, or op by op.
-                r = run_leasehold(args, job, "BFloat16" if "-bf16" in v else "Float32",
-                                  graphs=not v.endswith("-op-by-op"))
+                # leasehold[-bf16][-op-by-op][@BUDGET]: every step one CUDA graph, or op
+                # by op; the job's memory budget.
+                name, _, budget = v.partition("@")
+                r = run_leasehold(args, dict(job, memory_budget=budget) if budget else job,
+                                  "BFloat16" if "-bf16" in name else "Float32",
+                                  graphs=not name.endswith("-op-by-op"))
             else:
                 r = run_torch(args, job, v)
             r["seed"] = seed
@@ -325,10 +333,12 @@ def main(argv=None):
     log("| run | tokens/s | validation loss (mean) | per seed " + ", ".join(map(str, seeds)) + " |")
     log("| --- | ---: | ---: | --- |")
     for v, rs in out["runs"].items():
+        base, _, budget = v.partition("@")
+        label = names.get(base, base) + (f", memory budget {budget}" if budget else "")
         rates = sorted(r["tokens_per_s"] for r in rs)
         losses = [r["validation_loss"] for r in rs]
         mean = sum(losses) / len(losses) if all(losses) else None
-        log(f"| {names.get(v, v)} | {rates[len(rates) // 2]:.0f} | "
+        log(f"| {label} | {rates[len(rates) // 2]:.0f} | "
             + (f"{mean:.4f} | " + ", ".join(f"{x:.4f}" for x in losses) if mean else "— | —")
             + " |")
     json.dump(out, sys.stdout, indent=1)

@@ -9,6 +9,9 @@
 #   ncu     where a graphed bf16 step's GPU time goes, per kernel (ncu's CSV
 #           in $OUT/ncu.csv; SKIP and COUNT launches; NCU_ARGS for other
 #           sections, in $OUT/ncu.txt)
+#   kernels leasehold-bench-engine (attention on float32 and bfloat16 tensors,
+#           the GPT's linear layers against cuBLASLt's plain product) and
+#           tests/bench/attention_torch.py (PyTorch's SDPA backends)
 #   share   tests/gpu/run-share-checks.sh under MPS, 1 and 8 jobs, LeNet and MLP
 # Logs and results go to $OUT (or ./gpu-logs).
 #
@@ -68,6 +71,21 @@ PY
       > "$OUT/ncu_agent.log" 2>&1
     echo "ncu rc=$?"
     kill "$coord"; wait "$coord"; rm -rf "$T" ;;
+  kernels)
+    LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" "$B/bin/leasehold-bench-engine" --gemm 4096 \
+      > "$OUT/engine.json" 2> "$OUT/engine.log"
+    echo "leasehold-bench-engine rc=$?"
+    python3 "$here/../bench/attention_torch.py" > "$OUT/attention_torch.json" 2>> "$OUT/engine.log"
+    echo "attention_torch rc=$?"
+    python3 - "$OUT/engine.json" "$OUT/attention_torch.json" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))
+print("attention", json.dumps(e["attention"]))
+for l in e["linear_bf16"]:
+    print("linear", json.dumps(l))
+print("torch", open(sys.argv[2]).read().strip())
+PY
+    ;;
   share)
     LEASEHOLD_SHARE_AT_ONCE=${AT_ONCE:-1,8} LEASEHOLD_SHARE_EPOCHS=${EPOCHS:-2} \
       LEASEHOLD_SHARE_MPS=on LEASEHOLD_SHARE_MANAGED=0 \
