@@ -13,8 +13,8 @@
 #include "agent/engine/data.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
-#include "agent/engine/step_graph.h"
 #include "agent/gradient_reducer.h"
+#include "agent/graphed_steps.h"
 #include "agent/job_data.h"
 #include "agent/model_builder.h"
 #include "agent/parameter_regions.h"
@@ -301,47 +301,18 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     optimizer->step();
     return loss;
   };
-  // Whole steps as CUDA graphs (step_graph.h): steps of the full batch
-  // shape, copied into the graph's input tensors, once the first step ran
-  // op by op without spilling. Not for data-parallel replicas (their
-  // gradients are averaged by the host's collective as backward runs).
-  const bool graphs_apply = options.cuda_graphs && options.device.is_cuda() && !reducer;
-  std::unique_ptr<E::StepGraph> graph;
-  E::Tensor graph_x, graph_y, graph_loss;  // its inputs and its loss: memory that stays put
-  int64_t steps_run = 0;
-  bool graph_dropped = false;  // for a Shrink: no graph again in this attempt
-  auto graph_wanted = [&](const E::Tensor& x) {
-    if (!graphs_apply || graph_dropped || steps_run == 0 || (graph && !graph->why_not().empty())) {
-      return false;
-    }
-    if (graph) return x.sizes() == graph_x.sizes();
-    if (options.spill && options.spill->store_stats().bytes_out > 0) return false;
-    return x.size(0) == job.batch_size();
-  };
-  auto run_step = [&](const E::Tensor& x, const E::Tensor& y) -> E::Tensor {
-    if (!graph_wanted(x)) return train_step(x, y);
-    if (!graph) {
-      graph_x = E::empty(x.sizes(), x.options());
-      graph_y = E::empty(y.sizes(), y.options());
-      graph = std::make_unique<E::StepGraph>(options.device, [&] {
-        // (Its saved tensors stay where the graph put them.)
-        E::SavedTensorHooksGuard no_spill(nullptr);
-        graph_loss = E::Tensor();  // (its block is the new loss's)
-        graph_loss = train_step(graph_x, graph_y);
-      });
-    }
-    graph_x.copy_(x);
-    graph_y.copy_(y);
-    if (!graph->run()) return train_step(x, y);
-    return graph_loss;
-  };
-  // The graph's pool (and the gradients in it) back to the allocator.
+  // Whole steps as CUDA graphs where they can be (graphed_steps.h).
+  GraphedSteps steps(options.device, train_step,
+                     {.enabled = options.cuda_graphs && options.device.is_cuda() && !reducer,
+                      .full_batch = job.batch_size(),
+                      .spilled = [&options] {
+                        return options.spill && options.spill->store_stats().bytes_out > 0;
+                      }});
+  // For a Shrink: the graph's pool (and the gradients in it) back to the
+  // allocator.
   auto drop_graph = [&] {
-    result.graph_steps += graph->launches();
-    graph.reset();  // (waits for its last launch)
-    graph_x = graph_y = graph_loss = E::Tensor();
+    steps.drop();
     optimizer->zero_grad();
-    graph_dropped = true;
     spdlog::info("job '{}': the step's CUDA graph dropped to give memory back; steps run op by op "
                  "from now on", job.name()->str());
   };
@@ -363,15 +334,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     E::Tensor loss_acc = E::zeros({}, {E::DType::Float32, options.device});
     while (global < total_steps && batches.next(x, y, options.device)) {
       if (options.should_stop && options.should_stop()) throw JobCancelled();
-      if (graph && options.memory_wanted && options.memory_wanted()) drop_graph();
+      if (steps.holds_graph() && options.memory_wanted && options.memory_wanted()) drop_graph();
       if (options.at_step_boundary) options.at_step_boundary();
       if (!t_first_step) {
         t_first_step = Clock::now();
         first_step_leases = allocator->stats().leases;
         if (options.on_first_step) options.on_first_step(unix_time_us());
       }
-      const E::Tensor loss = run_step(x, y);
-      ++steps_run;
+      const E::Tensor loss = steps.run(x, y);
       {
         E::NoGradGuard ng;
         loss_acc = E::add(loss_acc, loss.detach());
@@ -452,7 +422,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                        model->named_parameters(), job.name()->str());
   }
   result.steps = global;
-  if (graph) result.graph_steps += graph->launches();
+  result.graph_steps = steps.graph_steps();
   result.memory = last_progress;
   fill_memory(result.memory);
   result.test_accuracy = !lead ? 0

@@ -1,0 +1,67 @@
+// A job's training steps, as CUDA graphs where they can be
+// (engine/step_graph.h) and op by op where not. The job runner hands it the
+// step (forward, backward, clipping, the optimizer) and a batch per step;
+// it decides which steps launch a graph:
+//   - only on a GPU, when the job allows graphs, and never for
+//     data-parallel replicas (their gradients are averaged on the host as
+//     backward runs);
+//   - not the attempt's first step (it runs op by op, so that what a step
+//     needs is known) nor any after a step spilled (a spilling step reads
+//     tensors the spill tier moves);
+//   - only steps of the full batch shape, each copied into the graph's
+//     input tensors (an epoch's last, smaller batch runs op by op);
+//   - none once the graph failed (why_not) or was dropped.
+// A Shrink drops the graph between steps: its pool (a step's peak memory,
+// the gradients in it) goes back to the allocator, and the rest of the
+// attempt runs op by op.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "agent/engine/step_graph.h"
+#include "agent/engine/tensor.h"
+
+namespace leasehold {
+
+class GraphedSteps {
+ public:
+  // One step on (x, y); returns its loss (on the device).
+  using Step = std::function<engine::Tensor(const engine::Tensor& x, const engine::Tensor& y)>;
+  struct Options {
+    bool enabled = false;  // a GPU job that allows graphs and is no replica
+    int64_t full_batch = 0;  // the batch size whose steps are graphed
+    std::function<bool()> spilled;  // whether any step has spilled (may be empty)
+  };
+
+  GraphedSteps(engine::Device device, Step step, Options options);
+  ~GraphedSteps();
+  GraphedSteps(const GraphedSteps&) = delete;
+  GraphedSteps& operator=(const GraphedSteps&) = delete;
+
+  // Runs one step, as a graph launch or op by op (see above).
+  engine::Tensor run(const engine::Tensor& x, const engine::Tensor& y);
+  // Whether a graph (and its pool's memory) is held.
+  bool holds_graph() const { return graph_ != nullptr; }
+  // Drops the graph (waiting for its last launch) and its inputs and loss;
+  // steps run op by op from then on. The gradients the graph's pool held
+  // are gone: the caller zeroes its optimizer's.
+  void drop();
+  // Steps run as graph launches so far, a dropped graph's included.
+  int64_t graph_steps() const;
+
+ private:
+  bool wanted(const engine::Tensor& x) const;
+
+  engine::Device device_;
+  Step step_;
+  Options options_;
+  std::unique_ptr<engine::StepGraph> graph_;
+  engine::Tensor x_, y_, loss_;  // the graph's inputs and its loss: memory that stays put
+  int64_t steps_run_ = 0;
+  int64_t dropped_launches_ = 0;
+  bool dropped_ = false;
+};
+
+}  // namespace leasehold
