@@ -1,5 +1,5 @@
-// Kernels of the transformer layers: layer norm, embedding gradients and
-// fused causal attention. Every kernel has one signature on both backends
+// Kernels of the transformer layers: layer norm and fused causal attention
+// (the embedding's are in embedding.h). Every kernel has one signature on both backends
 // (the first argument is the stream, ignored on the CPU), so the engine
 // lists each in one KernelTable (agent/engine/kernel_table.h) instead of
 // branching on the device. Tensors are contiguous, but for attention's
@@ -28,14 +28,6 @@ inline int64_t layer_norm_backward_workspace(int64_t rows, int64_t cols) {
   return 2 * layer_norm_row_chunks(rows) * cols;
 }
 inline int64_t attention_backward_workspace(int64_t heads, int64_t t) { return heads * t; }
-#ifdef LEASEHOLD_HAVE_CUDA
-namespace cuda {
-// Bytes of working memory cuda::embedding_backward needs for n indices into
-// `vocab` rows of `dim` elements of `element_bytes` (the sort of the
-// indices, and a partial sum per run of equal ones).
-size_t embedding_backward_workspace(int64_t n, int64_t vocab, int64_t dim, size_t element_bytes);
-}  // namespace cuda
-#endif
 
 // Where the rows of one attention operand lie: row i of head h, where
 // h = b × heads_per_batch + j (batch entry b, head j), starts at element
@@ -84,17 +76,6 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
   void layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const T* dy,          \
                            const T* x, const T* w, const T* mean, const T* rstd,              \
                            int64_t rows, int64_t cols);                                       \
-  /* out[i] = weight[index[i]] for rows of `dim`. The engine checks indices on the CPU;      \
-     on CUDA an index outside [0, vocab) gives a row of zeros and reads nothing. */           \
-  template <class T>                                                                          \
-  void embedding_forward(Stream s, T* out, const T* weight, const int64_t* index, int64_t n,  \
-                         int64_t vocab, int64_t dim);                                         \
-  /* dweight [vocab, dim] = sum over i with index[i] == v of g[i], in a fixed order          \
-     (deterministic, no atomics; indices out of range add nowhere). `workspace`: CUDA's      \
-     cuda::embedding_backward_workspace bytes on the device (the CPU needs none). */          \
-  template <class T>                                                                          \
-  void embedding_backward(Stream s, T* dweight, const T* g, const int64_t* index, int64_t n,  \
-                          int64_t vocab, int64_t dim, void* workspace);                       \
   /* Scaled dot-product attention over `heads` (batch x heads) of t rows of d, laid out as   \
      `at` says, causal (query i sees keys j <= i) or not: o = softmax(q kᵀ · scale) v, and    \
      lse [heads, t] the log-sum-exp of each row of scores. No [t, t] matrix is stored. */     \
@@ -116,10 +97,6 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
                                       int64_t, double);                                         \
   template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
                                        const T*, const T*, int64_t, int64_t);                   \
-  template void embedding_forward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,     \
-                                     int64_t);                                                  \
-  template void embedding_backward<T>(Stream, T*, const T*, const int64_t*, int64_t, int64_t,    \
-                                      int64_t, void*);                                          \
   template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*,              \
                                      const AttentionLayout&, int64_t, int64_t, int64_t, double,   \
                                      bool);                                                     \

@@ -9,6 +9,7 @@
 #include "agent/engine/dispatch.h"
 #include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
+#include "kernels/embedding.h"
 #include "kernels/transformer.h"
 
 namespace leasehold::engine {
