@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -479,6 +480,74 @@ __global__ void __launch_bounds__(kWarps * 32)
   store_rows<D>(dv + vb, at.v.row, dv_acc, key0, t, d, 1.f, 1.f);
 }
 
+// backward's row dot products (delta = do · o per row, float32) for
+// bfloat16 rows that start 16-byte aligned: G lanes a row, 8 elements a
+// lane a load, 32 / G rows a warp (the generic kernel's warp a row reads
+// two bytes a lane). Each row's sum in a fixed order.
+template <int G>
+__global__ void attention_delta_bf16_kernel(float* delta, const bf16* dout, const bf16* o,
+                                            AttentionLayout at, int64_t rows, int64_t t, int d) {
+  const int lane = threadIdx.x % 32, sub = lane % G;
+  constexpr int kRowsPerWarp = 32 / G;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t base = (blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32) * kRowsPerWarp;
+       base < rows; base += warps * kRowsPerWarp) {
+    const int64_t r = base + lane / G;
+    float s = 0.f;
+    if (r < rows) {
+      const int64_t at_row = at.o.at(r / t, r % t, at.heads_per_batch);
+      for (int c = sub * 8; c < d; c += G * 8) {
+        const uint4 a = *reinterpret_cast<const uint4*>(dout + at_row + c);
+        const uint4 b = *reinterpret_cast<const uint4*>(o + at_row + c);
+        const bf16* pa = reinterpret_cast<const bf16*>(&a);
+        const bf16* pb = reinterpret_cast<const bf16*>(&b);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += to_float(pa[j]) * to_float(pb[j]);
+      }
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (sub == 0 && r < rows) delta[r] = s;
+  }
+}
+
+// delta through attention_delta_bf16_kernel where the rows allow it; false
+// (nothing launched) otherwise.
+bool launch_delta_bf16(float* delta, const bf16* dout, const bf16* o, const AttentionLayout& at,
+                       int64_t heads, int64_t t, int64_t d, cudaStream_t st) {
+  const HeadRows& r = at.o;
+  const bool aligned = reinterpret_cast<uintptr_t>(dout) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(o) % 16 == 0 && r.batch % 8 == 0 &&
+                       r.head % 8 == 0 && r.row % 8 == 0;
+  if (!aligned || d % 8 != 0 || d > 256) return false;
+  const int64_t rows = heads * t;
+  auto go = [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    constexpr int kWarps = 8;
+    const int64_t per_block = kWarps * (32 / G);
+    const auto blocks =
+        static_cast<unsigned>(std::clamp<int64_t>((rows + per_block - 1) / per_block, 1, 65535));
+    attention_delta_bf16_kernel<G><<<blocks, kWarps * 32, 0, st>>>(delta, dout, o, at, rows, t,
+                                                                  static_cast<int>(d));
+    LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  };
+  const int64_t lanes = d / 8;  // 1 .. 32
+  if (lanes <= 1) {
+    go(std::integral_constant<int, 1>{});
+  } else if (lanes <= 2) {
+    go(std::integral_constant<int, 2>{});
+  } else if (lanes <= 4) {
+    go(std::integral_constant<int, 4>{});
+  } else if (lanes <= 8) {
+    go(std::integral_constant<int, 8>{});
+  } else if (lanes <= 16) {
+    go(std::integral_constant<int, 16>{});
+  } else {
+    go(std::integral_constant<int, 32>{});
+  }
+  return true;
+}
+
 // The device element type behind a host one.
 template <class T>
 using Device = std::conditional_t<std::is_same_v<T, bfloat16>, bf16, T>;
@@ -516,7 +585,13 @@ void attention_backward_bf16(Stream s, T* dq, T* dk, T* dv, float* workspace, co
   if (heads * t == 0) return;
   cudaStream_t st = as_cuda(s);
   float* delta = workspace;
-  launch_attention_delta<Device<T>, float>(delta, dev(dout), dev(o), at, heads, t, d, st);
+  bool delta_done = false;
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    delta_done = launch_delta_bf16(delta, dev(dout), dev(o), at, heads, t, d, st);
+  }
+  if (!delta_done) {
+    launch_attention_delta<Device<T>, float>(delta, dev(dout), dev(o), at, heads, t, d, st);
+  }
   with_head_size(d, [&](auto size) {
     constexpr int D = decltype(size)::value;
     const dim3 grid = attention_grid(heads, t);

@@ -126,11 +126,13 @@ TEST_F(CudaAutocast, AutocastSelfAttentionTracksFloat32OnTensorCores) {
 // bfloat16 activations through the attention (the block's path: the
 // projection kept in bfloat16): the output is the float32 path's output
 // rounded to bfloat16, bit for bit (the kernels read the same bfloat16
-// values either way), on a length across tiles and with a head size the
-// kernels pad; the gradient, bfloat16 like its tensor, within bfloat16's
-// precision of the float32 path's.
+// values either way), on a length across tiles and with head sizes the
+// kernels pad (40: rows of whole 16-byte words, which the kernels copy
+// with cp.async; 36: rows they read an element at a time); the gradient,
+// bfloat16 like its tensor, within bfloat16's precision of the float32
+// path's.
 TEST_F(CudaAutocast, BFloat16ActivationsThroughAttentionMatchTheFloat32Path) {
-  for (int64_t d : {64, 40}) {
+  for (int64_t d : {64, 40, 36}) {
     SCOPED_TRACE("head size " + std::to_string(d));
     manual_seed(39);
     const int64_t heads = 2, c = heads * d;
