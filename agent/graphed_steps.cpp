@@ -9,7 +9,9 @@ namespace E = engine;
 GraphedSteps::GraphedSteps(E::Device device, Step step, Options options)
     : device_(device), step_(std::move(step)), options_(std::move(options)) {}
 
-GraphedSteps::~GraphedSteps() = default;
+GraphedSteps::~GraphedSteps() {
+  graph_.reset();  // (waits for its last launch before its inputs go)
+}
 
 bool GraphedSteps::wanted(const E::Tensor& x) const {
   if (!options_.enabled || dropped_ || steps_run_ == 0 ||
@@ -22,9 +24,12 @@ bool GraphedSteps::wanted(const E::Tensor& x) const {
 }
 
 E::Tensor GraphedSteps::run(const E::Tensor& x, const E::Tensor& y) {
-  const bool graphed = wanted(x);
+  E::Tensor loss = wanted(x) ? launch(x, y) : step_(x, y);
   ++steps_run_;
-  if (!graphed) return step_(x, y);
+  return loss;
+}
+
+E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
   if (!graph_) {
     x_ = E::empty(x.sizes(), x.options());
     y_ = E::empty(y.sizes(), y.options());
@@ -42,11 +47,11 @@ E::Tensor GraphedSteps::run(const E::Tensor& x, const E::Tensor& y) {
 }
 
 void GraphedSteps::drop() {
+  dropped_ = true;
   if (!graph_) return;
   dropped_launches_ += graph_->launches();
   graph_.reset();  // (waits for its last launch)
   x_ = y_ = loss_ = E::Tensor();
-  dropped_ = true;
 }
 
 int64_t GraphedSteps::graph_steps() const {

@@ -6,8 +6,9 @@
 //     data-parallel replicas (their gradients are averaged on the host as
 //     backward runs);
 //   - not the attempt's first step (it runs op by op, so that what a step
-//     needs is known) nor any after a step spilled (a spilling step reads
-//     tensors the spill tier moves);
+//     needs is known), and no graph is made once a step has spilled (a
+//     spilling step reads tensors the spill tier moves; a graph's own
+//     tensors are never spilled);
 //   - only steps of the full batch shape, each copied into the graph's
 //     input tensors (an epoch's last, smaller batch runs op by op);
 //   - none once the graph failed (why_not) or was dropped.
@@ -53,6 +54,9 @@ class GraphedSteps {
 
  private:
   bool wanted(const engine::Tensor& x) const;
+  // The step as a graph launch (making the graph first), or op by op where
+  // the graph cannot run it.
+  engine::Tensor launch(const engine::Tensor& x, const engine::Tensor& y);
 
   engine::Device device_;
   Step step_;

@@ -6,8 +6,9 @@
 // global memory, and the other side is staged 64 (32 for head sizes over
 // 64) rows at a time in shared memory as bfloat16, row-major, in two
 // buffers: bfloat16 activations copy the next tile in with cp.async while
-// the products run on this one (float32 ones are rounded as they are
-// stored, so they are staged in place of it). A product that runs along a
+// the products run on this one (float32 ones are loaded and rounded by the
+// threads themselves, into the other buffer, before the products: no
+// overlap). A product that runs along a
 // tile's rows reads its B fragments transposed with ldmatrix.trans (a
 // transposed copy in shared memory cost a bank-conflicted store per
 // element, and twice the space). Scores and probabilities never leave

@@ -60,8 +60,9 @@ void gemm_bf16(cublasHandle_t handle, const GemmShape& s, float alpha, const bfl
 
 // c = op(a) op(b) (bfloat16 in, float32 accumulation, c as `out` says) with
 // `e` fused, through cuBLASLt on `stream` with `workspace`. False, with
-// nothing launched, when cuBLASLt has no algorithm for it (the caller then
-// takes gemm_bf16 and passes of its own). Throws on a cuBLASLt failure.
+// nothing launched, when cuBLASLt has no algorithm for it or a pointer is
+// not 256-byte aligned (the caller then takes gemm_bf16 and passes of its
+// own). Throws on a cuBLASLt failure.
 bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& s,
                      const bfloat16* a, const bfloat16* b, void* c, GemmOut out,
                      const GemmEpilogue& e, void* workspace, size_t workspace_bytes);

@@ -4,6 +4,7 @@
 // of a pass of their own over the [rows, features] result.
 #include <cublasLt.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -130,6 +131,17 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
     throw std::invalid_argument("gemm_bf16_fused: GELU writes a bfloat16 result and input");
   }
   if (s.m == 0 || s.n == 0 || s.k == 0) return false;
+  // The heuristic assumes its default alignment of every pointer (256
+  // bytes), and a GELU input's leading dimension must be a multiple of 8:
+  // anything else (a view at an offset) is left to the caller's passes
+  // rather than failing in the product.
+  const auto aligned = [](const void* p) {
+    return p == nullptr || reinterpret_cast<uintptr_t>(p) % 256 == 0;
+  };
+  if (!aligned(a) || !aligned(b) || !aligned(c) || !aligned(e.bias) || !aligned(e.gelu_input) ||
+      !aligned(e.bias_grad) || (e.gelu_input && s.ldc % 8 != 0)) {
+    return false;
+  }
   const cublasLtEpilogue_t ep = epilogue_of(e);
   thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
   const PlanKey key{s.trans_a, s.trans_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(ep),

@@ -8,6 +8,13 @@
 namespace leasehold::engine {
 namespace {
 
+// a + b for two gradients of one tensor: bfloat16 ones (autocast's
+// activations between products) summed in float32, then rounded once.
+Tensor accumulate(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != DType::BFloat16) return add(a, b);
+  return add(a.to(DType::Float32), b.to(DType::Float32)).to(DType::BFloat16);
+}
+
 thread_local bool t_grad_enabled = true;
 thread_local std::shared_ptr<SavedTensorHooks> t_hooks;
 thread_local GradientReadyHook t_gradient_ready;
@@ -29,7 +36,7 @@ class AccumulateGrad final : public Node {
                   incoming.impl()->storage.use_count() == 1;
       leaf.set_grad(sole ? incoming.detach() : incoming.clone().detach());
     } else {
-      leaf.set_grad(add(leaf.grad(), incoming).detach());
+      leaf.set_grad(accumulate(leaf.grad(), incoming).detach());
     }
     if (t_gradient_ready) t_gradient_ready(leaf);
     return {};
@@ -175,7 +182,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
       if (!e.fn) continue;
       if (i < grads.size() && grads[i].defined()) {
         Tensor& slot = buffers[e.fn.get()];
-        slot = slot.defined() ? add(slot, grads[i]) : grads[i];
+        slot = slot.defined() ? accumulate(slot, grads[i]) : grads[i];
       }
       if (--deps[e.fn.get()] == 0) ready.push_back(e.fn);
     }

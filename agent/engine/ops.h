@@ -53,7 +53,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // cores and x may already be bfloat16 (another product's output); the
 // result is float32, or bfloat16 when `out` asks for the lower precision
 // (for a result that only feeds another product; not with a ReLU, whose
-// output is its backward's mask). A gradient has its tensor's type.
+// output is its backward's mask). A gradient has its tensor's type (a
+// bfloat16 one read twice has its gradients summed in float32).
 enum class ProductOut { Float32, LowerPrecision };
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool then_relu = false,
               ProductOut out = ProductOut::Float32);
@@ -120,10 +121,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 // Window `kernel`, stride `stride` (0: same as kernel), no padding.
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when
-// `training`; identity otherwise. The mask comes from the engine generator.
+// `training`; identity otherwise. The mask comes from the engine generator,
+// or inside a StepRandom from its seed and the step counter; backward
+// draws it again from the same key rather than keeping it, so it must run
+// before the counter moves (the optimizer's step, after backward, as in
+// every training step).
 Tensor dropout(const Tensor& x, double p, bool training);
 
-// Transformer layers (ops_transformer.cpp). float32 and float64.
+// Transformer layers (ops_transformer.cpp). float32 and float64; attention
+// also bfloat16 under autocast (autocast.h).
 // Rows of `weight` [vocab, dim] at `index` (int64, any shape on weight's
 // device): [index sizes..., dim]. Differentiable in `weight`; its gradient
 // is a deterministic scatter-add (the same bits every run). An index out of

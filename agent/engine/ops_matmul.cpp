@@ -122,10 +122,14 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int6
                                   b.data<bfloat16>(), 0.0f, out.raw_data(),
                                   to_float ? kernels::GemmOut::Float32 : gemm_out));
   if (e.bias.defined() || e.relu) {
+    // (A bfloat16 result's bias rounded to bfloat16 first, as the fused
+    // product takes it: the same values whichever path runs.)
+    const Tensor bias = e.bias.defined() && out_dtype == DType::BFloat16
+                            ? e.bias.to(DType::BFloat16).to(DType::Float32)
+                            : e.bias;
     LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<float>(
                                     stream_for(out.device()), out.data<float>(),
-                                    e.bias.defined() ? e.bias.data<float>() : nullptr, m, n,
-                                    e.relu));
+                                    bias.defined() ? bias.data<float>() : nullptr, m, n, e.relu));
   }
   if (e.gelu) {
     r.gelu_input = out.to(DType::BFloat16);
@@ -165,7 +169,7 @@ struct MatmulBackward final : Node {
 };
 
 struct LinearBackward final : Node {
-  SavedTensor x, w;  // contiguous; bfloat16 copies when `mixed`
+  SavedTensor x, w;  // contiguous; bfloat16 when `mixed` (x: the input itself if it was)
   SavedTensor y;      // the output, when a ReLU was fused in (its mask)
   SavedTensor gelu_input;  // bfloat16, when a GELU was fused in (`gelu`; mixed only)
   bool relu = false;

@@ -281,6 +281,32 @@ TEST_F(CudaAutocast, ProductsFeedingProductsKeepBFloat16Between) {
       }
     }
   }
+  // A bfloat16 result read by two products: its two gradients summed (in
+  // float32) before they reach the product that made it.
+  {
+    manual_seed(40);
+    Tensor x = randn({64, 32}), w1 = mul(randn({48, 32}), 0.2), b1 = randn({48});
+    Tensor wa = mul(randn({8, 48}), 0.2), wb = mul(randn({8, 48}), 0.2);
+    std::vector<Tensor> cpu{x, w1, b1, wa, wb}, gpu;
+    for (Tensor& t : cpu) {
+      gpu.push_back(t.to(Device::cuda()).set_requires_grad(true));
+      t.set_requires_grad(true);
+    }
+    auto twice = [](const std::vector<Tensor>& p, ProductOut out) {
+      Tensor mid = linear(p[0], p[1], p[2], false, out);
+      return add(linear(mid, p[3], Tensor()), linear(mid, p[4], Tensor()));
+    };
+    sum(twice(cpu, ProductOut::Float32)).backward();
+    {
+      AutocastGuard autocast(DType::BFloat16);
+      Tensor y = twice(gpu, ProductOut::LowerPrecision);
+      sum(y).backward();
+    }
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      SCOPED_TRACE("read twice, gradient " + std::to_string(i));
+      EXPECT_LE(relative_error(gpu[i].grad(), cpu[i].grad()), 3e-2);
+    }
+  }
   // Without autocast a bfloat16 input is an error that names the types.
   Tensor x16 = ones({2, 3}).to(Device::cuda()).to(DType::BFloat16);
   Tensor w = ones({4, 3}).to(Device::cuda());
