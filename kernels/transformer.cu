@@ -70,13 +70,32 @@ __global__ void layer_norm_dx_kernel(T* dx, const T* dy, const T* x, const T* w,
   }
 }
 
+// The dw/db kernels' blocks: 32 columns × 8 lanes. Each thread's (w, b)
+// pair summed over its column's 8 lanes in lane order, into lane row 0's
+// threads (true there). Every thread of the block calls it.
+template <class T>
+__device__ inline bool sum_lanes(T& w, T& b) {
+  __shared__ T sw[8][33], sb[8][33];
+  const int lane_row = threadIdx.x / 32, c = threadIdx.x % 32;
+  sw[lane_row][c] = w;
+  sb[lane_row][c] = b;
+  __syncthreads();
+  if (lane_row != 0) return false;
+  w = 0;
+  b = 0;
+  for (int i = 0; i < 8; ++i) {
+    w += sw[i][c];
+    b += sb[i][c];
+  }
+  return true;
+}
+
 // partial[chunk][col] (dw then db halves) over the chunk's rows; a block of
 // 32 columns × 8 row lanes, summed across lanes in a fixed order.
 template <class T>
 __global__ void layer_norm_dwdb_partial_kernel(T* partial, const T* dy, const T* x,
                                                const T* mean, const T* rstd, int64_t rows,
                                                int64_t cols, int64_t chunks) {
-  __shared__ T sw[8][33], sb[8][33];
   const int64_t col = blockIdx.x * 32 + threadIdx.x % 32;
   const int lane_row = threadIdx.x / 32;
   const int64_t chunk = blockIdx.y;
@@ -90,17 +109,9 @@ __global__ void layer_norm_dwdb_partial_kernel(T* partial, const T* dy, const T*
       ab += g;
     }
   }
-  sw[lane_row][threadIdx.x % 32] = aw;
-  sb[lane_row][threadIdx.x % 32] = ab;
-  __syncthreads();
-  if (lane_row == 0 && col < cols) {
-    T tw = 0, tb = 0;
-    for (int i = 0; i < 8; ++i) {
-      tw += sw[i][threadIdx.x];
-      tb += sb[i][threadIdx.x];
-    }
-    partial[chunk * cols + col] = tw;
-    partial[(chunks + chunk) * cols + col] = tb;
+  if (sum_lanes(aw, ab) && col < cols) {
+    partial[chunk * cols + col] = aw;
+    partial[(chunks + chunk) * cols + col] = ab;
   }
 }
 
@@ -110,7 +121,6 @@ __global__ void layer_norm_dwdb_partial_kernel(T* partial, const T* dy, const T*
 template <class T>
 __global__ void layer_norm_dwdb_final_kernel(T* dw, T* db, const T* partial, int64_t cols,
                                              int64_t chunks) {
-  __shared__ T sw[8][33], sb[8][33];
   const int64_t col = blockIdx.x * 32 + threadIdx.x % 32;
   const int lane_row = threadIdx.x / 32;
   T tw = 0, tb = 0;
@@ -120,17 +130,9 @@ __global__ void layer_norm_dwdb_final_kernel(T* dw, T* db, const T* partial, int
       tb += partial[(chunks + k) * cols + col];
     }
   }
-  sw[lane_row][threadIdx.x % 32] = tw;
-  sb[lane_row][threadIdx.x % 32] = tb;
-  __syncthreads();
-  if (lane_row == 0 && col < cols) {
-    T w = 0, b = 0;
-    for (int i = 0; i < 8; ++i) {
-      w += sw[i][threadIdx.x];
-      b += sb[i][threadIdx.x];
-    }
-    dw[col] = w;
-    db[col] = b;
+  if (sum_lanes(tw, tb) && col < cols) {
+    dw[col] = tw;
+    db[col] = tb;
   }
 }
 
