@@ -82,10 +82,10 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int6
   const kernels::GemmOut gemm_out =
       out_dtype == DType::BFloat16 ? kernels::GemmOut::BFloat16 : kernels::GemmOut::Float32;
   MixedProduct r;
-  r.out = empty(out_shape, on(out_dtype));
   const bool any = e.bias.defined() || e.relu || e.gelu || e.bias_grad;
 #ifdef LEASEHOLD_HAVE_CUDA
   if (any && (!e.gelu || out_dtype == DType::BFloat16)) {
+    r.out = empty(out_shape, on(out_dtype));
     kernels::GemmEpilogue fused;
     // (The bias in the output's type, as cuBLASLt takes it: PyTorch's
     // autocast rounds it to bfloat16 too.)
@@ -112,15 +112,13 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int6
     }
   }
 #endif
-  // The product alone, then the epilogue's passes in float32.
-  Tensor out = any && out_dtype != DType::Float32
-                   ? empty(out_shape, on(DType::Float32))
-                   : r.out;
-  const bool to_float = out.dtype() == DType::Float32;
+  // The product alone (in float32 when an epilogue follows), then the
+  // epilogue's passes.
+  Tensor out = empty(out_shape, on(any ? DType::Float32 : out_dtype));
   LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(
                                   cublas_handle(a.device().index), s, 1.0f, a.data<bfloat16>(),
                                   b.data<bfloat16>(), 0.0f, out.raw_data(),
-                                  to_float ? kernels::GemmOut::Float32 : gemm_out));
+                                  any ? kernels::GemmOut::Float32 : gemm_out));
   if (e.bias.defined() || e.relu) {
     // (A bfloat16 result's bias rounded to bfloat16 first, as the fused
     // product takes it: the same values whichever path runs.)
@@ -136,7 +134,7 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int6
     out = gelu(out);
   }
   if (e.bias_grad) r.bias_grad = sum(a.to(DType::Float32), {ta ? 0 : 1});
-  if (out.raw_data() != r.out.raw_data()) r.out = out.to(out_dtype);
+  r.out = out.to(out_dtype);  // (itself when already of that type)
   return r;
 }
 // Forward and backward both reduce to: 3-D batched x (3-D or shared 2-D).

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
-#include <type_traits>
 #include <utility>
 
 #include "agent/engine/autograd.h"
@@ -276,6 +275,7 @@ Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm) {
   // Each gradient's squares in kNormParts parts (a launch per
   // kMaxFusedTensors gradients), then their sum: the same order every step.
   Tensor partial = empty({n * kernels::kNormParts}, grads[0].options());
+  // launch(t, first) for each group of kMaxFusedTensors gradients.
   auto each_launch = [&](auto&& launch) {
     detail::dispatch_floating(grads[0].dtype(), "clip_grad_norm", [&](auto tag) {
       using T = decltype(tag);
@@ -291,8 +291,7 @@ Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm) {
       }
     });
   };
-  each_launch([&](const auto& t, int64_t first) {
-    using T = std::remove_pointer_t<std::decay_t<decltype(t.g[0])>>;
+  each_launch([&]<class T>(const kernels::GradTensors<T>& t, int64_t first) {
     kSumSquares<T>.run(device, t, partial.data<T>() + first * kernels::kNormParts);
   });
   const Tensor norm = sqrt(sum(partial));
@@ -300,8 +299,7 @@ Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm) {
   // max_norm / (max_norm + relu(norm + eps - max_norm)).
   const Tensor coef = div(full({}, max_norm, norm.options()),
                           add(relu(add(norm, 1e-6 - max_norm)), max_norm));
-  each_launch([&](const auto& t, int64_t) {
-    using T = std::remove_pointer_t<std::decay_t<decltype(t.g[0])>>;
+  each_launch([&]<class T>(const kernels::GradTensors<T>& t, int64_t) {
     kScale<T>.run(device, t, coef.data<T>());
   });
   for (auto& [g, dense] : strided) g.copy_(dense);
