@@ -18,6 +18,7 @@
 #include "agent/job_data.h"
 #include "agent/model_builder.h"
 #include "agent/parameter_regions.h"
+#include "agent/recompute_policy.h"
 #include "agent/replica_store.h"
 #include "shared/checkpoint_folder.h"
 #include "shared/job_spec.h"
@@ -255,6 +256,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     options.spill->keep_resident(model->parameters());
     spill_hooks.emplace(options.spill);
   }
+  // Over its memory budget, the job's transformer blocks recompute in
+  // backward before its activations spill (recompute_policy.h).
+  RecomputePolicy recompute(*model, options.spill);
   // The replicas connect, and from here on every step's gradients are
   // averaged over them.
   std::unique_ptr<GradientReducer> reducer;
@@ -342,6 +346,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         if (options.on_first_step) options.on_first_step(unix_time_us());
       }
       const E::Tensor loss = steps.run(x, y);
+      if (recompute.after_step()) {
+        spdlog::info("job '{}': {} of {} transformer blocks recompute their activations in "
+                     "backward from now on (the step spilled to stay within the memory budget)",
+                     job.name()->str(), recompute.recomputing(), recompute.blocks());
+      }
       {
         E::NoGradGuard ng;
         loss_acc = E::add(loss_acc, loss.detach());
@@ -423,6 +432,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   result.steps = global;
   result.graph_steps = steps.graph_steps();
+  result.recomputed_blocks = recompute.recomputing();
   result.memory = last_progress;
   fill_memory(result.memory);
   result.test_accuracy = !lead ? 0

@@ -50,6 +50,16 @@ class NoGradGuard {
  private:
   bool previous_;
 };
+// Grad mode on inside its scope (backward runs with it off; a segment of
+// the forward recomputed there records its graph again, recompute.h).
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+
+ private:
+  bool previous_;
+};
 
 // How saved tensors are kept. pack() is called when a tensor is saved during
 // forward; unpack() when backward needs it, and must return a tensor equal to

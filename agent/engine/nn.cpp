@@ -6,6 +6,7 @@
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/ops.h"
+#include "agent/engine/recompute.h"
 
 namespace leasehold::engine::nn {
 namespace {
@@ -263,6 +264,13 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 x.shape_str() + " is not [batch, tokens, " +
                                 std::to_string(dim_) + "]");
   }
+  if (recompute_ && is_training()) {
+    return recompute_in_backward([this](const Tensor& in) { return body(in); }, x);
+  }
+  return body(x);
+}
+
+Tensor TransformerBlock::body(const Tensor& x) {
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   // Under autocast the projection stays in bfloat16 for the attention's

@@ -324,6 +324,22 @@ StepRandom::StepRandom(uint64_t seed, Tensor step)
 
 StepRandom::~StepRandom() { t_step_random = previous_; }
 
+RandomRewind::RandomRewind(uint64_t position) {
+  if (StepRandom* scope = t_step_random) {
+    saved_ = scope->drawn_;
+    scope->drawn_ = position;
+  }
+}
+
+RandomRewind::~RandomRewind() {
+  if (StepRandom* scope = t_step_random) scope->drawn_ = saved_;
+}
+
+std::optional<uint64_t> RandomRewind::position() {
+  if (StepRandom* scope = t_step_random) return scope->drawn_;
+  return std::nullopt;
+}
+
 RandomDraw RandomDraw::next(Device device) {
   StepRandom* scope = t_step_random;
   if (!scope) return {next_random_u64(), Tensor()};

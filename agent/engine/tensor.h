@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -155,10 +156,29 @@ class StepRandom {
 
  private:
   friend struct RandomDraw;
+  friend class RandomRewind;
   uint64_t seed_;
   Tensor step_;
   uint64_t drawn_ = 0;
   StepRandom* previous_;
+};
+
+// While one lives on this thread, the StepRandom in scope draws again from
+// `position` (what random_position() returned), then goes on from where it
+// was: a segment of the forward run again in backward (recompute.h) draws
+// the masks it drew the first time. No effect outside a StepRandom.
+class RandomRewind {
+ public:
+  explicit RandomRewind(uint64_t position);
+  ~RandomRewind();
+  RandomRewind(const RandomRewind&) = delete;
+  RandomRewind& operator=(const RandomRewind&) = delete;
+  // How many random ops the StepRandom in scope has drawn; nullopt without
+  // one (draws then come from the generator and cannot be repeated).
+  static std::optional<uint64_t> position();
+
+ private:
+  uint64_t saved_ = 0;
 };
 
 // The seed of the next random op on `device` (see StepRandom) and, inside a

@@ -46,6 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=30, help="PyTorch steps left out of its rate")
     p.add_argument("--variants", default="leasehold,leasehold-bf16,fp32,bf16,compile")
     p.add_argument("--pool-size", default="16GiB")
+    p.add_argument("--spill-host-bytes", default="4GiB",
+                   help="the agent's pinned host tier, where a job past its memory budget "
+                        "spills (the agent's own default, 256 MiB, sends the rest to the "
+                        "spill file)")
     p.add_argument("--seeds", default="1",
                    help="comma-separated: every variant runs once per seed (initialisation, "
                         "data order, dropout), and the table gives each one's losses")
@@ -65,6 +69,15 @@ def load_job(args):
     job["device"] = "cuda"
     job["seed"] = args.seed
     return job
+
+
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def to_bytes(text):
+    """'2.51 GiB' -> bytes; 0 for anything else."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?) (B|[KMGT]iB)", text.strip())
+    return int(float(m.group(1)) * UNITS[m.group(2)]) if m else 0
 
 
 def log(*a):
@@ -88,7 +101,8 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
         time.sleep(2)
         t0 = time.time()
         out = subprocess.run(
-            [os.path.join(args.bin, "leasehold-agent"), "--endpoint", endpoint, "--run-job", path]
+            [os.path.join(args.bin, "leasehold-agent"), "--endpoint", endpoint, "--run-job", path,
+             "--spill-host-bytes", args.spill_host_bytes]
             + ([] if graphs else ["--no-cuda-graphs"]),
             capture_output=True, text=True, timeout=3600)
         wall = time.time() - t0
@@ -97,7 +111,7 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
         coord.wait()
     text = out.stdout
     for line in out.stderr.splitlines():  # whether its steps ran as CUDA graphs, and why not
-        if "CUDA graph" in line or "op by op" in line:
+        if any(w in line for w in ("CUDA graph", "op by op", "spill", "recompute")):
             log("  agent: " + line)
     if out.returncode != 0:
         raise RuntimeError("leasehold run failed:\n" + text[-3000:] + out.stderr[-3000:])
@@ -112,6 +126,9 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
     m = re.search(r"result .*samples_per_s=(\d+)", text)
     overall = float(m.group(1)) if m else 0.0
     memory = dict(re.findall(r"(peak_memory|spilled|restored)=(\d+(?:\.\d+)? (?:B|[KMGTPE]iB))", text))
+    m = re.search(r"recomputed_blocks=(\d+)", text)
+    if m:
+        memory["recomputed_blocks"] = m.group(1)
     if memory:
         log("  agent: memory " + ", ".join(f"{k} {v}" for k, v in memory.items()))
     rates.sort()
@@ -310,14 +327,24 @@ def main(argv=None):
             log(f"text_gpt_bench: {v}, seed {seed} ...")
             if v.startswith("leasehold"):
                 # leasehold[-bf16][-op-by-op][@BUDGET]: every step one CUDA graph, or op
-                # by op; the job's memory budget.
+                # by op; the job's memory budget, a size or a percentage of the peak
+                # memory of the same run without one (listed before it).
                 name, _, budget = v.partition("@")
+                if budget.endswith("%"):
+                    base = out["runs"].get(name, [{}])[-1]
+                    peak = to_bytes(base.get("memory", {}).get("peak_memory", ""))
+                    if not peak:
+                        raise SystemExit(f"variant {v}: run {name} without a budget first "
+                                         "(its peak memory is the 100%)")
+                    budget = f"{int(peak * float(budget[:-1]) / 100) >> 20}MiB"
                 r = run_leasehold(args, dict(job, memory_budget=budget) if budget else job,
                                   "BFloat16" if "-bf16" in name else "Float32",
                                   graphs=not name.endswith("-op-by-op"))
             else:
                 r = run_torch(args, job, v)
             r["seed"] = seed
+            if v.startswith("leasehold") and budget:
+                r["memory_budget"] = budget
             out["runs"].setdefault(v, []).append(r)
             log(f"text_gpt_bench: {v}, seed {seed}: {r['tokens_per_s']:.0f} tokens/s, "
                 f"validation loss {r['validation_loss']}")
@@ -334,7 +361,11 @@ def main(argv=None):
     log("| --- | ---: | ---: | --- |")
     for v, rs in out["runs"].items():
         base, _, budget = v.partition("@")
-        label = names.get(base, base) + (f", memory budget {budget}" if budget else "")
+        label = names.get(base, base)
+        if budget:
+            label += f", memory budget {budget}"
+            if budget.endswith("%"):
+                label += f" of its peak ({rs[0]['memory_budget']})"
         rates = sorted(r["tokens_per_s"] for r in rs)
         losses = [r["validation_loss"] for r in rs]
         mean = sum(losses) / len(losses) if all(losses) else None

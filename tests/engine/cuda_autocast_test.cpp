@@ -15,6 +15,7 @@
 #include "agent/engine/ops.h"
 #include "shared/device.h"
 #include "tests/engine/gradcheck.h"
+#include "tests/engine/recompute_check.h"
 
 namespace leasehold::engine::testing {
 namespace {
@@ -237,6 +238,19 @@ TEST_F(CudaAutocast, AutocastLinearAndBlockTrackFloat32) {
   EXPECT_LE(relative_error(sub(got, hg), sub(ref, hc)), 2e-2);
   EXPECT_LE(relative_error(sub(hg.grad(), rg.to(Device::cuda())), sub(hc.grad(), rg)), 2e-2);
   EXPECT_THROW(AutocastGuard(DType::Float64), std::invalid_argument);
+}
+
+// Under bfloat16 autocast on a GPU too, blocks that run again in backward
+// give the loss and every gradient of blocks that keep their activations,
+// bit for bit (recompute_test.cpp holds the CPU to the same), and keep less.
+TEST_F(CudaAutocast, RecomputedBlocksGiveTheSameGradients) {
+  RecomputeStep kept = gpt_step(Device::cuda(), false, true);
+  RecomputeStep again = gpt_step(Device::cuda(), true, true);
+  EXPECT_EQ(again.loss, kept.loss);
+  ASSERT_EQ(again.grads.size(), kept.grads.size());
+  for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(again.grads[i], kept.grads[i]) << i;
+  EXPECT_LT(again.kept_bytes * 2, kept.kept_bytes)
+      << again.kept_bytes << " bytes kept against " << kept.kept_bytes;
 }
 
 // A product whose result feeds the next product keeps it in bfloat16 (the

@@ -17,6 +17,7 @@
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "agent/lease_allocator.h"
+#include "agent/recompute_policy.h"
 #include "agent/spill/fault_store.h"
 #include "agent/spill/memory_store.h"
 #include "agent/spill/spill_manager.h"
@@ -300,6 +301,76 @@ TEST_F(FailingStore, AFullSpillFileFailsTheRunNamingTheFile) {
   S::TieredStoreOptions o = tiered(0, true);
   o.file_limit = 1u << 20;
   expect_failure(std::make_unique<S::TieredSpillStore>(*transfer, o), dir);
+}
+
+// A GPT over its budget: after each step that spilled, one more block
+// recomputes in backward instead (RecomputePolicy), until the steps fit
+// without spilling; and the run still ends bit for bit as the run without
+// a budget does (dropout on: its masks are drawn again in the recomputed
+// blocks).
+TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
+  struct Run {
+    std::vector<float> weights;
+    std::vector<uint64_t> evictions;  // after each step
+    int recomputing = 0;
+    uint64_t peak_in_use = 0;
+  };
+  auto run = [&](uint64_t budget) {
+    auto alloc =
+        std::make_shared<LeaseAllocator>(*session, LeaseAllocatorOptions::for_budget(budget));
+    Run r;
+    E::AllocatorGuard guard(alloc);
+    auto manager = S::SpillManager::create(std::make_unique<S::MemorySpillStore>(*transfer),
+                                           transfer, alloc);
+    E::manual_seed(5);
+    constexpr int64_t kBatch = 32, kT = 64, kDim = 64;
+    auto emb = std::make_shared<E::nn::Embedding>(256, kDim, kT);
+    E::nn::Sequential net;
+    net.push_back(emb);
+    for (int i = 0; i < 4; ++i) net.push_back(std::make_shared<E::nn::TransformerBlock>(kDim, 4, 0.1, 4));
+    net.push_back(std::make_shared<E::nn::LayerNorm>(kDim));
+    net.push_back(std::make_shared<E::nn::TiedOutput>(emb));
+    net.to(device);
+    RecomputePolicy policy(net, manager);
+    E::optim::Adam opt(net.named_parameters(), {.lr = 0.003});
+    std::vector<int64_t> tokens(kBatch * kT), targets(kBatch * kT);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int64_t>((i * 131 + 7) % 256);
+      targets[i] = static_cast<int64_t>((i * 71 + 3) % 256);
+    }
+    E::Tensor x = E::from_vector(tokens, {kBatch, kT}, device);
+    E::Tensor y = E::from_vector(targets, {kBatch * kT}, device);
+    {
+      manager->keep_resident(net.parameters());
+      E::SavedTensorHooksGuard hooks(manager);
+      for (int i = 0; i < 6; ++i) {
+        E::StepRandom random(17, opt.step_counter());
+        opt.zero_grad();
+        E::cross_entropy(net(x).reshape({kBatch * kT, 256}), y).backward();
+        opt.step();
+        policy.after_step();
+        r.evictions.push_back(manager->counters().evictions);
+      }
+    }
+    for (auto& p : net.parameters()) {
+      auto w = p.to_vector<float>();
+      r.weights.insert(r.weights.end(), w.begin(), w.end());
+    }
+    r.recomputing = policy.recomputing();
+    r.peak_in_use = alloc->stats().peak_in_use_bytes;
+    return r;
+  };
+  const Run free_run = run(0);
+  EXPECT_EQ(free_run.recomputing, 0) << "nothing to keep within";
+  EXPECT_EQ(free_run.evictions.back(), 0u);
+  const uint64_t page = session->pool().alignment;
+  const Run tight = run(align_up(free_run.peak_in_use * 60 / 100, page) + 2 * page);
+  EXPECT_GT(tight.evictions.front(), 0u) << "the first step spilled";
+  EXPECT_GE(tight.recomputing, 1);
+  EXPECT_LE(tight.recomputing, 4);
+  EXPECT_EQ(tight.evictions.back(), tight.evictions[tight.evictions.size() - 2])
+      << "the last step did not spill";
+  EXPECT_TRUE(tight.weights == free_run.weights) << "weights differ from the run without a budget";
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+#include "agent/engine/recompute.h"
+
+#include <optional>
+#include <stdexcept>
+
+#include "agent/engine/autocast.h"
+#include "agent/engine/autograd.h"
+
+namespace leasehold::engine {
+namespace {
+
+class RecomputeBackward final : public Node {
+ public:
+  RecomputeBackward(Segment segment, const Tensor& x, uint64_t random_position,
+                    std::optional<DType> autocast)
+      : segment_(std::move(segment)),
+        x_(x),
+        random_position_(random_position),
+        autocast_(autocast) {}
+  const char* name() const override { return "RecomputeBackward"; }
+
+  std::vector<Tensor> apply(const Tensor& grad) override {
+    Tensor x = x_.get().detach();
+    x.set_requires_grad(true);
+    Tensor out;
+    {
+      EnableGradGuard grad_mode;
+      RandomRewind rewind(random_position_);
+      AutocastGuard autocast(autocast_);
+      out = segment_(x);
+    }
+    if (!out.requires_grad()) return {};  // nothing in it needs gradients
+    if (out.sizes() != grad.sizes()) {
+      throw std::logic_error("recomputed segment gave " + out.shape_str() + ", not " +
+                             grad.shape_str() + " as the first time");
+    }
+    run_backward(out, grad, /*retain_graph=*/false);
+    return {x.grad()};
+  }
+  void release_saved() override { x_.reset(); }
+
+ private:
+  Segment segment_;
+  SavedTensor x_;
+  uint64_t random_position_;
+  std::optional<DType> autocast_;
+};
+
+}  // namespace
+
+Tensor recompute_in_backward(const Segment& segment, const Tensor& x) {
+  std::optional<uint64_t> position = RandomRewind::position();
+  if (!grad_enabled() || !position) return segment(x);
+  std::optional<DType> autocast = autocast_dtype(x.device());
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = segment(x);
+  }
+  // Recorded whenever grad mode is on: without an input that needs
+  // gradients, the segment's parameters may.
+  record(out, std::make_shared<RecomputeBackward>(segment, x, *position, autocast), {&x});
+  return out;
+}
+
+}  // namespace leasehold::engine

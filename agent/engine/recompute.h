@@ -1,0 +1,32 @@
+// Trading compute for memory: a segment of the forward pass (a transformer
+// block) that keeps only its input for backward and runs again there to
+// rebuild what its own backward needs (activation checkpointing, Chen et
+// al. 2016, as torch.utils.checkpoint does it). Recomputing a GPT block's
+// forward costs about a third of its step; moving the same activations to
+// host memory and back costs several times its step on a PCIe link, so a
+// job over its memory budget recomputes blocks before it spills
+// (agent/job_runner.cpp).
+//
+// The segment runs again with the random numbers it drew the first time
+// (its dropout masks; tensor.h: RandomRewind) and the autocast mode it ran
+// under, so the gradients are those of the plain segment, bit for bit. Its
+// parameters' gradients are accumulated by the inner backward, as they
+// arrive; the input's gradient goes on through the outer graph.
+#pragma once
+
+#include <functional>
+
+#include "agent/engine/tensor.h"
+
+namespace leasehold::engine {
+
+using Segment = std::function<Tensor(const Tensor&)>;
+
+// segment(x), recorded so that backward runs segment again on x instead of
+// keeping its activations. `segment` must be a function of x and of
+// parameters that do not change before backward, and must outlive the
+// backward pass. Runs segment(x) as it is when nothing needs gradients, and
+// outside a StepRandom (its random numbers could not be drawn again).
+Tensor recompute_in_backward(const Segment& segment, const Tensor& x);
+
+}  // namespace leasehold::engine

@@ -1,0 +1,23 @@
+// One training step of a small GPT (two blocks, dropout on) with its blocks
+// recomputing in backward or keeping their activations, for the tests that
+// hold the two to the same loss and gradients (recompute_test.cpp on the
+// CPU, cuda_autocast_test.cpp under bfloat16 autocast on a GPU).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "agent/engine/tensor.h"
+
+namespace leasehold::engine {
+
+struct RecomputeStep {
+  std::vector<float> loss;                      // the step's loss
+  std::vector<std::vector<float>> grads;        // every parameter's, in order
+  uint64_t kept_bytes = 0;  // allocator bytes alive between forward and backward, over the start
+};
+
+// `autocast`: the step under bfloat16 autocast (CUDA only).
+RecomputeStep gpt_step(Device device, bool recompute, bool autocast);
+
+}  // namespace leasehold::engine

@@ -1,0 +1,61 @@
+#include <gtest/gtest.h>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/nn.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/recompute.h"
+#include "tests/engine/recompute_check.h"
+
+namespace leasehold::engine {
+namespace {
+
+// Blocks that run again in backward give the loss and every gradient of
+// blocks that keep their activations, bit for bit, with dropout on (its
+// masks drawn again at their place in the step), and keep a fraction of
+// the memory between forward and backward.
+TEST(Recompute, BlocksRunAgainGiveTheSameGradientsAndKeepLess) {
+  RecomputeStep kept = gpt_step(Device::cpu(), false, false);
+  RecomputeStep again = gpt_step(Device::cpu(), true, false);
+  EXPECT_EQ(again.loss, kept.loss);
+  ASSERT_EQ(again.grads.size(), kept.grads.size());
+  for (size_t i = 0; i < kept.grads.size(); ++i) EXPECT_EQ(again.grads[i], kept.grads[i]) << i;
+  EXPECT_LT(again.kept_bytes * 2, kept.kept_bytes)
+      << again.kept_bytes << " bytes kept against " << kept.kept_bytes;
+}
+
+// Outside a StepRandom the masks could not be drawn again: the segment
+// runs as it is, recording its own graph.
+TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {
+  Tensor w = ones({3}).set_requires_grad(true);
+  Tensor x = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
+  int runs = 0;
+  Segment f = [&](const Tensor& in) {
+    ++runs;
+    return mul(in, w);
+  };
+  Tensor out = recompute_in_backward(f, x);
+  ASSERT_TRUE(out.grad_fn());
+  EXPECT_STRNE(out.grad_fn()->name(), "RecomputeBackward");
+  sum(out).backward();
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 2, 3}));
+
+  // Inside one it runs again in backward, once; without grad mode not at all.
+  Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+  StepRandom random(3, step);
+  w.set_grad(Tensor());
+  out = recompute_in_backward(f, x);
+  EXPECT_STREQ(out.grad_fn()->name(), "RecomputeBackward");
+  sum(out).backward();
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 2, 2}));
+  {
+    NoGradGuard no_grad;
+    EXPECT_FALSE(recompute_in_backward(f, x).grad_fn());
+  }
+  EXPECT_EQ(runs, 4);
+}
+
+}  // namespace
+}  // namespace leasehold::engine
