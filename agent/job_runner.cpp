@@ -346,6 +346,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         if (options.on_first_step) options.on_first_step(unix_time_us());
       }
       const E::Tensor loss = steps.run(x, y);
+      if (options.spill) options.spill->end_step();
       if (recompute.after_step()) {
         spdlog::info("job '{}': {} of {} transformer blocks recompute their activations in "
                      "backward from now on (the step spilled to stay within the memory budget)",

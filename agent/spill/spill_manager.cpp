@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "shared/units.h"
@@ -206,7 +207,7 @@ void SpillManager::offload_ahead() {
   uint64_t in_use = allocator_->stats().in_use_bytes;
   uint64_t mark = static_cast<uint64_t>(policy_.offload_mark * static_cast<double>(budget));
   if (in_use <= mark) return;
-  uint64_t excess = in_use - mark, covered = 0;
+  uint64_t excess = std::min(in_use - mark, ahead_limit_), covered = 0;
   for (const auto& [seq, e] : entries_) {
     if (e.storage && e.state == State::Stored) covered += e.bytes;
   }
@@ -224,6 +225,16 @@ void SpillManager::offload_ahead() {
       covered += e.bytes;
     }
   }
+}
+
+void SpillManager::end_step() {
+  const uint64_t freed = counters_.evicted_bytes - at_step_start_.evicted_bytes;
+  if (counters_.reclaims == at_step_start_.reclaims) pressured_ = false;
+  // A quarter more than the step freed: a step's need varies a little (the
+  // last batch of an epoch, a Shrink), and a copy ahead that is not needed
+  // only costs link time.
+  ahead_limit_ = freed + freed / 4;
+  at_step_start_ = counters_;
 }
 
 void SpillManager::ensure_resident(uint64_t seq, Entry& e) {

@@ -23,6 +23,12 @@
 //   the `file_lookahead` after them are read from the file into host
 //   memory.
 // - shrink(bytes) frees memory on request (the occupancy policy's Shrink).
+// - end_step() after each training step sizes the copies ahead to the step
+//   before: a step that had to free nothing stops them (until the budget
+//   is hit again), and otherwise they cover what that step freed, not
+//   every byte above the mark (a job whose blocks recompute, or whose
+//   budget is just short, would copy out far more than it ever frees, and
+//   the copies it needs would queue behind them on the link).
 //
 // A store error (full disk, I/O error, checksum mismatch) is thrown as
 // SpillError naming the tensor; the job fails, the agent does not.
@@ -102,6 +108,8 @@ class SpillManager final : public engine::SavedTensorHooks,
   // memory goes to the allocator's cache; LeaseAllocator::empty_cache()
   // then gives whole free leases back.
   uint64_t shrink(uint64_t bytes) { return reclaim(bytes); }
+  // A training step ended (see the top of the file).
+  void end_step();
 
   SpillStats store_stats() const { return store_->stats(); }
   SpillCounters counters() const { return counters_; }
@@ -149,7 +157,11 @@ class SpillManager final : public engine::SavedTensorHooks,
   std::unordered_map<const engine::Storage*, uint64_t> resident_;  // storage → entry
   std::unordered_set<const engine::Storage*> kept_;                 // never spilled
   uint64_t next_seq_ = 1;
-  bool pressured_ = false;   // the budget has been hit at least once
+  bool pressured_ = false;   // the budget has been hit, and not since left alone a step
+  // The most bytes offload_ahead() keeps copied: what the last step freed
+  // (by end_step(); no limit before the first).
+  uint64_t ahead_limit_ = UINT64_MAX;
+  SpillCounters at_step_start_;
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter
   SpillCounters counters_;
 };

@@ -44,7 +44,7 @@ RecomputeStep gpt_step(Device device, bool recompute, bool autocast) {
   Tensor loss = cross_entropy(model(x).reshape({4 * 40, 64}), y);
   r.kept_bytes = allocator->stats().in_use_bytes - start;
   loss.backward();
-  r.loss = loss.to(Device::cpu()).to_vector<float>();
+  r.loss = loss.detach().to(Device::cpu()).to_vector<float>();
   for (const Tensor& p : model.parameters()) {
     r.grads.push_back(p.grad().to(DType::Float32).to(Device::cpu()).to_vector<float>());
   }

@@ -348,6 +348,7 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
         opt.zero_grad();
         E::cross_entropy(net(x).reshape({kBatch * kT, 256}), y).backward();
         opt.step();
+        manager->end_step();
         policy.after_step();
         r.evictions.push_back(manager->counters().evictions);
       }
