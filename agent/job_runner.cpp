@@ -348,9 +348,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       const E::Tensor loss = steps.run(x, y);
       if (options.spill) options.spill->end_step();
       if (recompute.after_step()) {
-        spdlog::info("job '{}': {} of {} transformer blocks recompute their activations in "
-                     "backward from now on (the step spilled to stay within the memory budget)",
-                     job.name()->str(), recompute.recomputing(), recompute.blocks());
+        spdlog::info("job '{}': the step spilled to stay within the memory budget; of {} "
+                     "transformer blocks, {} recompute their MLP and {} the whole block in "
+                     "backward from now on",
+                     job.name()->str(), recompute.blocks(), recompute.mlps(), recompute.whole());
       }
       {
         E::NoGradGuard ng;
@@ -433,7 +434,8 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   result.steps = global;
   result.graph_steps = steps.graph_steps();
-  result.recomputed_blocks = recompute.recomputing();
+  result.recomputed_mlps = recompute.mlps();
+  result.recomputed_blocks = recompute.whole();
   result.memory = last_progress;
   fill_memory(result.memory);
   result.test_accuracy = !lead ? 0

@@ -3,6 +3,7 @@
 namespace leasehold {
 
 namespace nn = engine::nn;
+using Recompute = nn::TransformerBlock::Recompute;
 
 namespace {
 
@@ -22,7 +23,12 @@ RecomputePolicy::RecomputePolicy(const nn::Module& model,
                                  std::shared_ptr<spill::SpillManager> spill)
     : spill_(std::move(spill)) {
   collect(model, blocks_);
-  for (auto* b : blocks_) on_ += b->recomputes();
+}
+
+int RecomputePolicy::count(Recompute r) const {
+  int n = 0;
+  for (const auto* b : blocks_) n += b->recompute() == r;
+  return n;
 }
 
 bool RecomputePolicy::after_step() {
@@ -30,13 +36,15 @@ bool RecomputePolicy::after_step() {
   const uint64_t evictions = spill_->counters().evictions;
   const bool evicted = evictions > evictions_seen_;
   evictions_seen_ = evictions;
-  if (!evicted || on_ == blocks()) return false;
-  // (The first blocks not yet on: any set on from the start are skipped.)
-  for (auto* b : blocks_) {
-    if (!b->recomputes()) {
-      b->set_recompute(true);
-      ++on_;
-      return true;
+  if (!evicted) return false;
+  // The first block that keeps its MLP recomputes it; once none does, the
+  // first block not yet recomputed whole is.
+  for (Recompute from : {Recompute::None, Recompute::Mlp}) {
+    for (auto* b : blocks_) {
+      if (b->recompute() == from) {
+        b->set_recompute(from == Recompute::None ? Recompute::Mlp : Recompute::Block);
+        return true;
+      }
     }
   }
   return false;

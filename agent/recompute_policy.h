@@ -1,13 +1,16 @@
-// Which transformer blocks of a job's model run again in backward instead
-// of keeping their activations (engine/recompute.h), for a job over its
-// memory budget: none at first, then, after each step in which the budget
-// made the spill manager take saved tensors off the device, one block
-// more, from the first on (the oldest activations, those spilling picks
-// first). Recomputing a GPT block costs about a third of its step;
-// moving its activations to host memory and back costs several of its
-// steps on a PCIe link, so recomputing comes first and spilling takes what
-// is left once every block recomputes. Blocks never go back to keeping
-// their activations within a run (a budget, once hit, is hit again).
+// What the transformer blocks of a job's model recompute in backward
+// instead of keeping (engine/nn.h: TransformerBlock::Recompute), for a job
+// over its memory budget: nothing at first; then, after each step in which
+// the budget made the spill manager take saved tensors off the device, one
+// step more: first the MLP of one block after another, from the first
+// block on (the oldest activations, those spilling picks first), then
+// whole blocks in the same order. Recomputing a GPT block's MLP costs
+// about a third of its forward and frees more than half of its
+// activations; the whole block costs the rest for the rest; moving the
+// same activations to host memory and back costs several steps on a PCIe
+// link, so recomputing comes first and spilling takes what is left once
+// every block recomputes. Nothing goes back to being kept within a run (a
+// budget, once hit, is hit again).
 //
 // Thread safety: the job's thread only.
 #pragma once
@@ -26,18 +29,20 @@ class RecomputePolicy {
   // order. `spill` may be null (no budget to keep: nothing ever recomputes).
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill);
 
-  // After a step (before the next one's forward): turns the next block on
-  // when that step evicted saved tensors; returns whether it did.
+  // After a step (before the next one's forward): one step more when that
+  // step evicted saved tensors; returns whether it took one.
   bool after_step();
 
-  int recomputing() const { return on_; }
   int blocks() const { return static_cast<int>(blocks_.size()); }
+  // Blocks that recompute their MLP only, and those that recompute whole.
+  int mlps() const { return count(engine::nn::TransformerBlock::Recompute::Mlp); }
+  int whole() const { return count(engine::nn::TransformerBlock::Recompute::Block); }
 
  private:
+  int count(engine::nn::TransformerBlock::Recompute r) const;
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   uint64_t evictions_seen_ = 0;
-  int on_ = 0;
 };
 
 }  // namespace leasehold

@@ -264,10 +264,16 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 x.shape_str() + " is not [batch, tokens, " +
                                 std::to_string(dim_) + "]");
   }
-  if (recompute_ && is_training()) {
+  if (recompute_ == Recompute::Block && is_training()) {
     return recompute_in_backward([this](const Tensor& in) { return body(in); }, x);
   }
   return body(x);
+}
+
+Tensor TransformerBlock::mlp(const Tensor& h) {
+  // (Under autocast the GELU is fc1's epilogue, and its bfloat16 output is
+  // what fc2 multiplies.)
+  return (*fc2_)(fc1_->forward_then_gelu((*ln2_)(h)));
 }
 
 Tensor TransformerBlock::body(const Tensor& x) {
@@ -278,10 +284,10 @@ Tensor TransformerBlock::body(const Tensor& x) {
   Tensor merged =
       self_attention(qkv_->forward_lower_precision((*ln1_)(x)), heads_, /*causal=*/true);
   Tensor h = add(x, dropout((*proj_)(merged), p_, is_training()));
-  // (Under autocast the GELU is fc1's epilogue, and its bfloat16 output is
-  // what fc2 multiplies.)
-  Tensor mlp = (*fc2_)(fc1_->forward_then_gelu((*ln2_)(h)));
-  return add(h, dropout(mlp, p_, is_training()));
+  Tensor m = recompute_ == Recompute::Mlp && is_training()
+                 ? recompute_in_backward([this](const Tensor& in) { return mlp(in); }, h)
+                 : mlp(h);
+  return add(h, dropout(m, p_, is_training()));
 }
 
 std::string TransformerBlock::describe() const {

@@ -177,17 +177,25 @@ class TransformerBlock final : public Module {
                    TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
-  // Whether training keeps only the block's input and runs the block again
-  // in backward (recompute.h): about a third more of its compute for a
-  // fraction of its activations' memory. Off by default.
-  void set_recompute(bool on) { recompute_ = on; }
-  bool recomputes() const { return recompute_; }
+  // What training keeps of the block for backward (recompute.h). Under
+  // autocast the MLP holds more than half of a block's activations (its
+  // layer norm's output, fc1's output and the GELU's) and costs a third of
+  // its forward, so recomputing it frees about twice the bytes per
+  // microsecond that recomputing the whole block does.
+  enum class Recompute {
+    None,   // every activation kept (the default)
+    Mlp,    // the MLP keeps only its input and runs again in backward
+    Block,  // the whole block keeps only its input and runs again
+  };
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   Tensor body(const Tensor& x);
+  Tensor mlp(const Tensor& h);
   int64_t dim_, heads_;
   double p_;
-  bool recompute_ = false;
+  Recompute recompute_ = Recompute::None;
   std::shared_ptr<LayerNorm> ln1_, ln2_;
   std::shared_ptr<Linear> qkv_, proj_, fc1_, fc2_;
 };

@@ -6,12 +6,11 @@
 #include "agent/engine/allocator.h"
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
-#include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 
 namespace leasehold::engine {
 
-RecomputeStep gpt_step(Device device, bool recompute, bool autocast) {
+RecomputeStep gpt_step(Device device, nn::TransformerBlock::Recompute recompute, bool autocast) {
   manual_seed(52);
   auto emb = std::make_shared<nn::Embedding>(64, 64, 48);
   nn::Sequential model;

@@ -1,5 +1,5 @@
 // One training step of a small GPT (two blocks, dropout on) with its blocks
-// recomputing in backward or keeping their activations, for the tests that
+// keeping their activations or recomputing some in backward, for the tests that
 // hold the two to the same loss and gradients (recompute_test.cpp on the
 // CPU, cuda_autocast_test.cpp under bfloat16 autocast on a GPU).
 #pragma once
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "agent/engine/tensor.h"
+#include "agent/engine/nn.h"
 
 namespace leasehold::engine {
 
@@ -18,6 +18,6 @@ struct RecomputeStep {
 };
 
 // `autocast`: the step under bfloat16 autocast (CUDA only).
-RecomputeStep gpt_step(Device device, bool recompute, bool autocast);
+RecomputeStep gpt_step(Device device, nn::TransformerBlock::Recompute recompute, bool autocast);
 
 }  // namespace leasehold::engine
