@@ -438,6 +438,16 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.recomputed_blocks = recompute.whole();
   result.memory = last_progress;
   fill_memory(result.memory);
+  if (options.spill && result.memory.spilled_bytes) {
+    // Where a spilling job's time may go besides its copies: pages moved
+    // in its window, each move after waiting for the device.
+    const E::AllocatorStats a = allocator->stats();
+    const spill::SpillCounters c = options.spill->counters();
+    spdlog::info("job '{}': {} evictions, {} restores ({} ahead of need), {} reclaims; "
+                 "{} pages shown, {} times idle pages hidden",
+                 job.name()->str(), c.evictions, c.restores, c.prefetched, c.reclaims,
+                 a.pages_mapped, a.trims);
+  }
   result.test_accuracy = !lead ? 0
                          : result.epochs.empty()
                              ? evaluate(*model, test_set, options.device, text).accuracy

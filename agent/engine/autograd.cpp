@@ -16,6 +16,7 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
 }
 
 thread_local bool t_grad_enabled = true;
+thread_local int t_backward_depth = 0;  // backward passes running (recomputing nests them)
 thread_local std::shared_ptr<SavedTensorHooks> t_hooks;
 thread_local GradientReadyHook t_gradient_ready;
 
@@ -60,6 +61,7 @@ Edge gradient_edge(const Tensor& t) {
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
+bool in_backward() { return t_backward_depth > 0; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = previous_; }
 EnableGradGuard::EnableGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = true; }
@@ -158,6 +160,10 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
   }
 
   NoGradGuard no_grad;
+  struct Depth {
+    Depth() { ++t_backward_depth; }
+    ~Depth() { --t_backward_depth; }
+  } depth;
   std::unordered_map<Node*, Tensor> buffers{{start.fn.get(), grad}};
   std::vector<std::shared_ptr<Node>> ready{start.fn};
   while (!ready.empty()) {

@@ -42,6 +42,10 @@ class Node {
 
 // Grad mode: when off (NoGradGuard), operators record nothing.
 bool grad_enabled();
+// Whether this thread is running a backward pass. Tensors saved then (by a
+// segment recomputed inside it, recompute.h) are used by the same backward
+// moments later: the spill manager does not copy them out ahead.
+bool in_backward();
 class NoGradGuard {
  public:
   NoGradGuard();

@@ -108,6 +108,7 @@ std::any SpillManager::pack(const E::Tensor& t) {
     e.bytes = storage->bytes();
     e.name = "saved tensor #" + std::to_string(seq) + " " + t.shape_str() + " (" +
              format_bytes(e.bytes) + ")";
+    e.hot = E::in_backward();
     entries_.emplace(seq, std::move(e));
     resident_.emplace(storage.get(), seq);
   }
@@ -213,7 +214,7 @@ void SpillManager::offload_ahead() {
   }
   for (auto& [seq, e] : entries_) {
     if (covered >= excess) break;
-    if (evictable(e) && e.state == State::Resident) {
+    if (evictable(e) && e.state == State::Resident && !e.hot) {
       // Only ahead of need: a store that cannot take it now (full) fails
       // the job only if a reclaim needs the room.
       if (Status st = store_->put(seq, e.storage->data(), e.bytes, e.name); !st.ok()) {

@@ -15,7 +15,8 @@
 // - Once the budget has been hit, pack() starts copying the oldest tensors
 //   out ahead of time whenever the memory in use passes `offload_mark` of
 //   the budget, so a later reclaim finds them already copied and frees them
-//   without waiting.
+//   without waiting. Tensors saved during backward (a recomputed block's)
+//   are not copied ahead: the same backward uses them moments later.
 // - unpack() brings an evicted tensor back (from the host tier or the
 //   file), and prefetches: the next `lookahead` evicted entries in backward
 //   order are copied back into device memory if it is free without
@@ -129,6 +130,7 @@ class SpillManager final : public engine::SavedTensorHooks,
     State state = State::Resident;
     bool stored = false;                   // the store holds a copy
     bool file_prefetch_asked = false;
+    bool hot = false;                      // saved during backward: never copied ahead
     std::shared_ptr<Fence> restore_fence;  // State::Restoring
     int handles = 0;
   };

@@ -111,7 +111,7 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
         coord.wait()
     text = out.stdout
     for line in out.stderr.splitlines():  # whether its steps ran as CUDA graphs, and why not
-        if any(w in line for w in ("CUDA graph", "op by op", "spill", "recompute")):
+        if any(w in line for w in ("CUDA graph", "op by op", "spill", "recompute", "evictions")):
             log("  agent: " + line)
     if out.returncode != 0:
         raise RuntimeError("leasehold run failed:\n" + text[-3000:] + out.stderr[-3000:])
