@@ -347,7 +347,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       }
       const E::Tensor loss = steps.run(x, y);
       if (options.spill) options.spill->end_step();
-      if (recompute.after_step()) {
+      // (A graph replays the step it captured: what the policy changes
+      // waits until steps run op by op again.)
+      if (!steps.holds_graph() && recompute.after_step()) {
         spdlog::info("job '{}': the step spilled to stay within the memory budget; of {} "
                      "transformer blocks, {} recompute their MLP and {} the whole block in "
                      "backward from now on",

@@ -11,21 +11,22 @@ namespace {
 
 class RecomputeBackward final : public Node {
  public:
-  RecomputeBackward(Segment segment, const Tensor& x, uint64_t random_position,
+  RecomputeBackward(Segment segment, const Tensor& x, RandomPlace random,
                     std::optional<DType> autocast)
       : segment_(std::move(segment)),
         x_(x),
-        random_position_(random_position),
+        x_requires_grad_(x.requires_grad()),
+        random_(std::move(random)),
         autocast_(autocast) {}
   const char* name() const override { return "RecomputeBackward"; }
 
   std::vector<Tensor> apply(const Tensor& grad) override {
     Tensor x = x_.get().detach();
-    x.set_requires_grad(true);
+    if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
     {
       EnableGradGuard grad_mode;
-      RandomRewind rewind(random_position_);
+      RandomReplay replay(random_);
       AutocastGuard autocast(autocast_);
       out = segment_(x);
     }
@@ -35,22 +36,23 @@ class RecomputeBackward final : public Node {
                              grad.shape_str() + " as the first time");
     }
     run_backward(out, grad, /*retain_graph=*/false);
-    return {x.grad()};
+    return {x_requires_grad_ ? x.grad() : Tensor()};
   }
   void release_saved() override { x_.reset(); }
 
  private:
   Segment segment_;
   SavedTensor x_;
-  uint64_t random_position_;
+  bool x_requires_grad_;
+  RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
 };
 
 }  // namespace
 
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x) {
-  std::optional<uint64_t> position = RandomRewind::position();
-  if (!grad_enabled() || !position) return segment(x);
+  std::optional<RandomPlace> random = RandomPlace::here();
+  if (!grad_enabled() || !random) return segment(x);
   std::optional<DType> autocast = autocast_dtype(x.device());
   Tensor out;
   {
@@ -59,7 +61,8 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x) {
   }
   // Recorded whenever grad mode is on: without an input that needs
   // gradients, the segment's parameters may.
-  record(out, std::make_shared<RecomputeBackward>(segment, x, *position, autocast), {&x});
+  record(out, std::make_shared<RecomputeBackward>(segment, x, std::move(*random), autocast),
+         {&x});
   return out;
 }
 

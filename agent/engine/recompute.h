@@ -8,10 +8,15 @@
 // (agent/job_runner.cpp).
 //
 // The segment runs again with the random numbers it drew the first time
-// (its dropout masks; tensor.h: RandomRewind) and the autocast mode it ran
-// under, so the gradients are those of the plain segment, bit for bit. Its
+// (its dropout masks: the StepRandom it ran in, at the same place; tensor.h:
+// RandomReplay) and the autocast mode it ran under, so the gradients are
+// those of the plain segment, bit for bit, as long as backward runs before
+// the optimizer moves the step counter (as for dropout itself). Its
 // parameters' gradients are accumulated by the inner backward, as they
-// arrive; the input's gradient goes on through the outer graph.
+// arrive; the input's gradient goes on through the outer graph. So a
+// parameter the segment shares with the rest of the model gets its
+// gradient in two parts, which a data-parallel job refuses
+// (gradient_reducer.h): segments own their parameters.
 #pragma once
 
 #include <functional>
@@ -24,9 +29,11 @@ using Segment = std::function<Tensor(const Tensor&)>;
 
 // segment(x), recorded so that backward runs segment again on x instead of
 // keeping its activations. `segment` must be a function of x and of
-// parameters that do not change before backward, and must outlive the
-// backward pass. Runs segment(x) as it is when nothing needs gradients, and
-// outside a StepRandom (its random numbers could not be drawn again).
+// parameters that do not change before backward, and what it refers to (a
+// module) must outlive the backward pass. Runs segment(x) as it is outside
+// grad mode, and outside a StepRandom (its random numbers could not be
+// drawn again). In grad mode the result always has a backward node: the
+// segment's parameters may need gradients even when x does not.
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x);
 
 }  // namespace leasehold::engine

@@ -324,20 +324,14 @@ StepRandom::StepRandom(uint64_t seed, Tensor step)
 
 StepRandom::~StepRandom() { t_step_random = previous_; }
 
-RandomRewind::RandomRewind(uint64_t position) {
-  if (StepRandom* scope = t_step_random) {
-    saved_ = scope->drawn_;
-    scope->drawn_ = position;
-  }
+std::optional<RandomPlace> RandomPlace::here() {
+  StepRandom* scope = t_step_random;
+  if (!scope) return std::nullopt;
+  return RandomPlace{scope->seed_, scope->step_, scope->drawn_};
 }
 
-RandomRewind::~RandomRewind() {
-  if (StepRandom* scope = t_step_random) scope->drawn_ = saved_;
-}
-
-std::optional<uint64_t> RandomRewind::position() {
-  if (StepRandom* scope = t_step_random) return scope->drawn_;
-  return std::nullopt;
+RandomReplay::RandomReplay(const RandomPlace& place) : scope_(place.seed, place.step) {
+  scope_.drawn_ = place.drawn;
 }
 
 RandomDraw RandomDraw::next(Device device) {

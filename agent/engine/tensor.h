@@ -156,29 +156,37 @@ class StepRandom {
 
  private:
   friend struct RandomDraw;
-  friend class RandomRewind;
+  friend struct RandomPlace;
+  friend class RandomReplay;
   uint64_t seed_;
   Tensor step_;
   uint64_t drawn_ = 0;
   StepRandom* previous_;
 };
 
-// While one lives on this thread, the StepRandom in scope draws again from
-// `position` (what random_position() returned), then goes on from where it
-// was: a segment of the forward run again in backward (recompute.h) draws
-// the masks it drew the first time. No effect outside a StepRandom.
-class RandomRewind {
+// Where the StepRandom in scope is: its seed, its step counter and how many
+// random ops have drawn from it so far.
+struct RandomPlace {
+  uint64_t seed = 0;
+  Tensor step;
+  uint64_t drawn = 0;
+  // Where this thread's StepRandom is now; nullopt without one (draws then
+  // come from the generator and cannot be repeated).
+  static std::optional<RandomPlace> here();
+};
+
+// While one lives on this thread, random ops draw from `place` on, as they
+// did when it was taken (a segment of the forward run again in backward,
+// recompute.h, draws the masks it drew the first time), whatever scope is
+// current; the scope before comes back when it ends.
+class RandomReplay {
  public:
-  explicit RandomRewind(uint64_t position);
-  ~RandomRewind();
-  RandomRewind(const RandomRewind&) = delete;
-  RandomRewind& operator=(const RandomRewind&) = delete;
-  // How many random ops the StepRandom in scope has drawn; nullopt without
-  // one (draws then come from the generator and cannot be repeated).
-  static std::optional<uint64_t> position();
+  explicit RandomReplay(const RandomPlace& place);
+  RandomReplay(const RandomReplay&) = delete;
+  RandomReplay& operator=(const RandomReplay&) = delete;
 
  private:
-  uint64_t saved_ = 0;
+  StepRandom scope_;
 };
 
 // The seed of the next random op on `device` (see StepRandom) and, inside a

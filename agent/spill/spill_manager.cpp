@@ -163,6 +163,9 @@ uint64_t SpillManager::reclaim(uint64_t bytes) {
     ~Reset() { flag = false; }
   } reset{reclaiming_};
   pressured_ = true;
+  // The step before freed nothing; this one needs room after all: copies
+  // ahead cover it again until the step ends.
+  if (ahead_limit_ == 0) ahead_limit_ = UINT64_MAX;
   ++counters_.reclaims;
   uint64_t freed = 0;
   // Oldest first: those already copied out cost nothing to free.

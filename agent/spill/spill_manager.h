@@ -25,11 +25,13 @@
 //   memory.
 // - shrink(bytes) frees memory on request (the occupancy policy's Shrink).
 // - end_step() after each training step sizes the copies ahead to the step
-//   before: a step that had to free nothing stops them (until the budget
-//   is hit again), and otherwise they cover what that step freed, not
-//   every byte above the mark (a job whose blocks recompute, or whose
-//   budget is just short, would copy out far more than it ever frees, and
-//   the copies it needs would queue behind them on the link).
+//   before: after a step that had to free nothing there are none until the
+//   budget is hit again (then they are unlimited until the step ends), and
+//   otherwise the bytes copied out and still on the device stay under a
+//   quarter more than that step freed, not every byte above the mark (a
+//   job whose blocks recompute, or whose budget is just short, would copy
+//   out far more than it ever frees, and the copies it needs would queue
+//   behind them on the link).
 //
 // A store error (full disk, I/O error, checksum mismatch) is thrown as
 // SpillError naming the tensor; the job fails, the agent does not.
@@ -160,8 +162,9 @@ class SpillManager final : public engine::SavedTensorHooks,
   std::unordered_set<const engine::Storage*> kept_;                 // never spilled
   uint64_t next_seq_ = 1;
   bool pressured_ = false;   // the budget has been hit, and not since left alone a step
-  // The most bytes offload_ahead() keeps copied: what the last step freed
-  // (by end_step(); no limit before the first).
+  // The most bytes offload_ahead() keeps copied out and still on the
+  // device: from what the last step freed (end_step(); no limit before the
+  // first, nor once a reclaim follows a step that freed nothing).
   uint64_t ahead_limit_ = UINT64_MAX;
   SpillCounters at_step_start_;
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter

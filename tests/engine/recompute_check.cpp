@@ -37,11 +37,16 @@ RecomputeStep gpt_step(Device device, nn::TransformerBlock::Recompute recompute,
   auto allocator = current_allocator(device);
   // (Counted where memory is handed out and returned, on the host.)
   const uint64_t start = allocator->stats().in_use_bytes;
-  StepRandom random(9, step);
-  std::optional<AutocastGuard> ac;
-  if (autocast) ac.emplace(DType::BFloat16);
-  Tensor loss = cross_entropy(model(x).reshape({4 * 40, 64}), y);
+  Tensor loss;
+  {
+    StepRandom random(9, step);
+    std::optional<AutocastGuard> ac;
+    if (autocast) ac.emplace(DType::BFloat16);
+    loss = cross_entropy(model(x).reshape({4 * 40, 64}), y);
+  }
   r.kept_bytes = allocator->stats().in_use_bytes - start;
+  // Backward outside the step's random scope and autocast: a recomputed
+  // segment brings back the ones it ran in.
   loss.backward();
   r.loss = loss.detach().to(Device::cpu()).to_vector<float>();
   for (const Tensor& p : model.parameters()) {

@@ -17,7 +17,8 @@ struct RecomputeStep {
   uint64_t kept_bytes = 0;  // allocator bytes alive between forward and backward, over the start
 };
 
-// `autocast`: the step under bfloat16 autocast (CUDA only).
+// `autocast`: the forward pass under bfloat16 autocast (CUDA only). Backward
+// runs after the forward's StepRandom and autocast scopes have ended.
 RecomputeStep gpt_step(Device device, nn::TransformerBlock::Recompute recompute, bool autocast);
 
 }  // namespace leasehold::engine
