@@ -135,6 +135,7 @@ class Bench {
         opt.zero_grad();
         E::cross_entropy((*model)(x), y).backward();
         opt.step();
+        if (manager) manager->end_step();  // (as a job's run does after each step)
         sync(device_);
         if (i >= warmup_) {
           r.step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
