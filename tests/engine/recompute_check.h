@@ -1,24 +1,23 @@
-// One training step of a small GPT (two blocks, dropout on) with its blocks
-// keeping their activations or recomputing some in backward, for the tests that
-// hold the two to the same loss and gradients (recompute_test.cpp on the
-// CPU, cuda_autocast_test.cpp under bfloat16 autocast on a GPU).
+// Holds a small GPT's training step (two blocks, dropout on) with its
+// blocks recomputing in backward to the same step with every activation
+// kept, for recompute_test.cpp (CPU) and cuda_autocast_test.cpp (bfloat16
+// autocast on a GPU).
 #pragma once
 
-#include <cstdint>
-#include <vector>
+#include <string>
 
-#include "agent/engine/nn.h"
+#include "agent/engine/tensor.h"
 
 namespace leasehold::engine {
 
-struct RecomputeStep {
-  std::vector<float> loss;                      // the step's loss
-  std::vector<std::vector<float>> grads;        // every parameter's, in order
-  uint64_t kept_bytes = 0;  // allocator bytes alive between forward and backward, over the start
-};
-
-// `autocast`: the forward pass under bfloat16 autocast (CUDA only). Backward
-// runs after the forward's StepRandom and autocast scopes have ended.
-RecomputeStep gpt_step(Device device, nn::TransformerBlock::Recompute recompute, bool autocast);
+// Runs the step keeping everything, then with every block's MLP and with
+// every whole block recomputed. Returns a description of the first thing
+// that does not hold, or "" when the loss and every gradient are the same
+// bit for bit, and the memory alive between forward and backward is less
+// with the MLPs recomputed, less again with whole blocks, and under half
+// of everything kept. `autocast`: the forward passes under bfloat16
+// autocast (CUDA only); backward runs after the forward's StepRandom and
+// autocast scopes have ended (a recomputed segment brings back its own).
+std::string recompute_mismatch(Device device, bool autocast);
 
 }  // namespace leasehold::engine

@@ -327,7 +327,9 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     auto emb = std::make_shared<E::nn::Embedding>(256, kDim, kT);
     E::nn::Sequential net;
     net.push_back(emb);
-    for (int i = 0; i < 4; ++i) net.push_back(std::make_shared<E::nn::TransformerBlock>(kDim, 4, 0.1, 4));
+    for (int i = 0; i < 4; ++i) {
+      net.push_back(std::make_shared<E::nn::TransformerBlock>(kDim, 4, 0.1, 4));
+    }
     net.push_back(std::make_shared<E::nn::LayerNorm>(kDim));
     net.push_back(std::make_shared<E::nn::TiedOutput>(emb));
     net.to(device);
@@ -370,7 +372,8 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
   const Run tight = run(align_up(free_run.peak_in_use * 60 / 100, page) + 2 * page);
   EXPECT_GT(tight.evictions.front(), 0u) << "the first step spilled";
   EXPECT_GE(tight.mlps + tight.whole, 1);
-  EXPECT_TRUE(tight.whole == 0 || tight.mlps + tight.whole == 4) << "MLPs first, then whole blocks";
+  EXPECT_TRUE(tight.whole == 0 || tight.mlps + tight.whole == 4)
+      << "MLPs first, then whole blocks";
   const size_t n = tight.evictions.size();
   EXPECT_EQ(tight.evictions[n - 1], tight.evictions[n - 3]) << "the last two steps did not spill";
   EXPECT_EQ(tight.copied_out[n - 1], tight.copied_out[n - 2])
