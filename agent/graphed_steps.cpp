@@ -19,7 +19,7 @@ bool GraphedSteps::wanted(const E::Tensor& x) const {
     return false;
   }
   if (graph_) return x.sizes() == x_.sizes();
-  if (options_.spilled && options_.spilled()) return false;
+  if (options_.spilling && options_.spilling()) return false;
   return x.size(0) == options_.full_batch;
 }
 
@@ -33,12 +33,18 @@ E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
   if (!graph_) {
     x_ = E::empty(x.sizes(), x.options());
     y_ = E::empty(y.sizes(), y.options());
-    graph_ = std::make_unique<E::StepGraph>(device_, [this] {
-      // (Its saved tensors stay where the graph put them.)
-      E::SavedTensorHooksGuard no_spill(nullptr);
-      loss_ = E::Tensor();  // (its block is the new loss's)
-      loss_ = step_(x_, y_);
-    });
+    graph_ = std::make_unique<E::StepGraph>(
+        device_,
+        [this] {
+          // (Its saved tensors stay where the graph put them.)
+          E::SavedTensorHooksGuard no_spill(nullptr);
+          loss_ = E::Tensor();  // (its memory may be the new loss's)
+          loss_ = step_(x_, y_);
+        },
+        [this] {
+          loss_ = E::Tensor();
+          if (options_.release) options_.release();
+        });
   }
   x_.copy_(x);
   y_.copy_(y);

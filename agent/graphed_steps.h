@@ -6,9 +6,13 @@
 //     data-parallel replicas (their gradients are averaged on the host as
 //     backward runs);
 //   - not the attempt's first step (it runs op by op, so that what a step
-//     needs is known), and no graph is made once a step has spilled (a
-//     spilling step reads tensors the spill tier moves; a graph's own
-//     tensors are never spilled);
+//     needs is known), and not while steps spill (a spilling step reads
+//     tensors the spill tier moves; a graph's own tensors are never
+//     spilled). A job over its budget gets its graph once a step ran within
+//     the budget as it was (its blocks recomputing what they must,
+//     recompute_policy.h): the recording then runs without the spill hooks,
+//     and if its pool would outgrow the budget it fails and the steps stay
+//     op by op (step_graph.h);
 //   - only steps of the full batch shape, each copied into the graph's
 //     input tensors (an epoch's last, smaller batch runs op by op);
 //   - none once the graph failed (why_not) or was dropped.
@@ -33,7 +37,12 @@ class GraphedSteps {
   struct Options {
     bool enabled = false;  // a GPU job that allows graphs and is no replica
     int64_t full_batch = 0;  // the batch size whose steps are graphed
-    std::function<bool()> spilled;  // whether any step has spilled (may be empty)
+    // Whether the last step spilled (may be empty: never).
+    std::function<bool()> spilling;
+    // Drops what a step leaves that the next does not read (the gradients,
+    // which a step zeroes first) before the graph's memory is laid out, so
+    // that theirs can be part of it (may be empty).
+    std::function<void()> release;
   };
 
   GraphedSteps(engine::Device device, Step step, Options options);

@@ -309,9 +309,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   GraphedSteps steps(options.device, train_step,
                      {.enabled = options.cuda_graphs && options.device.is_cuda() && !reducer,
                       .full_batch = job.batch_size(),
-                      .spilled = [&options] {
-                        return options.spill && options.spill->store_stats().bytes_out > 0;
-                      }});
+                      .spilling = [&options] {
+                        return options.spill && options.spill->last_step_spilled();
+                      },
+                      .release = [&optimizer] { optimizer->zero_grad(); }});
   // For a Shrink: the graph's pool (and the gradients in it) back to the
   // allocator.
   auto drop_graph = [&] {

@@ -96,7 +96,6 @@ class CudaAllocator final : public Allocator {
   }
   Device device() const override { return Device::cuda(device_); }
   AllocatorStats stats() const override { return counter_.stats(); }
-  bool on_stream() const override { return true; }
 
  private:
   int device_;

@@ -70,10 +70,6 @@ class Allocator {
   virtual void set_reclaimer(Reclaimer) {}
   // Most bytes this allocator may hold at once; 0: no budget of its own.
   virtual uint64_t budget() const { return 0; }
-  // Whether allocate() and deallocate() are operations on the thread's
-  // compute stream (cudaMallocAsync): while that stream is captured into a
-  // CUDA graph they would be captured too, so a capture asks none of them.
-  virtual bool on_stream() const { return false; }
 };
 
 std::shared_ptr<Allocator> cpu_allocator();

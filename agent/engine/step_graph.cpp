@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "agent/engine/cuda_context.h"
+#include "agent/engine/memory_plan.h"
 #include "shared/units.h"
 
 #ifdef LEASEHOLD_HAVE_CUDA
@@ -15,80 +16,144 @@
 
 namespace leasehold::engine {
 
+namespace {
+
+// Places in the arena: the lease allocator's granularity, and more than
+// CUDA's 256 bytes (allocator.h).
+constexpr uint64_t kArenaAlignment = 512;
+
+}  // namespace
+
 GraphPool::GraphPool(std::shared_ptr<Allocator> upstream) : upstream_(std::move(upstream)) {}
 
 GraphPool::~GraphPool() {
-  // (Work queued on the stream that still uses a block runs before any
-  // later work in it: the blocks go back as any tensor's memory does.)
-  for (auto& [ptr, bytes] : blocks_) upstream_->deallocate(ptr, bytes);
+  // (Work queued on the stream that still uses the memory runs before any
+  // later work in it: it goes back as any tensor's memory does.)
+  for (auto& [ptr, bytes] : returning_) upstream_->deallocate(ptr, bytes);
+  if (arena_) upstream_->deallocate(arena_, arena_bytes_);
 }
 
 void* GraphPool::allocate(size_t bytes) {
   std::lock_guard lock(mu_);
   ++stats_.allocations;
-  // A free block of this size; while capturing from an upstream on the
-  // stream, else the smallest larger one (memory the step has, rather than
-  // none).
-  auto it = free_.find(bytes);
-  if ((it == free_.end() || it->second.empty()) && capturing_ && upstream_->on_stream()) {
-    it = free_.upper_bound(bytes);
-    while (it != free_.end() && it->second.empty()) ++it;
+  void* p = nullptr;
+  switch (phase_) {
+    case Phase::Recording: {
+      trace_.reserve(trace_.size() + 1);
+      recorded_live_.reserve(recorded_live_.size() + 1);
+      p = upstream_->allocate(bytes);
+      recorded_live_.emplace(p, trace_.size());
+      trace_.push_back({bytes, events_++, UINT64_MAX});
+      break;
+    }
+    case Phase::Capturing: {
+      const size_t i = next_;
+      if (i >= trace_.size() || trace_[i].bytes != bytes) {
+        throw std::runtime_error(
+            "the captured step's allocation " + std::to_string(i + 1) + " is of " +
+            format_bytes(bytes) + ", its recording's " +
+            (i < trace_.size() ? "of " + format_bytes(trace_[i].bytes)
+                               : "made only " + std::to_string(trace_.size())));
+      }
+      p = static_cast<char*>(arena_) + offsets_[i];
+      if (!arena_live_.emplace(p, bytes).second) {
+        throw std::logic_error("graph pool: two live allocations planned at one place");
+      }
+      arena_in_use_ += bytes;
+      ++next_;
+      break;
+    }
+    case Phase::Planned:
+    case Phase::Captured:
+      throw std::logic_error("graph pool: allocations are made while recording or capturing");
   }
-  if (it != free_.end() && !it->second.empty()) {
-    void* p = it->second.back();
-    it->second.pop_back();
-    stats_.cached_bytes -= it->first;
-    stats_.in_use_bytes += it->first;
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
-    return p;
-  }
-  if (capturing_ && upstream_->on_stream()) {
-    throw std::runtime_error("the captured step needs " + format_bytes(bytes) +
-                             " more than its recording held, from an allocator on the stream");
-  }
-  blocks_.reserve(blocks_.size() + 1);
-  size_of_.reserve(size_of_.size() + 1);
-  void* p = upstream_->allocate(bytes);
-  blocks_.emplace_back(p, bytes);
-  size_of_.emplace(p, bytes);
   stats_.in_use_bytes += bytes;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   return p;
 }
 
-void GraphPool::deallocate(void* ptr, size_t) noexcept {
+void GraphPool::deallocate(void* ptr, size_t bytes) noexcept {
   std::lock_guard lock(mu_);
-  const size_t bytes = size_of_.at(ptr);  // (the block's size, which may exceed the request's)
   stats_.in_use_bytes -= bytes;
-  try {
-    free_[bytes].push_back(ptr);
-  } catch (const std::bad_alloc&) {
-    // Kept out of reuse; still returned upstream with the pool.
-    spdlog::error("graph pool: no memory to list a free block of {}", format_bytes(bytes));
+  if (auto it = arena_live_.find(ptr); it != arena_live_.end()) {
+    arena_live_.erase(it);  // (its place is the plan's to reuse)
+    arena_in_use_ -= bytes;
     return;
   }
-  stats_.cached_bytes += bytes;
+  auto it = recorded_live_.find(ptr);
+  if (it == recorded_live_.end()) {
+    spdlog::error("graph pool: a free of memory it did not hand out ({} at {})",
+                  format_bytes(bytes), ptr);
+    return;
+  }
+  const size_t i = it->second;
+  recorded_live_.erase(it);
+  if (phase_ == Phase::Recording) trace_[i].last = events_++;
+  if (phase_ == Phase::Capturing) {
+    // Its last use may be in the work being captured: back upstream once
+    // the capture ends (room reserved by plan()).
+    returning_.emplace_back(ptr, bytes);
+    return;
+  }
+  upstream_->deallocate(ptr, bytes);
+}
+
+void GraphPool::plan() {
+  std::lock_guard lock(mu_);
+  if (phase_ != Phase::Recording) throw std::logic_error("graph pool: planned twice");
+  std::vector<PlannedBlock> blocks;
+  blocks.reserve(trace_.size());
+  // (What the recording left live is live to the step's end.)
+  for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, std::min(t.last, events_)});
+  MemoryPlan plan = plan_memory(blocks, kArenaAlignment);
+  returning_.reserve(recorded_live_.size());
+  arena_live_.reserve(trace_.size());
+  if (plan.arena_bytes > 0) arena_ = upstream_->allocate(plan.arena_bytes);
+  arena_bytes_ = plan.arena_bytes;
+  peak_live_ = plan.peak_live_bytes;
+  offsets_ = std::move(plan.offsets);
+  phase_ = Phase::Planned;
+}
+
+void GraphPool::set_capturing(bool capturing) {
+  std::vector<std::pair<void*, size_t>> returning;
+  {
+    std::lock_guard lock(mu_);
+    if (capturing) {
+      if (phase_ != Phase::Planned) throw std::logic_error("graph pool: captured before planned");
+      phase_ = Phase::Capturing;
+      return;
+    }
+    if (phase_ != Phase::Capturing) return;
+    phase_ = Phase::Captured;
+    returning.swap(returning_);
+  }
+  for (auto& [ptr, bytes] : returning) upstream_->deallocate(ptr, bytes);
 }
 
 AllocatorStats GraphPool::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
-}
-
-void GraphPool::set_capturing(bool capturing) {
-  std::lock_guard lock(mu_);
-  capturing_ = capturing;
+  AllocatorStats s = stats_;
+  s.cached_bytes = arena_bytes_ - arena_in_use_;
+  return s;
 }
 
 uint64_t GraphPool::held_bytes() const {
   std::lock_guard lock(mu_);
+  if (phase_ != Phase::Recording) return arena_bytes_;
   uint64_t n = 0;
-  for (const auto& b : blocks_) n += b.second;
+  for (const auto& [p, i] : recorded_live_) n += trace_[i].bytes;
   return n;
 }
 
-StepGraph::StepGraph(Device device, std::function<void()> step)
-    : device_(device), step_(std::move(step)) {
+uint64_t GraphPool::peak_live_bytes() const {
+  std::lock_guard lock(mu_);
+  return peak_live_;
+}
+
+StepGraph::StepGraph(Device device, std::function<void()> step,
+                     std::function<void()> before_capture)
+    : device_(device), step_(std::move(step)), before_capture_(std::move(before_capture)) {
   if (!device_.is_cuda()) why_not_ = "CUDA graphs are for CUDA devices; this step runs on the CPU";
 }
 
@@ -133,16 +198,23 @@ bool StepGraph::run() {
 #ifdef LEASEHOLD_HAVE_CUDA
 bool StepGraph::capture() {
   cudaStream_t stream = compute_stream(device_.index);
+  if (before_capture_) before_capture_();
+  try {
+    pool_->plan();
+  } catch (const OutOfMemoryError& e) {
+    why_not_ = "the step's memory as a CUDA graph's does not fit: " + std::string(e.what());
+    return false;
+  }
   cudaGraph_t graph = nullptr;
   std::string failure;
   {
     // Frees of memory outside the pool wait for the capture's end; the
-    // pool's own are reused within it (step_graph.h, allocator.h).
+    // pool's own places are reused within it as planned (allocator.h).
     DeferFreesGuard defer(pool_.get());
     AllocatorGuard use_pool(pool_);
     pool_->set_capturing(true);
-    // Relaxed: the lease allocator may map pages while the stream is
-    // captured (not a stream operation, and safe to capture around).
+    // Relaxed: another thread's allocator may map pages meanwhile (not a
+    // stream operation, and safe to capture around).
     cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
@@ -178,8 +250,9 @@ bool StepGraph::capture() {
     why_not_ = "capturing it as a CUDA graph failed: " + failure;
     return false;
   }
-  spdlog::info("the training step is a CUDA graph now ({} of memory for its tensors)",
-               format_bytes(pool_->held_bytes()));
+  spdlog::info("the training step is a CUDA graph now ({} of memory for its tensors, which "
+               "have {} live at once at most)",
+               format_bytes(pool_->held_bytes()), format_bytes(pool_->peak_live_bytes()));
   return true;
 }
 

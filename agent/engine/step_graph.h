@@ -12,16 +12,18 @@
 // wait for the device.
 //
 // Memory: every tensor the step makes comes from the graph's own pool
-// (GraphPool), which never hands its memory to anything else, so the
-// addresses baked into the graph stay valid and unshared as long as it
-// lives; tensors the step leaves behind (gradients, the loss) stay in the
-// pool and are rewritten by each launch. The pool holds as much as one
-// step at its peak, as long as the graph lives.
+// (GraphPool). The step's recording, op by op, traces its allocations and
+// frees; the capture then gives each allocation its place in one arena laid
+// out from that trace (memory_plan.h), which never serves anything else, so
+// the addresses baked into the graph stay valid and unshared as long as it
+// lives. Tensors the step leaves behind (gradients, the loss) stay in the
+// arena and are rewritten by each launch. The arena holds about as much as
+// the step has live at once at its peak: a job whose step fits its budget
+// op by op fits it as a graph too.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,12 +34,20 @@
 
 namespace leasehold::engine {
 
-// Memory that a graph's step allocates: blocks taken from `upstream` and
-// kept, reused by later allocations of the same size, returned upstream
-// when the pool goes (when no tensor it made is alive any more). While
-// `capturing` it takes no new block from an upstream that allocates on the
-// stream being captured: it hands out the smallest larger free block, or
-// throws std::runtime_error when there is none.
+// Memory that a graph's step allocates, in three phases:
+//   - recording: each allocation is taken from `upstream` and freed back to
+//     it as usual, and traced (its size, when it was made and freed);
+//   - plan(): lays the traced allocations out in one arena taken from
+//     `upstream` (memory_plan.h); it throws OutOfMemoryError where the
+//     upstream cannot give it. What the recording left live should be freed
+//     first (its memory can then be the arena's);
+//   - capturing: the step runs again and makes the same allocations in the
+//     same order; each gets its planned place, and one that differs from
+//     the recording's throws std::runtime_error (the capture is abandoned).
+//     Nothing is taken from `upstream` then, and memory of the recording
+//     freed meanwhile goes back to it when the capture ends.
+// The arena returns upstream when the pool goes (when no tensor it made is
+// alive any more). After the capture it serves no more allocations.
 class GraphPool final : public Allocator {
  public:
   explicit GraphPool(std::shared_ptr<Allocator> upstream);
@@ -45,36 +55,54 @@ class GraphPool final : public Allocator {
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
   Device device() const override { return upstream_->device(); }
-  // in_use: handed out now; cached: held free; allocations: calls so far.
+  // in_use: handed out now; cached: the arena's rest; allocations: calls so far.
   AllocatorStats stats() const override;
+  void plan();
   void set_capturing(bool capturing);
-  // Bytes taken from upstream (what the graph holds).
+  // Bytes taken from upstream: the recording's live allocations, then the arena.
   uint64_t held_bytes() const;
+  // The most bytes the recorded step had live at once (0 before plan()).
+  uint64_t peak_live_bytes() const;
 
  private:
+  enum class Phase { Recording, Planned, Capturing, Captured };
+  struct Traced {
+    size_t bytes;
+    uint64_t first, last;  // events; last = UINT64_MAX while live
+  };
   std::shared_ptr<Allocator> upstream_;
   mutable std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;    // GUARDED_BY(mu_), by size
-  std::vector<std::pair<void*, size_t>> blocks_;  // GUARDED_BY(mu_), all taken
-  std::unordered_map<void*, size_t> size_of_;     // GUARDED_BY(mu_), each block's size
-  AllocatorStats stats_;                          // GUARDED_BY(mu_)
-  bool capturing_ = false;                        // GUARDED_BY(mu_)
+  Phase phase_ = Phase::Recording;                    // GUARDED_BY(mu_)
+  uint64_t events_ = 0;                               // GUARDED_BY(mu_)
+  std::vector<Traced> trace_;                         // GUARDED_BY(mu_)
+  std::unordered_map<void*, size_t> recorded_live_;   // GUARDED_BY(mu_), upstream block → trace_
+  std::vector<std::pair<void*, size_t>> returning_;   // GUARDED_BY(mu_), freed while capturing
+  void* arena_ = nullptr;                             // GUARDED_BY(mu_)
+  uint64_t arena_bytes_ = 0, peak_live_ = 0;          // GUARDED_BY(mu_)
+  std::vector<uint64_t> offsets_;                     // GUARDED_BY(mu_), by trace_ index
+  size_t next_ = 0;                                   // GUARDED_BY(mu_), the capture's next allocation
+  std::unordered_map<void*, size_t> arena_live_;      // GUARDED_BY(mu_), place → bytes
+  uint64_t arena_in_use_ = 0;                         // GUARDED_BY(mu_)
+  AllocatorStats stats_;                              // GUARDED_BY(mu_)
 };
 
 // One training step run as a CUDA graph. `step` queues one step's work on
 // the thread's compute stream for `device` (see above for what it may
 // read). The first run() records: the step runs op by op with memory from
-// the graph's pool, so that the pool then holds every block the step
-// needs. The second captures the step and launches the graph, and every
-// later run() launches it again. On the CPU, or once recording or capture
-// failed (the pool outgrew the budget, the step waited for the host or
-// needed memory its recording did not), run() returns false without
-// running the step, and why_not() says why: the caller runs it op by op
-// (a failed recording or capture changed nothing a step reads, so running
-// the step again is right). A step's results are the same bits either way.
+// the graph's pool, which traces what it needs. The second lays that out
+// (after `before_capture`, which may drop what the recorded step left and
+// the next step does not read: its gradients, which a step zeroes first),
+// captures the step and launches the graph, and every later run() launches
+// it again. On the CPU, or once recording or capture failed (the step ran
+// out of memory, its arena did not fit, the step waited for the host or
+// allocated other than its recording did), run() returns false without
+// running the step, and why_not() says why: the caller runs it op by op (a
+// failed recording or capture changed nothing a step reads, so running the
+// step again is right). A step's results are the same bits either way.
 class StepGraph {
  public:
-  StepGraph(Device device, std::function<void()> step);
+  StepGraph(Device device, std::function<void()> step,
+            std::function<void()> before_capture = {});
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
@@ -96,7 +124,7 @@ class StepGraph {
   void launch();
 
   Device device_;
-  std::function<void()> step_;
+  std::function<void()> step_, before_capture_;
   std::shared_ptr<GraphPool> pool_;
   bool recorded_ = false;
   void* exec_ = nullptr;  // cudaGraphExec_t

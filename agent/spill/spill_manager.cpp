@@ -238,6 +238,7 @@ void SpillManager::end_step() {
   // last batch of an epoch, a Shrink), and a copy ahead that is not needed
   // only costs link time.
   ahead_limit_ = freed + freed / 4;
+  last_step_spilled_ = counters_.evictions > at_step_start_.evictions;
   at_step_start_ = counters_;
 }
 

@@ -113,6 +113,11 @@ class SpillManager final : public engine::SavedTensorHooks,
   uint64_t shrink(uint64_t bytes) { return reclaim(bytes); }
   // A training step ended (see the top of the file).
   void end_step();
+  // Whether the step end_step() last ended freed saved tensors to stay
+  // within the budget (false before the first). A step of the same shapes
+  // that did not fits the budget as it is, without the hooks: it may run as
+  // a CUDA graph (graphed_steps.h).
+  bool last_step_spilled() const { return last_step_spilled_; }
 
   SpillStats store_stats() const { return store_->stats(); }
   SpillCounters counters() const { return counters_; }
@@ -167,6 +172,7 @@ class SpillManager final : public engine::SavedTensorHooks,
   // first, nor once a reclaim follows a step that freed nothing).
   uint64_t ahead_limit_ = UINT64_MAX;
   SpillCounters at_step_start_;
+  bool last_step_spilled_ = false;
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter
   SpillCounters counters_;
 };

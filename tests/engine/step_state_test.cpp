@@ -122,76 +122,101 @@ TEST(OptimizerSteps, SgdCountsTooAndItsCheckpointKeepsTheCount) {
 // A counting allocator under the pool, on the host.
 class Upstream final : public Allocator {
  public:
-  explicit Upstream(bool on_stream) : on_stream_(on_stream) {}
   void* allocate(size_t bytes) override {
+    if (limit && in_use + bytes > limit) throw OutOfMemoryError("over the test's limit", bytes);
     void* p = ::operator new(bytes);
     live[p] = bytes;
+    in_use += bytes;
     ++allocations;
     return p;
   }
   void deallocate(void* p, size_t bytes) noexcept override {
     EXPECT_EQ(live.at(p), bytes);
     live.erase(p);
+    in_use -= bytes;
     ::operator delete(p);
   }
   Device device() const override { return Device::cpu(); }
   AllocatorStats stats() const override { return {}; }
-  bool on_stream() const override { return on_stream_; }
   std::map<void*, size_t> live;
+  uint64_t in_use = 0, limit = 0;
   int allocations = 0;
-
- private:
-  bool on_stream_;
 };
 
-TEST(GraphPool, ReusesBlocksOfTheSameSizeAndReturnsThemAllWhenItGoes) {
-  auto up = std::make_shared<Upstream>(false);
+// The recording takes and frees memory upstream as it goes; the capture's
+// same allocations get their places in one arena of the recording's peak.
+TEST(GraphPool, TheCaptureGetsTheRecordedAllocationsFromOneArenaOfTheirPeak) {
+  auto up = std::make_shared<Upstream>();
   {
     auto pool = std::make_shared<GraphPool>(up);
-    void* a = pool->allocate(1024);
-    void* b = pool->allocate(512);
-    pool->deallocate(a, 1024);
-    EXPECT_EQ(pool->allocate(1024), a) << "the same size: the same block";
-    void* c = pool->allocate(2048);
-    pool->deallocate(b, 512);
-    EXPECT_NE(pool->allocate(256), b) << "another size: a block of its own";
+    auto step = [&] {
+      void* a = pool->allocate(1024);
+      void* b = pool->allocate(512);
+      pool->deallocate(a, 1024);
+      void* c = pool->allocate(768);
+      pool->deallocate(b, 512);
+      pool->deallocate(c, 768);
+      return pool->allocate(2048);  // left live, as a gradient is
+    };
+    void* kept = step();
     EXPECT_EQ(up->allocations, 4);
-    EXPECT_EQ(pool->held_bytes(), 1024u + 512 + 2048 + 256);
-    const AllocatorStats st = pool->stats();
-    EXPECT_EQ(st.in_use_bytes, 1024u + 2048 + 256);
-    EXPECT_EQ(st.cached_bytes, 512u);
-    (void)c;
+    EXPECT_EQ(up->live.size(), 1u) << "what the recording freed went back upstream";
+    EXPECT_EQ(pool->held_bytes(), 2048u);
+    pool->plan();
+    EXPECT_EQ(pool->held_bytes(), 2048u) << "an arena of the peak, not of every size's";
+    EXPECT_EQ(pool->peak_live_bytes(), 2048u);
+    EXPECT_EQ(up->allocations, 5);
+    pool->set_capturing(true);
+    pool->deallocate(kept, 2048);
+    EXPECT_EQ(up->live.size(), 2u) << "memory the capture may still read stays until its end";
+    void* again = step();
+    pool->set_capturing(false);
+    EXPECT_EQ(up->live.size(), 1u) << "the arena alone";
+    EXPECT_EQ(up->live.begin()->first, again) << "the largest block at the arena's start";
+    EXPECT_EQ(pool->stats().in_use_bytes, 2048u);
+    EXPECT_EQ(pool->stats().cached_bytes, 0u);
+    EXPECT_THROW(pool->allocate(64), std::logic_error) << "a captured pool serves no more";
+    pool->deallocate(again, 2048);
+    EXPECT_EQ(pool->stats().cached_bytes, 2048u);
   }
-  EXPECT_TRUE(up->live.empty()) << "every block back upstream, in use or not";
+  EXPECT_TRUE(up->live.empty()) << "the arena back upstream when the pool goes";
 }
 
-TEST(GraphPool, WhileCapturingItTakesNoBlockFromAnAllocatorOnTheStream) {
-  auto on_stream = std::make_shared<Upstream>(true);
-  GraphPool pool(on_stream);
-  void* a = pool.allocate(4096);
-  pool.deallocate(a, 4096);
+TEST(GraphPool, ACaptureThatAllocatesOtherwiseThanItsRecordingThrows) {
+  auto up = std::make_shared<Upstream>();
+  GraphPool pool(up);
+  pool.deallocate(pool.allocate(4096), 4096);
+  pool.plan();
   pool.set_capturing(true);
-  EXPECT_EQ(pool.allocate(4096), a) << "a block it holds";
-  EXPECT_THROW(pool.allocate(8192), std::runtime_error);
+  try {
+    pool.allocate(8192);
+    FAIL() << "another size";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("allocation 1 is of 8.00 KiB, its recording's of 4.00 KiB"),
+              std::string::npos)
+        << e.what();
+  }
+  void* a = pool.allocate(4096);
+  EXPECT_THROW(pool.allocate(4096), std::runtime_error) << "one more than recorded";
   pool.deallocate(a, 4096);
-  EXPECT_EQ(pool.allocate(100), a) << "a larger free block rather than none";
-  EXPECT_THROW(pool.allocate(100), std::runtime_error) << "none left";
-  EXPECT_EQ(on_stream->allocations, 1);
   pool.set_capturing(false);
-  pool.deallocate(a, 100);
-  EXPECT_EQ(pool.stats().cached_bytes, 4096u) << "freed as the block it is";
-  EXPECT_EQ(pool.allocate(4096), a);
-  pool.deallocate(a, 4096);
+  EXPECT_EQ(up->live.size(), 1u);
+}
 
-  auto off_stream = std::make_shared<Upstream>(false);  // the lease allocator's kind
-  GraphPool lease_pool(off_stream);
-  lease_pool.set_capturing(true);
-  void* b = lease_pool.allocate(8192);
-  lease_pool.deallocate(b, 8192);
+TEST(GraphPool, AnArenaUpstreamCannotGiveIsAnOutOfMemoryError) {
+  auto up = std::make_shared<Upstream>();
+  up->limit = 3000;
+  GraphPool pool(up);
+  void* a = pool.allocate(2048);
+  pool.deallocate(a, 2048);
+  void* kept = pool.allocate(1024);
+  EXPECT_THROW(pool.plan(), OutOfMemoryError) << "2048 + 1024 with the recording's still live";
+  pool.deallocate(kept, 1024);
+  EXPECT_TRUE(up->live.empty());
 }
 
 TEST(DeferFreesGuard, FreesWaitForTheGuardExceptThePoolsOwn) {
-  auto up = std::make_shared<Upstream>(false);
+  auto up = std::make_shared<Upstream>();
   auto pool = std::make_shared<GraphPool>(up);
   Tensor outside, inside;
   {

@@ -16,6 +16,7 @@
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
+#include "agent/graphed_steps.h"
 #include "agent/lease_allocator.h"
 #include "agent/recompute_policy.h"
 #include "agent/spill/fault_store.h"
@@ -305,17 +306,19 @@ TEST_F(FailingStore, AFullSpillFileFailsTheRunNamingTheFile) {
 
 // A GPT over its budget: after each step that spilled, one more MLP, then
 // one more whole block, recomputes in backward instead (RecomputePolicy),
-// until the steps fit without spilling; and the run still ends bit for bit
-// as the run without a budget does (dropout on: its masks are drawn again
-// in the recomputed blocks).
+// until the steps fit without spilling; on a GPU they then run as a CUDA
+// graph; and the run still ends bit for bit as the run without a budget,
+// op by op, does (dropout on: its masks are drawn again in the recomputed
+// blocks).
 TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
   struct Run {
     std::vector<float> weights;
     std::vector<uint64_t> evictions, copied_out;  // after each step
     int mlps = 0, whole = 0;
     uint64_t peak_in_use = 0;
+    int64_t graph_steps = 0;
   };
-  auto run = [&](uint64_t budget) {
+  auto run = [&](uint64_t budget, bool graphs) {
     auto alloc =
         std::make_shared<LeaseAllocator>(*session, LeaseAllocatorOptions::for_budget(budget));
     Run r;
@@ -345,16 +348,30 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     {
       manager->keep_resident(net.parameters());
       E::SavedTensorHooksGuard hooks(manager);
+      // As the job runner steps: on a GPU, as a CUDA graph once a step ran
+      // within the budget.
+      GraphedSteps steps(
+          device,
+          [&](const E::Tensor& in, const E::Tensor& out) {
+            E::StepRandom random(17, opt.step_counter());
+            opt.zero_grad();
+            E::Tensor loss = E::cross_entropy(net(in).reshape({kBatch * kT, 256}), out);
+            loss.backward();
+            opt.step();
+            return loss;
+          },
+          {.enabled = graphs && device.is_cuda(),
+           .full_batch = kBatch,
+           .spilling = [&] { return manager->last_step_spilled(); },
+           .release = [&] { opt.zero_grad(); }});
       for (int i = 0; i < 8; ++i) {
-        E::StepRandom random(17, opt.step_counter());
-        opt.zero_grad();
-        E::cross_entropy(net(x).reshape({kBatch * kT, 256}), y).backward();
-        opt.step();
+        steps.run(x, y);
         manager->end_step();
-        policy.after_step();
+        if (!steps.holds_graph()) policy.after_step();
         r.evictions.push_back(manager->counters().evictions);
         r.copied_out.push_back(manager->store_stats().bytes_out);
       }
+      r.graph_steps = steps.graph_steps();
     }
     for (auto& p : net.parameters()) {
       auto w = p.to_vector<float>();
@@ -365,11 +382,11 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     r.peak_in_use = alloc->stats().peak_in_use_bytes;
     return r;
   };
-  const Run free_run = run(0);
+  const Run free_run = run(0, false);
   EXPECT_EQ(free_run.mlps + free_run.whole, 0) << "nothing to keep within";
   EXPECT_EQ(free_run.evictions.back(), 0u);
   const uint64_t page = session->pool().alignment;
-  const Run tight = run(align_up(free_run.peak_in_use * 60 / 100, page) + 2 * page);
+  const Run tight = run(align_up(free_run.peak_in_use * 60 / 100, page) + 2 * page, true);
   EXPECT_GT(tight.evictions.front(), 0u) << "the first step spilled";
   EXPECT_GE(tight.mlps + tight.whole, 1);
   EXPECT_TRUE(tight.whole == 0 || tight.mlps + tight.whole == 4)
@@ -379,6 +396,11 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
   EXPECT_EQ(tight.copied_out[n - 1], tight.copied_out[n - 2])
       << "nor did the last copy anything out ahead: the step before needed no room";
   EXPECT_TRUE(tight.weights == free_run.weights) << "weights differ from the run without a budget";
+  if (device.is_cuda()) {
+    // Settled, the step fits the budget as a CUDA graph too: its memory is
+    // laid out in an arena of the step's peak (step_graph.h).
+    EXPECT_GT(tight.graph_steps, 0) << "the steps never became a CUDA graph";
+  }
 }
 
 }  // namespace
