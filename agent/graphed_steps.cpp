@@ -1,15 +1,23 @@
 #include "agent/graphed_steps.h"
 
+#include <spdlog/spdlog.h>
+
 #include "agent/engine/autograd.h"
+#include "shared/units.h"
 
 namespace leasehold {
 
 namespace E = engine;
 
 GraphedSteps::GraphedSteps(E::Device device, Step step, Options options)
-    : device_(device), step_(std::move(step)), options_(std::move(options)) {}
+    : device_(device), step_(std::move(step)), options_(std::move(options)) {
+  if (!options_.enabled) return;
+  allocator_ = E::current_allocator(device_);
+  allocator_->set_idle_release([this](uint64_t) { return release_idle(); });
+}
 
 GraphedSteps::~GraphedSteps() {
+  if (allocator_) allocator_->set_idle_release({});
   graph_.reset();  // (waits for its last launch before its inputs go)
 }
 
@@ -48,20 +56,48 @@ E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
   }
   x_.copy_(x);
   y_.copy_(y);
-  if (!graph_->run()) return step_(x, y);
+  in_graph_run_ = true;
+  bool ran;
+  try {
+    ran = graph_->run();
+  } catch (...) {
+    in_graph_run_ = false;
+    throw;
+  }
+  in_graph_run_ = false;
+  if (!ran) return step_(x, y);
   return loss_;
+}
+
+uint64_t GraphedSteps::release_idle() {
+  if (!graph_ || in_graph_run_ || !graph_->replaying()) return 0;
+  // Only if the arena goes with the graph: no tensor in it is alive but the
+  // graph's own loss, which nothing else holds.
+  const bool loss_alone = loss_.defined() && loss_.impl().use_count() == 1 &&
+                          loss_.impl()->storage.use_count() == 1;
+  if (graph_->pool_tensors() > (loss_alone ? 1u : 0u)) return 0;
+  const uint64_t bytes = graph_->pool_bytes();
+  forget_graph();  // (waits for its last launch)
+  ++releases_;
+  spdlog::info("the step's CUDA graph gave its {} up to tensors outside it; it is made again "
+               "from the next full batch",
+               format_bytes(bytes));
+  return bytes;
+}
+
+void GraphedSteps::forget_graph() {
+  past_launches_ += graph_->launches();
+  graph_.reset();
+  x_ = y_ = loss_ = E::Tensor();
 }
 
 void GraphedSteps::drop() {
   dropped_ = true;
-  if (!graph_) return;
-  dropped_launches_ += graph_->launches();
-  graph_.reset();  // (waits for its last launch)
-  x_ = y_ = loss_ = E::Tensor();
+  if (graph_) forget_graph();  // (waits for its last launch)
 }
 
 int64_t GraphedSteps::graph_steps() const {
-  return dropped_launches_ + (graph_ ? graph_->launches() : 0);
+  return past_launches_ + (graph_ ? graph_->launches() : 0);
 }
 
 }  // namespace leasehold

@@ -19,6 +19,15 @@
 // A Shrink drops the graph between steps: its pool (a step's peak memory,
 // the gradients in it) goes back to the allocator, and the rest of the
 // attempt runs op by op.
+//
+// Between its launches the graph's arena holds nothing anyone reads but
+// the loss (a step drops the gradients first). So when memory outside it
+// runs short within the job's budget (the epoch's last, smaller batch,
+// the evaluation), the allocator is given the arena first, before any
+// saved tensor spills (Allocator::set_idle_release): the graph goes, and
+// is made again from the next full batch whose step before spilled
+// nothing. It is given up only while no tensor in it is alive but the
+// loss: the job drops the gradients before it evaluates.
 #pragma once
 
 #include <cstdint>
@@ -60,9 +69,15 @@ class GraphedSteps {
   void drop();
   // Steps run as graph launches so far, a dropped graph's included.
   int64_t graph_steps() const;
+  // Times the graph gave its memory up for other tensors (see above).
+  int64_t releases() const { return releases_; }
 
  private:
   bool wanted(const engine::Tensor& x) const;
+  // The allocator's idle release (see above): the arena's bytes if it went.
+  uint64_t release_idle();
+  // Forgets the graph, its inputs and its loss.
+  void forget_graph();
   // The step as a graph launch (making the graph first), or op by op where
   // the graph cannot run it.
   engine::Tensor launch(const engine::Tensor& x, const engine::Tensor& y);
@@ -72,8 +87,11 @@ class GraphedSteps {
   Options options_;
   std::unique_ptr<engine::StepGraph> graph_;
   engine::Tensor x_, y_, loss_;  // the graph's inputs and its loss: memory that stays put
+  std::shared_ptr<engine::Allocator> allocator_;  // where the idle release is installed
+  bool in_graph_run_ = false;  // recording, capturing or launching: nothing to release
   int64_t steps_run_ = 0;
-  int64_t dropped_launches_ = 0;
+  int64_t past_launches_ = 0;  // of graphs dropped or released
+  int64_t releases_ = 0;
   bool dropped_ = false;
 };
 

@@ -404,6 +404,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     epoch_loss = step ? loss_acc.item() / step : 0;
     double epoch_seconds = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     train_seconds += epoch_seconds;
+    // (The last step's gradients are read by nothing more: their memory,
+    // and a CUDA graph's idle arena with it, may go to the evaluation.)
+    optimizer->zero_grad();
     const Evaluation eval = lead ? evaluate(*model, test_set, options.device, text) : Evaluation{};
     EpochReport report{epoch + 1, epoch_loss, eval.accuracy, epoch_seconds, false, eval.loss};
     if (lead && !ckpt.empty() &&
@@ -437,6 +440,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   result.steps = global;
   result.graph_steps = steps.graph_steps();
+  if (steps.releases()) {
+    spdlog::info("job '{}': the step's CUDA graph gave its memory up to other tensors {} times",
+                 job.name()->str(), steps.releases());
+  }
   result.recomputed_mlps = recompute.mlps();
   result.recomputed_blocks = recompute.whole();
   result.memory = last_progress;

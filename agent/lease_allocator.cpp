@@ -46,11 +46,13 @@ LeaseAllocator::LeaseAllocator(AgentSession& session, LeaseAllocatorOptions opti
       counted_(reclaiming_) {}
 
 bool LeaseAllocator::reclaim(uint64_t bytes, std::string& why_not) {
-  engine::Reclaimer spill;
+  engine::Reclaimer spill, idle;
   {
     std::lock_guard lock(mu_);
     spill = reclaimer_;
+    idle = idle_release_;
   }
+  if (idle && idle(bytes) > 0) return true;
   if (spill && spill(bytes) > 0) return true;
   // Nothing (more) to spill: growth past the guaranteed share may wait for
   // the coordinator rather than the job failing, unless what is live
@@ -95,6 +97,11 @@ void LeaseAllocator::set_reclaimer(engine::Reclaimer reclaimer) {
   reclaimer_ = std::move(reclaimer);
 }
 
+void LeaseAllocator::set_idle_release(engine::Reclaimer release) {
+  std::lock_guard lock(mu_);
+  idle_release_ = std::move(release);
+}
+
 engine::AllocatorStats LeaseAllocator::stats() const {
   const StatisticsAdaptor::Counts c = counted_.counts();
   const PagedResource::Stats p = paged_.stats();
@@ -111,5 +118,7 @@ engine::AllocatorStats LeaseAllocator::stats() const {
 }
 
 void LeaseAllocator::empty_cache() { paged_.release_cached(); }
+
+void LeaseAllocator::reuse_idle() { paged_.hide_idle_pages(); }
 
 }  // namespace leasehold

@@ -70,6 +70,10 @@ class LeaseAllocator final : public engine::Allocator {
   engine::Device device() const override { return paged_.device(); }
   engine::AllocatorStats stats() const override;
   void set_reclaimer(engine::Reclaimer reclaimer) override;
+  void set_idle_release(engine::Reclaimer release) override;
+  // Hides the pages no live tensor touches (after the fence), to be shown
+  // under the next tensor; the leases stay the job's.
+  void reuse_idle() override;
   void* allocate_if_free(size_t bytes) override;
   uint64_t budget() const override { return budget_.budget(); }
   // Gives back what no live tensor uses (after the fence): whole free
@@ -78,8 +82,8 @@ class LeaseAllocator final : public engine::Allocator {
   void empty_cache();
 
  private:
-  // The reclaiming adaptor's question: spill, else (once) let growth past
-  // the guaranteed share wait.
+  // The reclaiming adaptor's question: memory held only for speed, else
+  // spill, else (once) let growth past the guaranteed share wait.
   bool reclaim(uint64_t bytes, std::string& why_not);
   // This thread's compute stream on the pool's device (nullptr on host);
   // `make`: create it when the thread has none yet (not for frees).
@@ -90,7 +94,8 @@ class LeaseAllocator final : public engine::Allocator {
   ReclaimingAdaptor reclaiming_;
   StatisticsAdaptor counted_;
   mutable std::mutex mu_;
-  engine::Reclaimer reclaimer_;  // GUARDED_BY(mu_)
+  engine::Reclaimer reclaimer_;     // GUARDED_BY(mu_)
+  engine::Reclaimer idle_release_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace leasehold

@@ -68,6 +68,17 @@ class Allocator {
   // Installs the reclaimer asked before an allocation fails (empty: none).
   // Allocators without a budget never need one and ignore it.
   virtual void set_reclaimer(Reclaimer) {}
+  // Installs what frees memory held only to go faster (a CUDA graph's arena
+  // between its launches, graphed_steps.h), asked before the reclaimer: an
+  // idle arena is given up before a saved tensor is moved off the device.
+  // Same rules as the reclaimer; allocators without a budget ignore it.
+  virtual void set_idle_release(Reclaimer) {}
+  // Before one large allocation that should reuse the memory this
+  // allocator holds free rather than add to it (a CUDA graph's arena, laid
+  // out after the step it replaces ran op by op): makes that memory
+  // available wherever the allocation lands. May wait for the device.
+  // The default does nothing.
+  virtual void reuse_idle() {}
   // Most bytes this allocator may hold at once; 0: no budget of its own.
   virtual uint64_t budget() const { return 0; }
 };

@@ -108,7 +108,11 @@ void GraphPool::plan() {
   MemoryPlan plan = plan_memory(blocks, kArenaAlignment);
   returning_.reserve(recorded_live_.size());
   arena_live_.reserve(trace_.size());
-  if (plan.arena_bytes > 0) arena_ = upstream_->allocate(plan.arena_bytes);
+  if (plan.arena_bytes > 0) {
+    // (The recording's memory, free again, is where the arena should go.)
+    upstream_->reuse_idle();
+    arena_ = upstream_->allocate(plan.arena_bytes);
+  }
   arena_bytes_ = plan.arena_bytes;
   peak_live_ = plan.peak_live_bytes;
   offsets_ = std::move(plan.offsets);
@@ -149,6 +153,11 @@ uint64_t GraphPool::held_bytes() const {
 uint64_t GraphPool::peak_live_bytes() const {
   std::lock_guard lock(mu_);
   return peak_live_;
+}
+
+size_t GraphPool::live_allocations() const {
+  std::lock_guard lock(mu_);
+  return recorded_live_.size() + arena_live_.size();
 }
 
 StepGraph::StepGraph(Device device, std::function<void()> step,

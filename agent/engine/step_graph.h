@@ -63,6 +63,8 @@ class GraphPool final : public Allocator {
   uint64_t held_bytes() const;
   // The most bytes the recorded step had live at once (0 before plan()).
   uint64_t peak_live_bytes() const;
+  // Tensors it made that are alive now.
+  size_t live_allocations() const;
 
  private:
   enum class Phase { Recording, Planned, Capturing, Captured };
@@ -115,6 +117,8 @@ class StepGraph {
   int64_t launches() const { return launches_; }
   // Device bytes the graph's memory pool holds.
   uint64_t pool_bytes() const { return pool_ ? pool_->held_bytes() : 0; }
+  // Tensors in that memory alive now.
+  size_t pool_tensors() const { return pool_ ? pool_->live_allocations() : 0; }
 
  private:
   // Captures the step and launches it; false (why_not_ set) on failure,

@@ -291,6 +291,11 @@ uint64_t PagedResource::release_cached() {
   return pages_.release_free();
 }
 
+uint64_t PagedResource::hide_idle_pages() {
+  std::lock_guard lock(mu_);
+  return window_ ? hide_idle(UINT64_MAX) : 0;
+}
+
 bool PagedResource::allow_patient_growth() {
   std::lock_guard lock(mu_);
   return pages_.allow_patient_growth();

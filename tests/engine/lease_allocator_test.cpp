@@ -386,6 +386,68 @@ TEST_F(LeaseAllocatorTest, TheReclaimerIsAskedBeforeAnAllocationFails) {
   alloc.deallocate(b, 12ull << 20);
 }
 
+// Memory held only for speed (an idle CUDA graph's arena) goes before
+// anything spills; when it frees nothing, the spill reclaimer is asked.
+TEST_F(LeaseAllocatorTest, IdleMemoryIsReleasedBeforeAnythingSpills) {
+  LeaseAllocatorOptions o;
+  o.budget_bytes = 16ull << 20;
+  o.lease_bytes = 8ull << 20;
+  LeaseAllocator alloc(*session, o);
+  void* arena = alloc.allocate(8ull << 20);
+  void* saved = alloc.allocate(4ull << 20);
+  std::vector<std::string> asked;
+  alloc.set_idle_release([&](uint64_t) -> uint64_t {
+    asked.push_back("idle");
+    if (!arena) return 0;
+    alloc.deallocate(arena, 8ull << 20);
+    arena = nullptr;
+    return 8ull << 20;
+  });
+  alloc.set_reclaimer([&](uint64_t) -> uint64_t {
+    asked.push_back("spill");
+    if (!saved) return 0;
+    alloc.deallocate(saved, 4ull << 20);
+    saved = nullptr;
+    return 4ull << 20;
+  });
+  void* a = alloc.allocate(8ull << 20);
+  EXPECT_EQ(asked, (std::vector<std::string>{"idle"})) << "the arena went; nothing spilled";
+  EXPECT_NE(saved, nullptr);
+  void* b = alloc.allocate(8ull << 20);
+  EXPECT_EQ(asked, (std::vector<std::string>{"idle", "idle", "spill"}));
+  EXPECT_EQ(saved, nullptr);
+  EXPECT_LE(alloc.stats().peak_leased_bytes, o.budget_bytes);
+  alloc.set_idle_release({});
+  alloc.set_reclaimer({});
+  alloc.deallocate(a, 8ull << 20);
+  alloc.deallocate(b, 8ull << 20);
+}
+
+// Before a CUDA graph's arena: the pages the step op by op left idle are
+// hidden, so the arena is shown on them rather than on new leases.
+TEST_F(LeaseAllocatorTest, ReusingIdlePagesKeepsTheLeasesAndAddsNone) {
+  LeaseAllocatorOptions o;
+  o.lease_bytes = 8ull << 20;
+  int fences = 0;
+  o.fence = [&] { ++fences; };
+  LeaseAllocator alloc(*session, o);
+  void* a = alloc.allocate(6ull << 20);
+  void* kept = alloc.allocate(2ull << 20);  // between them: no hole holds the arena
+  void* b = alloc.allocate(6ull << 20);
+  alloc.deallocate(a, 6ull << 20);
+  alloc.deallocate(b, 6ull << 20);
+  const E::AllocatorStats before = alloc.stats();
+  alloc.reuse_idle();
+  EXPECT_EQ(fences, 1) << "the device is done with the pages before they are hidden";
+  EXPECT_EQ(alloc.stats().trims, before.trims + 1);
+  EXPECT_EQ(alloc.stats().leases, before.leases) << "the leases stay the job's";
+  void* arena = alloc.allocate(12ull << 20);
+  EXPECT_EQ(alloc.stats().peak_leased_bytes, before.peak_leased_bytes)
+      << "shown on the hidden pages, not on new leases";
+  alloc.deallocate(arena, 12ull << 20);
+  alloc.deallocate(kept, 2ull << 20);
+}
+
 TEST_F(LeaseAllocatorTest, ATensorLargerThanTheBudgetFailsWithoutSpillingAnything) {
   LeaseAllocatorOptions o;
   o.budget_bytes = 16ull << 20;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The engine on a GPU host (issue 30), from a bundle made by
-# deploy/make-bundle.sh (with engine_cuda_test and job_test in it):
+# deploy/make-bundle.sh (with engine_cuda_test, job_test and
+# spill_training_test in it):
 #   tests   engine_cuda_test (every operator against the CPU, autocast, the
-#           step-graph tests) and the text jobs' tests (graphs vs op by op)
+#           step-graph tests), the text jobs' tests (graphs vs op by op) and
+#           the budgeted GPT's (recompute, then a CUDA graph in its budget)
 #   gpt     tests/bench/text_gpt_bench.py: Leasehold and PyTorch side by
 #           side (VARIANTS, STEPS; default all the configurations, 300 steps)
 #   seeds   the same for the loss check: 600 steps, seeds 1, 2 and 3
@@ -32,7 +34,11 @@ case $mode in
     "$B/bin/engine_cuda_test" > "$OUT/engine_cuda.log" 2>&1
     echo "engine_cuda_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|Failure" "$OUT/engine_cuda.log"
     "$B/bin/job_test" --gtest_filter='TextJob*' > "$OUT/job_test.log" 2>&1
-    echo "job_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|Failure" "$OUT/job_test.log" ;;
+    echo "job_test rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|Failure" "$OUT/job_test.log"
+    LEASEHOLD_TEST_BACKEND=cuda "$B/bin/spill_training_test" --gtest_filter='SpillTraining.AGpt*' \
+      > "$OUT/spill_training.log" 2>&1
+    echo "spill_training_test rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|Failure|CUDA graph" "$OUT/spill_training.log" ;;
   gpt)
     python3 "$here/../bench/text_gpt_bench.py" --bin "$B/bin" --corpus-dir "$corpus" \
       --steps "${STEPS:-300}" \

@@ -316,7 +316,7 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     std::vector<uint64_t> evictions, copied_out;  // after each step
     int mlps = 0, whole = 0;
     uint64_t peak_in_use = 0;
-    int64_t graph_steps = 0;
+    int64_t graph_steps = 0, graph_steps_before_half = 0, releases = 0;
   };
   auto run = [&](uint64_t budget, bool graphs) {
     auto alloc =
@@ -348,6 +348,10 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     {
       manager->keep_resident(net.parameters());
       E::SavedTensorHooksGuard hooks(manager);
+      // (On a GPU labels are checked where the loss is, as a job's are: a
+      // captured step cannot wait for the host.)
+      std::optional<E::DeferredLabelCheck> labels;
+      if (device.is_cuda()) labels.emplace(device);
       // As the job runner steps: on a GPU, as a CUDA graph once a step ran
       // within the budget.
       GraphedSteps steps(
@@ -355,7 +359,7 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
           [&](const E::Tensor& in, const E::Tensor& out) {
             E::StepRandom random(17, opt.step_counter());
             opt.zero_grad();
-            E::Tensor loss = E::cross_entropy(net(in).reshape({kBatch * kT, 256}), out);
+            E::Tensor loss = E::cross_entropy(net(in).reshape({-1, 256}), out);
             loss.backward();
             opt.step();
             return loss;
@@ -364,14 +368,23 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
            .full_batch = kBatch,
            .spilling = [&] { return manager->last_step_spilled(); },
            .release = [&] { opt.zero_grad(); }});
-      for (int i = 0; i < 8; ++i) {
-        steps.run(x, y);
+      // Step 9 is half a batch, as an epoch's last can be: it runs op by op,
+      // beside the graph's idle arena if the budget has room for both and
+      // with the arena's memory otherwise.
+      for (int i = 0; i < 11; ++i) {
+        if (i == 8) {
+          r.graph_steps_before_half = steps.graph_steps();
+          steps.run(x.narrow(0, 0, kBatch / 2), y.narrow(0, 0, kBatch / 2 * kT));
+        } else {
+          steps.run(x, y);
+        }
         manager->end_step();
         if (!steps.holds_graph()) policy.after_step();
         r.evictions.push_back(manager->counters().evictions);
         r.copied_out.push_back(manager->store_stats().bytes_out);
       }
       r.graph_steps = steps.graph_steps();
+      r.releases = steps.releases();
     }
     for (auto& p : net.parameters()) {
       auto w = p.to_vector<float>();
@@ -398,8 +411,13 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
   EXPECT_TRUE(tight.weights == free_run.weights) << "weights differ from the run without a budget";
   if (device.is_cuda()) {
     // Settled, the step fits the budget as a CUDA graph too: its memory is
-    // laid out in an arena of the step's peak (step_graph.h).
-    EXPECT_GT(tight.graph_steps, 0) << "the steps never became a CUDA graph";
+    // laid out in an arena of the step's peak (step_graph.h). The half
+    // batch needs that memory: the graph gives it up (nothing spills for
+    // it) and is made again for the full batches after it.
+    EXPECT_GT(tight.graph_steps_before_half, 0) << "the steps never became a CUDA graph";
+    EXPECT_EQ(tight.releases, 1);
+    EXPECT_EQ(tight.evictions[8], tight.evictions[7]) << "the half batch spilled";
+    EXPECT_GT(tight.graph_steps, tight.graph_steps_before_half) << "no graph after the half batch";
   }
 }
 
