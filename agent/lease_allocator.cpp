@@ -119,6 +119,6 @@ engine::AllocatorStats LeaseAllocator::stats() const {
 
 void LeaseAllocator::empty_cache() { paged_.release_cached(); }
 
-void LeaseAllocator::reuse_idle() { paged_.hide_idle_pages(); }
+void LeaseAllocator::reuse_idle(size_t bytes) { paged_.make_room(bytes); }
 
 }  // namespace leasehold

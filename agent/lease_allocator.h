@@ -72,8 +72,9 @@ class LeaseAllocator final : public engine::Allocator {
   void set_reclaimer(engine::Reclaimer reclaimer) override;
   void set_idle_release(engine::Reclaimer release) override;
   // Hides the pages no live tensor touches (after the fence), to be shown
-  // under the next tensor; the leases stay the job's.
-  void reuse_idle() override;
+  // under the next tensor, unless a free range already has enough of its
+  // pages shown; the leases stay the job's.
+  void reuse_idle(size_t bytes) override;
   void* allocate_if_free(size_t bytes) override;
   uint64_t budget() const override { return budget_.budget(); }
   // Gives back what no live tensor uses (after the fence): whole free

@@ -73,12 +73,12 @@ class Allocator {
   // idle arena is given up before a saved tensor is moved off the device.
   // Same rules as the reclaimer; allocators without a budget ignore it.
   virtual void set_idle_release(Reclaimer) {}
-  // Before one large allocation that should reuse the memory this
+  // Before an allocation of `bytes` that should reuse the memory this
   // allocator holds free rather than add to it (a CUDA graph's arena, laid
   // out after the step it replaces ran op by op): makes that memory
-  // available wherever the allocation lands. May wait for the device.
-  // The default does nothing.
-  virtual void reuse_idle() {}
+  // available wherever the allocation lands, unless it already is. May
+  // wait for the device. The default does nothing.
+  virtual void reuse_idle(size_t /*bytes*/) {}
   // Most bytes this allocator may hold at once; 0: no budget of its own.
   virtual uint64_t budget() const { return 0; }
 };

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <stdexcept>
 
 #include "agent/engine/cuda_context.h"
@@ -110,7 +111,7 @@ void GraphPool::plan() {
   arena_live_.reserve(trace_.size());
   if (plan.arena_bytes > 0) {
     // (The recording's memory, free again, is where the arena should go.)
-    upstream_->reuse_idle();
+    upstream_->reuse_idle(plan.arena_bytes);
     arena_ = upstream_->allocate(plan.arena_bytes);
   }
   arena_bytes_ = plan.arena_bytes;
@@ -208,12 +209,14 @@ bool StepGraph::run() {
 bool StepGraph::capture() {
   cudaStream_t stream = compute_stream(device_.index);
   if (before_capture_) before_capture_();
+  const auto t_start = std::chrono::steady_clock::now();
   try {
     pool_->plan();
   } catch (const OutOfMemoryError& e) {
     why_not_ = "the step's memory as a CUDA graph's does not fit: " + std::string(e.what());
     return false;
   }
+  const auto t_planned = std::chrono::steady_clock::now();
   cudaGraph_t graph = nullptr;
   std::string failure;
   {
@@ -259,9 +262,13 @@ bool StepGraph::capture() {
     why_not_ = "capturing it as a CUDA graph failed: " + failure;
     return false;
   }
+  const auto ms = [](auto a, auto b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
   spdlog::info("the training step is a CUDA graph now ({} of memory for its tensors, which "
-               "have {} live at once at most)",
-               format_bytes(pool_->held_bytes()), format_bytes(pool_->peak_live_bytes()));
+               "have {} live at once at most; laid out in {:.1f} ms, captured in {:.1f} ms)",
+               format_bytes(pool_->held_bytes()), format_bytes(pool_->peak_live_bytes()),
+               ms(t_start, t_planned), ms(t_planned, std::chrono::steady_clock::now()));
   return true;
 }
 

@@ -291,9 +291,12 @@ uint64_t PagedResource::release_cached() {
   return pages_.release_free();
 }
 
-uint64_t PagedResource::hide_idle_pages() {
+uint64_t PagedResource::make_room(uint64_t bytes) {
   std::lock_guard lock(mu_);
-  return window_ ? hide_idle(UINT64_MAX) : 0;
+  const uint64_t need = align_up(bytes, opt_.granularity);
+  if (!window_ || need == 0) return 0;
+  if (fewer_unshown(need, pages_.free_pages() + 1)) return 0;
+  return hide_idle(UINT64_MAX);
 }
 
 bool PagedResource::allow_patient_growth() {

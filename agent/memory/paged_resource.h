@@ -67,9 +67,12 @@ class PagedResource final : public MemoryResource {
   // whole free leases and free lease tails. Returns the bytes given back.
   // Throws what the fence throws (a device fault).
   uint64_t release_cached();
-  // Only hides them (after the fence): their chunks stay the job's, to be
-  // shown wherever the next tensors land. Returns the pages hidden.
-  uint64_t hide_idle_pages();
+  // For a tensor of `bytes`: when no free range has all but the free
+  // chunks' worth of its pages shown already (no mapping, no lease), hides
+  // the pages no live tensor touches (after the fence); their chunks stay
+  // the job's, to be shown wherever the tensor lands. Returns the pages
+  // hidden.
+  uint64_t make_room(uint64_t bytes);
   // The last resort before an allocation fails (LeasedPages), and its end
   // when that allocation failed all the same.
   bool allow_patient_growth();

@@ -437,13 +437,21 @@ TEST_F(LeaseAllocatorTest, ReusingIdlePagesKeepsTheLeasesAndAddsNone) {
   alloc.deallocate(a, 6ull << 20);
   alloc.deallocate(b, 6ull << 20);
   const E::AllocatorStats before = alloc.stats();
-  alloc.reuse_idle();
+  alloc.reuse_idle(12ull << 20);
   EXPECT_EQ(fences, 1) << "the device is done with the pages before they are hidden";
   EXPECT_EQ(alloc.stats().trims, before.trims + 1);
   EXPECT_EQ(alloc.stats().leases, before.leases) << "the leases stay the job's";
   void* arena = alloc.allocate(12ull << 20);
   EXPECT_EQ(alloc.stats().peak_leased_bytes, before.peak_leased_bytes)
       << "shown on the hidden pages, not on new leases";
+  // Where the arena was, its pages still show: nothing is hidden for the
+  // next one (no fence, no mapping).
+  alloc.deallocate(arena, 12ull << 20);
+  const uint64_t mapped = alloc.stats().pages_mapped;
+  alloc.reuse_idle(12ull << 20);
+  EXPECT_EQ(fences, 1);
+  arena = alloc.allocate(12ull << 20);
+  EXPECT_EQ(alloc.stats().pages_mapped, mapped);
   alloc.deallocate(arena, 12ull << 20);
   alloc.deallocate(kept, 2ull << 20);
 }
