@@ -32,7 +32,14 @@ bool GraphedSteps::wanted(const E::Tensor& x) const {
 }
 
 E::Tensor GraphedSteps::run(const E::Tensor& x, const E::Tensor& y) {
-  E::Tensor loss = wanted(x) ? launch(x, y) : step_(x, y);
+  const bool graphed = wanted(x);
+  if (!graphed && graph_ && x.sizes() != x_.sizes()) {
+    // Another shape (the epoch's last batch) runs in the graph's memory,
+    // not beside it. (The step drops the last gradients first anyway.)
+    if (options_.release) options_.release();
+    release_idle();
+  }
+  E::Tensor loss = graphed ? launch(x, y) : step_(x, y);
   ++steps_run_;
   return loss;
 }

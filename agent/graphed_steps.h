@@ -14,20 +14,24 @@
 //     and if its pool would outgrow the budget it fails and the steps stay
 //     op by op (step_graph.h);
 //   - only steps of the full batch shape, each copied into the graph's
-//     input tensors (an epoch's last, smaller batch runs op by op);
+//     input tensors (an epoch's last, smaller batch runs op by op, in the
+//     memory the graph gives up for it: see below);
 //   - none once the graph failed (why_not) or was dropped.
 // A Shrink drops the graph between steps: its pool (a step's peak memory,
 // the gradients in it) goes back to the allocator, and the rest of the
 // attempt runs op by op.
 //
 // Between its launches the graph's arena holds nothing anyone reads but
-// the loss (a step drops the gradients first). So when memory outside it
-// runs short within the job's budget (the epoch's last, smaller batch,
-// the evaluation), the allocator is given the arena first, before any
-// saved tensor spills (Allocator::set_idle_release): the graph goes, and
-// is made again from the next full batch whose step before spilled
-// nothing. It is given up only while no tensor in it is alive but the
-// loss: the job drops the gradients before it evaluates.
+// the loss (a step drops the gradients first). So a step of another shape
+// (the epoch's last, smaller batch) gets the arena's memory rather than
+// as much again beside it, and when memory outside the arena runs short
+// within the job's budget (the evaluation) the allocator is given the
+// arena first, before any saved tensor spills
+// (Allocator::set_idle_release). The graph goes, and is made again from
+// the next full batch whose step before spilled nothing (laying it out
+// again takes a millisecond or two: it lands where it was). It is given up
+// only while no tensor in it is alive but the loss: the job drops the
+// gradients before it evaluates.
 #pragma once
 
 #include <cstdint>
