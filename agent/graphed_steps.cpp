@@ -27,7 +27,7 @@ bool GraphedSteps::wanted(const E::Tensor& x) const {
     return false;
   }
   if (graph_) return x.sizes() == x_.sizes();
-  if (options_.spilling && options_.spilling()) return false;
+  if (did_not_fit_ || (options_.spilling && options_.spilling())) return false;
   return x.size(0) == options_.full_batch;
 }
 
@@ -72,7 +72,13 @@ E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
     throw;
   }
   in_graph_run_ = false;
-  if (!ran) return step_(x, y);
+  if (!ran) {
+    if (graph_->ran_out_of_memory()) {
+      forget_graph();
+      did_not_fit_ = true;
+    }
+    return step_(x, y);
+  }
   return loss_;
 }
 

@@ -75,6 +75,11 @@ class GraphedSteps {
   int64_t graph_steps() const;
   // Times the graph gave its memory up for other tensors (see above).
   int64_t releases() const { return releases_; }
+  // Whether the last graph failed because the step's memory did not fit
+  // the budget (its recording, or its arena beside what else is live): no
+  // graph is made again until retry(), when the step needs less.
+  bool graph_did_not_fit() const { return did_not_fit_; }
+  void retry() { did_not_fit_ = false; }
 
  private:
   bool wanted(const engine::Tensor& x) const;
@@ -96,6 +101,7 @@ class GraphedSteps {
   int64_t steps_run_ = 0;
   int64_t past_launches_ = 0;  // of graphs dropped or released
   int64_t releases_ = 0;
+  bool did_not_fit_ = false;
   bool dropped_ = false;
 };
 

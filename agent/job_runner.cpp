@@ -355,6 +355,12 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                      "transformer blocks, {} recompute their MLP and {} the whole block in "
                      "backward from now on",
                      job.name()->str(), recompute.blocks(), recompute.mlps(), recompute.whole());
+      } else if (steps.graph_did_not_fit() && recompute.tighten()) {
+        steps.retry();
+        spdlog::info("job '{}': the step's CUDA graph did not fit the memory budget; of {} "
+                     "transformer blocks, {} recompute their MLP and {} the whole block in "
+                     "backward from now on, and the graph is tried again",
+                     job.name()->str(), recompute.blocks(), recompute.mlps(), recompute.whole());
       }
       {
         E::NoGradGuard ng;

@@ -36,7 +36,10 @@ bool RecomputePolicy::after_step() {
   const uint64_t evictions = spill_->counters().evictions;
   const bool evicted = evictions > evictions_seen_;
   evictions_seen_ = evictions;
-  if (!evicted) return false;
+  return evicted && tighten();
+}
+
+bool RecomputePolicy::tighten() {
   // The first block that keeps its MLP recomputes it; once none does, the
   // first block not yet recomputed whole is.
   for (Recompute from : {Recompute::None, Recompute::Mlp}) {

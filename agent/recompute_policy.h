@@ -10,7 +10,9 @@
 // same activations to host memory and back costs several steps on a PCIe
 // link, so recomputing comes first and spilling takes what is left once
 // every block recomputes. Nothing goes back to being kept within a run (a
-// budget, once hit, is hit again).
+// budget, once hit, is hit again). The job also takes a step when its
+// steps fit but their CUDA graph does not (graphed_steps.h): a graph's
+// step, launched once, beats a step op by op that keeps a little more.
 //
 // Thread safety: the job's thread only.
 #pragma once
@@ -32,6 +34,9 @@ class RecomputePolicy {
   // After a step (before the next one's forward): one step more when that
   // step evicted saved tensors; returns whether it took one.
   bool after_step();
+  // One step more, whatever the last step did; false when every block
+  // recomputes whole already.
+  bool tighten();
 
   int blocks() const { return static_cast<int>(blocks_.size()); }
   // Blocks that recompute their MLP only, and those that recompute whole.

@@ -195,6 +195,7 @@ bool StepGraph::run() {
       return true;
     } catch (const OutOfMemoryError& e) {
       why_not_ = std::string("recording it for a CUDA graph ran out of memory: ") + e.what();
+      out_of_memory_ = true;
     }
   } else if (capture()) {
     launch();
@@ -214,6 +215,7 @@ bool StepGraph::capture() {
     pool_->plan();
   } catch (const OutOfMemoryError& e) {
     why_not_ = "the step's memory as a CUDA graph's does not fit: " + std::string(e.what());
+    out_of_memory_ = true;
     return false;
   }
   const auto t_planned = std::chrono::steady_clock::now();

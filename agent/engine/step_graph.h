@@ -114,6 +114,9 @@ class StepGraph {
   bool replaying() const { return exec_ != nullptr; }
   // Why run() runs the step op by op ("" while it may still capture).
   const std::string& why_not() const { return why_not_; }
+  // Whether that is because the step's memory did not fit (recording it,
+  // or laying it out): a graph of a step that needs less may.
+  bool ran_out_of_memory() const { return out_of_memory_; }
   int64_t launches() const { return launches_; }
   // Device bytes the graph's memory pool holds.
   uint64_t pool_bytes() const { return pool_ ? pool_->held_bytes() : 0; }
@@ -133,6 +136,7 @@ class StepGraph {
   bool recorded_ = false;
   void* exec_ = nullptr;  // cudaGraphExec_t
   std::string why_not_;
+  bool out_of_memory_ = false;
   int64_t launches_ = 0;
 };
 
