@@ -337,9 +337,18 @@ def main(argv=None):
                         raise SystemExit(f"variant {v}: run {name} without a budget first "
                                          "(its peak memory is the 100%)")
                     budget = f"{int(peak * float(budget[:-1]) / 100) >> 20}MiB"
-                r = run_leasehold(args, dict(job, memory_budget=budget) if budget else job,
-                                  "BFloat16" if "-bf16" in name else "Float32",
-                                  graphs=not name.endswith("-op-by-op"))
+                try:
+                    r = run_leasehold(args, dict(job, memory_budget=budget) if budget else job,
+                                      "BFloat16" if "-bf16" in name else "Float32",
+                                      graphs=not name.endswith("-op-by-op"))
+                except RuntimeError as e:
+                    # A budget the job cannot train in is a result (the job's own
+                    # error says why), not the end of the benchmark.
+                    failed = re.search(r"result job=\S+ failed: (.*)", str(e))
+                    if not budget or not failed:
+                        raise
+                    r = {"tokens_per_s": 0.0, "validation_loss": None, "failed": failed.group(1)}
+                    log(f"text_gpt_bench: {v}: the job failed: {failed.group(1)}")
             else:
                 r = run_torch(args, job, v)
             r["seed"] = seed
@@ -366,6 +375,9 @@ def main(argv=None):
             label += f", memory budget {budget}"
             if budget.endswith("%"):
                 label += f" of its peak ({rs[0]['memory_budget']})"
+        if any("failed" in r for r in rs):
+            log(f"| {label} | fails: {rs[0].get('failed', '')} | — | — |")
+            continue
         rates = sorted(r["tokens_per_s"] for r in rs)
         losses = [r["validation_loss"] for r in rs]
         mean = sum(losses) / len(losses) if all(losses) else None
