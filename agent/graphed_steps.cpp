@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 #include "agent/engine/autograd.h"
 #include "shared/units.h"
 
@@ -10,7 +12,10 @@ namespace leasehold {
 namespace E = engine;
 
 GraphedSteps::GraphedSteps(E::Device device, Step step, Options options)
-    : device_(device), step_(std::move(step)), options_(std::move(options)) {
+    : device_(device),
+      step_(std::move(step)),
+      options_(std::move(options)),
+      owner_(std::this_thread::get_id()) {
   if (!options_.enabled) return;
   allocator_ = E::current_allocator(device_);
   allocator_->set_idle_release([this](uint64_t) { return release_idle(); });
@@ -22,10 +27,7 @@ GraphedSteps::~GraphedSteps() {
 }
 
 bool GraphedSteps::wanted(const E::Tensor& x) const {
-  if (!options_.enabled || dropped_ || steps_run_ == 0 ||
-      (graph_ && !graph_->why_not().empty())) {
-    return false;
-  }
+  if (!options_.enabled || dropped_ || failed_ || steps_run_ == 0) return false;
   if (graph_) return x.sizes() == x_.sizes();
   if (did_not_fit_ || (options_.spilling && options_.spilling())) return false;
   return x.size(0) == options_.full_batch;
@@ -45,6 +47,12 @@ E::Tensor GraphedSteps::run(const E::Tensor& x, const E::Tensor& y) {
 }
 
 E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
+  // (Until the graph has run, nothing of it is idle to release.)
+  struct InGraphRun {
+    bool& flag;
+    explicit InGraphRun(bool& f) : flag(f) { flag = true; }
+    ~InGraphRun() { flag = false; }
+  } in_run(in_graph_run_);
   if (!graph_) {
     x_ = E::empty(x.sizes(), x.options());
     y_ = E::empty(y.sizes(), y.options());
@@ -63,27 +71,19 @@ E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
   }
   x_.copy_(x);
   y_.copy_(y);
-  in_graph_run_ = true;
-  bool ran;
-  try {
-    ran = graph_->run();
-  } catch (...) {
-    in_graph_run_ = false;
-    throw;
-  }
-  in_graph_run_ = false;
-  if (!ran) {
-    if (graph_->ran_out_of_memory()) {
-      forget_graph();
-      did_not_fit_ = true;
-    }
-    return step_(x, y);
-  }
-  return loss_;
+  if (graph_->run()) return loss_;
+  // Op by op from now on, unless the step's memory did not fit: a step that
+  // needs less may (the caller's retry()).
+  (graph_->ran_out_of_memory() ? did_not_fit_ : failed_) = true;
+  forget_graph();
+  return step_(x, y);
 }
 
 uint64_t GraphedSteps::release_idle() {
-  if (!graph_ || in_graph_run_ || !graph_->replaying()) return 0;
+  if (!graph_ || in_graph_run_ || !graph_->replaying() ||
+      std::this_thread::get_id() != owner_) {
+    return 0;
+  }
   // Only if the arena goes with the graph: no tensor in it is alive but the
   // graph's own loss, which nothing else holds.
   const bool loss_alone = loss_.defined() && loss_.impl().use_count() == 1 &&

@@ -10,13 +10,14 @@
 //     tensors the spill tier moves; a graph's own tensors are never
 //     spilled). A job over its budget gets its graph once a step ran within
 //     the budget as it was (its blocks recomputing what they must,
-//     recompute_policy.h): the recording then runs without the spill hooks,
-//     and if its pool would outgrow the budget it fails and the steps stay
-//     op by op (step_graph.h);
+//     recompute_policy.h); the recording then runs without the spill hooks;
 //   - only steps of the full batch shape, each copied into the graph's
 //     input tensors (an epoch's last, smaller batch runs op by op, in the
 //     memory the graph gives up for it: see below);
-//   - none once the graph failed (why_not) or was dropped.
+//   - none once a graph was dropped or failed, except for want of memory
+//     (its recording ran out, or its arena did not fit beside what else is
+//     live: graph_did_not_fit()). Then none until retry(): the job runner
+//     makes the step need less first (RecomputePolicy::tighten).
 // A Shrink drops the graph between steps: its pool (a step's peak memory,
 // the gradients in it) goes back to the allocator, and the rest of the
 // attempt runs op by op.
@@ -28,15 +29,18 @@
 // within the job's budget (the evaluation) the allocator is given the
 // arena first, before any saved tensor spills
 // (Allocator::set_idle_release). The graph goes, and is made again from
-// the next full batch whose step before spilled nothing (laying it out
-// again takes a millisecond or two: it lands where it was). It is given up
-// only while no tensor in it is alive but the loss: the job drops the
-// gradients before it evaluates.
+// the next full batch whose step before spilled nothing: that step is
+// recorded op by op, the next captured (laying the arena out again takes
+// a millisecond or two: it lands where it was). It is given up only while
+// no tensor in it is alive but the loss (the job drops the gradients
+// before it evaluates), and only from the job's own thread, never while
+// a graph is being recorded, captured or launched.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "agent/engine/step_graph.h"
 #include "agent/engine/tensor.h"
@@ -65,7 +69,8 @@ class GraphedSteps {
 
   // Runs one step, as a graph launch or op by op (see above).
   engine::Tensor run(const engine::Tensor& x, const engine::Tensor& y);
-  // Whether a graph (and its pool's memory) is held.
+  // Whether a graph (and its pool's memory) is held. (A graph that failed
+  // is not: it is forgotten at once.)
   bool holds_graph() const { return graph_ != nullptr; }
   // Drops the graph (waiting for its last launch) and its inputs and loss;
   // steps run op by op from then on. The gradients the graph's pool held
@@ -102,7 +107,9 @@ class GraphedSteps {
   int64_t past_launches_ = 0;  // of graphs dropped or released
   int64_t releases_ = 0;
   bool did_not_fit_ = false;
+  bool failed_ = false;  // a graph failed for another reason: op by op for good
   bool dropped_ = false;
+  std::thread::id owner_;  // the job's thread: the only one whose allocations release
 };
 
 }  // namespace leasehold

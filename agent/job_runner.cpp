@@ -349,18 +349,21 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       const E::Tensor loss = steps.run(x, y);
       if (options.spill) options.spill->end_step();
       // (A graph replays the step it captured: what the policy changes
-      // waits until steps run op by op again.)
-      if (!steps.holds_graph() && recompute.after_step()) {
-        spdlog::info("job '{}': the step spilled to stay within the memory budget; of {} "
-                     "transformer blocks, {} recompute their MLP and {} the whole block in "
-                     "backward from now on",
-                     job.name()->str(), recompute.blocks(), recompute.mlps(), recompute.whole());
-      } else if (steps.graph_did_not_fit() && recompute.tighten()) {
-        steps.retry();
-        spdlog::info("job '{}': the step's CUDA graph did not fit the memory budget; of {} "
-                     "transformer blocks, {} recompute their MLP and {} the whole block in "
-                     "backward from now on, and the graph is tried again",
-                     job.name()->str(), recompute.blocks(), recompute.mlps(), recompute.whole());
+      // waits until steps run op by op again.) One step more when the step
+      // spilled, or when its graph did not fit; either way the step needs
+      // less now, and a graph may be tried again.
+      if (!steps.holds_graph()) {
+        const bool spilled = recompute.after_step();
+        const bool did_not_fit = !spilled && steps.graph_did_not_fit() && recompute.tighten();
+        if (spilled || did_not_fit) {
+          steps.retry();
+          spdlog::info("job '{}': {}; of {} transformer blocks, {} recompute their MLP and {} the "
+                       "whole block in backward from now on",
+                       job.name()->str(),
+                       spilled ? "the step spilled to stay within the memory budget"
+                               : "the step's CUDA graph did not fit in memory",
+                       recompute.blocks(), recompute.mlps(), recompute.whole());
+        }
       }
       {
         E::NoGradGuard ng;

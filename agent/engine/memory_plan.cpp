@@ -6,11 +6,11 @@
 #include <string>
 #include <utility>
 
+#include "shared/units.h"
+
 namespace leasehold::engine {
 
 namespace {
-
-uint64_t round_up(uint64_t n, uint64_t alignment) { return (n + alignment - 1) & ~(alignment - 1); }
 
 bool overlap_in_time(const PlannedBlock& a, const PlannedBlock& b) {
   return a.first < b.last && b.first < a.last;
@@ -33,7 +33,7 @@ MemoryPlan plan_memory(const std::vector<PlannedBlock>& blocks, uint64_t alignme
   MemoryPlan plan;
   plan.offsets.assign(blocks.size(), 0);
   std::vector<uint64_t> size(blocks.size());
-  for (size_t i = 0; i < blocks.size(); ++i) size[i] = round_up(blocks[i].bytes, alignment);
+  for (size_t i = 0; i < blocks.size(); ++i) size[i] = align_up(blocks[i].bytes, alignment);
 
   // Largest first; among equals the earliest, so the order (and the plan)
   // depends on the blocks alone.

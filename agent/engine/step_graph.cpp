@@ -30,44 +30,60 @@ GraphPool::GraphPool(std::shared_ptr<Allocator> upstream) : upstream_(std::move(
 GraphPool::~GraphPool() {
   // (Work queued on the stream that still uses the memory runs before any
   // later work in it: it goes back as any tensor's memory does.)
-  for (auto& [ptr, bytes] : returning_) upstream_->deallocate(ptr, bytes);
+  for (auto& [ptr, bytes] : kept_) upstream_->deallocate(ptr, bytes);
   if (arena_) upstream_->deallocate(arena_, arena_bytes_);
 }
 
 void* GraphPool::allocate(size_t bytes) {
-  std::lock_guard lock(mu_);
-  ++stats_.allocations;
-  void* p = nullptr;
-  switch (phase_) {
-    case Phase::Recording: {
-      trace_.reserve(trace_.size() + 1);
-      recorded_live_.reserve(recorded_live_.size() + 1);
-      p = upstream_->allocate(bytes);
-      recorded_live_.emplace(p, trace_.size());
-      trace_.push_back({bytes, events_++, UINT64_MAX});
-      break;
-    }
-    case Phase::Capturing: {
-      const size_t i = next_;
-      if (i >= trace_.size() || trace_[i].bytes != bytes) {
-        throw std::runtime_error(
-            "the captured step's allocation " + std::to_string(i + 1) + " is of " +
-            format_bytes(bytes) + ", its recording's " +
-            (i < trace_.size() ? "of " + format_bytes(trace_[i].bytes)
-                               : "made only " + std::to_string(trace_.size())));
-      }
-      p = static_cast<char*>(arena_) + offsets_[i];
-      if (!arena_live_.emplace(p, bytes).second) {
-        throw std::logic_error("graph pool: two live allocations planned at one place");
-      }
-      arena_in_use_ += bytes;
-      ++next_;
-      break;
-    }
-    case Phase::Planned:
-    case Phase::Captured:
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.allocations;
+    if (phase_ == Phase::Capturing) return place_captured(bytes);
+    if (phase_ != Phase::Recording) {
       throw std::logic_error("graph pool: allocations are made while recording or capturing");
+    }
+    trace_.reserve(trace_.size() + 1);
   }
+  // (Upstream is asked without the lock: it may reclaim memory, and that
+  // may free tensors of this pool.)
+  void* p = upstream_->allocate(bytes);
+  std::lock_guard lock(mu_);
+  try {
+    recorded_live_.emplace(p, trace_.size());
+  } catch (...) {
+    upstream_->deallocate(p, bytes);
+    throw;
+  }
+  trace_.push_back({bytes, events_++, UINT64_MAX});
+  stats_.in_use_bytes += bytes;
+  stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  return p;
+}
+
+void* GraphPool::place_captured(size_t bytes) {
+  const size_t i = next_;
+  if (i >= trace_.size() || trace_[i].bytes != bytes) {
+    throw std::runtime_error(
+        "the captured step's allocation " + std::to_string(i + 1) + " is of " +
+        format_bytes(bytes) + ", " +
+        (i < trace_.size() ? "its recording's of " + format_bytes(trace_[i].bytes)
+                           : "its recording made only " + std::to_string(trace_.size())));
+  }
+  // The plan lets this one share bytes with any block the recording had
+  // freed by now: none of those may still be alive here.
+  for (const auto& [ptr, j] : arena_live_) {
+    if (trace_[j].last <= trace_[i].first) {
+      throw std::runtime_error("the captured step keeps its allocation " + std::to_string(j + 1) +
+                               " (" + format_bytes(trace_[j].bytes) +
+                               ") alive longer than its recording did");
+    }
+  }
+  void* p = static_cast<char*>(arena_) + offsets_[i];
+  if (!arena_live_.emplace(p, i).second) {
+    throw std::logic_error("graph pool: two live allocations planned at one place");
+  }
+  ++next_;
+  arena_in_use_ += bytes;
   stats_.in_use_bytes += bytes;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   return p;
@@ -75,10 +91,10 @@ void* GraphPool::allocate(size_t bytes) {
 
 void GraphPool::deallocate(void* ptr, size_t bytes) noexcept {
   std::lock_guard lock(mu_);
-  stats_.in_use_bytes -= bytes;
   if (auto it = arena_live_.find(ptr); it != arena_live_.end()) {
     arena_live_.erase(it);  // (its place is the plan's to reuse)
     arena_in_use_ -= bytes;
+    stats_.in_use_bytes -= bytes;
     return;
   }
   auto it = recorded_live_.find(ptr);
@@ -89,31 +105,38 @@ void GraphPool::deallocate(void* ptr, size_t bytes) noexcept {
   }
   const size_t i = it->second;
   recorded_live_.erase(it);
+  stats_.in_use_bytes -= bytes;
   if (phase_ == Phase::Recording) trace_[i].last = events_++;
-  if (phase_ == Phase::Capturing) {
-    // Its last use may be in the work being captured: back upstream once
-    // the capture ends (room reserved by plan()).
-    returning_.emplace_back(ptr, bytes);
+  if (phase_ == Phase::Capturing || phase_ == Phase::Captured) {
+    // The graph may read it (a tensor of the recording the captured step
+    // used): it stays until the pool goes (room reserved by plan()).
+    kept_.emplace_back(ptr, bytes);
     return;
   }
   upstream_->deallocate(ptr, bytes);
 }
 
 void GraphPool::plan() {
-  std::lock_guard lock(mu_);
-  if (phase_ != Phase::Recording) throw std::logic_error("graph pool: planned twice");
   std::vector<PlannedBlock> blocks;
-  blocks.reserve(trace_.size());
-  // (What the recording left live is live to the step's end.)
-  for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, std::min(t.last, events_)});
-  MemoryPlan plan = plan_memory(blocks, kArenaAlignment);
-  returning_.reserve(recorded_live_.size());
-  arena_live_.reserve(trace_.size());
-  if (plan.arena_bytes > 0) {
-    // (The recording's memory, free again, is where the arena should go.)
-    upstream_->reuse_idle(plan.arena_bytes);
-    arena_ = upstream_->allocate(plan.arena_bytes);
+  {
+    std::lock_guard lock(mu_);
+    if (phase_ != Phase::Recording) throw std::logic_error("graph pool: planned twice");
+    blocks.reserve(trace_.size());
+    // (What the recording left live is live to the step's end.)
+    for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, std::min(t.last, events_)});
+    kept_.reserve(recorded_live_.size());
+    arena_live_.reserve(trace_.size());
   }
+  MemoryPlan plan = plan_memory(blocks, kArenaAlignment);
+  void* arena = nullptr;
+  if (plan.arena_bytes > 0) {
+    // (The recording's memory, free again, is where the arena should go.
+    // Without the lock, as in allocate().)
+    upstream_->reuse_idle(plan.arena_bytes);
+    arena = upstream_->allocate(plan.arena_bytes);
+  }
+  std::lock_guard lock(mu_);
+  arena_ = arena;
   arena_bytes_ = plan.arena_bytes;
   peak_live_ = plan.peak_live_bytes;
   offsets_ = std::move(plan.offsets);
@@ -121,19 +144,20 @@ void GraphPool::plan() {
 }
 
 void GraphPool::set_capturing(bool capturing) {
-  std::vector<std::pair<void*, size_t>> returning;
-  {
-    std::lock_guard lock(mu_);
-    if (capturing) {
-      if (phase_ != Phase::Planned) throw std::logic_error("graph pool: captured before planned");
-      phase_ = Phase::Capturing;
-      return;
-    }
-    if (phase_ != Phase::Capturing) return;
+  std::lock_guard lock(mu_);
+  if (capturing) {
+    if (phase_ != Phase::Planned) throw std::logic_error("graph pool: captured before planned");
+    phase_ = Phase::Capturing;
+  } else if (phase_ == Phase::Capturing) {
     phase_ = Phase::Captured;
-    returning.swap(returning_);
   }
-  for (auto& [ptr, bytes] : returning) upstream_->deallocate(ptr, bytes);
+}
+
+std::string GraphPool::capture_mismatch() const {
+  std::lock_guard lock(mu_);
+  if (next_ == trace_.size()) return "";
+  return "the captured step made " + std::to_string(next_) + " allocations, its recording " +
+         std::to_string(trace_.size());
 }
 
 AllocatorStats GraphPool::stats() const {
@@ -241,6 +265,7 @@ bool StepGraph::capture() {
     } catch (const std::exception& e) {
       failure = e.what();
     }
+    if (failure.empty()) failure = pool_->capture_mismatch();
     err = cudaStreamEndCapture(stream, &graph);
     pool_->set_capturing(false);
     if (failure.empty() && err != cudaSuccess) {

@@ -18,8 +18,10 @@
 // the addresses baked into the graph stay valid and unshared as long as it
 // lives. Tensors the step leaves behind (gradients, the loss) stay in the
 // arena and are rewritten by each launch. The arena holds about as much as
-// the step has live at once at its peak: a job whose step fits its budget
-// op by op fits it as a graph too.
+// the step has live at once at its peak (memory_plan.h; for the GPT job
+// exactly that), so a step that fits its budget op by op usually fits it
+// as a graph; one that does not is run op by op (graphed_steps.h says what
+// a job then does).
 #pragma once
 
 #include <cstdint>
@@ -42,12 +44,16 @@ namespace leasehold::engine {
 //     upstream cannot give it. What the recording left live should be freed
 //     first (its memory can then be the arena's);
 //   - capturing: the step runs again and makes the same allocations in the
-//     same order; each gets its planned place, and one that differs from
-//     the recording's throws std::runtime_error (the capture is abandoned).
-//     Nothing is taken from `upstream` then, and memory of the recording
-//     freed meanwhile goes back to it when the capture ends.
+//     same order; each gets its planned place. One that differs from the
+//     recording's, or that comes while a tensor the recording had freed by
+//     then is still alive (the two may share bytes), throws
+//     std::runtime_error, and capture_mismatch() names a capture that made
+//     fewer (the capture is abandoned). Nothing is taken from `upstream`
+//     then. Memory of the recording freed during or after the capture may
+//     be read by the graph: it stays the pool's until the pool goes.
 // The arena returns upstream when the pool goes (when no tensor it made is
 // alive any more). After the capture it serves no more allocations.
+// Upstream is called without the pool's lock held.
 class GraphPool final : public Allocator {
  public:
   explicit GraphPool(std::shared_ptr<Allocator> upstream);
@@ -59,6 +65,8 @@ class GraphPool final : public Allocator {
   AllocatorStats stats() const override;
   void plan();
   void set_capturing(bool capturing);
+  // "" when the capture made every allocation its recording did; else why not.
+  std::string capture_mismatch() const;
   // Bytes taken from upstream: the recording's live allocations, then the arena.
   uint64_t held_bytes() const;
   // The most bytes the recorded step had live at once (0 before plan()).
@@ -68,6 +76,7 @@ class GraphPool final : public Allocator {
 
  private:
   enum class Phase { Recording, Planned, Capturing, Captured };
+  void* place_captured(size_t bytes);  // REQUIRES: mu_ held
   struct Traced {
     size_t bytes;
     uint64_t first, last;  // events; last = UINT64_MAX while live
@@ -78,12 +87,12 @@ class GraphPool final : public Allocator {
   uint64_t events_ = 0;                               // GUARDED_BY(mu_)
   std::vector<Traced> trace_;                         // GUARDED_BY(mu_)
   std::unordered_map<void*, size_t> recorded_live_;   // GUARDED_BY(mu_), upstream block → trace_
-  std::vector<std::pair<void*, size_t>> returning_;   // GUARDED_BY(mu_), freed while capturing
+  std::vector<std::pair<void*, size_t>> kept_;        // GUARDED_BY(mu_), freed once captured
   void* arena_ = nullptr;                             // GUARDED_BY(mu_)
   uint64_t arena_bytes_ = 0, peak_live_ = 0;          // GUARDED_BY(mu_)
   std::vector<uint64_t> offsets_;                     // GUARDED_BY(mu_), by trace_ index
   size_t next_ = 0;                                   // GUARDED_BY(mu_), the capture's next allocation
-  std::unordered_map<void*, size_t> arena_live_;      // GUARDED_BY(mu_), place → bytes
+  std::unordered_map<void*, size_t> arena_live_;      // GUARDED_BY(mu_), place → trace_
   uint64_t arena_in_use_ = 0;                         // GUARDED_BY(mu_)
   AllocatorStats stats_;                              // GUARDED_BY(mu_)
 };

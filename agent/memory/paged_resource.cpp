@@ -294,7 +294,7 @@ uint64_t PagedResource::release_cached() {
 uint64_t PagedResource::make_room(uint64_t bytes) {
   std::lock_guard lock(mu_);
   const uint64_t need = align_up(bytes, opt_.granularity);
-  if (!window_ || need == 0) return 0;
+  if (!window_ || need == 0 || pages_.lost()) return 0;
   if (fewer_unshown(need, pages_.free_pages() + 1)) return 0;
   return hide_idle(UINT64_MAX);
 }

@@ -8,10 +8,10 @@
 #include <random>
 #include <stdexcept>
 
+#include "shared/units.h"
+
 namespace leasehold::engine {
 namespace {
-
-uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // Every pair live at the same time is apart in the arena.
 void expect_valid(const std::vector<PlannedBlock>& blocks, const MemoryPlan& plan,
@@ -19,11 +19,11 @@ void expect_valid(const std::vector<PlannedBlock>& blocks, const MemoryPlan& pla
   ASSERT_EQ(plan.offsets.size(), blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
     EXPECT_EQ(plan.offsets[i] % alignment, 0u) << i;
-    const uint64_t end_i = plan.offsets[i] + round_up(blocks[i].bytes, alignment);
+    const uint64_t end_i = plan.offsets[i] + align_up(blocks[i].bytes, alignment);
     EXPECT_LE(end_i, plan.arena_bytes) << i;
     for (size_t j = i + 1; j < blocks.size(); ++j) {
       const bool meanwhile = blocks[i].first < blocks[j].last && blocks[j].first < blocks[i].last;
-      const uint64_t end_j = plan.offsets[j] + round_up(blocks[j].bytes, alignment);
+      const uint64_t end_j = plan.offsets[j] + align_up(blocks[j].bytes, alignment);
       const bool apart = end_i <= plan.offsets[j] || end_j <= plan.offsets[i];
       ASSERT_TRUE(!meanwhile || apart) << "blocks " << i << " and " << j << " overlap";
     }

@@ -368,9 +368,8 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
            .full_batch = kBatch,
            .spilling = [&] { return manager->last_step_spilled(); },
            .release = [&] { opt.zero_grad(); }});
-      // Step 9 is half a batch, as an epoch's last can be: it runs op by op,
-      // beside the graph's idle arena if the budget has room for both and
-      // with the arena's memory otherwise.
+      // Step 9 is half a batch, as an epoch's last can be: it runs op by op
+      // in the memory the graph's idle arena gives up.
       for (int i = 0; i < 11; ++i) {
         if (i == 8) {
           r.graph_steps_before_half = steps.graph_steps();
