@@ -33,10 +33,7 @@ int RecomputePolicy::count(Recompute r) const {
 
 bool RecomputePolicy::after_step() {
   if (!spill_) return false;
-  const uint64_t evictions = spill_->counters().evictions;
-  const bool evicted = evictions > evictions_seen_;
-  evictions_seen_ = evictions;
-  return evicted && tighten();
+  return spill_->last_step_spilled() && tighten();
 }
 
 bool RecomputePolicy::tighten() {

@@ -31,8 +31,9 @@ class RecomputePolicy {
   // order. `spill` may be null (no budget to keep: nothing ever recomputes).
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill);
 
-  // After a step (before the next one's forward): one step more when that
-  // step evicted saved tensors; returns whether it took one.
+  // After a step, once SpillManager::end_step() has ended it (before the
+  // next one's forward): one step more when that step evicted saved
+  // tensors; returns whether it took one.
   bool after_step();
   // One step more, whatever the last step did; false when every block
   // recomputes whole already.
@@ -47,7 +48,6 @@ class RecomputePolicy {
   int count(engine::nn::TransformerBlock::Recompute r) const;
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
-  uint64_t evictions_seen_ = 0;
 };
 
 }  // namespace leasehold
