@@ -175,7 +175,8 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
   }
 }
 
-uint64_t PagedResource::hide_idle(uint64_t want, uint64_t near_first, uint64_t near_last) {
+uint64_t PagedResource::hide_idle(uint64_t want, uint64_t near_first, uint64_t near_last,
+                                  bool spare) {
   if (idle_shown_ == 0) return 0;
   fence();
   ++trims_;
@@ -186,7 +187,7 @@ uint64_t PagedResource::hide_idle(uint64_t want, uint64_t near_first, uint64_t n
     if (w.chunk[p] && !w.touching[p]) idle.push_back(p);
   }
   const uint64_t rest = idle.size() - std::min<uint64_t>(want, idle.size());
-  const uint64_t n = std::min<uint64_t>(idle.size(), want + rest / 2);
+  const uint64_t n = std::min<uint64_t>(idle.size(), want + (spare ? rest / 2 : 0));
   if (n < idle.size()) {
     auto distance = [&](uint64_t p) {
       return p < near_first ? near_first - p : p > near_last ? p - near_last : 0;
@@ -295,8 +296,16 @@ uint64_t PagedResource::make_room(uint64_t bytes) {
   std::lock_guard lock(mu_);
   const uint64_t need = align_up(bytes, opt_.granularity);
   if (!window_ || need == 0 || pages_.lost()) return 0;
-  if (fewer_unshown(need, pages_.free_pages() + 1)) return 0;
-  return hide_idle(UINT64_MAX);
+  // The free range that lacks the fewest pages (where the allocation will
+  // land): only the pages it lacks beyond the free chunks are hidden, the
+  // farthest from it first, so a range that is mostly shown costs a few
+  // mapping calls rather than hiding and showing every idle page.
+  const std::optional<uint64_t> at = fewer_unshown(need, UINT64_MAX);
+  if (!at) return 0;  // no free range that large: the allocation says so
+  const uint64_t missing = unshown(*at, need), free = pages_.free_pages();
+  if (missing <= free) return 0;
+  const auto [first, last] = pages_of(*at, need);
+  return hide_idle(missing - free, first, last, /*spare=*/false);
 }
 
 bool PagedResource::allow_patient_growth() {

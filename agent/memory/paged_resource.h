@@ -69,9 +69,10 @@ class PagedResource final : public MemoryResource {
   uint64_t release_cached();
   // For a tensor of `bytes`: when no free range has all but the free
   // chunks' worth of its pages shown already (no mapping, no lease), hides
-  // the pages no live tensor touches (after the fence); their chunks stay
-  // the job's, to be shown wherever the tensor lands. Returns the pages
-  // hidden.
+  // as many pages no live tensor touches as the range that lacks the
+  // fewest needs (after the fence), the farthest from it first; their
+  // chunks stay the job's, to be shown where the tensor lands. Returns the
+  // pages hidden.
   uint64_t make_room(uint64_t bytes);
   // The last resort before an allocation fails (LeasedPages), and its end
   // when that allocation failed all the same.
@@ -117,12 +118,13 @@ class PagedResource final : public MemoryResource {
   // when there is none. REQUIRES: mu_ held.
   std::optional<uint64_t> fewer_unshown(uint64_t need, uint64_t than) const;
   // Hides pages no live tensor touches, after the fence, so their chunks
-  // are free again: at least `want` (when there are), and half of the rest
-  // with them, so the next shortage does not wait for the device again;
-  // the farthest from pages [near_first, near_last] first (what is placed
-  // next tends to go near what was placed last). Returns how many.
-  // REQUIRES: mu_ held.
-  uint64_t hide_idle(uint64_t want, uint64_t near_first = 0, uint64_t near_last = 0);
+  // are free again: at least `want` (when there are), and with `spare`
+  // half of the rest with them, so the next shortage does not wait for the
+  // device again; the farthest from pages [near_first, near_last] first
+  // (what is placed next tends to go near what was placed last). Returns
+  // how many. REQUIRES: mu_ held.
+  uint64_t hide_idle(uint64_t want, uint64_t near_first = 0, uint64_t near_last = 0,
+                     bool spare = true);
   void fence();  // REQUIRES: mu_ held
   [[noreturn]] void out_of_memory(uint64_t bytes, const std::string& why, bool permanent);
 

@@ -322,5 +322,76 @@ TEST_F(CudaAutocast, ProductsFeedingProductsKeepBFloat16Between) {
   EXPECT_THROW(linear(x16, w, Tensor()), std::invalid_argument);
 }
 
+// The MLP as one operation (mlp_gelu) under autocast: the output and every
+// gradient within bfloat16's precision of float32 on the CPU, with and
+// without biases, at a width a multiple of 8 and one that is not; the same
+// bits whether backward keeps the GELU's output or makes it again; and
+// made again, it keeps exactly that output's bytes less.
+TEST_F(CudaAutocast, TheMlpAsOneOperationMatchesItsLayers) {
+  for (int64_t hidden : {64, 7}) {
+    for (bool biases : {true, false}) {
+      SCOPED_TRACE("hidden " + std::to_string(hidden) + (biases ? ", biases" : ", no biases"));
+      manual_seed(41);
+      Tensor x = randn({130, 48}), w1 = mul(randn({hidden, 48}), 0.2);
+      Tensor w2 = mul(randn({24, hidden}), 0.2), r = randn({130, 24});
+      Tensor b1 = biases ? randn({hidden}) : Tensor(), b2 = biases ? randn({24}) : Tensor();
+      std::vector<Tensor> cpu{x, w1, b1, w2, b2};
+      for (Tensor& t : cpu) {
+        if (t.defined()) t.set_requires_grad(true);
+      }
+      Tensor ref = mlp_gelu(cpu[0], cpu[1], cpu[2], cpu[3], cpu[4]);
+      sum(mul(ref, r)).backward();
+      std::vector<std::vector<float>> first_grads;
+      for (GeluOutput mode : {GeluOutput::Keep, GeluOutput::Recompute}) {
+        SCOPED_TRACE(mode == GeluOutput::Keep ? "kept" : "made again");
+        std::vector<Tensor> gpu;
+        for (const Tensor& t : cpu) {
+          gpu.push_back(t.defined() ? t.detach().to(Device::cuda()).set_requires_grad(true)
+                                    : Tensor());
+        }
+        Tensor got;
+        {
+          AutocastGuard autocast(DType::BFloat16);
+          got = mlp_gelu(gpu[0], gpu[1], gpu[2], gpu[3], gpu[4], mode);
+        }
+        EXPECT_EQ(got.dtype(), DType::Float32);
+        sum(mul(got, r.to(Device::cuda()))).backward();
+        EXPECT_LE(relative_error(got, ref), 2e-2);
+        std::vector<std::vector<float>> grads;
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          if (!cpu[i].defined()) continue;
+          SCOPED_TRACE("gradient " + std::to_string(i));
+          EXPECT_EQ(gpu[i].grad().dtype(), DType::Float32);
+          EXPECT_LE(relative_error(gpu[i].grad(), cpu[i].grad()), 3e-2);
+          grads.push_back(gpu[i].grad().to(Device::cpu()).to_vector<float>());
+        }
+        if (first_grads.empty()) {
+          first_grads = grads;
+        } else {
+          EXPECT_TRUE(grads == first_grads) << "the gradients depend on whether the GELU's output "
+                                               "was kept";
+        }
+      }
+    }
+  }
+  // What backward keeps: made again, the GELU's output [rows, 4 × dim] less.
+  manual_seed(42);
+  const int64_t rows = 512, dim = 64;
+  const auto on_gpu = [](Tensor t) { return t.to(Device::cuda()).set_requires_grad(true); };
+  Tensor x = on_gpu(randn({rows, dim})), w1 = on_gpu(mul(randn({4 * dim, dim}), 0.1));
+  Tensor w2 = on_gpu(mul(randn({dim, 4 * dim}), 0.1));
+  Tensor b1 = on_gpu(zeros({4 * dim})), b2 = on_gpu(zeros({dim}));
+  const auto kept = [&](GeluOutput mode) {
+    auto allocator = current_allocator(Device::cuda());
+    AutocastGuard autocast(DType::BFloat16);
+    const int64_t before = int64_t(allocator->stats().in_use_bytes);
+    Tensor y = mlp_gelu(x, w1, b1, w2, b2, mode);
+    return int64_t(allocator->stats().in_use_bytes) - before;
+  };
+  const int64_t keeping = kept(GeluOutput::Keep), remaking = kept(GeluOutput::Recompute);
+  EXPECT_EQ(keeping - remaking, rows * 4 * dim * 2)  // bfloat16
+      << "keeping " << keeping << " bytes, making it again " << remaking;
+}
+
 }  // namespace
 }  // namespace leasehold::engine::testing

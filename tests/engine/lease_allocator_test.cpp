@@ -444,6 +444,11 @@ TEST_F(LeaseAllocatorTest, ReusingIdlePagesKeepsTheLeasesAndAddsNone) {
   void* arena = alloc.allocate(12ull << 20);
   EXPECT_EQ(alloc.stats().peak_leased_bytes, before.peak_leased_bytes)
       << "shown on the hidden pages, not on new leases";
+  // (Pages of 1 MiB.) It lands where b was, whose six pages still show,
+  // and shows only the six it lacks (the two free chunks and four of a's,
+  // hidden), not b's again.
+  EXPECT_EQ(alloc.stats().pages_mapped - before.pages_mapped, 6u)
+      << "only the pages the arena's range lacked were hidden and shown again";
   // Where the arena was, its pages still show: nothing is hidden for the
   // next one (no fence, no mapping).
   alloc.deallocate(arena, 12ull << 20);
