@@ -258,8 +258,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   // Over its memory budget, the job's transformer blocks recompute in
   // backward before its activations spill (recompute_policy.h).
-  RecomputePolicy recompute(*model, options.spill,
-                            /*gelu_outputs=*/E::autocast_dtype(options.device).has_value());
+  RecomputePolicy recompute(*model, options.spill);
   // The replicas connect, and from here on every step's gradients are
   // averaged over them.
   std::unique_ptr<GradientReducer> reducer;
@@ -358,14 +357,12 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         const bool did_not_fit = !spilled && steps.graph_did_not_fit() && recompute.tighten();
         if (spilled || did_not_fit) {
           steps.retry();
-          spdlog::info("job '{}': {}; of {} transformer blocks, {} make their GELU output "
-                       "again, {} recompute their MLP and {} the whole block in backward from "
-                       "now on",
+          spdlog::info("job '{}': {}; of {} transformer blocks, {} recompute their MLP and {} the "
+                       "whole block in backward from now on",
                        job.name()->str(),
                        spilled ? "the step spilled to stay within the memory budget"
                                : "the step's CUDA graph did not fit in memory",
-                       recompute.blocks(), recompute.gelu_outputs(), recompute.mlps(),
-                       recompute.whole());
+                       recompute.blocks(), recompute.mlps(), recompute.whole());
         }
       }
       {
@@ -456,7 +453,6 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     spdlog::info("job '{}': the step's CUDA graph gave its memory up to other tensors {} times",
                  job.name()->str(), steps.releases());
   }
-  result.recomputed_gelu_outputs = recompute.gelu_outputs();
   result.recomputed_mlps = recompute.mlps();
   result.recomputed_blocks = recompute.whole();
   result.memory = last_progress;

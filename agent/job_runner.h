@@ -62,10 +62,9 @@ struct JobResult {
   double seconds = 0;
   int64_t resumed_from_epoch = 0;  // 0: started fresh
   int64_t graph_steps = 0;         // steps run as one CUDA graph launch each
-  // Transformer blocks making their MLP's GELU output again, recomputing
-  // their MLP, and recomputing whole, in backward at the end, to stay
-  // within the memory budget (recompute_policy.h).
-  int recomputed_gelu_outputs = 0;
+  // Transformer blocks recomputing their MLP, and recomputing whole, in
+  // backward at the end, to stay within the memory budget
+  // (recompute_policy.h).
   int recomputed_mlps = 0;
   int recomputed_blocks = 0;
   // The last progress reported, with its memory fields as they are at the

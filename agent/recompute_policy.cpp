@@ -20,8 +20,8 @@ void collect(const nn::Module& m, std::vector<nn::TransformerBlock*>& out) {
 }  // namespace
 
 RecomputePolicy::RecomputePolicy(const nn::Module& model,
-                                 std::shared_ptr<spill::SpillManager> spill, bool gelu_outputs)
-    : spill_(std::move(spill)), gelu_outputs_(gelu_outputs) {
+                                 std::shared_ptr<spill::SpillManager> spill)
+    : spill_(std::move(spill)) {
   collect(model, blocks_);
 }
 
@@ -37,14 +37,12 @@ bool RecomputePolicy::after_step() {
 }
 
 bool RecomputePolicy::tighten() {
-  // The first block at the lowest level goes one level up.
-  std::vector<Recompute> levels{Recompute::None, Recompute::GeluOutput, Recompute::Mlp,
-                                Recompute::Block};
-  if (!gelu_outputs_) levels.erase(levels.begin() + 1);
-  for (size_t level = 0; level + 1 < levels.size(); ++level) {
+  // The first block that keeps its MLP recomputes it; once none does, the
+  // first block not yet recomputed whole is.
+  for (Recompute from : {Recompute::None, Recompute::Mlp}) {
     for (auto* b : blocks_) {
-      if (b->recompute() == levels[level]) {
-        b->set_recompute(levels[level + 1]);
+      if (b->recompute() == from) {
+        b->set_recompute(from == Recompute::None ? Recompute::Mlp : Recompute::Block);
         return true;
       }
     }

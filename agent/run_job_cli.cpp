@@ -83,13 +83,11 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
     JobResult r = run_job(job, opts);
     std::printf(
         "result job=%s test_accuracy=%.2f%% samples_per_s=%.0f steps=%lld seconds=%.1f "
-        "peak_memory=%s spilled=%s restored=%s recomputed_gelu_outputs=%d recomputed_mlps=%d "
-        "recomputed_blocks=%d\n",
+        "peak_memory=%s spilled=%s restored=%s recomputed_mlps=%d recomputed_blocks=%d\n",
         job.name()->c_str(), 100 * r.test_accuracy, r.samples_per_second, (long long)r.steps,
         r.seconds, format_bytes(r.memory.peak_device_bytes).c_str(),
         format_bytes(r.memory.spilled_bytes).c_str(),
-        format_bytes(r.memory.restored_bytes).c_str(), r.recomputed_gelu_outputs,
-        r.recomputed_mlps, r.recomputed_blocks);
+        format_bytes(r.memory.restored_bytes).c_str(), r.recomputed_mlps, r.recomputed_blocks);
     std::fflush(stdout);
     return 0;
   } catch (const JobCancelled&) {

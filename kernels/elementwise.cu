@@ -187,13 +187,11 @@ __device__ inline F32x8 to_f32x8(const Bf16x8& x) {
   return y;
 }
 
-// GELU's backward (and, with y, its output again: the same expression as
-// gelu_bf16_kernel's) on 16-byte words of eight elements, kUnroll words a
-// thread with every load issued before a store, where every array is
-// 16-byte aligned (`vectors`); then one element a thread for the rest. dx
-// may be g; y may be null.
+// GELU's backward on 16-byte words of eight elements, kUnroll words a
+// thread with every load issued before a store, where all three arrays
+// are 16-byte aligned (`vectors`); then one element a thread for the rest.
 __global__ void gelu_backward_bf16_kernel(bfloat16* dx, const bfloat16* g, const bfloat16* x,
-                                          bfloat16* y, int64_t n, bool vectors) {
+                                          int64_t n, bool vectors) {
   const int64_t words = vectors ? n / 8 : 0;
   const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
   for (int64_t base = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < words;
@@ -217,46 +215,11 @@ __global__ void gelu_backward_bf16_kernel(bfloat16* dx, const bfloat16* g, const
         d.v[j] = bfloat16(float(gv[u].v[j]) * gelu_tanh_grad(float(xv[u].v[j])));
       }
       reinterpret_cast<Bf16x8*>(dx)[i] = d;
-      if (y != nullptr) {
-        Bf16x8 out;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) out.v[j] = bfloat16(gelu_tanh(float(xv[u].v[j])));
-        reinterpret_cast<Bf16x8*>(y)[i] = out;
-      }
     }
   }
   for (int64_t i = words * 8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float xi = float(x[i]);
-    dx[i] = bfloat16(float(g[i]) * gelu_tanh_grad(xi));
-    if (y != nullptr) y[i] = bfloat16(gelu_tanh(xi));
-  }
-}
-
-__global__ void gelu_bf16_kernel(bfloat16* y, const bfloat16* x, int64_t n, bool vectors) {
-  const int64_t words = vectors ? n / 8 : 0;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < words;
-       base += step) {
-    Bf16x8 xv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i < words) xv[u] = reinterpret_cast<const Bf16x8*>(x)[i];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i >= words) break;
-      Bf16x8 out;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out.v[j] = bfloat16(gelu_tanh(float(xv[u].v[j])));
-      reinterpret_cast<Bf16x8*>(y)[i] = out;
-    }
-  }
-  for (int64_t i = words * 8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    y[i] = bfloat16(gelu_tanh(float(x[i])));
+    dx[i] = bfloat16(float(g[i]) * gelu_tanh_grad(float(x[i])));
   }
 }
 
@@ -392,19 +355,11 @@ void convert(Stream queue, To* out, const From* in, int64_t n) {
 }
 
 void gelu_backward_bf16(Stream queue, bfloat16* dx, const bfloat16* g, const bfloat16* x,
-                        int64_t n, bfloat16* y) {
+                        int64_t n) {
   if (n == 0) return;
-  const bool vectors = aligned16(dx) && aligned16(g) && aligned16(x) && (!y || aligned16(y));
+  const bool vectors = aligned16(dx) && aligned16(g) && aligned16(x);
   gelu_backward_bf16_kernel<<<vectors ? words_grid(n / 8) : grid_for(n), kBlock, 0,
-                              as_cuda(queue)>>>(dx, g, x, y, n, vectors);
-  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
-}
-
-void gelu_bf16(Stream queue, bfloat16* y, const bfloat16* x, int64_t n) {
-  if (n == 0) return;
-  const bool vectors = aligned16(y) && aligned16(x);
-  gelu_bf16_kernel<<<vectors ? words_grid(n / 8) : grid_for(n), kBlock, 0, as_cuda(queue)>>>(
-      y, x, n, vectors);
+                              as_cuda(queue)>>>(dx, g, x, n, vectors);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -82,14 +82,9 @@ namespace cuda {
 template <class T>
 void bias_activation(Stream s, T* y, const T* bias, int64_t rows, int64_t columns, bool relu);
 // dx[i] = g[i] · gelu'(x[i]) (tanh form) in bfloat16, computed in float32:
-// the backward of a product's GELU, from the GELU's input that the product
-// kept, straight into the bfloat16 the next products read (dx may be g).
-// With y, also y[i] = gelu(x[i]), the same bits as gelu_bf16: the GELU's
-// output made again where forward did not keep it.
-void gelu_backward_bf16(Stream s, bfloat16* dx, const bfloat16* g, const bfloat16* x, int64_t n,
-                        bfloat16* y = nullptr);
-// y[i] = gelu(x[i]) (tanh form) in bfloat16, computed in float32.
-void gelu_bf16(Stream s, bfloat16* y, const bfloat16* x, int64_t n);
+// the backward of a product's fused GELU, from the GELU's input that the
+// product kept, straight into the bfloat16 the next products read.
+void gelu_backward_bf16(Stream s, bfloat16* dx, const bfloat16* g, const bfloat16* x, int64_t n);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_ELEMENTWISE_KERNELS

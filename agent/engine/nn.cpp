@@ -124,6 +124,11 @@ Tensor Linear::forward_lower_precision(const Tensor& x) {
                 x);
 }
 
+Tensor Linear::forward_then_gelu(const Tensor& x) {
+  if (x.dim() < 2 || x.size(-1) != in_) return gelu(forward(x));  // forward names the problem
+  return unrows(linear_gelu(rows_of(x, in_), param(0), bias_ ? param(1) : Tensor()), x);
+}
+
 std::string Linear::describe() const {
   return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")";
 }
@@ -266,12 +271,9 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 }
 
 Tensor TransformerBlock::mlp(const Tensor& h) {
-  const Tensor x = (*ln2_)(h);
-  const GeluOutput gelu_output =
-      recompute_ == Recompute::GeluOutput ? GeluOutput::Recompute : GeluOutput::Keep;
-  return unrows(mlp_gelu(rows_of(x, dim_), fc1_->weight(), fc1_->bias(), fc2_->weight(),
-                         fc2_->bias(), gelu_output),
-                x);
+  // (Under autocast the GELU is fc1's epilogue, and its bfloat16 output is
+  // what fc2 multiplies.)
+  return (*fc2_)(fc1_->forward_then_gelu((*ln2_)(h)));
 }
 
 Tensor TransformerBlock::body(const Tensor& x) {

@@ -59,10 +59,10 @@ class Linear final : public Module {
   // forward(x), kept in bfloat16 under autocast for a product that reads
   // it next (ops.h: ProductOut); float32 otherwise.
   Tensor forward_lower_precision(const Tensor& x);
+  // gelu(forward(x)), fused under autocast (ops.h: linear_gelu).
+  Tensor forward_then_gelu(const Tensor& x);
   std::string describe() const override;
   Tensor& weight() { return param(0); }  // [out, in]
-  // [out], or an undefined tensor for a layer made without one.
-  Tensor bias() { return bias_ ? param(1) : Tensor(); }
 
  private:
   int64_t in_, out_;
@@ -177,22 +177,16 @@ class TransformerBlock final : public Module {
                    TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
-  // What training keeps of the block for backward (recompute.h), each
-  // level dropping more for more work again in backward. Under autocast
-  // the MLP holds more than half of a block's activations (its layer
-  // norm's output, fc1's output and the GELU's, the last two four times
-  // as wide as the block); the GELU's output alone, a quarter of them,
-  // costs one elementwise write to make again (ops.h: mlp_gelu); the whole
-  // MLP costs a third of the block's forward, so recomputing it frees
-  // about twice the bytes per microsecond that recomputing the whole block
-  // does. Every level gives the same gradients, bit for bit.
+  // What training keeps of the block for backward (recompute.h). Under
+  // autocast the MLP holds more than half of a block's activations (its
+  // layer norm's output, fc1's output and the GELU's) and costs a third of
+  // its forward, so recomputing it frees about twice the bytes per
+  // microsecond that recomputing the whole block does.
   enum class Recompute {
-    None,        // every activation kept (the default)
-    GeluOutput,  // the MLP's GELU output made again in backward
-    Mlp,         // the MLP keeps only its input and runs again in backward
-    Block,       // the whole block keeps only its input and runs again
+    None,   // every activation kept (the default)
+    Mlp,    // the MLP keeps only its input and runs again in backward
+    Block,  // the whole block keeps only its input and runs again
   };
-
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
 

@@ -63,18 +63,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool then_re
 // result is bfloat16, as is the GELU input backward keeps: the MLP's
 // [N, 4 × dim] activation is written once, in half the bytes.
 Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
-// linear(gelu(linear(x, w1, b1)), w2, b2): a transformer block's MLP as one
-// operation. Under bfloat16 autocast on CUDA, fc1 writes bfloat16 and the
-// GELU is a pass of its own over it (its output bit for bit what backward
-// would make again), and backward takes GELU's gradient in place in the
-// bfloat16 gradient fc2's product wrote. With GeluOutput::Recompute backward
-// keeps fc1's input and the GELU's input but not the GELU's output, as wide
-// as its input, and makes it again in that same pass: the gradients are the
-// same bits, for a quarter of the MLP's activations. Elsewhere the three
-// operations (the choice does not matter there).
-enum class GeluOutput { Keep, Recompute };
-Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
-                const Tensor& b2, GeluOutput gelu_output = GeluOutput::Keep);
 
 // Reductions over `dims` (empty: all dimensions).
 Tensor sum(const Tensor& x, Shape dims = {}, bool keepdim = false);

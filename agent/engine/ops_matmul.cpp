@@ -239,75 +239,12 @@ struct LinearBackward final : Node {
   }
 };
 
-// mlp_gelu under autocast: keeps fc1's input and the GELU's input (both
-// bfloat16), the weights' bfloat16 copies and, unless it is made again
-// here, the GELU's output.
-struct MlpBackward final : Node {
-  SavedTensor x, w1, w2;  // bfloat16 (x: the input itself if it was)
-  SavedTensor pre;        // bfloat16 [N, hidden]: fc1's output, the GELU's input
-  SavedTensor h;          // bfloat16 [N, hidden]: the GELU's output, or undefined
-  DType x_dtype = DType::Float32;
-  const char* name() const override { return "MlpBackward"; }
-  std::vector<Tensor> apply(const Tensor& g_in) override {
-    // next: x, w1, b1, w2, b2 (a bias without a gradient has no function).
-    const auto wanted = [&](size_t i) { return next.size() > i && next[i].fn != nullptr; };
-    Tensor X = x.get(), W1 = w1.get(), W2 = w2.get(), P = pre.get(), H = h.get();
-    const int64_t n = X.size(0), in = X.size(1), hidden = W1.size(0), out = W2.size(0);
-    const Tensor g16 = g_in.contiguous().to(DType::BFloat16);
-    // The gradient at the GELU's output, then at its input in place: one
-    // pass that also makes the GELU's output again when it was not kept
-    // (the same kernel, so the same bits, as forward's).
-    Tensor d = gemm_mixed(g16, false, W2, false, n, hidden, out, P.sizes(), DType::BFloat16).out;
-    const bool remake = !H.defined() && wanted(3);
-    if (remake) H = empty(P.sizes(), P.options());
-    LEASEHOLD_CUDA_OR("mlp", kernels::cuda::gelu_backward_bf16(
-                                 stream_for(P.device()), d.data<bfloat16>(), d.data<bfloat16>(),
-                                 P.data<bfloat16>(), P.numel(),
-                                 remake ? H.data<bfloat16>() : nullptr));
-    Tensor gx, gw1, gb1, gw2, gb2;
-    // Each weight gradient's product sums its bias gradient as well.
-    const auto weight_grad = [&](const Tensor& g, const Tensor& a, const Tensor& w, bool bias,
-                                 Tensor& gw, Tensor& gb) {
-      MixedEpilogue e;
-      e.bias_grad = bias;
-      MixedProduct p = gemm_mixed(g, true, a, false, w.size(0), w.size(1), n, w.sizes(),
-                                  DType::Float32, e);
-      gw = p.out;
-      gb = p.bias_grad;
-    };
-    if (wanted(3)) weight_grad(g16, H, W2, wanted(4), gw2, gb2);
-    if (wanted(4) && !gb2.defined()) gb2 = sum(g16.to(DType::Float32), {0});
-    H = Tensor();
-    if (wanted(1)) weight_grad(d, X, W1, wanted(2), gw1, gb1);
-    if (wanted(2) && !gb1.defined()) gb1 = sum(d.to(DType::Float32), {0});
-    if (wanted(0)) gx = gemm_mixed(d, false, W1, false, n, in, hidden, X.sizes(), x_dtype).out;
-    return {gx, gw1, gb1, gw2, gb2};
-  }
-  void release_saved() override {
-    x.reset();
-    w1.reset();
-    w2.reset();
-    pre.reset();
-    h.reset();
-  }
-};
-
 // Under autocast, an input already in bfloat16 (a product's output kept so
 // for the next one) is read as it is; otherwise inputs are float32 and
 // match the weight's type.
 bool autocast_linear(const Tensor& x, const Tensor& w) {
   return autocast_dtype(x.device()) == DType::BFloat16 && w.dtype() == DType::Float32 &&
          (x.dtype() == DType::Float32 || x.dtype() == DType::BFloat16);
-}
-
-// A bias (when defined) is [out] for a weight [out, in], of its type.
-void check_bias(const Tensor& w, const Tensor& bias, const char* op) {
-  if (!bias.defined()) return;
-  detail::check_same(w, bias, op);
-  if (bias.dim() != 1 || bias.size(0) != w.size(0)) {
-    throw std::invalid_argument(std::string(op) + ": bias " + bias.shape_str() + " for " +
-                                std::to_string(w.size(0)) + " outputs");
-  }
 }
 
 // The checks every linear layer makes: shapes, and the bias's.
@@ -324,7 +261,13 @@ void check_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, co
     throw std::invalid_argument(std::string(op) + ": input " + x_in.shape_str() + " and weight " +
                                 w_in.shape_str() + " do not fit ([N, in] and [out, in])");
   }
-  check_bias(w_in, bias, op);
+  if (bias.defined()) {
+    detail::check_same(w_in, bias, op);
+    if (bias.dim() != 1 || bias.size(0) != w_in.size(0)) {
+      throw std::invalid_argument(std::string(op) + ": bias " + bias.shape_str() + " for " +
+                                  std::to_string(w_in.size(0)) + " outputs");
+    }
+  }
 }
 
 }  // namespace
@@ -415,53 +358,6 @@ Tensor linear_gelu(const Tensor& x_in, const Tensor& w_in, const Tensor& bias) {
     record(p.out, node, {&x_in, &w_in, &bias});
   }
   return p.out;
-}
-
-Tensor mlp_gelu(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1, const Tensor& w2_in,
-                const Tensor& b2, GeluOutput gelu_output) {
-  check_linear(x_in, w1_in, b1, "mlp_gelu (fc1)");
-  detail::check_defined(w2_in, "mlp_gelu (fc2)", "weight");
-  detail::check_same(w1_in, w2_in, "mlp_gelu");
-  if (w2_in.dim() != 2 || w2_in.size(1) != w1_in.size(0)) {
-    throw std::invalid_argument("mlp_gelu: fc2's weight " + w2_in.shape_str() +
-                                " does not read fc1's " + std::to_string(w1_in.size(0)) +
-                                " outputs");
-  }
-  check_bias(w2_in, b2, "mlp_gelu (fc2)");
-  if (!autocast_linear(x_in, w1_in)) return linear(gelu(linear(x_in, w1_in, b1)), w2_in, b2);
-  const int64_t n = x_in.size(0), hidden = w1_in.size(0), out_features = w2_in.size(0);
-  Tensor x, w1, w2;
-  MixedEpilogue e1, e2;
-  {
-    NoGradGuard no_grad;
-    x = x_in.contiguous().to(DType::BFloat16);
-    w1 = w1_in.contiguous().to(DType::BFloat16);
-    w2 = w2_in.contiguous().to(DType::BFloat16);
-    if (b1.defined()) e1.bias = b1.detach().contiguous();
-    if (b2.defined()) e2.bias = b2.detach().contiguous();
-  }
-  // fc1 with its bias, in bfloat16; the GELU by a pass of the engine's own
-  // rather than fc1's epilogue, so that backward can make the same output
-  // again from the same input, bit for bit.
-  const Tensor pre =
-      gemm_mixed(x, false, w1, true, n, hidden, x.size(1), {n, hidden}, DType::BFloat16, e1).out;
-  Tensor h = empty(pre.sizes(), pre.options());
-  LEASEHOLD_CUDA_OR("mlp", kernels::cuda::gelu_bf16(stream_for(pre.device()), h.data<bfloat16>(),
-                                                    pre.data<bfloat16>(), pre.numel()));
-  Tensor y = gemm_mixed(h, false, w2, true, n, out_features, hidden, {n, out_features},
-                        DType::Float32, e2)
-                 .out;
-  if (any_requires_grad({&x_in, &w1_in, &b1, &w2_in, &b2})) {
-    auto node = std::make_shared<MlpBackward>();
-    node->x = SavedTensor(x);
-    node->w1 = SavedTensor(w1);
-    node->w2 = SavedTensor(w2);
-    node->pre = SavedTensor(pre);
-    node->h = SavedTensor(gelu_output == GeluOutput::Keep ? h : Tensor());
-    node->x_dtype = x_in.dtype();
-    record(y, node, {&x_in, &w1_in, &b1, &w2_in, &b2});
-  }
-  return y;
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {

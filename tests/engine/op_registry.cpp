@@ -160,8 +160,6 @@ const std::vector<OpCase>& op_cases() {
     c.push_back({"gelu", normal({{3, 5}}), [](auto& x) { return gelu(x[0]); }});
     c.push_back({"linear gelu", normal({{5, 7}, {3, 7}, {3}}),
                  [](auto& x) { return linear_gelu(x[0], x[1], x[2]); }});
-    c.push_back({"mlp gelu", normal({{5, 7}, {6, 7}, {6}, {3, 6}, {3}}),
-                 [](auto& x) { return mlp_gelu(x[0], x[1], x[2], x[3], x[4]); }});
     c.push_back({"gelu large", normal({{1025, 33}}), [](auto& x) { return gelu(x[0]); }, false});
     c.push_back({"layer_norm", normal({{2, 3, 7}, {7}, {7}}),
                  [](auto& x) { return layer_norm(x[0], x[1], x[2]); }});

@@ -68,14 +68,8 @@ Step gpt_step(Device device, Recompute recompute, bool autocast) {
 std::string recompute_mismatch(Device device, bool autocast) {
   const Step kept = gpt_step(device, Recompute::None, autocast);
   uint64_t less_than = kept.kept_bytes;
-  // (The GELU's output is dropped only under autocast, mlp_gelu's fused
-  // path; elsewhere that level keeps what None does.)
-  std::vector<Recompute> levels{Recompute::Mlp, Recompute::Block};
-  if (autocast) levels.insert(levels.begin(), Recompute::GeluOutput);
-  for (Recompute r : levels) {
-    const std::string mode = r == Recompute::GeluOutput ? "GELU outputs made again"
-                             : r == Recompute::Mlp      ? "MLPs recomputed"
-                                                        : "whole blocks recomputed";
+  for (Recompute r : {Recompute::Mlp, Recompute::Block}) {
+    const std::string mode = r == Recompute::Mlp ? "MLPs recomputed" : "whole blocks recomputed";
     const Step again = gpt_step(device, r, autocast);
     if (again.loss != kept.loss) return mode + ": the loss differs";
     if (again.grads.size() != kept.grads.size()) return mode + ": another number of gradients";

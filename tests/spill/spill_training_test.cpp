@@ -336,7 +336,7 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     net.push_back(std::make_shared<E::nn::LayerNorm>(kDim));
     net.push_back(std::make_shared<E::nn::TiedOutput>(emb));
     net.to(device);
-    RecomputePolicy policy(net, manager, /*gelu_outputs=*/false);  // float32: no autocast
+    RecomputePolicy policy(net, manager);
     E::optim::Adam opt(net.named_parameters(), {.lr = 0.003});
     std::vector<int64_t> tokens(kBatch * kT), targets(kBatch * kT);
     for (size_t i = 0; i < tokens.size(); ++i) {
