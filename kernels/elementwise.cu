@@ -53,28 +53,6 @@ __global__ void strided_copy_kernel(T* dst, Strided dv, const T* src, Strided sv
   }
 }
 
-// Dropout a 16-byte word at a time (`words` of them; the elements past the
-// words one at a time), the mask drawn as it goes.
-template <class T>
-__global__ void dropout_kernel(T* out, const T* x, int64_t n, int64_t words, uint64_t threshold,
-                               T scale, RandomKey key) {
-  constexpr int kLanes = Word<T>::kLanes;
-  const uint64_t seed = key.resolve();
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t w = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; w < words; w += stride) {
-    Word<T> v = reinterpret_cast<const Word<T>*>(x)[w];
-#pragma unroll
-    for (int j = 0; j < kLanes; ++j) {
-      v.v[j] = dropout_keeps(seed, w * kLanes + j, threshold) ? v.v[j] * scale : T(0);
-    }
-    reinterpret_cast<Word<T>*>(out)[w] = v;
-  }
-  for (int64_t i = words * kLanes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += stride) {
-    out[i] = dropout_keeps(seed, i, threshold) ? x[i] * scale : T(0);
-  }
-}
-
 template <class T>
 __global__ void uniform_kernel(T* out, int64_t n, double low, double span, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -87,6 +65,52 @@ __global__ void uniform_kernel(T* out, int64_t n, double low, double span, uint6
 // their loads issued before any store, so each thread keeps 64 bytes per
 // operand in flight (the strided kernels above move 4 bytes per load).
 constexpr int kUnroll = 4;
+
+// The product rounded on its own, never fused into a following addition:
+// dropout plus a residual gives the bits of the two operations.
+__device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// Dropout (plus `residual` when not null) a 16-byte word at a time, kUnroll
+// words a thread with every load issued before a store (`words` of them;
+// the elements past the words one at a time), the mask drawn as it goes.
+template <class T>
+__global__ void dropout_kernel(T* out, const T* x, const T* residual, int64_t n, int64_t words,
+                               uint64_t threshold, T scale, RandomKey key) {
+  constexpr int kLanes = Word<T>::kLanes;
+  const uint64_t seed = key.resolve();
+  const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
+  for (int64_t base = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < words;
+       base += step) {
+    Word<T> v[kUnroll], r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t w = base + int64_t(u) * blockDim.x;
+      if (w < words) {
+        v[u] = reinterpret_cast<const Word<T>*>(x)[w];
+        if (residual) r[u] = reinterpret_cast<const Word<T>*>(residual)[w];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t w = base + int64_t(u) * blockDim.x;
+      if (w >= words) break;
+#pragma unroll
+      for (int j = 0; j < kLanes; ++j) {
+        const T kept =
+            dropout_keeps(seed, w * kLanes + j, threshold) ? mul_rn(v[u].v[j], scale) : T(0);
+        v[u].v[j] = residual ? r[u].v[j] + kept : kept;
+      }
+      reinterpret_cast<Word<T>*>(out)[w] = v[u];
+    }
+  }
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = words * kLanes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const T kept = dropout_keeps(seed, i, threshold) ? mul_rn(x[i], scale) : T(0);
+    out[i] = residual ? residual[i] + kept : kept;
+  }
+}
 
 template <class T>
 __global__ void unary_words_kernel(UnaryOp op, T s, Word<T>* out, const Word<T>* in,
@@ -314,12 +338,14 @@ void strided_copy(Stream queue, T* dst, const Strided& dv, const T* src, const S
 }
 
 template <class T>
-void dropout(Stream queue, T* out, const T* x, int64_t n, double p, RandomKey key) {
+void dropout(Stream queue, T* out, const T* x, int64_t n, double p, RandomKey key,
+             const T* residual) {
   cudaStream_t stream = as_cuda(queue);
   if (n == 0) return;
-  const int64_t words = aligned16(out) && aligned16(x) ? n / Word<T>::kLanes : 0;
-  dropout_kernel<T><<<grid_for(words > 0 ? words : n), kBlock, 0, stream>>>(
-      out, x, n, words, dropout_threshold(p), T(1.0 / (1.0 - p)), key);
+  const bool aligned = aligned16(out) && aligned16(x) && (!residual || aligned16(residual));
+  const int64_t words = aligned ? n / Word<T>::kLanes : 0;
+  dropout_kernel<T><<<words > 0 ? words_grid(words) : grid_for(n), kBlock, 0, stream>>>(
+      out, x, residual, n, words, dropout_threshold(p), T(1.0 / (1.0 - p)), key);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,10 +29,13 @@ namespace leasehold::kernels {
   void strided_copy(Stream s, T* dst, const Strided& dv, const T* src, const Strided& sv,    \
                     int64_t n);                                                              \
   /* Dropout of contiguous x: out[i] = x[i] / (1 - p) where element i is kept               \
-     (dropout_keeps(key.resolve(), i, dropout_threshold(p))), else 0. The mask is drawn as   \
-     it goes, so backward applies the same call to the gradient. out may be x. */            \
+     (dropout_keeps(key.resolve(), i, dropout_threshold(p))), else 0, plus residual[i]     \
+     when residual is not null (rounded after the product, as the two operations round).   \
+     The mask is drawn as it goes, so backward applies the same call to the gradient. out  \
+     may be x or residual. */                                                               \
   template <class T>                                                                         \
-  void dropout(Stream s, T* out, const T* x, int64_t n, double p, RandomKey key);            \
+  void dropout(Stream s, T* out, const T* x, int64_t n, double p, RandomKey key,             \
+               const T* residual);                                                          \
   /* out[i] = low + (high - low) * uniform(seed, i), in double, then rounded to T:          \
      parameter initialisation, the same values on CPU and GPU. */                            \
   template <class T>                                                                         \
@@ -50,7 +53,7 @@ namespace leasehold::kernels {
   template void fill<T>(Stream, T*, T, int64_t);                                             \
   template void strided_copy<T>(Stream, T*, const Strided&, const T*, const Strided&, int64_t);
 #define LEASEHOLD_ELEMENTWISE_FLOATING_OF(T)                                                  \
-  template void dropout<T>(Stream, T*, const T*, int64_t, double, RandomKey);                \
+  template void dropout<T>(Stream, T*, const T*, int64_t, double, RandomKey, const T*);      \
   template void uniform_fill<T>(Stream, T*, int64_t, double, double, uint64_t);
 #define LEASEHOLD_CONVERT_OF(To, From) \
   template void convert<To, From>(Stream, To*, const From*, int64_t);

@@ -24,10 +24,13 @@ void strided_copy(Stream, T* dst, const Strided& dv, const T* src, const Strided
 }
 
 template <class T>
-void dropout(Stream, T* out, const T* x, int64_t n, double p, RandomKey key) {
+void dropout(Stream, T* out, const T* x, int64_t n, double p, RandomKey key, const T* residual) {
   const uint64_t seed = key.resolve(), threshold = dropout_threshold(p);
   const T scale = T(1.0 / (1.0 - p));
-  for (int64_t i = 0; i < n; ++i) out[i] = dropout_keeps(seed, i, threshold) ? x[i] * scale : T(0);
+  for (int64_t i = 0; i < n; ++i) {
+    const T kept = dropout_keeps(seed, i, threshold) ? x[i] * scale : T(0);
+    out[i] = residual ? residual[i] + kept : kept;
+  }
 }
 
 template <class T>

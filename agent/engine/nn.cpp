@@ -283,11 +283,11 @@ Tensor TransformerBlock::body(const Tensor& x) {
   // products, and so does the attention's output for proj's.
   Tensor merged =
       self_attention(qkv_->forward_lower_precision((*ln1_)(x)), heads_, /*causal=*/true);
-  Tensor h = add(x, dropout((*proj_)(merged), p_, is_training()));
+  Tensor h = add_dropout(x, (*proj_)(merged), p_, is_training());
   Tensor m = recompute_ == Recompute::Mlp && is_training()
                  ? recompute_in_backward([this](const Tensor& in) { return mlp(in); }, h)
                  : mlp(h);
-  return add(h, dropout(m, p_, is_training()));
+  return add_dropout(h, m, p_, is_training());
 }
 
 std::string TransformerBlock::describe() const {

@@ -127,6 +127,10 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
 // before the counter moves (the optimizer's step, after backward, as in
 // every training step).
 Tensor dropout(const Tensor& x, double p, bool training);
+// residual + dropout(x, p, training) in one pass over the three tensors (a
+// transformer's residual connection): the same mask and the same bits as
+// the two operations. residual and x of one shape, type and device.
+Tensor add_dropout(const Tensor& residual, const Tensor& x, double p, bool training);
 
 // Transformer layers (ops_transformer.cpp). float32 and float64; attention
 // also bfloat16 under autocast (autocast.h).

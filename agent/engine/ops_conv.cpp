@@ -210,27 +210,33 @@ struct MaxPoolBackward final : Node {
   void release_saved() override { argmax.reset(); }
 };
 
-// out = dropout(x) (contiguous, of one shape) with draw's mask.
-void apply_dropout(Tensor& out, const Tensor& x, double p, const RandomDraw& draw) {
+// out = residual + dropout(x) (contiguous, of one shape; without residual
+// when it is undefined) with draw's mask.
+void apply_dropout(Tensor& out, const Tensor& x, double p, const RandomDraw& draw,
+                   const Tensor& residual = Tensor()) {
   detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     kDropout<T>.run(x.device(), out.data<T>(), x.data<T>(), x.numel(), p,
-                    kernels::RandomKey{draw.seed, draw.step_data()});
+                    kernels::RandomKey{draw.seed, draw.step_data()},
+                    residual.defined() ? residual.data<T>() : nullptr);
   });
 }
 
 // The gradient through the mask forward drew, drawn again from the same
 // key (the step counter it mixes in only moves with the optimizer, after
 // backward): nothing is saved, and the mask never exists in memory.
+// add_dropout's node has the residual first: its gradient is g itself.
 struct DropoutBackward final : Node {
   double p = 0;
   RandomDraw draw;
-  const char* name() const override { return "DropoutBackward"; }
+  bool residual = false;  // add_dropout's
+  const char* name() const override { return residual ? "AddDropoutBackward" : "DropoutBackward"; }
   bool saves_tensors() const override { return false; }
   std::vector<Tensor> apply(const Tensor& g) override {
     const Tensor gc = g.contiguous();
     Tensor gx = empty(gc.sizes(), gc.options());
     apply_dropout(gx, gc, p, draw);
+    if (residual) return {g, gx};
     return {gx};
   }
 };
@@ -361,26 +367,58 @@ Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride) {
   return out;
 }
 
-Tensor dropout(const Tensor& x, double p, bool training) {
+namespace {
+
+// dropout and add_dropout (residual undefined for dropout).
+Tensor dropout_op(const Tensor& residual, const Tensor& x, double p, bool training,
+                  const char* op) {
   if (p < 0 || p >= 1) {
-    throw std::invalid_argument("dropout: p = " + std::to_string(p) + " must be in [0, 1)");
+    throw std::invalid_argument(std::string(op) + ": p = " + std::to_string(p) +
+                                " must be in [0, 1)");
   }
-  if (!training || p == 0) return x;
+  if (residual.defined()) {
+    detail::check_defined(x, op, "input");
+    detail::check_same(residual, x, op);
+    if (residual.sizes() != x.sizes()) {
+      throw std::invalid_argument(std::string(op) + ": residual " + residual.shape_str() +
+                                  " and input " + x.shape_str() + " differ in shape");
+    }
+    if (!training || p == 0) return add(residual, x);
+  } else if (!training || p == 0) {
+    return x;
+  }
   const RandomDraw draw = RandomDraw::next(x.device());
-  Tensor xc;
+  Tensor xc, rc;
   {
     NoGradGuard no_grad;
     xc = x.contiguous();
+    if (residual.defined()) rc = residual.contiguous();
   }
   Tensor out = empty(x.sizes(), x.options());
-  apply_dropout(out, xc, p, draw);
-  if (any_requires_grad({&x})) {
+  apply_dropout(out, xc, p, draw, rc);
+  if (residual.defined() ? any_requires_grad({&residual, &x}) : any_requires_grad({&x})) {
     auto node = std::make_shared<DropoutBackward>();
     node->p = p;
     node->draw = draw;
-    record(out, node, {&x});
+    node->residual = residual.defined();
+    if (residual.defined()) {
+      record(out, node, {&residual, &x});
+    } else {
+      record(out, node, {&x});
+    }
   }
   return out;
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  return dropout_op(Tensor(), x, p, training, "dropout");
+}
+
+Tensor add_dropout(const Tensor& residual, const Tensor& x, double p, bool training) {
+  detail::check_defined(residual, "add_dropout", "residual");
+  return dropout_op(residual, x, p, training, "add_dropout");
 }
 
 }  // namespace leasehold::engine

@@ -16,6 +16,7 @@
 #include "agent/engine/optim.h"
 #include "kernels/conv.h"
 #include "shared/device.h"
+#include "tests/engine/fused_check.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/op_registry.h"
 
@@ -365,6 +366,11 @@ TEST_F(CudaOps, ConvPoolDropout) {
            manual_seed(9);
            return dropout(v[0], 0.3, true);
          }});
+  check({"add dropout", {{1025}, {1025}}, [](auto& v) {
+           manual_seed(9);
+           return add_dropout(v[0], v[1], 0.3, true);
+         }});
+  EXPECT_EQ(add_dropout_mismatch(Device::cuda()), "");
 }
 
 // LeNet as the jobs build it: on CUDA, Sequential runs each Conv2d and

@@ -156,6 +156,10 @@ const std::vector<OpCase>& op_cases() {
                    manual_seed(99);
                    return dropout(x[0], 0.4, true);
                  }});
+    c.push_back({"add dropout", normal({{2, 3, 4}, {2, 3, 4}}), [](auto& x) {
+                   manual_seed(99);
+                   return add_dropout(x[0], x[1], 0.4, true);
+                 }});
     // Transformer layers.
     c.push_back({"gelu", normal({{3, 5}}), [](auto& x) { return gelu(x[0]); }});
     c.push_back({"linear gelu", normal({{5, 7}, {3, 7}, {3}}),

@@ -14,6 +14,7 @@
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "agent/engine/step_graph.h"
+#include "tests/engine/fused_check.h"
 
 namespace leasehold::engine {
 namespace {
@@ -43,6 +44,17 @@ TEST(StepRandom, MasksDependOnTheSeedTheStepAndTheOpsPlaceAlone) {
   StepRandom scope(7, counter);
   counter.copy_(step_counter(4));
   EXPECT_EQ(dropout(x, 0.5, true).to_vector<float>(), masks(7, 4).first);
+}
+
+// A residual connection's dropout and addition in one pass: the same mask
+// and the same bits as the two operations (fused_check.h).
+TEST(StepRandom, AddDropoutIsDropoutThenAddBitForBit) {
+  EXPECT_EQ(add_dropout_mismatch(Device::cpu()), "");
+  // Bad input is named: shapes that differ, a residual of another type.
+  EXPECT_THROW(add_dropout(ones({4}), ones({5}), 0.1, true), std::invalid_argument);
+  EXPECT_THROW(add_dropout(ones({4}).to(DType::Float64), ones({4}), 0.1, true),
+               std::invalid_argument);
+  EXPECT_THROW(add_dropout(ones({4}), ones({4}), 1.0, true), std::invalid_argument);
 }
 
 TEST(StepRandom, OutsideAScopeTheGeneratorDrawsAndScopesNest) {

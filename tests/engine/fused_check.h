@@ -1,0 +1,17 @@
+// Holds fused operators to the operators they fuse, bit for bit, on a
+// device: for step_state_test.cpp (CPU) and cuda_ops_test.cpp (a GPU).
+#pragma once
+
+#include <string>
+
+#include "agent/engine/tensor.h"
+
+namespace leasehold::engine {
+
+// add_dropout(residual, x) against add(residual, dropout(x)) drawn from the
+// same seed, over sizes with and without a tail past 16-byte words, p 0.3
+// and 0 (and not training): the output and both gradients the same bits.
+// Returns a description of the first difference, or "".
+std::string add_dropout_mismatch(Device device);
+
+}  // namespace leasehold::engine
