@@ -353,15 +353,15 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       // spilled, or when its graph did not fit; either way the step needs
       // less now, and a graph may be tried again.
       if (!steps.holds_graph()) {
-        const bool spilled = recompute.after_step();
-        const bool did_not_fit = !spilled && steps.graph_did_not_fit() && recompute.tighten();
-        if (spilled || did_not_fit) {
+        const RecomputePolicy::Step why = recompute.after_step(steps.graph_did_not_fit());
+        if (why != RecomputePolicy::Step::None) {
           steps.retry();
           spdlog::info("job '{}': {}; of {} transformer blocks, {} recompute their MLP and {} the "
                        "whole block in backward from now on",
                        job.name()->str(),
-                       spilled ? "the step spilled to stay within the memory budget"
-                               : "the step's CUDA graph did not fit in memory",
+                       why == RecomputePolicy::Step::Spilled
+                           ? "the step spilled to stay within the memory budget"
+                           : "the step's CUDA graph did not fit in memory",
                        recompute.blocks(), recompute.mlps(), recompute.whole());
         }
       }

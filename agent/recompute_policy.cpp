@@ -31,9 +31,13 @@ int RecomputePolicy::count(Recompute r) const {
   return n;
 }
 
-bool RecomputePolicy::after_step() {
-  if (!spill_) return false;
-  return spill_->last_step_spilled() && tighten();
+RecomputePolicy::Step RecomputePolicy::after_step(bool graph_did_not_fit) {
+  if (!spill_) return Step::None;
+  // (One step per failure: a step that spilled and whose graph did not fit
+  // is one reason to keep less, not two.)
+  if (spill_->last_step_spilled()) return tighten() ? Step::Spilled : Step::None;
+  if (graph_did_not_fit) return tighten() ? Step::GraphDidNotFit : Step::None;
+  return Step::None;
 }
 
 bool RecomputePolicy::tighten() {

@@ -31,10 +31,14 @@ class RecomputePolicy {
   // order. `spill` may be null (no budget to keep: nothing ever recomputes).
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill);
 
-  // After a step, once SpillManager::end_step() has ended it (before the
-  // next one's forward): one step more when that step evicted saved
-  // tensors; returns whether it took one.
-  bool after_step();
+  // Why after_step() took one step more, if it did.
+  enum class Step { None, Spilled, GraphDidNotFit };
+  // After a step that ran op by op, once SpillManager::end_step() has
+  // ended it (before the next one's forward): one step more when that step
+  // evicted saved tensors, or else when its CUDA graph's arena did not fit
+  // beside what else lives (`graph_did_not_fit`: GraphedSteps's, which the
+  // caller then retries); says why it took one.
+  Step after_step(bool graph_did_not_fit = false);
   // One step more, whatever the last step did; false when every block
   // recomputes whole already.
   bool tighten();
