@@ -211,37 +211,21 @@ __device__ inline F32x8 to_f32x8(const Bf16x8& x) {
   return y;
 }
 
-// GELU's backward on 16-byte words of eight elements, kUnroll words a
-// thread with every load issued before a store, where all three arrays
-// are 16-byte aligned (`vectors`); then one element a thread for the rest.
+// Eight elements a thread where all three are 16-byte aligned (`groups` of
+// eight), then one a thread for the rest.
 __global__ void gelu_backward_bf16_kernel(bfloat16* dx, const bfloat16* g, const bfloat16* x,
                                           int64_t n, bool vectors) {
-  const int64_t words = vectors ? n / 8 : 0;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < words;
-       base += step) {
-    Bf16x8 gv[kUnroll], xv[kUnroll];
+  const int64_t groups = vectors ? n / 8 : 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < groups;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const Bf16x8 gv = reinterpret_cast<const Bf16x8*>(g)[i];
+    const Bf16x8 xv = reinterpret_cast<const Bf16x8*>(x)[i];
+    Bf16x8 y;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i < words) {
-        gv[u] = reinterpret_cast<const Bf16x8*>(g)[i];
-        xv[u] = reinterpret_cast<const Bf16x8*>(x)[i];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i >= words) break;
-      Bf16x8 d;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        d.v[j] = bfloat16(float(gv[u].v[j]) * gelu_tanh_grad(float(xv[u].v[j])));
-      }
-      reinterpret_cast<Bf16x8*>(dx)[i] = d;
-    }
+    for (int j = 0; j < 8; ++j) y.v[j] = bfloat16(float(gv.v[j]) * gelu_tanh_grad(float(xv.v[j])));
+    reinterpret_cast<Bf16x8*>(dx)[i] = y;
   }
-  for (int64_t i = words * 8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+  for (int64_t i = groups * 8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     dx[i] = bfloat16(float(g[i]) * gelu_tanh_grad(float(x[i])));
   }
@@ -384,8 +368,8 @@ void gelu_backward_bf16(Stream queue, bfloat16* dx, const bfloat16* g, const bfl
                         int64_t n) {
   if (n == 0) return;
   const bool vectors = aligned16(dx) && aligned16(g) && aligned16(x);
-  gelu_backward_bf16_kernel<<<vectors ? words_grid(n / 8) : grid_for(n), kBlock, 0,
-                              as_cuda(queue)>>>(dx, g, x, n, vectors);
+  gelu_backward_bf16_kernel<<<grid_for(vectors ? (n + 7) / 8 : n), kBlock, 0, as_cuda(queue)>>>(
+      dx, g, x, n, vectors);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
