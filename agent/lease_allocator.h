@@ -71,9 +71,10 @@ class LeaseAllocator final : public engine::Allocator {
   engine::AllocatorStats stats() const override;
   void set_reclaimer(engine::Reclaimer reclaimer) override;
   void set_idle_release(engine::Reclaimer release) override;
-  // Hides the pages no live tensor touches (after the fence), to be shown
-  // under the next tensor, unless a free range already has enough of its
-  // pages shown; the leases stay the job's.
+  // Hides pages no live tensor touches (after the fence), to be shown under
+  // the next tensor, unless a free range already has enough of its pages
+  // shown: only as many as the range it will land in lacks, when enough
+  // lie outside it (PagedResource::make_room); the leases stay the job's.
   void reuse_idle(size_t bytes) override;
   void* allocate_if_free(size_t bytes) override;
   uint64_t budget() const override { return budget_.budget(); }

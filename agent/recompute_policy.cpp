@@ -32,10 +32,9 @@ int RecomputePolicy::count(Recompute r) const {
 }
 
 RecomputePolicy::Step RecomputePolicy::after_step(bool graph_did_not_fit) {
-  if (!spill_) return Step::None;
   // (One step per failure: a step that spilled and whose graph did not fit
   // is one reason to keep less, not two.)
-  if (spill_->last_step_spilled()) return tighten() ? Step::Spilled : Step::None;
+  if (spill_ && spill_->last_step_spilled()) return tighten() ? Step::Spilled : Step::None;
   if (graph_did_not_fit) return tighten() ? Step::GraphDidNotFit : Step::None;
   return Step::None;
 }

@@ -28,7 +28,8 @@ namespace leasehold {
 class RecomputePolicy {
  public:
   // The blocks are `model`'s TransformerBlocks, at any depth, in forward
-  // order. `spill` may be null (no budget to keep: nothing ever recomputes).
+  // order. `spill` may be null (nothing spills: only a CUDA graph that did
+  // not fit makes the blocks recompute).
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill);
 
   // Why after_step() took one step more, if it did.

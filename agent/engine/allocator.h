@@ -75,9 +75,9 @@ class Allocator {
   virtual void set_idle_release(Reclaimer) {}
   // Before an allocation of `bytes` that should reuse the memory this
   // allocator holds free rather than add to it (a CUDA graph's arena, laid
-  // out after the step it replaces ran op by op): makes that memory
-  // available wherever the allocation lands, unless it already is. May
-  // wait for the device. The default does nothing.
+  // out after the step it replaces ran op by op): makes enough of that
+  // memory available where the allocation will land, unless it already
+  // is. May wait for the device. The default does nothing.
   virtual void reuse_idle(size_t /*bytes*/) {}
   // Most bytes this allocator may hold at once; 0: no budget of its own.
   virtual uint64_t budget() const { return 0; }

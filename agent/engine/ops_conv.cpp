@@ -233,6 +233,12 @@ struct DropoutBackward final : Node {
   const char* name() const override { return residual ? "AddDropoutBackward" : "DropoutBackward"; }
   bool saves_tensors() const override { return false; }
   std::vector<Tensor> apply(const Tensor& g) override {
+    // (Nothing to draw for an input that needs no gradient: a frozen branch
+    // under a trained residual.)
+    if (!next[residual ? 1 : 0].fn) {
+      if (residual) return {g, Tensor()};
+      return {Tensor()};
+    }
     const Tensor gc = g.contiguous();
     Tensor gx = empty(gc.sizes(), gc.options());
     apply_dropout(gx, gc, p, draw);

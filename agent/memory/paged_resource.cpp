@@ -299,12 +299,21 @@ uint64_t PagedResource::make_room(uint64_t bytes) {
   // The free range that lacks the fewest pages (where the allocation will
   // land): only the pages it lacks beyond the free chunks are hidden, the
   // farthest from it first, so a range that is mostly shown costs a few
-  // mapping calls rather than hiding and showing every idle page.
+  // mapping calls rather than hiding and showing every idle page. When
+  // the idle pages outside it are too few, hiding would reach its own
+  // (which it would then lack too): every idle page is hidden instead, and
+  // the allocation lands where the fewest pages are needed in all.
   const std::optional<uint64_t> at = fewer_unshown(need, UINT64_MAX);
   if (!at) return 0;  // no free range that large: the allocation says so
   const uint64_t missing = unshown(*at, need), free = pages_.free_pages();
   if (missing <= free) return 0;
   const auto [first, last] = pages_of(*at, need);
+  uint64_t idle_outside = 0;
+  const Window& w = *window_;
+  for (uint64_t p = 0; p < w.chunk.size(); ++p) {
+    idle_outside += w.chunk[p] && !w.touching[p] && (p < first || p > last);
+  }
+  if (missing - free > idle_outside) return hide_idle(UINT64_MAX);
   return hide_idle(missing - free, first, last, /*spare=*/false);
 }
 

@@ -69,10 +69,10 @@ class PagedResource final : public MemoryResource {
   uint64_t release_cached();
   // For a tensor of `bytes`: when no free range has all but the free
   // chunks' worth of its pages shown already (no mapping, no lease), hides
-  // as many pages no live tensor touches as the range that lacks the
-  // fewest needs (after the fence), the farthest from it first; their
-  // chunks stay the job's, to be shown where the tensor lands. Returns the
-  // pages hidden.
+  // pages no live tensor touches (after the fence): as many as the range
+  // that lacks the fewest needs, the farthest from it first, when enough
+  // lie outside it; else all of them. Their chunks stay the job's, to be
+  // shown where the tensor lands. Returns the pages hidden.
   uint64_t make_room(uint64_t bytes);
   // The last resort before an allocation fails (LeasedPages), and its end
   // when that allocation failed all the same.

@@ -9,9 +9,11 @@
 namespace leasehold::engine {
 
 // add_dropout(residual, x) against add(residual, dropout(x)) drawn from the
-// same seed, over sizes with and without a tail past 16-byte words, p 0.3
-// and 0 (and not training): the output and both gradients the same bits.
-// Returns a description of the first difference, or "".
+// same seed, in float32 and float64, over sizes with and without a tail
+// past 16-byte words, a residual 16-byte aligned and one element off, p 0.3
+// and 0 (and not training), x trained and frozen: the output and the
+// gradients the same bits. Returns a description of the first difference,
+// or "".
 std::string add_dropout_mismatch(Device device);
 
 }  // namespace leasehold::engine

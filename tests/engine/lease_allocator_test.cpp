@@ -461,6 +461,29 @@ TEST_F(LeaseAllocatorTest, ReusingIdlePagesKeepsTheLeasesAndAddsNone) {
   alloc.deallocate(kept, 2ull << 20);
 }
 
+// Under a full budget the range the arena lacks fewest pages in may have
+// no idle page outside it: hiding only what it lacks would reach into the
+// range itself. Then every idle page is hidden, and the arena lands where
+// it needs fewest pages in all (sharing a page with a live tensor).
+TEST_F(LeaseAllocatorTest, MakingRoomUnderAFullBudgetStillFindsTheRangeThatFits) {
+  LeaseAllocator alloc(*session, LeaseAllocatorOptions::for_budget(8ull << 20));  // 8 pages
+  void* low = alloc.allocate(3ull << 20);    // pages 0-2, from the bottom
+  void* high = alloc.allocate(512ull << 10);  // the window's top page, from the top
+  void* idle = alloc.allocate(4ull << 20);    // pages 3-6: every page the budget allows
+  alloc.deallocate(idle, 4ull << 20);         // still shown, idle
+  const uint64_t arena_bytes = 9ull << 19;    // 4.5 MiB
+  alloc.reuse_idle(arena_bytes);
+  void* arena = nullptr;
+  try {
+    arena = alloc.allocate(arena_bytes);
+  } catch (const E::OutOfMemoryError& e) {
+    ADD_FAILURE() << "the arena fits beside the top page's tensor: " << e.what();
+  }
+  if (arena) alloc.deallocate(arena, arena_bytes);
+  alloc.deallocate(high, 512ull << 10);
+  alloc.deallocate(low, 3ull << 20);
+}
+
 TEST_F(LeaseAllocatorTest, ATensorLargerThanTheBudgetFailsWithoutSpillingAnything) {
   LeaseAllocatorOptions o;
   o.budget_bytes = 16ull << 20;
