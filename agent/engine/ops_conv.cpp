@@ -230,7 +230,9 @@ struct DropoutBackward final : Node {
   double p = 0;
   RandomDraw draw;
   bool residual = false;  // add_dropout's
-  const char* name() const override { return residual ? "AddDropoutBackward" : "DropoutBackward"; }
+  const char* name() const override {
+    return residual ? "AddDropoutBackward" : "DropoutBackward";
+  }
   bool saves_tensors() const override { return false; }
   std::vector<Tensor> apply(const Tensor& g) override {
     // (Nothing to draw for an input that needs no gradient: a frozen branch
@@ -402,7 +404,7 @@ Tensor dropout_op(const Tensor& residual, const Tensor& x, double p, bool traini
   }
   Tensor out = empty(x.sizes(), x.options());
   apply_dropout(out, xc, p, draw, rc);
-  if (residual.defined() ? any_requires_grad({&residual, &x}) : any_requires_grad({&x})) {
+  if (any_requires_grad({&residual, &x})) {  // (an undefined residual requires nothing)
     auto node = std::make_shared<DropoutBackward>();
     node->p = p;
     node->draw = draw;

@@ -304,13 +304,6 @@ TEST_F(FailingStore, AFullSpillFileFailsTheRunNamingTheFile) {
   expect_failure(std::make_unique<S::TieredSpillStore>(*transfer, o), dir);
 }
 
-// A GPT over its budget: after each step that spilled, one more MLP, then
-// one more whole block, recomputes in backward instead (RecomputePolicy),
-// until the steps fit without spilling; on a GPU they then run as a CUDA
-// graph (one more recomputes whenever the graph's arena does not fit
-// beside what else lives, as the job runner steps); and the run still ends
-// bit for bit as the run without a budget, op by op, does (dropout on: its
-// masks are drawn again in the recomputed blocks).
 // The policy's steps: none without a failure; for a graph that did not fit
 // one each, MLP then whole block, even with nothing that spills; none once
 // every block recomputes whole.
@@ -328,6 +321,13 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
 }
 
+// A GPT over its budget: after each step that spilled, one more MLP, then
+// one more whole block, recomputes in backward instead (RecomputePolicy),
+// until the steps fit without spilling; on a GPU they then run as a CUDA
+// graph (one more recomputes whenever the graph's arena does not fit
+// beside what else lives, as the job runner steps); and the run still ends
+// bit for bit as the run without a budget, op by op, does (dropout on: its
+// masks are drawn again in the recomputed blocks).
 TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
   struct Run {
     std::vector<float> weights;
