@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/bfloat16.h"
 #include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
 #include "kernels/stream.h"
 
@@ -108,6 +109,17 @@ LEASEHOLD_TRANSFORMER_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA
 LEASEHOLD_TRANSFORMER_KERNELS(cuda)
 namespace cuda {
+// layer_norm_forward and layer_norm_backward under autocast, for a y that
+// only a bfloat16 product reads: y is written in bfloat16 (half the bytes,
+// and no copy for the product to make), so its gradient dy comes back in
+// bfloat16 too, as PyTorch's autocast rounds it. x, the statistics, dx, dw
+// and db stay float32, and every sum runs in float32.
+void layer_norm_forward_bf16(Stream s, bfloat16* y, float* mean, float* rstd, const float* x,
+                             const float* w, const float* b, int64_t rows, int64_t cols,
+                             double eps);
+void layer_norm_backward_bf16(Stream s, float* dx, float* dw, float* db, float* workspace,
+                              const bfloat16* dy, const float* x, const float* w,
+                              const float* mean, const float* rstd, int64_t rows, int64_t cols);
 // The largest head size the CUDA attention kernels take.
 inline constexpr int64_t kMaxCudaHeadSize = 128;
 // attention_forward and attention_backward under autocast

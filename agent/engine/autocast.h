@@ -3,11 +3,12 @@
 // on CUDA multiply bfloat16 copies of their input and weight on tensor
 // cores, accumulating in float32, and scaled dot-product attention runs its
 // products in bfloat16 on tensor cores the same way (float32 softmax
-// statistics). Parameters, optimiser state, norms, softmax, the loss and
-// the residual stream stay float32. A product's result is float32, except
-// where the model asks for bfloat16 because another product reads it next
-// (ops.h: ProductOut, linear_gelu; the GPT block keeps its qkv projection,
-// the attention's output and the MLP's hidden layer so): those operators
+// statistics). Parameters, optimiser state, norms' statistics, softmax,
+// the loss and the residual stream stay float32. A product's or a norm's
+// result is float32, except where the model asks for bfloat16 because a
+// product reads it next (ops.h: ProductOut, linear_gelu; the GPT block
+// keeps its norms' outputs, its qkv projection, the attention's output and
+// the MLP's hidden layer so): those operators
 // take bfloat16 inputs as they are, and a gradient has its tensor's type.
 // A linear layer's backward uses the bfloat16 copies it multiplied (half
 // the bytes of float32 to keep). On the CPU nothing changes: it computes in

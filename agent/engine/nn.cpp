@@ -228,6 +228,9 @@ LayerNorm::LayerNorm(int64_t dim, double eps, TensorOptions options) : dim_(dim)
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, param(0), param(1), eps_); }
+Tensor LayerNorm::forward_lower_precision(const Tensor& x) {
+  return layer_norm(x, param(0), param(1), eps_, ProductOut::LowerPrecision);
+}
 std::string LayerNorm::describe() const { return "LayerNorm(" + std::to_string(dim_) + ")"; }
 
 Tensor GELU::forward(const Tensor& x) { return gelu(x); }
@@ -271,18 +274,21 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 }
 
 Tensor TransformerBlock::mlp(const Tensor& h) {
-  // (Under autocast the GELU is fc1's epilogue, and its bfloat16 output is
-  // what fc2 multiplies.)
-  return (*fc2_)(fc1_->forward_then_gelu((*ln2_)(h)));
+  // (Under autocast the norm writes bfloat16 for fc1 to multiply as it is,
+  // the GELU is fc1's epilogue, and its bfloat16 output is what fc2
+  // multiplies.)
+  return (*fc2_)(fc1_->forward_then_gelu(ln2_->forward_lower_precision(h)));
 }
 
 Tensor TransformerBlock::body(const Tensor& x) {
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
-  // Under autocast the projection stays in bfloat16 for the attention's
-  // products, and so does the attention's output for proj's.
+  // Under autocast the norm writes bfloat16 for the projection, the
+  // projection stays in bfloat16 for the attention's products, and so does
+  // the attention's output for proj's.
   Tensor merged =
-      self_attention(qkv_->forward_lower_precision((*ln1_)(x)), heads_, /*causal=*/true);
+      self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
+                     /*causal=*/true);
   Tensor h = add_dropout(x, (*proj_)(merged), p_, is_training());
   Tensor m = recompute_ == Recompute::Mlp && is_training()
                  ? recompute_in_backward([this](const Tensor& in) { return mlp(in); }, h)

@@ -153,6 +153,9 @@ class LayerNorm final : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5, TensorOptions options = {});
   Tensor forward(const Tensor& x) override;  // over the last dimension
+  // forward, in bfloat16 under autocast (ops.h: layer_norm), for an output
+  // that only a product reads.
+  Tensor forward_lower_precision(const Tensor& x);
   std::string describe() const override;
 
  private:

@@ -133,7 +133,7 @@ Tensor dropout(const Tensor& x, double p, bool training);
 Tensor add_dropout(const Tensor& residual, const Tensor& x, double p, bool training);
 
 // Transformer layers (ops_transformer.cpp). float32 and float64; attention
-// also bfloat16 under autocast (autocast.h).
+// and layer norm's output also bfloat16 under autocast (autocast.h).
 // Rows of `weight` [vocab, dim] at `index` (int64, any shape on weight's
 // device): [index sizes..., dim]. Differentiable in `weight`; its gradient
 // is a deterministic scatter-add (the same bits every run). An index out of
@@ -142,7 +142,12 @@ Tensor add_dropout(const Tensor& residual, const Tensor& x, double p, bool train
 Tensor embedding(const Tensor& weight, const Tensor& index);
 // (x - mean) / sqrt(var + eps) * weight + bias over the last dimension of
 // x (biased variance, as PyTorch); weight and bias [C] (C = x's last size).
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Under bfloat16 autocast on CUDA, `out` may ask for a bfloat16 result for
+// a norm whose output only feeds products (the statistics and every sum
+// stay float32; its gradient then comes back in bfloat16, as autocast's
+// cast before the product rounds it in PyTorch).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                  ProductOut out = ProductOut::Float32);
 // softmax(q kᵀ / sqrt(D)) v for q, k, v [B, H, T, D]; query i sees keys
 // j <= i when `causal`. One fused kernel (the FlashAttention algorithm):
 // nothing of size T × T is stored, forward or backward. CUDA takes head

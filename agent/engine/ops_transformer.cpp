@@ -71,6 +71,16 @@ struct LayerNormBackward final : Node {
     Tensor dx = empty(xv.sizes(), xv.options());
     Tensor dw = empty({cols}, xv.options()), db = empty({cols}, xv.options());
     Tensor work = empty({kernels::layer_norm_backward_workspace(rows, cols)}, xv.options());
+    if (gc.dtype() == DType::BFloat16) {
+      // (A bfloat16 output's gradient: the product that read it wrote it so.)
+      LEASEHOLD_CUDA_OR("layer_norm backward",
+                        kernels::cuda::layer_norm_backward_bf16(
+                            stream_for(g.device()), dx.data<float>(), dw.data<float>(),
+                            db.data<float>(), work.data<float>(), gc.data<bfloat16>(),
+                            xv.data<float>(), wv.data<float>(), mv.data<float>(),
+                            rv.data<float>(), rows, cols));
+      return {dx, dw, db};
+    }
     detail::dispatch_floating(g.dtype(), "layer_norm backward", [&](auto tag) {
       using T = decltype(tag);
       kLayerNormBackward<T>.run(g.device(), dx.data<T>(), dw.data<T>(), db.data<T>(),
@@ -280,7 +290,8 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   return out;
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  ProductOut out) {
   detail::check_defined(x, "layer_norm", "input");
   detail::check_defined(weight, "layer_norm", "weight");
   detail::check_defined(bias, "layer_norm", "bias");
@@ -297,13 +308,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   const Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   const int64_t rows = cols ? x.numel() / cols : 0;
   Shape stat_shape(x.sizes().begin(), x.sizes().end() - 1);
-  Tensor y = empty(x.sizes(), x.options());
+  // Under autocast, y in bfloat16 when a product is all that reads it.
+  const bool lower = out == ProductOut::LowerPrecision && x.dtype() == DType::Float32 &&
+                     autocast_dtype(x.device()) == DType::BFloat16;
+  Tensor y = empty(x.sizes(), {lower ? DType::BFloat16 : x.dtype(), x.device()});
   Tensor mean = empty(stat_shape, x.options()), rstd = empty(stat_shape, x.options());
-  detail::dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
-    using T = decltype(tag);
-    kLayerNormForward<T>.run(x.device(), y.data<T>(), mean.data<T>(), rstd.data<T>(),
-                             xc.data<T>(), wc.data<T>(), bc.data<T>(), rows, cols, eps);
-  });
+  if (lower) {
+    LEASEHOLD_CUDA_OR("layer_norm", kernels::cuda::layer_norm_forward_bf16(
+                                        stream_for(x.device()), y.data<bfloat16>(),
+                                        mean.data<float>(), rstd.data<float>(), xc.data<float>(),
+                                        wc.data<float>(), bc.data<float>(), rows, cols, eps));
+  } else {
+    detail::dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
+      using T = decltype(tag);
+      kLayerNormForward<T>.run(x.device(), y.data<T>(), mean.data<T>(), rstd.data<T>(),
+                               xc.data<T>(), wc.data<T>(), bc.data<T>(), rows, cols, eps);
+    });
+  }
   if (any_requires_grad({&x, &weight, &bias})) {
     auto node = std::make_shared<LayerNormBackward>();
     node->x = SavedTensor(xc);

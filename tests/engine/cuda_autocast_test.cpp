@@ -248,6 +248,47 @@ TEST_F(CudaAutocast, RecomputedBlocksGiveTheSameGradients) {
   EXPECT_EQ(recompute_mismatch(Device::cuda(), true), "");
 }
 
+// A layer norm asked for a bfloat16 output under autocast writes its
+// float32 output rounded, bit for bit; given a bfloat16 gradient it
+// returns the bits the float32 path returns for the same values. Widths
+// through the register kernels (384; 8, with most lanes idle) and the
+// scalar ones (30, not a multiple of 4; 1100, over the registers' 1024).
+TEST_F(CudaAutocast, LayerNormWritesBFloat16ForProducts) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {300, 384}, {67, 8}, {37, 30}, {5, 1100}};
+  for (auto [rows, cols] : shapes) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    manual_seed(41);
+    const Tensor x = randn({rows, cols}).to(Device::cuda());
+    const Tensor w = randn({cols}).to(Device::cuda()), b = randn({cols}).to(Device::cuda());
+    const Tensor g16 = randn({rows, cols}).to(Device::cuda()).to(DType::BFloat16);
+    std::vector<std::vector<Tensor>> grads;
+    Tensor y16, y32;
+    for (bool lower : {true, false}) {
+      Tensor xi = x.clone().set_requires_grad(true), wi = w.clone().set_requires_grad(true),
+             bi = b.clone().set_requires_grad(true);
+      AutocastGuard autocast(DType::BFloat16);
+      if (lower) {
+        y16 = layer_norm(xi, wi, bi, 1e-5, ProductOut::LowerPrecision);
+        y16.backward(g16);
+      } else {
+        y32 = layer_norm(xi, wi, bi);
+        y32.backward(g16.to(DType::Float32));
+      }
+      grads.push_back({xi.grad(), wi.grad(), bi.grad()});
+    }
+    ASSERT_EQ(y16.dtype(), DType::BFloat16);
+    ASSERT_EQ(y32.dtype(), DType::Float32);
+    EXPECT_EQ(y16.to(DType::Float32).to_vector<float>(),
+              y32.to(DType::BFloat16).to(DType::Float32).to_vector<float>());
+    for (size_t i = 0; i < 3; ++i) {
+      SCOPED_TRACE("gradient " + std::to_string(i));
+      EXPECT_EQ(grads[0][i].dtype(), DType::Float32);
+      EXPECT_EQ(grads[0][i].to_vector<float>(), grads[1][i].to_vector<float>());
+    }
+  }
+}
+
 // A product whose result feeds the next product keeps it in bfloat16 (the
 // MLP: fc1 with GELU as its epilogue, or a plain lower-precision output),
 // and the next product reads it as it is: values and gradients within

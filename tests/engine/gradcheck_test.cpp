@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "tests/engine/gradcheck.h"
@@ -114,6 +115,14 @@ TEST(TransformerOps, RejectBadInputs) {
   EXPECT_THROW(layer_norm(ones({2, 3}), ones({2}), ones({3})), std::invalid_argument);
   EXPECT_THROW(layer_norm(ones({2, 3}), ones({3}), ones({3}), 0.0), std::invalid_argument);
   EXPECT_THROW(layer_norm(ones({2, 3}), ones({3}, f64), ones({3})), std::invalid_argument);
+  {
+    // On the CPU autocast changes nothing: the lower precision is float32.
+    AutocastGuard autocast(DType::BFloat16);
+    const Tensor x = randn({4, 8}), w = randn({8}), b = randn({8});
+    const Tensor y = layer_norm(x, w, b, 1e-5, ProductOut::LowerPrecision);
+    EXPECT_EQ(y.dtype(), DType::Float32);
+    EXPECT_EQ(y.to_vector<float>(), layer_norm(x, w, b).to_vector<float>());
+  }
   EXPECT_THROW(scaled_dot_product_attention(ones({2, 3, 4}), ones({2, 3, 4}), ones({2, 3, 4}),
                                             true),
                std::invalid_argument)

@@ -172,6 +172,15 @@ const std::vector<OpCase>& op_cases() {
     // Rows over one warp's width and a chunked column sum (rows > 64).
     c.push_back({"layer_norm wide", normal({{300, 385}, {385}, {385}}),
                  [](auto& x) { return layer_norm(x[0], x[1], x[2]); }, false});
+    // float32 rows held in registers on CUDA (widths a multiple of 4 up to
+    // 1024): one, three and eight steps of 128 columns, rows over several
+    // chunks and not a multiple of the block's warps.
+    c.push_back({"layer_norm in registers", normal({{300, 384}, {384}, {384}}),
+                 [](auto& x) { return layer_norm(x[0], x[1], x[2]); }, false});
+    c.push_back({"layer_norm in registers narrow", normal({{131, 8}, {8}, {8}}),
+                 [](auto& x) { return layer_norm(x[0], x[1], x[2]); }, false});
+    c.push_back({"layer_norm in registers widest", normal({{70, 1024}, {1024}, {1024}}),
+                 [](auto& x) { return layer_norm(x[0], x[1], x[2]); }, false});
     c.push_back({"embedding", normal({{11, 6}}),
                  [](auto& x) { return embedding(x[0], token_index({3, 5}, 11, x[0].device())); }});
     c.push_back({"embedding bytes", normal({{256, 70}}),
