@@ -16,16 +16,21 @@ __global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, SgdParams s) {
   }
 }
 
+// Every thread works out the step's coefficients (the step counter is read
+// on the device, for a graph's replays), in double: a few hundred
+// instructions, so the grid is capped at kAdamBlocks and each thread
+// updates many elements.
+constexpr int64_t kAdamBlocks = 1024;
+
 template <class T>
 __global__ void adam_fused_kernel(AdamTensors<T> t, AdamParams a) {
-  const detail::AdamStepScalars c(a);
+  const detail::AdamCoefficients<T> c(a);
   const int64_t total = t.end[t.count - 1];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     int k = 0;
     while (i >= t.end[k]) ++k;  // at most kMaxFusedTensors steps
-    const int64_t at = i - (k ? t.end[k - 1] : 0);
-    detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], a, c.lr, c.bc1, c.bc2, at);
+    detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], c, i - (k ? t.end[k - 1] : 0));
   }
 }
 
@@ -76,7 +81,8 @@ template <class T>
 void adam_step_fused(Stream queue, const AdamTensors<T>& t, const AdamParams& a) {
   cudaStream_t stream = as_cuda(queue);
   if (t.count == 0 || t.end[t.count - 1] == 0) return;
-  adam_fused_kernel<T><<<grid_for(t.end[t.count - 1]), kBlock, 0, stream>>>(t, a);
+  const unsigned grid = std::min<unsigned>(grid_for(t.end[t.count - 1]), kAdamBlocks);
+  adam_fused_kernel<T><<<grid, kBlock, 0, stream>>>(t, a);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -14,12 +14,10 @@ void sgd_step(Stream, T* param, const T* grad, T* buf, int64_t n, const SgdParam
 
 template <class T>
 void adam_step_fused(Stream, const AdamTensors<T>& t, const AdamParams& a) {
-  const detail::AdamStepScalars c(a);
+  const detail::AdamCoefficients<T> c(a);
   for (int k = 0; k < t.count; ++k) {
     const int64_t n = t.end[k] - (k ? t.end[k - 1] : 0);
-    for (int64_t i = 0; i < n; ++i) {
-      detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], a, c.lr, c.bc1, c.bc2, i);
-    }
+    for (int64_t i = 0; i < n; ++i) detail::adam_at(t.p[k], t.g[k], t.m[k], t.v[k], c, i);
   }
 }
 

@@ -125,16 +125,29 @@ __global__ void layer_norm_dwdb_partial_kernel(T* partial, const G* dy, const T*
 // dw and db from the chunks' partial sums: the same block shape, 32 columns
 // × 8 lanes of chunks (a thread per column alone would walk every chunk in
 // sequence, a few hundred dependent loads), lanes summed in a fixed order.
+// A lane's loads are issued kAhead at a time before it adds them in order:
+// with a dozen blocks for a GPT's width, the loads' latency is the time.
 template <class T>
 __global__ void layer_norm_dwdb_final_kernel(T* dw, T* db, const T* partial, int64_t cols,
                                              int64_t chunks) {
+  constexpr int kAhead = 8;
   const int64_t col = blockIdx.x * 32 + threadIdx.x % 32;
   const int lane_row = threadIdx.x / 32;
   T tw = 0, tb = 0;
   if (col < cols) {
-    for (int64_t k = lane_row; k < chunks; k += 8) {
-      tw += partial[k * cols + col];
-      tb += partial[(chunks + k) * cols + col];
+    for (int64_t k0 = lane_row; k0 < chunks; k0 += 8 * kAhead) {
+      T pw[kAhead], pb[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        const int64_t k = k0 + 8 * u;
+        pw[u] = k < chunks ? partial[k * cols + col] : T(0);
+        pb[u] = k < chunks ? partial[(chunks + k) * cols + col] : T(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        tw += pw[u];
+        tb += pb[u];
+      }
     }
   }
   if (sum_lanes(tw, tb) && col < cols) {
