@@ -31,15 +31,15 @@ enum class GemmOut { Float32, BFloat16 };
 
 // What a mixed-precision product does as it writes c (cuBLASLt epilogues):
 // c[i, j] += bias[j], then max(0, ·) or GELU (tanh form, with the value it
-// was applied to written to gelu_input, bfloat16 like c, for backward); or
-// bias_grad[i] = Σ_k op(a)[i, k] (with c a weight gradient gᵀ x, the bias
-// gradient: the sum of g's rows). The bias and its gradient have c's type
-// (cuBLASLt's rule for bfloat16 and float32 outputs).
+// was applied to written to gelu_input, bfloat16 like c, for backward). The
+// bias has c's type (cuBLASLt's rule for bfloat16 and float32 outputs). (A
+// bias's gradient is the engine's own column sum, reduce.h: cuBLASLt's
+// BGRADB epilogue ran as a kernel of its own at under half the memory
+// bandwidth.)
 struct GemmEpilogue {
   const void* bias = nullptr;
   bool relu = false;
   bfloat16* gelu_input = nullptr;
-  void* bias_grad = nullptr;
 };
 
 namespace cpu {

@@ -26,7 +26,6 @@ void check(cublasStatus_t st, const char* what) {
 }
 
 cublasLtEpilogue_t epilogue_of(const GemmEpilogue& e) {
-  if (e.bias_grad) return CUBLASLT_EPILOGUE_BGRADB;
   if (e.gelu_input) return e.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (e.bias) return e.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
   return e.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT;
@@ -34,7 +33,7 @@ cublasLtEpilogue_t epilogue_of(const GemmEpilogue& e) {
 
 bool has_bias(cublasLtEpilogue_t ep) {
   return ep == CUBLASLT_EPILOGUE_BIAS || ep == CUBLASLT_EPILOGUE_RELU_BIAS ||
-         ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || ep == CUBLASLT_EPILOGUE_BGRADB;
+         ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
 
 bool has_aux(cublasLtEpilogue_t ep) {
@@ -61,9 +60,8 @@ using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64
 
 // Row-major c [m, n] = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: cuBLAS
 // multiplies b by a, and a row of c is a column of its result. So a bias
-// per column of c is a bias per row of cuBLAS's D (EPILOGUE_BIAS), and the
-// sum over k of op(a) [m, k] is the sum over k of cuBLAS's B (BGRADB). A
-// GELU's input (aux) is laid out as D, in D's type.
+// per column of c is a bias per row of cuBLAS's D (EPILOGUE_BIAS). A GELU's
+// input (aux) is laid out as D, in D's type.
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasLtEpilogue_t ep,
                                 GemmOut out, size_t workspace_bytes) {
   const cudaDataType_t c_type = out == GemmOut::BFloat16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -121,9 +119,6 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
                      const bfloat16* a, const bfloat16* b, void* c, GemmOut out,
                      const GemmEpilogue& e, void* workspace, size_t workspace_bytes) {
   if (s.batch != 1) throw std::invalid_argument("gemm_bf16_fused: one product at a time");
-  if (e.bias_grad && (e.bias || e.relu || e.gelu_input)) {
-    throw std::invalid_argument("gemm_bf16_fused: a bias gradient alone");
-  }
   if (e.relu && e.gelu_input) {
     throw std::invalid_argument("gemm_bf16_fused: ReLU or GELU, not both");
   }
@@ -139,7 +134,7 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
     return p == nullptr || reinterpret_cast<uintptr_t>(p) % 256 == 0;
   };
   if (!aligned(a) || !aligned(b) || !aligned(c) || !aligned(e.bias) || !aligned(e.gelu_input) ||
-      !aligned(e.bias_grad) || (e.gelu_input && s.ldc % 8 != 0)) {
+      (e.gelu_input && s.ldc % 8 != 0)) {
     return false;
   }
   const cublasLtEpilogue_t ep = epilogue_of(e);
@@ -151,7 +146,7 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
   Plan& p = *it->second;
   if (!p.found) return false;
   if (has_bias(ep)) {
-    const void* ptr = e.bias_grad ? e.bias_grad : e.bias;
+    const void* ptr = e.bias;
     check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr,
                                          sizeof(ptr)),
           "set BIAS_POINTER");

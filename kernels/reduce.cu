@@ -1,10 +1,13 @@
+#include <algorithm>
 #include <cfloat>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.h"
+#include "kernels/sum_parts.cuh"
 
 namespace leasehold::kernels::cuda {
 namespace {
@@ -293,6 +296,56 @@ __global__ void __launch_bounds__(32 * kColumnLanes) sum_columns_kernel(ColumnSu
   }
 }
 
+// ---- bfloat16 column sums ----
+
+// Rows per part of column_sums_bf16's first pass, and the part count's
+// bound: a count fixed by the shape, so the order of the sums is too.
+constexpr int64_t kBf16PartRows = 64, kBf16MaxParts = 256;
+constexpr int kBf16RowLanes = 8;
+
+int64_t bf16_parts(int64_t rows) {
+  return std::clamp<int64_t>((rows + kBf16PartRows - 1) / kBf16PartRows, 1, kBf16MaxParts);
+}
+
+// partial[p][c] over part p's rows: a block of 32 threads along the columns
+// (W columns each, one 16-byte load when W is 8) × kBf16RowLanes along the
+// rows, the lanes summed in order.
+template <int W>
+__global__ void __launch_bounds__(32 * kBf16RowLanes)
+    column_sums_bf16_partial_kernel(float* partial, const bfloat16* in, int64_t rows,
+                                    int64_t columns, int64_t parts) {
+  __shared__ float lanes[kBf16RowLanes][32 * W + 1];
+  const int64_t c0 = (blockIdx.x * int64_t(32) + threadIdx.x) * W;
+  const int64_t p = blockIdx.y, per = (rows + parts - 1) / parts;
+  const int64_t begin = p * per, end = min(rows, begin + per);
+  float acc[W] = {};
+  if (c0 < columns) {
+#pragma unroll 4
+    for (int64_t r = begin + threadIdx.y; r < end; r += kBf16RowLanes) {
+      if constexpr (W == 8) {
+        const uint4 word = *reinterpret_cast<const uint4*>(in + r * columns + c0);
+        const bfloat16* v = reinterpret_cast<const bfloat16*>(&word);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += float(v[j]);
+      } else {
+        acc[0] += float(in[r * columns + c0]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < W; ++j) lanes[threadIdx.y][threadIdx.x * W + j] = acc[j];
+  __syncthreads();
+  // Lane row 0 writes the block's columns, a column a thread per step.
+  if (threadIdx.y != 0) return;
+  for (int j = threadIdx.x; j < 32 * W; j += 32) {
+    const int64_t c = blockIdx.x * int64_t(32) * W + j;
+    if (c >= columns) break;
+    float sum = 0.f;
+    for (int l = 0; l < kBf16RowLanes; ++l) sum += lanes[l][j];
+    partial[p * columns + c] = sum;
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -315,6 +368,32 @@ void sum_columns(Stream queue, const ColumnSums<T>& s) {
   } else {
     sum_columns_kernel<T, false><<<grid, dim3(32, kColumnLanes), 0, stream>>>(s);
   }
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+int64_t column_sums_bf16_workspace(int64_t rows, int64_t columns) {
+  return bf16_parts(rows) * columns;
+}
+
+void column_sums_bf16(Stream queue, float* out, float* workspace, const bfloat16* in,
+                      int64_t rows, int64_t columns) {
+  cudaStream_t stream = as_cuda(queue);
+  if (columns == 0) return;
+  const int64_t parts = bf16_parts(rows);
+  const bool words = columns % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const int64_t per_block = words ? 32 * 8 : 32;
+  const dim3 grid{static_cast<unsigned>((columns + per_block - 1) / per_block),
+                  static_cast<unsigned>(parts)};
+  if (words) {
+    column_sums_bf16_partial_kernel<8>
+        <<<grid, dim3(32, kBf16RowLanes), 0, stream>>>(workspace, in, rows, columns, parts);
+  } else {
+    column_sums_bf16_partial_kernel<1>
+        <<<grid, dim3(32, kBf16RowLanes), 0, stream>>>(workspace, in, rows, columns, parts);
+  }
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+  sum_parts_kernel<float><<<static_cast<unsigned>((columns + 31) / 32), 32 * kPartLanes, 0,
+                             stream>>>(out, nullptr, workspace, columns, parts);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/bfloat16.h"
 #include "kernels/stream.h"
 
 namespace leasehold::kernels {
@@ -105,6 +106,15 @@ namespace cuda {
 // dimensions, where the CPU transposes and sums rows.
 template <class T>
 void sum_columns(Stream s, const ColumnSums<T>& sums);
+
+// out [columns] (float32) = the column sums of a bfloat16 [rows, columns]
+// (a bias's gradient under autocast), summed in float32 in a fixed order:
+// parts of rows into `workspace` (column_sums_bf16_workspace elements),
+// then the parts. Rows of a multiple of 8 columns that start 16-byte
+// aligned are read 8 columns a thread a load.
+int64_t column_sums_bf16_workspace(int64_t rows, int64_t columns);
+void column_sums_bf16(Stream s, float* out, float* workspace, const bfloat16* in, int64_t rows,
+                      int64_t columns);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_REDUCE_KERNELS

@@ -14,6 +14,7 @@
 #include "kernels/attention_launch.cuh"
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/sum_parts.cuh"
 #include "kernels/transformer.h"
 
 namespace leasehold::kernels::cuda {
@@ -77,7 +78,7 @@ __global__ void layer_norm_dx_kernel(T* dx, const G* dy, const T* x, const T* w,
   }
 }
 
-// The dw/db kernels' blocks: 32 columns × 8 lanes. Each thread's (w, b)
+// The scalar dw/db kernel's blocks: 32 columns × 8 lanes. Each thread's (w, b)
 // pair summed over its column's 8 lanes in lane order, into lane row 0's
 // threads (true there). Every thread of the block calls it.
 template <class T>
@@ -119,40 +120,6 @@ __global__ void layer_norm_dwdb_partial_kernel(T* partial, const G* dy, const T*
   if (sum_lanes(aw, ab) && col < cols) {
     partial[chunk * cols + col] = aw;
     partial[(chunks + chunk) * cols + col] = ab;
-  }
-}
-
-// dw and db from the chunks' partial sums: the same block shape, 32 columns
-// × 8 lanes of chunks (a thread per column alone would walk every chunk in
-// sequence, a few hundred dependent loads), lanes summed in a fixed order.
-// A lane's loads are issued kAhead at a time before it adds them in order:
-// with a dozen blocks for a GPT's width, the loads' latency is the time.
-template <class T>
-__global__ void layer_norm_dwdb_final_kernel(T* dw, T* db, const T* partial, int64_t cols,
-                                             int64_t chunks) {
-  constexpr int kAhead = 8;
-  const int64_t col = blockIdx.x * 32 + threadIdx.x % 32;
-  const int lane_row = threadIdx.x / 32;
-  T tw = 0, tb = 0;
-  if (col < cols) {
-    for (int64_t k0 = lane_row; k0 < chunks; k0 += 8 * kAhead) {
-      T pw[kAhead], pb[kAhead];
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        const int64_t k = k0 + 8 * u;
-        pw[u] = k < chunks ? partial[k * cols + col] : T(0);
-        pb[u] = k < chunks ? partial[(chunks + k) * cols + col] : T(0);
-      }
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-        tw += pw[u];
-        tb += pb[u];
-      }
-    }
-  }
-  if (sum_lanes(tw, tb) && col < cols) {
-    dw[col] = tw;
-    db[col] = tb;
   }
 }
 
@@ -383,7 +350,9 @@ void launch_layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, con
                                                                rows, cols, chunks);
     LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   }
-  layer_norm_dwdb_final_kernel<T><<<grid.x, 256, 0, st>>>(dw, db, workspace, cols, chunks);
+  // dw and db from the chunks' partial sums, in one launch.
+  sum_parts_kernel<T><<<dim3(grid.x, 2), 32 * kPartLanes, 0, st>>>(dw, db, workspace, cols,
+                                                                    chunks);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -248,6 +248,41 @@ TEST_F(CudaAutocast, RecomputedBlocksGiveTheSameGradients) {
   EXPECT_EQ(recompute_mismatch(Device::cuda(), true), "");
 }
 
+// A linear layer's bias gradient under autocast is summed on the device in
+// float32 in a fixed order, over parts of rows and then the parts: with
+// more parts than a block's lanes of them (20,000 rows), widths read 8
+// columns a load (40, the second load of a block's threads past the end)
+// and one at a time (13), it is the float32 sum of the gradient's rows
+// (bfloat16 values: its copy for the products loses nothing), the same
+// bits every run.
+TEST_F(CudaAutocast, BiasGradientsSumEveryRowInAFixedOrder) {
+  for (int64_t cols : {40, 13}) {
+    SCOPED_TRACE("width " + std::to_string(cols));
+    manual_seed(43);
+    const int64_t rows = 20000;
+    const Tensor x = randn({rows, 16}).to(Device::cuda());
+    const Tensor w = randn({cols, 16}).to(Device::cuda());
+    const Tensor g = randn({rows, cols}).to(DType::BFloat16).to(DType::Float32);
+    const std::vector<double> want = sum(g.to(DType::Float64), {0}).to_vector<double>();
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      Tensor b = zeros({cols}).to(Device::cuda()).set_requires_grad(true);
+      {
+        AutocastGuard autocast(DType::BFloat16);
+        linear(x, w, b).backward(g.to(Device::cuda()));
+      }
+      const std::vector<float> got = b.grad().to_vector<float>();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t c = 0; c < got.size(); ++c) EXPECT_NEAR(got[c], want[c], 1e-3) << "column " << c;
+      if (run == 0) {
+        first = got;
+      } else {
+        EXPECT_EQ(got, first);
+      }
+    }
+  }
+}
+
 // A layer norm asked for a bfloat16 output under autocast writes its
 // float32 output rounded, bit for bit; given a bfloat16 gradient it
 // returns the bits the float32 path returns for the same values. Widths

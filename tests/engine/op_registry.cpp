@@ -181,6 +181,9 @@ const std::vector<OpCase>& op_cases() {
                  [](auto& x) { return layer_norm(x[0], x[1], x[2]); }, false});
     c.push_back({"layer_norm in registers widest", normal({{70, 1024}, {1024}, {1024}}),
                  [](auto& x) { return layer_norm(x[0], x[1], x[2]); }, false});
+    // More chunks of rows than the chunks' final sum has lanes (47 of 64 rows).
+    c.push_back({"layer_norm in registers many rows", normal({{3000, 64}, {64}, {64}}),
+                 [](auto& x) { return layer_norm(x[0], x[1], x[2]); }, false});
     c.push_back({"embedding", normal({{11, 6}}),
                  [](auto& x) { return embedding(x[0], token_index({3, 5}, 11, x[0].device())); }});
     c.push_back({"embedding bytes", normal({{256, 70}}),
