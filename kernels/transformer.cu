@@ -55,9 +55,15 @@ __global__ void layer_norm_forward_kernel(Y* y, T* mean, T* rstd, const T* x, co
   }
 }
 
+// a + b rounded once, never fused with the product that made a (the sum
+// the engine would make after the kernel, bit for bit).
+__device__ inline float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ inline double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
 template <class T, class G>
-__global__ void layer_norm_dx_kernel(T* dx, const G* dy, const T* x, const T* w, const T* mean,
-                                     const T* rstd, int64_t rows, int64_t cols) {
+__global__ void layer_norm_dx_kernel(T* dx, const T* dx_plus, const G* dy, const T* x,
+                                     const T* w, const T* mean, const T* rstd, int64_t rows,
+                                     int64_t cols) {
   const int lane = threadIdx.x % 32;
   for (int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32; r < rows;
        r += int64_t(gridDim.x) * kWarpsPerBlock) {
@@ -73,7 +79,8 @@ __global__ void layer_norm_dx_kernel(T* dx, const G* dy, const T* x, const T* w,
     a = warp_sum(a) / T(cols);
     bsum = warp_sum(bsum) / T(cols);
     for (int64_t c = lane; c < cols; c += 32) {
-      dx[r * cols + c] = rs * (T(gr[c]) * w[c] - a - (xr[c] - mu) * rs * bsum);
+      const T own = rs * (T(gr[c]) * w[c] - a - (xr[c] - mu) * rs * bsum);
+      dx[r * cols + c] = dx_plus ? add_rn(own, dx_plus[r * cols + c]) : own;
     }
   }
 }
@@ -200,9 +207,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // memory: 2 × cols floats.
 template <class G, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    layer_norm_backward_rows_kernel(float* dx, float* partial, const G* dy, const float* x,
-                                    const float* w, const float* mean, const float* rstd,
-                                    int64_t rows, int cols, int64_t chunks) {
+    layer_norm_backward_rows_kernel(float* dx, const float* dx_plus, float* partial, const G* dy,
+                                    const float* x, const float* w, const float* mean,
+                                    const float* rstd, int64_t rows, int cols, int64_t chunks) {
   extern __shared__ float sums[];  // dw [cols], then db [cols]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t chunk = blockIdx.x;
@@ -245,10 +252,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int i = 0; i < V; ++i) {
       const int c = (i * 32 + lane) * 4;
       if (c < cols) {
-        store4(dx + r * cols + c, make_float4(rs * (gw[i].x - a - xh[i].x * bsum),
-                                              rs * (gw[i].y - a - xh[i].y * bsum),
-                                              rs * (gw[i].z - a - xh[i].z * bsum),
-                                              rs * (gw[i].w - a - xh[i].w * bsum)));
+        float4 own = make_float4(rs * (gw[i].x - a - xh[i].x * bsum),
+                                 rs * (gw[i].y - a - xh[i].y * bsum),
+                                 rs * (gw[i].z - a - xh[i].z * bsum),
+                                 rs * (gw[i].w - a - xh[i].w * bsum));
+        if (dx_plus) {
+          const float4 p = load4(dx_plus + r * cols + c);
+          own = make_float4(add_rn(own.x, p.x), add_rn(own.y, p.y), add_rn(own.z, p.z),
+                            add_rn(own.w, p.w));
+        }
+        store4(dx + r * cols + c, own);
       }
     }
   }
@@ -321,19 +334,21 @@ void launch_layer_norm_forward(Stream s, Y* y, T* mean, T* rstd, const T* x, con
 }
 
 template <class T, class G>
-void launch_layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const G* dy,
-                                const T* x, const T* w, const T* mean, const T* rstd,
-                                int64_t rows, int64_t cols) {
+void launch_layer_norm_backward(Stream s, T* dx, const T* dx_plus, T* dw, T* db, T* workspace,
+                                const G* dy, const T* x, const T* w, const T* mean,
+                                const T* rstd, int64_t rows, int64_t cols) {
   if (cols == 0) return;
   cudaStream_t st = as_cuda(s);
   const int64_t chunks = layer_norm_row_chunks(rows);
   bool partials_done = false;
   if constexpr (std::is_same_v<T, float>) {
-    if (rows > 0 && row_kernels_fit(cols, dx, dy, x, w)) {
+    if (rows > 0 && row_kernels_fit(cols, dx, dy, x, w) &&
+        (dx_plus == nullptr || row_kernels_fit(cols, dx_plus))) {
       with_row_steps(cols, [&](auto steps) {
         layer_norm_backward_rows_kernel<G, decltype(steps)::value>
             <<<static_cast<unsigned>(chunks), kWarpsPerBlock * 32, 2 * cols * sizeof(float),
-               st>>>(dx, workspace, dy, x, w, mean, rstd, rows, static_cast<int>(cols), chunks);
+               st>>>(dx, dx_plus, workspace, dy, x, w, mean, rstd, rows, static_cast<int>(cols),
+                     chunks);
       });
       LEASEHOLD_CUDA_CHECK(cudaGetLastError());
       partials_done = true;
@@ -343,7 +358,7 @@ void launch_layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, con
   if (!partials_done) {
     if (rows > 0) {
       layer_norm_dx_kernel<T, G><<<warp_rows_grid(rows), kWarpsPerBlock * 32, 0, st>>>(
-          dx, dy, x, w, mean, rstd, rows, cols);
+          dx, dx_plus, dy, x, w, mean, rstd, rows, cols);
       LEASEHOLD_CUDA_CHECK(cudaGetLastError());
     }
     layer_norm_dwdb_partial_kernel<T, G><<<grid, 256, 0, st>>>(workspace, dy, x, mean, rstd,
@@ -551,9 +566,11 @@ void layer_norm_forward(Stream s, T* y, T* mean, T* rstd, const T* x, const T* w
 }
 
 template <class T>
-void layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const T* dy, const T* x,
-                         const T* w, const T* mean, const T* rstd, int64_t rows, int64_t cols) {
-  launch_layer_norm_backward<T, T>(s, dx, dw, db, workspace, dy, x, w, mean, rstd, rows, cols);
+void layer_norm_backward(Stream s, T* dx, const T* dx_plus, T* dw, T* db, T* workspace,
+                         const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                         int64_t rows, int64_t cols) {
+  launch_layer_norm_backward<T, T>(s, dx, dx_plus, dw, db, workspace, dy, x, w, mean, rstd, rows,
+                                   cols);
 }
 
 void layer_norm_forward_bf16(Stream s, bfloat16* y, float* mean, float* rstd, const float* x,
@@ -562,11 +579,12 @@ void layer_norm_forward_bf16(Stream s, bfloat16* y, float* mean, float* rstd, co
   launch_layer_norm_forward<float, bfloat16>(s, y, mean, rstd, x, w, b, rows, cols, eps);
 }
 
-void layer_norm_backward_bf16(Stream s, float* dx, float* dw, float* db, float* workspace,
-                              const bfloat16* dy, const float* x, const float* w,
-                              const float* mean, const float* rstd, int64_t rows, int64_t cols) {
-  launch_layer_norm_backward<float, bfloat16>(s, dx, dw, db, workspace, dy, x, w, mean, rstd,
-                                              rows, cols);
+void layer_norm_backward_bf16(Stream s, float* dx, const float* dx_plus, float* dw, float* db,
+                              float* workspace, const bfloat16* dy, const float* x,
+                              const float* w, const float* mean, const float* rstd, int64_t rows,
+                              int64_t cols) {
+  launch_layer_norm_backward<float, bfloat16>(s, dx, dx_plus, dw, db, workspace, dy, x, w, mean,
+                                              rstd, rows, cols);
 }
 
 template <class T>

@@ -72,11 +72,12 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
   void layer_norm_forward(Stream s, T* y, T* mean, T* rstd, const T* x, const T* w,           \
                           const T* b, int64_t rows, int64_t cols, double eps);                \
   /* dx [rows, cols], dw and db [cols] (overwritten, summed in a fixed order: the same        \
-     bits every run). */                                                                      \
+     bits every run). dx_plus, when not null, is added to dx as it is written (another        \
+     consumer's gradient of x; rounded as a separate addition would round it). */            \
   template <class T>                                                                          \
-  void layer_norm_backward(Stream s, T* dx, T* dw, T* db, T* workspace, const T* dy,          \
-                           const T* x, const T* w, const T* mean, const T* rstd,              \
-                           int64_t rows, int64_t cols);                                       \
+  void layer_norm_backward(Stream s, T* dx, const T* dx_plus, T* dw, T* db, T* workspace,     \
+                           const T* dy, const T* x, const T* w, const T* mean,                \
+                           const T* rstd, int64_t rows, int64_t cols);                        \
   /* Scaled dot-product attention over `heads` (batch x heads) of t rows of d, laid out as   \
      `at` says, causal (query i sees keys j <= i) or not: o = softmax(q kᵀ · scale) v, and    \
      lse [heads, t] the log-sum-exp of each row of scores. No [t, t] matrix is stored. */     \
@@ -96,8 +97,8 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
 #define LEASEHOLD_TRANSFORMER_INSTANCES(T)                                                        \
   template void layer_norm_forward<T>(Stream, T*, T*, T*, const T*, const T*, const T*, int64_t, \
                                       int64_t, double);                                         \
-  template void layer_norm_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,     \
-                                       const T*, const T*, int64_t, int64_t);                   \
+  template void layer_norm_backward<T>(Stream, T*, const T*, T*, T*, T*, const T*, const T*,     \
+                                       const T*, const T*, const T*, int64_t, int64_t);         \
   template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*,              \
                                      const AttentionLayout&, int64_t, int64_t, int64_t, double,   \
                                      bool);                                                     \
@@ -117,9 +118,10 @@ namespace cuda {
 void layer_norm_forward_bf16(Stream s, bfloat16* y, float* mean, float* rstd, const float* x,
                              const float* w, const float* b, int64_t rows, int64_t cols,
                              double eps);
-void layer_norm_backward_bf16(Stream s, float* dx, float* dw, float* db, float* workspace,
-                              const bfloat16* dy, const float* x, const float* w,
-                              const float* mean, const float* rstd, int64_t rows, int64_t cols);
+void layer_norm_backward_bf16(Stream s, float* dx, const float* dx_plus, float* dw, float* db,
+                              float* workspace, const bfloat16* dy, const float* x,
+                              const float* w, const float* mean, const float* rstd, int64_t rows,
+                              int64_t cols);
 // The largest head size the CUDA attention kernels take.
 inline constexpr int64_t kMaxCudaHeadSize = 128;
 // attention_forward and attention_backward under autocast

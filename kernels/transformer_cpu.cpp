@@ -29,8 +29,9 @@ void layer_norm_forward(Stream, T* y, T* mean, T* rstd, const T* x, const T* w, 
 }
 
 template <class T>
-void layer_norm_backward(Stream, T* dx, T* dw, T* db, T*, const T* dy, const T* x, const T* w,
-                         const T* mean, const T* rstd, int64_t rows, int64_t cols) {
+void layer_norm_backward(Stream, T* dx, const T* dx_plus, T* dw, T* db, T*, const T* dy,
+                         const T* x, const T* w, const T* mean, const T* rstd, int64_t rows,
+                         int64_t cols) {
   std::fill(dw, dw + cols, T(0));
   std::fill(db, db + cols, T(0));
   for (int64_t r = 0; r < rows; ++r) {
@@ -48,7 +49,8 @@ void layer_norm_backward(Stream, T* dx, T* dw, T* db, T*, const T* dy, const T* 
     bsum /= T(cols);
     for (int64_t c = 0; c < cols; ++c) {
       const T xhat = (xr[c] - mean[r]) * rstd[r];
-      dx[r * cols + c] = rstd[r] * (gr[c] * w[c] - a - xhat * bsum);
+      const T own = rstd[r] * (gr[c] * w[c] - a - xhat * bsum);
+      dx[r * cols + c] = dx_plus ? own + dx_plus[r * cols + c] : own;
     }
   }
 }

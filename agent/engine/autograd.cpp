@@ -173,11 +173,18 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     Tensor g = it != buffers.end() ? it->second : Tensor();
     if (it != buffers.end()) buffers.erase(it);
     std::vector<Tensor> grads;
+    bool folded = false;  // grads[0] includes input 0's sum so far
     if (g.defined()) {
       if (node->released) {
         throw std::runtime_error(
             std::string("trying to backward through the graph a second time (") + node->name() +
             "'s saved tensors were freed); pass retain_graph=true to the first backward");
+      }
+      if (!node->next.empty() && node->next[0].fn) {
+        auto sum = buffers.find(node->next[0].fn.get());
+        if (sum != buffers.end() && sum->second.defined()) {
+          folded = node->fold_into_input0(sum->second);
+        }
       }
       grads = node->apply(g);
       if (!retain_graph && node->saves_tensors()) {
@@ -190,7 +197,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
       if (!e.fn) continue;
       if (i < grads.size() && grads[i].defined()) {
         Tensor& slot = buffers[e.fn.get()];
-        slot = slot.defined() ? accumulate(slot, grads[i]) : grads[i];
+        slot = slot.defined() && !(i == 0 && folded) ? accumulate(slot, grads[i]) : grads[i];
       }
       if (--deps[e.fn.get()] == 0) ready.push_back(e.fn);
     }

@@ -31,6 +31,17 @@ class Node {
   // Gradients for each edge in `next`, given the gradient of this node's
   // output; an undefined Tensor means none for that input.
   virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // Offered, just before apply, the gradient that other consumers of input
+  // 0 have summed for it so far, when there is one: a node whose kernel can
+  // add it as it writes its own (one pass, where the sum after would be
+  // another over the same tensor) takes it and returns true, and apply's
+  // gradient for input 0 then includes it, bit for bit the sum the engine
+  // would have made. A transformer's layer norms take their residual
+  // stream's gradient so.
+  virtual bool fold_into_input0(const Tensor& sum_so_far) {
+    (void)sum_so_far;
+    return false;
+  }
   // Frees saved tensors once backward has used them.
   virtual void release_saved() {}
   // Whether it keeps tensors for backward (a second backward through it

@@ -63,10 +63,24 @@ struct EmbeddingBackward final : Node {
 
 struct LayerNormBackward final : Node {
   SavedTensor x, weight, mean, rstd;
+  Shape x_sizes;
+  TensorOptions x_options;
+  Tensor plus;  // x's gradient from its other consumers, taken to add to dx
   const char* name() const override { return "LayerNormBackward"; }
+  // (x's other gradient must be of x's type and shape, contiguous: a
+  // residual stream's, which its addition passed on as it came.)
+  bool fold_into_input0(const Tensor& sum) override {
+    if (sum.dtype() != x_options.dtype || sum.device() != x_options.device ||
+        sum.sizes() != x_sizes || !sum.is_contiguous()) {
+      return false;
+    }
+    plus = sum;
+    return true;
+  }
   std::vector<Tensor> apply(const Tensor& g) override {
     const Tensor xv = x.get(), wv = weight.get(), mv = mean.get(), rv = rstd.get();
     const Tensor gc = g.contiguous();
+    const Tensor p = std::move(plus);
     const int64_t cols = xv.size(-1), rows = xv.numel() / std::max<int64_t>(cols, 1);
     Tensor dx = empty(xv.sizes(), xv.options());
     Tensor dw = empty({cols}, xv.options()), db = empty({cols}, xv.options());
@@ -75,7 +89,8 @@ struct LayerNormBackward final : Node {
       // (A bfloat16 output's gradient: the product that read it wrote it so.)
       LEASEHOLD_CUDA_OR("layer_norm backward",
                         kernels::cuda::layer_norm_backward_bf16(
-                            stream_for(g.device()), dx.data<float>(), dw.data<float>(),
+                            stream_for(g.device()), dx.data<float>(),
+                            p.defined() ? p.data<float>() : nullptr, dw.data<float>(),
                             db.data<float>(), work.data<float>(), gc.data<bfloat16>(),
                             xv.data<float>(), wv.data<float>(), mv.data<float>(),
                             rv.data<float>(), rows, cols));
@@ -83,9 +98,10 @@ struct LayerNormBackward final : Node {
     }
     detail::dispatch_floating(g.dtype(), "layer_norm backward", [&](auto tag) {
       using T = decltype(tag);
-      kLayerNormBackward<T>.run(g.device(), dx.data<T>(), dw.data<T>(), db.data<T>(),
-                                work.data<T>(), gc.data<T>(), xv.data<T>(), wv.data<T>(),
-                                mv.data<T>(), rv.data<T>(), rows, cols);
+      kLayerNormBackward<T>.run(g.device(), dx.data<T>(), p.defined() ? p.data<T>() : nullptr,
+                                dw.data<T>(), db.data<T>(), work.data<T>(), gc.data<T>(),
+                                xv.data<T>(), wv.data<T>(), mv.data<T>(), rv.data<T>(), rows,
+                                cols);
     });
     return {dx, dw, db};
   }
@@ -94,6 +110,7 @@ struct LayerNormBackward final : Node {
     weight.reset();
     mean.reset();
     rstd.reset();
+    plus = Tensor();
   }
 };
 
@@ -328,6 +345,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   if (any_requires_grad({&x, &weight, &bias})) {
     auto node = std::make_shared<LayerNormBackward>();
     node->x = SavedTensor(xc);
+    node->x_sizes = xc.sizes();
+    node->x_options = xc.options();
     node->weight = SavedTensor(wc);
     node->mean = SavedTensor(mean);
     node->rstd = SavedTensor(rstd);

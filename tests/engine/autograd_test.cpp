@@ -19,6 +19,51 @@ TEST(Autograd, ChainRuleAndAccumulation) {
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{4, 8, 12}));
 }
 
+// y = 2x recorded by a node that may take x's gradient so far into its own
+// (Node::fold_into_input0).
+struct DoublingNode final : Node {
+  bool takes = false;
+  Tensor offered;
+  const char* name() const override { return "DoublingNode"; }
+  bool fold_into_input0(const Tensor& sum_so_far) override {
+    offered = sum_so_far;
+    return takes;
+  }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor own = mul(g, 2.0);
+    return {takes && offered.defined() ? add(own, offered) : own};
+  }
+};
+
+// x + 2x: the addition's gradient for x arrives first and is offered to the
+// node; taken, the node's gradient replaces the sum (not added to it again);
+// declined, the engine adds the two. x's gradient is 3 either way.
+TEST(Autograd, ANodeMayTakeItsInputsGradientSoFar) {
+  for (bool takes : {true, false}) {
+    SCOPED_TRACE(takes ? "taken" : "declined");
+    Tensor x = from_vector<float>({1, -2}, {2});
+    x.set_requires_grad(true);
+    Tensor y = mul(x.detach(), 2.0);
+    auto node = std::make_shared<DoublingNode>();
+    node->takes = takes;
+    record(y, node, {&x});
+    add(x, y).backward(ones({2}));
+    ASSERT_TRUE(node->offered.defined());
+    EXPECT_EQ(node->offered.to_vector<float>(), (std::vector<float>{1, 1}));
+    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 3}));
+  }
+  // Nothing to offer: x reaches the node alone.
+  Tensor x = from_vector<float>({1, -2}, {2});
+  x.set_requires_grad(true);
+  Tensor y = mul(x.detach(), 2.0);
+  auto node = std::make_shared<DoublingNode>();
+  node->takes = true;
+  record(y, node, {&x});
+  y.backward(ones({2}));
+  EXPECT_FALSE(node->offered.defined());
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+}
+
 TEST(Autograd, SharedSubexpressionGetsBothGradients) {
   Tensor x = from_vector<double>({0.5, -1.0}, {2}, Device::cpu());
   x.set_requires_grad(true);

@@ -373,6 +373,13 @@ TEST_F(CudaOps, ConvPoolDropout) {
   EXPECT_EQ(add_dropout_mismatch(Device::cuda()), "");
 }
 
+// Layer norm's backward adding its input's other gradient as it writes dx,
+// through the scalar and register kernels: the same bits as the addition
+// after (fused_check.h).
+TEST_F(CudaOps, LayerNormTakesItsInputsOtherGradientBitForBit) {
+  EXPECT_EQ(layer_norm_fold_mismatch(Device::cuda()), "");
+}
+
 // LeNet as the jobs build it: on CUDA, Sequential runs each Conv2d and
 // Linear followed by a ReLU as one fused operation (direct convolution
 // kernels, the bias and ReLU after the GEMM); on the CPU as separate ones.

@@ -62,4 +62,30 @@ std::string add_dropout_mismatch(Device device) {
   return "";
 }
 
+std::string layer_norm_fold_mismatch(Device device) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {37, 30}, {300, 384}, {5, 1100}, {3000, 64}};
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (auto [rows, cols] : shapes) {
+      const std::string what = std::string(dtype == DType::Float32 ? "float32" : "float64") +
+                               ", " + std::to_string(rows) + " x " + std::to_string(cols) + ": ";
+      manual_seed(29);
+      const Tensor x = randn({rows, cols}).to(dtype).to(device);
+      const Tensor w = randn({cols}).to(dtype).to(device), b = randn({cols}).to(dtype).to(device);
+      const Tensor g = randn({rows, cols}).to(dtype).to(device);
+      auto leaf = [](const Tensor& t) { return t.detach().set_requires_grad(true); };
+      // Folded: x's two gradients meet in layer norm's backward.
+      Tensor x1 = leaf(x), w1 = leaf(w), b1 = leaf(b);
+      add(x1, layer_norm(x1, w1, b1)).backward(g);
+      // Apart: layer norm's own, then the residual's added after.
+      Tensor x2 = leaf(x), w2 = leaf(w), b2 = leaf(b);
+      layer_norm(x2, w2, b2).backward(g);
+      if (values(x1.grad()) != values(add(g, x2.grad()))) return what + "x's gradient differs";
+      if (values(w1.grad()) != values(w2.grad())) return what + "the weight's gradient differs";
+      if (values(b1.grad()) != values(b2.grad())) return what + "the bias's gradient differs";
+    }
+  }
+  return "";
+}
+
 }  // namespace leasehold::engine

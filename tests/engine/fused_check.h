@@ -16,4 +16,12 @@ namespace leasehold::engine {
 // or "".
 std::string add_dropout_mismatch(Device device);
 
+// A layer norm whose input's other gradient its backward adds as it writes
+// dx (autograd.h: Node::fold_into_input0): x + layer_norm(x) against the
+// sum of x's two gradients made apart, in float32 and float64, over
+// widths through every kernel (a multiple of 4 and not, over the CUDA
+// register kernels' 1024, more row chunks than their final sum's lanes):
+// every gradient the same bits. Returns the first difference, or "".
+std::string layer_norm_fold_mismatch(Device device);
+
 }  // namespace leasehold::engine

@@ -8,6 +8,7 @@
 #include "agent/engine/autocast.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
+#include "tests/engine/fused_check.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/op_registry.h"
 
@@ -98,6 +99,12 @@ TEST(Gradcheck, TransformerBlock) {
   nn::TransformerBlock block(8, 2, 0.0, 1, f64);
   EXPECT_GRAD_OK([&](auto& v) { return block.forward(v[0]); }, {randn({2, 5, 8}, f64)}, 1e-6,
                  1e-5);
+}
+
+// A residual stream's gradient added by layer norm's backward as it writes
+// its own: the same bits as the addition after (fused_check.h).
+TEST(TransformerOps, LayerNormTakesItsInputsOtherGradientBitForBit) {
+  EXPECT_EQ(layer_norm_fold_mismatch(Device::cpu()), "");
 }
 
 TEST(TransformerOps, RejectBadInputs) {
