@@ -231,6 +231,53 @@ __global__ void gelu_backward_bf16_kernel(bfloat16* dx, const bfloat16* g, const
   }
 }
 
+// Eight elements of float32 or bfloat16 as float32, and back (rounded).
+__device__ inline F32x8 load_x8(const float* p, int64_t i) {
+  return reinterpret_cast<const F32x8*>(p)[i];
+}
+__device__ inline F32x8 load_x8(const bfloat16* p, int64_t i) {
+  return to_f32x8(reinterpret_cast<const Bf16x8*>(p)[i]);
+}
+__device__ inline void store_x8(float* p, int64_t i, const F32x8& v) {
+  reinterpret_cast<F32x8*>(p)[i] = v;
+}
+__device__ inline void store_x8(bfloat16* p, int64_t i, const F32x8& v) {
+  reinterpret_cast<Bf16x8*>(p)[i] = to_bf16x8(v);
+}
+
+// Dropout between the float32 residual stream and a bfloat16 branch: In and
+// Out are float and bfloat16 one way or the other; the product in float32,
+// rounded on its own (mul_rn), then the residual added (when not null, of
+// type Out = float) or the result rounded to Out. Eight elements a thread
+// where every operand is 16-byte aligned (`groups` of eight), then one a
+// thread.
+template <class In, class Out>
+__global__ void dropout_mixed_kernel(Out* out, const In* x, const float* residual, int64_t n,
+                                     bool vectors, uint64_t threshold, float scale,
+                                     RandomKey key) {
+  const uint64_t seed = key.resolve();
+  const int64_t groups = vectors ? n / 8 : 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < groups; i += stride) {
+    const F32x8 v = load_x8(x, i);
+    F32x8 r = {};
+    if (residual) r = load_x8(residual, i);
+    float e[8] = {v.lo.x, v.lo.y, v.lo.z, v.lo.w, v.hi.x, v.hi.y, v.hi.z, v.hi.w};
+    const float f[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float kept = dropout_keeps(seed, i * 8 + j, threshold) ? mul_rn(e[j], scale) : 0.f;
+      e[j] = residual ? f[j] + kept : kept;
+    }
+    store_x8(out, i, {make_float4(e[0], e[1], e[2], e[3]), make_float4(e[4], e[5], e[6], e[7])});
+  }
+  for (int64_t i = groups * 8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const float kept = dropout_keeps(seed, i, threshold) ? mul_rn(float(x[i]), scale) : 0.f;
+    out[i] = Out(residual ? residual[i] + kept : kept);
+  }
+}
+
 template <class To, class From>
 __global__ void convert_x8_kernel(To* out, const From* in, int64_t groups) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < groups;
@@ -319,6 +366,28 @@ void strided_copy(Stream queue, T* dst, const Strided& dv, const T* src, const S
   if (n == 0) return;
   strided_copy_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(dst, dv, src, sv, n);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class In, class Out>
+void launch_dropout_mixed(Stream queue, Out* out, const In* x, int64_t n, double p,
+                          RandomKey key, const float* residual) {
+  if (n == 0) return;
+  const bool vectors = aligned16(out) && aligned16(x) && (!residual || aligned16(residual));
+  dropout_mixed_kernel<In, Out><<<grid_for(vectors ? n / 8 + n % 8 : n), kBlock, 0,
+                                  as_cuda(queue)>>>(out, x, residual, n, vectors,
+                                                    dropout_threshold(p),
+                                                    float(1.0 / (1.0 - p)), key);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+void dropout_bf16_branch(Stream s, float* out, const bfloat16* x, int64_t n, double p,
+                         RandomKey key, const float* residual) {
+  launch_dropout_mixed(s, out, x, n, p, key, residual);
+}
+
+void dropout_bf16_gradient(Stream s, bfloat16* out, const float* g, int64_t n, double p,
+                           RandomKey key) {
+  launch_dropout_mixed<float, bfloat16>(s, out, g, n, p, key, nullptr);
 }
 
 template <class T>

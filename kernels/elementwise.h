@@ -88,6 +88,17 @@ void bias_activation(Stream s, T* y, const T* bias, int64_t rows, int64_t column
 // the backward of a product's fused GELU, from the GELU's input that the
 // product kept, straight into the bfloat16 the next products read.
 void gelu_backward_bf16(Stream s, bfloat16* dx, const bfloat16* g, const bfloat16* x, int64_t n);
+// dropout (above) under autocast, for a bfloat16 branch x joining the
+// float32 residual stream: out = residual + dropout(x) in float32, or
+// without a residual (null) dropout(x); and its backward, the float32
+// gradient g through the same mask (the same key) into the branch's
+// bfloat16 gradient, rounded once. The mask and the products are
+// dropout's: the bits of dropout of x's values in float32, then the
+// addition, or the rounding.
+void dropout_bf16_branch(Stream s, float* out, const bfloat16* x, int64_t n, double p,
+                         RandomKey key, const float* residual);
+void dropout_bf16_gradient(Stream s, bfloat16* out, const float* g, int64_t n, double p,
+                           RandomKey key);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_ELEMENTWISE_KERNELS

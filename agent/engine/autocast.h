@@ -8,7 +8,8 @@
 // result is float32, except where the model asks for bfloat16 because a
 // product reads it next (ops.h: ProductOut, linear_gelu; the GPT block
 // keeps its norms' outputs, its qkv projection, the attention's output and
-// the MLP's hidden layer so): those operators
+// the MLP's hidden layer so), or where a branch's product output joins the
+// residual stream through add_dropout (proj's and fc2's): those operators
 // take bfloat16 inputs as they are, and a gradient has its tensor's type.
 // A linear layer's backward uses the bfloat16 copies it multiplied (half
 // the bytes of float32 to keep). On the CPU nothing changes: it computes in

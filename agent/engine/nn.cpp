@@ -275,21 +275,25 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 
 Tensor TransformerBlock::mlp(const Tensor& h) {
   // (Under autocast the norm writes bfloat16 for fc1 to multiply as it is,
-  // the GELU is fc1's epilogue, and its bfloat16 output is what fc2
-  // multiplies.)
-  return (*fc2_)(fc1_->forward_then_gelu(ln2_->forward_lower_precision(h)));
+  // the GELU is fc1's epilogue, its bfloat16 output is what fc2 multiplies,
+  // and fc2's output stays bfloat16 until its dropout adds it to the
+  // float32 residual stream, as PyTorch's autocast keeps it.)
+  return fc2_->forward_lower_precision(
+      fc1_->forward_then_gelu(ln2_->forward_lower_precision(h)));
 }
 
 Tensor TransformerBlock::body(const Tensor& x) {
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   // Under autocast the norm writes bfloat16 for the projection, the
-  // projection stays in bfloat16 for the attention's products, and so does
-  // the attention's output for proj's.
+  // projection stays in bfloat16 for the attention's products, so does the
+  // attention's output for proj's, and proj's for its dropout's addition to
+  // the float32 residual stream (whose backward writes proj's gradient in
+  // bfloat16, ready for its products).
   Tensor merged =
       self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
                      /*causal=*/true);
-  Tensor h = add_dropout(x, (*proj_)(merged), p_, is_training());
+  Tensor h = add_dropout(x, proj_->forward_lower_precision(merged), p_, is_training());
   Tensor m = recompute_ == Recompute::Mlp && is_training()
                  ? recompute_in_backward([this](const Tensor& in) { return mlp(in); }, h)
                  : mlp(h);

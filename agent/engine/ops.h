@@ -129,7 +129,10 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
 Tensor dropout(const Tensor& x, double p, bool training);
 // residual + dropout(x, p, training) in one pass over the three tensors (a
 // transformer's residual connection): the same mask and the same bits as
-// the two operations. residual and x of one shape, type and device.
+// the two operations. residual and x of one shape, type and device; or,
+// under bfloat16 autocast on CUDA, x bfloat16 (a product's output kept so)
+// and residual float32: the sum is float32 (the bits of the two
+// operations on x's values in float32) and x's gradient bfloat16.
 Tensor add_dropout(const Tensor& residual, const Tensor& x, double p, bool training);
 
 // Transformer layers (ops_transformer.cpp). float32 and float64; attention

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/dispatch.h"
 #include "agent/engine/gemm.h"
@@ -211,9 +212,25 @@ struct MaxPoolBackward final : Node {
 };
 
 // out = residual + dropout(x) (contiguous, of one shape; without residual
-// when it is undefined) with draw's mask.
+// when it is undefined) with draw's mask. Under autocast one of x and out
+// may be bfloat16 and the other float32 (a bfloat16 branch joining the
+// residual stream, and its gradient).
 void apply_dropout(Tensor& out, const Tensor& x, double p, const RandomDraw& draw,
                    const Tensor& residual = Tensor()) {
+  const kernels::RandomKey key{draw.seed, draw.step_data()};
+  if (x.dtype() == DType::BFloat16) {
+    LEASEHOLD_CUDA_OR("add_dropout", kernels::cuda::dropout_bf16_branch(
+                                         stream_for(x.device()), out.data<float>(),
+                                         x.data<bfloat16>(), x.numel(), p, key,
+                                         residual.defined() ? residual.data<float>() : nullptr));
+    return;
+  }
+  if (out.dtype() == DType::BFloat16) {
+    LEASEHOLD_CUDA_OR("add_dropout", kernels::cuda::dropout_bf16_gradient(
+                                         stream_for(x.device()), out.data<bfloat16>(),
+                                         x.data<float>(), x.numel(), p, key));
+    return;
+  }
   detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     kDropout<T>.run(x.device(), out.data<T>(), x.data<T>(), x.numel(), p,
@@ -230,6 +247,7 @@ struct DropoutBackward final : Node {
   double p = 0;
   RandomDraw draw;
   bool residual = false;  // add_dropout's
+  DType x_dtype = DType::Float32;  // x's gradient's (bfloat16: a branch under autocast)
   const char* name() const override {
     return residual ? "AddDropoutBackward" : "DropoutBackward";
   }
@@ -242,7 +260,7 @@ struct DropoutBackward final : Node {
       return {Tensor()};
     }
     const Tensor gc = g.contiguous();
-    Tensor gx = empty(gc.sizes(), gc.options());
+    Tensor gx = empty(gc.sizes(), {x_dtype, gc.device()});
     apply_dropout(gx, gc, p, draw);
     if (residual) return {g, gx};
     return {gx};
@@ -384,31 +402,46 @@ Tensor dropout_op(const Tensor& residual, const Tensor& x, double p, bool traini
     throw std::invalid_argument(std::string(op) + ": p = " + std::to_string(p) +
                                 " must be in [0, 1)");
   }
+  // Under autocast a bfloat16 branch (a product's output kept so) joins a
+  // float32 residual stream: the sum is float32, x's gradient bfloat16.
+  const bool mixed = residual.defined() && x.defined() && x.dtype() == DType::BFloat16 &&
+                     residual.dtype() == DType::Float32 &&
+                     autocast_dtype(x.device()) == DType::BFloat16;
   if (residual.defined()) {
     detail::check_defined(x, op, "input");
-    detail::check_same(residual, x, op);
+    if (!mixed) {
+      detail::check_same(residual, x, op);
+    } else if (residual.device() != x.device()) {
+      throw std::invalid_argument(std::string(op) + ": devices differ (" +
+                                  residual.device().str() + " and " + x.device().str() + ")");
+    }
     if (residual.sizes() != x.sizes()) {
       throw std::invalid_argument(std::string(op) + ": residual " + residual.shape_str() +
                                   " and input " + x.shape_str() + " differ in shape");
     }
-    if (!training || p == 0) return add(residual, x);
+    // (A bfloat16 branch still goes through the kernel, keeping nothing
+    // with p 0: the addition alone would need a differentiable conversion.)
+    if ((!training || p == 0) && !mixed) return add(residual, x);
   } else if (!training || p == 0) {
     return x;
   }
-  const RandomDraw draw = RandomDraw::next(x.device());
+  if (!training) p = 0;
+  // (p 0 keeps every element without drawing from the step's random numbers.)
+  const RandomDraw draw = p > 0 ? RandomDraw::next(x.device()) : RandomDraw{};
   Tensor xc, rc;
   {
     NoGradGuard no_grad;
     xc = x.contiguous();
     if (residual.defined()) rc = residual.contiguous();
   }
-  Tensor out = empty(x.sizes(), x.options());
+  Tensor out = empty(x.sizes(), mixed ? residual.options() : x.options());
   apply_dropout(out, xc, p, draw, rc);
   if (any_requires_grad({&residual, &x})) {  // (an undefined residual requires nothing)
     auto node = std::make_shared<DropoutBackward>();
     node->p = p;
     node->draw = draw;
     node->residual = residual.defined();
+    node->x_dtype = x.dtype();
     if (residual.defined()) {
       record(out, node, {&residual, &x});
     } else {

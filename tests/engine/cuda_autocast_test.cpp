@@ -283,6 +283,49 @@ TEST_F(CudaAutocast, BiasGradientsSumEveryRowInAFixedOrder) {
   }
 }
 
+// A bfloat16 branch (a product's output kept so) joining the float32
+// residual stream under autocast: add_dropout's sum is the float32
+// operation's on x's values, bit for bit, and x's gradient that one's
+// rounded to bfloat16; over 16-byte words and a tail, a residual one
+// element off its words, training (p 0.3) or not (nothing drawn). Without
+// autocast the two types are an error.
+TEST_F(CudaAutocast, AddDropoutJoinsABFloat16BranchToTheResidualStream) {
+  for (int64_t n : {4096, 1027}) {
+    for (bool shifted : {false, true}) {
+      for (bool training : {true, false}) {
+        SCOPED_TRACE(std::to_string(n) + (shifted ? ", residual one element in" : "") +
+                     (training ? ", training" : ", not training"));
+        manual_seed(44);
+        const Tensor base = randn({n + 1}).to(Device::cuda());
+        const Tensor residual = base.narrow(0, shifted ? 1 : 0, n);
+        const Tensor x16 = randn({n}).to(Device::cuda()).to(DType::BFloat16);
+        const Tensor g = randn({n}).to(Device::cuda());
+        auto leaf = [](const Tensor& t) { return t.detach().set_requires_grad(true); };
+        Tensor r1 = leaf(residual), x1 = leaf(x16), out16;
+        {
+          AutocastGuard autocast(DType::BFloat16);
+          manual_seed(77);
+          out16 = add_dropout(r1, x1, 0.3, training);
+        }
+        out16.backward(g);
+        Tensor r2 = leaf(residual), x2 = leaf(x16.to(DType::Float32));
+        manual_seed(77);
+        Tensor out32 = add_dropout(r2, x2, 0.3, training);
+        out32.backward(g);
+        ASSERT_EQ(out16.dtype(), DType::Float32);
+        EXPECT_EQ(out16.to_vector<float>(), out32.to_vector<float>());
+        ASSERT_EQ(x1.grad().dtype(), DType::BFloat16);
+        EXPECT_EQ(x1.grad().to(DType::Float32).to_vector<float>(),
+                  x2.grad().to(DType::BFloat16).to(DType::Float32).to_vector<float>());
+        EXPECT_EQ(r1.grad().to_vector<float>(), r2.grad().to_vector<float>());
+      }
+    }
+  }
+  const Tensor residual = ones({8}).to(Device::cuda());
+  const Tensor x16 = ones({8}).to(Device::cuda()).to(DType::BFloat16);
+  EXPECT_THROW(add_dropout(residual, x16, 0.1, true), std::invalid_argument);
+}
+
 // A layer norm asked for a bfloat16 output under autocast writes its
 // float32 output rounded, bit for bit; given a bfloat16 gradient it
 // returns the bits the float32 path returns for the same values. Widths
