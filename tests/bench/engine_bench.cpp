@@ -224,9 +224,9 @@ nlohmann::json linear_layers(int64_t rows) {
     bool gelu, bf16_out;
   };
   const Layer layers[] = {{"qkv", 384, 1152, false, true},
-                          {"proj", 384, 384, false, false},
+                          {"proj", 384, 384, false, true},
                           {"fc1_gelu", 384, 1536, true, true},
-                          {"fc2", 1536, 384, false, false}};
+                          {"fc2", 1536, 384, false, true}};
   nlohmann::json out = nlohmann::json::array();
   const E::Device cuda = E::Device::cuda(0);
   for (const Layer& l : layers) {
