@@ -165,12 +165,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int64_t r = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32; r < rows;
        r += int64_t(gridDim.x) * kWarpsPerBlock) {
     const float* xr = x + r * cols;
-    float4 v[V];
+    // (w and b loaded with x: each load after the row's sums would be
+    // another trip to memory before the row can be written.)
+    float4 v[V], wv[V], bv[V];
     float sum = 0;
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const int c = (i * 32 + lane) * 4;
-      v[i] = c < cols ? load4(xr + c) : zero4();
+      const bool in = c < cols;
+      v[i] = in ? load4(xr + c) : zero4();
+      wv[i] = in ? load4(w + c) : zero4();
+      bv[i] = in ? load4(b + c) : zero4();
       sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
     }
     const float mu = warp_sum(sum) / float(cols);
@@ -187,11 +192,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int i = 0; i < V; ++i) {
       const int c = (i * 32 + lane) * 4;
       if (c < cols) {
-        const float4 wv = load4(w + c), bv = load4(b + c);
-        store4(y + r * cols + c, make_float4((v[i].x - mu) * rs * wv.x + bv.x,
-                                             (v[i].y - mu) * rs * wv.y + bv.y,
-                                             (v[i].z - mu) * rs * wv.z + bv.z,
-                                             (v[i].w - mu) * rs * wv.w + bv.w));
+        store4(y + r * cols + c, make_float4((v[i].x - mu) * rs * wv[i].x + bv[i].x,
+                                             (v[i].y - mu) * rs * wv[i].y + bv[i].y,
+                                             (v[i].z - mu) * rs * wv[i].z + bv[i].z,
+                                             (v[i].w - mu) * rs * wv[i].w + bv[i].w));
       }
     }
     if (lane == 0) {
@@ -223,7 +227,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     aw[i] = ab[i] = zero4();
   }
   for (int64_t r = begin + warp; r < end; r += kWarpsPerBlock) {
-    float4 xh[V], gw[V];  // x̂, and dy · w
+    float4 xh[V], gw[V], plus[V];  // x̂, dy · w, and dx_plus (loaded with x and dy)
     const float mu = mean[r], rs = rstd[r];
     float a = 0, bsum = 0;
 #pragma unroll
@@ -231,6 +235,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const int c = (i * 32 + lane) * 4;
       if (c < cols) {
         const float4 xv = load4(x + r * cols + c), g = load4(dy + r * cols + c);
+        plus[i] = dx_plus ? load4(dx_plus + r * cols + c) : zero4();
         xh[i] = make_float4((xv.x - mu) * rs, (xv.y - mu) * rs, (xv.z - mu) * rs,
                             (xv.w - mu) * rs);
         gw[i] = make_float4(g.x * wv[i].x, g.y * wv[i].y, g.z * wv[i].z, g.w * wv[i].w);
@@ -257,9 +262,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                                  rs * (gw[i].z - a - xh[i].z * bsum),
                                  rs * (gw[i].w - a - xh[i].w * bsum));
         if (dx_plus) {
-          const float4 p = load4(dx_plus + r * cols + c);
-          own = make_float4(add_rn(own.x, p.x), add_rn(own.y, p.y), add_rn(own.z, p.z),
-                            add_rn(own.w, p.w));
+          own = make_float4(add_rn(own.x, plus[i].x), add_rn(own.y, plus[i].y),
+                            add_rn(own.z, plus[i].z), add_rn(own.w, plus[i].w));
         }
         store4(dx + r * cols + c, own);
       }
