@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/block_reduce.cuh"
+#include "kernels/elementwise_ops.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.h"
 #include "kernels/sum_parts.cuh"
@@ -307,13 +308,20 @@ int64_t bf16_parts(int64_t rows) {
   return std::clamp<int64_t>((rows + kBf16PartRows - 1) / kBf16PartRows, 1, kBf16MaxParts);
 }
 
+// GELU's backward at one element, as gelu_backward_bf16 computes it.
+__device__ inline bfloat16 gelu_grad_bf16(bfloat16 g, bfloat16 x) {
+  return bfloat16(float(g) * gelu_tanh_grad(float(x)));
+}
+
 // partial[p][c] over part p's rows: a block of 32 threads along the columns
 // (W columns each, one 16-byte load when W is 8) × kBf16RowLanes along the
-// rows, the lanes summed in order.
-template <int W>
+// rows, the lanes summed in order. kGelu: what is summed is GELU's
+// backward of in (its gradient) at gelu_input, written to dx as it goes.
+template <int W, bool kGelu>
 __global__ void __launch_bounds__(32 * kBf16RowLanes)
     column_sums_bf16_partial_kernel(float* partial, const bfloat16* in, int64_t rows,
-                                    int64_t columns, int64_t parts) {
+                                    int64_t columns, int64_t parts, bfloat16* dx,
+                                    const bfloat16* gelu_input) {
   __shared__ float lanes[kBf16RowLanes][32 * W + 1];
   const int64_t c0 = (blockIdx.x * int64_t(32) + threadIdx.x) * W;
   const int64_t p = blockIdx.y, per = (rows + parts - 1) / parts;
@@ -322,13 +330,26 @@ __global__ void __launch_bounds__(32 * kBf16RowLanes)
   if (c0 < columns) {
 #pragma unroll 4
     for (int64_t r = begin + threadIdx.y; r < end; r += kBf16RowLanes) {
+      const int64_t at = r * columns + c0;
       if constexpr (W == 8) {
-        const uint4 word = *reinterpret_cast<const uint4*>(in + r * columns + c0);
-        const bfloat16* v = reinterpret_cast<const bfloat16*>(&word);
+        uint4 word = *reinterpret_cast<const uint4*>(in + at);
+        bfloat16* v = reinterpret_cast<bfloat16*>(&word);
+        if constexpr (kGelu) {
+          const uint4 xw = *reinterpret_cast<const uint4*>(gelu_input + at);
+          const bfloat16* xv = reinterpret_cast<const bfloat16*>(&xw);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = gelu_grad_bf16(v[j], xv[j]);
+          *reinterpret_cast<uint4*>(dx + at) = word;
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[j] += float(v[j]);
       } else {
-        acc[0] += float(in[r * columns + c0]);
+        bfloat16 v = in[at];
+        if constexpr (kGelu) {
+          v = gelu_grad_bf16(v, gelu_input[at]);
+          dx[at] = v;
+        }
+        acc[0] += float(v);
       }
     }
   }
@@ -375,26 +396,47 @@ int64_t column_sums_bf16_workspace(int64_t rows, int64_t columns) {
   return bf16_parts(rows) * columns;
 }
 
-void column_sums_bf16(Stream queue, float* out, float* workspace, const bfloat16* in,
-                      int64_t rows, int64_t columns) {
-  cudaStream_t stream = as_cuda(queue);
+namespace {
+
+template <bool kGelu>
+void launch_column_sums_bf16(cudaStream_t stream, float* out, float* workspace,
+                             const bfloat16* in, int64_t rows, int64_t columns, bfloat16* dx,
+                             const bfloat16* gelu_input) {
   if (columns == 0) return;
   const int64_t parts = bf16_parts(rows);
-  const bool words = columns % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const auto word_aligned = [](const void* p) {
+    return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  };
+  const bool words =
+      columns % 8 == 0 && word_aligned(in) && word_aligned(dx) && word_aligned(gelu_input);
   const int64_t per_block = words ? 32 * 8 : 32;
   const dim3 grid{static_cast<unsigned>((columns + per_block - 1) / per_block),
                   static_cast<unsigned>(parts)};
   if (words) {
-    column_sums_bf16_partial_kernel<8>
-        <<<grid, dim3(32, kBf16RowLanes), 0, stream>>>(workspace, in, rows, columns, parts);
+    column_sums_bf16_partial_kernel<8, kGelu><<<grid, dim3(32, kBf16RowLanes), 0, stream>>>(
+        workspace, in, rows, columns, parts, dx, gelu_input);
   } else {
-    column_sums_bf16_partial_kernel<1>
-        <<<grid, dim3(32, kBf16RowLanes), 0, stream>>>(workspace, in, rows, columns, parts);
+    column_sums_bf16_partial_kernel<1, kGelu><<<grid, dim3(32, kBf16RowLanes), 0, stream>>>(
+        workspace, in, rows, columns, parts, dx, gelu_input);
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   sum_parts_kernel<float><<<static_cast<unsigned>((columns + 31) / 32), 32 * kPartLanes, 0,
                              stream>>>(out, nullptr, workspace, columns, parts);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void column_sums_bf16(Stream s, float* out, float* workspace, const bfloat16* in, int64_t rows,
+                      int64_t columns) {
+  launch_column_sums_bf16<false>(as_cuda(s), out, workspace, in, rows, columns, nullptr,
+                                 nullptr);
+}
+
+void gelu_backward_column_sums_bf16(Stream s, bfloat16* dx, float* out, float* workspace,
+                                    const bfloat16* g, const bfloat16* x, int64_t rows,
+                                    int64_t columns) {
+  launch_column_sums_bf16<true>(as_cuda(s), out, workspace, g, rows, columns, dx, x);
 }
 
 template <class T>

@@ -115,6 +115,15 @@ void sum_columns(Stream s, const ColumnSums<T>& sums);
 int64_t column_sums_bf16_workspace(int64_t rows, int64_t columns);
 void column_sums_bf16(Stream s, float* out, float* workspace, const bfloat16* in, int64_t rows,
                       int64_t columns);
+// The same sums of GELU's backward, dx = g · gelu'(x) (tanh form, in
+// float32, rounded to bfloat16 as elementwise.h's gelu_backward_bf16
+// rounds it), written to dx [rows, columns] as it is summed: a product's
+// fused GELU and its bias's gradient in one pass over g and x. Rows of a
+// multiple of 8 columns go 8 at a time where dx, g and x start 16-byte
+// aligned.
+void gelu_backward_column_sums_bf16(Stream s, bfloat16* dx, float* out, float* workspace,
+                                    const bfloat16* g, const bfloat16* x, int64_t rows,
+                                    int64_t columns);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_REDUCE_KERNELS

@@ -156,17 +156,30 @@ struct MatmulBackward final : Node {
 };
 
 // The column sums of a bfloat16 [rows, columns] in float32: a bias's
-// gradient under autocast (CUDA only).
-Tensor column_sums_bf16(const Tensor& g16) {
+// gradient under autocast (CUDA only). With `gelu_input` defined, the sums
+// of GELU's backward of g16 at it, which is written to `gelu_grad` as it
+// is summed (one pass for a fused GELU's gradient and its bias's).
+Tensor column_sums_bf16(const Tensor& g16, const Tensor& gelu_input = Tensor(),
+                        Tensor* gelu_grad = nullptr) {
   const int64_t rows = g16.size(0), columns = g16.size(1);
   const TensorOptions f32{DType::Float32, g16.device()};
   Tensor sums = empty({columns}, f32);
 #ifdef LEASEHOLD_HAVE_CUDA
   const Tensor work = empty({kernels::cuda::column_sums_bf16_workspace(rows, columns)}, f32);
-  kernels::cuda::column_sums_bf16(stream_for(g16.device()), sums.data<float>(),
-                                  work.data<float>(), g16.data<bfloat16>(), rows, columns);
+  const kernels::Stream s = stream_for(g16.device());
+  if (gelu_input.defined()) {
+    *gelu_grad = empty(g16.sizes(), g16.options());
+    kernels::cuda::gelu_backward_column_sums_bf16(
+        s, gelu_grad->data<bfloat16>(), sums.data<float>(), work.data<float>(),
+        g16.data<bfloat16>(), gelu_input.data<bfloat16>(), rows, columns);
+  } else {
+    kernels::cuda::column_sums_bf16(s, sums.data<float>(), work.data<float>(),
+                                    g16.data<bfloat16>(), rows, columns);
+  }
 #else
   (void)rows;
+  (void)gelu_input;
+  (void)gelu_grad;
   detail::no_cuda("linear");
 #endif
   return sums;
@@ -207,18 +220,24 @@ struct LinearBackward final : Node {
     }
     if (mixed) {
       // The products read g in bfloat16: GELU's gradient is written so.
+      // (The bias gradient first, as below. cuBLASLt's BGRADB epilogue ran
+      // it as a kernel of its own at under half the memory bandwidth; with
+      // a GELU, its gradient and the bias's are one pass.)
       Tensor g16;
       if (gelu) {
         const Tensor a = gelu_input.get(), g_bf = g.to(DType::BFloat16);
-        g16 = empty(a.sizes(), a.options());
-        LEASEHOLD_CUDA_OR("linear", kernels::cuda::gelu_backward_bf16(
-                                        stream_for(a.device()), g16.data<bfloat16>(),
-                                        g_bf.data<bfloat16>(), a.data<bfloat16>(), a.numel()));
+        if (want_b && !gb.defined()) {
+          gb = column_sums_bf16(g_bf, a, &g16);
+        } else {
+          g16 = empty(a.sizes(), a.options());
+          LEASEHOLD_CUDA_OR("linear",
+                            kernels::cuda::gelu_backward_bf16(
+                                stream_for(a.device()), g16.data<bfloat16>(),
+                                g_bf.data<bfloat16>(), a.data<bfloat16>(), a.numel()));
+        }
       } else {
         g16 = g.to(DType::BFloat16);
       }
-      // (The bias gradient first, as below. cuBLASLt's BGRADB epilogue ran
-      // it as a kernel of its own at under half the memory bandwidth.)
       if (want_b && !gb.defined()) gb = column_sums_bf16(g16);
       if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, X.sizes(), x_dtype).out;
       if (next[1].fn) {
