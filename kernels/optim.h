@@ -109,9 +109,10 @@ struct AdamStepScalars {
   }
 };
 
-// One update's coefficients in T, each rounded from double once per update
-// rather than once per element: double arithmetic per element made the
-// CUDA update four times slower than its memory traffic.
+// One update's coefficients in T, each rounded from double once (per
+// update on the CPU, per thread on CUDA, where each thread updates many
+// elements) rather than once per element: double arithmetic per element
+// made the CUDA update four times slower than its memory traffic.
 template <class T>
 struct AdamCoefficients {
   T shrink, weight_decay, beta1, rest1, beta2, rest2, bc2, eps, step_size;

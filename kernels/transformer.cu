@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 // One block per chunk of rows (layer_norm_row_chunks), warp j taking rows
 // begin + j, begin + j + 8, ...: dx for each row, and partial[chunk][col]
-// (dw then db halves) as the scalar kernels order them. Dynamic shared
+// (dw then db halves) summed in the scalar kernels' order (their roundings
+// of each term differ). Dynamic shared
 // memory: 2 × cols floats.
 template <class G, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
@@ -278,6 +279,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         if (c < cols) {
           const float* pw = &aw[i].x;
           const float* pb = &ab[i].x;
+#pragma unroll
           for (int k = 0; k < 4; ++k) {
             sums[c + k] = j == 0 ? pw[k] : sums[c + k] + pw[k];
             sums[cols + c + k] = j == 0 ? pb[k] : sums[cols + c + k] + pb[k];

@@ -18,7 +18,10 @@ namespace leasehold::kernels {
 
 // Layer norm's weight and bias gradients are summed over the rows in this
 // many chunks of rows, then over the chunks: a count fixed by the shape, so
-// the order of the sums (and the bits) never depends on the device.
+// the order of the sums never depends on the device. (On CUDA, which kernel
+// runs, the register one or the scalar one, depends on the width and the
+// operands' 16-byte alignment, and their roundings differ; the same
+// operands give the same bits every run.)
 inline int64_t layer_norm_row_chunks(int64_t rows) {
   const int64_t chunks = (rows + 63) / 64;
   return chunks < 1 ? 1 : (chunks > 256 ? 256 : chunks);

@@ -57,7 +57,8 @@ class Linear final : public Module {
   Tensor forward(const Tensor& x) override;
   Tensor forward_then_relu(const Tensor& x) override;
   // forward(x), kept in bfloat16 under autocast for a product that reads
-  // it next (ops.h: ProductOut); float32 otherwise.
+  // it next or a branch that add_dropout adds to the residual stream
+  // (ops.h: ProductOut); float32 otherwise.
   Tensor forward_lower_precision(const Tensor& x);
   // gelu(forward(x)), fused under autocast (ops.h: linear_gelu).
   Tensor forward_then_gelu(const Tensor& x);

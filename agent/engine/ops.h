@@ -52,7 +52,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // Under bfloat16 autocast on CUDA the product runs in bfloat16 on tensor
 // cores and x may already be bfloat16 (another product's output); the
 // result is float32, or bfloat16 when `out` asks for the lower precision
-// (for a result that only feeds another product; not with a ReLU, whose
+// (for a result that only feeds another product, or a branch that
+// add_dropout adds to a float32 residual stream; not with a ReLU, whose
 // output is its backward's mask). A gradient has its tensor's type (a
 // bfloat16 one read twice has its gradients summed in float32).
 enum class ProductOut { Float32, LowerPrecision };

@@ -218,14 +218,14 @@ struct MaxPoolBackward final : Node {
 void apply_dropout(Tensor& out, const Tensor& x, double p, const RandomDraw& draw,
                    const Tensor& residual = Tensor()) {
   const kernels::RandomKey key{draw.seed, draw.step_data()};
-  if (x.dtype() == DType::BFloat16) {
+  if (x.dtype() == DType::BFloat16 && out.dtype() == DType::Float32) {
     LEASEHOLD_CUDA_OR("add_dropout", kernels::cuda::dropout_bf16_branch(
                                          stream_for(x.device()), out.data<float>(),
                                          x.data<bfloat16>(), x.numel(), p, key,
                                          residual.defined() ? residual.data<float>() : nullptr));
     return;
   }
-  if (out.dtype() == DType::BFloat16) {
+  if (x.dtype() == DType::Float32 && out.dtype() == DType::BFloat16) {
     LEASEHOLD_CUDA_OR("add_dropout", kernels::cuda::dropout_bf16_gradient(
                                          stream_for(x.device()), out.data<bfloat16>(),
                                          x.data<float>(), x.numel(), p, key));
@@ -233,8 +233,7 @@ void apply_dropout(Tensor& out, const Tensor& x, double p, const RandomDraw& dra
   }
   detail::dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
-    kDropout<T>.run(x.device(), out.data<T>(), x.data<T>(), x.numel(), p,
-                    kernels::RandomKey{draw.seed, draw.step_data()},
+    kDropout<T>.run(x.device(), out.data<T>(), x.data<T>(), x.numel(), p, key,
                     residual.defined() ? residual.data<T>() : nullptr);
   });
 }
@@ -407,6 +406,11 @@ Tensor dropout_op(const Tensor& residual, const Tensor& x, double p, bool traini
   const bool mixed = residual.defined() && x.defined() && x.dtype() == DType::BFloat16 &&
                      residual.dtype() == DType::Float32 &&
                      autocast_dtype(x.device()) == DType::BFloat16;
+  if (x.defined() && x.dtype() == DType::BFloat16 && !mixed) {
+    throw std::invalid_argument(std::string(op) +
+                                ": a bfloat16 input is taken only as add_dropout's branch onto a "
+                                "float32 residual under bfloat16 autocast");
+  }
   if (residual.defined()) {
     detail::check_defined(x, op, "input");
     if (!mixed) {

@@ -1,6 +1,7 @@
 // Transformer operators: embedding, layer norm and fused attention. Each
 // picks its kernel from a KernelTable by the tensors' device.
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -68,19 +69,22 @@ struct LayerNormBackward final : Node {
   Tensor plus;  // x's gradient from its other consumers, taken to add to dx
   const char* name() const override { return "LayerNormBackward"; }
   // (x's other gradient must be of x's type and shape, contiguous: a
-  // residual stream's, which its addition passed on as it came.)
+  // residual stream's, which its addition passed on as it came; and
+  // 16-byte aligned, so that it never decides which kernel runs, whose
+  // roundings differ: the sum stays the bits of the addition after.)
   bool fold_into_input0(const Tensor& sum) override {
     if (sum.dtype() != x_options.dtype || sum.device() != x_options.device ||
-        sum.sizes() != x_sizes || !sum.is_contiguous()) {
+        sum.sizes() != x_sizes || !sum.is_contiguous() ||
+        reinterpret_cast<uintptr_t>(sum.raw_data()) % 16 != 0) {
       return false;
     }
     plus = sum;
     return true;
   }
   std::vector<Tensor> apply(const Tensor& g) override {
+    const Tensor p = std::move(plus);  // (taken for this call only, whatever happens)
     const Tensor xv = x.get(), wv = weight.get(), mv = mean.get(), rv = rstd.get();
     const Tensor gc = g.contiguous();
-    const Tensor p = std::move(plus);
     const int64_t cols = xv.size(-1), rows = xv.numel() / std::max<int64_t>(cols, 1);
     Tensor dx = empty(xv.sizes(), xv.options());
     Tensor dw = empty({cols}, xv.options()), db = empty({cols}, xv.options());

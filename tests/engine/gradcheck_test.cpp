@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "agent/engine/autocast.h"
+#include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "tests/engine/fused_check.h"
@@ -105,6 +106,25 @@ TEST(Gradcheck, TransformerBlock) {
 // its own: the same bits as the addition after (fused_check.h).
 TEST(TransformerOps, LayerNormTakesItsInputsOtherGradientBitForBit) {
   EXPECT_EQ(layer_norm_fold_mismatch(Device::cpu()), "");
+  // What it takes: x's type, shape and device, contiguous, 16-byte aligned
+  // (never deciding which kernel runs); what it took is in x's gradient.
+  manual_seed(31);
+  Tensor x = randn({4, 8}).set_requires_grad(true);
+  const Tensor w = randn({8}), b = randn({8}), g = randn({4, 8});
+  Tensor y = layer_norm(x, w, b);
+  Node& node = *y.grad_fn();
+  EXPECT_FALSE(node.fold_into_input0(ones({4, 8}, {DType::Float64})));
+  EXPECT_FALSE(node.fold_into_input0(ones({8, 4})));
+  EXPECT_FALSE(node.fold_into_input0(ones({8, 4}).permute({1, 0})));
+  const Tensor off = ones({33}).narrow(0, 1, 32).reshape({4, 8});
+  ASSERT_TRUE(off.is_contiguous());
+  EXPECT_FALSE(node.fold_into_input0(off));
+  const Tensor taken = randn({4, 8});
+  EXPECT_TRUE(node.fold_into_input0(taken));
+  y.backward(g);
+  Tensor x2 = x.detach().set_requires_grad(true);
+  layer_norm(x2, w, b).backward(g);
+  EXPECT_EQ(x.grad().to_vector<float>(), add(x2.grad(), taken).to_vector<float>());
 }
 
 TEST(TransformerOps, RejectBadInputs) {

@@ -68,6 +68,16 @@ TEST(StepRandom, AddDropoutIsDropoutThenAddBitForBit) {
   EXPECT_EQ(types.rfind("add_dropout", 0), 0u) << types;
   const std::string p = error([] { add_dropout(ones({4}), ones({4}), 1.0, true); });
   EXPECT_NE(p.find("add_dropout: p = 1.000000 must be in [0, 1)"), std::string::npos) << p;
+  // A bfloat16 branch outside autocast (the CPU never runs it), and
+  // bfloat16 dropout alone, are named before anything is drawn.
+  for (const auto& bf16 : {error([] {
+                             add_dropout(ones({4}), ones({4}).to(DType::BFloat16), 0.1, true);
+                           }),
+                           error([] { dropout(ones({4}).to(DType::BFloat16), 0.1, true); })}) {
+    EXPECT_NE(bf16.find("a bfloat16 input is taken only as add_dropout's branch"),
+              std::string::npos)
+        << bf16;
+  }
 }
 
 TEST(StepRandom, OutsideAScopeTheGeneratorDrawsAndScopesNest) {
