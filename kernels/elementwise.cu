@@ -222,12 +222,12 @@ __global__ void gelu_backward_bf16_kernel(bfloat16* dx, const bfloat16* g, const
     const Bf16x8 xv = reinterpret_cast<const Bf16x8*>(x)[i];
     Bf16x8 y;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) y.v[j] = bfloat16(float(gv.v[j]) * gelu_tanh_grad(float(xv.v[j])));
+    for (int j = 0; j < 8; ++j) y.v[j] = gelu_grad_bf16(gv.v[j], xv.v[j]);
     reinterpret_cast<Bf16x8*>(dx)[i] = y;
   }
   for (int64_t i = groups * 8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    dx[i] = bfloat16(float(g[i]) * gelu_tanh_grad(float(x[i])));
+    dx[i] = gelu_grad_bf16(g[i], x[i]);
   }
 }
 
@@ -368,6 +368,8 @@ void strided_copy(Stream queue, T* dst, const Strided& dv, const T* src, const S
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
 template <class In, class Out>
 void launch_dropout_mixed(Stream queue, Out* out, const In* x, int64_t n, double p,
                           RandomKey key, const float* residual) {
@@ -379,6 +381,8 @@ void launch_dropout_mixed(Stream queue, Out* out, const In* x, int64_t n, double
                                                     float(1.0 / (1.0 - p)), key);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
+
+}  // namespace
 
 void dropout_bf16_branch(Stream s, float* out, const bfloat16* x, int64_t n, double p,
                          RandomKey key, const float* residual) {

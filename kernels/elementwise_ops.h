@@ -5,6 +5,7 @@
 #include <math.h>  // global float overloads of exp, log, ... in host code too
 #include <cstdint>
 
+#include "kernels/bfloat16.h"
 #include "kernels/pattern.h"  // LEASEHOLD_HOST_DEVICE
 
 namespace leasehold::kernels {
@@ -51,6 +52,13 @@ LEASEHOLD_HOST_DEVICE inline T gelu_tanh_grad(T x) {
   const T th = tanh(k * (x + T(0.044715) * x * x * x));
   return T(0.5) * (T(1) + th) +
          T(0.5) * x * (T(1) - th * th) * k * (T(1) + T(3 * 0.044715) * x * x);
+}
+
+// GELU's backward at one element of a bfloat16 product's fused GELU: g ·
+// gelu'(x) in float32, rounded once to bfloat16. Every kernel that writes
+// that gradient computes it here, so they give the same bits.
+LEASEHOLD_HOST_DEVICE inline bfloat16 gelu_grad_bf16(bfloat16 g, bfloat16 x) {
+  return bfloat16(float(g) * gelu_tanh_grad(float(x)));
 }
 
 template <class T>

@@ -308,11 +308,6 @@ int64_t bf16_parts(int64_t rows) {
   return std::clamp<int64_t>((rows + kBf16PartRows - 1) / kBf16PartRows, 1, kBf16MaxParts);
 }
 
-// GELU's backward at one element, as gelu_backward_bf16 computes it.
-__device__ inline bfloat16 gelu_grad_bf16(bfloat16 g, bfloat16 x) {
-  return bfloat16(float(g) * gelu_tanh_grad(float(x)));
-}
-
 // partial[p][c] over part p's rows: a block of 32 threads along the columns
 // (W columns each, one 16-byte load when W is 8) × kBf16RowLanes along the
 // rows, the lanes summed in order. kGelu: what is summed is GELU's

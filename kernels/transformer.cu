@@ -208,8 +208,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // One block per chunk of rows (layer_norm_row_chunks), warp j taking rows
 // begin + j, begin + j + 8, ...: dx for each row, and partial[chunk][col]
 // (dw then db halves) summed in the scalar kernels' order (their roundings
-// of each term differ). Dynamic shared
-// memory: 2 × cols floats.
+// of each term differ). Dynamic shared memory: 2 × cols floats.
 template <class G, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     layer_norm_backward_rows_kernel(float* dx, const float* dx_plus, float* partial, const G* dy,

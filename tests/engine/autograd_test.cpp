@@ -39,29 +39,30 @@ struct DoublingNode final : Node {
 // node; taken, the node's gradient replaces the sum (not added to it again);
 // declined, the engine adds the two. x's gradient is 3 either way.
 TEST(Autograd, ANodeMayTakeItsInputsGradientSoFar) {
+  // x, and y = 2x recorded by a DoublingNode that takes or declines.
+  struct Doubled {
+    Tensor x, y;
+    std::shared_ptr<DoublingNode> node = std::make_shared<DoublingNode>();
+    explicit Doubled(bool takes) : x(from_vector<float>({1, -2}, {2})) {
+      x.set_requires_grad(true);
+      y = mul(x.detach(), 2.0);
+      node->takes = takes;
+      record(y, node, {&x});
+    }
+  };
   for (bool takes : {true, false}) {
     SCOPED_TRACE(takes ? "taken" : "declined");
-    Tensor x = from_vector<float>({1, -2}, {2});
-    x.set_requires_grad(true);
-    Tensor y = mul(x.detach(), 2.0);
-    auto node = std::make_shared<DoublingNode>();
-    node->takes = takes;
-    record(y, node, {&x});
-    add(x, y).backward(ones({2}));
-    ASSERT_TRUE(node->offered.defined());
-    EXPECT_EQ(node->offered.to_vector<float>(), (std::vector<float>{1, 1}));
-    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 3}));
+    Doubled d(takes);
+    add(d.x, d.y).backward(ones({2}));
+    ASSERT_TRUE(d.node->offered.defined());
+    EXPECT_EQ(d.node->offered.to_vector<float>(), (std::vector<float>{1, 1}));
+    EXPECT_EQ(d.x.grad().to_vector<float>(), (std::vector<float>{3, 3}));
   }
   // Nothing to offer: x reaches the node alone.
-  Tensor x = from_vector<float>({1, -2}, {2});
-  x.set_requires_grad(true);
-  Tensor y = mul(x.detach(), 2.0);
-  auto node = std::make_shared<DoublingNode>();
-  node->takes = true;
-  record(y, node, {&x});
-  y.backward(ones({2}));
-  EXPECT_FALSE(node->offered.defined());
-  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+  Doubled d(true);
+  d.y.backward(ones({2}));
+  EXPECT_FALSE(d.node->offered.defined());
+  EXPECT_EQ(d.x.grad().to_vector<float>(), (std::vector<float>{2, 2}));
 }
 
 TEST(Autograd, SharedSubexpressionGetsBothGradients) {
