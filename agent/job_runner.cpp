@@ -73,6 +73,8 @@ Evaluation evaluate(E::nn::Module& model, const E::data::Dataset& test, E::Devic
                     bool text) {
   E::NoGradGuard no_grad;
   model.eval();
+  // (Under autocast, the weights' bfloat16 copies once for every batch.)
+  E::AutocastWeights weight_copies(model.product_parameters());
   // Text samples are whole sequences: fewer at a time.
   E::data::BatchIterator it(test, text ? 16 : 1000, false, 0);
   E::Tensor x, y;
@@ -289,17 +291,24 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   // One training step on a batch. Its loss stays on the device; nothing
   // in it waits for the host, so that it can be captured as a CUDA graph.
   const uint64_t random_seed = replica_seed(job.seed(), replica.rank);
+  const std::vector<E::Tensor> product_parameters = model->product_parameters();
   auto train_step = [&](const E::Tensor& x, const E::Tensor& y) {
     E::StepRandom random(random_seed, optimizer->step_counter());
     optimizer->zero_grad();
-    E::Tensor loss = batch_loss((*model)(x), y);
-    if (reducer) {
-      // Buckets of gradients are averaged while backward goes on.
-      E::GradientReadyGuard reduce(reducer->hook());
-      loss.backward();
-      reducer->end_step();
-    } else {
-      loss.backward();
+    E::Tensor loss;
+    {
+      // Under autocast, the weights' bfloat16 copies made once for the
+      // forward and backward passes, before the optimizer changes them.
+      E::AutocastWeights weight_copies(product_parameters);
+      loss = batch_loss((*model)(x), y);
+      if (reducer) {
+        // Buckets of gradients are averaged while backward goes on.
+        E::GradientReadyGuard reduce(reducer->hook());
+        loss.backward();
+        reducer->end_step();
+      } else {
+        loss.backward();
+      }
     }
     if (clip > 0) E::optim::clip_grad_norm(model->named_parameters(), clip);
     optimizer->step();
@@ -346,7 +355,23 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         first_step_leases = allocator->stats().leases;
         if (options.on_first_step) options.on_first_step(unix_time_us());
       }
-      const E::Tensor loss = steps.run(x, y);
+      // A step that ran out of memory runs again with more recomputed
+      // (recompute_policy.h: run_step), unless it changed what the next
+      // reads (the optimizer had begun) or peers wait in the same step.
+      E::Tensor loss;
+      const int retries = recompute.run_step([&] { loss = steps.run(x, y); }, [&] {
+        if (reducer) return false;
+        if (options.spill) options.spill->end_step();  // (the failed attempt's spills ended)
+        return optimizer->steps() == global;
+      });
+      if (retries > 0) {
+        steps.retry();
+        spdlog::info("job '{}': the step ran out of memory and ran again ({} time{}); of {} "
+                     "transformer blocks, {} recompute their MLP and {} the whole block in "
+                     "backward from now on",
+                     job.name()->str(), retries, retries == 1 ? "" : "s", recompute.blocks(),
+                     recompute.mlps(), recompute.whole());
+      }
       if (options.spill) options.spill->end_step();
       // (A graph replays the step it captured: what the policy changes
       // waits until steps run op by op again.) One step more when the step

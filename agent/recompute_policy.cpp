@@ -1,5 +1,7 @@
 #include "agent/recompute_policy.h"
 
+#include "agent/engine/allocator.h"
+
 namespace leasehold {
 
 namespace nn = engine::nn;
@@ -51,6 +53,18 @@ bool RecomputePolicy::tighten() {
     }
   }
   return false;
+}
+
+int RecomputePolicy::run_step(const std::function<void()>& step,
+                              const std::function<bool()>& unchanged) {
+  for (int retries = 0;; ++retries) {
+    try {
+      step();
+      return retries;
+    } catch (const engine::OutOfMemoryError&) {
+      if (!unchanged() || !tighten()) throw;
+    }
+  }
 }
 
 }  // namespace leasehold

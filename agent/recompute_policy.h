@@ -9,14 +9,17 @@
 // activations; the whole block costs the rest for the rest; moving the
 // same activations to host memory and back costs several steps on a PCIe
 // link, so recomputing comes first and spilling takes what is left once
-// every block recomputes. Nothing goes back to being kept within a run (a
-// budget, once hit, is hit again). The job also takes a step when its
+// every block recomputes. A step that runs out of memory outright (its
+// working set over the budget with everything spilled) takes one step more
+// and runs again (run_step). Nothing goes back to being kept within a run
+// (a budget, once hit, is hit again). The job also takes a step when its
 // steps fit but their CUDA graph does not (graphed_steps.h): a graph's
 // step, launched once, beats a step op by op that keeps a little more.
 //
 // Thread safety: the job's thread only.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,6 +46,16 @@ class RecomputePolicy {
   // One step more, whatever the last step did; false when every block
   // recomputes whole already.
   bool tighten();
+  // Runs `step`. When it runs out of memory (engine::OutOfMemoryError: the
+  // budget held, and nothing more could spill) and `unchanged()` says the
+  // failed attempt changed nothing a step reads (the job's test: the
+  // optimizer's count is where it was, so no parameter moved; the
+  // gradients are zeroed at each step's start), takes one step more and
+  // runs it again, for as long as one is left; then the error stands. A
+  // budget under what the first steps keep (they recompute little yet) is
+  // thus met by a later step of the policy instead of ending the job.
+  // Returns how many times it ran `step` again.
+  int run_step(const std::function<void()>& step, const std::function<bool()>& unchanged);
 
   int blocks() const { return static_cast<int>(blocks_.size()); }
   // Blocks that recompute their MLP only, and those that recompute whole.

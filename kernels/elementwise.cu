@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 
 #include "kernels/elementwise.h"
@@ -196,6 +197,14 @@ struct alignas(16) F32x8 {
   float4 lo, hi;
 };
 
+// Bf16Copies's tensors in groups of eight elements (cumulative counts),
+// and which tensors' input and output both start 16-byte aligned (bit k).
+struct ConvertGroups {
+  int64_t end[kMaxConvertTensors];
+  uint32_t aligned = 0;
+};
+static_assert(kMaxConvertTensors <= 32, "ConvertGroups::aligned has a bit per tensor");
+
 __device__ inline Bf16x8 to_bf16x8(const F32x8& x) {
   const float f[8] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w, x.hi.x, x.hi.y, x.hi.z, x.hi.w};
   Bf16x8 y;
@@ -209,6 +218,29 @@ __device__ inline F32x8 to_f32x8(const Bf16x8& x) {
   y.lo = make_float4(float(x.v[0]), float(x.v[1]), float(x.v[2]), float(x.v[3]));
   y.hi = make_float4(float(x.v[4]), float(x.v[5]), float(x.v[6]), float(x.v[7]));
   return y;
+}
+
+// Bf16Copies: a thread converts eight elements of one tensor (one group;
+// each tensor's groups end with its last element, so a group never spans
+// two), as one 16-byte store where its tensor's input and output are
+// 16-byte aligned and the group is whole, else element by element.
+__global__ void convert_bf16_copies_kernel(Bf16Copies t, ConvertGroups groups) {
+  const int64_t total = groups.end[t.count - 1];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int k = 0;
+    while (i >= groups.end[k]) ++k;  // at most kMaxConvertTensors steps
+    const int64_t first = (i - (k ? groups.end[k - 1] : 0)) * 8;
+    const int64_t n = t.end[k] - (k ? t.end[k - 1] : 0);
+    const float* in = t.in[k];
+    bfloat16* out = t.out[k];
+    if (first + 8 <= n && (groups.aligned >> k & 1u)) {
+      reinterpret_cast<Bf16x8*>(out + first)[0] =
+          to_bf16x8(reinterpret_cast<const F32x8*>(in + first)[0]);
+    } else {
+      for (int64_t j = first; j < n && j < first + 8; ++j) out[j] = bfloat16(in[j]);
+    }
+  }
 }
 
 // Eight elements a thread where all three are 16-byte aligned (`groups` of
@@ -434,6 +466,23 @@ void convert(Stream queue, To* out, const From* in, int64_t n) {
     }
   }
   convert_kernel<To, From><<<grid_for(n), kBlock, 0, stream>>>(out, in, n);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+void convert_bf16_copies(Stream queue, const Bf16Copies& t) {
+  if (t.count <= 0) return;
+  if (t.count > kMaxConvertTensors) {
+    throw std::invalid_argument("convert_bf16_copies: more than kMaxConvertTensors tensors");
+  }
+  ConvertGroups groups;
+  int64_t total = 0;
+  for (int k = 0; k < t.count; ++k) {
+    total += (t.end[k] - (k ? t.end[k - 1] : 0) + 7) / 8;
+    groups.end[k] = total;
+    if (aligned16(t.in[k]) && aligned16(t.out[k])) groups.aligned |= 1u << k;
+  }
+  if (total == 0) return;
+  convert_bf16_copies_kernel<<<grid_for(total), kBlock, 0, as_cuda(queue)>>>(t, groups);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

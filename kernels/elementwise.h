@@ -14,6 +14,21 @@
 
 namespace leasehold::kernels {
 
+// Float32 tensors converted to bfloat16 by one launch (up to
+// kMaxConvertTensors; a caller with more launches again): autocast's copies
+// of a model's weights and biases for a step, in one pass instead of a
+// launch per tensor (two dozen conversions of a few hundred thousand
+// elements each cost a GPT step more than twice what one pass over them
+// does). Each copy has the bits convert<bfloat16, float> gives. Passed to
+// the kernel by value.
+inline constexpr int kMaxConvertTensors = 32;
+struct Bf16Copies {
+  const float* in[kMaxConvertTensors];
+  bfloat16* out[kMaxConvertTensors];
+  int64_t end[kMaxConvertTensors];  // cumulative element counts
+  int count = 0;
+};
+
 #define LEASEHOLD_ELEMENTWISE_KERNELS(NS)                                                     \
   namespace NS {                                                                             \
   template <class T>                                                                         \
@@ -43,6 +58,8 @@ namespace leasehold::kernels {
   /* Converts between element types (float <-> double <-> int64, float <-> bfloat16). */    \
   template <class To, class From>                                                            \
   void convert(Stream s, To* out, const From* in, int64_t n);                                \
+  /* Bf16Copies (above): t.out[k][i] = bfloat16(t.in[k][i]) for every tensor k. */           \
+  void convert_bf16_copies(Stream s, const Bf16Copies& t);                                   \
   }
 
 // Explicit instantiations, expanded in elementwise_cpu.cpp and elementwise.cu.

@@ -1,5 +1,7 @@
 #include "kernels/elementwise.h"
 
+#include <stdexcept>
+
 namespace leasehold::kernels::cpu {
 
 template <class T>
@@ -42,6 +44,16 @@ void uniform_fill(Stream, T* out, int64_t n, double low, double high, uint64_t s
 template <class To, class From>
 void convert(Stream, To* out, const From* in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(in[i]);
+}
+
+void convert_bf16_copies(Stream s, const Bf16Copies& t) {
+  if (t.count > kMaxConvertTensors) {
+    throw std::invalid_argument("convert_bf16_copies: more than kMaxConvertTensors tensors");
+  }
+  for (int k = 0; k < t.count; ++k) {
+    const int64_t begin = k ? t.end[k - 1] : 0;
+    convert(s, t.out[k], t.in[k], t.end[k] - begin);
+  }
 }
 
 LEASEHOLD_ELEMENTWISE_INSTANCES

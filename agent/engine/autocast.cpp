@@ -1,10 +1,27 @@
 #include "agent/engine/autocast.h"
 
+#include <algorithm>
 #include <stdexcept>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/kernel_table.h"
+#include "kernels/elementwise.h"
 
 namespace leasehold::engine {
 namespace {
 thread_local std::optional<DType> t_autocast;
+thread_local const AutocastWeights* t_weights = nullptr;  // the innermost scope
+
+const KernelTable<decltype(kernels::cpu::convert_bf16_copies)> kConvertCopies{
+    "autocast_weights",
+    {&kernels::cpu::convert_bf16_copies,
+     LEASEHOLD_CUDA_KERNEL(kernels::cuda::convert_bf16_copies)}};
+
+// The same tensor: the same elements of the same storage, in the same shape.
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  return a.impl()->storage == b.impl()->storage && a.storage_offset() == b.storage_offset() &&
+         a.sizes() == b.sizes() && a.strides() == b.strides();
+}
 }  // namespace
 
 AutocastGuard::AutocastGuard(std::optional<DType> dtype) : previous_(t_autocast) {
@@ -19,6 +36,58 @@ AutocastGuard::~AutocastGuard() { t_autocast = previous_; }
 
 std::optional<DType> autocast_dtype(Device device) {
   return device.is_cuda() ? t_autocast : std::nullopt;
+}
+
+AutocastWeights::AutocastWeights(const std::vector<Tensor>& params) : outer_(t_weights) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> wanted;
+  for (const Tensor& p : params) {
+    if (!p.defined() || p.dtype() != DType::Float32 ||
+        autocast_dtype(p.device()) != DType::BFloat16 || !p.is_contiguous() || p.numel() == 0) {
+      continue;
+    }
+    const bool seen = std::any_of(wanted.begin(), wanted.end(),
+                                  [&](const Tensor& w) { return same_tensor(w, p); });
+    if (!seen) wanted.push_back(p);
+  }
+  for (const Tensor& p : wanted) copies_.emplace_back(p, empty(p.sizes(), {DType::BFloat16, p.device()}));
+  // One launch per kMaxConvertTensors copies on one device.
+  for (size_t first = 0; first < copies_.size();) {
+    const Device device = copies_[first].first.device();
+    kernels::Bf16Copies batch;
+    int64_t total = 0;
+    size_t k = first;
+    for (; k < copies_.size() && batch.count < kernels::kMaxConvertTensors &&
+           copies_[k].first.device() == device;
+         ++k) {
+      batch.in[batch.count] = copies_[k].first.data<float>();
+      batch.out[batch.count] = copies_[k].second.data<bfloat16>();
+      total += copies_[k].first.numel();
+      batch.end[batch.count++] = total;
+    }
+    kConvertCopies.run(device, batch);
+    first = k;
+  }
+  t_weights = this;
+}
+
+AutocastWeights::~AutocastWeights() { t_weights = outer_; }
+
+const Tensor* AutocastWeights::find(const Tensor& t) const {
+  for (const AutocastWeights* s = this; s != nullptr; s = s->outer_) {
+    for (const auto& [param, copy] : s->copies_) {
+      if (same_tensor(param, t)) return &copy;
+    }
+  }
+  return nullptr;
+}
+
+Tensor autocast_copy(const Tensor& t) {
+  if (t.dtype() == DType::Float32 && t_weights != nullptr) {
+    if (const Tensor* copy = t_weights->find(t)) return *copy;
+  }
+  NoGradGuard no_grad;
+  return t.to(DType::BFloat16);
 }
 
 }  // namespace leasehold::engine

@@ -17,8 +17,10 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "agent/engine/dtype.h"
+#include "agent/engine/tensor.h"
 
 namespace leasehold::engine {
 
@@ -36,5 +38,41 @@ class AutocastGuard {
 
 // The lower precision of GEMMs on `device` on this thread now, if any.
 std::optional<DType> autocast_dtype(Device device);
+
+// Autocast's bfloat16 copies of parameters, made once for a training step
+// instead of once per product (PyTorch's autocast caches its casts of
+// parameters for the length of its region for the same reason). While one
+// lives on a thread, a product under autocast that reads one of `params`
+// (a linear layer's weight, or its bias for a bfloat16 result) reads its
+// copy, the products that recomputed segments run again in backward
+// included. The copies are made in one pass (a launch per
+// kernels::kMaxConvertTensors tensors) and have the bits of the conversion
+// each product would have made: the results are the same bits. Only
+// float32 tensors on a device with autocast on get copies (so none on the
+// CPU, nor where no AutocastGuard lives); the others are passed over.
+// Scopes nest; a lookup sees the innermost's copies
+// first, then the outer ones'.
+// REQUIRES: nothing writes `params` while it lives (it spans a step's
+// forward and backward; the optimizer writes them after it is gone).
+class AutocastWeights {
+ public:
+  explicit AutocastWeights(const std::vector<Tensor>& params);
+  ~AutocastWeights();
+  AutocastWeights(const AutocastWeights&) = delete;
+  AutocastWeights& operator=(const AutocastWeights&) = delete;
+
+  // The copy of `t` made here or in an enclosing scope, if any.
+  const Tensor* find(const Tensor& t) const;
+  size_t copies() const { return copies_.size(); }
+
+ private:
+  std::vector<std::pair<Tensor, Tensor>> copies_;  // (parameter, its bfloat16 copy)
+  const AutocastWeights* outer_;
+};
+
+// The bfloat16 tensor autocast multiplies for float32 `t`: its copy from a
+// live AutocastWeights on this thread, else a conversion made now (not
+// recorded by autograd: a product's backward sends the gradient to `t`).
+Tensor autocast_copy(const Tensor& t);
 
 }  // namespace leasehold::engine

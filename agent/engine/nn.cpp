@@ -60,6 +60,14 @@ std::vector<Tensor> Module::parameters() const {
   return out;
 }
 
+std::vector<Tensor> Module::product_parameters() const {
+  std::vector<Tensor> out;
+  for (const auto& child : children_) {
+    for (Tensor& t : child->product_parameters()) out.push_back(std::move(t));
+  }
+  return out;
+}
+
 int64_t Module::parameter_count() const {
   int64_t n = 0;
   for (auto& t : parameters()) n += t.numel();

@@ -27,6 +27,10 @@ class Module {
 
   NamedTensors named_parameters() const;
   std::vector<Tensor> parameters() const;
+  // The parameters that its products multiply (linear layers' weights and
+  // biases, a tied output's table), its children's included: those a step
+  // under autocast copies to bfloat16 once (autocast.h: AutocastWeights).
+  virtual std::vector<Tensor> product_parameters() const;
   int64_t parameter_count() const;
   // Training mode (dropout active) is the default.
   void train(bool on = true);
@@ -63,6 +67,7 @@ class Linear final : public Module {
   // gelu(forward(x)), fused under autocast (ops.h: linear_gelu).
   Tensor forward_then_gelu(const Tensor& x);
   std::string describe() const override;
+  std::vector<Tensor> product_parameters() const override { return parameters(); }
   Tensor& weight() { return param(0); }  // [out, in]
 
  private:
@@ -145,6 +150,7 @@ class TiedOutput final : public Module {
   explicit TiedOutput(std::shared_ptr<Embedding> embedding);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  std::vector<Tensor> product_parameters() const override { return {embedding_->weight()}; }
 
  private:
   std::shared_ptr<Embedding> embedding_;

@@ -83,7 +83,9 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int6
     kernels::GemmEpilogue fused;
     // (The bias in the output's type, as cuBLASLt takes it: PyTorch's
     // autocast rounds it to bfloat16 too.)
-    const Tensor bias = e.bias.defined() ? e.bias.to(out_dtype) : Tensor();
+    const Tensor bias = !e.bias.defined()             ? Tensor()
+                        : out_dtype == DType::BFloat16 ? autocast_copy(e.bias)
+                                                       : e.bias;
     fused.bias = bias.defined() ? bias.raw_data() : nullptr;
     fused.relu = e.relu;
     if (e.gelu) {
@@ -315,7 +317,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
   }
   if (mixed) {
     x = x.to(DType::BFloat16);
-    w = w.to(DType::BFloat16);
+    w = autocast_copy(w);
     MixedEpilogue e;
     e.bias = b;
     e.relu = then_relu;
@@ -363,7 +365,7 @@ Tensor linear_gelu(const Tensor& x_in, const Tensor& w_in, const Tensor& bias) {
   {
     NoGradGuard no_grad;
     x = x_in.contiguous().to(DType::BFloat16);
-    w = w_in.contiguous().to(DType::BFloat16);
+    w = autocast_copy(w_in.contiguous());
     if (bias.defined()) e.bias = bias.detach().contiguous();
   }
   MixedProduct p =

@@ -13,6 +13,8 @@
 #include <functional>
 #include <optional>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 #include <sstream>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
+#include "agent/engine/step_graph.h"
 #include "shared/device.h"
 #include "tests/engine/op_registry.h"
 #ifdef LEASEHOLD_HAVE_CUDA
@@ -209,45 +212,68 @@ nlohmann::json attention(const E::Shape& shape) {
 }
 
 // The GPT block's linear layers under autocast at its shapes (rows = batch ×
-// context): the engine's forward (linear on a bfloat16 input, its bias
-// fused, a bfloat16 or float32 result as the block asks; fc1 with GELU)
-// against cuBLASLt's plain product of the same operands into the same
-// output type, TFLOP/s. What the layer adds to the product is its weight's
-// and bias's conversions and its epilogue. Each timing is of 20 calls in a
-// row, as a training step queues them (a call alone would time the host's
-// launch latency, which the device does not wait for in a step).
+// context), as a training step runs them: the engine's forward (linear on a
+// bfloat16 input, its weight's and bias's bfloat16 copies made by the
+// step's one pass (AutocastWeights), its bias fused, a bfloat16 result;
+// fc1 with GELU) against cuBLASLt's plain product of the same operands
+// into the same output type, and against cuBLASLt with the same epilogue
+// (bias, and GELU with its input kept), TFLOP/s. Each timing is of a CUDA
+// graph of 20 calls, as a step's graph launches them: the device's time,
+// not the host's (a call alone, or calls queued op by op, time what the
+// host takes to issue them). weight_copy_us: that layer's share of the
+// step's copy pass, timed as a pass of its own (a graph of 20 passes).
 
 nlohmann::json linear_layers(int64_t rows) {
   struct Layer {
     const char* name;
     int64_t in, out;
-    bool gelu, bf16_out;
+    bool gelu;
   };
-  const Layer layers[] = {{"qkv", 384, 1152, false, true},
-                          {"proj", 384, 384, false, true},
-                          {"fc1_gelu", 384, 1536, true, true},
-                          {"fc2", 1536, 384, false, true}};
+  const Layer layers[] = {{"qkv", 384, 1152, false},
+                          {"proj", 384, 384, false},
+                          {"fc1_gelu", 384, 1536, true},
+                          {"fc2", 1536, 384, false}};
   nlohmann::json out = nlohmann::json::array();
   const E::Device cuda = E::Device::cuda(0);
+  constexpr int kCalls = 20;
+  // A graph of kCalls calls of fn, timed per call.
+  auto per_call = [&](const std::function<void()>& fn) {
+    E::StepGraph graph(cuda, [&fn] {
+      for (int i = 0; i < kCalls; ++i) fn();
+    });
+    return time_device(
+               [&] {
+                 if (!graph.run()) throw std::runtime_error("graph: " + graph.why_not());
+               },
+               3, 10) /
+           kCalls;
+  };
   for (const Layer& l : layers) {
     E::manual_seed(3);
     const E::Tensor x = E::randn({rows, l.in}).to(cuda).to(E::DType::BFloat16);
     const E::Tensor w = E::mul(E::randn({l.out, l.in}), 0.05).to(cuda);
     const E::Tensor b = E::randn({l.out}).to(cuda);
-    auto layer = [&] {
-      E::AutocastGuard autocast(E::DType::BFloat16);
-      E::NoGradGuard no_grad;
-      if (l.gelu) {
-        E::linear_gelu(x, w, b);
-      } else {
-        E::linear(x, w, b, false,
-                  l.bf16_out ? E::ProductOut::LowerPrecision : E::ProductOut::Float32);
-      }
-    };
-    // cuBLASLt alone: the same product, no epilogue, into a preallocated output.
-    const E::Tensor w16 = w.to(E::DType::BFloat16);
-    const E::DType c_type = l.bf16_out ? E::DType::BFloat16 : E::DType::Float32;
-    const E::Tensor c = E::empty({rows, l.out}, {c_type, cuda});
+    const std::vector<E::Tensor> params = {w, b};
+    E::AutocastGuard autocast(E::DType::BFloat16);
+    E::NoGradGuard no_grad;
+    auto copy_pass = [&] { E::AutocastWeights copies(params); };
+    const double t_copy = per_call(copy_pass);
+    double t_layer = 0;
+    {
+      E::AutocastWeights copies(params);
+      t_layer = per_call([&] {
+        if (l.gelu) {
+          E::linear_gelu(x, w, b);
+        } else {
+          E::linear(x, w, b, false, E::ProductOut::LowerPrecision);
+        }
+      });
+    }
+    // cuBLASLt alone into preallocated outputs: the plain product, and the
+    // product with the layer's epilogue.
+    const E::Tensor w16 = w.to(E::DType::BFloat16), b16 = b.to(E::DType::BFloat16);
+    const E::Tensor c = E::empty({rows, l.out}, {E::DType::BFloat16, cuda});
+    const E::Tensor aux = E::empty({rows, l.out}, {E::DType::BFloat16, cuda});
     constexpr size_t kWork = 16 << 20;
     const E::Tensor work = E::empty({static_cast<int64_t>(kWork / 8)}, {E::DType::Int64, cuda});
     leasehold::kernels::GemmShape gs;
@@ -258,32 +284,32 @@ nlohmann::json linear_layers(int64_t rows) {
     gs.lda = l.in;
     gs.ldb = l.in;
     gs.ldc = l.out;
-    auto raw = [&] {
-      if (!leasehold::kernels::cuda::gemm_bf16_fused(
-              E::cublaslt_handle(0), E::compute_stream(0), gs, x.data<E::bfloat16>(),
-              w16.data<E::bfloat16>(), c.raw_data(),
-              l.bf16_out ? leasehold::kernels::GemmOut::BFloat16
-                         : leasehold::kernels::GemmOut::Float32,
-              {}, work.raw_data(), kWork)) {
-        throw std::runtime_error("cuBLASLt has no algorithm for the plain product");
-      }
-    };
-    constexpr int kCalls = 20;
-    auto calls = [&](const std::function<void()>& fn) {
-      return [fn] {
-        for (int i = 0; i < kCalls; ++i) fn();
+    auto raw = [&](const leasehold::kernels::GemmEpilogue& e) {
+      return [&, e] {
+        if (!leasehold::kernels::cuda::gemm_bf16_fused(
+                E::cublaslt_handle(0), E::compute_stream(0), gs, x.data<E::bfloat16>(),
+                w16.data<E::bfloat16>(), c.raw_data(), leasehold::kernels::GemmOut::BFloat16, e,
+                work.raw_data(), kWork)) {
+          throw std::runtime_error("cuBLASLt has no algorithm for the product");
+        }
       };
     };
+    leasehold::kernels::GemmEpilogue same;
+    same.bias = b16.raw_data();
+    if (l.gelu) same.gelu_input = aux.data<E::bfloat16>();
+    const double t_raw = per_call(raw({}));
+    const double t_same = per_call(raw(same));
     const double flop = 2.0 * rows * l.in * l.out;
-    const double t_layer = time_device(calls(layer), 2, 10) / kCalls;
-    const double t_raw = time_device(calls(raw), 2, 10) / kCalls;
     out.push_back({{"layer", l.name},
                    {"rows", rows},
                    {"in", l.in},
                    {"out", l.out},
                    {"engine_tflops", flop / t_layer / 1e12},
                    {"cublaslt_tflops", flop / t_raw / 1e12},
-                   {"ratio", t_raw / t_layer}});
+                   {"cublaslt_same_epilogue_tflops", flop / t_same / 1e12},
+                   {"ratio", t_raw / t_layer},
+                   {"ratio_same_epilogue", t_same / t_layer},
+                   {"weight_copy_us", t_copy * 1e6}});
   }
   return out;
 }
@@ -333,6 +359,8 @@ int main(int argc, char** argv) {
   app.add_option("--elements", elements, "elements for the bandwidth tests")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // (stdout is the JSON: the engine's log lines go to stderr.)
+  spdlog::set_default_logger(spdlog::stderr_logger_st("leasehold-bench-engine"));
   try {
     nlohmann::json out;
     out["mlp_step_cpu"] = mlp_step(E::Device::cpu());

@@ -102,8 +102,13 @@ MakeBatch image_batches(Device d) {
 Tensor train_step(Trainee& t, const Tensor& x, const Tensor& y) {
   StepRandom random(77, t.opt->step_counter());
   t.opt->zero_grad();
-  Tensor loss = cross_entropy(t.model->forward(x).reshape({-1, t.classes}), y.reshape({-1}));
-  loss.backward();
+  Tensor loss;
+  {
+    // (As the job's step: under autocast the weights' copies made once.)
+    AutocastWeights copies(t.model->product_parameters());
+    loss = cross_entropy(t.model->forward(x).reshape({-1, t.classes}), y.reshape({-1}));
+    loss.backward();
+  }
   optim::clip_grad_norm(t.model->named_parameters(), 1.0);
   t.opt->step();
   return loss;

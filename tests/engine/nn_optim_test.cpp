@@ -1,13 +1,18 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <string>
+#include <vector>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
+#include "kernels/elementwise.h"
 
 namespace leasehold::engine {
 namespace {
@@ -357,6 +362,66 @@ TEST(Transformer, ModulesRejectBadSizes) {
       << "longer than the context";
   TransformerBlock b(8, 2, 0.0, 1);
   EXPECT_THROW(b.forward(ones({2, 8})), std::invalid_argument);
+}
+
+// What autocast copies to bfloat16 once a step: the tensors products
+// multiply, each once, and nothing else (norms, embeddings read by index).
+TEST(Modules, ProductParametersAreWhatProductsMultiply) {
+  auto embedding = std::make_shared<Embedding>(16, 8, 4);
+  Sequential gpt({embedding, std::make_shared<TransformerBlock>(8, 2, 0.0, 1),
+                  std::make_shared<LayerNorm>(8), std::make_shared<TiedOutput>(embedding)});
+  const std::vector<Tensor> got = gpt.product_parameters();
+  const NamedTensors all = gpt.named_parameters();
+  std::vector<std::string> names;
+  for (const Tensor& t : got) {
+    auto it = std::find_if(all.begin(), all.end(), [&](const auto& named) {
+      return named.second.impl() == t.impl();
+    });
+    ASSERT_NE(it, all.end()) << "not a parameter of the model";
+    names.push_back(it->first);
+  }
+  // qkv, proj, fc1, fc2 (children 2, 3, 4, 5 of the block) and the table.
+  const std::vector<std::string> want = {"1.2.weight", "1.2.bias", "1.3.weight", "1.3.bias",
+                                         "1.4.weight", "1.4.bias", "1.5.weight", "1.5.bias",
+                                         "0.weight"};
+  EXPECT_EQ(names, want);
+  EXPECT_TRUE(LayerNorm(8).product_parameters().empty());
+}
+
+// The CPU's pass over several tensors at once gives each the bits of its
+// own conversion, across tensor counts up to the most a launch takes and
+// lengths around its groups of eight; more tensors than that is an error.
+// On the CPU no step makes copies: autocast never runs there.
+TEST(Autocast, WeightCopiesInOnePassAndOnlyWhereAutocastRuns) {
+  manual_seed(40);
+  std::vector<Tensor> in;
+  for (int64_t n : {1, 7, 8, 9, 0, 1000, 4099}) in.push_back(mul(randn({n}), 100.0));
+  for (int k = 0; k < kernels::kMaxConvertTensors - 7; ++k) in.push_back(randn({k + 3}));
+  kernels::Bf16Copies batch;
+  std::vector<Tensor> out;
+  int64_t total = 0;
+  for (const Tensor& t : in) {
+    out.push_back(empty(t.sizes(), {DType::BFloat16, Device::cpu()}));
+    batch.in[batch.count] = t.data<float>();
+    batch.out[batch.count] = out.back().data<bfloat16>();
+    total += t.numel();
+    batch.end[batch.count++] = total;
+  }
+  kernels::cpu::convert_bf16_copies(nullptr, batch);
+  for (size_t k = 0; k < in.size(); ++k) {
+    SCOPED_TRACE("tensor " + std::to_string(k));
+    EXPECT_EQ(out[k].to(DType::Float32).to_vector<float>(),
+              in[k].to(DType::BFloat16).to(DType::Float32).to_vector<float>());
+  }
+  batch.count = kernels::kMaxConvertTensors + 1;
+  EXPECT_THROW(kernels::cpu::convert_bf16_copies(nullptr, batch), std::invalid_argument);
+
+  Linear layer(4, 3);
+  AutocastGuard autocast(DType::BFloat16);
+  AutocastWeights copies(layer.product_parameters());
+  EXPECT_EQ(copies.copies(), 0u);
+  EXPECT_EQ(copies.find(layer.weight()), nullptr);
+  EXPECT_EQ(autocast_copy(layer.weight()).dtype(), DType::BFloat16);
 }
 
 TEST(Optim, RejectsBadHyperParameters) {

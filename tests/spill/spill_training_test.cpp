@@ -58,6 +58,16 @@ struct Outcome {
   S::SpillStats stats;
 };
 
+struct GptRun {
+  std::vector<float> weights;
+  std::vector<uint64_t> evictions, copied_out;  // after each step
+  int mlps = 0, whole = 0;
+  uint64_t peak_in_use = 0;
+  int64_t graph_steps = 0, graph_steps_before_half = 0, releases = 0;
+  int graphs_that_did_not_fit = 0;  // policy steps taken for them
+  int retries = 0;                  // steps run again after running out of memory
+};
+
 class SpillTraining : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -150,6 +160,110 @@ class SpillTraining : public ::testing::Test {
     out.peak_leased = alloc->stats().peak_leased_bytes;
     out.peak_in_use = alloc->stats().peak_in_use_bytes;
     return out;
+  }
+
+  // A small GPT trained 13 steps (the ninth half a batch) inside a lease
+  // allocator of `budget` (0: none) with saved tensors spilled to a memory
+  // store, blocks recomputing as RecomputePolicy steps them (after each
+  // step that spilled, or whose CUDA graph did not fit) and, on a GPU with
+  // `graphs`, the steps as CUDA graphs once one ran within the budget.
+  // `retry`: a step that runs out of memory runs again with one policy step
+  // more (RecomputePolicy::run_step), as the job runner's do.
+  GptRun train_gpt(uint64_t budget, bool graphs, bool retry = false) {
+    auto alloc =
+        std::make_shared<LeaseAllocator>(*session, LeaseAllocatorOptions::for_budget(budget));
+    GptRun r;
+    E::AllocatorGuard guard(alloc);
+    auto manager = S::SpillManager::create(std::make_unique<S::MemorySpillStore>(*transfer),
+                                           transfer, alloc);
+    E::manual_seed(5);
+    constexpr int64_t kBatch = 32, kT = 64, kDim = 64;
+    auto emb = std::make_shared<E::nn::Embedding>(256, kDim, kT);
+    E::nn::Sequential net;
+    net.push_back(emb);
+    for (int i = 0; i < 4; ++i) {
+      net.push_back(std::make_shared<E::nn::TransformerBlock>(kDim, 4, 0.1, 4));
+    }
+    net.push_back(std::make_shared<E::nn::LayerNorm>(kDim));
+    net.push_back(std::make_shared<E::nn::TiedOutput>(emb));
+    net.to(device);
+    RecomputePolicy policy(net, manager);
+    E::optim::Adam opt(net.named_parameters(), {.lr = 0.003});
+    std::vector<int64_t> tokens(kBatch * kT), targets(kBatch * kT);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int64_t>((i * 131 + 7) % 256);
+      targets[i] = static_cast<int64_t>((i * 71 + 3) % 256);
+    }
+    E::Tensor x = E::from_vector(tokens, {kBatch, kT}, device);
+    E::Tensor y = E::from_vector(targets, {kBatch * kT}, device);
+    {
+      manager->keep_resident(net.parameters());
+      E::SavedTensorHooksGuard hooks(manager);
+      // (On a GPU labels are checked where the loss is, as a job's are: a
+      // captured step cannot wait for the host.)
+      std::optional<E::DeferredLabelCheck> labels;
+      if (device.is_cuda()) labels.emplace(device);
+      // As the job runner steps: on a GPU, as a CUDA graph once a step ran
+      // within the budget.
+      GraphedSteps steps(
+          device,
+          [&](const E::Tensor& in, const E::Tensor& out) {
+            E::StepRandom random(17, opt.step_counter());
+            opt.zero_grad();
+            E::Tensor loss = E::cross_entropy(net(in).reshape({-1, 256}), out);
+            loss.backward();
+            opt.step();
+            return loss;
+          },
+          {.enabled = graphs && device.is_cuda(),
+           .full_batch = kBatch,
+           .spilling = [&] { return manager->last_step_spilled(); },
+           .release = [&] { opt.zero_grad(); }});
+      // Step 9 is half a batch, as an epoch's last can be: it runs op by op
+      // in the memory the graph's idle arena gives up.
+      // (Steps 12 and 13: room for one retry should the graph made again
+      // after it not fit beside what the half batch left.)
+      for (int i = 0; i < 13; ++i) {
+        if (i == 8) r.graph_steps_before_half = steps.graph_steps();
+        auto step = [&] {
+          if (i == 8) {
+            steps.run(x.narrow(0, 0, kBatch / 2), y.narrow(0, 0, kBatch / 2 * kT));
+          } else {
+            steps.run(x, y);
+          }
+        };
+        if (retry) {
+          const int again = policy.run_step(step, [&] {
+            manager->end_step();
+            return opt.steps() == i;
+          });
+          if (again > 0) steps.retry();
+          r.retries += again;
+        } else {
+          step();
+        }
+        manager->end_step();
+        // As the job runner does: one policy step after a step that spilled,
+        // or after a graph whose arena did not fit, and the graph tried again.
+        if (!steps.holds_graph()) {
+          const RecomputePolicy::Step why = policy.after_step(steps.graph_did_not_fit());
+          r.graphs_that_did_not_fit += why == RecomputePolicy::Step::GraphDidNotFit;
+          if (why != RecomputePolicy::Step::None) steps.retry();
+        }
+        r.evictions.push_back(manager->counters().evictions);
+        r.copied_out.push_back(manager->store_stats().bytes_out);
+      }
+      r.graph_steps = steps.graph_steps();
+      r.releases = steps.releases();
+    }
+    for (auto& p : net.parameters()) {
+      auto w = p.to_vector<float>();
+      r.weights.insert(r.weights.end(), w.begin(), w.end());
+    }
+    r.mlps = policy.mlps();
+    r.whole = policy.whole();
+    r.peak_in_use = alloc->stats().peak_in_use_bytes;
+    return r;
   }
 
   uint64_t tight_budget() {
@@ -321,6 +435,35 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
 }
 
+// run_step: a step that runs out of memory runs again with one step more
+// each time, while the caller says the attempt changed nothing and a step
+// is left; any other error, or an attempt that changed something, stands
+// at once, and so does running out with nothing left to recompute.
+TEST(RecomputePolicySteps, AStepThatRanOutOfMemoryRunsAgainWhileAStepIsLeft) {
+  E::nn::Sequential net;
+  net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  RecomputePolicy policy(net, nullptr);
+  int runs = 0;
+  auto fails_until = [&](int ok_on) {
+    return [&runs, ok_on] {
+      if (++runs < ok_on) throw E::OutOfMemoryError("out of memory (test)", 1);
+    };
+  };
+  auto unchanged = [] { return true; };
+  EXPECT_EQ(policy.run_step(fails_until(2), unchanged), 1);
+  EXPECT_EQ(policy.mlps(), 1);
+  runs = 0;
+  EXPECT_THROW(policy.run_step(fails_until(2), [] { return false; }), E::OutOfMemoryError);
+  EXPECT_EQ(policy.mlps(), 1) << "an attempt that changed something is not run again";
+  EXPECT_THROW(policy.run_step([] { throw std::runtime_error("not memory"); }, unchanged),
+               std::runtime_error);
+  EXPECT_EQ(policy.whole(), 0) << "only running out of memory takes a step";
+  runs = 0;
+  EXPECT_THROW(policy.run_step(fails_until(3), unchanged), E::OutOfMemoryError);
+  EXPECT_EQ(policy.whole(), 1) << "the one step left was taken, and the step failed again";
+  EXPECT_EQ(runs, 2);
+}
+
 // A GPT over its budget: after each step that spilled, one more MLP, then
 // one more whole block, recomputes in backward instead (RecomputePolicy),
 // until the steps fit without spilling; on a GPU they then run as a CUDA
@@ -329,103 +472,12 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
 // bit for bit as the run without a budget, op by op, does (dropout on: its
 // masks are drawn again in the recomputed blocks).
 TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
-  struct Run {
-    std::vector<float> weights;
-    std::vector<uint64_t> evictions, copied_out;  // after each step
-    int mlps = 0, whole = 0;
-    uint64_t peak_in_use = 0;
-    int64_t graph_steps = 0, graph_steps_before_half = 0, releases = 0;
-    int graphs_that_did_not_fit = 0;  // policy steps taken for them
-  };
-  auto run = [&](uint64_t budget, bool graphs) {
-    auto alloc =
-        std::make_shared<LeaseAllocator>(*session, LeaseAllocatorOptions::for_budget(budget));
-    Run r;
-    E::AllocatorGuard guard(alloc);
-    auto manager = S::SpillManager::create(std::make_unique<S::MemorySpillStore>(*transfer),
-                                           transfer, alloc);
-    E::manual_seed(5);
-    constexpr int64_t kBatch = 32, kT = 64, kDim = 64;
-    auto emb = std::make_shared<E::nn::Embedding>(256, kDim, kT);
-    E::nn::Sequential net;
-    net.push_back(emb);
-    for (int i = 0; i < 4; ++i) {
-      net.push_back(std::make_shared<E::nn::TransformerBlock>(kDim, 4, 0.1, 4));
-    }
-    net.push_back(std::make_shared<E::nn::LayerNorm>(kDim));
-    net.push_back(std::make_shared<E::nn::TiedOutput>(emb));
-    net.to(device);
-    RecomputePolicy policy(net, manager);
-    E::optim::Adam opt(net.named_parameters(), {.lr = 0.003});
-    std::vector<int64_t> tokens(kBatch * kT), targets(kBatch * kT);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<int64_t>((i * 131 + 7) % 256);
-      targets[i] = static_cast<int64_t>((i * 71 + 3) % 256);
-    }
-    E::Tensor x = E::from_vector(tokens, {kBatch, kT}, device);
-    E::Tensor y = E::from_vector(targets, {kBatch * kT}, device);
-    {
-      manager->keep_resident(net.parameters());
-      E::SavedTensorHooksGuard hooks(manager);
-      // (On a GPU labels are checked where the loss is, as a job's are: a
-      // captured step cannot wait for the host.)
-      std::optional<E::DeferredLabelCheck> labels;
-      if (device.is_cuda()) labels.emplace(device);
-      // As the job runner steps: on a GPU, as a CUDA graph once a step ran
-      // within the budget.
-      GraphedSteps steps(
-          device,
-          [&](const E::Tensor& in, const E::Tensor& out) {
-            E::StepRandom random(17, opt.step_counter());
-            opt.zero_grad();
-            E::Tensor loss = E::cross_entropy(net(in).reshape({-1, 256}), out);
-            loss.backward();
-            opt.step();
-            return loss;
-          },
-          {.enabled = graphs && device.is_cuda(),
-           .full_batch = kBatch,
-           .spilling = [&] { return manager->last_step_spilled(); },
-           .release = [&] { opt.zero_grad(); }});
-      // Step 9 is half a batch, as an epoch's last can be: it runs op by op
-      // in the memory the graph's idle arena gives up.
-      // (Steps 12 and 13: room for one retry should the graph made again
-      // after it not fit beside what the half batch left.)
-      for (int i = 0; i < 13; ++i) {
-        if (i == 8) {
-          r.graph_steps_before_half = steps.graph_steps();
-          steps.run(x.narrow(0, 0, kBatch / 2), y.narrow(0, 0, kBatch / 2 * kT));
-        } else {
-          steps.run(x, y);
-        }
-        manager->end_step();
-        // As the job runner does: one policy step after a step that spilled,
-        // or after a graph whose arena did not fit, and the graph tried again.
-        if (!steps.holds_graph()) {
-          const RecomputePolicy::Step why = policy.after_step(steps.graph_did_not_fit());
-          r.graphs_that_did_not_fit += why == RecomputePolicy::Step::GraphDidNotFit;
-          if (why != RecomputePolicy::Step::None) steps.retry();
-        }
-        r.evictions.push_back(manager->counters().evictions);
-        r.copied_out.push_back(manager->store_stats().bytes_out);
-      }
-      r.graph_steps = steps.graph_steps();
-      r.releases = steps.releases();
-    }
-    for (auto& p : net.parameters()) {
-      auto w = p.to_vector<float>();
-      r.weights.insert(r.weights.end(), w.begin(), w.end());
-    }
-    r.mlps = policy.mlps();
-    r.whole = policy.whole();
-    r.peak_in_use = alloc->stats().peak_in_use_bytes;
-    return r;
-  };
-  const Run free_run = run(0, false);
+  const GptRun free_run = train_gpt(0, false);
   EXPECT_EQ(free_run.mlps + free_run.whole, 0) << "nothing to keep within";
   EXPECT_EQ(free_run.evictions.back(), 0u);
   const uint64_t page = session->pool().alignment;
-  const Run tight = run(align_up(free_run.peak_in_use * 60 / 100, page) + 2 * page, true);
+  const GptRun tight =
+      train_gpt(align_up(free_run.peak_in_use * 60 / 100, page) + 2 * page, true);
   EXPECT_GT(tight.evictions.front(), 0u) << "the first step spilled";
   EXPECT_GE(tight.mlps + tight.whole, 1);
   EXPECT_TRUE(tight.whole == 0 || tight.mlps + tight.whole == 4)
@@ -451,6 +503,23 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     // not bring it within the budget.
     EXPECT_LE(tight.graphs_that_did_not_fit, 1);
   }
+}
+
+// A budget under what the first steps keep even with every saved tensor
+// spilled (they recompute nothing yet), though not under what a step that
+// recomputes every block whole needs: the first step runs out of memory.
+// Run again with one policy step more each time it does
+// (RecomputePolicy::run_step, as the job runner runs steps), the job
+// reaches a step that fits and trains on, bit for bit as without a budget;
+// without, the run ends at its first step.
+TEST_F(SpillTraining, AStepThatRunsOutOfMemoryRunsAgainRecomputingMore) {
+  const GptRun free_run = train_gpt(0, false);
+  const uint64_t page = session->pool().alignment;
+  const uint64_t budget = align_up(free_run.peak_in_use * 30 / 100, page) + 2 * page;
+  EXPECT_THROW(train_gpt(budget, true, /*retry=*/false), E::OutOfMemoryError);
+  const GptRun retried = train_gpt(budget, true, /*retry=*/true);
+  EXPECT_GE(retried.retries, 1);
+  EXPECT_TRUE(retried.weights == free_run.weights) << "weights differ from the run without a budget";
 }
 
 }  // namespace
