@@ -359,19 +359,21 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       // (recompute_policy.h: run_step), unless it changed what the next
       // reads (the optimizer had begun) or peers wait in the same step.
       E::Tensor loss;
-      const int retries = recompute.run_step([&] { loss = steps.run(x, y); }, [&] {
-        if (reducer) return false;
-        if (options.spill) options.spill->end_step();  // (the failed attempt's spills ended)
-        return optimizer->steps() == global;
-      });
-      if (retries > 0) {
-        steps.retry();
-        spdlog::info("job '{}': the step ran out of memory and ran again ({} time{}); of {} "
-                     "transformer blocks, {} recompute their MLP and {} the whole block in "
-                     "backward from now on",
-                     job.name()->str(), retries, retries == 1 ? "" : "s", recompute.blocks(),
-                     recompute.mlps(), recompute.whole());
-      }
+      const int retries = recompute.run_step(
+          [&] { loss = steps.run(x, y); },
+          [&] {
+            if (reducer) return false;
+            if (options.spill) options.spill->end_step();  // (the failed attempt's spills ended)
+            return optimizer->steps() == global;
+          },
+          [&](const E::OutOfMemoryError& e) {
+            spdlog::warn("job '{}': the step ran out of memory ({}); it runs again, and of {} "
+                         "transformer blocks, {} recompute their MLP and {} the whole block in "
+                         "backward from now on",
+                         job.name()->str(), e.what(), recompute.blocks(), recompute.mlps(),
+                         recompute.whole());
+          });
+      if (retries > 0) steps.retry();
       if (options.spill) options.spill->end_step();
       // (A graph replays the step it captured: what the policy changes
       // waits until steps run op by op again.) One step more when the step

@@ -1,7 +1,5 @@
 #include "agent/recompute_policy.h"
 
-#include "agent/engine/allocator.h"
-
 namespace leasehold {
 
 namespace nn = engine::nn;
@@ -55,14 +53,16 @@ bool RecomputePolicy::tighten() {
   return false;
 }
 
-int RecomputePolicy::run_step(const std::function<void()>& step,
-                              const std::function<bool()>& unchanged) {
+int RecomputePolicy::run_step(
+    const std::function<void()>& step, const std::function<bool()>& unchanged,
+    const std::function<void(const engine::OutOfMemoryError&)>& retrying) {
   for (int retries = 0;; ++retries) {
     try {
       step();
       return retries;
-    } catch (const engine::OutOfMemoryError&) {
+    } catch (const engine::OutOfMemoryError& e) {
       if (!unchanged() || !tighten()) throw;
+      if (retrying) retrying(e);
     }
   }
 }

@@ -23,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "agent/engine/allocator.h"
 #include "agent/engine/nn.h"
 #include "agent/spill/spill_manager.h"
 
@@ -54,8 +55,11 @@ class RecomputePolicy {
   // runs it again, for as long as one is left; then the error stands. A
   // budget under what the first steps keep (they recompute little yet) is
   // thus met by a later step of the policy instead of ending the job.
-  // Returns how many times it ran `step` again.
-  int run_step(const std::function<void()>& step, const std::function<bool()>& unchanged);
+  // `retrying` (may be empty) hears of each error before its step runs
+  // again, the policy's step taken. Returns how many times it ran `step`
+  // again.
+  int run_step(const std::function<void()>& step, const std::function<bool()>& unchanged,
+               const std::function<void(const engine::OutOfMemoryError&)>& retrying = {});
 
   int blocks() const { return static_cast<int>(blocks_.size()); }
   // Blocks that recompute their MLP only, and those that recompute whole.

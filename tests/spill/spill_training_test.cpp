@@ -450,8 +450,12 @@ TEST(RecomputePolicySteps, AStepThatRanOutOfMemoryRunsAgainWhileAStepIsLeft) {
     };
   };
   auto unchanged = [] { return true; };
-  EXPECT_EQ(policy.run_step(fails_until(2), unchanged), 1);
+  std::vector<std::string> heard;
+  EXPECT_EQ(policy.run_step(fails_until(2), unchanged,
+                            [&](const E::OutOfMemoryError& e) { heard.push_back(e.what()); }),
+            1);
   EXPECT_EQ(policy.mlps(), 1);
+  EXPECT_EQ(heard, std::vector<std::string>{"out of memory (test)"});
   runs = 0;
   EXPECT_THROW(policy.run_step(fails_until(2), [] { return false; }), E::OutOfMemoryError);
   EXPECT_EQ(policy.mlps(), 1) << "an attempt that changed something is not run again";
