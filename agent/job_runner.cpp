@@ -298,9 +298,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     E::Tensor loss;
     {
       // Under autocast, the weights' bfloat16 copies made once for the
-      // forward and backward passes, before the optimizer changes them.
+      // forward pass; backward keeps those its products saved.
       E::AutocastWeights weight_copies(product_parameters);
-      loss = batch_loss((*model)(x), y);
+      const E::Tensor logits = (*model)(x);
+      weight_copies.release();
+      loss = batch_loss(logits, y);
       if (reducer) {
         // Buckets of gradients are averaged while backward goes on.
         E::GradientReadyGuard reduce(reducer->hook());

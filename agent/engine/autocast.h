@@ -44,14 +44,13 @@ std::optional<DType> autocast_dtype(Device device);
 // parameters for the length of its region for the same reason). While one
 // lives on a thread, a product under autocast that reads one of `params`
 // (a linear layer's weight, or its bias for a bfloat16 result) reads its
-// copy, the products that recomputed segments run again in backward
-// included. The copies are made in one pass (a launch per
+// copy, until release(). The copies are made in one pass (a launch per
 // kernels::kMaxConvertTensors tensors) and have the bits of the conversion
 // each product would have made: the results are the same bits. Only
 // float32 tensors on a device with autocast on get copies (so none on the
 // CPU, nor where no AutocastGuard lives); the others are passed over.
-// Scopes nest; a lookup sees the innermost's copies
-// first, then the outer ones'.
+// Scopes nest; a lookup sees the innermost's copies first, then the outer
+// ones'.
 // REQUIRES: nothing writes `params` while it lives (it spans a step's
 // forward and backward; the optimizer writes them after it is gone).
 class AutocastWeights {
@@ -63,6 +62,13 @@ class AutocastWeights {
 
   // The copy of `t` made here or in an enclosing scope, if any.
   const Tensor* find(const Tensor& t) const;
+  // Lets its copies go: from then on each lives as long as something else
+  // holds it (the saved tensors of the products that read it), and a
+  // product finds none here and converts its own (a segment recomputed in
+  // backward). A step calls it after its forward pass: the copies its
+  // recomputing blocks did not keep are then not held through backward,
+  // where such a step is short of memory.
+  void release() { copies_.clear(); }
   size_t copies() const { return copies_.size(); }
 
  private:

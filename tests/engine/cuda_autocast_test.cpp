@@ -521,6 +521,17 @@ TEST_F(CudaAutocast, WeightCopiesForAStepServeItsProducts) {
   }
   EXPECT_EQ(linear(x, w, b, false, ProductOut::Float32).to_vector<float>(),
             plain.to_vector<float>());
+  // Released, the copies are found no more; one a product saved lives on.
+  Tensor saved;
+  {
+    AutocastWeights copies(std::vector<Tensor>{w});
+    saved = *copies.find(w);
+    copies.release();
+    EXPECT_EQ(copies.find(w), nullptr);
+    EXPECT_EQ(copies.copies(), 0u);
+  }
+  EXPECT_EQ(saved.to(DType::Float32).to_vector<float>(),
+            w.to(DType::BFloat16).to(DType::Float32).to_vector<float>());
 }
 
 }  // namespace

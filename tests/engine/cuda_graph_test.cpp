@@ -106,7 +106,9 @@ Tensor train_step(Trainee& t, const Tensor& x, const Tensor& y) {
   {
     // (As the job's step: under autocast the weights' copies made once.)
     AutocastWeights copies(t.model->product_parameters());
-    loss = cross_entropy(t.model->forward(x).reshape({-1, t.classes}), y.reshape({-1}));
+    const Tensor logits = t.model->forward(x);
+    copies.release();
+    loss = cross_entropy(logits.reshape({-1, t.classes}), y.reshape({-1}));
     loss.backward();
   }
   optim::clip_grad_norm(t.model->named_parameters(), 1.0);
