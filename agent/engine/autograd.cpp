@@ -186,7 +186,6 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
           folded = node->fold_into_input0(sum->second);
         }
       }
-      node->last_use = !retain_graph && node->saves_tensors();
       grads = node->apply(g);
       if (!retain_graph && node->saves_tensors()) {
         node->release_saved();

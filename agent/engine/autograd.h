@@ -44,12 +44,6 @@ class Node {
   }
   // Frees saved tensors once backward has used them.
   virtual void release_saved() {}
-  // Set just before apply: whether this apply is the saved tensors' last
-  // use (backward without retain_graph), so that apply may free each one
-  // as soon as it is done with it and the next output can take its memory
-  // (a linear layer's input after its weight's gradient: a budget-bound
-  // step's peak is in such a backward).
-  bool last_use = false;
   // Whether it keeps tensors for backward (a second backward through it
   // then needs retain_graph); a leaf's accumulator keeps none.
   virtual bool saves_tensors() const { return true; }

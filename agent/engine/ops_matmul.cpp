@@ -240,34 +240,19 @@ struct LinearBackward final : Node {
       } else {
         g16 = g.to(DType::BFloat16);
       }
-      if (gelu && last_use) gelu_input.reset();  // (read only by GELU's gradient)
       if (want_b && !gb.defined()) gb = column_sums_bf16(g16);
+      if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, X.sizes(), x_dtype).out;
       if (next[1].fn) {
         gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), DType::Float32).out;
       }
-      const Shape x_sizes = X.sizes();
-      release_input(X);
-      if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, x_sizes, x_dtype).out;
       return {gx, gw, gb};
     }
     // (The bias sum first: its scratch is gone before the products' outputs
     // exist, which keeps the step's peak lower under a tight budget.)
     if (want_b && !gb.defined()) gb = sum(g, {0});
+    if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, X.sizes());
     if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
-    const Shape x_sizes = X.sizes();
-    release_input(X);
-    if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, x_sizes);
     return {gx, gw, gb};
-  }
-  // The weight's gradient made, the input is read no more: on its last use
-  // it goes before the input's gradient is made, which can then take its
-  // memory (the same stream orders the product that read it first). In a
-  // budget-bound step's backward, fc2's input (the MLP's widest tensor)
-  // and its gradient were both alive at once before.
-  void release_input(Tensor& X) {
-    if (!last_use) return;
-    X = Tensor();
-    x.reset();
   }
   void release_saved() override {
     x.reset();

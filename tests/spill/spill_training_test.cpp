@@ -167,9 +167,9 @@ class SpillTraining : public ::testing::Test {
   // store, blocks recomputing as RecomputePolicy steps them (after each
   // step that spilled, or whose CUDA graph did not fit) and, on a GPU with
   // `graphs`, the steps as CUDA graphs once one ran within the budget.
-  // A step that runs out of memory runs again with one policy step more
-  // (RecomputePolicy::run_step), as the job runner's do.
-  GptRun train_gpt(uint64_t budget, bool graphs) {
+  // With `retry`, a step that runs out of memory runs again with one policy
+  // step more (RecomputePolicy::run_step), as the job runner's do.
+  GptRun train_gpt(uint64_t budget, bool graphs, bool retry = true) {
     auto alloc =
         std::make_shared<LeaseAllocator>(*session, LeaseAllocatorOptions::for_budget(budget));
     GptRun r;
@@ -234,7 +234,7 @@ class SpillTraining : public ::testing::Test {
         };
         const int again = policy.run_step(step, [&] {
           manager->end_step();
-          return opt.steps() == i;
+          return retry && opt.steps() == i;
         });
         if (again > 0) steps.retry();
         r.retries += again;
@@ -504,6 +504,23 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     // not bring it within the budget.
     EXPECT_LE(tight.graphs_that_did_not_fit, 1);
   }
+}
+
+// A budget under what the first steps keep even with every saved tensor
+// spilled (they recompute little yet), though not under what a step that
+// recomputes every block whole needs: a step runs out of memory outright.
+// Run again with one policy step more each time it does
+// (RecomputePolicy::run_step, as the job runner runs steps), the job
+// reaches a step that fits and trains on, bit for bit as without a budget;
+// without, the run ends there.
+TEST_F(SpillTraining, AStepThatRunsOutOfMemoryRunsAgainRecomputingMore) {
+  const GptRun free_run = train_gpt(0, false);
+  const uint64_t page = session->pool().alignment;
+  const uint64_t budget = align_up(free_run.peak_in_use * 30 / 100, page) + 2 * page;
+  EXPECT_THROW(train_gpt(budget, true, /*retry=*/false), E::OutOfMemoryError);
+  const GptRun retried = train_gpt(budget, true);
+  EXPECT_GE(retried.retries, 1);
+  EXPECT_TRUE(retried.weights == free_run.weights) << "weights differ from the run without a budget";
 }
 
 }  // namespace
