@@ -260,7 +260,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   // Over its memory budget, the job's transformer blocks recompute in
   // backward before its activations spill (recompute_policy.h).
-  RecomputePolicy recompute(*model, options.spill);
+  // (Its last step: the optimizer's state to host memory.)
+  RecomputePolicy recompute(*model, options.spill,
+                            [&optimizer] { return optimizer->move_state_to_host(); });
   // The replicas connect, and from here on every step's gradients are
   // averaged over them.
   std::unique_ptr<GradientReducer> reducer;
@@ -369,11 +371,9 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
             return optimizer->steps() == global;
           },
           [&](const E::OutOfMemoryError& e) {
-            spdlog::warn("job '{}': the step ran out of memory ({}); it runs again, and of {} "
-                         "transformer blocks, {} recompute their MLP and {} the whole block in "
-                         "backward from now on",
-                         job.name()->str(), e.what(), recompute.blocks(), recompute.mlps(),
-                         recompute.whole());
+            spdlog::warn("job '{}': the step ran out of memory ({}); it runs again, and {} "
+                         "from now on",
+                         job.name()->str(), e.what(), recompute.describe());
           });
       if (retries > 0) steps.retry();
       if (options.spill) options.spill->end_step();
@@ -385,13 +385,11 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         const RecomputePolicy::Step why = recompute.after_step(steps.graph_did_not_fit());
         if (why != RecomputePolicy::Step::None) {
           steps.retry();
-          spdlog::info("job '{}': {}; of {} transformer blocks, {} recompute their MLP and {} the "
-                       "whole block in backward from now on",
-                       job.name()->str(),
+          spdlog::info("job '{}': {}; {} from now on", job.name()->str(),
                        why == RecomputePolicy::Step::Spilled
                            ? "the step spilled to stay within the memory budget"
                            : "the step's CUDA graph did not fit in memory",
-                       recompute.blocks(), recompute.mlps(), recompute.whole());
+                       recompute.describe());
         }
       }
       {
@@ -484,6 +482,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   result.recomputed_mlps = recompute.mlps();
   result.recomputed_blocks = recompute.whole();
+  result.optimizer_state_on_host = recompute.took_last_step();
   result.memory = last_progress;
   fill_memory(result.memory);
   if (options.spill && result.memory.spilled_bytes) {

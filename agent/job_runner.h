@@ -67,6 +67,7 @@ struct JobResult {
   // (recompute_policy.h).
   int recomputed_mlps = 0;
   int recomputed_blocks = 0;
+  bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)
   // The last progress reported, with its memory fields as they are at the
   // end (the peak then covers the final evaluation too); epoch 0 when this
   // run reported no progress (it resumed after its last epoch).

@@ -20,9 +20,18 @@ void collect(const nn::Module& m, std::vector<nn::TransformerBlock*>& out) {
 }  // namespace
 
 RecomputePolicy::RecomputePolicy(const nn::Module& model,
-                                 std::shared_ptr<spill::SpillManager> spill)
-    : spill_(std::move(spill)) {
+                                 std::shared_ptr<spill::SpillManager> spill,
+                                 std::function<bool()> last_step)
+    : spill_(std::move(spill)), last_step_(std::move(last_step)) {
   collect(model, blocks_);
+}
+
+std::string RecomputePolicy::describe() const {
+  std::string s = "of " + std::to_string(blocks()) + " transformer blocks, " +
+                  std::to_string(mlps()) + " recompute their MLP and " +
+                  std::to_string(whole()) + " the whole block in backward";
+  if (last_step_freed_) s += ", and the optimizer's state is in host memory";
+  return s;
 }
 
 int RecomputePolicy::count(Recompute r) const {
@@ -50,7 +59,10 @@ bool RecomputePolicy::tighten() {
       }
     }
   }
-  return false;
+  if (blocks_.empty() || !last_step_ || last_step_taken_) return false;
+  last_step_taken_ = true;
+  last_step_freed_ = last_step_();
+  return last_step_freed_;
 }
 
 int RecomputePolicy::run_step(
@@ -61,7 +73,8 @@ int RecomputePolicy::run_step(
       step();
       return retries;
     } catch (const engine::OutOfMemoryError& e) {
-      if (!unchanged() || !tighten()) throw;
+      // (A permanent one, a tensor larger than the whole budget, stays so.)
+      if (e.permanent() || !unchanged() || !tighten()) throw;
       if (retrying) retrying(e);
     }
   }

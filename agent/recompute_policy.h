@@ -9,7 +9,12 @@
 // activations; the whole block costs the rest for the rest; moving the
 // same activations to host memory and back costs several steps on a PCIe
 // link, so recomputing comes first and spilling takes what is left once
-// every block recomputes. A step that runs out of memory outright (its
+// every block recomputes. Then one step is left: the job's last (its
+// optimizer's state moves to host memory, optim.h: move_state_to_host;
+// the update then reads it over the link, which costs less than a step
+// that spills every block's input), for a model with blocks only (a
+// model without them spills alone, as it did before blocks existed).
+// A step that runs out of memory outright (its
 // working set over the budget with everything spilled) takes one step more
 // and runs again (run_step). Nothing goes back to being kept within a run
 // (a budget, once hit, is hit again). The job also takes a step when its
@@ -21,6 +26,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "agent/engine/allocator.h"
@@ -34,7 +40,10 @@ class RecomputePolicy {
   // The blocks are `model`'s TransformerBlocks, at any depth, in forward
   // order. `spill` may be null (nothing spills: only a CUDA graph that did
   // not fit makes the blocks recompute).
-  RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill);
+  // `last_step` (may be empty): the step after every block recomputes
+  // whole, taken once; returns whether it freed anything.
+  RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill,
+                  std::function<bool()> last_step = {});
 
   // Why after_step() took one step more, if it did.
   enum class Step { None, Spilled, GraphDidNotFit };
@@ -45,10 +54,11 @@ class RecomputePolicy {
   // caller then retries); says why it took one.
   Step after_step(bool graph_did_not_fit = false);
   // One step more, whatever the last step did; false when every block
-  // recomputes whole already.
+  // recomputes whole already and the last step was taken (or did nothing).
   bool tighten();
   // Runs `step`. When it runs out of memory (engine::OutOfMemoryError: the
-  // budget held, and nothing more could spill) and `unchanged()` says the
+  // budget held, and nothing more could spill; not a permanent one, a
+  // tensor larger than the whole budget) and `unchanged()` says the
   // failed attempt changed nothing a step reads (the job's test: the
   // optimizer's count is where it was, so no parameter moved; the
   // gradients are zeroed at each step's start), takes one step more and
@@ -65,11 +75,18 @@ class RecomputePolicy {
   // Blocks that recompute their MLP only, and those that recompute whole.
   int mlps() const { return count(engine::nn::TransformerBlock::Recompute::Mlp); }
   int whole() const { return count(engine::nn::TransformerBlock::Recompute::Block); }
+  // Whether the last step was taken and freed something.
+  bool took_last_step() const { return last_step_freed_; }
+  // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block
+  // in backward", and the last step when taken: for the job's log.
+  std::string describe() const;
 
  private:
   int count(engine::nn::TransformerBlock::Recompute r) const;
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
+  std::function<bool()> last_step_;
+  bool last_step_taken_ = false, last_step_freed_ = false;
 };
 
 }  // namespace leasehold

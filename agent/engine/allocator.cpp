@@ -103,6 +103,39 @@ class CudaAllocator final : public Allocator {
 };
 #endif
 
+#ifdef LEASEHOLD_HAVE_CUDA
+class PinnedHostAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    // (Portable: every device's context may use it, as unified addressing
+    // lets each at this address.)
+    cudaError_t err = cudaHostAlloc(&p, align_up(bytes, 256), cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw OutOfMemoryError("page-locked host allocation of " + format_bytes(bytes) +
+                                 " failed: " + cudaGetErrorString(err),
+                             bytes);
+    }
+    counter_.add(bytes);
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    cudaError_t err = cudaFreeHost(p);
+    if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
+      spdlog::error("cudaFreeHost of {} failed: {}", format_bytes(bytes),
+                    cudaGetErrorString(err));
+    }
+    counter_.sub(bytes);
+  }
+  Device device() const override { return Device::cpu(); }
+  AllocatorStats stats() const override { return counter_.stats(); }
+
+ private:
+  Counter counter_;
+};
+#endif
+
 // Memory owned elsewhere (Storage::borrowed): allocates nothing, frees
 // nothing, and keeps its owner alive.
 class BorrowedMemory final : public Allocator {
@@ -140,6 +173,11 @@ std::shared_ptr<Allocator> cuda_allocator(int device) {
   std::lock_guard lock(mu);
   if (!per_device[device]) per_device[device] = std::make_shared<CudaAllocator>(device);
   return per_device[device];
+}
+
+std::shared_ptr<Allocator> pinned_host_allocator() {
+  static auto a = std::make_shared<PinnedHostAllocator>();
+  return a;
 }
 #endif
 

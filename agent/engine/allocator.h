@@ -86,6 +86,12 @@ class Allocator {
 std::shared_ptr<Allocator> cpu_allocator();
 #ifdef LEASEHOLD_HAVE_CUDA
 std::shared_ptr<Allocator> cuda_allocator(int device);
+// Page-locked host memory (cudaHostAlloc), a CPU device's: every GPU reads
+// and writes it directly at the same address (unified addressing), over
+// the host link. For state a kernel touches once a step that a device's
+// memory cannot spare (an optimizer's, optim.h). Allocating pins pages and
+// may take milliseconds; freeing waits for the device.
+std::shared_ptr<Allocator> pinned_host_allocator();
 #endif
 
 // The allocator new tensors on `device` get on this thread.

@@ -1,7 +1,10 @@
 #include "agent/engine/autocast.h"
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
+
+#include <spdlog/spdlog.h>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/kernel_table.h"
@@ -50,7 +53,9 @@ AutocastWeights::AutocastWeights(const std::vector<Tensor>& params) : outer_(t_w
                                   [&](const Tensor& w) { return same_tensor(w, p); });
     if (!seen) wanted.push_back(p);
   }
-  for (const Tensor& p : wanted) copies_.emplace_back(p, empty(p.sizes(), {DType::BFloat16, p.device()}));
+  for (const Tensor& p : wanted) {
+    copies_.emplace_back(p, empty(p.sizes(), {DType::BFloat16, p.device()}));
+  }
   // One launch per kMaxConvertTensors copies on one device.
   for (size_t first = 0; first < copies_.size();) {
     const Device device = copies_[first].first.device();
@@ -71,7 +76,15 @@ AutocastWeights::AutocastWeights(const std::vector<Tensor>& params) : outer_(t_w
   t_weights = this;
 }
 
-AutocastWeights::~AutocastWeights() { t_weights = outer_; }
+AutocastWeights::~AutocastWeights() {
+  if (t_weights != this) {
+    // (The scope outside it would be restored after its own end: every
+    // later lookup on this thread would read a dead scope.)
+    spdlog::critical("AutocastWeights: scopes ended out of order on one thread");
+    std::terminate();
+  }
+  t_weights = outer_;
+}
 
 const Tensor* AutocastWeights::find(const Tensor& t) const {
   for (const AutocastWeights* s = this; s != nullptr; s = s->outer_) {

@@ -52,7 +52,12 @@ std::optional<DType> autocast_dtype(Device device);
 // Scopes nest; a lookup sees the innermost's copies first, then the outer
 // ones'.
 // REQUIRES: nothing writes `params` while it lives (it spans a step's
-// forward and backward; the optimizer writes them after it is gone).
+// forward and backward; the optimizer writes them after it is gone);
+// scopes on a thread end in the reverse order of their making (one that
+// ends out of order terminates the process: lookups would read a dead
+// scope). A product with a float32 result reads its bias as it is, so a
+// layer of float32 results has a bias copy no one reads (the GPT's layers
+// all keep bfloat16).
 class AutocastWeights {
  public:
   explicit AutocastWeights(const std::vector<Tensor>& params);

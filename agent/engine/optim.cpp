@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
 #include "agent/engine/autograd.h"
+#include "agent/engine/cuda_context.h"
 #include "agent/engine/dispatch.h"
 #include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
@@ -201,8 +203,8 @@ void Adam::update() {
       if (!p.grad().defined() || &params_of(p) != group) continue;
       Tensor g = dense_grad(p);
       if (!m_[i].defined()) {
-        m_[i] = zeros(p.sizes(), p.options());
-        v_[i] = zeros(p.sizes(), p.options());
+        m_[i] = new_state(p);
+        v_[i] = new_state(p);
       }
       if (!pending.empty()) {
         const Tensor& first = params_[pending[0]].second;
@@ -219,6 +221,17 @@ void Adam::update() {
 }
 
 nn::NamedTensors Adam::state() const {
+#ifdef LEASEHOLD_HAVE_CUDA
+  // (State in host memory is read as it is: the updates queued on the
+  // device must have written it first.)
+  if (state_on_host_) {
+    std::set<int> devices;
+    for (const auto& [name, p] : params_) {
+      if (p.device().is_cuda()) devices.insert(p.device().index);
+    }
+    for (int d : devices) synchronize(d);
+  }
+#endif
   nn::NamedTensors out;
   out.emplace_back("adam.step", step_counter().reshape({1}));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -238,11 +251,45 @@ void Adam::load_state(const nn::NamedTensors& state) {
     const Tensor& p = params_[i].second;
     auto mk = "adam.m." + params_[i].first, vk = "adam.v." + params_[i].first;
     if (!m.count(mk)) continue;
-    m_[i] = zeros(p.sizes(), p.options());
-    v_[i] = zeros(p.sizes(), p.options());
+    m_[i] = new_state(p);
+    v_[i] = new_state(p);
     m_[i].copy_(lookup(m, mk, p));
     v_[i].copy_(lookup(m, vk, p));
   }
+}
+
+Tensor Adam::new_state(const Tensor& p) const {
+#ifdef LEASEHOLD_HAVE_CUDA
+  if (state_on_host_ && p.device().is_cuda()) {
+    AllocatorGuard pinned(pinned_host_allocator());
+    return zeros(p.sizes(), {p.dtype(), Device::cpu()});
+  }
+#endif
+  return zeros(p.sizes(), p.options());
+}
+
+bool Adam::move_state_to_host() {
+  const bool any_gpu = std::any_of(params_.begin(), params_.end(), [](const auto& named) {
+    return named.second.device().is_cuda();
+  });
+#ifdef LEASEHOLD_HAVE_CUDA
+  if (state_on_host_ || !any_gpu) return false;
+  NoGradGuard no_grad;
+  state_on_host_ = true;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].second;
+    if (!m_[i].defined() || !p.device().is_cuda()) continue;
+    Tensor m = new_state(p), v = new_state(p);
+    m.copy_(m_[i]);
+    v.copy_(v_[i]);
+    m_[i] = m;
+    v_[i] = v;
+  }
+  return true;
+#else
+  (void)any_gpu;
+  return false;
+#endif
 }
 
 Tensor clip_grad_norm(const nn::NamedTensors& params, double max_norm) {

@@ -29,7 +29,8 @@ class Optimizer {
   void step();
   // Drops every parameter's gradient (the next backward writes fresh ones).
   void zero_grad();
-  // State for checkpoints: named tensors on the parameters' devices.
+  // State for checkpoints: named tensors on the parameters' devices (in
+  // host memory once move_state_to_host()).
   virtual nn::NamedTensors state() const = 0;
   // Restores state(); throws std::invalid_argument naming a missing or
   // mis-shaped entry.
@@ -50,6 +51,16 @@ class Optimizer {
   void set_lr(double lr);
   // Sets the rate of every step; REQUIRES: its rates positive.
   void set_schedule(const LrSchedule& schedule);
+  // Keeps the state of GPU parameters (Adam's moments) in page-locked host
+  // memory from now on (allocator.h: pinned_host_allocator), where the
+  // update kernels read and write it over the host link: device memory
+  // for a job whose budget cannot hold the state beside a step's working
+  // set (AdamW's is twice the parameters), for an update bound by the link
+  // (the GPT's 86 MB read and written each step). The update's results are
+  // the same bits, and a step stays capturable as a CUDA graph. Returns
+  // whether it moved it: false where it cannot (no GPU parameters, a build
+  // without CUDA, an optimizer without such state) or already did.
+  virtual bool move_state_to_host() { return false; }
 
  protected:
   virtual void update() = 0;
@@ -97,11 +108,15 @@ class Adam final : public Optimizer {
   Adam(nn::NamedTensors params, AdamOptions options);
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state) override;
+  bool move_state_to_host() override;
 
  private:
   void update() override;
+  // Zeroed state for `p`: on its device, or in host memory (see above).
+  Tensor new_state(const Tensor& p) const;
   AdamOptions opt_;
   std::vector<Tensor> m_, v_;
+  bool state_on_host_ = false;
 };
 
 // Scales every gradient of `params` by min(1, max_norm / (norm + 1e-6)),

@@ -518,6 +518,15 @@ TEST_F(CudaAutocast, WeightCopiesForAStepServeItsProducts) {
     EXPECT_EQ(zeroed.to(DType::Float32).to_vector<float>(),
               b.to(DType::BFloat16).to(DType::Float32).reshape({1, 200}).expand({300, 200})
                   .contiguous().to_vector<float>());
+    // The bias's copy too, for a bfloat16 result and through GELU's
+    // product: every output is then 0 (gelu(0) = 0).
+    const Tensor zero_bias = zeros({200}, {DType::Float32, cuda}).to(DType::BFloat16);
+    const_cast<Tensor*>(outer.find(b))->copy_(zero_bias);
+    const std::vector<float> all_zero(300 * 200, 0.0f);
+    EXPECT_EQ(linear(x, w, b, false, ProductOut::LowerPrecision).to(DType::Float32)
+                  .to_vector<float>(),
+              all_zero);
+    EXPECT_EQ(linear_gelu(x, w, b).to(DType::Float32).to_vector<float>(), all_zero);
   }
   EXPECT_EQ(linear(x, w, b, false, ProductOut::Float32).to_vector<float>(),
             plain.to_vector<float>());

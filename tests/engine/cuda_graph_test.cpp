@@ -99,15 +99,17 @@ MakeBatch image_batches(Device d) {
 }
 
 // One training step as the job runner takes it.
-Tensor train_step(Trainee& t, const Tensor& x, const Tensor& y) {
+// `copies`: as the job's step, under autocast the weights' bfloat16 copies
+// made once before the forward (otherwise each product converts its own).
+Tensor train_step(Trainee& t, const Tensor& x, const Tensor& y, bool copies = true) {
   StepRandom random(77, t.opt->step_counter());
   t.opt->zero_grad();
   Tensor loss;
   {
-    // (As the job's step: under autocast the weights' copies made once.)
-    AutocastWeights copies(t.model->product_parameters());
+    std::optional<AutocastWeights> weights;
+    if (copies) weights.emplace(t.model->product_parameters());
     const Tensor logits = t.model->forward(x);
-    copies.release();
+    if (weights) weights->release();
     loss = cross_entropy(logits.reshape({-1, t.classes}), y.reshape({-1}));
     loss.backward();
   }
@@ -122,9 +124,10 @@ std::vector<std::vector<float>> weights(const Trainee& t) {
   return out;
 }
 
-// Trains two copies: one op by op, one through a StepGraph (after a first
-// step op by op, as the job runner does), and compares every step's loss
-// and weights bit for bit.
+// Trains two copies: one op by op, its products converting their own
+// weights, and one through a StepGraph (after a first step op by op, as
+// the job runner does) with the step's weight copies, and compares every
+// step's loss and weights bit for bit.
 void expect_replays_match(Device gpu, const MakeTrainee& make, const MakeBatch& batch) {
   DeferredLabelCheck labels(gpu);  // (cross_entropy would read its check back)
   Trainee eager = make(gpu), graphed = make(gpu);
@@ -134,7 +137,7 @@ void expect_replays_match(Device gpu, const MakeTrainee& make, const MakeBatch& 
   for (int64_t step = 0; step < kSteps; ++step) {
     Tensor x, y;
     batch(step, x, y);
-    const Tensor expected = train_step(eager, x, y);
+    const Tensor expected = train_step(eager, x, y, /*copies=*/false);
     Tensor got;
     if (step == 0) {
       got = train_step(graphed, x, y);
@@ -175,6 +178,49 @@ TEST_F(CudaGraphTest, AGptStepReplaysBitForBitAsOpByOp) {
 TEST_F(CudaGraphTest, AGptStepUnderBf16AutocastReplaysBitForBit) {
   AutocastGuard autocast(DType::BFloat16);
   expect_replays_match(gpu, tiny_gpt, text_batches(gpu));
+}
+
+// Adam's state in host memory (Optimizer::move_state_to_host), read and
+// written there by the update kernels over the host link: the steps, op by
+// op and replayed from a graph, give the bits of the state kept on the
+// device; the state moves once, midway (what it held comes along), and
+// reads back from the host.
+TEST_F(CudaGraphTest, AdamsStateInHostMemoryGivesTheSameSteps) {
+  Trainee on_device = tiny_gpt(gpu);
+  MakeBatch batch = text_batches(gpu);
+  DeferredLabelCheck labels(gpu);
+  std::vector<Tensor> expected;
+  for (int64_t step = 0; step < 4; ++step) {
+    Tensor x, y;
+    batch(step, x, y);
+    expected.push_back(train_step(on_device, x, y));
+  }
+  Trainee moved = tiny_gpt(gpu);
+  for (int64_t step = 0; step < 4; ++step) {
+    if (step == 2) {
+      ASSERT_TRUE(moved.opt->move_state_to_host());
+      EXPECT_FALSE(moved.opt->move_state_to_host()) << "once";
+    }
+    Tensor x, y;
+    batch(step, x, y);
+    EXPECT_EQ(train_step(moved, x, y).to_vector<float>(), expected[step].to_vector<float>())
+        << "loss of step " << step;
+  }
+  EXPECT_EQ(weights(moved), weights(on_device));
+  const auto device_state = on_device.opt->state(), host_state = moved.opt->state();
+  ASSERT_EQ(device_state.size(), host_state.size());
+  for (size_t i = 1; i < host_state.size(); ++i) {  // (0: the step count, on the device)
+    SCOPED_TRACE(host_state[i].first);
+    EXPECT_FALSE(host_state[i].second.device().is_cuda());
+    EXPECT_EQ(host_state[i].second.to_vector<float>(), device_state[i].second.to_vector<float>());
+  }
+  labels.check();
+  // From the first step on, and as a CUDA graph.
+  expect_replays_match(gpu, [](Device d) {
+    Trainee t = tiny_gpt(d);
+    EXPECT_TRUE(t.opt->move_state_to_host());
+    return t;
+  }, batch);
 }
 
 TEST_F(CudaGraphTest, ACnnStepWithMomentumReplaysBitForBit) {

@@ -424,6 +424,15 @@ TEST(Autocast, WeightCopiesInOnePassAndOnlyWhereAutocastRuns) {
   EXPECT_EQ(autocast_copy(layer.weight()).dtype(), DType::BFloat16);
 }
 
+// Only a GPU's parameters have state to move to host memory.
+TEST(Optim, StateOfCpuParametersStaysWhereItIs) {
+  Linear layer(4, 3);
+  optim::Adam adam(layer.named_parameters(), {});
+  EXPECT_FALSE(adam.move_state_to_host());
+  optim::SGD sgd(layer.named_parameters(), {.lr = 0.1, .momentum = 0.9});
+  EXPECT_FALSE(sgd.move_state_to_host());
+}
+
 TEST(Optim, RejectsBadHyperParameters) {
   Tensor p = ones({2}).set_requires_grad(true);
   EXPECT_THROW(optim::SGD({{"p", p}}, {.lr = -1}), std::invalid_argument);

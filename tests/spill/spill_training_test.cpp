@@ -187,8 +187,9 @@ class SpillTraining : public ::testing::Test {
     net.push_back(std::make_shared<E::nn::LayerNorm>(kDim));
     net.push_back(std::make_shared<E::nn::TiedOutput>(emb));
     net.to(device);
-    RecomputePolicy policy(net, manager);
     E::optim::Adam opt(net.named_parameters(), {.lr = 0.003});
+    // (Its last step as the job's: Adam's state to host memory, on a GPU.)
+    RecomputePolicy policy(net, manager, [&opt] { return opt.move_state_to_host(); });
     std::vector<int64_t> tokens(kBatch * kT), targets(kBatch * kT);
     for (size_t i = 0; i < tokens.size(); ++i) {
       tokens[i] = static_cast<int64_t>((i * 131 + 7) % 256);
@@ -431,6 +432,36 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
 }
 
+// The job's last step comes once, after every block recomputes whole, and
+// only for a model with blocks; the log names it when it freed something.
+TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
+  E::nn::Sequential net;
+  net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  int calls = 0;
+  RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_EQ(calls, 0) << "blocks first";
+  EXPECT_FALSE(policy.took_last_step());
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(policy.took_last_step());
+  EXPECT_NE(policy.describe().find("host memory"), std::string::npos) << policy.describe();
+  EXPECT_FALSE(policy.tighten()) << "nothing is left";
+  EXPECT_EQ(calls, 1);
+
+  RecomputePolicy nothing_freed(net, nullptr, [] { return false; });
+  for (int i = 0; i < 2; ++i) nothing_freed.tighten();
+  EXPECT_FALSE(nothing_freed.tighten()) << "a last step that freed nothing is no step";
+  EXPECT_FALSE(nothing_freed.took_last_step());
+
+  E::nn::Sequential no_blocks;
+  no_blocks.push_back(std::make_shared<E::nn::Linear>(4, 4));
+  RecomputePolicy plain(no_blocks, nullptr, [&] { return ++calls > 0; });
+  EXPECT_FALSE(plain.tighten());
+  EXPECT_EQ(calls, 1) << "a model without blocks spills alone";
+}
+
 // run_step: a step that runs out of memory runs again with one step more
 // each time, while the caller says the attempt changed nothing and a step
 // is left; any other error, or an attempt that changed something, stands
@@ -462,6 +493,21 @@ TEST(RecomputePolicySteps, AStepThatRanOutOfMemoryRunsAgainWhileAStepIsLeft) {
   EXPECT_THROW(policy.run_step(fails_until(3), unchanged), E::OutOfMemoryError);
   EXPECT_EQ(policy.whole(), 1) << "the one step left was taken, and the step failed again";
   EXPECT_EQ(runs, 2);
+
+  // A tensor larger than the whole budget: no step makes it fit.
+  E::nn::Sequential other;
+  other.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  RecomputePolicy fresh(other, nullptr);
+  runs = 0;
+  EXPECT_THROW(fresh.run_step(
+                   [&] {
+                     ++runs;
+                     throw E::OutOfMemoryError("larger than the budget (test)", 1, true);
+                   },
+                   unchanged),
+               E::OutOfMemoryError);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(fresh.mlps() + fresh.whole(), 0);
 }
 
 // A GPT over its budget: after each step that spilled, one more MLP, then
@@ -520,7 +566,8 @@ TEST_F(SpillTraining, AStepThatRunsOutOfMemoryRunsAgainRecomputingMore) {
   EXPECT_THROW(train_gpt(budget, true, /*retry=*/false), E::OutOfMemoryError);
   const GptRun retried = train_gpt(budget, true);
   EXPECT_GE(retried.retries, 1);
-  EXPECT_TRUE(retried.weights == free_run.weights) << "weights differ from the run without a budget";
+  EXPECT_TRUE(retried.weights == free_run.weights)
+      << "weights differ from the run without a budget";
 }
 
 }  // namespace
