@@ -109,6 +109,10 @@ void GraphedSteps::drop() {
   if (graph_) forget_graph();  // (waits for its last launch)
 }
 
+void GraphedSteps::forget() {
+  if (graph_) forget_graph();  // (waits for its last launch)
+}
+
 int64_t GraphedSteps::graph_steps() const {
   return past_launches_ + (graph_ ? graph_->launches() : 0);
 }

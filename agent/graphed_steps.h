@@ -76,6 +76,11 @@ class GraphedSteps {
   // steps run op by op from then on. The gradients the graph's pool held
   // are gone: the caller zeroes its optimizer's.
   void drop();
+  // Forgets the graph the same way, but a later full batch whose step
+  // spilled nothing makes one again: for a change to what the step reads
+  // that the captured graph cannot see (the optimizer's state moved, its
+  // addresses baked into the graph).
+  void forget();
   // Steps run as graph launches so far, a dropped graph's included.
   int64_t graph_steps() const;
   // Times the graph gave its memory up for other tensors (see above).

@@ -260,9 +260,19 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   // Over its memory budget, the job's transformer blocks recompute in
   // backward before its activations spill (recompute_policy.h).
-  // (Its last step: the optimizer's state to host memory.)
-  RecomputePolicy recompute(*model, options.spill,
-                            [&optimizer] { return optimizer->move_state_to_host(); });
+  // Its last step: the optimizer's state to host memory, for a job that
+  // may spill (it is host memory that the job's spill settings allow).
+  // A graph held then has the state's device addresses in it: it goes
+  // first, and is made again later (the gradients in its pool with it).
+  GraphedSteps* graphed = nullptr;
+  RecomputePolicy recompute(*model, options.spill, [&]() -> bool {
+    if (!options.spill) return false;
+    if (graphed && graphed->holds_graph()) {
+      graphed->forget();
+      optimizer->zero_grad();
+    }
+    return optimizer->move_state_to_host();
+  });
   // The replicas connect, and from here on every step's gradients are
   // averaged over them.
   std::unique_ptr<GradientReducer> reducer;
@@ -326,6 +336,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                         return options.spill && options.spill->last_step_spilled();
                       },
                       .release = [&optimizer] { optimizer->zero_grad(); }});
+  graphed = &steps;
   // For a Shrink: the graph's pool (and the gradients in it) back to the
   // allocator.
   auto drop_graph = [&] {

@@ -275,16 +275,23 @@ bool Adam::move_state_to_host() {
 #ifdef LEASEHOLD_HAVE_CUDA
   if (state_on_host_ || !any_gpu) return false;
   NoGradGuard no_grad;
-  state_on_host_ = true;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& p = params_[i].second;
-    if (!m_[i].defined() || !p.device().is_cuda()) continue;
-    Tensor m = new_state(p), v = new_state(p);
-    m.copy_(m_[i]);
-    v.copy_(v_[i]);
-    m_[i] = m;
-    v_[i] = v;
+  // Every copy made before any is swapped in: a host allocation that fails
+  // leaves the state where it was.
+  std::vector<Tensor> m = m_, v = v_;
+  {
+    AllocatorGuard pinned(pinned_host_allocator());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Tensor& p = params_[i].second;
+      if (!m_[i].defined() || !p.device().is_cuda()) continue;
+      m[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
+      v[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
+      m[i].copy_(m_[i]);
+      v[i].copy_(v_[i]);
+    }
   }
+  m_.swap(m);
+  v_.swap(v);
+  state_on_host_ = true;
   return true;
 #else
   (void)any_gpu;

@@ -59,7 +59,10 @@ class Optimizer {
   // (the GPT's 86 MB read and written each step). The update's results are
   // the same bits, and a step stays capturable as a CUDA graph. Returns
   // whether it moved it: false where it cannot (no GPU parameters, a build
-  // without CUDA, an optimizer without such state) or already did.
+  // without CUDA, an optimizer without such state) or already did; a host
+  // allocation that fails throws and leaves the state where it was.
+  // REQUIRES: no captured CUDA graph holds the state's addresses (the job
+  // forgets its step's graph first).
   virtual bool move_state_to_host() { return false; }
 
  protected:

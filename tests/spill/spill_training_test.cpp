@@ -450,10 +450,20 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
   EXPECT_FALSE(policy.tighten()) << "nothing is left";
   EXPECT_EQ(calls, 1);
 
-  RecomputePolicy nothing_freed(net, nullptr, [] { return false; });
-  for (int i = 0; i < 2; ++i) nothing_freed.tighten();
+  E::nn::Sequential fresh;
+  fresh.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  int asked = 0;
+  RecomputePolicy nothing_freed(fresh, nullptr, [&] {
+    ++asked;
+    return false;
+  });
+  EXPECT_TRUE(nothing_freed.tighten());
+  EXPECT_TRUE(nothing_freed.tighten());
   EXPECT_FALSE(nothing_freed.tighten()) << "a last step that freed nothing is no step";
+  EXPECT_EQ(asked, 1);
   EXPECT_FALSE(nothing_freed.took_last_step());
+  EXPECT_FALSE(nothing_freed.tighten());
+  EXPECT_EQ(asked, 1) << "asked once";
 
   E::nn::Sequential no_blocks;
   no_blocks.push_back(std::make_shared<E::nn::Linear>(4, 4));
