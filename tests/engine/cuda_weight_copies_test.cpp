@@ -1,0 +1,127 @@
+// Autocast's bfloat16 copies of a step's weights (AutocastWeights) on CUDA:
+// the copies' bits, which products read them, release and nesting.
+// Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/engine/autocast.h"
+#include "agent/engine/autograd.h"
+#include "agent/engine/ops.h"
+#include "kernels/elementwise.h"
+#include "shared/device.h"
+
+namespace leasehold::engine::testing {
+namespace {
+
+class CudaWeightCopies : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: test skipped";
+  }
+};
+
+// A step's bfloat16 copies of its weights (AutocastWeights): each the bits
+// of its own conversion, across more tensors than one launch takes, lengths
+// around the kernel's groups of eight and a tensor that starts off 16-byte
+// alignment; products under the scope read the copies (a copy changed on
+// purpose changes the product), give the same bits and gradients as
+// conversions of their own, and once the scope is gone convert again;
+// scopes nest, and each tensor is copied once however often it is named.
+TEST_F(CudaWeightCopies, ServeAStepsProducts) {
+  manual_seed(43);
+  const Device cuda = Device::cuda();
+  std::vector<Tensor> params;
+  for (int64_t n : {1, 7, 8, 9, 1000, 4099, 384 * 1536}) {
+    params.push_back(mul(randn({n}), 100.0).to(cuda).set_requires_grad(true));
+  }
+  for (int k = 0; k < kernels::kMaxConvertTensors; ++k) params.push_back(randn({k + 3}).to(cuda));
+  const Tensor whole = randn({1001}).to(cuda);
+  params.push_back(whole.narrow(0, 1, 1000));  // 4 bytes past an aligned start
+  params.push_back(params[3]);                 // named twice
+  {
+    AutocastGuard autocast(DType::BFloat16);
+    AutocastWeights copies(params);
+    EXPECT_EQ(copies.copies(), params.size() - 1);
+    for (size_t k = 0; k < params.size(); ++k) {
+      SCOPED_TRACE("tensor " + std::to_string(k));
+      const Tensor* copy = copies.find(params[k]);
+      ASSERT_NE(copy, nullptr);
+      EXPECT_EQ(copy->to(DType::Float32).to_vector<float>(),
+                params[k].to(DType::BFloat16).to(DType::Float32).to_vector<float>());
+    }
+    EXPECT_EQ(copies.find(whole), nullptr) << "another view of the same memory";
+    EXPECT_EQ(copies.find(params[5].narrow(0, 0, 8)), nullptr);
+  }
+
+  // A layer's products: fp32 and bf16 results, a bias or not, GELU.
+  const Tensor x = randn({300, 96}).to(cuda).to(DType::BFloat16);
+  const Tensor w = mul(randn({200, 96}), 0.1).to(cuda), b = randn({200}).to(cuda);
+  const Tensor g = randn({300, 200}).to(cuda);
+  enum Kind { Float32Out, BFloat16Out, Gelu, NoBias };
+  for (Kind kind : {Float32Out, BFloat16Out, Gelu, NoBias}) {
+    SCOPED_TRACE("kind " + std::to_string(kind));
+    std::vector<std::vector<float>> results;
+    for (bool scoped : {false, true}) {
+      Tensor wi = w.clone().set_requires_grad(true), bi = b.clone().set_requires_grad(true);
+      AutocastGuard autocast(DType::BFloat16);
+      std::optional<AutocastWeights> copies;
+      if (scoped) copies.emplace(std::vector<Tensor>{wi, bi});
+      const Tensor bias = kind == NoBias ? Tensor() : bi;
+      Tensor y = kind == Gelu ? linear_gelu(x, wi, bias)
+                              : linear(x, wi, bias, false,
+                                       kind == Float32Out ? ProductOut::Float32
+                                                          : ProductOut::LowerPrecision);
+      y.backward(g.to(y.dtype()));
+      copies.reset();
+      results.push_back(y.to(DType::Float32).to_vector<float>());
+      results.push_back(wi.grad().to_vector<float>());
+      if (kind != NoBias) results.push_back(bi.grad().to_vector<float>());
+    }
+    const size_t half = results.size() / 2;
+    for (size_t i = 0; i < half; ++i) EXPECT_EQ(results[i], results[half + i]) << "result " << i;
+  }
+
+  // The copy is what the product reads, and only while the scope lives.
+  AutocastGuard autocast(DType::BFloat16);
+  NoGradGuard no_grad;
+  const Tensor plain = linear(x, w, b, false, ProductOut::Float32);
+  {
+    AutocastWeights outer(std::vector<Tensor>{b});
+    AutocastWeights inner(std::vector<Tensor>{w});
+    ASSERT_NE(inner.find(b), nullptr) << "the outer scope's copy";
+    const Tensor zero16 = zeros({200, 96}, {DType::Float32, cuda}).to(DType::BFloat16);
+    const_cast<Tensor*>(inner.find(w))->copy_(zero16);
+    const Tensor zeroed = linear(x, w, b, false, ProductOut::LowerPrecision);
+    EXPECT_EQ(zeroed.to(DType::Float32).to_vector<float>(),
+              b.to(DType::BFloat16).to(DType::Float32).reshape({1, 200}).expand({300, 200})
+                  .contiguous().to_vector<float>());
+    // The bias's copy too, for a bfloat16 result and through GELU's
+    // product: every output is then 0 (gelu(0) = 0).
+    const Tensor zero_bias = zeros({200}, {DType::Float32, cuda}).to(DType::BFloat16);
+    const_cast<Tensor*>(outer.find(b))->copy_(zero_bias);
+    const std::vector<float> all_zero(300 * 200, 0.0f);
+    EXPECT_EQ(linear(x, w, b, false, ProductOut::LowerPrecision).to(DType::Float32)
+                  .to_vector<float>(),
+              all_zero);
+    EXPECT_EQ(linear_gelu(x, w, b).to(DType::Float32).to_vector<float>(), all_zero);
+  }
+  EXPECT_EQ(linear(x, w, b, false, ProductOut::Float32).to_vector<float>(),
+            plain.to_vector<float>());
+  // Released, the copies are found no more; one a product saved lives on.
+  Tensor saved;
+  {
+    AutocastWeights copies(std::vector<Tensor>{w});
+    saved = *copies.find(w);
+    copies.release();
+    EXPECT_EQ(copies.find(w), nullptr);
+    EXPECT_EQ(copies.copies(), 0u);
+  }
+  EXPECT_EQ(saved.to(DType::Float32).to_vector<float>(),
+            w.to(DType::BFloat16).to(DType::Float32).to_vector<float>());
+}
+
+}  // namespace
+}  // namespace leasehold::engine::testing

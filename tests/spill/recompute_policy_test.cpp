@@ -1,0 +1,127 @@
+// RecomputePolicy's steps on its own, without memory behind them: what it
+// recomputes after each kind of failure, its last step, and run_step's
+// retries (spill_training_test.cpp trains through the same policy within
+// a budget).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "agent/engine/allocator.h"
+#include "agent/engine/nn.h"
+#include "agent/recompute_policy.h"
+
+namespace leasehold::testing {
+namespace {
+
+namespace E = engine;
+
+// The policy's steps: none without a failure; for a graph that did not fit
+// one each, MLP then whole block, even with nothing that spills; none once
+// every block recomputes whole.
+TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
+  E::nn::Sequential net;
+  net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  RecomputePolicy policy(net, nullptr);
+  using Step = RecomputePolicy::Step;
+  EXPECT_EQ(policy.after_step(false), Step::None);
+  EXPECT_EQ(policy.mlps() + policy.whole(), 0);
+  EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
+  EXPECT_EQ(policy.mlps(), 1);
+  EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
+  EXPECT_EQ(policy.whole(), 1);
+  EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
+}
+
+// The job's last step comes once, after every block recomputes whole, and
+// only for a model with blocks; the log names it when it freed something.
+TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
+  E::nn::Sequential net;
+  net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  int calls = 0;
+  RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_EQ(calls, 0) << "blocks first";
+  EXPECT_FALSE(policy.took_last_step());
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(policy.took_last_step());
+  EXPECT_NE(policy.describe().find("host memory"), std::string::npos) << policy.describe();
+  EXPECT_FALSE(policy.tighten()) << "nothing is left";
+  EXPECT_EQ(calls, 1);
+
+  E::nn::Sequential fresh;
+  fresh.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  int asked = 0;
+  RecomputePolicy nothing_freed(fresh, nullptr, [&] {
+    ++asked;
+    return false;
+  });
+  EXPECT_TRUE(nothing_freed.tighten());
+  EXPECT_TRUE(nothing_freed.tighten());
+  EXPECT_FALSE(nothing_freed.tighten()) << "a last step that freed nothing is no step";
+  EXPECT_EQ(asked, 1);
+  EXPECT_FALSE(nothing_freed.took_last_step());
+  EXPECT_FALSE(nothing_freed.tighten());
+  EXPECT_EQ(asked, 1) << "asked once";
+
+  E::nn::Sequential no_blocks;
+  no_blocks.push_back(std::make_shared<E::nn::Linear>(4, 4));
+  RecomputePolicy plain(no_blocks, nullptr, [&] { return ++calls > 0; });
+  EXPECT_FALSE(plain.tighten());
+  EXPECT_EQ(calls, 1) << "a model without blocks spills alone";
+}
+
+// run_step: a step that runs out of memory runs again with one step more
+// each time, while the caller says the attempt changed nothing and a step
+// is left; any other error, or an attempt that changed something, stands
+// at once, and so does running out with nothing left to recompute.
+TEST(RecomputePolicySteps, AStepThatRanOutOfMemoryRunsAgainWhileAStepIsLeft) {
+  E::nn::Sequential net;
+  net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  RecomputePolicy policy(net, nullptr);
+  int runs = 0;
+  auto fails_until = [&](int ok_on) {
+    return [&runs, ok_on] {
+      if (++runs < ok_on) throw E::OutOfMemoryError("out of memory (test)", 1);
+    };
+  };
+  auto unchanged = [] { return true; };
+  std::vector<std::string> heard;
+  EXPECT_EQ(policy.run_step(fails_until(2), unchanged,
+                            [&](const E::OutOfMemoryError& e) { heard.push_back(e.what()); }),
+            1);
+  EXPECT_EQ(policy.mlps(), 1);
+  EXPECT_EQ(heard, std::vector<std::string>{"out of memory (test)"});
+  runs = 0;
+  EXPECT_THROW(policy.run_step(fails_until(2), [] { return false; }), E::OutOfMemoryError);
+  EXPECT_EQ(policy.mlps(), 1) << "an attempt that changed something is not run again";
+  EXPECT_THROW(policy.run_step([] { throw std::runtime_error("not memory"); }, unchanged),
+               std::runtime_error);
+  EXPECT_EQ(policy.whole(), 0) << "only running out of memory takes a step";
+  runs = 0;
+  EXPECT_THROW(policy.run_step(fails_until(3), unchanged), E::OutOfMemoryError);
+  EXPECT_EQ(policy.whole(), 1) << "the one step left was taken, and the step failed again";
+  EXPECT_EQ(runs, 2);
+
+  // A tensor larger than the whole budget: no step makes it fit.
+  E::nn::Sequential other;
+  other.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  RecomputePolicy fresh(other, nullptr);
+  runs = 0;
+  EXPECT_THROW(fresh.run_step(
+                   [&] {
+                     ++runs;
+                     throw E::OutOfMemoryError("larger than the budget (test)", 1, true);
+                   },
+                   unchanged),
+               E::OutOfMemoryError);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(fresh.mlps() + fresh.whole(), 0);
+}
+
+}  // namespace
+}  // namespace leasehold::testing
