@@ -13,11 +13,11 @@
 // optimizer's state moves to host memory, optim.h: move_state_to_host;
 // the update then reads it over the link, which costs less than a step
 // that spills every block's input), for a model with blocks only (a
-// model without them spills alone, as it did before blocks existed).
-// A step that runs out of memory outright (its
-// working set over the budget with everything spilled) takes one step more
-// and runs again (run_step). Nothing goes back to being kept within a run
-// (a budget, once hit, is hit again). The job also takes a step when its
+// model without them spills alone, as it did before blocks existed). A
+// step that runs out of memory outright (its working set over the budget
+// with everything spilled) takes one step more and runs again (run_step).
+// Nothing goes back to being kept within a run (a budget, once hit, is hit
+// again). The job also takes a step when its
 // steps fit but their CUDA graph does not (graphed_steps.h): a graph's
 // step, launched once, beats a step op by op that keeps a little more.
 //
