@@ -20,40 +20,38 @@ __global__ void col2im_kernel(T* dx, const T* dcol, ConvGeometry g, int64_t tota
   }
 }
 
-template <class T>
-__global__ void max_pool_kernel(T* out, int64_t* argmax, const T* x, PoolGeometry g,
-                                int64_t total) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
+// The pooling kernels index in I (int where every index fits kFits32).
+template <class I, class T>
+__global__ void max_pool_kernel(T* out, int64_t* argmax, const T* x, PoolGeometry g, I total) {
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     detail::max_pool_at(out, argmax, x, g, i);
   }
 }
 
 // Overlapping windows (stride < k) can route two gradients to one input.
-template <class T>
+template <class I, class T>
 __global__ void max_pool_backward_kernel(T* dx, const T* dout, const int64_t* argmax,
-                                         PoolGeometry g, int64_t total) {
-  int64_t per_plane = g.oh() * g.ow();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    atomicAdd(dx + (i / per_plane) * g.h * g.w + argmax[i], dout[i]);
+                                         PoolGeometry g, I total) {
+  const I per_plane = I(g.oh() * g.ow()), hw = I(g.h * g.w);
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    atomicAdd(dx + (i / per_plane) * hw + I(argmax[i]), dout[i]);
   }
 }
 
 // Windows that do not overlap (stride >= k): each input position lies in at
 // most one window, so every dx element is written once, from its window's
 // argmax, with no zeroing beforehand and no atomics.
-template <class T>
+template <class I, class T>
 __global__ void max_pool_backward_gather_kernel(T* dx, const T* dout, const int64_t* argmax,
-                                                PoolGeometry g, int64_t total) {
-  const int64_t oh = g.oh(), ow = g.ow();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pos = i % (g.h * g.w), plane = i / (g.h * g.w);
-    const int64_t y = pos / g.w, x = pos % g.w, oy = y / g.stride, ox = x / g.stride;
+                                                PoolGeometry g, I total) {
+  const I oh = I(g.oh()), ow = I(g.ow()), w = I(g.w), hw = I(g.h * g.w), stride = I(g.stride),
+          k = I(g.k);
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    const I pos = i % hw, plane = i / hw;
+    const I y = pos / w, x = pos % w, oy = y / stride, ox = x / stride;
     T v = 0;
-    if (oy < oh && ox < ow && y - oy * g.stride < g.k && x - ox * g.stride < g.k) {
-      const int64_t out = (plane * oh + oy) * ow + ox;
+    if (oy < oh && ox < ow && y - oy * stride < k && x - ox * stride < k) {
+      const I out = (plane * oh + oy) * ow + ox;
       if (argmax[out] == pos) v = dout[out];
     }
     dx[i] = v;
@@ -142,12 +140,21 @@ void col2im(Stream queue, T* dx, const T* dcol, const ConvGeometry& g) {
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
+// Whether a pooling's input and output both index in int.
+bool pool_fits32(const PoolGeometry& g) {
+  return g.n * g.c * g.h * g.w < kFits32 && g.n * g.c * g.oh() * g.ow() < kFits32;
+}
+
 template <class T>
 void max_pool(Stream queue, T* out, int64_t* argmax, const T* x, const PoolGeometry& g) {
   cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.oh() * g.ow();
   if (total == 0) return;
-  max_pool_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, g, total);
+  if (pool_fits32(g)) {
+    max_pool_kernel<int, T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, g, int(total));
+  } else {
+    max_pool_kernel<int64_t, T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, g, total);
+  }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -157,8 +164,13 @@ void max_pool_backward_disjoint(Stream queue, T* dx, const T* dout, const int64_
   cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.h * g.w;
   if (total == 0) return;
-  max_pool_backward_gather_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g,
-                                                                             total);
+  if (pool_fits32(g)) {
+    max_pool_backward_gather_kernel<int, T>
+        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, int(total));
+  } else {
+    max_pool_backward_gather_kernel<int64_t, T>
+        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, total);
+  }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -168,7 +180,13 @@ void max_pool_backward(Stream queue, T* dx, const T* dout, const int64_t* argmax
   cudaStream_t stream = as_cuda(queue);
   int64_t total = g.n * g.c * g.oh() * g.ow();
   if (total == 0) return;
-  max_pool_backward_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, total);
+  if (pool_fits32(g)) {
+    max_pool_backward_kernel<int, T>
+        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, int(total));
+  } else {
+    max_pool_backward_kernel<int64_t, T>
+        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, total);
+  }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -48,6 +48,9 @@ inline constexpr int64_t kMaxPartialBytes = 32ll << 20;
 // How the direct kernels take one convolution (kernels/conv_plan.cpp).
 struct DirectConvPlan {
   bool fits = false;  // every kernel's shared memory fits; else im2col + GEMM
+  // Images are staged with zero columns (detail::direct_staged_width): when
+  // that fits too.
+  bool padded = false;
   // The input gradient as a convolution of the output gradient with the
   // flipped weights (stride 1, a square kernel larger than the padding),
   // else a gather per input position.
@@ -65,6 +68,17 @@ DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
 // read as 16-byte words.
 namespace detail {
 LEASEHOLD_HOST_DEVICE inline int64_t round8(int64_t v) { return (v + 7) / 8 * 8; }
+// A convolution thread computes this many adjacent outputs of a row.
+inline constexpr int64_t kDirectPositions = 4;
+// Columns of an image row as the kernels stage it. Padded (where that
+// fits): `pad` zeros each side, then zeros for a thread's last outputs that
+// run past the row (their results are not stored), so the inner loops read
+// without bounds checks. Else the row as it is.
+LEASEHOLD_HOST_DEVICE inline int64_t direct_staged_width(int64_t w, int64_t pad, int64_t stride,
+                                                       bool padded) {
+  return padded ? w + 2 * pad + (kDirectPositions - 1) * stride : w;
+}
+// `image` below is the staged one: c · h · direct_staged_width(w, ...).
 // Forward: [input image | weights [c·kh·kw][round8(out)] | bias [round8(out)]].
 LEASEHOLD_HOST_DEVICE inline int64_t direct_forward_elements(int64_t image, int64_t ckk,
                                                            int64_t out_channels) {
@@ -116,7 +130,8 @@ void max_pool_backward_disjoint(Stream s, T* dx, const T* dout, const int64_t* a
 // forward output as `mask` (dout counts where mask > 0), else null.
 template <class T>
 void conv2d_direct(Stream s, T* out, const T* x, const T* w, const T* bias,
-                   const ConvGeometry& g, int64_t out_channels, bool relu);
+                   const ConvGeometry& g, int64_t out_channels, const DirectConvPlan& plan,
+                   bool relu);
 template <class T>
 void conv2d_direct_backward_input(Stream s, T* dx, const T* dout, const T* mask, const T* w,
                                   const ConvGeometry& g, int64_t out_channels,
@@ -173,16 +188,18 @@ LEASEHOLD_HOST_DEVICE inline T col2im_at(const T* dcol, const ConvGeometry& g, i
   return acc;
 }
 
-template <class T>
+// Index arithmetic in I: int64_t, or int where every index of the input
+// and output fits (a GPU emulates 64-bit division in dozens of instructions).
+template <class I, class T>
 LEASEHOLD_HOST_DEVICE inline void max_pool_at(T* out, int64_t* argmax, const T* x,
-                                              const PoolGeometry& g, int64_t idx) {
-  const int64_t oh = g.oh(), ow = g.ow();
-  int64_t ox = idx % ow, oy = (idx / ow) % oh, plane = idx / (ow * oh);
-  const T* src = x + plane * g.h * g.w;
-  int64_t best = (oy * g.stride) * g.w + ox * g.stride;
-  for (int64_t i = 0; i < g.k; ++i) {
-    for (int64_t j = 0; j < g.k; ++j) {
-      int64_t at = (oy * g.stride + i) * g.w + ox * g.stride + j;
+                                              const PoolGeometry& g, I idx) {
+  const I oh = I(g.oh()), ow = I(g.ow()), w = I(g.w), stride = I(g.stride), k = I(g.k);
+  const I ox = idx % ow, oy = (idx / ow) % oh, plane = idx / (ow * oh);
+  const T* src = x + plane * I(g.h) * w;
+  I best = (oy * stride) * w + ox * stride;
+  for (I i = 0; i < k; ++i) {
+    for (I j = 0; j < k; ++j) {
+      const I at = (oy * stride + i) * w + ox * stride + j;
       T v = src[at], b = src[best];
       if (v > b || (v != v && b == b)) best = at;  // NaN propagates, as in PyTorch
     }

@@ -7,6 +7,8 @@
 // a tile of results in registers: every value it reads serves several
 // products, and the weights (or gradients) that all threads of a warp need
 // are read as 16-byte words at one address (a broadcast).
+#include <type_traits>
+
 #include "kernels/conv.h"
 #include "kernels/launch.cuh"
 
@@ -14,7 +16,7 @@ namespace leasehold::kernels::cuda {
 namespace {
 
 constexpr int kOutBlock = 8;   // output channels one convolution thread computes
-constexpr int kPositions = 4;  // adjacent output positions of a row it computes
+constexpr int kPositions = int(detail::kDirectPositions);  // adjacent outputs of a row it computes
 constexpr int kGradBlock = 4;  // output channels one weight-gradient thread serves
 
 // A convolution in 32-bit ints (every per-image index of a convolution the
@@ -28,21 +30,34 @@ struct Direct {
   int c, h, w, kh, kw, stride, pad, oh, ow, o;
   bool flipped;
   bool relu = false;  // the output is relu(conv)
+  // The image is staged with zero columns (DirectConvPlan::padded): the
+  // kernels' Padded argument says the same.
+  bool padded = false;
   LEASEHOLD_HOST_DEVICE int image() const { return c * h * w; }
+  // A row of the image as staged in shared memory (conv.h).
+  LEASEHOLD_HOST_DEVICE int wp() const {
+    return int(detail::direct_staged_width(w, pad, stride, padded));
+  }
+  LEASEHOLD_HOST_DEVICE int staged_image() const { return c * h * wp(); }
   LEASEHOLD_HOST_DEVICE int ckk() const { return c * kh * kw; }
   LEASEHOLD_HOST_DEVICE int plane() const { return oh * ow; }
 };
 
-Direct direct_of(const ConvGeometry& g, int64_t out_channels) {
-  return {int(g.c),      int(g.h),   int(g.w),    int(g.kh),   int(g.kw), int(g.stride),
-          int(g.pad),    int(g.oh()), int(g.ow()), int(out_channels), false};
+Direct direct_of(const ConvGeometry& g, int64_t out_channels, const DirectConvPlan& plan) {
+  Direct d{int(g.c),      int(g.h),   int(g.w),    int(g.kh),   int(g.kw), int(g.stride),
+           int(g.pad),    int(g.oh()), int(g.ow()), int(out_channels), false};
+  d.padded = plan.padded;
+  return d;
 }
 
 // The input gradient of `g` as the convolution `flipped` describes: its
 // input is the output gradient, its output the input gradient.
-Direct input_gradient_of(const ConvGeometry& g, int64_t out_channels) {
-  return {int(out_channels), int(g.oh()), int(g.ow()), int(g.kh), int(g.kw), 1,
-          int(g.kh - 1 - g.pad), int(g.h), int(g.w), int(g.c), true};
+Direct input_gradient_of(const ConvGeometry& g, int64_t out_channels,
+                         const DirectConvPlan& plan) {
+  Direct d{int(out_channels), int(g.oh()), int(g.ow()), int(g.kh), int(g.kw), 1,
+           int(g.kh - 1 - g.pad), int(g.h), int(g.w), int(g.c), true};
+  d.padded = plan.padded;
+  return d;
 }
 
 // Threads per block: one per work item up to kBlock, and at least four
@@ -85,6 +100,32 @@ __device__ inline void stage(T* dst, int count, Value value) {
   stage(dst, count, value, [](int i) { return i; });
 }
 
+// An image ([c][h][w] at src, counted where mask > 0 if there is a mask)
+// into shared memory as [c][h][wp()]: padded, zero columns beside each row.
+template <bool Padded, class T>
+__device__ inline void stage_image(T* dst, const T* src, const T* mask, const Direct& g) {
+  if constexpr (Padded) {
+    const int wp = g.wp();
+    stage(dst, g.staged_image(), [&](int i) {
+      const int row = i / wp, col = i - row * wp - g.pad, at = row * g.w + col;
+      return col >= 0 && col < g.w && (!mask || mask[at] > T(0)) ? src[at] : T(0);
+    });
+  } else {
+    stage(dst, g.image(), [&](int i) { return !mask || mask[i] > T(0) ? src[i] : T(0); });
+  }
+}
+
+// Column xx (of the image, -pad <= xx) of a staged row: padded, a plain
+// read; else zero outside the image.
+template <bool Padded, class T>
+__device__ inline T column(const T* row, int xx, const Direct& g) {
+  if constexpr (Padded) {
+    return row[xx + g.pad];
+  } else {
+    return xx >= 0 && xx < g.w ? row[xx] : T(0);
+  }
+}
+
 // N consecutive values from 16-byte aligned shared memory, as words.
 template <class T, int N>
 __device__ inline void load_words(T (&dst)[N], const T* src) {
@@ -98,24 +139,36 @@ __device__ inline void load_words(T (&dst)[N], const T* src) {
   }
 }
 
+// The reverse: N values to 16-byte aligned shared memory, as words.
+template <class T, int N>
+__device__ inline void store_words(T* dst, const T (&src)[N]) {
+  using W = Word<T>;
+  static_assert(N % W::kLanes == 0, "whole words");
+#pragma unroll
+  for (int i = 0; i < N / W::kLanes; ++i) {
+    W v;
+#pragma unroll
+    for (int j = 0; j < W::kLanes; ++j) v.v[j] = src[i * W::kLanes + j];
+    reinterpret_cast<W*>(dst)[i] = v;
+  }
+}
+
 // out[n, co, p] = bias[co] + sum over (ci, ki, kj) of weight(co, ci, ki, kj)
 // · x[n, ci, ...]. A thread computes kOutBlock channels × kPositions
 // adjacent positions of one output row, over every `parts`-th input
 // channel; the `parts` lanes of an item are neighbours in a warp and add
 // their sums with shuffles (the same order every run).
-template <class T>
+template <class T, bool Padded>
 __global__ void convolution_kernel(T* __restrict__ out, const T* __restrict__ x,
                                    const T* __restrict__ mask, const T* __restrict__ w,
                                    const T* __restrict__ bias, Direct g, int parts) {
-  const int image = g.image(), ckk = g.ckk(), kk = g.kh * g.kw, L = g.plane();
+  const int image = g.image(), ckk = g.ckk(), kk = g.kh * g.kw, L = g.plane(), wp = g.wp();
   const int op = int(detail::round8(g.o));
-  T* xs = shared_values<T>();                 // [ci][h][w]
-  T* ws = xs + detail::round8(image);         // [ci·kh·kw][op], zero beyond o
-  T* bs = ws + ckk * op;                      // [op]
+  T* xs = shared_values<T>();                       // [ci][h][wp]
+  T* ws = xs + detail::round8(g.staged_image());    // [ci·kh·kw][op], zero beyond o
+  T* bs = ws + ckk * op;                            // [op]
   const int64_t n = blockIdx.x;
-  const T* xn = x + n * image;
-  const T* mn = mask ? mask + n * image : nullptr;
-  stage(xs, image, [&](int i) { return !mn || mn[i] > T(0) ? xn[i] : T(0); });
+  stage_image<Padded>(xs, x + n * image, mask ? mask + n * image : nullptr, g);
   stage(ws, ckk * op, [&](int i) {
     const int r = i / op, co = i - r * op, ci = r / kk, k = r - ci * kk;
     const int ki = k / g.kw, kj = k - ki * g.kw;
@@ -147,15 +200,14 @@ __global__ void convolution_kernel(T* __restrict__ out, const T* __restrict__ x,
       for (int ki = 0; ki < g.kh; ++ki) {
         const int y = y0 + ki;
         if (y < 0 || y >= g.h) continue;
-        const T* row = xs + (ci * g.h + y) * g.w;
+        const T* row = xs + (ci * g.h + y) * wp;
         const T* wk = ws + (ci * kk + ki * g.kw) * op + ob;
         for (int kj = 0; kj < g.kw; ++kj) {
           T wv[kOutBlock];
           load_words(wv, wk + kj * op);
 #pragma unroll
           for (int j = 0; j < kPositions; ++j) {
-            const int xx = x0 + j * g.stride + kj;
-            const T v = xx >= 0 && xx < g.w ? row[xx] : T(0);
+            const T v = column<Padded>(row, x0 + j * g.stride + kj, g);
 #pragma unroll
             for (int k = 0; k < kOutBlock; ++k) acc[j][k] += v * wv[k];
           }
@@ -228,18 +280,20 @@ struct Split {
 
 // partial[row, ...] for row = (group of images, slice of output rows): at
 // o·ckk + r the gradient of w[o, r] (r = c, ki, kj), at O·ckk + o the
-// bias's. A thread serves kGradBlock output channels of one r; the output
-// gradient is staged as [position][channel], so at each position it reads
-// those channels as one word, the same for the whole warp.
-template <class T>
+// bias's. A thread serves kGradBlock output channels and KW adjacent taps
+// (c, ki, kj0 .. kj0 + KW - 1; KW divides kw): at each position it reads
+// those channels' output gradients as one word, the same for the whole
+// warp, and KW neighbouring input values, for kGradBlock · KW products.
+template <class T, int KW, bool Padded>
 __global__ void weight_gradient_kernel(T* __restrict__ partial, const T* __restrict__ x,
                                        const T* __restrict__ dout, const T* __restrict__ mask,
                                        Direct g, Split s, int64_t images, int parts) {
-  const int image = g.image(), ckk = g.ckk(), kk = g.kh * g.kw, L = g.plane();
+  const int image = g.image(), ckk = g.ckk(), L = g.plane(), wp = g.wp();
   const int op = int(detail::round8(g.o)), width = g.o * ckk + g.o;
-  const int items = (g.o + kGradBlock - 1) / kGradBlock * ckk;
-  T* xs = shared_values<T>();          // [c][h][w]
-  T* gs = xs + detail::round8(image);  // [position of the slice][op], zero beyond o
+  const int per_row = g.kw / KW, taps = g.c * g.kh * per_row;  // items per channel block
+  const int items = (g.o + kGradBlock - 1) / kGradBlock * taps;
+  T* xs = shared_values<T>();                       // [c][h][wp]
+  T* gs = xs + detail::round8(g.staged_image());    // [position of the slice][op], zero beyond o
   const int row = blockIdx.x, group = row / s.slices, slice = row - group * s.slices;
   const int oy0 = slice * s.rows_per_slice, oy1 = min(g.oh, oy0 + s.rows_per_slice);
   const int positions = (oy1 - oy0) * g.ow;
@@ -247,46 +301,54 @@ __global__ void weight_gradient_kernel(T* __restrict__ partial, const T* __restr
   // position of a row, and add up with shuffles at the end.
   const int item = (blockIdx.y * blockDim.x + threadIdx.x) / parts, part = threadIdx.x % parts;
   const bool active = item < items;
-  const int ob = active ? item / ckk * kGradBlock : 0, r = active ? item % ckk : 0;
-  const int c = r / kk, ki = (r - c * kk) / g.kw, kj = r % g.kw;
-  const bool bias_too = r == 0;  // one thread per channel block also sums the bias's
-  T acc[kGradBlock] = {}, bacc[kGradBlock] = {};
+  const int ob = active ? item / taps * kGradBlock : 0, t = active ? item % taps : 0;
+  const int kernel_row = t / per_row;  // c · kh + ki
+  const int c = kernel_row / g.kh, ki = kernel_row - c * g.kh;
+  const int kj0 = (t - kernel_row * per_row) * KW;
+  const bool bias_too = t == 0;  // one thread per channel block also sums the bias's
+  T acc[kGradBlock][KW] = {}, bacc[kGradBlock] = {};
   const int64_t first = int64_t(group) * s.images_per_group;
   const int64_t last = first + s.images_per_group < images ? first + s.images_per_group : images;
   for (int64_t n = first; n < last; ++n) {
     __syncthreads();  // the previous image is no longer read
-    const T* xn = x + n * image;
-    stage(xs, image, [&](int i) { return xn[i]; });
+    stage_image<Padded>(xs, x + n * image, static_cast<const T*>(nullptr), g);
+    // Transposed on the way in, [position][channel]: consecutive threads
+    // read consecutive positions of a channel, kStaged channels in flight,
+    // and store them as words.
     const T* gn = dout + n * g.o * L + oy0 * g.ow;
     const T* mn = mask ? mask + n * g.o * L + oy0 * g.ow : nullptr;
-    // Transposed on the way in: value i is (channel i / positions, position
-    // i % positions), so consecutive threads read consecutive positions of
-    // one channel.
-    stage(
-        gs, op * positions,
-        [&](int i) {
-          const int co = i / positions, at = co * L + i - co * positions;
-          return co < g.o && (!mn || mn[at] > T(0)) ? gn[at] : T(0);
-        },
-        [&](int i) {
-          const int co = i / positions;
-          return (i - co * positions) * op + co;
-        });
+    for (int p = threadIdx.x; p < positions; p += blockDim.x) {
+      for (int co0 = 0; co0 < op; co0 += kStaged) {  // op is a multiple of kStaged
+        T v[kStaged];
+#pragma unroll
+        for (int b = 0; b < kStaged; ++b) {
+          const int co = co0 + b, at = co * L + p;
+          v[b] = co < g.o && (!mn || mn[at] > T(0)) ? gn[at] : T(0);
+        }
+        store_words(gs + p * op + co0, v);
+      }
+    }
     __syncthreads();
     if (!active) continue;
     for (int oy = oy0; oy < oy1; ++oy) {
       const int y = oy * g.stride - g.pad + ki;
       const bool in_y = y >= 0 && y < g.h;
       if (!in_y && !bias_too) continue;
-      const T* xrow = xs + (c * g.h + (in_y ? y : 0)) * g.w;
+      const T* xrow = xs + (c * g.h + (in_y ? y : 0)) * wp;
       const T* grow = gs + (oy - oy0) * g.ow * op + ob;
       for (int ox = part; ox < g.ow; ox += parts) {
         T gv[kGradBlock];
         load_words(gv, grow + ox * op);
-        const int xx = ox * g.stride - g.pad + kj;
-        const T v = in_y && xx >= 0 && xx < g.w ? xrow[xx] : T(0);
+        if (in_y) {
+          T v[KW];
 #pragma unroll
-        for (int k = 0; k < kGradBlock; ++k) acc[k] += v * gv[k];
+          for (int j = 0; j < KW; ++j) v[j] = column<Padded>(xrow, ox * g.stride - g.pad + kj0 + j, g);
+#pragma unroll
+          for (int k = 0; k < kGradBlock; ++k) {
+#pragma unroll
+            for (int j = 0; j < KW; ++j) acc[k][j] += v[j] * gv[k];
+          }
+        }
         if (bias_too) {
 #pragma unroll
           for (int k = 0; k < kGradBlock; ++k) bacc[k] += gv[k];
@@ -297,16 +359,19 @@ __global__ void weight_gradient_kernel(T* __restrict__ partial, const T* __restr
   for (int lane = parts / 2; lane > 0; lane /= 2) {
 #pragma unroll
     for (int k = 0; k < kGradBlock; ++k) {
-      acc[k] += __shfl_xor_sync(~0u, acc[k], lane);
+#pragma unroll
+      for (int j = 0; j < KW; ++j) acc[k][j] += __shfl_xor_sync(~0u, acc[k][j], lane);
       bacc[k] += __shfl_xor_sync(~0u, bacc[k], lane);
     }
   }
   if (!active || part != 0) return;
   T* out = partial + int64_t(row) * width;
+  const int r0 = kernel_row * g.kw + kj0;
 #pragma unroll
   for (int k = 0; k < kGradBlock; ++k) {
     if (ob + k >= g.o) break;
-    out[(ob + k) * ckk + r] = acc[k];
+#pragma unroll
+    for (int j = 0; j < KW; ++j) out[(ob + k) * ckk + r0 + j] = acc[k][j];
     if (bias_too) out[g.o * ckk + ob + k] = bacc[k];
   }
 }
@@ -324,11 +389,18 @@ template <class T>
 void launch_convolution(T* out, const T* x, const T* mask, const T* w, const T* bias,
                         const Direct& d, int64_t images, cudaStream_t stream) {
   const int64_t op = detail::round8(d.o);
-  const size_t bytes = size_t(detail::direct_forward_elements(d.image(), d.ckk(), d.o)) * sizeof(T);
+  const size_t bytes =
+      size_t(detail::direct_forward_elements(d.staged_image(), d.ckk(), d.o)) * sizeof(T);
   const int64_t items = op / kOutBlock * d.oh * ((d.ow + kPositions - 1) / kPositions);
   const int parts = parts_for(items, d.c);
-  convolution_kernel<T><<<unsigned(images), block_for(items * parts), bytes, stream>>>(
-      out, x, mask, w, bias, d, parts);
+  const unsigned block = block_for(items * parts);
+  if (d.padded) {
+    convolution_kernel<T, true><<<unsigned(images), block, bytes, stream>>>(out, x, mask, w, bias,
+                                                                          d, parts);
+  } else {
+    convolution_kernel<T, false><<<unsigned(images), block, bytes, stream>>>(out, x, mask, w,
+                                                                           bias, d, parts);
+  }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -336,9 +408,10 @@ void launch_convolution(T* out, const T* x, const T* mask, const T* w, const T* 
 
 template <class T>
 void conv2d_direct(Stream queue, T* out, const T* x, const T* w, const T* bias,
-                   const ConvGeometry& g, int64_t out_channels, bool relu) {
+                   const ConvGeometry& g, int64_t out_channels, const DirectConvPlan& plan,
+                   bool relu) {
   cudaStream_t stream = as_cuda(queue);
-  Direct d = direct_of(g, out_channels);
+  Direct d = direct_of(g, out_channels, plan);
   d.relu = relu;
   launch_convolution<T>(out, x, nullptr, w, bias, d, g.n, stream);
 }
@@ -349,11 +422,11 @@ void conv2d_direct_backward_input(Stream queue, T* dx, const T* dout, const T* m
                                   const DirectConvPlan& plan) {
   cudaStream_t stream = as_cuda(queue);
   if (plan.input_as_convolution) {
-    launch_convolution<T>(dx, dout, mask, w, nullptr, input_gradient_of(g, out_channels), g.n,
-                          stream);
+    launch_convolution<T>(dx, dout, mask, w, nullptr, input_gradient_of(g, out_channels, plan),
+                          g.n, stream);
     return;
   }
-  const Direct d = direct_of(g, out_channels);
+  const Direct d = direct_of(g, out_channels, plan);
   const size_t bytes = size_t(d.o * d.plane() + d.o * d.ckk()) * sizeof(T);
   gather_input_kernel<T><<<unsigned(g.n), block_for(d.image()), bytes, stream>>>(dx, dout, mask,
                                                                                   w, d);
@@ -365,23 +438,42 @@ void conv2d_direct_backward_weight(Stream queue, T* partial, const T* x, const T
                                    const T* mask, const ConvGeometry& g, int64_t out_channels,
                                    const DirectConvPlan& plan) {
   cudaStream_t stream = as_cuda(queue);
-  const Direct d = direct_of(g, out_channels);
+  const Direct d = direct_of(g, out_channels, plan);
   const Split s{int(plan.images_per_group), int(plan.rows_per_slice), int(plan.slices)};
-  const int64_t items = (d.o + kGradBlock - 1) / kGradBlock * d.ckk();
-  const int parts = parts_for(items, d.ow);
-  const unsigned block = block_for(items * parts);
-  const dim3 grid(unsigned(plan.partial_rows()), unsigned((items * parts + block - 1) / block));
   const size_t bytes =
-      size_t(detail::direct_weight_elements(d.image(), plan.rows_per_slice * d.ow, d.o)) *
+      size_t(detail::direct_weight_elements(d.staged_image(), plan.rows_per_slice * d.ow, d.o)) *
       sizeof(T);
-  weight_gradient_kernel<T><<<grid, block, bytes, stream>>>(partial, x, dout, mask, d, s, g.n,
-                                                            parts);
+  // The widest tap group that divides the kernel's rows: LeNet's 5, else 3,
+  // else one tap a thread.
+  auto launch = [&](auto taps, auto padded) {
+    constexpr int KW = decltype(taps)::value;
+    const int64_t items = (d.o + kGradBlock - 1) / kGradBlock * d.c * d.kh * (d.kw / KW);
+    const int parts = parts_for(items, d.ow);
+    const unsigned block = block_for(items * parts);
+    const dim3 grid(unsigned(plan.partial_rows()), unsigned((items * parts + block - 1) / block));
+    weight_gradient_kernel<T, KW, decltype(padded)::value>
+        <<<grid, block, bytes, stream>>>(partial, x, dout, mask, d, s, g.n, parts);
+  };
+  auto with_taps = [&](auto padded) {
+    if (d.kw % 5 == 0) {
+      launch(std::integral_constant<int, 5>{}, padded);
+    } else if (d.kw % 3 == 0) {
+      launch(std::integral_constant<int, 3>{}, padded);
+    } else {
+      launch(std::integral_constant<int, 1>{}, padded);
+    }
+  };
+  if (d.padded) {
+    with_taps(std::true_type{});
+  } else {
+    with_taps(std::false_type{});
+  }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 #define LEASEHOLD_INSTANTIATE(T)                                                             \
   template void conv2d_direct<T>(Stream, T*, const T*, const T*, const T*, const ConvGeometry&, \
-                                 int64_t, bool);                                              \
+                                 int64_t, const DirectConvPlan&, bool);                       \
   template void conv2d_direct_backward_input<T>(Stream, T*, const T*, const T*, const T*,     \
                                                 const ConvGeometry&, int64_t,                 \
                                                 const DirectConvPlan&);                       \

@@ -19,13 +19,8 @@ DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
       ow < 1 || o < 1 || g.stride < 1 || g.stride >= kIntLimit || g.pad >= kIntLimit) {
     return plan;
   }
-  const int64_t image = g.c * g.h * g.w, ckk = g.c * g.kh * g.kw, out = o * oh * ow;
   plan.input_as_convolution = g.stride == 1 && g.kh == g.kw && g.pad < g.kh;
-  // The input gradient as a convolution: the output gradient is its image,
-  // O input channels, C output channels.
-  const int64_t input_grad = plan.input_as_convolution
-                                 ? detail::direct_forward_elements(out, o * g.kh * g.kw, g.c)
-                                 : out + o * ckk;
+  const int64_t ckk = g.c * g.kh * g.kw, out = o * oh * ow;
   // About 256 output positions per block of the weight gradient: whole
   // images for small outputs, slices of rows for larger ones. Fewer makes
   // more partial rows to sum; more leaves too few blocks to fill the GPU.
@@ -46,10 +41,28 @@ DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
     plan.groups = (g.n + plan.images_per_group - 1) / plan.images_per_group;
   }
 
-  const int64_t need =
-      std::max({detail::direct_forward_elements(image, ckk, o), input_grad,
-                detail::direct_weight_elements(image, plan.rows_per_slice * ow, o)});
-  plan.fits = need * element_bytes <= kDirectConvSharedBytes;
+  // Whether every kernel's shared memory fits, with images staged padded
+  // or as they are (a staged row alone larger than shared memory cannot).
+  const auto fits = [&](bool padded) {
+    const int64_t width = detail::direct_staged_width(g.w, g.pad, g.stride, padded);
+    // The input gradient as a convolution: the output gradient is its
+    // image, O input channels, C output channels, padding kh - 1 - pad.
+    const int64_t grad_width =
+        plan.input_as_convolution ? detail::direct_staged_width(ow, g.kh - 1 - g.pad, 1, padded)
+                                  : ow;
+    if (width > kDirectConvSharedBytes || grad_width > kDirectConvSharedBytes) return false;
+    const int64_t image = g.c * g.h * width;
+    const int64_t input_grad =
+        plan.input_as_convolution
+            ? detail::direct_forward_elements(o * oh * grad_width, o * g.kh * g.kw, g.c)
+            : out + o * ckk;
+    const int64_t need =
+        std::max({detail::direct_forward_elements(image, ckk, o), input_grad,
+                  detail::direct_weight_elements(image, plan.rows_per_slice * ow, o)});
+    return need * element_bytes <= kDirectConvSharedBytes;
+  };
+  plan.padded = fits(true);
+  plan.fits = plan.padded || fits(false);
   return plan;
 }
 

@@ -298,8 +298,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
                                 x.shape_str());
   }
   int64_t O = w.size(0), CKK = geo.c * geo.kh * geo.kw, L = geo.oh() * geo.ow();
-  const bool direct =
-      x.device().is_cuda() && kernels::plan_direct_conv(geo, O, dtype_size(x.dtype())).fits;
+  const auto plan = kernels::plan_direct_conv(geo, O, dtype_size(x.dtype()));
+  const bool direct = x.device().is_cuda() && plan.fits;
   if (then_relu && !direct) return relu(conv2d(x_in, w_in, bias, stride, padding));
   Tensor out = empty({geo.n, O, geo.oh(), geo.ow()}, x.options());
   Tensor b;
@@ -318,7 +318,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
       LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct<T>(
                                       stream_for(x.device()), out.data<T>(), x.data<T>(),
                                       w.data<T>(), b.defined() ? b.data<T>() : nullptr, geo, O,
-                                      then_relu));
+                                      plan, then_relu));
       return;
     }
     // The bias goes in first and the GEMM adds to it (beta = 1): no second

@@ -13,8 +13,8 @@ TEST(DirectConvPlan, TakesLeNetsLayersAndLeavesLargeOrEmptyOnesToIm2col) {
   const ConvGeometry conv1{128, 1, 28, 28, 5, 5, 1, 2}, conv2{128, 6, 14, 14, 5, 5, 1, 0};
   const auto p1 = plan_direct_conv(conv1, 6, sizeof(float));
   const auto p2 = plan_direct_conv(conv2, 16, sizeof(float));
-  EXPECT_TRUE(p1.fits && p1.input_as_convolution);
-  EXPECT_TRUE(p2.fits && p2.input_as_convolution);
+  EXPECT_TRUE(p1.fits && p1.input_as_convolution && p1.padded);
+  EXPECT_TRUE(p2.fits && p2.input_as_convolution && p2.padded);
   // Stride 2 or a kernel that is not square: the input gradient is a gather.
   EXPECT_FALSE(plan_direct_conv({4, 3, 9, 9, 3, 3, 2, 1}, 8, sizeof(float)).input_as_convolution);
   EXPECT_FALSE(plan_direct_conv({4, 3, 9, 9, 3, 5, 1, 1}, 8, sizeof(float)).input_as_convolution);
@@ -25,8 +25,11 @@ TEST(DirectConvPlan, TakesLeNetsLayersAndLeavesLargeOrEmptyOnesToIm2col) {
   EXPECT_FALSE(plan_direct_conv({2, 3, 9, 9, 0, 3, 1, 1}, 4, sizeof(float)).fits);
   EXPECT_FALSE(plan_direct_conv({2, 3, 9, 9, 3, 3, int64_t{1} << 40, 1}, 4, sizeof(float)).fits);
   EXPECT_FALSE(plan_direct_conv({2, 3, 9, 9, 3, 3, 1, int64_t{1} << 40}, 4, sizeof(float)).fits);
-  // Doubles need twice the room.
-  EXPECT_TRUE(plan_direct_conv({2, 6, 24, 24, 5, 5, 1, 0}, 16, sizeof(float)).fits);
+  // Doubles need twice the room. This one fits only with its images staged
+  // as they are: the input gradient's padded rows would not.
+  const auto unpadded = plan_direct_conv({2, 6, 24, 24, 5, 5, 1, 0}, 16, sizeof(float));
+  EXPECT_TRUE(unpadded.fits);
+  EXPECT_FALSE(unpadded.padded);
   EXPECT_FALSE(plan_direct_conv({2, 6, 24, 24, 5, 5, 1, 0}, 16, sizeof(double)).fits);
 }
 

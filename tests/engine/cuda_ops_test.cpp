@@ -328,6 +328,15 @@ TEST_F(CudaOps, ConvPoolDropout) {
          [](auto& v) { return conv2d(v[0], v[1], v[2], 2, 2); }, 1e-3});
   check({"conv direct sliced", {{3, 2, 30, 30}, {9, 2, 3, 3}, {9}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1); }, 1e-3});
+  // A 4-wide kernel: the weight gradient one tap a thread (5- and 3-wide
+  // ones take five and three); padding 1 makes the input gradient's 2.
+  check({"conv direct 4x4", {{3, 2, 9, 12}, {5, 2, 4, 4}, {5}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1); }, 1e-3});
+  // Images staged without zero columns (they would not fit with them).
+  const auto pu = kernels::plan_direct_conv({5, 6, 24, 24, 5, 5, 1, 0}, 16, sizeof(float));
+  ASSERT_TRUE(pu.fits && !pu.padded);
+  check({"conv direct unpadded", {{5, 6, 24, 24}, {16, 6, 5, 5}, {16}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0, true); }, 1e-3});
   check({"conv relu direct", {{33, 6, 14, 14}, {16, 6, 5, 5}, {16}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0, true); }, 1e-3});
   check({"conv relu gather", {{3, 2, 9, 11}, {20, 2, 3, 5}, {20}},
@@ -349,6 +358,8 @@ TEST_F(CudaOps, ConvPoolDropout) {
   check({"pool 3 s3", {{2, 3, 7, 9}}, [](auto& v) { return max_pool2d(v[0], 3, 3); }});
   check({"pool 2 s3 (gaps between windows)", {{2, 3, 8, 10}},
          [](auto& v) { return max_pool2d(v[0], 2, 3); }});
+  check({"pool 3 s2 (overlapping windows)", {{2, 3, 9, 11}},
+         [](auto& v) { return max_pool2d(v[0], 3, 2); }});
   // Only some inputs needing gradients: a frozen weight, then bias only.
   check({"conv direct, frozen weight", {{5, 6, 14, 14}, {16, 6, 5, 5}, {16}},
          [](auto& v) { return conv2d(v[0], v[1].detach(), v[2], 1, 0, true); }, 1e-3});

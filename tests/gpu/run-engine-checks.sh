@@ -10,7 +10,8 @@
 #   seeds   the same for the loss check: 600 steps, seeds 1, 2 and 3
 #   ncu     where a graphed bf16 step's GPU time goes, per kernel (ncu's CSV
 #           in $OUT/ncu.csv; SKIP and COUNT launches; NCU_ARGS for other
-#           sections, in $OUT/ncu.txt)
+#           sections, in $OUT/ncu.txt; NCU_JOB: another example job than
+#           text-gpt, e.g. fashion-mnist-lenet, for one epoch)
 #   kernels leasehold-bench-engine (attention on float32 and bfloat16 tensors,
 #           the GPT's linear layers against cuBLASLt's plain product) and
 #           tests/bench/attention_torch.py (PyTorch's SDPA backends)
@@ -52,13 +53,18 @@ case $mode in
     echo "text_gpt_bench rc=$?"; tail -4 "$OUT/seeds.log" ;;
   ncu)
     T=$(mktemp -d)
-    python3 - "$B/jobs/text-gpt.json" "$T/job.json" "$corpus" <<'PY'
+    python3 - "$B/jobs/${NCU_JOB:-text-gpt}.json" "$T/job.json" "$corpus" <<'PY'
 import json, os, sys
 j = json.load(open(sys.argv[1]))
-j.update(steps=60, precision="BFloat16", checkpoint={"enabled": False}, device="cuda")
-j.pop("epochs", None)
-j["optimizer"]["warmup_steps"] = 10
-j["dataset"]["files"] = [os.path.join(sys.argv[3], os.path.basename(f)) for f in j["dataset"]["files"]]
+j.update(checkpoint={"enabled": False}, device="cuda")
+if j["dataset"]["name"] == "text":
+    j.update(steps=60, precision="BFloat16")
+    j.pop("epochs", None)
+    j["optimizer"]["warmup_steps"] = 10
+    j["dataset"]["files"] = [os.path.join(sys.argv[3], os.path.basename(f))
+                             for f in j["dataset"]["files"]]
+else:
+    j["epochs"] = 1
 json.dump(j, open(sys.argv[2], "w"))
 PY
     "$B/bin/leasehold-coordinator" --backend cuda --mps off --pool-size 16GiB \
