@@ -1,4 +1,5 @@
 #include "kernels/conv.h"
+#include "kernels/fast_div.h"
 #include "kernels/launch.cuh"
 
 namespace leasehold::kernels::cuda {
@@ -20,39 +21,103 @@ __global__ void col2im_kernel(T* dx, const T* dcol, ConvGeometry g, int64_t tota
   }
 }
 
-// The pooling kernels index in I (int where every index fits kFits32).
-template <class I, class T>
-__global__ void max_pool_kernel(T* out, int64_t* argmax, const T* x, PoolGeometry g, I total) {
-  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+template <class T>
+__global__ void max_pool_kernel(T* out, int64_t* argmax, const T* x, PoolGeometry g,
+                                int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
     detail::max_pool_at(out, argmax, x, g, i);
   }
 }
 
 // Overlapping windows (stride < k) can route two gradients to one input.
-template <class I, class T>
+template <class T>
 __global__ void max_pool_backward_kernel(T* dx, const T* dout, const int64_t* argmax,
-                                         PoolGeometry g, I total) {
-  const I per_plane = I(g.oh() * g.ow()), hw = I(g.h * g.w);
-  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
-    atomicAdd(dx + (i / per_plane) * hw + I(argmax[i]), dout[i]);
+                                         PoolGeometry g, int64_t total) {
+  int64_t per_plane = g.oh() * g.ow();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    atomicAdd(dx + (i / per_plane) * g.h * g.w + argmax[i], dout[i]);
   }
 }
 
 // Windows that do not overlap (stride >= k): each input position lies in at
 // most one window, so every dx element is written once, from its window's
 // argmax, with no zeroing beforehand and no atomics.
-template <class I, class T>
+template <class T>
 __global__ void max_pool_backward_gather_kernel(T* dx, const T* dout, const int64_t* argmax,
-                                                PoolGeometry g, I total) {
-  const I oh = I(g.oh()), ow = I(g.ow()), w = I(g.w), hw = I(g.h * g.w), stride = I(g.stride),
-          k = I(g.k);
-  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
-    const I pos = i % hw, plane = i / hw;
-    const I y = pos / w, x = pos % w, oy = y / stride, ox = x / stride;
+                                                PoolGeometry g, int64_t total) {
+  const int64_t oh = g.oh(), ow = g.ow();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t pos = i % (g.h * g.w), plane = i / (g.h * g.w);
+    const int64_t y = pos / g.w, x = pos % g.w, oy = y / g.stride, ox = x / g.stride;
     T v = 0;
-    if (oy < oh && ox < ow && y - oy * stride < k && x - ox * stride < k) {
-      const I out = (plane * oh + oy) * ow + ox;
+    if (oy < oh && ox < ow && y - oy * g.stride < g.k && x - ox * g.stride < g.k) {
+      const int64_t out = (plane * oh + oy) * ow + ox;
       if (argmax[out] == pos) v = dout[out];
+    }
+    dx[i] = v;
+  }
+}
+
+// The same three where every index of the input and output fits an int
+// (kFits32), with the divisions by the geometry as multiplies: the 64-bit
+// ones above are emulated, dozens of instructions each.
+struct Pool32 {
+  int h, w, oh, ow, k, stride;
+  FastDiv by_w, by_ow, by_stride, by_plane, by_out_plane;  // h·w and oh·ow
+  explicit Pool32(const PoolGeometry& g)
+      : h(int(g.h)), w(int(g.w)), oh(int(g.oh())), ow(int(g.ow())), k(int(g.k)),
+        stride(int(g.stride)), by_w(w), by_ow(ow), by_stride(stride), by_plane(h * w),
+        by_out_plane(oh * ow) {}
+};
+
+template <class T>
+__global__ void max_pool32_kernel(T* __restrict__ out, int64_t* __restrict__ argmax,
+                                  const T* __restrict__ x, Pool32 g, int total) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int rest, ox;
+    const int plane = g.by_out_plane.divide(i, rest), oy = g.by_ow.divide(rest, ox);
+    const T* src = x + plane * g.h * g.w;
+    int best = oy * g.stride * g.w + ox * g.stride;
+    T b = src[best];
+    for (int ki = 0; ki < g.k; ++ki) {
+      for (int kj = 0; kj < g.k; ++kj) {
+        const int at = (oy * g.stride + ki) * g.w + ox * g.stride + kj;
+        const T v = src[at];
+        if (v > b || (v != v && b == b)) {  // as detail::max_pool_at
+          best = at;
+          b = v;
+        }
+      }
+    }
+    out[i] = b;
+    argmax[i] = best;
+  }
+}
+
+template <class T>
+__global__ void max_pool32_backward_kernel(T* dx, const T* __restrict__ dout,
+                                           const int64_t* __restrict__ argmax, Pool32 g,
+                                           int total) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    atomicAdd(dx + g.by_out_plane.divide(i) * g.h * g.w + int(argmax[i]), dout[i]);
+  }
+}
+
+template <class T>
+__global__ void max_pool32_backward_gather_kernel(T* __restrict__ dx, const T* __restrict__ dout,
+                                                  const int64_t* __restrict__ argmax, Pool32 g,
+                                                  int total) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int pos, x, dy, dx_in;
+    const int plane = g.by_plane.divide(i, pos), y = g.by_w.divide(pos, x);
+    const int oy = g.by_stride.divide(y, dy), ox = g.by_stride.divide(x, dx_in);
+    T v = 0;
+    if (oy < g.oh && ox < g.ow && dy < g.k && dx_in < g.k) {
+      const int at = (plane * g.oh + oy) * g.ow + ox;
+      if (argmax[at] == pos) v = dout[at];
     }
     dx[i] = v;
   }
@@ -140,9 +205,10 @@ void col2im(Stream queue, T* dx, const T* dcol, const ConvGeometry& g) {
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
-// Whether a pooling's input and output both index in int.
+// Whether a pooling's input, output and stride all index in int.
 bool pool_fits32(const PoolGeometry& g) {
-  return g.n * g.c * g.h * g.w < kFits32 && g.n * g.c * g.oh() * g.ow() < kFits32;
+  return g.n * g.c * g.h * g.w < kFits32 && g.n * g.c * g.oh() * g.ow() < kFits32 &&
+         g.stride < kFits32;
 }
 
 template <class T>
@@ -151,9 +217,10 @@ void max_pool(Stream queue, T* out, int64_t* argmax, const T* x, const PoolGeome
   int64_t total = g.n * g.c * g.oh() * g.ow();
   if (total == 0) return;
   if (pool_fits32(g)) {
-    max_pool_kernel<int, T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, g, int(total));
+    max_pool32_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, Pool32(g),
+                                                                 int(total));
   } else {
-    max_pool_kernel<int64_t, T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, g, total);
+    max_pool_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(out, argmax, x, g, total);
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
@@ -165,10 +232,10 @@ void max_pool_backward_disjoint(Stream queue, T* dx, const T* dout, const int64_
   int64_t total = g.n * g.c * g.h * g.w;
   if (total == 0) return;
   if (pool_fits32(g)) {
-    max_pool_backward_gather_kernel<int, T>
-        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, int(total));
+    max_pool32_backward_gather_kernel<T>
+        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, Pool32(g), int(total));
   } else {
-    max_pool_backward_gather_kernel<int64_t, T>
+    max_pool_backward_gather_kernel<T>
         <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, total);
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
@@ -181,11 +248,10 @@ void max_pool_backward(Stream queue, T* dx, const T* dout, const int64_t* argmax
   int64_t total = g.n * g.c * g.oh() * g.ow();
   if (total == 0) return;
   if (pool_fits32(g)) {
-    max_pool_backward_kernel<int, T>
-        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, int(total));
+    max_pool32_backward_kernel<T>
+        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, Pool32(g), int(total));
   } else {
-    max_pool_backward_kernel<int64_t, T>
-        <<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, total);
+    max_pool_backward_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(dx, dout, argmax, g, total);
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }

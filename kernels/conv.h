@@ -188,18 +188,16 @@ LEASEHOLD_HOST_DEVICE inline T col2im_at(const T* dcol, const ConvGeometry& g, i
   return acc;
 }
 
-// Index arithmetic in I: int64_t, or int where every index of the input
-// and output fits (a GPU emulates 64-bit division in dozens of instructions).
-template <class I, class T>
+template <class T>
 LEASEHOLD_HOST_DEVICE inline void max_pool_at(T* out, int64_t* argmax, const T* x,
-                                              const PoolGeometry& g, I idx) {
-  const I oh = I(g.oh()), ow = I(g.ow()), w = I(g.w), stride = I(g.stride), k = I(g.k);
-  const I ox = idx % ow, oy = (idx / ow) % oh, plane = idx / (ow * oh);
-  const T* src = x + plane * I(g.h) * w;
-  I best = (oy * stride) * w + ox * stride;
-  for (I i = 0; i < k; ++i) {
-    for (I j = 0; j < k; ++j) {
-      const I at = (oy * stride + i) * w + ox * stride + j;
+                                              const PoolGeometry& g, int64_t idx) {
+  const int64_t oh = g.oh(), ow = g.ow();
+  int64_t ox = idx % ow, oy = (idx / ow) % oh, plane = idx / (ow * oh);
+  const T* src = x + plane * g.h * g.w;
+  int64_t best = (oy * g.stride) * g.w + ox * g.stride;
+  for (int64_t i = 0; i < g.k; ++i) {
+    for (int64_t j = 0; j < g.k; ++j) {
+      int64_t at = (oy * g.stride + i) * g.w + ox * g.stride + j;
       T v = src[at], b = src[best];
       if (v > b || (v != v && b == b)) best = at;  // NaN propagates, as in PyTorch
     }

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/conv.h"
+#include "kernels/fast_div.h"
 #include "kernels/launch.cuh"
 
 namespace leasehold::kernels::cuda {
@@ -33,6 +34,16 @@ struct Direct {
   // The image is staged with zero columns (DirectConvPlan::padded): the
   // kernels' Padded argument says the same.
   bool padded = false;
+  // Divisions of the staging loops, as multiplies (fast_div.h): by wp(),
+  // by round8(o), by kh · kw and by kw. with_divisors() sets them.
+  FastDiv by_wp, by_op, by_kk, by_kw;
+  Direct& with_divisors() {
+    by_wp = FastDiv(wp());
+    by_op = FastDiv(int(detail::round8(o)));
+    by_kk = FastDiv(kh * kw);
+    by_kw = FastDiv(kw);
+    return *this;
+  }
   LEASEHOLD_HOST_DEVICE int image() const { return c * h * w; }
   // A row of the image as staged in shared memory (conv.h).
   LEASEHOLD_HOST_DEVICE int wp() const {
@@ -47,7 +58,7 @@ Direct direct_of(const ConvGeometry& g, int64_t out_channels, const DirectConvPl
   Direct d{int(g.c),      int(g.h),   int(g.w),    int(g.kh),   int(g.kw), int(g.stride),
            int(g.pad),    int(g.oh()), int(g.ow()), int(out_channels), false};
   d.padded = plan.padded;
-  return d;
+  return d.with_divisors();
 }
 
 // The input gradient of `g` as the convolution `flipped` describes: its
@@ -57,7 +68,7 @@ Direct input_gradient_of(const ConvGeometry& g, int64_t out_channels,
   Direct d{int(out_channels), int(g.oh()), int(g.ow()), int(g.kh), int(g.kw), 1,
            int(g.kh - 1 - g.pad), int(g.h), int(g.w), int(g.c), true};
   d.padded = plan.padded;
-  return d;
+  return d.with_divisors();
 }
 
 // Threads per block: one per work item up to kBlock, and at least four
@@ -105,9 +116,11 @@ __device__ inline void stage(T* dst, int count, Value value) {
 template <bool Padded, class T>
 __device__ inline void stage_image(T* dst, const T* src, const T* mask, const Direct& g) {
   if constexpr (Padded) {
-    const int wp = g.wp();
     stage(dst, g.staged_image(), [&](int i) {
-      const int row = i / wp, col = i - row * wp - g.pad, at = row * g.w + col;
+      int col;
+      const int row = g.by_wp.divide(i, col);
+      col -= g.pad;
+      const int at = row * g.w + col;
       return col >= 0 && col < g.w && (!mask || mask[at] > T(0)) ? src[at] : T(0);
     });
   } else {
@@ -170,8 +183,8 @@ __global__ void convolution_kernel(T* __restrict__ out, const T* __restrict__ x,
   const int64_t n = blockIdx.x;
   stage_image<Padded>(xs, x + n * image, mask ? mask + n * image : nullptr, g);
   stage(ws, ckk * op, [&](int i) {
-    const int r = i / op, co = i - r * op, ci = r / kk, k = r - ci * kk;
-    const int ki = k / g.kw, kj = k - ki * g.kw;
+    int co, k, kj;
+    const int r = g.by_op.divide(i, co), ci = g.by_kk.divide(r, k), ki = g.by_kw.divide(k, kj);
     if (co >= g.o) return T(0);
     return g.flipped ? w[((ci * g.o + co) * g.kh + g.kh - 1 - ki) * g.kw + g.kw - 1 - kj]
                      : w[(co * g.c + ci) * kk + k];
