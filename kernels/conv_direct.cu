@@ -170,8 +170,10 @@ __device__ inline void store_words(T* dst, const T (&src)[N]) {
 // · x[n, ci, ...]. A thread computes kOutBlock channels × kPositions
 // adjacent positions of one output row, over every `parts`-th input
 // channel; the `parts` lanes of an item are neighbours in a warp and add
-// their sums with shuffles (the same order every run).
-template <class T, bool Padded>
+// their sums with shuffles (the same order every run). KW > 0: stride 1 and
+// a kernel KW wide, whose kPositions + KW - 1 input values of a row are
+// read once for all KW taps.
+template <class T, bool Padded, int KW>
 __global__ void convolution_kernel(T* __restrict__ out, const T* __restrict__ x,
                                    const T* __restrict__ mask, const T* __restrict__ w,
                                    const T* __restrict__ bias, Direct g, int parts) {
@@ -215,14 +217,30 @@ __global__ void convolution_kernel(T* __restrict__ out, const T* __restrict__ x,
         if (y < 0 || y >= g.h) continue;
         const T* row = xs + (ci * g.h + y) * wp;
         const T* wk = ws + (ci * kk + ki * g.kw) * op + ob;
-        for (int kj = 0; kj < g.kw; ++kj) {
-          T wv[kOutBlock];
-          load_words(wv, wk + kj * op);
+        if constexpr (KW > 0) {
+          T v[kPositions + KW - 1];
 #pragma unroll
-          for (int j = 0; j < kPositions; ++j) {
-            const T v = column<Padded>(row, x0 + j * g.stride + kj, g);
+          for (int i = 0; i < kPositions + KW - 1; ++i) v[i] = column<Padded>(row, x0 + i, g);
 #pragma unroll
-            for (int k = 0; k < kOutBlock; ++k) acc[j][k] += v * wv[k];
+          for (int kj = 0; kj < KW; ++kj) {
+            T wv[kOutBlock];
+            load_words(wv, wk + kj * op);
+#pragma unroll
+            for (int j = 0; j < kPositions; ++j) {
+#pragma unroll
+              for (int k = 0; k < kOutBlock; ++k) acc[j][k] += v[j + kj] * wv[k];
+            }
+          }
+        } else {
+          for (int kj = 0; kj < g.kw; ++kj) {
+            T wv[kOutBlock];
+            load_words(wv, wk + kj * op);
+#pragma unroll
+            for (int j = 0; j < kPositions; ++j) {
+              const T v = column<Padded>(row, x0 + j * g.stride + kj, g);
+#pragma unroll
+              for (int k = 0; k < kOutBlock; ++k) acc[j][k] += v * wv[k];
+            }
           }
         }
       }
@@ -355,7 +373,9 @@ __global__ void weight_gradient_kernel(T* __restrict__ partial, const T* __restr
         if (in_y) {
           T v[KW];
 #pragma unroll
-          for (int j = 0; j < KW; ++j) v[j] = column<Padded>(xrow, ox * g.stride - g.pad + kj0 + j, g);
+          for (int j = 0; j < KW; ++j) {
+            v[j] = column<Padded>(xrow, ox * g.stride - g.pad + kj0 + j, g);
+          }
 #pragma unroll
           for (int k = 0; k < kGradBlock; ++k) {
 #pragma unroll
@@ -407,12 +427,21 @@ void launch_convolution(T* out, const T* x, const T* mask, const T* w, const T* 
   const int64_t items = op / kOutBlock * d.oh * ((d.ow + kPositions - 1) / kPositions);
   const int parts = parts_for(items, d.c);
   const unsigned block = block_for(items * parts);
-  if (d.padded) {
-    convolution_kernel<T, true><<<unsigned(images), block, bytes, stream>>>(out, x, mask, w, bias,
-                                                                          d, parts);
+  // Padded images of stride-1 layers 5 or 3 wide (LeNet's, and the input
+  // gradients of stride-1 layers) read each row's values once for every tap.
+  const int kw = d.padded && d.stride == 1 ? d.kw : 0;
+  if (kw == 5) {
+    convolution_kernel<T, true, 5>
+        <<<unsigned(images), block, bytes, stream>>>(out, x, mask, w, bias, d, parts);
+  } else if (kw == 3) {
+    convolution_kernel<T, true, 3>
+        <<<unsigned(images), block, bytes, stream>>>(out, x, mask, w, bias, d, parts);
+  } else if (d.padded) {
+    convolution_kernel<T, true, 0>
+        <<<unsigned(images), block, bytes, stream>>>(out, x, mask, w, bias, d, parts);
   } else {
-    convolution_kernel<T, false><<<unsigned(images), block, bytes, stream>>>(out, x, mask, w,
-                                                                           bias, d, parts);
+    convolution_kernel<T, false, 0>
+        <<<unsigned(images), block, bytes, stream>>>(out, x, mask, w, bias, d, parts);
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
@@ -467,19 +496,18 @@ void conv2d_direct_backward_weight(Stream queue, T* partial, const T* x, const T
     weight_gradient_kernel<T, KW, decltype(padded)::value>
         <<<grid, block, bytes, stream>>>(partial, x, dout, mask, d, s, g.n, parts);
   };
-  auto with_taps = [&](auto padded) {
-    if (d.kw % 5 == 0) {
-      launch(std::integral_constant<int, 5>{}, padded);
-    } else if (d.kw % 3 == 0) {
-      launch(std::integral_constant<int, 3>{}, padded);
-    } else {
-      launch(std::integral_constant<int, 1>{}, padded);
-    }
-  };
-  if (d.padded) {
-    with_taps(std::true_type{});
+  // Padded images: the widest tap group that divides the kernel's rows
+  // (LeNet's 5, else 3, else one tap a thread). Images as they are (rare:
+  // they do not fit padded): one tap a thread.
+  using std::integral_constant;
+  if (!d.padded) {
+    launch(integral_constant<int, 1>{}, std::false_type{});
+  } else if (d.kw % 5 == 0) {
+    launch(integral_constant<int, 5>{}, std::true_type{});
+  } else if (d.kw % 3 == 0) {
+    launch(integral_constant<int, 3>{}, std::true_type{});
   } else {
-    with_taps(std::false_type{});
+    launch(integral_constant<int, 1>{}, std::true_type{});
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }

@@ -21,14 +21,16 @@ DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
   }
   plan.input_as_convolution = g.stride == 1 && g.kh == g.kw && g.pad < g.kh;
   const int64_t ckk = g.c * g.kh * g.kw, out = o * oh * ow;
-  // About 256 output positions per block of the weight gradient: whole
-  // images for small outputs, slices of rows for larger ones. Fewer makes
-  // more partial rows to sum; more leaves too few blocks to fill the GPU.
-  constexpr int64_t kPositionsPerBlock = 256;
+  // About 256 output positions per block of the weight gradient: slices of
+  // rows of larger outputs, and whole images, grouped only where one has
+  // fewer than 128 (a block per image is short enough to keep a step's
+  // chain of kernels short). Fewer makes more partial rows to sum; more
+  // leaves too few blocks to fill the GPU.
+  constexpr int64_t kPositionsPerBlock = 256, kImagePositionsPerBlock = 128;
   plan.rows_per_slice = std::clamp<int64_t>(kPositionsPerBlock / ow, 1, oh);
   plan.slices = (oh + plan.rows_per_slice - 1) / plan.rows_per_slice;
   plan.images_per_group =
-      plan.slices == 1 ? std::clamp<int64_t>(kPositionsPerBlock / (oh * ow), 1, g.n) : 1;
+      plan.slices == 1 ? std::clamp<int64_t>(kImagePositionsPerBlock / (oh * ow), 1, g.n) : 1;
   plan.groups = (g.n + plan.images_per_group - 1) / plan.images_per_group;
   // The partial sums stay within kMaxPartialBytes (and kMaxColumnRows,
   // for the column sum after them): a larger batch gets larger groups.

@@ -306,17 +306,21 @@ TEST_F(CudaOps, ConvPoolDropout) {
          [](auto& v) { return conv2d(v[0], v[1], Tensor(), 2, 1); }, 1e-3});
   check({"conv lenet", {{4, 1, 28, 28}, {6, 1, 5, 5}, {6}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 2); }, 1e-3});
-  // The direct kernels (kernels/conv.h): LeNet's second layer with a batch
-  // that leaves its last group of images short; more output channels than
-  // one thread's block with a strided, padded, non-square kernel (the input
-  // gradient as a gather); an output of 30 rows whose weight gradient is
-  // summed over slices of rows, the last one short. Then a convolution too
-  // large for them (im2col).
-  const kernels::ConvGeometry lenet2{33, 6, 14, 14, 5, 5, 1, 0}, wide{3, 2, 9, 11, 3, 5, 2, 2},
+  // The direct kernels (kernels/conv.h): LeNet's second layer; a smaller
+  // image whose weight gradient sums groups of images, with a batch that
+  // leaves the last group short; more output channels than one thread's
+  // block with a strided, padded, non-square kernel (the input gradient as
+  // a gather); an output of 30 rows whose weight gradient is summed over
+  // slices of rows, the last one short. Then a convolution too large for
+  // them (im2col).
+  const kernels::ConvGeometry lenet2{33, 6, 14, 14, 5, 5, 1, 0},
+      grouped{34, 6, 10, 10, 5, 5, 1, 0}, wide{3, 2, 9, 11, 3, 5, 2, 2},
       sliced{3, 2, 30, 30, 3, 3, 1, 1}, large{2, 16, 40, 40, 3, 3, 1, 1};
   const auto p2 = kernels::plan_direct_conv(lenet2, 16, sizeof(float));
   ASSERT_TRUE(p2.fits && p2.input_as_convolution);
-  ASSERT_GT(p2.groups * p2.images_per_group, 33) << "a short last group";
+  const auto pg = kernels::plan_direct_conv(grouped, 16, sizeof(float));
+  ASSERT_TRUE(pg.fits && pg.images_per_group > 1);
+  ASSERT_GT(pg.groups * pg.images_per_group, 34) << "a short last group";
   const auto pw = kernels::plan_direct_conv(wide, 20, sizeof(float));
   ASSERT_TRUE(pw.fits && !pw.input_as_convolution);
   const auto ps = kernels::plan_direct_conv(sliced, 9, sizeof(float));
@@ -324,6 +328,8 @@ TEST_F(CudaOps, ConvPoolDropout) {
   ASSERT_FALSE(kernels::plan_direct_conv(large, 4, sizeof(float)).fits);
   check({"conv direct lenet 2", {{33, 6, 14, 14}, {16, 6, 5, 5}, {16}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0); }, 1e-3});
+  check({"conv direct grouped", {{34, 6, 10, 10}, {16, 6, 5, 5}, {16}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0, true); }, 1e-3});
   check({"conv direct wide", {{3, 2, 9, 11}, {20, 2, 3, 5}, {20}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 2, 2); }, 1e-3});
   check({"conv direct sliced", {{3, 2, 30, 30}, {9, 2, 3, 3}, {9}},
