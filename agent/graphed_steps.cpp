@@ -69,14 +69,21 @@ E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
           if (options_.release) options_.release();
         });
   }
-  x_.copy_(x);
-  y_.copy_(y);
+  // (The batch may have been gathered into them: input_tensors().)
+  if (x.raw_data() != x_.raw_data()) x_.copy_(x);
+  if (y.raw_data() != y_.raw_data()) y_.copy_(y);
   if (graph_->run()) return loss_;
   // Op by op from now on, unless the step's memory did not fit: a step that
   // needs less may (the caller's retry()).
   (graph_->ran_out_of_memory() ? did_not_fit_ : failed_) = true;
   forget_graph();
   return step_(x, y);
+}
+
+void GraphedSteps::input_tensors(E::Tensor& x, E::Tensor& y) const {
+  if (!graph_) return;
+  x = x_;
+  y = y_;
 }
 
 uint64_t GraphedSteps::release_idle() {

@@ -69,6 +69,9 @@ class GraphedSteps {
 
   // Runs one step, as a graph launch or op by op (see above).
   engine::Tensor run(const engine::Tensor& x, const engine::Tensor& y);
+  // The held graph's input tensors, for the next batch to be gathered into
+  // (run() then copies nothing); else x and y are left as they are.
+  void input_tensors(engine::Tensor& x, engine::Tensor& y) const;
   // Whether a graph (and its pool's memory) is held. (A graph that failed
   // is not: it is forgotten at once.)
   bool holds_graph() const { return graph_ != nullptr; }

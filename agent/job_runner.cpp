@@ -319,7 +319,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     // epoch: its value does not depend on when progress happened to be
     // reported (a run slowed down reports the same epoch loss).
     E::Tensor loss_acc = E::zeros({}, {E::DType::Float32, options.device});
-    while (global < total_steps && batches.next(x, y, options.device)) {
+    // A held graph's batch is gathered straight into its inputs; else into
+    // new tensors (the last step's may still be saved somewhere).
+    const auto next_batch = [&] {
+      x = y = E::Tensor();
+      steps.input_tensors(x, y);
+      return batches.next(x, y, options.device);
+    };
+    while (global < total_steps && next_batch()) {
       if (options.should_stop && options.should_stop()) throw JobCancelled();
       if (steps.holds_graph() && options.memory_wanted && options.memory_wanted()) drop_graph();
       if (options.at_step_boundary) options.at_step_boundary();

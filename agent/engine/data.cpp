@@ -158,8 +158,25 @@ bool BatchIterator::next(Tensor& images, Tensor& labels, Device device) {
     } else {
       if (!device_order_.defined()) device_order_ = from_vector(order_, {samples}, home);
       Tensor index = device_order_.narrow(0, pos_, n);
-      images = take_rows(data_.images, index);
-      labels = take_rows(data_.labels, index);
+      // Into the caller's tensors where they fit (no copy after).
+      const auto fits = [&](const Tensor& out, const Tensor& from) {
+        if (!out.defined() || home != device || !out.is_contiguous() ||
+            out.dtype() != from.dtype() || out.device() != home || out.dim() != from.dim() ||
+            out.size(0) != n) {
+          return false;
+        }
+        for (int64_t d = 1; d < from.dim(); ++d) {
+          if (out.size(d) != from.size(d)) return false;
+        }
+        return true;
+      };
+      if (fits(images, data_.images) && fits(labels, data_.labels)) {
+        take_rows_into(images, data_.images, index);
+        take_rows_into(labels, data_.labels, index);
+      } else {
+        images = take_rows(data_.images, index);
+        labels = take_rows(data_.labels, index);
+      }
     }
     if (home != device) {
       images = images.to(device);

@@ -172,6 +172,9 @@ Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal);
 // batches); throws when x requires grad. Indices out of range throw on the
 // CPU; on CUDA the caller guarantees them (they are not read back).
 Tensor take_rows(const Tensor& x, const Tensor& index);
+// The same into `out`, which must be contiguous, of x's dtype and device
+// and of that shape: a CUDA graph's input gathered where the graph reads it.
+void take_rows_into(const Tensor& out, const Tensor& x, const Tensor& index);
 
 // Sums `g` down to `shape` (the reverse of broadcasting).
 Tensor sum_to(const Tensor& g, const Shape& shape);

@@ -15,7 +15,11 @@ const KernelTable<decltype(kernels::cpu::take_rows)> kTakeRows{
 
 }  // namespace
 
-Tensor take_rows(const Tensor& x, const Tensor& index) {
+namespace {
+
+// The rows' shape, checking the operands (and host indices: a device's are
+// the caller's, as reading them back would wait).
+Shape checked_rows(const Tensor& x, const Tensor& index) {
   detail::check_defined(x, "take_rows", "input");
   detail::check_defined(index, "take_rows", "index");
   if (x.requires_grad()) {
@@ -30,29 +34,55 @@ Tensor take_rows(const Tensor& x, const Tensor& index) {
     throw std::invalid_argument("take_rows: index on " + index.device().str() + ", input on " +
                                 x.device().str());
   }
+  if (!x.device().is_cuda()) {
+    const Tensor idx = index.contiguous();
+    const int64_t* p = idx.data<int64_t>();
+    for (int64_t i = 0; i < idx.size(0); ++i) {
+      if (p[i] < 0 || p[i] >= x.size(0)) {
+        throw std::invalid_argument("take_rows: index " + std::to_string(p[i]) +
+                                    " out of range for " + std::to_string(x.size(0)) + " rows");
+      }
+    }
+  }
+  Shape shape = x.sizes();
+  shape[0] = index.size(0);
+  return shape;
+}
+
+void gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
   const Tensor src = x.contiguous();
   const Tensor idx = index.contiguous();
   const int64_t rows = src.size(0), count = idx.size(0);
   const int64_t row_bytes =
       (rows ? src.numel() / rows : 0) * static_cast<int64_t>(dtype_size(src.dtype()));
-  Shape out_shape = src.sizes();
-  out_shape[0] = count;
-  Tensor out = empty(out_shape, src.options());
-  if (count == 0 || row_bytes == 0) return out;
-  // Indices in host memory are checked here; a device's are the caller's
-  // (the data loader builds them), as reading them back would wait.
-  if (!x.device().is_cuda()) {
-    const int64_t* p = idx.data<int64_t>();
-    for (int64_t i = 0; i < count; ++i) {
-      if (p[i] < 0 || p[i] >= rows) {
-        throw std::invalid_argument("take_rows: index " + std::to_string(p[i]) +
-                                    " out of range for " + std::to_string(rows) + " rows");
-      }
-    }
-  }
+  if (count == 0 || row_bytes == 0) return;
   kTakeRows.run(x.device(), out.raw_data(), src.raw_data(), idx.data<int64_t>(), count,
                 row_bytes);
+}
+
+}  // namespace
+
+Tensor take_rows(const Tensor& x, const Tensor& index) {
+  Tensor out = empty(checked_rows(x, index), x.options());
+  gather_rows(out, x, index);
   return out;
+}
+
+void take_rows_into(const Tensor& out, const Tensor& x, const Tensor& index) {
+  const Shape shape = checked_rows(x, index);
+  detail::check_defined(out, "take_rows_into", "output");
+  if (out.sizes() != shape || out.dtype() != x.dtype() || out.device() != x.device() ||
+      !out.is_contiguous()) {
+    throw std::invalid_argument("take_rows_into: output " + std::string(dtype_name(out.dtype())) +
+                                " " + out.shape_str() + " on " + out.device().str() +
+                                (out.is_contiguous() ? "" : " (not contiguous)") + " for rows " +
+                                dtype_name(x.dtype()) + " " + shape_to_string(shape) + " on " +
+                                x.device().str());
+  }
+  if (out.requires_grad()) {
+    throw std::invalid_argument("take_rows_into: the output requires grad");
+  }
+  gather_rows(out, x, index);
 }
 
 }  // namespace leasehold::engine

@@ -133,6 +133,51 @@ TEST(TakeRows, GathersWholeRowsAndRefusesBadIndices) {
   EXPECT_THROW(take_rows(w, from_vector<int64_t>({0}, {1})), std::invalid_argument);
 }
 
+TEST(TakeRows, IntoATensorOfTheRowsShapeOnly) {
+  Tensor x = from_vector<float>({0, 1, 2, 10, 11, 12, 20, 21, 22}, {3, 3});
+  const Tensor index = from_vector<int64_t>({2, 0}, {2});
+  Tensor out = zeros({2, 3});
+  const void* where = out.raw_data();
+  take_rows_into(out, x, index);
+  EXPECT_EQ(out.raw_data(), where);
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{20, 21, 22, 0, 1, 2}));
+  // The wrong shape, dtype or layout, and a bad index, leave it as it was.
+  for (const Tensor& bad : {zeros({3, 3}), zeros({2, 2}), zeros({2, 3}, {DType::Float64}),
+                            zeros({3, 2}).transpose(0, 1)}) {
+    EXPECT_THROW(take_rows_into(bad, x, index), std::invalid_argument) << bad.shape_str();
+  }
+  EXPECT_THROW(take_rows_into(out, x, from_vector<int64_t>({0, 3}, {2})), std::invalid_argument);
+  EXPECT_THROW(take_rows_into(Tensor(), x, index), std::invalid_argument);
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{20, 21, 22, 0, 1, 2}));
+}
+
+// Batches gathered into the caller's tensors where they fit (a CUDA
+// graph's inputs), into new ones where not (the last, smaller batch).
+TEST(TakeRows, BatchesGoIntoTensorsOfTheirShape) {
+  std::vector<float> pixels(20 * 4);
+  std::vector<int64_t> labels(20);
+  for (int i = 0; i < 20; ++i) {
+    std::fill_n(pixels.begin() + 4 * i, 4, float(i));
+    labels[i] = i;
+  }
+  data::Dataset d{from_vector(pixels, {20, 1, 2, 2}), from_vector(labels, {20})};
+  data::BatchIterator it(d, 8, true, 3);
+  Tensor x = zeros({8, 1, 2, 2}), y = zeros({8}, {DType::Int64});
+  const void* xs = x.raw_data();
+  const void* ys = y.raw_data();
+  int seen = 0;
+  for (int batch = 0; it.next(x, y, Device::cpu()); ++batch) {
+    EXPECT_EQ(x.raw_data() == xs, batch < 2) << "batch " << batch;
+    EXPECT_EQ(y.raw_data() == ys, batch < 2) << "batch " << batch;
+    auto xv = x.to_vector<float>();
+    auto yv = y.to_vector<int64_t>();
+    for (size_t i = 0; i < yv.size(); ++i) EXPECT_EQ(xv[i * 4], float(yv[i]));
+    seen += static_cast<int>(yv.size());
+    if (batch == 2) EXPECT_EQ(yv.size(), 4u);
+  }
+  EXPECT_EQ(seen, 20);
+}
+
 // A batch's images and labels stay paired through the gather.
 TEST(TakeRows, BatchesKeepImagesAndLabelsTogether) {
   std::vector<float> pixels;
