@@ -324,7 +324,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     const auto next_batch = [&] {
       x = y = E::Tensor();
       steps.input_tensors(x, y);
-      return batches.next(x, y, options.device);
+      return batches.next(x, y, options.device, /*into=*/x.defined());
     };
     while (global < total_steps && next_batch()) {
       if (options.should_stop && options.should_stop()) throw JobCancelled();

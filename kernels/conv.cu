@@ -206,7 +206,7 @@ void col2im(Stream queue, T* dx, const T* dcol, const ConvGeometry& g) {
 }
 
 // Whether a pooling's input, output and stride all index in int.
-bool pool_fits32(const PoolGeometry& g) {
+static bool pool_fits32(const PoolGeometry& g) {
   return g.n * g.c * g.h * g.w < kFits32 && g.n * g.c * g.oh() * g.ow() < kFits32 &&
          g.stride < kFits32;
 }

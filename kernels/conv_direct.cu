@@ -485,8 +485,6 @@ void conv2d_direct_backward_weight(Stream queue, T* partial, const T* x, const T
   const size_t bytes =
       size_t(detail::direct_weight_elements(d.staged_image(), plan.rows_per_slice * d.ow, d.o)) *
       sizeof(T);
-  // The widest tap group that divides the kernel's rows: LeNet's 5, else 3,
-  // else one tap a thread.
   auto launch = [&](auto taps, auto padded) {
     constexpr int KW = decltype(taps)::value;
     const int64_t items = (d.o + kGradBlock - 1) / kGradBlock * d.c * d.kh * (d.kw / KW);

@@ -52,6 +52,8 @@ DirectConvPlan plan_direct_conv(const ConvGeometry& g, int64_t out_channels,
     const int64_t grad_width =
         plan.input_as_convolution ? detail::direct_staged_width(ow, g.kh - 1 - g.pad, 1, padded)
                                   : ow;
+    // (Elements against bytes: a row of more elements than shared memory
+    // has bytes cannot fit, and the products below stay far from overflow.)
     if (width > kDirectConvSharedBytes || grad_width > kDirectConvSharedBytes) return false;
     const int64_t image = g.c * g.h * width;
     const int64_t input_grad =

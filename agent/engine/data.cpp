@@ -143,7 +143,7 @@ int64_t BatchIterator::batches_per_epoch() const {
   return (data_.size() + batch_ - 1) / batch_;
 }
 
-bool BatchIterator::next(Tensor& images, Tensor& labels, Device device) {
+bool BatchIterator::next(Tensor& images, Tensor& labels, Device device, bool into) {
   if (!started_) start_epoch(0);
   const int64_t samples = static_cast<int64_t>(order_.size());
   int64_t n = std::min<int64_t>(batch_, samples - pos_);
@@ -160,7 +160,8 @@ bool BatchIterator::next(Tensor& images, Tensor& labels, Device device) {
       Tensor index = device_order_.narrow(0, pos_, n);
       // Into the caller's tensors where they fit (no copy after).
       const auto fits = [&](const Tensor& out, const Tensor& from) {
-        if (!out.defined() || home != device || !out.is_contiguous() ||
+        if (!into || !out.defined() || home != device || out.requires_grad() ||
+            !out.is_contiguous() ||
             out.dtype() != from.dtype() || out.device() != home || out.dim() != from.dim() ||
             out.size(0) != n) {
           return false;

@@ -76,11 +76,13 @@ class BatchIterator {
   void shard(int rank, int world);
   // Starts epoch `epoch` (0-based).
   void start_epoch(int64_t epoch);
-  // Next batch on `device`; false at the end of the epoch. Where images
-  // and labels come defined, contiguous, on the device and of the batch's
-  // shape and dtypes (a CUDA graph's inputs), a batch gathered from a
-  // dataset resident there is written into them; else they are replaced.
-  bool next(Tensor& images, Tensor& labels, Device device);
+  // Next batch on `device`; false at the end of the epoch. `into`: where
+  // images and labels come defined, contiguous, on the device, not
+  // requiring grad and of the batch's shape and dtypes (a CUDA graph's
+  // inputs, which nothing else reads), a batch gathered from a dataset
+  // resident there is written into them. Else (and always without `into`)
+  // they are replaced.
+  bool next(Tensor& images, Tensor& labels, Device device, bool into = false);
   int64_t batches_per_epoch() const;
 
  private:

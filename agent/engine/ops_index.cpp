@@ -17,21 +17,22 @@ const KernelTable<decltype(kernels::cpu::take_rows)> kTakeRows{
 
 namespace {
 
-// The rows' shape, checking the operands (and host indices: a device's are
-// the caller's, as reading them back would wait).
-Shape checked_rows(const Tensor& x, const Tensor& index) {
-  detail::check_defined(x, "take_rows", "input");
-  detail::check_defined(index, "take_rows", "index");
+// The rows' shape, checking the operands for `op` (and host indices: a
+// device's are the caller's, as reading them back would wait).
+Shape checked_rows(const Tensor& x, const Tensor& index, const char* op) {
+  detail::check_defined(x, op, "input");
+  detail::check_defined(index, op, "index");
+  const std::string name = op;
   if (x.requires_grad()) {
-    throw std::invalid_argument("take_rows: not differentiable; the input requires grad");
+    throw std::invalid_argument(name + ": not differentiable; the input requires grad");
   }
-  if (x.dim() < 1) throw std::invalid_argument("take_rows: input must have at least 1 dimension");
+  if (x.dim() < 1) throw std::invalid_argument(name + ": input must have at least 1 dimension");
   if (index.dtype() != DType::Int64 || index.dim() != 1) {
-    throw std::invalid_argument(std::string("take_rows: index must be int64 [k], got ") +
+    throw std::invalid_argument(name + ": index must be int64 [k], got " +
                                 dtype_name(index.dtype()) + " " + index.shape_str());
   }
   if (index.device() != x.device()) {
-    throw std::invalid_argument("take_rows: index on " + index.device().str() + ", input on " +
+    throw std::invalid_argument(name + ": index on " + index.device().str() + ", input on " +
                                 x.device().str());
   }
   if (!x.device().is_cuda()) {
@@ -39,7 +40,7 @@ Shape checked_rows(const Tensor& x, const Tensor& index) {
     const int64_t* p = idx.data<int64_t>();
     for (int64_t i = 0; i < idx.size(0); ++i) {
       if (p[i] < 0 || p[i] >= x.size(0)) {
-        throw std::invalid_argument("take_rows: index " + std::to_string(p[i]) +
+        throw std::invalid_argument(name + ": index " + std::to_string(p[i]) +
                                     " out of range for " + std::to_string(x.size(0)) + " rows");
       }
     }
@@ -63,13 +64,13 @@ void gather_rows(const Tensor& out, const Tensor& x, const Tensor& index) {
 }  // namespace
 
 Tensor take_rows(const Tensor& x, const Tensor& index) {
-  Tensor out = empty(checked_rows(x, index), x.options());
+  Tensor out = empty(checked_rows(x, index, "take_rows"), x.options());
   gather_rows(out, x, index);
   return out;
 }
 
 void take_rows_into(const Tensor& out, const Tensor& x, const Tensor& index) {
-  const Shape shape = checked_rows(x, index);
+  const Shape shape = checked_rows(x, index, "take_rows_into");
   detail::check_defined(out, "take_rows_into", "output");
   if (out.sizes() != shape || out.dtype() != x.dtype() || out.device() != x.device() ||
       !out.is_contiguous()) {

@@ -298,6 +298,35 @@ TEST_F(CudaOps, SumsOverLeadingDimensions) {
       << "int64 column sums";
 }
 
+// Max pooling passes a NaN on as the CPU does (and as PyTorch does): the
+// same outputs, NaN where the CPU has one, and the same gradient routes.
+TEST_F(CudaOps, MaxPoolPassesNaNOnAsTheCpuDoes) {
+  std::vector<float> v(2 * 3 * 7 * 9);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float((i * 37) % 101) - 50.0f;
+  for (size_t i : {0u, 10u, 11u, 40u, 64u, 200u, 201u, 377u}) v[i] = std::nanf("");
+  for (const auto& [k, stride] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{3, 3}}) {
+    SCOPED_TRACE("window " + std::to_string(k) + " stride " + std::to_string(stride));
+    Tensor xc = from_vector(v, {2, 3, 7, 9}).set_requires_grad(true);
+    Tensor xg = from_vector(v, {2, 3, 7, 9}).to(Device::cuda()).set_requires_grad(true);
+    Tensor yc = max_pool2d(xc, k, stride), yg = max_pool2d(xg, k, stride);
+    const auto c = yc.to_vector<float>(), g = yg.to_vector<float>();
+    ASSERT_EQ(c.size(), g.size());
+    int nans = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (std::isnan(c[i])) {
+        ++nans;
+        EXPECT_TRUE(std::isnan(g[i])) << "output " << i;
+      } else {
+        EXPECT_EQ(g[i], c[i]) << "output " << i;
+      }
+    }
+    EXPECT_GT(nans, 0);
+    sum(yc).backward();
+    sum(yg).backward();
+    EXPECT_EQ(xg.grad().to(Device::cpu()).to_vector<float>(), xc.grad().to_vector<float>());
+  }
+}
+
 TEST_F(CudaOps, ConvPoolDropout) {
   manual_seed(5);
   check({"conv", {{2, 3, 7, 9}, {5, 3, 3, 3}, {5}},
@@ -371,9 +400,20 @@ TEST_F(CudaOps, ConvPoolDropout) {
          [](auto& v) { return conv2d(v[0], v[1].detach(), v[2], 1, 0, true); }, 1e-3});
   check({"conv direct, bias only", {{5, 6, 14, 14}, {16, 6, 5, 5}, {16}},
          [](auto& v) { return conv2d(v[0].detach(), v[1].detach(), v[2], 1, 0); }, 1e-3});
-  // float64 through the same kernels (two lanes per 16-byte word).
+  // A kernel two tap groups wide (6 = 2 × 3) in the weight gradient.
+  check({"conv direct 3x6", {{3, 2, 9, 12}, {5, 2, 3, 6}, {5}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 1); }, 1e-3});
+  // float64 through the same kernels (two lanes per 16-byte word): LeNet's
+  // second layer, which in doubles fits only unpadded, and a 5-wide kernel
+  // that fits padded.
+  ASSERT_FALSE(kernels::plan_direct_conv(lenet2, 16, sizeof(double)).padded);
   check({"conv direct double", {{33, 6, 14, 14}, {16, 6, 5, 5}, {16}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 0, true); }, 1e-9, Input::Any,
+         DType::Float64});
+  const auto pd = kernels::plan_direct_conv({3, 2, 9, 9, 5, 5, 1, 2}, 8, sizeof(double));
+  ASSERT_TRUE(pd.fits && pd.padded);
+  check({"conv direct double, padded", {{3, 2, 9, 9}, {8, 2, 5, 5}, {8}},
+         [](auto& v) { return conv2d(v[0], v[1], v[2], 1, 2, true); }, 1e-9, Input::Any,
          DType::Float64});
   check({"conv gather double", {{3, 2, 9, 11}, {20, 2, 3, 5}, {20}},
          [](auto& v) { return conv2d(v[0], v[1], v[2], 2, 2); }, 1e-9, Input::Any,

@@ -166,7 +166,7 @@ TEST(TakeRows, BatchesGoIntoTensorsOfTheirShape) {
   const void* xs = x.raw_data();
   const void* ys = y.raw_data();
   int seen = 0;
-  for (int batch = 0; it.next(x, y, Device::cpu()); ++batch) {
+  for (int batch = 0; it.next(x, y, Device::cpu(), /*into=*/true); ++batch) {
     EXPECT_EQ(x.raw_data() == xs, batch < 2) << "batch " << batch;
     EXPECT_EQ(y.raw_data() == ys, batch < 2) << "batch " << batch;
     auto xv = x.to_vector<float>();
@@ -176,6 +176,20 @@ TEST(TakeRows, BatchesGoIntoTensorsOfTheirShape) {
     if (batch == 2) EXPECT_EQ(yv.size(), 4u);
   }
   EXPECT_EQ(seen, 20);
+  // Without `into`, or into tensors that require grad, never.
+  it.start_epoch(1);
+  Tensor kept = zeros({8, 1, 2, 2}), kept_y = zeros({8}, {DType::Int64});
+  x = kept;
+  y = kept_y;
+  ASSERT_TRUE(it.next(x, y, Device::cpu()));
+  EXPECT_NE(x.raw_data(), kept.raw_data());
+  EXPECT_EQ(kept.to_vector<float>(), std::vector<float>(32, 0.0f));
+  x = zeros({8, 1, 2, 2}).set_requires_grad(true);
+  y = kept_y;
+  const void* grad_x = x.raw_data();
+  ASSERT_TRUE(it.next(x, y, Device::cpu(), /*into=*/true));
+  EXPECT_NE(x.raw_data(), grad_x);
+  EXPECT_FALSE(x.requires_grad());
 }
 
 // A batch's images and labels stay paired through the gather.

@@ -23,16 +23,17 @@ case $verb in
     set -e
     mkdir -p "$dir"
     tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
     LEASEHOLD_BUILD_DIR=${LEASEHOLD_BUILD_DIR:-$root/build} \
       bash "$root/deploy/make-bundle.sh" "$tmp/bundle" "${programs[@]}" > "$tmp/bundle.log"
     tar -C "$tmp" -cf - bundle | xz -T2 -6 > "$dir/bundle.tar.xz"
     # The dataset files are gzip already; the corpus is small.
     tar -C / -cf "$dir/data.tar" usr/share/datasets/fashion-mnist usr/share/games/fortunes
-    rm -rf "$tmp"
     du -sh "$dir"/* ;;
   run)
     set -e
     work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
     xz -dc "$dir/bundle.tar.xz" | tar -C "$work" -xf -
     tar -C / -xf "$dir/data.tar"
     set +e
@@ -42,7 +43,6 @@ case $verb in
       timeout "${TMO:-420}" bash "$root/tests/gpu/run-engine-checks.sh" "$work/bundle" "$mode" \
         || rc=1
     done
-    rm -rf "$work"
     exit $rc ;;
   *) echo "device-carry.sh: unknown verb $verb (pack or run)" >&2; exit 2 ;;
 esac

@@ -70,6 +70,8 @@ PY
     "$B/bin/leasehold-coordinator" --backend cuda --mps off --pool-size 16GiB \
       --endpoint "ipc://$T/c.sock" --state-dir "$T/state" > "$T/coord.log" 2>&1 &
     coord=$!
+    # (Also when a time limit ends this script before the profile does.)
+    trap 'kill "$coord" 2>/dev/null; rm -rf "$T"' EXIT
     sleep 2
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     # NCU_ARGS instead of the time per kernel: e.g. "--set detailed -k
