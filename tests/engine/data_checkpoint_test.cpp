@@ -173,7 +173,9 @@ TEST(TakeRows, BatchesGoIntoTensorsOfTheirShape) {
     auto yv = y.to_vector<int64_t>();
     for (size_t i = 0; i < yv.size(); ++i) EXPECT_EQ(xv[i * 4], float(yv[i]));
     seen += static_cast<int>(yv.size());
-    if (batch == 2) EXPECT_EQ(yv.size(), 4u);
+    if (batch == 2) {
+      EXPECT_EQ(yv.size(), 4u);
+    }
   }
   EXPECT_EQ(seen, 20);
   // Without `into`, or into tensors that require grad, never.
