@@ -364,6 +364,8 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
           spdlog::info("job '{}': {}; {} from now on", job.name()->str(),
                        why == RecomputePolicy::Step::Spilled
                            ? "the step spilled to stay within the memory budget"
+                       : why == RecomputePolicy::Step::WorkingSetSpilled
+                           ? "the step's backward spilled its own recomputed activations"
                            : "the step's CUDA graph did not fit in memory",
                        recompute.describe());
         }
@@ -458,6 +460,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   result.recomputed_mlps = recompute.mlps();
   result.recomputed_blocks = recompute.whole();
+  result.recomputed_halves = recompute.halves();
   result.optimizer_state_on_host = recompute.took_last_step();
   result.memory = last_progress;
   fill_memory(result.memory);

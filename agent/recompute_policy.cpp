@@ -29,7 +29,9 @@ RecomputePolicy::RecomputePolicy(const nn::Module& model,
 std::string RecomputePolicy::describe() const {
   std::string s = "of " + std::to_string(blocks()) + " transformer blocks, " +
                   std::to_string(mlps()) + " recompute their MLP and " +
-                  std::to_string(whole()) + " the whole block in backward";
+                  std::to_string(whole()) + " the whole block";
+  if (halves()) s += ", " + std::to_string(halves()) + " its two halves apart,";
+  s += " in backward";
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
   return s;
 }
@@ -41,20 +43,44 @@ int RecomputePolicy::count(Recompute r) const {
 }
 
 RecomputePolicy::Step RecomputePolicy::after_step(bool graph_did_not_fit) {
+  Outcome o;
+  o.spilled = spill_ && spill_->last_step_spilled();
+  o.working_set_spilled = spill_ && spill_->last_step_spilled_working_set();
+  o.graph_did_not_fit = graph_did_not_fit;
+  return after(o);
+}
+
+RecomputePolicy::Step RecomputePolicy::after(const Outcome& step) {
   // (One step per failure: a step that spilled and whose graph did not fit
   // is one reason to keep less, not two.)
-  if (spill_ && spill_->last_step_spilled()) return tighten() ? Step::Spilled : Step::None;
-  if (graph_did_not_fit) return tighten() ? Step::GraphDidNotFit : Step::None;
+  if (step.working_set_spilled) return tighten(true) ? Step::WorkingSetSpilled : Step::None;
+  if (step.spilled) return tighten() ? Step::Spilled : Step::None;
+  if (step.graph_did_not_fit) return tighten() ? Step::GraphDidNotFit : Step::None;
   return Step::None;
 }
 
-bool RecomputePolicy::tighten() {
+bool RecomputePolicy::tighten(bool working_set_over) {
+  if (working_set_over && whole_blocks_fit_) {
+    // Whole blocks hold both halves' activations in backward: from now on
+    // they recompute in halves, those that did whole at once (one step).
+    whole_blocks_fit_ = false;
+    bool any = false;
+    for (auto* b : blocks_) {
+      if (b->recompute() == Recompute::Block) {
+        b->set_recompute(Recompute::Halves);
+        any = true;
+      }
+    }
+    if (any) return true;
+  }
   // The first block that keeps its MLP recomputes it; once none does, the
-  // first block not yet recomputed whole is.
+  // first block that recomputes its MLP only recomputes whole (or in
+  // halves).
+  const Recompute further = whole_blocks_fit_ ? Recompute::Block : Recompute::Halves;
   for (Recompute from : {Recompute::None, Recompute::Mlp}) {
     for (auto* b : blocks_) {
       if (b->recompute() == from) {
-        b->set_recompute(from == Recompute::None ? Recompute::Mlp : Recompute::Block);
+        b->set_recompute(from == Recompute::None ? Recompute::Mlp : further);
         return true;
       }
     }
@@ -74,7 +100,9 @@ int RecomputePolicy::run_step(
       return retries;
     } catch (const engine::OutOfMemoryError& e) {
       // (A permanent one, a tensor larger than the whole budget, stays so.)
-      if (e.permanent() || !unchanged() || !tighten()) throw;
+      // With spilling on, the step's forward pass was spilled already: its
+      // backward's working set is what did not fit.
+      if (e.permanent() || !unchanged() || !tighten(spill_ != nullptr)) throw;
       if (retrying) retrying(e);
     }
   }

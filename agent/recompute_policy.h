@@ -16,8 +16,16 @@
 // model without them spills alone, as it did before blocks existed). A
 // step that runs out of memory outright (its working set over the budget
 // with everything spilled) takes one step more and runs again (run_step).
-// Nothing goes back to being kept within a run (a budget, once hit, is hit
-// again). The job also takes a step when its
+//
+// A whole block recomputed in backward holds both halves' activations at
+// once there. Where that is over the budget (the step's spilling took
+// tensors saved during backward, or a step that may spill ran out of
+// memory), the blocks recompute their two halves apart from then on
+// instead (Recompute::Halves: the same compute, one half's activations at
+// a time): those recomputing whole go back to halves at once, as one
+// step, and later steps take MLP-only blocks to halves rather than whole.
+// Otherwise nothing goes back to being kept within a run (a budget, once
+// hit, is hit again). The job also takes a step when its
 // steps fit but their CUDA graph does not (graphed_steps.h): a graph's
 // step, launched once, beats a step op by op that keeps a little more.
 //
@@ -46,16 +54,27 @@ class RecomputePolicy {
                   std::function<bool()> last_step = {});
 
   // Why after_step() took one step more, if it did.
-  enum class Step { None, Spilled, GraphDidNotFit };
+  enum class Step { None, Spilled, WorkingSetSpilled, GraphDidNotFit };
+  // What a step that ran op by op showed.
+  struct Outcome {
+    bool spilled = false;              // saved tensors left the device for the budget
+    bool working_set_spilled = false;  // among them, some saved during backward
+    bool graph_did_not_fit = false;    // its CUDA graph's arena did not fit (GraphedSteps)
+  };
   // After a step that ran op by op, once SpillManager::end_step() has
   // ended it (before the next one's forward): one step more when that step
-  // evicted saved tensors, or else when its CUDA graph's arena did not fit
-  // beside what else lives (`graph_did_not_fit`: GraphedSteps's, which the
-  // caller then retries); says why it took one.
+  // evicted saved tensors (the spill manager's last step; backward's own
+  // ones make the blocks recompute in halves), or else when its CUDA
+  // graph's arena did not fit beside what else lives (`graph_did_not_fit`,
+  // which the caller then retries); says why it took one.
   Step after_step(bool graph_did_not_fit = false);
+  // The same for an outcome given (the spill manager's own is ignored).
+  Step after(const Outcome& step);
   // One step more, whatever the last step did; false when every block
-  // recomputes whole already and the last step was taken (or did nothing).
-  bool tighten();
+  // recomputes whole (or in halves) already and the last step was taken
+  // (or did nothing). `working_set_over`: the step's backward needed more
+  // than the budget (see the top).
+  bool tighten(bool working_set_over = false);
   // Runs `step`. When it runs out of memory (engine::OutOfMemoryError: the
   // budget held, and nothing more could spill; not a permanent one, a
   // tensor larger than the whole budget) and `unchanged()` says the
@@ -75,10 +94,13 @@ class RecomputePolicy {
   // Blocks that recompute their MLP only, and those that recompute whole.
   int mlps() const { return count(engine::nn::TransformerBlock::Recompute::Mlp); }
   int whole() const { return count(engine::nn::TransformerBlock::Recompute::Block); }
+  // Blocks that recompute their two halves apart.
+  int halves() const { return count(engine::nn::TransformerBlock::Recompute::Halves); }
   // Whether the last step was taken and freed something.
   bool took_last_step() const { return last_step_freed_; }
   // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block
-  // in backward", and the last step when taken: for the job's log.
+  // in backward" (", 2 its two halves apart" when any do), and the last
+  // step when taken: for the job's log.
   std::string describe() const;
 
  private:
@@ -87,6 +109,7 @@ class RecomputePolicy {
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;
   bool last_step_taken_ = false, last_step_freed_ = false;
+  bool whole_blocks_fit_ = true;  // until a working set over the budget (see the top)
 };
 
 }  // namespace leasehold

@@ -103,7 +103,8 @@ template <class T>
 void bias_activation(Stream s, T* y, const T* bias, int64_t rows, int64_t columns, bool relu);
 // dx[i] = g[i] · gelu'(x[i]) (tanh form) in bfloat16, computed in float32:
 // the backward of a product's fused GELU, from the GELU's input that the
-// product kept, straight into the bfloat16 the next products read.
+// product kept, straight into the bfloat16 the next products read. dx
+// may be g.
 void gelu_backward_bf16(Stream s, bfloat16* dx, const bfloat16* g, const bfloat16* x, int64_t n);
 // dropout (above) under autocast, for a bfloat16 branch x joining the
 // float32 residual stream: out = residual + dropout(x) in float32, or

@@ -118,9 +118,9 @@ void column_sums_bf16(Stream s, float* out, float* workspace, const bfloat16* in
 // The same sums of GELU's backward, dx = g · gelu'(x) (tanh form, in
 // float32, rounded to bfloat16 as elementwise.h's gelu_backward_bf16
 // rounds it), written to dx [rows, columns] as it is summed: a product's
-// fused GELU and its bias's gradient in one pass over g and x. Rows of a
-// multiple of 8 columns go 8 at a time where dx, g and x start 16-byte
-// aligned.
+// fused GELU and its bias's gradient in one pass over g and x. dx may be
+// g (each element is read before it is written). Rows of a multiple of 8
+// columns go 8 at a time where dx, g and x start 16-byte aligned.
 void gelu_backward_column_sums_bf16(Stream s, bfloat16* dx, float* out, float* workspace,
                                     const bfloat16* g, const bfloat16* x, int64_t rows,
                                     int64_t columns);

@@ -186,6 +186,10 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
           folded = node->fold_into_input0(sum->second);
         }
       }
+      // (Only `g` holds its tensor and its memory: no sibling's gradient
+      // or saved tensor shares it.)
+      node->grad_output_owned =
+          g.impl().use_count() == 1 && g.impl()->storage && g.impl()->storage.use_count() == 1;
       grads = node->apply(g);
       if (!retain_graph && node->saves_tensors()) {
         node->release_saved();

@@ -49,6 +49,11 @@ class Node {
   virtual bool saves_tensors() const { return true; }
   std::vector<Edge> next;
   bool released = false;
+  // Set by the engine just before apply: no other tensor refers to
+  // grad_output's memory, and the engine drops it after apply, so apply
+  // may write over it (a gradient of the same shape and type, where a new
+  // one would add its size to backward's peak).
+  bool grad_output_owned = false;
 };
 
 // Grad mode: when off (NoGradGuard), operators record nothing.

@@ -290,7 +290,7 @@ Tensor TransformerBlock::mlp(const Tensor& h) {
       fc1_->forward_then_gelu(ln2_->forward_lower_precision(h)));
 }
 
-Tensor TransformerBlock::body(const Tensor& x) {
+Tensor TransformerBlock::attention_half(const Tensor& x) {
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   // Under autocast the norm writes bfloat16 for the projection, the
@@ -301,11 +301,20 @@ Tensor TransformerBlock::body(const Tensor& x) {
   Tensor merged =
       self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
                      /*causal=*/true);
-  Tensor h = add_dropout(x, proj_->forward_lower_precision(merged), p_, is_training());
-  Tensor m = recompute_ == Recompute::Mlp && is_training()
+  return add_dropout(x, proj_->forward_lower_precision(merged), p_, is_training());
+}
+
+Tensor TransformerBlock::body(const Tensor& x) {
+  // (Within a whole block's recompute the halves run plainly: the block
+  // keeps nothing but its input.)
+  const bool training = is_training();
+  Tensor h = recompute_ == Recompute::Halves && training
+                 ? recompute_in_backward([this](const Tensor& in) { return attention_half(in); }, x)
+                 : attention_half(x);
+  Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Halves)
                  ? recompute_in_backward([this](const Tensor& in) { return mlp(in); }, h)
                  : mlp(h);
-  return add_dropout(h, m, p_, is_training());
+  return add_dropout(h, m, p_, training);
 }
 
 std::string TransformerBlock::describe() const {

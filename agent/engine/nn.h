@@ -191,17 +191,24 @@ class TransformerBlock final : public Module {
   // autocast the MLP holds more than half of a block's activations (its
   // layer norm's output, fc1's output and the GELU's) and costs a third of
   // its forward, so recomputing it frees about twice the bytes per
-  // microsecond that recomputing the whole block does.
+  // microsecond that recomputing the whole block does. The block's two
+  // halves recomputed apart cost what the whole block does and keep one
+  // input more (the residual stream between them), but backward then
+  // holds one half's activations at a time instead of both: the least
+  // memory a recomputed block's backward needs, where a budget is so tight
+  // that the whole block's own activations would spill.
   enum class Recompute {
-    None,   // every activation kept (the default)
-    Mlp,    // the MLP keeps only its input and runs again in backward
-    Block,  // the whole block keeps only its input and runs again
+    None,    // every activation kept (the default)
+    Mlp,     // the MLP keeps only its input and runs again in backward
+    Halves,  // each half (attention, MLP) keeps only its input and runs again
+    Block,   // the whole block keeps only its input and runs again
   };
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
 
  private:
   Tensor body(const Tensor& x);
+  Tensor attention_half(const Tensor& x);  // x + dropout(proj(attention(ln1(x))))
   Tensor mlp(const Tensor& h);
   int64_t dim_, heads_;
   double p_;

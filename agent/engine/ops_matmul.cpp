@@ -160,9 +160,10 @@ struct MatmulBackward final : Node {
 // The column sums of a bfloat16 [rows, columns] in float32: a bias's
 // gradient under autocast (CUDA only). With `gelu_input` defined, the sums
 // of GELU's backward of g16 at it, which is written to `gelu_grad` as it
-// is summed (one pass for a fused GELU's gradient and its bias's).
+// is summed (one pass for a fused GELU's gradient and its bias's): over
+// g16 itself when `in_place` (each element is read before it is written).
 Tensor column_sums_bf16(const Tensor& g16, const Tensor& gelu_input = Tensor(),
-                        Tensor* gelu_grad = nullptr) {
+                        Tensor* gelu_grad = nullptr, bool in_place = false) {
   const int64_t rows = g16.size(0), columns = g16.size(1);
   const TensorOptions f32{DType::Float32, g16.device()};
   Tensor sums = empty({columns}, f32);
@@ -170,7 +171,7 @@ Tensor column_sums_bf16(const Tensor& g16, const Tensor& gelu_input = Tensor(),
   const Tensor work = empty({kernels::cuda::column_sums_bf16_workspace(rows, columns)}, f32);
   const kernels::Stream s = stream_for(g16.device());
   if (gelu_input.defined()) {
-    *gelu_grad = empty(g16.sizes(), g16.options());
+    *gelu_grad = in_place ? g16 : empty(g16.sizes(), g16.options());
     kernels::cuda::gelu_backward_column_sums_bf16(
         s, gelu_grad->data<bfloat16>(), sums.data<float>(), work.data<float>(),
         g16.data<bfloat16>(), gelu_input.data<bfloat16>(), rows, columns);
@@ -182,6 +183,7 @@ Tensor column_sums_bf16(const Tensor& g16, const Tensor& gelu_input = Tensor(),
   (void)rows;
   (void)gelu_input;
   (void)gelu_grad;
+  (void)in_place;
   detail::no_cuda("linear");
 #endif
   return sums;
@@ -228,10 +230,16 @@ struct LinearBackward final : Node {
       Tensor g16;
       if (gelu) {
         const Tensor a = gelu_input.get(), g_bf = g.to(DType::BFloat16);
+        // GELU's gradient goes over g_bf where nothing else reads it: a
+        // conversion or copy of our own, or the engine's gradient when it
+        // is ours alone (fc1's under autocast: 4 × dim × tokens bytes
+        // less at the peak of a recomputed MLP's backward).
+        const bool ours =
+            grad_output_owned || g_bf.impl()->storage != g_in.impl()->storage;
         if (want_b && !gb.defined()) {
-          gb = column_sums_bf16(g_bf, a, &g16);
+          gb = column_sums_bf16(g_bf, a, &g16, ours);
         } else {
-          g16 = empty(a.sizes(), a.options());
+          g16 = ours ? g_bf : empty(a.sizes(), a.options());
           LEASEHOLD_CUDA_OR("linear",
                             kernels::cuda::gelu_backward_bf16(
                                 stream_for(a.device()), g16.data<bfloat16>(),

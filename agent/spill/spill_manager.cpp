@@ -153,6 +153,7 @@ void SpillManager::evict(Entry& e) {
   e.file_prefetch_asked = false;
   ++counters_.evictions;
   counters_.evicted_bytes += e.bytes;
+  counters_.working_set_evictions += e.hot;
 }
 
 uint64_t SpillManager::reclaim(uint64_t bytes) {
@@ -202,6 +203,27 @@ uint64_t SpillManager::reclaim(uint64_t bytes) {
       evict(e);
     }
   }
+  if (freed < bytes && spdlog::should_log(spdlog::level::debug)) {
+    // What stays on the device: saved tensors the step holds elsewhere too
+    // (in use now), and what the allocator holds besides saved tensors.
+    uint64_t held = 0, in_use = 0, in_use_backward = 0;
+    size_t held_n = 0;
+    for (const auto& [seq, e] : entries_) {
+      if (!e.storage) continue;
+      held += e.bytes;
+      ++held_n;
+      if (e.storage.use_count() > 1) {
+        in_use += e.bytes;
+        if (e.hot) in_use_backward += e.bytes;
+      }
+    }
+    spdlog::debug("spill: freed {} of {} asked; {} saved tensors on the device ({}), {} of "
+                  "them in use by the step ({} saved during backward); the job's allocator "
+                  "has {} in use",
+                  format_bytes(freed), format_bytes(bytes), held_n, format_bytes(held),
+                  format_bytes(in_use), format_bytes(in_use_backward),
+                  format_bytes(allocator_->stats().in_use_bytes));
+  }
   return freed;
 }
 
@@ -239,6 +261,8 @@ void SpillManager::end_step() {
   // only costs link time.
   ahead_limit_ = freed + freed / 4;
   last_step_spilled_ = counters_.evictions > at_step_start_.evictions;
+  last_step_spilled_working_set_ =
+      counters_.working_set_evictions > at_step_start_.working_set_evictions;
   at_step_start_ = counters_;
 }
 

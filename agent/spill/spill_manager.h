@@ -80,6 +80,10 @@ struct SpillPolicy {
 
 struct SpillCounters {
   uint64_t evictions = 0, evicted_bytes = 0;  // device memory freed
+  // Of the evictions, tensors saved during backward (a recomputed
+  // segment's own activations): the backward's working set was over the
+  // budget, not only what the forward pass kept.
+  uint64_t working_set_evictions = 0;
   uint64_t restores = 0, restored_bytes = 0;  // brought back to the device
   uint64_t prefetched = 0;                    // of the restores, those done ahead
   uint64_t reclaims = 0;                      // times the allocator asked
@@ -118,6 +122,9 @@ class SpillManager final : public engine::SavedTensorHooks,
   // that did not fits the budget as it is, without the hooks: it may run as
   // a CUDA graph (graphed_steps.h).
   bool last_step_spilled() const { return last_step_spilled_; }
+  // Whether, in that step, tensors saved during backward had to leave too
+  // (SpillCounters::working_set_evictions).
+  bool last_step_spilled_working_set() const { return last_step_spilled_working_set_; }
 
   SpillStats store_stats() const { return store_->stats(); }
   SpillCounters counters() const { return counters_; }
@@ -172,7 +179,7 @@ class SpillManager final : public engine::SavedTensorHooks,
   // first, nor once a reclaim follows a step that freed nothing).
   uint64_t ahead_limit_ = UINT64_MAX;
   SpillCounters at_step_start_;
-  bool last_step_spilled_ = false;
+  bool last_step_spilled_ = false, last_step_spilled_working_set_ = false;
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter
   SpillCounters counters_;
 };

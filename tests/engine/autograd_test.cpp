@@ -65,6 +65,63 @@ TEST(Autograd, ANodeMayTakeItsInputsGradientSoFar) {
   EXPECT_EQ(d.x.grad().to_vector<float>(), (std::vector<float>{2, 2}));
 }
 
+// y = 2x recorded by a node that doubles its gradient in place when the
+// engine says it is the node's alone (Node::grad_output_owned).
+struct InPlaceDoublingNode final : Node {
+  std::vector<bool> owned;  // per apply
+  const char* name() const override { return "InPlaceDoublingNode"; }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    owned.push_back(grad_output_owned);
+    if (!grad_output_owned) return {mul(g, 2.0)};
+    float* v = g.data<float>();
+    for (int64_t i = 0; i < g.numel(); ++i) v[i] *= 2;
+    return {g};
+  }
+};
+
+// A gradient that another node or the caller still holds is never offered
+// for writing over: the addition hands one tensor to both its inputs, and
+// a gradient passed to backward stays the caller's. Written over wrongly,
+// the second node's input would be doubled twice, or the caller's changed.
+TEST(Autograd, ANodeMayWriteOverOnlyAGradientThatIsItsAlone) {
+  auto doubled = [](Tensor& x, std::shared_ptr<InPlaceDoublingNode>& node) {
+    x = from_vector<float>({1, -2}, {2});
+    x.set_requires_grad(true);
+    Tensor y = mul(x.detach(), 2.0);
+    node = std::make_shared<InPlaceDoublingNode>();
+    record(y, node, {&x});
+    return y;
+  };
+  Tensor a, b;
+  std::shared_ptr<InPlaceDoublingNode> na, nb;
+  Tensor sum_ab = add(doubled(a, na), doubled(b, nb));
+  Tensor g = ones({2});
+  sum_ab.backward(g);
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{1, 1})) << "the caller's gradient";
+  ASSERT_EQ(na->owned.size(), 1u);
+  ASSERT_EQ(nb->owned.size(), 1u);
+  EXPECT_FALSE(na->owned[0] && nb->owned[0]) << "one tensor went to both";
+
+  // A gradient made for the node alone (the product's): its own.
+  Tensor c;
+  std::shared_ptr<InPlaceDoublingNode> nc;
+  mul(doubled(c, nc), 3.0).backward(ones({2}));
+  EXPECT_EQ(c.grad().to_vector<float>(), (std::vector<float>{6, 6}));
+  ASSERT_EQ(nc->owned.size(), 1u);
+  EXPECT_TRUE(nc->owned[0]);
+
+  // The root's gradient, which the caller holds: not its own.
+  Tensor d;
+  std::shared_ptr<InPlaceDoublingNode> nd;
+  Tensor root = ones({2});
+  doubled(d, nd).backward(root);
+  EXPECT_EQ(root.to_vector<float>(), (std::vector<float>{1, 1}));
+  EXPECT_EQ(d.grad().to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_FALSE(nd->owned.at(0));
+}
+
 TEST(Autograd, SharedSubexpressionGetsBothGradients) {
   Tensor x = from_vector<double>({0.5, -1.0}, {2}, Device::cpu());
   x.set_requires_grad(true);

@@ -1,5 +1,6 @@
 #include "tests/engine/recompute_check.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -19,6 +20,36 @@ struct Step {
   std::vector<float> loss;
   std::vector<std::vector<float>> grads;  // every parameter's, in order
   uint64_t kept_bytes = 0;  // allocator bytes alive between forward and backward, over the start
+  uint64_t backward_bytes = 0;  // the most bytes backward added to those at once
+};
+
+// The device's allocator, counting what passes through it, with a peak
+// that starts again on request.
+class Counting final : public Allocator {
+ public:
+  explicit Counting(std::shared_ptr<Allocator> inner) : inner_(std::move(inner)) {}
+  void* allocate(size_t bytes) override {
+    void* p = inner_->allocate(bytes);
+    in_use_ += bytes;
+    peak_ = std::max(peak_, in_use_);
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes) noexcept override {
+    inner_->deallocate(ptr, bytes);
+    in_use_ -= bytes;
+  }
+  Device device() const override { return inner_->device(); }
+  AllocatorStats stats() const override {
+    AllocatorStats s = inner_->stats();
+    s.in_use_bytes = in_use_;
+    s.peak_in_use_bytes = peak_;
+    return s;
+  }
+  void restart_peak() { peak_ = in_use_; }
+
+ private:
+  std::shared_ptr<Allocator> inner_;
+  uint64_t in_use_ = 0, peak_ = 0;  // (the test's thread only)
 };
 
 Step gpt_step(Device device, Recompute recompute, bool autocast) {
@@ -44,7 +75,8 @@ Step gpt_step(Device device, Recompute recompute, bool autocast) {
   Tensor step = zeros({}, {DType::Int64, device});
 
   Step r;
-  auto allocator = current_allocator(device);
+  auto allocator = std::make_shared<Counting>(current_allocator(device));
+  AllocatorGuard counted(allocator);
   // (Counted where memory is handed out and returned, on the host.)
   const uint64_t start = allocator->stats().in_use_bytes;
   Tensor loss;
@@ -55,7 +87,9 @@ Step gpt_step(Device device, Recompute recompute, bool autocast) {
     loss = cross_entropy(model(x).reshape({4 * 40, 64}), y);
   }
   r.kept_bytes = allocator->stats().in_use_bytes - start;
+  allocator->restart_peak();
   loss.backward();
+  r.backward_bytes = allocator->stats().peak_in_use_bytes - start - r.kept_bytes;
   r.loss = loss.detach().to(Device::cpu()).to_vector<float>();
   for (const Tensor& p : model.parameters()) {
     r.grads.push_back(p.grad().to(DType::Float32).to(Device::cpu()).to_vector<float>());
@@ -68,9 +102,19 @@ Step gpt_step(Device device, Recompute recompute, bool autocast) {
 std::string recompute_mismatch(Device device, bool autocast) {
   const Step kept = gpt_step(device, Recompute::None, autocast);
   uint64_t less_than = kept.kept_bytes;
-  for (Recompute r : {Recompute::Mlp, Recompute::Block}) {
-    const std::string mode = r == Recompute::Mlp ? "MLPs recomputed" : "whole blocks recomputed";
+  uint64_t halves_backward = 0;
+  for (Recompute r : {Recompute::Mlp, Recompute::Halves, Recompute::Block}) {
+    const std::string mode = r == Recompute::Mlp      ? "MLPs recomputed"
+                             : r == Recompute::Halves ? "halves recomputed"
+                                                      : "whole blocks recomputed";
     const Step again = gpt_step(device, r, autocast);
+    if (r == Recompute::Halves) halves_backward = again.backward_bytes;
+    // The halves' backward holds one half's activations at a time, the
+    // whole block's both.
+    if (r == Recompute::Block && again.backward_bytes <= halves_backward) {
+      return mode + ": backward needed " + std::to_string(again.backward_bytes) +
+             " bytes more at once, not over the halves' " + std::to_string(halves_backward);
+    }
     if (again.loss != kept.loss) return mode + ": the loss differs";
     if (again.grads.size() != kept.grads.size()) return mode + ": another number of gradients";
     for (size_t i = 0; i < kept.grads.size(); ++i) {

@@ -75,6 +75,61 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
   EXPECT_EQ(calls, 1) << "a model without blocks spills alone";
 }
 
+// A step whose backward spilled its own recomputed activations: the
+// blocks that recompute whole go back to their two halves at once (one
+// step), and from then on MLP-only blocks go to halves, never whole; the
+// last step still comes once every block recomputes something beyond its
+// MLP. A step that spilled only forward tensors takes the plain order.
+TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
+  E::nn::Sequential net;
+  for (int i = 0; i < 3; ++i) {
+    net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 3));
+  }
+  int last = 0;
+  RecomputePolicy policy(net, nullptr, [&] { return ++last > 0; });
+  using Step = RecomputePolicy::Step;
+  RecomputePolicy::Outcome forward_spilled{/*spilled=*/true, false, false};
+  RecomputePolicy::Outcome backward_spilled{true, /*working_set_spilled=*/true, false};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
+  EXPECT_EQ(policy.mlps(), 2);
+  EXPECT_EQ(policy.whole(), 1) << "the plain order: every MLP, then whole blocks";
+  EXPECT_EQ(policy.halves(), 0);
+
+  EXPECT_EQ(policy.after(backward_spilled), Step::WorkingSetSpilled);
+  EXPECT_EQ(policy.whole(), 0);
+  EXPECT_EQ(policy.halves(), 1) << "the whole block went back to halves, as one step";
+  EXPECT_EQ(policy.mlps(), 2) << "and nothing else moved in that step";
+  EXPECT_NE(policy.describe().find("1 its two halves apart"), std::string::npos)
+      << policy.describe();
+
+  EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
+  EXPECT_EQ(policy.halves(), 2) << "an MLP-only block goes to halves, not whole";
+  EXPECT_EQ(policy.after(backward_spilled), Step::WorkingSetSpilled);
+  EXPECT_EQ(policy.halves(), 3);
+  EXPECT_EQ(policy.whole(), 0);
+  EXPECT_EQ(last, 0);
+  EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
+  EXPECT_EQ(last, 1) << "then the last step";
+  EXPECT_EQ(policy.after(backward_spilled), Step::None) << "nothing is left";
+  EXPECT_EQ(policy.after(forward_spilled), Step::None);
+  EXPECT_EQ(policy.whole(), 0) << "never whole again";
+}
+
+// A working set over the budget before any block recomputes whole (a
+// step that may spill ran out of memory: run_step asks so): MLPs first as
+// ever, then halves, never whole.
+TEST(RecomputePolicySteps, AWorkingSetOverTheBudgetEarlyMeansHalvesFromThenOn) {
+  E::nn::Sequential net;
+  net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  RecomputePolicy policy(net, nullptr);
+  EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(policy.mlps(), 1);
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_EQ(policy.halves(), 1);
+  EXPECT_EQ(policy.whole(), 0);
+  EXPECT_FALSE(policy.tighten());
+}
+
 // run_step: a step that runs out of memory runs again with one step more
 // each time, while the caller says the attempt changed nothing and a step
 // is left; any other error, or an attempt that changed something, stands
