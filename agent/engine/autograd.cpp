@@ -16,6 +16,7 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
 }
 
 thread_local bool t_grad_enabled = true;
+thread_local bool t_outputs_unread = false;
 thread_local int t_backward_depth = 0;  // backward passes running (recomputing nests them)
 thread_local std::shared_ptr<SavedTensorHooks> t_hooks;
 thread_local GradientReadyHook t_gradient_ready;
@@ -62,6 +63,11 @@ Edge gradient_edge(const Tensor& t) {
 
 bool grad_enabled() { return t_grad_enabled; }
 bool in_backward() { return t_backward_depth > 0; }
+bool outputs_unread() { return t_outputs_unread; }
+OutputsUnreadGuard::OutputsUnreadGuard(bool unread) : previous_(t_outputs_unread) {
+  t_outputs_unread = unread;
+}
+OutputsUnreadGuard::~OutputsUnreadGuard() { t_outputs_unread = previous_; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = previous_; }
 EnableGradGuard::EnableGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = true; }

@@ -80,6 +80,25 @@ class EnableGradGuard {
  private:
   bool previous_;
 };
+// Whether outputs made now are never read, only differentiated: the tail
+// of a segment recomputed in backward (recompute.h), whose output only
+// roots the graph that backward runs through. Operators whose backward
+// does not read their output (a product without a fused ReLU, dropout)
+// then record it as ever but leave its memory unwritten; an operator
+// made of others whose outputs it reads runs those under a guard of
+// false.
+bool outputs_unread();
+// outputs_unread() is `unread` inside its scope.
+class OutputsUnreadGuard {
+ public:
+  explicit OutputsUnreadGuard(bool unread);
+  ~OutputsUnreadGuard();
+  OutputsUnreadGuard(const OutputsUnreadGuard&) = delete;
+  OutputsUnreadGuard& operator=(const OutputsUnreadGuard&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // How saved tensors are kept. pack() is called when a tensor is saved during
 // forward; unpack() when backward needs it, and must return a tensor equal to

@@ -276,21 +276,24 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 std::to_string(dim_) + "]");
   }
   if (recompute_ == Recompute::Block && is_training()) {
-    return recompute_in_backward([this](const Tensor& in) { return body(in); }, x);
+    return recompute_in_backward(
+        [this](const Tensor& in, bool replay) { return body(in, replay); }, x);
   }
-  return body(x);
+  return body(x, false);
 }
 
-Tensor TransformerBlock::mlp(const Tensor& h) {
+Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
   // (Under autocast the norm writes bfloat16 for fc1 to multiply as it is,
   // the GELU is fc1's epilogue, its bfloat16 output is what fc2 multiplies,
   // and fc2's output stays bfloat16 until its dropout adds it to the
   // float32 residual stream, as PyTorch's autocast keeps it.)
-  return fc2_->forward_lower_precision(
-      fc1_->forward_then_gelu(ln2_->forward_lower_precision(h)));
+  const Tensor a = fc1_->forward_then_gelu(ln2_->forward_lower_precision(h));
+  // (Run again in backward, fc2's product is made for its graph only.)
+  OutputsUnreadGuard tail(replay);
+  return fc2_->forward_lower_precision(a);
 }
 
-Tensor TransformerBlock::attention_half(const Tensor& x) {
+Tensor TransformerBlock::attention_half(const Tensor& x, bool replay) {
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   // Under autocast the norm writes bfloat16 for the projection, the
@@ -301,19 +304,28 @@ Tensor TransformerBlock::attention_half(const Tensor& x) {
   Tensor merged =
       self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
                      /*causal=*/true);
+  // (Run again in backward, proj's product and the addition are made for
+  // their graph only.)
+  OutputsUnreadGuard tail(replay);
   return add_dropout(x, proj_->forward_lower_precision(merged), p_, is_training());
 }
 
-Tensor TransformerBlock::body(const Tensor& x) {
+Tensor TransformerBlock::body(const Tensor& x, bool replay) {
   // (Within a whole block's recompute the halves run plainly: the block
-  // keeps nothing but its input.)
+  // keeps nothing but its input. Run again so, the MLP's output feeds only
+  // the last addition, whose output is never read: both are made for
+  // their graph only.)
   const bool training = is_training();
   Tensor h = recompute_ == Recompute::Halves && training
-                 ? recompute_in_backward([this](const Tensor& in) { return attention_half(in); }, x)
-                 : attention_half(x);
+                 ? recompute_in_backward(
+                       [this](const Tensor& in, bool again) { return attention_half(in, again); },
+                       x)
+                 : attention_half(x, false);
   Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Halves)
-                 ? recompute_in_backward([this](const Tensor& in) { return mlp(in); }, h)
-                 : mlp(h);
+                 ? recompute_in_backward(
+                       [this](const Tensor& in, bool again) { return mlp(in, again); }, h)
+                 : mlp(h, replay);
+  OutputsUnreadGuard tail(replay);
   return add_dropout(h, m, p_, training);
 }
 

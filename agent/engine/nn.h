@@ -207,9 +207,11 @@ class TransformerBlock final : public Module {
   Recompute recompute() const { return recompute_; }
 
  private:
-  Tensor body(const Tensor& x);
-  Tensor attention_half(const Tensor& x);  // x + dropout(proj(attention(ln1(x))))
-  Tensor mlp(const Tensor& h);
+  // The block's parts; `replay`: run again in backward as a segment
+  // (recompute.h), whose last operators' outputs are never read.
+  Tensor body(const Tensor& x, bool replay);
+  Tensor attention_half(const Tensor& x, bool replay);  // x + dropout(proj(attention(ln1(x))))
+  Tensor mlp(const Tensor& h, bool replay);
   int64_t dim_, heads_;
   double p_;
   Recompute recompute_ = Recompute::None;

@@ -439,7 +439,8 @@ Tensor dropout_op(const Tensor& residual, const Tensor& x, double p, bool traini
     if (residual.defined()) rc = residual.contiguous();
   }
   Tensor out = empty(x.sizes(), mixed ? residual.options() : x.options());
-  apply_dropout(out, xc, p, draw, rc);
+  // (Backward draws the mask again and never reads the output.)
+  if (!outputs_unread()) apply_dropout(out, xc, p, draw, rc);
   if (any_requires_grad({&residual, &x})) {  // (an undefined residual requires nothing)
     auto node = std::make_shared<DropoutBackward>();
     node->p = p;

@@ -309,10 +309,18 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
   const int64_t n = x_in.size(0), in = x_in.size(1), out_features = w_in.size(0);
   const bool cuda = x_in.device().is_cuda();
   if (then_relu && !(cuda && n <= kernels::kMaxColumnRows)) {
-    return relu(linear(x_in, w_in, bias, false, ProductOut::Float32));
+    Tensor product;
+    {
+      OutputsUnreadGuard read(false);  // (relu reads it)
+      product = linear(x_in, w_in, bias, false, ProductOut::Float32);
+    }
+    return relu(product);
   }
   // Autocast: the GEMM in bfloat16 (the copies are what backward keeps).
   const bool mixed = autocast_linear(x_in, w_in);
+  // Backward reads a fused ReLU's output; otherwise nothing reads an
+  // output made only for its graph (autograd.h: outputs_unread).
+  const bool unread = outputs_unread() && !then_relu;
   // (The mixed GEMM makes its own output.)
   Tensor x, w, b, out = mixed ? Tensor() : empty({n, out_features}, x_in.options());
   {
@@ -321,20 +329,27 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
     w = w_in.contiguous();
     if (bias.defined()) b = bias.detach().contiguous();
     // On the CPU the bias goes in first and the GEMM adds to it.
-    if (b.defined() && !cuda) out.copy_(b.reshape({1, out_features}).expand(out.sizes()));
+    if (b.defined() && !cuda && !unread) {
+      out.copy_(b.reshape({1, out_features}).expand(out.sizes()));
+    }
   }
   if (mixed) {
     x = x.to(DType::BFloat16);
     w = autocast_copy(w);
-    MixedEpilogue e;
-    e.bias = b;
-    e.relu = then_relu;
     // A ReLU's output is its backward's mask, kept in float32.
     const DType out_dtype = product_out == ProductOut::LowerPrecision && !then_relu
                                 ? DType::BFloat16
                                 : DType::Float32;
-    out = gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features}, out_dtype, e).out;
-  } else {
+    if (unread) {
+      out = empty({n, out_features}, TensorOptions{out_dtype, x_in.device()});
+    } else {
+      MixedEpilogue e;
+      e.bias = b;
+      e.relu = then_relu;
+      out = gemm_mixed(x, false, w, true, n, out_features, in, {n, out_features}, out_dtype, e)
+                .out;
+    }
+  } else if (!unread) {
     // out [n, out] = x [n, in] · wᵀ, w read as stored ([out, in]).
     gemm_into(out, b.defined() && !cuda ? 1.0 : 0.0, x, false, w, true, 1, n, out_features, in,
               false, false);
@@ -365,7 +380,14 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
 
 Tensor linear_gelu(const Tensor& x_in, const Tensor& w_in, const Tensor& bias) {
   check_linear(x_in, w_in, bias, "linear_gelu");
-  if (!autocast_linear(x_in, w_in)) return gelu(linear(x_in, w_in, bias));
+  if (!autocast_linear(x_in, w_in)) {
+    Tensor product;
+    {
+      OutputsUnreadGuard read(false);  // (gelu reads it)
+      product = linear(x_in, w_in, bias);
+    }
+    return gelu(product);
+  }
   const int64_t n = x_in.size(0), in = x_in.size(1), out_features = w_in.size(0);
   Tensor x, w;
   MixedEpilogue e;

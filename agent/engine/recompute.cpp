@@ -28,7 +28,7 @@ class RecomputeBackward final : public Node {
       EnableGradGuard grad_mode;
       RandomReplay replay(random_);
       AutocastGuard autocast(autocast_);
-      out = segment_(x);
+      out = segment_(x, /*replay=*/true);
     }
     if (!out.requires_grad()) return {};  // nothing in it needs gradients
     if (out.sizes() != grad.sizes()) {
@@ -52,12 +52,12 @@ class RecomputeBackward final : public Node {
 
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x) {
   std::optional<RandomPlace> random = RandomPlace::here();
-  if (!grad_enabled() || !random) return segment(x);
+  if (!grad_enabled() || !random) return segment(x, false);
   std::optional<DType> autocast = autocast_dtype(x.device());
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = segment(x);
+    out = segment(x, false);
   }
   // Recorded whenever grad mode is on: without an input that needs
   // gradients, the segment's parameters may.

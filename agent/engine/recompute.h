@@ -25,7 +25,12 @@
 
 namespace leasehold::engine {
 
-using Segment = std::function<Tensor(const Tensor&)>;
+// segment(x, replay): `replay` is true when it runs again in backward,
+// where its output's values are never read (only its graph is): it may
+// then run its tail, the operators whose outputs feed only its output,
+// under an OutputsUnreadGuard (autograd.h), which skips their kernels (a
+// transformer block's last product and its dropout's addition).
+using Segment = std::function<Tensor(const Tensor& x, bool replay)>;
 
 // segment(x), recorded so that backward runs segment again on x instead of
 // keeping its activations. `segment` must be a function of x and of

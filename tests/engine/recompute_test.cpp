@@ -24,8 +24,10 @@ TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {
   Tensor w = ones({3}).set_requires_grad(true);
   Tensor x = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
   int runs = 0;
-  Segment f = [&](const Tensor& in) {
+  std::vector<bool> replays;  // per run: whether it ran again in backward
+  Segment f = [&](const Tensor& in, bool replay) {
     ++runs;
+    replays.push_back(replay);
     return mul(in, w);
   };
   Tensor out = recompute_in_backward(f, x);
@@ -43,6 +45,7 @@ TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {
   EXPECT_STREQ(out.grad_fn()->name(), "RecomputeBackward");
   sum(out).backward();
   EXPECT_EQ(runs, 3);
+  EXPECT_EQ(replays, (std::vector<bool>{false, false, true}));
   EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 2, 3}));
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 2, 2}));
   {
@@ -50,6 +53,38 @@ TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {
     EXPECT_FALSE(recompute_in_backward(f, x).grad_fn());
   }
   EXPECT_EQ(runs, 4);
+  EXPECT_FALSE(replays.back());
+}
+
+// Under an OutputsUnreadGuard a product and a dropout's addition record
+// their backward but write nothing; the gradients through them are those
+// of the same operators run plainly. A ReLU fused into the product reads
+// its output in backward: that product is still made.
+TEST(Recompute, OutputsUnreadSkipOnlyWhatBackwardDoesNotRead) {
+  auto run = [](bool unread, bool relu) {
+    manual_seed(4);
+    Tensor w = randn({3, 4}).set_requires_grad(true);
+    Tensor b = randn({3}).set_requires_grad(true);
+    Tensor x = randn({5, 4}).set_requires_grad(true);
+    Tensor r = randn({5, 3}).set_requires_grad(true);
+    Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+    StepRandom random(7, step);
+    Tensor out;
+    {
+      OutputsUnreadGuard guard(unread);
+      EXPECT_EQ(outputs_unread(), unread);
+      out = add_dropout(r, linear(x, w, b, relu), 0.5, true);
+    }
+    EXPECT_FALSE(outputs_unread());
+    Tensor g = from_vector<float>({1, -2, 3, 0.5f, 2, -1, 1, 1, -3, 2, 0.25f, 4, -1, 2, 1}, {5, 3});
+    out.backward(g);
+    return std::vector<std::vector<float>>{w.grad().to_vector<float>(),
+                                           b.grad().to_vector<float>(),
+                                           x.grad().to_vector<float>(),
+                                           r.grad().to_vector<float>()};
+  };
+  EXPECT_EQ(run(true, false), run(false, false));
+  EXPECT_EQ(run(true, true), run(false, true));
 }
 
 }  // namespace
