@@ -12,12 +12,9 @@
 #           in $OUT/ncu.csv; SKIP and COUNT launches; NCU_ARGS for other
 #           sections, in $OUT/ncu.txt; NCU_JOB: another example job than
 #           text-gpt, e.g. fashion-mnist-lenet, for one epoch)
-#   nsys    the same job under nsys: CUDA API, kernel, copy and OS
-#           summaries in $OUT/nsys.txt, the agent's log in
-#           $OUT/nsys_agent.log
 #   job     the same job alone, its agent's log (LOG_LEVEL, default info)
-#           in $OUT/job_agent.log. For ncu, nsys and job: BUDGET, the
-#           job's memory budget (e.g. 422MiB); PROFILE_STEPS (default 60)
+#           in $OUT/job_agent.log. For ncu and job: BUDGET, the job's
+#           memory budget (e.g. 422MiB); PROFILE_STEPS (default 60)
 #   kernels leasehold-bench-engine (attention on float32 and bfloat16 tensors,
 #           the GPT's linear layers against cuBLASLt's plain product) and
 #           tests/bench/attention_torch.py (PyTorch's SDPA backends)
@@ -57,7 +54,7 @@ case $mode in
       --steps "${STEPS:-600}" --variants "${VARIANTS:-leasehold-bf16,bf16}" --seeds 1,2,3 \
       > "$OUT/seeds.json" 2> "$OUT/seeds.log"
     echo "text_gpt_bench rc=$?"; tail -4 "$OUT/seeds.log" ;;
-  ncu|nsys|job)
+  ncu|job)
     T=$(mktemp -d)
     python3 - "$B/jobs/${NCU_JOB:-text-gpt}.json" "$T/job.json" "$corpus" "${BUDGET:-}" <<'PY'
 import json, os, sys
@@ -85,22 +82,9 @@ PY
       LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" "$B/libexec/leasehold-agent" \
         --endpoint "ipc://$T/c.sock" --run-job "$T/job.json" --spill-host-bytes 4GiB \
         --log-level "${LOG_LEVEL:-info}" > "$OUT/job_agent.log" 2>&1
-      echo "agent rc=$?"; grep -E "^result|evictions" "$OUT/job_agent.log"
-      exit 0
-    fi
-    if [ "$mode" = nsys ]; then
-      # Where a step's wall time goes, the host's waits included (a
-      # budgeted job's copies and syncs): CUDA API and GPU summaries.
-      nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
-        /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
-      LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" "$nsys" profile -o "$T/prof" --trace cuda,osrt \
-        --cuda-graph-trace node "$B/libexec/leasehold-agent" --endpoint "ipc://$T/c.sock" \
-        --run-job "$T/job.json" --spill-host-bytes 4GiB > "$OUT/nsys_agent.log" 2>&1
-      echo "nsys rc=$?"
-      "$nsys" stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum,cuda_gpu_mem_size_sum,osrt_sum \
-        "$T/prof.nsys-rep" > "$OUT/nsys.txt" 2>&1
-      echo "nsys stats rc=$?"; grep -v "^ *$" "$OUT/nsys_agent.log" | tail -6
-      exit 0
+      rc=$?
+      echo "agent rc=$rc"; grep -E "^result|evictions" "$OUT/job_agent.log"
+      exit $rc
     fi
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     # NCU_ARGS instead of the time per kernel: e.g. "--set detailed -k
