@@ -100,9 +100,10 @@ int RecomputePolicy::run_step(
       return retries;
     } catch (const engine::OutOfMemoryError& e) {
       // (A permanent one, a tensor larger than the whole budget, stays so.)
-      // With spilling on, the step's forward pass was spilled already: its
-      // backward's working set is what did not fit.
-      if (e.permanent() || !unchanged() || !tighten(spill_ != nullptr)) throw;
+      // (Short during a recomputed segment's backward: whole blocks would
+      // need more there at once than halves.)
+      const bool working_set = spill_ && spill_->last_shortfall_in_recomputed_backward();
+      if (e.permanent() || !unchanged() || !tighten(working_set)) throw;
       if (retrying) retrying(e);
     }
   }

@@ -19,8 +19,9 @@
 //
 // A whole block recomputed in backward holds both halves' activations at
 // once there. Where that is over the budget (the step's spilling took
-// tensors saved during backward, or a step that may spill ran out of
-// memory), the blocks recompute their two halves apart from then on
+// tensors saved during backward, or a step ran out of memory during a
+// recomputed segment's backward), the blocks recompute their two halves
+// apart from then on
 // instead (Recompute::Halves: the same compute, one half's activations at
 // a time): those recomputing whole go back to halves at once, as one
 // step, and later steps take MLP-only blocks to halves rather than whole.
@@ -49,7 +50,7 @@ class RecomputePolicy {
   // order. `spill` may be null (nothing spills: only a CUDA graph that did
   // not fit makes the blocks recompute).
   // `last_step` (may be empty): the step after every block recomputes
-  // whole, taken once; returns whether it freed anything.
+  // whole (or in halves), taken once; returns whether it freed anything.
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill,
                   std::function<bool()> last_step = {});
 

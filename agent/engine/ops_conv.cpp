@@ -425,7 +425,9 @@ Tensor dropout_op(const Tensor& residual, const Tensor& x, double p, bool traini
     }
     // (A bfloat16 branch still goes through the kernel, keeping nothing
     // with p 0: the addition alone would need a differentiable conversion.)
-    if ((!training || p == 0) && !mixed) return add(residual, x);
+    // (Outputs unread: through the dropout's own node below, which with p
+    // 0 passes gradients as the addition's does and reads nothing.)
+    if ((!training || p == 0) && !mixed && !outputs_unread()) return add(residual, x);
   } else if (!training || p == 0) {
     return x;
   }

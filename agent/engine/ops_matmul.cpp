@@ -232,8 +232,8 @@ struct LinearBackward final : Node {
         const Tensor a = gelu_input.get(), g_bf = g.to(DType::BFloat16);
         // GELU's gradient goes over g_bf where nothing else reads it: a
         // conversion or copy of our own, or the engine's gradient when it
-        // is ours alone (fc1's under autocast: 4 × dim × tokens bytes
-        // less at the peak of a recomputed MLP's backward).
+        // is ours alone (fc1's under autocast: 4 × dim × tokens bfloat16
+        // values less at the peak of an MLP's backward).
         const bool ours =
             grad_output_owned || g_bf.impl()->storage != g_in.impl()->storage;
         if (want_b && !gb.defined()) {

@@ -203,20 +203,23 @@ uint64_t SpillManager::reclaim(uint64_t bytes) {
       evict(e);
     }
   }
-  if (freed < bytes && spdlog::should_log(spdlog::level::debug)) {
+  if (freed < bytes) {
     // What stays on the device: saved tensors the step holds elsewhere too
     // (in use now), and what the allocator holds besides saved tensors.
     uint64_t held = 0, in_use = 0, in_use_backward = 0;
     size_t held_n = 0;
+    bool hot = false;
     for (const auto& [seq, e] : entries_) {
       if (!e.storage) continue;
       held += e.bytes;
       ++held_n;
+      hot = hot || e.hot;
       if (e.storage.use_count() > 1) {
         in_use += e.bytes;
         if (e.hot) in_use_backward += e.bytes;
       }
     }
+    last_shortfall_in_recomputed_backward_ = E::in_backward() && hot;
     spdlog::debug("spill: freed {} of {} asked; {} saved tensors on the device ({}), {} of "
                   "them in use by the step ({} saved during backward); the job's allocator "
                   "has {} in use",

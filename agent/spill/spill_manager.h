@@ -125,6 +125,12 @@ class SpillManager final : public engine::SavedTensorHooks,
   // Whether, in that step, tensors saved during backward had to leave too
   // (SpillCounters::working_set_evictions).
   bool last_step_spilled_working_set() const { return last_step_spilled_working_set_; }
+  // Whether the last reclaim that freed less than it was asked ran during
+  // backward with tensors saved there (a recomputed segment's) on the
+  // device: what a recomputed backward needs at once did not fit.
+  bool last_shortfall_in_recomputed_backward() const {
+    return last_shortfall_in_recomputed_backward_;
+  }
 
   SpillStats store_stats() const { return store_->stats(); }
   SpillCounters counters() const { return counters_; }
@@ -180,6 +186,7 @@ class SpillManager final : public engine::SavedTensorHooks,
   uint64_t ahead_limit_ = UINT64_MAX;
   SpillCounters at_step_start_;
   bool last_step_spilled_ = false, last_step_spilled_working_set_ = false;
+  bool last_shortfall_in_recomputed_backward_ = false;
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter
   SpillCounters counters_;
 };

@@ -80,9 +80,10 @@ struct InPlaceDoublingNode final : Node {
 };
 
 // A gradient that another node or the caller still holds is never offered
-// for writing over: the addition hands one tensor to both its inputs, and
-// a gradient passed to backward stays the caller's. Written over wrongly,
-// the second node's input would be doubled twice, or the caller's changed.
+// for writing over: the addition (its own gradient fresh from the product
+// after it) hands one tensor to both its inputs, and a gradient passed to
+// backward stays the caller's. Written over wrongly, the second node's
+// input would be doubled twice, or the caller's changed.
 TEST(Autograd, ANodeMayWriteOverOnlyAGradientThatIsItsAlone) {
   auto doubled = [](Tensor& x, std::shared_ptr<InPlaceDoublingNode>& node) {
     x = from_vector<float>({1, -2}, {2});
@@ -94,15 +95,13 @@ TEST(Autograd, ANodeMayWriteOverOnlyAGradientThatIsItsAlone) {
   };
   Tensor a, b;
   std::shared_ptr<InPlaceDoublingNode> na, nb;
-  Tensor sum_ab = add(doubled(a, na), doubled(b, nb));
-  Tensor g = ones({2});
-  sum_ab.backward(g);
-  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{2, 2}));
-  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{2, 2}));
-  EXPECT_EQ(g.to_vector<float>(), (std::vector<float>{1, 1})) << "the caller's gradient";
+  mul(add(doubled(a, na), doubled(b, nb)), 3.0).backward(ones({2}));
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{6, 6}));
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{6, 6}));
   ASSERT_EQ(na->owned.size(), 1u);
   ASSERT_EQ(nb->owned.size(), 1u);
   EXPECT_FALSE(na->owned[0] && nb->owned[0]) << "one tensor went to both";
+  EXPECT_TRUE(na->owned[0] || nb->owned[0]) << "the second, once the first let go of it";
 
   // A gradient made for the node alone (the product's): its own.
   Tensor c;

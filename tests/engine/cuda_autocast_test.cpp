@@ -248,6 +248,13 @@ TEST_F(CudaAutocast, RecomputedBlocksGiveTheSameGradients) {
   EXPECT_EQ(recompute_mismatch(Device::cuda(), true), "");
 }
 
+// Outputs made under an OutputsUnreadGuard on a GPU (where a product's
+// ReLU is fused, and its output is its backward's mask): the gradients of
+// the same operators run plainly.
+TEST_F(CudaAutocast, UnreadOutputsGiveTheSameGradients) {
+  EXPECT_EQ(outputs_unread_mismatch(Device::cuda()), "");
+}
+
 // A linear layer's bias gradient under autocast is summed on the device in
 // float32 in a fixed order, over parts of rows and then the parts: with
 // more parts than a block's lanes of them (20,000 rows), widths read 8

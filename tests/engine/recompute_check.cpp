@@ -136,4 +136,38 @@ std::string recompute_mismatch(Device device, bool autocast) {
   return "";
 }
 
+std::string outputs_unread_mismatch(Device device) {
+  auto run = [device](bool unread, bool relu, double p) {
+    manual_seed(4);
+    auto leaf = [device](const Shape& shape) {
+      return randn(shape).to(device).set_requires_grad(true);
+    };
+    Tensor w = leaf({3, 4}), b = leaf({3}), x = leaf({5, 4}), r = leaf({5, 3});
+    Tensor step = zeros({}, {DType::Int64, device});
+    StepRandom random(7, step);
+    Tensor out;
+    {
+      OutputsUnreadGuard guard(unread);
+      out = add_dropout(r, linear(x, w, b, relu), p, true);
+    }
+    Tensor g =
+        from_vector<float>({1, -2, 3, 0.5f, 2, -1, 1, 1, -3, 2, 0.25f, 4, -1, 2, 1}, {5, 3})
+            .to(device);
+    out.backward(g);
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& t : {w, b, x, r}) grads.push_back(t.grad().to(Device::cpu()).to_vector<float>());
+    return grads;
+  };
+  for (double p : {0.5, 0.0}) {
+    for (bool relu : {false, true}) {
+      if (run(true, relu, p) != run(false, relu, p)) {
+        return std::string("unread outputs changed the gradients (") +
+               (relu ? "fused ReLU" : "no ReLU") + ", p " + std::to_string(p) + ")";
+      }
+    }
+  }
+  if (outputs_unread()) return "the guard outlived its scope";
+  return "";
+}
+
 }  // namespace leasehold::engine

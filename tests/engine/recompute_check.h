@@ -22,4 +22,10 @@ namespace leasehold::engine {
 // autocast scopes have ended (a recomputed segment brings back its own).
 std::string recompute_mismatch(Device device, bool autocast);
 
+// A product (with and without a fused ReLU, which on a GPU reads its
+// output in backward) and a dropout's addition onto a residual (p 0.5 and
+// 0), made under an OutputsUnreadGuard and not: "" when every gradient is
+// the same bit for bit, else what differs.
+std::string outputs_unread_mismatch(Device device);
+
 }  // namespace leasehold::engine

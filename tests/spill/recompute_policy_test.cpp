@@ -116,8 +116,8 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
 }
 
 // A working set over the budget before any block recomputes whole (a
-// step that may spill ran out of memory: run_step asks so): MLPs first as
-// ever, then halves, never whole.
+// step ran out of memory during a recomputed MLP's backward: run_step asks
+// so): MLPs first as ever, then halves, never whole.
 TEST(RecomputePolicySteps, AWorkingSetOverTheBudgetEarlyMeansHalvesFromThenOn) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
