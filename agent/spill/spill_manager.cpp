@@ -264,6 +264,7 @@ void SpillManager::end_step() {
   // only costs link time.
   ahead_limit_ = freed + freed / 4;
   last_step_spilled_ = counters_.evictions > at_step_start_.evictions;
+  last_step_spilled_bytes_ = freed;
   last_step_spilled_working_set_ =
       counters_.working_set_evictions > at_step_start_.working_set_evictions;
   at_step_start_ = counters_;

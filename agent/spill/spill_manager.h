@@ -122,6 +122,8 @@ class SpillManager final : public engine::SavedTensorHooks,
   // that did not fits the budget as it is, without the hooks: it may run as
   // a CUDA graph (graphed_steps.h).
   bool last_step_spilled() const { return last_step_spilled_; }
+  // The bytes it freed so (0 when it freed none).
+  uint64_t last_step_spilled_bytes() const { return last_step_spilled_bytes_; }
   // Whether, in that step, tensors saved during backward had to leave too
   // (SpillCounters::working_set_evictions).
   bool last_step_spilled_working_set() const { return last_step_spilled_working_set_; }
@@ -187,6 +189,7 @@ class SpillManager final : public engine::SavedTensorHooks,
   SpillCounters at_step_start_;
   bool last_step_spilled_ = false, last_step_spilled_working_set_ = false;
   bool last_shortfall_in_recomputed_backward_ = false;
+  uint64_t last_step_spilled_bytes_ = 0;
   bool reclaiming_ = false;  // inside reclaim(): do not re-enter
   SpillCounters counters_;
 };
