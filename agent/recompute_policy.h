@@ -21,14 +21,14 @@
 // once there. Where that is over the budget (the step's spilling took
 // tensors saved during backward, or a step ran out of memory during a
 // recomputed segment's backward), the blocks recompute their two halves
-// apart from then on
-// instead (Recompute::Halves: the same compute, one half's activations at
-// a time): those recomputing whole go back to halves at once, as one
-// step, and later steps take MLP-only blocks to halves rather than whole.
-// Otherwise nothing goes back to being kept within a run (a budget, once
-// hit, is hit again). The job also takes a step when its
-// steps fit but their CUDA graph does not (graphed_steps.h): a graph's
-// step, launched once, beats a step op by op that keeps a little more.
+// apart from then on instead (Recompute::Halves: the same compute, one
+// half's activations at a time): those recomputing whole go back to
+// halves at once, as one step, and later steps take MLP-only blocks to
+// halves rather than whole. Otherwise nothing goes back to being kept
+// within a run (a budget, once hit, is hit again). The job also takes a
+// step when its steps fit but their CUDA graph does not
+// (graphed_steps.h): a graph's step, launched once, beats a step op by op
+// that keeps a little more.
 //
 // Thread safety: the job's thread only.
 #pragma once
