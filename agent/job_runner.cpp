@@ -361,15 +361,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         const RecomputePolicy::Step why = recompute.after_step(steps.graph_did_not_fit());
         if (why != RecomputePolicy::Step::None) {
           steps.retry();
-          const std::string spilled =
-              options.spill ? format_bytes(options.spill->last_step_spilled_bytes()) : "";
-          spdlog::info("job '{}': {}; {} from now on", job.name()->str(),
-                       why == RecomputePolicy::Step::Spilled
-                           ? "the step spilled " + spilled + " to stay within the memory budget"
-                       : why == RecomputePolicy::Step::WorkingSetSpilled
-                           ? "the step spilled " + spilled +
-                                 ", its backward's own recomputed activations among them"
-                           : std::string("the step's CUDA graph did not fit in memory"),
+          spdlog::info("job '{}': {}; {} from now on", job.name()->str(), recompute.reason(why),
                        recompute.describe());
         }
       }

@@ -1,5 +1,7 @@
 #include "agent/recompute_policy.h"
 
+#include "shared/units.h"
+
 namespace leasehold {
 
 namespace nn = engine::nn;
@@ -33,6 +35,19 @@ std::string RecomputePolicy::describe() const {
   if (halves()) s += ", " + std::to_string(halves()) + " its two halves apart,";
   s += " in backward";
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
+  return s;
+}
+
+std::string RecomputePolicy::reason(Step why) const {
+  if (why == Step::None) return "nothing spilled or failed to fit";
+  if (why == Step::GraphDidNotFit) return "the step's CUDA graph did not fit in memory";
+  std::string s = "the step spilled";
+  if (spill_) {
+    s += ' ';
+    s += format_bytes(spill_->last_step_spilled_bytes());
+  }
+  s += why == Step::WorkingSetSpilled ? ", its backward's own recomputed activations among them"
+                                      : " to stay within the memory budget";
   return s;
 }
 

@@ -103,6 +103,10 @@ class RecomputePolicy {
   // in backward" (", 2 its two halves apart" when any do), and the last
   // step when taken: for the job's log.
   std::string describe() const;
+  // Why after_step() took a step, for the job's log: "the step spilled
+  // 72.00 MiB to stay within the memory budget" (the bytes when the spill
+  // manager is known), "the step's CUDA graph did not fit in memory".
+  std::string reason(Step why) const;
 
  private:
   int count(engine::nn::TransformerBlock::Recompute r) const;

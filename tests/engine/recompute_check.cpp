@@ -155,7 +155,9 @@ std::string outputs_unread_mismatch(Device device) {
             .to(device);
     out.backward(g);
     std::vector<std::vector<float>> grads;
-    for (const Tensor& t : {w, b, x, r}) grads.push_back(t.grad().to(Device::cpu()).to_vector<float>());
+    for (const Tensor& t : {w, b, x, r}) {
+      grads.push_back(t.grad().to(Device::cpu()).to_vector<float>());
+    }
     return grads;
   };
   for (double p : {0.5, 0.0}) {

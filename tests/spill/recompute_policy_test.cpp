@@ -101,6 +101,10 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(policy.mlps(), 2) << "and nothing else moved in that step";
   EXPECT_NE(policy.describe().find("1 its two halves apart"), std::string::npos)
       << policy.describe();
+  EXPECT_EQ(policy.reason(Step::WorkingSetSpilled),
+            "the step spilled, its backward's own recomputed activations among them");
+  EXPECT_EQ(policy.reason(Step::Spilled), "the step spilled to stay within the memory budget");
+  EXPECT_EQ(policy.reason(Step::GraphDidNotFit), "the step's CUDA graph did not fit in memory");
 
   EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(policy.halves(), 2) << "an MLP-only block goes to halves, not whole";
