@@ -19,6 +19,10 @@
 
 namespace leasehold::engine {
 
+namespace detail {
+struct Derivation;  // derived.h
+}
+
 class Node;
 struct Edge {
   std::shared_ptr<Node> fn;  // null: the input needs no gradient
@@ -136,7 +140,9 @@ class GradientReadyGuard {
   GradientReadyHook previous_;
 };
 
-// A tensor kept for backward (detached, so the graph has no cycles).
+// A tensor kept for backward (detached, so the graph has no cycles), or,
+// when its memory was registered as made from others (derived.h), the
+// recipe: get() then makes it again.
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -150,6 +156,10 @@ class SavedTensor {
   Tensor tensor_;
   std::any packed_;
   std::shared_ptr<SavedTensorHooks> hooks_;
+  std::shared_ptr<const detail::Derivation> derived_;
+  Shape sizes_, strides_;  // the view of the derived memory
+  int64_t offset_ = 0;
+  DType dtype_ = DType::Float32;
   bool saved_ = false;
 };
 

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "agent/engine/autograd.h"
+#include "agent/engine/derived.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/recompute.h"
 
@@ -301,9 +302,21 @@ Tensor TransformerBlock::attention_half(const Tensor& x, bool replay) {
   // attention's output for proj's, and proj's for its dropout's addition to
   // the float32 residual stream (whose backward writes proj's gradient in
   // bfloat16, ready for its products).
-  Tensor merged =
-      self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
-                     /*causal=*/true);
+  // (At Mlp and Qkv its norm's output is saved as made again, and at Qkv
+  // the projection's too, from the norm's output: derived.h. It is never
+  // run again itself at those levels.)
+  const bool derived =
+      !replay && is_training() && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Qkv);
+  DeriveSavedGuard derive(derived);
+  const Tensor normed = ln1_->forward_lower_precision(x);
+  const Tensor qkv = qkv_->forward_lower_precision(normed);
+  if (derived && recompute_ == Recompute::Qkv) {
+    derive_when_saved(
+        qkv,
+        [this](const std::vector<Tensor>& from) { return qkv_->forward_lower_precision(from[0]); },
+        {normed});
+  }
+  Tensor merged = self_attention(qkv, heads_, /*causal=*/true);
   // (Run again in backward, proj's product and the addition are made for
   // their graph only.)
   OutputsUnreadGuard tail(replay);
@@ -321,7 +334,8 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay) {
                        [this](const Tensor& in, bool again) { return attention_half(in, again); },
                        x)
                  : attention_half(x, false);
-  Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Halves)
+  Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Qkv ||
+                          recompute_ == Recompute::Halves)
                  ? recompute_in_backward(
                        [this](const Tensor& in, bool again) { return mlp(in, again); }, h)
                  : mlp(h, replay);
