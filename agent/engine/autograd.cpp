@@ -147,6 +147,11 @@ void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const
 }
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+  run_backward(root, gradient, retain_graph, Tensor(), Tensor());
+}
+
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
+                  const Tensor& leaf, const Tensor& leaf_sum) {
   if (!root.defined()) throw std::invalid_argument("backward of an undefined tensor");
   if (!root.requires_grad()) {
     throw std::invalid_argument(
@@ -189,6 +194,20 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     ~Depth() { --t_backward_depth; }
   } depth;
   std::unordered_map<Node*, Tensor> buffers{{start.fn.get(), grad}};
+  std::shared_ptr<Node> seeded;  // leaf's accumulator, holding leaf_sum, if it is in the graph
+  if (leaf_sum.defined()) {
+    if (!leaf.defined() || leaf.grad_fn() || !leaf.requires_grad() ||
+        leaf_sum.sizes() != leaf.sizes()) {
+      throw std::invalid_argument("backward: a gradient received already needs a leaf that "
+                                  "requires grad, of its shape");
+    }
+    seeded = gradient_edge(leaf).fn;
+    if (deps.count(seeded.get())) {
+      buffers[seeded.get()] = leaf_sum;
+    } else {
+      seeded.reset();
+    }
+  }
   std::vector<std::shared_ptr<Node>> ready{start.fn};
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
@@ -229,6 +248,12 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
       }
       if (--deps[e.fn.get()] == 0) ready.push_back(e.fn);
     }
+  }
+  // (Not in the graph: nothing reached the leaf, whose gradient is then
+  // the one received already.)
+  if (leaf_sum.defined() && !seeded) {
+    Tensor(leaf).set_grad(leaf.grad().defined() ? accumulate(leaf.grad(), leaf_sum).detach()
+                                                : leaf_sum.detach());
   }
 }
 

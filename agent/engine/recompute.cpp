@@ -20,7 +20,17 @@ class RecomputeBackward final : public Node {
         autocast_(autocast) {}
   const char* name() const override { return "RecomputeBackward"; }
 
+  // The input's gradient from outside the segment (a transformer block's
+  // residual stream), passed on to the segment's own backward, whose
+  // first operator on x (a norm) adds it as it writes x's gradient.
+  bool fold_into_input0(const Tensor& sum) override {
+    if (!x_requires_grad_) return false;
+    received_ = sum;
+    return true;
+  }
+
   std::vector<Tensor> apply(const Tensor& grad) override {
+    const Tensor received = std::move(received_);  // (this call's only, whatever happens)
     Tensor x = x_.get().detach();
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
@@ -30,15 +40,18 @@ class RecomputeBackward final : public Node {
       AutocastGuard autocast(autocast_);
       out = segment_(x, /*replay=*/true);
     }
-    if (!out.requires_grad()) return {};  // nothing in it needs gradients
+    if (!out.requires_grad()) return {received};  // nothing in it needs gradients
     if (out.sizes() != grad.sizes()) {
       throw std::logic_error("recomputed segment gave " + out.shape_str() + ", not " +
                              grad.shape_str() + " as the first time");
     }
-    run_backward(out, grad, /*retain_graph=*/false);
+    run_backward(out, grad, /*retain_graph=*/false, x, received);
     return {x_requires_grad_ ? x.grad() : Tensor()};
   }
-  void release_saved() override { x_.reset(); }
+  void release_saved() override {
+    x_.reset();
+    received_ = Tensor();
+  }
 
  private:
   Segment segment_;
@@ -46,6 +59,7 @@ class RecomputeBackward final : public Node {
   bool x_requires_grad_;
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
+  Tensor received_;  // offered to fold, until apply
 };
 
 }  // namespace

@@ -79,6 +79,34 @@ struct InPlaceDoublingNode final : Node {
   }
 };
 
+// A gradient the leaf received already (run_backward's leaf_sum, as a
+// segment recomputed in backward passes its input's): the norm that reads
+// the leaf folds it into the gradient it writes, a product's is added to
+// it, and a leaf the graph never reaches ends with it alone: each time
+// the sum, bit for bit, of the gradient received and the leaf's own.
+TEST(Autograd, AGradientReceivedAlreadyIsSummedIntoTheLeaf) {
+  manual_seed(5);
+  const Tensor w = randn({6}), b = randn({6}), received = randn({3, 6}), g = randn({3, 6});
+  const Tensor c = randn({3, 6});
+  for (bool norm : {true, false}) {
+    auto f = [&](const Tensor& in) { return norm ? layer_norm(in, w, b) : mul(in, c); };
+    const Tensor start = randn({3, 6});
+    Tensor x = start.clone().set_requires_grad(true);
+    run_backward(f(x), g, /*retain_graph=*/false, x, received);
+    Tensor alone = start.clone().set_requires_grad(true);
+    f(alone).backward(g);
+    EXPECT_EQ(x.grad().to_vector<float>(), add(alone.grad(), received).to_vector<float>())
+        << (norm ? "folded by the norm" : "added after the product");
+  }
+  Tensor x = randn({3, 6}).set_requires_grad(true), other = randn({3, 6}).set_requires_grad(true);
+  run_backward(mul(x, x), g, false, other, received);
+  EXPECT_EQ(other.grad().to_vector<float>(), received.to_vector<float>()) << "not reached";
+  Tensor y = randn({3, 6}).set_requires_grad(true);
+  Tensor inner = mul(y, y);
+  EXPECT_THROW(run_backward(mul(inner, y), g, false, inner, received), std::invalid_argument)
+      << "not a leaf";
+}
+
 // A gradient that another node or the caller still holds is never offered
 // for writing over: the addition (its own gradient fresh from the product
 // after it) hands one tensor to both its inputs, and a gradient passed to

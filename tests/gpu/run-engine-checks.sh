@@ -14,7 +14,9 @@
 #           text-gpt, e.g. fashion-mnist-lenet, for one epoch)
 #   job     the same job alone, its agent's log (LOG_LEVEL, default info)
 #           in $OUT/job_agent.log. For ncu and job: BUDGET, the job's
-#           memory budget (e.g. 422MiB); PROFILE_STEPS (default 60)
+#           memory budget (e.g. 422MiB); PROFILE_STEPS (default 60); for
+#           ncu, AGENT_ARGS (e.g. --no-cuda-graphs: ncu then counts each
+#           kernel of a step as a launch, not the step's one graph)
 #   kernels leasehold-bench-engine (attention on float32 and bfloat16 tensors,
 #           the GPT's linear layers against cuBLASLt's plain product) and
 #           tests/bench/attention_torch.py (PyTorch's SDPA backends)
@@ -95,7 +97,7 @@ PY
       ${NCU_ARGS:---metrics gpu__time_duration.sum --csv} \
       --launch-skip "${SKIP:-3000}" --launch-count "${COUNT:-1300}" --log-file "$log" \
       "$B/libexec/leasehold-agent" --endpoint "ipc://$T/c.sock" --run-job "$T/job.json" \
-      > "$OUT/ncu_agent.log" 2>&1
+      --spill-host-bytes 4GiB ${AGENT_ARGS:-} > "$OUT/ncu_agent.log" 2>&1
     echo "ncu rc=$?"
     kill "$coord"; wait "$coord"; rm -rf "$T" ;;
   kernels)
