@@ -201,8 +201,11 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
       throw std::invalid_argument("backward: a gradient received already needs a leaf that "
                                   "requires grad, of its shape");
     }
+    // (Seeded only where one node sends the leaf its gradient: with more,
+    // the first one's would be summed with it into a new tensor while the
+    // caller still holds it, a tensor more at once than summing at the end.)
     seeded = gradient_edge(leaf).fn;
-    if (deps.count(seeded.get())) {
+    if (auto d = deps.find(seeded.get()); d != deps.end() && d->second == 1) {
       buffers[seeded.get()] = leaf_sum;
     } else {
       seeded.reset();
@@ -249,8 +252,8 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
       if (--deps[e.fn.get()] == 0) ready.push_back(e.fn);
     }
   }
-  // (Not in the graph: nothing reached the leaf, whose gradient is then
-  // the one received already.)
+  // (Not seeded: the leaf's gradient, if any reached it, plus the one
+  // received already.)
   if (leaf_sum.defined() && !seeded) {
     Tensor(leaf).set_grad(leaf.grad().defined() ? accumulate(leaf.grad(), leaf_sum).detach()
                                                 : leaf_sum.detach());

@@ -170,9 +170,10 @@ void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 // The same, with `leaf_sum` (when defined) taken as a gradient that leaf
-// `leaf` has received already: the node that sends the leaf its gradient
-// is offered it to fold (Node::fold_into_input0) as from a sibling, and
-// leaf's .grad ends as the sum. A segment recomputed in backward
+// `leaf` has received already: where one node sends the leaf its
+// gradient, it is offered the sum to fold (Node::fold_into_input0) as
+// from a sibling; otherwise it is added at the end. leaf's .grad ends as
+// the sum. A segment recomputed in backward
 // (recompute.h) passes the gradient its input got from outside it so:
 // the norm that reads the input adds it as it writes its own, where a
 // sum after would be a pass more over the residual stream.

@@ -82,8 +82,9 @@ struct InPlaceDoublingNode final : Node {
 // A gradient the leaf received already (run_backward's leaf_sum, as a
 // segment recomputed in backward passes its input's): the norm that reads
 // the leaf folds it into the gradient it writes, a product's is added to
-// it, and a leaf the graph never reaches ends with it alone: each time
-// the sum, bit for bit, of the gradient received and the leaf's own.
+// it, a leaf two nodes read gets it added after theirs, and a leaf the
+// graph never reaches ends with it alone: each time the sum, bit for bit,
+// of the gradient received and the leaf's own.
 TEST(Autograd, AGradientReceivedAlreadyIsSummedIntoTheLeaf) {
   manual_seed(5);
   const Tensor w = randn({6}), b = randn({6}), received = randn({3, 6}), g = randn({3, 6});
@@ -98,7 +99,16 @@ TEST(Autograd, AGradientReceivedAlreadyIsSummedIntoTheLeaf) {
     EXPECT_EQ(x.grad().to_vector<float>(), add(alone.grad(), received).to_vector<float>())
         << (norm ? "folded by the norm" : "added after the product");
   }
-  Tensor x = randn({3, 6}).set_requires_grad(true), other = randn({3, 6}).set_requires_grad(true);
+  // Two nodes send it gradients (x · x): the one received is added at the
+  // end, after theirs.
+  const Tensor start = randn({3, 6});
+  Tensor x = start.clone().set_requires_grad(true);
+  run_backward(mul(x, x), g, false, x, received);
+  Tensor alone = start.clone().set_requires_grad(true);
+  mul(alone, alone).backward(g);
+  EXPECT_EQ(x.grad().to_vector<float>(), add(alone.grad(), received).to_vector<float>())
+      << "two nodes reading the leaf";
+  Tensor other = randn({3, 6}).set_requires_grad(true);
   run_backward(mul(x, x), g, false, other, received);
   EXPECT_EQ(other.grad().to_vector<float>(), received.to_vector<float>()) << "not reached";
   Tensor y = randn({3, 6}).set_requires_grad(true);
