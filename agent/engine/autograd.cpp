@@ -201,9 +201,9 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
       throw std::invalid_argument("backward: a gradient received already needs a leaf that "
                                   "requires grad, of its shape");
     }
-    // (Seeded only where one node sends the leaf its gradient: with more,
-    // the first one's would be summed with it into a new tensor while the
-    // caller still holds it, a tensor more at once than summing at the end.)
+    // (Seeded only where one edge leads to the leaf: with more, the first
+    // gradient would be summed with it into a new tensor while the caller
+    // still holds it, a tensor more at once than summing at the end.)
     seeded = gradient_edge(leaf).fn;
     if (auto d = deps.find(seeded.get()); d != deps.end() && d->second == 1) {
       buffers[seeded.get()] = leaf_sum;

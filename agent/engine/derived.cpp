@@ -47,9 +47,10 @@ DeriveSavedGuard::~DeriveSavedGuard() {
 void derive_when_saved(const Tensor& t, Derive derive, std::vector<Tensor> from) {
   if (!t_deriving || !grad_enabled() || !t.defined()) return;
   const auto& storage = t.impl()->storage;
-  if (!t.is_contiguous() || t.storage_offset() != 0 || !storage) {
+  if (!storage || !t.is_contiguous() || t.storage_offset() != 0 ||
+      static_cast<size_t>(t.numel()) * dtype_size(t.dtype()) != storage->bytes()) {
     throw std::logic_error("derive_when_saved: " + t.shape_str() +
-                           " is not its memory's own contiguous tensor");
+                           " is not the whole of its memory as one contiguous tensor");
   }
   Registration r;
   r.storage = storage;
@@ -64,7 +65,7 @@ void derive_when_saved(const Tensor& t, Derive derive, std::vector<Tensor> from)
 namespace detail {
 
 std::shared_ptr<const Derivation> derivation_of(const Tensor& t) {
-  if (t_registered.empty() || !t.defined()) return nullptr;
+  if (!t_deriving || t_registered.empty() || !t.defined()) return nullptr;
   const auto& storage = t.impl()->storage;
   auto it = t_registered.find(storage.get());
   if (it == t_registered.end()) return nullptr;
@@ -94,6 +95,7 @@ Tensor derive(const Derivation& d) {
   {
     NoGradGuard no_grad;
     AutocastGuard autocast(d.autocast);
+    OutputsUnreadGuard read(false);  // (backward reads it)
     out = d.derive(from);
   }
   if (!out.defined() || out.sizes() != d.sizes || out.dtype() != d.dtype || !out.is_contiguous() ||

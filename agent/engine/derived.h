@@ -38,9 +38,10 @@ using Derive = std::function<Tensor(const std::vector<Tensor>& from)>;
 
 // Whether a DeriveSavedGuard(true) is on for this thread now.
 bool deriving_saved();
-// Registrations take effect while the outermost guard that turned them on
-// lives; they are forgotten when it ends (saved tensors made before then
-// keep what they took).
+// Registrations are made, and taken by saved tensors, only while
+// deriving_saved(); they are all forgotten whenever a guard ends with it
+// false (saved tensors made before then keep what they took), so an inner
+// guard(false) pauses them and its end ends them.
 class DeriveSavedGuard {
  public:
   explicit DeriveSavedGuard(bool on);
@@ -52,8 +53,8 @@ class DeriveSavedGuard {
   bool previous_;
 };
 
-// When deriving_saved() and grad mode is on: records that `t` (contiguous,
-// from its storage's start) is derive(from), so that tensors saved for
+// When deriving_saved() and grad mode is on: records that `t` (its whole
+// memory, contiguous from its start) is derive(from), so that tensors saved for
 // backward from t's memory keep `from` and `derive` instead. `derive` and
 // what it refers to (a module's parameters) must not change before
 // backward. Otherwise does nothing.

@@ -307,16 +307,22 @@ Tensor TransformerBlock::attention_half(const Tensor& x, bool replay) {
   // run again itself at those levels.)
   const bool derived =
       !replay && is_training() && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Qkv);
-  DeriveSavedGuard derive(derived);
-  const Tensor normed = ln1_->forward_lower_precision(x);
-  const Tensor qkv = qkv_->forward_lower_precision(normed);
-  if (derived && recompute_ == Recompute::Qkv) {
-    derive_when_saved(
-        qkv,
-        [this](const std::vector<Tensor>& from) { return qkv_->forward_lower_precision(from[0]); },
-        {normed});
+  Tensor merged;
+  {
+    // (The norm's output and q, k, v go with this scope, unless saved.)
+    DeriveSavedGuard derive(derived);
+    const Tensor normed = ln1_->forward_lower_precision(x);
+    const Tensor qkv = qkv_->forward_lower_precision(normed);
+    if (derived && recompute_ == Recompute::Qkv) {
+      derive_when_saved(
+          qkv,
+          [this](const std::vector<Tensor>& from) {
+            return qkv_->forward_lower_precision(from[0]);
+          },
+          {normed});
+    }
+    merged = self_attention(qkv, heads_, /*causal=*/true);
   }
-  Tensor merged = self_attention(qkv, heads_, /*causal=*/true);
   // (Run again in backward, proj's product and the addition are made for
   // their graph only.)
   OutputsUnreadGuard tail(replay);

@@ -198,7 +198,9 @@ class TransformerBlock final : public Module {
   //    MiB, for a pass over them). The MLP holds more than half of a
   //    block's activations and costs a third of its forward.
   //  - Qkv: as Mlp, and the attention's q, k and v are made again from the
-  //    norm's output (36 MiB, for the qkv product again).
+  //    norm's output (36 MiB, for the qkv product again and the norm once
+  //    more: the attention's backward and the product's each make the
+  //    norm's output they read).
   //  - Halves: each half (attention, MLP) keeps only its input and runs
   //    again (the attention's output, 12 MiB, for the attention kernel
   //    again). The same compute as Block, and one input more kept (the

@@ -16,6 +16,8 @@ class RecomputeBackward final : public Node {
       : segment_(std::move(segment)),
         x_(x),
         x_requires_grad_(x.requires_grad()),
+        x_sizes_(x.sizes()),
+        x_dtype_(x.dtype()),
         random_(std::move(random)),
         autocast_(autocast) {}
   const char* name() const override { return "RecomputeBackward"; }
@@ -24,7 +26,7 @@ class RecomputeBackward final : public Node {
   // residual stream), passed on to the segment's own backward, whose
   // first operator on x (a norm) adds it as it writes x's gradient.
   bool fold_into_input0(const Tensor& sum) override {
-    if (!x_requires_grad_) return false;
+    if (!x_requires_grad_ || sum.sizes() != x_sizes_ || sum.dtype() != x_dtype_) return false;
     received_ = sum;
     return true;
   }
@@ -57,6 +59,8 @@ class RecomputeBackward final : public Node {
   Segment segment_;
   SavedTensor x_;
   bool x_requires_grad_;
+  Shape x_sizes_;
+  DType x_dtype_;
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
   Tensor received_;  // offered to fold, until apply

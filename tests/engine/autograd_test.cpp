@@ -99,8 +99,8 @@ TEST(Autograd, AGradientReceivedAlreadyIsSummedIntoTheLeaf) {
     EXPECT_EQ(x.grad().to_vector<float>(), add(alone.grad(), received).to_vector<float>())
         << (norm ? "folded by the norm" : "added after the product");
   }
-  // Two nodes send it gradients (x · x): the one received is added at the
-  // end, after theirs.
+  // Two edges lead to it (x · x): the one received is added at the end,
+  // after theirs.
   const Tensor start = randn({3, 6});
   Tensor x = start.clone().set_requires_grad(true);
   run_backward(mul(x, x), g, false, x, received);
@@ -115,6 +115,34 @@ TEST(Autograd, AGradientReceivedAlreadyIsSummedIntoTheLeaf) {
   Tensor inner = mul(y, y);
   EXPECT_THROW(run_backward(mul(inner, y), g, false, inner, received), std::invalid_argument)
       << "not a leaf";
+
+  // The gradient received is what the node that reads the leaf is offered
+  // (taken or not), and with two edges to the leaf nothing is.
+  for (bool takes : {true, false}) {
+    Tensor leaf = from_vector<float>({1, -2}, {2}).set_requires_grad(true);
+    Tensor doubled = mul(leaf.detach(), 2.0);
+    auto node = std::make_shared<DoublingNode>();
+    node->takes = takes;
+    record(doubled, node, {&leaf});
+    const Tensor got = from_vector<float>({5, 7}, {2});
+    run_backward(doubled, ones({2}), false, leaf, got);
+    ASSERT_TRUE(node->offered.defined()) << (takes ? "taken" : "declined");
+    EXPECT_EQ(node->offered.impl()->storage, got.impl()->storage);
+    EXPECT_EQ(leaf.grad().to_vector<float>(), (std::vector<float>{7, 9}));
+  }
+  Tensor twice = from_vector<float>({1, -2}, {2}).set_requires_grad(true);
+  auto first = std::make_shared<DoublingNode>(), second = std::make_shared<DoublingNode>();
+  Tensor a2 = mul(twice.detach(), 2.0), b2 = mul(twice.detach(), 2.0);
+  first->takes = second->takes = true;
+  record(a2, first, {&twice});
+  record(b2, second, {&twice});
+  run_backward(add(a2, b2), ones({2}), false, twice, from_vector<float>({5, 7}, {2}));
+  EXPECT_EQ(twice.grad().to_vector<float>(), (std::vector<float>{9, 11}));
+  for (const auto& n : {first, second}) {
+    EXPECT_TRUE(!n->offered.defined() ||
+                n->offered.to_vector<float>() == (std::vector<float>{2, 2}))
+        << "offered the gradient received with two edges to the leaf";
+  }
 }
 
 // A gradient that another node or the caller still holds is never offered

@@ -134,8 +134,8 @@ TEST(Derived, TheRecipesInputsGoThroughTheHooksAndTheDerivedMemoryDoesNot) {
 }
 
 // Registrations do nothing outside a guard or grad mode, and are
-// forgotten when the guard ends: a tensor saved after that keeps its
-// memory.
+// forgotten when the guard ends: tensors saved inside a guard later, or
+// after it, keep their memory.
 TEST(Derived, RegistrationsHoldOnlyInsideTheGuardAndInGradMode) {
   Tensor a = from_vector<float>({1, 2}, {2}).set_requires_grad(true);
   int runs = 0;
@@ -145,23 +145,58 @@ TEST(Derived, RegistrationsHoldOnlyInsideTheGuardAndInGradMode) {
   };
   Tensor outside = mul(a, a);
   derive_when_saved(outside, again, {a});  // no guard
-  Tensor forgotten;
+  Tensor forgotten, out;
   {
     DeriveSavedGuard guard(true);
     forgotten = mul(a, a);
     derive_when_saved(forgotten, again, {a});
-    NoGradGuard no_grad;
-    Tensor plain = mul(a, a);
-    derive_when_saved(plain, again, {a});  // no grad mode
+    Tensor plain;
+    {
+      NoGradGuard no_grad;
+      plain = mul(a.detach(), a.detach());
+      derive_when_saved(plain, again, {a});  // no grad mode
+    }
+    out = add(mul(outside, a), mul(plain, a));  // saved inside the guard
   }
-  Tensor out = add(mul(outside, a), mul(forgotten, a));
+  out = add(out, mul(forgotten, a));  // saved after it
   std::weak_ptr<Storage> memory = forgotten.impl()->storage;
   forgotten = Tensor();
   outside = Tensor();
   EXPECT_FALSE(memory.expired()) << "saved after the guard ended: kept";
   sum(out).backward();
   EXPECT_EQ(runs, 0);
-  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{6, 24}));  // d(2a³)/da
+  // 3a² + a² + 3a²: plain's a² is a constant.
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{7, 28}));
+}
+
+// A view of registered memory at an offset, with strides (a column of a
+// matrix), saved by a product: made again, the view reads the same
+// elements of the new memory.
+TEST(Derived, AViewAtAnOffsetReadsTheSameElementsMadeAgain) {
+  int runs = 0;
+  auto run = [&runs](bool derive) {
+    Tensor a = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad(true);
+    Tensor out;
+    {
+      DeriveSavedGuard guard(derive);
+      Tensor t = mul(a, a);
+      derive_when_saved(
+          t,
+          [&runs](const std::vector<Tensor>& from) {
+            ++runs;
+            return mul(from[0], from[0]);
+          },
+          {a});
+      Tensor column = t.narrow(1, 1, 2).transpose(0, 1);  // [2, 2], offset 1
+      // (The other factor needs a gradient: then the product saves the view.)
+      Tensor other = from_vector<float>({1, 10, 100, 1000}, {2, 2}).set_requires_grad(true);
+      out = mul(column, other);
+    }
+    sum(mul(out, out)).backward();
+    return a.grad().to_vector<float>();
+  };
+  EXPECT_EQ(run(true), run(false));
+  EXPECT_EQ(runs, 1) << "the view was saved as made again";
 }
 
 // A view registered is refused: a recipe makes a whole tensor.
