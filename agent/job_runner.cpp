@@ -454,7 +454,6 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                  job.name()->str(), steps.releases());
   }
   result.recomputed_mlps = recompute.mlps();
-  result.recomputed_qkv = recompute.qkv();
   result.recomputed_blocks = recompute.whole();
   result.recomputed_halves = recompute.halves();
   result.optimizer_state_on_host = recompute.took_last_step();

@@ -62,12 +62,10 @@ struct JobResult {
   double seconds = 0;
   int64_t resumed_from_epoch = 0;  // 0: started fresh
   int64_t graph_steps = 0;         // steps run as one CUDA graph launch each
-  // Transformer blocks at each level of what they make again in backward
-  // at the end, to stay within the memory budget (recompute_policy.h):
-  // their MLP, their MLP and q, k, v, the whole block, its two halves
-  // apart.
+  // Transformer blocks recomputing their MLP, recomputing whole, and
+  // recomputing their two halves apart, in backward at the end, to stay
+  // within the memory budget (recompute_policy.h).
   int recomputed_mlps = 0;
-  int recomputed_qkv = 0;
   int recomputed_blocks = 0;
   int recomputed_halves = 0;
   bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)

@@ -30,8 +30,8 @@ RecomputePolicy::RecomputePolicy(const nn::Module& model,
 
 std::string RecomputePolicy::describe() const {
   std::string s = "of " + std::to_string(blocks()) + " transformer blocks, " +
-                  std::to_string(mlps()) + " recompute their MLP, " + std::to_string(qkv()) +
-                  " their MLP and q, k, v, and " + std::to_string(whole()) + " the whole block";
+                  std::to_string(mlps()) + " recompute their MLP and " +
+                  std::to_string(whole()) + " the whole block";
   if (halves()) s += ", " + std::to_string(halves()) + " its two halves apart,";
   s += " in backward";
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
@@ -88,16 +88,14 @@ bool RecomputePolicy::tighten(bool working_set_over) {
     }
     if (any) return true;
   }
-  // The first block at the level that keeps the most goes one level on
-  // (nn.h: TransformerBlock::Recompute: MLP, then q, k and v too, then
-  // whole or in halves).
+  // The first block that keeps its MLP recomputes it; once none does, the
+  // first block that recomputes its MLP only recomputes whole (or in
+  // halves).
   const Recompute further = whole_blocks_fit_ ? Recompute::Block : Recompute::Halves;
-  for (Recompute from : {Recompute::None, Recompute::Mlp, Recompute::Qkv}) {
+  for (Recompute from : {Recompute::None, Recompute::Mlp}) {
     for (auto* b : blocks_) {
       if (b->recompute() == from) {
-        b->set_recompute(from == Recompute::None  ? Recompute::Mlp
-                         : from == Recompute::Mlp ? Recompute::Qkv
-                                                  : further);
+        b->set_recompute(from == Recompute::None ? Recompute::Mlp : further);
         return true;
       }
     }

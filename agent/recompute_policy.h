@@ -2,17 +2,14 @@
 // instead of keeping (engine/nn.h: TransformerBlock::Recompute), for a job
 // over its memory budget: nothing at first; then, after each step in which
 // the budget made the spill manager take saved tensors off the device, one
-// step more: one block goes one level on, from the first block on (the
-// oldest activations, those spilling picks first), every block through a
-// level before any goes to the next. The levels, cheapest freed byte
-// first: the MLP recomputed (about a third of the block's forward for
-// more than half of its activations, and the attention's norm output made
-// again), the attention's q, k and v made again (its product again), then
-// the whole block (or its halves apart, below), whose attention kernel
-// frees little for its time. Moving the same activations
-// to host memory and back costs several steps on a PCIe link, so
-// recomputing comes first and spilling takes what is left once every
-// block recomputes. Then one step is left: the job's last (its
+// step more: first the MLP of one block after another, from the first
+// block on (the oldest activations, those spilling picks first), then
+// whole blocks in the same order. Recomputing a GPT block's MLP costs
+// about a third of its forward and frees more than half of its
+// activations; the whole block costs the rest for the rest; moving the
+// same activations to host memory and back costs several steps on a PCIe
+// link, so recomputing comes first and spilling takes what is left once
+// every block recomputes. Then one step is left: the job's last (its
 // optimizer's state moves to host memory, optim.h: move_state_to_host;
 // the update then reads it over the link, which costs less than a step
 // that spills every block's input), for a model with blocks only (a
@@ -26,8 +23,8 @@
 // recomputed segment's backward), the blocks recompute their two halves
 // apart from then on instead (Recompute::Halves: the same compute, one
 // half's activations at a time): those recomputing whole go back to
-// halves at once, as one step, and later steps take blocks to halves
-// rather than whole. Otherwise nothing goes back to being kept
+// halves at once, as one step, and later steps take MLP-only blocks to
+// halves rather than whole. Otherwise nothing goes back to being kept
 // within a run (a budget, once hit, is hit again). The job also takes a
 // step when its steps fit but their CUDA graph does not
 // (graphed_steps.h): a graph's step, launched once, beats a step op by op
@@ -95,16 +92,16 @@ class RecomputePolicy {
                const std::function<void(const engine::OutOfMemoryError&)>& retrying = {});
 
   int blocks() const { return static_cast<int>(blocks_.size()); }
-  // Blocks at each level (nn.h: TransformerBlock::Recompute).
+  // Blocks that recompute their MLP only, and those that recompute whole.
   int mlps() const { return count(engine::nn::TransformerBlock::Recompute::Mlp); }
-  int qkv() const { return count(engine::nn::TransformerBlock::Recompute::Qkv); }
   int whole() const { return count(engine::nn::TransformerBlock::Recompute::Block); }
+  // Blocks that recompute their two halves apart.
   int halves() const { return count(engine::nn::TransformerBlock::Recompute::Halves); }
   // Whether the last step was taken and freed something.
   bool took_last_step() const { return last_step_freed_; }
-  // "of 6 transformer blocks, 3 recompute their MLP, 1 their MLP and q, k,
-  // v, and 2 the whole block in backward" (", 2 its two halves apart" when
-  // any do), and the last step when taken: for the job's log.
+  // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block
+  // in backward" (", 2 its two halves apart" when any do), and the last
+  // step when taken: for the job's log.
   std::string describe() const;
   // Why after_step() took a step, for the job's log: "the step spilled
   // 72.00 MiB to stay within the memory budget" (the bytes when the spill

@@ -147,11 +147,6 @@ void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const
 }
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
-  run_backward(root, gradient, retain_graph, Tensor(), Tensor());
-}
-
-void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
-                  const Tensor& leaf, const Tensor& leaf_sum) {
   if (!root.defined()) throw std::invalid_argument("backward of an undefined tensor");
   if (!root.requires_grad()) {
     throw std::invalid_argument(
@@ -194,23 +189,6 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
     ~Depth() { --t_backward_depth; }
   } depth;
   std::unordered_map<Node*, Tensor> buffers{{start.fn.get(), grad}};
-  std::shared_ptr<Node> seeded;  // leaf's accumulator, holding leaf_sum, if it is in the graph
-  if (leaf_sum.defined()) {
-    if (!leaf.defined() || leaf.grad_fn() || !leaf.requires_grad() ||
-        leaf_sum.sizes() != leaf.sizes()) {
-      throw std::invalid_argument("backward: a gradient received already needs a leaf that "
-                                  "requires grad, of its shape");
-    }
-    // (Seeded only where one edge leads to the leaf: with more, the first
-    // gradient would be summed with it into a new tensor while the caller
-    // still holds it, a tensor more at once than summing at the end.)
-    seeded = gradient_edge(leaf).fn;
-    if (auto d = deps.find(seeded.get()); d != deps.end() && d->second == 1) {
-      buffers[seeded.get()] = leaf_sum;
-    } else {
-      seeded.reset();
-    }
-  }
   std::vector<std::shared_ptr<Node>> ready{start.fn};
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
@@ -251,12 +229,6 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
       }
       if (--deps[e.fn.get()] == 0) ready.push_back(e.fn);
     }
-  }
-  // (Not seeded: the leaf's gradient, if any reached it, plus the one
-  // received already.)
-  if (leaf_sum.defined() && !seeded) {
-    Tensor(leaf).set_grad(leaf.grad().defined() ? accumulate(leaf.grad(), leaf_sum).detach()
-                                                : leaf_sum.detach());
   }
 }
 

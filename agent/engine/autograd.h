@@ -169,16 +169,6 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs);
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
-// The same, with `leaf_sum` (when defined) taken as a gradient that leaf
-// `leaf` has received already: where one edge of the graph leads to the
-// leaf, the node at its other end is offered the sum to fold
-// (Node::fold_into_input0) as from a sibling; otherwise it is added at
-// the end. leaf's .grad ends as the sum. `leaf` is not a parameter: a
-// GradientReadyHook may hear of it before the sum is added. A segment recomputed in backward
-// (recompute.h) passes the gradient its input got from outside it so:
-// the norm that reads the input adds it as it writes its own, where a
-// sum after would be a pass more over the residual stream.
-void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph,
-                  const Tensor& leaf, const Tensor& leaf_sum);
+
 
 }  // namespace leasehold::engine

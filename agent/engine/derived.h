@@ -2,17 +2,16 @@
 // that backward can make again from tensors it keeps anyway is saved as
 // the recipe, not as its memory. A transformer block's layer norm output
 // (12 MiB at nanoGPT's character model's sizes under autocast) is the norm
-// of the input that the norm's own backward keeps; its q, k and v (36 MiB)
-// are a product of that output. Made again in backward, the norm costs a
-// pass over its bytes and q, k, v their product, where recomputing the
-// whole attention half costs its attention kernel too, for 12 MiB more.
-// (PyTorch users get the same from saved-tensor hooks or selective
-// activation checkpointing.)
+// of the input that the norm's own backward keeps: made again in backward
+// it costs a pass over its bytes, where recomputing the attention half
+// that reads it costs its products and attention kernel too. (PyTorch
+// users get the same from saved-tensor hooks or selective activation
+// checkpointing.)
 //
 // A block opens a DeriveSavedGuard around the part whose outputs it lets
 // backward make again; inside it, the operators that know how their
 // output is made from what they keep register it (derive_when_saved):
-// layer_norm's output, and whatever the block registers itself. A
+// layer_norm's output, and whatever else the caller registers. A
 // SavedTensor of that memory (any view of it) made while the guard lives
 // then keeps the recipe's inputs (through the saved-tensor hooks, so an
 // input that spills spills once) and, when backward asks for it, runs the

@@ -302,26 +302,14 @@ Tensor TransformerBlock::attention_half(const Tensor& x, bool replay) {
   // attention's output for proj's, and proj's for its dropout's addition to
   // the float32 residual stream (whose backward writes proj's gradient in
   // bfloat16, ready for its products).
-  // (At Mlp and Qkv its norm's output is saved as made again, and at Qkv
-  // the projection's too, from the norm's output: derived.h. It is never
-  // run again itself at those levels.)
-  const bool derived =
-      !replay && is_training() && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Qkv);
+  // (At Mlp its norm's output is saved as made again from the norm's
+  // input: derived.h. The half is never run again itself at that level.)
   Tensor merged;
   {
-    // (The norm's output and q, k, v go with this scope, unless saved.)
-    DeriveSavedGuard derive(derived);
-    const Tensor normed = ln1_->forward_lower_precision(x);
-    const Tensor qkv = qkv_->forward_lower_precision(normed);
-    if (derived && recompute_ == Recompute::Qkv) {
-      derive_when_saved(
-          qkv,
-          [this](const std::vector<Tensor>& from) {
-            return qkv_->forward_lower_precision(from[0]);
-          },
-          {normed});
-    }
-    merged = self_attention(qkv, heads_, /*causal=*/true);
+    DeriveSavedGuard derive(!replay && is_training() && recompute_ == Recompute::Mlp);
+    merged =
+        self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
+                       /*causal=*/true);
   }
   // (Run again in backward, proj's product and the addition are made for
   // their graph only.)
@@ -340,8 +328,7 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay) {
                        [this](const Tensor& in, bool again) { return attention_half(in, again); },
                        x)
                  : attention_half(x, false);
-  Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Qkv ||
-                          recompute_ == Recompute::Halves)
+  Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Halves)
                  ? recompute_in_backward(
                        [this](const Tensor& in, bool again) { return mlp(in, again); }, h)
                  : mlp(h, replay);

@@ -187,36 +187,26 @@ class TransformerBlock final : public Module {
                    TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
-  // What training keeps of the block for backward (recompute.h,
-  // derived.h), from the most kept to the least. At nanoGPT's character
-  // model's sizes (64 × 256 tokens of 384 under autocast), what each level
-  // frees beyond the one before, and what backward does for it:
-  //  - Mlp: the MLP keeps only its input and runs again in backward (its
-  //    norm's, fc1's and the GELU's outputs: 108 MiB, for the norm and
-  //    fc1's product again), and the attention's norm output is made
-  //    again from the norm's input, which its backward keeps anyway (12
-  //    MiB, for a pass over them). The MLP holds more than half of a
-  //    block's activations and costs a third of its forward.
-  //  - Qkv: as Mlp, and the attention's q, k and v are made again from the
-  //    norm's output (36 MiB, for the qkv product again and the norm once
-  //    more: the attention's backward and the product's each make the
-  //    norm's output they read).
-  //  - Halves: each half (attention, MLP) keeps only its input and runs
-  //    again (the attention's output, 12 MiB, for the attention kernel
-  //    again). The same compute as Block, and one input more kept (the
-  //    residual stream between the halves), but backward then holds one
-  //    half's activations at a time instead of both: the least memory a
-  //    recomputed block's backward needs, where a budget is so tight that
-  //    the whole block's own activations would spill.
-  //  - Block: the whole block keeps only its input and runs again.
-  // Every level gives the same gradients bit for bit: what runs again is
-  // the same kernels on the same inputs.
+  // What training keeps of the block for backward (recompute.h). Under
+  // autocast the MLP holds more than half of a block's activations (its
+  // layer norm's output, fc1's output and the GELU's) and costs a third of
+  // its forward, so recomputing it frees about twice the bytes per
+  // microsecond that recomputing the whole block does; a block that
+  // recomputes its MLP also saves its attention's norm output as made
+  // again from the norm's input, which the norm's backward keeps anyway
+  // (derived.h: 12 MiB at nanoGPT's character model's sizes, for a pass
+  // over them). The block's two halves recomputed apart cost what the
+  // whole block does and keep one input more (the residual stream between
+  // them), but backward then holds one half's activations at a time
+  // instead of both: the least memory a recomputed block's backward needs,
+  // where a budget is so tight that the whole block's own activations
+  // would spill. Every level gives the same gradients bit for bit: what
+  // runs again is the same kernels on the same inputs.
   enum class Recompute {
-    None,  // every activation kept (the default)
-    Mlp,
-    Qkv,
-    Halves,
-    Block,
+    None,    // every activation kept (the default)
+    Mlp,     // the MLP keeps only its input and runs again in backward
+    Halves,  // each half (attention, MLP) keeps only its input and runs again
+    Block,   // the whole block keeps only its input and runs again
   };
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }

@@ -16,23 +16,11 @@ class RecomputeBackward final : public Node {
       : segment_(std::move(segment)),
         x_(x),
         x_requires_grad_(x.requires_grad()),
-        x_sizes_(x.sizes()),
-        x_dtype_(x.dtype()),
         random_(std::move(random)),
         autocast_(autocast) {}
   const char* name() const override { return "RecomputeBackward"; }
 
-  // The input's gradient from outside the segment (a transformer block's
-  // residual stream), passed on to the segment's own backward, whose
-  // first operator on x (a norm) adds it as it writes x's gradient.
-  bool fold_into_input0(const Tensor& sum) override {
-    if (!x_requires_grad_ || sum.sizes() != x_sizes_ || sum.dtype() != x_dtype_) return false;
-    received_ = sum;
-    return true;
-  }
-
   std::vector<Tensor> apply(const Tensor& grad) override {
-    const Tensor received = std::move(received_);  // (this call's only, whatever happens)
     Tensor x = x_.get().detach();
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
@@ -42,28 +30,22 @@ class RecomputeBackward final : public Node {
       AutocastGuard autocast(autocast_);
       out = segment_(x, /*replay=*/true);
     }
-    if (!out.requires_grad()) return {received};  // nothing in it needs gradients
+    if (!out.requires_grad()) return {};  // nothing in it needs gradients
     if (out.sizes() != grad.sizes()) {
       throw std::logic_error("recomputed segment gave " + out.shape_str() + ", not " +
                              grad.shape_str() + " as the first time");
     }
-    run_backward(out, grad, /*retain_graph=*/false, x, received);
+    run_backward(out, grad, /*retain_graph=*/false);
     return {x_requires_grad_ ? x.grad() : Tensor()};
   }
-  void release_saved() override {
-    x_.reset();
-    received_ = Tensor();
-  }
+  void release_saved() override { x_.reset(); }
 
  private:
   Segment segment_;
   SavedTensor x_;
   bool x_requires_grad_;
-  Shape x_sizes_;
-  DType x_dtype_;
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
-  Tensor received_;  // offered to fold, until apply
 };
 
 }  // namespace

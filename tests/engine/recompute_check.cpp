@@ -103,9 +103,8 @@ std::string recompute_mismatch(Device device, bool autocast) {
   const Step kept = gpt_step(device, Recompute::None, autocast);
   uint64_t less_than = kept.kept_bytes;
   uint64_t halves_backward = 0;
-  for (Recompute r : {Recompute::Mlp, Recompute::Qkv, Recompute::Halves, Recompute::Block}) {
+  for (Recompute r : {Recompute::Mlp, Recompute::Halves, Recompute::Block}) {
     const std::string mode = r == Recompute::Mlp      ? "MLPs recomputed"
-                             : r == Recompute::Qkv    ? "MLPs and q, k, v recomputed"
                              : r == Recompute::Halves ? "halves recomputed"
                                                       : "whole blocks recomputed";
     const Step again = gpt_step(device, r, autocast);

@@ -10,16 +10,16 @@
 
 namespace leasehold::engine {
 
-// Runs the step keeping everything, then at each level of recomputing
-// (nn.h: TransformerBlock::Recompute) for every block. Returns a
+// Runs the step keeping everything, then with every block's MLP, every
+// block's two halves and every whole block recomputed. Returns a
 // description of the first thing that does not hold, or "" when the loss
 // and every gradient are the same bit for bit, the memory alive between
-// forward and backward is less at each level than at the one before, and
-// under half of everything kept with whole blocks, and backward needs
-// less at once over that with the halves than with whole blocks.
-// `autocast`: the forward passes under bfloat16 autocast (CUDA only);
-// backward runs after the forward's StepRandom and autocast scopes have
-// ended (a recomputed segment brings back its own).
+// forward and backward is less with the MLPs recomputed, less again with
+// the halves and again with whole blocks, and under half of everything
+// kept, and backward needs less at once over that with the halves than
+// with whole blocks. `autocast`: the forward passes under bfloat16
+// autocast (CUDA only); backward runs after the forward's StepRandom and
+// autocast scopes have ended (a recomputed segment brings back its own).
 std::string recompute_mismatch(Device device, bool autocast);
 
 // A product (with and without a fused ReLU, which on a GPU reads its

@@ -9,11 +9,10 @@
 namespace leasehold::engine {
 namespace {
 
-// Blocks at each level of recomputing (their MLP; their MLP and q, k, v;
-// their halves; the whole block) give the loss and every gradient of
-// blocks that keep their activations, bit for bit, with dropout on (its
-// masks drawn again at their place in the step), and keep less memory
-// between forward and backward at each level: whole blocks less than
+// Blocks whose MLP, or all of which, runs again in backward give the loss
+// and every gradient of blocks that keep their activations, bit for bit,
+// with dropout on (its masks drawn again at their place in the step), and
+// keep less memory between forward and backward: whole blocks less than
 // half.
 TEST(Recompute, BlocksRunAgainGiveTheSameGradientsAndKeepLess) {
   EXPECT_EQ(recompute_mismatch(Device::cpu(), false), "");

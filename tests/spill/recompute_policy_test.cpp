@@ -19,23 +19,19 @@ namespace {
 namespace E = engine;
 
 // The policy's steps: none without a failure; for a graph that did not fit
-// one each, MLP, then MLP and q, k, v, then whole block, even with nothing
-// that spills; none once every block recomputes whole.
+// one each, MLP then whole block, even with nothing that spills; none once
+// every block recomputes whole.
 TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
   RecomputePolicy policy(net, nullptr);
   using Step = RecomputePolicy::Step;
   EXPECT_EQ(policy.after_step(false), Step::None);
-  EXPECT_EQ(policy.mlps() + policy.qkv() + policy.whole(), 0);
+  EXPECT_EQ(policy.mlps() + policy.whole(), 0);
   EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
   EXPECT_EQ(policy.mlps(), 1);
   EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
-  EXPECT_EQ(policy.qkv(), 1);
-  EXPECT_EQ(policy.mlps(), 0);
-  EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
   EXPECT_EQ(policy.whole(), 1);
-  EXPECT_EQ(policy.qkv(), 0);
   EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
 }
 
@@ -46,8 +42,8 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
   int calls = 0;
   RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
-  for (int level = 0; level < 3; ++level) EXPECT_TRUE(policy.tighten());
-  EXPECT_EQ(policy.whole(), 1);
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_TRUE(policy.tighten());
   EXPECT_EQ(calls, 0) << "blocks first";
   EXPECT_FALSE(policy.took_last_step());
   EXPECT_TRUE(policy.tighten());
@@ -64,7 +60,8 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
     ++asked;
     return false;
   });
-  for (int level = 0; level < 3; ++level) EXPECT_TRUE(nothing_freed.tighten());
+  EXPECT_TRUE(nothing_freed.tighten());
+  EXPECT_TRUE(nothing_freed.tighten());
   EXPECT_FALSE(nothing_freed.tighten()) << "a last step that freed nothing is no step";
   EXPECT_EQ(asked, 1);
   EXPECT_FALSE(nothing_freed.took_last_step());
@@ -80,10 +77,9 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
 
 // A step whose backward spilled its own recomputed activations: the
 // blocks that recompute whole go back to their two halves at once (one
-// step), and from then on blocks go on to halves, never whole; the last
-// step still comes once every block recomputes in halves. A step that
-// spilled only forward tensors takes the plain order, every block through
-// a level before any goes to the next.
+// step), and from then on MLP-only blocks go to halves, never whole; the
+// last step still comes once every block recomputes something beyond its
+// MLP. A step that spilled only forward tensors takes the plain order.
 TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   E::nn::Sequential net;
   for (int i = 0; i < 3; ++i) {
@@ -96,16 +92,13 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   RecomputePolicy::Outcome backward_spilled{true, /*working_set_spilled=*/true, false};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(policy.mlps(), 2);
-  EXPECT_EQ(policy.qkv(), 1) << "every MLP before any q, k, v";
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
-  EXPECT_EQ(policy.qkv(), 2);
-  EXPECT_EQ(policy.whole(), 1) << "the plain order: every level, then whole blocks";
-  EXPECT_EQ(policy.mlps() + policy.halves(), 0);
+  EXPECT_EQ(policy.whole(), 1) << "the plain order: every MLP, then whole blocks";
+  EXPECT_EQ(policy.halves(), 0);
 
   EXPECT_EQ(policy.after(backward_spilled), Step::WorkingSetSpilled);
   EXPECT_EQ(policy.whole(), 0);
   EXPECT_EQ(policy.halves(), 1) << "the whole block went back to halves, as one step";
-  EXPECT_EQ(policy.qkv(), 2) << "and nothing else moved in that step";
+  EXPECT_EQ(policy.mlps(), 2) << "and nothing else moved in that step";
   EXPECT_NE(policy.describe().find("1 its two halves apart"), std::string::npos)
       << policy.describe();
   EXPECT_EQ(policy.reason(Step::WorkingSetSpilled),
@@ -114,7 +107,7 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(policy.reason(Step::GraphDidNotFit), "the step's CUDA graph did not fit in memory");
 
   EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
-  EXPECT_EQ(policy.halves(), 2) << "a block goes on to halves, not whole";
+  EXPECT_EQ(policy.halves(), 2) << "an MLP-only block goes to halves, not whole";
   EXPECT_EQ(policy.after(backward_spilled), Step::WorkingSetSpilled);
   EXPECT_EQ(policy.halves(), 3);
   EXPECT_EQ(policy.whole(), 0);
@@ -128,15 +121,13 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
 
 // A working set over the budget before any block recomputes whole (a
 // step ran out of memory during a recomputed MLP's backward: run_step asks
-// so): MLPs, then q, k, v first as ever, then halves, never whole.
+// so): MLPs first as ever, then halves, never whole.
 TEST(RecomputePolicySteps, AWorkingSetOverTheBudgetEarlyMeansHalvesFromThenOn) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
   RecomputePolicy policy(net, nullptr);
   EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(policy.mlps(), 1);
-  EXPECT_TRUE(policy.tighten());
-  EXPECT_EQ(policy.qkv(), 1);
   EXPECT_TRUE(policy.tighten());
   EXPECT_EQ(policy.halves(), 1);
   EXPECT_EQ(policy.whole(), 0);
@@ -170,8 +161,6 @@ TEST(RecomputePolicySteps, AStepThatRanOutOfMemoryRunsAgainWhileAStepIsLeft) {
   EXPECT_THROW(policy.run_step([] { throw std::runtime_error("not memory"); }, unchanged),
                std::runtime_error);
   EXPECT_EQ(policy.whole(), 0) << "only running out of memory takes a step";
-  EXPECT_TRUE(policy.tighten());
-  EXPECT_EQ(policy.qkv(), 1);
   runs = 0;
   EXPECT_THROW(policy.run_step(fails_until(3), unchanged), E::OutOfMemoryError);
   EXPECT_EQ(policy.whole(), 1) << "the one step left was taken, and the step failed again";

@@ -61,7 +61,7 @@ struct Outcome {
 struct GptRun {
   std::vector<float> weights;
   std::vector<uint64_t> evictions, copied_out;  // after each step
-  int mlps = 0, qkv = 0, whole = 0, halves = 0;
+  int mlps = 0, whole = 0, halves = 0;
   uint64_t peak_in_use = 0;
   int64_t graph_steps = 0, graph_steps_before_half = 0, releases = 0;
   int graphs_that_did_not_fit = 0;  // policy steps taken for them
@@ -258,7 +258,6 @@ class SpillTraining : public ::testing::Test {
       r.weights.insert(r.weights.end(), w.begin(), w.end());
     }
     r.mlps = policy.mlps();
-    r.qkv = policy.qkv();
     r.whole = policy.whole();
     r.halves = policy.halves();
     r.peak_in_use = alloc->stats().peak_in_use_bytes;
@@ -417,10 +416,9 @@ TEST_F(FailingStore, AFullSpillFileFailsTheRunNamingTheFile) {
   expect_failure(std::make_unique<S::TieredSpillStore>(*transfer, o), dir);
 }
 
-// A GPT over its budget: after each step that spilled, one block more
-// goes one level on (RecomputePolicy: its MLP, then its q, k and v too,
-// then the whole block, or its halves apart once a recomputed backward
-// was over the budget), recomputing in backward instead of keeping,
+// A GPT over its budget: after each step that spilled, one more MLP, then
+// one more whole block (or its halves apart, once a recomputed backward
+// was over the budget), recomputes in backward instead (RecomputePolicy),
 // until the steps fit without spilling; on a GPU they then run as a CUDA
 // graph (one more recomputes whenever the graph's arena does not fit
 // beside what else lives, as the job runner steps); and the run still ends
@@ -428,18 +426,15 @@ TEST_F(FailingStore, AFullSpillFileFailsTheRunNamingTheFile) {
 // masks are drawn again in the recomputed blocks).
 TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
   const GptRun free_run = train_gpt(0, false);
-  EXPECT_EQ(free_run.mlps + free_run.qkv + free_run.whole + free_run.halves, 0)
-      << "nothing to keep within";
+  EXPECT_EQ(free_run.mlps + free_run.whole + free_run.halves, 0) << "nothing to keep within";
   EXPECT_EQ(free_run.evictions.back(), 0u);
   const uint64_t page = session->pool().alignment;
   const GptRun tight =
       train_gpt(align_up(free_run.peak_in_use * 60 / 100, page) + 2 * page, true);
   EXPECT_GT(tight.evictions.front(), 0u) << "the first step spilled";
-  const int beyond_mlp = tight.qkv + tight.whole + tight.halves;
-  EXPECT_GE(tight.mlps + beyond_mlp, 1);
-  EXPECT_TRUE(beyond_mlp == 0 || tight.mlps + beyond_mlp == 4) << "every MLP first";
-  EXPECT_TRUE(tight.whole + tight.halves == 0 || (tight.mlps == 0 && beyond_mlp == 4))
-      << "then every q, k, v, then whole blocks or halves";
+  EXPECT_GE(tight.mlps + tight.whole + tight.halves, 1);
+  EXPECT_TRUE(tight.whole + tight.halves == 0 || tight.mlps + tight.whole + tight.halves == 4)
+      << "MLPs first, then whole blocks or halves";
   const size_t n = tight.evictions.size();
   EXPECT_EQ(tight.evictions[n - 1], tight.evictions[n - 3]) << "the last two steps did not spill";
   EXPECT_EQ(tight.copied_out[n - 1], tight.copied_out[n - 2])
