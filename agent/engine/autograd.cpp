@@ -3,7 +3,6 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "agent/engine/derived.h"
 #include "agent/engine/ops.h"
 
 namespace leasehold::engine {
@@ -88,13 +87,6 @@ SavedTensorHooksGuard::~SavedTensorHooksGuard() { t_hooks = std::move(previous_)
 
 SavedTensor::SavedTensor(const Tensor& t) : saved_(true) {
   if (!t.defined()) return;
-  if ((derived_ = detail::derivation_of(t))) {
-    sizes_ = t.sizes();
-    strides_ = t.strides();
-    offset_ = t.storage_offset();
-    dtype_ = t.dtype();
-    return;
-  }
   Tensor detached = t.detach();
   if (t_hooks) {
     hooks_ = t_hooks;
@@ -110,15 +102,6 @@ Tensor SavedTensor::get() const {
         "trying to backward through the graph a second time (or to use saved tensors after "
         "they were freed); call backward(gradient, /*retain_graph=*/true) the first time");
   }
-  if (derived_) {
-    auto impl = std::make_shared<TensorImpl>();
-    impl->storage = detail::derive(*derived_).impl()->storage;
-    impl->sizes = sizes_;
-    impl->strides = strides_;
-    impl->offset = offset_;
-    impl->dtype = dtype_;
-    return Tensor(std::move(impl));
-  }
   if (hooks_) return hooks_->unpack(packed_);
   return tensor_;
 }
@@ -127,7 +110,6 @@ void SavedTensor::reset() {
   tensor_ = Tensor();
   packed_.reset();
   hooks_.reset();
-  derived_.reset();
   saved_ = false;
 }
 

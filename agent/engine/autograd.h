@@ -19,10 +19,6 @@
 
 namespace leasehold::engine {
 
-namespace detail {
-struct Derivation;  // derived.h
-}
-
 class Node;
 struct Edge {
   std::shared_ptr<Node> fn;  // null: the input needs no gradient
@@ -140,9 +136,7 @@ class GradientReadyGuard {
   GradientReadyHook previous_;
 };
 
-// A tensor kept for backward (detached, so the graph has no cycles), or,
-// when its memory was registered as made from others (derived.h), the
-// recipe: get() then makes it again.
+// A tensor kept for backward (detached, so the graph has no cycles).
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -156,10 +150,6 @@ class SavedTensor {
   Tensor tensor_;
   std::any packed_;
   std::shared_ptr<SavedTensorHooks> hooks_;
-  std::shared_ptr<const detail::Derivation> derived_;
-  Shape sizes_, strides_;  // the view of the derived memory
-  int64_t offset_ = 0;
-  DType dtype_ = DType::Float32;
   bool saved_ = false;
 };
 
@@ -169,6 +159,5 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs);
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
-
 
 }  // namespace leasehold::engine

@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "agent/engine/autograd.h"
-#include "agent/engine/derived.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/recompute.h"
 
@@ -302,15 +301,9 @@ Tensor TransformerBlock::attention_half(const Tensor& x, bool replay) {
   // attention's output for proj's, and proj's for its dropout's addition to
   // the float32 residual stream (whose backward writes proj's gradient in
   // bfloat16, ready for its products).
-  // (At Mlp its norm's output is saved as made again from the norm's
-  // input: derived.h. The half is never run again itself at that level.)
-  Tensor merged;
-  {
-    DeriveSavedGuard derive(!replay && is_training() && recompute_ == Recompute::Mlp);
-    merged =
-        self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
-                       /*causal=*/true);
-  }
+  Tensor merged =
+      self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
+                     /*causal=*/true);
   // (Run again in backward, proj's product and the addition are made for
   // their graph only.)
   OutputsUnreadGuard tail(replay);

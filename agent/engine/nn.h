@@ -191,17 +191,12 @@ class TransformerBlock final : public Module {
   // autocast the MLP holds more than half of a block's activations (its
   // layer norm's output, fc1's output and the GELU's) and costs a third of
   // its forward, so recomputing it frees about twice the bytes per
-  // microsecond that recomputing the whole block does; a block that
-  // recomputes its MLP also saves its attention's norm output as made
-  // again from the norm's input, which the norm's backward keeps anyway
-  // (derived.h: 12 MiB at nanoGPT's character model's sizes, for a pass
-  // over them). The block's two halves recomputed apart cost what the
-  // whole block does and keep one input more (the residual stream between
-  // them), but backward then holds one half's activations at a time
-  // instead of both: the least memory a recomputed block's backward needs,
-  // where a budget is so tight that the whole block's own activations
-  // would spill. Every level gives the same gradients bit for bit: what
-  // runs again is the same kernels on the same inputs.
+  // microsecond that recomputing the whole block does. The block's two
+  // halves recomputed apart cost what the whole block does and keep one
+  // input more (the residual stream between them), but backward then
+  // holds one half's activations at a time instead of both: the least
+  // memory a recomputed block's backward needs, where a budget is so tight
+  // that the whole block's own activations would spill.
   enum class Recompute {
     None,    // every activation kept (the default)
     Mlp,     // the MLP keeps only its input and runs again in backward

@@ -7,7 +7,6 @@
 
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
-#include "agent/engine/derived.h"
 #include "agent/engine/dispatch.h"
 #include "agent/engine/kernel_table.h"
 #include "agent/engine/ops.h"
@@ -356,14 +355,6 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     node->mean = SavedTensor(mean);
     node->rstd = SavedTensor(rstd);
     record(y, node, {&x, &weight, &bias});
-    // (Under a DeriveSavedGuard y is saved as the norm of the input its
-    // backward keeps anyway, made again by the same kernel: derived.h.)
-    derive_when_saved(
-        y,
-        [eps, out](const std::vector<Tensor>& from) {
-          return layer_norm(from[0], from[1], from[2], eps, out);
-        },
-        {xc, wc, bc});
   }
   return y;
 }
