@@ -58,6 +58,7 @@ case $mode in
     echo "text_gpt_bench rc=$?"; tail -4 "$OUT/seeds.log" ;;
   ncu|job)
     T=$(mktemp -d)
+    host_tier=4GiB  # the agent's pinned host tier for a job past its budget
     python3 - "$B/jobs/${NCU_JOB:-text-gpt}.json" "$T/job.json" "$corpus" "${BUDGET:-}" <<'PY'
 import json, os, sys
 j = json.load(open(sys.argv[1]))
@@ -82,7 +83,7 @@ PY
     sleep 2
     if [ "$mode" = job ]; then
       LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64" "$B/libexec/leasehold-agent" \
-        --endpoint "ipc://$T/c.sock" --run-job "$T/job.json" --spill-host-bytes 4GiB \
+        --endpoint "ipc://$T/c.sock" --run-job "$T/job.json" --spill-host-bytes "$host_tier" \
         --log-level "${LOG_LEVEL:-info}" > "$OUT/job_agent.log" 2>&1
       rc=$?
       echo "agent rc=$rc"; grep -E "^result|evictions" "$OUT/job_agent.log"
@@ -97,7 +98,7 @@ PY
       ${NCU_ARGS:---metrics gpu__time_duration.sum --csv} \
       --launch-skip "${SKIP:-3000}" --launch-count "${COUNT:-1300}" --log-file "$log" \
       "$B/libexec/leasehold-agent" --endpoint "ipc://$T/c.sock" --run-job "$T/job.json" \
-      --spill-host-bytes 4GiB ${AGENT_ARGS:-} > "$OUT/ncu_agent.log" 2>&1
+      --spill-host-bytes "$host_tier" ${AGENT_ARGS:-} > "$OUT/ncu_agent.log" 2>&1
     echo "ncu rc=$?"
     kill "$coord"; wait "$coord"; rm -rf "$T" ;;
   kernels)
