@@ -454,6 +454,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                  job.name()->str(), steps.releases());
   }
   result.recomputed_mlps = recompute.mlps();
+  result.recomputed_blocks_but_attention = recompute.but_attention();
   result.recomputed_blocks = recompute.whole();
   result.recomputed_halves = recompute.halves();
   result.optimizer_state_on_host = recompute.took_last_step();

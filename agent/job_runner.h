@@ -62,10 +62,12 @@ struct JobResult {
   double seconds = 0;
   int64_t resumed_from_epoch = 0;  // 0: started fresh
   int64_t graph_steps = 0;         // steps run as one CUDA graph launch each
-  // Transformer blocks recomputing their MLP, recomputing whole, and
-  // recomputing their two halves apart, in backward at the end, to stay
-  // within the memory budget (recompute_policy.h).
+  // Transformer blocks recomputing their MLP, recomputing whole but their
+  // attention, recomputing whole, and recomputing their two halves apart,
+  // in backward at the end, to stay within the memory budget
+  // (recompute_policy.h).
   int recomputed_mlps = 0;
+  int recomputed_blocks_but_attention = 0;
   int recomputed_blocks = 0;
   int recomputed_halves = 0;
   bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)

@@ -4,9 +4,13 @@
 // the budget made the spill manager take saved tensors off the device, one
 // step more: first the MLP of one block after another, from the first
 // block on (the oldest activations, those spilling picks first), then
-// whole blocks in the same order. Recomputing a GPT block's MLP costs
-// about a third of its forward and frees more than half of its
-// activations; the whole block costs the rest for the rest; moving the
+// whole blocks but their attention kernel (its output kept) in the same
+// order, then whole blocks. Recomputing a GPT block's MLP costs about a
+// third of its forward and frees more than half of its activations; the
+// whole block but its attention frees all but an eighth of the rest for
+// less than half the rest's compute (at 50% of the GPT job's peak,
+// three or four of them instead of three whole blocks); the attention's
+// output goes last, at the most compute per byte; moving the
 // same activations to host memory and back costs several steps on a PCIe
 // link, so recomputing comes first and spilling takes what is left once
 // every block recomputes. Then one step is left: the job's last (its
@@ -21,10 +25,12 @@
 // once there. Where that is over the budget (the step's spilling took
 // tensors saved during backward, or a step ran out of memory during a
 // recomputed segment's backward), the blocks recompute their two halves
-// apart from then on instead (Recompute::Halves: the same compute, one
-// half's activations at a time): those recomputing whole go back to
-// halves at once, as one step, and later steps take MLP-only blocks to
-// halves rather than whole. Otherwise nothing goes back to being kept
+// apart from then on instead (once every block recomputes whole, after
+// the last step: that frees memory forward and backward alike, where
+// halves keep more in forward) (Recompute::Halves: the same compute, one
+// half's activations at a time): those recomputing whole (but their
+// attention or not) go to halves at once, as one step, and later steps
+// take MLP-only blocks to halves rather than further. Otherwise nothing goes back to being kept
 // within a run (a budget, once hit, is hit again). The job also takes a
 // step when its steps fit but their CUDA graph does not
 // (graphed_steps.h): a graph's step, launched once, beats a step op by op
@@ -95,6 +101,10 @@ class RecomputePolicy {
   // Blocks that recompute their MLP only, and those that recompute whole.
   int mlps() const { return count(engine::nn::TransformerBlock::Recompute::Mlp); }
   int whole() const { return count(engine::nn::TransformerBlock::Recompute::Block); }
+  // Blocks that recompute whole but their attention (its output kept).
+  int but_attention() const {
+    return count(engine::nn::TransformerBlock::Recompute::BlockButAttention);
+  }
   // Blocks that recompute their two halves apart.
   int halves() const { return count(engine::nn::TransformerBlock::Recompute::Halves); }
   // Whether the last step was taken and freed something.
@@ -110,6 +120,8 @@ class RecomputePolicy {
 
  private:
   int count(engine::nn::TransformerBlock::Recompute r) const;
+  // The last step, once; whether it freed anything.
+  bool take_last_step();
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;

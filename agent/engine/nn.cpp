@@ -279,6 +279,13 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     return recompute_in_backward(
         [this](const Tensor& in, bool replay) { return body(in, replay); }, x);
   }
+  if (recompute_ == Recompute::BlockButAttention && is_training()) {
+    // (The first run fills `kept`, the run again in backward empties it.)
+    auto kept = std::make_shared<KeptAttention>();
+    return recompute_in_backward(
+        [this, kept](const Tensor& in, bool replay) { return body(in, replay, kept.get()); },
+        x);
+  }
   return body(x, false);
 }
 
@@ -293,7 +300,7 @@ Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
   return fc2_->forward_lower_precision(a);
 }
 
-Tensor TransformerBlock::attention_half(const Tensor& x, bool replay) {
+Tensor TransformerBlock::attention_half(const Tensor& x, bool replay, KeptAttention* kept) {
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   // Under autocast the norm writes bfloat16 for the projection, the
@@ -301,16 +308,16 @@ Tensor TransformerBlock::attention_half(const Tensor& x, bool replay) {
   // attention's output for proj's, and proj's for its dropout's addition to
   // the float32 residual stream (whose backward writes proj's gradient in
   // bfloat16, ready for its products).
-  Tensor merged =
-      self_attention(qkv_->forward_lower_precision(ln1_->forward_lower_precision(x)), heads_,
-                     /*causal=*/true);
+  const Tensor qkv = qkv_->forward_lower_precision(ln1_->forward_lower_precision(x));
+  Tensor merged = kept ? self_attention(qkv, heads_, /*causal=*/true, *kept)
+                       : self_attention(qkv, heads_, /*causal=*/true);
   // (Run again in backward, proj's product and the addition are made for
   // their graph only.)
   OutputsUnreadGuard tail(replay);
   return add_dropout(x, proj_->forward_lower_precision(merged), p_, is_training());
 }
 
-Tensor TransformerBlock::body(const Tensor& x, bool replay) {
+Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept) {
   // (Within a whole block's recompute the halves run plainly: the block
   // keeps nothing but its input. Run again so, the MLP's output feeds only
   // the last addition, whose output is never read: both are made for
@@ -320,7 +327,7 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay) {
                  ? recompute_in_backward(
                        [this](const Tensor& in, bool again) { return attention_half(in, again); },
                        x)
-                 : attention_half(x, false);
+                 : attention_half(x, false, kept);
   Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Halves)
                  ? recompute_in_backward(
                        [this](const Tensor& in, bool again) { return mlp(in, again); }, h)

@@ -10,6 +10,10 @@
 
 #include "agent/engine/tensor.h"
 
+namespace leasehold::engine {
+struct KeptAttention;  // ops.h
+}  // namespace leasehold::engine
+
 namespace leasehold::engine::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
@@ -196,12 +200,16 @@ class TransformerBlock final : public Module {
   // input more (the residual stream between them), but backward then
   // holds one half's activations at a time instead of both: the least
   // memory a recomputed block's backward needs, where a budget is so tight
-  // that the whole block's own activations would spill.
+  // that the whole block's own activations would spill. Between the MLP
+  // and the whole block: the whole block but its attention kernel, whose
+  // output it keeps (ops.h: KeptAttention), an eighth of its activations
+  // for about two fifths of the whole block's recompute.
   enum class Recompute {
-    None,    // every activation kept (the default)
-    Mlp,     // the MLP keeps only its input and runs again in backward
-    Halves,  // each half (attention, MLP) keeps only its input and runs again
-    Block,   // the whole block keeps only its input and runs again
+    None,               // every activation kept (the default)
+    Mlp,                // the MLP keeps only its input and runs again in backward
+    BlockButAttention,  // the block keeps its input and attention's output; the rest runs again
+    Halves,             // each half (attention, MLP) keeps only its input and runs again
+    Block,              // the whole block keeps only its input and runs again
   };
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
@@ -209,8 +217,11 @@ class TransformerBlock final : public Module {
  private:
   // The block's parts; `replay`: run again in backward as a segment
   // (recompute.h), whose last operators' outputs are never read.
-  Tensor body(const Tensor& x, bool replay);
-  Tensor attention_half(const Tensor& x, bool replay);  // x + dropout(proj(attention(ln1(x))))
+  // `kept` (may be null): the attention's output kept for the run again
+  // (Recompute::BlockButAttention).
+  Tensor body(const Tensor& x, bool replay, KeptAttention* kept = nullptr);
+  // x + dropout(proj(attention(ln1(x))))
+  Tensor attention_half(const Tensor& x, bool replay, KeptAttention* kept = nullptr);
   Tensor mlp(const Tensor& h, bool replay);
   int64_t dim_, heads_;
   double p_;

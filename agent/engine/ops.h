@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "agent/engine/autograd.h"
 #include "agent/engine/tensor.h"
 
 namespace leasehold::engine {
@@ -166,6 +167,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // without the copies: the kernels read q, k and v in place and write the
 // output, and backward the gradient of qkv, in these layouts.
 Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal);
+// The same within a segment that runs again in backward (recompute.h),
+// keeping the attention's output and its softmax statistics from the
+// first run for the run again, which then skips the kernel: `kept` empty,
+// the attention runs and fills it; filled, the run again takes its output
+// from it (the same bits: the qkv it is given is made again from the same
+// input) and records backward as ever, and `kept` is empty again. A
+// transformer block recomputed so keeps its attention's output, an eighth
+// of its activations under autocast, for the attention kernel's forward,
+// about two fifths of the block's recompute.
+struct KeptAttention {
+  SavedTensor o, lse;
+  bool filled = false;
+};
+Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal, KeptAttention& kept);
 
 // Rows of `x` along dimension 0 at `index` (int64 [k] on x's device):
 // shape [k, x.sizes()[1:]...]. Not differentiable (the data loader's

@@ -398,7 +398,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return o;
 }
 
-Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal) {
+namespace {
+
+// self_attention's operands, checked; `kept` null for the plain operator.
+Tensor self_attention_kept(const Tensor& qkv, int64_t heads, bool causal, KeptAttention* kept) {
   const char* op = "self_attention";
   detail::check_defined(qkv, op, "qkv");
   if (qkv.dim() != 3 || heads < 1 || qkv.size(2) % (3 * heads) != 0) {
@@ -418,18 +421,57 @@ Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal) {
   a.causal = causal;
   a.mixed = autocast_attention(qkv);
   const Tensor x = qkv.contiguous();
-  Tensor o = empty({b, a.t, c}, qkv.options());
-  Tensor lse = empty({b, heads, a.t}, stats_options(qkv));
-  attention_forward(a, x, x, x, o, lse, op);
+  const Shape o_shape{b, a.t, c}, lse_shape{b, heads, a.t};
+  Tensor o, lse;
+  if (kept && kept->filled) {
+    // (Detached again: the kept tensors go to the node as they are saved,
+    // and the output it is recorded on must be another tensor.)
+    o = kept->o.get().detach();
+    lse = kept->lse.get().detach();
+    if (o.sizes() != o_shape || o.dtype() != qkv.dtype() || o.device() != qkv.device() ||
+        lse.sizes() != lse_shape) {
+      throw std::logic_error(std::string(op) + ": the output kept from the first run is " +
+                             o.shape_str() + ", not the " + shape_to_string(o_shape) +
+                             " that qkv " + qkv.shape_str() + " gives");
+    }
+  } else {
+    o = empty(o_shape, qkv.options());
+    lse = empty(lse_shape, stats_options(qkv));
+    attention_forward(a, x, x, x, o, lse, op);
+  }
   if (any_requires_grad({&qkv})) {
     auto node = std::make_shared<SelfAttentionBackward>();
     node->qkv = SavedTensor(x);
-    node->o = SavedTensor(o);
-    node->lse = SavedTensor(lse);
+    if (kept && kept->filled) {
+      node->o = std::move(kept->o);
+      node->lse = std::move(kept->lse);
+    } else {
+      node->o = SavedTensor(o);
+      node->lse = SavedTensor(lse);
+    }
     node->args = a;
     record(o, node, {&qkv});
   }
+  if (kept) {
+    if (kept->filled) {
+      *kept = KeptAttention{};
+    } else {
+      kept->o = SavedTensor(o);
+      kept->lse = SavedTensor(lse);
+      kept->filled = true;
+    }
+  }
   return o;
+}
+
+}  // namespace
+
+Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal) {
+  return self_attention_kept(qkv, heads, causal, nullptr);
+}
+
+Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal, KeptAttention& kept) {
+  return self_attention_kept(qkv, heads, causal, &kept);
 }
 
 }  // namespace leasehold::engine

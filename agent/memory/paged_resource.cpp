@@ -72,6 +72,14 @@ bool PagedResource::open_window(std::string& why) {
   return true;
 }
 
+bool PagedResource::from_top(uint64_t need) const {
+  // (A tensor of a few pages and a part, among tensors of whole pages,
+  // shows a page for that part alone; among other such tensors, the pages
+  // it shares with them.)
+  const uint64_t page = window_->pages->page_size();
+  return need <= opt_.small_limit || (need % page != 0 && need < kFewPages * page);
+}
+
 std::pair<uint64_t, uint64_t> PagedResource::pages_of(uint64_t offset, uint64_t size) const {
   const uint64_t page = window_->pages->page_size();
   return {offset / page, (offset + size - 1) / page};
@@ -101,7 +109,7 @@ std::optional<uint64_t> PagedResource::fewer_unshown(uint64_t need, uint64_t tha
 
 void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
   Window& w = *window_;
-  const auto end = need <= opt_.small_limit ? PoolAllocator::End::High : PoolAllocator::End::Low;
+  const auto end = from_top(need) ? PoolAllocator::End::High : PoolAllocator::End::Low;
   auto block = w.blocks.allocate(need, end);
   if (!block) {
     why = "no free range of " + format_bytes(need) + " is left in the job's window of " +

@@ -168,6 +168,12 @@ uint64_t SpillManager::reclaim(uint64_t bytes) {
   // ahead cover it again until the step ends.
   if (ahead_limit_ == 0) ahead_limit_ = UINT64_MAX;
   ++counters_.reclaims;
+  {
+    const engine::AllocatorStats st = allocator_->stats();
+    spdlog::debug("spill: reclaim of {} asked{}; the job's allocator has {} in use, {} cached",
+                  format_bytes(bytes), E::in_backward() ? " in backward" : "",
+                  format_bytes(st.in_use_bytes), format_bytes(st.cached_bytes));
+  }
   uint64_t freed = 0;
   // Oldest first: those already copied out cost nothing to free.
   for (auto& [seq, e] : entries_) {

@@ -21,6 +21,7 @@ struct Step {
   std::vector<std::vector<float>> grads;  // every parameter's, in order
   uint64_t kept_bytes = 0;  // allocator bytes alive between forward and backward, over the start
   uint64_t backward_bytes = 0;  // the most bytes backward added to those at once
+  uint64_t backward_allocated = 0;  // every byte backward allocated, summed
 };
 
 // The device's allocator, counting what passes through it, with a peak
@@ -31,6 +32,7 @@ class Counting final : public Allocator {
   void* allocate(size_t bytes) override {
     void* p = inner_->allocate(bytes);
     in_use_ += bytes;
+    allocated_ += bytes;
     peak_ = std::max(peak_, in_use_);
     return p;
   }
@@ -46,10 +48,11 @@ class Counting final : public Allocator {
     return s;
   }
   void restart_peak() { peak_ = in_use_; }
+  uint64_t allocated() const { return allocated_; }
 
  private:
   std::shared_ptr<Allocator> inner_;
-  uint64_t in_use_ = 0, peak_ = 0;  // (the test's thread only)
+  uint64_t in_use_ = 0, peak_ = 0, allocated_ = 0;  // (the test's thread only)
 };
 
 Step gpt_step(Device device, Recompute recompute, bool autocast) {
@@ -88,8 +91,10 @@ Step gpt_step(Device device, Recompute recompute, bool autocast) {
   }
   r.kept_bytes = allocator->stats().in_use_bytes - start;
   allocator->restart_peak();
+  const uint64_t allocated_before = allocator->allocated();
   loss.backward();
   r.backward_bytes = allocator->stats().peak_in_use_bytes - start - r.kept_bytes;
+  r.backward_allocated = allocator->allocated() - allocated_before;
   r.loss = loss.detach().to(Device::cpu()).to_vector<float>();
   for (const Tensor& p : model.parameters()) {
     r.grads.push_back(p.grad().to(DType::Float32).to(Device::cpu()).to_vector<float>());
@@ -101,19 +106,35 @@ Step gpt_step(Device device, Recompute recompute, bool autocast) {
 
 std::string recompute_mismatch(Device device, bool autocast) {
   const Step kept = gpt_step(device, Recompute::None, autocast);
-  uint64_t less_than = kept.kept_bytes;
-  uint64_t halves_backward = 0;
-  for (Recompute r : {Recompute::Mlp, Recompute::Halves, Recompute::Block}) {
-    const std::string mode = r == Recompute::Mlp      ? "MLPs recomputed"
+  // Each mode keeps less than the one before it, but halves only less
+  // than the MLPs (not than blocks but their attention: without autocast
+  // the attention's output is as large as the second input halves keep).
+  uint64_t less_than = kept.kept_bytes, mlp_kept = 0;
+  uint64_t halves_backward = 0, but_attention_allocated = 0;
+  for (Recompute r : {Recompute::Mlp, Recompute::BlockButAttention, Recompute::Halves,
+                      Recompute::Block}) {
+    const std::string mode = r == Recompute::Mlp ? "MLPs recomputed"
+                             : r == Recompute::BlockButAttention
+                                 ? "blocks but their attention recomputed"
                              : r == Recompute::Halves ? "halves recomputed"
                                                       : "whole blocks recomputed";
     const Step again = gpt_step(device, r, autocast);
-    if (r == Recompute::Halves) halves_backward = again.backward_bytes;
+    if (r == Recompute::Halves) {
+      halves_backward = again.backward_bytes;
+      less_than = mlp_kept;
+    }
+    if (r == Recompute::BlockButAttention) but_attention_allocated = again.backward_allocated;
     // The halves' backward holds one half's activations at a time, the
     // whole block's both.
     if (r == Recompute::Block && again.backward_bytes <= halves_backward) {
       return mode + ": backward needed " + std::to_string(again.backward_bytes) +
              " bytes more at once, not over the halves' " + std::to_string(halves_backward);
+    }
+    // A block but its attention does not make the attention's output again.
+    if (r == Recompute::Block && again.backward_allocated <= but_attention_allocated) {
+      return "blocks but their attention recomputed: backward allocated " +
+             std::to_string(but_attention_allocated) + " bytes, not under the whole blocks' " +
+             std::to_string(again.backward_allocated);
     }
     if (again.loss != kept.loss) return mode + ": the loss differs";
     if (again.grads.size() != kept.grads.size()) return mode + ": another number of gradients";
@@ -127,6 +148,7 @@ std::string recompute_mismatch(Device device, bool autocast) {
              std::to_string(less_than);
     }
     less_than = again.kept_bytes;
+    if (r == Recompute::Mlp) mlp_kept = again.kept_bytes;
   }
   if (less_than * 2 >= kept.kept_bytes) {
     return "whole blocks recomputed keep " + std::to_string(less_than) +

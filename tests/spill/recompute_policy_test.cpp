@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agent/engine/allocator.h"
@@ -19,8 +20,8 @@ namespace {
 namespace E = engine;
 
 // The policy's steps: none without a failure; for a graph that did not fit
-// one each, MLP then whole block, even with nothing that spills; none once
-// every block recomputes whole.
+// one each, MLP, whole block but its attention, then whole block, even
+// with nothing that spills; none once every block recomputes whole.
 TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
@@ -31,8 +32,45 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
   EXPECT_EQ(policy.mlps(), 1);
   EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
+  EXPECT_EQ(policy.mlps(), 0);
+  EXPECT_EQ(policy.but_attention(), 1);
+  EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
+  EXPECT_EQ(policy.but_attention(), 0);
   EXPECT_EQ(policy.whole(), 1);
   EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
+}
+
+// Each level goes through every block, from the first, before the next
+// level starts: every MLP, then every block but its attention, then
+// whole blocks; the log names each count.
+TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
+  E::nn::Sequential net;
+  std::vector<std::shared_ptr<E::nn::TransformerBlock>> blocks;
+  for (int i = 0; i < 2; ++i) {
+    blocks.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 2));
+    net.push_back(blocks.back());
+  }
+  RecomputePolicy policy(net, nullptr);
+  using R = E::nn::TransformerBlock::Recompute;
+  const std::vector<std::pair<R, R>> expected = {
+      {R::Mlp, R::None},
+      {R::Mlp, R::Mlp},
+      {R::BlockButAttention, R::Mlp},
+      {R::BlockButAttention, R::BlockButAttention},
+      {R::Block, R::BlockButAttention},
+      {R::Block, R::Block},
+  };
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_TRUE(policy.tighten()) << "step " << i;
+    EXPECT_EQ(blocks[0]->recompute(), expected[i].first) << "step " << i;
+    EXPECT_EQ(blocks[1]->recompute(), expected[i].second) << "step " << i;
+    if (i == 4) {
+      EXPECT_EQ(policy.describe(),
+                "of 2 transformer blocks, 0 recompute their MLP and 1 the whole block, 1 the "
+                "whole block but its attention, in backward");
+    }
+  }
+  EXPECT_FALSE(policy.tighten());
 }
 
 // The job's last step comes once, after every block recomputes whole, and
@@ -42,6 +80,7 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
   int calls = 0;
   RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
+  EXPECT_TRUE(policy.tighten());
   EXPECT_TRUE(policy.tighten());
   EXPECT_TRUE(policy.tighten());
   EXPECT_EQ(calls, 0) << "blocks first";
@@ -62,6 +101,7 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
   });
   EXPECT_TRUE(nothing_freed.tighten());
   EXPECT_TRUE(nothing_freed.tighten());
+  EXPECT_TRUE(nothing_freed.tighten());
   EXPECT_FALSE(nothing_freed.tighten()) << "a last step that freed nothing is no step";
   EXPECT_EQ(asked, 1);
   EXPECT_FALSE(nothing_freed.took_last_step());
@@ -76,8 +116,9 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
 }
 
 // A step whose backward spilled its own recomputed activations: the
-// blocks that recompute whole go back to their two halves at once (one
-// step), and from then on MLP-only blocks go to halves, never whole; the
+// blocks that recompute whole (but their attention or not) go to their
+// two halves at once (one step), and from then on MLP-only blocks go to
+// halves, never further; the
 // last step still comes once every block recomputes something beyond its
 // MLP. A step that spilled only forward tensors takes the plain order.
 TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
@@ -92,12 +133,14 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   RecomputePolicy::Outcome backward_spilled{true, /*working_set_spilled=*/true, false};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(policy.mlps(), 2);
-  EXPECT_EQ(policy.whole(), 1) << "the plain order: every MLP, then whole blocks";
+  EXPECT_EQ(policy.but_attention(), 1)
+      << "the plain order: every MLP, then whole blocks but their attention";
+  EXPECT_EQ(policy.whole(), 0);
   EXPECT_EQ(policy.halves(), 0);
 
   EXPECT_EQ(policy.after(backward_spilled), Step::WorkingSetSpilled);
-  EXPECT_EQ(policy.whole(), 0);
-  EXPECT_EQ(policy.halves(), 1) << "the whole block went back to halves, as one step";
+  EXPECT_EQ(policy.but_attention(), 0);
+  EXPECT_EQ(policy.halves(), 1) << "the whole block went to halves, as one step";
   EXPECT_EQ(policy.mlps(), 2) << "and nothing else moved in that step";
   EXPECT_NE(policy.describe().find("1 its two halves apart"), std::string::npos)
       << policy.describe();
@@ -116,7 +159,42 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(last, 1) << "then the last step";
   EXPECT_EQ(policy.after(backward_spilled), Step::None) << "nothing is left";
   EXPECT_EQ(policy.after(forward_spilled), Step::None);
-  EXPECT_EQ(policy.whole(), 0) << "never whole again";
+  EXPECT_EQ(policy.whole() + policy.but_attention(), 0) << "never whole again";
+
+  // Whole blocks with and without their attention's output go to halves
+  // in the same step.
+  E::nn::Sequential two;
+  for (int i = 0; i < 2; ++i) {
+    two.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 2));
+  }
+  RecomputePolicy whole_first(two, nullptr);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(whole_first.after(forward_spilled), Step::Spilled);
+  EXPECT_EQ(whole_first.whole(), 1);
+  EXPECT_EQ(whole_first.but_attention(), 1);
+  EXPECT_EQ(whole_first.after(backward_spilled), Step::WorkingSetSpilled);
+  EXPECT_EQ(whole_first.halves(), 2);
+  EXPECT_EQ(whole_first.after(forward_spilled), Step::None) << "nothing is left";
+}
+
+// A working set over the budget once every block recomputes whole: the
+// last step comes first (it frees memory forward and backward alike;
+// halves keep more in forward), then halves, then nothing.
+TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
+  E::nn::Sequential net;
+  for (int i = 0; i < 2; ++i) {
+    net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 2));
+  }
+  int calls = 0;
+  RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(policy.tighten());
+  ASSERT_EQ(policy.whole(), 2);
+  EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(calls, 1) << "the last step, not halves";
+  EXPECT_EQ(policy.whole(), 2);
+  EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(policy.halves(), 2) << "then both blocks in halves, as one step";
+  EXPECT_FALSE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(calls, 1);
 }
 
 // A working set over the budget before any block recomputes whole (a
@@ -160,11 +238,12 @@ TEST(RecomputePolicySteps, AStepThatRanOutOfMemoryRunsAgainWhileAStepIsLeft) {
   EXPECT_EQ(policy.mlps(), 1) << "an attempt that changed something is not run again";
   EXPECT_THROW(policy.run_step([] { throw std::runtime_error("not memory"); }, unchanged),
                std::runtime_error);
-  EXPECT_EQ(policy.whole(), 0) << "only running out of memory takes a step";
+  EXPECT_EQ(policy.whole() + policy.but_attention(), 0)
+      << "only running out of memory takes a step";
   runs = 0;
-  EXPECT_THROW(policy.run_step(fails_until(3), unchanged), E::OutOfMemoryError);
-  EXPECT_EQ(policy.whole(), 1) << "the one step left was taken, and the step failed again";
-  EXPECT_EQ(runs, 2);
+  EXPECT_THROW(policy.run_step(fails_until(4), unchanged), E::OutOfMemoryError);
+  EXPECT_EQ(policy.whole(), 1) << "the two steps left were taken, and the step failed again";
+  EXPECT_EQ(runs, 3);
 
   // A tensor larger than the whole budget: no step makes it fit.
   E::nn::Sequential other;

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
@@ -169,7 +170,10 @@ class SpillTraining : public ::testing::Test {
   // `graphs`, the steps as CUDA graphs once one ran within the budget.
   // With `retry`, a step that runs out of memory runs again with one policy
   // step more (RecomputePolicy::run_step), as the job runner's do.
-  GptRun train_gpt(uint64_t budget, bool graphs, bool retry = true) {
+  // A GPT of 4 blocks of width `dim` on batches of `batch` windows of 64
+  // bytes, trained for 13 steps within `budget` (0: none).
+  GptRun train_gpt(uint64_t budget, bool graphs, bool retry = true, int64_t batch = 32,
+                   int64_t dim = 64) {
     auto alloc =
         std::make_shared<LeaseAllocator>(*session, LeaseAllocatorOptions::for_budget(budget));
     GptRun r;
@@ -177,7 +181,8 @@ class SpillTraining : public ::testing::Test {
     auto manager = S::SpillManager::create(std::make_unique<S::MemorySpillStore>(*transfer),
                                            transfer, alloc);
     E::manual_seed(5);
-    constexpr int64_t kBatch = 32, kT = 64, kDim = 64;
+    const int64_t kBatch = batch, kDim = dim;
+    constexpr int64_t kT = 64;
     auto emb = std::make_shared<E::nn::Embedding>(256, kDim, kT);
     E::nn::Sequential net;
     net.push_back(emb);
@@ -461,28 +466,43 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
 
 // A budget under what the first steps keep even with every saved tensor
 // spilled (they recompute little yet), though not under what a step that
-// recomputes every block (whole or in halves) needs: a step runs out of
-// memory outright. Run again with one policy step more each time it does
-// (RecomputePolicy::run_step, as the job runner runs steps), the job
-// reaches a step that fits and trains on, bit for bit as without a budget;
-// without, the run ends there. (The policy takes blocks to halves as soon
-// as a recomputed backward spills, which leaves a narrow band of budgets
-// where a step still runs out: the largest such budget in whole percent of
-// the peak, from 28% down, whatever the platform's page size.)
+// recomputes more needs: a step runs out of memory outright. Run again
+// with one policy step more each time it does (RecomputePolicy::run_step,
+// as the job runner runs steps), the job reaches a step that fits and
+// trains on, bit for bit as without a budget; without, the run ends there.
+// Such budgets are a narrow band (the policy's steps are fine, and most
+// budgets that run out of memory early run out late too): the largest
+// budget, in pages from 60% of the peak down, at which a run without
+// retries fails, or one of the next two such, must train with them. The
+// blocks are twice as wide on half the batch: their activations, not the
+// output layer's, decide what a step needs at once.
 TEST_F(SpillTraining, AStepThatRunsOutOfMemoryRunsAgainRecomputingMore) {
-  const GptRun free_run = train_gpt(0, false);
+  constexpr int64_t kBatch = 16, kDim = 128;
+  const GptRun free_run = train_gpt(0, false, true, kBatch, kDim);
   const uint64_t page = session->pool().alignment;
+  const uint64_t lowest = free_run.peak_in_use / 5;
   uint64_t budget = 0;
-  for (int percent = 28; percent >= 20 && !budget; --percent) {
-    const uint64_t b = align_up(free_run.peak_in_use * percent / 100, page) + 2 * page;
+  int failed_without_retries = 0;
+  GptRun retried;
+  std::string ran_out;  // budgets that ran out with retries too
+  for (uint64_t b = align_up(free_run.peak_in_use * 3 / 5, page);
+       b >= lowest && !budget && failed_without_retries < 3; b -= page) {
     try {
-      train_gpt(b, true, /*retry=*/false);
+      train_gpt(b, true, /*retry=*/false, kBatch, kDim);
+      continue;
     } catch (const E::OutOfMemoryError&) {
+      ++failed_without_retries;
+    }
+    try {
+      retried = train_gpt(b, true, /*retry=*/true, kBatch, kDim);
       budget = b;
+    } catch (const E::OutOfMemoryError& e) {
+      ran_out += "\n" + std::to_string(b / page) + " pages: " + e.what();
     }
   }
-  ASSERT_NE(budget, 0u) << "no budget from 28% to 20% of the peak ran out of memory";
-  const GptRun retried = train_gpt(budget, true);
+  ASSERT_NE(budget, 0u) << "no budget from 60% to 20% of the peak ran out of memory without "
+                           "retries and trained with them"
+                        << ran_out;
   EXPECT_GE(retried.retries, 1);
   EXPECT_TRUE(retried.weights == free_run.weights)
       << "weights differ from the run without a budget";
