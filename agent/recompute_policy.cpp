@@ -78,12 +78,14 @@ RecomputePolicy::Step RecomputePolicy::after(const Outcome& step) {
 }
 
 bool RecomputePolicy::tighten(bool working_set_over) {
-  // Every block recomputing whole, the last step comes before halves: the
-  // halves keep one input more per block, and what is over the budget may
-  // be what forward keeps as much as backward's own working set (at 35%
-  // of the GPT job's peak, whole blocks with the optimizer's state on the
-  // host fit as a CUDA graph; halves there spill every step).
-  if (working_set_over && whole_blocks_fit_ && whole() == blocks() && take_last_step()) {
+  // Every block recomputing whole (but its attention or not), the last
+  // step comes before halves: the halves keep one input more per block,
+  // and what is over the budget may be what forward keeps as much as
+  // backward's own working set (at 35% of the GPT job's peak, whole blocks
+  // with the optimizer's state on the host fit as a CUDA graph; halves
+  // there spill every step).
+  if (working_set_over && whole_blocks_fit_ && whole() + but_attention() == blocks() &&
+      take_last_step()) {
     return true;
   }
   if (working_set_over && whole_blocks_fit_) {

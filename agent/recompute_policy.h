@@ -25,9 +25,9 @@
 // once there. Where that is over the budget (the step's spilling took
 // tensors saved during backward, or a step ran out of memory during a
 // recomputed segment's backward), the blocks recompute their two halves
-// apart from then on instead (once every block recomputes whole, after
-// the last step: that frees memory forward and backward alike, where
-// halves keep more in forward) (Recompute::Halves: the same compute, one
+// apart from then on instead (once every block recomputes whole, but its
+// attention or not, after the last step: that frees memory forward and
+// backward alike, where halves keep more in forward) (Recompute::Halves: the same compute, one
 // half's activations at a time): those recomputing whole (but their
 // attention or not) go to halves at once, as one step, and later steps
 // take MLP-only blocks to halves rather than further. Otherwise nothing goes back to being kept

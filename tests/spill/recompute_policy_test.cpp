@@ -176,25 +176,41 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(whole_first.after(forward_spilled), Step::None) << "nothing is left";
 }
 
-// A working set over the budget once every block recomputes whole: the
-// last step comes first (it frees memory forward and backward alike;
-// halves keep more in forward), then halves, then nothing.
+// A working set over the budget once every block recomputes whole (but
+// its attention or not): the last step comes first (it frees memory
+// forward and backward alike; halves keep more in forward), then halves,
+// then nothing. While a block still keeps its attention half, halves
+// come at once, as ever.
 TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
+  auto two_blocks = [](E::nn::Sequential& net) {
+    for (int i = 0; i < 2; ++i) {
+      net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 2));
+    }
+  };
   E::nn::Sequential net;
-  for (int i = 0; i < 2; ++i) {
-    net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 2));
-  }
+  two_blocks(net);
   int calls = 0;
   RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(policy.tighten());
-  ASSERT_EQ(policy.whole(), 2);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
+  ASSERT_EQ(policy.whole(), 1);
+  ASSERT_EQ(policy.but_attention(), 1);
   EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(calls, 1) << "the last step, not halves";
-  EXPECT_EQ(policy.whole(), 2);
+  EXPECT_EQ(policy.halves(), 0);
   EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(policy.halves(), 2) << "then both blocks in halves, as one step";
   EXPECT_FALSE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(calls, 1);
+
+  E::nn::Sequential early;
+  two_blocks(early);
+  int early_calls = 0;
+  RecomputePolicy at_once(early, nullptr, [&] { return ++early_calls > 0; });
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(at_once.tighten());
+  ASSERT_EQ(at_once.mlps(), 1);
+  EXPECT_TRUE(at_once.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(early_calls, 0) << "a block keeps its attention half: halves at once";
+  EXPECT_EQ(at_once.halves(), 1);
 }
 
 // A working set over the budget before any block recomputes whole (a
