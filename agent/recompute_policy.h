@@ -7,10 +7,11 @@
 // whole blocks but their attention kernel (its output kept) in the same
 // order, then whole blocks. Recomputing a GPT block's MLP costs about a
 // third of its forward and frees more than half of its activations; the
-// whole block but its attention frees all but an eighth of the rest for
-// less than half the rest's compute (at 50% of the GPT job's peak,
-// three or four of them instead of three whole blocks); the attention's
-// output goes last, at the most compute per byte; moving the
+// whole block but its attention frees two thirds of the rest (all but
+// the block's input and the attention's output) for three fifths of the
+// rest's compute (at 50% of the GPT job's peak, three of them instead of
+// three whole blocks); the attention's output goes last, at the most
+// compute per byte; moving the
 // same activations to host memory and back costs several steps on a PCIe
 // link, so recomputing comes first and spilling takes what is left once
 // every block recomputes. Then one step is left: the job's last (its

@@ -202,8 +202,9 @@ class TransformerBlock final : public Module {
   // memory a recomputed block's backward needs, where a budget is so tight
   // that the whole block's own activations would spill. Between the MLP
   // and the whole block: the whole block but its attention kernel, whose
-  // output it keeps (ops.h: KeptAttention), an eighth of its activations
-  // for about two fifths of the whole block's recompute.
+  // output it keeps (ops.h: KeptAttention): under autocast a third of
+  // what a block recomputing its MLP keeps, for three fifths of its
+  // attention half's recompute.
   enum class Recompute {
     None,               // every activation kept (the default)
     Mlp,                // the MLP keeps only its input and runs again in backward

@@ -172,10 +172,10 @@ Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal);
 // first run for the run again, which then skips the kernel: `kept` empty,
 // the attention runs and fills it; filled, the run again takes its output
 // from it (the same bits: the qkv it is given is made again from the same
-// input) and records backward as ever, and `kept` is empty again. A
-// transformer block recomputed so keeps its attention's output, an eighth
-// of its activations under autocast, for the attention kernel's forward,
-// about two fifths of the block's recompute.
+// input) and records backward as ever, and `kept` is empty again. A GPT
+// block recomputed so keeps its attention's output (12 of the 216 MiB of
+// activations its forward saves under autocast) for the attention
+// kernel's forward, about two fifths of recomputing its attention half.
 struct KeptAttention {
   SavedTensor o, lse;
   bool filled = false;

@@ -67,8 +67,6 @@ TEST(Attention, FusedMatchesThePlainFormula) {
   }
 }
 
-// A whole pre-norm block (layer norms, the fused attention, GELU MLP and
-// both residual paths) in float64, with respect to its input.
 // self_attention on a fused projection against splitting it into q, k and
 // v, attention on the parts and merging the heads: the same values and
 // gradients, without the copies.
@@ -95,6 +93,46 @@ TEST(Attention, SelfAttentionMatchesSplitAndMerge) {
   EXPECT_THROW(self_attention(ones({2, 3, 9}), 0, true), std::invalid_argument);
 }
 
+// self_attention keeping its result for a run again (a block recomputed
+// but its attention): the first run fills `kept`; the second, on qkv made
+// again, returns the kept output and gives qkv the plain operator's
+// gradient, bit for bit, and empties `kept`. A kept output of another
+// shape than qkv gives is a logic error naming both.
+TEST(Attention, KeptAttentionRunsAgainOnTheKeptOutput) {
+  manual_seed(29);
+  const Tensor x = randn({2, 7, 3 * 3 * 4}, f64);
+  KeptAttention kept;
+  Tensor first;
+  {
+    NoGradGuard no_grad;
+    first = self_attention(x, 3, true, kept);
+  }
+  ASSERT_TRUE(kept.filled);
+  Tensor a = x.clone().set_requires_grad(true), b = x.clone().set_requires_grad(true);
+  Tensor again = self_attention(a, 3, true, kept);
+  EXPECT_FALSE(kept.filled);
+  EXPECT_EQ(again.to_vector<double>(), first.to_vector<double>());
+  Tensor plain = self_attention(b, 3, true);
+  Tensor r = randn(plain.sizes(), f64);
+  sum(mul(again, r)).backward();
+  sum(mul(plain, r)).backward();
+  EXPECT_EQ(a.grad().to_vector<double>(), b.grad().to_vector<double>());
+
+  {
+    NoGradGuard no_grad;
+    (void)self_attention(x, 3, true, kept);
+  }
+  try {
+    (void)self_attention(x.narrow(1, 0, 5), 3, true, kept);
+    ADD_FAILURE() << "a kept output of another shape was taken";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 7, 12]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2, 5, 12]"), std::string::npos) << e.what();
+  }
+}
+
+// A whole pre-norm block (layer norms, the fused attention, GELU MLP and
+// both residual paths) in float64, with respect to its input.
 TEST(Gradcheck, TransformerBlock) {
   manual_seed(23);
   nn::TransformerBlock block(8, 2, 0.0, 1, f64);
