@@ -79,8 +79,9 @@ RecomputePolicy::Step RecomputePolicy::after(const Outcome& step) {
 
 bool RecomputePolicy::tighten(bool working_set_over) {
   // Every block recomputing whole (but its attention or not), the last
-  // step comes before halves: the halves keep one input more per block,
-  // and what is over the budget may be what forward keeps as much as
+  // step comes before halves: the halves keep more per block in forward
+  // (the residual stream between them, in float32), and what is over the
+  // budget may be what forward keeps as much as
   // backward's own working set (at 35% of the GPT job's peak, whole blocks
   // with the optimizer's state on the host fit as a CUDA graph; halves
   // there spill every step).

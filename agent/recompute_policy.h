@@ -9,30 +9,33 @@
 // third of its forward and frees more than half of its activations; the
 // whole block but its attention frees two thirds of the rest (all but
 // the block's input and the attention's output) for three fifths of the
-// rest's compute (at 50% of the GPT job's peak, three of them instead of
-// three whole blocks); the attention's output goes last, at the most
-// compute per byte; moving the
-// same activations to host memory and back costs several steps on a PCIe
-// link, so recomputing comes first and spilling takes what is left once
-// every block recomputes. Then one step is left: the job's last (its
-// optimizer's state moves to host memory, optim.h: move_state_to_host;
-// the update then reads it over the link, which costs less than a step
-// that spills every block's input), for a model with blocks only (a
-// model without them spills alone, as it did before blocks existed). A
-// step that runs out of memory outright (its working set over the budget
-// with everything spilled) takes one step more and runs again (run_step).
+// rest's compute (at 50% of the GPT job's peak the policy ends at three
+// MLPs and three blocks but their attention, where it ended at three
+// MLPs and three whole blocks); the attention's output goes last, at the
+// most compute per byte; moving the same activations to host memory and
+// back costs several steps on a PCIe link, so recomputing comes first
+// and spilling takes what is left once every block recomputes. Then one
+// step is left: the job's last (its optimizer's state moves to host
+// memory, optim.h: move_state_to_host; the update then reads it over the
+// link, which costs less than a step that spills every block's input),
+// for a model with blocks only (a model without them spills alone, as it
+// did before blocks existed). A step that runs out of memory outright
+// (its working set over the budget with everything spilled) takes one
+// step more and runs again (run_step).
 //
-// A whole block recomputed in backward holds both halves' activations at
-// once there. Where that is over the budget (the step's spilling took
-// tensors saved during backward, or a step ran out of memory during a
-// recomputed segment's backward), the blocks recompute their two halves
-// apart from then on instead (once every block recomputes whole, but its
-// attention or not, after the last step: that frees memory forward and
-// backward alike, where halves keep more in forward) (Recompute::Halves: the same compute, one
-// half's activations at a time): those recomputing whole (but their
-// attention or not) go to halves at once, as one step, and later steps
-// take MLP-only blocks to halves rather than further. Otherwise nothing goes back to being kept
-// within a run (a budget, once hit, is hit again). The job also takes a
+// A whole block recomputed in backward (but its attention or not) holds
+// both halves' activations at once there. Where that is over the budget
+// (the step's spilling took tensors saved during backward, or a step ran
+// out of memory during a recomputed segment's backward), the blocks
+// recompute their two halves apart from then on instead
+// (Recompute::Halves: a whole block's compute, one half's activations at
+// a time): those recomputing whole go to halves at once, as one step, and
+// later steps take MLP-only blocks to halves rather than further. Once
+// every block recomputes whole, the last step comes first: it frees
+// memory in forward and backward alike, where halves keep more in
+// forward (the residual stream between the halves, in float32). Otherwise
+// nothing goes back to being kept within a run (a budget, once hit, is
+// hit again). The job also takes a
 // step when its steps fit but their CUDA graph does not
 // (graphed_steps.h): a graph's step, launched once, beats a step op by op
 // that keeps a little more.
@@ -57,7 +60,8 @@ class RecomputePolicy {
   // order. `spill` may be null (nothing spills: only a CUDA graph that did
   // not fit makes the blocks recompute).
   // `last_step` (may be empty): the step after every block recomputes
-  // whole (or in halves), taken once; returns whether it freed anything.
+  // whole (or in halves; before halves, see the top), taken once; returns
+  // whether it freed anything.
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill,
                   std::function<bool()> last_step = {});
 

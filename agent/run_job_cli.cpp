@@ -90,7 +90,8 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
         r.seconds, format_bytes(r.memory.peak_device_bytes).c_str(),
         format_bytes(r.memory.spilled_bytes).c_str(),
         format_bytes(r.memory.restored_bytes).c_str(), r.recomputed_mlps,
-        r.recomputed_blocks_but_attention, r.recomputed_blocks, r.recomputed_halves, r.optimizer_state_on_host ? 1 : 0);
+        r.recomputed_blocks_but_attention, r.recomputed_blocks, r.recomputed_halves,
+        r.optimizer_state_on_host ? 1 : 0);
     std::fflush(stdout);
     return 0;
   } catch (const JobCancelled&) {

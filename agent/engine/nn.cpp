@@ -319,7 +319,8 @@ Tensor TransformerBlock::attention_half(const Tensor& x, bool replay, KeptAttent
 
 Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept) {
   // (Within a whole block's recompute the halves run plainly: the block
-  // keeps nothing but its input. Run again so, the MLP's output feeds only
+  // keeps nothing but its input, and the attention's output for
+  // Recompute::BlockButAttention. Run again so, the MLP's output feeds only
   // the last addition, whose output is never read: both are made for
   // their graph only.)
   const bool training = is_training();

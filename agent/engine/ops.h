@@ -170,7 +170,8 @@ Tensor self_attention(const Tensor& qkv, int64_t heads, bool causal);
 // The same within a segment that runs again in backward (recompute.h),
 // keeping the attention's output and its softmax statistics from the
 // first run for the run again, which then skips the kernel: `kept` empty,
-// the attention runs and fills it; filled, the run again takes its output
+// the attention runs and, outside grad mode (the segment's first run),
+// fills it; filled, the run again takes its output
 // from it (the same bits: the qkv it is given is made again from the same
 // input) and records backward as ever, and `kept` is empty again. A GPT
 // block recomputed so keeps its attention's output (12 of the 216 MiB of

@@ -428,10 +428,13 @@ Tensor self_attention_kept(const Tensor& qkv, int64_t heads, bool causal, KeptAt
     // and the output it is recorded on must be another tensor.)
     o = kept->o.get().detach();
     lse = kept->lse.get().detach();
+    const TensorOptions stats = stats_options(qkv);
     if (o.sizes() != o_shape || o.dtype() != qkv.dtype() || o.device() != qkv.device() ||
-        lse.sizes() != lse_shape) {
+        lse.sizes() != lse_shape || lse.dtype() != stats.dtype || lse.device() != stats.device) {
       throw std::logic_error(std::string(op) + ": the output kept from the first run is " +
-                             o.shape_str() + ", not the " + shape_to_string(o_shape) +
+                             o.shape_str() + " " + dtype_name(o.dtype()) + " on " +
+                             o.device().str() + ", not the " + shape_to_string(o_shape) + " " +
+                             dtype_name(qkv.dtype()) + " on " + qkv.device().str() +
                              " that qkv " + qkv.shape_str() + " gives");
     }
   } else {
@@ -452,14 +455,15 @@ Tensor self_attention_kept(const Tensor& qkv, int64_t heads, bool causal, KeptAt
     node->args = a;
     record(o, node, {&qkv});
   }
-  if (kept) {
-    if (kept->filled) {
-      *kept = KeptAttention{};
-    } else {
-      kept->o = SavedTensor(o);
-      kept->lse = SavedTensor(lse);
-      kept->filled = true;
-    }
+  if (kept && kept->filled) {
+    *kept = KeptAttention{};
+  } else if (kept && !grad_enabled()) {
+    // (Kept by the segment's first run only, which records nothing: a run
+    // with gradients, the segment's plain one outside a StepRandom or a
+    // second backward's, keeps its output in its node as ever.)
+    kept->o = SavedTensor(o);
+    kept->lse = SavedTensor(lse);
+    kept->filled = true;
   }
   return o;
 }

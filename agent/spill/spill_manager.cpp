@@ -168,7 +168,7 @@ uint64_t SpillManager::reclaim(uint64_t bytes) {
   // ahead cover it again until the step ends.
   if (ahead_limit_ == 0) ahead_limit_ = UINT64_MAX;
   ++counters_.reclaims;
-  {
+  if (spdlog::should_log(spdlog::level::debug)) {
     const engine::AllocatorStats st = allocator_->stats();
     spdlog::debug("spill: reclaim of {} asked{}; the job's allocator has {} in use, {} cached",
                   format_bytes(bytes), E::in_backward() ? " in backward" : "",

@@ -111,6 +111,7 @@ TEST(Attention, KeptAttentionRunsAgainOnTheKeptOutput) {
   Tensor a = x.clone().set_requires_grad(true), b = x.clone().set_requires_grad(true);
   Tensor again = self_attention(a, 3, true, kept);
   EXPECT_FALSE(kept.filled);
+  EXPECT_EQ(again.data<double>(), first.data<double>()) << "the kept output, not a new one";
   EXPECT_EQ(again.to_vector<double>(), first.to_vector<double>());
   Tensor plain = self_attention(b, 3, true);
   Tensor r = randn(plain.sizes(), f64);
@@ -118,6 +119,10 @@ TEST(Attention, KeptAttentionRunsAgainOnTheKeptOutput) {
   sum(mul(plain, r)).backward();
   EXPECT_EQ(a.grad().to_vector<double>(), b.grad().to_vector<double>());
 
+  // Only the first run, without gradients, fills it (a run with them keeps
+  // its output in its node).
+  (void)self_attention(x.clone().set_requires_grad(true), 3, true, kept);
+  EXPECT_FALSE(kept.filled);
   {
     NoGradGuard no_grad;
     (void)self_attention(x, 3, true, kept);

@@ -109,7 +109,7 @@ std::string recompute_mismatch(Device device, bool autocast) {
   // Each mode keeps less than the one before it, but halves only less
   // than the MLPs (not than blocks but their attention: without autocast
   // the attention's output is as large as the second input halves keep).
-  uint64_t less_than = kept.kept_bytes, mlp_kept = 0;
+  uint64_t less_than = kept.kept_bytes, mlp_kept = 0, but_attention_kept = 0;
   uint64_t halves_backward = 0, but_attention_allocated = 0;
   for (Recompute r : {Recompute::Mlp, Recompute::BlockButAttention, Recompute::Halves,
                       Recompute::Block}) {
@@ -123,7 +123,15 @@ std::string recompute_mismatch(Device device, bool autocast) {
       halves_backward = again.backward_bytes;
       less_than = mlp_kept;
     }
-    if (r == Recompute::BlockButAttention) but_attention_allocated = again.backward_allocated;
+    if (r == Recompute::BlockButAttention) {
+      but_attention_allocated = again.backward_allocated;
+      but_attention_kept = again.kept_bytes;
+    }
+    if (r == Recompute::Block && again.kept_bytes >= but_attention_kept) {
+      return mode + ": " + std::to_string(again.kept_bytes) +
+             " bytes kept, not under the blocks but their attention's " +
+             std::to_string(but_attention_kept);
+    }
     // The halves' backward holds one half's activations at a time, the
     // whole block's both.
     if (r == Recompute::Block && again.backward_bytes <= halves_backward) {

@@ -211,6 +211,19 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   EXPECT_TRUE(at_once.tighten(/*working_set_over=*/true));
   EXPECT_EQ(early_calls, 0) << "a block keeps its attention half: halves at once";
   EXPECT_EQ(at_once.halves(), 1);
+
+  // A last step that frees nothing is no step: halves in the same call.
+  E::nn::Sequential freeing_nothing;
+  two_blocks(freeing_nothing);
+  int asked = 0;
+  RecomputePolicy nothing(freeing_nothing, nullptr, [&] {
+    ++asked;
+    return false;
+  });
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(nothing.tighten());
+  EXPECT_TRUE(nothing.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(nothing.halves(), 2);
 }
 
 // A working set over the budget before any block recomputes whole (a
