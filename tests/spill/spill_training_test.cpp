@@ -477,6 +477,12 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
 // blocks are twice as wide on half the batch: their activations, not the
 // output layer's, decide what a step needs at once.
 TEST_F(SpillTraining, AStepThatRunsOutOfMemoryRunsAgainRecomputingMore) {
+#if defined(__SANITIZE_ADDRESS__)
+  // (Its search trains the GPT up to a dozen times: over five minutes
+  // under ASan on two busy cores. The plain pass runs it; the same
+  // recompute, spill and retry paths run under ASan in the tests above.)
+  GTEST_SKIP() << "the budget search is too slow under ASan; the plain build runs it";
+#endif
   constexpr int64_t kBatch = 16, kDim = 128;
   const GptRun free_run = train_gpt(0, false, true, kBatch, kDim);
   const uint64_t page = session->pool().alignment;
