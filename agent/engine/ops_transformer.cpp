@@ -422,8 +422,9 @@ Tensor self_attention_kept(const Tensor& qkv, int64_t heads, bool causal, KeptAt
   a.mixed = autocast_attention(qkv);
   const Tensor x = qkv.contiguous();
   const Shape o_shape{b, a.t, c}, lse_shape{b, heads, a.t};
+  const bool run_again = kept && kept->filled;  // on the first run's kept output
   Tensor o, lse;
-  if (kept && kept->filled) {
+  if (run_again) {
     // (Detached again: the kept tensors go to the node as they are saved,
     // and the output it is recorded on must be another tensor.)
     o = kept->o.get().detach();
@@ -445,7 +446,7 @@ Tensor self_attention_kept(const Tensor& qkv, int64_t heads, bool causal, KeptAt
   if (any_requires_grad({&qkv})) {
     auto node = std::make_shared<SelfAttentionBackward>();
     node->qkv = SavedTensor(x);
-    if (kept && kept->filled) {
+    if (run_again) {
       node->o = std::move(kept->o);
       node->lse = std::move(kept->lse);
     } else {
@@ -455,7 +456,7 @@ Tensor self_attention_kept(const Tensor& qkv, int64_t heads, bool causal, KeptAt
     node->args = a;
     record(o, node, {&qkv});
   }
-  if (kept && kept->filled) {
+  if (run_again) {
     *kept = KeptAttention{};
   } else if (kept && !grad_enabled()) {
     // (Kept by the segment's first run only, which records nothing: a run

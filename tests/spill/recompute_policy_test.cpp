@@ -19,6 +19,13 @@ namespace {
 
 namespace E = engine;
 
+// Appends `n` small transformer blocks to `net`.
+void add_blocks(E::nn::Sequential& net, int n) {
+  for (int i = 0; i < n; ++i) {
+    net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, n));
+  }
+}
+
 // The policy's steps: none without a failure; for a graph that did not fit
 // one each, MLP, whole block but its attention, then whole block, even
 // with nothing that spills; none once every block recomputes whole.
@@ -164,9 +171,7 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   // Whole blocks with and without their attention's output go to halves
   // in the same step.
   E::nn::Sequential two;
-  for (int i = 0; i < 2; ++i) {
-    two.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 2));
-  }
+  add_blocks(two, 2);
   RecomputePolicy whole_first(two, nullptr);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(whole_first.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(whole_first.whole(), 1);
@@ -182,13 +187,8 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
 // then nothing. While a block still keeps its attention half, halves
 // come at once, as ever.
 TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
-  auto two_blocks = [](E::nn::Sequential& net) {
-    for (int i = 0; i < 2; ++i) {
-      net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 2));
-    }
-  };
   E::nn::Sequential net;
-  two_blocks(net);
+  add_blocks(net, 2);
   int calls = 0;
   RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
@@ -203,7 +203,7 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   EXPECT_EQ(calls, 1);
 
   E::nn::Sequential early;
-  two_blocks(early);
+  add_blocks(early, 2);
   int early_calls = 0;
   RecomputePolicy at_once(early, nullptr, [&] { return ++early_calls > 0; });
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(at_once.tighten());
@@ -214,7 +214,7 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
 
   // A last step that frees nothing is no step: halves in the same call.
   E::nn::Sequential freeing_nothing;
-  two_blocks(freeing_nothing);
+  add_blocks(freeing_nothing, 2);
   int asked = 0;
   RecomputePolicy nothing(freeing_nothing, nullptr, [&] {
     ++asked;
