@@ -223,14 +223,19 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   // A graph held then has the state's device addresses in it: it goes
   // first, and is made again later (the gradients in its pool with it).
   GraphedSteps* graphed = nullptr;
-  RecomputePolicy recompute(*model, options.spill, [&]() -> bool {
-    if (!options.spill) return false;
-    if (graphed && graphed->holds_graph()) {
-      graphed->forget();
-      optimizer->zero_grad();
-    }
-    return optimizer->move_state_to_host();
-  });
+  // Then its blocks' inputs to host memory, planned copies overlapped with
+  // the step (a CUDA job's, whose spill settings allow host memory).
+  RecomputePolicy recompute(
+      *model, options.spill,
+      [&]() -> bool {
+        if (!options.spill) return false;
+        if (graphed && graphed->holds_graph()) {
+          graphed->forget();
+          optimizer->zero_grad();
+        }
+        return optimizer->move_state_to_host();
+      },
+      /*offload=*/options.spill && options.device.is_cuda());
   // The replicas connect, and from here on every step's gradients are
   // averaged over them.
   std::unique_ptr<GradientReducer> reducer;
@@ -458,6 +463,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.recomputed_blocks = recompute.whole();
   result.recomputed_halves = recompute.halves();
   result.optimizer_state_on_host = recompute.took_last_step();
+  result.offloaded_blocks = recompute.offloaded();
   result.memory = last_progress;
   fill_memory(result.memory);
   if (options.spill && result.memory.spilled_bytes) {

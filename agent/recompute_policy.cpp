@@ -23,8 +23,8 @@ void collect(const nn::Module& m, std::vector<nn::TransformerBlock*>& out) {
 
 RecomputePolicy::RecomputePolicy(const nn::Module& model,
                                  std::shared_ptr<spill::SpillManager> spill,
-                                 std::function<bool()> last_step)
-    : spill_(std::move(spill)), last_step_(std::move(last_step)) {
+                                 std::function<bool()> last_step, bool offload)
+    : spill_(std::move(spill)), last_step_(std::move(last_step)), offload_(offload) {
   collect(model, blocks_);
 }
 
@@ -38,6 +38,10 @@ std::string RecomputePolicy::describe() const {
   if (halves()) s += ", " + std::to_string(halves()) + " its two halves apart,";
   s += " in backward";
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
+  if (const int n = offloaded()) {
+    s += "; " + std::to_string(n) + (n == 1 ? " block keeps its" : " blocks keep their") +
+         " inputs in host memory";
+  }
   return s;
 }
 
@@ -52,6 +56,12 @@ std::string RecomputePolicy::reason(Step why) const {
   s += why == Step::WorkingSetSpilled ? ", its backward's own recomputed activations among them"
                                       : " to stay within the memory budget";
   return s;
+}
+
+int RecomputePolicy::offloaded() const {
+  int n = 0;
+  for (const auto* b : blocks_) n += b->offload_inputs();
+  return n;
 }
 
 int RecomputePolicy::count(Recompute r) const {
@@ -85,8 +95,10 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   // backward's own working set (at 35% of the GPT job's peak, whole blocks
   // with the optimizer's state on the host fit as a CUDA graph; halves
   // there spill every step).
+  // (So do the blocks' inputs in host memory, which free the same in
+  // forward and backward.)
   if (working_set_over && whole_blocks_fit_ && whole() + but_attention() == blocks() &&
-      take_last_step()) {
+      (take_last_step() || offload_next())) {
     return true;
   }
   if (working_set_over && whole_blocks_fit_) {
@@ -123,7 +135,19 @@ bool RecomputePolicy::tighten(bool working_set_over) {
       }
     }
   }
-  return take_last_step();
+  return take_last_step() || offload_next();
+}
+
+bool RecomputePolicy::offload_next() {
+  if (!offload_ || (last_step_ && !last_step_taken_)) return false;
+  // (Not the last block: backward needs its input first.)
+  for (size_t i = 0; i + 1 < blocks_.size(); ++i) {
+    if (!blocks_[i]->offload_inputs() && blocks_[i]->recompute() != Recompute::None) {
+      blocks_[i]->set_offload_inputs(true);
+      return true;
+    }
+  }
+  return false;
 }
 
 bool RecomputePolicy::take_last_step() {

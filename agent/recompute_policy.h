@@ -23,6 +23,14 @@
 // (its working set over the budget with everything spilled) takes one
 // step more and runs again (run_step).
 //
+// After the last step, where blocks may keep their inputs in host memory
+// (a CUDA job that may spill), one block more at each step does so, from
+// the first block on, the last block never (engine/host_offload.h: its
+// input is the first that backward needs, and would come back at once):
+// bytes planned over the host link while the step's kernels run, so the
+// step can still be one CUDA graph, where spilling moves the same bytes
+// op by op and waits for them. Only then halves (below).
+//
 // A whole block recomputed in backward (but its attention or not) holds
 // both halves' activations at once there. Where that is over the budget
 // (the step's spilling took tensors saved during backward, or a step ran
@@ -62,8 +70,10 @@ class RecomputePolicy {
   // `last_step` (may be empty): the step after every block recomputes
   // whole (or in halves; before halves, see the top), taken once; returns
   // whether it freed anything.
+  // `offload`: whether blocks may keep their inputs in host memory (see
+  // the top).
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill,
-                  std::function<bool()> last_step = {});
+                  std::function<bool()> last_step = {}, bool offload = false);
 
   // Why after_step() took one step more, if it did.
   enum class Step { None, Spilled, WorkingSetSpilled, GraphDidNotFit };
@@ -112,6 +122,8 @@ class RecomputePolicy {
   }
   // Blocks that recompute their two halves apart.
   int halves() const { return count(engine::nn::TransformerBlock::Recompute::Halves); }
+  // Blocks that keep their recomputed segments' inputs in host memory.
+  int offloaded() const;
   // Whether the last step was taken and freed something.
   bool took_last_step() const { return last_step_freed_; }
   // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block
@@ -127,10 +139,14 @@ class RecomputePolicy {
   int count(engine::nn::TransformerBlock::Recompute r) const;
   // The last step, once; whether it freed anything.
   bool take_last_step();
+  // The next block's inputs to host memory (see the top); false when none
+  // is left.
+  bool offload_next();
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;
   bool last_step_taken_ = false, last_step_freed_ = false;
+  bool offload_ = false;
   bool whole_blocks_fit_ = true;  // until a working set over the budget (see the top)
 };
 

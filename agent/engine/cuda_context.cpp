@@ -72,6 +72,7 @@ constexpr int kMaxDevices = 64;
 
 struct ThreadState {
   cudaStream_t streams[kMaxDevices] = {};
+  cudaStream_t copy_streams[kMaxDevices] = {};
   cublasHandle_t handles[kMaxDevices] = {};
   cublasLtHandle_t lt_handles[kMaxDevices] = {};
   ~ThreadState() {
@@ -80,6 +81,7 @@ struct ThreadState {
       if (lt_handles[d]) cublasLtDestroy(lt_handles[d]);
       if (handles[d]) cublasDestroy(handles[d]);
       if (streams[d]) cudaStreamDestroy(streams[d]);
+      if (copy_streams[d]) cudaStreamDestroy(copy_streams[d]);
     }
   }
 };
@@ -99,6 +101,16 @@ cudaStream_t existing_compute_stream(int device) noexcept {
 cudaStream_t compute_stream(int device) {
   check_device(device);
   cudaStream_t& s = t_state.streams[device];
+  if (!s) {
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+    LEASEHOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  return s;
+}
+
+cudaStream_t copy_stream(int device) {
+  check_device(device);
+  cudaStream_t& s = t_state.copy_streams[device];
   if (!s) {
     LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
     LEASEHOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

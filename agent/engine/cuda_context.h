@@ -55,6 +55,11 @@ cudaStream_t compute_stream(int device);
 // The same if this thread made one already; nullptr otherwise. Creates
 // nothing and never throws (for frees, which may come from any thread).
 cudaStream_t existing_compute_stream(int device) noexcept;
+// This thread's copy stream on `device` (created on first use,
+// non-blocking): for copies between device and host memory that overlap the
+// compute stream's kernels (host_offload.h). Its work is ordered with the
+// compute stream's by events only.
+cudaStream_t copy_stream(int device);
 // This thread's cuBLAS handle on `device`, bound to compute_stream(device).
 cublasHandle_t cublas_handle(int device);
 // This thread's cuBLASLt handle on `device` (its calls name their stream).

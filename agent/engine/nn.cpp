@@ -275,18 +275,22 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 x.shape_str() + " is not [batch, tokens, " +
                                 std::to_string(dim_) + "]");
   }
+  Tensor out;
   if (recompute_ == Recompute::Block && is_training()) {
-    return recompute_in_backward(
-        [this](const Tensor& in, bool replay) { return body(in, replay); }, x);
-  }
-  if (recompute_ == Recompute::BlockButAttention && is_training()) {
+    out = recompute_in_backward(
+        [this](const Tensor& in, bool replay) { return body(in, replay); }, x, input_slot());
+  } else if (recompute_ == Recompute::BlockButAttention && is_training()) {
     // (The first run fills `kept`, the run again in backward empties it.)
     auto kept = std::make_shared<KeptAttention>();
-    return recompute_in_backward(
+    out = recompute_in_backward(
         [this, kept](const Tensor& in, bool replay) { return body(in, replay, kept.get()); },
-        x);
+        x, input_slot());
+  } else {
+    out = body(x, false);
   }
-  return body(x, false);
+  // (Inputs stashed a block ago leave the device: host_offload.h.)
+  if (is_training()) offload_progress();
+  return out;
 }
 
 Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
@@ -327,11 +331,12 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept)
   Tensor h = recompute_ == Recompute::Halves && training
                  ? recompute_in_backward(
                        [this](const Tensor& in, bool again) { return attention_half(in, again); },
-                       x)
+                       x, input_slot())
                  : attention_half(x, false, kept);
   Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Halves)
                  ? recompute_in_backward(
-                       [this](const Tensor& in, bool again) { return mlp(in, again); }, h)
+                       [this](const Tensor& in, bool again) { return mlp(in, again); }, h,
+                       mlp_input_slot())
                  : mlp(h, replay);
   OutputsUnreadGuard tail(replay);
   return add_dropout(h, m, p_, training);

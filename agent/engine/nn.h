@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/engine/host_offload.h"
 #include "agent/engine/tensor.h"
 
 namespace leasehold::engine {
@@ -214,6 +215,14 @@ class TransformerBlock final : public Module {
   };
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
+  // Whether the inputs its recomputed segments keep (the block's, or each
+  // half's) wait for backward in host memory instead of on the device
+  // (host_offload.h): for a budget that every block recomputing whole
+  // does not meet, bytes moved over the host link while the step's
+  // kernels run, without recomputing more. Nothing changes while the
+  // block recomputes nothing.
+  void set_offload_inputs(bool on) { offload_inputs_ = on; }
+  bool offload_inputs() const { return offload_inputs_; }
 
  private:
   // The block's parts; `replay`: run again in backward as a segment
@@ -227,6 +236,12 @@ class TransformerBlock final : public Module {
   int64_t dim_, heads_;
   double p_;
   Recompute recompute_ = Recompute::None;
+  bool offload_inputs_ = false;
+  // Host memory for the block's (or its attention half's) input and its
+  // MLP's, with offload_inputs() (null: kept on the device).
+  OffloadSlot* input_slot() { return offload_inputs_ ? &input_slot_ : nullptr; }
+  OffloadSlot* mlp_input_slot() { return offload_inputs_ ? &mlp_input_slot_ : nullptr; }
+  OffloadSlot input_slot_, mlp_input_slot_;
   std::shared_ptr<LayerNorm> ln1_, ln2_;
   std::shared_ptr<Linear> qkv_, proj_, fc1_, fc2_;
 };

@@ -11,17 +11,21 @@ namespace {
 
 class RecomputeBackward final : public Node {
  public:
-  RecomputeBackward(Segment segment, const Tensor& x, RandomPlace random,
-                    std::optional<DType> autocast)
+  // x kept as it is, or (`stashed`) in host memory.
+  RecomputeBackward(Segment segment, const Tensor& x, std::shared_ptr<OffloadedTensor> stashed,
+                    RandomPlace random, std::optional<DType> autocast)
       : segment_(std::move(segment)),
-        x_(x),
+        x_(stashed ? SavedTensor() : SavedTensor(x)),
+        stashed_(std::move(stashed)),
         x_requires_grad_(x.requires_grad()),
         random_(std::move(random)),
         autocast_(autocast) {}
   const char* name() const override { return "RecomputeBackward"; }
 
   std::vector<Tensor> apply(const Tensor& grad) override {
-    Tensor x = x_.get().detach();
+    // (The input the next segment in backward needs comes in meanwhile.)
+    offload_prefetch_next();
+    Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
     {
@@ -38,11 +42,15 @@ class RecomputeBackward final : public Node {
     run_backward(out, grad, /*retain_graph=*/false);
     return {x_requires_grad_ ? x.grad() : Tensor()};
   }
-  void release_saved() override { x_.reset(); }
+  void release_saved() override {
+    x_.reset();
+    stashed_.reset();
+  }
 
  private:
   Segment segment_;
   SavedTensor x_;
+  std::shared_ptr<OffloadedTensor> stashed_;
   bool x_requires_grad_;
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
@@ -50,10 +58,12 @@ class RecomputeBackward final : public Node {
 
 }  // namespace
 
-Tensor recompute_in_backward(const Segment& segment, const Tensor& x) {
+Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlot* offload) {
   std::optional<RandomPlace> random = RandomPlace::here();
   if (!grad_enabled() || !random) return segment(x, false);
   std::optional<DType> autocast = autocast_dtype(x.device());
+  // (Its copy out starts before the segment's kernels, to overlap them.)
+  std::shared_ptr<OffloadedTensor> stashed = offload ? offload->stash(x) : nullptr;
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -61,7 +71,9 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x) {
   }
   // Recorded whenever grad mode is on: without an input that needs
   // gradients, the segment's parameters may.
-  record(out, std::make_shared<RecomputeBackward>(segment, x, std::move(*random), autocast),
+  record(out,
+         std::make_shared<RecomputeBackward>(segment, x, std::move(stashed), std::move(*random),
+                                             autocast),
          {&x});
   return out;
 }

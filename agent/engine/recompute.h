@@ -21,6 +21,7 @@
 
 #include <functional>
 
+#include "agent/engine/host_offload.h"
 #include "agent/engine/tensor.h"
 
 namespace leasehold::engine {
@@ -38,7 +39,10 @@ using Segment = std::function<Tensor(const Tensor& x, bool replay)>;
 // module) must outlive the backward pass. Runs segment(x) as it is outside
 // grad mode, and outside a StepRandom (its random numbers could not be
 // drawn again). In grad mode the result always has a backward node: the
-// segment's parameters may need gradients even when x does not.
-Tensor recompute_in_backward(const Segment& segment, const Tensor& x);
+// segment's parameters may need gradients even when x does not. With
+// `offload`, x is kept in the slot's host memory rather than on the device
+// between forward and backward (host_offload.h).
+Tensor recompute_in_backward(const Segment& segment, const Tensor& x,
+                             OffloadSlot* offload = nullptr);
 
 }  // namespace leasehold::engine

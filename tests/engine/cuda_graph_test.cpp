@@ -62,6 +62,21 @@ Trainee tiny_gpt(Device d) {
   return {model, std::move(opt), 32};
 }
 
+// The same GPT with its blocks recomputed whole in backward and their
+// inputs waiting in host memory meanwhile (host_offload.h): the copies go
+// on the copy stream, ordered with the step's kernels by events, which a
+// capture records as the graph's edges. The same bits as tiny_gpt's.
+Trainee tiny_gpt_offloading(Device d) {
+  Trainee t = tiny_gpt(d);
+  for (const auto& child : t.model->children()) {
+    if (auto* block = dynamic_cast<TransformerBlock*>(child.get())) {
+      block->set_recompute(TransformerBlock::Recompute::Block);
+      block->set_offload_inputs(true);
+    }
+  }
+  return t;
+}
+
 Trainee small_cnn(Device d) {
   manual_seed(12);
   const TensorOptions o{DType::Float32, d};
@@ -127,10 +142,12 @@ std::vector<std::vector<float>> weights(const Trainee& t) {
 // Trains two copies: one op by op, its products converting their own
 // weights, and one through a StepGraph (after a first step op by op, as
 // the job runner does) with the step's weight copies, and compares every
-// step's loss and weights bit for bit.
-void expect_replays_match(Device gpu, const MakeTrainee& make, const MakeBatch& batch) {
+// step's loss and weights bit for bit. `make_graphed`: the graphed copy's
+// maker, when not `make`.
+void expect_replays_match(Device gpu, const MakeTrainee& make, const MakeBatch& batch,
+                          const MakeTrainee& make_graphed = {}) {
   DeferredLabelCheck labels(gpu);  // (cross_entropy would read its check back)
-  Trainee eager = make(gpu), graphed = make(gpu);
+  Trainee eager = make(gpu), graphed = (make_graphed ? make_graphed : make)(gpu);
   Tensor gx, gy, graph_loss;
   std::optional<StepGraph> graph;
   constexpr int kSteps = 7;
@@ -178,6 +195,11 @@ TEST_F(CudaGraphTest, AGptStepReplaysBitForBitAsOpByOp) {
 TEST_F(CudaGraphTest, AGptStepUnderBf16AutocastReplaysBitForBit) {
   AutocastGuard autocast(DType::BFloat16);
   expect_replays_match(gpu, tiny_gpt, text_batches(gpu));
+}
+
+TEST_F(CudaGraphTest, AGptStepWithItsBlocksInputsInHostMemoryReplaysBitForBit) {
+  AutocastGuard autocast(DType::BFloat16);
+  expect_replays_match(gpu, tiny_gpt, text_batches(gpu), tiny_gpt_offloading);
 }
 
 // Adam's state in host memory (Optimizer::move_state_to_host), read and

@@ -55,7 +55,7 @@ class Counting final : public Allocator {
   uint64_t in_use_ = 0, peak_ = 0, allocated_ = 0;  // (the test's thread only)
 };
 
-Step gpt_step(Device device, Recompute recompute, bool autocast) {
+Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = false) {
   manual_seed(52);
   auto emb = std::make_shared<nn::Embedding>(64, 64, 48);
   nn::Sequential model;
@@ -63,6 +63,7 @@ Step gpt_step(Device device, Recompute recompute, bool autocast) {
   for (int i = 0; i < 2; ++i) {
     auto block = std::make_shared<nn::TransformerBlock>(64, 4, 0.2, 2);
     block->set_recompute(recompute);
+    block->set_offload_inputs(offload);
     model.push_back(block);
   }
   model.push_back(std::make_shared<nn::LayerNorm>(64));
@@ -154,6 +155,22 @@ std::string recompute_mismatch(Device device, bool autocast) {
     if (again.kept_bytes >= less_than) {
       return mode + ": " + std::to_string(again.kept_bytes) + " bytes kept, not under " +
              std::to_string(less_than);
+    }
+    // The same with the segments' inputs in host memory (host_offload.h):
+    // the same bits, and less kept on the device (on a GPU, the first
+    // block's input leaves once forward is past the second block; the
+    // second's stays until its backward reads it there).
+    const Step offloaded = gpt_step(device, r, autocast, /*offload=*/true);
+    if (offloaded.loss != kept.loss) return mode + " with inputs offloaded: the loss differs";
+    for (size_t i = 0; i < kept.grads.size(); ++i) {
+      if (offloaded.grads[i] != kept.grads[i]) {
+        return mode + " with inputs offloaded: parameter " + std::to_string(i) +
+               "'s gradient differs";
+      }
+    }
+    if (offloaded.kept_bytes >= again.kept_bytes) {
+      return mode + " with inputs offloaded: " + std::to_string(offloaded.kept_bytes) +
+             " bytes kept, not under " + std::to_string(again.kept_bytes) + " without";
     }
     less_than = again.kept_bytes;
     if (r == Recompute::Mlp) mlp_kept = again.kept_bytes;

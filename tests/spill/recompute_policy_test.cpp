@@ -226,6 +226,48 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   EXPECT_EQ(nothing.halves(), 2);
 }
 
+// Where blocks may keep their inputs in host memory: after the last step,
+// one block more at each step, from the first, never the last, whether
+// the step spilled forward's tensors or backward's; only then halves
+// (which keep offloading). Without the option, the order is as before.
+TEST(RecomputePolicySteps, AfterTheLastStepBlocksKeepTheirInputsOnTheHostButTheLast) {
+  E::nn::Sequential net;
+  add_blocks(net, 3);
+  int calls = 0;
+  RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; }, /*offload=*/true);
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(policy.tighten());
+  ASSERT_EQ(policy.whole(), 3);
+  EXPECT_EQ(policy.offloaded(), 0) << "recomputing comes first";
+  EXPECT_EQ(calls, 0);
+  ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(calls, 1) << "then the last step";
+  EXPECT_EQ(policy.offloaded(), 0);
+  ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(policy.offloaded(), 1);
+  EXPECT_EQ(policy.halves(), 0);
+  EXPECT_NE(policy.describe().find("1 block keeps its inputs in host memory"), std::string::npos)
+      << policy.describe();
+  ASSERT_TRUE(policy.tighten());
+  EXPECT_EQ(policy.offloaded(), 2);
+  std::vector<bool> offloading;
+  for (const auto& child : net.children()) {
+    offloading.push_back(dynamic_cast<E::nn::TransformerBlock&>(*child).offload_inputs());
+  }
+  EXPECT_EQ(offloading, (std::vector<bool>{true, true, false})) << "never the last block";
+  ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(policy.halves(), 3) << "then halves";
+  EXPECT_EQ(policy.offloaded(), 2);
+  EXPECT_FALSE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_FALSE(policy.tighten());
+
+  E::nn::Sequential plain_net;
+  add_blocks(plain_net, 3);
+  RecomputePolicy plain(plain_net, nullptr, [] { return true; });
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(plain.tighten());
+  EXPECT_FALSE(plain.tighten());
+  EXPECT_EQ(plain.offloaded(), 0);
+}
+
 // A working set over the budget before any block recomputes whole (a
 // step ran out of memory during a recomputed MLP's backward: run_step asks
 // so): MLPs first as ever, then halves, never whole.

@@ -1,0 +1,216 @@
+#include "agent/engine/host_offload.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "agent/engine/allocator.h"
+#include "agent/engine/cuda_context.h"
+
+#ifdef LEASEHOLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "shared/cuda_check.h"
+#endif
+
+namespace leasehold::engine {
+
+struct OffloadSlot::State {
+  std::shared_ptr<Storage> host;  // page-locked for CUDA tensors
+  bool pinned = false;            // `host` is page-locked
+  bool claimed = false;           // a live handle's tensor is in `host`
+#ifdef LEASEHOLD_HAVE_CUDA
+  int device = -1;  // of the events
+  // ready: the compute stream's point a copy waits for; out_done, in_done:
+  // the copy stream's copies, which the compute stream waits for.
+  cudaEvent_t ready = nullptr, out_done = nullptr, in_done = nullptr;
+  void make_events(int d) {
+    if (ready) return;
+    LEASEHOLD_CUDA_CHECK(cudaSetDevice(d));
+    for (cudaEvent_t* e : {&ready, &out_done, &in_done}) {
+      LEASEHOLD_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
+    device = d;
+  }
+  ~State() {
+    for (cudaEvent_t e : {ready, out_done, in_done}) {
+      if (e) cudaEventDestroy(e);
+    }
+  }
+#endif
+};
+
+namespace {
+
+// This thread's stashed tensors, in the order they were stashed (backward
+// wants them in the reverse), and the count of blocks forward went past.
+struct Queue {
+  std::vector<std::weak_ptr<OffloadedTensor>> stashed;
+  uint64_t progress = 0;
+  void prune() {
+    stashed.erase(std::remove_if(stashed.begin(), stashed.end(),
+                                 [](const auto& w) { return w.expired(); }),
+                  stashed.end());
+  }
+};
+thread_local Queue t_queue;
+
+#ifdef LEASEHOLD_HAVE_CUDA
+// `to` and `from` on the copy stream, after what `stream` queued so far,
+// and `done` recorded after it.
+void copy_after(cudaStream_t stream, cudaEvent_t ready, cudaEvent_t done, int device, void* to,
+                const void* from, uint64_t bytes, cudaMemcpyKind kind) {
+  cudaStream_t copy = copy_stream(device);
+  LEASEHOLD_CUDA_CHECK(cudaEventRecord(ready, stream));
+  LEASEHOLD_CUDA_CHECK(cudaStreamWaitEvent(copy, ready, 0));
+  LEASEHOLD_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, copy));
+  LEASEHOLD_CUDA_CHECK(cudaEventRecord(done, copy));
+}
+#endif
+
+}  // namespace
+
+OffloadSlot::OffloadSlot() : state_(std::make_shared<State>()) {}
+OffloadSlot::~OffloadSlot() = default;
+
+uint64_t OffloadSlot::host_bytes() const { return state_->host ? state_->host->bytes() : 0; }
+
+std::shared_ptr<OffloadedTensor> OffloadSlot::stash(const Tensor& x) {
+  std::shared_ptr<OffloadedTensor> h(new OffloadedTensor);
+  h->slot_ = state_;
+  h->sizes_ = x.sizes();
+  h->options_ = x.options();
+  h->bytes_ = static_cast<uint64_t>(x.numel()) * dtype_size(x.dtype());
+  h->device_ = x.detach();  // (not its graph)
+  if (state_->claimed || !x.is_contiguous() || h->bytes_ == 0) return h;  // stays: Kept
+
+  const Device device = x.device();
+  if (!state_->host || state_->host->bytes() < h->bytes_ || state_->pinned != device.is_cuda()) {
+    // (Grows only: a smaller tensor, the epoch's last batch, fits the same.)
+#ifdef LEASEHOLD_HAVE_CUDA
+    auto alloc = device.is_cuda() ? pinned_host_allocator() : cpu_allocator();
+#else
+    auto alloc = cpu_allocator();
+#endif
+    state_->host.reset();  // (before its successor: one at a time)
+    state_->host = std::make_shared<Storage>(h->bytes_, std::move(alloc));
+    state_->pinned = device.is_cuda();
+  }
+  state_->claimed = true;
+  h->offloaded_ = true;
+  h->stashed_at_ = t_queue.progress;
+  if (device.is_cuda()) {
+#ifdef LEASEHOLD_HAVE_CUDA
+    state_->make_events(device.index);
+    cudaStream_t stream = compute_stream(device.index);
+    h->stream_ = stream;
+    copy_after(stream, state_->ready, state_->out_done, device.index, state_->host->data(),
+               x.raw_data(), h->bytes_, cudaMemcpyDeviceToHost);
+    h->where_ = OffloadedTensor::Where::CopyingOut;
+#endif
+  } else {
+    std::memcpy(state_->host->data(), x.raw_data(), h->bytes_);
+    h->device_ = Tensor();
+    h->where_ = OffloadedTensor::Where::OnHost;
+  }
+  t_queue.prune();
+  t_queue.stashed.push_back(h);
+  return h;
+}
+
+void OffloadedTensor::fetch() {
+  device_ = empty(sizes_, options_);
+  if (options_.device.is_cuda()) {
+#ifdef LEASEHOLD_HAVE_CUDA
+    copy_after(static_cast<cudaStream_t>(stream_), slot_->ready, slot_->in_done,
+               options_.device.index, device_.raw_data(), slot_->host->data(), bytes_,
+               cudaMemcpyHostToDevice);
+#endif
+  } else {
+    std::memcpy(device_.raw_data(), slot_->host->data(), bytes_);
+  }
+  where_ = Where::CopyingIn;
+}
+
+Tensor OffloadedTensor::get() {
+  Tensor out;
+  switch (where_) {
+    case Where::Kept:
+    case Where::CopyingOut:
+      // (Still on the device: read in place, beside the copy out reading it
+      // too. The handle lets it go when it goes.)
+      out = device_;
+      break;
+    case Where::OnHost:
+    case Where::HandedOut:
+      fetch();
+      [[fallthrough]];
+    case Where::CopyingIn:
+#ifdef LEASEHOLD_HAVE_CUDA
+      if (stream_) {
+        LEASEHOLD_CUDA_CHECK(
+            cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), slot_->in_done, 0));
+      }
+#endif
+      out = std::move(device_);
+      device_ = Tensor();
+      where_ = Where::HandedOut;
+      break;
+  }
+  offload_prefetch_next();
+  return out;
+}
+
+void OffloadedTensor::release_device_copy() {
+#ifdef LEASEHOLD_HAVE_CUDA
+  // (Its memory may serve the compute stream's next allocation: the stream
+  // first waits for the copy that reads or writes it.)
+  if (stream_ && device_.defined() && (where_ == Where::CopyingOut || where_ == Where::CopyingIn)) {
+    cudaEvent_t done = where_ == Where::CopyingOut ? slot_->out_done : slot_->in_done;
+    cudaError_t err = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), done, 0);
+    if (err != cudaSuccess) {
+      // (Only a lost context fails here; then nothing runs any more that
+      // could read the memory.)
+      (void)cudaGetLastError();
+    }
+  }
+#endif
+  device_ = Tensor();
+}
+
+OffloadedTensor::~OffloadedTensor() {
+  release_device_copy();
+  if (offloaded_) slot_->claimed = false;
+}
+
+void offload_progress() {
+  Queue& q = t_queue;
+  ++q.progress;
+  for (const auto& w : q.stashed) {
+    auto h = w.lock();
+    if (h && h->where_ == OffloadedTensor::Where::CopyingOut && q.progress >= h->stashed_at_ + 2) {
+      h->release_device_copy();
+      h->where_ = OffloadedTensor::Where::OnHost;
+    }
+  }
+  q.prune();
+}
+
+void offload_prefetch_next() {
+  Queue& q = t_queue;
+  std::shared_ptr<OffloadedTensor> next;
+  for (auto it = q.stashed.rbegin(); it != q.stashed.rend(); ++it) {
+    auto h = it->lock();
+    if (!h) continue;
+    if (h->where_ == OffloadedTensor::Where::CopyingIn) return;  // one ahead at a time
+    if (!next && h->where_ == OffloadedTensor::Where::OnHost) next = std::move(h);
+  }
+  if (!next) return;
+  try {
+    next->fetch();
+  } catch (const OutOfMemoryError&) {
+    // (Fetching ahead must not fail a step: get() fetches it when needed.)
+  }
+}
+
+}  // namespace leasehold::engine

@@ -1,0 +1,130 @@
+// Inputs kept in host memory between forward and backward
+// (host_offload.h), on the CPU, where the copies are made at once and the
+// bookkeeping is the GPU's: what leaves, what a slot holds, what a second
+// forward before backward does, and a segment's gradients through it.
+// (The GPU's copies and a step captured with them: engine_cuda_test.)
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "agent/engine/autograd.h"
+#include "agent/engine/host_offload.h"
+#include "agent/engine/ops.h"
+#include "agent/engine/recompute.h"
+
+namespace leasehold::engine {
+namespace {
+
+Tensor counting(int64_t n, float from) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = from + static_cast<float>(i);
+  return from_vector(v, {n});
+}
+
+std::weak_ptr<Storage> storage_of(const Tensor& t) { return t.impl()->storage; }
+
+TEST(HostOffload, AStashedTensorLeavesItsMemoryAndComesBackTheSame) {
+  OffloadSlot slot;
+  Tensor x = counting(1000, 1);
+  const std::vector<float> values = x.to_vector<float>();
+  std::weak_ptr<Storage> memory = storage_of(x);
+  auto h = slot.stash(x);
+  ASSERT_TRUE(h->offloaded());
+  EXPECT_EQ(slot.host_bytes(), 4000u);
+  x = Tensor();
+  EXPECT_TRUE(memory.expired()) << "the handle holds the tensor's memory";
+
+  Tensor back = h->get();
+  EXPECT_EQ(back.sizes(), (Shape{1000}));
+  EXPECT_EQ(back.dtype(), DType::Float32);
+  EXPECT_EQ(back.to_vector<float>(), values);
+  // Again (a backward with retain_graph): copied in again, the same.
+  back = Tensor();
+  EXPECT_EQ(h->get().to_vector<float>(), values);
+}
+
+TEST(HostOffload, ASlotStillClaimedKeepsTheNextTensorOnItsDevice) {
+  OffloadSlot slot;
+  auto first = slot.stash(counting(8, 0));
+  ASSERT_TRUE(first->offloaded());
+  // A second forward before the first's backward: its tensor stays where
+  // it is, and the first's values are not overwritten.
+  Tensor y = counting(8, 100);
+  std::weak_ptr<Storage> y_memory = storage_of(y);
+  auto second = slot.stash(y);
+  EXPECT_FALSE(second->offloaded());
+  y = Tensor();
+  EXPECT_FALSE(y_memory.expired()) << "a tensor kept on its device is held by its handle";
+  EXPECT_EQ(second->get().to_vector<float>(), counting(8, 100).to_vector<float>());
+  EXPECT_EQ(first->get().to_vector<float>(), counting(8, 0).to_vector<float>());
+
+  // Once the first's handle is gone, the slot takes the next.
+  first.reset();
+  auto third = slot.stash(counting(8, 200));
+  EXPECT_TRUE(third->offloaded());
+  EXPECT_EQ(third->get().to_vector<float>(), counting(8, 200).to_vector<float>());
+  EXPECT_EQ(second->get().to_vector<float>(), counting(8, 100).to_vector<float>());
+}
+
+TEST(HostOffload, TheSlotGrowsForALargerTensorAndKeepsItsMemoryForASmaller) {
+  OffloadSlot slot;
+  slot.stash(counting(16, 0)).reset();
+  EXPECT_EQ(slot.host_bytes(), 64u);
+  auto larger = slot.stash(counting(64, 5));
+  EXPECT_EQ(slot.host_bytes(), 256u);
+  EXPECT_EQ(larger->get().to_vector<float>(), counting(64, 5).to_vector<float>());
+  larger.reset();
+  auto smaller = slot.stash(counting(3, 9));
+  EXPECT_EQ(slot.host_bytes(), 256u);
+  EXPECT_EQ(smaller->get().to_vector<float>(), counting(3, 9).to_vector<float>());
+}
+
+TEST(HostOffload, ANonContiguousTensorStaysOnItsDevice) {
+  OffloadSlot slot;
+  Tensor m = counting(12, 0).view({3, 4}).transpose(0, 1);
+  ASSERT_FALSE(m.is_contiguous());
+  auto h = slot.stash(m);
+  EXPECT_FALSE(h->offloaded());
+  EXPECT_EQ(h->get().contiguous().to_vector<float>(), m.contiguous().to_vector<float>());
+  // (It claimed nothing: the next contiguous one goes.)
+  EXPECT_TRUE(slot.stash(counting(4, 0))->offloaded());
+}
+
+// A recomputed segment whose input waits in host memory: the gradients of
+// the segment kept on the device, through one backward and through two
+// with retain_graph; a second backward without it names the mistake.
+TEST(HostOffload, ARecomputedSegmentsGradientsAreTheSameWithItsInputOnTheHost) {
+  auto run = [](bool offload, int backwards) {
+    Tensor w = from_vector<float>({0.5f, -2, 3}, {3}).set_requires_grad(true);
+    Tensor x0 = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
+    Segment f = [&](const Tensor& in, bool) { return mul(tanh(in), w); };
+    Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+    StepRandom random(3, step);
+    OffloadSlot slot;
+    Tensor x = mul(x0, x0);  // (not a leaf: the stashed tensor is the only holder)
+    Tensor out = recompute_in_backward(f, x, offload ? &slot : nullptr);
+    if (offload) {
+      EXPECT_EQ(slot.host_bytes(), 12u);
+    }
+    Tensor loss = sum(out);
+    for (int i = 0; i < backwards; ++i) loss.backward({}, /*retain_graph=*/i + 1 < backwards);
+    return std::vector<std::vector<float>>{w.grad().to_vector<float>(),
+                                           x0.grad().to_vector<float>()};
+  };
+  EXPECT_EQ(run(true, 1), run(false, 1));
+  EXPECT_EQ(run(true, 2), run(false, 2));
+
+  Tensor w = ones({3}).set_requires_grad(true);
+  Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+  StepRandom random(3, step);
+  OffloadSlot slot;
+  Tensor x = mul(counting(3, 1), ones({3}).set_requires_grad(true));
+  Tensor loss = sum(recompute_in_backward(
+      [&](const Tensor& in, bool) { return mul(in, w); }, x, &slot));
+  loss.backward();
+  EXPECT_THROW(loss.backward(), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace leasehold::engine
