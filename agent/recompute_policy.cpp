@@ -94,15 +94,14 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   // whole and the inputs went: those free memory in backward too, and
   // halves cost the host link twice the bytes (two inputs per block).
   if (offload_ && !all_whole) working_set_over = false;
-  // Every block recomputing whole (but its attention or not), the last
-  // step comes before halves: the halves keep more per block in forward
-  // (the residual stream between them, in float32), and what is over the
-  // budget may be what forward keeps as much as
-  // backward's own working set (at 35% of the GPT job's peak, whole blocks
-  // with the optimizer's state on the host fit as a CUDA graph; halves
-  // there spill every step). So do the blocks' inputs in host memory.
-  if (working_set_over && whole_blocks_fit_ && all_whole &&
-      (take_last_step() || offload_next(/*early=*/false))) {
+  // Every block recomputing whole (but its attention or not), the blocks'
+  // inputs to host memory and the last step come before halves: the
+  // halves keep more per block in forward (the residual stream between
+  // them, in float32), and what is over the budget may be what forward
+  // keeps as much as backward's own working set (at 35% of the GPT job's
+  // peak, whole blocks with the optimizer's state on the host fit as a
+  // CUDA graph; halves there spill every step).
+  if (working_set_over && whole_blocks_fit_ && all_whole && (offload_next() || take_last_step())) {
     return true;
   }
   if (working_set_over && whole_blocks_fit_) {
@@ -126,15 +125,12 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   // 37 MiB where the whole block keeps 24, and spares two fifths of its
   // attention half's recompute: for the bytes a number of whole blocks
   // frees, blocks but their attention, a sixth more of them, cost less.
-  // Between the MLPs and the attention, the first blocks' inputs go to
-  // host memory (see the top).
   const std::pair<Recompute, Recompute> order[] = {
       {Recompute::None, Recompute::Mlp},
       {Recompute::Mlp, whole_blocks_fit_ ? Recompute::BlockButAttention : Recompute::Halves},
       {Recompute::BlockButAttention, Recompute::Block},
   };
   for (const auto& [from, to] : order) {
-    if (from == Recompute::Mlp && offload_next(/*early=*/true)) return true;
     for (auto* b : blocks_) {
       if (b->recompute() == from) {
         b->set_recompute(to);
@@ -142,15 +138,11 @@ bool RecomputePolicy::tighten(bool working_set_over) {
       }
     }
   }
-  return take_last_step() || offload_next(/*early=*/false);
+  return offload_next() || take_last_step();
 }
 
-bool RecomputePolicy::offload_next(bool early) {
+bool RecomputePolicy::offload_next() {
   if (!offload_) return false;
-  if (early ? offloaded() >= blocks() / kEarlyOffloadShare
-            : last_step_ && !last_step_taken_) {
-    return false;
-  }
   // (Not the last block: backward needs its input first.)
   for (size_t i = 0; i + 1 < blocks_.size(); ++i) {
     if (!blocks_[i]->offload_inputs() && blocks_[i]->recompute() != Recompute::None) {

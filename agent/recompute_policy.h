@@ -24,17 +24,16 @@
 // step more and runs again (run_step).
 //
 // Where blocks may keep their inputs in host memory (a CUDA job that may
-// spill), they do so block after block from the first block on, never
-// the last (engine/host_offload.h: its input is the first that backward
-// needs, and would come back at once): bytes planned over the host link
-// while the step's kernels run, so that the step can still be one CUDA
-// graph, where spilling moves bytes op by op and waits for them. A GPT
-// block's input (24 MiB) crosses a PCIe 5 link in about two blocks'
-// forward, so the link carries about a third of the blocks' inputs for
-// free, where recomputing a block's attention half costs about 60 us:
-// once every block recomputes its MLP, the first third of the blocks
-// offload their inputs before any recomputes more; the rest offload
-// after the last step, one block per step, before halves.
+// spill), they do so once every block recomputes whole, before the last
+// step: one block more at each step, from the first block on, never the
+// last (engine/host_offload.h: its input is the first that backward
+// needs, and would come back at once). Those are bytes planned over the
+// host link while the step's kernels run (a GPT block's input, 24 MiB,
+// crosses a PCIe 5 link in about two blocks' forward), so that the step
+// is still one CUDA graph, where spilling moves bytes op by op and waits
+// for them, and where the optimizer's state in host memory makes every
+// update read and write it over the link (at 35% of the GPT job's peak,
+// about a third of the step).
 //
 // A whole block recomputed in backward (but its attention or not) holds
 // both halves' activations at once there. Where that is over the budget
@@ -44,13 +43,12 @@
 // (Recompute::Halves: a whole block's compute, one half's activations at
 // a time): those recomputing whole go to halves at once, as one step, and
 // later steps take MLP-only blocks to halves rather than further. Once
-// every block recomputes whole, the last step comes first: it frees
-// memory in forward and backward alike, where halves keep more in
-// forward (the residual stream between the halves, in float32). Where
-// inputs may go to host memory, halves wait until every block recomputes
-// whole, the last step was taken and every input that may go went: each
-// of those frees memory in backward too, and halves would send twice the
-// bytes over the link (two inputs a block). Otherwise
+// every block recomputes whole, the blocks' inputs (where they may go)
+// and the last step come first: they free memory in forward and backward
+// alike, where halves keep more in forward (the residual stream between
+// the halves, in float32). Where inputs may go to host memory, halves
+// also wait until every block recomputes whole: halves would send twice
+// the bytes over the link (two inputs a block). Otherwise
 // nothing goes back to being kept within a run (a budget, once hit, is
 // hit again). The job also takes a
 // step when its steps fit but their CUDA graph does not
@@ -149,10 +147,8 @@ class RecomputePolicy {
   // The last step, once; whether it freed anything.
   bool take_last_step();
   // The next block's inputs to host memory (see the top); false when none
-  // is left. `early`: before any block recomputes more than its MLP, up
-  // to 1 / kEarlyOffloadShare of the blocks; else after the last step.
-  bool offload_next(bool early);
-  static constexpr int kEarlyOffloadShare = 3;
+  // is left.
+  bool offload_next();
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;
