@@ -71,7 +71,10 @@ struct JobResult {
   int recomputed_blocks = 0;
   int recomputed_halves = 0;
   bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)
-  int offloaded_blocks = 0;  // blocks keeping their inputs in host memory (the same)
+  // Blocks keeping their input in host memory, and among them those in
+  // halves keeping their MLP's there too (the same).
+  int offloaded_blocks = 0;
+  int offloaded_mlp_inputs = 0;
   // The last progress reported, with its memory fields as they are at the
   // end (the peak then covers the final evaluation too); epoch 0 when this
   // run reported no progress (it resumed after its last epoch).

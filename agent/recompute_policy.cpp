@@ -6,6 +6,7 @@ namespace leasehold {
 
 namespace nn = engine::nn;
 using Recompute = nn::TransformerBlock::Recompute;
+using Offload = nn::TransformerBlock::Offload;
 
 namespace {
 
@@ -40,7 +41,10 @@ std::string RecomputePolicy::describe() const {
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
   if (const int n = offloaded()) {
     s += "; " + std::to_string(n) + (n == 1 ? " block keeps its" : " blocks keep their") +
-         " inputs in host memory";
+         " input in host memory";
+    if (const int m = offloaded_mlp_inputs()) {
+      s += ", " + std::to_string(m) + " their MLP's too";
+    }
   }
   return s;
 }
@@ -60,7 +64,16 @@ std::string RecomputePolicy::reason(Step why) const {
 
 int RecomputePolicy::offloaded() const {
   int n = 0;
-  for (const auto* b : blocks_) n += b->offload_inputs();
+  for (const auto* b : blocks_) n += b->offload() != Offload::None;
+  return n;
+}
+
+int RecomputePolicy::offloaded_mlp_inputs() const {
+  int n = 0;
+  for (const auto* b : blocks_) {
+    n += b->offload() == Offload::Inputs &&
+         (b->recompute() == Recompute::Halves || b->recompute() == Recompute::Mlp);
+  }
   return n;
 }
 
@@ -143,11 +156,17 @@ bool RecomputePolicy::tighten(bool working_set_over) {
 
 bool RecomputePolicy::offload_next() {
   if (!offload_) return false;
-  // (Not the last block: backward needs its input first.)
-  for (size_t i = 0; i + 1 < blocks_.size(); ++i) {
-    if (!blocks_[i]->offload_inputs() && blocks_[i]->recompute() != Recompute::None) {
-      blocks_[i]->set_offload_inputs(true);
-      return true;
+  // The blocks' inputs first; then, for blocks in halves, their MLPs'.
+  // (Not the last block: backward needs its inputs first.)
+  for (Offload level : {Offload::Input, Offload::Inputs}) {
+    for (size_t i = 0; i + 1 < blocks_.size(); ++i) {
+      nn::TransformerBlock& b = *blocks_[i];
+      const bool has_level = level == Offload::Input ? b.recompute() != Recompute::None
+                                                     : b.recompute() == Recompute::Halves;
+      if (has_level && b.offload() < level) {
+        b.set_offload(level);
+        return true;
+      }
     }
   }
   return false;

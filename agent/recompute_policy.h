@@ -33,7 +33,8 @@
 // is still one CUDA graph, where spilling moves bytes op by op and waits
 // for them, and where the optimizer's state in host memory makes every
 // update read and write it over the link (at 35% of the GPT job's peak,
-// about a third of the step).
+// about a third of the step). Blocks in halves keep a second input, their
+// MLP's: those go last, block after block, once halves are taken.
 //
 // A whole block recomputed in backward (but its attention or not) holds
 // both halves' activations at once there. Where that is over the budget
@@ -129,8 +130,10 @@ class RecomputePolicy {
   }
   // Blocks that recompute their two halves apart.
   int halves() const { return count(engine::nn::TransformerBlock::Recompute::Halves); }
-  // Blocks that keep their recomputed segments' inputs in host memory.
+  // Blocks that keep their input in host memory, and among those in
+  // halves, those that keep their MLP's input there too.
   int offloaded() const;
+  int offloaded_mlp_inputs() const;
   // Whether the last step was taken and freed something.
   bool took_last_step() const { return last_step_freed_; }
   // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block

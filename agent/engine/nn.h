@@ -215,14 +215,18 @@ class TransformerBlock final : public Module {
   };
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
-  // Whether the inputs its recomputed segments keep (the block's, or each
-  // half's) wait for backward in host memory instead of on the device
-  // (host_offload.h): for a budget that every block recomputing whole
-  // does not meet, bytes moved over the host link while the step's
-  // kernels run, without recomputing more. Nothing changes while the
-  // block recomputes nothing.
-  void set_offload_inputs(bool on) { offload_inputs_ = on; }
-  bool offload_inputs() const { return offload_inputs_; }
+  // Which inputs its recomputed segments keep wait for backward in host
+  // memory instead of on the device (host_offload.h): for a budget that
+  // every block recomputing whole does not meet, bytes moved over the
+  // host link while the step's kernels run, without recomputing more.
+  // Nothing changes while the block recomputes nothing.
+  enum class Offload {
+    None,
+    Input,   // the block's input (in halves, its attention half's)
+    Inputs,  // with its MLP's input (where it recomputes its MLP apart)
+  };
+  void set_offload(Offload o) { offload_ = o; }
+  Offload offload() const { return offload_; }
 
  private:
   // The block's parts; `replay`: run again in backward as a segment
@@ -236,11 +240,11 @@ class TransformerBlock final : public Module {
   int64_t dim_, heads_;
   double p_;
   Recompute recompute_ = Recompute::None;
-  bool offload_inputs_ = false;
+  Offload offload_ = Offload::None;
   // Host memory for the block's (or its attention half's) input and its
-  // MLP's, with offload_inputs() (null: kept on the device).
-  OffloadSlot* input_slot() { return offload_inputs_ ? &input_slot_ : nullptr; }
-  OffloadSlot* mlp_input_slot() { return offload_inputs_ ? &mlp_input_slot_ : nullptr; }
+  // MLP's, as offload() says (null: kept on the device).
+  OffloadSlot* input_slot() { return offload_ != Offload::None ? &input_slot_ : nullptr; }
+  OffloadSlot* mlp_input_slot() { return offload_ == Offload::Inputs ? &mlp_input_slot_ : nullptr; }
   OffloadSlot input_slot_, mlp_input_slot_;
   std::shared_ptr<LayerNorm> ln1_, ln2_;
   std::shared_ptr<Linear> qkv_, proj_, fc1_, fc2_;

@@ -71,7 +71,7 @@ Trainee tiny_gpt_offloading(Device d) {
   for (const auto& child : t.model->children()) {
     if (auto* block = dynamic_cast<TransformerBlock*>(child.get())) {
       block->set_recompute(TransformerBlock::Recompute::Block);
-      block->set_offload_inputs(true);
+      block->set_offload(TransformerBlock::Offload::Inputs);
     }
   }
   return t;

@@ -63,7 +63,8 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
   for (int i = 0; i < 2; ++i) {
     auto block = std::make_shared<nn::TransformerBlock>(64, 4, 0.2, 2);
     block->set_recompute(recompute);
-    block->set_offload_inputs(offload);
+    block->set_offload(offload ? nn::TransformerBlock::Offload::Inputs
+                               : nn::TransformerBlock::Offload::None);
     model.push_back(block);
   }
   model.push_back(std::make_shared<nn::LayerNorm>(64));

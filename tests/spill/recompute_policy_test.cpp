@@ -230,8 +230,8 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
 // recomputes whole, one block more at each step, from the first, never
 // the last block, whether the step spilled forward's tensors or
 // backward's (which before then is no reason for halves); then the last
-// step; only then halves (which keep offloading). Without the option,
-// the order is as before.
+// step; only then halves (which keep offloading), and then the halves'
+// MLP inputs. Without the option, the order is as before.
 TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButTheLastNever) {
   E::nn::Sequential net;
   add_blocks(net, 6);
@@ -247,14 +247,15 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   EXPECT_EQ(policy.offloaded(), 0) << "recomputing comes first";
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(policy.offloaded(), 1);
-  EXPECT_NE(policy.describe().find("1 block keeps its inputs in host memory"), std::string::npos)
+  EXPECT_NE(policy.describe().find("1 block keeps its input in host memory"), std::string::npos)
       << policy.describe();
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(policy.tighten(/*working_set_over=*/i % 2 == 0));
   EXPECT_EQ(policy.offloaded(), 5);
   EXPECT_EQ(calls, 0) << "the inputs before the last step";
   std::vector<bool> offloading;
   for (const auto& child : net.children()) {
-    offloading.push_back(dynamic_cast<E::nn::TransformerBlock&>(*child).offload_inputs());
+    offloading.push_back(dynamic_cast<E::nn::TransformerBlock&>(*child).offload() !=
+                         E::nn::TransformerBlock::Offload::None);
   }
   EXPECT_EQ(offloading, (std::vector<bool>{true, true, true, true, true, false}))
       << "never the last block";
@@ -264,6 +265,12 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(policy.halves(), 6) << "then halves";
   EXPECT_EQ(policy.offloaded(), 5);
+  EXPECT_EQ(policy.offloaded_mlp_inputs(), 0);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten(/*working_set_over=*/i % 2 == 0));
+  EXPECT_EQ(policy.offloaded_mlp_inputs(), 5) << "then the halves' MLP inputs, but the last";
+  EXPECT_NE(policy.describe().find("5 blocks keep their input in host memory, 5 their MLP's too"),
+            std::string::npos)
+      << policy.describe();
   EXPECT_FALSE(policy.tighten(/*working_set_over=*/true));
   EXPECT_FALSE(policy.tighten());
 
