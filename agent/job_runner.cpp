@@ -462,6 +462,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.recomputed_blocks_but_attention = recompute.but_attention();
   result.recomputed_blocks = recompute.whole();
   result.recomputed_halves = recompute.halves();
+  result.recomputed_blocks_in_halves = recompute.blocks_in_halves();
   result.optimizer_state_on_host = recompute.took_last_step();
   result.offloaded_blocks = recompute.offloaded();
   result.offloaded_mlp_inputs = recompute.offloaded_mlp_inputs();

@@ -70,6 +70,7 @@ struct JobResult {
   int recomputed_blocks_but_attention = 0;
   int recomputed_blocks = 0;
   int recomputed_halves = 0;
+  int recomputed_blocks_in_halves = 0;  // whole, their backward in halves (the same)
   bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)
   // Blocks keeping their input in host memory, and among them those in
   // halves keeping their MLP's there too (the same).

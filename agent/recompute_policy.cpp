@@ -25,7 +25,10 @@ void collect(const nn::Module& m, std::vector<nn::TransformerBlock*>& out) {
 RecomputePolicy::RecomputePolicy(const nn::Module& model,
                                  std::shared_ptr<spill::SpillManager> spill,
                                  std::function<bool()> last_step, bool offload)
-    : spill_(std::move(spill)), last_step_(std::move(last_step)), offload_(offload) {
+    : spill_(std::move(spill)),
+      last_step_(std::move(last_step)),
+      offload_(offload),
+      halves_(offload ? Recompute::BlockInHalves : Recompute::Halves) {
   collect(model, blocks_);
 }
 
@@ -37,6 +40,9 @@ std::string RecomputePolicy::describe() const {
     s += ", " + std::to_string(but_attention()) + " the whole block but its attention,";
   }
   if (halves()) s += ", " + std::to_string(halves()) + " its two halves apart,";
+  if (blocks_in_halves()) {
+    s += ", " + std::to_string(blocks_in_halves()) + " the whole block in halves,";
+  }
   s += " in backward";
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
   if (const int n = offloaded()) {
@@ -125,7 +131,7 @@ bool RecomputePolicy::tighten(bool working_set_over) {
     bool any = false;
     for (auto* b : blocks_) {
       if (b->recompute() == Recompute::Block || b->recompute() == Recompute::BlockButAttention) {
-        b->set_recompute(Recompute::Halves);
+        b->set_recompute(halves_);
         any = true;
       }
     }
@@ -140,7 +146,7 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   // frees, blocks but their attention, a sixth more of them, cost less.
   const std::pair<Recompute, Recompute> order[] = {
       {Recompute::None, Recompute::Mlp},
-      {Recompute::Mlp, whole_blocks_fit_ ? Recompute::BlockButAttention : Recompute::Halves},
+      {Recompute::Mlp, whole_blocks_fit_ ? Recompute::BlockButAttention : halves_},
       {Recompute::BlockButAttention, Recompute::Block},
   };
   for (const auto& [from, to] : order) {

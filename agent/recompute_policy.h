@@ -33,8 +33,10 @@
 // is still one CUDA graph, where spilling moves bytes op by op and waits
 // for them, and where the optimizer's state in host memory makes every
 // update read and write it over the link (at 35% of the GPT job's peak,
-// about a third of the step). Blocks in halves keep a second input, their
-// MLP's: those go last, block after block, once halves are taken.
+// about a third of the step). Where halves come then, they are the whole
+// block in halves (Recompute::BlockInHalves): one input a block, whose
+// backward makes the MLP's input again, for one attention half's forward
+// instead of the MLP's input over the link.
 //
 // A whole block recomputed in backward (but its attention or not) holds
 // both halves' activations at once there. Where that is over the budget
@@ -128,8 +130,12 @@ class RecomputePolicy {
   int but_attention() const {
     return count(engine::nn::TransformerBlock::Recompute::BlockButAttention);
   }
-  // Blocks that recompute their two halves apart.
+  // Blocks that recompute their two halves apart, and those that
+  // recompute whole in halves (keeping their input alone).
   int halves() const { return count(engine::nn::TransformerBlock::Recompute::Halves); }
+  int blocks_in_halves() const {
+    return count(engine::nn::TransformerBlock::Recompute::BlockInHalves);
+  }
   // Blocks that keep their input in host memory, and among those in
   // halves, those that keep their MLP's input there too.
   int offloaded() const;
@@ -157,6 +163,10 @@ class RecomputePolicy {
   std::function<bool()> last_step_;
   bool last_step_taken_ = false, last_step_freed_ = false;
   bool offload_ = false;
+  // What blocks go to where a whole block's backward is over the budget:
+  // the whole block in halves where inputs may go to host memory (the
+  // halves' second input would cross the link), else the halves.
+  engine::nn::TransformerBlock::Recompute halves_;
   bool whole_blocks_fit_ = true;  // until a working set over the budget (see the top)
 };
 

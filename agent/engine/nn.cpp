@@ -276,7 +276,8 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 std::to_string(dim_) + "]");
   }
   Tensor out;
-  if (recompute_ == Recompute::Block && is_training()) {
+  if ((recompute_ == Recompute::Block || recompute_ == Recompute::BlockInHalves) &&
+      is_training()) {
     out = recompute_in_backward(
         [this](const Tensor& in, bool replay) { return body(in, replay); }, x, input_slot());
   } else if (recompute_ == Recompute::BlockButAttention && is_training()) {
@@ -299,8 +300,9 @@ Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
   // and fc2's output stays bfloat16 until its dropout adds it to the
   // float32 residual stream, as PyTorch's autocast keeps it.)
   const Tensor a = fc1_->forward_then_gelu(ln2_->forward_lower_precision(h));
-  // (Run again in backward, fc2's product is made for its graph only.)
-  OutputsUnreadGuard tail(replay);
+  // (Run again in backward, fc2's product is made for its graph only; so
+  // is it when the MLP's whole output is unread.)
+  OutputsUnreadGuard tail(replay || outputs_unread());
   return fc2_->forward_lower_precision(a);
 }
 
@@ -326,18 +328,26 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept)
   // keeps nothing but its input, and the attention's output for
   // Recompute::BlockButAttention. Run again so, the MLP's output feeds only
   // the last addition, whose output is never read: both are made for
-  // their graph only.)
+  // their graph only. Recompute::BlockInHalves: the halves recompute
+  // apart within the block's run again, from inputs on the device.)
   const bool training = is_training();
-  Tensor h = recompute_ == Recompute::Halves && training
-                 ? recompute_in_backward(
-                       [this](const Tensor& in, bool again) { return attention_half(in, again); },
-                       x, input_slot())
-                 : attention_half(x, false, kept);
-  Tensor m = training && (recompute_ == Recompute::Mlp || recompute_ == Recompute::Halves)
-                 ? recompute_in_backward(
-                       [this](const Tensor& in, bool again) { return mlp(in, again); }, h,
-                       mlp_input_slot())
-                 : mlp(h, replay);
+  const bool halves =
+      training && (recompute_ == Recompute::Halves || recompute_ == Recompute::BlockInHalves);
+  const bool own_slots = recompute_ == Recompute::Halves || recompute_ == Recompute::Mlp;
+  Tensor h = halves ? recompute_in_backward(
+                          [this](const Tensor& in, bool again) { return attention_half(in, again); },
+                          x, own_slots ? input_slot() : nullptr)
+                    : attention_half(x, false, kept);
+  Tensor m;
+  if (halves || (training && recompute_ == Recompute::Mlp)) {
+    // (Run again within the whole block, the MLP's first run only roots
+    // its graph: its output feeds the unread addition alone.)
+    OutputsUnreadGuard unread(replay);
+    m = recompute_in_backward([this](const Tensor& in, bool again) { return mlp(in, again); }, h,
+                              own_slots ? mlp_input_slot() : nullptr);
+  } else {
+    m = mlp(h, replay);
+  }
   OutputsUnreadGuard tail(replay);
   return add_dropout(h, m, p_, training);
 }

@@ -205,13 +205,20 @@ class TransformerBlock final : public Module {
   // and the whole block: the whole block but its attention kernel, whose
   // output it keeps (ops.h: KeptAttention): under autocast a third of
   // what a block recomputing its MLP keeps, for three fifths of its
-  // attention half's recompute.
+  // attention half's recompute. The whole block in halves keeps only the
+  // block's input, as the whole block does, and holds one half's
+  // activations at a time in backward, as the halves do, for one more
+  // attention half's forward (its backward makes the MLP's input again
+  // first): where the halves' second input would cross the host link
+  // (host_offload.h), about 0.46 ms for a GPT block's, against about
+  // 120 us.
   enum class Recompute {
     None,               // every activation kept (the default)
     Mlp,                // the MLP keeps only its input and runs again in backward
     BlockButAttention,  // the block keeps its input and attention's output; the rest runs again
     Halves,             // each half (attention, MLP) keeps only its input and runs again
     Block,              // the whole block keeps only its input and runs again
+    BlockInHalves,      // the whole block keeps only its input; backward runs it in halves
   };
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
@@ -245,6 +252,11 @@ class TransformerBlock final : public Module {
   // MLP's, as offload() says (null: kept on the device).
   OffloadSlot* input_slot() { return offload_ != Offload::None ? &input_slot_ : nullptr; }
   OffloadSlot* mlp_input_slot() { return offload_ == Offload::Inputs ? &mlp_input_slot_ : nullptr; }
+  // Whether the block recomputes as one segment (keeping its input alone).
+  bool recomputes_whole() const {
+    return recompute_ == Recompute::Block || recompute_ == Recompute::BlockButAttention ||
+           recompute_ == Recompute::BlockInHalves;
+  }
   OffloadSlot input_slot_, mlp_input_slot_;
   std::shared_ptr<LayerNorm> ln1_, ln2_;
   std::shared_ptr<Linear> qkv_, proj_, fc1_, fc2_;

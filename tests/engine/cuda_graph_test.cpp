@@ -62,16 +62,20 @@ Trainee tiny_gpt(Device d) {
   return {model, std::move(opt), 32};
 }
 
-// The same GPT with its blocks recomputed whole in backward and their
-// inputs waiting in host memory meanwhile (host_offload.h): the copies go
-// on the copy stream, ordered with the step's kernels by events, which a
-// capture records as the graph's edges. The same bits as tiny_gpt's.
+// The same GPT with its blocks recomputed whole in backward (the first in
+// halves) and their inputs waiting in host memory meanwhile
+// (host_offload.h): the copies go on the copy stream, ordered with the
+// step's kernels by events, which a capture records as the graph's edges.
+// The same bits as tiny_gpt's.
 Trainee tiny_gpt_offloading(Device d) {
   Trainee t = tiny_gpt(d);
+  bool first = true;
   for (const auto& child : t.model->children()) {
     if (auto* block = dynamic_cast<TransformerBlock*>(child.get())) {
-      block->set_recompute(TransformerBlock::Recompute::Block);
+      block->set_recompute(first ? TransformerBlock::Recompute::BlockInHalves
+                                 : TransformerBlock::Recompute::Block);
       block->set_offload(TransformerBlock::Offload::Inputs);
+      first = false;
     }
   }
   return t;

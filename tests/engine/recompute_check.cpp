@@ -113,14 +113,34 @@ std::string recompute_mismatch(Device device, bool autocast) {
   // the attention's output is as large as the second input halves keep).
   uint64_t less_than = kept.kept_bytes, mlp_kept = 0, but_attention_kept = 0;
   uint64_t halves_backward = 0, but_attention_allocated = 0;
+  uint64_t block_kept = 0, block_backward = 0;
   for (Recompute r : {Recompute::Mlp, Recompute::BlockButAttention, Recompute::Halves,
-                      Recompute::Block}) {
+                      Recompute::Block, Recompute::BlockInHalves}) {
     const std::string mode = r == Recompute::Mlp ? "MLPs recomputed"
                              : r == Recompute::BlockButAttention
                                  ? "blocks but their attention recomputed"
                              : r == Recompute::Halves ? "halves recomputed"
-                                                      : "whole blocks recomputed";
+                             : r == Recompute::Block  ? "whole blocks recomputed"
+                                                      : "whole blocks recomputed in halves";
     const Step again = gpt_step(device, r, autocast);
+    // The whole block in halves keeps what the whole block keeps, and its
+    // backward needs what the halves' does, not what the whole block's.
+    if (r == Recompute::BlockInHalves) {
+      if (again.kept_bytes != block_kept) {
+        return mode + ": " + std::to_string(again.kept_bytes) +
+               " bytes kept, not the whole blocks' " + std::to_string(block_kept);
+      }
+      if (again.backward_bytes >= block_backward) {
+        return mode + ": backward needed " + std::to_string(again.backward_bytes) +
+               " bytes more at once, not under the whole blocks' " +
+               std::to_string(block_backward);
+      }
+      less_than = block_kept + 1;
+    }
+    if (r == Recompute::Block) {
+      block_kept = again.kept_bytes;
+      block_backward = again.backward_bytes;
+    }
     if (r == Recompute::Halves) {
       halves_backward = again.backward_bytes;
       less_than = mlp_kept;

@@ -17,7 +17,8 @@ namespace leasehold::engine {
 // forward and backward is less with the MLPs recomputed, less again with
 // the halves and again with whole blocks, and under half of everything
 // kept, and backward needs less at once over that with the halves than
-// with whole blocks; each mode again with its segments' inputs offloaded
+// with whole blocks; whole blocks in halves keep what whole blocks keep
+// and need less at once in backward; each mode again with its segments' inputs offloaded
 // to host memory gives the same bits and keeps less. `autocast`: the forward passes under bfloat16
 // autocast (CUDA only); backward runs after the forward's StepRandom and
 // autocast scopes have ended (a recomputed segment brings back its own).
