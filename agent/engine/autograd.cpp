@@ -147,7 +147,12 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
                                 " for a tensor of shape " + root.shape_str());
   }
 
-  Edge start = gradient_edge(root);
+  run_backward_from(gradient_edge(root).fn, grad, retain_graph);
+}
+
+void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool retain_graph) {
+  if (!root_fn) throw std::invalid_argument("backward from no node");
+  const Edge start{std::move(root_fn)};
   // Dependencies: how many edges point at each node from nodes we will run.
   std::unordered_map<Node*, int> deps;
   std::vector<Node*> stack{start.fn.get()};

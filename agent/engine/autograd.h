@@ -159,5 +159,10 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs);
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+// The same from `root_fn`, the node that made a root of the gradient's
+// shape whose memory its caller let go first (a recomputed segment's
+// output, which nothing reads: recompute.h). Throws std::invalid_argument
+// for a null node.
+void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bool retain_graph);
 
 }  // namespace leasehold::engine

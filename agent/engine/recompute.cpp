@@ -39,7 +39,15 @@ class RecomputeBackward final : public Node {
       throw std::logic_error("recomputed segment gave " + out.shape_str() + ", not " +
                              grad.shape_str() + " as the first time");
     }
-    run_backward(out, grad, /*retain_graph=*/false);
+    // (Nothing reads its output: its memory goes before backward runs,
+    // which needs only the node that made it.)
+    std::shared_ptr<Node> root = out.grad_fn();
+    if (root) {
+      out = Tensor();
+      run_backward_from(std::move(root), grad, /*retain_graph=*/false);
+    } else {
+      run_backward(out, grad, /*retain_graph=*/false);  // (a leaf: the segment gave x back)
+    }
     return {x_requires_grad_ ? x.grad() : Tensor()};
   }
   void release_saved() override {
