@@ -465,7 +465,6 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.recomputed_blocks_in_halves = recompute.blocks_in_halves();
   result.optimizer_state_on_host = recompute.took_last_step();
   result.offloaded_blocks = recompute.offloaded();
-  result.offloaded_mlp_inputs = recompute.offloaded_mlp_inputs();
   result.memory = last_progress;
   fill_memory(result.memory);
   if (options.spill && result.memory.spilled_bytes) {

@@ -72,10 +72,7 @@ struct JobResult {
   int recomputed_halves = 0;
   int recomputed_blocks_in_halves = 0;  // whole, their backward in halves (the same)
   bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)
-  // Blocks keeping their input in host memory, and among them those in
-  // halves keeping their MLP's there too (the same).
-  int offloaded_blocks = 0;
-  int offloaded_mlp_inputs = 0;
+  int offloaded_blocks = 0;  // blocks keeping their input in host memory (the same)
   // The last progress reported, with its memory fields as they are at the
   // end (the peak then covers the final evaluation too); epoch 0 when this
   // run reported no progress (it resumed after its last epoch).

@@ -48,9 +48,6 @@ std::string RecomputePolicy::describe() const {
   if (const int n = offloaded()) {
     s += "; " + std::to_string(n) + (n == 1 ? " block keeps its" : " blocks keep their") +
          " input in host memory";
-    if (const int m = offloaded_mlp_inputs()) {
-      s += ", " + std::to_string(m) + " their MLP's too";
-    }
   }
   return s;
 }
@@ -70,16 +67,7 @@ std::string RecomputePolicy::reason(Step why) const {
 
 int RecomputePolicy::offloaded() const {
   int n = 0;
-  for (const auto* b : blocks_) n += b->offload() != Offload::None;
-  return n;
-}
-
-int RecomputePolicy::offloaded_mlp_inputs() const {
-  int n = 0;
-  for (const auto* b : blocks_) {
-    n += b->offload() == Offload::Inputs &&
-         (b->recompute() == Recompute::Halves || b->recompute() == Recompute::Mlp);
-  }
+  for (const auto* b : blocks_) n += b->offload() != Offload::None && b->recompute() != Recompute::None;
   return n;
 }
 
@@ -162,17 +150,13 @@ bool RecomputePolicy::tighten(bool working_set_over) {
 
 bool RecomputePolicy::offload_next() {
   if (!offload_) return false;
-  // The blocks' inputs first; then, for blocks in halves, their MLPs'.
-  // (Not the last block: backward needs its inputs first.)
-  for (Offload level : {Offload::Input, Offload::Inputs}) {
-    for (size_t i = 0; i + 1 < blocks_.size(); ++i) {
-      nn::TransformerBlock& b = *blocks_[i];
-      const bool has_level = level == Offload::Input ? b.recompute() != Recompute::None
-                                                     : b.recompute() == Recompute::Halves;
-      if (has_level && b.offload() < level) {
-        b.set_offload(level);
-        return true;
-      }
+  // (Not the last block: backward needs its input first. Halves with two
+  // inputs a block never come where inputs may go: see halves_.)
+  for (size_t i = 0; i + 1 < blocks_.size(); ++i) {
+    nn::TransformerBlock& b = *blocks_[i];
+    if (b.recompute() != Recompute::None && b.offload() == Offload::None) {
+      b.set_offload(Offload::Input);
+      return true;
     }
   }
   return false;

@@ -136,10 +136,8 @@ class RecomputePolicy {
   int blocks_in_halves() const {
     return count(engine::nn::TransformerBlock::Recompute::BlockInHalves);
   }
-  // Blocks that keep their input in host memory, and among those in
-  // halves, those that keep their MLP's input there too.
+  // Blocks that keep their input in host memory.
   int offloaded() const;
-  int offloaded_mlp_inputs() const;
   // Whether the last step was taken and freed something.
   bool took_last_step() const { return last_step_freed_; }
   // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block

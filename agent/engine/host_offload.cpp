@@ -4,8 +4,11 @@
 #include <cstring>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "agent/engine/allocator.h"
 #include "agent/engine/cuda_context.h"
+#include "shared/units.h"
 
 #ifdef LEASEHOLD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -19,6 +22,7 @@ struct OffloadSlot::State {
   std::shared_ptr<Storage> host;  // page-locked for CUDA tensors
   bool pinned = false;            // `host` is page-locked
   bool claimed = false;           // a live handle's tensor is in `host`
+  bool warned = false;            // host memory was short once (logged)
 #ifdef LEASEHOLD_HAVE_CUDA
   int device = -1;  // of the events
   // ready: the compute stream's point a copy waits for; out_done, in_done:
@@ -92,8 +96,18 @@ std::shared_ptr<OffloadedTensor> OffloadSlot::stash(const Tensor& x) {
 #else
     auto alloc = cpu_allocator();
 #endif
-    state_->host.reset();  // (before its successor: one at a time)
-    state_->host = std::make_shared<Storage>(h->bytes_, std::move(alloc));
+    try {
+      state_->host = std::make_shared<Storage>(h->bytes_, std::move(alloc));
+    } catch (const OutOfMemoryError& e) {
+      // (Host memory short: the tensor stays where it is, as without a
+      // slot, rather than failing a step for what the device can hold.)
+      if (!state_->warned) {
+        spdlog::warn("a kept tensor of {} stays on the device: {}", format_bytes(h->bytes_),
+                     e.what());
+        state_->warned = true;
+      }
+      return h;
+    }
     state_->pinned = device.is_cuda();
   }
   state_->claimed = true;
@@ -205,12 +219,10 @@ void offload_prefetch_next() {
     if (h->where_ == OffloadedTensor::Where::CopyingIn) return;  // one ahead at a time
     if (!next && h->where_ == OffloadedTensor::Where::OnHost) next = std::move(h);
   }
-  if (!next) return;
-  try {
-    next->fetch();
-  } catch (const OutOfMemoryError&) {
-    // (Fetching ahead must not fail a step: get() fetches it when needed.)
-  }
+  // (Memory for it is asked as for any tensor of the step: a CUDA graph's
+  // recording traces it, and running short spills or fails the step as
+  // any allocation would.)
+  if (next) next->fetch();
 }
 
 }  // namespace leasehold::engine

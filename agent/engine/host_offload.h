@@ -10,8 +10,9 @@
 //
 // The schedule: a segment's input is copied out on the device's copy
 // stream (cuda_context.h) as the segment starts; its device memory goes
-// once the copy is done and forward went on past the next block
-// (offload_progress(), which the blocks call as each forward ends); in
+// once forward went on past the next block (offload_progress(), which the
+// blocks call as each forward ends), the compute stream waiting for the
+// copy there (two blocks' forward is about a copy's time); in
 // backward, each recomputed segment that starts fetches the input the
 // next one in backward order needs (the latest stashed that is on the
 // host), so one input at a time comes back ahead of its use. The compute
@@ -21,7 +22,9 @@
 //
 // Host memory belongs to an OffloadSlot, one per kept tensor of a module
 // (a transformer block's input), reused step after step at the same
-// address (a graph's copies are baked in). A slot holds one tensor at a
+// address (a graph's copies are baked in). It grows only, for a tensor
+// larger than any before it, which a graph of fixed shapes never meets
+// once captured (its step's tensors were the largest). A slot holds one tensor at a
 // time: when its memory still holds one that a live backward graph needs
 // (a second forward before the first's backward), the new tensor stays on
 // the device instead; nothing is overwritten.
@@ -52,8 +55,8 @@ class OffloadSlot {
   // Starts moving `x` to the slot's host memory (see the top) and returns
   // what backward gets it back from. `x` stays on the device instead, held
   // by the handle, when the slot's memory is still claimed by another
-  // handle or `x` is not contiguous. Throws OutOfMemoryError when page-
-  // locked memory for it cannot be had (nothing is changed then).
+  // handle, `x` is not contiguous, or page-locked memory for it cannot be
+  // had (logged once per slot).
   std::shared_ptr<OffloadedTensor> stash(const Tensor& x);
   // Page-locked bytes the slot holds (its largest tensor so far).
   uint64_t host_bytes() const;
@@ -106,9 +109,10 @@ class OffloadedTensor {
   void* stream_ = nullptr;   // the compute stream it was stashed from (cudaStream_t)
 };
 
-// Forward went past a block: device copies of inputs stashed before the
-// block before it are let go (their copies out are done by now, or the
-// compute stream waits for them).
+// Forward went past a block: device copies of inputs stashed during the
+// block before the one that just ended (or earlier) are let go, once the
+// compute stream waits for their copies out (which by then are usually
+// done).
 void offload_progress();
 // A recomputed segment's backward starts: the latest input stashed on this
 // thread that is only on the host is fetched, unless one is on its way in

@@ -276,10 +276,17 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 std::to_string(dim_) + "]");
   }
   Tensor out;
-  if ((recompute_ == Recompute::Block || recompute_ == Recompute::BlockInHalves) &&
-      is_training()) {
+  if (recompute_ == Recompute::Block && is_training()) {
     out = recompute_in_backward(
         [this](const Tensor& in, bool replay) { return body(in, replay); }, x, input_slot());
+  } else if (recompute_ == Recompute::BlockInHalves && is_training()) {
+    // (The first run says what the MLP gives, for the run again.)
+    auto mlp_out = std::make_shared<std::optional<SegmentOutput>>();
+    out = recompute_in_backward(
+        [this, mlp_out](const Tensor& in, bool replay) {
+          return body(in, replay, nullptr, mlp_out.get());
+        },
+        x, input_slot());
   } else if (recompute_ == Recompute::BlockButAttention && is_training()) {
     // (The first run fills `kept`, the run again in backward empties it.)
     auto kept = std::make_shared<KeptAttention>();
@@ -300,9 +307,8 @@ Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
   // and fc2's output stays bfloat16 until its dropout adds it to the
   // float32 residual stream, as PyTorch's autocast keeps it.)
   const Tensor a = fc1_->forward_then_gelu(ln2_->forward_lower_precision(h));
-  // (Run again in backward, fc2's product is made for its graph only; so
-  // is it when the MLP's whole output is unread.)
-  OutputsUnreadGuard tail(replay || outputs_unread());
+  // (Run again in backward, fc2's product is made for its graph only.)
+  OutputsUnreadGuard tail(replay);
   return fc2_->forward_lower_precision(a);
 }
 
@@ -323,7 +329,8 @@ Tensor TransformerBlock::attention_half(const Tensor& x, bool replay, KeptAttent
   return add_dropout(x, proj_->forward_lower_precision(merged), p_, is_training());
 }
 
-Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept) {
+Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept,
+                              std::optional<SegmentOutput>* mlp_out) {
   // (Within a whole block's recompute the halves run plainly: the block
   // keeps nothing but its input, and the attention's output for
   // Recompute::BlockButAttention. Run again so, the MLP's output feeds only
@@ -339,12 +346,14 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept)
                           x, own_slots ? input_slot() : nullptr)
                     : attention_half(x, false, kept);
   Tensor m;
-  if (halves || (training && recompute_ == Recompute::Mlp)) {
-    // (Run again within the whole block, the MLP's first run only roots
-    // its graph: its output feeds the unread addition alone.)
-    OutputsUnreadGuard unread(replay);
-    m = recompute_in_backward([this](const Tensor& in, bool again) { return mlp(in, again); }, h,
-                              own_slots ? mlp_input_slot() : nullptr);
+  const Segment mlp_segment = [this](const Tensor& in, bool again) { return mlp(in, again); };
+  if (halves && replay && mlp_out && *mlp_out) {
+    // (Run again within the whole block, the MLP only roots its graph: its
+    // output feeds the unread addition alone. It runs in its backward.)
+    m = record_for_backward(mlp_segment, h, **mlp_out);
+  } else if (halves || (training && recompute_ == Recompute::Mlp)) {
+    m = recompute_in_backward(mlp_segment, h, own_slots ? mlp_input_slot() : nullptr);
+    if (mlp_out && !replay) *mlp_out = SegmentOutput{m.sizes(), m.options()};
   } else {
     m = mlp(h, replay);
   }

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "agent/engine/host_offload.h"
+#include "agent/engine/recompute.h"
 #include "agent/engine/tensor.h"
 
 namespace leasehold::engine {
@@ -209,9 +211,9 @@ class TransformerBlock final : public Module {
   // block's input, as the whole block does, and holds one half's
   // activations at a time in backward, as the halves do, for one more
   // attention half's forward (its backward makes the MLP's input again
-  // first): where the halves' second input would cross the host link
-  // (host_offload.h), about 0.46 ms for a GPT block's, against about
-  // 120 us.
+  // first, and records the MLP without running it): where the halves'
+  // second input would cross the host link (host_offload.h), about
+  // 0.46 ms for a GPT block's, against about 120 us.
   enum class Recompute {
     None,               // every activation kept (the default)
     Mlp,                // the MLP keeps only its input and runs again in backward
@@ -240,7 +242,10 @@ class TransformerBlock final : public Module {
   // (recompute.h), whose last operators' outputs are never read.
   // `kept` (may be null): the attention's output kept for the run again
   // (Recompute::BlockButAttention).
-  Tensor body(const Tensor& x, bool replay, KeptAttention* kept = nullptr);
+  // `mlp_out` (may be null; Recompute::BlockInHalves): what the MLP gave
+  // in the first run, which the run again records without running it.
+  Tensor body(const Tensor& x, bool replay, KeptAttention* kept = nullptr,
+              std::optional<SegmentOutput>* mlp_out = nullptr);
   // x + dropout(proj(attention(ln1(x))))
   Tensor attention_half(const Tensor& x, bool replay, KeptAttention* kept = nullptr);
   Tensor mlp(const Tensor& h, bool replay);

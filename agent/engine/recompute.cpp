@@ -86,4 +86,15 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlo
   return out;
 }
 
+Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output) {
+  std::optional<RandomPlace> random = RandomPlace::here();
+  if (!grad_enabled() || !random) return recompute_in_backward(segment, x);
+  Tensor out = empty(output.sizes, output.options);
+  record(out,
+         std::make_shared<RecomputeBackward>(segment, x, nullptr, std::move(*random),
+                                             autocast_dtype(x.device())),
+         {&x});
+  return out;
+}
+
 }  // namespace leasehold::engine

@@ -45,4 +45,20 @@ using Segment = std::function<Tensor(const Tensor& x, bool replay)>;
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x,
                              OffloadSlot* offload = nullptr);
 
+// What a segment gave: its output's shape and options.
+struct SegmentOutput {
+  Shape sizes;
+  TensorOptions options;
+};
+
+// segment(x) recorded as recompute_in_backward records it, without running
+// it now: for a segment within another's run again in backward whose
+// output nothing reads there (the MLP of a whole block recomputed in
+// halves, nn.h), which runs in its own backward only. Returns an
+// unwritten tensor shaped as `output` (what the segment gave when it ran
+// first) with the segment's node. The segment must draw no random numbers
+// (the draws of a first run are not made). Outside grad mode or a
+// StepRandom it runs as recompute_in_backward.
+Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output);
+
 }  // namespace leasehold::engine

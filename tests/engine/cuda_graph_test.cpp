@@ -203,7 +203,11 @@ TEST_F(CudaGraphTest, AGptStepUnderBf16AutocastReplaysBitForBit) {
 
 TEST_F(CudaGraphTest, AGptStepWithItsBlocksInputsInHostMemoryReplaysBitForBit) {
   AutocastGuard autocast(DType::BFloat16);
+  const uint64_t pinned_before = pinned_host_allocator()->stats().allocations;
   expect_replays_match(gpu, tiny_gpt, text_batches(gpu), tiny_gpt_offloading);
+  // (Each block's slot took page-locked memory once, at its first step;
+  // the steps after, op by op and replayed, reused it.)
+  EXPECT_EQ(pinned_host_allocator()->stats().allocations - pinned_before, 2u);
 }
 
 // Adam's state in host memory (Optimizer::move_state_to_host), read and

@@ -231,8 +231,7 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
 // the last block, whether the step spilled forward's tensors or
 // backward's (which before then is no reason for halves); then the last
 // step; only then halves, as whole blocks in halves (one input a block,
-// which keeps going to host memory). Blocks in halves apart send their
-// MLP's input as a later step. Without the option, the order is as
+// which keeps going to host memory). Without the option, the order is as
 // before.
 TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButTheLastNever) {
   E::nn::Sequential net;
@@ -272,25 +271,6 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
       << policy.describe();
   EXPECT_FALSE(policy.tighten(/*working_set_over=*/true));
   EXPECT_FALSE(policy.tighten());
-  EXPECT_EQ(policy.offloaded_mlp_inputs(), 0) << "no MLP input is kept apart";
-
-  // Blocks already in halves (a working set over the budget before
-  // offloading was allowed: a policy without it that a test steers) keep
-  // their MLP's input apart, and send it as a later step.
-  E::nn::Sequential halves_net;
-  add_blocks(halves_net, 3);
-  for (const auto& child : halves_net.children()) {
-    dynamic_cast<E::nn::TransformerBlock&>(*child).set_recompute(
-        E::nn::TransformerBlock::Recompute::Halves);
-  }
-  RecomputePolicy in_halves(halves_net, nullptr, {}, /*offload=*/true);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(in_halves.tighten());
-  EXPECT_EQ(in_halves.offloaded(), 2);
-  EXPECT_EQ(in_halves.offloaded_mlp_inputs(), 2) << "the blocks' inputs, then their MLPs'";
-  EXPECT_NE(in_halves.describe().find("2 blocks keep their input in host memory, 2 their MLP's too"),
-            std::string::npos)
-      << in_halves.describe();
-  EXPECT_FALSE(in_halves.tighten());
 
   E::nn::Sequential plain_net;
   add_blocks(plain_net, 3);
