@@ -34,8 +34,8 @@ RecomputePolicy::RecomputePolicy(const nn::Module& model,
 
 std::string RecomputePolicy::describe() const {
   std::string s = "of " + std::to_string(blocks()) + " transformer blocks, " +
-                  std::to_string(mlps()) + " recompute their MLP and " +
-                  std::to_string(whole()) + " the whole block";
+                  std::to_string(mlps()) + " recompute their MLP and " + std::to_string(whole()) +
+                  " the whole block";
   if (but_attention()) {
     s += ", " + std::to_string(but_attention()) + " the whole block but its attention,";
   }
@@ -67,7 +67,8 @@ std::string RecomputePolicy::reason(Step why) const {
 
 int RecomputePolicy::offloaded() const {
   int n = 0;
-  for (const auto* b : blocks_) n += b->offload() != Offload::None && b->recompute() != Recompute::None;
+  for (const auto* b : blocks_)
+    n += b->offload() != Offload::None && b->recompute() != Recompute::None;
   return n;
 }
 

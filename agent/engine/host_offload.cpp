@@ -1,10 +1,10 @@
 #include "agent/engine/host_offload.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "agent/engine/allocator.h"
 #include "agent/engine/cuda_context.h"
@@ -52,9 +52,9 @@ struct Queue {
   std::vector<std::weak_ptr<OffloadedTensor>> stashed;
   uint64_t progress = 0;
   void prune() {
-    stashed.erase(std::remove_if(stashed.begin(), stashed.end(),
-                                 [](const auto& w) { return w.expired(); }),
-                  stashed.end());
+    stashed.erase(
+        std::remove_if(stashed.begin(), stashed.end(), [](const auto& w) { return w.expired(); }),
+        stashed.end());
   }
 };
 thread_local Queue t_queue;
@@ -86,7 +86,8 @@ std::shared_ptr<OffloadedTensor> OffloadSlot::stash(const Tensor& x) {
   h->options_ = x.options();
   h->bytes_ = static_cast<uint64_t>(x.numel()) * dtype_size(x.dtype());
   h->device_ = x.detach();  // (not its graph)
-  if (state_->claimed || !x.is_contiguous() || h->bytes_ == 0) return h;  // stays: Kept
+  // (Kept on the device: the slot is another's yet, or nothing to move.)
+  if (state_->claimed || !x.is_contiguous() || h->bytes_ == 0) return h;
 
   const Device device = x.device();
   if (!state_->host || state_->host->bytes() < h->bytes_ || state_->pinned != device.is_cuda()) {

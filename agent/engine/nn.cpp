@@ -341,9 +341,11 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept,
   const bool halves =
       training && (recompute_ == Recompute::Halves || recompute_ == Recompute::BlockInHalves);
   const bool own_slots = recompute_ == Recompute::Halves || recompute_ == Recompute::Mlp;
-  Tensor h = halves ? recompute_in_backward(
-                          [this](const Tensor& in, bool again) { return attention_half(in, again); },
-                          x, own_slots ? input_slot() : nullptr)
+  const Segment attention_segment = [this](const Tensor& in, bool again) {
+    return attention_half(in, again);
+  };
+  Tensor h = halves ? recompute_in_backward(attention_segment, x,
+                                            own_slots ? input_slot() : nullptr)
                     : attention_half(x, false, kept);
   Tensor m;
   const Segment mlp_segment = [this](const Tensor& in, bool again) { return mlp(in, again); };

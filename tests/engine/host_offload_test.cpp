@@ -3,13 +3,14 @@
 // bookkeeping is the GPU's: what leaves, what a slot holds, what a second
 // forward before backward does, and a segment's gradients through it.
 // (The GPU's copies and a step captured with them: engine_cuda_test.)
+#include "agent/engine/host_offload.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>
 
 #include "agent/engine/autograd.h"
-#include "agent/engine/host_offload.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/recompute.h"
 
@@ -120,8 +121,8 @@ TEST(HostOffload, ARecomputedSegmentsGradientsAreTheSameWithItsInputOnTheHost) {
   StepRandom random(3, step);
   OffloadSlot slot;
   Tensor x = mul(counting(3, 1), ones({3}).set_requires_grad(true));
-  Tensor loss = sum(recompute_in_backward(
-      [&](const Tensor& in, bool) { return mul(in, w); }, x, &slot));
+  Tensor loss =
+      sum(recompute_in_backward([&](const Tensor& in, bool) { return mul(in, w); }, x, &slot));
   loss.backward();
   EXPECT_THROW(loss.backward(), std::runtime_error);
 }
