@@ -257,11 +257,6 @@ class TransformerBlock final : public Module {
   // MLP's, as offload() says (null: kept on the device).
   OffloadSlot* input_slot() { return offload_ != Offload::None ? &input_slot_ : nullptr; }
   OffloadSlot* mlp_input_slot() { return offload_ == Offload::Inputs ? &mlp_input_slot_ : nullptr; }
-  // Whether the block recomputes as one segment (keeping its input alone).
-  bool recomputes_whole() const {
-    return recompute_ == Recompute::Block || recompute_ == Recompute::BlockButAttention ||
-           recompute_ == Recompute::BlockInHalves;
-  }
   OffloadSlot input_slot_, mlp_input_slot_;
   std::shared_ptr<LayerNorm> ln1_, ln2_;
   std::shared_ptr<Linear> qkv_, proj_, fc1_, fc2_;
