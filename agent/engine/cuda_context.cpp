@@ -98,25 +98,22 @@ cudaStream_t existing_compute_stream(int device) noexcept {
   return device >= 0 && device < kMaxDevices ? t_state.streams[device] : nullptr;
 }
 
-cudaStream_t compute_stream(int device) {
+namespace {
+// The stream of `streams` for `device`, made on first use (non-blocking).
+cudaStream_t stream_of(cudaStream_t (&streams)[kMaxDevices], int device) {
   check_device(device);
-  cudaStream_t& s = t_state.streams[device];
+  cudaStream_t& s = streams[device];
   if (!s) {
     LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
     LEASEHOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   }
   return s;
 }
+}  // namespace
 
-cudaStream_t copy_stream(int device) {
-  check_device(device);
-  cudaStream_t& s = t_state.copy_streams[device];
-  if (!s) {
-    LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
-    LEASEHOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  }
-  return s;
-}
+cudaStream_t compute_stream(int device) { return stream_of(t_state.streams, device); }
+
+cudaStream_t copy_stream(int device) { return stream_of(t_state.copy_streams, device); }
 
 // Creates a cuBLAS or cuBLASLt handle on `device` into `h`; throws naming
 // `what` and the device when the library cannot make one.
