@@ -28,23 +28,33 @@ struct OffloadSlot::State {
   // ready: the compute stream's point a copy waits for; out_done, in_done:
   // the copy stream's copies, which the compute stream waits for.
   cudaEvent_t ready = nullptr, out_done = nullptr, in_done = nullptr;
+  // Events on device `d`, made again when the slot moved to another
+  // (called only while no handle claims the slot: no copy waits on them).
   void make_events(int d) {
-    if (ready) return;
+    if (device == d) return;
+    destroy_events();
     LEASEHOLD_CUDA_CHECK(cudaSetDevice(d));
     for (cudaEvent_t* e : {&ready, &out_done, &in_done}) {
       LEASEHOLD_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     }
     device = d;
   }
-  ~State() {
-    for (cudaEvent_t e : {ready, out_done, in_done}) {
-      if (e) cudaEventDestroy(e);
+  void destroy_events() {
+    for (cudaEvent_t* e : {&ready, &out_done, &in_done}) {
+      if (*e) cudaEventDestroy(*e);
+      *e = nullptr;
     }
+    device = -1;
   }
+  ~State() { destroy_events(); }
 #endif
 };
 
 namespace {
+
+// Blocks forward goes past after a stash before its device copy is let go:
+// a GPT block's input crosses PCIe 5 in about two blocks' forward.
+constexpr uint64_t kReleaseAfterBlocks = 2;
 
 // This thread's stashed tensors, in the order they were stashed (backward
 // wants them in the reverse), and the count of blocks forward went past.
@@ -60,8 +70,9 @@ struct Queue {
 thread_local Queue t_queue;
 
 #ifdef LEASEHOLD_HAVE_CUDA
-// `to` and `from` on the copy stream, after what `stream` queued so far,
-// and `done` recorded after it.
+// Copies `bytes` from `from` to `to` on `device`'s copy stream, after the
+// work `stream` queued so far (`ready` marks that point), and records
+// `done` after the copy.
 void copy_after(cudaStream_t stream, cudaEvent_t ready, cudaEvent_t done, int device, void* to,
                 const void* from, uint64_t bytes, cudaMemcpyKind kind) {
   cudaStream_t copy = copy_stream(device);
@@ -203,7 +214,7 @@ void offload_progress() {
   ++q.progress;
   for (const auto& w : q.stashed) {
     auto h = w.lock();
-    if (h && h->where_ == OffloadedTensor::Where::CopyingOut && q.progress >= h->stashed_at_ + 2) {
+    if (h && h->where_ == OffloadedTensor::Where::CopyingOut && q.progress >= h->stashed_at_ + kReleaseAfterBlocks) {
       h->release_device_copy();
       h->where_ = OffloadedTensor::Where::OnHost;
     }
