@@ -29,7 +29,7 @@ GraphedSteps::~GraphedSteps() {
 bool GraphedSteps::wanted(const E::Tensor& x) const {
   if (!options_.enabled || dropped_ || failed_ || steps_run_ == 0) return false;
   if (graph_) return x.sizes() == x_.sizes();
-  if (did_not_fit_ || (options_.spilling && options_.spilling())) return false;
+  if (did_not_fit_) return false;
   return x.size(0) == options_.full_batch;
 }
 
@@ -53,31 +53,39 @@ E::Tensor GraphedSteps::launch(const E::Tensor& x, const E::Tensor& y) {
     explicit InGraphRun(bool& f) : flag(f) { flag = true; }
     ~InGraphRun() { flag = false; }
   } in_run(in_graph_run_);
-  if (!graph_) {
-    x_ = E::empty(x.sizes(), x.options());
-    y_ = E::empty(y.sizes(), y.options());
-    graph_ = std::make_unique<E::StepGraph>(
-        device_,
-        [this] {
-          // (Its saved tensors stay where the graph put them.)
-          E::SavedTensorHooksGuard no_spill(nullptr);
-          loss_ = E::Tensor();  // (its memory may be the new loss's)
-          loss_ = step_(x_, y_);
-        },
-        [this] {
-          loss_ = E::Tensor();
-          if (options_.release) options_.release();
-        });
+  for (;;) {
+    if (!graph_) {
+      x_ = E::empty(x.sizes(), x.options());
+      y_ = E::empty(y.sizes(), y.options());
+      graph_ = std::make_unique<E::StepGraph>(
+          device_,
+          [this] {
+            // (Its saved tensors stay where the graph put them.)
+            E::SavedTensorHooksGuard no_spill(nullptr);
+            loss_ = E::Tensor();  // (its memory may be the new loss's)
+            loss_ = step_(x_, y_);
+          },
+          [this] {
+            loss_ = E::Tensor();
+            if (options_.release) options_.release();
+          });
+    }
+    // (The batch may have been gathered into them: input_tensors().)
+    if (x.raw_data() != x_.raw_data()) x_.copy_(x);
+    if (y.raw_data() != y_.raw_data()) y_.copy_(y);
+    if (graph_->run()) return loss_;
+    const bool out_of_memory = graph_->ran_out_of_memory();
+    const std::string why = graph_->why_not();
+    forget_graph();
+    // A step that needs less is traced again at once: a trace takes
+    // milliseconds, where a step op by op that spills takes tens of them.
+    if (out_of_memory && options_.need_less && options_.need_less(why)) continue;
+    // Op by op from now on, unless the step's memory did not fit: a step
+    // that needs less may (the caller's retry()).
+    (out_of_memory ? did_not_fit_ : failed_) = true;
+    spdlog::warn("the training step runs op by op: {}", why);
+    return step_(x, y);
   }
-  // (The batch may have been gathered into them: input_tensors().)
-  if (x.raw_data() != x_.raw_data()) x_.copy_(x);
-  if (y.raw_data() != y_.raw_data()) y_.copy_(y);
-  if (graph_->run()) return loss_;
-  // Op by op from now on, unless the step's memory did not fit: a step that
-  // needs less may (the caller's retry()).
-  (graph_->ran_out_of_memory() ? did_not_fit_ : failed_) = true;
-  forget_graph();
-  return step_(x, y);
 }
 
 void GraphedSteps::input_tensors(E::Tensor& x, E::Tensor& y) const {

@@ -295,9 +295,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   GraphedSteps steps(options.device, train_step,
                      {.enabled = options.cuda_graphs && options.device.is_cuda() && !reducer,
                       .full_batch = job.batch_size(),
-                      .spilling = [&options] {
-                        return options.spill && options.spill->last_step_spilled();
-                      },
+                      .need_less =
+                          [&](const std::string& why) {
+                            if (!recompute.tighten()) return false;
+                            spdlog::info("job '{}': {} ({}); {} from now on", job.name()->str(),
+                                         recompute.reason(RecomputePolicy::Step::GraphDidNotFit),
+                                         why, recompute.describe());
+                            return true;
+                          },
                       .release = [&optimizer] { optimizer->zero_grad(); }});
   graphed = &steps;
   // For a Shrink: the graph's pool (and the gradients in it) back to the
@@ -361,8 +366,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       // (A graph replays the step it captured: what the policy changes
       // waits until steps run op by op again.) One step more when the step
       // spilled, or when its graph did not fit; either way the step needs
-      // less now, and a graph may be tried again.
-      if (!steps.holds_graph()) {
+      // less now, and a graph may be tried again. A step that spilled op
+      // by op before its graph was tried takes none: the graph's arena
+      // may fit where the step op by op spills (graphed_steps.h).
+      if (!steps.holds_graph() && !steps.graph_pending()) {
         const RecomputePolicy::Step why = recompute.after_step(steps.graph_did_not_fit());
         if (why != RecomputePolicy::Step::None) {
           steps.retry();

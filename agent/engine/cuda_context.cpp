@@ -15,7 +15,12 @@ namespace leasehold::engine {
 namespace {
 std::atomic<bool> g_tf32{false};
 std::atomic<uint64_t> g_host_waits{0};
+thread_local bool t_tracing_step = false;
 }  // namespace
+
+bool tracing_step() { return t_tracing_step; }
+TracingStepGuard::TracingStepGuard() : previous_(t_tracing_step) { t_tracing_step = true; }
+TracingStepGuard::~TracingStepGuard() { t_tracing_step = previous_; }
 
 uint64_t host_waits() { return g_host_waits.load(std::memory_order_relaxed); }
 void note_host_wait() { g_host_waits.fetch_add(1, std::memory_order_relaxed); }

@@ -44,6 +44,23 @@ uint64_t host_waits();
 // Counts one (the engine's own wait points call it).
 void note_host_wait();
 
+// Whether this thread's step is being captured only to trace what it
+// allocates (step_graph.h): its tensors' addresses have no memory behind
+// them and the captured graph is thrown away, so copies to or from them
+// are not queued (a capture checks a copy's addresses, where it records a
+// kernel's arguments as they are).
+bool tracing_step();
+class TracingStepGuard {
+ public:
+  TracingStepGuard();
+  ~TracingStepGuard();
+  TracingStepGuard(const TracingStepGuard&) = delete;
+  TracingStepGuard& operator=(const TracingStepGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // TF32 tensor-core math for float32 matmul and conv. Off by default (full
 // FP32, as PyTorch's default for matmul). Process-wide.
 void set_allow_tf32(bool allow);

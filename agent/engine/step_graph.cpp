@@ -25,33 +25,29 @@ constexpr uint64_t kArenaAlignment = 512;
 
 }  // namespace
 
-GraphPool::GraphPool(std::shared_ptr<Allocator> upstream) : upstream_(std::move(upstream)) {}
+GraphPool::GraphPool(std::shared_ptr<Allocator> upstream, uint64_t trace_bytes)
+    : upstream_(std::move(upstream)), trace_bytes_(trace_bytes) {}
 
 GraphPool::~GraphPool() {
   // (Work queued on the stream that still uses the memory runs before any
   // later work in it: it goes back as any tensor's memory does.)
-  for (auto& [ptr, bytes] : kept_) upstream_->deallocate(ptr, bytes);
   if (arena_) upstream_->deallocate(arena_, arena_bytes_);
 }
 
 void* GraphPool::allocate(size_t bytes) {
-  {
-    std::lock_guard lock(mu_);
-    ++stats_.allocations;
-    if (phase_ == Phase::Capturing) return place_captured(bytes);
-    if (phase_ != Phase::Recording) {
-      throw std::logic_error("graph pool: allocations are made while recording or capturing");
-    }
-    trace_.reserve(trace_.size() + 1);
-  }
-  // (Upstream is asked without the lock: it may reclaim memory, and that
-  // may free tensors of this pool.)
-  void* p = upstream_->allocate(bytes);
   std::lock_guard lock(mu_);
+  ++stats_.allocations;
+  if (phase_ == Phase::Capturing) return place_captured(bytes);
+  if (phase_ != Phase::Tracing) {
+    throw std::logic_error("graph pool: allocations are made while tracing or capturing");
+  }
+  if (!addresses_) addresses_ = std::make_unique<TraceAddresses>(device(), trace_bytes_);
+  trace_.reserve(trace_.size() + 1);
+  void* p = addresses_->take(bytes);
   try {
-    recorded_live_.emplace(p, trace_.size());
+    traced_live_.emplace(p, trace_.size());
   } catch (...) {
-    upstream_->deallocate(p, bytes);
+    addresses_->give_back(p, bytes);
     throw;
   }
   trace_.push_back({bytes, events_++, UINT64_MAX});
@@ -66,16 +62,16 @@ void* GraphPool::place_captured(size_t bytes) {
     throw std::runtime_error(
         "the captured step's allocation " + std::to_string(i + 1) + " is of " +
         format_bytes(bytes) + ", " +
-        (i < trace_.size() ? "its recording's of " + format_bytes(trace_[i].bytes)
-                           : "its recording made only " + std::to_string(trace_.size())));
+        (i < trace_.size() ? "its trace's of " + format_bytes(trace_[i].bytes)
+                           : "its trace made only " + std::to_string(trace_.size())));
   }
-  // The plan lets this one share bytes with any block the recording had
+  // The plan lets this one share bytes with any block the trace had
   // freed by now: none of those may still be alive here.
   for (const auto& [ptr, j] : arena_live_) {
     if (trace_[j].last <= trace_[i].first) {
       throw std::runtime_error("the captured step keeps its allocation " + std::to_string(j + 1) +
                                " (" + format_bytes(trace_[j].bytes) +
-                               ") alive longer than its recording did");
+                               ") alive longer than its trace did");
     }
   }
   void* p = static_cast<char*>(arena_) + offsets_[i];
@@ -97,41 +93,38 @@ void GraphPool::deallocate(void* ptr, size_t bytes) noexcept {
     stats_.in_use_bytes -= bytes;
     return;
   }
-  auto it = recorded_live_.find(ptr);
-  if (it == recorded_live_.end()) {
+  auto it = traced_live_.find(ptr);
+  if (it == traced_live_.end() || phase_ != Phase::Tracing) {
     spdlog::error("graph pool: a free of memory it did not hand out ({} at {})",
                   format_bytes(bytes), ptr);
     return;
   }
-  const size_t i = it->second;
-  recorded_live_.erase(it);
+  trace_[it->second].last = events_++;
+  traced_live_.erase(it);
   stats_.in_use_bytes -= bytes;
-  if (phase_ == Phase::Recording) trace_[i].last = events_++;
-  if (phase_ == Phase::Capturing || phase_ == Phase::Captured) {
-    // The graph may read it (a tensor of the recording the captured step
-    // used): it stays until the pool goes (room reserved by plan()).
-    kept_.emplace_back(ptr, bytes);
-    return;
-  }
-  upstream_->deallocate(ptr, bytes);
+  addresses_->give_back(ptr, bytes);
 }
 
 void GraphPool::plan() {
   std::vector<PlannedBlock> blocks;
   {
     std::lock_guard lock(mu_);
-    if (phase_ != Phase::Recording) throw std::logic_error("graph pool: planned twice");
+    if (phase_ != Phase::Tracing) throw std::logic_error("graph pool: planned twice");
+    if (!traced_live_.empty()) {
+      throw std::logic_error("graph pool: " + std::to_string(traced_live_.size()) +
+                             " tensors of the traced step are still alive (they have no "
+                             "memory behind them)");
+    }
+    addresses_.reset();
     blocks.reserve(trace_.size());
-    // (What the recording left live is live to the step's end.)
-    for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, std::min(t.last, events_)});
-    kept_.reserve(recorded_live_.size());
+    for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, t.last});
     arena_live_.reserve(trace_.size());
   }
   MemoryPlan plan = plan_memory(blocks, kArenaAlignment);
   void* arena = nullptr;
   if (plan.arena_bytes > 0) {
-    // (The recording's memory, free again, is where the arena should go.
-    // Without the lock, as in allocate().)
+    // (Memory idle in the upstream, of the steps run op by op, is where
+    // the arena should go. Without the lock: upstream may reclaim memory.)
     upstream_->reuse_idle(plan.arena_bytes);
     arena = upstream_->allocate(plan.arena_bytes);
   }
@@ -156,7 +149,7 @@ void GraphPool::set_capturing(bool capturing) {
 std::string GraphPool::capture_mismatch() const {
   std::lock_guard lock(mu_);
   if (next_ == trace_.size()) return "";
-  return "the captured step made " + std::to_string(next_) + " allocations, its recording " +
+  return "the captured step made " + std::to_string(next_) + " allocations, its trace " +
          std::to_string(trace_.size());
 }
 
@@ -169,10 +162,7 @@ AllocatorStats GraphPool::stats() const {
 
 uint64_t GraphPool::held_bytes() const {
   std::lock_guard lock(mu_);
-  if (phase_ != Phase::Recording) return arena_bytes_;
-  uint64_t n = 0;
-  for (const auto& [p, i] : recorded_live_) n += trace_[i].bytes;
-  return n;
+  return arena_bytes_;
 }
 
 uint64_t GraphPool::peak_live_bytes() const {
@@ -182,12 +172,12 @@ uint64_t GraphPool::peak_live_bytes() const {
 
 size_t GraphPool::live_allocations() const {
   std::lock_guard lock(mu_);
-  return recorded_live_.size() + arena_live_.size();
+  return traced_live_.size() + arena_live_.size();
 }
 
 StepGraph::StepGraph(Device device, std::function<void()> step,
-                     std::function<void()> before_capture)
-    : device_(device), step_(std::move(step)), before_capture_(std::move(before_capture)) {
+                     std::function<void()> after_trace)
+    : device_(device), step_(std::move(step)), after_trace_(std::move(after_trace)) {
   if (!device_.is_cuda()) why_not_ = "CUDA graphs are for CUDA devices; this step runs on the CPU";
 }
 
@@ -210,30 +200,88 @@ bool StepGraph::run() {
     return true;
   }
   if (!why_not_.empty()) return false;
-  if (!recorded_) {
-    pool_ = std::make_shared<GraphPool>(current_allocator(device_));
-    try {
-      AllocatorGuard use_pool(pool_);
-      step_();
-      recorded_ = true;
-      return true;
-    } catch (const OutOfMemoryError& e) {
-      why_not_ = std::string("recording it for a CUDA graph ran out of memory: ") + e.what();
-      out_of_memory_ = true;
-    }
-  } else if (capture()) {
+  if (trace() && capture()) {
     launch();
     return true;
   }
-  spdlog::warn("the training step runs op by op: {}", why_not_);
   pool_.reset();  // (its memory goes when the step's tensors in it do)
   return false;
 }
 
 #ifdef LEASEHOLD_HAVE_CUDA
-bool StepGraph::capture() {
+namespace {
+
+// Addresses for a step's trace: twice the device's memory. A step that
+// needs more (its sizes reused as they are freed) cannot fit as a graph.
+uint64_t trace_address_bytes(int device) {
+  size_t free_bytes = 0, total_bytes = 0;
+  LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
+  LEASEHOLD_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return 2 * static_cast<uint64_t>(total_bytes);
+}
+
+}  // namespace
+
+std::string StepGraph::captured(void** graph) {
   cudaStream_t stream = compute_stream(device_.index);
-  if (before_capture_) before_capture_();
+  std::string failure;
+  // Frees of memory outside the pool wait for the capture's end; the
+  // pool's own places are reused within it as planned (allocator.h).
+  DeferFreesGuard defer(pool_.get());
+  AllocatorGuard use_pool(pool_);
+  // Relaxed: another thread's allocator may map pages meanwhile (not a
+  // stream operation, and safe to capture around).
+  cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("cannot capture the compute stream: ") + cudaGetErrorString(err);
+  }
+  try {
+    step_();
+  } catch (const OutOfMemoryError& e) {
+    failure = e.what();
+    out_of_memory_ = true;
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  cudaGraph_t g = nullptr;
+  err = cudaStreamEndCapture(stream, &g);
+  *graph = g;
+  if (failure.empty() && err != cudaSuccess) {
+    failure = std::string("the capture was invalidated: ") + cudaGetErrorString(err);
+  }
+  if (failure.empty() && !defer.all_deferred()) failure = "a free during the capture was not deferred";
+  (void)cudaGetLastError();
+  return failure;
+}
+
+bool StepGraph::trace() {
+  const auto t_start = std::chrono::steady_clock::now();
+  pool_ = std::make_shared<GraphPool>(current_allocator(device_),
+                                      trace_address_bytes(device_.index));
+  void* graph = nullptr;
+  std::string failure;
+  {
+    TracingStepGuard tracing;
+    failure = captured(&graph);
+  }
+  if (graph) cudaGraphDestroy(static_cast<cudaGraph_t>(graph));  // (never run)
+  // What the step left (its gradients, its loss) has no memory behind it.
+  if (after_trace_) after_trace_();
+  if (const size_t alive = pool_->live_allocations()) {
+    throw std::logic_error("a CUDA graph's traced step left " + std::to_string(alive) +
+                           " tensors alive past its trace, which have no memory behind them");
+  }
+  if (!failure.empty()) {
+    why_not_ = "tracing it for a CUDA graph failed: " + failure;
+    return false;
+  }
+  trace_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start)
+                  .count();
+  return true;
+}
+
+bool StepGraph::capture() {
   const auto t_start = std::chrono::steady_clock::now();
   try {
     pool_->plan();
@@ -243,40 +291,14 @@ bool StepGraph::capture() {
     return false;
   }
   const auto t_planned = std::chrono::steady_clock::now();
-  cudaGraph_t graph = nullptr;
-  std::string failure;
-  {
-    // Frees of memory outside the pool wait for the capture's end; the
-    // pool's own places are reused within it as planned (allocator.h).
-    DeferFreesGuard defer(pool_.get());
-    AllocatorGuard use_pool(pool_);
-    pool_->set_capturing(true);
-    // Relaxed: another thread's allocator may map pages meanwhile (not a
-    // stream operation, and safe to capture around).
-    cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      pool_->set_capturing(false);
-      why_not_ = std::string("cannot capture the compute stream: ") + cudaGetErrorString(err);
-      return false;
-    }
-    try {
-      step_();
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    if (failure.empty()) failure = pool_->capture_mismatch();
-    err = cudaStreamEndCapture(stream, &graph);
-    pool_->set_capturing(false);
-    if (failure.empty() && err != cudaSuccess) {
-      failure = std::string("the capture was invalidated: ") + cudaGetErrorString(err);
-    }
-    if (failure.empty() && !defer.all_deferred()) failure = "a free during the capture was not deferred";
-    (void)cudaGetLastError();
-  }
+  void* graph = nullptr;
+  pool_->set_capturing(true);
+  std::string failure = captured(&graph);
+  pool_->set_capturing(false);
+  if (failure.empty()) failure = pool_->capture_mismatch();
   if (failure.empty()) {
     cudaGraphExec_t exec = nullptr;
-    cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaError_t err = cudaGraphInstantiate(&exec, static_cast<cudaGraph_t>(graph), 0);
     if (err == cudaSuccess) {
       exec_ = exec;
     } else {
@@ -284,7 +306,7 @@ bool StepGraph::capture() {
       failure = std::string("cannot instantiate the step's graph: ") + cudaGetErrorString(err);
     }
   }
-  if (graph) cudaGraphDestroy(graph);
+  if (graph) cudaGraphDestroy(static_cast<cudaGraph_t>(graph));
   if (!failure.empty()) {
     why_not_ = "capturing it as a CUDA graph failed: " + failure;
     return false;
@@ -293,9 +315,10 @@ bool StepGraph::capture() {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
   spdlog::info("the training step is a CUDA graph now ({} of memory for its tensors, which "
-               "have {} live at once at most; laid out in {:.1f} ms, captured in {:.1f} ms)",
+               "have {} live at once at most; traced in {:.1f} ms, laid out in {:.1f} ms, "
+               "captured in {:.1f} ms)",
                format_bytes(pool_->held_bytes()), format_bytes(pool_->peak_live_bytes()),
-               ms(t_start, t_planned), ms(t_planned, std::chrono::steady_clock::now()));
+               trace_ms_, ms(t_start, t_planned), ms(t_planned, std::chrono::steady_clock::now()));
   return true;
 }
 
@@ -305,10 +328,12 @@ void StepGraph::launch() {
   ++launches_;
 }
 #else
-bool StepGraph::capture() {
+bool StepGraph::trace() {
   why_not_ = "this build has no CUDA";
   return false;
 }
+bool StepGraph::capture() { return false; }
+std::string StepGraph::captured(void**) { return "this build has no CUDA"; }
 void StepGraph::launch() { throw std::logic_error("StepGraph::launch without CUDA"); }
 #endif
 

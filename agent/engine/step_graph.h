@@ -12,16 +12,21 @@
 // wait for the device.
 //
 // Memory: every tensor the step makes comes from the graph's own pool
-// (GraphPool). The step's recording, op by op, traces its allocations and
-// frees; the capture then gives each allocation its place in one arena laid
-// out from that trace (memory_plan.h), which never serves anything else, so
-// the addresses baked into the graph stay valid and unshared as long as it
+// (GraphPool). The step is first captured only to trace its allocations
+// and frees: that capture's graph is thrown away, its kernels never run, so
+// its tensors get addresses with no memory behind them (trace_addresses.h)
+// and the step's memory is known without the step holding it. The real
+// capture then gives each allocation its place in one arena laid out from
+// that trace (memory_plan.h), which never serves anything else, so the
+// addresses baked into the graph stay valid and unshared as long as it
 // lives. Tensors the step leaves behind (gradients, the loss) stay in the
 // arena and are rewritten by each launch. The arena holds about as much as
 // the step has live at once at its peak (memory_plan.h; for the GPT job
-// exactly that), so a step that fits its budget op by op usually fits it
-// as a graph; one that does not is run op by op (graphed_steps.h says what
-// a job then does).
+// exactly that), and nothing else: whether a step fits its budget as a
+// graph is known from the arena alone, even where the same step op by op
+// would not fit (its allocator's blocks and what spills add to its peak).
+// A step whose arena does not fit is run op by op (graphed_steps.h says
+// what a job then does).
 #pragma once
 
 #include <cstdint>
@@ -33,30 +38,33 @@
 #include <vector>
 
 #include "agent/engine/allocator.h"
+#include "agent/engine/trace_addresses.h"
 
 namespace leasehold::engine {
 
 // Memory that a graph's step allocates, in three phases:
-//   - recording: each allocation is taken from `upstream` and freed back to
-//     it as usual, and traced (its size, when it was made and freed);
+//   - tracing: each allocation gets an address of a reserved range with no
+//     memory behind it (trace_addresses.h; `trace_bytes` of them), and is
+//     traced (its size, when it was made and freed); nothing is taken from
+//     `upstream`. Running out of addresses is an OutOfMemoryError;
 //   - plan(): lays the traced allocations out in one arena taken from
 //     `upstream` (memory_plan.h); it throws OutOfMemoryError where the
-//     upstream cannot give it. What the recording left live should be freed
-//     first (its memory can then be the arena's);
+//     upstream cannot give it. Every traced allocation must have been
+//     freed by then (std::logic_error otherwise: a tensor with no memory
+//     behind it would outlive its trace); those alive at the trace's end
+//     are live to the step's end;
 //   - capturing: the step runs again and makes the same allocations in the
 //     same order; each gets its planned place. One that differs from the
-//     recording's, or that comes while a tensor the recording had freed by
-//     then is still alive (the two may share bytes), throws
-//     std::runtime_error, and capture_mismatch() names a capture that made
-//     fewer (the capture is abandoned). Nothing is taken from `upstream`
-//     then. Memory of the recording freed during or after the capture may
-//     be read by the graph: it stays the pool's until the pool goes.
+//     trace's, or that comes while a tensor the trace had freed by then is
+//     still alive (the two may share bytes), throws std::runtime_error,
+//     and capture_mismatch() names a capture that made fewer (the capture
+//     is abandoned). Nothing is taken from `upstream` then.
 // The arena returns upstream when the pool goes (when no tensor it made is
 // alive any more). After the capture it serves no more allocations.
 // Upstream is called without the pool's lock held.
 class GraphPool final : public Allocator {
  public:
-  explicit GraphPool(std::shared_ptr<Allocator> upstream);
+  GraphPool(std::shared_ptr<Allocator> upstream, uint64_t trace_bytes);
   ~GraphPool() override;
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
@@ -65,17 +73,17 @@ class GraphPool final : public Allocator {
   AllocatorStats stats() const override;
   void plan();
   void set_capturing(bool capturing);
-  // "" when the capture made every allocation its recording did; else why not.
+  // "" when the capture made every allocation its trace did; else why not.
   std::string capture_mismatch() const;
-  // Bytes taken from upstream: the recording's live allocations, then the arena.
+  // Bytes taken from upstream: the arena (none while tracing).
   uint64_t held_bytes() const;
-  // The most bytes the recorded step had live at once (0 before plan()).
+  // The most bytes the traced step had live at once (0 before plan()).
   uint64_t peak_live_bytes() const;
   // Tensors it made that are alive now.
   size_t live_allocations() const;
 
  private:
-  enum class Phase { Recording, Planned, Capturing, Captured };
+  enum class Phase { Tracing, Planned, Capturing, Captured };
   void* place_captured(size_t bytes);  // REQUIRES: mu_ held
   struct Traced {
     size_t bytes;
@@ -83,11 +91,12 @@ class GraphPool final : public Allocator {
   };
   std::shared_ptr<Allocator> upstream_;
   mutable std::mutex mu_;
-  Phase phase_ = Phase::Recording;                    // GUARDED_BY(mu_)
+  Phase phase_ = Phase::Tracing;                      // GUARDED_BY(mu_)
+  uint64_t trace_bytes_;
+  std::unique_ptr<TraceAddresses> addresses_;         // GUARDED_BY(mu_), made at the first allocation
   uint64_t events_ = 0;                               // GUARDED_BY(mu_)
   std::vector<Traced> trace_;                         // GUARDED_BY(mu_)
-  std::unordered_map<void*, size_t> recorded_live_;   // GUARDED_BY(mu_), upstream block → trace_
-  std::vector<std::pair<void*, size_t>> kept_;        // GUARDED_BY(mu_), freed once captured
+  std::unordered_map<void*, size_t> traced_live_;     // GUARDED_BY(mu_), address → trace_
   void* arena_ = nullptr;                             // GUARDED_BY(mu_)
   uint64_t arena_bytes_ = 0, peak_live_ = 0;          // GUARDED_BY(mu_)
   std::vector<uint64_t> offsets_;                     // GUARDED_BY(mu_), by trace_ index
@@ -99,21 +108,22 @@ class GraphPool final : public Allocator {
 
 // One training step run as a CUDA graph. `step` queues one step's work on
 // the thread's compute stream for `device` (see above for what it may
-// read). The first run() records: the step runs op by op with memory from
-// the graph's pool, which traces what it needs. The second lays that out
-// (after `before_capture`, which may drop what the recorded step left and
-// the next step does not read: its gradients, which a step zeroes first),
-// captures the step and launches the graph, and every later run() launches
-// it again. On the CPU, or once recording or capture failed (the step ran
-// out of memory, its arena did not fit, the step waited for the host or
-// allocated other than its recording did), run() returns false without
-// running the step, and why_not() says why: the caller runs it op by op (a
-// failed recording or capture changed nothing a step reads, so running the
-// step again is right). A step's results are the same bits either way.
+// read). The first run() traces the step (a capture thrown away: its
+// kernels never run), then `after_trace` drops what the traced step left
+// that the next step does not read (its gradients, which a step zeroes
+// first, and its loss: tensors with no memory behind them, which nothing
+// may keep), lays the step's memory out, captures the step and launches
+// the graph; every later run() launches it again. On the CPU, or once
+// tracing or capture failed (the step's memory did not fit, the step
+// waited for the host or allocated other than its trace did), run()
+// returns false without running the step, and why_not() says why: the
+// caller runs it op by op (a failed trace or capture changed nothing a
+// step reads, so running the step again is right). A step's results are
+// the same bits either way. Throws std::logic_error where a tensor of the
+// trace outlives `after_trace`.
 class StepGraph {
  public:
-  StepGraph(Device device, std::function<void()> step,
-            std::function<void()> before_capture = {});
+  StepGraph(Device device, std::function<void()> step, std::function<void()> after_trace = {});
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
@@ -123,8 +133,8 @@ class StepGraph {
   bool replaying() const { return exec_ != nullptr; }
   // Why run() runs the step op by op ("" while it may still capture).
   const std::string& why_not() const { return why_not_; }
-  // Whether that is because the step's memory did not fit (recording it,
-  // or laying it out): a graph of a step that needs less may.
+  // Whether that is because the step's memory did not fit (its trace's
+  // addresses, or its arena): a graph of a step that needs less may.
   bool ran_out_of_memory() const { return out_of_memory_; }
   int64_t launches() const { return launches_; }
   // Device bytes the graph's memory pool holds.
@@ -133,19 +143,23 @@ class StepGraph {
   size_t pool_tensors() const { return pool_ ? pool_->live_allocations() : 0; }
 
  private:
-  // Captures the step and launches it; false (why_not_ set) on failure,
+  // Traces the step, then captures it; false (why_not_ set) on failure,
   // with nothing launched and nothing of the step's state changed on the
   // device.
+  bool trace();
   bool capture();
+  // Captures the step into `graph` (which the caller destroys), with memory
+  // from the pool; "" or why it failed.
+  std::string captured(void** graph);
   void launch();
 
   Device device_;
-  std::function<void()> step_, before_capture_;
+  std::function<void()> step_, after_trace_;
   std::shared_ptr<GraphPool> pool_;
-  bool recorded_ = false;
   void* exec_ = nullptr;  // cudaGraphExec_t
   std::string why_not_;
   bool out_of_memory_ = false;
+  double trace_ms_ = 0;
   int64_t launches_ = 0;
 };
 

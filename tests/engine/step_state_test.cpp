@@ -8,6 +8,8 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <set>
+#include <vector>
 
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
@@ -179,14 +181,18 @@ class Upstream final : public Allocator {
   int allocations = 0;
 };
 
-// The recording takes and frees memory upstream as it goes; the capture's
-// same allocations get their places in one arena of the recording's peak.
-// As a job does it, what the recording left (the gradients) is freed
-// before the arena is laid out.
-TEST(GraphPool, TheCaptureGetsTheRecordedAllocationsFromOneArenaOfTheirPeak) {
+// Addresses for the pools' traces, on the host: far more than they use.
+constexpr uint64_t kTraceBytes = 1 << 20;
+
+// The trace takes nothing upstream: its allocations are addresses of a
+// reserved range with no memory behind them. The capture's same
+// allocations get their places in one arena of the trace's peak. As a job
+// does it, what the trace left (the gradients) is freed before the arena
+// is laid out.
+TEST(GraphPool, TheCaptureGetsTheTracedAllocationsFromOneArenaOfTheirPeak) {
   auto up = std::make_shared<Upstream>();
   {
-    auto pool = std::make_shared<GraphPool>(up);
+    auto pool = std::make_shared<GraphPool>(up, kTraceBytes);
     auto step = [&] {
       void* a = pool->allocate(1024);
       void* b = pool->allocate(512);
@@ -197,15 +203,15 @@ TEST(GraphPool, TheCaptureGetsTheRecordedAllocationsFromOneArenaOfTheirPeak) {
       return pool->allocate(2048);  // left live, as a gradient is
     };
     void* kept = step();
-    EXPECT_EQ(up->allocations, 4);
-    EXPECT_EQ(up->live.size(), 1u) << "what the recording freed went back upstream";
-    EXPECT_EQ(pool->held_bytes(), 2048u);
+    EXPECT_EQ(up->allocations, 0) << "a trace takes no memory";
+    EXPECT_EQ(pool->held_bytes(), 0u);
+    EXPECT_EQ(pool->live_allocations(), 1u);
+    EXPECT_EQ(pool->stats().peak_in_use_bytes, 2048u) << "the trace's bytes are counted";
     pool->deallocate(kept, 2048);
-    EXPECT_TRUE(up->live.empty());
     pool->plan();
     EXPECT_EQ(pool->held_bytes(), 2048u) << "an arena of the peak, not of every size's";
     EXPECT_EQ(pool->peak_live_bytes(), 2048u);
-    EXPECT_EQ(up->allocations, 5);
+    EXPECT_EQ(up->allocations, 1);
     pool->set_capturing(true);
     void* again = step();
     EXPECT_EQ(pool->capture_mismatch(), "");
@@ -221,28 +227,63 @@ TEST(GraphPool, TheCaptureGetsTheRecordedAllocationsFromOneArenaOfTheirPeak) {
   EXPECT_TRUE(up->live.empty()) << "the arena back upstream when the pool goes";
 }
 
-// A tensor of the recording still alive at the capture may be read by the
-// graph: freed during the capture or after it, it stays until the pool goes.
-TEST(GraphPool, RecordedMemoryFreedOnceCapturedStaysUntilThePoolGoes) {
+// A trace's addresses are distinct while live, never a real allocation's,
+// and one freed is reused for the same size.
+TEST(GraphPool, ATracesAddressesAreDistinctWhileLiveAndReusedBySize) {
   auto up = std::make_shared<Upstream>();
-  {
-    auto pool = std::make_shared<GraphPool>(up);
-    void* during = pool->allocate(1024);
-    void* after = pool->allocate(512);
-    pool->plan();
-    pool->set_capturing(true);
-    pool->deallocate(during, 1024);
-    pool->set_capturing(false);
-    pool->deallocate(after, 512);
-    EXPECT_EQ(up->live.count(during), 1u);
-    EXPECT_EQ(up->live.count(after), 1u);
+  GraphPool pool(up, kTraceBytes);
+  std::set<void*> live;
+  std::vector<std::pair<void*, size_t>> made;
+  for (size_t bytes : {512u, 4096u, 100u, 512u, 70000u}) {
+    void* p = pool.allocate(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % TraceAddresses::kAlignment, 0u);
+    EXPECT_TRUE(live.insert(p).second) << "two live allocations at one address";
+    made.emplace_back(p, bytes);
   }
-  EXPECT_TRUE(up->live.empty());
+  auto [first, first_bytes] = made.front();
+  pool.deallocate(first, first_bytes);
+  EXPECT_EQ(pool.allocate(512), first) << "reused for its size";
+  EXPECT_NE(pool.allocate(512), first);
+  EXPECT_EQ(up->allocations, 0);
 }
 
-TEST(GraphPool, ACaptureThatAllocatesOtherwiseThanItsRecordingThrows) {
+// A tensor of the trace has no memory behind it: one alive when the step
+// is laid out is the caller's error, named, and nothing is taken upstream.
+TEST(GraphPool, ATracedTensorStillAliveAtThePlanIsAnError) {
   auto up = std::make_shared<Upstream>();
-  GraphPool pool(up);
+  GraphPool pool(up, kTraceBytes);
+  void* kept = pool.allocate(1024);
+  try {
+    pool.plan();
+    ADD_FAILURE() << "planned with a traced tensor alive";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("1 tensors of the traced step are still alive"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(up->allocations, 0);
+  pool.deallocate(kept, 1024);
+  pool.plan();
+  EXPECT_EQ(pool.held_bytes(), 1024u);
+}
+
+// A step whose trace needs more addresses than reserved cannot fit as a
+// graph: an OutOfMemoryError, as for an arena upstream cannot give.
+TEST(GraphPool, ATraceOverItsAddressesIsAnOutOfMemoryError) {
+  auto up = std::make_shared<Upstream>();
+  GraphPool pool(up, 4 << 20);  // (rounded to a 2 MiB multiple: 4 MiB)
+  void* a = pool.allocate(3 << 20);
+  EXPECT_THROW(pool.allocate(2 << 20), OutOfMemoryError);
+  pool.deallocate(a, 3 << 20);
+  void* b = pool.allocate(3 << 20);
+  EXPECT_EQ(a, b) << "the same size, given back, fits again";
+  pool.deallocate(b, 3 << 20);
+  EXPECT_EQ(up->allocations, 0);
+}
+
+TEST(GraphPool, ACaptureThatAllocatesOtherwiseThanItsTraceThrows) {
+  auto up = std::make_shared<Upstream>();
+  GraphPool pool(up, kTraceBytes);
   pool.deallocate(pool.allocate(4096), 4096);
   pool.deallocate(pool.allocate(4096), 4096);
   pool.plan();
@@ -256,17 +297,16 @@ TEST(GraphPool, ACaptureThatAllocatesOtherwiseThanItsRecordingThrows) {
     }
   };
   expect_error([&] { pool.allocate(8192); },
-               "allocation 1 is of 8.00 KiB, its recording's of 4.00 KiB");
-  EXPECT_NE(pool.capture_mismatch().find("made 0 allocations, its recording 2"),
-            std::string::npos);
-  // The two shared one place because the recording freed the first before
+               "allocation 1 is of 8.00 KiB, its trace's of 4.00 KiB");
+  EXPECT_NE(pool.capture_mismatch().find("made 0 allocations, its trace 2"), std::string::npos);
+  // The two shared one place because the trace freed the first before
   // making the second: keeping it alive would make them overlap.
   void* a = pool.allocate(4096);
   expect_error([&] { pool.allocate(4096); },
-               "keeps its allocation 1 (4.00 KiB) alive longer than its recording did");
+               "keeps its allocation 1 (4.00 KiB) alive longer than its trace did");
   pool.deallocate(a, 4096);
   void* b = pool.allocate(4096);
-  expect_error([&] { pool.allocate(4096); }, "its recording made only 2");
+  expect_error([&] { pool.allocate(4096); }, "its trace made only 2");
   pool.deallocate(b, 4096);
   EXPECT_EQ(pool.capture_mismatch(), "");
   pool.set_capturing(false);
@@ -276,18 +316,18 @@ TEST(GraphPool, ACaptureThatAllocatesOtherwiseThanItsRecordingThrows) {
 TEST(GraphPool, AnArenaUpstreamCannotGiveIsAnOutOfMemoryError) {
   auto up = std::make_shared<Upstream>();
   up->limit = 3000;
-  GraphPool pool(up);
+  GraphPool pool(up, kTraceBytes);
   void* a = pool.allocate(2048);
+  void* b = pool.allocate(1024);
   pool.deallocate(a, 2048);
-  void* kept = pool.allocate(1024);
-  EXPECT_THROW(pool.plan(), OutOfMemoryError) << "2048 + 1024 with the recording's still live";
-  pool.deallocate(kept, 1024);
+  pool.deallocate(b, 1024);
+  EXPECT_THROW(pool.plan(), OutOfMemoryError) << "2048 + 1024 live at once, over 3000";
   EXPECT_TRUE(up->live.empty());
 }
 
 TEST(DeferFreesGuard, FreesWaitForTheGuardExceptThePoolsOwn) {
   auto up = std::make_shared<Upstream>();
-  auto pool = std::make_shared<GraphPool>(up);
+  auto pool = std::make_shared<GraphPool>(up, kTraceBytes);
   Tensor outside, inside;
   {
     AllocatorGuard use(up);

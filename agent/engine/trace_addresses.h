@@ -1,0 +1,47 @@
+// Addresses with no memory behind them, for a training step that is
+// captured only to learn what it allocates (step_graph.h: a CUDA graph's
+// trace). Its kernels are recorded into a graph that is thrown away and
+// never run, so its tensors need addresses but no bytes: the step's memory
+// is then known, and laid out, without the step ever holding it. The
+// addresses are a reserved range (CUDA: cuMemAddressReserve; the CPU: a
+// mapping nothing may touch), so none of them is ever a real tensor's too
+// (operators compare addresses, for tensors that alias).
+//
+// Thread safety: one thread at a time (the pool's lock).
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "agent/engine/dtype.h"
+
+namespace leasehold::engine {
+
+class TraceAddresses {
+ public:
+  // At least `bytes` of addresses for `device`; throws std::runtime_error
+  // when they cannot be reserved.
+  TraceAddresses(Device device, uint64_t bytes);
+  ~TraceAddresses();
+  TraceAddresses(const TraceAddresses&) = delete;
+  TraceAddresses& operator=(const TraceAddresses&) = delete;
+
+  // An address for `bytes`, aligned to `kAlignment`: one given back for
+  // the same size if any (a step's sizes repeat), else the range's next.
+  // Throws OutOfMemoryError when the range is used up.
+  void* take(uint64_t bytes);
+  void give_back(void* p, uint64_t bytes);
+  // The range's bytes, and how far into it addresses were taken.
+  uint64_t bytes() const { return bytes_; }
+  uint64_t used() const { return next_; }
+
+  static constexpr uint64_t kAlignment = 512;  // as an arena's places (step_graph.cpp)
+
+ private:
+  Device device_;
+  char* base_ = nullptr;
+  uint64_t bytes_ = 0, next_ = 0;
+  std::multimap<uint64_t, void*> free_;  // given back, by rounded size
+};
+
+}  // namespace leasehold::engine
