@@ -192,7 +192,7 @@ std::string dataset_region_name(const proto::JobSpec& job) {
 }
 
 // A text corpus: read whole, its last validation_fraction held out, both
-// parts cut into samples (small next to a GPU: a few bytes per token).
+// parts held as their bytes (small next to a GPU: a byte a token).
 JobData load_text(const proto::JobSpec& job) {
   const auto* ds = job.dataset();
   std::vector<std::string> paths;
@@ -207,7 +207,7 @@ JobData load_text(const proto::JobSpec& job) {
   if (total_bytes > budget / (4 * kTextBytesPerToken)) {
     throw std::runtime_error("dataset.files: " + std::to_string(total_bytes) +
                              " bytes of text are too many for memory_budget " +
-                             std::to_string(budget) + " (16 bytes a token as samples)");
+                             std::to_string(budget) + " (over a quarter of it)");
   }
   E::AllocatorGuard host(E::cpu_allocator());
   const std::vector<uint8_t> bytes = E::data::read_text_files(paths);

@@ -107,16 +107,16 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   const E::data::Dataset& test = data.test;
   const bool text = is_text_dataset(job);
   if (text) {
-    validate_model(job, {train.images.size(1)});
+    validate_model(job, {train.context});
   } else {
     validate_model(job, {train.images.size(1), train.images.size(2), train.images.size(3)});
   }
-  // A text corpus is a few bytes per token: on the GPU in the job's memory,
-  // so that each batch is gathered there.
+  // A text corpus is a byte a token: on the GPU in the job's memory, so
+  // that each batch is gathered there.
   E::data::Dataset text_train, text_test;
   if (text && options.device.is_cuda()) {
-    text_train = {train.images.to(options.device), train.labels.to(options.device)};
-    text_test = {test.images.to(options.device), test.labels.to(options.device)};
+    text_train = train.to(options.device);
+    text_test = test.to(options.device);
   }
   const E::data::Dataset& train_set = text_train.size() ? text_train : train;
   const E::data::Dataset& test_set = text_test.size() ? text_test : test;

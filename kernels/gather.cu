@@ -27,7 +27,28 @@ void launch(void* out, const void* src, const int64_t* index, int64_t count, int
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
+// One thread per output token (each reads one byte: the windows of a
+// batch overlap nothing and are read once).
+__global__ void take_byte_windows_kernel(int64_t* out, const uint8_t* bytes, const int64_t* index,
+                                         int64_t count, int64_t width, int64_t stride,
+                                         int64_t offset) {
+  const int64_t total = count * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / width, t = i - row * width;
+    out[i] = bytes[index[row] * stride + offset + t];
+  }
+}
+
 }  // namespace
+
+void take_byte_windows(Stream queue, int64_t* out, const uint8_t* bytes, const int64_t* index,
+                       int64_t count, int64_t width, int64_t stride, int64_t offset) {
+  if (count == 0 || width == 0) return;
+  take_byte_windows_kernel<<<grid_for(count * width), kBlock, 0, as_cuda(queue)>>>(
+      out, bytes, index, count, width, stride, offset);
+  LEASEHOLD_CUDA_CHECK(cudaGetLastError());
+}
 
 void take_rows(Stream queue, void* out, const void* src, const int64_t* index, int64_t count,
                int64_t row_bytes) {

@@ -46,9 +46,10 @@ bool is_text_dataset(const proto::JobSpec& job);
 // Tokens a text sample holds at most, and the vocabulary (bytes).
 inline constexpr int64_t kMaxTextContext = 8192;
 inline constexpr int64_t kTextVocabulary = 256;
-// Bytes a token of a text corpus takes as samples: an int64 input and an
-// int64 target.
-inline constexpr uint64_t kTextBytesPerToken = 16;
+// Bytes a token of a text corpus takes in a job's memory: the corpus is
+// held as its bytes, and only a batch's samples are made as int64 tokens
+// and targets (engine/data.h).
+inline constexpr uint64_t kTextBytesPerToken = 1;
 
 // The coordinator's limits on one job's length (its options max_epochs
 // and max_steps, named in the error a job over them gets).

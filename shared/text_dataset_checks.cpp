@@ -49,12 +49,13 @@ void check_text_dataset(const proto::DatasetSpec& d, bool check_files, uint64_t 
     }
   }
   if (!files_ok || d.context() < 1) return;
-  // Each token is held as an input and a target (8 bytes each), on a GPU in
-  // the job's memory: the corpus must fit the budget with room to train.
+  // The corpus is held as its bytes, on a GPU in the job's memory: it must
+  // fit the budget with room to train.
   if (budget && total > budget / (4 * kTextBytesPerToken)) {
     p.push_back("dataset.files: " + format_bytes(total) + " of text take " +
-                format_bytes(total * kTextBytesPerToken) + " as samples, over a quarter of " +
-                "memory_budget " + format_bytes(budget) + "; raise the budget or use less text");
+                format_bytes(total * kTextBytesPerToken) + " of the job's memory, over a " +
+                "quarter of memory_budget " + format_bytes(budget) +
+                "; raise the budget or use less text");
   }
   // Each part needs a sample: context tokens and one more as the target.
   const uint64_t held = static_cast<uint64_t>(static_cast<double>(total) * d.validation_fraction());

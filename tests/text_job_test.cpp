@@ -288,9 +288,9 @@ TEST_F(TextJobTest, TheEmbeddingCoversEveryByteAndTheCorpusFitsTheBudget) {
   e = problems(job_json(R"(, "steps": 10)",
                         R"([{"type": "Linear", "in": 32, "out": 256}])"));
   EXPECT_NE(e.find("a text model starts with an Embedding"), std::string::npos) << e;
-  // 42,550 bytes of text are 681 kB as samples: over a quarter of 1 MiB.
+  // 42,550 bytes of text, a byte a token: over a quarter of 160 KiB.
   std::string small = job_json(R"(, "steps": 10)");
-  small.replace(small.find(R"("256MiB")"), 8, R"("1MiB")");
+  small.replace(small.find(R"("256MiB")"), 8, R"("160KiB")");
   e = problems(small);
   EXPECT_NE(e.find("over a quarter of memory_budget"), std::string::npos) << e;
   std::string warm = job_json(R"(, "steps": 5)");

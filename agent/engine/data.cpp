@@ -30,18 +30,24 @@ std::vector<uint8_t> read_text_files(const std::vector<std::string>& paths) {
 
 Dataset text_windows(const uint8_t* bytes, int64_t count, int64_t context) {
   if (context < 1) throw std::invalid_argument("text_windows: context must be positive");
-  const int64_t n = count > context ? (count - 1) / context : 0;
-  std::vector<int64_t> tokens(static_cast<size_t>(n * context));
-  std::vector<int64_t> next(tokens.size());
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t t = 0; t < context; ++t) {
-      tokens[i * context + t] = bytes[i * context + t];
-      next[i * context + t] = bytes[i * context + t + 1];
-    }
-  }
+  if (count < 0) throw std::invalid_argument("text_windows: a negative byte count");
+  std::vector<int64_t> words(static_cast<size_t>((count + 7) / 8), 0);
+  if (count > 0) std::memcpy(words.data(), bytes, static_cast<size_t>(count));
   Dataset d;
-  d.images = from_vector(tokens, {n, context});
-  d.labels = from_vector(next, {n, context});
+  d.text = from_vector(words, {static_cast<int64_t>(words.size())});
+  d.text_bytes = count;
+  d.context = context;
+  return d;
+}
+
+Dataset Dataset::to(Device device) const {
+  Dataset d = *this;
+  if (is_text()) {
+    d.text = text.to(device);
+  } else {
+    if (images.defined()) d.images = images.to(device);
+    if (labels.defined()) d.labels = labels.to(device);
+  }
   return d;
 }
 
@@ -143,12 +149,42 @@ int64_t BatchIterator::batches_per_epoch() const {
   return (data_.size() + batch_ - 1) / batch_;
 }
 
+void BatchIterator::next_text(Tensor& tokens, Tensor& successors, Device device, bool into,
+                              int64_t n) {
+  const Device home = data_.device();
+  const int64_t samples = static_cast<int64_t>(order_.size());
+  if (!device_order_.defined()) device_order_ = from_vector(order_, {samples}, home);
+  const Tensor index = device_order_.narrow(0, pos_, n);
+  // Into the caller's tensors where they fit (no copy after).
+  const auto fits = [&](const Tensor& out) {
+    return into && out.defined() && home == device && !out.requires_grad() &&
+           out.is_contiguous() && out.dtype() == DType::Int64 && out.device() == home &&
+           out.dim() == 2 && out.size(0) == n && out.size(1) == data_.context;
+  };
+  if (!fits(tokens) || !fits(successors)) {
+    tokens = empty({n, data_.context}, {DType::Int64, home});
+    successors = empty({n, data_.context}, {DType::Int64, home});
+  }
+  // (A sample's successors are its window one byte on.)
+  take_byte_windows_into(tokens, data_.text, data_.text_bytes, index, data_.context, 0);
+  take_byte_windows_into(successors, data_.text, data_.text_bytes, index, data_.context, 1);
+  if (home != device) {
+    tokens = tokens.to(device);
+    successors = successors.to(device);
+  }
+  pos_ += n;
+}
+
 bool BatchIterator::next(Tensor& images, Tensor& labels, Device device, bool into) {
   if (!started_) start_epoch(0);
   const int64_t samples = static_cast<int64_t>(order_.size());
   int64_t n = std::min<int64_t>(batch_, samples - pos_);
   if (n <= 0) return false;
-  const Device home = data_.images.device();
+  const Device home = data_.device();
+  if (data_.is_text()) {
+    next_text(images, labels, device, into, n);
+    return true;
+  }
   if (home != Device::cpu() || home == device) {
     // Resident where the batches go (or on another device: gathered there,
     // then moved).

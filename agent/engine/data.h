@@ -25,11 +25,26 @@ IdxArray read_idx(const std::string& path);
 
 // Images [N, 1, H, W] float32, scaled to [0, 1] then (x - mean) / std, and
 // labels [N] int64. Throws when the counts of the two files differ. A text
-// dataset has token samples in `images` instead (see text_windows).
+// dataset is a corpus instead (see text_windows).
 struct Dataset {
   Tensor images;
   Tensor labels;
-  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+  // A text corpus: its bytes, eight to an int64 element (the engine has no
+  // byte type), `text_bytes` of them. Sample i is the `context` bytes from
+  // i × context as int64 tokens, and each one's successor as its label
+  // (BatchIterator makes them as it gathers a batch): a byte of memory a
+  // token, where the samples as int64 tensors would take sixteen.
+  Tensor text;
+  int64_t text_bytes = 0, context = 0;
+
+  bool is_text() const { return text.defined(); }
+  int64_t size() const {
+    if (is_text()) return text_bytes > context ? (text_bytes - 1) / context : 0;
+    return labels.defined() ? labels.size(0) : 0;
+  }
+  Device device() const { return is_text() ? text.device() : images.device(); }
+  // The same samples on `device` (itself where they are).
+  Dataset to(Device device) const;
 };
 Dataset load_idx_dataset(const std::string& images_path, const std::string& labels_path,
                          double mean, double std, int64_t limit = 0);
@@ -39,9 +54,10 @@ Dataset load_idx_dataset(const std::string& images_path, const std::string& labe
 std::vector<uint8_t> read_text_files(const std::vector<std::string>& paths);
 
 // Next-token samples of a byte sequence: windows of context + 1 bytes at a
-// stride of `context` (each byte is a target once per epoch): `images`
-// int64 [N, context] the tokens and `labels` int64 [N, context] each
-// token's successor. Fewer than context + 1 bytes make no sample.
+// stride of `context` (each byte is a target once per epoch), batched as
+// int64 [N, context] tokens and int64 [N, context] successors. The corpus
+// is held as its bytes (Dataset::text), on the CPU. Fewer than context + 1
+// bytes make no sample.
 Dataset text_windows(const uint8_t* bytes, int64_t count, int64_t context);
 
 // The normalised value of each pixel byte: (b / 255 - mean) / std, in
@@ -59,7 +75,9 @@ struct PixelTable {
 // per batch. A dataset in host memory goes to a CUDA device through pinned
 // buffers a loader thread fills ahead (agent/engine/host_batches.h: no
 // host wait per batch); to the CPU it is gathered directly (one on another
-// device is gathered there and moved). All give the same batches.
+// device is gathered there and moved). A text corpus's batches are
+// gathered from its bytes where it is (take_byte_windows), shuffled or not.
+// All give the same batches.
 // REQUIRES: images and labels on one device.
 class HostBatches;
 class BatchIterator {
@@ -86,6 +104,8 @@ class BatchIterator {
   int64_t batches_per_epoch() const;
 
  private:
+  // next() for a text corpus: `n` samples' windows.
+  void next_text(Tensor& tokens, Tensor& successors, Device device, bool into, int64_t n);
   const Dataset& data_;
   int64_t batch_;
   bool shuffle_;

@@ -192,6 +192,18 @@ Tensor take_rows(const Tensor& x, const Tensor& index);
 // and of that shape: a CUDA graph's input gathered where the graph reads it.
 void take_rows_into(const Tensor& out, const Tensor& x, const Tensor& index);
 
+// Windows of a byte sequence held eight bytes to an int64 element
+// (`bytes`, int64 [n] contiguous, `count` bytes in all: a text corpus, as
+// data.h holds it, for want of a byte type), widened to int64: [k, width],
+// row i the `width` bytes from index[i] × stride + offset (index int64 [k]
+// on the same device). Not differentiable. Windows past the sequence's end
+// throw on the CPU; on CUDA the caller guarantees them (as for take_rows).
+Tensor take_byte_windows(const Tensor& bytes, int64_t count, const Tensor& index, int64_t width,
+                         int64_t stride, int64_t offset);
+// The same into `out` (contiguous int64 [k, width] on bytes' device).
+void take_byte_windows_into(const Tensor& out, const Tensor& bytes, int64_t count,
+                            const Tensor& index, int64_t stride, int64_t offset);
+
 // Sums `g` down to `shape` (the reverse of broadcasting).
 Tensor sum_to(const Tensor& g, const Shape& shape);
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);

@@ -625,6 +625,25 @@ TEST_F(CudaOps, TakeRowsMatchesTheCpu) {
             d.narrow(0, 0, 1).to_vector<double>());
 }
 
+// A text corpus's windows and their successors, gathered from its bytes on
+// the device as on the CPU: every byte value, windows that overlap and
+// repeat, at any offset into the int64 words that hold them.
+TEST_F(CudaOps, TakeByteWindowsMatchesTheCpu) {
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>((i * 7919) >> 3);
+  const data::Dataset d = data::text_windows(bytes.data(), 999, 13);
+  const Tensor on_gpu = d.text.to(Device::cuda());
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < 2 * d.size(); ++i) idx.push_back((i * 31) % d.size());
+  const Tensor index = from_vector(idx, {static_cast<int64_t>(idx.size())});
+  for (int64_t offset : {0, 1}) {
+    const Tensor cpu = take_byte_windows(d.text, 999, index, 13, 13, offset);
+    const Tensor gpu = take_byte_windows(on_gpu, 999, index.to(Device::cuda()), 13, 13, offset);
+    ASSERT_EQ(gpu.sizes(), cpu.sizes());
+    EXPECT_EQ(gpu.to_vector<int64_t>(), cpu.to_vector<int64_t>()) << "offset " << offset;
+  }
+}
+
 // Batches gathered on the device from a resident dataset are the batches the
 // host path builds and copies over.
 TEST_F(CudaOps, BatchesFromADatasetOnTheDeviceMatchTheHostPath) {

@@ -213,6 +213,86 @@ TEST(TakeRows, BatchesKeepImagesAndLabelsTogether) {
   EXPECT_EQ(seen, 50);
 }
 
+// A text corpus is held as its bytes; its samples are context-byte
+// windows at a stride of `context` and their successors, made as a batch
+// is gathered, shuffled or not: every byte but the first is a target once
+// an epoch, and a batch goes into the caller's tensors where they fit.
+TEST(TextWindows, BatchesAreWindowsOfTheBytesAndTheirSuccessors) {
+  std::vector<uint8_t> bytes(83);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 200);
+  const int64_t context = 8;
+  const data::Dataset d = data::text_windows(bytes.data(), 83, context);
+  ASSERT_TRUE(d.is_text());
+  EXPECT_EQ(d.size(), 10) << "(83 - 1) / 8 windows";
+  EXPECT_EQ(d.text.numel(), 11) << "83 bytes in int64 words";
+  EXPECT_EQ(data::text_windows(bytes.data(), 8, context).size(), 0) << "no byte to predict";
+  for (bool shuffle : {false, true}) {
+    SCOPED_TRACE(shuffle ? "shuffled" : "in order");
+    data::BatchIterator it(d, 4, shuffle, 5);
+    std::vector<int> seen(10, 0);
+    Tensor x, y;
+    int64_t batches = 0;
+    while (it.next(x, y, Device::cpu())) {
+      ASSERT_EQ(x.dtype(), DType::Int64);
+      ASSERT_EQ(x.dim(), 2);
+      ASSERT_EQ(x.size(1), context);
+      ASSERT_EQ(y.sizes(), x.sizes());
+      const auto xs = x.to_vector<int64_t>(), ys = y.to_vector<int64_t>();
+      for (int64_t r = 0; r < x.size(0); ++r) {
+        // The window whose first byte this is (each window's is its own).
+        int64_t start = -1;
+        for (int64_t k = 0; k < 10; ++k) {
+          if (bytes[k * context] == xs[r * context]) start = k;
+        }
+        ASSERT_GE(start, 0);
+        ++seen[start];
+        for (int64_t t = 0; t < context; ++t) {
+          EXPECT_EQ(xs[r * context + t], bytes[start * context + t]);
+          EXPECT_EQ(ys[r * context + t], bytes[start * context + t + 1]);
+        }
+      }
+      ++batches;
+    }
+    EXPECT_EQ(batches, 3);
+    EXPECT_EQ(seen, std::vector<int>(10, 1)) << "every window once an epoch";
+  }
+  // Into the caller's tensors of the batch's shape.
+  data::BatchIterator it(d, 4, true, 5);
+  Tensor x = empty({4, context}, {DType::Int64}), y = empty({4, context}, {DType::Int64});
+  void* into = x.raw_data();
+  ASSERT_TRUE(it.next(x, y, Device::cpu(), /*into=*/true));
+  EXPECT_EQ(x.raw_data(), into);
+  const data::Dataset moved = d.to(Device::cpu());
+  EXPECT_EQ(moved.text_bytes, 83);
+  EXPECT_EQ(moved.context, context);
+}
+
+TEST(TextWindows, WindowsPastTheBytesAreRefused) {
+  std::vector<uint8_t> bytes(20, 7);
+  const data::Dataset d = data::text_windows(bytes.data(), 20, 4);
+  auto expect_error = [&](const Tensor& index, int64_t offset, const std::string& want) {
+    try {
+      take_byte_windows(d.text, d.text_bytes, index, 4, 4, offset);
+      ADD_FAILURE() << "no error; wanted: " << want;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  EXPECT_EQ(take_byte_windows(d.text, 20, from_vector<int64_t>({3}, {1}), 4, 4, 1)
+                .to_vector<int64_t>(),
+            (std::vector<int64_t>{7, 7, 7, 7}))
+      << "the last window's successors end at the last byte";
+  expect_error(from_vector<int64_t>({4}, {1}), 1, "window 4 (4 bytes at 4 × it + 1) is past the 20 bytes");
+  expect_error(from_vector<int64_t>({-1}, {1}), 0, "window -1");
+  expect_error(from_vector<int64_t>({INT64_MAX / 2}, {1}), 0, "past the 20 bytes");
+  try {
+    take_byte_windows(d.text, 200, from_vector<int64_t>({0}, {1}), 4, 4, 0);
+    ADD_FAILURE() << "200 bytes claimed of 24";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("at least 200 bytes"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TempDir, CheckpointRoundTripAndRestore) {
   manual_seed(5);
   nn::NamedTensors saved = {{"w", randn({3, 4})},
