@@ -1,17 +1,22 @@
 // What the transformer blocks of a job's model recompute in backward
 // instead of keeping (engine/nn.h: TransformerBlock::Recompute), for a job
 // over its memory budget: nothing at first; then, after each step in which
-// the budget made the spill manager take saved tensors off the device, one
-// step more: first the MLP of one block after another, from the first
-// block on (the oldest activations, those spilling picks first), then
-// whole blocks but their attention kernel (its output kept) in the same
-// order, then whole blocks. Recomputing a GPT block's MLP costs about a
+// the budget made the spill manager take saved tensors off the device (or
+// its CUDA graph's arena did not fit), one step more: first the MLP of one
+// block after another, from the first block on (the oldest activations,
+// those spilling picks first), then whole blocks but their attention
+// kernel (its output kept) in the same order, then whole blocks; the last
+// block goes through the same levels only then. Its backward comes first,
+// so what it would recompute is made again at once as backward starts,
+// about what it would have kept, and the step's peak is there (for the
+// GPT job): recomputing it frees only what it keeps between its forward
+// and the loss. Recomputing a GPT block's MLP costs about a
 // third of its forward and frees more than half of its activations; the
 // whole block but its attention frees two thirds of the rest (all but
 // the block's input and the attention's output) for three fifths of the
-// rest's compute (at 50% of the GPT job's peak the policy ends at three
-// MLPs and three blocks but their attention, where it ended at three
-// MLPs and three whole blocks); the attention's output goes last, at the
+// rest's compute (at 50% of the GPT job's peak the policy ends at two
+// MLPs, three blocks but their attention and the last block recomputing
+// nothing); the attention's output goes last, at the
 // most compute per byte; moving the same activations to host memory and
 // back costs several steps on a PCIe link, so recomputing comes first
 // and spilling takes what is left once every block recomputes. Then one

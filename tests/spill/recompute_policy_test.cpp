@@ -47,9 +47,11 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
 }
 
-// Each level goes through every block, from the first, before the next
-// level starts: every MLP, then every block but its attention, then
-// whole blocks; the log names each count.
+// Each level goes through every block but the last, from the first,
+// before the next level starts: every MLP, then every block but its
+// attention, then whole blocks; then the last block through the same
+// levels (its backward comes first: what it recomputes is all made again
+// at once there). The log names each count.
 TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
   E::nn::Sequential net;
   std::vector<std::shared_ptr<E::nn::TransformerBlock>> blocks;
@@ -61,9 +63,9 @@ TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
   using R = E::nn::TransformerBlock::Recompute;
   const std::vector<std::pair<R, R>> expected = {
       {R::Mlp, R::None},
-      {R::Mlp, R::Mlp},
-      {R::BlockButAttention, R::Mlp},
-      {R::BlockButAttention, R::BlockButAttention},
+      {R::BlockButAttention, R::None},
+      {R::Block, R::None},
+      {R::Block, R::Mlp},
       {R::Block, R::BlockButAttention},
       {R::Block, R::Block},
   };
@@ -138,17 +140,18 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   using Step = RecomputePolicy::Step;
   RecomputePolicy::Outcome forward_spilled{/*spilled=*/true, false, false};
   RecomputePolicy::Outcome backward_spilled{true, /*working_set_spilled=*/true, false};
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
-  EXPECT_EQ(policy.mlps(), 2);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
+  EXPECT_EQ(policy.mlps(), 1);
   EXPECT_EQ(policy.but_attention(), 1)
-      << "the plain order: every MLP, then whole blocks but their attention";
+      << "the plain order: every MLP but the last block's, then whole blocks but their "
+         "attention";
   EXPECT_EQ(policy.whole(), 0);
   EXPECT_EQ(policy.halves(), 0);
 
   EXPECT_EQ(policy.after(backward_spilled), Step::WorkingSetSpilled);
   EXPECT_EQ(policy.but_attention(), 0);
   EXPECT_EQ(policy.halves(), 1) << "the whole block went to halves, as one step";
-  EXPECT_EQ(policy.mlps(), 2) << "and nothing else moved in that step";
+  EXPECT_EQ(policy.mlps(), 1) << "and nothing else moved in that step";
   EXPECT_NE(policy.describe().find("1 its two halves apart"), std::string::npos)
       << policy.describe();
   EXPECT_EQ(policy.reason(Step::WorkingSetSpilled),
@@ -159,6 +162,8 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(policy.halves(), 2) << "an MLP-only block goes to halves, not whole";
   EXPECT_EQ(policy.after(backward_spilled), Step::WorkingSetSpilled);
+  EXPECT_EQ(policy.mlps(), 1) << "the last block's MLP, last";
+  EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(policy.halves(), 3);
   EXPECT_EQ(policy.whole(), 0);
   EXPECT_EQ(last, 0);
@@ -206,8 +211,8 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   add_blocks(early, 2);
   int early_calls = 0;
   RecomputePolicy at_once(early, nullptr, [&] { return ++early_calls > 0; });
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(at_once.tighten());
-  ASSERT_EQ(at_once.mlps(), 1);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(at_once.tighten());
+  ASSERT_EQ(at_once.but_attention(), 1);
   EXPECT_TRUE(at_once.tighten(/*working_set_over=*/true));
   EXPECT_EQ(early_calls, 0) << "a block keeps its attention half: halves at once";
   EXPECT_EQ(at_once.halves(), 1);
@@ -238,12 +243,12 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   add_blocks(net, 6);
   int calls = 0;
   RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; }, /*offload=*/true);
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(policy.tighten());
-  ASSERT_EQ(policy.mlps(), 6);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
+  ASSERT_EQ(policy.mlps(), 5) << "the last block's comes last";
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(policy.but_attention(), 1) << "a working set over the budget: no halves yet";
   EXPECT_EQ(policy.halves(), 0);
-  for (int i = 0; i < 11; ++i) ASSERT_TRUE(policy.tighten());
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(policy.tighten());
   ASSERT_EQ(policy.whole(), 6);
   EXPECT_EQ(policy.offloaded(), 0) << "recomputing comes first";
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
