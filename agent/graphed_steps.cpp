@@ -34,6 +34,7 @@ bool GraphedSteps::wanted(const E::Tensor& x) const {
 }
 
 E::Tensor GraphedSteps::run(const E::Tensor& x, const E::Tensor& y) {
+  if (x.size(0) == options_.full_batch) full_batch_seen_ = true;
   const bool graphed = wanted(x);
   if (!graphed && graph_ && x.sizes() != x_.sizes()) {
     // Another shape (the epoch's last batch) runs in the graph's memory,

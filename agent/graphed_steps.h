@@ -68,8 +68,9 @@ class GraphedSteps {
     // step try again).
     std::function<bool(const std::string& why)> need_less;
     // Drops what a step leaves that the next does not read (the gradients,
-    // which a step zeroes first) before the graph's memory is laid out, so
-    // that theirs can be part of it (may be empty).
+    // which a step zeroes first): after the graph's trace, whose tensors
+    // have no memory behind them and must all be gone before its memory is
+    // laid out (step_graph.h). Needed by any step that leaves tensors.
     std::function<void()> release;
   };
 
@@ -106,8 +107,10 @@ class GraphedSteps {
   // Whether the next full batch's step tries to make a graph (none is
   // held, and none failed for good or waits for retry()): whether a step
   // that spilled op by op may yet fit as a graph.
+  // (Never for a job whose batches are all smaller than the full batch.)
   bool graph_pending() const {
-    return options_.enabled && !graph_ && !did_not_fit_ && !failed_ && !dropped_;
+    return options_.enabled && full_batch_seen_ && !graph_ && !did_not_fit_ && !failed_ &&
+           !dropped_;
   }
   void retry() { did_not_fit_ = false; }
 
@@ -132,6 +135,7 @@ class GraphedSteps {
   int64_t past_launches_ = 0;  // of graphs dropped or released
   int64_t releases_ = 0;
   bool did_not_fit_ = false;
+  bool full_batch_seen_ = false;
   bool failed_ = false;  // a graph failed for another reason: op by op for good
   bool dropped_ = false;
   std::thread::id owner_;  // the job's thread: the only one whose allocations release

@@ -1,8 +1,10 @@
 // What the transformer blocks of a job's model recompute in backward
 // instead of keeping (engine/nn.h: TransformerBlock::Recompute), for a job
-// over its memory budget: nothing at first; then, after each step in which
-// the budget made the spill manager take saved tensors off the device (or
-// its CUDA graph's arena did not fit), one step more: first the MLP of one
+// over its memory budget: nothing at first; then one step more after each
+// step in which the budget made the spill manager take saved tensors off
+// the device (once its CUDA graph was tried, where it may be: the graph's
+// arena may fit where the step op by op spills), or whose CUDA graph's
+// arena did not fit (the graph is then traced again at once): first the MLP of one
 // block after another, from the first block on (the oldest activations,
 // those spilling picks first), then whole blocks but their attention
 // kernel (its output kept) in the same order, then whole blocks; the last

@@ -233,8 +233,8 @@ void offload_prefetch_next() {
     if (!next && h->where_ == OffloadedTensor::Where::OnHost) next = std::move(h);
   }
   // (Memory for it is asked as for any tensor of the step: a CUDA graph's
-  // recording traces it, and running short spills or fails the step as
-  // any allocation would.)
+  // trace counts it, and op by op running short spills or fails the step
+  // as any allocation would.)
   if (next) next->fetch();
 }
 

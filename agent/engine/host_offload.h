@@ -17,8 +17,8 @@
 // next one in backward order needs (the latest stashed that is on the
 // host), so one input at a time comes back ahead of its use. The compute
 // stream waits for a copy only by events, never the host: a step with
-// offloads can be captured as a CUDA graph (step_graph.h), whose recording
-// traces the same allocations and frees in the same order.
+// offloads can be captured as a CUDA graph (step_graph.h), whose trace
+// makes the same allocations and frees in the same order.
 //
 // Host memory belongs to an OffloadSlot, one per kept tensor of a module
 // (a transformer block's input), reused step after step at the same

@@ -123,7 +123,9 @@ void take_byte_windows_into(const Tensor& out, const Tensor& bytes, int64_t coun
     // (A device's indices are the caller's: reading them back would wait.)
     // Window p starts at p × stride + offset and must end by `count`
     // (divided, not multiplied: no overflow for any p).
-    const int64_t last_start = count - width - offset;
+    const int64_t last_start = offset <= count && width <= count - offset
+                                   ? count - offset - width
+                                   : -1;
     const int64_t* p = idx.data<int64_t>();
     for (int64_t i = 0; i < idx.size(0); ++i) {
       const bool inside =

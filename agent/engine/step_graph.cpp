@@ -42,7 +42,8 @@ void* GraphPool::allocate(size_t bytes) {
     throw std::logic_error("graph pool: allocations are made while tracing or capturing");
   }
   if (!addresses_) addresses_ = std::make_unique<TraceAddresses>(device(), trace_bytes_);
-  trace_.reserve(trace_.size() + 1);
+  // (Room first: nothing below may fail once the address is taken.)
+  if (trace_.size() == trace_.capacity()) trace_.reserve(std::max<size_t>(256, 2 * trace_.size()));
   void* p = addresses_->take(bytes);
   try {
     traced_live_.emplace(p, trace_.size());
@@ -102,7 +103,11 @@ void GraphPool::deallocate(void* ptr, size_t bytes) noexcept {
   trace_[it->second].last = events_++;
   traced_live_.erase(it);
   stats_.in_use_bytes -= bytes;
-  addresses_->give_back(ptr, bytes);
+  try {
+    addresses_->give_back(ptr, bytes);
+  } catch (const std::bad_alloc&) {
+    // (The address is not reused: the trace may run out of them sooner.)
+  }
 }
 
 void GraphPool::plan() {
@@ -211,8 +216,9 @@ bool StepGraph::run() {
 #ifdef LEASEHOLD_HAVE_CUDA
 namespace {
 
-// Addresses for a step's trace: twice the device's memory. A step that
-// needs more (its sizes reused as they are freed) cannot fit as a graph.
+// Addresses for a step's trace: twice the device's memory. Freed ones are
+// reused for the same size only, so a trace may use more than the step's
+// peak; one that needs more than this is taken not to fit.
 uint64_t trace_address_bytes(int device) {
   size_t free_bytes = 0, total_bytes = 0;
   LEASEHOLD_CUDA_CHECK(cudaSetDevice(device));
@@ -269,6 +275,7 @@ bool StepGraph::trace() {
   // What the step left (its gradients, its loss) has no memory behind it.
   if (after_trace_) after_trace_();
   if (const size_t alive = pool_->live_allocations()) {
+    why_not_ = "its trace left tensors alive";
     throw std::logic_error("a CUDA graph's traced step left " + std::to_string(alive) +
                            " tensors alive past its trace, which have no memory behind them");
   }

@@ -256,20 +256,26 @@ TEST(TextWindows, BatchesAreWindowsOfTheBytesAndTheirSuccessors) {
     EXPECT_EQ(batches, 3);
     EXPECT_EQ(seen, std::vector<int>(10, 1)) << "every window once an epoch";
   }
-  // Into the caller's tensors of the batch's shape.
-  data::BatchIterator it(d, 4, true, 5);
+  // Into the caller's tensors of the batch's shape: the same batch.
+  data::BatchIterator it(d, 4, true, 5), again(d, 4, true, 5);
   Tensor x = empty({4, context}, {DType::Int64}), y = empty({4, context}, {DType::Int64});
   void* into = x.raw_data();
   ASSERT_TRUE(it.next(x, y, Device::cpu(), /*into=*/true));
   EXPECT_EQ(x.raw_data(), into);
+  Tensor fresh_x, fresh_y;
+  ASSERT_TRUE(again.next(fresh_x, fresh_y, Device::cpu()));
+  EXPECT_EQ(x.to_vector<int64_t>(), fresh_x.to_vector<int64_t>());
+  EXPECT_EQ(y.to_vector<int64_t>(), fresh_y.to_vector<int64_t>());
   const data::Dataset moved = d.to(Device::cpu());
   EXPECT_EQ(moved.text_bytes, 83);
   EXPECT_EQ(moved.context, context);
 }
 
 TEST(TextWindows, WindowsPastTheBytesAreRefused) {
-  std::vector<uint8_t> bytes(20, 7);
-  const data::Dataset d = data::text_windows(bytes.data(), 20, 4);
+  std::vector<uint8_t> bytes(17);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(240 + i);
+  const data::Dataset d = data::text_windows(bytes.data(), 17, 4);
+  ASSERT_EQ(d.size(), 4);
   auto expect_error = [&](const Tensor& index, int64_t offset, const std::string& want) {
     try {
       take_byte_windows(d.text, d.text_bytes, index, 4, 4, offset);
@@ -278,13 +284,20 @@ TEST(TextWindows, WindowsPastTheBytesAreRefused) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   };
-  EXPECT_EQ(take_byte_windows(d.text, 20, from_vector<int64_t>({3}, {1}), 4, 4, 1)
+  EXPECT_EQ(take_byte_windows(d.text, 17, from_vector<int64_t>({3}, {1}), 4, 4, 1)
                 .to_vector<int64_t>(),
-            (std::vector<int64_t>{7, 7, 7, 7}))
-      << "the last window's successors end at the last byte";
-  expect_error(from_vector<int64_t>({4}, {1}), 1, "window 4 (4 bytes at 4 × it + 1) is past the 20 bytes");
+            (std::vector<int64_t>{253, 254, 255, 0}))
+      << "the last window's successors end at the last byte, read unsigned";
+  expect_error(from_vector<int64_t>({4}, {1}), 1,
+               "window 4 (4 bytes at 4 × it + 1) is past the 17 bytes");
   expect_error(from_vector<int64_t>({-1}, {1}), 0, "window -1");
-  expect_error(from_vector<int64_t>({INT64_MAX / 2}, {1}), 0, "past the 20 bytes");
+  expect_error(from_vector<int64_t>({INT64_MAX / 2}, {1}), 0, "past the 17 bytes");
+  try {
+    take_byte_windows(d.text, 17, from_vector<int64_t>({0}, {1}), 4, 4, INT64_MAX);
+    ADD_FAILURE() << "an offset past every byte";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("past the 17 bytes"), std::string::npos) << e.what();
+  }
   try {
     take_byte_windows(d.text, 200, from_vector<int64_t>({0}, {1}), 4, 4, 0);
     ADD_FAILURE() << "200 bytes claimed of 24";

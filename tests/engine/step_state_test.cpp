@@ -227,7 +227,7 @@ TEST(GraphPool, TheCaptureGetsTheTracedAllocationsFromOneArenaOfTheirPeak) {
   EXPECT_TRUE(up->live.empty()) << "the arena back upstream when the pool goes";
 }
 
-// A trace's addresses are distinct while live, never a real allocation's,
+// A trace's addresses (of a range reserved for it) are distinct while live,
 // and one freed is reused for the same size.
 TEST(GraphPool, ATracesAddressesAreDistinctWhileLiveAndReusedBySize) {
   auto up = std::make_shared<Upstream>();

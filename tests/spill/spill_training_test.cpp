@@ -66,7 +66,8 @@ struct GptRun {
   uint64_t peak_in_use = 0;
   int64_t graph_steps = 0, graph_steps_before_half = 0, releases = 0;
   int graphs_that_did_not_fit = 0;  // policy steps taken for them after a step op by op
-  int need_less_after_graph = 0;     // those taken at once, once a graph had run
+  int need_less_steps = 0;        // policy steps taken at once for a graph's arena (traced again)
+  int need_less_after_graph = 0;  // of those, the ones once a graph had run
   int retries = 0;                  // steps run again after running out of memory
 };
 
@@ -232,8 +233,10 @@ class SpillTraining : public ::testing::Test {
            .full_batch = kBatch,
            .need_less =
                [&](const std::string&) {
+                 if (!policy.tighten()) return false;
+                 ++r.need_less_steps;
                  r.need_less_after_graph += steps_made_graph;
-                 return policy.tighten();
+                 return true;
                },
            .release = [&] { opt.zero_grad(); }});
       // Step 9 is half a batch, as an epoch's last can be: it runs op by op
@@ -466,6 +469,9 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
     // batch needs that memory: the graph gives it up (nothing spills for
     // it) and is made again for the full batches after it.
     EXPECT_GT(tight.graph_steps_before_half, 0) << "the steps never became a CUDA graph";
+    // The first step spilled op by op; the graph's arena then decided, and
+    // each level that did not fit was traced again at once.
+    EXPECT_GT(tight.need_less_steps, 0) << "no level was taken for the graph's arena";
     EXPECT_EQ(tight.releases, 1);
     EXPECT_EQ(tight.evictions[8], tight.evictions[7]) << "the half batch spilled";
     EXPECT_GT(tight.graph_steps, tight.graph_steps_before_half) << "no graph after the half batch";
