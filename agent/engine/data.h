@@ -27,6 +27,10 @@ IdxArray read_idx(const std::string& path);
 // labels [N] int64. Throws when the counts of the two files differ. A text
 // dataset is a corpus instead (see text_windows).
 struct Dataset {
+  Dataset() = default;
+  Dataset(Tensor images_, Tensor labels_)
+      : images(std::move(images_)), labels(std::move(labels_)) {}
+
   Tensor images;
   Tensor labels;
   // A text corpus: its bytes, eight to an int64 element (the engine has no
