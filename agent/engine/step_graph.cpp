@@ -19,9 +19,8 @@ namespace leasehold::engine {
 
 namespace {
 
-// Places in the arena: the lease allocator's granularity, and more than
-// CUDA's 256 bytes (allocator.h).
-constexpr uint64_t kArenaAlignment = 512;
+// Places in the arena: aligned as the trace's addresses were (allocator.h).
+constexpr uint64_t kArenaAlignment = TraceAddresses::kAlignment;
 
 }  // namespace
 

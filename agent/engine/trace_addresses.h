@@ -31,11 +31,11 @@ class TraceAddresses {
   // Throws OutOfMemoryError when the range is used up.
   void* take(uint64_t bytes);
   void give_back(void* p, uint64_t bytes);
-  // The range's bytes, and how far into it addresses were taken.
-  uint64_t bytes() const { return bytes_; }
-  uint64_t used() const { return next_; }
 
-  static constexpr uint64_t kAlignment = 512;  // as an arena's places (step_graph.cpp)
+  // A trace's and an arena's places alike (step_graph.cpp), so that what a
+  // step decides from its tensors' alignment is the same in both: the
+  // lease allocator's granularity, and more than CUDA's 256 bytes.
+  static constexpr uint64_t kAlignment = 512;
 
  private:
   Device device_;
