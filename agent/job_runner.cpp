@@ -275,9 +275,13 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       // Under autocast, the weights' bfloat16 copies made once for the
       // forward pass; backward keeps those its products saved.
       E::AutocastWeights weight_copies(product_parameters);
-      const E::Tensor logits = (*model)(x);
-      weight_copies.release();
-      loss = batch_loss(logits, y);
+      {
+        // (The logits live as long as the loss's backward keeps them, not
+        // through the whole backward pass: the GPT job's are 16 MiB.)
+        const E::Tensor logits = (*model)(x);
+        weight_copies.release();
+        loss = batch_loss(logits, y);
+      }
       if (reducer) {
         // Buckets of gradients are averaged while backward goes on.
         E::GradientReadyGuard reduce(reducer->hook());

@@ -51,7 +51,7 @@ AutocastWeights::AutocastWeights(const std::vector<Tensor>& params) : outer_(t_w
     }
     const bool seen = std::any_of(wanted.begin(), wanted.end(),
                                   [&](const Tensor& w) { return same_tensor(w, p); });
-    if (!seen) wanted.push_back(p);
+    if (!seen && !(outer_ && outer_->find(p))) wanted.push_back(p);
   }
   for (const Tensor& p : wanted) {
     copies_.emplace_back(p, empty(p.sizes(), {DType::BFloat16, p.device()}));

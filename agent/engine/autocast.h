@@ -50,7 +50,9 @@ std::optional<DType> autocast_dtype(Device device);
 // float32 tensors on a device with autocast on get copies (so none on the
 // CPU, nor where no AutocastGuard lives); the others are passed over.
 // Scopes nest; a lookup sees the innermost's copies first, then the outer
-// ones'.
+// ones', and a scope copies only the parameters no enclosing one has a
+// copy of (a segment run again in backward makes its own in one pass, and
+// one run again inside it finds them there).
 // REQUIRES: nothing writes `params` while it lives (it spans a step's
 // forward and backward; the optimizer writes them after it is gone);
 // scopes on a thread end in the reverse order of their making (one that

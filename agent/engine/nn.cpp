@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/recompute.h"
@@ -301,7 +302,27 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   return out;
 }
 
+namespace {
+
+// Run again in backward, a segment's products read their weights' bfloat16
+// copies from one pass made here (autocast.h), where each would convert
+// its own weight and bias, a launch each (the step's copies are gone by
+// then: the job's step lets them go after its forward). The same bits.
+void copy_weights_for_replay(bool replay, std::optional<AutocastWeights>& copies,
+                             std::initializer_list<const Module*> modules) {
+  if (!replay) return;
+  std::vector<Tensor> params;
+  for (const Module* m : modules) {
+    for (Tensor& t : m->product_parameters()) params.push_back(std::move(t));
+  }
+  copies.emplace(params);
+}
+
+}  // namespace
+
 Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
+  std::optional<AutocastWeights> copies;
+  copy_weights_for_replay(replay, copies, {fc1_.get(), fc2_.get()});
   // (Under autocast the norm writes bfloat16 for fc1 to multiply as it is,
   // the GELU is fc1's epilogue, its bfloat16 output is what fc2 multiplies,
   // and fc2's output stays bfloat16 until its dropout adds it to the
@@ -313,6 +334,8 @@ Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
 }
 
 Tensor TransformerBlock::attention_half(const Tensor& x, bool replay, KeptAttention* kept) {
+  std::optional<AutocastWeights> copies;
+  copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get()});
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   // Under autocast the norm writes bfloat16 for the projection, the
@@ -337,6 +360,8 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept,
   // the last addition, whose output is never read: both are made for
   // their graph only. Recompute::BlockInHalves: the halves recompute
   // apart within the block's run again, from inputs on the device.)
+  std::optional<AutocastWeights> copies;
+  copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get(), fc1_.get(), fc2_.get()});
   const bool training = is_training();
   const bool halves =
       training && (recompute_ == Recompute::Halves || recompute_ == Recompute::BlockInHalves);

@@ -52,6 +52,9 @@ def parse_args(argv=None):
                    help="the agent's pinned host tier, where a job past its memory budget "
                         "spills (the agent's own default, 256 MiB, sends the rest to the "
                         "spill file)")
+    p.add_argument("--agent-log-level", default="info",
+                   help="the agent's --log-level; at debug its lines on the step's CUDA graph "
+                        "include what is live at the traced step's peak")
     p.add_argument("--seeds", default="1",
                    help="comma-separated: every variant runs once per seed (initialisation, "
                         "data order, dropout), and the table gives each one's losses")
@@ -104,7 +107,7 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
         t0 = time.time()
         out = subprocess.run(
             [os.path.join(args.bin, "leasehold-agent"), "--endpoint", endpoint, "--run-job", path,
-             "--spill-host-bytes", args.spill_host_bytes]
+             "--spill-host-bytes", args.spill_host_bytes, "--log-level", args.agent_log_level]
             + ([] if graphs else ["--no-cuda-graphs"]),
             capture_output=True, text=True, timeout=3600)
         wall = time.time() - t0
@@ -113,7 +116,7 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
         coord.wait()
     text = out.stdout
     for line in out.stderr.splitlines():  # whether its steps ran as CUDA graphs, and why not
-        if any(w in line for w in ("CUDA graph", "op by op", "spill", "recompute", "evictions")):
+        if any(w in line for w in ("CUDA graph", "op by op", "spill", "recompute", "evictions", "the peak")):
             log("  agent: " + line)
     if out.returncode != 0:
         raise RuntimeError("leasehold run failed:\n" + text[-3000:] + out.stderr[-3000:])

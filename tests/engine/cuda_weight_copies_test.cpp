@@ -92,6 +92,14 @@ TEST_F(CudaWeightCopies, ServeAStepsProducts) {
     AutocastWeights outer(std::vector<Tensor>{b});
     AutocastWeights inner(std::vector<Tensor>{w});
     ASSERT_NE(inner.find(b), nullptr) << "the outer scope's copy";
+    {
+      // A scope inside copies only what no enclosing scope has a copy of
+      // (a segment run again in backward inside one that is).
+      AutocastWeights again(std::vector<Tensor>{w, b});
+      EXPECT_EQ(again.copies(), 0u);
+      EXPECT_EQ(again.find(w), inner.find(w));
+      EXPECT_EQ(again.find(b), outer.find(b));
+    }
     const Tensor zero16 = zeros({200, 96}, {DType::Float32, cuda}).to(DType::BFloat16);
     const_cast<Tensor*>(inner.find(w))->copy_(zero16);
     const Tensor zeroed = linear(x, w, b, false, ProductOut::LowerPrecision);

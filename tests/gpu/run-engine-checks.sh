@@ -6,7 +6,8 @@
 #           step-graph tests), the text jobs' tests (graphs vs op by op) and
 #           the budgeted GPT's (recompute, then a CUDA graph in its budget)
 #   gpt     tests/bench/text_gpt_bench.py: Leasehold and PyTorch side by
-#           side (VARIANTS, STEPS; default all the configurations, 300 steps)
+#           side (VARIANTS, STEPS; default all the configurations, 300 steps;
+#           AGENT_LOG_LEVEL=debug also shows what is live at each traced peak)
 #   seeds   the same for the loss check: 600 steps, seeds 1, 2 and 3
 #   ncu     where a graphed bf16 step's GPU time goes, per kernel (ncu's CSV
 #           in $OUT/ncu.csv; SKIP and COUNT launches; NCU_ARGS for other
@@ -47,7 +48,7 @@ case $mode in
     grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]|Failure|CUDA graph" "$OUT/spill_training.log" ;;
   gpt)
     python3 "$here/../bench/text_gpt_bench.py" --bin "$B/bin" --corpus-dir "$corpus" \
-      --steps "${STEPS:-300}" \
+      --steps "${STEPS:-300}" --agent-log-level "${AGENT_LOG_LEVEL:-info}" \
       --variants "${VARIANTS:-leasehold-bf16,leasehold-bf16-op-by-op,bf16,compile,compile-graphs,graph}" \
       > "$OUT/gpt.json" 2> "$OUT/gpt.log"
     echo "text_gpt_bench rc=$?"; grep -v "^text_gpt_bench" "$OUT/gpt.log" | tail -10 ;;
