@@ -73,6 +73,7 @@ struct JobResult {
   int recomputed_blocks_in_halves = 0;  // whole, their backward in halves (the same)
   bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)
   int offloaded_blocks = 0;  // blocks keeping their input in host memory (the same)
+  int mlp_slices = 1;  // slices of the batch a recomputed MLP runs again in (the same)
   // The last progress reported, with its memory fields as they are at the
   // end (the peak then covers the final evaluation too); epoch 0 when this
   // run reported no progress (it resumed after its last epoch).

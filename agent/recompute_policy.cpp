@@ -44,6 +44,9 @@ std::string RecomputePolicy::describe() const {
     s += ", " + std::to_string(blocks_in_halves()) + " the whole block in halves,";
   }
   s += " in backward";
+  if (mlps_sliced()) {
+    s += ", their MLPs in " + std::to_string(kMlpParts) + " slices of the batch at a time";
+  }
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
   if (const int n = offloaded()) {
     s += "; " + std::to_string(n) + (n == 1 ? " block keeps its" : " blocks keep their") +
@@ -109,7 +112,8 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   // keeps as much as backward's own working set (at 35% of the GPT job's
   // peak, whole blocks with the optimizer's state on the host fit as a
   // CUDA graph; halves there spill every step).
-  if (working_set_over && whole_blocks_fit_ && all_whole && (offload_next() || take_last_step())) {
+  if (working_set_over && whole_blocks_fit_ && all_whole &&
+      (slice_mlps() || offload_next() || take_last_step())) {
     return true;
   }
   if (working_set_over && whole_blocks_fit_) {
@@ -155,7 +159,21 @@ bool RecomputePolicy::tighten(bool working_set_over) {
       }
     }
   }
-  return offload_next() || take_last_step();
+  return slice_mlps() || offload_next() || take_last_step();
+}
+
+bool RecomputePolicy::slice_mlps() {
+  if (sliced_) return false;
+  sliced_ = true;
+  bool any = false;
+  for (auto* b : blocks_) {
+    if (b->recompute() != Recompute::None) {
+      b->set_mlp_parts(kMlpParts);
+      any = true;
+    }
+  }
+  slices_taken_ = any;
+  return any;
 }
 
 bool RecomputePolicy::offload_next() {

@@ -30,20 +30,30 @@
 // (its working set over the budget with everything spilled) takes one
 // step more and runs again (run_step).
 //
-// Where blocks may keep their inputs in host memory (a CUDA job that may
-// spill), they do so once every block recomputes whole, before the last
-// step: one block more at each step, from the first block on, never the
-// last (engine/host_offload.h: its input is the first that backward
-// needs, and would come back at once). Those are bytes planned over the
-// host link while the step's kernels run (a GPT block's input, 24 MiB,
-// crosses a PCIe 5 link in about two blocks' forward), so that the step
-// is still one CUDA graph, where spilling moves bytes op by op and waits
-// for them, and where the optimizer's state in host memory makes every
-// update read and write it over the link (at 35% of the GPT job's peak,
-// about a third of the step). Where halves come then, they are the whole
-// block in halves (Recompute::BlockInHalves): one input a block, whose
-// backward makes the MLP's input again, for one attention half's forward
-// instead of the MLP's input over the link.
+// Once every block recomputes whole, every block runs its MLP again in
+// four slices of the batch, one at a time, as one step
+// (TransformerBlock::set_mlp_parts): a whole block's backward holds the
+// step's peak there (a GPT block's MLP: the GELU's input, its output and
+// its gradient, 48 MiB each, live at once), and slices keep a quarter of
+// them at a time, for products of a quarter of the rows and no bytes over
+// the host link. The weights' gradients are then sums over the slices,
+// within rounding of the whole batch's (the steps before keep the bits).
+//
+// Then, where blocks may keep their inputs in host memory (a CUDA job
+// that may spill), they do so, before the last step: one block more at
+// each step, from the first block on, never the last
+// (engine/host_offload.h: its input is the first that backward needs,
+// and would come back at once). Those are bytes planned over the host
+// link while the step's kernels run (a GPT block's input, 24 MiB, crosses
+// a PCIe 5 link in about two blocks' forward; five of them each way are
+// more than the step's forward hides), so that the step is still one
+// CUDA graph, where spilling moves bytes op by op and waits for them, and
+// where the optimizer's state in host memory makes every update read and
+// write it over the link (about a third of the GPT job's step). Where
+// halves come then, they are the whole block in halves
+// (Recompute::BlockInHalves): one input a block, whose backward makes the
+// MLP's input again, for one attention half's forward instead of the
+// MLP's input over the link.
 //
 // A whole block recomputed in backward (but its attention or not) holds
 // both halves' activations at once there. Where that is over the budget
@@ -53,8 +63,8 @@
 // (Recompute::Halves: a whole block's compute, one half's activations at
 // a time): those recomputing whole go to halves at once, as one step, and
 // later steps take MLP-only blocks to halves rather than further. Once
-// every block recomputes whole, the blocks' inputs (where they may go)
-// and the last step come first: they free memory in forward and backward
+// every block recomputes whole, the MLPs in slices, the blocks' inputs
+// (where they may go) and the last step come first: they free memory in forward and backward
 // alike, where halves keep more in forward (the residual stream between
 // the halves, in float32). Where inputs may go to host memory, halves
 // also wait until every block recomputes whole: halves would send twice
@@ -145,6 +155,10 @@ class RecomputePolicy {
   }
   // Blocks that keep their input in host memory.
   int offloaded() const;
+  // Whether the blocks run their MLPs again in slices of the batch (see
+  // the top), and in how many.
+  bool mlps_sliced() const { return slices_taken_; }
+  static constexpr int64_t kMlpParts = 2;
   // Whether the last step was taken and freed something.
   bool took_last_step() const { return last_step_freed_; }
   // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block
@@ -163,11 +177,15 @@ class RecomputePolicy {
   // The next block's inputs to host memory (see the top); false when none
   // is left.
   bool offload_next();
+  // Every block that recomputes runs its MLP again in kMlpParts slices
+  // (see the top), once; false when taken already or none recomputes.
+  bool slice_mlps();
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;
   bool last_step_taken_ = false, last_step_freed_ = false;
   bool offload_ = false;
+  bool sliced_ = false, slices_taken_ = false;
   // What blocks go to where a whole block's backward is over the budget:
   // the whole block in halves where inputs may go to host memory (the
   // halves' second input would cross the link), else the halves.

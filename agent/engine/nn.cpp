@@ -277,12 +277,11 @@ Tensor TransformerBlock::forward(const Tensor& x) {
                                 std::to_string(dim_) + "]");
   }
   Tensor out;
-  if (recompute_ == Recompute::Block && is_training()) {
-    out = recompute_in_backward(
-        [this](const Tensor& in, bool replay) { return body(in, replay); }, x, input_slot());
-  } else if (recompute_ == Recompute::BlockInHalves && is_training()) {
-    // (The first run says what the MLP gives, for the run again.)
-    auto mlp_out = std::make_shared<std::optional<SegmentOutput>>();
+  // (A whole block's first run says what its MLP gives, for a run again
+  // that records the MLP without running it.)
+  auto mlp_out = std::make_shared<std::optional<SegmentOutput>>();
+  if ((recompute_ == Recompute::Block || recompute_ == Recompute::BlockInHalves) &&
+      is_training()) {
     out = recompute_in_backward(
         [this, mlp_out](const Tensor& in, bool replay) {
           return body(in, replay, nullptr, mlp_out.get());
@@ -292,7 +291,9 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     // (The first run fills `kept`, the run again in backward empties it.)
     auto kept = std::make_shared<KeptAttention>();
     out = recompute_in_backward(
-        [this, kept](const Tensor& in, bool replay) { return body(in, replay, kept.get()); },
+        [this, kept, mlp_out](const Tensor& in, bool replay) {
+          return body(in, replay, kept.get(), mlp_out.get());
+        },
         x, input_slot());
   } else {
     out = body(x, false);
@@ -374,18 +375,25 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept,
                     : attention_half(x, false, kept);
   Tensor m;
   const Segment mlp_segment = [this](const Tensor& in, bool again) { return mlp(in, again); };
-  if (halves && replay && mlp_out && *mlp_out) {
+  if ((halves || mlp_parts_ > 1) && replay && mlp_out && *mlp_out) {
     // (Run again within the whole block, the MLP only roots its graph: its
-    // output feeds the unread addition alone. It runs in its backward.)
-    m = record_for_backward(mlp_segment, h, **mlp_out);
+    // output feeds the unread addition alone. It runs in its backward, in
+    // halves apart from the attention's, or in slices of the batch.)
+    m = record_for_backward(mlp_segment, h, **mlp_out, mlp_parts_);
   } else if (halves || (training && recompute_ == Recompute::Mlp)) {
-    m = recompute_in_backward(mlp_segment, h, own_slots ? mlp_input_slot() : nullptr);
-    if (mlp_out && !replay) *mlp_out = SegmentOutput{m.sizes(), m.options()};
+    m = recompute_in_backward(mlp_segment, h, own_slots ? mlp_input_slot() : nullptr,
+                              mlp_parts_);
   } else {
     m = mlp(h, replay);
   }
+  if (mlp_out && !replay) *mlp_out = SegmentOutput{m.sizes(), m.options()};
   OutputsUnreadGuard tail(replay);
   return add_dropout(h, m, p_, training);
+}
+
+void TransformerBlock::set_mlp_parts(int64_t parts) {
+  if (parts < 1) throw std::invalid_argument("TransformerBlock: MLP parts must be at least 1");
+  mlp_parts_ = parts;
 }
 
 std::string TransformerBlock::describe() const {

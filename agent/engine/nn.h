@@ -236,14 +236,25 @@ class TransformerBlock final : public Module {
   };
   void set_offload(Offload o) { offload_ = o; }
   Offload offload() const { return offload_; }
+  // Over how many slices of the batch, one at a time, the block's MLP runs
+  // again in its own backward where it runs again (every level but None;
+  // recompute.h): with 4, a quarter of its activations (the GPT's: three
+  // of 48 MiB at once) live at a time, for products of a quarter of the
+  // rows. 1 (the default): the whole batch at once, the gradients of a
+  // block that keeps everything, bit for bit; with more, their weights'
+  // gradients are sums over the slices. REQUIRES: parts >= 1.
+  void set_mlp_parts(int64_t parts);
+  int64_t mlp_parts() const { return mlp_parts_; }
 
  private:
   // The block's parts; `replay`: run again in backward as a segment
   // (recompute.h), whose last operators' outputs are never read.
   // `kept` (may be null): the attention's output kept for the run again
   // (Recompute::BlockButAttention).
-  // `mlp_out` (may be null; Recompute::BlockInHalves): what the MLP gave
-  // in the first run, which the run again records without running it.
+  // `mlp_out` (may be null; a whole block recomputed): what the MLP gave
+  // in the first run, which the run again records without running it
+  // where the MLP runs in its own backward (Recompute::BlockInHalves, or
+  // in slices).
   Tensor body(const Tensor& x, bool replay, KeptAttention* kept = nullptr,
               std::optional<SegmentOutput>* mlp_out = nullptr);
   // x + dropout(proj(attention(ln1(x))))
@@ -253,6 +264,7 @@ class TransformerBlock final : public Module {
   double p_;
   Recompute recompute_ = Recompute::None;
   Offload offload_ = Offload::None;
+  int64_t mlp_parts_ = 1;
   // Host memory for the block's (or its attention half's) input and its
   // MLP's, as offload() says (null: kept on the device).
   OffloadSlot* input_slot() { return offload_ != Offload::None ? &input_slot_ : nullptr; }

@@ -1,7 +1,10 @@
 #include "agent/engine/recompute.h"
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
@@ -13,19 +16,24 @@ class RecomputeBackward final : public Node {
  public:
   // x kept as it is, or (`stashed`) in host memory.
   RecomputeBackward(Segment segment, const Tensor& x, std::shared_ptr<OffloadedTensor> stashed,
-                    RandomPlace random, std::optional<DType> autocast)
+                    RandomPlace random, std::optional<DType> autocast, int64_t parts)
       : segment_(std::move(segment)),
         x_(stashed ? SavedTensor() : SavedTensor(x)),
         stashed_(std::move(stashed)),
         x_requires_grad_(x.requires_grad()),
         random_(std::move(random)),
-        autocast_(autocast) {}
+        autocast_(autocast),
+        parts_(parts) {
+    if (parts < 1) throw std::invalid_argument("recompute: parts must be at least 1");
+  }
   const char* name() const override { return "RecomputeBackward"; }
 
   std::vector<Tensor> apply(const Tensor& grad) override {
     // (The input the next segment in backward needs comes in meanwhile.)
     offload_prefetch_next();
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
+    const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
+    if (parts_ > 1 && rows > 1) return apply_in_parts(x, grad, std::min(parts_, rows));
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
     {
@@ -56,17 +64,69 @@ class RecomputeBackward final : public Node {
   }
 
  private:
+  // The segment's run again and its backward over `parts` slices of x's
+  // first dimension, one after another (recompute.h); x's gradient is
+  // gathered slice by slice.
+  std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, int64_t parts) {
+    const int64_t rows = x.size(0);
+    if (grad.dim() == 0 || grad.size(0) != rows) {
+      throw std::logic_error("recomputed segment in parts: its gradient " + grad.shape_str() +
+                             " has not the " + std::to_string(rows) + " rows of its input");
+    }
+    Tensor dx;
+    if (x_requires_grad_) dx = empty(x.sizes(), x.options());
+    for (int64_t part = 0, first = 0; part < parts; ++part) {
+      const int64_t count = (rows - first) / (parts - part);
+      Tensor xs = x.narrow(0, first, count).detach();
+      if (x_requires_grad_) xs.set_requires_grad(true);
+      Tensor out;
+      {
+        EnableGradGuard grad_mode;
+        RandomReplay replay(random_);
+        AutocastGuard autocast(autocast_);
+        out = segment_(xs, /*replay=*/true);
+      }
+      if (!out.requires_grad()) return {};  // nothing in it needs gradients
+      {
+        const Tensor gs = grad.narrow(0, first, count);
+        if (out.sizes() != gs.sizes()) {
+          throw std::logic_error("recomputed segment gave " + out.shape_str() + " for " +
+                                 xs.shape_str() + ", not " + gs.shape_str());
+        }
+        // (A parameter's gradient is whole after the last slice: only then
+        // is it ready, for a data-parallel job's all-reduce.)
+        std::optional<GradientReadyGuard> not_yet;
+        if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
+        std::shared_ptr<Node> root = out.grad_fn();
+        if (root) {
+          out = Tensor();
+          run_backward_from(std::move(root), gs.contiguous(), /*retain_graph=*/false);
+        } else {
+          run_backward(out, gs.contiguous(), /*retain_graph=*/false);
+        }
+        if (x_requires_grad_) {
+          NoGradGuard no_grad;
+          dx.narrow(0, first, count).copy_(xs.grad());
+        }
+      }
+      first += count;
+    }
+    return {dx};
+  }
+
   Segment segment_;
   SavedTensor x_;
   std::shared_ptr<OffloadedTensor> stashed_;
   bool x_requires_grad_;
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
+  int64_t parts_;
 };
 
 }  // namespace
 
-Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlot* offload) {
+Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlot* offload,
+                             int64_t parts) {
   std::optional<RandomPlace> random = RandomPlace::here();
   if (!grad_enabled() || !random) return segment(x, false);
   std::optional<DType> autocast = autocast_dtype(x.device());
@@ -81,18 +141,19 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlo
   // gradients, the segment's parameters may.
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, std::move(stashed), std::move(*random),
-                                             autocast),
+                                             autocast, parts),
          {&x});
   return out;
 }
 
-Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output) {
+Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output,
+                           int64_t parts) {
   std::optional<RandomPlace> random = RandomPlace::here();
-  if (!grad_enabled() || !random) return recompute_in_backward(segment, x);
+  if (!grad_enabled() || !random) return recompute_in_backward(segment, x, nullptr, parts);
   Tensor out = empty(output.sizes, output.options);
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, nullptr, std::move(*random),
-                                             autocast_dtype(x.device())),
+                                             autocast_dtype(x.device()), parts),
          {&x});
   return out;
 }

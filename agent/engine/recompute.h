@@ -42,8 +42,17 @@ using Segment = std::function<Tensor(const Tensor& x, bool replay)>;
 // segment's parameters may need gradients even when x does not. With
 // `offload`, x is kept in the slot's host memory rather than on the device
 // between forward and backward (host_offload.h).
+//
+// `parts` > 1: backward runs the segment again over that many slices of x's
+// first dimension (a batch's samples) one at a time, each slice's
+// backward before the next's forward, so that one slice's activations
+// live at once: for a segment that treats each sample apart and draws no
+// random numbers (a transformer block's MLP). Its parameters' gradients
+// are then sums over the slices (within rounding of the whole batch's,
+// not its bits), each leaf's gradient-ready hook called once, after the
+// last slice (autograd.h). REQUIRES: parts >= 1.
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x,
-                             OffloadSlot* offload = nullptr);
+                             OffloadSlot* offload = nullptr, int64_t parts = 1);
 
 // What a segment gave: its output's shape and options.
 struct SegmentOutput {
@@ -58,7 +67,8 @@ struct SegmentOutput {
 // unwritten tensor shaped as `output` (what the segment gave when it ran
 // first) with the segment's node. The segment must draw no random numbers
 // (the draws of a first run are not made). Outside grad mode or a
-// StepRandom it runs as recompute_in_backward.
-Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output);
+// StepRandom it runs as recompute_in_backward. `parts` as there.
+Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output,
+                           int64_t parts = 1);
 
 }  // namespace leasehold::engine

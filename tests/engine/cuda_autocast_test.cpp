@@ -248,6 +248,13 @@ TEST_F(CudaAutocast, RecomputedBlocksGiveTheSameGradients) {
   EXPECT_EQ(recompute_mismatch(Device::cuda(), true), "");
 }
 
+// And with their MLPs run again in slices of the batch (the GPU's products
+// of fewer rows, rounded to bfloat16): within rounding, each gradient
+// ready once, less at once in backward.
+TEST_F(CudaAutocast, MlpsRunAgainInSlicesNeedLessInBackward) {
+  EXPECT_EQ(sliced_mlp_mismatch(Device::cuda(), true), "");
+}
+
 // Outputs made under an OutputsUnreadGuard on a GPU (where a product's
 // ReLU is fused, and its output is its backward's mask): the gradients of
 // the same operators run plainly.

@@ -1,6 +1,8 @@
 #include "tests/engine/recompute_check.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -22,6 +24,7 @@ struct Step {
   uint64_t kept_bytes = 0;  // allocator bytes alive between forward and backward, over the start
   uint64_t backward_bytes = 0;  // the most bytes backward added to those at once
   uint64_t backward_allocated = 0;  // every byte backward allocated, summed
+  int most_ready_calls = 0;  // the most gradient-ready calls for one parameter
 };
 
 // The device's allocator, counting what passes through it, with a peak
@@ -55,28 +58,31 @@ class Counting final : public Allocator {
   uint64_t in_use_ = 0, peak_ = 0, allocated_ = 0;  // (the test's thread only)
 };
 
-Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = false) {
+// `dim` wide, on `batch` sequences of 40 tokens (vocabulary 64).
+Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = false,
+              int64_t mlp_parts = 1, int64_t dim = 64, int64_t batch = 4) {
   manual_seed(52);
-  auto emb = std::make_shared<nn::Embedding>(64, 64, 48);
+  auto emb = std::make_shared<nn::Embedding>(64, dim, 48);
   nn::Sequential model;
   model.push_back(emb);
   for (int i = 0; i < 2; ++i) {
-    auto block = std::make_shared<nn::TransformerBlock>(64, 4, 0.2, 2);
+    auto block = std::make_shared<nn::TransformerBlock>(dim, 4, 0.2, 2);
     block->set_recompute(recompute);
+    block->set_mlp_parts(mlp_parts);
     block->set_offload(offload ? nn::TransformerBlock::Offload::Inputs
                                : nn::TransformerBlock::Offload::None);
     model.push_back(block);
   }
-  model.push_back(std::make_shared<nn::LayerNorm>(64));
+  model.push_back(std::make_shared<nn::LayerNorm>(dim));
   model.push_back(std::make_shared<nn::TiedOutput>(emb));
   model.to(device);
   std::vector<int64_t> tokens, targets;
-  for (int64_t i = 0; i < 4 * 40; ++i) {
+  for (int64_t i = 0; i < batch * 40; ++i) {
     tokens.push_back((i * 37 + 11) % 64);
     targets.push_back((i * 53 + 5) % 64);
   }
-  Tensor x = from_vector(tokens, {4, 40}).to(device);
-  Tensor y = from_vector(targets, {4 * 40}).to(device);
+  Tensor x = from_vector(tokens, {batch, 40}).to(device);
+  Tensor y = from_vector(targets, {batch * 40}).to(device);
   Tensor step = zeros({}, {DType::Int64, device});
 
   Step r;
@@ -89,12 +95,19 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
     StepRandom random(9, step);
     std::optional<AutocastGuard> ac;
     if (autocast) ac.emplace(DType::BFloat16);
-    loss = cross_entropy(model(x).reshape({4 * 40, 64}), y);
+    loss = cross_entropy(model(x).reshape({batch * 40, 64}), y);
   }
   r.kept_bytes = allocator->stats().in_use_bytes - start;
   allocator->restart_peak();
   const uint64_t allocated_before = allocator->allocated();
-  loss.backward();
+  std::map<const TensorImpl*, int> ready_calls;
+  {
+    GradientReadyGuard ready([&](const Tensor& leaf) { ++ready_calls[leaf.impl().get()]; });
+    loss.backward();
+  }
+  for (const Tensor& p : model.parameters()) {
+    r.most_ready_calls = std::max(r.most_ready_calls, ready_calls[p.impl().get()]);
+  }
   r.backward_bytes = allocator->stats().peak_in_use_bytes - start - r.kept_bytes;
   r.backward_allocated = allocator->allocated() - allocated_before;
   r.loss = loss.detach().to(Device::cpu()).to_vector<float>();
@@ -102,6 +115,14 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
     r.grads.push_back(p.grad().to(DType::Float32).to(Device::cpu()).to_vector<float>());
   }
   return r;
+}
+
+std::string mode_name(Recompute r) {
+  return r == Recompute::Mlp                 ? "MLPs recomputed"
+         : r == Recompute::BlockButAttention ? "blocks but their attention recomputed"
+         : r == Recompute::Halves            ? "halves recomputed"
+         : r == Recompute::Block             ? "whole blocks recomputed"
+                                             : "whole blocks recomputed in halves";
 }
 
 }  // namespace
@@ -116,12 +137,7 @@ std::string recompute_mismatch(Device device, bool autocast) {
   uint64_t block_kept = 0, block_backward = 0;
   for (Recompute r : {Recompute::Mlp, Recompute::BlockButAttention, Recompute::Halves,
                       Recompute::Block, Recompute::BlockInHalves}) {
-    const std::string mode = r == Recompute::Mlp ? "MLPs recomputed"
-                             : r == Recompute::BlockButAttention
-                                 ? "blocks but their attention recomputed"
-                             : r == Recompute::Halves ? "halves recomputed"
-                             : r == Recompute::Block  ? "whole blocks recomputed"
-                                                      : "whole blocks recomputed in halves";
+    const std::string mode = mode_name(r);
     const Step again = gpt_step(device, r, autocast);
     // The whole block in halves keeps what the whole block keeps, and its
     // backward needs what the halves' does, not what the whole block's.
@@ -200,6 +216,56 @@ std::string recompute_mismatch(Device device, bool autocast) {
     return "whole blocks recomputed keep " + std::to_string(less_than) +
            " bytes, not under half of " +
            std::to_string(kept.kept_bytes);
+  }
+  return "";
+}
+
+std::string sliced_mlp_mismatch(Device device, bool autocast) {
+  // (Wider, on more sequences: the MLPs' activations, not what else
+  // backward allocates (a GPU's product workspace), decide its peak.)
+  constexpr int64_t kDim = 128, kBatch = 8;
+  const Step kept = gpt_step(device, Recompute::None, autocast, false, 1, kDim, kBatch);
+  // (Float32 sums in another order; under autocast, products of other
+  // shapes rounded to bfloat16 where the whole batch's were.)
+  const double tolerance = autocast ? 2e-2 : 1e-5;
+  for (Recompute r : {Recompute::Mlp, Recompute::BlockButAttention, Recompute::Halves,
+                      Recompute::Block, Recompute::BlockInHalves}) {
+    const std::string mode = mode_name(r) + ", MLPs in slices";
+    const Step whole = gpt_step(device, r, autocast, false, 1, kDim, kBatch);
+    const Step sliced = gpt_step(device, r, autocast, /*offload=*/false, /*mlp_parts=*/4, kDim,
+                                 kBatch);
+    if (sliced.loss != kept.loss) return mode + ": the loss differs";
+    if (sliced.grads.size() != kept.grads.size()) return mode + ": another number of gradients";
+    for (size_t i = 0; i < kept.grads.size(); ++i) {
+      double scale = 0, off = 0;
+      for (size_t k = 0; k < kept.grads[i].size(); ++k) {
+        scale = std::max(scale, std::fabs(static_cast<double>(kept.grads[i][k])));
+        off = std::max(off, std::fabs(static_cast<double>(sliced.grads[i][k]) - kept.grads[i][k]));
+      }
+      if (!(off <= tolerance * std::max(scale, 1e-6))) {
+        return mode + ": parameter " + std::to_string(i) + "'s gradient is " +
+               std::to_string(off) + " off, over " + std::to_string(tolerance) + " of " +
+               std::to_string(scale);
+      }
+    }
+    if (sliced.most_ready_calls != 1) {
+      return mode + ": a parameter's gradient was ready " +
+             std::to_string(sliced.most_ready_calls) + " times, not once";
+    }
+    if (sliced.kept_bytes != whole.kept_bytes) {
+      return mode + ": " + std::to_string(sliced.kept_bytes) + " bytes kept, not the " +
+             std::to_string(whole.kept_bytes) + " of the MLPs run again whole";
+    }
+    // (Where the block runs again whole, its MLP's backward holds the
+    // step's backward peak; an MLP run again alone may not, and then the
+    // slices' gradient buffers are all it adds.)
+    const bool whole_block = r == Recompute::Block || r == Recompute::BlockButAttention ||
+                             r == Recompute::BlockInHalves;
+    if (whole_block && sliced.backward_bytes >= whole.backward_bytes) {
+      return mode + ": backward needed " + std::to_string(sliced.backward_bytes) +
+             " bytes more at once, not under the " + std::to_string(whole.backward_bytes) +
+             " of the MLPs run again whole";
+    }
   }
   return "";
 }

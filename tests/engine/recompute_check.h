@@ -24,6 +24,16 @@ namespace leasehold::engine {
 // autocast scopes have ended (a recomputed segment brings back its own).
 std::string recompute_mismatch(Device device, bool autocast);
 
+// Each recompute mode again with every block's MLP run again in four
+// slices of the batch (TransformerBlock::set_mlp_parts): "" when the loss
+// is the same bit for bit, every gradient within rounding of the step
+// that keeps everything (float32 sums in another order), each
+// parameter's gradient-ready hook called once, the same bytes kept
+// between forward and backward, and, where whole blocks run again, less
+// needed at once in backward than with their MLPs run again whole; else
+// what does not hold.
+std::string sliced_mlp_mismatch(Device device, bool autocast);
+
 // A product (with and without a fused ReLU, which on a GPU reads its
 // output in backward) and a dropout's addition onto a residual (p 0.5 and
 // 0), made under an OutputsUnreadGuard and not: "" when every gradient is

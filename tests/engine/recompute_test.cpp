@@ -18,6 +18,12 @@ TEST(Recompute, BlocksRunAgainGiveTheSameGradientsAndKeepLess) {
   EXPECT_EQ(recompute_mismatch(Device::cpu(), false), "");
 }
 
+// The MLPs run again in slices of the batch, in every mode: the same loss,
+// gradients within rounding, each ready once, less at once in backward.
+TEST(Recompute, MlpsRunAgainInSlicesNeedLessInBackward) {
+  EXPECT_EQ(sliced_mlp_mismatch(Device::cpu(), false), "");
+}
+
 // Outside a StepRandom the masks could not be drawn again: the segment
 // runs as it is, recording its own graph.
 TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {

@@ -27,8 +27,8 @@ void add_blocks(E::nn::Sequential& net, int n) {
 }
 
 // The policy's steps: none without a failure; for a graph that did not fit
-// one each, MLP, whole block but its attention, then whole block, even
-// with nothing that spills; none once every block recomputes whole.
+// one each, MLP, whole block but its attention, whole block, then the MLP
+// in slices of the batch, even with nothing that spills; none after.
 TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
@@ -44,6 +44,10 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
   EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
   EXPECT_EQ(policy.but_attention(), 0);
   EXPECT_EQ(policy.whole(), 1);
+  EXPECT_FALSE(policy.mlps_sliced());
+  EXPECT_EQ(policy.after_step(true), Step::GraphDidNotFit);
+  EXPECT_TRUE(policy.mlps_sliced());
+  EXPECT_EQ(policy.whole(), 1);
   EXPECT_EQ(policy.after_step(true), Step::None) << "nothing is left to recompute";
 }
 
@@ -51,7 +55,8 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
 // before the next level starts: every MLP, then every block but its
 // attention, then whole blocks; then the last block through the same
 // levels (its backward comes first: what it recomputes is all made again
-// at once there). The log names each count.
+// at once there); then every block's MLP in slices of the batch, as one
+// step. The log names each count.
 TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
   E::nn::Sequential net;
   std::vector<std::shared_ptr<E::nn::TransformerBlock>> blocks;
@@ -79,19 +84,23 @@ TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
                 "whole block but its attention, in backward");
     }
   }
+  ASSERT_TRUE(policy.tighten()) << "the MLPs in slices";
+  for (const auto& b : blocks) EXPECT_EQ(b->mlp_parts(), RecomputePolicy::kMlpParts);
+  EXPECT_EQ(policy.describe(),
+            "of 2 transformer blocks, 0 recompute their MLP and 2 the whole block in backward, "
+            "their MLPs in 2 slices of the batch at a time");
   EXPECT_FALSE(policy.tighten());
 }
 
-// The job's last step comes once, after every block recomputes whole, and
-// only for a model with blocks; the log names it when it freed something.
+// The job's last step comes once, after every block recomputes whole (and
+// its MLP in slices), and only for a model with blocks; the log names it
+// when it freed something.
 TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
   int calls = 0;
   RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
-  EXPECT_TRUE(policy.tighten());
-  EXPECT_TRUE(policy.tighten());
-  EXPECT_TRUE(policy.tighten());
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(policy.tighten());
   EXPECT_EQ(calls, 0) << "blocks first";
   EXPECT_FALSE(policy.took_last_step());
   EXPECT_TRUE(policy.tighten());
@@ -108,9 +117,7 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
     ++asked;
     return false;
   });
-  EXPECT_TRUE(nothing_freed.tighten());
-  EXPECT_TRUE(nothing_freed.tighten());
-  EXPECT_TRUE(nothing_freed.tighten());
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(nothing_freed.tighten());
   EXPECT_FALSE(nothing_freed.tighten()) << "a last step that freed nothing is no step";
   EXPECT_EQ(asked, 1);
   EXPECT_FALSE(nothing_freed.took_last_step());
@@ -166,6 +173,9 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(policy.halves(), 3);
   EXPECT_EQ(policy.whole(), 0);
+  EXPECT_FALSE(policy.mlps_sliced());
+  EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
+  EXPECT_TRUE(policy.mlps_sliced()) << "then the MLPs in slices";
   EXPECT_EQ(last, 0);
   EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(last, 1) << "then the last step";
@@ -173,8 +183,8 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(policy.after(forward_spilled), Step::None);
   EXPECT_EQ(policy.whole() + policy.but_attention(), 0) << "never whole again";
 
-  // Whole blocks with and without their attention's output go to halves
-  // in the same step.
+  // Every block whole (with and without its attention's output): the
+  // MLPs in slices come first; then both go to halves in the same step.
   E::nn::Sequential two;
   add_blocks(two, 2);
   RecomputePolicy whole_first(two, nullptr);
@@ -182,13 +192,17 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(whole_first.whole(), 1);
   EXPECT_EQ(whole_first.but_attention(), 1);
   EXPECT_EQ(whole_first.after(backward_spilled), Step::WorkingSetSpilled);
+  EXPECT_TRUE(whole_first.mlps_sliced());
+  EXPECT_EQ(whole_first.halves(), 0);
+  EXPECT_EQ(whole_first.after(backward_spilled), Step::WorkingSetSpilled);
   EXPECT_EQ(whole_first.halves(), 2);
   EXPECT_EQ(whole_first.after(forward_spilled), Step::None) << "nothing is left";
 }
 
 // A working set over the budget once every block recomputes whole (but
-// its attention or not): the last step comes first (it frees memory
-// forward and backward alike; halves keep more in forward), then halves,
+// its attention or not): the MLPs in slices, then the last step come
+// first (they free memory in backward without recomputing more, and the
+// last step in forward too; halves keep more in forward), then halves,
 // then nothing. While a block still keeps its attention half, halves
 // come at once, as ever.
 TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
@@ -199,6 +213,10 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
   ASSERT_EQ(policy.whole(), 1);
   ASSERT_EQ(policy.but_attention(), 1);
+  EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_TRUE(policy.mlps_sliced()) << "the MLPs in slices, not halves";
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(policy.halves(), 0);
   EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(calls, 1) << "the last step, not halves";
   EXPECT_EQ(policy.halves(), 0);
@@ -225,17 +243,18 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
     ++asked;
     return false;
   });
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(nothing.tighten());
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(nothing.tighten());
+  ASSERT_TRUE(nothing.mlps_sliced());
   EXPECT_TRUE(nothing.tighten(/*working_set_over=*/true));
   EXPECT_EQ(asked, 1);
   EXPECT_EQ(nothing.halves(), 2);
 }
 
 // Where blocks may keep their inputs in host memory: once every block
-// recomputes whole, one block more at each step, from the first, never
-// the last block, whether the step spilled forward's tensors or
-// backward's (which before then is no reason for halves); then the last
-// step; only then halves, as whole blocks in halves (one input a block,
+// recomputes whole and its MLP in slices, one block more at each step,
+// from the first, never the last block, whether the step spilled
+// forward's tensors or backward's (which before then is no reason for
+// halves); then the last step; only then halves, as whole blocks in halves (one input a block,
 // which keeps going to host memory). Without the option, the order is as
 // before.
 TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButTheLastNever) {
@@ -251,6 +270,9 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   for (int i = 0; i < 12; ++i) ASSERT_TRUE(policy.tighten());
   ASSERT_EQ(policy.whole(), 6);
   EXPECT_EQ(policy.offloaded(), 0) << "recomputing comes first";
+  ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_TRUE(policy.mlps_sliced()) << "then the MLPs in slices";
+  EXPECT_EQ(policy.offloaded(), 0);
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(policy.offloaded(), 1);
   EXPECT_NE(policy.describe().find("1 block keeps its input in host memory"), std::string::npos)
@@ -280,14 +302,15 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   E::nn::Sequential plain_net;
   add_blocks(plain_net, 3);
   RecomputePolicy plain(plain_net, nullptr, [] { return true; });
-  for (int i = 0; i < 10; ++i) ASSERT_TRUE(plain.tighten());
+  for (int i = 0; i < 11; ++i) ASSERT_TRUE(plain.tighten());
   EXPECT_FALSE(plain.tighten());
   EXPECT_EQ(plain.offloaded(), 0);
 }
 
 // A working set over the budget before any block recomputes whole (a
 // step ran out of memory during a recomputed MLP's backward: run_step asks
-// so): MLPs first as ever, then halves, never whole.
+// so): MLPs first as ever, then halves, never whole (then the MLPs in
+// slices).
 TEST(RecomputePolicySteps, AWorkingSetOverTheBudgetEarlyMeansHalvesFromThenOn) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
@@ -297,6 +320,9 @@ TEST(RecomputePolicySteps, AWorkingSetOverTheBudgetEarlyMeansHalvesFromThenOn) {
   EXPECT_TRUE(policy.tighten());
   EXPECT_EQ(policy.halves(), 1);
   EXPECT_EQ(policy.whole(), 0);
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_TRUE(policy.mlps_sliced());
+  EXPECT_EQ(policy.halves(), 1);
   EXPECT_FALSE(policy.tighten());
 }
 
@@ -329,9 +355,10 @@ TEST(RecomputePolicySteps, AStepThatRanOutOfMemoryRunsAgainWhileAStepIsLeft) {
   EXPECT_EQ(policy.whole() + policy.but_attention(), 0)
       << "only running out of memory takes a step";
   runs = 0;
-  EXPECT_THROW(policy.run_step(fails_until(4), unchanged), E::OutOfMemoryError);
-  EXPECT_EQ(policy.whole(), 1) << "the two steps left were taken, and the step failed again";
-  EXPECT_EQ(runs, 3);
+  EXPECT_THROW(policy.run_step(fails_until(5), unchanged), E::OutOfMemoryError);
+  EXPECT_EQ(policy.whole(), 1) << "the three steps left were taken, and the step failed again";
+  EXPECT_TRUE(policy.mlps_sliced());
+  EXPECT_EQ(runs, 4);
 
   // A tensor larger than the whole budget: no step makes it fit.
   E::nn::Sequential other;
