@@ -222,8 +222,9 @@ std::string recompute_mismatch(Device device, bool autocast) {
 
 std::string sliced_mlp_mismatch(Device device, bool autocast) {
   // (Wider, on more sequences: the MLPs' activations, not what else
-  // backward allocates (a GPU's product workspace), decide its peak.)
-  constexpr int64_t kDim = 128, kBatch = 8;
+  // backward allocates, decide its peak; on a GPU, where they are
+  // bfloat16 and products take workspaces, more again.)
+  const int64_t kDim = device.is_cuda() ? 256 : 128, kBatch = device.is_cuda() ? 32 : 8;
   const Step kept = gpt_step(device, Recompute::None, autocast, false, 1, kDim, kBatch);
   // (Float32 sums in another order; under autocast, products of other
   // shapes rounded to bfloat16 where the whole batch's were.)
