@@ -21,22 +21,24 @@
 // nothing); the attention's output goes last, at the
 // most compute per byte; moving the same activations to host memory and
 // back costs several steps on a PCIe link, so recomputing comes first
-// and spilling takes what is left once every block recomputes. Then one
-// step is left: the job's last (its optimizer's state moves to host
-// memory, optim.h: move_state_to_host; the update then reads it over the
-// link, which costs less than a step that spills every block's input),
+// and spilling takes what is left once every block recomputes. Then come
+// the MLPs in slices and the blocks' inputs in host memory (below), and
+// last the job's last step (its optimizer's state moves to host memory,
+// optim.h: move_state_to_host; the update then reads it over the link,
+// which costs less than a step that spills every block's input),
 // for a model with blocks only (a model without them spills alone, as it
 // did before blocks existed). A step that runs out of memory outright
 // (its working set over the budget with everything spilled) takes one
 // step more and runs again (run_step).
 //
 // Once every block recomputes whole, every block runs its MLP again in
-// four slices of the batch, one at a time, as one step
+// kMlpParts (two) slices of the batch, one at a time, as one step
 // (TransformerBlock::set_mlp_parts): a whole block's backward holds the
 // step's peak there (a GPT block's MLP: the GELU's input, its output and
-// its gradient, 48 MiB each, live at once), and slices keep a quarter of
-// them at a time, for products of a quarter of the rows and no bytes over
-// the host link. The weights' gradients are then sums over the slices,
+// its gradient, 48 MiB each, live at once), and slices keep half of them
+// at a time, for products of half the rows and no bytes over the host
+// link (four slices kept less again, but their products and launches cost
+// the GPT job 7 points of its speed at 30% of its peak). The weights' gradients are then sums over the slices,
 // within rounding of the whole batch's (the steps before keep the bits).
 //
 // Then, where blocks may keep their inputs in host memory (a CUDA job
@@ -64,8 +66,9 @@
 // a time): those recomputing whole go to halves at once, as one step, and
 // later steps take MLP-only blocks to halves rather than further. Once
 // every block recomputes whole, the MLPs in slices, the blocks' inputs
-// (where they may go) and the last step come first: they free memory in forward and backward
-// alike, where halves keep more in forward (the residual stream between
+// (where they may go) and the last step come first: slices free memory in
+// backward without keeping more in forward, the others in forward and
+// backward alike, where halves keep more in forward (the residual stream between
 // the halves, in float32). Where inputs may go to host memory, halves
 // also wait until every block recomputes whole: halves would send twice
 // the bytes over the link (two inputs a block). Otherwise

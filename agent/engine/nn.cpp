@@ -309,6 +309,7 @@ namespace {
 // copies from one pass made here (autocast.h), where each would convert
 // its own weight and bias, a launch each (the step's copies are gone by
 // then: the job's step lets them go after its forward). The same bits.
+// (An MLP run again in slices of the batch makes them once a slice.)
 void copy_weights_for_replay(bool replay, std::optional<AutocastWeights>& copies,
                              std::initializer_list<const Module*> modules) {
   if (!replay) return;
@@ -361,11 +362,20 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept,
   // the last addition, whose output is never read: both are made for
   // their graph only. Recompute::BlockInHalves: the halves recompute
   // apart within the block's run again, from inputs on the device.)
-  std::optional<AutocastWeights> copies;
-  copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get(), fc1_.get(), fc2_.get()});
   const bool training = is_training();
   const bool halves =
       training && (recompute_ == Recompute::Halves || recompute_ == Recompute::BlockInHalves);
+  // (Run again within the whole block, the MLP only roots its graph where
+  // it runs in its own backward, in halves apart from the attention's or
+  // in slices of the batch: its output feeds the unread addition alone.
+  // Its weights are then copied there, not here.)
+  const bool mlp_recorded = (halves || mlp_parts_ > 1) && replay && mlp_out && *mlp_out;
+  std::optional<AutocastWeights> copies;
+  if (mlp_recorded) {
+    copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get()});
+  } else {
+    copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get(), fc1_.get(), fc2_.get()});
+  }
   const bool own_slots = recompute_ == Recompute::Halves || recompute_ == Recompute::Mlp;
   const Segment attention_segment = [this](const Tensor& in, bool again) {
     return attention_half(in, again);
@@ -375,10 +385,7 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept,
                     : attention_half(x, false, kept);
   Tensor m;
   const Segment mlp_segment = [this](const Tensor& in, bool again) { return mlp(in, again); };
-  if ((halves || mlp_parts_ > 1) && replay && mlp_out && *mlp_out) {
-    // (Run again within the whole block, the MLP only roots its graph: its
-    // output feeds the unread addition alone. It runs in its backward, in
-    // halves apart from the attention's, or in slices of the batch.)
+  if (mlp_recorded) {
     m = record_for_backward(mlp_segment, h, **mlp_out, mlp_parts_);
   } else if (halves || (training && recompute_ == Recompute::Mlp)) {
     m = recompute_in_backward(mlp_segment, h, own_slots ? mlp_input_slot() : nullptr,

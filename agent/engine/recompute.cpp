@@ -106,7 +106,9 @@ class RecomputeBackward final : public Node {
         }
         if (x_requires_grad_) {
           NoGradGuard no_grad;
-          dx.narrow(0, first, count).copy_(xs.grad());
+          // (No gradient: the slice's output did not depend on it.)
+          const Tensor g = xs.grad();
+          dx.narrow(0, first, count).copy_(g.defined() ? g : zeros(xs.sizes(), xs.options()));
         }
       }
       first += count;

@@ -63,7 +63,7 @@ struct SegmentOutput {
 // segment(x) recorded as recompute_in_backward records it, without running
 // it now: for a segment within another's run again in backward whose
 // output nothing reads there (the MLP of a whole block recomputed in
-// halves, nn.h), which runs in its own backward only. Returns an
+// halves, or in slices, nn.h), which runs in its own backward only. Returns an
 // unwritten tensor shaped as `output` (what the segment gave when it ran
 // first) with the segment's node. The segment must draw no random numbers
 // (the draws of a first run are not made). Outside grad mode or a

@@ -29,8 +29,9 @@ constexpr uint64_t kArenaAlignment = TraceAddresses::kAlignment;
 
 // What is live where a traced step holds the most, for the debug log: the
 // event of the peak among `events` and the live blocks' sizes, largest
-// first, each with its count ("the peak at event 812 of 1604: 4 × 48 MiB,
-// ..."), which says which tensors a memory budget should go after.
+// first, each with its count ("the peak, 639.35 MiB, at event 248 of 916:
+// 2 x 48.00 MiB, ..."; sizes as asked, before the arena's alignment),
+// which says which tensors a memory budget should go after.
 std::string describe_peak(const std::vector<PlannedBlock>& blocks, uint64_t events) {
   std::vector<std::pair<uint64_t, int64_t>> changes;  // (event, bytes made or freed)
   changes.reserve(2 * blocks.size());
@@ -161,7 +162,7 @@ void GraphPool::plan() {
     for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, t.last});
     arena_live_.reserve(trace_.size());
     if (spdlog::should_log(spdlog::level::debug) && !blocks.empty()) {
-      spdlog::debug("graph pool: the traced step's {}", describe_peak(blocks, events_));
+      spdlog::debug("graph pool: in the traced step, {}", describe_peak(blocks, events_));
     }
   }
   MemoryPlan plan = plan_memory(blocks, kArenaAlignment);

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
@@ -60,6 +64,51 @@ TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {
   }
   EXPECT_EQ(runs, 4);
   EXPECT_FALSE(replays.back());
+}
+
+// In parts, backward runs the segment again over slices of x's rows, each
+// at most one row apart in size, never more slices than rows: 5 rows in 2
+// slices of 2 and 3, 3 rows in 4 parts as 3 slices of one. The input's
+// gradient is gathered from the slices and the parameter's summed over
+// them: with these integers, the whole batch's exactly. A parameter's
+// gradient-ready hook hears of it once.
+TEST(Recompute, InPartsBackwardRunsTheSegmentOverSlicesOfRows) {
+  for (const auto& [rows, parts, slices] :
+       std::vector<std::tuple<int64_t, int64_t, std::vector<int64_t>>>{
+           {5, 2, {2, 3}}, {3, 4, {1, 1, 1}}, {4, 1, {4}}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows in " + std::to_string(parts) + " parts");
+    Tensor w = from_vector<float>({1, -2}, {2}).set_requires_grad(true);
+    std::vector<float> values;
+    for (int64_t i = 0; i < rows * 2; ++i) values.push_back(static_cast<float>(i + 1));
+    Tensor x = from_vector<float>(values, {rows, 2}).set_requires_grad(true);
+    std::vector<int64_t> seen;  // the rows of each run again
+    Segment f = [&](const Tensor& in, bool replay) {
+      if (replay) seen.push_back(in.size(0));
+      return mul(mul(in, in), w);  // x² w, row by row
+    };
+    Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+    Tensor out;
+    {
+      StepRandom random(3, step);
+      out = recompute_in_backward(f, x, nullptr, parts);
+    }
+    int ready = 0;
+    {
+      GradientReadyGuard hook([&](const Tensor& leaf) {
+        if (leaf.impl() == w.impl()) ++ready;
+      });
+      sum(out).backward();
+    }
+    EXPECT_EQ(seen, slices);
+    EXPECT_EQ(ready, 1);
+    std::vector<float> want_x, want_w{0, 0};
+    for (int64_t i = 0; i < rows * 2; ++i) {
+      want_x.push_back(2 * values[i] * (i % 2 == 0 ? 1.0f : -2.0f));
+      want_w[i % 2] += values[i] * values[i];
+    }
+    EXPECT_EQ(x.grad().to_vector<float>(), want_x);
+    EXPECT_EQ(w.grad().to_vector<float>(), want_w);
+  }
 }
 
 // Under an OutputsUnreadGuard a product and a dropout's addition record

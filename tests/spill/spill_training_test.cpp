@@ -476,6 +476,9 @@ TEST_F(SpillTraining, AGptOverItsBudgetRecomputesBlocksUntilItStopsSpilling) {
   EXPECT_EQ(tight.evictions[n - 1], tight.evictions[n - 3]) << "the last two steps did not spill";
   EXPECT_EQ(tight.copied_out[n - 1], tight.copied_out[n - 2])
       << "nor did the last copy anything out ahead: the step before needed no room";
+  // (The MLPs in slices would give the weights within rounding, not the
+  // bits: this budget stops before them.)
+  EXPECT_FALSE(tight.mlps_sliced) << "the budget took the MLPs to slices";
   EXPECT_TRUE(tight.weights == free_run.weights) << "weights differ from the run without a budget";
   EXPECT_EQ(tight.retries, 0) << "no step ran out of memory: each spilled what it could not keep";
   if (device.is_cuda()) {
