@@ -64,7 +64,7 @@ void inject_device_fault(Device device) {
 #endif
 }
 
-kernels::Stream stream_for(Device d) {
+kernels::Stream stream_for([[maybe_unused]] Device d) {
 #ifdef LEASEHOLD_HAVE_CUDA
   if (d.is_cuda()) return compute_stream(d.index);
 #endif

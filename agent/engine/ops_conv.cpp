@@ -70,11 +70,12 @@ void run_gemm(const Tensor& like, const kernels::GemmShape& s, const T* a, const
 // kernels/conv_plan.cpp), then summed into buffers of their own. `mask`: a
 // fused ReLU's output, or undefined.
 template <class T>
-void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Tensor& mask,
-                     const kernels::ConvGeometry& geo, const kernels::DirectConvPlan& plan,
-                     bool want_x, bool want_w, bool want_b, Tensor& gx, Tensor& gw, Tensor& gb) {
+void direct_backward(const Tensor& X, const Tensor& W, [[maybe_unused]] const Tensor& g,
+                     const Tensor& mask, const kernels::ConvGeometry& geo,
+                     const kernels::DirectConvPlan& plan, bool want_x, bool want_w, bool want_b,
+                     Tensor& gx, Tensor& gw, Tensor& gb) {
   const int64_t O = W.size(0), CKK = geo.c * geo.kh * geo.kw;
-  const T* m = mask.defined() ? mask.data<T>() : nullptr;
+  [[maybe_unused]] const T* m = mask.defined() ? mask.data<T>() : nullptr;
   if (want_x) {
     gx = empty(X.sizes(), X.options());
     LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::conv2d_direct_backward_input<T>(
@@ -88,12 +89,12 @@ void direct_backward(const Tensor& X, const Tensor& W, const Tensor& g, const Te
                                   g.data<T>(), m, geo, O, plan));
   gw = empty(W.sizes(), W.options());
   gb = empty({O}, W.options());
-  const kernels::ColumnSums<T> s{.out = gw.data<T>(),
-                                 .in = partial.data<T>(),
-                                 .rows = plan.partial_rows(),
-                                 .columns = O * CKK + O,
-                                 .tail = gb.data<T>(),
-                                 .tail_from = O * CKK};
+  [[maybe_unused]] const kernels::ColumnSums<T> s{.out = gw.data<T>(),
+                                                  .in = partial.data<T>(),
+                                                  .rows = plan.partial_rows(),
+                                                  .columns = O * CKK + O,
+                                                  .tail = gb.data<T>(),
+                                                  .tail_from = O * CKK};
   LEASEHOLD_CUDA_OR("conv2d", kernels::cuda::sum_columns<T>(stream_for(X.device()), s));
   if (!want_w) gw = Tensor();
   if (!want_b) gb = Tensor();

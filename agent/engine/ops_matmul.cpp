@@ -68,12 +68,13 @@ struct MixedProduct {
 // fused into the product by cuBLASLt where it has an algorithm for it and
 // done by passes of its own otherwise (the same values up to rounding).
 // CUDA only: autocast never runs on the CPU.
-MixedProduct gemm_mixed(const Tensor& a, bool ta, const Tensor& b, bool tb, int64_t m, int64_t n,
-                        int64_t k, Shape out_shape, DType out_dtype, const MixedEpilogue& e = {}) {
+MixedProduct gemm_mixed(const Tensor& a, bool ta, [[maybe_unused]] const Tensor& b, bool tb,
+                        int64_t m, int64_t n, int64_t k, Shape out_shape, DType out_dtype,
+                        const MixedEpilogue& e = {}) {
   NoGradGuard no_grad;
-  const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
+  [[maybe_unused]] const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
   const auto on = [&](DType d) { return TensorOptions{d, a.device()}; };
-  const kernels::GemmOut gemm_out =
+  [[maybe_unused]] const kernels::GemmOut gemm_out =
       out_dtype == DType::BFloat16 ? kernels::GemmOut::BFloat16 : kernels::GemmOut::Float32;
   MixedProduct r;
   const bool any = e.bias.defined() || e.relu || e.gelu;
@@ -211,12 +212,12 @@ struct LinearBackward final : Node {
       gb = empty({out}, g.options());
       detail::dispatch_floating(g.dtype(), "linear backward", [&](auto tag) {
         using T = decltype(tag);
-        const kernels::ColumnSums<T> s{.out = gb.data<T>(),
-                                       .in = g.data<T>(),
-                                       .rows = n,
-                                       .columns = out,
-                                       .mask = Y.data<T>(),
-                                       .masked = masked.data<T>()};
+        [[maybe_unused]] const kernels::ColumnSums<T> s{.out = gb.data<T>(),
+                                                        .in = g.data<T>(),
+                                                        .rows = n,
+                                                        .columns = out,
+                                                        .mask = Y.data<T>(),
+                                                        .masked = masked.data<T>()};
         LEASEHOLD_CUDA_OR("linear", kernels::cuda::sum_columns<T>(stream_for(g.device()), s));
       });
       g = masked;
@@ -355,7 +356,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, bool t
               false, false);
     if (cuda && (b.defined() || then_relu)) {
       detail::dispatch_floating(out.dtype(), "linear", [&](auto tag) {
-        using T = decltype(tag);
+        using T [[maybe_unused]] = decltype(tag);
         LEASEHOLD_CUDA_OR("linear", kernels::cuda::bias_activation<T>(
                                         stream_for(out.device()), out.data<T>(),
                                         b.defined() ? b.data<T>() : nullptr, n, out_features,

@@ -147,7 +147,7 @@ void attention_forward(const AttentionArgs& a, const Tensor& q, const Tensor& k,
                        Tensor& o, Tensor& lse, const char* op) {
   if (a.mixed) {
     dispatch_mixed(q.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+      using T [[maybe_unused]] = decltype(tag);
       LEASEHOLD_CUDA_OR(op, kernels::cuda::attention_forward_bf16<T>(
                                 stream_for(q.device()), o.data<T>(), lse.data<float>(),
                                 q.data<T>() + a.q_at, k.data<T>() + a.k_at, v.data<T>() + a.v_at,
@@ -171,7 +171,7 @@ void attention_backward(const AttentionArgs& a, const Tensor& g, const Tensor& q
   Tensor work = empty({kernels::attention_backward_workspace(a.heads, a.t)}, lse.options());
   if (a.mixed) {
     dispatch_mixed(q.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+      using T [[maybe_unused]] = decltype(tag);
       // (The gradient arrives in the output's type: a product's backward
       // writes it so.)
       const Tensor gt = g.to(q.dtype());

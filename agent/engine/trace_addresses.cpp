@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "agent/engine/allocator.h"
@@ -62,10 +63,15 @@ TraceAddresses::~TraceAddresses() {
 
 void* TraceAddresses::take(uint64_t bytes) {
   const uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kAlignment);
-  if (auto it = free_.find(size); it != free_.end()) {
-    void* p = it->second;
-    free_.erase(it);
-    return p;
+  if (auto it = free_by_size_.lower_bound({size, 0}); it != free_by_size_.end()) {
+    const auto [run, at] = *it;
+    free_by_size_.erase(it);
+    free_at_.erase(at);
+    if (run > size) {
+      free_at_.emplace(at + size, run - size);
+      free_by_size_.emplace(run - size, at + size);
+    }
+    return base_ + at;
   }
   if (size > bytes_ - next_) {
     throw OutOfMemoryError("a traced step's tensors need more than the " + format_bytes(bytes_) +
@@ -78,7 +84,30 @@ void* TraceAddresses::take(uint64_t bytes) {
 }
 
 void TraceAddresses::give_back(void* p, uint64_t bytes) {
-  free_.emplace(round_up(std::max<uint64_t>(bytes, 1), kAlignment), p);
+  uint64_t at = static_cast<uint64_t>(static_cast<char*>(p) - base_);
+  uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kAlignment);
+  // (Merged with the runs on either side, which leave both indexes.)
+  auto after = free_at_.lower_bound(at);
+  if (after != free_at_.end() && after->first == at + size) {
+    size += after->second;
+    free_by_size_.erase({after->second, after->first});
+    after = free_at_.erase(after);
+  }
+  if (after != free_at_.begin()) {
+    auto before = std::prev(after);
+    if (before->first + before->second == at) {
+      at = before->first;
+      size += before->second;
+      free_by_size_.erase({before->second, before->first});
+      free_at_.erase(before);
+    }
+  }
+  if (at + size == next_) {
+    next_ = at;  // (back to the unused end)
+    return;
+  }
+  free_at_.emplace(at, size);
+  free_by_size_.emplace(size, at);
 }
 
 }  // namespace leasehold::engine

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
+#include <utility>
 
 #include "agent/engine/dtype.h"
 
@@ -26,10 +28,14 @@ class TraceAddresses {
   TraceAddresses(const TraceAddresses&) = delete;
   TraceAddresses& operator=(const TraceAddresses&) = delete;
 
-  // An address for `bytes`, aligned to `kAlignment`: one given back for
-  // the same size if any (a step's sizes repeat), else the range's next.
-  // Throws OutOfMemoryError when the range is used up.
+  // An address for `bytes`, aligned to `kAlignment`: the start of the
+  // smallest run of addresses given back that holds it (the rest stays
+  // given back), else the range's next. Runs given back merge with their
+  // neighbours and with the range's unused end, so a step whose sizes
+  // change (slices of a batch, an epoch's last batch) reuses them as a
+  // heap does. Throws OutOfMemoryError when no run nor the end holds it.
   void* take(uint64_t bytes);
+  // REQUIRES: `p` from take(`bytes`), not given back since.
   void give_back(void* p, uint64_t bytes);
 
   // A trace's and an arena's places alike (step_graph.cpp), so that what a
@@ -40,8 +46,11 @@ class TraceAddresses {
  private:
   Device device_;
   char* base_ = nullptr;
-  uint64_t bytes_ = 0, next_ = 0;
-  std::multimap<uint64_t, void*> free_;  // given back, by rounded size
+  uint64_t bytes_ = 0, next_ = 0;  // next_: where the unused end starts
+  // Runs given back (offsets and sizes, multiples of kAlignment), by place
+  // and by size: no two adjacent, none touching the unused end.
+  std::map<uint64_t, uint64_t> free_at_;
+  std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (size, offset)
 };
 
 }  // namespace leasehold::engine

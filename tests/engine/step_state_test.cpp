@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "agent/engine/autograd.h"
@@ -278,6 +279,43 @@ TEST(GraphPool, ATraceOverItsAddressesIsAnOutOfMemoryError) {
   void* b = pool.allocate(3 << 20);
   EXPECT_EQ(a, b) << "the same size, given back, fits again";
   pool.deallocate(b, 3 << 20);
+  EXPECT_EQ(up->allocations, 0);
+}
+
+// Addresses given back merge with their neighbours and with the range's
+// unused end, so a trace whose sizes change reuses them: in 4 MiB, sizes
+// growing from 1 to 4 MiB, each given back before the next, all fit (each
+// size apart would need 10 MiB), and two adjacent 1 MiB runs given back
+// hold a 2 MiB tensor, at the first one's address; a run is split for a
+// smaller size, its rest given back still.
+TEST(GraphPool, ATracesAddressesGivenBackMergeWithTheirNeighbours) {
+  auto up = std::make_shared<Upstream>();
+  GraphPool pool(up, 4 << 20);
+  for (size_t mib = 1; mib <= 4; ++mib) {
+    void* p = pool.allocate(mib << 20);
+    pool.deallocate(p, mib << 20);
+  }
+  void* a = pool.allocate(1 << 20);
+  void* b = pool.allocate(1 << 20);
+  void* c = pool.allocate(1 << 20);
+  void* d = pool.allocate(1 << 20);
+  EXPECT_THROW(pool.allocate(512), OutOfMemoryError) << "every address is live";
+  pool.deallocate(b, 1 << 20);
+  pool.deallocate(c, 1 << 20);
+  void* bc = pool.allocate(2 << 20);
+  EXPECT_EQ(bc, b) << "the two runs given back, merged";
+  pool.deallocate(bc, 2 << 20);
+  void* half = pool.allocate(512 << 10);
+  EXPECT_EQ(half, b) << "the merged run's start";
+  void* rest = pool.allocate(1536 << 10);
+  EXPECT_EQ(static_cast<char*>(rest), static_cast<char*>(b) + (512 << 10)) << "its rest";
+  for (auto [p, bytes] : std::vector<std::pair<void*, size_t>>{
+           {a, 1 << 20}, {half, 512 << 10}, {rest, 1536 << 10}, {d, 1 << 20}}) {
+    pool.deallocate(p, bytes);
+  }
+  void* whole = pool.allocate(4 << 20);
+  EXPECT_EQ(whole, a) << "all given back: the whole range again";
+  pool.deallocate(whole, 4 << 20);
   EXPECT_EQ(up->allocations, 0);
 }
 
