@@ -476,7 +476,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.recomputed_blocks_in_halves = recompute.blocks_in_halves();
   result.optimizer_state_on_host = recompute.took_last_step();
   result.offloaded_blocks = recompute.offloaded();
-  result.mlp_slices = recompute.mlps_sliced() ? static_cast<int>(RecomputePolicy::kMlpParts) : 1;
+  result.mlp_slices = recompute.mlp_slices();
   result.memory = last_progress;
   fill_memory(result.memory);
   if (options.spill && result.memory.spilled_bytes) {

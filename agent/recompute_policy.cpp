@@ -1,5 +1,7 @@
 #include "agent/recompute_policy.h"
 
+#include <algorithm>
+
 #include "shared/units.h"
 
 namespace leasehold {
@@ -45,7 +47,7 @@ std::string RecomputePolicy::describe() const {
   }
   s += " in backward";
   if (mlps_sliced()) {
-    s += ", their MLPs in " + std::to_string(kMlpParts) + " slices of the batch at a time";
+    s += ", their MLPs in " + std::to_string(mlp_slices()) + " slices of the batch at a time";
   }
   if (last_step_freed_) s += ", and the optimizer's state is in host memory";
   if (const int n = offloaded()) {
@@ -163,8 +165,7 @@ bool RecomputePolicy::tighten(bool working_set_over) {
 }
 
 bool RecomputePolicy::slice_mlps() {
-  if (sliced_) return false;
-  sliced_ = true;
+  if (mlps_sliced()) return false;
   bool any = false;
   for (auto* b : blocks_) {
     if (b->recompute() != Recompute::None) {
@@ -172,8 +173,13 @@ bool RecomputePolicy::slice_mlps() {
       any = true;
     }
   }
-  slices_taken_ = any;
   return any;
+}
+
+int RecomputePolicy::mlp_slices() const {
+  int64_t most = 1;
+  for (const auto* b : blocks_) most = std::max(most, b->mlp_parts());
+  return static_cast<int>(most);
 }
 
 bool RecomputePolicy::offload_next() {

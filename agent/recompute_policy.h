@@ -158,9 +158,10 @@ class RecomputePolicy {
   }
   // Blocks that keep their input in host memory.
   int offloaded() const;
-  // Whether the blocks run their MLPs again in slices of the batch (see
-  // the top), and in how many.
-  bool mlps_sliced() const { return slices_taken_; }
+  // In how many slices of the batch the blocks run their MLPs again (see
+  // the top): kMlpParts once the policy took that step, else 1.
+  int mlp_slices() const;
+  bool mlps_sliced() const { return mlp_slices() > 1; }
   static constexpr int64_t kMlpParts = 2;
   // Whether the last step was taken and freed something.
   bool took_last_step() const { return last_step_freed_; }
@@ -181,14 +182,13 @@ class RecomputePolicy {
   // is left.
   bool offload_next();
   // Every block that recomputes runs its MLP again in kMlpParts slices
-  // (see the top), once; false when taken already or none recomputes.
+  // (see the top); false when they do already or none recomputes.
   bool slice_mlps();
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;
   bool last_step_taken_ = false, last_step_freed_ = false;
   bool offload_ = false;
-  bool sliced_ = false, slices_taken_ = false;
   // What blocks go to where a whole block's backward is over the budget:
   // the whole block in halves where inputs may go to host memory (the
   // halves' second input would cross the link), else the halves.

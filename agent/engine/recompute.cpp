@@ -34,6 +34,19 @@ class RecomputeBackward final : public Node {
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
     if (parts_ > 1 && rows > 1) return apply_in_parts(x, grad, std::min(parts_, rows));
+    if (!run_again(x, grad)) return {};
+    return {x_requires_grad_ ? x.grad() : Tensor()};
+  }
+  void release_saved() override {
+    x_.reset();
+    stashed_.reset();
+  }
+
+ private:
+  // The segment run again on `x` (a detached input, made a leaf that
+  // wants gradients where the first one did) and its backward from `grad`;
+  // false when nothing in it needs gradients.
+  bool run_again(Tensor& x, const Tensor& grad) {
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
     {
@@ -42,10 +55,10 @@ class RecomputeBackward final : public Node {
       AutocastGuard autocast(autocast_);
       out = segment_(x, /*replay=*/true);
     }
-    if (!out.requires_grad()) return {};  // nothing in it needs gradients
+    if (!out.requires_grad()) return false;
     if (out.sizes() != grad.sizes()) {
-      throw std::logic_error("recomputed segment gave " + out.shape_str() + ", not " +
-                             grad.shape_str() + " as the first time");
+      throw std::logic_error("recomputed segment gave " + out.shape_str() + " for " +
+                             x.shape_str() + ", not " + grad.shape_str() + " as the first time");
     }
     // (Nothing reads its output: its memory goes before backward runs,
     // which needs only the node that made it.)
@@ -56,14 +69,9 @@ class RecomputeBackward final : public Node {
     } else {
       run_backward(out, grad, /*retain_graph=*/false);  // (a leaf: the segment gave x back)
     }
-    return {x_requires_grad_ ? x.grad() : Tensor()};
-  }
-  void release_saved() override {
-    x_.reset();
-    stashed_.reset();
+    return true;
   }
 
- private:
   // The segment's run again and its backward over `parts` slices of x's
   // first dimension, one after another (recompute.h); x's gradient is
   // gathered slice by slice.
@@ -78,38 +86,18 @@ class RecomputeBackward final : public Node {
     for (int64_t part = 0, first = 0; part < parts; ++part) {
       const int64_t count = (rows - first) / (parts - part);
       Tensor xs = x.narrow(0, first, count).detach();
-      if (x_requires_grad_) xs.set_requires_grad(true);
-      Tensor out;
       {
-        EnableGradGuard grad_mode;
-        RandomReplay replay(random_);
-        AutocastGuard autocast(autocast_);
-        out = segment_(xs, /*replay=*/true);
-      }
-      if (!out.requires_grad()) return {};  // nothing in it needs gradients
-      {
-        const Tensor gs = grad.narrow(0, first, count);
-        if (out.sizes() != gs.sizes()) {
-          throw std::logic_error("recomputed segment gave " + out.shape_str() + " for " +
-                                 xs.shape_str() + ", not " + gs.shape_str());
-        }
         // (A parameter's gradient is whole after the last slice: only then
         // is it ready, for a data-parallel job's all-reduce.)
         std::optional<GradientReadyGuard> not_yet;
         if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
-        std::shared_ptr<Node> root = out.grad_fn();
-        if (root) {
-          out = Tensor();
-          run_backward_from(std::move(root), gs.contiguous(), /*retain_graph=*/false);
-        } else {
-          run_backward(out, gs.contiguous(), /*retain_graph=*/false);
-        }
-        if (x_requires_grad_) {
-          NoGradGuard no_grad;
-          // (No gradient: the slice's output did not depend on it.)
-          const Tensor g = xs.grad();
-          dx.narrow(0, first, count).copy_(g.defined() ? g : zeros(xs.sizes(), xs.options()));
-        }
+        if (!run_again(xs, grad.narrow(0, first, count).contiguous())) return {};
+      }
+      if (x_requires_grad_) {
+        NoGradGuard no_grad;
+        // (No gradient: the slice's output did not depend on it.)
+        const Tensor g = xs.grad();
+        dx.narrow(0, first, count).copy_(g.defined() ? g : zeros(xs.sizes(), xs.options()));
       }
       first += count;
     }
