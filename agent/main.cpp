@@ -90,6 +90,13 @@ int main(int argc, char** argv) {
   bool op_by_op = false;
   app.add_flag("--no-cuda-graphs", op_by_op,
                "with --run-job: run every step op by op instead of as one CUDA graph");
+  std::string gemm_choice = "measured";
+  app.add_option("--gemm-choice", gemm_choice,
+                 "how the engine's bfloat16 products pick cuBLASLt's algorithm: timed at their "
+                 "first call (measured) or the heuristic's first (heuristic); the same results "
+                 "either way")
+      ->check(CLI::IsMember({"measured", "heuristic"}))
+      ->capture_default_str();
   app.add_option("--mps-thread-percentage", opts.mps_thread_percentage,
                  "under MPS: the share of the GPU's threads this agent's kernels may use "
                  "(1-100; 0: all)")
@@ -172,6 +179,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   overrides.cuda_graphs = !op_by_op;
+  leasehold::engine::set_measured_gemm_choice(gemm_choice == "measured");
 
   try {
     leasehold::init_logging(log_level, "agent");

@@ -59,13 +59,54 @@ void gemm_bf16(cublasHandle_t handle, const GemmShape& s, float alpha, const bfl
                const bfloat16* b, float beta, void* c, GemmOut out);
 
 // c = op(a) op(b) (bfloat16 in, float32 accumulation, c as `out` says) with
-// `e` fused, through cuBLASLt on `stream` with `workspace`. False, with
-// nothing launched, when cuBLASLt has no algorithm for it or a pointer is
-// not 256-byte aligned (the caller then takes gemm_bf16 and passes of its
-// own). Throws on a cuBLASLt failure.
+// `e` fused, through cuBLASLt on `stream`, with `workspace_bytes` of
+// working memory at `workspace` (at least gemm_bf16_fused_workspace's; may
+// be null when that is 0). False, with nothing launched, when cuBLASLt has
+// no algorithm for it or a pointer is not 256-byte aligned (the caller then
+// takes gemm_bf16 and passes of its own). Throws on a cuBLASLt failure or
+// too little working memory.
+//
+// The algorithm is chosen by measure (gemm_bf16_fused_choice): of those
+// cuBLASLt's heuristic offers (kLtCandidates at most), the ones that split
+// the reduction as its first choice does, and so write the same bits (each
+// output summed over k in the same order; the GPU tests check it), are
+// timed on the call's own operands at a plan's first call outside a CUDA
+// graph's capture, and the fastest is kept for that plan. The heuristic's
+// first choice ranks the GPT's products at their shapes 0-15% off the
+// fastest (an H200: fc2's input gradient 36 against 31 us). A call under
+// capture before any outside takes the heuristic's first. Plans are per
+// thread, per shape, epilogue and output type.
 bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& s,
                      const bfloat16* a, const bfloat16* b, void* c, GemmOut out,
                      const GemmEpilogue& e, void* workspace, size_t workspace_bytes);
+
+// The most working memory any algorithm considered for the product needs
+// (0 when none does, or cuBLASLt has no algorithm for it); never more than
+// kLtMaxWorkspaceBytes, in the range NVIDIA suggests for Hopper. Callers
+// allocate it for each call: a product's working memory is part of its
+// step's peak. Only whether e's pointers are set matters.
+constexpr size_t kLtMaxWorkspaceBytes = size_t{16} << 20;
+constexpr int kLtCandidates = 8;
+size_t gemm_bf16_fused_workspace(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
+                                 const GemmEpilogue& e);
+
+// What gemm_bf16_fused chose for a product: among how many algorithms,
+// which (0: the heuristic's first), and whether it was measured yet.
+struct GemmChoice {
+  int candidates = 0;
+  int chosen = 0;
+  bool measured = false;
+};
+GemmChoice gemm_bf16_fused_choice(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
+                                  const GemmEpilogue& e);
+// Makes the product's plan run candidate `index` (< its candidates) from
+// now on, as if measured: for tests that run each candidate.
+void gemm_bf16_fused_choose(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
+                            const GemmEpilogue& e, int index);
+// Off: plans not measured yet run the heuristic's first choice, unmeasured,
+// until it is on again (plans measured keep theirs). Process-wide; on by
+// default. For tests and benchmarks that compare the two.
+void set_gemm_measured_choice(bool on);
 }
 #endif
 

@@ -4,13 +4,16 @@
 // of a pass of their own over the [rows, features] result.
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "kernels/matmul.h"
 #include "shared/cuda_check.h"
@@ -40,13 +43,16 @@ bool has_aux(cublasLtEpilogue_t ep) {
   return ep == CUBLASLT_EPILOGUE_GELU_AUX || ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
 
-// A product's descriptors and the algorithm the heuristic chose for it, or
-// none (`found` false): made once per shape and epilogue on each thread.
+// A product's descriptors and the algorithms considered for it (none: no
+// algorithm), made once per shape, epilogue and output type on each
+// thread; `chosen` indexes `candidates`.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool found = false;
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+  size_t chosen = 0;
+  bool measured = false;
+  size_t workspace_bytes = 0;  // the most any candidate needs
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -56,14 +62,31 @@ struct Plan {
 };
 
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                           GemmOut, size_t, cublasLtHandle_t>;
+                           GemmOut, cublasLtHandle_t>;
+
+std::atomic<bool> measured_choice{true};
+
+// How an algorithm splits the reduction over k (the number of parts and
+// how they are added): two algorithms alike in this add each output's
+// products in the same order, so they write the same bits.
+std::pair<int, int> reduction_of(const cublasLtMatmulAlgo_t& algo) {
+  int parts = 1, scheme = 0;
+  size_t written = 0;
+  check(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts,
+                                             sizeof(parts), &written),
+        "get SPLITK_NUM");
+  check(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                             &scheme, sizeof(scheme), &written),
+        "get REDUCTION_SCHEME");
+  return {parts, scheme};
+}
 
 // Row-major c [m, n] = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: cuBLAS
 // multiplies b by a, and a row of c is a column of its result. So a bias
 // per column of c is a bias per row of cuBLAS's D (EPILOGUE_BIAS). A GELU's
 // input (aux) is laid out as D, in D's type.
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasLtEpilogue_t ep,
-                                GemmOut out, size_t workspace_bytes) {
+                                GemmOut out) {
   const cudaDataType_t c_type = out == GemmOut::BFloat16 ? CUDA_R_16BF : CUDA_R_32F;
   auto p = std::make_unique<Plan>();
   check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
@@ -98,22 +121,114 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmShape& s, cublasL
   check(cublasLtMatrixLayoutCreate(&p->c, c_type, s.n, s.m, s.ldc), "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
   check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  const size_t max_workspace = kLtMaxWorkspaceBytes;
   check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                             &workspace_bytes, sizeof(workspace_bytes)),
+                                             &max_workspace, sizeof(max_workspace)),
         "set MAX_WORKSPACE_BYTES");
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kLtCandidates] = {};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, p->b, p->c, p->c,
-                                                           pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      lt, p->desc, p->a, p->b, p->c, p->c, pref, kLtCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-    p->algo = result.algo;
-    p->found = true;
+  if (st != CUBLAS_STATUS_SUCCESS) return p;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (!p->candidates.empty() &&
+        reduction_of(results[i].algo) != reduction_of(p->candidates.front().algo)) {
+      continue;
+    }
+    p->candidates.push_back(results[i]);
+    p->workspace_bytes = std::max(p->workspace_bytes, results[i].workspaceSize);
   }
   return p;
 }
 
+// The plan for a product on this thread, made at its first call.
+Plan& plan_for(cublasLtHandle_t lt, const GemmShape& s, GemmOut out, cublasLtEpilogue_t ep) {
+  thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  const PlanKey key{s.trans_a, s.trans_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(ep), out, lt};
+  auto it = plans.find(key);
+  if (it == plans.end()) it = plans.emplace(key, make_plan(lt, s, ep, out)).first;
+  return *it->second;
+}
+
+// One CUDA event, destroyed with it.
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { LEASEHOLD_CUDA_CHECK(cudaEventCreate(&e)); }
+  ~Event() { cudaEventDestroy(e); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
+
+// Times each candidate on the call's operands (a run to warm it, then
+// kRuns between two events; the stream's earlier work is waited for once,
+// before the first) and chooses the fastest. A candidate that fails to
+// run is passed over. Each run writes c (and the GELU's input) in full
+// with beta 0, so the call's own run after it writes the same.
+void measure(Plan& p, cublasLtHandle_t lt, cudaStream_t stream, const bfloat16* a,
+             const bfloat16* b, void* c, void* workspace, size_t workspace_bytes) {
+  constexpr int kRuns = 3;
+  const float one = 1.0f, zero = 0.0f;
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(lt, p.desc, &one, b, p.a, a, p.b, &zero, c, p.c, c, p.c, &algo,
+                          workspace, workspace_bytes, stream);
+  };
+  Event start, stop;
+  float best = 0;
+  bool any = false;
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    const cublasLtMatmulAlgo_t& algo = p.candidates[i].algo;
+    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;
+    LEASEHOLD_CUDA_CHECK(cudaEventRecord(start.e, stream));
+    bool ran = true;
+    for (int r = 0; r < kRuns && ran; ++r) ran = run(algo) == CUBLAS_STATUS_SUCCESS;
+    LEASEHOLD_CUDA_CHECK(cudaEventRecord(stop.e, stream));
+    LEASEHOLD_CUDA_CHECK(cudaEventSynchronize(stop.e));
+    float ms = 0;
+    LEASEHOLD_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
+    if (ran && (!any || ms < best)) {
+      best = ms;
+      p.chosen = i;
+      any = true;
+    }
+  }
+  p.measured = true;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  LEASEHOLD_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace
+
+void set_gemm_measured_choice(bool on) { measured_choice = on; }
+
+size_t gemm_bf16_fused_workspace(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
+                                 const GemmEpilogue& e) {
+  if (s.batch != 1 || s.m == 0 || s.n == 0 || s.k == 0) return 0;
+  return plan_for(lt, s, out, epilogue_of(e)).workspace_bytes;
+}
+
+GemmChoice gemm_bf16_fused_choice(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
+                                  const GemmEpilogue& e) {
+  if (s.batch != 1 || s.m == 0 || s.n == 0 || s.k == 0) return {};
+  const Plan& p = plan_for(lt, s, out, epilogue_of(e));
+  return {int(p.candidates.size()), int(p.chosen), p.measured};
+}
+
+void gemm_bf16_fused_choose(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
+                            const GemmEpilogue& e, int index) {
+  Plan& p = plan_for(lt, s, out, epilogue_of(e));
+  if (index < 0 || size_t(index) >= p.candidates.size()) {
+    throw std::out_of_range("gemm_bf16_fused_choose: candidate " + std::to_string(index) +
+                            " of " + std::to_string(p.candidates.size()));
+  }
+  p.chosen = size_t(index);
+  p.measured = true;
+}
 
 bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& s,
                      const bfloat16* a, const bfloat16* b, void* c, GemmOut out,
@@ -134,17 +249,17 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
     return p == nullptr || reinterpret_cast<uintptr_t>(p) % 256 == 0;
   };
   if (!aligned(a) || !aligned(b) || !aligned(c) || !aligned(e.bias) || !aligned(e.gelu_input) ||
-      (e.gelu_input && s.ldc % 8 != 0)) {
+      !aligned(workspace) || (e.gelu_input && s.ldc % 8 != 0)) {
     return false;
   }
   const cublasLtEpilogue_t ep = epilogue_of(e);
-  thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
-  const PlanKey key{s.trans_a, s.trans_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(ep),
-                    out, workspace_bytes, lt};
-  auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(key, make_plan(lt, s, ep, out, workspace_bytes)).first;
-  Plan& p = *it->second;
-  if (!p.found) return false;
+  Plan& p = plan_for(lt, s, out, ep);
+  if (p.candidates.empty()) return false;
+  if (workspace_bytes < p.workspace_bytes) {
+    throw std::invalid_argument("gemm_bf16_fused: " + std::to_string(workspace_bytes) +
+                                " bytes of working memory given, " +
+                                std::to_string(p.workspace_bytes) + " needed");
+  }
   if (has_bias(ep)) {
     const void* ptr = e.bias;
     check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr,
@@ -157,9 +272,12 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
                                          sizeof(aux)),
           "set EPILOGUE_AUX_POINTER");
   }
+  if (!p.measured && p.candidates.size() > 1 && measured_choice && !capturing(stream)) {
+    measure(p, lt, stream, a, b, c, workspace, workspace_bytes);
+  }
   const float one = 1.0f, zero = 0.0f;
-  check(cublasLtMatmul(lt, p.desc, &one, b, p.a, a, p.b, &zero, c, p.c, c, p.c, &p.algo,
-                       workspace, workspace_bytes, stream),
+  check(cublasLtMatmul(lt, p.desc, &one, b, p.a, a, p.b, &zero, c, p.c, c, p.c,
+                       &p.candidates[p.chosen].algo, workspace, workspace_bytes, stream),
         "Matmul");
   return true;
 }

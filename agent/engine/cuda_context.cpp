@@ -8,6 +8,7 @@
 
 #ifdef LEASEHOLD_HAVE_CUDA
 #include "kernels/fault.h"
+#include "kernels/matmul.h"
 #include "shared/cuda_check.h"
 #endif
 
@@ -61,6 +62,12 @@ void inject_device_fault(Device device) {
   if (!device.is_cuda()) throw std::logic_error("inject_device_fault: not a CUDA device");
 #ifdef LEASEHOLD_HAVE_CUDA
   kernels::cuda::write_to_unmapped_address(compute_stream(device.index));
+#endif
+}
+
+void set_measured_gemm_choice([[maybe_unused]] bool on) {
+#ifdef LEASEHOLD_HAVE_CUDA
+  kernels::cuda::set_gemm_measured_choice(on);
 #endif
 }
 

@@ -36,6 +36,12 @@ std::optional<std::string> device_context_lost(Device device);
 // kernels/fault.h), asynchronously on this thread's compute stream.
 void inject_device_fault(Device device);
 
+// How the bfloat16 products choose among cuBLASLt's algorithms: each timed
+// at its first call outside a graph's capture (on, the default), or the
+// heuristic's first choice (off). The same results either way
+// (kernels/matmul.h). Process-wide; nothing without CUDA.
+void set_measured_gemm_choice(bool on);
+
 // How many times this process's engine made the host wait for a device: a
 // copy to or from host memory, a stream synchronize, a fence. A training
 // step in its steady state should make none (each wait costs a time slice

@@ -64,9 +64,10 @@ struct MixedProduct {
 };
 
 // out [m, n] = op(A) op(B) for bfloat16 A and B on tensor cores (float32
-// accumulation), written as `out_dtype` (float32 or bfloat16), with `e`
-// fused into the product by cuBLASLt where it has an algorithm for it and
-// done by passes of its own otherwise (the same values up to rounding).
+// accumulation), written as `out_dtype` (float32 or bfloat16), through
+// cuBLASLt with `e` fused where it has an algorithm for the product (its
+// algorithm chosen by measure, matmul.h), else through cuBLAS with passes
+// of its own for `e` (the same values up to rounding).
 // CUDA only: autocast never runs on the CPU.
 MixedProduct gemm_mixed(const Tensor& a, bool ta, [[maybe_unused]] const Tensor& b, bool tb,
                         int64_t m, int64_t n, int64_t k, Shape out_shape, DType out_dtype,
@@ -79,8 +80,7 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, [[maybe_unused]] const Tensor&
   MixedProduct r;
   const bool any = e.bias.defined() || e.relu || e.gelu;
 #ifdef LEASEHOLD_HAVE_CUDA
-  if (any && (!e.gelu || out_dtype == DType::BFloat16)) {
-    r.out = empty(out_shape, on(out_dtype));
+  if (!e.gelu || out_dtype == DType::BFloat16) {
     kernels::GemmEpilogue fused;
     // (The bias in the output's type, as cuBLASLt takes it: PyTorch's
     // autocast rounds it to bfloat16 too.)
@@ -93,15 +93,31 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, [[maybe_unused]] const Tensor&
       r.gelu_input = empty(out_shape, on(DType::BFloat16));
       fused.gelu_input = r.gelu_input.data<bfloat16>();
     }
-    // (cuBLASLt's working memory, from the job's leases: 16 MiB, in the
-    // range NVIDIA suggests for Hopper.)
-    constexpr int64_t kWorkspaceBytes = 16 << 20;
-    const Tensor work = empty({kWorkspaceBytes / 8}, on(DType::Int64));
+    // (cuBLASLt's working memory, from the job's leases: what the
+    // product's algorithms need, often none, at most 16 MiB. It is part of
+    // the step's peak where a product is.)
     const int device = a.device().index;
-    if (kernels::cuda::gemm_bf16_fused(cublaslt_handle(device), compute_stream(device), s,
-                                       a.data<bfloat16>(), b.data<bfloat16>(), r.out.raw_data(),
-                                       gemm_out, fused, work.data<int64_t>(), kWorkspaceBytes)) {
-      return r;
+    const cublasLtHandle_t lt = cublaslt_handle(device);
+    const size_t work_bytes = kernels::cuda::gemm_bf16_fused_workspace(lt, s, gemm_out, fused);
+    // (A plain product whose algorithms need working memory, a weight
+    // gradient's split over k, is left to cuBLAS, whose working memory is
+    // its own, made once: through cuBLASLt it would be 5-12 MiB more at
+    // each such product in backward, where a budgeted step has its peak;
+    // the GPT job at 30% of its peak then needed a block's input more in
+    // host memory.)
+    constexpr size_t kPlainWorkspaceBytes = 64 << 10;
+    if (any || work_bytes <= kPlainWorkspaceBytes) {
+      r.out = empty(out_shape, on(out_dtype));
+      const Tensor work =
+          work_bytes == 0
+              ? Tensor()
+              : empty({static_cast<int64_t>((work_bytes + 7) / 8)}, on(DType::Int64));
+      if (kernels::cuda::gemm_bf16_fused(lt, compute_stream(device), s, a.data<bfloat16>(),
+                                         b.data<bfloat16>(), r.out.raw_data(), gemm_out, fused,
+                                         work.defined() ? work.raw_data() : nullptr,
+                                         work_bytes)) {
+        return r;
+      }
     }
   }
 #endif

@@ -236,8 +236,11 @@ nlohmann::json linear_layers(int64_t rows) {
   nlohmann::json out = nlohmann::json::array();
   const E::Device cuda = E::Device::cuda(0);
   constexpr int kCalls = 20;
-  // A graph of kCalls calls of fn, timed per call.
+  // A graph of kCalls calls of fn, timed per call. fn runs once op by op
+  // first, as a job's first step does: the products' algorithms are chosen
+  // there (matmul.h), never under capture.
   auto per_call = [&](const std::function<void()>& fn) {
+    fn();
     E::StepGraph graph(cuda, [&fn] {
       for (int i = 0; i < kCalls; ++i) fn();
     });
@@ -256,19 +259,6 @@ nlohmann::json linear_layers(int64_t rows) {
     const std::vector<E::Tensor> params = {w, b};
     E::AutocastGuard autocast(E::DType::BFloat16);
     E::NoGradGuard no_grad;
-    auto copy_pass = [&] { E::AutocastWeights copies(params); };
-    const double t_copy = per_call(copy_pass);
-    double t_layer = 0;
-    {
-      E::AutocastWeights copies(params);
-      t_layer = per_call([&] {
-        if (l.gelu) {
-          E::linear_gelu(x, w, b);
-        } else {
-          E::linear(x, w, b, false, E::ProductOut::LowerPrecision);
-        }
-      });
-    }
     // cuBLASLt alone into preallocated outputs: the plain product, and the
     // product with the layer's epilogue.
     const E::Tensor w16 = w.to(E::DType::BFloat16), b16 = b.to(E::DType::BFloat16);
@@ -297,8 +287,34 @@ nlohmann::json linear_layers(int64_t rows) {
     leasehold::kernels::GemmEpilogue same;
     same.bias = b16.raw_data();
     if (l.gelu) same.gelu_input = aux.data<E::bfloat16>();
+    // cuBLASLt's heuristic's first choice (plans made with the measured
+    // choice off, before anything else ran these shapes on this thread),
+    // then the same plans measured.
+    leasehold::kernels::cuda::set_gemm_measured_choice(false);
+    const double t_raw_first = per_call(raw({}));
+    const double t_same_first = per_call(raw(same));
+    leasehold::kernels::cuda::set_gemm_measured_choice(true);
     const double t_raw = per_call(raw({}));
     const double t_same = per_call(raw(same));
+    // The engine's layer (its products' plans, those above: measured).
+    auto copy_pass = [&] { E::AutocastWeights copies(params); };
+    const double t_copy = per_call(copy_pass);
+    double t_layer = 0;
+    {
+      E::AutocastWeights copies(params);
+      t_layer = per_call([&] {
+        if (l.gelu) {
+          E::linear_gelu(x, w, b);
+        } else {
+          E::linear(x, w, b, false, E::ProductOut::LowerPrecision);
+        }
+      });
+    }
+    const auto choice = [&](const leasehold::kernels::GemmEpilogue& e) {
+      const auto c = leasehold::kernels::cuda::gemm_bf16_fused_choice(
+          E::cublaslt_handle(0), gs, leasehold::kernels::GemmOut::BFloat16, e);
+      return std::to_string(c.chosen) + " of " + std::to_string(c.candidates);
+    };
     const double flop = 2.0 * rows * l.in * l.out;
     out.push_back({{"layer", l.name},
                    {"rows", rows},
@@ -307,6 +323,10 @@ nlohmann::json linear_layers(int64_t rows) {
                    {"engine_tflops", flop / t_layer / 1e12},
                    {"cublaslt_tflops", flop / t_raw / 1e12},
                    {"cublaslt_same_epilogue_tflops", flop / t_same / 1e12},
+                   {"cublaslt_heuristic_first_tflops", flop / t_raw_first / 1e12},
+                   {"cublaslt_same_epilogue_heuristic_first_tflops", flop / t_same_first / 1e12},
+                   {"algorithm", choice({})},
+                   {"algorithm_same_epilogue", choice(same)},
                    {"ratio", t_raw / t_layer},
                    {"ratio_same_epilogue", t_same / t_layer},
                    {"weight_copy_us", t_copy * 1e6}});

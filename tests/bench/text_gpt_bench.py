@@ -5,7 +5,8 @@ same model in PyTorch, side by side in one run, on one GPU.
 Leasehold: a coordinator (cuda backend) and `leasehold-agent --run-job` on
 the job file, with its steps and corpus as given here (variants leasehold
 and leasehold-bf16 run every step as one CUDA graph; with -op-by-op after
-the name, --no-cuda-graphs; with @SIZE, e.g. leasehold-bf16@800MiB, the
+the name, --no-cuda-graphs; with -heuristic-gemm, --gemm-choice heuristic
+(the products' algorithms not measured, kernels/matmul.h); with @SIZE, e.g. leasehold-bf16@800MiB, the
 job's memory_budget, past which its blocks recompute and its activations
 spill to the agent's host tier of --spill-host-bytes; @50% is half the
 peak memory of the same variant without a budget, listed before it).
@@ -91,7 +92,7 @@ def log(*a):
 
 # ---- Leasehold ----
 
-def run_leasehold(args, job, precision="Float32", graphs=True):
+def run_leasehold(args, job, precision="Float32", graphs=True, gemm_choice="measured"):
     job = dict(job, precision=precision)
     tmp = tempfile.mkdtemp(prefix="text-gpt-bench-")
     path = os.path.join(tmp, "job.json")
@@ -107,7 +108,8 @@ def run_leasehold(args, job, precision="Float32", graphs=True):
         t0 = time.time()
         out = subprocess.run(
             [os.path.join(args.bin, "leasehold-agent"), "--endpoint", endpoint, "--run-job", path,
-             "--spill-host-bytes", args.spill_host_bytes, "--log-level", args.agent_log_level]
+             "--spill-host-bytes", args.spill_host_bytes, "--log-level", args.agent_log_level,
+             "--gemm-choice", gemm_choice]
             + ([] if graphs else ["--no-cuda-graphs"]),
             capture_output=True, text=True, timeout=3600)
         wall = time.time() - t0
@@ -329,9 +331,11 @@ def main(argv=None):
         for v in args.variants.split(","):
             log(f"text_gpt_bench: {v}, seed {seed} ...")
             if v.startswith("leasehold"):
-                # leasehold[-bf16][-op-by-op][@BUDGET]: every step one CUDA graph, or op
-                # by op; the job's memory budget, a size or a percentage of the peak
-                # memory of the same run without one (listed before it).
+                # leasehold[-bf16][-heuristic-gemm][-op-by-op][@BUDGET]: the products'
+                # algorithms cuBLASLt's heuristic's first rather than measured; every
+                # step one CUDA graph, or op by op; the job's memory budget, a size or a
+                # percentage of the peak memory of the same run without one (listed
+                # before it).
                 name, _, budget = v.partition("@")
                 if budget.endswith("%"):
                     base = out["runs"].get(name, [{}])[-1]
@@ -343,7 +347,9 @@ def main(argv=None):
                 try:
                     r = run_leasehold(args, dict(job, memory_budget=budget) if budget else job,
                                       "BFloat16" if "-bf16" in name else "Float32",
-                                      graphs=not name.endswith("-op-by-op"))
+                                      graphs=not name.endswith("-op-by-op"),
+                                      gemm_choice="heuristic" if "-heuristic-gemm" in name
+                                      else "measured")
                 except RuntimeError as e:
                     # A budget the job cannot train in is a result (the job's own
                     # error says why), not the end of the benchmark.
@@ -364,6 +370,8 @@ def main(argv=None):
              "leasehold-bf16": "Leasehold engine (bf16 autocast)",
              "leasehold-op-by-op": "Leasehold engine (fp32), steps op by op",
              "leasehold-bf16-op-by-op": "Leasehold engine (bf16 autocast), steps op by op",
+             "leasehold-bf16-heuristic-gemm":
+                 "Leasehold engine (bf16 autocast), cuBLASLt's heuristic's first algorithms",
              "fp32": "PyTorch eager fp32",
              "bf16": "PyTorch eager bf16 autocast + SDPA", "compile": "PyTorch torch.compile bf16",
              "compile-graphs": "PyTorch torch.compile bf16, mode reduce-overhead (CUDA graphs)",
