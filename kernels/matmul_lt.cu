@@ -162,8 +162,8 @@ struct Event {
 };
 
 // Times each candidate on the call's operands (a run to warm it, then
-// kRuns between two events; the stream's earlier work is waited for once,
-// before the first) and chooses the fastest. A candidate that fails to
+// kRuns timed by the device between two events, which the host waits for)
+// and chooses the fastest. A candidate that fails to
 // run is passed over. Each run writes c (and the GELU's input) in full
 // with beta 0, so the call's own run after it writes the same.
 void measure(Plan& p, cublasLtHandle_t lt, cudaStream_t stream, const bfloat16* a,
