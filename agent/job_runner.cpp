@@ -218,10 +218,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   }
   // Over its memory budget, the job's transformer blocks recompute in
   // backward before its activations spill (recompute_policy.h).
-  // Its last step: the optimizer's state to host memory, for a job that
-  // may spill (it is host memory that the job's spill settings allow).
-  // A graph held then has the state's device addresses in it: it goes
-  // first, and is made again later (the gradients in its pool with it).
+  // Its last step: the optimizer's state to host memory, an eighth of it
+  // at each step more (whole parameters, in order), so that the update
+  // reads over the host link only the part the budget cannot hold, for a
+  // job that may spill (it is host memory that the job's spill settings
+  // allow). A graph held then has the state's device addresses in it: it
+  // goes first, and is made again later (the gradients in its pool with
+  // it).
+  constexpr uint64_t kStateParts = 8;
   GraphedSteps* graphed = nullptr;
   // Then its blocks' inputs to host memory, planned copies overlapped with
   // the step (a CUDA job's, whose spill settings allow host memory).
@@ -233,9 +237,13 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
           graphed->forget();
           optimizer->zero_grad();
         }
-        return optimizer->move_state_to_host();
+        const uint64_t part = (optimizer->gpu_state_bytes() + kStateParts - 1) / kStateParts;
+        return optimizer->move_state_to_host(part);
       },
-      /*offload=*/options.spill && options.device.is_cuda());
+      /*offload=*/options.spill && options.device.is_cuda(), [&] {
+        return "and " + format_bytes(optimizer->host_state_bytes()) + " of the optimizer's " +
+               format_bytes(optimizer->gpu_state_bytes()) + " of state is in host memory";
+      });
   // The replicas connect, and from here on every step's gradients are
   // averaged over them.
   std::unique_ptr<GradientReducer> reducer;
@@ -475,6 +483,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.recomputed_halves = recompute.halves();
   result.recomputed_blocks_in_halves = recompute.blocks_in_halves();
   result.optimizer_state_on_host = recompute.took_last_step();
+  result.optimizer_state_host_bytes = optimizer->host_state_bytes();
   result.offloaded_blocks = recompute.offloaded();
   result.mlp_slices = recompute.mlp_slices();
   result.memory = last_progress;

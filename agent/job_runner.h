@@ -72,6 +72,7 @@ struct JobResult {
   int recomputed_halves = 0;
   int recomputed_blocks_in_halves = 0;  // whole, their backward in halves (the same)
   bool optimizer_state_on_host = false;  // the policy's last step (recompute_policy.h)
+  uint64_t optimizer_state_host_bytes = 0;  // how much of the state it moved there
   int offloaded_blocks = 0;  // blocks keeping their input in host memory (the same)
   int mlp_slices = 1;  // slices of the batch a recomputed MLP runs again in (the same)
   // The last progress reported, with its memory fields as they are at the

@@ -26,9 +26,11 @@ void collect(const nn::Module& m, std::vector<nn::TransformerBlock*>& out) {
 
 RecomputePolicy::RecomputePolicy(const nn::Module& model,
                                  std::shared_ptr<spill::SpillManager> spill,
-                                 std::function<bool()> last_step, bool offload)
+                                 std::function<bool()> last_step, bool offload,
+                                 std::function<std::string()> last_step_said)
     : spill_(std::move(spill)),
       last_step_(std::move(last_step)),
+      last_step_said_(std::move(last_step_said)),
       offload_(offload),
       halves_(offload ? Recompute::BlockInHalves : Recompute::Halves) {
   collect(model, blocks_);
@@ -49,7 +51,9 @@ std::string RecomputePolicy::describe() const {
   if (mlps_sliced()) {
     s += ", their MLPs in " + std::to_string(mlp_slices()) + " slices of the batch at a time";
   }
-  if (last_step_freed_) s += ", and the optimizer's state is in host memory";
+  if (last_steps_ > 0) {
+    s += last_step_said_ ? ", " + last_step_said_() : ", and the optimizer's state is in host memory";
+  }
   if (const int n = offloaded()) {
     s += "; " + std::to_string(n) + (n == 1 ? " block keeps its" : " blocks keep their") +
          " input in host memory";
@@ -197,10 +201,13 @@ bool RecomputePolicy::offload_next() {
 }
 
 bool RecomputePolicy::take_last_step() {
-  if (blocks_.empty() || !last_step_ || last_step_taken_) return false;
-  last_step_taken_ = true;
-  last_step_freed_ = last_step_();
-  return last_step_freed_;
+  if (blocks_.empty() || !last_step_ || last_step_done_) return false;
+  if (!last_step_()) {
+    last_step_done_ = true;
+    return false;
+  }
+  ++last_steps_;
+  return true;
 }
 
 int RecomputePolicy::run_step(

@@ -24,8 +24,10 @@
 // and spilling takes what is left once every block recomputes. Then come
 // the MLPs in slices and the blocks' inputs in host memory (below), and
 // last the job's last step (its optimizer's state moves to host memory,
-// optim.h: move_state_to_host; the update then reads it over the link,
-// which costs less than a step that spills every block's input),
+// an eighth at a time, until the step fits, optim.h: move_state_to_host;
+// the update then reads that part over the link, which costs less than a
+// step that spills every block's input: all of the GPT's state, about a
+// third of its step),
 // for a model with blocks only (a model without them spills alone, as it
 // did before blocks existed). A step that runs out of memory outright
 // (its working set over the budget with everything spilled) takes one
@@ -98,12 +100,16 @@ class RecomputePolicy {
   // order. `spill` may be null (nothing spills: only a CUDA graph that did
   // not fit makes the blocks recompute).
   // `last_step` (may be empty): the step after every block recomputes
-  // whole (or in halves; before halves, see the top), taken once; returns
-  // whether it freed anything.
+  // whole (or in halves; before halves, see the top), taken again at each
+  // step more until it frees nothing (the job's moves its optimizer's
+  // state to host memory an eighth at a time); returns whether it freed
+  // anything. `last_step_said` (may be empty): what describe() says of it
+  // once taken ("and the optimizer's state is in host memory" if empty).
   // `offload`: whether blocks may keep their inputs in host memory (see
   // the top).
   RecomputePolicy(const engine::nn::Module& model, std::shared_ptr<spill::SpillManager> spill,
-                  std::function<bool()> last_step = {}, bool offload = false);
+                  std::function<bool()> last_step = {}, bool offload = false,
+                  std::function<std::string()> last_step_said = {});
 
   // Why after_step() took one step more, if it did.
   enum class Step { None, Spilled, WorkingSetSpilled, GraphDidNotFit };
@@ -123,8 +129,8 @@ class RecomputePolicy {
   // The same for an outcome given (the spill manager's own is ignored).
   Step after(const Outcome& step);
   // One step more, whatever the last step did; false when every block
-  // recomputes whole (or in halves) already and the last step was taken
-  // (or did nothing). `working_set_over`: the step's backward needed more
+  // recomputes whole (or in halves) already and the last step frees
+  // nothing more. `working_set_over`: the step's backward needed more
   // than the budget (see the top).
   bool tighten(bool working_set_over = false);
   // Runs `step`. When it runs out of memory (engine::OutOfMemoryError: the
@@ -163,8 +169,10 @@ class RecomputePolicy {
   int mlp_slices() const;
   bool mlps_sliced() const { return mlp_slices() > 1; }
   static constexpr int64_t kMlpParts = 2;
-  // Whether the last step was taken and freed something.
-  bool took_last_step() const { return last_step_freed_; }
+  // Whether the last step was taken and freed something, and how many
+  // times.
+  bool took_last_step() const { return last_steps_ > 0; }
+  int last_steps() const { return last_steps_; }
   // "of 6 transformer blocks, 3 recompute their MLP and 3 the whole block
   // in backward" (", 2 its two halves apart" when any do), and the last
   // step when taken: for the job's log.
@@ -176,7 +184,8 @@ class RecomputePolicy {
 
  private:
   int count(engine::nn::TransformerBlock::Recompute r) const;
-  // The last step, once; whether it freed anything.
+  // The last step, once more; whether it freed anything (once it frees
+  // nothing it is not asked again).
   bool take_last_step();
   // The next block's inputs to host memory (see the top); false when none
   // is left.
@@ -187,7 +196,9 @@ class RecomputePolicy {
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;
-  bool last_step_taken_ = false, last_step_freed_ = false;
+  std::function<std::string()> last_step_said_;
+  bool last_step_done_ = false;  // it freed nothing when last asked
+  int last_steps_ = 0;           // the times it freed something
   bool offload_ = false;
   // What blocks go to where a whole block's backward is over the budget:
   // the whole block in halves where inputs may go to host memory (the

@@ -86,14 +86,16 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
         "peak_memory=%s spilled=%s restored=%s recomputed_mlps=%d "
         "recomputed_blocks_but_attention=%d recomputed_blocks=%d recomputed_halves=%d "
         "recomputed_blocks_in_halves=%d "
-        "optimizer_state_on_host=%d offloaded_blocks=%d mlp_slices=%d\n",
+        "optimizer_state_on_host=%d optimizer_state_host_bytes=%llu offloaded_blocks=%d "
+        "mlp_slices=%d\n",
         job.name()->c_str(), 100 * r.test_accuracy, r.samples_per_second, (long long)r.steps,
         r.seconds, format_bytes(r.memory.peak_device_bytes).c_str(),
         format_bytes(r.memory.spilled_bytes).c_str(),
         format_bytes(r.memory.restored_bytes).c_str(), r.recomputed_mlps,
         r.recomputed_blocks_but_attention, r.recomputed_blocks, r.recomputed_halves,
         r.recomputed_blocks_in_halves,
-        r.optimizer_state_on_host ? 1 : 0, r.offloaded_blocks, r.mlp_slices);
+        r.optimizer_state_on_host ? 1 : 0, (unsigned long long)r.optimizer_state_host_bytes,
+        r.offloaded_blocks, r.mlp_slices);
     std::fflush(stdout);
     return 0;
   } catch (const JobCancelled&) {

@@ -157,6 +157,7 @@ Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params)
   }
   m_.resize(params_.size());
   v_.resize(params_.size());
+  on_host_.resize(params_.size(), 0);
 }
 
 void Adam::update() {
@@ -203,8 +204,8 @@ void Adam::update() {
       if (!p.grad().defined() || &params_of(p) != group) continue;
       Tensor g = dense_grad(p);
       if (!m_[i].defined()) {
-        m_[i] = new_state(p);
-        v_[i] = new_state(p);
+        m_[i] = new_state(i);
+        v_[i] = new_state(i);
       }
       if (!pending.empty()) {
         const Tensor& first = params_[pending[0]].second;
@@ -224,7 +225,7 @@ nn::NamedTensors Adam::state() const {
 #ifdef LEASEHOLD_HAVE_CUDA
   // (State in host memory is read as it is: the updates queued on the
   // device must have written it first.)
-  if (state_on_host_) {
+  if (host_state_bytes() > 0) {
     std::set<int> devices;
     for (const auto& [name, p] : params_) {
       if (p.device().is_cuda()) devices.insert(p.device().index);
@@ -251,16 +252,17 @@ void Adam::load_state(const nn::NamedTensors& state) {
     const Tensor& p = params_[i].second;
     auto mk = "adam.m." + params_[i].first, vk = "adam.v." + params_[i].first;
     if (!m.count(mk)) continue;
-    m_[i] = new_state(p);
-    v_[i] = new_state(p);
+    m_[i] = new_state(i);
+    v_[i] = new_state(i);
     m_[i].copy_(lookup(m, mk, p));
     v_[i].copy_(lookup(m, vk, p));
   }
 }
 
-Tensor Adam::new_state(const Tensor& p) const {
+Tensor Adam::new_state(size_t i) const {
+  const Tensor& p = params_[i].second;
 #ifdef LEASEHOLD_HAVE_CUDA
-  if (state_on_host_ && p.device().is_cuda()) {
+  if (on_host_[i] && p.device().is_cuda()) {
     AllocatorGuard pinned(pinned_host_allocator());
     return zeros(p.sizes(), {p.dtype(), Device::cpu()});
   }
@@ -268,21 +270,48 @@ Tensor Adam::new_state(const Tensor& p) const {
   return zeros(p.sizes(), p.options());
 }
 
-bool Adam::move_state_to_host() {
-  const bool any_gpu = std::any_of(params_.begin(), params_.end(), [](const auto& named) {
-    return named.second.device().is_cuda();
-  });
+uint64_t Adam::state_bytes(size_t i) const {
+  const Tensor& p = params_[i].second;
+  return 2 * static_cast<uint64_t>(p.numel()) * dtype_size(p.dtype());
+}
+
+uint64_t Adam::gpu_state_bytes() const {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].second.device().is_cuda()) bytes += state_bytes(i);
+  }
+  return bytes;
+}
+
+uint64_t Adam::host_state_bytes() const {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (on_host_[i]) bytes += state_bytes(i);
+  }
+  return bytes;
+}
+
+bool Adam::move_state_to_host([[maybe_unused]] uint64_t at_least_bytes) {
 #ifdef LEASEHOLD_HAVE_CUDA
-  if (state_on_host_ || !any_gpu) return false;
   NoGradGuard no_grad;
+  // Which parameters' state goes: whole ones, in order, until enough.
+  std::vector<size_t> moving;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < params_.size() && bytes < at_least_bytes; ++i) {
+    if (on_host_[i] || !params_[i].second.device().is_cuda()) continue;
+    moving.push_back(i);
+    bytes += state_bytes(i);
+  }
+  if (moving.empty()) return false;
   // Every copy made before any is swapped in: a host allocation that fails
-  // leaves the state where it was.
+  // leaves the state where it was. (State not made yet is made in host
+  // memory at its first update.)
   std::vector<Tensor> m = m_, v = v_;
   {
     AllocatorGuard pinned(pinned_host_allocator());
-    for (size_t i = 0; i < params_.size(); ++i) {
+    for (size_t i : moving) {
+      if (!m_[i].defined()) continue;
       const Tensor& p = params_[i].second;
-      if (!m_[i].defined() || !p.device().is_cuda()) continue;
       m[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
       v[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
       m[i].copy_(m_[i]);
@@ -291,10 +320,9 @@ bool Adam::move_state_to_host() {
   }
   m_.swap(m);
   v_.swap(v);
-  state_on_host_ = true;
+  for (size_t i : moving) on_host_[i] = 1;
   return true;
 #else
-  (void)any_gpu;
   return false;
 #endif
 }

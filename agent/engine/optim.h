@@ -56,14 +56,25 @@ class Optimizer {
   // update kernels read and write it over the host link: device memory
   // for a job whose budget cannot hold the state beside a step's working
   // set (AdamW's is twice the parameters), for an update bound by the link
-  // (the GPT's 86 MB read and written each step). The update's results are
-  // the same bits, and a step stays capturable as a CUDA graph. Returns
-  // whether it moved it: false where it cannot (no GPU parameters, a build
-  // without CUDA, an optimizer without such state) or already did; a host
+  // (the GPT's 86 MB read and written each step, about 2 ms). Moves the
+  // state of whole parameters, in their order, those whose state is still
+  // on the device, until at least `at_least_bytes` of state moved (all of
+  // it by default): part of it, so that an update reads over the link only
+  // what the device cannot hold. The update's results are the same bits,
+  // and a step stays capturable as a CUDA graph. Returns whether it moved
+  // any: false where it cannot (no GPU parameters, a build without CUDA,
+  // an optimizer without such state) or all of it is there already; a host
   // allocation that fails throws and leaves the state where it was.
   // REQUIRES: no captured CUDA graph holds the state's addresses (the job
   // forgets its step's graph first).
-  virtual bool move_state_to_host() { return false; }
+  virtual bool move_state_to_host(uint64_t at_least_bytes = UINT64_MAX) {
+    (void)at_least_bytes;
+    return false;
+  }
+  // The bytes of state the GPU parameters have (or will have, at their
+  // first update), and those of it in host memory.
+  virtual uint64_t gpu_state_bytes() const { return 0; }
+  virtual uint64_t host_state_bytes() const { return 0; }
 
  protected:
   virtual void update() = 0;
@@ -111,15 +122,20 @@ class Adam final : public Optimizer {
   Adam(nn::NamedTensors params, AdamOptions options);
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state) override;
-  bool move_state_to_host() override;
+  bool move_state_to_host(uint64_t at_least_bytes = UINT64_MAX) override;
+  uint64_t gpu_state_bytes() const override;
+  uint64_t host_state_bytes() const override;
 
  private:
   void update() override;
-  // Zeroed state for `p`: on its device, or in host memory (see above).
-  Tensor new_state(const Tensor& p) const;
+  // Zeroed state for parameter i: on its device, or in host memory (see
+  // above).
+  Tensor new_state(size_t i) const;
+  // The bytes of parameter i's state (its two moments).
+  uint64_t state_bytes(size_t i) const;
   AdamOptions opt_;
   std::vector<Tensor> m_, v_;
-  bool state_on_host_ = false;
+  std::vector<char> on_host_;  // per parameter: its state in host memory
 };
 
 // Scales every gradient of `params` by min(1, max_norm / (norm + 1e-6)),

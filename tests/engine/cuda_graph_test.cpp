@@ -277,6 +277,72 @@ TEST_F(CudaGraphTest, AdamsStateInHostMemoryGivesTheSameSteps) {
   }, batch);
 }
 
+// Part of Adam's state in host memory (move_state_to_host with a number of
+// bytes): whole parameters' state, in order, until at least that much
+// moved; the steps give the bits of the state kept on the device, op by op
+// and replayed from a graph; the state moves on in later parts until all
+// of it is there, and then nothing more moves.
+TEST_F(CudaGraphTest, PartOfAdamsStateInHostMemoryGivesTheSameSteps) {
+  Trainee on_device = tiny_gpt(gpu);
+  MakeBatch batch = text_batches(gpu);
+  DeferredLabelCheck labels(gpu);
+  std::vector<Tensor> expected;
+  for (int64_t step = 0; step < 4; ++step) {
+    Tensor x, y;
+    batch(step, x, y);
+    expected.push_back(train_step(on_device, x, y));
+  }
+  Trainee moved = tiny_gpt(gpu);
+  const uint64_t total = moved.opt->gpu_state_bytes();
+  ASSERT_GT(total, 0u);
+  EXPECT_EQ(moved.opt->host_state_bytes(), 0u);
+  uint64_t first_part = 0;
+  for (int64_t step = 0; step < 4; ++step) {
+    if (step == 1) {
+      ASSERT_TRUE(moved.opt->move_state_to_host(1));
+      first_part = moved.opt->host_state_bytes();
+      EXPECT_GT(first_part, 0u) << "one parameter's state, whole";
+      EXPECT_LT(first_part, total);
+    }
+    if (step == 2) {
+      ASSERT_TRUE(moved.opt->move_state_to_host(total / 3));
+      EXPECT_GE(moved.opt->host_state_bytes(), first_part + total / 3);
+      EXPECT_LT(moved.opt->host_state_bytes(), total);
+    }
+    Tensor x, y;
+    batch(step, x, y);
+    const Tensor loss = train_step(moved, x, y);
+    if (step < 3) {
+      EXPECT_EQ(loss.to_vector<float>(), expected[step].to_vector<float>())
+          << "loss of step " << step;
+    }
+  }
+  // Some moments in host memory, the others on the device, the values of
+  // the state kept on the device.
+  const auto part_state = moved.opt->state();
+  const auto device_state = on_device.opt->state();
+  ASSERT_EQ(part_state.size(), device_state.size());
+  int on_host = 0, on_gpu = 0;
+  for (size_t i = 1; i < part_state.size(); ++i) {  // (0: the step count)
+    SCOPED_TRACE(part_state[i].first);
+    (part_state[i].second.device().is_cuda() ? on_gpu : on_host) += 1;
+    EXPECT_EQ(part_state[i].second.to_vector<float>(), device_state[i].second.to_vector<float>());
+  }
+  EXPECT_GT(on_host, 0);
+  EXPECT_GT(on_gpu, 0);
+  EXPECT_EQ(weights(moved), weights(on_device));
+  ASSERT_TRUE(moved.opt->move_state_to_host());
+  EXPECT_EQ(moved.opt->host_state_bytes(), total);
+  EXPECT_FALSE(moved.opt->move_state_to_host(1)) << "all of it is there";
+  labels.check();
+  // From the first step on, and as a CUDA graph.
+  expect_replays_match(gpu, [](Device d) {
+    Trainee t = tiny_gpt(d);
+    EXPECT_TRUE(t.opt->move_state_to_host(t.opt->gpu_state_bytes() / 2));
+    return t;
+  }, batch);
+}
+
 TEST_F(CudaGraphTest, ACnnStepWithMomentumReplaysBitForBit) {
   expect_replays_match(gpu, small_cnn, image_batches(gpu));
 }

@@ -92,23 +92,44 @@ TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
   EXPECT_FALSE(policy.tighten());
 }
 
-// The job's last step comes once, after every block recomputes whole (and
-// its MLP in slices), and only for a model with blocks; the log names it
-// when it freed something.
-TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
+// The job's last step comes after every block recomputes whole (and its
+// MLP in slices), and only for a model with blocks, taken again at each
+// step more until it frees nothing (the job's frees an eighth of its
+// optimizer's state each time); then it is not asked again. The log names
+// it when it freed something, in the job's words where it gives them.
+TEST(RecomputePolicySteps, TheLastStepIsTakenUntilItFreesNothing) {
   E::nn::Sequential net;
   net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
   int calls = 0;
-  RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
+  RecomputePolicy policy(
+      net, nullptr, [&] { return ++calls <= 3; }, /*offload=*/false,
+      [&] { return "and " + std::to_string(calls) + " parts of the state are elsewhere"; });
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(policy.tighten());
   EXPECT_EQ(calls, 0) << "blocks first";
   EXPECT_FALSE(policy.took_last_step());
   EXPECT_TRUE(policy.tighten());
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(policy.took_last_step());
-  EXPECT_NE(policy.describe().find("host memory"), std::string::npos) << policy.describe();
-  EXPECT_FALSE(policy.tighten()) << "nothing is left";
-  EXPECT_EQ(calls, 1);
+  EXPECT_NE(policy.describe().find(", and 1 parts of the state are elsewhere"), std::string::npos)
+      << policy.describe();
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_TRUE(policy.tighten());
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(policy.last_steps(), 3);
+  EXPECT_FALSE(policy.tighten()) << "nothing is left: the last step freed nothing";
+  EXPECT_EQ(calls, 4);
+  EXPECT_FALSE(policy.tighten());
+  EXPECT_EQ(calls, 4) << "not asked again";
+  EXPECT_EQ(policy.last_steps(), 3);
+  EXPECT_TRUE(policy.took_last_step());
+
+  // Without words of the job's, the log's own.
+  E::nn::Sequential worded;
+  worded.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
+  RecomputePolicy own(worded, nullptr, [n = 0]() mutable { return ++n == 1; });
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(own.tighten());
+  EXPECT_NE(own.describe().find("the optimizer's state is in host memory"), std::string::npos)
+      << own.describe();
 
   E::nn::Sequential fresh;
   fresh.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 1));
@@ -126,9 +147,10 @@ TEST(RecomputePolicySteps, TheLastStepComesOnceAfterEveryBlockRecomputesWhole) {
 
   E::nn::Sequential no_blocks;
   no_blocks.push_back(std::make_shared<E::nn::Linear>(4, 4));
-  RecomputePolicy plain(no_blocks, nullptr, [&] { return ++calls > 0; });
+  int plain_calls = 0;
+  RecomputePolicy plain(no_blocks, nullptr, [&] { return ++plain_calls > 0; });
   EXPECT_FALSE(plain.tighten());
-  EXPECT_EQ(calls, 1) << "a model without blocks spills alone";
+  EXPECT_EQ(plain_calls, 0) << "a model without blocks spills alone";
 }
 
 // A step whose backward spilled its own recomputed activations: the
@@ -143,7 +165,7 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
     net.push_back(std::make_shared<E::nn::TransformerBlock>(16, 2, 0.0, 3));
   }
   int last = 0;
-  RecomputePolicy policy(net, nullptr, [&] { return ++last > 0; });
+  RecomputePolicy policy(net, nullptr, [&] { return ++last == 1; });
   using Step = RecomputePolicy::Step;
   RecomputePolicy::Outcome forward_spilled{/*spilled=*/true, false, false};
   RecomputePolicy::Outcome backward_spilled{true, /*working_set_spilled=*/true, false};
@@ -209,7 +231,7 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   E::nn::Sequential net;
   add_blocks(net, 2);
   int calls = 0;
-  RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; });
+  RecomputePolicy policy(net, nullptr, [&] { return ++calls == 1; });
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
   ASSERT_EQ(policy.whole(), 1);
   ASSERT_EQ(policy.but_attention(), 1);
@@ -222,8 +244,9 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   EXPECT_EQ(policy.halves(), 0);
   EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(policy.halves(), 2) << "then both blocks in halves, as one step";
+  EXPECT_EQ(calls, 2) << "once the last step freed nothing more";
   EXPECT_FALSE(policy.tighten(/*working_set_over=*/true));
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(calls, 2);
 
   E::nn::Sequential early;
   add_blocks(early, 2);
@@ -261,7 +284,7 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   E::nn::Sequential net;
   add_blocks(net, 6);
   int calls = 0;
-  RecomputePolicy policy(net, nullptr, [&] { return ++calls > 0; }, /*offload=*/true);
+  RecomputePolicy policy(net, nullptr, [&] { return ++calls == 1; }, /*offload=*/true);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
   ASSERT_EQ(policy.mlps(), 5) << "the last block's comes last";
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
@@ -301,7 +324,7 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
 
   E::nn::Sequential plain_net;
   add_blocks(plain_net, 3);
-  RecomputePolicy plain(plain_net, nullptr, [] { return true; });
+  RecomputePolicy plain(plain_net, nullptr, [n = 0]() mutable { return ++n == 1; });
   for (int i = 0; i < 11; ++i) ASSERT_TRUE(plain.tighten());
   EXPECT_FALSE(plain.tighten());
   EXPECT_EQ(plain.offloaded(), 0);
