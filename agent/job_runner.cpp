@@ -233,16 +233,19 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
       *model, options.spill,
       [&]() -> bool {
         if (!options.spill) return false;
+        // (Nothing left to move: the graph stays.)
+        const uint64_t state = optimizer->gpu_parameters_state_bytes();
+        if (optimizer->host_state_bytes() >= state) return false;
         if (graphed && graphed->holds_graph()) {
           graphed->forget();
           optimizer->zero_grad();
         }
-        const uint64_t part = (optimizer->gpu_state_bytes() + kStateParts - 1) / kStateParts;
-        return optimizer->move_state_to_host(part);
+        return optimizer->move_state_to_host((state + kStateParts - 1) / kStateParts);
       },
       /*offload=*/options.spill && options.device.is_cuda(), [&] {
         return "and " + format_bytes(optimizer->host_state_bytes()) + " of the optimizer's " +
-               format_bytes(optimizer->gpu_state_bytes()) + " of state is in host memory";
+               format_bytes(optimizer->gpu_parameters_state_bytes()) +
+               " of state is in host memory";
       });
   // The replicas connect, and from here on every step's gradients are
   // averaged over them.

@@ -53,7 +53,7 @@
 // more than the step's forward hides), so that the step is still one
 // CUDA graph, where spilling moves bytes op by op and waits for them, and
 // where the optimizer's state in host memory makes every update read and
-// write it over the link (about a third of the GPT job's step). Where
+// write it over the link (all of it about a third of the GPT job's step). Where
 // halves come then, they are the whole block in halves
 // (Recompute::BlockInHalves): one input a block, whose backward makes the
 // MLP's input again, for one attention half's forward instead of the

@@ -31,7 +31,7 @@ struct Traits<double> {
 // the arithmetic for them (an H100: 31 µs for a [10, 84] weight gradient
 // over a batch of 128), and a split-K product is two kernels in a step's
 // chain. So do products of up to 16,384 outputs (a batch of 128 by 128
-// features) and 2M multiply-adds: on an H200 under ncu, LeNet's [128, 84]
+// features) and 2M multiply-adds, an inner dimension up to 1024 as well: on an H200 under ncu, LeNet's [128, 84]
 // and [128, 120] products (1.3M each) took cuBLAS 8.8-12.6 µs in two
 // kernels (a SIMT product and its split-K reduction) and take this one
 // 4.2-8.8 µs; LeNet's first layer's forward (6.1M) took this one 19 µs
@@ -106,8 +106,9 @@ void gemm(cublasHandle_t handle, const GemmShape& s, T alpha, const T* a, const 
   cublasOperation_t opb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opa = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int64_t outputs = s.m * s.n;
-  if (s.batch == 1 && ((outputs <= kSmallOutputs && s.k <= kSmallDepth) ||
-                       (outputs <= kSmallWideOutputs && outputs * s.k <= kSmallWideWork))) {
+  if (s.batch == 1 && s.k <= kSmallDepth &&
+      (outputs <= kSmallOutputs ||
+       (outputs <= kSmallWideOutputs && outputs * s.k <= kSmallWideWork))) {
     cudaStream_t stream = nullptr;
     check(cublasGetStream(handle, &stream), "cublasGetStream");
     gemm_small(s, alpha, a, b, beta, c, stream);

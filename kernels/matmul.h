@@ -68,10 +68,13 @@ void gemm_bf16(cublasHandle_t handle, const GemmShape& s, float alpha, const bfl
 //
 // The algorithm is chosen by measure (gemm_bf16_fused_choice): of those
 // cuBLASLt's heuristic offers (kLtCandidates at most), the ones that split
-// the reduction as its first choice does, and so write the same bits (each
-// output summed over k in the same order; the GPU tests check it), are
-// timed on the call's own operands at a plan's first call outside a CUDA
-// graph's capture, and the fastest is kept for that plan. The heuristic's
+// the reduction as its first choice does are timed on the call's own
+// operands at a plan's first call outside a CUDA graph's capture, and the
+// fastest is kept for that plan. Those add each output's products over k
+// as the first does: on an H200 they wrote its bits in every product of
+// the GPT's, forward and backward (the GPU tests run each candidate of
+// them), and those that split k otherwise did not. That they write the
+// same bits is cuBLASLt's behaviour seen, not checked at each choice. The heuristic's
 // first choice ranks the GPT's products at their shapes 0-15% off the
 // fastest (an H200: fc2's input gradient 36 against 31 us). A call under
 // capture before any outside takes the heuristic's first. Plans are per
@@ -80,8 +83,10 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
                      const bfloat16* a, const bfloat16* b, void* c, GemmOut out,
                      const GemmEpilogue& e, void* workspace, size_t workspace_bytes);
 
-// The most working memory any algorithm considered for the product needs
-// (0 when none does, or cuBLASLt has no algorithm for it); never more than
+// The working memory a call of the product needs: the chosen algorithm's
+// once its plan was measured, before that the most any algorithm
+// considered needs (0 when none does, or cuBLASLt has no algorithm for
+// it); never more than
 // kLtMaxWorkspaceBytes, in the range NVIDIA suggests for Hopper. Callers
 // allocate it for each call: a product's working memory is part of its
 // step's peak. Only whether e's pointers are set matters.

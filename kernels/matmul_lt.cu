@@ -53,6 +53,11 @@ struct Plan {
   size_t chosen = 0;
   bool measured = false;
   size_t workspace_bytes = 0;  // the most any candidate needs
+  // The working memory a call needs: the chosen candidate's once measured
+  // (or chosen), else the most any needs (the call may measure them all).
+  size_t need() const {
+    return measured && !candidates.empty() ? candidates[chosen].workspaceSize : workspace_bytes;
+  }
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -163,9 +168,10 @@ struct Event {
 
 // Times each candidate on the call's operands (a run to warm it, then
 // kRuns timed by the device between two events, which the host waits for)
-// and chooses the fastest. A candidate that fails to
-// run is passed over. Each run writes c (and the GELU's input) in full
-// with beta 0, so the call's own run after it writes the same.
+// and chooses the fastest. A candidate that fails to run is passed over;
+// where none runs the plan is left without any (the caller takes cuBLAS).
+// Each run writes c (and the GELU's input) in full with beta 0, so the
+// call's own run after it writes the same.
 void measure(Plan& p, cublasLtHandle_t lt, cudaStream_t stream, const bfloat16* a,
              const bfloat16* b, void* c, void* workspace, size_t workspace_bytes) {
   constexpr int kRuns = 3;
@@ -185,14 +191,16 @@ void measure(Plan& p, cublasLtHandle_t lt, cudaStream_t stream, const bfloat16* 
     for (int r = 0; r < kRuns && ran; ++r) ran = run(algo) == CUBLAS_STATUS_SUCCESS;
     LEASEHOLD_CUDA_CHECK(cudaEventRecord(stop.e, stream));
     LEASEHOLD_CUDA_CHECK(cudaEventSynchronize(stop.e));
+    if (!ran) continue;
     float ms = 0;
     LEASEHOLD_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
-    if (ran && (!any || ms < best)) {
+    if (!any || ms < best) {
       best = ms;
       p.chosen = i;
       any = true;
     }
   }
+  if (!any) p.candidates.clear();
   p.measured = true;
 }
 
@@ -209,7 +217,7 @@ void set_gemm_measured_choice(bool on) { measured_choice = on; }
 size_t gemm_bf16_fused_workspace(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
                                  const GemmEpilogue& e) {
   if (s.batch != 1 || s.m == 0 || s.n == 0 || s.k == 0) return 0;
-  return plan_for(lt, s, out, epilogue_of(e)).workspace_bytes;
+  return plan_for(lt, s, out, epilogue_of(e)).need();
 }
 
 GemmChoice gemm_bf16_fused_choice(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
@@ -221,6 +229,9 @@ GemmChoice gemm_bf16_fused_choice(cublasLtHandle_t lt, const GemmShape& s, GemmO
 
 void gemm_bf16_fused_choose(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,
                             const GemmEpilogue& e, int index) {
+  if (s.batch != 1 || s.m == 0 || s.n == 0 || s.k == 0) {
+    throw std::invalid_argument("gemm_bf16_fused_choose: no plan for an empty or batched product");
+  }
   Plan& p = plan_for(lt, s, out, epilogue_of(e));
   if (index < 0 || size_t(index) >= p.candidates.size()) {
     throw std::out_of_range("gemm_bf16_fused_choose: candidate " + std::to_string(index) +
@@ -255,10 +266,10 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
   const cublasLtEpilogue_t ep = epilogue_of(e);
   Plan& p = plan_for(lt, s, out, ep);
   if (p.candidates.empty()) return false;
-  if (workspace_bytes < p.workspace_bytes) {
+  if (workspace_bytes < p.need()) {
     throw std::invalid_argument("gemm_bf16_fused: " + std::to_string(workspace_bytes) +
-                                " bytes of working memory given, " +
-                                std::to_string(p.workspace_bytes) + " needed");
+                                " bytes of working memory given, " + std::to_string(p.need()) +
+                                " needed");
   }
   if (has_bias(ep)) {
     const void* ptr = e.bias;
@@ -274,6 +285,7 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
   }
   if (!p.measured && p.candidates.size() > 1 && measured_choice && !capturing(stream)) {
     measure(p, lt, stream, a, b, c, workspace, workspace_bytes);
+    if (p.candidates.empty()) return false;
   }
   const float one = 1.0f, zero = 0.0f;
   check(cublasLtMatmul(lt, p.desc, &one, b, p.a, a, p.b, &zero, c, p.c, c, p.c,

@@ -118,6 +118,9 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, [[maybe_unused]] const Tensor&
                                          work_bytes)) {
         return r;
       }
+      // (Nothing was launched: what was made for it goes before the
+      // fallback makes its own, so the output is not held twice.)
+      r = MixedProduct{};
     }
   }
 #endif

@@ -275,7 +275,7 @@ uint64_t Adam::state_bytes(size_t i) const {
   return 2 * static_cast<uint64_t>(p.numel()) * dtype_size(p.dtype());
 }
 
-uint64_t Adam::gpu_state_bytes() const {
+uint64_t Adam::gpu_parameters_state_bytes() const {
   uint64_t bytes = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (params_[i].second.device().is_cuda()) bytes += state_bytes(i);
@@ -291,7 +291,7 @@ uint64_t Adam::host_state_bytes() const {
   return bytes;
 }
 
-bool Adam::move_state_to_host([[maybe_unused]] uint64_t at_least_bytes) {
+bool Adam::move_state([[maybe_unused]] uint64_t at_least_bytes) {
 #ifdef LEASEHOLD_HAVE_CUDA
   NoGradGuard no_grad;
   // Which parameters' state goes: whole ones, in order, until enough.

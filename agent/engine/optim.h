@@ -30,7 +30,8 @@ class Optimizer {
   // Drops every parameter's gradient (the next backward writes fresh ones).
   void zero_grad();
   // State for checkpoints: named tensors on the parameters' devices (in
-  // host memory once move_state_to_host()).
+  // host memory for the parameters whose state move_state_to_host() moved
+  // there).
   virtual nn::NamedTensors state() const = 0;
   // Restores state(); throws std::invalid_argument naming a missing or
   // mis-shaped entry.
@@ -64,20 +65,24 @@ class Optimizer {
   // and a step stays capturable as a CUDA graph. Returns whether it moved
   // any: false where it cannot (no GPU parameters, a build without CUDA,
   // an optimizer without such state) or all of it is there already; a host
-  // allocation that fails throws and leaves the state where it was.
-  // REQUIRES: no captured CUDA graph holds the state's addresses (the job
-  // forgets its step's graph first).
-  virtual bool move_state_to_host(uint64_t at_least_bytes = UINT64_MAX) {
-    (void)at_least_bytes;
-    return false;
+  // allocation that fails throws and leaves the state where it was. (State
+  // not made yet, before the first update, counts as moved: it is made in
+  // host memory then.) load_state() puts each parameter's state where its
+  // state is.
+  // REQUIRES (both): no captured CUDA graph holds the state's addresses
+  // (the job forgets its step's graph first).
+  bool move_state_to_host(uint64_t at_least_bytes = UINT64_MAX) {
+    return move_state(at_least_bytes);
   }
-  // The bytes of state the GPU parameters have (or will have, at their
-  // first update), and those of it in host memory.
-  virtual uint64_t gpu_state_bytes() const { return 0; }
+  // The bytes of state the GPU parameters have, wherever it is (or will
+  // have, at their first update), and those of it in host memory.
+  virtual uint64_t gpu_parameters_state_bytes() const { return 0; }
   virtual uint64_t host_state_bytes() const { return 0; }
 
  protected:
   virtual void update() = 0;
+  // move_state_to_host's work (see there): an optimizer with state.
+  virtual bool move_state([[maybe_unused]] uint64_t at_least_bytes) { return false; }
   const LrSchedule& schedule() const { return schedule_; }
   // Where the update kernels read the step's number.
   const int64_t* step_pointer() const { return steps_.data<int64_t>(); }
@@ -122,12 +127,12 @@ class Adam final : public Optimizer {
   Adam(nn::NamedTensors params, AdamOptions options);
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state) override;
-  bool move_state_to_host(uint64_t at_least_bytes = UINT64_MAX) override;
-  uint64_t gpu_state_bytes() const override;
+  uint64_t gpu_parameters_state_bytes() const override;
   uint64_t host_state_bytes() const override;
 
  private:
   void update() override;
+  bool move_state(uint64_t at_least_bytes) override;
   // Zeroed state for parameter i: on its device, or in host memory (see
   // above).
   Tensor new_state(size_t i) const;

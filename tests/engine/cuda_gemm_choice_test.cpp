@@ -72,6 +72,13 @@ struct ProductRun {
   }
   size_t work_bytes() const { return work.defined() ? size_t(work.numel()) * 8 : 0; }
   std::vector<char> operator()() {
+    // (Every bit written again: a candidate that left any unwritten would
+    // show the sentinel.)
+    for (const Tensor& t : {c, aux}) {
+      EXPECT_EQ(cudaMemsetAsync(t.raw_data(), 0xff, size_t(t.numel()) * dtype_size(t.dtype()),
+                                compute_stream(0)),
+                cudaSuccess);
+    }
     EXPECT_TRUE(kc::gemm_bf16_fused(cublaslt_handle(0), compute_stream(0), s,
                                     a.data<bfloat16>(), b.data<bfloat16>(), c.raw_data(), p.out,
                                     e, work.defined() ? work.raw_data() : nullptr, work_bytes()))
@@ -136,7 +143,7 @@ TEST_F(CudaGemmChoice, APlanIsMeasuredAtItsFirstCallAndKeepsItsChoice) {
   EXPECT_EQ(choice.measured, choice.candidates > 1);
   EXPECT_LT(choice.chosen, choice.candidates);
   EXPECT_TRUE(run() == measured);
-  EXPECT_EQ(run.choice().chosen, choice.chosen) << "a plan measured again";
+  EXPECT_EQ(run.choice().chosen, choice.chosen) << "its choice kept";
   // The heuristic's first choice writes the same.
   kc::gemm_bf16_fused_choose(cublaslt_handle(0), run.s, p.out, run.e, 0);
   EXPECT_TRUE(run() == measured);
@@ -149,6 +156,31 @@ TEST_F(CudaGemmChoice, APlanIsMeasuredAtItsFirstCallAndKeepsItsChoice) {
                                      need - 1),
                  std::invalid_argument);
   }
+}
+
+// A product first met under a capture (a graph's trace or capture) runs
+// the heuristic's first choice, unmeasured (nothing can be timed there);
+// its next call outside measures it.
+TEST_F(CudaGemmChoice, ACallUnderCaptureTakesTheFirstChoiceAndTheNextOutsideMeasures) {
+  const Product p{"a product first met under capture", false, true, 4096, 1152, 384,
+                  kernels::GemmOut::BFloat16, true, false};
+  ProductRun run(p);
+  cudaStream_t stream = compute_stream(0);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const bool ran = kc::gemm_bf16_fused(
+      cublaslt_handle(0), stream, run.s, run.a.data<bfloat16>(), run.b.data<bfloat16>(),
+      run.c.raw_data(), p.out, run.e, run.work.defined() ? run.work.raw_data() : nullptr,
+      run.work_bytes());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_TRUE(ran);
+  EXPECT_FALSE(run.choice().measured);
+  EXPECT_EQ(run.choice().chosen, 0);
+  run();
+  const kc::GemmChoice after = run.choice();
+  EXPECT_EQ(after.measured, after.candidates > 1);
 }
 
 }  // namespace

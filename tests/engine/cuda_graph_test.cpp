@@ -293,7 +293,7 @@ TEST_F(CudaGraphTest, PartOfAdamsStateInHostMemoryGivesTheSameSteps) {
     expected.push_back(train_step(on_device, x, y));
   }
   Trainee moved = tiny_gpt(gpu);
-  const uint64_t total = moved.opt->gpu_state_bytes();
+  const uint64_t total = moved.opt->gpu_parameters_state_bytes();
   ASSERT_GT(total, 0u);
   EXPECT_EQ(moved.opt->host_state_bytes(), 0u);
   uint64_t first_part = 0;
@@ -338,7 +338,7 @@ TEST_F(CudaGraphTest, PartOfAdamsStateInHostMemoryGivesTheSameSteps) {
   // From the first step on, and as a CUDA graph.
   expect_replays_match(gpu, [](Device d) {
     Trainee t = tiny_gpt(d);
-    EXPECT_TRUE(t.opt->move_state_to_host(t.opt->gpu_state_bytes() / 2));
+    EXPECT_TRUE(t.opt->move_state_to_host(t.opt->gpu_parameters_state_bytes() / 2));
     return t;
   }, batch);
 }
