@@ -85,7 +85,7 @@ void* GraphPool::allocate(size_t bytes) {
   try {
     traced_live_.emplace(p, trace_.size());
   } catch (...) {
-    addresses_->give_back(p, bytes);
+    addresses_->give_back(p);
     throw;
   }
   trace_.push_back({bytes, events_++, UINT64_MAX});
@@ -141,7 +141,7 @@ void GraphPool::deallocate(void* ptr, size_t bytes) noexcept {
   traced_live_.erase(it);
   stats_.in_use_bytes -= bytes;
   try {
-    addresses_->give_back(ptr, bytes);
+    addresses_->give_back(ptr);
   } catch (const std::bad_alloc&) {
     // (The address is not reused: the trace may run out of them sooner.)
   }

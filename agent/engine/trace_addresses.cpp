@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <iterator>
 #include <stdexcept>
 
 #include "agent/engine/allocator.h"
@@ -27,7 +26,9 @@ constexpr uint64_t kReserveGranule = 2ull << 20;
 }  // namespace
 
 TraceAddresses::TraceAddresses(Device device, uint64_t bytes)
-    : device_(device), bytes_(round_up(std::max<uint64_t>(bytes, 1), kReserveGranule)) {
+    : device_(device),
+      bytes_(round_up(std::max<uint64_t>(bytes, 1), kReserveGranule)),
+      places_(bytes_, kAlignment) {
   if (device_.is_cuda()) {
 #ifdef LEASEHOLD_HAVE_CUDA
     CUdeviceptr p = 0;
@@ -62,52 +63,18 @@ TraceAddresses::~TraceAddresses() {
 }
 
 void* TraceAddresses::take(uint64_t bytes) {
-  const uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kAlignment);
-  if (auto it = free_by_size_.lower_bound({size, 0}); it != free_by_size_.end()) {
-    const auto [run, at] = *it;
-    free_by_size_.erase(it);
-    free_at_.erase(at);
-    if (run > size) {
-      free_at_.emplace(at + size, run - size);
-      free_by_size_.emplace(run - size, at + size);
-    }
-    return base_ + at;
-  }
-  if (size > bytes_ - next_) {
+  const auto block = places_.allocate(std::max<uint64_t>(bytes, 1), PoolAllocator::End::Low);
+  if (!block) {
     throw OutOfMemoryError("a traced step's tensors need more than the " + format_bytes(bytes_) +
-                               " of addresses reserved for its trace",
+                               " of addresses reserved for its trace (" + format_bytes(bytes) +
+                               " more asked)",
                            bytes);
   }
-  void* p = base_ + next_;
-  next_ += size;
-  return p;
+  return base_ + block->offset;
 }
 
-void TraceAddresses::give_back(void* p, uint64_t bytes) {
-  uint64_t at = static_cast<uint64_t>(static_cast<char*>(p) - base_);
-  uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kAlignment);
-  // (Merged with the runs on either side, which leave both indexes.)
-  auto after = free_at_.lower_bound(at);
-  if (after != free_at_.end() && after->first == at + size) {
-    size += after->second;
-    free_by_size_.erase({after->second, after->first});
-    after = free_at_.erase(after);
-  }
-  if (after != free_at_.begin()) {
-    auto before = std::prev(after);
-    if (before->first + before->second == at) {
-      at = before->first;
-      size += before->second;
-      free_by_size_.erase({before->second, before->first});
-      free_at_.erase(before);
-    }
-  }
-  if (at + size == next_) {
-    next_ = at;  // (back to the unused end)
-    return;
-  }
-  free_at_.emplace(at, size);
-  free_by_size_.emplace(size, at);
+void TraceAddresses::give_back(void* p) {
+  places_.free(static_cast<uint64_t>(static_cast<char*>(p) - base_));
 }
 
 }  // namespace leasehold::engine

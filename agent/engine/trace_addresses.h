@@ -11,11 +11,9 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <set>
-#include <utility>
 
 #include "agent/engine/dtype.h"
+#include "shared/pool_allocator.h"
 
 namespace leasehold::engine {
 
@@ -28,15 +26,15 @@ class TraceAddresses {
   TraceAddresses(const TraceAddresses&) = delete;
   TraceAddresses& operator=(const TraceAddresses&) = delete;
 
-  // An address for `bytes`, aligned to `kAlignment`: the start of the
-  // smallest run of addresses given back that holds it (the rest stays
-  // given back), else the range's next. Runs given back merge with their
-  // neighbours and with the range's unused end, so a step whose sizes
-  // change (slices of a batch, an epoch's last batch) reuses them as a
-  // heap does. Throws OutOfMemoryError when no run nor the end holds it.
+  // An address for `bytes`, aligned to `kAlignment`, placed as the pool
+  // allocator places a lease (shared/pool_allocator.h: best fit, from the
+  // low end; runs given back merge with their neighbours), so a step whose
+  // sizes change (slices of a batch, an epoch's last batch) reuses them as
+  // a heap does. Throws OutOfMemoryError when no free run holds it.
   void* take(uint64_t bytes);
-  // REQUIRES: `p` from take(`bytes`), not given back since.
-  void give_back(void* p, uint64_t bytes);
+  // Gives back the addresses take() returned at `p`. Throws
+  // std::invalid_argument for an address it did not return.
+  void give_back(void* p);
 
   // A trace's and an arena's places alike (step_graph.cpp), so that what a
   // step decides from its tensors' alignment is the same in both: the
@@ -46,11 +44,8 @@ class TraceAddresses {
  private:
   Device device_;
   char* base_ = nullptr;
-  uint64_t bytes_ = 0, next_ = 0;  // next_: where the unused end starts
-  // Runs given back (offsets and sizes, multiples of kAlignment), by place
-  // and by size: no two adjacent, none touching the unused end.
-  std::map<uint64_t, uint64_t> free_at_;
-  std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (size, offset)
+  uint64_t bytes_ = 0;
+  PoolAllocator places_;  // offsets into [base_, base_ + bytes_)
 };
 
 }  // namespace leasehold::engine
