@@ -52,7 +52,8 @@ std::string RecomputePolicy::describe() const {
     s += ", their MLPs in " + std::to_string(mlp_slices()) + " slices of the batch at a time";
   }
   if (last_steps_ > 0) {
-    s += last_step_said_ ? ", " + last_step_said_() : ", and the optimizer's state is in host memory";
+    s += ", ";
+    s += last_step_said_ ? last_step_said_() : "and the optimizer's state is in host memory";
   }
   if (const int n = offloaded()) {
     s += "; " + std::to_string(n) + (n == 1 ? " block keeps its" : " blocks keep their") +

@@ -40,8 +40,9 @@
 // its gradient, 48 MiB each, live at once), and slices keep half of them
 // at a time, for products of half the rows and no bytes over the host
 // link (four slices kept less again, but their products and launches cost
-// the GPT job 7 points of its speed at 30% of its peak). The weights' gradients are then sums over the slices,
-// within rounding of the whole batch's (the steps before keep the bits).
+// the GPT job 7 points of its speed at 30% of its peak). The weights'
+// gradients are then sums over the slices, within rounding of the whole
+// batch's (the steps before keep the bits).
 //
 // Then, where blocks may keep their inputs in host memory (a CUDA job
 // that may spill), they do so, before the last step: one block more at
@@ -53,8 +54,8 @@
 // more than the step's forward hides), so that the step is still one
 // CUDA graph, where spilling moves bytes op by op and waits for them, and
 // where the optimizer's state in host memory makes every update read and
-// write it over the link (all of it about a third of the GPT job's step). Where
-// halves come then, they are the whole block in halves
+// write it over the link (all of it about a third of the GPT job's step).
+// Where halves come then, they are the whole block in halves
 // (Recompute::BlockInHalves): one input a block, whose backward makes the
 // MLP's input again, for one attention half's forward instead of the
 // MLP's input over the link.

@@ -31,15 +31,15 @@ struct Traits<double> {
 // the arithmetic for them (an H100: 31 µs for a [10, 84] weight gradient
 // over a batch of 128), and a split-K product is two kernels in a step's
 // chain. So do products of up to 16,384 outputs (a batch of 128 by 128
-// features) and 2M multiply-adds, an inner dimension up to 1024 as well: on an H200 under ncu, LeNet's [128, 84]
-// and [128, 120] products (1.3M each) took cuBLAS 8.8-12.6 µs in two
-// kernels (a SIMT product and its split-K reduction) and take this one
-// 4.2-8.8 µs; LeNet's first layer's forward (6.1M) took this one 19 µs
-// against cuBLAS's 13.8, and the MLP job's second layer (4.2M) cost its
-// eight jobs 3% of their throughput here. kSmallLanes neighbouring threads
-// share an output, each taking every kSmallLanes-th step of the inner
-// dimension with four loads in flight, and add up with shuffles (a fixed
-// order: deterministic).
+// features) and 2M multiply-adds, an inner dimension up to 1024 as well:
+// on an H200 under ncu, LeNet's [128, 84] and [128, 120] products (1.3M
+// each) took cuBLAS 8.8-12.6 µs in two kernels (a SIMT product and its
+// split-K reduction) and take this one 4.2-8.8 µs; LeNet's first layer's
+// forward (6.1M) took this one 19 µs against cuBLAS's 13.8, and the MLP
+// job's second layer (4.2M) cost its eight jobs 3% of their throughput
+// here. kSmallLanes neighbouring threads share an output, each taking
+// every kSmallLanes-th step of the inner dimension with four loads in
+// flight, and add up with shuffles (a fixed order: deterministic).
 constexpr int64_t kSmallOutputs = 4096, kSmallDepth = 1024;
 constexpr int64_t kSmallWideOutputs = 16384, kSmallWideWork = int64_t{1} << 21;
 constexpr int kSmallLanes = 4, kSmallBlock = 128;

@@ -72,8 +72,8 @@ using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64
 std::atomic<bool> measured_choice{true};
 
 // How an algorithm splits the reduction over k (the number of parts and
-// how they are added): two algorithms alike in this add each output's
-// products in the same order, so they write the same bits.
+// how they are added): algorithms alike in this were seen to write the
+// same bits (matmul.h), those unlike it not.
 std::pair<int, int> reduction_of(const cublasLtMatmulAlgo_t& algo) {
   int parts = 1, scheme = 0;
   size_t written = 0;
@@ -161,7 +161,7 @@ Plan& plan_for(cublasLtHandle_t lt, const GemmShape& s, GemmOut out, cublasLtEpi
 struct Event {
   cudaEvent_t e = nullptr;
   Event() { LEASEHOLD_CUDA_CHECK(cudaEventCreate(&e)); }
-  ~Event() { cudaEventDestroy(e); }
+  ~Event() { (void)cudaEventDestroy(e); }  // (a destructor reports nothing)
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
 };

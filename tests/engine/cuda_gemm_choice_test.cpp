@@ -50,10 +50,10 @@ struct ProductRun {
     const Device cuda = Device::cuda(0);
     manual_seed(11);
     a = randn({p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k}).to(cuda).to(DType::BFloat16);
-    b = mul(randn({p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n}), 0.05).to(cuda).to(
-        DType::BFloat16);
-    const DType out_type =
-        p.out == kernels::GemmOut::BFloat16 ? DType::BFloat16 : DType::Float32;
+    b = mul(randn({p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n}), 0.05)
+            .to(cuda)
+            .to(DType::BFloat16);
+    const DType out_type = p.out == kernels::GemmOut::BFloat16 ? DType::BFloat16 : DType::Float32;
     bias = randn({p.n}).to(cuda).to(out_type);
     c = empty({p.m, p.n}, {out_type, cuda});
     aux = empty({p.m, p.n}, {DType::BFloat16, cuda});
@@ -79,9 +79,9 @@ struct ProductRun {
                                 compute_stream(0)),
                 cudaSuccess);
     }
-    EXPECT_TRUE(kc::gemm_bf16_fused(cublaslt_handle(0), compute_stream(0), s,
-                                    a.data<bfloat16>(), b.data<bfloat16>(), c.raw_data(), p.out,
-                                    e, work.defined() ? work.raw_data() : nullptr, work_bytes()))
+    EXPECT_TRUE(kc::gemm_bf16_fused(cublaslt_handle(0), compute_stream(0), s, a.data<bfloat16>(),
+                                    b.data<bfloat16>(), c.raw_data(), p.out, e,
+                                    work.defined() ? work.raw_data() : nullptr, work_bytes()))
         << p.name << ": cuBLASLt has no algorithm";
     std::vector<char> bytes;
     for (const Tensor& t : p.gelu ? std::vector<Tensor>{c, aux} : std::vector<Tensor>{c}) {
@@ -124,18 +124,18 @@ TEST_F(CudaGemmChoice, EveryCandidateWritesTheHeuristicsFirstChoicesBits) {
     for (int i = 1; i < unmeasured.candidates; ++i) {
       kc::gemm_bf16_fused_choose(cublaslt_handle(0), run.s, p.out, run.e, i);
       EXPECT_TRUE(run() == first) << p.name << ": candidate " << i << " of "
-                              << unmeasured.candidates << " wrote other bits";
+                                  << unmeasured.candidates << " wrote other bits";
     }
-    EXPECT_THROW(kc::gemm_bf16_fused_choose(cublaslt_handle(0), run.s, p.out, run.e,
-                                            unmeasured.candidates),
-                 std::out_of_range);
+    EXPECT_THROW(
+        kc::gemm_bf16_fused_choose(cublaslt_handle(0), run.s, p.out, run.e, unmeasured.candidates),
+        std::out_of_range);
   }
 }
 
 TEST_F(CudaGemmChoice, APlanIsMeasuredAtItsFirstCallAndKeepsItsChoice) {
   // (Shapes of their own: no other test's plan on this thread.)
-  const Product p{"a forward product", false, true, 8192, 1152, 384, kernels::GemmOut::BFloat16,
-                  true, false};
+  const Product p{"a forward product",        false, true, 8192, 1152, 384,
+                  kernels::GemmOut::BFloat16, true,  false};
   ProductRun run(p);
   const std::vector<char> measured = run();
   const kc::GemmChoice choice = run.choice();
@@ -152,8 +152,7 @@ TEST_F(CudaGemmChoice, APlanIsMeasuredAtItsFirstCallAndKeepsItsChoice) {
   if (need > 0) {
     EXPECT_THROW(kc::gemm_bf16_fused(cublaslt_handle(0), compute_stream(0), run.s,
                                      run.a.data<bfloat16>(), run.b.data<bfloat16>(),
-                                     run.c.raw_data(), p.out, run.e, run.work.raw_data(),
-                                     need - 1),
+                                     run.c.raw_data(), p.out, run.e, run.work.raw_data(), need - 1),
                  std::invalid_argument);
   }
 }
@@ -163,15 +162,15 @@ TEST_F(CudaGemmChoice, APlanIsMeasuredAtItsFirstCallAndKeepsItsChoice) {
 // its next call outside measures it.
 TEST_F(CudaGemmChoice, ACallUnderCaptureTakesTheFirstChoiceAndTheNextOutsideMeasures) {
   const Product p{"a product first met under capture", false, true, 4096, 1152, 384,
-                  kernels::GemmOut::BFloat16, true, false};
+                  kernels::GemmOut::BFloat16,          true,  false};
   ProductRun run(p);
   cudaStream_t stream = compute_stream(0);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const bool ran = kc::gemm_bf16_fused(
-      cublaslt_handle(0), stream, run.s, run.a.data<bfloat16>(), run.b.data<bfloat16>(),
-      run.c.raw_data(), p.out, run.e, run.work.defined() ? run.work.raw_data() : nullptr,
-      run.work_bytes());
+  const bool ran =
+      kc::gemm_bf16_fused(cublaslt_handle(0), stream, run.s, run.a.data<bfloat16>(),
+                          run.b.data<bfloat16>(), run.c.raw_data(), p.out, run.e,
+                          run.work.defined() ? run.work.raw_data() : nullptr, run.work_bytes());
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);

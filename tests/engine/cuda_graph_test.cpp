@@ -137,6 +137,17 @@ Tensor train_step(Trainee& t, const Tensor& x, const Tensor& y, bool copies = tr
   return loss;
 }
 
+// `steps` training steps of `t` on `batch`, from its first; their losses.
+std::vector<Tensor> train_steps(Trainee& t, const MakeBatch& batch, int64_t steps) {
+  std::vector<Tensor> losses;
+  for (int64_t step = 0; step < steps; ++step) {
+    Tensor x, y;
+    batch(step, x, y);
+    losses.push_back(train_step(t, x, y));
+  }
+  return losses;
+}
+
 std::vector<std::vector<float>> weights(const Trainee& t) {
   std::vector<std::vector<float>> out;
   for (const auto& p : t.model->parameters()) out.push_back(p.to_vector<float>());
@@ -226,12 +237,7 @@ TEST_F(CudaGraphTest, AdamsStateInHostMemoryGivesTheSameSteps) {
   Trainee on_device = tiny_gpt(gpu);
   MakeBatch batch = text_batches(gpu);
   DeferredLabelCheck labels(gpu);
-  std::vector<Tensor> expected;
-  for (int64_t step = 0; step < 4; ++step) {
-    Tensor x, y;
-    batch(step, x, y);
-    expected.push_back(train_step(on_device, x, y));
-  }
+  const std::vector<Tensor> expected = train_steps(on_device, batch, 4);
   Trainee moved = tiny_gpt(gpu);
   for (int64_t step = 0; step < 4; ++step) {
     if (step == 2) {
@@ -286,12 +292,7 @@ TEST_F(CudaGraphTest, PartOfAdamsStateInHostMemoryGivesTheSameSteps) {
   Trainee on_device = tiny_gpt(gpu);
   MakeBatch batch = text_batches(gpu);
   DeferredLabelCheck labels(gpu);
-  std::vector<Tensor> expected;
-  for (int64_t step = 0; step < 4; ++step) {
-    Tensor x, y;
-    batch(step, x, y);
-    expected.push_back(train_step(on_device, x, y));
-  }
+  const std::vector<Tensor> expected = train_steps(on_device, batch, 4);
   Trainee moved = tiny_gpt(gpu);
   const uint64_t total = moved.opt->gpu_parameters_state_bytes();
   ASSERT_GT(total, 0u);
