@@ -264,7 +264,7 @@ nlohmann::json linear_layers(int64_t rows) {
     const E::Tensor w16 = w.to(E::DType::BFloat16), b16 = b.to(E::DType::BFloat16);
     const E::Tensor c = E::empty({rows, l.out}, {E::DType::BFloat16, cuda});
     const E::Tensor aux = E::empty({rows, l.out}, {E::DType::BFloat16, cuda});
-    constexpr size_t kWork = 16 << 20;
+    constexpr size_t kWork = leasehold::kernels::cuda::kLtMaxWorkspaceBytes;
     const E::Tensor work = E::empty({static_cast<int64_t>(kWork / 8)}, {E::DType::Int64, cuda});
     leasehold::kernels::GemmShape gs;
     gs.trans_b = true;
