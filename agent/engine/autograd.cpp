@@ -151,6 +151,11 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
 }
 
 void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool retain_graph) {
+  run_backward_from(std::move(root_fn), grad, retain_graph, Tensor(), Tensor());
+}
+
+void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool retain_graph,
+                       const Tensor& leaf, const Tensor& leaf_sum) {
   if (!root_fn) throw std::invalid_argument("backward from no node");
   const Edge start{std::move(root_fn)};
   // Dependencies: how many edges point at each node from nodes we will run.
@@ -176,6 +181,14 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool r
     ~Depth() { --t_backward_depth; }
   } depth;
   std::unordered_map<Node*, Tensor> buffers{{start.fn.get(), grad}};
+  // (Only where the graph reaches the leaf: one it does not reach would
+  // keep the sum in a buffer no node takes.)
+  if (leaf_sum.defined() && leaf.defined() && !leaf.grad_fn()) {
+    const Edge edge = gradient_edge(leaf);
+    if (edge.fn && deps.count(edge.fn.get()) && edge.fn != start.fn) {
+      buffers[edge.fn.get()] = leaf_sum;
+    }
+  }
   std::vector<std::shared_ptr<Node>> ready{start.fn};
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());

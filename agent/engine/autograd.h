@@ -164,5 +164,16 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
 // output, which nothing reads: recompute.h). Throws std::invalid_argument
 // for a null node.
 void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bool retain_graph);
+// The same, where `leaf` (a tensor that needs gradients, with no grad_fn)
+// already has `leaf_sum` of its gradient from outside this graph: it
+// starts as the leaf's sum so far, offered to the first operator to send
+// the leaf its part (Node::fold_into_input0), so that the leaf's gradient
+// is leaf_sum plus this graph's, in one pass where that operator can add
+// it. A leaf the graph sends nothing gets no gradient here (its caller
+// still holds leaf_sum). A recomputed segment's input, whose other
+// consumers summed their part of its gradient before the segment's
+// backward ran (recompute.h).
+void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bool retain_graph,
+                       const Tensor& leaf, const Tensor& leaf_sum);
 
 }  // namespace leasehold::engine

@@ -8,6 +8,7 @@
 
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
+#include "agent/engine/ops.h"
 
 namespace leasehold::engine {
 namespace {
@@ -27,26 +28,45 @@ class RecomputeBackward final : public Node {
     if (parts < 1) throw std::invalid_argument("recompute: parts must be at least 1");
   }
   const char* name() const override { return "RecomputeBackward"; }
+  // The input's gradient from its other consumers (a transformer block's
+  // MLP: the residual stream's addition) goes into the run again's
+  // backward as its input's sum so far, where the segment's first operator
+  // on it (the MLP's layer norm) adds it as it writes its own: as in the
+  // block that keeps everything, where the sum after would be one more
+  // pass over the residual stream's gradient (24 MiB a GPT block). Not
+  // for a run in slices, whose input's gradient is gathered slice by slice.
+  bool fold_into_input0(const Tensor& sum_so_far) override {
+    if (!x_requires_grad_ || parts_ > 1) return false;
+    plus_ = sum_so_far;
+    return true;
+  }
 
   std::vector<Tensor> apply(const Tensor& grad) override {
+    const Tensor plus = std::move(plus_);  // (taken for this call only, whatever happens)
     // (The input the next segment in backward needs comes in meanwhile.)
     offload_prefetch_next();
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
     if (parts_ > 1 && rows > 1) return apply_in_parts(x, grad, std::min(parts_, rows));
-    if (!run_again(x, grad)) return {};
-    return {x_requires_grad_ ? x.grad() : Tensor()};
+    // (Nothing in the segment needs gradients: the sum so far stands.)
+    if (!run_again(x, grad, plus)) return {plus};
+    if (!x_requires_grad_) return {Tensor()};
+    // (A segment whose output does not depend on its input sends it
+    // nothing: its gradient is the sum so far alone.)
+    return {x.grad().defined() ? x.grad() : plus};
   }
   void release_saved() override {
     x_.reset();
     stashed_.reset();
+    plus_ = Tensor();
   }
 
  private:
   // The segment run again on `x` (a detached input, made a leaf that
-  // wants gradients where the first one did) and its backward from `grad`;
-  // false when nothing in it needs gradients.
-  bool run_again(Tensor& x, const Tensor& grad) {
+  // wants gradients where the first one did) and its backward from `grad`,
+  // `plus` (may be undefined) x's gradient so far from outside the
+  // segment (fold_into_input0); false when nothing in it needs gradients.
+  bool run_again(Tensor& x, const Tensor& grad, const Tensor& plus = Tensor()) {
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
     {
@@ -65,9 +85,11 @@ class RecomputeBackward final : public Node {
     std::shared_ptr<Node> root = out.grad_fn();
     if (root) {
       out = Tensor();
-      run_backward_from(std::move(root), grad, /*retain_graph=*/false);
+      run_backward_from(std::move(root), grad, /*retain_graph=*/false, x, plus);
     } else {
-      run_backward(out, grad, /*retain_graph=*/false);  // (a leaf: the segment gave x back)
+      // (A leaf: the segment gave x back, whose gradient is then the sum
+      // so far and `grad`, added in the order the engine adds them.)
+      run_backward(out, plus.defined() ? add(plus, grad) : grad, /*retain_graph=*/false);
     }
     return true;
   }
@@ -111,6 +133,7 @@ class RecomputeBackward final : public Node {
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
   int64_t parts_;
+  Tensor plus_;  // fold_into_input0's, until apply
 };
 
 }  // namespace

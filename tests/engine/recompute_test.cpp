@@ -66,6 +66,71 @@ TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {
   EXPECT_FALSE(replays.back());
 }
 
+// y = x, whose backward takes x's gradient so far where it is offered one
+// (Node::fold_into_input0), as a layer norm does, and counts the offers.
+struct FoldingIdentity final : Node {
+  int* folds = nullptr;
+  Tensor plus;
+  const char* name() const override { return "FoldingIdentity"; }
+  bool saves_tensors() const override { return false; }
+  bool fold_into_input0(const Tensor& sum_so_far) override {
+    plus = sum_so_far;
+    ++*folds;
+    return true;
+  }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    const Tensor p = std::move(plus);
+    return {p.defined() ? add(p, g) : g};
+  }
+};
+
+Tensor folding_identity(const Tensor& x, int* folds) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = x.clone();
+  }
+  auto node = std::make_shared<FoldingIdentity>();
+  node->folds = folds;
+  record(out, node, {&x});
+  return out;
+}
+
+// A segment's input that also feeds another operator (a transformer
+// block's MLP and its residual addition): the other's part of its
+// gradient goes into the run again's backward, to the segment's first
+// operator on it, which adds it as it writes its own (where the engine
+// would add the two after, one more pass); the gradients are the same.
+// A segment whose output does not depend on its input gives it the other
+// part alone.
+TEST(Recompute, TheInputsOtherGradientIsAddedWithinTheSegment) {
+  Tensor w = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor x = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
+  int folds = 0;
+  Segment f = [&](const Tensor& in, bool) { return mul(folding_identity(in, &folds), w); };
+  Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+  Tensor out;
+  {
+    StepRandom random(3, step);
+    out = add(x, recompute_in_backward(f, x));
+  }
+  sum(out).backward();
+  EXPECT_EQ(folds, 1);
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 3, 4}));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 2, 3}));
+
+  Tensor v = from_vector<float>({5, 6, 7}, {3}).set_requires_grad(true);
+  Segment constant = [&](const Tensor&, bool) { return mul(v, v); };
+  x.set_grad(Tensor());
+  {
+    StepRandom random(3, step);
+    out = add(x, recompute_in_backward(constant, x));
+  }
+  sum(out).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(v.grad().to_vector<float>(), (std::vector<float>{10, 12, 14}));
+}
+
 // In parts, backward runs the segment again over slices of x's rows, each
 // at most one row apart in size, never more slices than rows: 5 rows in 2
 // slices of 2 and 3, 3 rows in 4 parts as 3 slices of one. The input's
