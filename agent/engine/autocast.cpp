@@ -13,7 +13,7 @@
 namespace leasehold::engine {
 namespace {
 thread_local std::optional<DType> t_autocast;
-thread_local const AutocastWeights* t_weights = nullptr;  // the innermost scope
+thread_local AutocastWeights* t_weights = nullptr;  // the innermost scope
 
 const KernelTable<decltype(kernels::cpu::convert_bf16_copies)> kConvertCopies{
     "autocast_weights",
@@ -85,6 +85,17 @@ AutocastWeights::~AutocastWeights() {
   }
   t_weights = outer_;
 }
+
+void AutocastWeights::release(const std::vector<Tensor>& params) {
+  for (AutocastWeights* s = this; s != nullptr; s = s->outer_) {
+    std::erase_if(s->copies_, [&](const std::pair<Tensor, Tensor>& c) {
+      return std::any_of(params.begin(), params.end(),
+                         [&](const Tensor& p) { return same_tensor(c.first, p); });
+    });
+  }
+}
+
+AutocastWeights* autocast_weights() { return t_weights; }
 
 const Tensor* AutocastWeights::find(const Tensor& t) const {
   for (const AutocastWeights* s = this; s != nullptr; s = s->outer_) {

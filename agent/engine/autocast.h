@@ -76,12 +76,21 @@ class AutocastWeights {
   // recomputing blocks did not keep are then not held through backward,
   // where such a step is short of memory.
   void release() { copies_.clear(); }
+  // Lets the copies of `params` go, from this scope and those it nests in
+  // (the others stay): a transformer block that recomputes in backward
+  // once its forward has read them (nn.h), where they would otherwise be
+  // held to the forward pass's end, the step's peak where such a step is
+  // short of memory.
+  void release(const std::vector<Tensor>& params);
   size_t copies() const { return copies_.size(); }
 
  private:
   std::vector<std::pair<Tensor, Tensor>> copies_;  // (parameter, its bfloat16 copy)
-  const AutocastWeights* outer_;
+  AutocastWeights* outer_;
 };
+
+// The innermost AutocastWeights live on this thread, if any.
+AutocastWeights* autocast_weights();
 
 // The bfloat16 tensor autocast multiplies for float32 `t`: its copy from a
 // live AutocastWeights on this thread, else a conversion made now (not

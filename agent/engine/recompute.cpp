@@ -22,6 +22,7 @@ class RecomputeBackward final : public Node {
         x_(stashed ? SavedTensor() : SavedTensor(x)),
         stashed_(std::move(stashed)),
         x_requires_grad_(x.requires_grad()),
+        x_sizes_(x.sizes()),
         random_(std::move(random)),
         autocast_(autocast),
         parts_(parts) {
@@ -33,10 +34,14 @@ class RecomputeBackward final : public Node {
   // backward as its input's sum so far, where the segment's first operator
   // on it (the MLP's layer norm) adds it as it writes its own: as in the
   // block that keeps everything, where the sum after would be one more
-  // pass over the residual stream's gradient (24 MiB a GPT block). Not
-  // for a run in slices, whose input's gradient is gathered slice by slice.
+  // pass over the residual stream's gradient (24 MiB a GPT block). A run
+  // in slices takes it slice by slice (a contiguous one only: its slices
+  // are then too).
   bool fold_into_input0(const Tensor& sum_so_far) override {
-    if (!x_requires_grad_ || parts_ > 1) return false;
+    if (!x_requires_grad_ || sum_so_far.sizes() != x_sizes_ ||
+        (parts_ > 1 && !sum_so_far.is_contiguous())) {
+      return false;
+    }
     plus_ = sum_so_far;
     return true;
   }
@@ -47,7 +52,7 @@ class RecomputeBackward final : public Node {
     offload_prefetch_next();
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
-    if (parts_ > 1 && rows > 1) return apply_in_parts(x, grad, std::min(parts_, rows));
+    if (parts_ > 1 && rows > 1) return apply_in_parts(x, grad, plus, std::min(parts_, rows));
     // (Nothing in the segment needs gradients: the sum so far stands.)
     if (!run_again(x, grad, plus)) return {plus};
     if (!x_requires_grad_) return {Tensor()};
@@ -96,8 +101,10 @@ class RecomputeBackward final : public Node {
 
   // The segment's run again and its backward over `parts` slices of x's
   // first dimension, one after another (recompute.h); x's gradient is
-  // gathered slice by slice.
-  std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, int64_t parts) {
+  // gathered slice by slice, each with its slice of `plus` (may be
+  // undefined; contiguous) as run_again's.
+  std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, const Tensor& plus,
+                                     int64_t parts) {
     const int64_t rows = x.size(0);
     if (grad.dim() == 0 || grad.size(0) != rows) {
       throw std::logic_error("recomputed segment in parts: its gradient " + grad.shape_str() +
@@ -108,18 +115,22 @@ class RecomputeBackward final : public Node {
     for (int64_t part = 0, first = 0; part < parts; ++part) {
       const int64_t count = (rows - first) / (parts - part);
       Tensor xs = x.narrow(0, first, count).detach();
+      const Tensor plus_slice = plus.defined() ? plus.narrow(0, first, count) : Tensor();
       {
         // (A parameter's gradient is whole after the last slice: only then
         // is it ready, for a data-parallel job's all-reduce.)
         std::optional<GradientReadyGuard> not_yet;
         if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
-        if (!run_again(xs, grad.narrow(0, first, count).contiguous())) return {};
+        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice)) return {plus};
       }
       if (x_requires_grad_) {
         NoGradGuard no_grad;
         // (No gradient: the slice's output did not depend on it.)
         const Tensor g = xs.grad();
-        dx.narrow(0, first, count).copy_(g.defined() ? g : zeros(xs.sizes(), xs.options()));
+        dx.narrow(0, first, count)
+            .copy_(g.defined()            ? g
+                   : plus_slice.defined() ? plus_slice
+                                          : zeros(xs.sizes(), xs.options()));
       }
       first += count;
     }
@@ -130,6 +141,7 @@ class RecomputeBackward final : public Node {
   SavedTensor x_;
   std::shared_ptr<OffloadedTensor> stashed_;
   bool x_requires_grad_;
+  Shape x_sizes_;
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
   int64_t parts_;

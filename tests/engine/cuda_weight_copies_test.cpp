@@ -9,6 +9,7 @@
 
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
+#include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "kernels/elementwise.h"
 #include "shared/device.h"
@@ -129,6 +130,47 @@ TEST_F(CudaWeightCopies, ServeAStepsProducts) {
   }
   EXPECT_EQ(saved.to(DType::Float32).to_vector<float>(),
             w.to(DType::BFloat16).to(DType::Float32).to_vector<float>());
+}
+
+// A transformer block that recomputes in backward lets the step's copies of
+// its weights go once its forward has read them (the others keep theirs to
+// the scope's release); its run again in backward converts its own, and
+// the gradients are the bits of a block that keeps everything.
+TEST_F(CudaWeightCopies, ABlockThatRecomputesLetsItsCopiesGoAfterItsForward) {
+  const Device cuda = Device::cuda();
+  using Recompute = nn::TransformerBlock::Recompute;
+  auto run = [&](Recompute first, bool check_copies) {
+    manual_seed(44);
+    nn::TransformerBlock a(64, 4, 0.1, 2), b(64, 4, 0.1, 2);
+    a.to(cuda);
+    b.to(cuda);
+    a.set_recompute(first);
+    const Tensor x = randn({2, 24, 64}).to(cuda);
+    const Tensor step = zeros({}, {DType::Int64, cuda});
+    AutocastGuard autocast(DType::BFloat16);
+    std::vector<Tensor> params = a.product_parameters();
+    for (Tensor& t : b.product_parameters()) params.push_back(t);
+    Tensor out;
+    {
+      AutocastWeights copies(params);
+      StepRandom random(5, step);
+      out = b(a(x));
+      if (check_copies) {
+        for (const Tensor& p : a.product_parameters()) EXPECT_EQ(copies.find(p), nullptr);
+        for (const Tensor& p : b.product_parameters()) EXPECT_NE(copies.find(p), nullptr);
+        EXPECT_EQ(copies.copies(), b.product_parameters().size());
+      }
+      sum(out).backward();
+    }
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& p : a.parameters()) {
+      grads.push_back(p.grad().to(Device::cpu()).to_vector<float>());
+    }
+    return grads;
+  };
+  const auto kept = run(Recompute::None, false);
+  EXPECT_EQ(run(Recompute::Block, true), kept);
+  EXPECT_EQ(run(Recompute::Mlp, true), kept);
 }
 
 }  // namespace

@@ -101,34 +101,42 @@ Tensor folding_identity(const Tensor& x, int* folds) {
 // gradient goes into the run again's backward, to the segment's first
 // operator on it, which adds it as it writes its own (where the engine
 // would add the two after, one more pass); the gradients are the same.
+// Run in slices, each slice's backward takes its slice of the other part.
 // A segment whose output does not depend on its input gives it the other
 // part alone.
 TEST(Recompute, TheInputsOtherGradientIsAddedWithinTheSegment) {
-  Tensor w = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
-  Tensor x = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor w = from_vector<float>({1, 2, 3}, {1, 3}).set_requires_grad(true);
+  Tensor x = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad(true);
   int folds = 0;
   Segment f = [&](const Tensor& in, bool) { return mul(folding_identity(in, &folds), w); };
   Tensor step = zeros({}, {DType::Int64, Device::cpu()});
-  Tensor out;
-  {
-    StepRandom random(3, step);
-    out = add(x, recompute_in_backward(f, x));
+  for (int64_t parts : {1, 2}) {
+    SCOPED_TRACE(std::to_string(parts) + " parts");
+    folds = 0;
+    x.set_grad(Tensor());
+    w.set_grad(Tensor());
+    Tensor out;
+    {
+      StepRandom random(3, step);
+      out = add(x, recompute_in_backward(f, x, nullptr, parts));
+    }
+    sum(out).backward();
+    EXPECT_EQ(folds, parts);
+    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 3, 4, 2, 3, 4}));
+    EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{5, 7, 9}));
   }
-  sum(out).backward();
-  EXPECT_EQ(folds, 1);
-  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 3, 4}));
-  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1, 2, 3}));
 
   Tensor v = from_vector<float>({5, 6, 7}, {3}).set_requires_grad(true);
   Segment constant = [&](const Tensor&, bool) { return mul(v, v); };
   x.set_grad(Tensor());
+  Tensor out;
   {
     StepRandom random(3, step);
     out = add(x, recompute_in_backward(constant, x));
   }
   sum(out).backward();
-  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1, 1}));
-  EXPECT_EQ(v.grad().to_vector<float>(), (std::vector<float>{10, 12, 14}));
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(v.grad().to_vector<float>(), (std::vector<float>{20, 24, 28}));
 }
 
 // In parts, backward runs the segment again over slices of x's rows, each
