@@ -216,6 +216,14 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     options.spill->keep_resident(model->parameters());
     spill_hooks.emplace(options.spill);
   }
+  // What the step keeps in page-locked host memory by plan (the blocks'
+  // inputs, the optimizer's state: below) comes out of the spill store's
+  // host tier, with what it spills there (agent/spill/host_tier.h); a job
+  // whose store has no host tier keeps none.
+  const std::shared_ptr<E::Allocator> host_tier =
+      options.spill ? options.spill->host_allocator() : nullptr;
+  std::optional<E::PinnedHostGuard> host_tier_guard;
+  if (host_tier) host_tier_guard.emplace(host_tier);
   // Over its memory budget, the job's transformer blocks recompute in
   // backward before its activations spill (recompute_policy.h).
   // Its last step: the optimizer's state to host memory, an eighth of it
@@ -232,7 +240,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   RecomputePolicy recompute(
       *model, options.spill,
       [&]() -> bool {
-        if (!options.spill) return false;
+        if (!host_tier) return false;
         // (Nothing left to move: the graph stays.)
         const uint64_t state = optimizer->gpu_parameters_state_bytes();
         if (optimizer->host_state_bytes() >= state) return false;
@@ -242,7 +250,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         }
         return optimizer->move_state_to_host((state + kStateParts - 1) / kStateParts);
       },
-      /*offload=*/options.spill && options.device.is_cuda(), [&] {
+      /*offload=*/host_tier && options.device.is_cuda(), [&] {
         return "and " + format_bytes(optimizer->host_state_bytes()) + " of the optimizer's " +
                format_bytes(optimizer->gpu_parameters_state_bytes()) +
                " of state is in host memory";

@@ -156,6 +156,7 @@ class BorrowedMemory final : public Allocator {
 
 thread_local std::shared_ptr<Allocator> t_cpu_override;
 thread_local std::shared_ptr<Allocator> t_cuda_override;
+thread_local std::shared_ptr<Allocator> t_pinned_override;  // PinnedHostGuard's
 thread_local DeferFreesGuard* t_defer_frees = nullptr;
 
 }  // namespace
@@ -176,10 +177,18 @@ std::shared_ptr<Allocator> cuda_allocator(int device) {
 }
 
 std::shared_ptr<Allocator> pinned_host_allocator() {
+  if (t_pinned_override) return t_pinned_override;
   static auto a = std::make_shared<PinnedHostAllocator>();
   return a;
 }
 #endif
+
+PinnedHostGuard::PinnedHostGuard(std::shared_ptr<Allocator> alloc)
+    : previous_(std::move(t_pinned_override)) {
+  t_pinned_override = std::move(alloc);
+}
+
+PinnedHostGuard::~PinnedHostGuard() { t_pinned_override = std::move(previous_); }
 
 std::shared_ptr<Allocator> current_allocator(Device device) {
   if (device.is_cuda()) {

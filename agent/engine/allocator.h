@@ -90,9 +90,26 @@ std::shared_ptr<Allocator> cuda_allocator(int device);
 // and writes it directly at the same address (unified addressing), over
 // the host link. For state a kernel touches once a step that a device's
 // memory cannot spare (an optimizer's, optim.h). Allocating pins pages and
-// may take milliseconds; freeing waits for the device.
+// may take milliseconds; freeing waits for the device. This thread's: the
+// one a PinnedHostGuard installed, else cudaHostAlloc's.
 std::shared_ptr<Allocator> pinned_host_allocator();
 #endif
+
+// Installs `alloc` (page-locked host memory, a CPU device's) as
+// pinned_host_allocator() on this thread until destroyed: a job's host
+// tier (agent/spill/host_tier.h), so that what its step keeps in host
+// memory by plan (host_offload.h, optim.h) counts in the tier the operator
+// set and stops at its room, where cudaHostAlloc's would pin more.
+class PinnedHostGuard {
+ public:
+  explicit PinnedHostGuard(std::shared_ptr<Allocator> alloc);
+  ~PinnedHostGuard();
+  PinnedHostGuard(const PinnedHostGuard&) = delete;
+  PinnedHostGuard& operator=(const PinnedHostGuard&) = delete;
+
+ private:
+  std::shared_ptr<Allocator> previous_;
+};
 
 // The allocator new tensors on `device` get on this thread.
 std::shared_ptr<Allocator> current_allocator(Device device);

@@ -44,7 +44,7 @@ std::optional<DType> autocast_dtype(Device device);
 // parameters for the length of its region for the same reason). While one
 // lives on a thread, a product under autocast that reads one of `params`
 // (a linear layer's weight, or its bias for a bfloat16 result) reads its
-// copy, until release(). The copies are made in one pass (a launch per
+// copy, until release() (of all, or of some). The copies are made in one pass (a launch per
 // kernels::kMaxConvertTensors tensors) and have the bits of the conversion
 // each product would have made: the results are the same bits. Only
 // float32 tensors on a device with autocast on get copies (so none on the
@@ -72,9 +72,10 @@ class AutocastWeights {
   // Lets its copies go: from then on each lives as long as something else
   // holds it (the saved tensors of the products that read it), and a
   // product finds none here and converts its own (a segment recomputed in
-  // backward). A step calls it after its forward pass: the copies its
-  // recomputing blocks did not keep are then not held through backward,
-  // where such a step is short of memory.
+  // backward). A step calls it after its forward pass: the copies no
+  // product saved (a bias's) are then not held through backward, where
+  // a step is short of memory. (Blocks that recompute let theirs go
+  // earlier, below.)
   void release() { copies_.clear(); }
   // Lets the copies of `params` go, from this scope and those it nests in
   // (the others stay): a transformer block that recomputes in backward

@@ -37,7 +37,10 @@ class Node {
   // another over the same tensor) takes it and returns true, and apply's
   // gradient for input 0 then includes it, bit for bit the sum the engine
   // would have made. A transformer's layer norms take their residual
-  // stream's gradient so.
+  // stream's gradient so. (A recomputed segment passes it on to its first
+  // operator on the input, recompute.cpp: where the segment reads its
+  // input more than once, the sum's order is then that of the segment
+  // that keeps its activations, not the engine's after the segment.)
   virtual bool fold_into_input0(const Tensor& sum_so_far) {
     (void)sum_so_far;
     return false;
@@ -169,8 +172,9 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bo
 // starts as the leaf's sum so far, offered to the first operator to send
 // the leaf its part (Node::fold_into_input0), so that the leaf's gradient
 // is leaf_sum plus this graph's, in one pass where that operator can add
-// it. A leaf the graph sends nothing gets no gradient here (its caller
-// still holds leaf_sum). A recomputed segment's input, whose other
+// it. A leaf the graph does not reach gets no gradient here (its caller
+// still holds leaf_sum); one it reaches gets at least leaf_sum. A
+// recomputed segment's input, whose other
 // consumers summed their part of its gradient before the segment's
 // backward ran (recompute.h).
 void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bool retain_graph,

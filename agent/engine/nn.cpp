@@ -303,7 +303,7 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   // (the GPT's: 3.4 MiB a block), where a step that recomputes has its
   // peak. (A block recomputing its MLP only: its attention's products
   // keep theirs.)
-  if (is_training() && recompute_ != Recompute::None) {
+  if (is_training() && grad_enabled() && recompute_ != Recompute::None) {
     if (AutocastWeights* copies = autocast_weights()) copies->release(product_parameters());
   }
   // (Inputs stashed a block ago leave the device: host_offload.h.)
@@ -316,7 +316,7 @@ namespace {
 // Run again in backward, a segment's products read their weights' bfloat16
 // copies from one pass made here (autocast.h), where each would convert
 // its own weight and bias, a launch each (the step's copies are gone by
-// then: the job's step lets them go after its forward). The same bits.
+// then: the block let them go after its own forward). The same bits.
 // (An MLP run again in slices of the batch makes them once a slice.)
 void copy_weights_for_replay(bool replay, std::optional<AutocastWeights>& copies,
                              std::initializer_list<const Module*> modules) {

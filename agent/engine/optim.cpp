@@ -1,5 +1,7 @@
 #include "agent/engine/optim.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -304,19 +306,29 @@ bool Adam::move_state([[maybe_unused]] uint64_t at_least_bytes) {
   }
   if (moving.empty()) return false;
   // Every copy made before any is swapped in: a host allocation that fails
-  // leaves the state where it was. (State not made yet is made in host
-  // memory at its first update.)
+  // (the job's host tier full, allocator.h: PinnedHostGuard) leaves the
+  // state where it was, and moves nothing. (State not made yet is made now,
+  // zero, as its first update would make it: that update must not be the
+  // one to find host memory short.)
   std::vector<Tensor> m = m_, v = v_;
-  {
+  try {
     AllocatorGuard pinned(pinned_host_allocator());
     for (size_t i : moving) {
-      if (!m_[i].defined()) continue;
       const Tensor& p = params_[i].second;
       m[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
       v[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
-      m[i].copy_(m_[i]);
-      v[i].copy_(v_[i]);
+      if (m_[i].defined()) {
+        m[i].copy_(m_[i]);
+        v[i].copy_(v_[i]);
+      } else {
+        m[i].fill_(0.0);
+        v[i].fill_(0.0);
+      }
     }
+  } catch (const OutOfMemoryError& e) {
+    spdlog::warn("the optimizer's state of {} parameters stays on the device: {}", moving.size(),
+                 e.what());
+    return false;
   }
   m_.swap(m);
   v_.swap(v);

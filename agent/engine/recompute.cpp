@@ -23,6 +23,7 @@ class RecomputeBackward final : public Node {
         stashed_(std::move(stashed)),
         x_requires_grad_(x.requires_grad()),
         x_sizes_(x.sizes()),
+        x_options_(x.options()),
         random_(std::move(random)),
         autocast_(autocast),
         parts_(parts) {
@@ -39,6 +40,7 @@ class RecomputeBackward final : public Node {
   // are then too).
   bool fold_into_input0(const Tensor& sum_so_far) override {
     if (!x_requires_grad_ || sum_so_far.sizes() != x_sizes_ ||
+        sum_so_far.dtype() != x_options_.dtype || sum_so_far.device() != x_options_.device ||
         (parts_ > 1 && !sum_so_far.is_contiguous())) {
       return false;
     }
@@ -93,8 +95,12 @@ class RecomputeBackward final : public Node {
       run_backward_from(std::move(root), grad, /*retain_graph=*/false, x, plus);
     } else {
       // (A leaf: the segment gave x back, whose gradient is then the sum
-      // so far and `grad`, added in the order the engine adds them.)
-      run_backward(out, plus.defined() ? add(plus, grad) : grad, /*retain_graph=*/false);
+      // so far and `grad`, added in the order the engine adds them; or
+      // another leaf, a parameter, whose gradient is `grad` alone: x's is
+      // then the sum so far.)
+      const bool gave_x = out.impl() == x.impl();
+      run_backward(out, gave_x && plus.defined() ? add(plus, grad) : grad,
+                   /*retain_graph=*/false);
     }
     return true;
   }
@@ -121,7 +127,11 @@ class RecomputeBackward final : public Node {
         // is it ready, for a data-parallel job's all-reduce.)
         std::optional<GradientReadyGuard> not_yet;
         if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
-        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice)) return {plus};
+        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice)) {
+          // (What needs gradients does not change between slices.)
+          if (part > 0) throw std::logic_error("recomputed segment: a slice needs no gradients");
+          return {plus};
+        }
       }
       if (x_requires_grad_) {
         NoGradGuard no_grad;
@@ -142,6 +152,7 @@ class RecomputeBackward final : public Node {
   std::shared_ptr<OffloadedTensor> stashed_;
   bool x_requires_grad_;
   Shape x_sizes_;
+  TensorOptions x_options_;
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
   int64_t parts_;

@@ -43,6 +43,7 @@ class FaultInjectingSpillStore final : public SpillStore {
   Status get(SpillId id, void* dst) override;
   void erase(SpillId id) override;
   SpillStats stats() const override { return inner_.stats(); }
+  std::shared_ptr<engine::Allocator> host_allocator() override { return inner_.host_allocator(); }
 
  private:
   std::string name_of(SpillId id) const;

@@ -135,6 +135,9 @@ class SpillManager final : public engine::SavedTensorHooks,
   }
 
   SpillStats store_stats() const { return store_->stats(); }
+  // The store's page-locked host memory for tensors kept there by plan
+  // (spill_store.h: host_allocator); null where it has no host tier.
+  std::shared_ptr<engine::Allocator> host_allocator() { return store_->host_allocator(); }
   SpillCounters counters() const { return counters_; }
   // Saved tensors registered now, and how many of them are off the device.
   size_t entries() const { return entries_.size(); }

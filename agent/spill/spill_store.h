@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/engine/allocator.h"
 #include "shared/status.h"
 
 namespace leasehold::spill {
@@ -97,6 +98,14 @@ class SpillStore {
   virtual void erase(SpillId id) = 0;
 
   virtual SpillStats stats() const = 0;
+
+  // Page-locked host memory for tensors the job keeps in host memory by
+  // plan (engine/host_offload.h, engine/optim.h), counted in the same host
+  // tier as its spills and refused past its room (host_tier.h); null where
+  // the store has no host tier (the job then keeps no such tensors). Its
+  // memory must be freed before the store is destroyed (the job's tensors
+  // go before its spill manager).
+  virtual std::shared_ptr<engine::Allocator> host_allocator() { return nullptr; }
 };
 
 }  // namespace leasehold::spill

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "agent/spill/host_tier.h"
 #include "shared/pool_allocator.h"
 #include "shared/units.h"
 
@@ -53,6 +54,7 @@ class TieredSpillStore::Impl {
   Status get(SpillId id, void* dst, std::shared_ptr<Fence>* done);
   void erase(SpillId id);
   SpillStats stats() const;
+  std::shared_ptr<engine::Allocator> host_allocator() const { return host_allocator_; }
   Status flush();
   std::string file_path() const;
 
@@ -159,8 +161,8 @@ class TieredSpillStore::Impl {
   bool stop_ = false;
 
   std::unordered_map<SpillId, Entry> entries_;
-  std::optional<PoolAllocator> host_alloc_;
-  uint64_t host_limit_ = 0;
+  std::shared_ptr<HostTier> host_;  // null: no host tier
+  std::shared_ptr<engine::Allocator> host_allocator_;  // host_'s planned tensors (null: none)
   std::vector<Slot> slots_;
   int prefetch_slots_ = 0;
   uint64_t use_clock_ = 0;
@@ -183,9 +185,9 @@ class TieredSpillStore::Impl {
 TieredSpillStore::Impl::Impl(Transfer& transfer, TieredStoreOptions options)
     : transfer_(transfer), opt_(std::move(options)), chunk_(opt_.chunk_bytes) {
   if (opt_.host_tier && opt_.host_tier->size() >= kPage) {
-    host_alloc_.emplace(opt_.host_tier->size(), kPage);
-    host_limit_ = opt_.host_limit ? std::min<uint64_t>(opt_.host_limit, host_alloc_->pool_size())
-                                  : host_alloc_->pool_size();
+    host_ = std::make_shared<HostTier>(opt_.host_tier->data(), opt_.host_tier->size(),
+                                       opt_.host_limit, kPage);
+    host_allocator_ = std::make_shared<HostTierAllocator>(host_, transfer_.device());
   }
   // Bad options disable the file tier with a reason that put() reports, so
   // that construction never fails (see the header).
@@ -229,9 +231,9 @@ TieredSpillStore::Impl::~Impl() {
 
 Status TieredSpillStore::Impl::no_room(const std::string& name, size_t bytes,
                                        const std::string& why) const {
-  std::string host = host_alloc_ ? format_bytes(host_alloc_->used_bytes()) + " of " +
-                                       format_bytes(host_limit_) + " used"
-                                 : std::string("none");
+  std::string host = host_ ? format_bytes(host_->used_bytes()) + " of " +
+                                  format_bytes(host_->limit()) + " used"
+                            : std::string("none");
   return Status::io_error("no room to spill tensor " + name + " (" + bytes_text(bytes) +
                               "): host tier " + host + ", " + why,
                           ENOSPC);
@@ -251,12 +253,9 @@ Status TieredSpillStore::Impl::put(SpillId id, const void* src, size_t bytes,
     e.name = name;
     return Status::OK();
   }
-  if (host_alloc_) {
-    uint64_t need = host_alloc_->round_up(bytes);
-    if (need != 0 && host_alloc_->used_bytes() + need <= host_limit_) {
-      if (auto b = host_alloc_->allocate(bytes, PoolAllocator::End::Low)) {
-        return put_host(lock, id, p, bytes, name, b->offset);
-      }
+  if (host_) {
+    if (const auto offset = host_->allocate(bytes, PoolAllocator::End::Low)) {
+      return put_host(lock, id, p, bytes, name, *offset);
     }
   }
   if (!file_tier_problem_.ok()) {
@@ -279,14 +278,14 @@ Status TieredSpillStore::Impl::put_host(std::unique_lock<std::mutex>& lock, Spil
   std::shared_ptr<Fence> fence;
   Status st;
   try {
-    transfer_.to_host(opt_.host_tier->data() + offset, src, bytes);
+    transfer_.to_host(host_->data(offset), src, bytes);
     fence = transfer_.mark();
   } catch (const std::exception& ex) {
     st = from_exception("cannot copy tensor " + name + " off the device", ex);
   }
   lock.lock();
   if (!st.ok()) {
-    host_alloc_->free(offset);
+    host_->free(offset);
     entries_.erase(id);
     return st;
   }
@@ -515,7 +514,7 @@ void TieredSpillStore::Impl::drop_locked(std::unique_lock<std::mutex>& lock, Spi
   if (e.tier == Tier::Host) {
     // A copy into the region may still run: the next put's copy into it is
     // queued behind it on the same copy stream.
-    host_alloc_->free(e.offset);
+    host_->free(e.offset);
     stats_.host_bytes -= e.bytes;
   } else if (e.tier == Tier::File) {
     for (Chunk& c : e.chunks) {
@@ -614,7 +613,7 @@ Status TieredSpillStore::Impl::get(SpillId id, void* dst, std::shared_ptr<Fence>
   if (e.tier == Tier::Host) {
     lock.unlock();
     try {
-      transfer_.to_device(dst, opt_.host_tier->data() + e.offset, e.bytes);
+      transfer_.to_device(dst, host_->data(e.offset), e.bytes);
       std::shared_ptr<Fence> f = transfer_.mark();
       if (done) {
         *done = std::move(f);
@@ -933,6 +932,10 @@ void TieredSpillStore::erase(SpillId id) {
 }
 
 SpillStats TieredSpillStore::stats() const { return impl_->stats(); }
+
+std::shared_ptr<engine::Allocator> TieredSpillStore::host_allocator() {
+  return impl_->host_allocator();
+}
 
 Status TieredSpillStore::flush() {
   try {

@@ -1,6 +1,7 @@
 // The real spill store: a tensor goes to the host tier (a region of pinned
-// host memory allocated once at agent start) when it fits there, else to
-// the spill file. See spill_store.h for the contract.
+// host memory allocated once at agent start, which the job's page-locked
+// tensors share: host_tier.h) when it fits there, else to the spill file.
+// See spill_store.h for the contract.
 //
 // The spill file (one per job, created at the first put that needs it):
 // DIRECTORY/spill-PID-TAG.bin, opened with O_DIRECT (plain buffered I/O,
@@ -57,6 +58,7 @@ class TieredSpillStore final : public SpillStore {
   Status get_async(SpillId id, void* dst, std::shared_ptr<Fence>* done) override;
   void erase(SpillId id) override;
   SpillStats stats() const override;
+  std::shared_ptr<engine::Allocator> host_allocator() override;
 
   // Waits until every write (and read) in flight has finished; returns the
   // first write error, if any (the one later puts fail with). For tests and

@@ -8,8 +8,10 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <string>
 
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
@@ -342,6 +344,74 @@ TEST_F(CudaGraphTest, PartOfAdamsStateInHostMemoryGivesTheSameSteps) {
     EXPECT_TRUE(t.opt->move_state_to_host(t.opt->gpu_parameters_state_bytes() / 2));
     return t;
   }, batch);
+}
+
+// Page-locked host memory up to a limit, counted: a job's host tier
+// (agent/spill/host_tier.h), as its PinnedHostGuard installs it.
+class LimitedPinned final : public Allocator {
+ public:
+  explicit LimitedPinned(uint64_t limit) : limit_(limit) {}
+  void* allocate(size_t bytes) override {
+    std::lock_guard lock(mu_);
+    if (in_use_ + bytes > limit_) {
+      throw OutOfMemoryError("no room for " + std::to_string(bytes) + " bytes", bytes);
+    }
+    void* p = inner_->allocate(bytes);
+    in_use_ += bytes;
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    inner_->deallocate(p, bytes);
+    std::lock_guard lock(mu_);
+    in_use_ -= bytes;
+  }
+  Device device() const override { return Device::cpu(); }
+  AllocatorStats stats() const override {
+    std::lock_guard lock(mu_);
+    AllocatorStats s;
+    s.in_use_bytes = in_use_;
+    return s;
+  }
+
+ private:
+  std::shared_ptr<Allocator> inner_ = pinned_host_allocator();  // (cudaHostAlloc's: no guard yet)
+  uint64_t limit_;
+  mutable std::mutex mu_;
+  uint64_t in_use_ = 0;
+};
+
+// Adam's state in host memory comes from this thread's page-locked memory
+// (a job's host tier): a move it has no room for moves nothing and keeps
+// the state where it was; one it has room for takes its bytes there,
+// state not made yet (before the first step) made now, zero. The steps
+// give the bits of the state kept on the device either way.
+TEST_F(CudaGraphTest, AdamsStateInHostMemoryComesFromTheThreadsPageLockedMemory) {
+  Trainee on_device = tiny_gpt(gpu);
+  MakeBatch batch = text_batches(gpu);
+  DeferredLabelCheck labels(gpu);
+  const std::vector<Tensor> expected = train_steps(on_device, batch, 3);
+  Trainee moved = tiny_gpt(gpu);
+  const uint64_t total = moved.opt->gpu_parameters_state_bytes();
+  auto tier = std::make_shared<LimitedPinned>(total / 2);
+  {
+    PinnedHostGuard guard(tier);
+    EXPECT_EQ(pinned_host_allocator(), tier);
+    EXPECT_FALSE(moved.opt->move_state_to_host(total)) << "all of it: no room";
+    EXPECT_EQ(moved.opt->host_state_bytes(), 0u);
+    EXPECT_EQ(tier->stats().in_use_bytes, 0u);
+    ASSERT_TRUE(moved.opt->move_state_to_host(1));
+    EXPECT_GT(moved.opt->host_state_bytes(), 0u);
+    EXPECT_GE(tier->stats().in_use_bytes, moved.opt->host_state_bytes());
+  }
+  EXPECT_NE(pinned_host_allocator(), tier);
+  for (int64_t step = 0; step < 3; ++step) {
+    Tensor x, y;
+    batch(step, x, y);
+    EXPECT_EQ(train_step(moved, x, y).to_vector<float>(), expected[step].to_vector<float>())
+        << "loss of step " << step;
+  }
+  EXPECT_EQ(weights(moved), weights(on_device));
+  labels.check();
 }
 
 TEST_F(CudaGraphTest, ACnnStepWithMomentumReplaysBitForBit) {

@@ -101,42 +101,53 @@ Tensor folding_identity(const Tensor& x, int* folds) {
 // gradient goes into the run again's backward, to the segment's first
 // operator on it, which adds it as it writes its own (where the engine
 // would add the two after, one more pass); the gradients are the same.
-// Run in slices, each slice's backward takes its slice of the other part.
-// A segment whose output does not depend on its input gives it the other
-// part alone.
+// Run in slices, each slice's backward takes its own rows of the other
+// part (slices of 1 and 2 rows, never more slices than rows). A segment
+// whose output does not depend on its input gives it the other part alone,
+// whole or in slices.
 TEST(Recompute, TheInputsOtherGradientIsAddedWithinTheSegment) {
-  Tensor w = from_vector<float>({1, 2, 3}, {1, 3}).set_requires_grad(true);
-  Tensor x = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad(true);
-  int folds = 0;
-  Segment f = [&](const Tensor& in, bool) { return mul(folding_identity(in, &folds), w); };
   Tensor step = zeros({}, {DType::Int64, Device::cpu()});
-  for (int64_t parts : {1, 2}) {
-    SCOPED_TRACE(std::to_string(parts) + " parts");
-    folds = 0;
-    x.set_grad(Tensor());
-    w.set_grad(Tensor());
+  const std::vector<float> w_values{1, 2, 3};
+  for (const auto& [rows, parts, slices] :
+       std::vector<std::tuple<int64_t, int64_t, int>>{{2, 1, 1}, {2, 2, 2}, {3, 2, 2}, {3, 4, 3}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows in " + std::to_string(parts) + " parts");
+    Tensor w = from_vector<float>(w_values, {1, 3}).set_requires_grad(true);
+    std::vector<float> xs, cs;
+    for (int64_t i = 0; i < rows * 3; ++i) {
+      xs.push_back(static_cast<float>(i + 1));
+      cs.push_back(static_cast<float>(2 * i + 3));  // a different gradient for every element
+    }
+    Tensor x = from_vector<float>(xs, {rows, 3}).set_requires_grad(true);
+    const Tensor c = from_vector<float>(cs, {rows, 3});
+    int folds = 0;
+    Segment f = [&](const Tensor& in, bool) { return mul(folding_identity(in, &folds), w); };
     Tensor out;
     {
       StepRandom random(3, step);
       out = add(x, recompute_in_backward(f, x, nullptr, parts));
     }
-    sum(out).backward();
-    EXPECT_EQ(folds, parts);
-    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2, 3, 4, 2, 3, 4}));
-    EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{5, 7, 9}));
-  }
+    sum(mul(out, c)).backward();
+    EXPECT_EQ(folds, slices);
+    std::vector<float> want_x, want_w(3, 0.0f);
+    for (int64_t i = 0; i < rows * 3; ++i) {
+      want_x.push_back(cs[i] * (1 + w_values[i % 3]));
+      want_w[i % 3] += cs[i] * xs[i];
+    }
+    EXPECT_EQ(x.grad().to_vector<float>(), want_x);
+    EXPECT_EQ(w.grad().to_vector<float>(), want_w);
 
-  Tensor v = from_vector<float>({5, 6, 7}, {3}).set_requires_grad(true);
-  Segment constant = [&](const Tensor&, bool) { return mul(v, v); };
-  x.set_grad(Tensor());
-  Tensor out;
-  {
-    StepRandom random(3, step);
-    out = add(x, recompute_in_backward(constant, x));
+    Tensor v = from_vector<float>({5, 6, 7}, {1, 3}).set_requires_grad(true);
+    Segment constant = [&](const Tensor& in, bool) {
+      return mul(v, ones(in.sizes()));  // (in's rows, none of its values)
+    };
+    x.set_grad(Tensor());
+    {
+      StepRandom random(3, step);
+      out = add(x, recompute_in_backward(constant, x, nullptr, parts));
+    }
+    sum(mul(out, c)).backward();
+    EXPECT_EQ(x.grad().to_vector<float>(), cs);
   }
-  sum(out).backward();
-  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{1, 1, 1, 1, 1, 1}));
-  EXPECT_EQ(v.grad().to_vector<float>(), (std::vector<float>{20, 24, 28}));
 }
 
 // In parts, backward runs the segment again over slices of x's rows, each

@@ -338,6 +338,57 @@ TEST_F(SpillTest, TensorThatDoesNotFitTheHostTierGoesToTheFile) {
   expect_round_trip(store, 4, d);
 }
 
+// The job's page-locked tensors kept in host memory by plan come out of
+// the same host tier as its spills, within its limit: a tensor there makes
+// a spill that would have fit go to the file, one past the tier's room is
+// refused naming the tier (the spilled tensor untouched), and freeing it
+// gives the room back. A store without a host tier has no such memory.
+TEST_F(SpillTest, PlannedHostTensorsShareTheHostTier) {
+  host_ = PinnedBuffer(64 << 10, Device::cpu());
+  TieredStoreOptions o = file_options();
+  o.host_tier = &host_;
+  o.host_limit = 16 << 10;  // four pages of the 64 KiB buffer
+  TieredSpillStore store(*transfer_, o);
+  std::shared_ptr<engine::Allocator> tier = store.host_allocator();
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->device(), Device::cpu());
+
+  auto a = random_bytes(4096, 11);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());  // one page of the four
+  void* planned = tier->allocate(8192);                     // two more
+  const auto* base = host_.data();
+  ASSERT_GE(static_cast<const char*>(planned), base);
+  ASSERT_LE(static_cast<const char*>(planned) + 8192, base + host_.size());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(planned) % 256, 0u);
+  std::memset(planned, 0x5a, 8192);
+  EXPECT_EQ(tier->stats().in_use_bytes, 8192u);
+  auto b = random_bytes(8192, 12);  // would have fit beside a alone
+  ASSERT_TRUE(store.put(2, b.data(), b.size(), "b").ok());
+  EXPECT_EQ(store.stats().host_bytes, a.size());
+  EXPECT_EQ(store.stats().file_bytes, b.size());
+  try {
+    tier->allocate(8192);
+    ADD_FAILURE() << "an allocation past the host tier's limit succeeded";
+  } catch (const engine::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("host tier"), std::string::npos) << e.what();
+    EXPECT_EQ(e.requested(), 8192u);
+  }
+  expect_round_trip(store, 1, a);
+  expect_round_trip(store, 2, b);
+  for (size_t i = 0; i < 8192; ++i) {
+    ASSERT_EQ(static_cast<const unsigned char*>(planned)[i], 0x5a) << "byte " << i;
+  }
+  tier->deallocate(planned, 8192);
+  EXPECT_EQ(tier->stats().in_use_bytes, 0u);
+  auto c = random_bytes(12288, 13);  // three pages: the room given back
+  ASSERT_TRUE(store.put(3, c.data(), c.size(), "c").ok());
+  EXPECT_EQ(store.stats().host_bytes, a.size() + c.size());
+  expect_round_trip(store, 3, c);
+
+  TieredSpillStore no_tier(*transfer_, file_options());
+  EXPECT_EQ(no_tier.host_allocator(), nullptr);
+}
+
 // get_async leaves the ordering to its caller (the manager's prefetch): it
 // hands back the fence of its copies instead of making compute wait.
 TEST_F(SpillTest, GetAsyncHandsBackTheFenceOfItsCopies) {
