@@ -2,26 +2,22 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cerrno>
-#include <map>
 #include <optional>
-#include <system_error>
 
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
-#include "agent/engine/checkpoint.h"
 #include "agent/engine/data.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "agent/gradient_reducer.h"
 #include "agent/graphed_steps.h"
+#include "agent/job_checkpoints.h"
 #include "agent/job_data.h"
 #include "agent/job_evaluation.h"
 #include "agent/model_builder.h"
 #include "agent/parameter_regions.h"
 #include "agent/recompute_policy.h"
 #include "agent/replica_store.h"
-#include "shared/checkpoint_folder.h"
 #include "shared/job_spec.h"
 #include "shared/region_names.h"
 #include "shared/units.h"
@@ -144,66 +140,21 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   if (const auto schedule = make_schedule(job, total_steps)) optimizer->set_schedule(*schedule);
   const double clip = job.optimizer() ? job.optimizer()->clip_grad_norm() : 0;
 
-  const std::string ckpt = checkpoint_file(job);
-  // The checkpoint folder is opened and checked afresh for the resume and
-  // for every write, so that one swapped for a link, or handed to another
-  // user, after submission is refused then (shared/checkpoint_folder.h).
-  // Null: no folder yet, so no checkpoint to resume from.
-  std::unique_ptr<CheckpointFolder> folder;
-  auto checkpoint_fs = [&](bool write) -> FileSystem* {
-    if (options.file_system) return options.file_system;
-    const std::string dir = job.checkpoint()->directory()->str();
-    try {
-      folder = std::make_unique<CheckpointFolder>(dir, options.checkpoint_owner, write);
-    } catch (const std::system_error& e) {
-      if (!write && e.code().value() == ENOENT) return nullptr;
-      throw std::runtime_error(std::string(write ? "cannot write checkpoint " : "cannot resume from ") +
-                               ckpt + ": the folder " + e.what() + " does not exist");
-    } catch (const std::exception& e) {
-      throw std::runtime_error(std::string(write ? "cannot write checkpoint " : "cannot resume from ") +
-                               ckpt + ": " + e.what());
-    }
-    return folder.get();
-  };
   JobResult result;
   int64_t first_epoch = 0;
-  FileSystem* resume_fs = ckpt.empty() ? nullptr : checkpoint_fs(false);
-  if (resume_fs && resume_fs->exists(ckpt)) {
-    // Parameters and optimizer state, and their names: never more than the
-    // job's resident bytes (which count gradients too) and some headers.
-    const uint64_t resident = job_resident_bytes(job);
-    auto loaded = E::checkpoint::load(
-        ckpt, *resume_fs,
-        resident > UINT64_MAX - (16u << 20) ? UINT64_MAX : resident + (16u << 20));
-    std::map<std::string, E::Tensor> by_name(loaded.begin(), loaded.end());
-    E::checkpoint::restore(loaded, model->named_parameters());
-    E::nn::NamedTensors opt_state;
-    for (auto& [name, t] : loaded) {
-      if (name.rfind("sgd.", 0) == 0 || name.rfind("adam.", 0) == 0) {
-        opt_state.emplace_back(name, t.to(options.device));
-      }
-    }
-    optimizer->load_state(opt_state);
-    auto epoch_it = by_name.find("job.epoch");
-    if (epoch_it == by_name.end()) {
-      throw std::runtime_error(ckpt + " is not a job checkpoint (it has no job.epoch)");
-    }
-    first_epoch = static_cast<int64_t>(epoch_it->second.item());
+  JobCheckpoints checkpoints(job, options.file_system, options.checkpoint_owner);
+  if (const auto resumed = checkpoints.resume(*model, *optimizer, options.device)) {
+    first_epoch = resumed->epoch;
     result.resumed_from_epoch = first_epoch;
     // (The learning rate and the random numbers of a step come from this
     // count; a checkpoint's own agrees where it has one.)
     optimizer->set_steps(first_epoch * per_epoch);
-    spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch, ckpt);
+    spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch,
+                 checkpoint_file(job));
     if (options.on_resume) options.on_resume(first_epoch);
     // The report of the checkpointed epoch again: the run that wrote the
     // checkpoint may have died before its report was delivered.
-    if (auto r = by_name.find("job.last_epoch");
-        r != by_name.end() && (r->second.numel() == 4 || r->second.numel() == 5)) {
-      auto v = r->second.to_vector<double>();
-      EpochReport replay{static_cast<int64_t>(v[0]), v[1], v[2], v[3], true,
-                         v.size() == 5 ? v[4] : 0.0};
-      if (options.on_epoch) options.on_epoch(replay);
-    }
+    if (resumed->last && options.on_epoch) options.on_epoch(*resumed->last);
   } else if (job.init_from()) {
     // A fresh start from published parameters (a checkpoint, above, wins).
     init_parameters(*options.session, parameters_region(job.init_from()->str()),
@@ -453,21 +404,8 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     optimizer->zero_grad();
     const Evaluation eval = lead ? evaluate(*model, test_set, options.device, text) : Evaluation{};
     EpochReport report{epoch + 1, epoch_loss, eval.accuracy, epoch_seconds, false, eval.loss};
-    if (lead && !ckpt.empty() &&
-        ((epoch + 1) % job.checkpoint()->every_epochs() == 0 || epoch + 1 == epochs)) {
-      FileSystem& fs = *checkpoint_fs(true);
-      if (Status st = fs.create_dirs(job.checkpoint()->directory()->str()); !st.ok()) {
-        throw std::runtime_error("cannot write checkpoint " + ckpt + ": " + st.to_string());
-      }
-      E::nn::NamedTensors state = model->named_parameters();
-      for (auto& kv : optimizer->state()) state.push_back(kv);
-      state.emplace_back("job.epoch", E::from_vector<int64_t>({epoch + 1}, {1}));
-      state.emplace_back("job.last_epoch",
-                         E::from_vector<double>({double(report.epoch), report.train_loss,
-                                                 report.test_accuracy, report.seconds,
-                                                 report.validation_loss},
-                                                {5}));
-      E::checkpoint::save(ckpt, state, fs);
+    if (lead && checkpoints.due(epoch + 1, epochs)) {
+      checkpoints.write(report, *model, *optimizer);
       report.checkpointed = true;
     }
     // (After rank 0's evaluation and checkpoint, so that this is also where
