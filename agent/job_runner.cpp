@@ -180,14 +180,13 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   // Its last step: the optimizer's state to host memory, an eighth of it
   // at each step more (whole parameters, in order), so that the update
   // reads over the host link only the part the budget cannot hold, for a
-  // job that may spill (it is host memory that the job's spill settings
-  // allow). A graph held then has the state's device addresses in it: it
+  // job that may spill to a host tier (the state comes out of it, above). A graph held then has the state's device addresses in it: it
   // goes first, and is made again later (the gradients in its pool with
   // it).
   constexpr uint64_t kStateParts = 8;
   GraphedSteps* graphed = nullptr;
   // Then its blocks' inputs to host memory, planned copies overlapped with
-  // the step (a CUDA job's, whose spill settings allow host memory).
+  // the step (a CUDA job's with a host tier, which they come out of).
   RecomputePolicy recompute(
       *model, options.spill,
       [&]() -> bool {
@@ -433,7 +432,13 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.recomputed_blocks_in_halves = recompute.blocks_in_halves();
   result.optimizer_state_on_host = recompute.took_last_step();
   result.optimizer_state_host_bytes = optimizer->host_state_bytes();
-  result.offloaded_blocks = recompute.offloaded();
+  result.offloaded_blocks = recompute.offloaded_in_host_memory();
+  if (recompute.offloaded() > result.offloaded_blocks) {
+    spdlog::warn("job '{}': {} of the {} blocks set to keep their input in host memory kept it "
+                 "on the device: the job's host tier had no room for it",
+                 job.name()->str(), recompute.offloaded() - result.offloaded_blocks,
+                 recompute.offloaded());
+  }
   result.mlp_slices = recompute.mlp_slices();
   result.memory = last_progress;
   fill_memory(result.memory);

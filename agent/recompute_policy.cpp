@@ -82,6 +82,12 @@ int RecomputePolicy::offloaded() const {
   return n;
 }
 
+int RecomputePolicy::offloaded_in_host_memory() const {
+  int n = 0;
+  for (const auto* b : blocks_) n += b->offload_host_bytes() > 0;
+  return n;
+}
+
 int RecomputePolicy::count(Recompute r) const {
   int n = 0;
   for (const auto* b : blocks_) n += b->recompute() == r;

@@ -45,7 +45,7 @@
 // batch's (the steps before keep the bits).
 //
 // Then, where blocks may keep their inputs in host memory (a CUDA job
-// that may spill), they do so, before the last step: one block more at
+// that may spill, with a host tier: agent/spill/host_tier.h), they do so, before the last step: one block more at
 // each step, from the first block on, never the last
 // (engine/host_offload.h: its input is the first that backward needs,
 // and would come back at once). Those are bytes planned over the host
@@ -163,8 +163,11 @@ class RecomputePolicy {
   int blocks_in_halves() const {
     return count(engine::nn::TransformerBlock::Recompute::BlockInHalves);
   }
-  // Blocks that keep their input in host memory.
+  // Blocks set to keep their input in host memory, and those whose input
+  // went there (the others had no room in the job's host tier:
+  // host_offload.h).
   int offloaded() const;
+  int offloaded_in_host_memory() const;
   // In how many slices of the batch the blocks run their MLPs again (see
   // the top): kMlpParts once the policy took that step, else 1.
   int mlp_slices() const;

@@ -64,11 +64,12 @@ class Optimizer {
   // what the device cannot hold. The update's results are the same bits,
   // and a step stays capturable as a CUDA graph. Returns whether it moved
   // any: false where it cannot (no GPU parameters, a build without CUDA,
-  // an optimizer without such state) or all of it is there already; a host
-  // allocation that fails throws and leaves the state where it was. (State
-  // not made yet, before the first update, counts as moved: it is made in
-  // host memory then.) load_state() puts each parameter's state where its
-  // state is.
+  // an optimizer without such state), all of it is there already, or the
+  // host memory is short (a job's host tier full, allocator.h:
+  // PinnedHostGuard: a warning says so, and the state stays where it was).
+  // (State not made yet, before the first update, is made in host memory
+  // now, zero, as that update would make it.) load_state() puts each
+  // parameter's state where its state is.
   // REQUIRES (both): no captured CUDA graph holds the state's addresses
   // (the job forgets its step's graph first).
   bool move_state_to_host(uint64_t at_least_bytes = UINT64_MAX) {

@@ -29,6 +29,27 @@ void HostTier::free(uint64_t offset) {
   pool_.free(offset);
 }
 
+void HostTier::free_after(uint64_t offset, std::shared_ptr<Fence> copies) {
+  std::lock_guard lock(mu_);
+  pool_.free(offset);
+  if (copies && !copies->done()) copies_.push_back(std::move(copies));
+}
+
+void HostTier::wait_for_copies() {
+  std::vector<std::shared_ptr<Fence>> copies;
+  {
+    std::lock_guard lock(mu_);
+    copies.swap(copies_);
+  }
+  // (Outside the lock: a spill may free and take ranges meanwhile.)
+  for (const auto& f : copies) f->wait();
+}
+
+uint64_t HostTier::largest_free() const {
+  std::lock_guard lock(mu_);
+  return pool_.largest_free();
+}
+
 uint64_t HostTier::used_bytes() const {
   std::lock_guard lock(mu_);
   return pool_.used_bytes();
@@ -38,12 +59,14 @@ HostTierAllocator::HostTierAllocator(std::shared_ptr<HostTier> tier, engine::Dev
     : tier_(std::move(tier)), device_(device) {}
 
 void* HostTierAllocator::allocate(size_t bytes) {
+  tier_->wait_for_copies();
   const auto offset = tier_->allocate(bytes, PoolAllocator::End::High);
   if (!offset) {
     throw engine::OutOfMemoryError(
         "the host tier has no room for " + format_bytes(bytes) + " of page-locked memory (" +
             format_bytes(tier_->used_bytes()) + " of its " + format_bytes(tier_->limit()) +
-            " in use; --spill-host-bytes, or the job's spill.host_bytes, sets it)",
+            " in use, the longest free run " + format_bytes(tier_->largest_free()) +
+            "; --spill-host-bytes, or the job's spill.host_bytes, sets it)",
         bytes);
   }
   std::lock_guard lock(mu_);
@@ -54,17 +77,21 @@ void* HostTierAllocator::allocate(size_t bytes) {
 }
 
 void HostTierAllocator::deallocate(void* ptr, size_t bytes) noexcept {
-  {
-    std::lock_guard lock(mu_);
-    stats_.in_use_bytes -= bytes;
-  }
   try {
     engine::fence_device(device_);
   } catch (const std::exception& e) {
-    spdlog::error("host tier: {} of page-locked memory stays out of the tier: waiting for the "
-                  "device failed: {}",
-                  format_bytes(bytes), e.what());
+    std::lock_guard lock(mu_);
+    if (!lost_) {
+      spdlog::error("host tier: page-locked memory freed from now on stays out of the tier "
+                    "(the first: {}): waiting for the device failed: {}",
+                    format_bytes(bytes), e.what());
+      lost_ = true;
+    }
     return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    stats_.in_use_bytes -= bytes;
   }
   try {
     tier_->free(static_cast<uint64_t>(static_cast<char*>(ptr) - tier_->data(0)));

@@ -16,8 +16,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "agent/engine/allocator.h"
+#include "agent/spill/transfer.h"
 #include "shared/pool_allocator.h"
 
 namespace leasehold::spill {
@@ -30,31 +32,44 @@ class HostTier {
 
   // The offset of `bytes` (rounded up to the alignment) from `end`, or
   // nullopt when that would pass the limit or no free run is long enough.
-  // Spills take the low end and planned tensors the high one, so that
-  // neither fragments the other's. REQUIRES: bytes > 0.
+  // Spills ask from the low end and planned tensors from the high one (a
+  // preference: the best fit wins). REQUIRES: bytes > 0.
   std::optional<uint64_t> allocate(uint64_t bytes, PoolAllocator::End end);
   // REQUIRES: `offset` from allocate(), not freed since.
   void free(uint64_t offset);
+  // Frees a spill's range whose copy off the device may still be queued
+  // (`copies`, its fence; may be null or done): a spill may take it at
+  // once, its own copy queued behind that one on the same copy stream, but
+  // a planned tensor, written from the host or another stream, only once
+  // the copy is done (wait_for_copies).
+  void free_after(uint64_t offset, std::shared_ptr<Fence> copies);
+  // Waits for the copies of every range freed by free_after() so far.
+  // Throws what Fence::wait throws (a device fault).
+  void wait_for_copies();
 
   char* data(uint64_t offset) const { return base_ + offset; }
   uint64_t limit() const { return limit_; }
   uint64_t used_bytes() const;
+  uint64_t largest_free() const;
 
  private:
   char* base_;
   uint64_t limit_;
   mutable std::mutex mu_;
   PoolAllocator pool_;
+  std::vector<std::shared_ptr<Fence>> copies_;  // free_after()'s not seen done yet
 };
 
 // Page-locked host tensors from a HostTier (the engine's allocator
 // interface; the tensors are the host's, at pinned addresses every GPU
-// reaches directly). An allocation over the tier's room throws
-// engine::OutOfMemoryError naming the tier. Freeing first waits for
-// `device`'s queued work (as cudaFreeHost does), which may still read or
-// write the bytes (the optimizer's update, a copy back), before a spill may
-// take them; a wait that fails (the device's context lost) keeps them out
-// of the tier for good rather than risk it.
+// reaches directly). An allocation first waits for spills' copies into
+// ranges freed while they were queued (HostTier::free_after); one over the
+// tier's room throws engine::OutOfMemoryError naming the tier. Freeing
+// first waits for `device`'s queued work (as cudaFreeHost does), which may
+// still read or write the bytes (the optimizer's update, a copy back),
+// before a spill may take them; a wait that fails (the device's context
+// lost) keeps them out of this job's tier rather than risk it (the agent
+// cannot go on with that device anyway).
 class HostTierAllocator final : public engine::Allocator {
  public:
   HostTierAllocator(std::shared_ptr<HostTier> tier, engine::Device device);
@@ -68,6 +83,7 @@ class HostTierAllocator final : public engine::Allocator {
   engine::Device device_;  // whose work may read the memory
   mutable std::mutex mu_;
   engine::AllocatorStats stats_;
+  bool lost_ = false;  // a wait for the device failed: said once
 };
 
 }  // namespace leasehold::spill

@@ -187,7 +187,10 @@ TieredSpillStore::Impl::Impl(Transfer& transfer, TieredStoreOptions options)
   if (opt_.host_tier && opt_.host_tier->size() >= kPage) {
     host_ = std::make_shared<HostTier>(opt_.host_tier->data(), opt_.host_tier->size(),
                                        opt_.host_limit, kPage);
-    host_allocator_ = std::make_shared<HostTierAllocator>(host_, transfer_.device());
+    // (A tier under one page holds no planned tensor: none are planned.)
+    if (host_->limit() >= kPage) {
+      host_allocator_ = std::make_shared<HostTierAllocator>(host_, transfer_.device());
+    }
   }
   // Bad options disable the file tier with a reason that put() reports, so
   // that construction never fails (see the header).
@@ -227,6 +230,12 @@ TieredSpillStore::Impl::~Impl() {
     }
   }
   file_.reset();  // closes and removes the file
+  // (The job's tensors go before its spill manager: a range still held
+  // would be handed out again by the next job's store over the same tier.)
+  if (host_allocator_ && host_allocator_->stats().in_use_bytes > 0) {
+    spdlog::critical("spill store: {} of the job's page-locked tensors outlive its host tier",
+                     format_bytes(host_allocator_->stats().in_use_bytes));
+  }
 }
 
 Status TieredSpillStore::Impl::no_room(const std::string& name, size_t bytes,
@@ -234,6 +243,10 @@ Status TieredSpillStore::Impl::no_room(const std::string& name, size_t bytes,
   std::string host = host_ ? format_bytes(host_->used_bytes()) + " of " +
                                   format_bytes(host_->limit()) + " used"
                             : std::string("none");
+  if (host_allocator_ && host_allocator_->stats().in_use_bytes > 0) {
+    host += " (" + format_bytes(host_allocator_->stats().in_use_bytes) +
+            " of it the job's page-locked tensors)";
+  }
   return Status::io_error("no room to spill tensor " + name + " (" + bytes_text(bytes) +
                               "): host tier " + host + ", " + why,
                           ENOSPC);
@@ -513,8 +526,9 @@ void TieredSpillStore::Impl::drop_locked(std::unique_lock<std::mutex>& lock, Spi
   io_done_.wait(lock, [&] { return e.io_pending == 0; });
   if (e.tier == Tier::Host) {
     // A copy into the region may still run: the next put's copy into it is
-    // queued behind it on the same copy stream.
-    host_->free(e.offset);
+    // queued behind it on the same copy stream, and a planned tensor waits
+    // for it (host_tier.h).
+    host_->free_after(e.offset, e.fence);
     stats_.host_bytes -= e.bytes;
   } else if (e.tier == Tier::File) {
     for (Chunk& c : e.chunks) {

@@ -51,8 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--pool-size", default="16GiB")
     p.add_argument("--spill-host-bytes", default="4GiB",
                    help="the agent's pinned host tier, where a job past its memory budget "
-                        "spills (the agent's own default, 256 MiB, sends the rest to the "
-                        "spill file)")
+                        "spills and keeps the blocks' inputs and the optimizer's state it "
+                        "plans there (the agent's own default, 256 MiB, sends more spills "
+                        "to the spill file and may not hold what the GPT plans at 25%%)")
     p.add_argument("--agent-log-level", default="info",
                    help="the agent's --log-level; at debug its lines on the step's CUDA graph "
                         "include what is live at the traced step's peak")

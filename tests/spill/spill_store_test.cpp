@@ -13,6 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -387,6 +390,38 @@ TEST_F(SpillTest, PlannedHostTensorsShareTheHostTier) {
 
   TieredSpillStore no_tier(*transfer_, file_options());
   EXPECT_EQ(no_tier.host_allocator(), nullptr);
+}
+
+// A spill's range freed while its copy off the device is still queued: a
+// spill takes it at once (its copy queues behind that one on the same copy
+// stream), a planned tensor, written from the host or another stream, only
+// once the copy is done.
+TEST_F(SpillTest, APlannedTensorWaitsForASpillsCopyIntoItsRange) {
+  host_ = PinnedBuffer(16 << 10, Device::cpu());
+  GatedTransfer gated;
+  TieredStoreOptions o;
+  o.host_tier = &host_;
+  TieredSpillStore store(gated, o);
+  std::shared_ptr<engine::Allocator> tier = store.host_allocator();
+  ASSERT_NE(tier, nullptr);
+  auto a = random_bytes(4096, 21), b = random_bytes(4096, 22);
+  ASSERT_TRUE(store.put(1, a.data(), a.size(), "a").ok());
+  store.erase(1);  // its copy not done: the gate is shut
+  ASSERT_TRUE(store.put(2, b.data(), b.size(), "b").ok());  // a spill does not wait
+  std::atomic<bool> allocated{false};
+  void* planned = nullptr;
+  std::thread t([&] {
+    planned = tier->allocate(4096);
+    allocated = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(allocated) << "a planned tensor took a range a spill's copy may still write";
+  gated.gate.open();
+  t.join();
+  ASSERT_TRUE(allocated);
+  ASSERT_NE(planned, nullptr);
+  tier->deallocate(planned, 4096);
+  store.erase(2);
 }
 
 // get_async leaves the ordering to its caller (the manager's prefetch): it
