@@ -28,7 +28,8 @@ FileSystem* JobCheckpoints::open(bool write) {
     folder_ = std::make_unique<CheckpointFolder>(job_.checkpoint()->directory()->str(), owner_,
                                                  write);
   } catch (const std::system_error& e) {
-    if (!write && e.code().value() == ENOENT) return nullptr;
+    if (e.code().value() != ENOENT) throw std::runtime_error(what + file_ + ": " + e.what());
+    if (!write) return nullptr;
     throw std::runtime_error(what + file_ + ": the folder " + e.what() + " does not exist");
   } catch (const std::exception& e) {
     throw std::runtime_error(what + file_ + ": " + e.what());

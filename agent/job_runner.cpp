@@ -150,7 +150,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
     // count; a checkpoint's own agrees where it has one.)
     optimizer->set_steps(first_epoch * per_epoch);
     spdlog::info("job '{}' resumes after epoch {} from {}", job.name()->str(), first_epoch,
-                 checkpoint_file(job));
+                 checkpoints.file());
     if (options.on_resume) options.on_resume(first_epoch);
     // The report of the checkpointed epoch again: the run that wrote the
     // checkpoint may have died before its report was delivered.
@@ -171,18 +171,18 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   // inputs, the optimizer's state: below) comes out of the spill store's
   // host tier, with what it spills there (agent/spill/host_tier.h); a job
   // whose store has no host tier keeps none.
-  const std::shared_ptr<E::Allocator> host_tier =
+  const std::shared_ptr<E::Allocator> planned_host =
       options.spill ? options.spill->host_allocator() : nullptr;
-  std::optional<E::PinnedHostGuard> host_tier_guard;
-  if (host_tier) host_tier_guard.emplace(host_tier);
+  std::optional<E::PinnedHostGuard> planned_host_guard;
+  if (planned_host) planned_host_guard.emplace(planned_host);
   // Over its memory budget, the job's transformer blocks recompute in
   // backward before its activations spill (recompute_policy.h).
   // Its last step: the optimizer's state to host memory, an eighth of it
   // at each step more (whole parameters, in order), so that the update
   // reads over the host link only the part the budget cannot hold, for a
-  // job that may spill to a host tier (the state comes out of it, above). A graph held then has the state's device addresses in it: it
-  // goes first, and is made again later (the gradients in its pool with
-  // it).
+  // job that may spill to a host tier (the state comes out of it, above).
+  // A graph held then has the state's device addresses in it: it goes
+  // first, and is made again later (the gradients in its pool with it).
   constexpr uint64_t kStateParts = 8;
   GraphedSteps* graphed = nullptr;
   // Then its blocks' inputs to host memory, planned copies overlapped with
@@ -190,7 +190,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   RecomputePolicy recompute(
       *model, options.spill,
       [&]() -> bool {
-        if (!host_tier) return false;
+        if (!planned_host) return false;
         // (Nothing left to move: the graph stays.)
         const uint64_t state = optimizer->gpu_parameters_state_bytes();
         if (optimizer->host_state_bytes() >= state) return false;
@@ -200,7 +200,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
         }
         return optimizer->move_state_to_host((state + kStateParts - 1) / kStateParts);
       },
-      /*offload=*/host_tier && options.device.is_cuda(), [&] {
+      /*offload=*/planned_host && options.device.is_cuda(), [&] {
         return "and " + format_bytes(optimizer->host_state_bytes()) + " of the optimizer's " +
                format_bytes(optimizer->gpu_parameters_state_bytes()) +
                " of state is in host memory";
@@ -433,11 +433,10 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
   result.optimizer_state_on_host = recompute.took_last_step();
   result.optimizer_state_host_bytes = optimizer->host_state_bytes();
   result.offloaded_blocks = recompute.offloaded_in_host_memory();
-  if (recompute.offloaded() > result.offloaded_blocks) {
+  if (const int short_of_memory = recompute.offloads_short_of_memory()) {
     spdlog::warn("job '{}': {} of the {} blocks set to keep their input in host memory kept it "
-                 "on the device: the job's host tier had no room for it",
-                 job.name()->str(), recompute.offloaded() - result.offloaded_blocks,
-                 recompute.offloaded());
+                 "on the device at least once: the job's host tier had no room for it",
+                 job.name()->str(), short_of_memory, recompute.offloaded());
   }
   result.mlp_slices = recompute.mlp_slices();
   result.memory = last_progress;

@@ -88,6 +88,12 @@ int RecomputePolicy::offloaded_in_host_memory() const {
   return n;
 }
 
+int RecomputePolicy::offloads_short_of_memory() const {
+  int n = 0;
+  for (const auto* b : blocks_) n += b->offload_short_of_memory();
+  return n;
+}
+
 int RecomputePolicy::count(Recompute r) const {
   int n = 0;
   for (const auto* b : blocks_) n += b->recompute() == r;

@@ -45,8 +45,9 @@
 // batch's (the steps before keep the bits).
 //
 // Then, where blocks may keep their inputs in host memory (a CUDA job
-// that may spill, with a host tier: agent/spill/host_tier.h), they do so, before the last step: one block more at
-// each step, from the first block on, never the last
+// that may spill to a host tier: agent/spill/host_tier.h), they do so,
+// before the last step: one block more at each step, from the first
+// block on, never the last
 // (engine/host_offload.h: its input is the first that backward needs,
 // and would come back at once). Those are bytes planned over the host
 // link while the step's kernels run (a GPT block's input, 24 MiB, crosses
@@ -163,11 +164,12 @@ class RecomputePolicy {
   int blocks_in_halves() const {
     return count(engine::nn::TransformerBlock::Recompute::BlockInHalves);
   }
-  // Blocks set to keep their input in host memory, and those whose input
-  // went there (the others had no room in the job's host tier:
-  // host_offload.h).
+  // Blocks set to keep their input in host memory; those whose input went
+  // there; and those whose input found no room there at least once (the
+  // job's host tier full: host_offload.h), staying on the device.
   int offloaded() const;
   int offloaded_in_host_memory() const;
+  int offloads_short_of_memory() const;
   // In how many slices of the batch the blocks run their MLPs again (see
   // the top): kMlpParts once the policy took that step, else 1.
   int mlp_slices() const;

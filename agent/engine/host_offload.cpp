@@ -91,6 +91,8 @@ OffloadSlot::~OffloadSlot() = default;
 
 uint64_t OffloadSlot::host_bytes() const { return state_->host ? state_->host->bytes() : 0; }
 
+bool OffloadSlot::short_of_memory() const { return state_->warned; }
+
 std::shared_ptr<OffloadedTensor> OffloadSlot::stash(const Tensor& x) {
   std::shared_ptr<OffloadedTensor> h(new OffloadedTensor);
   h->slot_ = state_;

@@ -60,6 +60,9 @@ class OffloadSlot {
   std::shared_ptr<OffloadedTensor> stash(const Tensor& x);
   // Page-locked bytes the slot holds (its largest tensor so far).
   uint64_t host_bytes() const;
+  // Whether host memory for a tensor could not be had, at least once (the
+  // tensor stayed on the device; logged then).
+  bool short_of_memory() const;
 
   struct State;
 

@@ -237,9 +237,13 @@ class TransformerBlock final : public Module {
   void set_offload(Offload o) { offload_ = o; }
   Offload offload() const { return offload_; }
   // The host memory its inputs' slots hold (0 where none went there: none
-  // planned, or no room for them, host_offload.h: stash).
+  // planned, no room for them, host_offload.h: stash, or no forward has
+  // run since they were planned), and whether a slot ever had no room.
   uint64_t offload_host_bytes() const {
     return input_slot_.host_bytes() + mlp_input_slot_.host_bytes();
+  }
+  bool offload_short_of_memory() const {
+    return input_slot_.short_of_memory() || mlp_input_slot_.short_of_memory();
   }
   // Over how many slices of the batch, one at a time, the block's MLP runs
   // again in its own backward where it runs again (every level but None;

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "agent/engine/allocator.h"
+#include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
+#include "agent/engine/ops.h"
 #include "agent/recompute_policy.h"
 
 namespace leasehold::testing {
@@ -328,6 +330,29 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   for (int i = 0; i < 11; ++i) ASSERT_TRUE(plain.tighten());
   EXPECT_FALSE(plain.tighten());
   EXPECT_EQ(plain.offloaded(), 0);
+}
+
+// A block set to keep its input in host memory counts as keeping it there
+// once a step's forward put it there (a job's result says so): not before,
+// and not where the host memory was short (none here, on the CPU).
+TEST(RecomputePolicySteps, AnInputCountsAsInHostMemoryOnceAStepPutItThere) {
+  E::nn::Sequential net;
+  add_blocks(net, 2);
+  RecomputePolicy policy(net, nullptr, {}, /*offload=*/true);
+  while (policy.offloaded() == 0) ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
+  EXPECT_EQ(policy.offloaded(), 1);
+  EXPECT_EQ(policy.offloaded_in_host_memory(), 0) << "no step has run since";
+  E::manual_seed(3);
+  const E::Tensor x = E::randn({2, 8, 16}).set_requires_grad(true);
+  const E::Tensor step = E::zeros({}, {E::DType::Int64, E::Device::cpu()});
+  E::Tensor out;
+  {
+    E::StepRandom random(1, step);
+    out = net(x);
+  }
+  E::sum(out).backward();
+  EXPECT_EQ(policy.offloaded_in_host_memory(), 1);
+  EXPECT_EQ(policy.offloads_short_of_memory(), 0);
 }
 
 // A working set over the budget before any block recomputes whole (a
