@@ -139,15 +139,31 @@ Tensor train_step(Trainee& t, const Tensor& x, const Tensor& y, bool copies = tr
   return loss;
 }
 
-// `steps` training steps of `t` on `batch`, from its first; their losses.
-std::vector<Tensor> train_steps(Trainee& t, const MakeBatch& batch, int64_t steps) {
+// `steps` training steps of `t` on `batch`, from its first, `before(step)`
+// (may be empty) ahead of each; their losses, read by nobody yet. Stops at
+// a fatal failure in `before`.
+std::vector<Tensor> train_steps(Trainee& t, const MakeBatch& batch, int64_t steps,
+                                const std::function<void(int64_t step)>& before = {}) {
   std::vector<Tensor> losses;
   for (int64_t step = 0; step < steps; ++step) {
+    if (before) before(step);
+    if (::testing::Test::HasFatalFailure()) break;
     Tensor x, y;
     batch(step, x, y);
     losses.push_back(train_step(t, x, y));
   }
   return losses;
+}
+
+// The first `count` of `losses` are the bits of `expected`'s.
+void expect_same_losses(const std::vector<Tensor>& losses, const std::vector<Tensor>& expected,
+                        size_t count) {
+  ASSERT_GE(losses.size(), count);
+  ASSERT_GE(expected.size(), count);
+  for (size_t step = 0; step < count; ++step) {
+    EXPECT_EQ(losses[step].to_vector<float>(), expected[step].to_vector<float>())
+        << "loss of step " << step;
+  }
 }
 
 std::vector<std::vector<float>> weights(const Trainee& t) {
@@ -241,21 +257,14 @@ TEST_F(CudaGraphTest, AdamsStateInHostMemoryGivesTheSameSteps) {
   DeferredLabelCheck labels(gpu);
   const std::vector<Tensor> expected = train_steps(on_device, batch, 4);
   Trainee moved = tiny_gpt(gpu);
-  for (int64_t step = 0; step < 4; ++step) {
-    if (step == 2) {
-      ASSERT_TRUE(moved.opt->move_state_to_host());
-      EXPECT_FALSE(moved.opt->move_state_to_host()) << "once";
-    }
-    Tensor x, y;
-    batch(step, x, y);
-    const Tensor loss = train_step(moved, x, y);
-    if (step < 3) {
-      EXPECT_EQ(loss.to_vector<float>(), expected[step].to_vector<float>())
-          << "loss of step " << step;
-    }
-  }
+  const std::vector<Tensor> losses = train_steps(moved, batch, 4, [&](int64_t step) {
+    if (step != 2) return;
+    ASSERT_TRUE(moved.opt->move_state_to_host());
+    EXPECT_FALSE(moved.opt->move_state_to_host()) << "once";
+  });
+  ASSERT_FALSE(HasFatalFailure());
   // Read as the last step's update is queued (nothing else waited for the
-  // device since): state() waits for it. Page-locked host memory, the
+  // device since; the losses are read after): state() waits for it. Page-locked host memory, the
   // moments of the state kept on the device.
   const auto host_state = moved.opt->state();
   std::vector<std::vector<float>> host_values;
@@ -275,6 +284,7 @@ TEST_F(CudaGraphTest, AdamsStateInHostMemoryGivesTheSameSteps) {
 #endif
     EXPECT_EQ(host_values[k], device_state[i].second.to_vector<float>());
   }
+  expect_same_losses(losses, expected, 3);
   EXPECT_EQ(weights(moved), weights(on_device));
   labels.check();
   // From the first step on, and as a CUDA graph.
@@ -300,7 +310,7 @@ TEST_F(CudaGraphTest, PartOfAdamsStateInHostMemoryGivesTheSameSteps) {
   ASSERT_GT(total, 0u);
   EXPECT_EQ(moved.opt->host_state_bytes(), 0u);
   uint64_t first_part = 0;
-  for (int64_t step = 0; step < 4; ++step) {
+  const std::vector<Tensor> losses = train_steps(moved, batch, 4, [&](int64_t step) {
     if (step == 1) {
       ASSERT_TRUE(moved.opt->move_state_to_host(1));
       first_part = moved.opt->host_state_bytes();
@@ -312,14 +322,9 @@ TEST_F(CudaGraphTest, PartOfAdamsStateInHostMemoryGivesTheSameSteps) {
       EXPECT_GE(moved.opt->host_state_bytes(), first_part + total / 3);
       EXPECT_LT(moved.opt->host_state_bytes(), total);
     }
-    Tensor x, y;
-    batch(step, x, y);
-    const Tensor loss = train_step(moved, x, y);
-    if (step < 3) {
-      EXPECT_EQ(loss.to_vector<float>(), expected[step].to_vector<float>())
-          << "loss of step " << step;
-    }
-  }
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  expect_same_losses(losses, expected, 3);
   // Some moments in host memory, the others on the device, the values of
   // the state kept on the device.
   const auto part_state = moved.opt->state();
@@ -404,12 +409,7 @@ TEST_F(CudaGraphTest, AdamsStateInHostMemoryComesFromTheThreadsPageLockedMemory)
     EXPECT_GE(tier->stats().in_use_bytes, moved.opt->host_state_bytes());
   }
   EXPECT_NE(pinned_host_allocator(), tier);
-  for (int64_t step = 0; step < 3; ++step) {
-    Tensor x, y;
-    batch(step, x, y);
-    EXPECT_EQ(train_step(moved, x, y).to_vector<float>(), expected[step].to_vector<float>())
-        << "loss of step " << step;
-  }
+  expect_same_losses(train_steps(moved, batch, 3), expected, 3);
   EXPECT_EQ(weights(moved), weights(on_device));
   labels.check();
 }
