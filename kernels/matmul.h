@@ -87,9 +87,9 @@ bool gemm_bf16_fused(cublasLtHandle_t lt, cudaStream_t stream, const GemmShape& 
 // once its plan was measured, before that the most any algorithm
 // considered needs (0 when none does, or cuBLASLt has no algorithm for
 // it); never more than kLtMaxWorkspaceBytes, in the range NVIDIA suggests
-// for Hopper. Callers
-// allocate it for each call: a product's working memory is part of its
-// step's peak. Only whether e's pointers are set matters.
+// for Hopper. Callers allocate it for each call: a product's working
+// memory is part of its step's peak. Only whether e's pointers are set
+// matters.
 constexpr size_t kLtMaxWorkspaceBytes = size_t{16} << 20;
 constexpr int kLtCandidates = 8;
 size_t gemm_bf16_fused_workspace(cublasLtHandle_t lt, const GemmShape& s, GemmOut out,

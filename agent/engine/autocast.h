@@ -44,9 +44,10 @@ std::optional<DType> autocast_dtype(Device device);
 // parameters for the length of its region for the same reason). While one
 // lives on a thread, a product under autocast that reads one of `params`
 // (a linear layer's weight, or its bias for a bfloat16 result) reads its
-// copy, until release() (of all, or of some). The copies are made in one pass (a launch per
-// kernels::kMaxConvertTensors tensors) and have the bits of the conversion
-// each product would have made: the results are the same bits. Only
+// copy, until release() (of all, or of some). The copies are made in one
+// pass (a launch per kernels::kMaxConvertTensors tensors) and have the
+// bits of the conversion each product would have made: the results are
+// the same bits. Only
 // float32 tensors on a device with autocast on get copies (so none on the
 // CPU, nor where no AutocastGuard lives); the others are passed over.
 // Scopes nest; a lookup sees the innermost's copies first, then the outer

@@ -173,10 +173,9 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bo
 // the leaf its part (Node::fold_into_input0), so that the leaf's gradient
 // is leaf_sum plus this graph's, in one pass where that operator can add
 // it. A leaf the graph does not reach gets no gradient here (its caller
-// still holds leaf_sum); one it reaches gets at least leaf_sum. A
-// recomputed segment's input, whose other
-// consumers summed their part of its gradient before the segment's
-// backward ran (recompute.h).
+// still holds leaf_sum); one it reaches gets at least leaf_sum. For a
+// recomputed segment's input, whose other consumers summed their part of
+// its gradient before the segment's backward ran (recompute.h).
 void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bool retain_graph,
                        const Tensor& leaf, const Tensor& leaf_sum);
 

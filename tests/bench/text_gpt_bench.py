@@ -7,9 +7,10 @@ the job file, with its steps and corpus as given here (variants leasehold
 and leasehold-bf16 run every step as one CUDA graph; with -op-by-op after
 the name, --no-cuda-graphs; with -heuristic-gemm, --gemm-choice heuristic
 (the products' algorithms not measured, kernels/matmul.h); with @SIZE,
-e.g. leasehold-bf16@800MiB, the job's memory_budget, past which its blocks recompute and its activations
-spill to the agent's host tier of --spill-host-bytes; @50% is half the
-peak memory of the same variant without a budget, listed before it).
+e.g. leasehold-bf16@800MiB, the job's memory_budget, past which its
+blocks recompute and its activations spill to the agent's host tier of
+--spill-host-bytes; @50% is half the peak memory of the same variant
+without a budget, listed before it).
 PyTorch: the same
 model (GPT-2's pre-norm blocks, tied output, no attention dropout), data
 (the corpus cut into samples of `context` tokens at a stride of `context`,
