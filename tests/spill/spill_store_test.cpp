@@ -345,7 +345,7 @@ TEST_F(SpillTest, TensorThatDoesNotFitTheHostTierGoesToTheFile) {
 // the same host tier as its spills, within its limit: a tensor there makes
 // a spill that would have fit go to the file, one past the tier's room is
 // refused naming the tier (the spilled tensor untouched), and freeing it
-// gives the room back. A store without a host tier has no such memory.
+// gives the room back.
 TEST_F(SpillTest, PlannedHostTensorsShareTheHostTier) {
   host_ = PinnedBuffer(64 << 10, Device::cpu());
   TieredStoreOptions o = file_options();
@@ -387,7 +387,9 @@ TEST_F(SpillTest, PlannedHostTensorsShareTheHostTier) {
   ASSERT_TRUE(store.put(3, c.data(), c.size(), "c").ok());
   EXPECT_EQ(store.stats().host_bytes, a.size() + c.size());
   expect_round_trip(store, 3, c);
+}
 
+TEST_F(SpillTest, AStoreWithoutAHostTierHasNoPlannedHostMemory) {
   TieredSpillStore no_tier(*transfer_, file_options());
   EXPECT_EQ(no_tier.host_allocator(), nullptr);
 }
