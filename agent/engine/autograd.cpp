@@ -18,6 +18,7 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
 thread_local bool t_grad_enabled = true;
 thread_local bool t_outputs_unread = false;
 thread_local int t_backward_depth = 0;  // backward passes running (recomputing nests them)
+thread_local const char* t_node_running = "";  // backward_node_running()
 thread_local std::shared_ptr<SavedTensorHooks> t_hooks;
 thread_local GradientReadyHook t_gradient_ready;
 
@@ -59,10 +60,24 @@ Edge gradient_edge(const Tensor& t) {
   return {acc};
 }
 
+// Names the node whose backward runs in its scope (backward_node_running);
+// the outer one's again after (a recomputed segment's backward nests).
+class NodeRunning {
+ public:
+  explicit NodeRunning(const char* name) : outer_(t_node_running) { t_node_running = name; }
+  ~NodeRunning() { t_node_running = outer_; }
+  NodeRunning(const NodeRunning&) = delete;
+  NodeRunning& operator=(const NodeRunning&) = delete;
+
+ private:
+  const char* outer_;
+};
+
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
 bool in_backward() { return t_backward_depth > 0; }
+const char* backward_node_running() { return t_node_running; }
 bool outputs_unread() { return t_outputs_unread; }
 OutputsUnreadGuard::OutputsUnreadGuard(bool unread) : previous_(t_outputs_unread) {
   t_outputs_unread = unread;
@@ -214,7 +229,11 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool r
       // or saved tensor shares it.)
       node->grad_output_owned =
           g.impl().use_count() == 1 && g.impl()->storage && g.impl()->storage.use_count() == 1;
-      grads = node->apply(g);
+      node->saved_released_after = !retain_graph && node->saves_tensors();
+      {
+        NodeRunning running(node->name());
+        grads = node->apply(g);
+      }
       if (!retain_graph && node->saves_tensors()) {
         node->release_saved();
         node->released = true;

@@ -57,6 +57,11 @@ class Node {
   // may write over it (a gradient of the same shape and type, where a new
   // one would add its size to backward's peak).
   bool grad_output_owned = false;
+  // Set by the engine just before apply: its saved tensors are released
+  // after it (the backward does not retain the graph), so apply may let go
+  // of one as soon as it has read it (a product's input, before its
+  // gradient of the same size is made).
+  bool saved_released_after = false;
 };
 
 // Grad mode: when off (NoGradGuard), operators record nothing.
@@ -65,6 +70,10 @@ bool grad_enabled();
 // segment recomputed inside it, recompute.h) are used by the same backward
 // moments later: the spill manager does not copy them out ahead.
 bool in_backward();
+// The name of the node whose backward this thread is running ("" outside
+// backward): what a traced step's debug log says made its peak
+// (step_graph.h).
+const char* backward_node_running();
 class NoGradGuard {
  public:
   NoGradGuard();

@@ -269,18 +269,31 @@ struct LinearBackward final : Node {
         g16 = g.to(DType::BFloat16);
       }
       if (want_b && !gb.defined()) gb = column_sums_bf16(g16);
-      if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, X.sizes(), x_dtype).out;
       if (next[1].fn) {
         gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), DType::Float32).out;
       }
+      const Shape x_sizes = X.sizes();
+      let_input_go(X);
+      if (next[0].fn) gx = gemm_mixed(g16, false, W, false, n, in, out, x_sizes, x_dtype).out;
       return {gx, gw, gb};
     }
     // (The bias sum first: its scratch is gone before the products' outputs
     // exist, which keeps the step's peak lower under a tight budget.)
     if (want_b && !gb.defined()) gb = sum(g, {0});
-    if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, X.sizes());
     if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
+    const Shape x_sizes = X.sizes();
+    let_input_go(X);
+    if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, x_sizes);
     return {gx, gw, gb};
+  }
+  // The weight's gradient is made first, so that the input, read by it
+  // alone, goes before its gradient, of its size, is made (a GPT MLP's fc2:
+  // its input is the GELU's output, 4 × dim × tokens bfloat16 values off
+  // the peak of the MLP's backward), where nothing else holds it and the
+  // graph is not retained. The same bits as in the other order.
+  void let_input_go(Tensor& X) {
+    X = Tensor();
+    if (saved_released_after) x.reset();
   }
   void release_saved() override {
     x.reset();

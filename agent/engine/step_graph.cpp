@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/engine/autograd.h"
 #include "agent/engine/cuda_context.h"
 #include "agent/engine/memory_plan.h"
 #include "shared/units.h"
@@ -29,10 +30,12 @@ constexpr uint64_t kArenaAlignment = TraceAddresses::kAlignment;
 
 // What is live where a traced step holds the most, for the debug log: the
 // event of the peak among `events` and the live blocks' sizes, largest
-// first, each with its count ("the peak, 639.35 MiB, at event 248 of 916:
-// 2 x 48.00 MiB, ..."; sizes as asked, before the arena's alignment),
-// which says which tensors a memory budget should go after.
-std::string describe_peak(const std::vector<PlannedBlock>& blocks, uint64_t events) {
+// first, each with its count ("the peak, 639.35 MiB, at event 248 of 916,
+// made in LinearBackward's backward: 2 x 48.00 MiB, ..."; sizes as asked,
+// before the arena's alignment), which says which tensors a memory budget
+// should go after. `made_in[i]`: where blocks[i] was made (Traced).
+std::string describe_peak(const std::vector<PlannedBlock>& blocks,
+                          const std::vector<const char*>& made_in, uint64_t events) {
   std::vector<std::pair<uint64_t, int64_t>> changes;  // (event, bytes made or freed)
   changes.reserve(2 * blocks.size());
   for (const PlannedBlock& b : blocks) {
@@ -47,11 +50,14 @@ std::string describe_peak(const std::vector<PlannedBlock>& blocks, uint64_t even
     if (live > most) most = live, at = event;
   }
   std::map<uint64_t, int, std::greater<>> sizes;
-  for (const PlannedBlock& b : blocks) {
+  std::string where = "in forward";
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const PlannedBlock& b = blocks[i];
     if (b.first <= at && at < b.last) ++sizes[b.bytes];
+    if (b.first == at && *made_in[i] != '\0') where = fmt::format("in {}'s backward", made_in[i]);
   }
-  std::string out = fmt::format("the peak, {}, at event {} of {}:",
-                                format_bytes(static_cast<uint64_t>(most)), at, events);
+  std::string out = fmt::format("the peak, {}, at event {} of {}, made {}:",
+                                format_bytes(static_cast<uint64_t>(most)), at, events, where);
   const char* sep = " ";
   for (const auto& [bytes, count] : sizes) {
     out += fmt::format("{}{} x {}", sep, count, format_bytes(bytes));
@@ -88,7 +94,7 @@ void* GraphPool::allocate(size_t bytes) {
     addresses_->give_back(p);
     throw;
   }
-  trace_.push_back({bytes, events_++, UINT64_MAX});
+  trace_.push_back({bytes, events_++, UINT64_MAX, backward_node_running()});
   stats_.in_use_bytes += bytes;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   return p;
@@ -162,7 +168,11 @@ void GraphPool::plan() {
     for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, t.last});
     arena_live_.reserve(trace_.size());
     if (spdlog::should_log(spdlog::level::debug) && !blocks.empty()) {
-      spdlog::debug("graph pool: in the traced step, {}", describe_peak(blocks, events_));
+      std::vector<const char*> made_in;
+      made_in.reserve(trace_.size());
+      for (const Traced& t : trace_) made_in.push_back(t.made_in);
+      spdlog::debug("graph pool: in the traced step, {}",
+                    describe_peak(blocks, made_in, events_));
     }
   }
   MemoryPlan plan = plan_memory(blocks, kArenaAlignment);

@@ -88,6 +88,7 @@ class GraphPool final : public Allocator {
   struct Traced {
     size_t bytes;
     uint64_t first, last;  // events; last = UINT64_MAX while live
+    const char* made_in;   // the backward node running then, "" in forward (the debug log's)
   };
   std::shared_ptr<Allocator> upstream_;
   mutable std::mutex mu_;

@@ -2,7 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "agent/engine/allocator.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/ops.h"
 
@@ -119,6 +123,78 @@ TEST(Autograd, ANodeMayWriteOverOnlyAGradientThatIsItsAlone) {
   EXPECT_EQ(root.to_vector<float>(), (std::vector<float>{1, 1}));
   EXPECT_EQ(d.grad().to_vector<float>(), (std::vector<float>{2, 2}));
   EXPECT_FALSE(nd->owned.at(0));
+}
+
+// Records, at each allocation of `watched_bytes` made while a
+// LinearBackward runs, whether the memory it watches is still allocated.
+class WatchingAllocator final : public Allocator {
+ public:
+  explicit WatchingAllocator(std::shared_ptr<Allocator> inner) : inner_(std::move(inner)) {}
+  void watch(void* p, size_t bytes) { watched_ = p, watched_bytes_ = bytes; }
+  void* allocate(size_t bytes) override {
+    if (bytes == watched_bytes_ && std::string(backward_node_running()) == "LinearBackward") {
+      watched_live_then.push_back(watched_ != nullptr);
+    }
+    return inner_->allocate(bytes);
+  }
+  void deallocate(void* ptr, size_t bytes) noexcept override {
+    if (ptr == watched_) watched_ = nullptr;
+    inner_->deallocate(ptr, bytes);
+  }
+  Device device() const override { return inner_->device(); }
+  AllocatorStats stats() const override { return inner_->stats(); }
+  std::vector<bool> watched_live_then;
+
+ private:
+  std::shared_ptr<Allocator> inner_;
+  void* watched_ = nullptr;
+  size_t watched_bytes_ = 0;
+};
+
+// A product's backward makes its weight's gradient first and lets go of
+// its input, which nothing else holds, before it makes the input's
+// gradient of the same size (one of the two at a time at backward's
+// peak), unless the graph is retained; the gradients are the same.
+TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
+  auto watching = std::make_shared<WatchingAllocator>(current_allocator(Device::cpu()));
+  AllocatorGuard guard(watching);
+  Tensor x = rand({64, 32}), w = rand({3, 32});
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  const size_t input_bytes = 64 * 32 * sizeof(float);
+  for (bool retain : {false, true}) {
+    SCOPED_TRACE(retain ? "retained" : "not retained");
+    x.set_grad(Tensor());
+    w.set_grad(Tensor());
+    watching->watched_live_then.clear();
+    Tensor loss;
+    {
+      Tensor h = mul(x, 2.0);  // the product's input, kept by its backward alone
+      watching->watch(h.data<float>(), input_bytes);
+      loss = sum(linear(h, w, Tensor()));
+    }
+    loss.backward(Tensor(), retain);
+    EXPECT_EQ(watching->watched_live_then, std::vector<bool>{retain});
+    // d(sum(2x wᵀ))/dx = 2 Σ_o w[o, :] on every row; /dw = 2 Σ_n x[n, :].
+    const std::vector<float> xs = x.to_vector<float>(), ws = w.to_vector<float>();
+    const std::vector<float> gx = x.grad().to_vector<float>(), gw = w.grad().to_vector<float>();
+    for (int64_t n = 0; n < 64; ++n) {
+      for (int64_t i = 0; i < 32; ++i) {
+        const float want = 2 * (ws[i] + ws[32 + i] + ws[64 + i]);
+        ASSERT_NEAR(gx[n * 32 + i], want, 1e-5) << n << ", " << i;
+      }
+    }
+    for (int64_t i = 0; i < 32; ++i) {
+      float want = 0;
+      for (int64_t n = 0; n < 64; ++n) want += 2 * xs[n * 32 + i];
+      for (int64_t o = 0; o < 3; ++o) ASSERT_NEAR(gw[o * 32 + i], want, 1e-3) << o << ", " << i;
+    }
+    if (retain) {
+      loss.backward();  // the input was kept for this one
+      EXPECT_NEAR(w.grad().to_vector<float>()[0], 2 * gw[0], 1e-3);
+    }
+    watching->watch(nullptr, 0);
+  }
 }
 
 TEST(Autograd, SharedSubexpressionGetsBothGradients) {

@@ -12,6 +12,7 @@
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
+#include "tests/engine/counting_allocator.h"
 
 namespace leasehold::engine {
 namespace {
@@ -25,37 +26,6 @@ struct Step {
   uint64_t backward_bytes = 0;  // the most bytes backward added to those at once
   uint64_t backward_allocated = 0;  // every byte backward allocated, summed
   int most_ready_calls = 0;  // the most gradient-ready calls for one parameter
-};
-
-// The device's allocator, counting what passes through it, with a peak
-// that starts again on request.
-class Counting final : public Allocator {
- public:
-  explicit Counting(std::shared_ptr<Allocator> inner) : inner_(std::move(inner)) {}
-  void* allocate(size_t bytes) override {
-    void* p = inner_->allocate(bytes);
-    in_use_ += bytes;
-    allocated_ += bytes;
-    peak_ = std::max(peak_, in_use_);
-    return p;
-  }
-  void deallocate(void* ptr, size_t bytes) noexcept override {
-    inner_->deallocate(ptr, bytes);
-    in_use_ -= bytes;
-  }
-  Device device() const override { return inner_->device(); }
-  AllocatorStats stats() const override {
-    AllocatorStats s = inner_->stats();
-    s.in_use_bytes = in_use_;
-    s.peak_in_use_bytes = peak_;
-    return s;
-  }
-  void restart_peak() { peak_ = in_use_; }
-  uint64_t allocated() const { return allocated_; }
-
- private:
-  std::shared_ptr<Allocator> inner_;
-  uint64_t in_use_ = 0, peak_ = 0, allocated_ = 0;  // (the test's thread only)
 };
 
 // `dim` wide, on `batch` sequences of 40 tokens (vocabulary 64).
@@ -86,7 +56,7 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
   Tensor step = zeros({}, {DType::Int64, device});
 
   Step r;
-  auto allocator = std::make_shared<Counting>(current_allocator(device));
+  auto allocator = std::make_shared<CountingAllocator>(current_allocator(device));
   AllocatorGuard counted(allocator);
   // (Counted where memory is handed out and returned, on the host.)
   const uint64_t start = allocator->stats().in_use_bytes;
