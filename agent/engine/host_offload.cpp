@@ -186,7 +186,6 @@ Tensor OffloadedTensor::get() {
       where_ = Where::HandedOut;
       break;
   }
-  offload_prefetch_next();
   return out;
 }
 

@@ -74,8 +74,8 @@ class OffloadedTensor {
  public:
   // The tensor on its device again: the same values, in the memory it had
   // if that is still held, else in new memory (fetched ahead of this call
-  // where the schedule could). Then fetches the next input backward will
-  // need. Again after backward with retain_graph: copied in again.
+  // where the schedule could: offload_prefetch_next). Again after backward
+  // with retain_graph: copied in again.
   Tensor get();
   // Whether the tensor left the device (false: the slot was claimed, or
   // the tensor was not contiguous, and it stayed).
@@ -117,9 +117,10 @@ class OffloadedTensor {
 // compute stream waits for their copies out (which by then are usually
 // done).
 void offload_progress();
-// A recomputed segment's backward starts: the latest input stashed on this
-// thread that is only on the host is fetched, unless one is on its way in
-// already (one ahead at a time).
+// A recomputed segment's backward is past its peak, or starts
+// (recompute.cpp says which): the latest input stashed on this thread that
+// is only on the host is fetched, unless one is on its way in already (one
+// ahead at a time).
 void offload_prefetch_next();
 
 }  // namespace leasehold::engine

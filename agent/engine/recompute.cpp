@@ -13,6 +13,56 @@
 namespace leasehold::engine {
 namespace {
 
+// Segments recorded on this thread so far: a segment's run again counts
+// those its replay recorded (nested ones: a whole block's MLP in slices).
+thread_local uint64_t t_segments_recorded = 0;
+// Set while an outer segment's backward waits for a nested one's to end
+// before the next stashed input is fetched (PrefetchAfterNested).
+thread_local bool t_prefetch_after_nested = false;
+
+// When the input the next segment in backward needs is fetched from host
+// memory (host_offload.h), so that it comes in while this segment's
+// backward runs but is not on the device at that backward's peak: a
+// segment with nested segments (a whole GPT block whose MLP runs again in
+// slices, the block's peak: 24 MiB of the next block's input less there)
+// leaves it to the first nested one's end (the attention's backward then
+// hides the copy); one without fetches it once its replay has run, before
+// its backward. A nested segment run so fetches it at its own end.
+class PrefetchAfterNested {
+ public:
+  PrefetchAfterNested() : outer_(t_prefetch_after_nested) {}
+  // After the segment's replay, which recorded `nested` segments.
+  void replayed(uint64_t nested) {
+    if (outer_ || decided_) return;  // (the outer segment's, or a slice's after the first)
+    decided_ = true;
+    if (nested > 0) {
+      t_prefetch_after_nested = armed_ = true;
+    } else {
+      offload_prefetch_next();
+    }
+  }
+  // The segment's backward ended (not on an error: a step that failed
+  // fetches nothing more).
+  void done() {
+    if (outer_ && t_prefetch_after_nested) {
+      t_prefetch_after_nested = false;  // (the first nested segment's)
+      offload_prefetch_next();
+    } else if (armed_ && t_prefetch_after_nested) {
+      offload_prefetch_next();  // (no nested one ran its backward)
+    }
+  }
+  ~PrefetchAfterNested() {
+    if (armed_) t_prefetch_after_nested = false;
+  }
+  PrefetchAfterNested(const PrefetchAfterNested&) = delete;
+  PrefetchAfterNested& operator=(const PrefetchAfterNested&) = delete;
+
+ private:
+  const bool outer_;  // an outer segment waits for this one's end
+  bool decided_ = false;
+  bool armed_ = false;  // this one waits for a nested one's
+};
+
 class RecomputeBackward final : public Node {
  public:
   // x kept as it is, or (`stashed`) in host memory.
@@ -50,13 +100,19 @@ class RecomputeBackward final : public Node {
 
   std::vector<Tensor> apply(const Tensor& grad) override {
     const Tensor plus = std::move(plus_);  // (taken for this call only, whatever happens)
-    // (The input the next segment in backward needs comes in meanwhile.)
-    offload_prefetch_next();
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
+    PrefetchAfterNested prefetch;
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
-    if (parts_ > 1 && rows > 1) return apply_in_parts(x, grad, plus, std::min(parts_, rows));
+    if (parts_ > 1 && rows > 1) {
+      std::vector<Tensor> grads =
+          apply_in_parts(x, grad, plus, std::min(parts_, rows), prefetch);
+      prefetch.done();
+      return grads;
+    }
+    const bool ran = run_again(x, grad, prefetch, plus);
+    prefetch.done();
     // (Nothing in the segment needs gradients: the sum so far stands.)
-    if (!run_again(x, grad, plus)) return {plus};
+    if (!ran) return {plus};
     if (!x_requires_grad_) return {Tensor()};
     // (A segment whose output does not depend on its input sends it
     // nothing: its gradient is the sum so far alone.)
@@ -73,15 +129,18 @@ class RecomputeBackward final : public Node {
   // wants gradients where the first one did) and its backward from `grad`,
   // `plus` (may be undefined) x's gradient so far from outside the
   // segment (fold_into_input0); false when nothing in it needs gradients.
-  bool run_again(Tensor& x, const Tensor& grad, const Tensor& plus = Tensor()) {
+  bool run_again(Tensor& x, const Tensor& grad, PrefetchAfterNested& prefetch,
+                 const Tensor& plus = Tensor()) {
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
+    const uint64_t recorded = t_segments_recorded;
     {
       EnableGradGuard grad_mode;
       RandomReplay replay(random_);
       AutocastGuard autocast(autocast_);
       out = segment_(x, /*replay=*/true);
     }
+    prefetch.replayed(t_segments_recorded - recorded);
     if (!out.requires_grad()) return false;
     if (out.sizes() != grad.sizes()) {
       throw std::logic_error("recomputed segment gave " + out.shape_str() + " for " +
@@ -110,7 +169,7 @@ class RecomputeBackward final : public Node {
   // gathered slice by slice, each with its slice of `plus` (may be
   // undefined; contiguous) as run_again's.
   std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, const Tensor& plus,
-                                     int64_t parts) {
+                                     int64_t parts, PrefetchAfterNested& prefetch) {
     const int64_t rows = x.size(0);
     if (grad.dim() == 0 || grad.size(0) != rows) {
       throw std::logic_error("recomputed segment in parts: its gradient " + grad.shape_str() +
@@ -127,7 +186,7 @@ class RecomputeBackward final : public Node {
         // is it ready, for a data-parallel job's all-reduce.)
         std::optional<GradientReadyGuard> not_yet;
         if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
-        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice)) {
+        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), prefetch, plus_slice)) {
           // (What needs gradients does not change between slices.)
           if (part > 0) throw std::logic_error("recomputed segment: a slice needs no gradients");
           return {plus};
@@ -168,6 +227,7 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlo
   std::optional<DType> autocast = autocast_dtype(x.device());
   // (Its copy out starts before the segment's kernels, to overlap them.)
   std::shared_ptr<OffloadedTensor> stashed = offload ? offload->stash(x) : nullptr;
+  ++t_segments_recorded;
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -187,6 +247,7 @@ Tensor record_for_backward(const Segment& segment, const Tensor& x, const Segmen
   std::optional<RandomPlace> random = RandomPlace::here();
   if (!grad_enabled() || !random) return recompute_in_backward(segment, x, nullptr, parts);
   Tensor out = empty(output.sizes, output.options);
+  ++t_segments_recorded;
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, nullptr, std::move(*random),
                                              autocast_dtype(x.device()), parts),

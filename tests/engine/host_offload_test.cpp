@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "agent/engine/allocator.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/recompute.h"
@@ -90,6 +91,86 @@ TEST(HostOffload, ANonContiguousTensorStaysOnItsDevice) {
   EXPECT_EQ(h->get().contiguous().to_vector<float>(), m.contiguous().to_vector<float>());
   // (It claimed nothing: the next contiguous one goes.)
   EXPECT_TRUE(slot.stash(counting(4, 0))->offloaded());
+}
+
+// Counts the allocations of one size (a tensor's fetch from host memory).
+class SizeCounting final : public Allocator {
+ public:
+  SizeCounting(std::shared_ptr<Allocator> inner, size_t bytes)
+      : inner_(std::move(inner)), bytes_(bytes) {}
+  void* allocate(size_t bytes) override {
+    if (bytes == bytes_) ++count;
+    return inner_->allocate(bytes);
+  }
+  void deallocate(void* ptr, size_t bytes) noexcept override { inner_->deallocate(ptr, bytes); }
+  Device device() const override { return inner_->device(); }
+  AllocatorStats stats() const override { return inner_->stats(); }
+  int count = 0;
+
+ private:
+  std::shared_ptr<Allocator> inner_;
+  size_t bytes_;
+};
+
+// Two segments whose inputs wait in host memory, the second (first in
+// backward) with a segment of its own recorded within its run again (a
+// GPT block's MLP in slices): the first's input comes in only once that
+// nested segment's backward is done (so it is not on the device at the
+// second's peak), before the first's run again; with nothing nested, once
+// the second's run again has run. The gradients are those of the
+// segments kept on the device.
+TEST(HostOffload, TheNextInputComesInOnceANestedSegmentsBackwardIsDone) {
+  const size_t first_input_bytes = 1000 * sizeof(float);  // no other tensor's size
+  for (bool nested : {true, false}) {
+    SCOPED_TRACE(nested ? "nested" : "not nested");
+    auto run = [&](bool offload) {
+      auto counting_allocator =
+          std::make_shared<SizeCounting>(current_allocator(Device::cpu()), first_input_bytes);
+      AllocatorGuard counted(counting_allocator);
+      manual_seed(7);
+      Tensor wa = rand({600}).set_requires_grad(true), wb = rand({600}).set_requires_grad(true);
+      Tensor x0 = rand({1000}).set_requires_grad(true);
+      std::vector<int> fetched_in_nested, fetched_in_second, fetched_in_first;
+      Segment inner = [&](const Tensor& in, bool replay) {
+        if (replay) fetched_in_nested.push_back(counting_allocator->count);
+        return tanh(in);
+      };
+      Segment first = [&](const Tensor& in, bool replay) {
+        if (replay) fetched_in_first.push_back(counting_allocator->count);
+        return mul(tanh(in.narrow(0, 0, 600)), wa);
+      };
+      Segment second = [&](const Tensor& in, bool replay) {
+        if (replay) fetched_in_second.push_back(counting_allocator->count);
+        Tensor h = mul(in, wb);
+        return nested ? recompute_in_backward(inner, h, nullptr, /*parts=*/2) : tanh(h);
+      };
+      Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+      StepRandom random(3, step);
+      OffloadSlot slot_a, slot_b;
+      Tensor x = mul(x0, 2.0);  // (not a leaf: the stashed tensor is the only holder)
+      Tensor y = recompute_in_backward(first, x, offload ? &slot_a : nullptr);
+      x = Tensor();
+      Tensor loss = sum(recompute_in_backward(second, y, offload ? &slot_b : nullptr));
+      y = Tensor();
+      counting_allocator->count = 0;
+      loss.backward();
+      if (offload) {
+        EXPECT_EQ(fetched_in_second, std::vector<int>{0}) << "fetched before the second's replay";
+        if (nested) {
+          EXPECT_EQ(fetched_in_nested, (std::vector<int>{0, 0}))
+              << "fetched while the nested segment's slices ran";
+        }
+        EXPECT_EQ(fetched_in_first.size(), 1u);
+        for (int fetched : fetched_in_first) {
+          EXPECT_GE(fetched, 1) << "not fetched ahead of the first's run again";
+        }
+      }
+      return std::vector<std::vector<float>>{
+          wa.grad().to_vector<float>(), wb.grad().to_vector<float>(),
+          x0.grad().to_vector<float>()};
+    };
+    EXPECT_EQ(run(true), run(false));
+  }
 }
 
 // A recomputed segment whose input waits in host memory: the gradients of
