@@ -27,6 +27,8 @@ struct Edge {
 class Node {
  public:
   virtual ~Node() = default;
+  // A string of static storage (a literal): traces keep the pointer
+  // (backward_node_running).
   virtual const char* name() const = 0;
   // Gradients for each edge in `next`, given the gradient of this node's
   // output; an undefined Tensor means none for that input.

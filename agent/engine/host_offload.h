@@ -13,9 +13,10 @@
 // once forward went on past the next block (offload_progress(), which the
 // blocks call as each forward ends), the compute stream waiting for the
 // copy there (two blocks' forward is about a copy's time); in
-// backward, each recomputed segment that starts fetches the input the
-// next one in backward order needs (the latest stashed that is on the
-// host), so one input at a time comes back ahead of its use. The compute
+// backward, each recomputed segment fetches the input the next one in
+// backward order needs (the latest stashed that is on the host) while its
+// own backward runs, past its peak where it has one (recompute.cpp), so
+// one input at a time comes back ahead of its use. The compute
 // stream waits for a copy only by events, never the host: a step with
 // offloads can be captured as a CUDA graph (step_graph.h), whose trace
 // makes the same allocations and frees in the same order.
@@ -117,10 +118,10 @@ class OffloadedTensor {
 // compute stream waits for their copies out (which by then are usually
 // done).
 void offload_progress();
-// A recomputed segment's backward is past its peak, or starts
-// (recompute.cpp says which): the latest input stashed on this thread that
-// is only on the host is fetched, unless one is on its way in already (one
-// ahead at a time).
+// A recomputed segment has run again and its backward is about to run, or
+// is past its peak (recompute.cpp: PrefetchAfterNested says which): the
+// latest input stashed on this thread that is only on the host is fetched,
+// unless one is on its way in already (one ahead at a time).
 void offload_prefetch_next();
 
 }  // namespace leasehold::engine

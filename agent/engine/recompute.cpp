@@ -23,17 +23,21 @@ thread_local bool t_prefetch_after_nested = false;
 // When the input the next segment in backward needs is fetched from host
 // memory (host_offload.h), so that it comes in while this segment's
 // backward runs but is not on the device at that backward's peak: a
-// segment with nested segments (a whole GPT block whose MLP runs again in
-// slices, the block's peak: 24 MiB of the next block's input less there)
-// leaves it to the first nested one's end (the attention's backward then
-// hides the copy); one without fetches it once its replay has run, before
-// its backward. A nested segment run so fetches it at its own end.
+// segment whose replay recorded nested segments (a whole GPT block whose
+// MLP runs again in slices, where the block's peak is: 24 MiB of the next
+// block's input less there) leaves it to the end of the first nested one
+// whose backward runs (the attention's backward then hides the copy); a
+// segment without fetches it once its replay has run, before its
+// backward. (A later nested one, BlockInHalves' attention half, then
+// fetches after its replay, which finds the input on its way already.)
 class PrefetchAfterNested {
  public:
   PrefetchAfterNested() : outer_(t_prefetch_after_nested) {}
   // After the segment's replay, which recorded `nested` segments.
   void replayed(uint64_t nested) {
-    if (outer_ || decided_) return;  // (the outer segment's, or a slice's after the first)
+    // (A segment an outer one waits for leaves it to done(); a slice after
+    // the first, to the first.)
+    if (outer_ || decided_) return;
     decided_ = true;
     if (nested > 0) {
       t_prefetch_after_nested = armed_ = true;
@@ -58,7 +62,7 @@ class PrefetchAfterNested {
   PrefetchAfterNested& operator=(const PrefetchAfterNested&) = delete;
 
  private:
-  const bool outer_;  // an outer segment waits for this one's end
+  const bool outer_;  // an outer segment was waiting when this one began
   bool decided_ = false;
   bool armed_ = false;  // this one waits for a nested one's
 };

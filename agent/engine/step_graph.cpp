@@ -33,9 +33,9 @@ constexpr uint64_t kArenaAlignment = TraceAddresses::kAlignment;
 // first, each with its count ("the peak, 639.35 MiB, at event 248 of 916,
 // made in LinearBackward's backward: 2 x 48.00 MiB, ..."; sizes as asked,
 // before the arena's alignment), which says which tensors a memory budget
-// should go after. `made_in[i]`: where blocks[i] was made (Traced).
+// should go after. `made_in[i]`: where blocks[i] was made.
 std::string describe_peak(const std::vector<PlannedBlock>& blocks,
-                          const std::vector<const char*>& made_in, uint64_t events) {
+                          const std::vector<std::string>& made_in, uint64_t events) {
   std::vector<std::pair<uint64_t, int64_t>> changes;  // (event, bytes made or freed)
   changes.reserve(2 * blocks.size());
   for (const PlannedBlock& b : blocks) {
@@ -50,11 +50,11 @@ std::string describe_peak(const std::vector<PlannedBlock>& blocks,
     if (live > most) most = live, at = event;
   }
   std::map<uint64_t, int, std::greater<>> sizes;
-  std::string where = "in forward";
+  std::string where;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const PlannedBlock& b = blocks[i];
     if (b.first <= at && at < b.last) ++sizes[b.bytes];
-    if (b.first == at && *made_in[i] != '\0') where = fmt::format("in {}'s backward", made_in[i]);
+    if (b.first == at) where = made_in[i];
   }
   std::string out = fmt::format("the peak, {}, at event {} of {}, made {}:",
                                 format_bytes(static_cast<uint64_t>(most)), at, events, where);
@@ -94,7 +94,7 @@ void* GraphPool::allocate(size_t bytes) {
     addresses_->give_back(p);
     throw;
   }
-  trace_.push_back({bytes, events_++, UINT64_MAX, backward_node_running()});
+  trace_.push_back({bytes, events_++, UINT64_MAX, backward_node_running(), in_backward()});
   stats_.in_use_bytes += bytes;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   return p;
@@ -168,9 +168,13 @@ void GraphPool::plan() {
     for (const Traced& t : trace_) blocks.push_back({t.bytes, t.first, t.last});
     arena_live_.reserve(trace_.size());
     if (spdlog::should_log(spdlog::level::debug) && !blocks.empty()) {
-      std::vector<const char*> made_in;
+      std::vector<std::string> made_in;
       made_in.reserve(trace_.size());
-      for (const Traced& t : trace_) made_in.push_back(t.made_in);
+      for (const Traced& t : trace_) {
+        made_in.push_back(*t.node != '\0' ? fmt::format("in {}'s backward", t.node)
+                          : t.in_backward ? std::string("in backward, by its engine (a sum)")
+                                          : std::string("outside backward (forward or the update)"));
+      }
       spdlog::debug("graph pool: in the traced step, {}",
                     describe_peak(blocks, made_in, events_));
     }

@@ -88,7 +88,10 @@ class GraphPool final : public Allocator {
   struct Traced {
     size_t bytes;
     uint64_t first, last;  // events; last = UINT64_MAX while live
-    const char* made_in;   // the backward node running then, "" in forward (the debug log's)
+    // Where it was made, for the debug log: the backward node running then
+    // (backward_node_running, "" outside one), and whether in backward.
+    const char* node;
+    bool in_backward;
   };
   std::shared_ptr<Allocator> upstream_;
   mutable std::mutex mu_;

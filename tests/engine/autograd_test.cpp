@@ -154,7 +154,8 @@ class WatchingAllocator final : public Allocator {
 // A product's backward makes its weight's gradient first and lets go of
 // its input, which nothing else holds, before it makes the input's
 // gradient of the same size (one of the two at a time at backward's
-// peak), unless the graph is retained; the gradients are the same.
+// peak), unless the graph is retained; the gradients are the same. An
+// input the caller still holds keeps its values.
 TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
   auto watching = std::make_shared<WatchingAllocator>(current_allocator(Device::cpu()));
   AllocatorGuard guard(watching);
@@ -195,6 +196,10 @@ TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
     }
     watching->watch(nullptr, 0);
   }
+  Tensor h = mul(x, 2.0);
+  sum(linear(h, w, Tensor())).backward();
+  const std::vector<float> xs = x.to_vector<float>(), hs = h.to_vector<float>();
+  for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(hs[i], 2 * xs[i]) << i;
 }
 
 TEST(Autograd, SharedSubexpressionGetsBothGradients) {

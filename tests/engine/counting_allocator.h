@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 
 #include "agent/engine/allocator.h"
