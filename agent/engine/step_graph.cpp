@@ -171,9 +171,12 @@ void GraphPool::plan() {
       std::vector<std::string> made_in;
       made_in.reserve(trace_.size());
       for (const Traced& t : trace_) {
-        made_in.push_back(*t.node != '\0' ? fmt::format("in {}'s backward", t.node)
-                          : t.in_backward ? std::string("in backward, by its engine (a sum)")
-                                          : std::string("outside backward (forward or the update)"));
+        if (*t.node != '\0') {
+          made_in.push_back(fmt::format("in {}'s backward", t.node));
+        } else {
+          made_in.push_back(t.in_backward ? "in backward, by its engine (a sum)"
+                                          : "outside backward (forward or the update)");
+        }
       }
       spdlog::debug("graph pool: in the traced step, {}",
                     describe_peak(blocks, made_in, events_));
