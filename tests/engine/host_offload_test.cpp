@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "agent/engine/allocator.h"
@@ -112,72 +113,116 @@ class SizeCounting final : public Allocator {
   size_t bytes_;
 };
 
+// How the second of two_segments_backward's segments nests others.
+enum class Nesting {
+  None,
+  Slices,       // one segment in two slices (a GPT block's MLP)
+  TwoSegments,  // one, then one in two slices (a block in halves)
+};
+
+// What two_segments_backward saw: the allocations of the first segment's
+// input size (its fetches from host memory) counted at each place.
+struct Fetches {
+  std::vector<int> second, nested, at_wb, first;
+  std::vector<std::vector<float>> grads;  // wa's, wb's, x0's
+};
+
+// Two segments, the second nesting as asked, their inputs in host memory
+// with `offload`, and one backward through them; `fails`: the nested
+// segments' run again throws (the backward then throws).
+Fetches two_segments_backward(bool offload, Nesting nesting, bool fails = false) {
+  const size_t first_input_bytes = 1000 * sizeof(float);  // no other tensor's size
+  auto counting = std::make_shared<SizeCounting>(current_allocator(Device::cpu()),
+                                                 first_input_bytes);
+  AllocatorGuard counted(counting);
+  manual_seed(7);
+  Tensor wa = rand({600}).set_requires_grad(true), wb = rand({600}).set_requires_grad(true);
+  Tensor x0 = rand({1000}).set_requires_grad(true);
+  Fetches f;
+  Segment inner = [&](const Tensor& in, bool replay) {
+    if (replay) {
+      f.nested.push_back(counting->count);
+      if (fails) throw std::runtime_error("the nested segment fails (test)");
+    }
+    return tanh(in);
+  };
+  Segment weighted = [&](const Tensor& in, bool replay) {
+    if (replay) f.nested.push_back(counting->count);
+    return mul(in, wb);
+  };
+  Segment first = [&](const Tensor& in, bool replay) {
+    if (replay) f.first.push_back(counting->count);
+    return mul(tanh(in.narrow(0, 0, 600)), wa);
+  };
+  Segment second = [&](const Tensor& in, bool replay) {
+    if (replay) f.second.push_back(counting->count);
+    switch (nesting) {
+      case Nesting::None:
+        return tanh(mul(in, wb));
+      case Nesting::Slices:
+        return recompute_in_backward(inner, mul(in, wb), nullptr, /*parts=*/2);
+      case Nesting::TwoSegments:
+        return recompute_in_backward(inner, recompute_in_backward(weighted, in), nullptr, 2);
+    }
+    throw std::logic_error("nesting");
+  };
+  Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+  StepRandom random(3, step);
+  OffloadSlot slot_a, slot_b;
+  Tensor x = mul(x0, 2.0);  // (not a leaf: the stashed tensor is the only holder)
+  Tensor y = recompute_in_backward(first, x, offload ? &slot_a : nullptr);
+  x = Tensor();
+  Tensor loss = sum(recompute_in_backward(second, y, offload ? &slot_b : nullptr));
+  y = Tensor();
+  counting->count = 0;
+  // (wb's gradient is ready within the second segment's backward, after
+  // the nested one's in slices: the first's input is on its way in then.)
+  GradientReadyGuard ready([&](const Tensor& leaf) {
+    if (leaf.impl() == wb.impl()) f.at_wb.push_back(counting->count);
+  });
+  loss.backward();
+  f.grads = {wa.grad().to_vector<float>(), wb.grad().to_vector<float>(),
+             x0.grad().to_vector<float>()};
+  return f;
+}
+
 // Two segments whose inputs wait in host memory, the second (first in
 // backward) with a segment of its own recorded within its run again (a
 // GPT block's MLP in slices): the first's input comes in only once that
 // nested segment's backward is done (so it is not on the device at the
-// second's peak), before the first's run again; with nothing nested, once
-// the second's run again has run. The gradients are those of the
-// segments kept on the device.
+// second's peak), before the first's run again, and once; with nothing
+// nested, once the second's run again has run. The gradients are those of
+// the segments kept on the device.
 TEST(HostOffload, TheNextInputComesInOnceANestedSegmentsBackwardIsDone) {
-  const size_t first_input_bytes = 1000 * sizeof(float);  // no other tensor's size
-  for (bool nested : {true, false}) {
-    SCOPED_TRACE(nested ? "nested" : "not nested");
-    auto run = [&](bool offload) {
-      auto counting_allocator =
-          std::make_shared<SizeCounting>(current_allocator(Device::cpu()), first_input_bytes);
-      AllocatorGuard counted(counting_allocator);
-      manual_seed(7);
-      Tensor wa = rand({600}).set_requires_grad(true), wb = rand({600}).set_requires_grad(true);
-      Tensor x0 = rand({1000}).set_requires_grad(true);
-      std::vector<int> fetched_in_nested, fetched_in_second, fetched_in_first;
-      Segment inner = [&](const Tensor& in, bool replay) {
-        if (replay) fetched_in_nested.push_back(counting_allocator->count);
-        return tanh(in);
-      };
-      Segment first = [&](const Tensor& in, bool replay) {
-        if (replay) fetched_in_first.push_back(counting_allocator->count);
-        return mul(tanh(in.narrow(0, 0, 600)), wa);
-      };
-      Segment second = [&](const Tensor& in, bool replay) {
-        if (replay) fetched_in_second.push_back(counting_allocator->count);
-        Tensor h = mul(in, wb);
-        return nested ? recompute_in_backward(inner, h, nullptr, /*parts=*/2) : tanh(h);
-      };
-      Tensor step = zeros({}, {DType::Int64, Device::cpu()});
-      StepRandom random(3, step);
-      OffloadSlot slot_a, slot_b;
-      Tensor x = mul(x0, 2.0);  // (not a leaf: the stashed tensor is the only holder)
-      Tensor y = recompute_in_backward(first, x, offload ? &slot_a : nullptr);
-      x = Tensor();
-      Tensor loss = sum(recompute_in_backward(second, y, offload ? &slot_b : nullptr));
-      y = Tensor();
-      counting_allocator->count = 0;
-      // (wb's gradient is ready within the second segment's backward, after
-      // the nested one's: the first's input is on its way in by then.)
-      std::vector<int> fetched_at_wb;
-      {
-        GradientReadyGuard ready([&](const Tensor& leaf) {
-          if (leaf.impl() == wb.impl()) fetched_at_wb.push_back(counting_allocator->count);
-        });
-        loss.backward();
-      }
-      if (offload) {
-        EXPECT_EQ(fetched_in_second, std::vector<int>{0}) << "fetched before the second's replay";
-        if (nested) {
-          EXPECT_EQ(fetched_in_nested, (std::vector<int>{0, 0}))
-              << "fetched while the nested segment's slices ran";
-        }
-        EXPECT_EQ(fetched_at_wb, std::vector<int>{1})
-            << "not fetched ahead of the first's run again (or more than once)";
-        EXPECT_EQ(fetched_in_first, std::vector<int>{1});
-      }
-      return std::vector<std::vector<float>>{
-          wa.grad().to_vector<float>(), wb.grad().to_vector<float>(),
-          x0.grad().to_vector<float>()};
-    };
-    EXPECT_EQ(run(true), run(false));
+  for (Nesting nesting : {Nesting::None, Nesting::Slices, Nesting::TwoSegments}) {
+    SCOPED_TRACE(static_cast<int>(nesting));
+    const Fetches f = two_segments_backward(true, nesting);
+    EXPECT_EQ(f.second, std::vector<int>{0}) << "fetched before the second's replay";
+    if (nesting == Nesting::Slices) {
+      EXPECT_EQ(f.nested, (std::vector<int>{0, 0}))
+          << "fetched while the nested segment's slices ran";
+    } else if (nesting == Nesting::TwoSegments) {
+      // The slices first (backward order), then the other nested one's
+      // run again, which finds the input on its way in already.
+      EXPECT_EQ(f.nested, (std::vector<int>{0, 0, 1}));
+    }
+    EXPECT_EQ(f.at_wb, std::vector<int>{1})
+        << "not fetched ahead of the first's run again (or more than once)";
+    EXPECT_EQ(f.first, std::vector<int>{1});
+    EXPECT_EQ(f.grads, two_segments_backward(false, nesting).grads);
   }
+}
+
+// A backward that fails within a nested segment leaves nothing behind for
+// the next step (a segment waiting for a nested one that never ends): its
+// fetches come as they would have, here once its segment without nested
+// ones has run again.
+TEST(HostOffload, ABackwardFailingInANestedSegmentLeavesTheNextStepsFetchesAlone) {
+  EXPECT_THROW(two_segments_backward(true, Nesting::Slices, /*fails=*/true), std::runtime_error);
+  const Fetches f = two_segments_backward(true, Nesting::None);
+  EXPECT_EQ(f.second, std::vector<int>{0});
+  EXPECT_EQ(f.at_wb, std::vector<int>{1}) << "not fetched once the second segment ran again";
+  EXPECT_EQ(f.first, std::vector<int>{1});
 }
 
 // A recomputed segment whose input waits in host memory: the gradients of
