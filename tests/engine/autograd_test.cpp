@@ -11,6 +11,7 @@
 #include "agent/engine/allocator.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/ops.h"
+#include "tests/engine/counting_allocator.h"
 
 namespace leasehold::engine {
 namespace {
@@ -127,32 +128,6 @@ TEST(Autograd, ANodeMayWriteOverOnlyAGradientThatIsItsAlone) {
   EXPECT_FALSE(nd->owned.at(0));
 }
 
-// Records, at each allocation of `watched_bytes` made while a
-// LinearBackward runs, whether the memory it watches is still allocated.
-class WatchingAllocator final : public Allocator {
- public:
-  explicit WatchingAllocator(std::shared_ptr<Allocator> inner) : inner_(std::move(inner)) {}
-  void watch(void* p, size_t bytes) { watched_ = p, watched_bytes_ = bytes; }
-  void* allocate(size_t bytes) override {
-    if (bytes == watched_bytes_ && std::string(backward_node_running()) == "LinearBackward") {
-      watched_live_then.push_back(watched_ != nullptr);
-    }
-    return inner_->allocate(bytes);
-  }
-  void deallocate(void* ptr, size_t bytes) noexcept override {
-    if (ptr == watched_) watched_ = nullptr;
-    inner_->deallocate(ptr, bytes);
-  }
-  Device device() const override { return inner_->device(); }
-  AllocatorStats stats() const override { return inner_->stats(); }
-  std::vector<bool> watched_live_then;
-
- private:
-  std::shared_ptr<Allocator> inner_;
-  void* watched_ = nullptr;
-  size_t watched_bytes_ = 0;
-};
-
 // Saved tensors held as they are behind the hooks, as a spill manager's
 // handle holds one.
 class HoldingHooks final : public SavedTensorHooks {
@@ -168,7 +143,20 @@ class HoldingHooks final : public SavedTensorHooks {
 // gradients are the same. An input the caller still holds keeps its
 // values.
 TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
-  auto watching = std::make_shared<WatchingAllocator>(current_allocator(Device::cpu()));
+  // At each allocation of the input's size made in a LinearBackward:
+  // whether the input (`watched`) was still allocated.
+  auto watching = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+  void* watched = nullptr;
+  size_t watched_bytes = 0;
+  std::vector<bool> watched_live_then;
+  watching->on_allocate = [&](size_t bytes) {
+    if (bytes == watched_bytes && std::string(backward_node_running()) == "LinearBackward") {
+      watched_live_then.push_back(watched != nullptr);
+    }
+  };
+  watching->on_free = [&](void* ptr) {
+    if (ptr == watched) watched = nullptr;
+  };
   AllocatorGuard guard(watching);
   Tensor x = rand({64, 32}), w = rand({3, 32});
   x.set_requires_grad(true);
@@ -182,15 +170,15 @@ TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
     if (hooked) hooks.emplace(std::make_shared<HoldingHooks>());
     x.set_grad(Tensor());
     w.set_grad(Tensor());
-    watching->watched_live_then.clear();
+    watched_live_then.clear();
     Tensor loss;
     {
       Tensor h = mul(x, 2.0);  // the product's input, kept by its backward alone
-      watching->watch(h.data<float>(), input_bytes);
+      watched = h.data<float>(), watched_bytes = input_bytes;
       loss = sum(linear(h, w, Tensor()));
     }
     loss.backward(Tensor(), retain);
-    EXPECT_EQ(watching->watched_live_then, std::vector<bool>{retain});
+    EXPECT_EQ(watched_live_then, std::vector<bool>{retain});
     // d(sum(2x wᵀ))/dx = 2 Σ_o w[o, :] on every row; /dw = 2 Σ_n x[n, :].
     const std::vector<float> xs = x.to_vector<float>(), ws = w.to_vector<float>();
     const std::vector<float> gx = x.grad().to_vector<float>(), gw = w.grad().to_vector<float>();
@@ -209,7 +197,7 @@ TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
       loss.backward();  // the input was kept for this one
       EXPECT_NEAR(w.grad().to_vector<float>()[0], 2 * gw[0], 1e-3);
     }
-    watching->watch(nullptr, 0);
+    watched = nullptr, watched_bytes = 0;
   }
   Tensor h = mul(x, 2.0);
   sum(linear(h, w, Tensor())).backward();

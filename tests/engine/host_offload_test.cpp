@@ -15,6 +15,7 @@
 #include "agent/engine/autograd.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/recompute.h"
+#include "tests/engine/counting_allocator.h"
 
 namespace leasehold::engine {
 namespace {
@@ -94,25 +95,6 @@ TEST(HostOffload, ANonContiguousTensorStaysOnItsDevice) {
   EXPECT_TRUE(slot.stash(counting(4, 0))->offloaded());
 }
 
-// Counts the allocations of one size (a tensor's fetch from host memory).
-class SizeCounting final : public Allocator {
- public:
-  SizeCounting(std::shared_ptr<Allocator> inner, size_t bytes)
-      : inner_(std::move(inner)), bytes_(bytes) {}
-  void* allocate(size_t bytes) override {
-    if (bytes == bytes_) ++count;
-    return inner_->allocate(bytes);
-  }
-  void deallocate(void* ptr, size_t bytes) noexcept override { inner_->deallocate(ptr, bytes); }
-  Device device() const override { return inner_->device(); }
-  AllocatorStats stats() const override { return inner_->stats(); }
-  int count = 0;
-
- private:
-  std::shared_ptr<Allocator> inner_;
-  size_t bytes_;
-};
-
 // How the second of two_segments_backward's segments nests others.
 enum class Nesting {
   None,
@@ -132,8 +114,9 @@ struct Fetches {
 // segments' run again throws (the backward then throws).
 Fetches two_segments_backward(bool offload, Nesting nesting, bool fails = false) {
   const size_t first_input_bytes = 1000 * sizeof(float);  // no other tensor's size
-  auto counting = std::make_shared<SizeCounting>(current_allocator(Device::cpu()),
-                                                 first_input_bytes);
+  auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+  int fetched = 0;  // allocations of the first segment's input size
+  counting->on_allocate = [&](size_t bytes) { fetched += bytes == first_input_bytes; };
   AllocatorGuard counted(counting);
   manual_seed(7);
   Tensor wa = rand({600}).set_requires_grad(true), wb = rand({600}).set_requires_grad(true);
@@ -141,21 +124,21 @@ Fetches two_segments_backward(bool offload, Nesting nesting, bool fails = false)
   Fetches f;
   Segment inner = [&](const Tensor& in, bool replay) {
     if (replay) {
-      f.nested.push_back(counting->count);
+      f.nested.push_back(fetched);
       if (fails) throw std::runtime_error("the nested segment fails (test)");
     }
     return tanh(in);
   };
   Segment weighted = [&](const Tensor& in, bool replay) {
-    if (replay) f.nested.push_back(counting->count);
+    if (replay) f.nested.push_back(fetched);
     return mul(in, wb);
   };
   Segment first = [&](const Tensor& in, bool replay) {
-    if (replay) f.first.push_back(counting->count);
+    if (replay) f.first.push_back(fetched);
     return mul(tanh(in.narrow(0, 0, 600)), wa);
   };
   Segment second = [&](const Tensor& in, bool replay) {
-    if (replay) f.second.push_back(counting->count);
+    if (replay) f.second.push_back(fetched);
     switch (nesting) {
       case Nesting::None:
         return tanh(mul(in, wb));
@@ -174,11 +157,11 @@ Fetches two_segments_backward(bool offload, Nesting nesting, bool fails = false)
   x = Tensor();
   Tensor loss = sum(recompute_in_backward(second, y, offload ? &slot_b : nullptr));
   y = Tensor();
-  counting->count = 0;
+  fetched = 0;
   // (wb's gradient is ready within the second segment's backward, after
   // the nested one's in slices: the first's input is on its way in then.)
   GradientReadyGuard ready([&](const Tensor& leaf) {
-    if (leaf.impl() == wb.impl()) f.at_wb.push_back(counting->count);
+    if (leaf.impl() == wb.impl()) f.at_wb.push_back(fetched);
   });
   loss.backward();
   f.grads = {wa.grad().to_vector<float>(), wb.grad().to_vector<float>(),
