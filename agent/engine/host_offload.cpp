@@ -52,10 +52,6 @@ struct OffloadSlot::State {
 
 namespace {
 
-// Blocks forward goes past after a stash before its device copy is let go:
-// a GPT block's input crosses PCIe 5 in about two blocks' forward.
-constexpr uint64_t kReleaseAfterBlocks = 2;
-
 // This thread's stashed tensors, in the order they were stashed (backward
 // wants them in the reverse), and the count of blocks forward went past.
 struct Queue {
@@ -138,9 +134,10 @@ std::shared_ptr<OffloadedTensor> OffloadSlot::stash(const Tensor& x) {
     h->where_ = OffloadedTensor::Where::CopyingOut;
 #endif
   } else {
+    // (Copied at once; the tensor's own memory is let go on the schedule
+    // a device's copy out would have, so that the bookkeeping is the same.)
     std::memcpy(state_->host->data(), x.raw_data(), h->bytes_);
-    h->device_ = Tensor();
-    h->where_ = OffloadedTensor::Where::OnHost;
+    h->where_ = OffloadedTensor::Where::CopyingOut;
   }
   t_queue.prune();
   t_queue.stashed.push_back(h);
@@ -169,6 +166,7 @@ Tensor OffloadedTensor::get() {
       // (Still on the device: read in place, beside the copy out reading it
       // too. The handle lets it go when it goes.)
       out = device_;
+      read_in_place_ = true;
       break;
     case Where::OnHost:
     case Where::HandedOut:
@@ -187,6 +185,11 @@ Tensor OffloadedTensor::get() {
       break;
   }
   return out;
+}
+
+void OffloadedTensor::let_device_copy_go() {
+  release_device_copy();
+  where_ = Where::OnHost;
 }
 
 void OffloadedTensor::release_device_copy() {
@@ -216,27 +219,45 @@ void offload_progress() {
   ++q.progress;
   for (const auto& w : q.stashed) {
     auto h = w.lock();
-    if (h && h->where_ == OffloadedTensor::Where::CopyingOut && q.progress >= h->stashed_at_ + kReleaseAfterBlocks) {
-      h->release_device_copy();
-      h->where_ = OffloadedTensor::Where::OnHost;
+    if (h && h->where_ == OffloadedTensor::Where::CopyingOut && !h->read_in_place_ &&
+        q.progress >= h->stashed_at_ + kOffloadReleaseAfterBlocks) {
+      h->let_device_copy_go();
     }
   }
   q.prune();
 }
 
 void offload_prefetch_next() {
+  using Where = OffloadedTensor::Where;
   Queue& q = t_queue;
+  // The latest stashed that backward has not read yet comes next; one on
+  // its way in already is that one (one ahead at a time).
   std::shared_ptr<OffloadedTensor> next;
+  bool coming_in = false;
   for (auto it = q.stashed.rbegin(); it != q.stashed.rend(); ++it) {
     auto h = it->lock();
     if (!h) continue;
-    if (h->where_ == OffloadedTensor::Where::CopyingIn) return;  // one ahead at a time
-    if (!next && h->where_ == OffloadedTensor::Where::OnHost) next = std::move(h);
+    if (h->where_ == Where::CopyingIn) {
+      coming_in = true;
+      continue;
+    }
+    const bool unread =
+        h->where_ == Where::OnHost || (h->where_ == Where::CopyingOut && !h->read_in_place_);
+    if (!unread) continue;
+    if (!next && !coming_in) {
+      next = std::move(h);
+    } else if (h->where_ == Where::CopyingOut) {
+      // (Still on the device, forward having ended too few blocks after
+      // it: backward comes to it later than to the next, and its memory
+      // is wanted sooner.)
+      h->let_device_copy_go();
+    }
   }
-  // (Memory for it is asked as for any tensor of the step: a CUDA graph's
-  // trace counts it, and op by op running short spills or fails the step
-  // as any allocation would.)
-  if (next) next->fetch();
+  // (Still on the device: it stays there, read in place. Memory for a
+  // fetch is asked as for any tensor of the step: a CUDA graph's trace
+  // counts it, and op by op running short spills or fails the step as any
+  // allocation would.)
+  if (next && next->where_ == Where::OnHost) next->fetch();
 }
 
 }  // namespace leasehold::engine

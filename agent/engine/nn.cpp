@@ -306,7 +306,8 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   if (is_training() && grad_enabled() && recompute_ != Recompute::None) {
     if (AutocastWeights* copies = autocast_weights()) copies->release(product_parameters());
   }
-  // (Inputs stashed a block ago leave the device: host_offload.h.)
+  // (Inputs stashed kOffloadReleaseAfterBlocks blocks ago leave the
+  // device: host_offload.h.)
   if (is_training()) offload_progress();
   return out;
 }

@@ -37,6 +37,12 @@ TEST(HostOffload, AStashedTensorLeavesItsMemoryAndComesBackTheSame) {
   ASSERT_TRUE(h->offloaded());
   EXPECT_EQ(slot.host_bytes(), 4000u);
   x = Tensor();
+  // (Its copy out overlaps the blocks after it: its memory goes once
+  // forward is past kOffloadReleaseAfterBlocks of them.)
+  for (uint64_t i = 1; i < kOffloadReleaseAfterBlocks; ++i) offload_progress();
+  EXPECT_FALSE(memory.expired()) << "let go before forward went past "
+                                 << kOffloadReleaseAfterBlocks << " blocks";
+  offload_progress();
   EXPECT_TRUE(memory.expired()) << "the handle holds the tensor's memory";
 
   Tensor back = h->get();
@@ -157,6 +163,8 @@ Fetches two_segments_backward(bool offload, Nesting nesting, bool fails = false)
   x = Tensor();
   Tensor loss = sum(recompute_in_backward(second, y, offload ? &slot_b : nullptr));
   y = Tensor();
+  // (Forward went on past enough blocks for both inputs to leave.)
+  for (uint64_t i = 0; i < kOffloadReleaseAfterBlocks; ++i) offload_progress();
   fetched = 0;
   // (wb's gradient is ready within the second segment's backward, after
   // the nested one's in slices: the first's input is on its way in then.)
@@ -206,6 +214,69 @@ TEST(HostOffload, ABackwardFailingInANestedSegmentLeavesTheNextStepsFetchesAlone
   EXPECT_EQ(f.second, std::vector<int>{0});
   EXPECT_EQ(f.at_wb, std::vector<int>{1}) << "not fetched once the second segment ran again";
   EXPECT_EQ(f.first, std::vector<int>{1});
+}
+
+// Three segments whose inputs have not left the device when backward
+// begins (forward ended fewer than kOffloadReleaseAfterBlocks blocks after
+// them): the last's is read in place, and so is the next one's, which the
+// last's backward leaves where it is while it lets the first's go (its
+// memory is wanted before backward comes to it); the first's is then
+// fetched, once. The gradients are those of the inputs kept on the device.
+TEST(HostOffload, InputsStillOnTheDeviceAreReadThereAndOlderOnesLetGoForTheNext) {
+  struct Seen {
+    std::vector<int> fetched;             // at each replay, in backward order
+    std::vector<std::vector<bool>> held;  // the three inputs' memory, then
+    std::vector<std::vector<float>> grads;
+  };
+  auto run = [](bool offload) {
+    const int64_t sizes[] = {1000, 900, 800};  // each input's (no other tensor's)
+    auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+    int fetched = 0;  // allocations of the first input's size
+    counting->on_allocate = [&](size_t bytes) { fetched += bytes == 1000 * sizeof(float); };
+    AllocatorGuard counted(counting);
+    manual_seed(5);
+    std::vector<Tensor> w;
+    for (int64_t n : {900, 800, 700}) w.push_back(rand({n}).set_requires_grad(true));
+    Tensor x0 = rand({sizes[0]}).set_requires_grad(true);
+    Seen seen;
+    std::vector<std::weak_ptr<Storage>> inputs(3);
+    auto segment = [&](int k) -> Segment {
+      return [&, k](const Tensor& in, bool replay) {
+        if (replay) {
+          seen.fetched.push_back(fetched);
+          std::vector<bool> held;
+          for (const auto& m : inputs) held.push_back(!m.expired());
+          seen.held.push_back(held);
+        }
+        return mul(tanh(in.narrow(0, 0, w[k].size(0))), w[k]);
+      };
+    };
+    Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+    StepRandom random(3, step);
+    OffloadSlot slots[3];
+    Tensor x = mul(x0, 2.0);  // (not a leaf: the stashed tensor is the only holder)
+    for (int k = 0; k < 3; ++k) {
+      inputs[k] = storage_of(x);
+      x = recompute_in_backward(segment(k), x, offload ? &slots[k] : nullptr);
+    }
+    Tensor loss = sum(x);
+    x = Tensor();
+    offload_progress();  // (one block: too few for any to leave)
+    for (const auto& m : inputs) EXPECT_FALSE(m.expired()) << "left before forward went on";
+    fetched = 0;
+    loss.backward();
+    for (const Tensor& t : {w[0], w[1], w[2], x0}) seen.grads.push_back(t.grad().to_vector<float>());
+    return seen;
+  };
+  const Seen seen = run(true);
+  // The last's replay, the middle's, the first's.
+  EXPECT_EQ(seen.fetched, (std::vector<int>{0, 0, 1}))
+      << "the first input not fetched once, between the middle's replay and its own";
+  ASSERT_EQ(seen.held.size(), 3u);
+  EXPECT_EQ(seen.held[0], (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(seen.held[1], (std::vector<bool>{false, true, false}))
+      << "the first's memory not let go as the last's backward came to the middle's";
+  EXPECT_EQ(seen.grads, run(false).grads);
 }
 
 // A recomputed segment whose input waits in host memory: the gradients of

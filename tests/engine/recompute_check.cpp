@@ -10,6 +10,7 @@
 #include "agent/engine/allocator.h"
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
+#include "agent/engine/host_offload.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "tests/engine/counting_allocator.h"
@@ -35,7 +36,9 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
   auto emb = std::make_shared<nn::Embedding>(64, dim, 48);
   nn::Sequential model;
   model.push_back(emb);
-  for (int i = 0; i < 2; ++i) {
+  // (One block more than forward goes past before a stashed input leaves
+  // the device, host_offload.h: the first's inputs leave in forward.)
+  for (uint64_t i = 0; i <= kOffloadReleaseAfterBlocks; ++i) {
     auto block = std::make_shared<nn::TransformerBlock>(dim, 4, 0.2, 2);
     block->set_recompute(recompute);
     block->set_mlp_parts(mlp_parts);
@@ -164,9 +167,9 @@ std::string recompute_mismatch(Device device, bool autocast) {
              std::to_string(less_than);
     }
     // The same with the segments' inputs in host memory (host_offload.h):
-    // the same bits, and less kept on the device (on a GPU, the first
-    // block's input leaves once forward is past the second block; the
-    // second's stays until its backward reads it there).
+    // the same bits, and less kept on the device (the first block's
+    // inputs leave once forward is past kOffloadReleaseAfterBlocks blocks;
+    // the later ones stay until backward reads them there).
     const Step offloaded = gpt_step(device, r, autocast, /*offload=*/true);
     if (offloaded.loss != kept.loss) return mode + " with inputs offloaded: the loss differs";
     for (size_t i = 0; i < kept.grads.size(); ++i) {
