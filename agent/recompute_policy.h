@@ -51,8 +51,8 @@
 // (engine/host_offload.h: its input is the first that backward needs,
 // and would come back at once). Those are bytes planned over the host
 // link while the step's kernels run (a GPT block's input, 24 MiB, crosses
-// a PCIe 5 link in about two blocks' forward; five of them each way are
-// more than the step's forward hides), so that the step is still one
+// a PCIe 5 link in about two and a half blocks' forward; five of them each
+// way are more than the step's forward hides), so that the step is still one
 // CUDA graph, where spilling moves bytes op by op and waits for them, and
 // where the optimizer's state in host memory makes every update read and
 // write it over the link (all of it about a third of the GPT job's step).

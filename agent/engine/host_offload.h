@@ -6,7 +6,7 @@
 // This is what PyTorch's save_on_cpu does for every saved tensor, done for
 // the few large ones a schedule names, so that the copies fit the link:
 // a GPT block's kept input (24 MiB) crosses a PCIe 5 link in about half a
-// millisecond, about two blocks' forward.
+// millisecond, about two and a half blocks' forward.
 //
 // The schedule: a segment's input is copied out on the device's copy
 // stream (cuda_context.h) as the segment starts; its device memory goes
