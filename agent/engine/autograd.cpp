@@ -169,7 +169,7 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool r
   run_backward_from(std::move(root_fn), grad, retain_graph, Tensor(), Tensor());
 }
 
-void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool retain_graph,
+void run_backward_from(std::shared_ptr<Node> root_fn, Tensor grad, bool retain_graph,
                        const Tensor& leaf, const Tensor& leaf_sum) {
   if (!root_fn) throw std::invalid_argument("backward from no node");
   const Edge start{std::move(root_fn)};
@@ -195,7 +195,8 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool r
     Depth() { ++t_backward_depth; }
     ~Depth() { --t_backward_depth; }
   } depth;
-  std::unordered_map<Node*, Tensor> buffers{{start.fn.get(), grad}};
+  std::unordered_map<Node*, Tensor> buffers;
+  buffers.emplace(start.fn.get(), std::move(grad));
   // (Only where the graph reaches the leaf: one it does not reach would
   // keep the sum in a buffer no node takes.)
   if (leaf_sum.defined() && leaf.defined() && !leaf.grad_fn()) {
@@ -219,10 +220,16 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool r
             std::string("trying to backward through the graph a second time (") + node->name() +
             "'s saved tensors were freed); pass retain_graph=true to the first backward");
       }
+      node->sum_so_far_owned = false;
       if (!node->next.empty() && node->next[0].fn) {
         auto sum = buffers.find(node->next[0].fn.get());
         if (sum != buffers.end() && sum->second.defined()) {
-          folded = node->fold_into_input0(sum->second);
+          const Tensor& s = sum->second;
+          // (Only the buffer holds it: checked before the node takes it.)
+          const bool owned =
+              s.impl().use_count() == 1 && s.impl()->storage && s.impl()->storage.use_count() == 1;
+          folded = node->fold_into_input0(s);
+          node->sum_so_far_owned = folded && owned;
         }
       }
       // (Only `g` holds its tensor and its memory: no sibling's gradient
@@ -232,7 +239,7 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool r
       node->saved_released_after = !retain_graph && node->saves_tensors();
       {
         NodeRunning running(node->name());
-        grads = node->apply(g);
+        grads = node->apply_taking(std::move(g));
       }
       if (!retain_graph && node->saves_tensors()) {
         node->release_saved();

@@ -33,6 +33,13 @@ class Node {
   // Gradients for each edge in `next`, given the gradient of this node's
   // output; an undefined Tensor means none for that input.
   virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // What the engine calls: apply, handed the engine's own reference to
+  // grad_output, so that a node can let it go before it returns. A
+  // recomputed segment's backward is a whole pass of its own, which needs
+  // its output's gradient only until its first node has read it: a GPT
+  // block's (24 MiB) would otherwise stay through the block's attention
+  // backward, where a budgeted step has its peak (recompute.cpp).
+  virtual std::vector<Tensor> apply_taking(Tensor grad_output) { return apply(grad_output); }
   // Offered, just before apply, the gradient that other consumers of input
   // 0 have summed for it so far, when there is one: a node whose kernel can
   // add it as it writes its own (one pass, where the sum after would be
@@ -59,6 +66,12 @@ class Node {
   // may write over it (a gradient of the same shape and type, where a new
   // one would add its size to backward's peak).
   bool grad_output_owned = false;
+  // Set by the engine just before apply, where fold_into_input0 took the
+  // sum so far: no other tensor refers to that sum's memory, and the
+  // engine drops it after apply (apply's gradient for input 0 replaces
+  // it), so apply may write that gradient over it (a recomputed MLP's,
+  // gathered slice by slice: recompute.cpp).
+  bool sum_so_far_owned = false;
   // Set by the engine just before apply: its saved tensors are released
   // after it (the backward does not retain the graph), so apply may let go
   // of one as soon as it has read it (a product's input, before its
@@ -187,7 +200,9 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bo
 // still holds leaf_sum); one it reaches gets at least leaf_sum. For a
 // recomputed segment's input, whose other consumers summed their part of
 // its gradient before the segment's backward ran (recompute.h).
-void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bool retain_graph,
+// `gradient` is let go once the root's node has run (a caller that moves
+// its own in holds none after).
+void run_backward_from(std::shared_ptr<Node> root_fn, Tensor gradient, bool retain_graph,
                        const Tensor& leaf, const Tensor& leaf_sum);
 
 }  // namespace leasehold::engine

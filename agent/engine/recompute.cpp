@@ -102,18 +102,23 @@ class RecomputeBackward final : public Node {
     return true;
   }
 
-  std::vector<Tensor> apply(const Tensor& grad) override {
+  std::vector<Tensor> apply(const Tensor& grad) override { return apply_taking(grad); }
+  // (`grad` goes into the run again's own backward, which lets it go once
+  // its first node has run: see Node::apply_taking. In slices, every
+  // slice reads it: it stays to the end.)
+  std::vector<Tensor> apply_taking(Tensor grad) override {
     const Tensor plus = std::move(plus_);  // (taken for this call only, whatever happens)
+    const bool plus_owned = sum_so_far_owned;
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
     PrefetchAfterNested prefetch;
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
     if (parts_ > 1 && rows > 1) {
       std::vector<Tensor> grads =
-          apply_in_parts(x, grad, plus, std::min(parts_, rows), prefetch);
+          apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows), prefetch);
       prefetch.done();
       return grads;
     }
-    const bool ran = run_again(x, grad, prefetch, plus);
+    const bool ran = run_again(x, std::move(grad), prefetch, plus);
     prefetch.done();
     // (Nothing in the segment needs gradients: the sum so far stands.)
     if (!ran) return {plus};
@@ -133,7 +138,7 @@ class RecomputeBackward final : public Node {
   // wants gradients where the first one did) and its backward from `grad`,
   // `plus` (may be undefined) x's gradient so far from outside the
   // segment (fold_into_input0); false when nothing in it needs gradients.
-  bool run_again(Tensor& x, const Tensor& grad, PrefetchAfterNested& prefetch,
+  bool run_again(Tensor& x, Tensor grad, PrefetchAfterNested& prefetch,
                  const Tensor& plus = Tensor()) {
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
@@ -155,7 +160,7 @@ class RecomputeBackward final : public Node {
     std::shared_ptr<Node> root = out.grad_fn();
     if (root) {
       out = Tensor();
-      run_backward_from(std::move(root), grad, /*retain_graph=*/false, x, plus);
+      run_backward_from(std::move(root), std::move(grad), /*retain_graph=*/false, x, plus);
     } else {
       // (A leaf: the segment gave x back, whose gradient is then the sum
       // so far and `grad`, added in the order the engine adds them; or
@@ -171,16 +176,21 @@ class RecomputeBackward final : public Node {
   // The segment's run again and its backward over `parts` slices of x's
   // first dimension, one after another (recompute.h); x's gradient is
   // gathered slice by slice, each with its slice of `plus` (may be
-  // undefined; contiguous) as run_again's.
+  // undefined; contiguous) as run_again's. `plus_owned`: nothing else
+  // reads plus (Node::sum_so_far_owned), so the gradient is gathered into
+  // its memory, each slice's over the slice of plus it includes: a GPT
+  // block's MLP then needs no other 24 MiB beside the residual stream's
+  // gradient at its peak.
   std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, const Tensor& plus,
-                                     int64_t parts, PrefetchAfterNested& prefetch) {
+                                     bool plus_owned, int64_t parts,
+                                     PrefetchAfterNested& prefetch) {
     const int64_t rows = x.size(0);
     if (grad.dim() == 0 || grad.size(0) != rows) {
       throw std::logic_error("recomputed segment in parts: its gradient " + grad.shape_str() +
                              " has not the " + std::to_string(rows) + " rows of its input");
     }
     Tensor dx;
-    if (x_requires_grad_) dx = empty(x.sizes(), x.options());
+    if (x_requires_grad_) dx = plus_owned && plus.defined() ? plus : empty(x.sizes(), x.options());
     for (int64_t part = 0, first = 0; part < parts; ++part) {
       const int64_t count = (rows - first) / (parts - part);
       Tensor xs = x.narrow(0, first, count).detach();
@@ -198,12 +208,16 @@ class RecomputeBackward final : public Node {
       }
       if (x_requires_grad_) {
         NoGradGuard no_grad;
-        // (No gradient: the slice's output did not depend on it.)
+        // (No gradient: the slice's output did not depend on it; gathered
+        // into plus, that slice of it is in place already.)
         const Tensor g = xs.grad();
-        dx.narrow(0, first, count)
-            .copy_(g.defined()            ? g
-                   : plus_slice.defined() ? plus_slice
-                                          : zeros(xs.sizes(), xs.options()));
+        if (g.defined()) {
+          dx.narrow(0, first, count).copy_(g);
+        } else if (!plus_slice.defined()) {
+          dx.narrow(0, first, count).copy_(zeros(xs.sizes(), xs.options()));
+        } else if (dx.impl() != plus.impl()) {
+          dx.narrow(0, first, count).copy_(plus_slice);
+        }
       }
       first += count;
     }

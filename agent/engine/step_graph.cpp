@@ -31,9 +31,9 @@ constexpr uint64_t kArenaAlignment = TraceAddresses::kAlignment;
 // What is live where a traced step holds the most, for the debug log: the
 // event of the peak among `events` and the live blocks' sizes, largest
 // first, each with its count ("the peak, 639.35 MiB, at event 248 of 916,
-// made in LinearBackward's backward: 2 x 48.00 MiB, ..."; sizes as asked,
-// before the arena's alignment), which says which tensors a memory budget
-// should go after. `made_in[i]`: where blocks[i] was made.
+// made in LinearBackward's backward: 2 x 48.00 MiB (1 made in ...; 1
+// made outside backward ...), ..."; sizes as asked, before the arena's
+// alignment), which says which tensors a memory budget should go after. `made_in[i]`: where blocks[i] was made.
 std::string describe_peak(const std::vector<PlannedBlock>& blocks,
                           const std::vector<std::string>& made_in, uint64_t events) {
   std::vector<std::pair<uint64_t, int64_t>> changes;  // (event, bytes made or freed)
@@ -49,18 +49,30 @@ std::string describe_peak(const std::vector<PlannedBlock>& blocks,
     live += bytes;
     if (live > most) most = live, at = event;
   }
-  std::map<uint64_t, int, std::greater<>> sizes;
+  // (Per size, how many; for sizes of a mebibyte or more, also where they
+  // were made, which names the tensors.)
+  std::map<uint64_t, std::map<std::string, int>, std::greater<>> sizes;
   std::string where;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const PlannedBlock& b = blocks[i];
-    if (b.first <= at && at < b.last) ++sizes[b.bytes];
+    if (b.first <= at && at < b.last) ++sizes[b.bytes][made_in[i]];
     if (b.first == at) where = made_in[i];
   }
   std::string out = fmt::format("the peak, {}, at event {} of {}, made {}:",
                                 format_bytes(static_cast<uint64_t>(most)), at, events, where);
   const char* sep = " ";
-  for (const auto& [bytes, count] : sizes) {
+  for (const auto& [bytes, made] : sizes) {
+    int count = 0;
+    for (const auto& [place, n] : made) count += n;
     out += fmt::format("{}{} x {}", sep, count, format_bytes(bytes));
+    if (bytes >= (uint64_t{1} << 20)) {
+      const char* inner = " (";
+      for (const auto& [place, n] : made) {
+        out += fmt::format("{}{} made {}", inner, n, place);
+        inner = "; ";
+      }
+      out += ")";
+    }
     sep = ", ";
   }
   return out;

@@ -154,7 +154,7 @@ TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
       watched_live_then.push_back(watched != nullptr);
     }
   };
-  watching->on_free = [&](void* ptr) {
+  watching->on_free = [&](void* ptr, size_t) {
     if (ptr == watched) watched = nullptr;
   };
   AllocatorGuard guard(watching);

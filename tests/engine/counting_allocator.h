@@ -27,7 +27,7 @@ class CountingAllocator final : public Allocator {
   void deallocate(void* ptr, size_t bytes) noexcept override {
     inner_->deallocate(ptr, bytes);
     in_use_ -= bytes;
-    if (on_free) on_free(ptr);
+    if (on_free) on_free(ptr, bytes);
   }
   Device device() const override { return inner_->device(); }
   // The inner allocator's, with bytes in use and the peak as counted here.
@@ -41,9 +41,9 @@ class CountingAllocator final : public Allocator {
   // Every byte allocated through it, summed.
   uint64_t allocated() const { return allocated_; }
   // Called before each allocation with its size, and after each free with
-  // its address, when set.
+  // its address and size, when set.
   std::function<void(size_t bytes)> on_allocate;
-  std::function<void(void* ptr)> on_free;
+  std::function<void(void* ptr, size_t bytes)> on_free;
 
  private:
   std::shared_ptr<Allocator> inner_;

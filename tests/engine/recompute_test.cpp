@@ -1,13 +1,17 @@
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
+#include "agent/engine/allocator.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/recompute.h"
+#include "tests/engine/counting_allocator.h"
 #include "tests/engine/recompute_check.h"
 
 namespace leasehold::engine {
@@ -26,6 +30,87 @@ TEST(Recompute, BlocksRunAgainGiveTheSameGradientsAndKeepLess) {
 // gradients within rounding, each ready once, less at once in backward.
 TEST(Recompute, MlpsRunAgainInSlicesNeedLessInBackward) {
   EXPECT_EQ(sliced_mlp_mismatch(Device::cpu(), false), "");
+}
+
+// The gradient a recomputed segment's output receives is let go once the
+// segment's own backward has read it (its first node has run), not when
+// the segment's whole backward returns: a GPT block's would stay through
+// the block's attention backward, where a budgeted step has its peak. The
+// gradients are the same.
+TEST(Recompute, ASegmentsOutputGradientGoesOnceItsBackwardHasReadIt) {
+  auto run = [](bool recompute) {
+    const size_t output_gradient_bytes = 600 * sizeof(float);  // (no other tensor's size)
+    auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+    int freed = 0;
+    counting->on_free = [&](void*, size_t bytes) { freed += bytes == output_gradient_bytes; };
+    AllocatorGuard counted(counting);
+    manual_seed(11);
+    Tensor wa = rand({1000}).set_requires_grad(true), c = rand({600});
+    Tensor x = rand({1000}).set_requires_grad(true);
+    Segment f = [&](const Tensor& in, bool) { return tanh(mul(in, wa)).narrow(0, 0, 600); };
+    Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+    StepRandom random(3, step);
+    Tensor out = recompute ? recompute_in_backward(f, x) : f(x, false);
+    Tensor loss = sum(mul(out, c));  // (out's gradient: 600 floats, made by the product's)
+    out = Tensor();
+    std::vector<int> freed_at_wa;  // when wa's gradient is ready: the segment's last node
+    GradientReadyGuard ready([&](const Tensor& leaf) {
+      if (leaf.impl() == wa.impl()) freed_at_wa.push_back(freed);
+    });
+    freed = 0;
+    loss.backward();
+    return std::make_tuple(freed_at_wa, wa.grad().to_vector<float>(), x.grad().to_vector<float>());
+  };
+  // (Two of its size by then: the sum's gradient, and the output's.)
+  const auto [kept_freed_at_wa, kept_wa_grad, kept_x_grad] = run(false);
+  ASSERT_EQ(kept_freed_at_wa, std::vector<int>{2});
+  const auto [freed_at_wa, wa_grad, x_grad] = run(true);
+  EXPECT_EQ(freed_at_wa, std::vector<int>{2})
+      << "the output's gradient still held when the segment's backward reached its input";
+  EXPECT_EQ(wa_grad, kept_wa_grad);
+  EXPECT_EQ(x_grad, kept_x_grad);
+}
+
+// A segment run again in slices whose input's gradient so far (from its
+// other consumers) nothing else reads gathers its own input's gradient
+// into that sum's memory: it allocates nothing of its input's size (its
+// slices are half that). Where the sum is also the segment's own output
+// gradient (read slice by slice), it makes its own. The input's gradient
+// is the same as the segment run whole gives, bit for bit.
+TEST(Recompute, InSlicesTheInputsGradientIsGatheredIntoItsSumSoFarWhereNothingElseReadsIt) {
+  auto run = [](int64_t parts, bool sum_owned) {
+    const size_t input_bytes = 10 * 100 * sizeof(float);
+    auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+    int allocated = 0;  // of the input's size, by the segment's own node
+    counting->on_allocate = [&](size_t bytes) {
+      allocated += bytes == input_bytes &&
+                   std::string_view(backward_node_running()) == "RecomputeBackward";
+    };
+    AllocatorGuard counted(counting);
+    manual_seed(13);
+    Tensor w = rand({100}).set_requires_grad(true), c = rand({10, 100});
+    Tensor x0 = rand({10, 100}).set_requires_grad(true);
+    Segment f = [&](const Tensor& in, bool) { return tanh(mul(in, w)); };
+    Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+    StepRandom random(3, step);
+    Tensor h = mul(x0, 2.0);
+    Tensor s = recompute_in_backward(f, h, nullptr, parts);
+    // (Through a product, the segment's output gradient is a tensor of its
+    // own; added straight, it is the residual's gradient itself.)
+    Tensor loss = sum(add(h, sum_owned ? mul(s, c) : s));
+    h = Tensor();
+    s = Tensor();
+    loss.backward();
+    return std::make_pair(allocated, x0.grad().to_vector<float>());
+  };
+  for (bool owned : {true, false}) {
+    SCOPED_TRACE(owned);
+    const auto [sliced_allocated, sliced_x0] = run(2, owned);
+    EXPECT_EQ(sliced_x0, run(1, owned).second);
+    EXPECT_EQ(sliced_allocated, owned ? 0 : 1)
+        << (owned ? "the input's gradient not gathered into the sum so far"
+                  : "gathered into the sum so far, which the slices read");
+  }
 }
 
 // Outside a StepRandom the masks could not be drawn again: the segment
