@@ -15,18 +15,19 @@
 // compute stream waiting for the copy there. The copies out run one after
 // another, and a GPT block's input takes about two and a half blocks'
 // forward to cross (a block run without keeping anything: 0.21 ms on an
-// H200, its input 0.5 ms): let go after two blocks, forward waited for
-// each copy in turn (60.7% of unconstrained speed at 25% of the job's
-// peak), after three, 65%; after four, the inputs still on the device at
-// the last block's backward put the step over its budget. In backward,
-// each recomputed segment fetches the input the next one in backward
-// order needs (the latest stashed that backward has not read) while its
-// own backward runs, past its peak where it has one (recompute.cpp), so
-// one input at a time comes back ahead of its use; one still on the
-// device (forward ended too soon after it) is read there, and older ones
-// still there are let go then. The compute stream waits for a copy only
-// by events, never the host: a step with offloads can be captured as a
-// CUDA graph (step_graph.h), whose trace makes the same allocations and
+// H200, its input 0.5 ms). At 25% of the GPT job's peak: let go after two
+// blocks, forward waited for each copy in turn (60.7% of unconstrained
+// speed); after three, 65%; after four, 71.5-73.2%, once a recomputed
+// MLP's input gradient stopped needing a buffer of its own (recompute.cpp)
+// and the inputs still on the device at the last block's backward fit.
+// In backward, each recomputed segment fetches the input the next one in
+// backward order needs (the latest stashed that backward has not read)
+// once it has run again, while its own backward runs, so one input at a
+// time comes back ahead of its use; one still on the device (forward
+// ended too soon after it) is read there, and older ones still there are
+// let go then. The compute stream waits for a copy only by events, never
+// the host: a step with offloads can be captured as a CUDA graph
+// (step_graph.h), whose trace makes the same allocations and
 // frees in the same order.
 //
 // Host memory belongs to an OffloadSlot, one per kept tensor of a module
@@ -57,7 +58,7 @@ class OffloadedTensor;
 
 // Blocks forward goes past after a stash before its device copy is let go
 // (see the top).
-inline constexpr uint64_t kOffloadReleaseAfterBlocks = 3;
+inline constexpr uint64_t kOffloadReleaseAfterBlocks = 4;
 
 class OffloadSlot {
  public:
@@ -134,8 +135,7 @@ class OffloadedTensor {
 // compute stream waits for their copies out (which by then are usually
 // done).
 void offload_progress();
-// A recomputed segment has run again and its backward is about to run, or
-// is past its peak (recompute.cpp: PrefetchAfterNested says which): the
+// A recomputed segment has run again and its backward is about to run: the
 // latest input stashed on this thread that backward has not read is
 // fetched if it is only on the host, unless one is on its way in already
 // (one ahead at a time), and stays where it is if it is still on the

@@ -13,60 +13,6 @@
 namespace leasehold::engine {
 namespace {
 
-// Segments recorded on this thread so far: a segment's run again counts
-// those its replay recorded (nested ones: a whole block's MLP in slices).
-thread_local uint64_t t_segments_recorded = 0;
-// Set while an outer segment's backward waits for a nested one's to end
-// before the next stashed input is fetched (PrefetchAfterNested).
-thread_local bool t_prefetch_after_nested = false;
-
-// When the input the next segment in backward needs is fetched from host
-// memory (host_offload.h), so that it comes in while this segment's
-// backward runs but is not on the device at that backward's peak: a
-// segment whose replay recorded nested segments (a whole GPT block whose
-// MLP runs again in slices, where the block's peak is: 24 MiB of the next
-// block's input less there) leaves it to the end of the first nested one
-// whose backward runs (the attention's backward then hides the copy); a
-// segment without fetches it once its replay has run, before its
-// backward. (A later nested one, BlockInHalves' attention half, then
-// fetches after its replay, which finds the input on its way already.)
-class PrefetchAfterNested {
- public:
-  PrefetchAfterNested() : outer_(t_prefetch_after_nested) {}
-  // After the segment's replay, which recorded `nested` segments.
-  void replayed(uint64_t nested) {
-    // (A segment an outer one waits for leaves it to done(); a slice after
-    // the first, to the first.)
-    if (outer_ || decided_) return;
-    decided_ = true;
-    if (nested > 0) {
-      t_prefetch_after_nested = armed_ = true;
-    } else {
-      offload_prefetch_next();
-    }
-  }
-  // The segment's backward ended (not on an error: a step that failed
-  // fetches nothing more).
-  void done() {
-    if (outer_ && t_prefetch_after_nested) {
-      t_prefetch_after_nested = false;  // (the first nested segment's)
-      offload_prefetch_next();
-    } else if (armed_ && t_prefetch_after_nested) {
-      offload_prefetch_next();  // (no nested one ran its backward)
-    }
-  }
-  ~PrefetchAfterNested() {
-    if (armed_) t_prefetch_after_nested = false;
-  }
-  PrefetchAfterNested(const PrefetchAfterNested&) = delete;
-  PrefetchAfterNested& operator=(const PrefetchAfterNested&) = delete;
-
- private:
-  const bool outer_;  // an outer segment was waiting when this one began
-  bool decided_ = false;
-  bool armed_ = false;  // this one waits for a nested one's
-};
-
 class RecomputeBackward final : public Node {
  public:
   // x kept as it is, or (`stashed`) in host memory.
@@ -110,16 +56,13 @@ class RecomputeBackward final : public Node {
     const Tensor plus = std::move(plus_);  // (taken for this call only, whatever happens)
     const bool plus_owned = sum_so_far_owned;
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
-    PrefetchAfterNested prefetch;
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
     if (parts_ > 1 && rows > 1) {
       std::vector<Tensor> grads =
-          apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows), prefetch);
-      prefetch.done();
+          apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows));
       return grads;
     }
-    const bool ran = run_again(x, std::move(grad), prefetch, plus);
-    prefetch.done();
+    const bool ran = run_again(x, std::move(grad), plus);
     // (Nothing in the segment needs gradients: the sum so far stands.)
     if (!ran) return {plus};
     if (!x_requires_grad_) return {Tensor()};
@@ -138,18 +81,24 @@ class RecomputeBackward final : public Node {
   // wants gradients where the first one did) and its backward from `grad`,
   // `plus` (may be undefined) x's gradient so far from outside the
   // segment (fold_into_input0); false when nothing in it needs gradients.
-  bool run_again(Tensor& x, Tensor grad, PrefetchAfterNested& prefetch,
-                 const Tensor& plus = Tensor()) {
+  bool run_again(Tensor& x, Tensor grad, const Tensor& plus = Tensor()) {
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
-    const uint64_t recorded = t_segments_recorded;
     {
       EnableGradGuard grad_mode;
       RandomReplay replay(random_);
       AutocastGuard autocast(autocast_);
       out = segment_(x, /*replay=*/true);
     }
-    prefetch.replayed(t_segments_recorded - recorded);
+    // The input the next segment in backward needs comes in from host
+    // memory (host_offload.h) while this one's backward runs, the whole of
+    // it, to hide the copy: fetched once the block's MLP had run its
+    // backward, only the attention's backward was left to hide it, and
+    // the GPT job at 25% of its peak ran at 71.5% of unconstrained speed
+    // against 73.2% (the fetched input beside the MLP's peak costs one
+    // block's input more in host memory). A nested segment, or a slice
+    // after the first, finds it on its way in already (one at a time).
+    offload_prefetch_next();
     if (!out.requires_grad()) return false;
     if (out.sizes() != grad.sizes()) {
       throw std::logic_error("recomputed segment gave " + out.shape_str() + " for " +
@@ -182,8 +131,7 @@ class RecomputeBackward final : public Node {
   // block's MLP then needs no other 24 MiB beside the residual stream's
   // gradient at its peak.
   std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, const Tensor& plus,
-                                     bool plus_owned, int64_t parts,
-                                     PrefetchAfterNested& prefetch) {
+                                     bool plus_owned, int64_t parts) {
     const int64_t rows = x.size(0);
     if (grad.dim() == 0 || grad.size(0) != rows) {
       throw std::logic_error("recomputed segment in parts: its gradient " + grad.shape_str() +
@@ -200,7 +148,7 @@ class RecomputeBackward final : public Node {
         // is it ready, for a data-parallel job's all-reduce.)
         std::optional<GradientReadyGuard> not_yet;
         if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
-        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), prefetch, plus_slice)) {
+        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice)) {
           // (What needs gradients does not change between slices.)
           if (part > 0) throw std::logic_error("recomputed segment: a slice needs no gradients");
           return {plus};
@@ -245,7 +193,6 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlo
   std::optional<DType> autocast = autocast_dtype(x.device());
   // (Its copy out starts before the segment's kernels, to overlap them.)
   std::shared_ptr<OffloadedTensor> stashed = offload ? offload->stash(x) : nullptr;
-  ++t_segments_recorded;
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -265,7 +212,6 @@ Tensor record_for_backward(const Segment& segment, const Tensor& x, const Segmen
   std::optional<RandomPlace> random = RandomPlace::here();
   if (!grad_enabled() || !random) return recompute_in_backward(segment, x, nullptr, parts);
   Tensor out = empty(output.sizes, output.options);
-  ++t_segments_recorded;
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, nullptr, std::move(*random),
                                              autocast_dtype(x.device()), parts),
