@@ -95,9 +95,10 @@ class RecomputeBackward final : public Node {
     // it, to hide the copy: fetched once the block's MLP had run its
     // backward, only the attention's backward was left to hide it, and
     // the GPT job at 25% of its peak ran at 71.5% of unconstrained speed
-    // against 73.2% (the fetched input beside the MLP's peak costs one
-    // block's input more in host memory). A nested segment, or a slice
-    // after the first, finds it on its way in already (one at a time).
+    // against 73.2% (the fetched input, on the device beside the MLP's
+    // peak, made the policy send one block's input more to host memory).
+    // A nested segment, or a slice after the first, finds it on its way in
+    // already (one at a time).
     offload_prefetch_next();
     if (!out.requires_grad()) return false;
     if (out.sizes() != grad.sizes()) {

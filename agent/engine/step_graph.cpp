@@ -33,7 +33,8 @@ constexpr uint64_t kArenaAlignment = TraceAddresses::kAlignment;
 // first, each with its count ("the peak, 639.35 MiB, at event 248 of 916,
 // made in LinearBackward's backward: 2 x 48.00 MiB (1 made in ...; 1
 // made outside backward ...), ..."; sizes as asked, before the arena's
-// alignment), which says which tensors a memory budget should go after. `made_in[i]`: where blocks[i] was made.
+// alignment), which says which tensors a memory budget should go after.
+// `made_in[i]`: where blocks[i] was made.
 std::string describe_peak(const std::vector<PlannedBlock>& blocks,
                           const std::vector<std::string>& made_in, uint64_t events) {
   std::vector<std::pair<uint64_t, int64_t>> changes;  // (event, bytes made or freed)

@@ -16,6 +16,7 @@
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/cuda_context.h"
+#include "agent/engine/host_offload.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
@@ -46,14 +47,16 @@ struct Trainee {
 using MakeTrainee = std::function<Trainee(Device)>;
 using MakeBatch = std::function<void(int64_t step, Tensor& x, Tensor& y)>;
 
-Trainee tiny_gpt(Device d) {
+// `blocks` transformer blocks.
+Trainee tiny_gpt_of(Device d, uint64_t blocks) {
   manual_seed(11);
   const TensorOptions o{DType::Float32, d};
   auto emb = std::make_shared<Embedding>(32, 64, 40, o);
   auto model = std::make_shared<Sequential>();
   model->push_back(emb);
-  model->push_back(std::make_shared<TransformerBlock>(64, 4, 0.1, 2, o));
-  model->push_back(std::make_shared<TransformerBlock>(64, 4, 0.1, 2, o));
+  for (uint64_t i = 0; i < blocks; ++i) {
+    model->push_back(std::make_shared<TransformerBlock>(64, 4, 0.1, 2, o));
+  }
   model->push_back(std::make_shared<LayerNorm>(64, 1e-5, o));
   model->push_back(std::make_shared<TiedOutput>(emb));
   auto opt = std::make_unique<optim::Adam>(
@@ -64,13 +67,20 @@ Trainee tiny_gpt(Device d) {
   return {model, std::move(opt), 32};
 }
 
-// The same GPT with its blocks recomputed whole in backward (the first in
-// halves) and their inputs waiting in host memory meanwhile
-// (host_offload.h): the copies go on the copy stream, ordered with the
-// step's kernels by events, which a capture records as the graph's edges.
-// The same bits as tiny_gpt's.
+Trainee tiny_gpt(Device d) { return tiny_gpt_of(d, 2); }
+
+// Blocks enough for the first inputs to leave the device during forward
+// (host_offload.h: kOffloadReleaseAfterBlocks), and so come back in
+// backward.
+Trainee deeper_tiny_gpt(Device d) { return tiny_gpt_of(d, kOffloadReleaseAfterBlocks + 1); }
+
+// deeper_tiny_gpt with its blocks recomputed whole in backward (the first
+// in halves) and their inputs waiting in host memory meanwhile
+// (host_offload.h): the copies out and back go on the copy stream,
+// ordered with the step's kernels by events, which a capture records as
+// the graph's edges. The same bits as deeper_tiny_gpt's.
 Trainee tiny_gpt_offloading(Device d) {
-  Trainee t = tiny_gpt(d);
+  Trainee t = deeper_tiny_gpt(d);
   bool first = true;
   for (const auto& child : t.model->children()) {
     if (auto* block = dynamic_cast<TransformerBlock*>(child.get())) {
@@ -240,10 +250,11 @@ TEST_F(CudaGraphTest, AGptStepUnderBf16AutocastReplaysBitForBit) {
 TEST_F(CudaGraphTest, AGptStepWithItsBlocksInputsInHostMemoryReplaysBitForBit) {
   AutocastGuard autocast(DType::BFloat16);
   const uint64_t pinned_before = pinned_host_allocator()->stats().allocations;
-  expect_replays_match(gpu, tiny_gpt, text_batches(gpu), tiny_gpt_offloading);
+  expect_replays_match(gpu, deeper_tiny_gpt, text_batches(gpu), tiny_gpt_offloading);
   // (Each block's slot took page-locked memory once, at its first step;
   // the steps after, op by op and replayed, reused it.)
-  EXPECT_EQ(pinned_host_allocator()->stats().allocations - pinned_before, 2u);
+  EXPECT_EQ(pinned_host_allocator()->stats().allocations - pinned_before,
+            kOffloadReleaseAfterBlocks + 1);
 }
 
 // Adam's state in host memory (Optimizer::move_state_to_host), read and

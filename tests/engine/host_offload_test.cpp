@@ -28,6 +28,11 @@ Tensor counting(int64_t n, float from) {
 
 std::weak_ptr<Storage> storage_of(const Tensor& t) { return t.impl()->storage; }
 
+// Forward goes on past enough blocks for what was stashed to leave.
+void blocks_go_by() {
+  for (uint64_t i = 0; i < kOffloadReleaseAfterBlocks; ++i) offload_progress();
+}
+
 TEST(HostOffload, AStashedTensorLeavesItsMemoryAndComesBackTheSame) {
   OffloadSlot slot;
   Tensor x = counting(1000, 1);
@@ -56,7 +61,10 @@ TEST(HostOffload, AStashedTensorLeavesItsMemoryAndComesBackTheSame) {
 
 TEST(HostOffload, ASlotStillClaimedKeepsTheNextTensorOnItsDevice) {
   OffloadSlot slot;
-  auto first = slot.stash(counting(8, 0));
+  Tensor x = counting(8, 0);
+  std::weak_ptr<Storage> x_memory = storage_of(x);
+  auto first = slot.stash(x);
+  x = Tensor();
   ASSERT_TRUE(first->offloaded());
   // A second forward before the first's backward: its tensor stays where
   // it is, and the first's values are not overwritten.
@@ -65,6 +73,8 @@ TEST(HostOffload, ASlotStillClaimedKeepsTheNextTensorOnItsDevice) {
   auto second = slot.stash(y);
   EXPECT_FALSE(second->offloaded());
   y = Tensor();
+  blocks_go_by();
+  EXPECT_TRUE(x_memory.expired()) << "the first is read from the slot's memory below";
   EXPECT_FALSE(y_memory.expired()) << "a tensor kept on its device is held by its handle";
   EXPECT_EQ(second->get().to_vector<float>(), counting(8, 100).to_vector<float>());
   EXPECT_EQ(first->get().to_vector<float>(), counting(8, 0).to_vector<float>());
@@ -73,6 +83,7 @@ TEST(HostOffload, ASlotStillClaimedKeepsTheNextTensorOnItsDevice) {
   first.reset();
   auto third = slot.stash(counting(8, 200));
   EXPECT_TRUE(third->offloaded());
+  blocks_go_by();
   EXPECT_EQ(third->get().to_vector<float>(), counting(8, 200).to_vector<float>());
   EXPECT_EQ(second->get().to_vector<float>(), counting(8, 100).to_vector<float>());
 }
@@ -82,10 +93,12 @@ TEST(HostOffload, TheSlotGrowsForALargerTensorAndKeepsItsMemoryForASmaller) {
   slot.stash(counting(16, 0)).reset();
   EXPECT_EQ(slot.host_bytes(), 64u);
   auto larger = slot.stash(counting(64, 5));
+  blocks_go_by();
   EXPECT_EQ(slot.host_bytes(), 256u);
   EXPECT_EQ(larger->get().to_vector<float>(), counting(64, 5).to_vector<float>());
   larger.reset();
   auto smaller = slot.stash(counting(3, 9));
+  blocks_go_by();
   EXPECT_EQ(slot.host_bytes(), 256u);
   EXPECT_EQ(smaller->get().to_vector<float>(), counting(3, 9).to_vector<float>());
 }
@@ -287,9 +300,13 @@ TEST(HostOffload, ARecomputedSegmentsGradientsAreTheSameWithItsInputOnTheHost) {
     StepRandom random(3, step);
     OffloadSlot slot;
     Tensor x = mul(x0, x0);  // (not a leaf: the stashed tensor is the only holder)
+    std::weak_ptr<Storage> x_memory = storage_of(x);
     Tensor out = recompute_in_backward(f, x, offload ? &slot : nullptr);
+    x = Tensor();
+    blocks_go_by();
     if (offload) {
       EXPECT_EQ(slot.host_bytes(), 12u);
+      EXPECT_TRUE(x_memory.expired()) << "the input not read back from host memory";
     }
     Tensor loss = sum(out);
     for (int i = 0; i < backwards; ++i) loss.backward({}, /*retain_graph=*/i + 1 < backwards);
@@ -306,6 +323,8 @@ TEST(HostOffload, ARecomputedSegmentsGradientsAreTheSameWithItsInputOnTheHost) {
   Tensor x = mul(counting(3, 1), ones({3}).set_requires_grad(true));
   Tensor loss =
       sum(recompute_in_backward([&](const Tensor& in, bool) { return mul(in, w); }, x, &slot));
+  x = Tensor();
+  blocks_go_by();
   loss.backward();
   EXPECT_THROW(loss.backward(), std::runtime_error);
 }

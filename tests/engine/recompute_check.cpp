@@ -37,7 +37,7 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
   nn::Sequential model;
   model.push_back(emb);
   // (One block more than forward goes past before a stashed input leaves
-  // the device, host_offload.h: the first's inputs leave in forward.)
+  // the device, host_offload.h: the first blocks' inputs leave in forward.)
   for (uint64_t i = 0; i <= kOffloadReleaseAfterBlocks; ++i) {
     auto block = std::make_shared<nn::TransformerBlock>(dim, 4, 0.2, 2);
     block->set_recompute(recompute);
