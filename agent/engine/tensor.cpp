@@ -219,11 +219,13 @@ void Tensor::copy_(const Tensor& src) {
   Tensor& self = *this;
   // (Both dense and apart: a plain copy of the bytes, which the device's
   // copy does faster than an indexing kernel: a recomputed MLP's input
-  // gradient, in slices, is gathered so. Views of one storage may overlap.)
-  if (is_contiguous() && source.is_contiguous() &&
-      source.impl()->storage != impl_->storage) {
-    copy_bytes(raw_data(), device(), source.raw_data(), source.device(),
-               numel() * dtype_size(dtype()), device());
+  // gradient, in slices, is gathered so. Views of one storage, or storages
+  // over borrowed memory, may overlap: those take the kernel.)
+  const size_t bytes = numel() * dtype_size(dtype());
+  const auto to = reinterpret_cast<uintptr_t>(raw_data());
+  const auto from = reinterpret_cast<uintptr_t>(source.raw_data());
+  if (is_contiguous() && source.is_contiguous() && (to + bytes <= from || from + bytes <= to)) {
+    copy_bytes(raw_data(), device(), source.raw_data(), source.device(), bytes, device());
     return;
   }
   detail::dispatch_storage(dtype(), [&](auto tag) {
