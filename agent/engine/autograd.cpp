@@ -170,7 +170,7 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& grad, bool r
 }
 
 void run_backward_from(std::shared_ptr<Node> root_fn, Tensor grad, bool retain_graph,
-                       const Tensor& leaf, const Tensor& leaf_sum) {
+                       const Tensor& leaf, const Tensor& leaf_sum, bool leaf_sum_writable) {
   if (!root_fn) throw std::invalid_argument("backward from no node");
   const Edge start{std::move(root_fn)};
   // Dependencies: how many edges point at each node from nodes we will run.
@@ -225,9 +225,12 @@ void run_backward_from(std::shared_ptr<Node> root_fn, Tensor grad, bool retain_g
         auto sum = buffers.find(node->next[0].fn.get());
         if (sum != buffers.end() && sum->second.defined()) {
           const Tensor& s = sum->second;
-          // (Only the buffer holds it: checked before the node takes it.)
+          // (Only the buffer holds it, checked before the node takes it;
+          // or it is the leaf's sum so far as it came, which the caller
+          // gave up.)
           const bool owned =
-              s.impl().use_count() == 1 && s.impl()->storage && s.impl()->storage.use_count() == 1;
+              (leaf_sum_writable && s.impl() == leaf_sum.impl()) ||
+              (s.impl().use_count() == 1 && s.impl()->storage && s.impl()->storage.use_count() == 1);
           folded = node->fold_into_input0(s);
           node->sum_so_far_owned = folded && owned;
         }

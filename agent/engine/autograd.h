@@ -201,8 +201,14 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bo
 // recomputed segment's input, whose other consumers summed their part of
 // its gradient before the segment's backward ran (recompute.h).
 // `gradient` is let go once the root's node has run (a caller that moves
-// its own in holds none after).
+// its own in holds none after). `leaf_sum_writable`: the caller gives
+// leaf_sum's memory up to the leaf's gradient (nothing reads it after but
+// through that gradient), so the operator that takes it may write the
+// gradient over it (Node::sum_so_far_owned) although the caller still
+// refers to it: a recomputed segment gathering its input's gradient in
+// slices into the sum so far (recompute.cpp).
 void run_backward_from(std::shared_ptr<Node> root_fn, Tensor gradient, bool retain_graph,
-                       const Tensor& leaf, const Tensor& leaf_sum);
+                       const Tensor& leaf, const Tensor& leaf_sum,
+                       bool leaf_sum_writable = false);
 
 }  // namespace leasehold::engine

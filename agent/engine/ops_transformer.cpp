@@ -86,7 +86,12 @@ struct LayerNormBackward final : Node {
     const Tensor xv = x.get(), wv = weight.get(), mv = mean.get(), rv = rstd.get();
     const Tensor gc = g.contiguous();
     const int64_t cols = xv.size(-1), rows = xv.numel() / std::max<int64_t>(cols, 1);
-    Tensor dx = empty(xv.sizes(), xv.options());
+    // Over the sum so far where it is ours alone (each element is read
+    // before it is written): a residual stream's gradient, 24 MiB a GPT
+    // block, not made twice; and a recomputed MLP's slice, written where
+    // its segment gathers its input's gradient (recompute.cpp), not copied
+    // there after.
+    Tensor dx = p.defined() && sum_so_far_owned ? p : empty(xv.sizes(), xv.options());
     Tensor dw = empty({cols}, xv.options()), db = empty({cols}, xv.options());
     Tensor work = empty({kernels::layer_norm_backward_workspace(rows, cols)}, xv.options());
     if (gc.dtype() == DType::BFloat16) {

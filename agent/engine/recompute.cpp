@@ -13,6 +13,12 @@
 namespace leasehold::engine {
 namespace {
 
+// Whether a and b are the same elements of the same memory, laid out alike.
+bool same_memory(const Tensor& a, const Tensor& b) {
+  return a.raw_data() == b.raw_data() && a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.device() == b.device();
+}
+
 class RecomputeBackward final : public Node {
  public:
   // x kept as it is, or (`stashed`) in host memory.
@@ -62,7 +68,7 @@ class RecomputeBackward final : public Node {
           apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows));
       return grads;
     }
-    const bool ran = run_again(x, std::move(grad), plus);
+    const bool ran = run_again(x, std::move(grad), plus, plus_owned);
     // (Nothing in the segment needs gradients: the sum so far stands.)
     if (!ran) return {plus};
     if (!x_requires_grad_) return {Tensor()};
@@ -80,8 +86,11 @@ class RecomputeBackward final : public Node {
   // The segment run again on `x` (a detached input, made a leaf that
   // wants gradients where the first one did) and its backward from `grad`,
   // `plus` (may be undefined) x's gradient so far from outside the
-  // segment (fold_into_input0); false when nothing in it needs gradients.
-  bool run_again(Tensor& x, Tensor grad, const Tensor& plus = Tensor()) {
+  // segment (fold_into_input0), which x's gradient may be written over
+  // where `plus_writable` (run_backward_from's leaf_sum_writable); false
+  // when nothing in it needs gradients.
+  bool run_again(Tensor& x, Tensor grad, const Tensor& plus = Tensor(),
+                 bool plus_writable = false) {
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
     {
@@ -110,7 +119,8 @@ class RecomputeBackward final : public Node {
     std::shared_ptr<Node> root = out.grad_fn();
     if (root) {
       out = Tensor();
-      run_backward_from(std::move(root), std::move(grad), /*retain_graph=*/false, x, plus);
+      run_backward_from(std::move(root), std::move(grad), /*retain_graph=*/false, x, plus,
+                        plus_writable);
     } else {
       // (A leaf: the segment gave x back, whose gradient is then the sum
       // so far and `grad`, added in the order the engine adds them; or
@@ -130,7 +140,9 @@ class RecomputeBackward final : public Node {
   // reads plus (Node::sum_so_far_owned), so the gradient is gathered into
   // its memory, each slice's over the slice of plus it includes: a GPT
   // block's MLP then needs no other 24 MiB beside the residual stream's
-  // gradient at its peak.
+  // gradient at its peak; and the slice's first operator on x (the MLP's
+  // layer norm) writes it there itself, where a copy after would be one
+  // more pass (12 MiB each way a slice of a GPT MLP).
   std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, const Tensor& plus,
                                      bool plus_owned, int64_t parts) {
     const int64_t rows = x.size(0);
@@ -140,6 +152,7 @@ class RecomputeBackward final : public Node {
     }
     Tensor dx;
     if (x_requires_grad_) dx = plus_owned && plus.defined() ? plus : empty(x.sizes(), x.options());
+    const bool gathered_into_plus = dx.defined() && plus.defined() && dx.impl() == plus.impl();
     for (int64_t part = 0, first = 0; part < parts; ++part) {
       const int64_t count = (rows - first) / (parts - part);
       Tensor xs = x.narrow(0, first, count).detach();
@@ -149,7 +162,8 @@ class RecomputeBackward final : public Node {
         // is it ready, for a data-parallel job's all-reduce.)
         std::optional<GradientReadyGuard> not_yet;
         if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
-        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice)) {
+        if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice,
+                       gathered_into_plus)) {
           // (What needs gradients does not change between slices.)
           if (part > 0) throw std::logic_error("recomputed segment: a slice needs no gradients");
           return {plus};
@@ -160,12 +174,14 @@ class RecomputeBackward final : public Node {
         // (No gradient: the slice's output did not depend on it; gathered
         // into plus, that slice of it is in place already.)
         const Tensor g = xs.grad();
+        Tensor place = dx.narrow(0, first, count);
         if (g.defined()) {
-          dx.narrow(0, first, count).copy_(g);
+          // (Written in place already where its operator took plus.)
+          if (!same_memory(g, place)) place.copy_(g);
         } else if (!plus_slice.defined()) {
-          dx.narrow(0, first, count).copy_(zeros(xs.sizes(), xs.options()));
-        } else if (dx.impl() != plus.impl()) {
-          dx.narrow(0, first, count).copy_(plus_slice);
+          place.copy_(zeros(xs.sizes(), xs.options()));
+        } else if (!gathered_into_plus) {
+          place.copy_(plus_slice);
         }
       }
       first += count;

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <string_view>
 
 #include "agent/engine/autocast.h"
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
+#include "tests/engine/counting_allocator.h"
 #include "tests/engine/fused_check.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/op_registry.h"
@@ -168,6 +171,44 @@ TEST(TransformerOps, LayerNormTakesItsInputsOtherGradientBitForBit) {
   Tensor x2 = x.detach().set_requires_grad(true);
   layer_norm(x2, w, b).backward(g);
   EXPECT_EQ(x.grad().to_vector<float>(), add(x2.grad(), taken).to_vector<float>());
+}
+
+// Where the sum so far is the engine's alone (a residual stream's
+// gradient, made by the product on the residual path), layer norm's
+// backward writes x's gradient over it: none of x's size is made. Where
+// the caller still holds it (backward's own gradient, passed on as it
+// came), it makes its own. The sum is x's either way.
+TEST(TransformerOps, LayerNormWritesItsInputsGradientOverASumSoFarOfItsOwn) {
+  manual_seed(37);
+  const Tensor w = randn({16}), b = randn({16}), c = randn({8, 16}), gu = randn({8, 16});
+  const Tensor x0 = randn({8, 16});
+  auto run = [&](bool sum_owned) {
+    const size_t x_bytes = 8 * 16 * sizeof(float);
+    auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+    int made = 0;
+    counting->on_allocate = [&](size_t bytes) {
+      made += bytes == x_bytes && std::string_view(backward_node_running()) == "LayerNormBackward";
+    };
+    AllocatorGuard counted(counting);
+    Tensor x = x0.clone().set_requires_grad(true);
+    Tensor h = mul(x, 3.0);
+    // (The residual, the addition's second input, has its part summed
+    // first.)
+    Tensor out = add(layer_norm(h, w, b), sum_owned ? mul(h, c) : h);
+    h = Tensor();
+    out.backward(gu);
+    return std::make_pair(made, x.grad().to_vector<float>());
+  };
+  // The norm's own part, alone.
+  Tensor h = mul(x0, 3.0).set_requires_grad(true);
+  layer_norm(h, w, b).backward(gu);
+  const Tensor own = h.grad();
+  const auto [owned_made, owned_grad] = run(true);
+  EXPECT_EQ(owned_made, 0) << "x's gradient made apart from the sum so far of its own";
+  EXPECT_EQ(owned_grad, mul(add(own, mul(gu, c)), 3.0).to_vector<float>());
+  const auto [shared_made, shared_grad] = run(false);
+  EXPECT_EQ(shared_made, 1) << "written over backward's own gradient, which its caller holds";
+  EXPECT_EQ(shared_grad, mul(add(own, gu), 3.0).to_vector<float>());
 }
 
 TEST(TransformerOps, RejectBadInputs) {

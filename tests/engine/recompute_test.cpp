@@ -113,6 +113,49 @@ TEST(Recompute, InSlicesTheInputsGradientIsGatheredIntoItsSumSoFarWhereNothingEl
   }
 }
 
+// Where that sum so far is the segment's alone, the segment's first
+// operator on its input that takes it (a layer norm, as a GPT MLP's)
+// writes the input's gradient over it itself, whole or slice by slice:
+// no gradient of the slice's size is made and copied there after. Where
+// something else reads the sum, it makes its own, one a slice. The
+// gradients are the same bits either way.
+TEST(Recompute, ALayerNormWritesItsInputsGradientOverTheSegmentsOwnSumSoFar) {
+  auto run = [](int64_t parts, bool sum_owned) {
+    const size_t slice_bytes = 10 * 100 * sizeof(float) / parts;
+    auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+    int made = 0;  // of a slice's size, by the layer norm's backward
+    counting->on_allocate = [&](size_t bytes) {
+      made += bytes == slice_bytes &&
+              std::string_view(backward_node_running()) == "LayerNormBackward";
+    };
+    AllocatorGuard counted(counting);
+    manual_seed(17);
+    Tensor w = rand({100}).set_requires_grad(true), b = rand({100}).set_requires_grad(true);
+    Tensor v = rand({100}).set_requires_grad(true), c = rand({10, 100});
+    Tensor x0 = rand({10, 100}).set_requires_grad(true);
+    Segment f = [&](const Tensor& in, bool) { return tanh(mul(layer_norm(in, w, b), v)); };
+    Tensor step = zeros({}, {DType::Int64, Device::cpu()});
+    StepRandom random(3, step);
+    Tensor h = mul(x0, 2.0);
+    Tensor s = recompute_in_backward(f, h, nullptr, parts);
+    Tensor loss = sum(add(h, sum_owned ? mul(s, c) : s));
+    h = Tensor();
+    s = Tensor();
+    loss.backward();
+    return std::make_pair(made, x0.grad().to_vector<float>());
+  };
+  for (bool owned : {true, false}) {
+    for (int64_t parts : {1, 2}) {
+      SCOPED_TRACE(std::to_string(parts) + (owned ? " owned" : " shared"));
+      const auto [made, x0_grad] = run(parts, owned);
+      EXPECT_EQ(made, owned ? 0 : parts)
+          << (owned ? "the gradient made apart, not written over the sum so far"
+                    : "written over a sum so far that the segment's slices read");
+      EXPECT_EQ(x0_grad, run(1, owned).second);
+    }
+  }
+}
+
 // Outside a StepRandom the masks could not be drawn again: the segment
 // runs as it is, recording its own graph.
 TEST(Recompute, OutsideAStepRandomTheSegmentRunsAsItIs) {
