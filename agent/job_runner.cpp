@@ -439,6 +439,7 @@ JobResult run_job(const proto::JobSpec& job, const JobRunOptions& options) {
                  job.name()->str(), short_of_memory, recompute.offloaded());
   }
   result.mlp_slices = recompute.mlp_slices();
+  result.sliced_mlps = recompute.sliced_mlps();
   result.memory = last_progress;
   fill_memory(result.memory);
   if (options.spill && result.memory.spilled_bytes) {

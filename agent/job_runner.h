@@ -75,6 +75,7 @@ struct JobResult {
   uint64_t optimizer_state_host_bytes = 0;  // how much of the state it moved there
   int offloaded_blocks = 0;  // blocks keeping their input in host memory (the same)
   int mlp_slices = 1;  // slices of the batch a recomputed MLP runs again in (the same)
+  int sliced_mlps = 0;  // blocks whose MLP runs again so, from the last block on
   // The last progress reported, with its memory fields as they are at the
   // end (the peak then covers the final evaluation too); epoch 0 when this
   // run reported no progress (it resumed after its last epoch).

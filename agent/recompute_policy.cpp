@@ -48,8 +48,11 @@ std::string RecomputePolicy::describe() const {
     s += ", " + std::to_string(blocks_in_halves()) + " the whole block in halves,";
   }
   s += " in backward";
-  if (mlps_sliced()) {
-    s += ", their MLPs in " + std::to_string(mlp_slices()) + " slices of the batch at a time";
+  if (const int n = sliced_mlps()) {
+    s += n == blocks() - count(Recompute::None)
+             ? ", their MLPs"
+             : ", the MLPs of the last " + std::to_string(n);
+    s += " in " + std::to_string(mlp_slices()) + " slices of the batch at a time";
   }
   if (last_steps_ > 0) {
     s += ", ";
@@ -131,8 +134,7 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   // keeps as much as backward's own working set (at 35% of the GPT job's
   // peak, whole blocks with the optimizer's state on the host fit as a
   // CUDA graph; halves there spill every step).
-  if (working_set_over && whole_blocks_fit_ && all_whole &&
-      (slice_mlps() || offload_next() || take_last_step())) {
+  if (working_set_over && whole_blocks_fit_ && all_whole && after_every_block_whole()) {
     return true;
   }
   if (working_set_over && whole_blocks_fit_) {
@@ -178,19 +180,29 @@ bool RecomputePolicy::tighten(bool working_set_over) {
       }
     }
   }
-  return slice_mlps() || offload_next() || take_last_step();
+  return after_every_block_whole();
 }
 
-bool RecomputePolicy::slice_mlps() {
-  if (mlps_sliced()) return false;
-  bool any = false;
-  for (auto* b : blocks_) {
-    if (b->recompute() != Recompute::None) {
-      b->set_mlp_parts(kMlpParts);
-      any = true;
+bool RecomputePolicy::after_every_block_whole() {
+  return offload_next(/*before_slices=*/true) || slice_next_mlp() ||
+         offload_next(/*before_slices=*/false) || take_last_step();
+}
+
+bool RecomputePolicy::slice_next_mlp() {
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    nn::TransformerBlock& b = **it;
+    if (b.recompute() != Recompute::None && b.mlp_parts() == 1) {
+      b.set_mlp_parts(kMlpParts);
+      return true;
     }
   }
-  return any;
+  return false;
+}
+
+int RecomputePolicy::sliced_mlps() const {
+  int n = 0;
+  for (const auto* b : blocks_) n += b->recompute() != Recompute::None && b->mlp_parts() > 1;
+  return n;
 }
 
 int RecomputePolicy::mlp_slices() const {
@@ -199,11 +211,13 @@ int RecomputePolicy::mlp_slices() const {
   return static_cast<int>(most);
 }
 
-bool RecomputePolicy::offload_next() {
+bool RecomputePolicy::offload_next(bool before_slices) {
   if (!offload_) return false;
   // (Not the last block: backward needs its input first. Halves with two
-  // inputs a block never come where inputs may go: see halves_.)
-  for (size_t i = 0; i + 1 < blocks_.size(); ++i) {
+  // inputs a block never come where inputs may go: see halves_. Before the
+  // slices, not the one before it either: see the top.)
+  const size_t end = blocks_.size() - std::min(blocks_.size(), size_t{before_slices ? 2 : 1});
+  for (size_t i = 0; i < end; ++i) {
     nn::TransformerBlock& b = *blocks_[i];
     if (b.recompute() != Recompute::None && b.offload() == Offload::None) {
       b.set_offload(Offload::Input);

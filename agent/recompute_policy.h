@@ -22,7 +22,7 @@
 // most compute per byte; moving the same activations to host memory and
 // back costs several steps on a PCIe link, so recomputing comes first
 // and spilling takes what is left once every block recomputes. Then come
-// the MLPs in slices and the blocks' inputs in host memory (below), and
+// the blocks' inputs in host memory and the MLPs in slices (below), and
 // last the job's last step (its optimizer's state moves to host memory,
 // an eighth at a time, until the step fits, optim.h: move_state_to_host;
 // the update then reads that part over the link, which costs less than a
@@ -33,29 +33,39 @@
 // (its working set over the budget with everything spilled) takes one
 // step more and runs again (run_step).
 //
-// Once every block recomputes whole, every block runs its MLP again in
-// kMlpParts (two) slices of the batch, one at a time, as one step
-// (TransformerBlock::set_mlp_parts): a whole block's backward holds the
-// step's peak there (a GPT block's MLP: the GELU's input, its output and
-// its gradient, 48 MiB each, live at once), and slices keep half of them
-// at a time, for products of half the rows and no bytes over the host
-// link (four slices kept less again, but their products and launches cost
-// the GPT job 7 points of its speed at 30% of its peak). The weights'
-// gradients are then sums over the slices, within rounding of the whole
-// batch's (the steps before keep the bits).
+// Once every block recomputes whole, what is left frees memory without
+// recomputing more, one step at a time, in this order:
 //
-// Then, where blocks may keep their inputs in host memory (a CUDA job
-// that may spill to a host tier: agent/spill/host_tier.h), they do so,
-// before the last step: one block more at each step, from the first
-// block on, never the last
-// (engine/host_offload.h: its input is the first that backward needs,
-// and would come back at once). Those are bytes planned over the host
-// link while the step's kernels run (a GPT block's input, 24 MiB, crosses
-// a PCIe 5 link in about two and a half blocks' forward; five of them each
-// way are more than the step's forward hides), so that the step is still one
-// CUDA graph, where spilling moves bytes op by op and waits for them, and
-// where the optimizer's state in host memory makes every update read and
-// write it over the link (all of it about a third of the GPT job's step).
+// - Where blocks may keep their inputs in host memory (a CUDA job that
+//   may spill to a host tier: agent/spill/host_tier.h), the inputs of
+//   every block but the last two, from the first block on
+//   (engine/host_offload.h). Those are bytes planned over the host link
+//   while the step's kernels run, so that the step is still one CUDA
+//   graph, where spilling moves bytes op by op and waits for them.
+//   The last block's input never goes (backward needs it first, and it
+//   would come back at once); the one before it comes later (below).
+// - A block's MLP in kMlpParts (two) slices of the batch, one at a time
+//   (TransformerBlock::set_mlp_parts), one block more at each step, from
+//   the last block on: a whole block's backward holds the step's peak
+//   there (a GPT block's MLP: the GELU's input, its output and its
+//   gradient, 48 MiB each, live at once), and slices keep half of them at
+//   a time, for products of half the rows and no bytes over the host link;
+//   the last block's backward comes first, while the most of the other
+//   blocks' inputs are still on the device. The weights' gradients are
+//   then sums over the slices, within rounding of the whole batch's (the
+//   steps before keep the bits). (Four slices kept less again, but their
+//   products and launches cost the GPT job 7 points of its speed at 30%
+//   of its peak.)
+// - The input of the block before the last: backward fetches it as soon
+//   as it starts, so it is off the device only while the last block runs
+//   again, and its copies are not hidden. Taken before the slices, it
+//   cost the GPT job at 25% of its peak 2.2 points of its speed (71.8%
+//   of unconstrained against 74.0%, with every MLP in slices either way).
+// - The job's last step (above).
+//
+// Inputs in host memory cost less than slices: at 30% of the GPT job's
+// peak, three blocks' inputs in host memory and no slices ran at 81.6% of
+// its unconstrained speed, every MLP in slices and no inputs out at 74.8%.
 // Where halves come then, they are the whole block in halves
 // (Recompute::BlockInHalves): one input a block, whose backward makes the
 // MLP's input again, for one attention half's forward instead of the
@@ -69,8 +79,8 @@
 // (Recompute::Halves: a whole block's compute, one half's activations at
 // a time): those recomputing whole go to halves at once, as one step, and
 // later steps take MLP-only blocks to halves rather than further. Once
-// every block recomputes whole, the MLPs in slices, the blocks' inputs
-// (where they may go) and the last step come first: slices free memory in
+// every block recomputes whole, the blocks' inputs (where they may go),
+// the MLPs in slices and the last step come first: slices free memory in
 // backward without keeping more in forward, the others in forward and
 // backward alike, where halves keep more in forward (the residual stream between
 // the halves, in float32). Where inputs may go to host memory, halves
@@ -174,6 +184,8 @@ class RecomputePolicy {
   // the top): kMlpParts once the policy took that step, else 1.
   int mlp_slices() const;
   bool mlps_sliced() const { return mlp_slices() > 1; }
+  // Blocks that run their MLP again in slices (from the last block on).
+  int sliced_mlps() const;
   static constexpr int64_t kMlpParts = 2;
   // Whether the last step was taken and freed something, and how many
   // times.
@@ -193,12 +205,17 @@ class RecomputePolicy {
   // The last step, once more; whether it freed anything (once it frees
   // nothing it is not asked again).
   bool take_last_step();
-  // The next block's inputs to host memory (see the top); false when none
-  // is left.
-  bool offload_next();
-  // Every block that recomputes runs its MLP again in kMlpParts slices
-  // (see the top); false when they do already or none recomputes.
-  bool slice_mlps();
+  // What comes once every block recomputes whole (or in halves; see the
+  // top): the inputs of all blocks but the last two to host memory, the
+  // MLPs in slices, the input of the block before the last, the last
+  // step; one of them a step. False when none is left.
+  bool after_every_block_whole();
+  // The next block's input to host memory (see the top), `before_slices`
+  // not the block before the last's; false when none is left.
+  bool offload_next(bool before_slices);
+  // The last block that recomputes and runs its MLP whole runs it again in
+  // kMlpParts slices (see the top); false when none is left.
+  bool slice_next_mlp();
   std::vector<engine::nn::TransformerBlock*> blocks_;
   std::shared_ptr<spill::SpillManager> spill_;
   std::function<bool()> last_step_;

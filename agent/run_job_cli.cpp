@@ -87,7 +87,7 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
         "recomputed_blocks_but_attention=%d recomputed_blocks=%d recomputed_halves=%d "
         "recomputed_blocks_in_halves=%d "
         "optimizer_state_on_host=%d optimizer_state_host_bytes=%llu offloaded_blocks=%d "
-        "mlp_slices=%d\n",
+        "mlp_slices=%d sliced_mlps=%d\n",
         job.name()->c_str(), 100 * r.test_accuracy, r.samples_per_second, (long long)r.steps,
         r.seconds, format_bytes(r.memory.peak_device_bytes).c_str(),
         format_bytes(r.memory.spilled_bytes).c_str(),
@@ -95,7 +95,7 @@ int run_job_file(AgentSession& session, const std::string& path, const RunJobOve
         r.recomputed_blocks_but_attention, r.recomputed_blocks, r.recomputed_halves,
         r.recomputed_blocks_in_halves,
         r.optimizer_state_on_host ? 1 : 0, (unsigned long long)r.optimizer_state_host_bytes,
-        r.offloaded_blocks, r.mlp_slices);
+        r.offloaded_blocks, r.mlp_slices, r.sliced_mlps);
     std::fflush(stdout);
     return 0;
   } catch (const JobCancelled&) {

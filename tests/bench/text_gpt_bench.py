@@ -135,7 +135,7 @@ def run_leasehold(args, job, precision="Float32", graphs=True, gemm_choice="meas
     m = re.search(r"result .*samples_per_s=(\d+)", text)
     overall = float(m.group(1)) if m else 0.0
     memory = dict(re.findall(r"(peak_memory|spilled|restored)=(\d+(?:\.\d+)? (?:B|[KMGTPE]iB))", text))
-    memory.update(re.findall(r"(recomputed_mlps|recomputed_blocks_but_attention|recomputed_blocks|recomputed_halves|recomputed_blocks_in_halves|optimizer_state_on_host|optimizer_state_host_bytes|offloaded_blocks|mlp_slices)=(\d+)", text))
+    memory.update(re.findall(r"(recomputed_mlps|recomputed_blocks_but_attention|recomputed_blocks|recomputed_halves|recomputed_blocks_in_halves|optimizer_state_on_host|optimizer_state_host_bytes|offloaded_blocks|mlp_slices|sliced_mlps)=(\d+)", text))
     if memory:
         log("  agent: memory " + ", ".join(f"{k} {v}" for k, v in memory.items()))
     rates.sort()

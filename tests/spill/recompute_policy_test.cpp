@@ -57,8 +57,8 @@ TEST(RecomputePolicySteps, AGraphThatDidNotFitTakesOneStepEachUntilNoneIsLeft) {
 // before the next level starts: every MLP, then every block but its
 // attention, then whole blocks; then the last block through the same
 // levels (its backward comes first: what it recomputes is all made again
-// at once there); then every block's MLP in slices of the batch, as one
-// step. The log names each count.
+// at once there); then the blocks' MLPs in slices of the batch, one block
+// at each step, from the last. The log names each count.
 TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
   E::nn::Sequential net;
   std::vector<std::shared_ptr<E::nn::TransformerBlock>> blocks;
@@ -86,7 +86,14 @@ TEST(RecomputePolicySteps, EachLevelGoesThroughEveryBlockBeforeTheNext) {
                 "whole block but its attention, in backward");
     }
   }
-  ASSERT_TRUE(policy.tighten()) << "the MLPs in slices";
+  ASSERT_TRUE(policy.tighten()) << "the last block's MLP in slices";
+  EXPECT_EQ(blocks[0]->mlp_parts(), 1);
+  EXPECT_EQ(blocks[1]->mlp_parts(), RecomputePolicy::kMlpParts);
+  EXPECT_EQ(policy.sliced_mlps(), 1);
+  EXPECT_EQ(policy.describe(),
+            "of 2 transformer blocks, 0 recompute their MLP and 2 the whole block in backward, "
+            "the MLPs of the last 1 in 2 slices of the batch at a time");
+  ASSERT_TRUE(policy.tighten()) << "then the first's";
   for (const auto& b : blocks) EXPECT_EQ(b->mlp_parts(), RecomputePolicy::kMlpParts);
   EXPECT_EQ(policy.describe(),
             "of 2 transformer blocks, 0 recompute their MLP and 2 the whole block in backward, "
@@ -198,8 +205,10 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   EXPECT_EQ(policy.halves(), 3);
   EXPECT_EQ(policy.whole(), 0);
   EXPECT_FALSE(policy.mlps_sliced());
-  EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
-  EXPECT_TRUE(policy.mlps_sliced()) << "then the MLPs in slices";
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
+    EXPECT_EQ(policy.sliced_mlps(), i) << "then the MLPs in slices, one block at a time";
+  }
   EXPECT_EQ(last, 0);
   EXPECT_EQ(policy.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(last, 1) << "then the last step";
@@ -215,9 +224,11 @@ TEST(RecomputePolicySteps, ABackwardOverTheBudgetTurnsWholeBlocksIntoHalves) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(whole_first.after(forward_spilled), Step::Spilled);
   EXPECT_EQ(whole_first.whole(), 1);
   EXPECT_EQ(whole_first.but_attention(), 1);
-  EXPECT_EQ(whole_first.after(backward_spilled), Step::WorkingSetSpilled);
-  EXPECT_TRUE(whole_first.mlps_sliced());
-  EXPECT_EQ(whole_first.halves(), 0);
+  for (int i = 1; i <= 2; ++i) {
+    EXPECT_EQ(whole_first.after(backward_spilled), Step::WorkingSetSpilled);
+    EXPECT_EQ(whole_first.sliced_mlps(), i);
+    EXPECT_EQ(whole_first.halves(), 0);
+  }
   EXPECT_EQ(whole_first.after(backward_spilled), Step::WorkingSetSpilled);
   EXPECT_EQ(whole_first.halves(), 2);
   EXPECT_EQ(whole_first.after(forward_spilled), Step::None) << "nothing is left";
@@ -237,10 +248,12 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
   ASSERT_EQ(policy.whole(), 1);
   ASSERT_EQ(policy.but_attention(), 1);
-  EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
-  EXPECT_TRUE(policy.mlps_sliced()) << "the MLPs in slices, not halves";
-  EXPECT_EQ(calls, 0);
-  EXPECT_EQ(policy.halves(), 0);
+  for (int i = 1; i <= 2; ++i) {
+    EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
+    EXPECT_EQ(policy.sliced_mlps(), i) << "the MLPs in slices, not halves";
+    EXPECT_EQ(calls, 0);
+    EXPECT_EQ(policy.halves(), 0);
+  }
   EXPECT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(calls, 1) << "the last step, not halves";
   EXPECT_EQ(policy.halves(), 0);
@@ -268,25 +281,34 @@ TEST(RecomputePolicySteps, EveryBlockWholeTakesTheLastStepBeforeHalves) {
     ++asked;
     return false;
   });
-  for (int i = 0; i < 7; ++i) ASSERT_TRUE(nothing.tighten());
-  ASSERT_TRUE(nothing.mlps_sliced());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(nothing.tighten());
+  ASSERT_EQ(nothing.sliced_mlps(), 2);
   EXPECT_TRUE(nothing.tighten(/*working_set_over=*/true));
   EXPECT_EQ(asked, 1);
   EXPECT_EQ(nothing.halves(), 2);
 }
 
 // Where blocks may keep their inputs in host memory: once every block
-// recomputes whole and its MLP in slices, one block more at each step,
-// from the first, never the last block, whether the step spilled
-// forward's tensors or backward's (which before then is no reason for
-// halves); then the last step; only then halves, as whole blocks in halves (one input a block,
-// which keeps going to host memory). Without the option, the order is as
-// before.
+// recomputes whole, one block's input more at each step, from the first,
+// whether the step spilled forward's tensors or backward's (which before
+// then is no reason for halves), but not the last two blocks'; then the
+// MLPs in slices, from the last block on; then the input of the block
+// before the last, never the last block's; then the last step; only then
+// halves, as whole blocks in halves (one input a block, which keeps going
+// to host memory). Without the option, no inputs go.
 TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButTheLastNever) {
   E::nn::Sequential net;
   add_blocks(net, 6);
   int calls = 0;
   RecomputePolicy policy(net, nullptr, [&] { return ++calls == 1; }, /*offload=*/true);
+  auto offloading = [&] {
+    std::vector<bool> out;
+    for (const auto& child : net.children()) {
+      out.push_back(dynamic_cast<E::nn::TransformerBlock&>(*child).offload() !=
+                    E::nn::TransformerBlock::Offload::None);
+    }
+    return out;
+  };
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(policy.tighten());
   ASSERT_EQ(policy.mlps(), 5) << "the last block's comes last";
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
@@ -296,22 +318,24 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   ASSERT_EQ(policy.whole(), 6);
   EXPECT_EQ(policy.offloaded(), 0) << "recomputing comes first";
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
-  EXPECT_TRUE(policy.mlps_sliced()) << "then the MLPs in slices";
-  EXPECT_EQ(policy.offloaded(), 0);
-  ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
-  EXPECT_EQ(policy.offloaded(), 1);
+  EXPECT_EQ(policy.offloaded(), 1) << "then the inputs";
+  EXPECT_FALSE(policy.mlps_sliced());
   EXPECT_NE(policy.describe().find("1 block keeps its input in host memory"), std::string::npos)
       << policy.describe();
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(policy.tighten(/*working_set_over=*/i % 2 == 0));
-  EXPECT_EQ(policy.offloaded(), 5);
-  EXPECT_EQ(calls, 0) << "the inputs before the last step";
-  std::vector<bool> offloading;
-  for (const auto& child : net.children()) {
-    offloading.push_back(dynamic_cast<E::nn::TransformerBlock&>(*child).offload() !=
-                         E::nn::TransformerBlock::Offload::None);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(policy.tighten(/*working_set_over=*/i % 2 == 0));
+  EXPECT_EQ(policy.offloaded(), 4);
+  EXPECT_EQ(offloading(), (std::vector<bool>{true, true, true, true, false, false}))
+      << "not the last two blocks' yet";
+  EXPECT_FALSE(policy.mlps_sliced());
+  for (int i = 1; i <= 6; ++i) {
+    ASSERT_TRUE(policy.tighten(/*working_set_over=*/i % 2 == 0));
+    EXPECT_EQ(policy.sliced_mlps(), i) << "then the MLPs in slices";
+    EXPECT_EQ(policy.offloaded(), 4);
   }
-  EXPECT_EQ(offloading, (std::vector<bool>{true, true, true, true, true, false}))
-      << "never the last block";
+  ASSERT_TRUE(policy.tighten());
+  EXPECT_EQ(offloading(), (std::vector<bool>{true, true, true, true, true, false}))
+      << "then the block before the last's input, never the last block's";
+  EXPECT_EQ(calls, 0) << "the inputs before the last step";
   ASSERT_TRUE(policy.tighten(/*working_set_over=*/true));
   EXPECT_EQ(calls, 1) << "then the last step";
   EXPECT_EQ(policy.halves(), 0);
@@ -327,7 +351,7 @@ TEST(RecomputePolicySteps, BlocksKeepTheirInputsOnTheHostBeforeTheLastStepButThe
   E::nn::Sequential plain_net;
   add_blocks(plain_net, 3);
   RecomputePolicy plain(plain_net, nullptr, [n = 0]() mutable { return ++n == 1; });
-  for (int i = 0; i < 11; ++i) ASSERT_TRUE(plain.tighten());
+  for (int i = 0; i < 13; ++i) ASSERT_TRUE(plain.tighten());
   EXPECT_FALSE(plain.tighten());
   EXPECT_EQ(plain.offloaded(), 0);
 }
