@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "agent/engine/ops.h"
 #include "agent/engine/optim.h"
 #include "kernels/elementwise.h"
+#include "tests/engine/counting_allocator.h"
 
 namespace leasehold::engine {
 namespace {
@@ -422,6 +424,24 @@ TEST(Autocast, WeightCopiesInOnePassAndOnlyWhereAutocastRuns) {
   EXPECT_EQ(copies.copies(), 0u);
   EXPECT_EQ(copies.find(layer.weight()), nullptr);
   EXPECT_EQ(autocast_copy(layer.weight()).dtype(), DType::BFloat16);
+}
+
+// Adam's moments are made with the optimizer, beside the parameters,
+// before any step's tensors exist (a job's pages then hold them packed:
+// optim.cpp); the first update makes none.
+TEST(Optim, AdamMakesItsStateWithTheOptimizerNotAtTheFirstUpdate) {
+  Linear layer(64, 32);
+  const uint64_t param_bytes = (64 * 32 + 32) * sizeof(float);
+  auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+  AllocatorGuard counted(counting);
+  uint64_t before = counting->allocated();
+  optim::Adam adam(layer.named_parameters(), {});
+  // (And the step counter's 8 bytes.)
+  EXPECT_GE(counting->allocated() - before, 2 * param_bytes) << "both moments, made now";
+  sum(layer(ones({4, 64}))).backward();
+  before = counting->allocated();
+  adam.step();
+  EXPECT_LT(counting->allocated() - before, param_bytes) << "the first update made state";
 }
 
 // Only a GPU's parameters have state to move to host memory.
