@@ -21,6 +21,13 @@ thread_local int t_backward_depth = 0;  // backward passes running (recomputing 
 thread_local const char* t_node_running = "";  // backward_node_running()
 thread_local std::shared_ptr<SavedTensorHooks> t_hooks;
 thread_local GradientReadyHook t_gradient_ready;
+// The running backward's edge counts and gradients so far, per node
+// (gradient_to_add_into); the innermost one's where backward nests.
+struct BackwardState {
+  const std::unordered_map<Node*, int>* deps = nullptr;
+  const std::unordered_map<Node*, Tensor>* buffers = nullptr;
+};
+thread_local BackwardState t_backward;
 
 // Adds a gradient into a leaf's .grad.
 class AccumulateGrad final : public Node {
@@ -32,7 +39,9 @@ class AccumulateGrad final : public Node {
     Tensor leaf(leaf_);
     Tensor incoming = g;
     if (incoming.sizes() != leaf.sizes()) incoming = sum_to(incoming, leaf.sizes());
-    if (!leaf.grad().defined()) {
+    if (leaf.grad().defined() && incoming.impl() == leaf.grad().impl()) {
+      // (Summed in place by the node that sent it: gradient_to_add_into.)
+    } else if (!leaf.grad().defined()) {
       // Adopt the buffer when nothing else references it; else copy, so that
       // two leaves never share one gradient buffer.
       bool sole = incoming.impl().use_count() <= 2 && incoming.is_contiguous() &&
@@ -44,6 +53,7 @@ class AccumulateGrad final : public Node {
     if (t_gradient_ready) t_gradient_ready(leaf);
     return {};
   }
+  Tensor leaf() const { return Tensor(leaf_); }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
@@ -74,6 +84,25 @@ class NodeRunning {
 };
 
 }  // namespace
+
+Tensor gradient_to_add_into(const std::shared_ptr<Node>& edge_fn, const Shape& sizes,
+                            DType dtype) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(edge_fn.get());
+  if (!acc || !t_backward.deps) return Tensor();
+  // (This backward's only part for the leaf: one edge to it, and nothing
+  // summed for it yet. Another part would be added to the sum after.)
+  const auto d = t_backward.deps->find(edge_fn.get());
+  if (d == t_backward.deps->end() || d->second != 1 || t_backward.buffers->count(edge_fn.get())) {
+    return Tensor();
+  }
+  Tensor g = acc->leaf().grad();
+  // (Held by the leaf alone: its slot and this handle.)
+  if (!g.defined() || g.sizes() != sizes || g.dtype() != dtype || !g.is_contiguous() ||
+      g.impl().use_count() != 2 || !g.impl()->storage || g.impl()->storage.use_count() != 1) {
+    return Tensor();
+  }
+  return g;
+}
 
 bool grad_enabled() { return t_grad_enabled; }
 bool in_backward() { return t_backward_depth > 0; }
@@ -196,6 +225,13 @@ void run_backward_from(std::shared_ptr<Node> root_fn, Tensor grad, bool retain_g
     ~Depth() { --t_backward_depth; }
   } depth;
   std::unordered_map<Node*, Tensor> buffers;
+  struct Running {
+    BackwardState outer = t_backward;
+    Running(const std::unordered_map<Node*, int>& d, const std::unordered_map<Node*, Tensor>& b) {
+      t_backward = {&d, &b};
+    }
+    ~Running() { t_backward = outer; }
+  } running(deps, buffers);
   buffers.emplace(start.fn.get(), std::move(grad));
   // (Only where the graph reaches the leaf: one it does not reach would
   // keep the sum in a buffer no node takes.)

@@ -186,6 +186,19 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 void record(Tensor& out, std::shared_ptr<Node> node, std::initializer_list<const Tensor*> inputs);
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+
+// For a node whose backward, running, sends its part of a leaf's gradient
+// to `edge_fn` (the leaf's accumulator): the leaf's gradient so far, where
+// the node may add its part to it in place (the product that makes it
+// adding it as it writes) and send that tensor on as its gradient for the
+// leaf, which the accumulator then takes as summed. Only where it is this
+// backward's only part for the leaf (no other node sends one), and the
+// gradient is defined, of `sizes` and `dtype`, contiguous and held by the
+// leaf alone; else undefined. A recomputed MLP in slices sums its
+// weights' gradients so (recompute.h), where a pass of its own over each
+// would follow each slice's product.
+Tensor gradient_to_add_into(const std::shared_ptr<Node>& edge_fn, const Shape& sizes,
+                            DType dtype);
 // The same from `root_fn`, the node that made a root of the gradient's
 // shape whose memory its caller let go first (a recomputed segment's
 // output, which nothing reads: recompute.h). Throws std::invalid_argument

@@ -148,6 +148,19 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, [[maybe_unused]] const Tensor&
   r.out = out.to(out_dtype);  // (itself when already of that type)
   return r;
 }
+// out [m, n] += op(A) op(B), for float32 `out` and bfloat16 A and B, as
+// gemm_mixed's plain product: a weight's gradient added to its sum so far
+// (through cuBLAS, whose working memory is its own). CUDA only.
+void add_gemm_mixed(Tensor& out, const Tensor& a, bool ta, [[maybe_unused]] const Tensor& b,
+                    bool tb, int64_t m, int64_t n, int64_t k) {
+  NoGradGuard no_grad;
+  [[maybe_unused]] const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
+  LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(
+                                  cublas_handle(a.device().index), s, 1.0f, a.data<bfloat16>(),
+                                  b.data<bfloat16>(), 1.0f, out.raw_data(),
+                                  kernels::GemmOut::Float32));
+}
+
 // Forward and backward both reduce to: 3-D batched x (3-D or shared 2-D).
 struct MatmulBackward final : Node {
   SavedTensor a, b;  // contiguous
@@ -270,7 +283,14 @@ struct LinearBackward final : Node {
       }
       if (want_b && !gb.defined()) gb = column_sums_bf16(g16);
       if (next[1].fn) {
-        gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), DType::Float32).out;
+        // (Added by the product where the weight's gradient so far may
+        // take it: a slice after the first, recompute.h.)
+        gw = gradient_to_add_into(next[1].fn, W.sizes(), DType::Float32);
+        if (gw.defined()) {
+          add_gemm_mixed(gw, g16, true, X, false, out, in, n);
+        } else {
+          gw = gemm_mixed(g16, true, X, false, out, in, n, W.sizes(), DType::Float32).out;
+        }
       }
       const Shape x_sizes = X.sizes();
       let_input_go(X);
@@ -280,7 +300,14 @@ struct LinearBackward final : Node {
     // (The bias sum first: its scratch is gone before the products' outputs
     // exist, which keeps the step's peak lower under a tight budget.)
     if (want_b && !gb.defined()) gb = sum(g, {0});
-    if (next[1].fn) gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
+    if (next[1].fn) {
+      gw = gradient_to_add_into(next[1].fn, W.sizes(), W.dtype());
+      if (gw.defined()) {
+        gemm_into(gw, 1.0, g, true, X, false, 1, out, in, n, false, false);
+      } else {
+        gw = gemm(g, true, X, false, 1, out, in, n, false, false, W.sizes());
+      }
+    }
     const Shape x_sizes = X.sizes();
     let_input_go(X);
     if (next[0].fn) gx = gemm(g, false, W, false, 1, n, in, out, false, false, x_sizes);

@@ -205,6 +205,58 @@ TEST(Autograd, AProductLetsItsInputGoBeforeMakingItsGradient) {
   for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(hs[i], 2 * xs[i]) << i;
 }
 
+// A product adds its weight's gradient to the weight's gradient so far in
+// place (gradient_to_add_into) where it is the backward's only part for
+// the weight and the leaf alone holds that sum: no tensor of the weight's
+// size is made. Where another part comes in the same backward (the weight
+// used twice), or something else holds the sum, the sum is made anew; the
+// values are the sums either way.
+TEST(Autograd, AProductAddsItsWeightsGradientToASumSoFarOfTheLeafsAlone) {
+  manual_seed(41);
+  const size_t w_bytes = 3 * 32 * sizeof(float);
+  auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
+  int made = 0;  // of the weight's size, during a backward
+  counting->on_allocate = [&](size_t bytes) { made += bytes == w_bytes && in_backward(); };
+  AllocatorGuard counted(counting);
+  const Tensor x1 = rand({64, 32}), x2 = rand({64, 32}), x3 = rand({64, 32});
+  Tensor w = rand({3, 32}).set_requires_grad(true);
+  // Each input's part of the weight's gradient, alone.
+  auto part = [&](const Tensor& x) {
+    Tensor v = w.detach().set_requires_grad(true);
+    sum(linear(x, v, Tensor())).backward();
+    return v.grad();
+  };
+  const Tensor g1 = part(x1), g2 = part(x2), g3 = part(x3);
+  auto near = [](const Tensor& got, const Tensor& want) {
+    const std::vector<float> a = got.to_vector<float>(), b = want.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::abs(a[i] - b[i]) > 1e-4f * (1 + std::abs(b[i]))) return false;
+    }
+    return true;
+  };
+
+  sum(linear(x1, w, Tensor())).backward();
+  void* sum_memory = w.grad().raw_data();
+  made = 0;
+  sum(linear(x2, w, Tensor())).backward();
+  EXPECT_EQ(made, 0) << "the part made apart and added after";
+  EXPECT_EQ(w.grad().raw_data(), sum_memory);
+  EXPECT_TRUE(near(w.grad(), add(g1, g2)));
+
+  // Held elsewhere: the holder's tensor stays as it was.
+  const Tensor held = w.grad();
+  const std::vector<float> held_values = held.to_vector<float>();
+  sum(linear(x3, w, Tensor())).backward();
+  EXPECT_NE(w.grad().raw_data(), held.raw_data());
+  EXPECT_EQ(held.to_vector<float>(), held_values);
+  EXPECT_TRUE(near(w.grad(), add(add(g1, g2), g3)));
+
+  // Two parts in one backward: each counted once.
+  const Tensor before = w.grad().clone();
+  sum(add(linear(x1, w, Tensor()), linear(x2, w, Tensor()))).backward();
+  EXPECT_TRUE(near(w.grad(), add(before, add(g1, g2))));
+}
+
 TEST(Autograd, SharedSubexpressionGetsBothGradients) {
   Tensor x = from_vector<double>({0.5, -1.0}, {2}, Device::cpu());
   x.set_requires_grad(true);
