@@ -396,7 +396,7 @@ namespace {
 template <bool kGelu>
 void launch_column_sums_bf16(cudaStream_t stream, float* out, float* workspace,
                              const bfloat16* in, int64_t rows, int64_t columns, bfloat16* dx,
-                             const bfloat16* gelu_input) {
+                             const bfloat16* gelu_input, bool add) {
   if (columns == 0) return;
   const int64_t parts = bf16_parts(rows);
   const auto word_aligned = [](const void* p) {
@@ -416,22 +416,22 @@ void launch_column_sums_bf16(cudaStream_t stream, float* out, float* workspace,
   }
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
   sum_parts_kernel<float><<<static_cast<unsigned>((columns + 31) / 32), 32 * kPartLanes, 0,
-                             stream>>>(out, nullptr, workspace, columns, parts);
+                             stream>>>(out, nullptr, workspace, columns, parts, add);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void column_sums_bf16(Stream s, float* out, float* workspace, const bfloat16* in, int64_t rows,
-                      int64_t columns) {
+                      int64_t columns, bool add) {
   launch_column_sums_bf16<false>(as_cuda(s), out, workspace, in, rows, columns, nullptr,
-                                 nullptr);
+                                 nullptr, add);
 }
 
 void gelu_backward_column_sums_bf16(Stream s, bfloat16* dx, float* out, float* workspace,
                                     const bfloat16* g, const bfloat16* x, int64_t rows,
-                                    int64_t columns) {
-  launch_column_sums_bf16<true>(as_cuda(s), out, workspace, g, rows, columns, dx, x);
+                                    int64_t columns, bool add) {
+  launch_column_sums_bf16<true>(as_cuda(s), out, workspace, g, rows, columns, dx, x, add);
 }
 
 template <class T>

@@ -111,10 +111,12 @@ void sum_columns(Stream s, const ColumnSums<T>& sums);
 // (a bias's gradient under autocast), summed in float32 in a fixed order:
 // parts of rows into `workspace` (column_sums_bf16_workspace elements),
 // then the parts. Rows of a multiple of 8 columns that start 16-byte
-// aligned are read 8 columns a thread a load.
+// aligned are read 8 columns a thread a load. With `add`, the sums are
+// added to what out holds (a gradient's sum so far), rounded as a separate
+// addition after would round them.
 int64_t column_sums_bf16_workspace(int64_t rows, int64_t columns);
 void column_sums_bf16(Stream s, float* out, float* workspace, const bfloat16* in, int64_t rows,
-                      int64_t columns);
+                      int64_t columns, bool add = false);
 // The same sums of GELU's backward, dx = g · gelu'(x) (tanh form, in
 // float32, rounded to bfloat16 as elementwise.h's gelu_backward_bf16
 // rounds it), written to dx [rows, columns] as it is summed: a product's
@@ -123,7 +125,7 @@ void column_sums_bf16(Stream s, float* out, float* workspace, const bfloat16* in
 // columns go 8 at a time where dx, g and x start 16-byte aligned.
 void gelu_backward_column_sums_bf16(Stream s, bfloat16* dx, float* out, float* workspace,
                                     const bfloat16* g, const bfloat16* x, int64_t rows,
-                                    int64_t columns);
+                                    int64_t columns, bool add = false);
 }  // namespace cuda
 #endif
 #undef LEASEHOLD_REDUCE_KERNELS

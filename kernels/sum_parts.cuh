@@ -14,11 +14,14 @@ namespace leasehold::kernels::cuda {
 inline constexpr int kPartLanes = 32;
 
 // out_y[c] = Σ over p of partial[(y · parts + p) · columns + c], for y =
-// blockIdx.y: 0 writes out0, 1 out1 (two sums of one shape in one launch).
+// blockIdx.y: 0 writes out0, 1 out1 (two sums of one shape in one launch);
+// with add0 (add1), added to what out0 (out1) holds instead, as a
+// separate addition after would round it (a gradient's sum so far).
 // Launch: grid ((columns + 31) / 32, 1 or 2), 32 × kPartLanes threads.
 template <class T>
 __global__ void __launch_bounds__(32 * kPartLanes)
-    sum_parts_kernel(T* out0, T* out1, const T* partial, int64_t columns, int64_t parts) {
+    sum_parts_kernel(T* out0, T* out1, const T* partial, int64_t columns, int64_t parts,
+                     bool add0 = false, bool add1 = false) {
   constexpr int kPartsAhead = 8;
   __shared__ T lanes[kPartLanes][33];
   const int64_t c = blockIdx.x * int64_t(32) + threadIdx.x % 32;
@@ -42,7 +45,8 @@ __global__ void __launch_bounds__(32 * kPartLanes)
   if (lane != 0 || c >= columns) return;
   T sum = 0;
   for (int l = 0; l < kPartLanes; ++l) sum += lanes[l][threadIdx.x];
-  (blockIdx.y ? out1 : out0)[c] = sum;
+  T* out = blockIdx.y ? out1 : out0;
+  out[c] = (blockIdx.y ? add1 : add0) ? out[c] + sum : sum;
 }
 
 }  // namespace leasehold::kernels::cuda

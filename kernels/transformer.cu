@@ -341,7 +341,8 @@ void launch_layer_norm_forward(Stream s, Y* y, T* mean, T* rstd, const T* x, con
 template <class T, class G>
 void launch_layer_norm_backward(Stream s, T* dx, const T* dx_plus, T* dw, T* db, T* workspace,
                                 const G* dy, const T* x, const T* w, const T* mean,
-                                const T* rstd, int64_t rows, int64_t cols) {
+                                const T* rstd, int64_t rows, int64_t cols, bool add_dw = false,
+                                bool add_db = false) {
   if (cols == 0) return;
   cudaStream_t st = as_cuda(s);
   const int64_t chunks = layer_norm_row_chunks(rows);
@@ -372,7 +373,7 @@ void launch_layer_norm_backward(Stream s, T* dx, const T* dx_plus, T* dw, T* db,
   }
   // dw and db from the chunks' partial sums, in one launch.
   sum_parts_kernel<T><<<dim3(grid.x, 2), 32 * kPartLanes, 0, st>>>(dw, db, workspace, cols,
-                                                                    chunks);
+                                                                    chunks, add_dw, add_db);
   LEASEHOLD_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -587,9 +588,9 @@ void layer_norm_forward_bf16(Stream s, bfloat16* y, float* mean, float* rstd, co
 void layer_norm_backward_bf16(Stream s, float* dx, const float* dx_plus, float* dw, float* db,
                               float* workspace, const bfloat16* dy, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t rows,
-                              int64_t cols) {
+                              int64_t cols, bool add_dw, bool add_db) {
   launch_layer_norm_backward<float, bfloat16>(s, dx, dx_plus, dw, db, workspace, dy, x, w, mean,
-                                              rstd, rows, cols);
+                                              rstd, rows, cols, add_dw, add_db);
 }
 
 template <class T>

@@ -121,14 +121,16 @@ namespace cuda {
 // only a bfloat16 product reads: y is written in bfloat16 (half the bytes,
 // and no copy for the product to make), so its gradient dy comes back in
 // bfloat16 too, as PyTorch's autocast rounds it. x, the statistics, dx, dw
-// and db stay float32, and every sum runs in float32.
+// and db stay float32, and every sum runs in float32. With add_dw
+// (add_db), dw (db) is added to what it holds (a gradient's sum so far),
+// rounded as a separate addition after would round it.
 void layer_norm_forward_bf16(Stream s, bfloat16* y, float* mean, float* rstd, const float* x,
                              const float* w, const float* b, int64_t rows, int64_t cols,
                              double eps);
 void layer_norm_backward_bf16(Stream s, float* dx, const float* dx_plus, float* dw, float* db,
                               float* workspace, const bfloat16* dy, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t rows,
-                              int64_t cols);
+                              int64_t cols, bool add_dw = false, bool add_db = false);
 // The largest head size the CUDA attention kernels take.
 inline constexpr int64_t kMaxCudaHeadSize = 128;
 // attention_forward and attention_backward under autocast

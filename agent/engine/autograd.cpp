@@ -26,6 +26,10 @@ thread_local GradientReadyHook t_gradient_ready;
 struct BackwardState {
   const std::unordered_map<Node*, int>* deps = nullptr;
   const std::unordered_map<Node*, Tensor>* buffers = nullptr;
+  // The leaf whose sum so far its caller gave up (run_backward_from's
+  // leaf_sum_writable), and that sum's memory, which its gradient may be.
+  const TensorImpl* given_sum_leaf = nullptr;
+  const Storage* given_sum = nullptr;
 };
 thread_local BackwardState t_backward;
 
@@ -43,9 +47,13 @@ class AccumulateGrad final : public Node {
       // (Summed in place by the node that sent it: gradient_to_add_into.)
     } else if (!leaf.grad().defined()) {
       // Adopt the buffer when nothing else references it; else copy, so that
-      // two leaves never share one gradient buffer.
-      bool sole = incoming.impl().use_count() <= 2 && incoming.is_contiguous() &&
-                  incoming.impl()->storage.use_count() == 1;
+      // two leaves never share one gradient buffer. (A leaf whose sum so
+      // far was given up takes its gradient written over that sum, whose
+      // memory its caller gathers into: recompute.cpp.)
+      const bool given = leaf_.get() == t_backward.given_sum_leaf && incoming.is_contiguous() &&
+                         incoming.impl()->storage.get() == t_backward.given_sum;
+      const bool sole = given || (incoming.impl().use_count() <= 2 && incoming.is_contiguous() &&
+                                  incoming.impl()->storage.use_count() == 1);
       leaf.set_grad(sole ? incoming.detach() : incoming.clone().detach());
     } else {
       leaf.set_grad(accumulate(leaf.grad(), incoming).detach());
@@ -227,11 +235,16 @@ void run_backward_from(std::shared_ptr<Node> root_fn, Tensor grad, bool retain_g
   std::unordered_map<Node*, Tensor> buffers;
   struct Running {
     BackwardState outer = t_backward;
-    Running(const std::unordered_map<Node*, int>& d, const std::unordered_map<Node*, Tensor>& b) {
+    Running(const std::unordered_map<Node*, int>& d, const std::unordered_map<Node*, Tensor>& b,
+            const Tensor& leaf, const Tensor& given_sum) {
       t_backward = {&d, &b};
+      if (leaf.defined() && given_sum.defined()) {
+        t_backward.given_sum_leaf = leaf.impl().get();
+        t_backward.given_sum = given_sum.impl()->storage.get();
+      }
     }
     ~Running() { t_backward = outer; }
-  } running(deps, buffers);
+  } running(deps, buffers, leaf, leaf_sum_writable ? leaf_sum : Tensor());
   buffers.emplace(start.fn.get(), std::move(grad));
   // (Only where the graph reaches the leaf: one it does not reach would
   // keep the sum in a buffer no node takes.)

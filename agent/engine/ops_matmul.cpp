@@ -195,11 +195,14 @@ struct MatmulBackward final : Node {
 // of GELU's backward of g16 at it, which is written to `gelu_grad` as it
 // is summed (one pass for a fused GELU's gradient and its bias's): over
 // g16 itself when `in_place` (each element is read before it is written).
-Tensor column_sums_bf16(const Tensor& g16, const Tensor& gelu_input = Tensor(),
+// `into` (may be undefined): the bias's gradient so far, to which the sums
+// are added and which is returned (autograd.h: gradient_to_add_into).
+Tensor column_sums_bf16(const Tensor& g16, const Tensor& into, const Tensor& gelu_input = Tensor(),
                         Tensor* gelu_grad = nullptr, bool in_place = false) {
   const int64_t rows = g16.size(0), columns = g16.size(1);
   const TensorOptions f32{DType::Float32, g16.device()};
-  Tensor sums = empty({columns}, f32);
+  const bool add = into.defined();
+  Tensor sums = add ? into : empty({columns}, f32);
 #ifdef LEASEHOLD_HAVE_CUDA
   const Tensor work = empty({kernels::cuda::column_sums_bf16_workspace(rows, columns)}, f32);
   const kernels::Stream s = stream_for(g16.device());
@@ -207,13 +210,14 @@ Tensor column_sums_bf16(const Tensor& g16, const Tensor& gelu_input = Tensor(),
     *gelu_grad = in_place ? g16 : empty(g16.sizes(), g16.options());
     kernels::cuda::gelu_backward_column_sums_bf16(
         s, gelu_grad->data<bfloat16>(), sums.data<float>(), work.data<float>(),
-        g16.data<bfloat16>(), gelu_input.data<bfloat16>(), rows, columns);
+        g16.data<bfloat16>(), gelu_input.data<bfloat16>(), rows, columns, add);
   } else {
     kernels::cuda::column_sums_bf16(s, sums.data<float>(), work.data<float>(),
-                                    g16.data<bfloat16>(), rows, columns);
+                                    g16.data<bfloat16>(), rows, columns, add);
   }
 #else
   (void)rows;
+  (void)add;
   (void)gelu_input;
   (void)gelu_grad;
   (void)in_place;
@@ -261,6 +265,10 @@ struct LinearBackward final : Node {
       // it as a kernel of its own at under half the memory bandwidth; with
       // a GELU, its gradient and the bias's are one pass.)
       Tensor g16;
+      // (The bias's gradient added to its sum so far where that may take
+      // it, as the weight's below.)
+      const Tensor b_into =
+          want_b ? gradient_to_add_into(next[2].fn, {out}, DType::Float32) : Tensor();
       if (gelu) {
         const Tensor a = gelu_input.get(), g_bf = g.to(DType::BFloat16);
         // GELU's gradient goes over g_bf where nothing else reads it: a
@@ -270,7 +278,7 @@ struct LinearBackward final : Node {
         const bool ours =
             grad_output_owned || g_bf.impl()->storage != g_in.impl()->storage;
         if (want_b && !gb.defined()) {
-          gb = column_sums_bf16(g_bf, a, &g16, ours);
+          gb = column_sums_bf16(g_bf, b_into, a, &g16, ours);
         } else {
           g16 = ours ? g_bf : empty(a.sizes(), a.options());
           LEASEHOLD_CUDA_OR("linear",
@@ -281,7 +289,7 @@ struct LinearBackward final : Node {
       } else {
         g16 = g.to(DType::BFloat16);
       }
-      if (want_b && !gb.defined()) gb = column_sums_bf16(g16);
+      if (want_b && !gb.defined()) gb = column_sums_bf16(g16, b_into);
       if (next[1].fn) {
         // (Added by the product where the weight's gradient so far may
         // take it: a slice after the first, recompute.h.)

@@ -92,19 +92,29 @@ struct LayerNormBackward final : Node {
     // its segment gathers its input's gradient (recompute.cpp), not copied
     // there after.
     Tensor dx = p.defined() && sum_so_far_owned ? p : empty(xv.sizes(), xv.options());
-    Tensor dw = empty({cols}, xv.options()), db = empty({cols}, xv.options());
     Tensor work = empty({kernels::layer_norm_backward_workspace(rows, cols)}, xv.options());
     if (gc.dtype() == DType::BFloat16) {
-      // (A bfloat16 output's gradient: the product that read it wrote it so.)
+      // (A bfloat16 output's gradient: the product that read it wrote it
+      // so. The weight's and bias's gradients are added to their sums so
+      // far where those may take them: a slice after the first of a
+      // recomputed MLP, autograd.h: gradient_to_add_into.)
+      Tensor dw = next.size() > 1 ? gradient_to_add_into(next[1].fn, {cols}, DType::Float32)
+                                  : Tensor();
+      Tensor db = next.size() > 2 ? gradient_to_add_into(next[2].fn, {cols}, DType::Float32)
+                                  : Tensor();
+      const bool add_dw = dw.defined(), add_db = db.defined();
+      if (!add_dw) dw = empty({cols}, xv.options());
+      if (!add_db) db = empty({cols}, xv.options());
       LEASEHOLD_CUDA_OR("layer_norm backward",
                         kernels::cuda::layer_norm_backward_bf16(
                             stream_for(g.device()), dx.data<float>(),
                             p.defined() ? p.data<float>() : nullptr, dw.data<float>(),
                             db.data<float>(), work.data<float>(), gc.data<bfloat16>(),
                             xv.data<float>(), wv.data<float>(), mv.data<float>(),
-                            rv.data<float>(), rows, cols));
+                            rv.data<float>(), rows, cols, add_dw, add_db));
       return {dx, dw, db};
     }
+    Tensor dw = empty({cols}, xv.options()), db = empty({cols}, xv.options());
     detail::dispatch_floating(g.dtype(), "layer_norm backward", [&](auto tag) {
       using T = decltype(tag);
       kLayerNormBackward<T>.run(g.device(), dx.data<T>(), p.defined() ? p.data<T>() : nullptr,

@@ -5,6 +5,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/engine/allocator.h"
@@ -27,6 +29,7 @@ struct Step {
   uint64_t backward_bytes = 0;  // the most bytes backward added to those at once
   uint64_t backward_allocated = 0;  // every byte backward allocated, summed
   int most_ready_calls = 0;  // the most gradient-ready calls for one parameter
+  int sums_made = 0;  // allocations by the leaves' accumulators: gradients summed anew
 };
 
 // `dim` wide, on `batch` sequences of 40 tokens (vocabulary 64).
@@ -73,6 +76,9 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
   r.kept_bytes = allocator->stats().in_use_bytes - start;
   allocator->restart_peak();
   const uint64_t allocated_before = allocator->allocated();
+  allocator->on_allocate = [&](size_t) {
+    r.sums_made += std::string_view(backward_node_running()) == "AccumulateGrad";
+  };
   std::map<const TensorImpl*, int> ready_calls;
   {
     GradientReadyGuard ready([&](const Tensor& leaf) { ++ready_calls[leaf.impl().get()]; });
@@ -81,6 +87,7 @@ Step gpt_step(Device device, Recompute recompute, bool autocast, bool offload = 
   for (const Tensor& p : model.parameters()) {
     r.most_ready_calls = std::max(r.most_ready_calls, ready_calls[p.impl().get()]);
   }
+  allocator->on_allocate = nullptr;
   r.backward_bytes = allocator->stats().peak_in_use_bytes - start - r.kept_bytes;
   r.backward_allocated = allocator->allocated() - allocated_before;
   r.loss = loss.detach().to(Device::cpu()).to_vector<float>();
@@ -225,6 +232,15 @@ std::string sliced_mlp_mismatch(Device device, bool autocast) {
     if (sliced.most_ready_calls != 1) {
       return mode + ": a parameter's gradient was ready " +
              std::to_string(sliced.most_ready_calls) + " times, not once";
+    }
+    // (Under autocast on a GPU, each slice after the first adds its part
+    // of every parameter's gradient to the sum so far as it makes it:
+    // autograd.h, gradient_to_add_into. Elsewhere the weights' products
+    // do, and the other sums are made anew.)
+    if (device.is_cuda() && autocast && sliced.sums_made != whole.sums_made) {
+      return mode + ": " + std::to_string(sliced.sums_made) +
+             " gradients summed anew in slices, not the " + std::to_string(whole.sums_made) +
+             " of the MLPs run again whole";
     }
     if (sliced.kept_bytes != whole.kept_bytes) {
       return mode + ": " + std::to_string(sliced.kept_bytes) + " bytes kept, not the " +

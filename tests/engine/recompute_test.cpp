@@ -116,17 +116,18 @@ TEST(Recompute, InSlicesTheInputsGradientIsGatheredIntoItsSumSoFarWhereNothingEl
 // Where that sum so far is the segment's alone, the segment's first
 // operator on its input that takes it (a layer norm, as a GPT MLP's)
 // writes the input's gradient over it itself, whole or slice by slice:
-// no gradient of the slice's size is made and copied there after. Where
-// something else reads the sum, it makes its own, one a slice. The
-// gradients are the same bits either way.
+// no gradient of the slice's size is made and copied there after, by the
+// norm or by the input's accumulator. Where something else reads the
+// sum, the norm makes its own, one a slice. The gradients are the same
+// bits either way.
 TEST(Recompute, ALayerNormWritesItsInputsGradientOverTheSegmentsOwnSumSoFar) {
   auto run = [](int64_t parts, bool sum_owned) {
     const size_t slice_bytes = 10 * 100 * sizeof(float) / parts;
     auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cpu()));
-    int made = 0;  // of a slice's size, by the layer norm's backward
+    int made = 0;  // of a slice's size, by the layer norm's backward or an accumulator
     counting->on_allocate = [&](size_t bytes) {
-      made += bytes == slice_bytes &&
-              std::string_view(backward_node_running()) == "LayerNormBackward";
+      const std::string_view node = backward_node_running();
+      made += bytes == slice_bytes && (node == "LayerNormBackward" || node == "AccumulateGrad");
     };
     AllocatorGuard counted(counting);
     manual_seed(17);
