@@ -128,7 +128,8 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   // halves cost the host link twice the bytes (two inputs per block).
   if (offload_ && !all_whole) working_set_over = false;
   // Every block recomputing whole (but its attention or not), the blocks'
-  // inputs to host memory and the last step come before halves: the
+  // inputs to host memory, the MLPs in slices and the last step come
+  // before halves (after_every_block_whole): the
   // halves keep more per block in forward (the residual stream between
   // them, in float32), and what is over the budget may be what forward
   // keeps as much as backward's own working set (at 35% of the GPT job's

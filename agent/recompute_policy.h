@@ -51,7 +51,7 @@
 //   gradient, 48 MiB each, live at once), and slices keep half of them at
 //   a time, for products of half the rows and no bytes over the host link;
 //   the last block's backward comes first, while the most of the other
-//   blocks' inputs are still on the device. The weights' gradients are
+//   blocks' inputs are still held (on the device, or fetched back). The weights' gradients are
 //   then sums over the slices, within rounding of the whole batch's (the
 //   steps before keep the bits). (Four slices kept less again, but their
 //   products and launches cost the GPT job 7 points of its speed at 30%
@@ -66,7 +66,11 @@
 // Inputs in host memory cost less than slices: at 30% of the GPT job's
 // peak, three blocks' inputs in host memory and no slices ran at 81.6% of
 // its unconstrained speed, every MLP in slices and no inputs out at 74.8%.
-// Where halves come then, they are the whole block in halves
+// Each slice after the first adds its gradients to the sums so far in the
+// kernels that make them (engine/autograd.h: gradient_to_add_into).
+//
+// Where inputs may go to host memory, the halves that come then (below)
+// are the whole block in halves
 // (Recompute::BlockInHalves): one input a block, whose backward makes the
 // MLP's input again, for one attention half's forward instead of the
 // MLP's input over the link.
@@ -80,7 +84,8 @@
 // a time): those recomputing whole go to halves at once, as one step, and
 // later steps take MLP-only blocks to halves rather than further. Once
 // every block recomputes whole, the blocks' inputs (where they may go),
-// the MLPs in slices and the last step come first: slices free memory in
+// the MLPs in slices, the block before the last's input and the last
+// step come first (in that order, above): slices free memory in
 // backward without keeping more in forward, the others in forward and
 // backward alike, where halves keep more in forward (the residual stream between
 // the halves, in float32). Where inputs may go to host memory, halves
@@ -181,7 +186,7 @@ class RecomputePolicy {
   int offloaded_in_host_memory() const;
   int offloads_short_of_memory() const;
   // In how many slices of the batch the blocks run their MLPs again (see
-  // the top): kMlpParts once the policy took that step, else 1.
+  // the top): kMlpParts once any block's MLP runs so, else 1.
   int mlp_slices() const;
   bool mlps_sliced() const { return mlp_slices() > 1; }
   // Blocks that run their MLP again in slices (from the last block on).

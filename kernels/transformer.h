@@ -80,7 +80,8 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
                           const T* b, int64_t rows, int64_t cols, double eps);                \
   /* dx [rows, cols], dw and db [cols] (overwritten, summed in a fixed order: the same        \
      bits every run). dx_plus, when not null, is added to dx as it is written (another        \
-     consumer's gradient of x; rounded as a separate addition would round it). */            \
+     consumer's gradient of x; rounded as a separate addition would round it); dx may be     \
+     dx_plus (each element is read before it is written). */                                 \
   template <class T>                                                                          \
   void layer_norm_backward(Stream s, T* dx, const T* dx_plus, T* dw, T* db, T* workspace,     \
                            const T* dy, const T* x, const T* w, const T* mean,                \

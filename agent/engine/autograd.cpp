@@ -30,8 +30,10 @@ struct BackwardState {
   // leaf_sum_writable), and that sum's memory, which its gradient may be.
   const TensorImpl* given_sum_leaf = nullptr;
   const Storage* given_sum = nullptr;
+  uint64_t id = 0;  // which backward (one counter a thread)
 };
 thread_local BackwardState t_backward;
+thread_local uint64_t t_backward_ids = 0;
 
 // Adds a gradient into a leaf's .grad.
 class AccumulateGrad final : public Node {
@@ -43,8 +45,14 @@ class AccumulateGrad final : public Node {
     Tensor leaf(leaf_);
     Tensor incoming = g;
     if (incoming.sizes() != leaf.sizes()) incoming = sum_to(incoming, leaf.sizes());
-    if (leaf.grad().defined() && incoming.impl() == leaf.grad().impl()) {
-      // (Summed in place by the node that sent it: gradient_to_add_into.)
+    // (Summed in place by the node that sent it, in this backward: what
+    // gradient_to_add_into handed out, come back. The leaf's gradient may
+    // have been replaced meanwhile by a sum that includes it.)
+    const bool summed = added_in_backward_ == t_backward.id && !added_in_place_.expired() &&
+                        added_in_place_.lock() == incoming.impl();
+    added_in_place_.reset();
+    added_in_backward_ = 0;
+    if (summed) {
     } else if (!leaf.grad().defined()) {
       // Adopt the buffer when nothing else references it; else copy, so that
       // two leaves never share one gradient buffer. (A leaf whose sum so
@@ -62,9 +70,16 @@ class AccumulateGrad final : public Node {
     return {};
   }
   Tensor leaf() const { return Tensor(leaf_); }
+  // gradient_to_add_into handed `g` out in the running backward.
+  void added_in_place(const Tensor& g) {
+    added_in_place_ = g.impl();
+    added_in_backward_ = t_backward.id;
+  }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
+  std::weak_ptr<TensorImpl> added_in_place_;
+  uint64_t added_in_backward_ = 0;
 };
 
 Edge gradient_edge(const Tensor& t) {
@@ -95,7 +110,7 @@ class NodeRunning {
 
 Tensor gradient_to_add_into(const std::shared_ptr<Node>& edge_fn, const Shape& sizes,
                             DType dtype) {
-  const auto* acc = dynamic_cast<const AccumulateGrad*>(edge_fn.get());
+  auto* acc = dynamic_cast<AccumulateGrad*>(edge_fn.get());
   if (!acc || !t_backward.deps) return Tensor();
   // (This backward's only part for the leaf: one edge to it, and nothing
   // summed for it yet. Another part would be added to the sum after.)
@@ -109,6 +124,7 @@ Tensor gradient_to_add_into(const std::shared_ptr<Node>& edge_fn, const Shape& s
       g.impl().use_count() != 2 || !g.impl()->storage || g.impl()->storage.use_count() != 1) {
     return Tensor();
   }
+  acc->added_in_place(g);
   return g;
 }
 
@@ -238,6 +254,7 @@ void run_backward_from(std::shared_ptr<Node> root_fn, Tensor grad, bool retain_g
     Running(const std::unordered_map<Node*, int>& d, const std::unordered_map<Node*, Tensor>& b,
             const Tensor& leaf, const Tensor& given_sum) {
       t_backward = {&d, &b};
+      t_backward.id = ++t_backward_ids;
       if (leaf.defined() && given_sum.defined()) {
         t_backward.given_sum_leaf = leaf.impl().get();
         t_backward.given_sum = given_sum.impl()->storage.get();

@@ -67,10 +67,12 @@ class Node {
   // one would add its size to backward's peak).
   bool grad_output_owned = false;
   // Set by the engine just before apply, where fold_into_input0 took the
-  // sum so far: no other tensor refers to that sum's memory, and the
+  // sum so far: no other tensor refers to that sum's memory (or its
+  // caller gave it up: run_backward_from's leaf_sum_writable), and the
   // engine drops it after apply (apply's gradient for input 0 replaces
-  // it), so apply may write that gradient over it (a recomputed MLP's,
-  // gathered slice by slice: recompute.cpp).
+  // it), so apply may write that gradient over it (a layer norm's over
+  // the residual stream's gradient, whole or a recomputed MLP's slice:
+  // recompute.cpp).
   bool sum_so_far_owned = false;
   // Set by the engine just before apply: its saved tensors are released
   // after it (the backward does not retain the graph), so apply may let go
@@ -218,8 +220,9 @@ void run_backward_from(std::shared_ptr<Node> root_fn, const Tensor& gradient, bo
 // leaf_sum's memory up to the leaf's gradient (nothing reads it after but
 // through that gradient), so the operator that takes it may write the
 // gradient over it (Node::sum_so_far_owned) although the caller still
-// refers to it: a recomputed segment gathering its input's gradient in
-// slices into the sum so far (recompute.cpp).
+// refers to it, and the leaf takes that gradient as it is: a recomputed
+// segment whose sum so far is its own, run whole or gathering its input's
+// gradient slice by slice into that sum (recompute.cpp).
 void run_backward_from(std::shared_ptr<Node> root_fn, Tensor gradient, bool retain_graph,
                        const Tensor& leaf, const Tensor& leaf_sum,
                        bool leaf_sum_writable = false);

@@ -150,9 +150,11 @@ MixedProduct gemm_mixed(const Tensor& a, bool ta, [[maybe_unused]] const Tensor&
 }
 // out [m, n] += op(A) op(B), for float32 `out` and bfloat16 A and B, as
 // gemm_mixed's plain product: a weight's gradient added to its sum so far
-// (through cuBLAS, whose working memory is its own). CUDA only.
-void add_gemm_mixed(Tensor& out, const Tensor& a, bool ta, [[maybe_unused]] const Tensor& b,
-                    bool tb, int64_t m, int64_t n, int64_t k) {
+// (through cuBLAS, whose working memory is its own, with its own choice of
+// algorithm: a product that makes the sum anew takes cuBLASLt's measured
+// one, so the two may round differently). CUDA only.
+void add_gemm_mixed([[maybe_unused]] Tensor& out, [[maybe_unused]] const Tensor& a, bool ta,
+                    [[maybe_unused]] const Tensor& b, bool tb, int64_t m, int64_t n, int64_t k) {
   NoGradGuard no_grad;
   [[maybe_unused]] const kernels::GemmShape s = gemm_shape(ta, tb, m, n, k);
   LEASEHOLD_CUDA_OR("linear", kernels::cuda::gemm_bf16(
@@ -292,7 +294,8 @@ struct LinearBackward final : Node {
       if (want_b && !gb.defined()) gb = column_sums_bf16(g16, b_into);
       if (next[1].fn) {
         // (Added by the product where the weight's gradient so far may
-        // take it: a slice after the first, recompute.h.)
+        // take it: a recomputed MLP's slice after the first, recompute.h,
+        // or any backward before the gradients are zeroed.)
         gw = gradient_to_add_into(next[1].fn, W.sizes(), DType::Float32);
         if (gw.defined()) {
           add_gemm_mixed(gw, g16, true, X, false, out, in, n);

@@ -160,17 +160,16 @@ Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params)
   m_.resize(params_.size());
   v_.resize(params_.size());
   on_host_.resize(params_.size(), 0);
-  // The moments of every parameter that trains are made now, beside the
-  // parameters, before any step's tensors exist: made at the first update
+  // The moments of every parameter (each requires grad: the base checks)
+  // are made now, beside the parameters, before any step's tensors
+  // exist: made at the first update
   // (as PyTorch does), they landed among that step's gradients and
   // scratch, and the job's pages of the GPT (127 MiB of parameters and
   // state) held 70 of 2 MiB, six more than they fill, which made a 404 MiB
   // budget send one block's input more to host memory (paged_resource.h).
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].second.requires_grad()) {
-      m_[i] = new_state(i);
-      v_[i] = new_state(i);
-    }
+    m_[i] = new_state(i);
+    v_[i] = new_state(i);
   }
 }
 
@@ -217,10 +216,6 @@ void Adam::update() {
       Tensor& p = params_[i].second;
       if (!p.grad().defined() || &params_of(p) != group) continue;
       Tensor g = dense_grad(p);
-      if (!m_[i].defined()) {
-        m_[i] = new_state(i);
-        v_[i] = new_state(i);
-      }
       if (!pending.empty()) {
         const Tensor& first = params_[pending[0]].second;
         if (first.dtype() != p.dtype() || first.device() != p.device() ||
@@ -250,7 +245,6 @@ nn::NamedTensors Adam::state() const {
   nn::NamedTensors out;
   out.emplace_back("adam.step", step_counter().reshape({1}));
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!m_[i].defined()) continue;
     out.emplace_back("adam.m." + params_[i].first, m_[i]);
     out.emplace_back("adam.v." + params_[i].first, v_[i]);
   }
@@ -261,15 +255,23 @@ void Adam::load_state(const nn::NamedTensors& state) {
   std::map<std::string, Tensor> m(state.begin(), state.end());
   auto it = m.find("adam.step");
   if (it == m.end()) throw std::invalid_argument("optimizer state lacks 'adam.step'");
-  set_steps(static_cast<int64_t>(it->second.item()));
+  const auto steps = static_cast<int64_t>(it->second.item());
+  // Every parameter's moments checked before any is copied: a bad one
+  // leaves the state as it was.
+  std::vector<std::pair<Tensor, Tensor>> loaded(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i].second;
     auto mk = "adam.m." + params_[i].first, vk = "adam.v." + params_[i].first;
     if (!m.count(mk)) continue;
-    m_[i] = new_state(i);
-    v_[i] = new_state(i);
-    m_[i].copy_(lookup(m, mk, p));
-    v_[i].copy_(lookup(m, vk, p));
+    loaded[i] = {lookup(m, mk, p), lookup(m, vk, p)};
+  }
+  set_steps(steps);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!loaded[i].first.defined()) continue;
+    // (Into the moments made with the optimizer, where they are: new ones
+    // would leave holes among the parameters' pages.)
+    m_[i].copy_(loaded[i].first);
+    v_[i].copy_(loaded[i].second);
   }
 }
 
@@ -319,9 +321,8 @@ bool Adam::move_state([[maybe_unused]] uint64_t at_least_bytes) {
   if (moving.empty()) return false;
   // Every copy made before any is swapped in: a host allocation that fails
   // (the job's host tier full, allocator.h: PinnedHostGuard) leaves the
-  // state where it was, and moves nothing. (State not made yet is made now,
-  // zero, as its first update would make it: that update must not be the
-  // one to find host memory short.)
+  // state where it was, and moves nothing. (The state exists from the
+  // optimizer's making: the first update never has to find host memory.)
   std::vector<Tensor> m = m_, v = v_;
   try {
     AllocatorGuard pinned(pinned_host_allocator());
@@ -329,13 +330,8 @@ bool Adam::move_state([[maybe_unused]] uint64_t at_least_bytes) {
       const Tensor& p = params_[i].second;
       m[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
       v[i] = empty(p.sizes(), {p.dtype(), Device::cpu()});
-      if (m_[i].defined()) {
-        m[i].copy_(m_[i]);
-        v[i].copy_(v_[i]);
-      } else {
-        m[i].fill_(0.0);
-        v[i].fill_(0.0);
-      }
+      m[i].copy_(m_[i]);
+      v[i].copy_(v_[i]);
     }
   } catch (const OutOfMemoryError& e) {
     spdlog::warn("the optimizer's state of {} parameters stays on the device: {}", moving.size(),

@@ -67,8 +67,9 @@ class Optimizer {
   // an optimizer without such state), all of it is there already, or the
   // host memory is short (a job's host tier full, allocator.h:
   // PinnedHostGuard: a warning says so, and the state stays where it was).
-  // (State not made yet, before the first update, is made in host memory
-  // now, zero, as that update would make it.) load_state() puts each
+  // (State not made yet, SGD's momentum before its first update, is made
+  // in host memory now, zero, as that update would make it; Adam makes its
+  // moments with the optimizer.) load_state() puts each
   // parameter's state where its state is.
   // REQUIRES (both): no captured CUDA graph holds the state's addresses
   // (the job forgets its step's graph first).
@@ -76,7 +77,8 @@ class Optimizer {
     return move_state(at_least_bytes);
   }
   // The bytes of state the GPU parameters have, wherever it is (or will
-  // have, at their first update), and those of it in host memory.
+  // have, at their first update: SGD's momentum), and those of it in host
+  // memory.
   virtual uint64_t gpu_parameters_state_bytes() const { return 0; }
   virtual uint64_t host_state_bytes() const { return 0; }
 

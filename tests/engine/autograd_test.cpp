@@ -255,6 +255,13 @@ TEST(Autograd, AProductAddsItsWeightsGradientToASumSoFarOfTheLeafsAlone) {
   const Tensor before = w.grad().clone();
   sum(add(linear(x1, w, Tensor()), linear(x2, w, Tensor()))).backward();
   EXPECT_TRUE(near(w.grad(), add(before, add(g1, g2))));
+
+  // The leaf's own gradient sent back to it is added like any other part
+  // (only what a node summed in place is taken as summed).
+  Tensor v = from_vector<float>({1, 2, 3}, {3}).set_requires_grad(true);
+  v.backward(ones({3}));
+  v.backward(v.grad());
+  EXPECT_EQ(v.grad().to_vector<float>(), (std::vector<float>{2, 2, 2}));
 }
 
 TEST(Autograd, SharedSubexpressionGetsBothGradients) {

@@ -178,6 +178,35 @@ TEST(Optim, AdamMatchesTheFormulaAndRestoresState) {
   sum(pow(q, 2.0)).backward();
   resumed.step();
   EXPECT_EQ(p.to_vector<double>(), q.to_vector<double>());
+
+  // A state with one bad moment changes nothing: neither the step count
+  // nor a moment checked before it. Loaded, the moments go into the ones
+  // the optimizer made, where they are.
+  Tensor r = p.detach().clone().set_requires_grad(true);
+  Tensor s = ones({2}, {DType::Float64}).set_requires_grad(true);
+  optim::Adam other({{"p", r}, {"s", s}}, o);
+  nn::NamedTensors bad = opt.state();
+  bad.emplace_back("adam.m.s", ones({2}, {DType::Float64}));
+  bad.emplace_back("adam.v.s", ones({3}, {DType::Float64}));
+  const nn::NamedTensors before = other.state();
+  EXPECT_THROW(other.load_state(bad), std::invalid_argument);
+  EXPECT_EQ(other.steps(), 0);
+  for (const auto& [name, t] : other.state()) {
+    if (name == "adam.step") continue;
+    EXPECT_EQ(t.to_vector<double>(), std::vector<double>(t.numel(), 0.0)) << name;
+  }
+  void* m_memory = nullptr;
+  for (const auto& [name, t] : before) {
+    if (name == "adam.m.p") m_memory = t.raw_data();
+  }
+  nn::NamedTensors good = opt.state();
+  good.emplace_back("adam.m.s", ones({2}, {DType::Float64}));
+  good.emplace_back("adam.v.s", ones({2}, {DType::Float64}));
+  other.load_state(good);
+  EXPECT_EQ(other.steps(), opt.steps());
+  for (const auto& [name, t] : other.state()) {
+    if (name == "adam.m.p") EXPECT_EQ(t.raw_data(), m_memory) << "new moments made";
+  }
 }
 
 TEST(Optim, AdamWDecaysMatricesOnlyAndMatchesTheFormula) {
