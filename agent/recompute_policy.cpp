@@ -217,7 +217,8 @@ bool RecomputePolicy::offload_next(bool before_slices) {
   // (Not the last block: backward needs its input first. Halves with two
   // inputs a block never come where inputs may go: see halves_. Before the
   // slices, not the one before it either: see the top.)
-  const size_t end = blocks_.size() - std::min(blocks_.size(), size_t{before_slices ? 2 : 1});
+  const size_t kept_on_device = before_slices ? 2 : 1;
+  const size_t end = blocks_.size() - std::min(blocks_.size(), kept_on_device);
   for (size_t i = 0; i < end; ++i) {
     nn::TransformerBlock& b = *blocks_[i];
     if (b.recompute() != Recompute::None && b.offload() == Offload::None) {

@@ -205,7 +205,9 @@ TEST(Optim, AdamMatchesTheFormulaAndRestoresState) {
   other.load_state(good);
   EXPECT_EQ(other.steps(), opt.steps());
   for (const auto& [name, t] : other.state()) {
-    if (name == "adam.m.p") EXPECT_EQ(t.raw_data(), m_memory) << "new moments made";
+    if (name == "adam.m.p") {
+      EXPECT_EQ(t.raw_data(), m_memory) << "new moments made";
+    }
   }
 }
 
