@@ -286,7 +286,7 @@ Tensor TransformerBlock::forward(const Tensor& x) {
         [this, mlp_out](const Tensor& in, bool replay) {
           return body(in, replay, nullptr, mlp_out.get());
         },
-        x, input_slot());
+        x, input_slot(), 1, product_parameters());
   } else if (recompute_ == Recompute::BlockButAttention && is_training()) {
     // (The first run fills `kept`, the run again in backward empties it.)
     auto kept = std::make_shared<KeptAttention>();
@@ -294,12 +294,12 @@ Tensor TransformerBlock::forward(const Tensor& x) {
         [this, kept, mlp_out](const Tensor& in, bool replay) {
           return body(in, replay, kept.get(), mlp_out.get());
         },
-        x, input_slot());
+        x, input_slot(), 1, product_parameters());
   } else {
     out = body(x, false);
   }
   // A block that runs again in backward makes its own weights' copies
-  // there (autocast.h): the step's go now, not at the forward pass's end
+  // there (recompute.h): the step's go now, not at the forward pass's end
   // (the GPT's: 3.4 MiB a block), where a step that recomputes has its
   // peak. (A block recomputing its MLP only: its attention's products
   // keep theirs.)
@@ -314,26 +314,19 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 
 namespace {
 
-// Run again in backward, a segment's products read their weights' bfloat16
-// copies from one pass made here (autocast.h), where each would convert
-// its own weight and bias, a launch each (the step's copies are gone by
-// then: the block let them go after its own forward). The same bits.
-// (An MLP run again in slices of the batch makes them once a slice.)
-void copy_weights_for_replay(bool replay, std::optional<AutocastWeights>& copies,
-                             std::initializer_list<const Module*> modules) {
-  if (!replay) return;
+// The product parameters of `modules`: a segment's weights (recompute.h),
+// whose bfloat16 copies its backward makes once.
+std::vector<Tensor> weights_of(std::initializer_list<const Module*> modules) {
   std::vector<Tensor> params;
   for (const Module* m : modules) {
     for (Tensor& t : m->product_parameters()) params.push_back(std::move(t));
   }
-  copies.emplace(params);
+  return params;
 }
 
 }  // namespace
 
 Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
-  std::optional<AutocastWeights> copies;
-  copy_weights_for_replay(replay, copies, {fc1_.get(), fc2_.get()});
   // (Under autocast the norm writes bfloat16 for fc1 to multiply as it is,
   // the GELU is fc1's epilogue, its bfloat16 output is what fc2 multiplies,
   // and fc2's output stays bfloat16 until its dropout adds it to the
@@ -345,8 +338,6 @@ Tensor TransformerBlock::mlp(const Tensor& h, bool replay) {
 }
 
 Tensor TransformerBlock::attention_half(const Tensor& x, bool replay, KeptAttention* kept) {
-  std::optional<AutocastWeights> copies;
-  copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get()});
   // q, k and v of every head read in place from the projection [B, T, 3 × dim]
   // (as [B, T, 3, heads, dim / heads]), the heads merged as they are written.
   // Under autocast the norm writes bfloat16 for the projection, the
@@ -376,29 +367,24 @@ Tensor TransformerBlock::body(const Tensor& x, bool replay, KeptAttention* kept,
       training && (recompute_ == Recompute::Halves || recompute_ == Recompute::BlockInHalves);
   // (Run again within the whole block, the MLP only roots its graph where
   // it runs in its own backward, in halves apart from the attention's or
-  // in slices of the batch: its output feeds the unread addition alone.
-  // Its weights are then copied there, not here.)
+  // in slices of the batch: its output feeds the unread addition alone.)
   const bool mlp_recorded = (halves || mlp_parts_ > 1) && replay && mlp_out && *mlp_out;
-  std::optional<AutocastWeights> copies;
-  if (mlp_recorded) {
-    copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get()});
-  } else {
-    copy_weights_for_replay(replay, copies, {qkv_.get(), proj_.get(), fc1_.get(), fc2_.get()});
-  }
   const bool own_slots = recompute_ == Recompute::Halves || recompute_ == Recompute::Mlp;
   const Segment attention_segment = [this](const Tensor& in, bool again) {
     return attention_half(in, again);
   };
   Tensor h = halves ? recompute_in_backward(attention_segment, x,
-                                            own_slots ? input_slot() : nullptr)
+                                            own_slots ? input_slot() : nullptr, 1,
+                                            weights_of({qkv_.get(), proj_.get()}))
                     : attention_half(x, false, kept);
   Tensor m;
   const Segment mlp_segment = [this](const Tensor& in, bool again) { return mlp(in, again); };
   if (mlp_recorded) {
-    m = record_for_backward(mlp_segment, h, **mlp_out, mlp_parts_);
+    m = record_for_backward(mlp_segment, h, **mlp_out, mlp_parts_,
+                            weights_of({fc1_.get(), fc2_.get()}));
   } else if (halves || (training && recompute_ == Recompute::Mlp)) {
     m = recompute_in_backward(mlp_segment, h, own_slots ? mlp_input_slot() : nullptr,
-                              mlp_parts_);
+                              mlp_parts_, weights_of({fc1_.get(), fc2_.get()}));
   } else {
     m = mlp(h, replay);
   }

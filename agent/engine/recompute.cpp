@@ -23,7 +23,8 @@ class RecomputeBackward final : public Node {
  public:
   // x kept as it is, or (`stashed`) in host memory.
   RecomputeBackward(Segment segment, const Tensor& x, std::shared_ptr<OffloadedTensor> stashed,
-                    RandomPlace random, std::optional<DType> autocast, int64_t parts)
+                    RandomPlace random, std::optional<DType> autocast, int64_t parts,
+                    std::vector<Tensor> weights)
       : segment_(std::move(segment)),
         x_(stashed ? SavedTensor() : SavedTensor(x)),
         stashed_(std::move(stashed)),
@@ -32,7 +33,8 @@ class RecomputeBackward final : public Node {
         x_options_(x.options()),
         random_(std::move(random)),
         autocast_(autocast),
-        parts_(parts) {
+        parts_(parts),
+        weights_(std::move(weights)) {
     if (parts < 1) throw std::invalid_argument("recompute: parts must be at least 1");
   }
   const char* name() const override { return "RecomputeBackward"; }
@@ -59,14 +61,30 @@ class RecomputeBackward final : public Node {
   // its first node has run: see Node::apply_taking. In slices, every
   // slice reads it: it stays to the end.)
   std::vector<Tensor> apply_taking(Tensor grad) override {
+    // (The weights' copies for all of this backward: recompute.h.)
+    std::optional<AutocastWeights> copies;
+    if (!weights_.empty()) {
+      AutocastGuard mode(autocast_);
+      copies.emplace(weights_);
+    }
+    std::vector<Tensor> grads = backward(std::move(grad));
+    if (copies) copies->release(weights_);
+    return grads;
+  }
+  void release_saved() override {
+    x_.reset();
+    stashed_.reset();
+    plus_ = Tensor();
+  }
+
+ private:
+  std::vector<Tensor> backward(Tensor grad) {
     const Tensor plus = std::move(plus_);  // (taken for this call only, whatever happens)
     const bool plus_owned = sum_so_far_owned;
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
     if (parts_ > 1 && rows > 1) {
-      std::vector<Tensor> grads =
-          apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows));
-      return grads;
+      return apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows));
     }
     const bool ran = run_again(x, std::move(grad), plus, plus_owned);
     // (Nothing in the segment needs gradients: the sum so far stands.)
@@ -76,13 +94,7 @@ class RecomputeBackward final : public Node {
     // nothing: its gradient is the sum so far alone.)
     return {x.grad().defined() ? x.grad() : plus};
   }
-  void release_saved() override {
-    x_.reset();
-    stashed_.reset();
-    plus_ = Tensor();
-  }
 
- private:
   // The segment run again on `x` (a detached input, made a leaf that
   // wants gradients where the first one did) and its backward from `grad`,
   // `plus` (may be undefined) x's gradient so far from outside the
@@ -198,13 +210,14 @@ class RecomputeBackward final : public Node {
   RandomPlace random_;  // (holds the step counter, read where the masks are drawn)
   std::optional<DType> autocast_;
   int64_t parts_;
-  Tensor plus_;  // fold_into_input0's, until apply
+  std::vector<Tensor> weights_;  // (parameters: the module holds them too)
+  Tensor plus_;                  // fold_into_input0's, until apply
 };
 
 }  // namespace
 
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlot* offload,
-                             int64_t parts) {
+                             int64_t parts, const std::vector<Tensor>& weights) {
   std::optional<RandomPlace> random = RandomPlace::here();
   if (!grad_enabled() || !random) return segment(x, false);
   std::optional<DType> autocast = autocast_dtype(x.device());
@@ -219,19 +232,21 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlo
   // gradients, the segment's parameters may.
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, std::move(stashed), std::move(*random),
-                                             autocast, parts),
+                                             autocast, parts, weights),
          {&x});
   return out;
 }
 
 Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output,
-                           int64_t parts) {
+                           int64_t parts, const std::vector<Tensor>& weights) {
   std::optional<RandomPlace> random = RandomPlace::here();
-  if (!grad_enabled() || !random) return recompute_in_backward(segment, x, nullptr, parts);
+  if (!grad_enabled() || !random) {
+    return recompute_in_backward(segment, x, nullptr, parts, weights);
+  }
   Tensor out = empty(output.sizes, output.options);
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, nullptr, std::move(*random),
-                                             autocast_dtype(x.device()), parts),
+                                             autocast_dtype(x.device()), parts, weights),
          {&x});
   return out;
 }

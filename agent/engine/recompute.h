@@ -20,6 +20,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "agent/engine/host_offload.h"
 #include "agent/engine/tensor.h"
@@ -51,8 +52,19 @@ using Segment = std::function<Tensor(const Tensor& x, bool replay)>;
 // are then sums over the slices (within rounding of the whole batch's,
 // not its bits), each leaf's gradient-ready hook called once, after the
 // last slice (autograd.h). REQUIRES: parts >= 1.
+//
+// `weights`: the parameters the segment's products multiply. Under
+// autocast their bfloat16 copies (autocast.h: AutocastWeights) are made in
+// one pass as its backward starts and read by its run again, each of its
+// slices and the segments recorded within it, which find them there and
+// make none; once its backward has run they go, from every scope that
+// holds them (a segment owns its parameters: nothing reads them again
+// before the optimizer writes them). A GPT block recomputed whole with its
+// MLP in slices then converts its weights once, not three times (its
+// attention's, then each slice's MLP's), the same bits.
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x,
-                             OffloadSlot* offload = nullptr, int64_t parts = 1);
+                             OffloadSlot* offload = nullptr, int64_t parts = 1,
+                             const std::vector<Tensor>& weights = {});
 
 // What a segment gave: its output's shape and options.
 struct SegmentOutput {
@@ -67,8 +79,9 @@ struct SegmentOutput {
 // unwritten tensor shaped as `output` (what the segment gave when it ran
 // first) with the segment's node. The segment must draw no random numbers
 // (the draws of a first run are not made). Outside grad mode or a
-// StepRandom it runs as recompute_in_backward. `parts` as there.
+// StepRandom it runs as recompute_in_backward. `parts` and `weights` as
+// there.
 Tensor record_for_backward(const Segment& segment, const Tensor& x, const SegmentOutput& output,
-                           int64_t parts = 1);
+                           int64_t parts = 1, const std::vector<Tensor>& weights = {});
 
 }  // namespace leasehold::engine

@@ -1,5 +1,6 @@
 // Autocast's bfloat16 copies of a step's weights (AutocastWeights) on CUDA:
-// the copies' bits, which products read them, release and nesting.
+// the copies' bits, which products read them, release and nesting, and
+// a recomputed segment's, made once for its whole backward.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include "agent/engine/autograd.h"
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
+#include "agent/engine/recompute.h"
 #include "kernels/elementwise.h"
 #include "shared/device.h"
 
@@ -178,6 +180,71 @@ TEST_F(CudaWeightCopies, ABlockThatRecomputesLetsItsCopiesGoAfterItsForward) {
   EXPECT_EQ(run(Recompute::Block), kept);
   EXPECT_EQ(run(Recompute::Mlp), kept);
   EXPECT_EQ(run(Recompute::BlockButAttention), kept);
+}
+
+// A recomputed segment given its weights (recompute.h) copies them as its
+// backward starts: its run again reads those copies, and so does each
+// slice of a segment recorded within it, which makes none of its own; the
+// gradients are the bits of products that convert their own weights; once
+// backward is over no scope holds a copy.
+TEST_F(CudaWeightCopies, ARecomputedSegmentCopiesItsWeightsOnceForItsWholeBackward) {
+  const Device cuda = Device::cuda();
+  manual_seed(45);
+  const Tensor w1 = randn({16, 16}).to(cuda).set_requires_grad(true);
+  const Tensor w2 = randn({16, 16}).to(cuda).set_requires_grad(true);
+  const Tensor x = randn({8, 16}).to(cuda).set_requires_grad(true);
+  const Tensor step = zeros({}, {DType::Int64, cuda});
+  // Where each run again found the copies it read (null: none).
+  auto found = [](const Tensor& w) -> const void* {
+    const AutocastWeights* copies = autocast_weights();
+    const Tensor* copy = copies ? copies->find(w) : nullptr;
+    return copy ? copy->raw_data() : nullptr;
+  };
+  auto run = [&](bool given, std::vector<const void*>& outer_saw,
+                 std::vector<const void*>& slices_saw) {
+    std::optional<SegmentOutput> inner_out;
+    const Segment inner = [&](const Tensor& in, bool replay) {
+      if (replay) slices_saw.push_back(found(w2));
+      return linear(in, w2, Tensor());
+    };
+    const Segment outer = [&](const Tensor& in, bool replay) {
+      const Tensor h = linear(in, w1, Tensor());
+      if (!replay) {
+        Tensor m = inner(h, false);
+        inner_out = SegmentOutput{m.sizes(), m.options()};
+        return m;
+      }
+      outer_saw = {found(w1), found(w2)};
+      return record_for_backward(inner, h, *inner_out, 2,
+                                 given ? std::vector<Tensor>{w2} : std::vector<Tensor>{});
+    };
+    for (Tensor t : {w1, w2, x}) t.set_grad(Tensor());
+    {
+      AutocastGuard autocast(DType::BFloat16);
+      StepRandom random(5, step);
+      const Tensor out = recompute_in_backward(
+          outer, x, nullptr, 1, given ? std::vector<Tensor>{w1, w2} : std::vector<Tensor>{});
+      sum(out).backward();
+    }
+    EXPECT_EQ(autocast_weights(), nullptr);
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& t : {w1, w2, x})
+      grads.push_back(t.grad().to(Device::cpu()).to_vector<float>());
+    return grads;
+  };
+  std::vector<const void*> outer_saw, slices_saw;
+  const auto own = run(false, outer_saw, slices_saw);
+  EXPECT_EQ(outer_saw, (std::vector<const void*>{nullptr, nullptr}));
+  EXPECT_EQ(slices_saw, (std::vector<const void*>{nullptr, nullptr}));
+  outer_saw.clear();
+  slices_saw.clear();
+  const auto shared = run(true, outer_saw, slices_saw);
+  ASSERT_EQ(outer_saw.size(), 2u);
+  EXPECT_NE(outer_saw[0], nullptr);
+  EXPECT_NE(outer_saw[1], nullptr);
+  EXPECT_EQ(slices_saw, (std::vector<const void*>{outer_saw[1], outer_saw[1]}))
+      << "each slice reads the copy its enclosing segment made";
+  EXPECT_EQ(shared, own);
 }
 
 }  // namespace
