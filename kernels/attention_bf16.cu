@@ -36,15 +36,6 @@ static_assert(kWarps * 16 == kRowsPerBlock);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The query rows' block this block takes: under a causal mask row block r
-// reads r + 1 tiles of keys, and blocks start in the order of their index
-// (the heads, x, fastest), so the last row blocks go first and the light
-// ones fill the end of the grid rather than the heavy ones trailing it
-// (the backward's dK/dV blocks, by keys, are heaviest first as they are).
-__device__ inline int query_row_block(bool causal) {
-  return static_cast<int>(causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y);
-}
-
 // ---- forward ----
 
 template <int D, class E>
@@ -60,7 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const E* kh = k + at.k.at(head, 0, per);
   const E* vh = v + at.v.at(head, 0, per);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int block_row0 = query_row_block(causal) * kRowsPerBlock, row0 = block_row0 + 16 * warp;
+  const int block_row0 = blockIdx.y * kRowsPerBlock, row0 = block_row0 + 16 * warp;
   const int row[2] = {row0 + lane / 4, row0 + lane / 4 + 8};
 
   uint32_t qf[D / 16][4];
@@ -184,7 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t qb = at.q.at(head, 0, per), kb = at.k.at(head, 0, per),
                 vb = at.v.at(head, 0, per), ob = at.o.at(head, 0, per);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int block_row0 = query_row_block(causal) * kRowsPerBlock, row0 = block_row0 + 16 * warp;
+  const int block_row0 = blockIdx.y * kRowsPerBlock, row0 = block_row0 + 16 * warp;
   const int row[2] = {row0 + lane / 4, row0 + lane / 4 + 8};
   const float scale_log2 = scale * kLog2e;
 
