@@ -14,6 +14,7 @@ namespace leasehold::engine {
 namespace {
 thread_local std::optional<DType> t_autocast;
 thread_local AutocastWeights* t_weights = nullptr;  // the innermost scope
+thread_local uint64_t t_passes = 0;
 
 const KernelTable<decltype(kernels::cpu::convert_bf16_copies)> kConvertCopies{
     "autocast_weights",
@@ -41,8 +42,11 @@ std::optional<DType> autocast_dtype(Device device) {
   return device.is_cuda() ? t_autocast : std::nullopt;
 }
 
-AutocastWeights::AutocastWeights(const std::vector<Tensor>& params) : outer_(t_weights) {
+AutocastWeights::AutocastWeights(const std::vector<Tensor>& params,
+                                 std::vector<std::pair<Tensor, Tensor>> made)
+    : copies_(std::move(made)), outer_(t_weights) {
   NoGradGuard no_grad;
+  const size_t handed = copies_.size();
   std::vector<Tensor> wanted;
   for (const Tensor& p : params) {
     if (!p.defined() || p.dtype() != DType::Float32 ||
@@ -51,13 +55,16 @@ AutocastWeights::AutocastWeights(const std::vector<Tensor>& params) : outer_(t_w
     }
     const bool seen = std::any_of(wanted.begin(), wanted.end(),
                                   [&](const Tensor& w) { return same_tensor(w, p); });
-    if (!seen && !(outer_ && outer_->find(p))) wanted.push_back(p);
+    const bool had = std::any_of(copies_.begin(), copies_.end(),
+                                 [&](const auto& c) { return same_tensor(c.first, p); });
+    if (!seen && !had && !(outer_ && outer_->find(p))) wanted.push_back(p);
   }
   for (const Tensor& p : wanted) {
     copies_.emplace_back(p, empty(p.sizes(), {DType::BFloat16, p.device()}));
   }
+  if (!wanted.empty()) ++t_passes;
   // One launch per kMaxConvertTensors copies on one device.
-  for (size_t first = 0; first < copies_.size();) {
+  for (size_t first = handed; first < copies_.size();) {
     const Device device = copies_[first].first.device();
     kernels::Bf16Copies batch;
     int64_t total = 0;
@@ -96,6 +103,19 @@ void AutocastWeights::release(const std::vector<Tensor>& params) {
 }
 
 AutocastWeights* autocast_weights() { return t_weights; }
+
+uint64_t AutocastWeights::passes_on_this_thread() { return t_passes; }
+
+std::vector<std::pair<Tensor, Tensor>> AutocastWeights::copies_of(
+    const std::vector<Tensor>& params) const {
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (const Tensor& p : params) {
+    const bool seen = std::any_of(out.begin(), out.end(),
+                                  [&](const auto& c) { return same_tensor(c.first, p); });
+    if (const Tensor* copy = find(p); copy && !seen) out.emplace_back(p, *copy);
+  }
+  return out;
+}
 
 const Tensor* AutocastWeights::find(const Tensor& t) const {
   for (const AutocastWeights* s = this; s != nullptr; s = s->outer_) {

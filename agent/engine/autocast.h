@@ -16,7 +16,9 @@
 // float32, the reference the CUDA results are checked against.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "agent/engine/dtype.h"
@@ -52,8 +54,9 @@ std::optional<DType> autocast_dtype(Device device);
 // CPU, nor where no AutocastGuard lives); the others are passed over.
 // Scopes nest; a lookup sees the innermost's copies first, then the outer
 // ones', and a scope copies only the parameters no enclosing one has a
-// copy of (a segment run again in backward makes its own in one pass, and
-// one run again inside it finds them there).
+// copy of, nor one handed to it made (`made`: a segment recorded within a
+// run again takes its weights' copies from the scope it was recorded in
+// and hands them to its own backward's, recompute.h).
 // REQUIRES: nothing writes `params` while it lives (it spans a step's
 // forward and backward; the optimizer writes them after it is gone);
 // scopes on a thread end in the reverse order of their making (one that
@@ -63,20 +66,26 @@ std::optional<DType> autocast_dtype(Device device);
 // all keep bfloat16).
 class AutocastWeights {
  public:
-  explicit AutocastWeights(const std::vector<Tensor>& params);
+  // `made`: copies of some of `params`, (parameter, its bfloat16 copy), as
+  // copies_of gave them, this scope's without converting them again.
+  explicit AutocastWeights(const std::vector<Tensor>& params,
+                           std::vector<std::pair<Tensor, Tensor>> made = {});
   ~AutocastWeights();
   AutocastWeights(const AutocastWeights&) = delete;
   AutocastWeights& operator=(const AutocastWeights&) = delete;
 
   // The copy of `t` made here or in an enclosing scope, if any.
   const Tensor* find(const Tensor& t) const;
-  // Lets its copies go: from then on each lives as long as something else
-  // holds it (the saved tensors of the products that read it), and a
-  // product finds none here and converts its own (a segment recomputed in
-  // backward). A step calls it after its forward pass: the copies no
-  // product saved (a bias's) are then not held through backward, where
-  // a step is short of memory. (Blocks that recompute let theirs go
-  // earlier, below.)
+  // The copies of those of `params` that this scope or an enclosing one
+  // holds, as (parameter, copy): held by the caller too from then on.
+  std::vector<std::pair<Tensor, Tensor>> copies_of(const std::vector<Tensor>& params) const;
+  // Lets its copies go (this scope's only): from then on each lives as
+  // long as something else holds it (the saved tensors of the products
+  // that read it), and a product finds none here and converts its own. A
+  // step calls it after its forward pass, and a recomputed segment after
+  // its run again (recompute.cpp): the copies no product saved (a bias's)
+  // are then not held through backward, where a step is short of memory.
+  // (Blocks that recompute let theirs go earlier, below.)
   void release() { copies_.clear(); }
   // Lets the copies of `params` go, from this scope and those it nests in
   // (the others stay): a transformer block that recomputes in backward
@@ -85,6 +94,10 @@ class AutocastWeights {
   // short of memory.
   void release(const std::vector<Tensor>& params);
   size_t copies() const { return copies_.size(); }
+  // Conversion passes scopes have made on this thread so far (one per
+  // scope that converted anything, however many launches it took): what
+  // tests count.
+  static uint64_t passes_on_this_thread();
 
  private:
   std::vector<std::pair<Tensor, Tensor>> copies_;  // (parameter, its bfloat16 copy)

@@ -24,7 +24,7 @@ class RecomputeBackward final : public Node {
   // x kept as it is, or (`stashed`) in host memory.
   RecomputeBackward(Segment segment, const Tensor& x, std::shared_ptr<OffloadedTensor> stashed,
                     RandomPlace random, std::optional<DType> autocast, int64_t parts,
-                    std::vector<Tensor> weights)
+                    std::vector<Tensor> weights, std::vector<std::pair<Tensor, Tensor>> taken)
       : segment_(std::move(segment)),
         x_(stashed ? SavedTensor() : SavedTensor(x)),
         stashed_(std::move(stashed)),
@@ -34,7 +34,8 @@ class RecomputeBackward final : public Node {
         random_(std::move(random)),
         autocast_(autocast),
         parts_(parts),
-        weights_(std::move(weights)) {
+        weights_(std::move(weights)),
+        taken_(std::move(taken)) {
     if (parts < 1) throw std::invalid_argument("recompute: parts must be at least 1");
   }
   const char* name() const override { return "RecomputeBackward"; }
@@ -61,32 +62,24 @@ class RecomputeBackward final : public Node {
   // its first node has run: see Node::apply_taking. In slices, every
   // slice reads it: it stays to the end.)
   std::vector<Tensor> apply_taking(Tensor grad) override {
-    // (The weights' copies for all of this backward: recompute.h.)
+    const Tensor plus = std::move(plus_);  // (taken for this call only, whatever happens)
+    const bool plus_owned = sum_so_far_owned;
+    // The weights' copies for its run again, in one pass (recompute.h),
+    // which the run again lets go once it has run: from then on the
+    // products that read them hold theirs (and a segment recorded within
+    // it the copies it took), as when each product converted its own.
     std::optional<AutocastWeights> copies;
     if (!weights_.empty()) {
       AutocastGuard mode(autocast_);
-      copies.emplace(weights_);
+      copies.emplace(weights_, std::move(taken_));
     }
-    std::vector<Tensor> grads = backward(std::move(grad));
-    if (copies) copies->release(weights_);
-    return grads;
-  }
-  void release_saved() override {
-    x_.reset();
-    stashed_.reset();
-    plus_ = Tensor();
-  }
-
- private:
-  std::vector<Tensor> backward(Tensor grad) {
-    const Tensor plus = std::move(plus_);  // (taken for this call only, whatever happens)
-    const bool plus_owned = sum_so_far_owned;
+    AutocastWeights* const made = copies ? &*copies : nullptr;
     Tensor x = (stashed_ ? stashed_->get() : x_.get()).detach();
     const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
     if (parts_ > 1 && rows > 1) {
-      return apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows));
+      return apply_in_parts(x, grad, plus, plus_owned, std::min(parts_, rows), made);
     }
-    const bool ran = run_again(x, std::move(grad), plus, plus_owned);
+    const bool ran = run_again(x, std::move(grad), plus, plus_owned, made);
     // (Nothing in the segment needs gradients: the sum so far stands.)
     if (!ran) return {plus};
     if (!x_requires_grad_) return {Tensor()};
@@ -94,15 +87,24 @@ class RecomputeBackward final : public Node {
     // nothing: its gradient is the sum so far alone.)
     return {x.grad().defined() ? x.grad() : plus};
   }
+  void release_saved() override {
+    x_.reset();
+    stashed_.reset();
+    plus_ = Tensor();
+    weights_.clear();
+    taken_.clear();
+  }
 
+ private:
   // The segment run again on `x` (a detached input, made a leaf that
   // wants gradients where the first one did) and its backward from `grad`,
   // `plus` (may be undefined) x's gradient so far from outside the
   // segment (fold_into_input0), which x's gradient may be written over
   // where `plus_writable` (run_backward_from's leaf_sum_writable); false
-  // when nothing in it needs gradients.
-  bool run_again(Tensor& x, Tensor grad, const Tensor& plus = Tensor(),
-                 bool plus_writable = false) {
+  // when nothing in it needs gradients. `copies` (may be null): the
+  // weights' copies, let go once the segment has run again.
+  bool run_again(Tensor& x, Tensor grad, const Tensor& plus, bool plus_writable,
+                 AutocastWeights* copies) {
     if (x_requires_grad_) x.set_requires_grad(true);
     Tensor out;
     {
@@ -111,6 +113,7 @@ class RecomputeBackward final : public Node {
       AutocastGuard autocast(autocast_);
       out = segment_(x, /*replay=*/true);
     }
+    if (copies) copies->release();
     // The input the next segment in backward needs comes in from host
     // memory (host_offload.h) while this one's backward runs, the whole of
     // it, to hide the copy: fetched once the block's MLP had run its
@@ -155,8 +158,9 @@ class RecomputeBackward final : public Node {
   // gradient at its peak; and the slice's first operator on x (the MLP's
   // layer norm) writes it there itself, where a copy after would be one
   // more pass (12 MiB each way a slice of a GPT MLP).
+  // `copies` as run_again's: let go after the last slice has run again.
   std::vector<Tensor> apply_in_parts(const Tensor& x, const Tensor& grad, const Tensor& plus,
-                                     bool plus_owned, int64_t parts) {
+                                     bool plus_owned, int64_t parts, AutocastWeights* copies) {
     const int64_t rows = x.size(0);
     if (grad.dim() == 0 || grad.size(0) != rows) {
       throw std::logic_error("recomputed segment in parts: its gradient " + grad.shape_str() +
@@ -175,7 +179,7 @@ class RecomputeBackward final : public Node {
         std::optional<GradientReadyGuard> not_yet;
         if (part + 1 < parts) not_yet.emplace(GradientReadyHook());
         if (!run_again(xs, grad.narrow(0, first, count).contiguous(), plus_slice,
-                       gathered_into_plus)) {
+                       gathered_into_plus, part + 1 == parts ? copies : nullptr)) {
           // (What needs gradients does not change between slices.)
           if (part > 0) throw std::logic_error("recomputed segment: a slice needs no gradients");
           return {plus};
@@ -211,8 +215,19 @@ class RecomputeBackward final : public Node {
   std::optional<DType> autocast_;
   int64_t parts_;
   std::vector<Tensor> weights_;  // (parameters: the module holds them too)
+  // Copies of weights_ made for the run again this was recorded in.
+  std::vector<std::pair<Tensor, Tensor>> taken_;
   Tensor plus_;                  // fold_into_input0's, until apply
 };
+
+// The copies of `weights` that a run again in backward made (an enclosing
+// segment's, recompute.h), for a segment recorded within it to take: none
+// in forward, where the step's copies would be held until backward.
+std::vector<std::pair<Tensor, Tensor>> take_copies(const std::vector<Tensor>& weights) {
+  const AutocastWeights* copies = autocast_weights();
+  if (weights.empty() || !in_backward() || !copies) return {};
+  return copies->copies_of(weights);
+}
 
 }  // namespace
 
@@ -232,7 +247,7 @@ Tensor recompute_in_backward(const Segment& segment, const Tensor& x, OffloadSlo
   // gradients, the segment's parameters may.
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, std::move(stashed), std::move(*random),
-                                             autocast, parts, weights),
+                                             autocast, parts, weights, take_copies(weights)),
          {&x});
   return out;
 }
@@ -246,7 +261,8 @@ Tensor record_for_backward(const Segment& segment, const Tensor& x, const Segmen
   Tensor out = empty(output.sizes, output.options);
   record(out,
          std::make_shared<RecomputeBackward>(segment, x, nullptr, std::move(*random),
-                                             autocast_dtype(x.device()), parts, weights),
+                                             autocast_dtype(x.device()), parts, weights,
+                                             take_copies(weights)),
          {&x});
   return out;
 }

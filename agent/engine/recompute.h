@@ -55,13 +55,14 @@ using Segment = std::function<Tensor(const Tensor& x, bool replay)>;
 //
 // `weights`: the parameters the segment's products multiply. Under
 // autocast their bfloat16 copies (autocast.h: AutocastWeights) are made in
-// one pass as its backward starts and read by its run again, each of its
-// slices and the segments recorded within it, which find them there and
-// make none; once its backward has run they go, from every scope that
-// holds them (a segment owns its parameters: nothing reads them again
-// before the optimizer writes them). A GPT block recomputed whole with its
-// MLP in slices then converts its weights once, not three times (its
-// attention's, then each slice's MLP's), the same bits.
+// one pass as its backward starts, read by its run again (all its slices)
+// and let go once it has run: the products that read them hold theirs
+// from then on, as when each converted its own. A segment recorded
+// within a run again takes its weights' copies from there for its own
+// backward, which then makes none. A GPT block recomputed whole with its
+// MLP in slices converts its weights once, not three times (its
+// attention's, then each slice's MLP's), the same bits, with no more
+// memory held at its backward's peak.
 Tensor recompute_in_backward(const Segment& segment, const Tensor& x,
                              OffloadSlot* offload = nullptr, int64_t parts = 1,
                              const std::vector<Tensor>& weights = {});

@@ -182,11 +182,12 @@ TEST_F(CudaWeightCopies, ABlockThatRecomputesLetsItsCopiesGoAfterItsForward) {
   EXPECT_EQ(run(Recompute::BlockButAttention), kept);
 }
 
-// A recomputed segment given its weights (recompute.h) copies them as its
-// backward starts: its run again reads those copies, and so does each
-// slice of a segment recorded within it, which makes none of its own; the
-// gradients are the bits of products that convert their own weights; once
-// backward is over no scope holds a copy.
+// A recomputed segment given its weights (recompute.h) copies them in one
+// pass as its backward starts, under the autocast mode of its forward
+// (backward runs outside it here): its run again reads those copies and
+// lets them go, and a segment recorded within it takes its own weights'
+// copies from there, which each of its slices reads, making none; the
+// gradients are the bits of products that convert their own weights.
 TEST_F(CudaWeightCopies, ARecomputedSegmentCopiesItsWeightsOnceForItsWholeBackward) {
   const Device cuda = Device::cuda();
   manual_seed(45);
@@ -194,17 +195,24 @@ TEST_F(CudaWeightCopies, ARecomputedSegmentCopiesItsWeightsOnceForItsWholeBackwa
   const Tensor w2 = randn({16, 16}).to(cuda).set_requires_grad(true);
   const Tensor x = randn({8, 16}).to(cuda).set_requires_grad(true);
   const Tensor step = zeros({}, {DType::Int64, cuda});
-  // Where each run again found the copies it read (null: none).
+  // The copy a run again found for `w` (null: none).
   auto found = [](const Tensor& w) -> const void* {
     const AutocastWeights* copies = autocast_weights();
     const Tensor* copy = copies ? copies->find(w) : nullptr;
     return copy ? copy->raw_data() : nullptr;
   };
-  auto run = [&](bool given, std::vector<const void*>& outer_saw,
-                 std::vector<const void*>& slices_saw) {
+  struct Seen {
+    std::vector<const void*> outer;   // w1's and w2's copies, as the run again found them
+    std::vector<const void*> slices;  // w1's and w2's, as each slice of the inner one did
+    uint64_t passes = 0;              // conversion passes in backward
+  };
+  auto run = [&](bool given, Seen& seen) {
     std::optional<SegmentOutput> inner_out;
     const Segment inner = [&](const Tensor& in, bool replay) {
-      if (replay) slices_saw.push_back(found(w2));
+      if (replay) {
+        seen.slices.push_back(found(w1));
+        seen.slices.push_back(found(w2));
+      }
       return linear(in, w2, Tensor());
     };
     const Segment outer = [&](const Tensor& in, bool replay) {
@@ -214,37 +222,97 @@ TEST_F(CudaWeightCopies, ARecomputedSegmentCopiesItsWeightsOnceForItsWholeBackwa
         inner_out = SegmentOutput{m.sizes(), m.options()};
         return m;
       }
-      outer_saw = {found(w1), found(w2)};
+      seen.outer = {found(w1), found(w2)};
       return record_for_backward(inner, h, *inner_out, 2,
                                  given ? std::vector<Tensor>{w2} : std::vector<Tensor>{});
     };
     for (Tensor t : {w1, w2, x}) t.set_grad(Tensor());
+    StepRandom random(5, step);
+    Tensor out;
     {
       AutocastGuard autocast(DType::BFloat16);
-      StepRandom random(5, step);
-      const Tensor out = recompute_in_backward(
-          outer, x, nullptr, 1, given ? std::vector<Tensor>{w1, w2} : std::vector<Tensor>{});
-      sum(out).backward();
+      out = recompute_in_backward(outer, x, nullptr, 1,
+                                  given ? std::vector<Tensor>{w1, w2} : std::vector<Tensor>{});
     }
+    const uint64_t before = AutocastWeights::passes_on_this_thread();
+    sum(out).backward();
+    seen.passes = AutocastWeights::passes_on_this_thread() - before;
     EXPECT_EQ(autocast_weights(), nullptr);
     std::vector<std::vector<float>> grads;
-    for (const Tensor& t : {w1, w2, x})
+    for (const Tensor& t : {w1, w2, x}) {
       grads.push_back(t.grad().to(Device::cpu()).to_vector<float>());
+    }
     return grads;
   };
-  std::vector<const void*> outer_saw, slices_saw;
-  const auto own = run(false, outer_saw, slices_saw);
-  EXPECT_EQ(outer_saw, (std::vector<const void*>{nullptr, nullptr}));
-  EXPECT_EQ(slices_saw, (std::vector<const void*>{nullptr, nullptr}));
-  outer_saw.clear();
-  slices_saw.clear();
-  const auto shared = run(true, outer_saw, slices_saw);
-  ASSERT_EQ(outer_saw.size(), 2u);
-  EXPECT_NE(outer_saw[0], nullptr);
-  EXPECT_NE(outer_saw[1], nullptr);
-  EXPECT_EQ(slices_saw, (std::vector<const void*>{outer_saw[1], outer_saw[1]}))
-      << "each slice reads the copy its enclosing segment made";
-  EXPECT_EQ(shared, own);
+  Seen own, shared;
+  const auto own_grads = run(false, own);
+  EXPECT_EQ(own.outer, (std::vector<const void*>{nullptr, nullptr}));
+  EXPECT_EQ(own.slices, (std::vector<const void*>(4, nullptr)));
+  EXPECT_EQ(own.passes, 0u);
+  EXPECT_EQ(run(true, shared), own_grads);
+  EXPECT_EQ(shared.passes, 1u);
+  ASSERT_EQ(shared.outer.size(), 2u);
+  EXPECT_NE(shared.outer[0], nullptr);
+  EXPECT_NE(shared.outer[1], nullptr);
+  const void* w2_copy = shared.outer[1];
+  EXPECT_EQ(shared.slices, (std::vector<const void*>{nullptr, w2_copy, nullptr, w2_copy}))
+      << "each slice reads the copy of its own weight taken from the run again, whose other "
+         "copies went once it had run";
+}
+
+// A transformer block names its weights at each segment it records: one
+// conversion pass a recomputed segment that is not within another (the
+// attention's and the MLP's in halves: two), whatever its level and its
+// MLP's slices, with the gradients of the block that keeps everything.
+TEST_F(CudaWeightCopies, ARecomputedBlockCopiesItsWeightsOncePerSegment) {
+  const Device cuda = Device::cuda();
+  using Recompute = nn::TransformerBlock::Recompute;
+  auto run = [&](Recompute level, int64_t parts, uint64_t& passes) {
+    manual_seed(46);
+    nn::TransformerBlock block(64, 4, 0.1, 2);
+    block.to(cuda);
+    block.set_recompute(level);
+    block.set_mlp_parts(parts);
+    const Tensor x = randn({4, 24, 64}).to(cuda);
+    const Tensor step = zeros({}, {DType::Int64, cuda});
+    StepRandom random(6, step);
+    Tensor out;
+    {
+      AutocastGuard autocast(DType::BFloat16);
+      AutocastWeights copies(block.product_parameters());
+      out = block(x);
+      copies.release();
+      const uint64_t before = AutocastWeights::passes_on_this_thread();
+      sum(out).backward();
+      passes = AutocastWeights::passes_on_this_thread() - before;
+    }
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& p : block.parameters()) {
+      grads.push_back(p.grad().to(Device::cpu()).to_vector<float>());
+    }
+    return grads;
+  };
+  uint64_t passes = 0;
+  const auto kept = run(Recompute::None, 1, passes);
+  EXPECT_EQ(passes, 0u);
+  const struct {
+    Recompute level;
+    int64_t parts;
+    uint64_t passes;
+  } cases[] = {{Recompute::Mlp, 1, 1},   {Recompute::Mlp, 2, 1},
+               {Recompute::Halves, 1, 2}, {Recompute::BlockButAttention, 1, 1},
+               {Recompute::Block, 1, 1}, {Recompute::Block, 2, 1},
+               {Recompute::BlockInHalves, 2, 1}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE("level " + std::to_string(static_cast<int>(c.level)) + ", MLP in " +
+                 std::to_string(c.parts));
+    const auto grads = run(c.level, c.parts, passes);
+    EXPECT_EQ(passes, c.passes);
+    // (Slices sum the weights' gradients in parts: within rounding.)
+    if (c.parts == 1) {
+      EXPECT_EQ(grads, kept);
+    }
+  }
 }
 
 }  // namespace
