@@ -1,5 +1,5 @@
 // What the CUDA attention kernels share, the float32/float64 ones
-// (transformer.cu) and the bfloat16 tensor-core ones (attention_bf16.cu):
+// (attention.cu) and the bfloat16 tensor-core ones (attention_bf16.cu):
 // the grid, the padded head sizes and backward's row dot products.
 #pragma once
 

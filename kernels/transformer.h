@@ -101,18 +101,23 @@ inline AttentionLayout packed_attention(int64_t heads_per_batch, int64_t t, int6
                           double scale, bool causal);                                         \
   }
 
-// Explicit instantiations, expanded in transformer_cpu.cpp and transformer.cu.
-#define LEASEHOLD_TRANSFORMER_INSTANCES(T)                                                        \
+// Explicit instantiations: layer norm's (layer_norm.cu), attention's
+// (attention.cu), both (transformer_cpu.cpp).
+#define LEASEHOLD_LAYER_NORM_INSTANCES(T)                                                         \
   template void layer_norm_forward<T>(Stream, T*, T*, T*, const T*, const T*, const T*, int64_t, \
                                       int64_t, double);                                         \
   template void layer_norm_backward<T>(Stream, T*, const T*, T*, T*, T*, const T*, const T*,     \
-                                       const T*, const T*, const T*, int64_t, int64_t);         \
+                                       const T*, const T*, const T*, int64_t, int64_t);
+#define LEASEHOLD_ATTENTION_INSTANCES(T)                                                          \
   template void attention_forward<T>(Stream, T*, T*, const T*, const T*, const T*,              \
                                      const AttentionLayout&, int64_t, int64_t, int64_t, double,   \
                                      bool);                                                     \
   template void attention_backward<T>(Stream, T*, T*, T*, T*, const T*, const T*, const T*,      \
                                       const T*, const T*, const T*, const AttentionLayout&,      \
                                       int64_t, int64_t, int64_t, double, bool);
+#define LEASEHOLD_TRANSFORMER_INSTANCES(T) \
+  LEASEHOLD_LAYER_NORM_INSTANCES(T)        \
+  LEASEHOLD_ATTENTION_INSTANCES(T)
 
 LEASEHOLD_TRANSFORMER_KERNELS(cpu)
 #ifdef LEASEHOLD_HAVE_CUDA
