@@ -136,14 +136,7 @@ struct Conv2dBackward final : Node {
           int64_t count = std::min(nb, geo.n - n0);
           kIm2col<T>.run(X.device(), col.data<T>(), X.data<T>() + n0 * image,
                          chunk_of(geo, count));
-          kernels::GemmShape s;
-          s.trans_b = true;
-          s.m = O;
-          s.n = CKK;
-          s.k = L;
-          s.lda = L;
-          s.ldb = L;
-          s.ldc = CKK;
+          kernels::GemmShape s = detail::gemm_shape(false, true, O, CKK, L);
           s.batch = count;
           s.stride_a = O * L;
           s.stride_b = CKK * L;
@@ -160,14 +153,7 @@ struct Conv2dBackward final : Node {
         gx = empty(X.sizes(), X.options());
         for (int64_t n0 = 0; n0 < geo.n; n0 += nb) {
           int64_t count = std::min(nb, geo.n - n0);
-          kernels::GemmShape s;
-          s.trans_a = true;
-          s.m = CKK;
-          s.n = L;
-          s.k = O;
-          s.lda = CKK;
-          s.ldb = L;
-          s.ldc = L;
+          kernels::GemmShape s = detail::gemm_shape(true, false, CKK, L, O);
           s.batch = count;
           s.stride_a = 0;
           s.stride_b = O * L;
@@ -334,13 +320,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, int64_
       int64_t count = std::min(nb, geo.n - n0);
       kIm2col<T>.run(x.device(), col.data<T>(), x.data<T>() + n0 * image, chunk_of(geo, count));
       // out[n] = W [O, CKK] · col[n] [CKK, L]; W is shared by the batch.
-      kernels::GemmShape s;
-      s.m = O;
-      s.n = L;
-      s.k = CKK;
-      s.lda = CKK;
-      s.ldb = L;
-      s.ldc = L;
+      kernels::GemmShape s = detail::gemm_shape(false, false, O, L, CKK);
       s.batch = count;
       s.stride_a = 0;
       s.stride_b = CKK * L;
