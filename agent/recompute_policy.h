@@ -51,9 +51,9 @@
 //   gradient, 48 MiB each, live at once), and slices keep half of them at
 //   a time, for products of half the rows and no bytes over the host link;
 //   the last block's backward comes first, while the most of the other
-//   blocks' inputs are still held (on the device, or fetched back). The weights' gradients are
-//   then sums over the slices, within rounding of the whole batch's (the
-//   steps before keep the bits). (Four slices kept less again, but their
+//   blocks' inputs are still held (on the device, or fetched back). The
+//   weights' gradients are then sums over the slices, within rounding of
+//   the whole batch's (the steps before keep the bits). (Four slices kept less again, but their
 //   products and launches cost the GPT job 7 points of its speed at 30%
 //   of its peak.)
 // - The input of the block before the last: backward fetches it as soon

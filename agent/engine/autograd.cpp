@@ -48,23 +48,26 @@ class AccumulateGrad final : public Node {
     // (Summed in place by the node that sent it, in this backward: what
     // gradient_to_add_into handed out, come back. The leaf's gradient may
     // have been replaced meanwhile by a sum that includes it.)
-    const bool summed = added_in_backward_ == t_backward.id && !added_in_place_.expired() &&
-                        added_in_place_.lock() == incoming.impl();
+    const bool summed =
+        added_in_backward_ == t_backward.id && added_in_place_.lock() == incoming.impl();
     added_in_place_.reset();
     added_in_backward_ = 0;
-    if (summed) {
-    } else if (!leaf.grad().defined()) {
-      // Adopt the buffer when nothing else references it; else copy, so that
-      // two leaves never share one gradient buffer. (A leaf whose sum so
-      // far was given up takes its gradient written over that sum, whose
-      // memory its caller gathers into: recompute.cpp.)
-      const bool given = leaf_.get() == t_backward.given_sum_leaf && incoming.is_contiguous() &&
-                         incoming.impl()->storage.get() == t_backward.given_sum;
-      const bool sole = given || (incoming.impl().use_count() <= 2 && incoming.is_contiguous() &&
-                                  incoming.impl()->storage.use_count() == 1);
-      leaf.set_grad(sole ? incoming.detach() : incoming.clone().detach());
-    } else {
-      leaf.set_grad(accumulate(leaf.grad(), incoming).detach());
+    if (!summed) {
+      if (!leaf.grad().defined()) {
+        // Adopt the buffer when nothing else references it; else copy, so
+        // that two leaves never share one gradient buffer. (A leaf whose
+        // sum so far was given up takes its gradient written over that
+        // sum, whose memory its caller gathers into: recompute.cpp.)
+        const bool given = leaf_.get() == t_backward.given_sum_leaf &&
+                           incoming.is_contiguous() &&
+                           incoming.impl()->storage.get() == t_backward.given_sum;
+        const bool sole =
+            given || (incoming.impl().use_count() <= 2 && incoming.is_contiguous() &&
+                      incoming.impl()->storage.use_count() == 1);
+        leaf.set_grad(sole ? incoming.detach() : incoming.clone().detach());
+      } else {
+        leaf.set_grad(accumulate(leaf.grad(), incoming).detach());
+      }
     }
     if (t_gradient_ready) t_gradient_ready(leaf);
     return {};

@@ -161,12 +161,12 @@ Adam::Adam(nn::NamedTensors params, AdamOptions o) : Optimizer(std::move(params)
   v_.resize(params_.size());
   on_host_.resize(params_.size(), 0);
   // The moments of every parameter (each requires grad: the base checks)
-  // are made now, beside the parameters, before any step's tensors
-  // exist: made at the first update
-  // (as PyTorch does), they landed among that step's gradients and
-  // scratch, and the job's pages of the GPT (127 MiB of parameters and
-  // state) held 70 of 2 MiB, six more than they fill, which made a 404 MiB
-  // budget send one block's input more to host memory (paged_resource.h).
+  // are made now, beside the parameters, before any step's tensors exist:
+  // made at the first update (as PyTorch does), they landed among that
+  // step's gradients and scratch, and the job's pages of the GPT (127 MiB
+  // of parameters and state) held 70 of 2 MiB, six more than they fill,
+  // which made a 404 MiB budget send one block's input more to host memory
+  // (paged_resource.h).
   for (size_t i = 0; i < params_.size(); ++i) {
     m_[i] = new_state(i);
     v_[i] = new_state(i);
