@@ -92,16 +92,35 @@ uint64_t PagedResource::unshown(uint64_t offset, uint64_t size) const {
   return n;
 }
 
-std::optional<uint64_t> PagedResource::fewer_unshown(uint64_t need, uint64_t than) const {
+std::optional<uint64_t> PagedResource::fewer_unshown(uint64_t need, uint64_t than,
+                                                     bool inside) const {
+  // Within a free range, not only its ends: where a freed arena's pages
+  // lie between ranges that show none (its neighbours were freed too),
+  // the range starting on its first page shows them all. (Prefix counts of
+  // unshown pages: each start costs two reads.)
+  const Window& w = *window_;
+  const uint64_t page = w.pages->page_size();
+  std::vector<uint64_t> before(w.chunk.size() + 1, 0);  // unshown pages in [0, p)
+  for (size_t p = 0; p < w.chunk.size(); ++p) before[p + 1] = before[p] + (w.chunk[p] == 0);
+  auto unshown_at = [&](uint64_t at) {
+    const auto [first, last] = pages_of(at, need);
+    return before[last + 1] - before[first];
+  };
   std::optional<uint64_t> best;
-  for (const PoolAllocator::Block& b : window_->blocks.free_blocks()) {
+  auto consider = [&](uint64_t at) {
+    const uint64_t n = unshown_at(at);
+    if (n >= than) return false;
+    best = at;
+    than = n;
+    return n == 0;
+  };
+  for (const PoolAllocator::Block& b : w.blocks.free_blocks()) {
     if (b.size < need) continue;
-    for (uint64_t at : {b.offset, b.offset + b.size - need}) {
-      const uint64_t n = unshown(at, need);
-      if (n >= than) continue;
-      best = at;
-      than = n;
-      if (n == 0) return best;
+    const uint64_t last_start = b.offset + b.size - need;
+    if (consider(b.offset) || consider(last_start)) return best;
+    if (!inside) continue;
+    for (uint64_t at = (b.offset / page + 1) * page; at < last_start; at += page) {
+      if (consider(at)) return best;
     }
   }
   return best;
@@ -118,15 +137,16 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
   }
   // Best fit on addresses may land where no page shows; another free range
   // may be a hole whose pages still show (no mapping call, no page taken).
+  // (Searched with its own range free again: the best place may overlap it.)
   if (const uint64_t n = unshown(block->offset, block->size); n > 0) {
-    if (auto at = fewer_unshown(block->size, n)) {
-      w.blocks.free(block->offset);
-      auto there = w.blocks.allocate_at(*at, need);  // free a moment ago: it is there
-      block = there ? there : w.blocks.allocate(need, end);
-      if (!block) {  // cannot be: the range it left is free again
-        why = "the job's window lost a range it had just freed";
-        return nullptr;
-      }
+    const uint64_t first_choice = block->offset, size = block->size;
+    w.blocks.free(first_choice);
+    const std::optional<uint64_t> at = fewer_unshown(size, n, /*inside=*/!from_top(need));
+    auto there = w.blocks.allocate_at(at ? *at : first_choice, need);  // free: it is there
+    block = there ? there : w.blocks.allocate(need, end);
+    if (!block) {  // cannot be: the range it left is free again
+      why = "the job's window lost a range it had just freed";
+      return nullptr;
     }
   }
   const auto [first, last] = pages_of(block->offset, block->size);
@@ -147,7 +167,15 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
   size_t k = 0;  // chunks[k..] are not shown yet
   try {
     if (!missing.empty()) {
+      const uint64_t held_before = pages_.held_bytes();
       chunks = free_only ? pages_.take_free(missing.size()) : pages_.take(missing.size(), why);
+      if (chunks && pages_.held_bytes() > held_before) {
+        spdlog::debug("job memory: {} more leased for {} (pages missing {}, live {}, held {}, "
+                      "idle shown pages {})",
+                      format_bytes(pages_.held_bytes() - held_before), format_bytes(need),
+                      missing.size(), format_bytes(live_), format_bytes(pages_.held_bytes()),
+                      idle_shown_);
+      }
       if (!chunks && !free_only && idle_shown_ > 0 && !pages_.lost()) {
         hide_idle(missing.size() - std::min<uint64_t>(missing.size(), pages_.free_pages()),
                   first, last);

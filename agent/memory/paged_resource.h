@@ -122,9 +122,11 @@ class PagedResource final : public MemoryResource {
   // Pages of [offset, offset + size) that show nothing. REQUIRES: mu_ held.
   uint64_t unshown(uint64_t offset, uint64_t size) const;
   // A free range of `need` bytes that needs fewer than `than` pages shown
-  // (a hole whose pages still show), at either end of a free block; nullopt
-  // when there is none. REQUIRES: mu_ held.
-  std::optional<uint64_t> fewer_unshown(uint64_t need, uint64_t than) const;
+  // (a hole whose pages still show), the fewest of any: at either end of a
+  // free block or, with `inside`, on a page boundary within it (not for
+  // small tensors, kept at the window's top end); nullopt when there is
+  // none. REQUIRES: mu_ held.
+  std::optional<uint64_t> fewer_unshown(uint64_t need, uint64_t than, bool inside = true) const;
   // Hides pages no live tensor touches, after the fence, so their chunks
   // are free again: at least `want` (when there are), and with `spare`
   // half of the rest with them, so the next shortage does not wait for the

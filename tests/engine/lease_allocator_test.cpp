@@ -461,6 +461,33 @@ TEST_F(LeaseAllocatorTest, ReusingIdlePagesKeepsTheLeasesAndAddsNone) {
   alloc.deallocate(kept, 2ull << 20);
 }
 
+// A freed tensor's pages still show where free ranges that show none lie
+// on both sides of it (one freed and hidden before it, the window's unused
+// rest after): the next tensor of its size lands on them, not at either
+// end of that one free range, and needs no page (a step's arena given up,
+// then the epoch's last, smaller step run op by op in its place).
+TEST_F(LeaseAllocatorTest, ATensorLandsOnShownPagesInsideAFreeRange) {
+  LeaseAllocatorOptions o;
+  o.lease_bytes = 16ull << 20;
+  LeaseAllocator alloc(*session, o);
+  void* below = alloc.allocate(4ull << 20);  // pages 0-3
+  void* freed = alloc.allocate(8ull << 20);  // pages 4-11
+  alloc.deallocate(below, 4ull << 20);
+  alloc.empty_cache();  // hides pages 0-3 (no tensor touches them)
+  alloc.deallocate(freed, 8ull << 20);  // one free range now: 0-3 hidden, 4-11 shown, the rest never
+  const E::AllocatorStats before = alloc.stats();
+  void* again = alloc.allocate(8ull << 20);
+  EXPECT_EQ(again, freed) << "it lands on the pages that still show";
+  EXPECT_EQ(alloc.stats().pages_mapped, before.pages_mapped) << "no page shown for it";
+  EXPECT_EQ(alloc.stats().peak_leased_bytes, before.peak_leased_bytes);
+  // A tensor a page longer lacks only that page there.
+  alloc.deallocate(again, 8ull << 20);
+  void* longer = alloc.allocate(9ull << 20);
+  EXPECT_EQ(alloc.stats().pages_mapped, before.pages_mapped + 1);
+  std::memset(longer, 3, 9ull << 20);
+  alloc.deallocate(longer, 9ull << 20);
+}
+
 // Under a full budget the range the arena lacks fewest pages in may have
 // no idle page outside it: hiding only what it lacks would reach into the
 // range itself. Then every idle page is hidden, and the arena lands where
