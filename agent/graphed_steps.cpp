@@ -104,7 +104,12 @@ uint64_t GraphedSteps::release_idle() {
   // graph's own loss, which nothing else holds.
   const bool loss_alone = loss_.defined() && loss_.impl().use_count() == 1 &&
                           loss_.impl()->storage.use_count() == 1;
-  if (graph_->pool_tensors() > (loss_alone ? 1u : 0u)) return 0;
+  if (graph_->pool_tensors() > (loss_alone ? 1u : 0u)) {
+    spdlog::debug("the step's CUDA graph keeps its memory: {} of its tensors are alive ({}){}",
+                  graph_->pool_tensors(), graph_->describe_pool_tensors(),
+                  loss_alone ? ", the loss among them" : "");
+    return 0;
+  }
   const uint64_t bytes = graph_->pool_bytes();
   forget_graph();  // (waits for its last launch)
   ++releases_;

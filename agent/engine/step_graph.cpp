@@ -183,14 +183,7 @@ void GraphPool::plan() {
     if (spdlog::should_log(spdlog::level::debug) && !blocks.empty()) {
       std::vector<std::string> made_in;
       made_in.reserve(trace_.size());
-      for (const Traced& t : trace_) {
-        if (*t.node != '\0') {
-          made_in.push_back(fmt::format("in {}'s backward", t.node));
-        } else {
-          made_in.push_back(t.in_backward ? "in backward, by its engine (a sum)"
-                                          : "outside backward (forward or the update)");
-        }
-      }
+      for (const Traced& t : trace_) made_in.push_back(where_made(t));
       spdlog::debug("graph pool: in the traced step, {}",
                     describe_peak(blocks, made_in, events_));
     }
@@ -248,6 +241,32 @@ uint64_t GraphPool::peak_live_bytes() const {
 size_t GraphPool::live_allocations() const {
   std::lock_guard lock(mu_);
   return traced_live_.size() + arena_live_.size();
+}
+
+std::string GraphPool::where_made(const Traced& t) {
+  if (*t.node != '\0') return fmt::format("in {}'s backward", t.node);
+  return t.in_backward ? "in backward, by its engine (a sum)"
+                       : "outside backward (forward or the update)";
+}
+
+std::string GraphPool::describe_live() const {
+  std::lock_guard lock(mu_);
+  // (size, where made) -> the trace's events that made them
+  std::map<std::pair<uint64_t, std::string>, std::vector<uint64_t>, std::greater<>> live;
+  for (const auto* places : {&traced_live_, &arena_live_}) {
+    for (const auto& [place, i] : *places) {
+      live[{trace_[i].bytes, where_made(trace_[i])}].push_back(trace_[i].first);
+    }
+  }
+  std::string out;
+  for (auto& [key, events] : live) {
+    std::sort(events.begin(), events.end());
+    std::string at;
+    for (uint64_t e : events) at += (at.empty() ? "" : ", ") + std::to_string(e);
+    out += fmt::format("{}{} x {} (made {}, events {} of {})", out.empty() ? "" : ", ",
+                       events.size(), format_bytes(key.first), key.second, at, events_);
+  }
+  return out;
 }
 
 StepGraph::StepGraph(Device device, std::function<void()> step,

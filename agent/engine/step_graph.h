@@ -81,6 +81,9 @@ class GraphPool final : public Allocator {
   uint64_t peak_live_bytes() const;
   // Tensors it made that are alive now.
   size_t live_allocations() const;
+  // Those tensors for the debug log, largest first: "2 x 12.00 MiB (made
+  // in LinearBackward's backward, events 240 and 251 of 758), ...".
+  std::string describe_live() const;
 
  private:
   enum class Phase { Tracing, Planned, Capturing, Captured };
@@ -93,6 +96,7 @@ class GraphPool final : public Allocator {
     const char* node;
     bool in_backward;
   };
+  static std::string where_made(const Traced& t);  // "in LinearBackward's backward"...
   std::shared_ptr<Allocator> upstream_;
   mutable std::mutex mu_;
   Phase phase_ = Phase::Tracing;                      // GUARDED_BY(mu_)
@@ -145,6 +149,8 @@ class StepGraph {
   uint64_t pool_bytes() const { return pool_ ? pool_->held_bytes() : 0; }
   // Tensors in that memory alive now.
   size_t pool_tensors() const { return pool_ ? pool_->live_allocations() : 0; }
+  // Which they are (GraphPool::describe_live).
+  std::string describe_pool_tensors() const { return pool_ ? pool_->describe_live() : ""; }
 
  private:
   // Traces the step, then captures it; false (why_not_ set) on failure,
