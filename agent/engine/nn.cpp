@@ -416,9 +416,12 @@ void Sequential::push_back(std::shared_ptr<Module> layer) {
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    if (i + 1 < layers_.size() && dynamic_cast<const ReLU*>(layers_[i + 1].get())) {
+    const Module* next = i + 1 < layers_.size() ? layers_[i + 1].get() : nullptr;
+    if (dynamic_cast<const ReLU*>(next)) {
       h = layers_[i]->forward_then_relu(h);
       ++i;
+    } else if (next && next->reads_input_through_product()) {
+      h = layers_[i]->forward_lower_precision(h);
     } else {
       h = layers_[i]->forward(h);
     }

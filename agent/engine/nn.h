@@ -29,6 +29,19 @@ class Module {
   // relu(forward(x)); layers that can fuse the ReLU into their own kernels
   // override it. Sequential calls it for a layer followed by a ReLU.
   virtual Tensor forward_then_relu(const Tensor& x);
+  // forward(x), its output kept in autocast's lower precision where the
+  // layer can write it so (a product's or a norm's: ops.h, ProductOut);
+  // forward(x) for the others and without autocast. Sequential calls it
+  // for a layer followed by one that reads its input only through a
+  // product (below): that product would round it to bfloat16 anyway, so
+  // the forward's bits stay the same and the float32 output is never
+  // written (the GPT's final norm before its output head: a forward's peak
+  // where memory is short). The input's gradient then comes back in
+  // bfloat16, as PyTorch's autocast rounds it before the product.
+  virtual Tensor forward_lower_precision(const Tensor& x) { return forward(x); }
+  // Whether forward reads its input only as a product's operand (a linear
+  // layer's, an output head's), so a bfloat16 input is read as it is.
+  virtual bool reads_input_through_product() const { return false; }
   // "Linear(784 -> 256)" etc.
   virtual std::string describe() const = 0;
 
@@ -70,7 +83,8 @@ class Linear final : public Module {
   // forward(x), kept in bfloat16 under autocast for a product that reads
   // it next or a branch that add_dropout adds to the residual stream
   // (ops.h: ProductOut); float32 otherwise.
-  Tensor forward_lower_precision(const Tensor& x);
+  Tensor forward_lower_precision(const Tensor& x) override;
+  bool reads_input_through_product() const override { return true; }
   // gelu(forward(x)), fused under autocast (ops.h: linear_gelu).
   Tensor forward_then_gelu(const Tensor& x);
   std::string describe() const override;
@@ -158,6 +172,7 @@ class TiedOutput final : public Module {
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
   std::vector<Tensor> product_parameters() const override { return {embedding_->weight()}; }
+  bool reads_input_through_product() const override { return true; }
 
  private:
   std::shared_ptr<Embedding> embedding_;
@@ -169,7 +184,7 @@ class LayerNorm final : public Module {
   Tensor forward(const Tensor& x) override;  // over the last dimension
   // forward, in bfloat16 under autocast (ops.h: layer_norm), for an output
   // that only a product reads.
-  Tensor forward_lower_precision(const Tensor& x);
+  Tensor forward_lower_precision(const Tensor& x) override;
   std::string describe() const override;
 
  private:

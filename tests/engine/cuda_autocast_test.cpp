@@ -14,6 +14,7 @@
 #include "agent/engine/nn.h"
 #include "agent/engine/ops.h"
 #include "shared/device.h"
+#include "tests/engine/counting_allocator.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/recompute_check.h"
 
@@ -378,6 +379,62 @@ TEST_F(CudaAutocast, LayerNormWritesBFloat16ForProducts) {
       EXPECT_EQ(grads[0][i].dtype(), DType::Float32);
       EXPECT_EQ(grads[0][i].to_vector<float>(), grads[1][i].to_vector<float>());
     }
+  }
+}
+
+// A GPT's final norm before its output head, in a Sequential under
+// autocast: the norm writes bfloat16 for the head (the bits the head's own
+// conversion of a float32 output would give, so the same logits), and the
+// forward never holds the float32 output (rows x width x 4 bytes fewer at
+// its peak). The gradients are the float32 path's within bfloat16's
+// precision: the norm's output gradient comes back rounded, as in
+// PyTorch, where autocast casts before the product.
+TEST_F(CudaAutocast, AFinalNormFeedsTheOutputHeadInBFloat16) {
+  const int64_t rows = 512, dim = 64, vocab = 96;
+  manual_seed(43);
+  auto embedding = std::make_shared<nn::Embedding>(vocab, dim);
+  auto norm = std::make_shared<nn::LayerNorm>(dim);
+  auto head = std::make_shared<nn::TiedOutput>(embedding);
+  nn::Sequential model({norm, head});
+  embedding->to(Device::cuda());
+  norm->to(Device::cuda());
+  const Tensor x = randn({rows, dim}).to(Device::cuda());
+  const Tensor r = randn({rows, vocab}).to(Device::cuda());
+  std::vector<Tensor> params = norm->parameters();  // (the head's table is the embedding's)
+  params.push_back(embedding->weight());
+  auto counting = std::make_shared<CountingAllocator>(current_allocator(Device::cuda()));
+  AllocatorGuard counted(counting);
+  struct Run {
+    Tensor logits;
+    uint64_t peak;
+    std::vector<Tensor> grads;
+  };
+  auto run = [&](bool sequential) {
+    Run out;
+    for (Tensor p : params) p.set_grad(Tensor());
+    Tensor xi = x.clone().set_requires_grad(true);
+    counting->restart_peak();
+    const uint64_t before = counting->stats().in_use_bytes;
+    {
+      AutocastGuard autocast(DType::BFloat16);
+      out.logits = sequential ? model(xi) : head->forward(norm->forward(xi));
+    }
+    out.peak = counting->stats().peak_in_use_bytes - before;
+    sum(mul(out.logits, r)).backward();
+    out.grads = {xi.grad()};
+    for (const Tensor& p : params) out.grads.push_back(p.grad().clone());
+    return out;
+  };
+  const Run fused = run(true), plain = run(false);
+  EXPECT_EQ(fused.logits.dtype(), DType::Float32);
+  EXPECT_EQ(fused.logits.to_vector<float>(), plain.logits.to_vector<float>());
+  EXPECT_LE(fused.peak + static_cast<uint64_t>(rows * dim * 4), plain.peak)
+      << "the float32 output is never made";
+  ASSERT_EQ(fused.grads.size(), plain.grads.size());
+  for (size_t i = 0; i < fused.grads.size(); ++i) {
+    SCOPED_TRACE("gradient " + std::to_string(i));
+    EXPECT_EQ(fused.grads[i].dtype(), DType::Float32);
+    EXPECT_LE(relative_error(fused.grads[i], plain.grads[i]), 1e-2);
   }
 }
 

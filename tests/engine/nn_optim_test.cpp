@@ -421,6 +421,49 @@ TEST(Modules, ProductParametersAreWhatProductsMultiply) {
   EXPECT_TRUE(LayerNorm(8).product_parameters().empty());
 }
 
+// A Sequential asks a layer for its output in lower precision exactly when
+// the next layer reads its input only through a product (a linear layer,
+// an output head), and for a plain forward otherwise (the last layer, a
+// layer before a norm or a block). Without autocast both give the same.
+TEST(Modules, SequentialAsksForLowerPrecisionOnlyBeforeAProduct) {
+  struct Recording final : Module {
+    std::vector<std::string>* calls;
+    std::string name;
+    Recording(std::vector<std::string>* c, std::string n) : calls(c), name(std::move(n)) {}
+    Tensor forward(const Tensor& x) override {
+      calls->push_back(name + " forward");
+      return x;
+    }
+    Tensor forward_lower_precision(const Tensor& x) override {
+      calls->push_back(name + " lower");
+      return x;
+    }
+    std::string describe() const override { return name; }
+  };
+  std::vector<std::string> calls;
+  auto embedding = std::make_shared<Embedding>(16, 8);
+  Sequential model({std::make_shared<Recording>(&calls, "a"), std::make_shared<Linear>(8, 8),
+                    std::make_shared<Recording>(&calls, "b"), std::make_shared<LayerNorm>(8),
+                    std::make_shared<Recording>(&calls, "c"), std::make_shared<TiedOutput>(embedding),
+                    std::make_shared<Recording>(&calls, "d")});
+  const Tensor x = randn({3, 8});
+  const Tensor y = model(x);
+  EXPECT_EQ(calls, (std::vector<std::string>{"a lower", "b forward", "c lower", "d forward"}));
+  EXPECT_TRUE(Linear(8, 8).reads_input_through_product());
+  EXPECT_TRUE(TiedOutput(embedding).reads_input_through_product());
+  for (const auto& m : std::vector<std::shared_ptr<Module>>{
+           std::make_shared<LayerNorm>(8), std::make_shared<GELU>(), std::make_shared<Dropout>(0.1),
+           std::make_shared<TransformerBlock>(8, 2, 0.0, 1), embedding}) {
+    EXPECT_FALSE(m->reads_input_through_product()) << m->describe();
+  }
+  // On the CPU (no autocast) a norm's lower-precision output is its output.
+  LayerNorm norm(8);
+  const Tensor h = randn({5, 8});
+  EXPECT_EQ(norm.forward_lower_precision(h).dtype(), DType::Float32);
+  EXPECT_EQ(norm.forward_lower_precision(h).to_vector<float>(), norm.forward(h).to_vector<float>());
+  EXPECT_EQ(y.sizes(), (Shape{3, 16}));
+}
+
 // The CPU's pass over several tensors at once gives each the bits of its
 // own conversion, across tensor counts up to the most a launch takes and
 // lengths around its groups of eight; more tensors than that is an error.
