@@ -176,6 +176,7 @@ bool RecomputePolicy::tighten(bool working_set_over) {
       for (size_t i = first; i < last; ++i) {
         if (blocks_[i]->recompute() == from) {
           blocks_[i]->set_recompute(to);
+          if (to != Recompute::Mlp) offload_input(i);  // (see the top)
           return true;
         }
       }
@@ -210,6 +211,13 @@ int RecomputePolicy::mlp_slices() const {
   int64_t most = 1;
   for (const auto* b : blocks_) most = std::max(most, b->mlp_parts());
   return static_cast<int>(most);
+}
+
+void RecomputePolicy::offload_input(size_t i) {
+  // (Not the last two blocks: see offload_next.)
+  if (!offload_ || i + 2 >= blocks_.size()) return;
+  nn::TransformerBlock& b = *blocks_[i];
+  if (b.offload() == Offload::None) b.set_offload(Offload::Input);
 }
 
 bool RecomputePolicy::offload_next(bool before_slices) {

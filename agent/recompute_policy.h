@@ -16,13 +16,22 @@
 // third of its forward and frees more than half of its activations; the
 // whole block but its attention frees two thirds of the rest (all but
 // the block's input and the attention's output) for three fifths of the
-// rest's compute (at 50% of the GPT job's peak the policy ends at two
-// MLPs, three blocks but their attention and the last block recomputing
-// nothing); the attention's output goes last, at the
-// most compute per byte; moving the same activations to host memory and
+// rest's compute; the attention's output goes last, at the
+// most compute per byte. Moving the same activations to host memory and
 // back costs several steps on a PCIe link, so recomputing comes first
-// and spilling takes what is left once every block recomputes. Then come
-// the blocks' inputs in host memory and the MLPs in slices (below), and
+// and spilling takes what is left once every block recomputes. But where
+// blocks may keep their inputs in host memory (a CUDA job that may spill
+// to a host tier: agent/spill/host_tier.h), a block that comes to
+// recompute from its input (whole, but its attention or not) keeps that
+// input there from the same step on, all but the last two blocks
+// (engine/host_offload.h): one tensor a block, whose bytes are planned
+// over the host link while the step's kernels run (the step is still one
+// CUDA graph, where spilling moves bytes op by op and waits for them),
+// costs less than the next block's recompute. At 50% of the GPT job's
+// peak the policy then ends at three MLPs and two blocks but their
+// attention, both inputs in host memory: 90.8-91.5% of its unconstrained
+// speed in six runs on two H200s, where recomputing alone ended at two
+// MLPs and three blocks but their attention: 90.2-90.5% in four. Then come the MLPs in slices (below), and
 // last the job's last step (its optimizer's state moves to host memory,
 // an eighth at a time, until the step fits, optim.h: move_state_to_host;
 // the update then reads that part over the link, which costs less than a
@@ -33,17 +42,12 @@
 // (its working set over the budget with everything spilled) takes one
 // step more and runs again (run_step).
 //
-// Once every block recomputes whole, what is left frees memory without
-// recomputing more, one step at a time, in this order:
+// Once every block recomputes whole (and, where they may, the inputs of
+// all but the last two are in host memory: the last block's never goes,
+// backward needs it first and it would come back at once; the one before
+// it comes later, below), what is left frees memory without recomputing
+// more, one step at a time, in this order:
 //
-// - Where blocks may keep their inputs in host memory (a CUDA job that
-//   may spill to a host tier: agent/spill/host_tier.h), the inputs of
-//   every block but the last two, from the first block on
-//   (engine/host_offload.h). Those are bytes planned over the host link
-//   while the step's kernels run, so that the step is still one CUDA
-//   graph, where spilling moves bytes op by op and waits for them.
-//   The last block's input never goes (backward needs it first, and it
-//   would come back at once); the one before it comes later (below).
 // - A block's MLP in kMlpParts (two) slices of the batch, one at a time
 //   (TransformerBlock::set_mlp_parts), one block more at each step, from
 //   the last block on: a whole block's backward holds the step's peak
@@ -218,6 +222,9 @@ class RecomputePolicy {
   // The next block's input to host memory (see the top), `before_slices`
   // not the block before the last's; false when none is left.
   bool offload_next(bool before_slices);
+  // Block i, now recomputing from its input, keeps it in host memory
+  // where inputs may go (not the last two blocks'). (Not a step of its own.)
+  void offload_input(size_t i);
   // The last block that recomputes and runs its MLP whole runs it again in
   // kMlpParts slices (see the top); false when none is left.
   bool slice_next_mlp();
