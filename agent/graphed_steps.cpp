@@ -105,9 +105,11 @@ uint64_t GraphedSteps::release_idle() {
   const bool loss_alone = loss_.defined() && loss_.impl().use_count() == 1 &&
                           loss_.impl()->storage.use_count() == 1;
   if (graph_->pool_tensors() > (loss_alone ? 1u : 0u)) {
-    spdlog::debug("the step's CUDA graph keeps its memory: {} of its tensors are alive ({}){}",
-                  graph_->pool_tensors(), graph_->describe_pool_tensors(),
-                  loss_alone ? ", the loss among them" : "");
+    if (spdlog::should_log(spdlog::level::debug)) {  // (the description takes the pool's lock)
+      spdlog::debug("the step's CUDA graph keeps its memory: {} of its tensors are alive ({}){}",
+                    graph_->pool_tensors(), graph_->describe_pool_tensors(),
+                    loss_alone ? ", the loss among them" : "");
+    }
     return 0;
   }
   const uint64_t bytes = graph_->pool_bytes();

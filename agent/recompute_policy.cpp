@@ -124,11 +124,11 @@ bool RecomputePolicy::tighten(bool working_set_over) {
   const bool all_whole = whole() + but_attention() == blocks();
   // With inputs that may go to host memory, backward's working set over
   // the budget is no reason for halves before every block recomputes
-  // whole and the inputs went: those free memory in backward too, and
-  // halves cost the host link twice the bytes (two inputs per block).
+  // whole (its input gone with it): those free memory in backward too,
+  // and halves cost the host link twice the bytes (two inputs per block).
   if (offload_ && !all_whole) working_set_over = false;
-  // Every block recomputing whole (but its attention or not), the blocks'
-  // inputs to host memory, the MLPs in slices and the last step come
+  // Every block recomputing whole (but its attention or not), the MLPs
+  // in slices, the block before the last's input and the last step come
   // before halves (after_every_block_whole): the
   // halves keep more per block in forward (the residual stream between
   // them, in float32), and what is over the budget may be what forward
@@ -186,8 +186,7 @@ bool RecomputePolicy::tighten(bool working_set_over) {
 }
 
 bool RecomputePolicy::after_every_block_whole() {
-  return offload_next(/*before_slices=*/true) || slice_next_mlp() ||
-         offload_next(/*before_slices=*/false) || take_last_step();
+  return slice_next_mlp() || offload_next() || take_last_step();
 }
 
 bool RecomputePolicy::slice_next_mlp() {
@@ -213,20 +212,21 @@ int RecomputePolicy::mlp_slices() const {
   return static_cast<int>(most);
 }
 
+size_t RecomputePolicy::offloaded_with_recompute() const {
+  return blocks_.size() - std::min<size_t>(blocks_.size(), 2);
+}
+
 void RecomputePolicy::offload_input(size_t i) {
-  // (Not the last two blocks: see offload_next.)
-  if (!offload_ || i + 2 >= blocks_.size()) return;
+  if (!offload_ || i >= offloaded_with_recompute()) return;
   nn::TransformerBlock& b = *blocks_[i];
   if (b.offload() == Offload::None) b.set_offload(Offload::Input);
 }
 
-bool RecomputePolicy::offload_next(bool before_slices) {
+bool RecomputePolicy::offload_next() {
   if (!offload_) return false;
   // (Not the last block: backward needs its input first. Halves with two
-  // inputs a block never come where inputs may go: see halves_. Before the
-  // slices, not the one before it either: see the top.)
-  const size_t kept_on_device = before_slices ? 2 : 1;
-  const size_t end = blocks_.size() - std::min(blocks_.size(), kept_on_device);
+  // inputs a block never come where inputs may go: see halves_.)
+  const size_t end = blocks_.size() - std::min<size_t>(blocks_.size(), 1);
   for (size_t i = 0; i < end; ++i) {
     nn::TransformerBlock& b = *blocks_[i];
     if (b.recompute() != Recompute::None && b.offload() == Offload::None) {

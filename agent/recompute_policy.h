@@ -31,8 +31,8 @@
 // peak the policy then ends at three MLPs and two blocks but their
 // attention, both inputs in host memory: 90.8-91.5% of its unconstrained
 // speed in six runs on two H200s, where recomputing alone ended at two
-// MLPs and three blocks but their attention: 90.2-90.5% in four. Then come the MLPs in slices (below), and
-// last the job's last step (its optimizer's state moves to host memory,
+// MLPs and three blocks but their attention: 90.2-90.5% in four. Then
+// come the MLPs in slices (below), and last the job's last step (its optimizer's state moves to host memory,
 // an eighth at a time, until the step fits, optim.h: move_state_to_host;
 // the update then reads that part over the link, which costs less than a
 // step that spills every block's input: all of the GPT's state, about a
@@ -87,9 +87,9 @@
 // (Recompute::Halves: a whole block's compute, one half's activations at
 // a time): those recomputing whole go to halves at once, as one step, and
 // later steps take MLP-only blocks to halves rather than further. Once
-// every block recomputes whole, the blocks' inputs (where they may go),
-// the MLPs in slices, the block before the last's input and the last
-// step come first (in that order, above): slices free memory in
+// every block recomputes whole (the inputs of all but the last two in
+// host memory, where they may go), the MLPs in slices, the block before
+// the last's input and the last step come first (in that order, above): slices free memory in
 // backward without keeping more in forward, the others in forward and
 // backward alike, where halves keep more in forward (the residual stream between
 // the halves, in float32). Where inputs may go to host memory, halves
@@ -219,12 +219,17 @@ class RecomputePolicy {
   // MLPs in slices, the input of the block before the last, the last
   // step; one of them a step. False when none is left.
   bool after_every_block_whole();
-  // The next block's input to host memory (see the top), `before_slices`
-  // not the block before the last's; false when none is left.
-  bool offload_next(bool before_slices);
+  // The input to host memory of the first block but the last that
+  // recomputes from it and keeps it on the device (once every block
+  // recomputes whole, the block before the last's: the others' went with
+  // their recompute); false when none is left.
+  bool offload_next();
   // Block i, now recomputing from its input, keeps it in host memory
   // where inputs may go (not the last two blocks'). (Not a step of its own.)
   void offload_input(size_t i);
+  // The blocks whose inputs may go to host memory as they come to
+  // recompute from them, [0, this): all but the last two (see the top).
+  size_t offloaded_with_recompute() const;
   // The last block that recomputes and runs its MLP whole runs it again in
   // kMlpParts slices (see the top); false when none is left.
   bool slice_next_mlp();

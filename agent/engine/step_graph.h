@@ -82,7 +82,7 @@ class GraphPool final : public Allocator {
   // Tensors it made that are alive now.
   size_t live_allocations() const;
   // Those tensors for the debug log, largest first: "2 x 12.00 MiB (made
-  // in LinearBackward's backward, events 240 and 251 of 758), ...".
+  // in LinearBackward's backward, events 240, 251 of 758), ...".
   std::string describe_live() const;
 
  private:

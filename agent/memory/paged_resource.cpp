@@ -94,34 +94,48 @@ uint64_t PagedResource::unshown(uint64_t offset, uint64_t size) const {
 
 std::optional<uint64_t> PagedResource::fewer_unshown(uint64_t need, uint64_t than,
                                                      bool inside) const {
-  // Within a free range, not only its ends: where a freed arena's pages
-  // lie between ranges that show none (its neighbours were freed too),
-  // the range starting on its first page shows them all. (Prefix counts of
-  // unshown pages: each start costs two reads.)
   const Window& w = *window_;
-  const uint64_t page = w.pages->page_size();
-  std::vector<uint64_t> before(w.chunk.size() + 1, 0);  // unshown pages in [0, p)
-  for (size_t p = 0; p < w.chunk.size(); ++p) before[p + 1] = before[p] + (w.chunk[p] == 0);
-  auto unshown_at = [&](uint64_t at) {
-    const auto [first, last] = pages_of(at, need);
-    return before[last + 1] - before[first];
-  };
   std::optional<uint64_t> best;
-  auto consider = [&](uint64_t at) {
-    const uint64_t n = unshown_at(at);
+  auto better = [&](uint64_t at, uint64_t n) {
     if (n >= than) return false;
     best = at;
     than = n;
     return n == 0;
   };
+  // With `inside`, not only at a free range's ends: where a freed arena's
+  // pages lie between ranges that show none (its neighbours were freed
+  // too), the range starting on its first page shows them all. Starts on
+  // page boundaries (the granularity's, where larger), with a running
+  // count of the unshown pages, up to the last page ever shown: a range
+  // past it shows nothing.
+  const uint64_t page = w.pages->page_size();
+  const uint64_t step = std::max(page, opt_.granularity);
   for (const PoolAllocator::Block& b : w.blocks.free_blocks()) {
     if (b.size < need) continue;
     const uint64_t last_start = b.offset + b.size - need;
-    if (consider(b.offset) || consider(last_start)) return best;
-    if (!inside) continue;
-    for (uint64_t at = (b.offset / page + 1) * page; at < last_start; at += page) {
-      if (consider(at)) return best;
+    if (better(b.offset, unshown(b.offset, need)) ||
+        better(last_start, unshown(last_start, need))) {
+      return best;
     }
+    if (!inside) continue;
+    const uint64_t stop = std::min(last_start, w.shown_end * page);
+    uint64_t at = (b.offset / step + 1) * step;
+    if (at >= stop) continue;
+    uint64_t n = unshown(at, need);
+    auto [first, last] = pages_of(at, need);
+    while (!better(at, n) && at + step < stop) {
+      at += step;
+      const auto [next_first, next_last] = pages_of(at, need);
+      if (next_first > last) {
+        n = unshown(at, need);
+      } else {
+        for (uint64_t p = first; p < next_first; ++p) n -= w.chunk[p] == 0;
+        for (uint64_t p = last + 1; p <= next_last; ++p) n += w.chunk[p] == 0;
+      }
+      first = next_first;
+      last = next_last;
+    }
+    if (than == 0) return best;
   }
   return best;
 }
@@ -169,17 +183,17 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
     if (!missing.empty()) {
       const uint64_t held_before = pages_.held_bytes();
       chunks = free_only ? pages_.take_free(missing.size()) : pages_.take(missing.size(), why);
+      if (!chunks && !free_only && idle_shown_ > 0 && !pages_.lost()) {
+        hide_idle(missing.size() - std::min<uint64_t>(missing.size(), pages_.free_pages()),
+                  first, last);
+        chunks = pages_.take(missing.size(), why);
+      }
       if (chunks && pages_.held_bytes() > held_before) {
         spdlog::debug("job memory: {} more leased for {} (pages missing {}, live {}, held {}, "
                       "idle shown pages {})",
                       format_bytes(pages_.held_bytes() - held_before), format_bytes(need),
                       missing.size(), format_bytes(live_), format_bytes(pages_.held_bytes()),
                       idle_shown_);
-      }
-      if (!chunks && !free_only && idle_shown_ > 0 && !pages_.lost()) {
-        hide_idle(missing.size() - std::min<uint64_t>(missing.size(), pages_.free_pages()),
-                  first, last);
-        chunks = pages_.take(missing.size(), why);
       }
       if (!chunks) {
         undo();
@@ -190,6 +204,7 @@ void* PagedResource::place(uint64_t need, bool free_only, std::string& why) {
         while (end < missing.size() && missing[end] == missing[end - 1] + 1) ++end;
         w.pages->show(missing[k], std::vector<uint64_t>(chunks->begin() + k, chunks->begin() + end));
         for (size_t j = k; j < end; ++j) w.chunk[missing[j]] = (*chunks)[j] + 1;
+        w.shown_end = std::max(w.shown_end, missing[end - 1] + 1);
         shown_ += end - k;
         pages_mapped_ += end - k;
         k = end;
@@ -339,7 +354,7 @@ uint64_t PagedResource::make_room(uint64_t bytes) {
   // the idle pages outside it are too few, hiding would reach its own
   // (which it would then lack too): every idle page is hidden instead, and
   // the allocation lands where the fewest pages are needed in all.
-  const std::optional<uint64_t> at = fewer_unshown(need, UINT64_MAX);
+  const std::optional<uint64_t> at = fewer_unshown(need, UINT64_MAX, /*inside=*/!from_top(need));
   if (!at) return 0;  // no free range that large: the allocation says so
   const uint64_t missing = unshown(*at, need), free = pages_.free_pages();
   if (missing <= free) return 0;

@@ -102,6 +102,7 @@ class PagedResource final : public MemoryResource {
     PoolAllocator blocks;  // address ranges inside it
     std::vector<uint32_t> touching;  // per page: live tensors touching it
     std::vector<uint64_t> chunk;     // per page: the chunk it shows + 1; 0: none
+    uint64_t shown_end = 0;          // one past the last page ever shown
     Window(std::unique_ptr<ChunkWindow> w, uint64_t granularity);
   };
   struct Placement {
@@ -126,7 +127,7 @@ class PagedResource final : public MemoryResource {
   // free block or, with `inside`, on a page boundary within it (not for
   // small tensors, kept at the window's top end); nullopt when there is
   // none. REQUIRES: mu_ held.
-  std::optional<uint64_t> fewer_unshown(uint64_t need, uint64_t than, bool inside = true) const;
+  std::optional<uint64_t> fewer_unshown(uint64_t need, uint64_t than, bool inside) const;
   // Hides pages no live tensor touches, after the fence, so their chunks
   // are free again: at least `want` (when there are), and with `spare`
   // half of the rest with them, so the next shortage does not wait for the

@@ -480,9 +480,11 @@ TEST_F(LeaseAllocatorTest, ATensorLandsOnShownPagesInsideAFreeRange) {
   EXPECT_EQ(again, freed) << "it lands on the pages that still show";
   EXPECT_EQ(alloc.stats().pages_mapped, before.pages_mapped) << "no page shown for it";
   EXPECT_EQ(alloc.stats().peak_leased_bytes, before.peak_leased_bytes);
-  // A tensor a page longer lacks only that page there.
+  // A tensor a page longer lacks one page: it starts a page lower, on a
+  // hidden page, and ends on the freed tensor's last.
   alloc.deallocate(again, 8ull << 20);
   void* longer = alloc.allocate(9ull << 20);
+  EXPECT_EQ(static_cast<char*>(longer), static_cast<char*>(freed) - (1 << 20));
   EXPECT_EQ(alloc.stats().pages_mapped, before.pages_mapped + 1);
   std::memset(longer, 3, 9ull << 20);
   alloc.deallocate(longer, 9ull << 20);
