@@ -15,6 +15,11 @@
 
 namespace leasehold {
 
+// A FlatBuffers string's text; `fallback` where the field is absent.
+inline std::string str_or(const flatbuffers::String* s, const std::string& fallback = "") {
+  return s ? s->str() : fallback;
+}
+
 // Thrown with every problem found, each naming the field ("epochs: must be
 // positive", "model[3].in: ...").
 class JobSpecError : public std::invalid_argument {
