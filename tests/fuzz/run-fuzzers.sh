@@ -20,7 +20,7 @@ flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 declare -A sources=(
   [envelope_fuzzer]="shared/protocol.cpp"
   # leasehold_jobspec's sources (shared/CMakeLists.txt) and the leasehold_common parts they use.
-  [job_file_fuzzer]="shared/job_spec.cpp shared/text_dataset_checks.cpp shared/layer_shapes.cpp shared/idx_file.cpp shared/checkpoint_folder.cpp shared/program_spec.cpp shared/file_system.cpp shared/status.cpp shared/units.cpp shared/region_names.cpp shared/printable.cpp"
+  [job_file_fuzzer]="shared/job_spec.cpp shared/job_validation.cpp shared/text_dataset_checks.cpp shared/layer_shapes.cpp shared/idx_file.cpp shared/checkpoint_folder.cpp shared/program_spec.cpp shared/file_system.cpp shared/status.cpp shared/units.cpp shared/region_names.cpp shared/printable.cpp"
 )
 declare -A libs=([envelope_fuzzer]="-lzmq -lflatbuffers" [job_file_fuzzer]="-lzmq -lflatbuffers -lz -lfmt")
 status=0
